@@ -1,0 +1,831 @@
+"""UMX-T frames as strict values, and their encoding.
+
+A ``Frame`` is the header attributes (kind, endpoints, Reliable, SaveFwd,
+Ack2, priority) plus one body value whose type matches the kind. Every class
+here is a frozen keyword-only dataclass that validates in its constructor
+(LocalProtocolError, ResultCode.INVALID_FIELD). ``encode_frame`` turns a Frame
+into bytes; ``decode_body`` (used by the stream decoder) turns a body back,
+raising RemoteProtocolError.
+"""
+
+from __future__ import annotations
+
+import struct
+import zlib
+from dataclasses import dataclass, field
+from typing import Any, Final, NamedTuple
+
+from construct import ConstructError
+
+from ._errors import LocalProtocolError, ProtocolError, RemoteProtocolError, ResultCode
+from ._schema import (
+    ACK_BODY,
+    ACK_ENTRY,
+    BODY_SCHEMAS,
+    DATA_PREFIX,
+    HEADER,
+    MAGIC,
+    VERSION,
+    flat_struct,
+)
+from ._types import (
+    _ACK_KINDS,
+    LK0,
+    LK1,
+    MAX_PRIORITY,
+    AckFlag,
+    AppKey,
+    Endpoint,
+    ForwardFlag,
+    InquiryFlag,
+    InquiryResult,
+    InquiryTopic,
+    Kind,
+    NodeType,
+    SaveFwd,
+    _invalid,
+)
+
+__all__ = [
+    "FLAG_ACK2",
+    "FLAG_ENCRYPT",
+    "FLAG_LAYER",
+    "FLAG_RELIABLE",
+    "MAX_ACK_BATCH",
+    "MAX_CERTIFICATES",
+    "MAX_SESSION_KEY",
+    "MAX_TEXT",
+    "Ack",
+    "AckBatch",
+    "AckEntry",
+    "Body",
+    "Bye",
+    "CertRequest",
+    "CertResponse",
+    "Data",
+    "Error",
+    "Frame",
+    "Hello",
+    "Inquiry",
+    "InquiryAnswer",
+    "InquiryResp",
+    "Nack",
+    "Ping",
+    "Pong",
+    "Welcome",
+    "WindowUpdate",
+    "decode_body",
+    "encode_frame",
+    "encode_frames",
+]
+
+FLAG_LAYER: Final = 0x01  # LAYER_MASK: 0 application packet (DATA), 1 transport packet
+FLAG_RELIABLE: Final = 0x02  # Reliable=1
+FLAG_ACK2: Final = 0x04  # Ack2=1: the receiver must send an end-to-end confirmation
+FLAG_ENCRYPT: Final = 0x08  # Encrypt=1: AppData is sealed with the wrapped SessionKey
+FLAGS_KNOWN: Final = 0x0F
+
+MAX_SESSION_KEY: Final = 4096  # bytes of a wrapped session key
+MAX_RECEIPT: Final = 4096  # bytes of a signed receipt on ACK2
+MAX_TEXT: Final = 1024  # characters of an error message / reason
+MAX_ACK_BATCH: Final = 100_000  # acks in one ACK_BATCH frame
+MAX_INQUIRY_ITEMS: Final = 10_000  # records in one INQUIRY / INQUIRY_RESP
+MAX_CERTIFICATES: Final = 8  # certificates in one CERT_RESPONSE (rollover: old + new + chain)
+MAX_TOKEN: Final = 4096  # bytes of a HELLO token
+_MAX_U32: Final = 0xFFFF_FFFF
+_MAX_U64: Final = 0xFFFF_FFFF_FFFF_FFFF
+_MAX_MS: Final = 0x7FFF_FFFF_FFFF_FFFF
+
+_HEADER: Final = flat_struct(HEADER)
+HEADER_SIZE: Final = _HEADER.size
+_DATA_PREFIX: Final = flat_struct(DATA_PREFIX)
+_ACK_ENTRY: Final = flat_struct(ACK_ENTRY)
+_U8: Final = struct.Struct(">B")
+_U16: Final = struct.Struct(">H")
+_U32: Final = struct.Struct(">I")
+_CRC: Final = struct.Struct(">I")
+
+
+def _check_bytes(name: str, value: object, limit: int) -> None:
+    if not isinstance(value, bytes | bytearray | memoryview):
+        raise _invalid(f"{name} must be bytes, not {type(value).__name__}")
+    if len(value) > limit:
+        raise _invalid(f"{name} of {len(value)} bytes exceeds the {limit}-byte limit")
+
+
+def _check_text(name: str, value: object) -> None:
+    if not isinstance(value, str):
+        raise _invalid(f"{name} must be a string, not {type(value).__name__}")
+    if len(value) > MAX_TEXT:
+        raise _invalid(f"{name} of {len(value)} characters exceeds the {MAX_TEXT} limit")
+
+
+def _check_int(name: str, value: object, low: int, high: int) -> None:
+    if not isinstance(value, int) or not low <= value <= high:
+        raise _invalid(f"{name} {value!r} is outside {low}..{high}")
+
+
+def _enum(enum: Any, name: str, value: object) -> Any:
+    try:
+        return enum(value)
+    except ValueError:
+        raise _invalid(f"{name} {value!r} is not a known {enum.__name__}") from None
+
+
+# ---------------------------------------------------------------- bodies
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Data:
+    """A document (kind DATA). ``lk0`` names it at its origin; ``lk1`` is set
+    by the platform on stored copies it delivers; times are ms since the epoch;
+    ``expires_ms`` None means never. ``encrypt`` says AppData is sealed with a
+    session key, wrapped for the receiver in ``session_key``."""
+
+    lk0: LK0
+    app_data: bytes = b""
+    app_key: AppKey = AppKey()
+    lk1: LK1 | None = None
+    created_ms: int = 0
+    expires_ms: int | None = None
+    encrypt: bool = False
+    session_key: bytes = b""
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.lk0, LK0):
+            raise _invalid(f"DATA lk0 must be an LK0, not {self.lk0!r}")
+        _check_int("created_ms", self.created_ms, 0, _MAX_MS)
+        if self.expires_ms is not None:
+            _check_int("expires_ms", self.expires_ms, 1, _MAX_MS)
+        _check_bytes("app_data", self.app_data, _MAX_U32)
+        _check_bytes("session_key", self.session_key, MAX_SESSION_KEY)
+        if self.encrypt and not self.session_key:
+            raise _invalid("Encrypt=1 but the session key is empty")
+        if not self.encrypt and self.session_key:
+            raise _invalid(f"Encrypt=0 but a {len(self.session_key)}-byte session key is set")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Ack:
+    """The 810 parameters of ACK, REACK, ACK2, REACK2, ACK_FWD, ACK_SAVE.
+    ``src_*``: the record of the side that sends the ack (0 = none);
+    ``dest_*``: the record being acked. ``receipt``: on ACK2, the receiver's
+    signature over the document's digest (security issue)."""
+
+    dest_ref_id: int
+    ack_flag: AckFlag
+    src_ref_id: int = 0
+    src_semq_id: int = 1
+    src_semq_db_id: int = 1
+    dest_semq_id: int = 1
+    dest_semq_db_id: int = 1
+    flag: ForwardFlag = ForwardFlag.NONE
+    app_key: AppKey = AppKey()
+    receipt: bytes = b""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "ack_flag", _enum(AckFlag, "ack_flag", self.ack_flag))
+        object.__setattr__(self, "flag", _enum(ForwardFlag, "flag", self.flag))
+        _check_int("src_semq_id", self.src_semq_id, 0, 0xFFFF)
+        _check_int("src_semq_db_id", self.src_semq_db_id, 0, 0xFFFF)
+        _check_int("src_ref_id", self.src_ref_id, 0, _MAX_U64)
+        _check_int("dest_semq_id", self.dest_semq_id, 0, 0xFFFF)
+        _check_int("dest_semq_db_id", self.dest_semq_db_id, 0, 0xFFFF)
+        _check_int("dest_ref_id", self.dest_ref_id, 0, _MAX_U64)
+        _check_bytes("receipt", self.receipt, MAX_RECEIPT)
+
+    @property
+    def entry(self) -> AckEntry:
+        return AckEntry(
+            self.src_semq_id,
+            self.src_semq_db_id,
+            self.src_ref_id,
+            self.dest_semq_id,
+            self.dest_semq_db_id,
+            self.dest_ref_id,
+            int(self.ack_flag),
+            int(self.flag),
+        )
+
+
+class AckEntry(NamedTuple):
+    """One ack in an ACK_BATCH: the 810 parameters without AppKey (the
+    receiving side looks it up by dest_ref_id). Plain ints for speed."""
+
+    src_semq_id: int
+    src_semq_db_id: int
+    src_ref_id: int
+    dest_semq_id: int
+    dest_semq_db_id: int
+    dest_ref_id: int
+    ack_flag: int
+    flag: int = 0
+
+    @classmethod
+    def of(
+        cls,
+        dest_ref_id: int,
+        ack_flag: AckFlag,
+        *,
+        src_ref_id: int = 0,
+        flag: ForwardFlag = ForwardFlag.NONE,
+        src_semq_id: int = 1,
+        src_semq_db_id: int = 1,
+        dest_semq_id: int = 1,
+        dest_semq_db_id: int = 1,
+    ) -> AckEntry:
+        return cls(
+            src_semq_id, src_semq_db_id, src_ref_id, dest_semq_id, dest_semq_db_id,
+            dest_ref_id, int(ack_flag), int(flag),
+        )
+
+
+# Which ack_flag / flag each ack kind must carry (SPEC: ack_flag 1 platform hop,
+# 2 delivery; flag 1 forwarded / 2 stored only on ACK_FWD / ACK_SAVE).
+_ACK_RULES: Final[dict[Kind, tuple[AckFlag, ForwardFlag]]] = {
+    Kind.ACK: (AckFlag.PLATFORM, ForwardFlag.NONE),
+    Kind.REACK: (AckFlag.PLATFORM, ForwardFlag.NONE),
+    Kind.ACK2: (AckFlag.DELIVERY, ForwardFlag.NONE),
+    Kind.REACK2: (AckFlag.DELIVERY, ForwardFlag.NONE),
+    Kind.ACK_FWD: (AckFlag.PLATFORM, ForwardFlag.FORWARDED),
+    Kind.ACK_SAVE: (AckFlag.PLATFORM, ForwardFlag.STORED),
+}
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class AckBatch:
+    """Many acks of one kind in one frame (kind ACK_BATCH). ``receipt`` may
+    carry one signature over the whole batch (a batch receipt)."""
+
+    ack_kind: Kind
+    entries: tuple[AckEntry, ...]
+    receipt: bytes = b""
+
+    def __post_init__(self) -> None:
+        kind = _enum(Kind, "ack_kind", self.ack_kind)
+        if kind not in _ACK_RULES:
+            raise _invalid(f"ack_kind {kind.name} is not an ack kind")
+        object.__setattr__(self, "ack_kind", kind)
+        if not isinstance(self.entries, tuple):
+            object.__setattr__(self, "entries", tuple(AckEntry(*e) for e in self.entries))
+        if len(self.entries) > MAX_ACK_BATCH:
+            raise _invalid(
+                f"ACK_BATCH of {len(self.entries)} entries exceeds the {MAX_ACK_BATCH} limit"
+            )
+        ack_flag, flag = _ACK_RULES[kind]
+        for e in self.entries:
+            if e[6] != ack_flag or e[7] != flag:
+                raise _invalid(
+                    f"ACK_BATCH of {kind.name} holds an entry with ack_flag {e[6]} flag {e[7]};"
+                    f" {kind.name} needs ack_flag {int(ack_flag)} flag {int(flag)}"
+                )
+        _check_bytes("receipt", self.receipt, MAX_RECEIPT)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Inquiry:
+    """809: ``items`` name records by full locator (LK0 form). Topic RECEIVED:
+    "did you receive these messages?"; STATE: "what is the state of these
+    records of yours?"."""
+
+    topic: InquiryTopic
+    items: tuple[LK0, ...]
+    flag: InquiryFlag = InquiryFlag.FROM_PEER
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "topic", _enum(InquiryTopic, "topic", self.topic))
+        object.__setattr__(self, "flag", _enum(InquiryFlag, "flag", self.flag))
+        object.__setattr__(self, "items", tuple(self.items))
+        if not self.items or len(self.items) > MAX_INQUIRY_ITEMS:
+            raise _invalid(f"INQUIRY of {len(self.items)} items is outside 1..{MAX_INQUIRY_ITEMS}")
+
+
+class InquiryAnswer(NamedTuple):
+    lk0: LK0
+    result: InquiryResult
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class InquiryResp:
+    """809-Confirmation: one answer per asked record."""
+
+    topic: InquiryTopic
+    answers: tuple[InquiryAnswer, ...]
+    flag: InquiryFlag = InquiryFlag.FROM_PEER
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "topic", _enum(InquiryTopic, "topic", self.topic))
+        object.__setattr__(self, "flag", _enum(InquiryFlag, "flag", self.flag))
+        answers = tuple(
+            InquiryAnswer(a[0], _enum(InquiryResult, "result", a[1])) for a in self.answers
+        )
+        object.__setattr__(self, "answers", answers)
+        if not answers or len(answers) > MAX_INQUIRY_ITEMS:
+            raise _invalid(
+                f"INQUIRY_RESP of {len(answers)} answers is outside 1..{MAX_INQUIRY_ITEMS}"
+            )
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Nack:
+    """Platform -> origin: the message ``lk0`` was neither forwarded nor stored."""
+
+    lk0: LK0
+    code: ResultCode
+    message: str = ""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "code", _enum(ResultCode, "code", self.code))
+        _check_text("message", self.message)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Hello:
+    """First frame of a node on a connection. ``window``: how many unacked
+    message frames the node accepts; ``token``: authentication material."""
+
+    semq_id: int = 1
+    semq_db_id: int = 1
+    window: int = 1024
+    software: str = "semq"
+    token: bytes = b""
+
+    def __post_init__(self) -> None:
+        _check_int("semq_id", self.semq_id, 1, 0xFFFF)
+        _check_int("semq_db_id", self.semq_db_id, 1, 0xFFFF)
+        _check_int("window", self.window, 1, _MAX_U32)
+        if len(self.software.encode()) > 255:
+            raise _invalid("software name exceeds 255 bytes")
+        _check_bytes("token", self.token, MAX_TOKEN)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Welcome:
+    window: int = 1024
+    server_time_ms: int = 0
+    session_id: int = 0
+
+    def __post_init__(self) -> None:
+        _check_int("window", self.window, 1, _MAX_U32)
+        _check_int("server_time_ms", self.server_time_ms, 0, _MAX_MS)
+        _check_int("session_id", self.session_id, 0, _MAX_U64)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Ping:
+    nonce: int = 0
+    time_ms: int = 0
+
+    def __post_init__(self) -> None:
+        _check_int("nonce", self.nonce, 0, _MAX_U64)
+        _check_int("time_ms", self.time_ms, 0, _MAX_MS)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Pong:
+    nonce: int = 0
+    time_ms: int = 0
+
+    def __post_init__(self) -> None:
+        _check_int("nonce", self.nonce, 0, _MAX_U64)
+        _check_int("time_ms", self.time_ms, 0, _MAX_MS)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Error:
+    """A result code and one line; the sender may close the connection."""
+
+    code: ResultCode
+    message: str = ""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "code", _enum(ResultCode, "code", self.code))
+        _check_text("message", self.message)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class WindowUpdate:
+    """Flow-control credit: the receiver accepts ``credit`` more frames."""
+
+    credit: int
+
+    def __post_init__(self) -> None:
+        _check_int("credit", self.credit, 0, _MAX_U32)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class CertRequest:
+    endpoint: Endpoint
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class CertResponse:
+    """The endpoint's certificates (DER, newest first), or a result code."""
+
+    endpoint: Endpoint
+    code: ResultCode = ResultCode.OK
+    certificates: tuple[bytes, ...] = ()
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "code", _enum(ResultCode, "code", self.code))
+        object.__setattr__(self, "certificates", tuple(bytes(c) for c in self.certificates))
+        if len(self.certificates) > MAX_CERTIFICATES:
+            raise _invalid(
+                f"{len(self.certificates)} certificates exceed the {MAX_CERTIFICATES} limit"
+            )
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Bye:
+    code: ResultCode = ResultCode.OK
+    reason: str = ""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "code", _enum(ResultCode, "code", self.code))
+        _check_text("reason", self.reason)
+
+
+Body = (
+    Data | Ack | AckBatch | Inquiry | InquiryResp | Nack | Hello | Welcome | Ping | Pong
+    | Error | WindowUpdate | CertRequest | CertResponse | Bye
+)
+
+_BODY_TYPE: Final[dict[Kind, type]] = {
+    Kind.DATA: Data,
+    **{k: Ack for k in _ACK_KINDS},
+    Kind.INQUIRY: Inquiry,
+    Kind.INQUIRY_RESP: InquiryResp,
+    Kind.ACK_BATCH: AckBatch,
+    Kind.NACK: Nack,
+    Kind.HELLO: Hello,
+    Kind.WELCOME: Welcome,
+    Kind.PING: Ping,
+    Kind.PONG: Pong,
+    Kind.ERROR: Error,
+    Kind.WINDOW: WindowUpdate,
+    Kind.CERT_REQUEST: CertRequest,
+    Kind.CERT_RESPONSE: CertResponse,
+    Kind.BYE: Bye,
+}
+
+
+# ---------------------------------------------------------------- frame
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Frame:
+    """One UMX-T frame. ``source`` is the transport source of this hop (the
+    platform on frames it relays), ``target`` the final target, ``origin`` the
+    application-level source (defaults: DATA -> its LK0's endpoint, otherwise
+    ``source``). ``save_fwd`` defaults to MUST_DELIVER on message kinds and
+    NONE on session kinds (SPEC: acks and inquiries travel with SaveFwd=3)."""
+
+    kind: Kind
+    source: Endpoint
+    target: Endpoint
+    body: Body
+    origin: Endpoint = field(default=None)  # type: ignore[assignment]
+    reliable: bool = True
+    save_fwd: SaveFwd = field(default=None)  # type: ignore[assignment]
+    ack2: bool = False
+    priority: int = 0
+
+    def __post_init__(self) -> None:
+        kind = _enum(Kind, "kind", self.kind)
+        object.__setattr__(self, "kind", kind)
+        expected = _BODY_TYPE[kind]
+        if type(self.body) is not expected:
+            raise _invalid(f"{kind.name} needs a {expected.__name__} body, not {self.body!r}")
+        if self.origin is None:
+            origin = self.body.lk0.endpoint if isinstance(self.body, Data) else self.source
+            object.__setattr__(self, "origin", origin)
+        if self.save_fwd is None:
+            object.__setattr__(
+                self, "save_fwd", SaveFwd.MUST_DELIVER if kind.is_message else SaveFwd.NONE
+            )
+        else:
+            object.__setattr__(self, "save_fwd", _enum(SaveFwd, "SaveFwd", self.save_fwd))
+        for name in ("source", "target", "origin"):
+            if not isinstance(getattr(self, name), Endpoint):
+                raise _invalid(f"{name} must be an Endpoint, not {getattr(self, name)!r}")
+        _check_int("priority", self.priority, 0, MAX_PRIORITY)
+        self._check_attributes(kind)
+
+    def _check_attributes(self, kind: Kind) -> None:
+        sf = self.save_fwd
+        if not kind.is_message:
+            if sf is not SaveFwd.NONE or self.ack2:
+                raise _invalid(f"session frame {kind.name} must have SaveFwd=0 and Ack2=0")
+            return
+        if sf is SaveFwd.NONE:
+            raise _invalid(f"SaveFwd 0 on a {kind.name} frame; message frames need 1..3")
+        if kind is Kind.DATA:
+            assert isinstance(self.body, Data)
+            if self.body.lk0.endpoint != self.origin:
+                raise _invalid(f"DATA LK0 names {self.body.lk0.endpoint} but origin is {self.origin}")
+            if not self.reliable and (sf is not SaveFwd.DISCARD or self.ack2):
+                raise _invalid(
+                    f"Reliable=0 (best effort) needs SaveFwd=1 and Ack2=0, not SaveFwd={int(sf)}"
+                    f" Ack2={int(self.ack2)}"
+                )
+            return
+        # Acks, inquiries, NACK: SaveFwd=3, reliable, no confirmation of their own.
+        if sf is not SaveFwd.MUST_DELIVER or self.ack2 or not self.reliable:
+            raise _invalid(
+                f"{kind.name} travels with Reliable=1 SaveFwd=3 Ack2=0, not"
+                f" Reliable={int(self.reliable)} SaveFwd={int(sf)} Ack2={int(self.ack2)}"
+            )
+        if isinstance(self.body, Ack):
+            ack_flag, flag = _ACK_RULES[kind]
+            if self.body.ack_flag is not ack_flag or self.body.flag is not flag:
+                raise _invalid(
+                    f"{kind.name} needs ack_flag {int(ack_flag)} flag {int(flag)}, not"
+                    f" {int(self.body.ack_flag)} {int(self.body.flag)}"
+                )
+
+    @property
+    def layer(self) -> int:
+        """LAYER_MASK: 0 application packet (DATA), 1 transport packet."""
+        return 0 if self.kind is Kind.DATA else 1
+
+    @property
+    def flags(self) -> int:
+        f = 0 if self.kind is Kind.DATA else FLAG_LAYER
+        if self.reliable:
+            f |= FLAG_RELIABLE
+        if self.ack2:
+            f |= FLAG_ACK2
+        if isinstance(self.body, Data) and self.body.encrypt:
+            f |= FLAG_ENCRYPT
+        return f
+
+
+# ---------------------------------------------------------------- encoding
+
+
+def _ak(app_key: AppKey) -> bytes:
+    parts = []
+    for s in (app_key.domain, app_key.data_type, app_key.subtype, app_key.key):
+        b = s.encode("utf-8")
+        parts.append(_U8.pack(len(b)))
+        parts.append(b)
+    return b"".join(parts)
+
+
+def _lk(lk: LK0) -> dict[str, Any]:
+    return {
+        "node_type": int(lk.endpoint.node_type),
+        "node_id": lk.endpoint.node_id,
+        "semq_id": lk.semq_id,
+        "semq_db_id": lk.semq_db_id,
+        "record_id": lk.record_id,
+    }
+
+
+def _encode_data(d: Data) -> bytes:
+    lk0, lk1 = d.lk0, d.lk1
+    prefix = _DATA_PREFIX.pack(
+        lk0.semq_id, lk0.semq_db_id, lk0.record_id,
+        lk1.semq_id if lk1 else 0, lk1.semq_db_id if lk1 else 0, lk1.record_id if lk1 else 0,
+        d.created_ms, d.expires_ms or 0,
+    )
+    return b"".join(
+        (prefix, _ak(d.app_key), _U16.pack(len(d.session_key)), d.session_key,
+         _U32.pack(len(d.app_data)), d.app_data)
+    )
+
+
+def _encode_ack(a: Ack) -> bytes:
+    return b"".join(
+        (_ACK_ENTRY.pack(*a.entry), _ak(a.app_key), _U16.pack(len(a.receipt)), a.receipt)
+    )
+
+
+def _encode_ack_batch(b: AckBatch) -> bytes:
+    pack = _ACK_ENTRY.pack
+    return b"".join(
+        (
+            _U8.pack(b.ack_kind),
+            _U32.pack(len(b.entries)),
+            b"".join([pack(*e) for e in b.entries]),
+            _U16.pack(len(b.receipt)),
+            b.receipt,
+        )
+    )
+
+
+def _body_container(body: Body) -> dict[str, Any]:
+    """The construct container for the kinds encoded by schema (not hot)."""
+    if isinstance(body, Inquiry):
+        return {"flag": body.flag, "topic": body.topic, "count": len(body.items),
+                "items": [_lk(i) for i in body.items]}
+    if isinstance(body, InquiryResp):
+        return {"flag": body.flag, "topic": body.topic, "count": len(body.answers),
+                "items": [{**_lk(a.lk0), "result": int(a.result)} for a in body.answers]}
+    if isinstance(body, Nack):
+        return {**_lk(body.lk0), "code": int(body.code), "message": body.message}
+    if isinstance(body, Hello | Welcome | Ping | Pong | WindowUpdate):
+        return {f: getattr(body, f) for f in body.__dataclass_fields__}
+    if isinstance(body, Error):
+        return {"code": int(body.code), "message": body.message}
+    if isinstance(body, Bye):
+        return {"code": int(body.code), "reason": body.reason}
+    if isinstance(body, CertRequest):
+        return {"node_type": int(body.endpoint.node_type), "node_id": body.endpoint.node_id}
+    if isinstance(body, CertResponse):
+        return {"node_type": int(body.endpoint.node_type), "node_id": body.endpoint.node_id,
+                "code": int(body.code), "count": len(body.certificates),
+                "certificates": list(body.certificates)}
+    raise LocalProtocolError(f"no encoder for {type(body).__name__}")  # pragma: no cover
+
+
+_COMPILED: Final = {k: s.compile() for k, s in BODY_SCHEMAS.items()}
+
+
+def encode_body(kind: Kind, body: Body) -> bytes:
+    if isinstance(body, Data):
+        return _encode_data(body)
+    if isinstance(body, Ack):
+        return _encode_ack(body)
+    if isinstance(body, AckBatch):
+        return _encode_ack_batch(body)
+    try:
+        out: bytes = _COMPILED[kind].build(_body_container(body))
+    except (ConstructError, struct.error, UnicodeError) as e:
+        raise LocalProtocolError(f"cannot encode {kind.name}: {e}", ResultCode.INVALID_FIELD) from e
+    return out
+
+
+def encode_frame(frame: Frame) -> bytes:
+    """The bytes of one frame, CRC32 trailer included."""
+    body = encode_body(frame.kind, frame.body)
+    src = frame.source.node_id.encode("ascii")
+    dst = frame.target.node_id.encode("ascii")
+    org = frame.origin.node_id.encode("ascii")
+    if len(body) > _MAX_U32:
+        raise LocalProtocolError(
+            f"frame body of {len(body)} bytes exceeds the 4 GiB wire limit", ResultCode.FRAME_TOO_LARGE
+        )
+    head = _HEADER.pack(
+        MAGIC, VERSION, frame.kind, frame.flags, frame.save_fwd, frame.priority,
+        frame.source.node_type, frame.target.node_type, frame.origin.node_type,
+        len(src), len(dst), len(org), 0, len(body),
+    )
+    out = b"".join((head, src, dst, org, body))
+    return out + _CRC.pack(zlib.crc32(out))
+
+
+def encode_frames(frames: list[Frame]) -> bytes:
+    """Several frames coalesced for one ``send_all``."""
+    return b"".join([encode_frame(f) for f in frames])
+
+
+# ---------------------------------------------------------------- decoding
+
+
+def _read_str(buf: bytes, pos: int, name: str) -> tuple[str, int]:
+    n = buf[pos]
+    end = pos + 1 + n
+    if end > len(buf):
+        raise RemoteProtocolError(f"{name} runs past the end of the body", ResultCode.MALFORMED_FRAME)
+    try:
+        return buf[pos + 1 : end].decode("utf-8"), end
+    except UnicodeDecodeError as e:
+        raise RemoteProtocolError(f"{name} is not UTF-8", ResultCode.INVALID_FIELD) from e
+
+
+def _read_app_key(buf: bytes, pos: int) -> tuple[AppKey, int]:
+    domain, pos = _read_str(buf, pos, "AppKey domain")
+    data_type, pos = _read_str(buf, pos, "AppKey data_type")
+    subtype, pos = _read_str(buf, pos, "AppKey subtype")
+    key, pos = _read_str(buf, pos, "AppKey key")
+    if not (domain or data_type or subtype or key):
+        return _EMPTY_APP_KEY, pos
+    return AppKey(domain=domain, data_type=data_type, subtype=subtype, key=key), pos
+
+
+_EMPTY_APP_KEY: Final = AppKey()
+_DATA_PREFIX_SIZE: Final = _DATA_PREFIX.size
+_ACK_ENTRY_SIZE: Final = _ACK_ENTRY.size
+
+
+def _decode_data(buf: bytes, origin: Endpoint, encrypt: bool) -> Data:
+    if len(buf) < _DATA_PREFIX_SIZE + 4 + 2 + 4:
+        raise RemoteProtocolError(f"DATA body of {len(buf)} bytes is too short", ResultCode.MALFORMED_FRAME)
+    semq, db, rec, l1s, l1d, l1r, created, expires = _DATA_PREFIX.unpack_from(buf)
+    app_key, pos = _read_app_key(buf, _DATA_PREFIX_SIZE)
+    (sk_len,) = _U16.unpack_from(buf, pos)
+    pos += 2
+    session_key = buf[pos : pos + sk_len]
+    pos += sk_len
+    if pos + 4 > len(buf):
+        raise RemoteProtocolError("DATA session key runs past the body", ResultCode.MALFORMED_FRAME)
+    (ad_len,) = _U32.unpack_from(buf, pos)
+    pos += 4
+    if pos + ad_len != len(buf):
+        raise RemoteProtocolError(
+            f"DATA AppData declares {ad_len} bytes but {len(buf) - pos} remain",
+            ResultCode.MALFORMED_FRAME,
+        )
+    return Data(
+        lk0=LK0(endpoint=origin, semq_id=semq, semq_db_id=db, record_id=rec),
+        lk1=LK1(semq_id=l1s, semq_db_id=l1d, record_id=l1r) if l1r else None,
+        created_ms=created,
+        expires_ms=expires or None,
+        app_key=app_key,
+        encrypt=encrypt,
+        session_key=session_key,
+        app_data=buf[pos:],
+    )
+
+
+def _decode_ack_batch(buf: bytes) -> AckBatch:
+    if len(buf) < 7:
+        raise RemoteProtocolError("ACK_BATCH body is too short", ResultCode.MALFORMED_FRAME)
+    kind = buf[0]
+    (count,) = _U32.unpack_from(buf, 1)
+    end = 5 + count * _ACK_ENTRY_SIZE
+    if end + 2 > len(buf):
+        raise RemoteProtocolError(
+            f"ACK_BATCH declares {count} entries but the body holds {len(buf)} bytes",
+            ResultCode.MALFORMED_FRAME,
+        )
+    (r_len,) = _U16.unpack_from(buf, end)
+    if end + 2 + r_len != len(buf):
+        raise RemoteProtocolError("ACK_BATCH has bytes after its receipt", ResultCode.MALFORMED_FRAME)
+    entries = tuple(map(AckEntry._make, _ACK_ENTRY.iter_unpack(buf[5:end])))
+    return AckBatch(ack_kind=kind, entries=entries, receipt=buf[end + 2 :])  # type: ignore[arg-type]
+
+
+def _loc(c: Any) -> LK0:
+    return LK0(
+        endpoint=Endpoint(node_type=c.node_type, node_id=c.node_id),
+        semq_id=c.semq_id,
+        semq_db_id=c.semq_db_id,
+        record_id=c.record_id,
+    )
+
+
+def _decode_by_schema(kind: Kind, buf: bytes) -> Body:
+    c = _COMPILED[kind].parse(buf)
+    if kind is Kind.INQUIRY:
+        return Inquiry(flag=c.flag, topic=c.topic, items=tuple(_loc(i) for i in c["items"]))
+    if kind is Kind.INQUIRY_RESP:
+        return InquiryResp(
+            flag=c.flag,
+            topic=c.topic,
+            answers=tuple(InquiryAnswer(_loc(i), i.result) for i in c["items"]),
+        )
+    if kind is Kind.NACK:
+        return Nack(lk0=_loc(c), code=c.code, message=c.message)
+    if kind is Kind.HELLO:
+        return Hello(semq_id=c.semq_id, semq_db_id=c.semq_db_id, window=c.window,
+                     software=c.software, token=c.token)
+    if kind is Kind.WELCOME:
+        return Welcome(window=c.window, server_time_ms=c.server_time_ms, session_id=c.session_id)
+    if kind is Kind.PING:
+        return Ping(nonce=c.nonce, time_ms=c.time_ms)
+    if kind is Kind.PONG:
+        return Pong(nonce=c.nonce, time_ms=c.time_ms)
+    if kind is Kind.ERROR:
+        return Error(code=c.code, message=c.message)
+    if kind is Kind.WINDOW:
+        return WindowUpdate(credit=c.credit)
+    if kind is Kind.CERT_REQUEST:
+        return CertRequest(endpoint=Endpoint(node_type=c.node_type, node_id=c.node_id))
+    if kind is Kind.CERT_RESPONSE:
+        return CertResponse(endpoint=Endpoint(node_type=c.node_type, node_id=c.node_id),
+                            code=c.code, certificates=tuple(c.certificates))
+    if kind is Kind.BYE:
+        return Bye(code=c.code, reason=c.reason)
+    raise RemoteProtocolError(f"no decoder for {kind.name}", ResultCode.UNKNOWN_KIND)  # pragma: no cover
+
+
+def decode_body(kind: Kind, buf: bytes, origin: Endpoint, flags: int) -> Body:
+    """Parse one body. Raises RemoteProtocolError (never construct's errors)."""
+    try:
+        if kind is Kind.DATA:
+            return _decode_data(buf, origin, bool(flags & FLAG_ENCRYPT))
+        if kind in _ACK_KINDS:
+            e = _ACK_ENTRY.unpack_from(buf)
+            app_key, pos = _read_app_key(buf, _ACK_ENTRY_SIZE)
+            (r_len,) = _U16.unpack_from(buf, pos)
+            if pos + 2 + r_len != len(buf):
+                raise RemoteProtocolError(f"{kind.name} body length is inconsistent", ResultCode.MALFORMED_FRAME)
+            return Ack(
+                src_semq_id=e[0], src_semq_db_id=e[1], src_ref_id=e[2], dest_semq_id=e[3],
+                dest_semq_db_id=e[4], dest_ref_id=e[5], ack_flag=e[6], flag=e[7],
+                app_key=app_key, receipt=buf[pos + 2 :],
+            )
+        if kind is Kind.ACK_BATCH:
+            return _decode_ack_batch(buf)
+        return _decode_by_schema(kind, buf)
+    except RemoteProtocolError:
+        raise
+    except ProtocolError as e:
+        raise RemoteProtocolError(f"{kind.name}: {e}", e.code) from e
+    except (ConstructError, struct.error, IndexError, UnicodeError, ValueError) as e:
+        raise RemoteProtocolError(f"malformed {kind.name} body: {e}", ResultCode.MALFORMED_FRAME) from e
+
+
+_ = NodeType  # re-exported through the package
