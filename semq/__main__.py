@@ -1,0 +1,3 @@
+from semq.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,141 @@
+"""Opening a SEMQ SQLite store: pragmas, corruption and lock checks, schema
+versions and migrations. Both the node and the platform stores use this.
+
+One connection per store, shared by the threads that the daemons run store
+work on; the daemons serialize access with one CapacityLimiter(1) per store
+(SQLite has a single writer; STYLE 6).
+"""
+
+from __future__ import annotations
+
+import shutil
+import sqlite3
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Final
+
+from peewee import SQL, DatabaseError, Model, OperationalError, SqliteDatabase
+
+__all__ = ["SQLITE_MAGIC", "StoreError", "backup_store", "create_tables", "open_store"]
+
+SQLITE_MAGIC: Final = b"SQLite format 3\x00"
+SYNCHRONOUS_MODES: Final = ("OFF", "NORMAL", "FULL", "EXTRA")
+
+
+class StoreError(Exception):
+    """A store problem the user must see as one line (missing, corrupt,
+    locked, full, read-only). The original driver error is chained."""
+
+
+Migration = Callable[[SqliteDatabase], None]
+
+
+def open_store(
+    path: Path,
+    migrations: Sequence[Migration],
+    *,
+    create: bool = False,
+    synchronous: str = "FULL",
+    kind: str = "store",
+) -> SqliteDatabase:
+    """Open (or with ``create`` make) the store at ``path`` and bring its
+    schema to ``len(migrations)``. Before migrating an existing store to a
+    newer version a copy is written next to it (``.bak-v<old>``).
+
+    Raises StoreError: missing file without ``create``, a file that is not
+    SQLite (never overwritten), a locked or unreadable store, a schema newer
+    than this software."""
+    path = Path(path)
+    synchronous = synchronous.upper()
+    if synchronous not in SYNCHRONOUS_MODES:
+        raise StoreError(f"synchronous mode {synchronous!r} is not one of {', '.join(SYNCHRONOUS_MODES)}")
+    if path.exists():
+        with path.open("rb") as f:
+            head = f.read(16)
+        if head and head != SQLITE_MAGIC:
+            raise StoreError(f"{kind} {path} is not an SQLite database (corrupt?); refusing to touch it")
+    elif not create:
+        raise StoreError(f"no {kind} at {path}; run 'semq ... init' first")
+    else:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    db = SqliteDatabase(
+        None,
+        check_same_thread=False,
+        thread_safe=False,
+        timeout=5,
+    )
+    db.init(
+        str(path),
+        pragmas={
+            "journal_mode": "wal",
+            "synchronous": synchronous,
+            "foreign_keys": 1,
+            "busy_timeout": 5000,
+            "cache_size": -16000,
+        },
+    )
+    try:
+        db.connect()
+        db.execute_sql("CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)")
+        row = db.execute_sql("SELECT value FROM meta WHERE key='schema_version'").fetchone()
+        version = int(row[0]) if row else 0
+        target = len(migrations)
+        if version > target:
+            raise StoreError(
+                f"{kind} {path} has schema version {version}, newer than this software's {target}"
+            )
+        if version and version < target:
+            backup_store(db, path.with_name(f"{path.name}.bak-v{version}"))
+        for v in range(version, target):
+            with db.atomic():
+                migrations[v](db)
+                db.execute_sql(
+                    "INSERT OR REPLACE INTO meta(key, value) VALUES ('schema_version', ?)", (str(v + 1),)
+                )
+    except StoreError:
+        db.close()
+        raise
+    except (DatabaseError, OperationalError, sqlite3.DatabaseError) as e:
+        db.close()
+        raise StoreError(f"{kind} {path} cannot be opened: {e}") from e
+    return db
+
+
+def create_tables(db: SqliteDatabase, models: Sequence[type[Model]]) -> None:
+    """Create the models' tables with SQL DEFAULTs for every constant
+    default: the hot paths insert with prepared SQL, not through the ORM."""
+    for model in models:
+        for f in model._meta.sorted_fields:
+            d = f.default
+            if d is None or callable(d):
+                continue
+            lit = f"X'{bytes(d).hex()}'" if isinstance(d, bytes) else repr(int(d) if isinstance(d, bool) else d)
+            f.constraints = [*(f.constraints or []), SQL(f"DEFAULT {lit}")]
+    with db.bind_ctx(models):
+        db.create_tables(models)
+
+
+def backup_store(db: SqliteDatabase, dest: Path) -> Path:
+    """A consistent copy of a live store (SQLite online backup API)."""
+    dest = Path(dest)
+    tmp = dest.with_name(dest.name + f".tmp{int(time.time() * 1000)}")
+    target = sqlite3.connect(str(tmp))
+    try:
+        db.connection().backup(target)
+    finally:
+        target.close()
+    shutil.move(str(tmp), str(dest))
+    return dest
+
+
+def translate(e: BaseException, path: Path, kind: str = "store") -> StoreError:
+    """One line for a driver error on a running store (disk full, read-only)."""
+    text = str(e)
+    if "full" in text:
+        return StoreError(f"{kind} {path}: disk full ({text}); nothing was accepted")
+    if "readonly" in text or "read-only" in text:
+        return StoreError(f"{kind} {path} is read-only ({text}); nothing was accepted")
+    if "locked" in text:
+        return StoreError(f"{kind} {path} is locked by another process ({text})")
+    return StoreError(f"{kind} {path}: {text}")

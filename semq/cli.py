@@ -1,0 +1,425 @@
+"""The ``semq`` command. ``main(argv) -> int``: 0 ok, 1 a runtime failure,
+2 a user's mistake; errors are one line on stderr (``--verbose`` for the
+traceback)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import signal
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from semq import __version__
+from semq._db import StoreError
+from semq.config import Config, ConfigError, data_dir, load_config, write_config
+from semq.transport import parse_hostport
+from semq.umxt_protocol import ProtocolError, SaveFwd
+
+__all__ = ["main"]
+
+
+class UsageError(Exception):
+    pass
+
+
+def _dir(args: argparse.Namespace) -> Path:
+    return data_dir(getattr(args, "dir", None))
+
+
+def _cfg(args: argparse.Namespace, role: str | None = None) -> Config:
+    cfg = load_config(_dir(args))
+    if role and cfg.role != role:
+        raise UsageError(f"{cfg.directory} holds a {cfg.role}, not a {role}")
+    return cfg
+
+
+def _ms_age(ms: int | None) -> str:
+    if not ms:
+        return "-"
+    s = max(0.0, time.time() - ms / 1000)
+    if s < 120:
+        return f"{s:.0f}s"
+    if s < 7200:
+        return f"{s / 60:.0f}m"
+    return f"{s / 3600:.1f}h"
+
+
+# ---------------------------------------------------------------- init
+
+
+def cmd_platform_init(args: argparse.Namespace) -> int:
+    from semq.platform.core import PlatformCore
+
+    d = _dir(args)
+    if (d / "semq.toml").exists():
+        raise UsageError(f"{d} already holds a configuration; refusing to overwrite it")
+    parse_hostport(args.listen)
+    cfg = Config(role="platform", directory=d, listen=args.listen, platform_id=args.id)
+    write_config(cfg)
+    PlatformCore(cfg.store_path, cfg.platform_id, create=True).close()
+    print(f"platform {cfg.platform_id} initialised in {d} (listen {cfg.listen})")
+    return 0
+
+
+def cmd_node_init(args: argparse.Namespace) -> int:
+    from semq.node.core import NodeCore
+    from semq.umxt_protocol import Endpoint
+
+    d = _dir(args)
+    if (d / "semq.toml").exists():
+        raise UsageError(f"{d} already holds a configuration; refusing to overwrite it")
+    Endpoint.org(args.org)
+    parse_hostport(args.platform)
+    cfg = Config(role="node", directory=d, org=args.org, platform=args.platform)
+    write_config(cfg)
+    NodeCore(cfg.store_path, cfg.org, create=True).close()
+    print(f"node {cfg.org} initialised in {d} (platform {cfg.platform})")
+    return 0
+
+
+def cmd_platform_register(args: argparse.Namespace) -> int:
+    from semq.platform.core import PlatformCore
+
+    cfg = _cfg(args, "platform")
+    core = PlatformCore(cfg.store_path, cfg.platform_id)
+    try:
+        core.register(args.orgs)
+    finally:
+        core.close()
+    print(f"registered {', '.join(args.orgs)}")
+    return 0
+
+
+# ---------------------------------------------------------------- daemons
+
+
+def _write_status(path: Path, data: dict[str, Any]) -> None:
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(data), "utf-8")
+    tmp.replace(path)
+
+
+def _run_daemon(cfg: Config, make: Callable[[], Any], status: Callable[[Any], dict[str, Any]],
+                ready: Callable[[Any], str]) -> int:
+    import trio
+
+    async def amain() -> None:
+        daemon = make()
+        async with trio.open_nursery() as nursery:
+            with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+                result = await nursery.start(daemon.run)
+                print(ready(result), flush=True)
+
+                async def report() -> None:
+                    while True:
+                        _write_status(cfg.status_path, {"pid": os.getpid(), "time_ms": int(time.time() * 1000),
+                                                        **status(daemon)})
+                        await trio.sleep(1)
+
+                nursery.start_soon(report)
+                async for sig in signals:
+                    logging.getLogger("semq").info("signal %d: stopping", sig)
+                    break
+                # Stop accepting; in-flight store calls finish (the gate's
+                # threads are never abandoned), then exit 0.
+                nursery.cancel_scope.cancel()
+        cfg.status_path.unlink(missing_ok=True)
+
+    trio.run(amain)
+    return 0
+
+
+def cmd_platform_run(args: argparse.Namespace) -> int:
+    from semq.platform.core import PlatformCore
+    from semq.platform.daemon import PlatformDaemon, PlatformSettings
+
+    cfg = _cfg(args, "platform")
+    host, port = parse_hostport(args.listen or cfg.listen)
+    core = PlatformCore(cfg.store_path, cfg.platform_id, events_dir=cfg.events_dir, synchronous=cfg.synchronous,
+                        inquiry_interval=args.inquiry_interval or cfg.inquiry_interval,
+                        auto_register=cfg.auto_register)
+    settings = PlatformSettings(host=host, port=port, window=cfg.window)
+    try:
+        return _run_daemon(
+            cfg, lambda: PlatformDaemon(core, settings),
+            lambda d: {"role": "platform", "listen": f"{host}:{d.port}",
+                       "online": sorted(ep.node_id for ep in d.sessions), **d.stats},
+            lambda port_: f"platform {cfg.platform_id} listening on {host}:{port_}",
+        )
+    finally:
+        core.close()
+
+
+def cmd_node_run(args: argparse.Namespace) -> int:
+    from semq.node.core import NodeCore
+    from semq.node.daemon import NodeDaemon, NodeSettings
+
+    cfg = _cfg(args, "node")
+    host, port = parse_hostport(args.platform or cfg.platform)
+    core = NodeCore(cfg.store_path, cfg.org, events_dir=cfg.events_dir, synchronous=cfg.synchronous,
+                    inquiry_interval=args.inquiry_interval or cfg.inquiry_interval)
+    settings = NodeSettings(host=host, port=port, window=cfg.window)
+    try:
+        return _run_daemon(
+            cfg, lambda: NodeDaemon(core, settings),
+            lambda d: {"role": "node", "org": cfg.org, "platform": f"{host}:{port}", "connected": d.connected,
+                       "sessions": d.sessions, "in_flight": d.in_flight, **d.stats},
+            lambda _r: f"node {cfg.org} running (platform {host}:{port})",
+        )
+    finally:
+        core.close()
+
+
+# ---------------------------------------------------------------- documents
+
+
+def _client(args: argparse.Namespace) -> Any:
+    from semq.node.api import NodeClient
+
+    return NodeClient(_dir(args), config=_cfg(args, "node"))
+
+
+def cmd_send(args: argparse.Namespace) -> int:
+    if args.file == "-":
+        data = sys.stdin.buffer.read()
+    else:
+        p = Path(args.file)
+        if not p.is_file():
+            raise UsageError(f"no such file: {args.file}")
+        data = p.read_bytes()
+    with _client(args) as node:
+        lk0 = node.send(
+            args.to, data, data_type=args.type, domain=args.domain, subtype=args.subtype, key=args.key,
+            save_fwd=args.save_fwd, ack2=args.ack2, priority=args.priority, expires_in=args.expires_in,
+            reliable=not args.best_effort,
+        )
+    print(lk0)
+    if not args.quiet:
+        print(f"accepted {len(data)} bytes for {args.to} (SaveFwd={args.save_fwd}, Ack2={int(args.ack2)});"
+              " not end-to-end encrypted in this version", file=sys.stderr)
+    return 0
+
+
+def cmd_inbox(args: argparse.Namespace) -> int:
+    with _client(args) as node:
+        if args.action == "list":
+            items = node.inbox(unread=not args.all, limit=args.limit)
+            if args.json:
+                print(json.dumps([{"id": i.id, "lk0": str(i.lk0), "from": i.lk0.endpoint.node_id,
+                                   "app_key": str(i.app_key), "size": len(i.app_data),
+                                   "received_ms": i.received_ms, "consumed": i.consumed_ms is not None}
+                                  for i in items]))
+                return 0
+            print(f"{'ID':>6}  {'FROM':<10} {'LK0':<22} {'APPKEY':<32} {'SIZE':>7}  AGE")
+            for i in items:
+                print(f"{i.id:>6}  {i.lk0.endpoint.node_id:<10} {i.lk0!s:<22} {i.app_key!s:<32}"
+                      f" {len(i.app_data):>7}  {_ms_age(i.received_ms)}")
+            print(f"{len(items)} document(s)", file=sys.stderr)
+            return 0
+        if not args.ids:
+            raise UsageError(f"inbox {args.action} needs a document id")
+        if args.action == "ack":
+            n = node.acknowledge([int(i) for i in args.ids])
+            print(f"acknowledged {n}")
+            return 0
+        try:
+            item = node.get(int(args.ids[0]))
+        except KeyError as e:
+            raise UsageError(str(e.args[0])) from None
+        if args.action == "save":
+            if len(args.ids) < 2:
+                raise UsageError("inbox save needs ID FILE")
+            Path(args.ids[1]).write_bytes(item.app_data)
+            print(f"saved {len(item.app_data)} bytes to {args.ids[1]}")
+            return 0
+        print(f"id: {item.id}\nlk0: {item.lk0}\nfrom: {item.lk0.endpoint.node_id}\napp_key: {item.app_key}"
+              f"\nsave_fwd: {item.save_fwd}\npriority: {item.priority}\nsize: {len(item.app_data)}"
+              f"\nreceived: {_ms_age(item.received_ms)} ago\n")
+        sys.stdout.buffer.write(item.app_data)
+        sys.stdout.flush()
+        return 0
+
+
+def cmd_messages(args: argparse.Namespace) -> int:
+    with _client(args) as node:
+        rows = node.messages(limit=args.limit)
+    if args.json:
+        print(json.dumps([{"lk0": str(r.lk0), "target": r.target, "state": r.state.name,
+                           "app_key": str(r.app_key), "save_fwd": r.save_fwd, "ack2": r.ack2,
+                           "attempts": r.attempts, "code": r.code, "created_ms": r.created_ms} for r in rows]))
+        return 0
+    print(f"{'LK0':<22} {'TO':<10} {'STATE':<10} {'SF':>2} {'ACK2':>4} {'TRIES':>5} {'CODE':>4}  {'AGE':>5}  APPKEY")
+    for r in rows:
+        print(f"{r.lk0!s:<22} {r.target:<10} {r.state.name:<10} {r.save_fwd:>2} {int(r.ack2):>4} {r.attempts:>5}"
+              f" {r.code:>4}  {_ms_age(r.created_ms):>5}  {r.app_key}")
+    print(f"{len(rows)} message(s) pending or failed (confirmed ones are cleaned up)", file=sys.stderr)
+    return 0
+
+
+def _daemon_status(cfg: Config) -> dict[str, Any] | None:
+    try:
+        st: dict[str, Any] = json.loads(cfg.status_path.read_text("utf-8"))
+    except (OSError, ValueError):
+        return None
+    if time.time() * 1000 - st.get("time_ms", 0) > 5000:
+        return None
+    return st
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    cfg = _cfg(args)
+    live = _daemon_status(cfg)
+    if cfg.role == "node":
+        from semq.node.core import NodeCore
+
+        core = NodeCore(cfg.store_path, cfg.org)
+        try:
+            counts = core.counts()
+        finally:
+            core.close()
+        data = {"role": "node", "org": cfg.org, "platform": cfg.platform, "daemon": live, **counts}
+        if args.json:
+            print(json.dumps(data))
+            return 0
+        conn = ("not running" if live is None else
+                f"running, {'connected' if live.get('connected') else 'NOT connected'} to {cfg.platform}")
+        print(f"node {cfg.org} ({cfg.directory})\n  daemon: {conn}")
+        states = counts["outbox"]
+        print("  pending-send: " + (", ".join(f"{k}={v}" for k, v in states.items()) or "empty"))
+        print(f"  pending-ack: {counts['pending_ack']}   inbox: {counts['inbox_unread']} unread"
+              f" / {counts['inbox_total']}   dedup: {counts['dedup']}")
+        print(f"  oldest unconfirmed: {_ms_age(counts['oldest_unconfirmed_ms'])}")
+        return 0
+    from semq.platform.core import PlatformCore
+
+    pcore = PlatformCore(cfg.store_path, cfg.platform_id)
+    try:
+        counts = pcore.counts()
+    finally:
+        pcore.close()
+    data = {"role": "platform", "id": cfg.platform_id, "daemon": live, **counts}
+    if args.json:
+        print(json.dumps(data))
+        return 0
+    print(f"platform {cfg.platform_id} ({cfg.directory})")
+    print("  daemon: " + ("not running" if live is None else f"listening on {live.get('listen')}"))
+    if live is not None:
+        print(f"  online: {', '.join(live.get('online', [])) or 'none'}")
+    print(f"  known nodes: {', '.join(counts['known_nodes']) or 'none'}")
+    stored = counts["stored"]
+    print("  stored for: " + (", ".join(f"{t}={v['stored']} (oldest {_ms_age(v['oldest_ms'])})"
+                                       for t, v in stored.items()) or "nothing"))
+    print(f"  relayed acks/inquiries waiting: {counts['relayed_waiting']}")
+    return 0
+
+
+# ---------------------------------------------------------------- parser
+
+
+def build_parser() -> argparse.ArgumentParser:
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--dir", help="data directory (default $SEMQ_DIR or ./semq-data)", default=argparse.SUPPRESS)
+    p = argparse.ArgumentParser(prog="semq", description="SEMQ store-and-forward messaging", parents=[common])
+    p.add_argument("--version", action="version", version=f"semq {__version__}")
+    p.add_argument("-v", "--verbose", action="store_true", help="log more; tracebacks on errors")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    plat = sub.add_parser("platform", help="the relay").add_subparsers(dest="sub", required=True)
+    x = plat.add_parser("init", parents=[common], help="create the platform's config and store")
+    x.add_argument("--listen", default="127.0.0.1:7410")
+    x.add_argument("--id", default="platform")
+    x.set_defaults(func=cmd_platform_init)
+    x = plat.add_parser("run", parents=[common], help="run the relay")
+    x.add_argument("--listen", help="HOST:PORT (port 0 = any free port)")
+    x.add_argument("--inquiry-interval", type=float)
+    x.set_defaults(func=cmd_platform_run)
+    x = plat.add_parser("register", parents=[common], help="make organizations known")
+    x.add_argument("orgs", nargs="+")
+    x.set_defaults(func=cmd_platform_register)
+    x = plat.add_parser("status", parents=[common], help="stored messages, online nodes")
+    x.add_argument("--json", action="store_true")
+    x.set_defaults(func=cmd_status)
+
+    node = sub.add_parser("node", help="an organization's node").add_subparsers(dest="sub", required=True)
+    x = node.add_parser("init", parents=[common], help="create the node's config and store")
+    x.add_argument("--org", required=True)
+    x.add_argument("--platform", default="127.0.0.1:7410")
+    x.set_defaults(func=cmd_node_init)
+    x = node.add_parser("run", parents=[common], help="run the node daemon")
+    x.add_argument("--platform", help="HOST:PORT of the platform")
+    x.add_argument("--inquiry-interval", type=float)
+    x.set_defaults(func=cmd_node_run)
+
+    x = sub.add_parser("send", parents=[common], help="hand a document to the node")
+    x.add_argument("--to", required=True, help="target organization id")
+    x.add_argument("--type", required=True, help="AppKey data type, e.g. ORDER")
+    x.add_argument("--domain", default="")
+    x.add_argument("--subtype", default="")
+    x.add_argument("--key", default="")
+    x.add_argument("--save-fwd", type=int, default=3, choices=[1, 2, 3])
+    x.add_argument("--ack2", action=argparse.BooleanOptionalAction, default=True)
+    x.add_argument("--priority", type=int, default=0)
+    x.add_argument("--expires-in", type=float, help="seconds until the document expires")
+    x.add_argument("--best-effort", action="store_true", help="Reliable=0: never stored, acked or retried")
+    x.add_argument("-q", "--quiet", action="store_true")
+    x.add_argument("file", help="file to send, or - for stdin")
+    x.set_defaults(func=cmd_send)
+
+    x = sub.add_parser("inbox", parents=[common], help="documents that arrived")
+    x.add_argument("action", nargs="?", default="list", choices=["list", "show", "save", "ack"])
+    x.add_argument("ids", nargs="*")
+    x.add_argument("--all", action="store_true", help="include acknowledged documents")
+    x.add_argument("--limit", type=int, default=100)
+    x.add_argument("--json", action="store_true")
+    x.set_defaults(func=cmd_inbox)
+
+    x = sub.add_parser("messages", parents=[common], help="pending-send rows with state and age")
+    x.add_argument("--limit", type=int, default=100)
+    x.add_argument("--json", action="store_true")
+    x.set_defaults(func=cmd_messages)
+
+    x = sub.add_parser("status", parents=[common], help="node or platform status")
+    x.add_argument("--json", action="store_true")
+    x.set_defaults(func=cmd_status)
+
+    try:
+        from semq.analytics.cli import register as register_report
+    except ImportError:  # analytics not installed / not yet present
+        pass
+    else:
+        register_report(sub)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=logging.INFO if args.verbose or (args.command in ("platform", "node") and getattr(args, "sub", "") == "run")
+        else logging.WARNING,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr,
+    )
+    try:
+        rc: int = args.func(args)
+        return rc
+    except (UsageError, ConfigError, ValueError) as e:
+        if args.verbose:
+            raise
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except (StoreError, ProtocolError, OSError) as e:
+        if args.verbose:
+            raise
+        print(f"error: {e}", file=sys.stderr)
+        return 2 if isinstance(e, ProtocolError) else 1
+    except KeyboardInterrupt:
+        return 130
+
+
+_ = SaveFwd

@@ -1,0 +1,53 @@
+"""The delivery event log (docs/events.md): JSON lines, one file per UTC day.
+
+Records are appended after the state change they describe is committed, so
+the log never claims more than the store holds."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import IO, Any
+
+__all__ = ["EventLog", "now_ms"]
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+class EventLog:
+    def __init__(self, directory: Path, logger: str, role_default: str) -> None:
+        self.directory = Path(directory)
+        self.logger = logger
+        self.role = role_default
+        self._day = ""
+        self._file: IO[str] | None = None
+
+    def _open(self, ts: int) -> IO[str]:
+        day = time.strftime("%Y-%m-%d", time.gmtime(ts / 1000))
+        if day != self._day or self._file is None:
+            if self._file is not None:
+                self._file.close()
+            self.directory.mkdir(parents=True, exist_ok=True)
+            self._file = (self.directory / f"events-{day}.jsonl").open("a", encoding="utf-8")
+            self._day = day
+        return self._file
+
+    def write(self, records: list[dict[str, Any]]) -> None:
+        """Append records (each needs ``ts`` and ``event``; ``role`` defaults)."""
+        if not records:
+            return
+        f = self._open(records[0]["ts"])
+        lines = []
+        for r in records:
+            r.setdefault("role", self.role)
+            lines.append(json.dumps({"v": 1, "logger": self.logger, **r}, separators=(",", ":")))
+        f.write("\n".join(lines) + "\n")
+        f.flush()
+
+    def close(self) -> None:
+        if self._file is not None:
+            self._file.close()
+            self._file = None

@@ -1,0 +1,169 @@
+"""The Python API for applications; the CLI uses it too.
+
+    from semq.node.api import NodeClient
+    with NodeClient("/srv/semq/acme") as node:
+        lk0 = node.send("56001", b"<order/>", data_type="ORDER", key="S0001")
+        for doc in node.inbox():
+            handle(doc.app_data)
+            node.acknowledge([doc.id])
+
+``send`` works whether or not the node daemon runs: the document is durable
+in the node's store when it returns, and goes out when the daemon runs.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from semq.config import Config, ConfigError, load_config
+from semq.umxt_protocol import LK0, AppKey, Endpoint, NodeType, SaveFwd
+
+from .core import NewDocument, NodeCore
+from .engine import SendState
+
+__all__ = ["InboxItem", "NodeClient", "OutboxRow"]
+
+
+@dataclass(frozen=True)
+class InboxItem:
+    id: int
+    lk0: LK0
+    app_key: AppKey
+    save_fwd: int
+    priority: int
+    created_ms: int
+    received_ms: int
+    encrypted: bool
+    app_data: bytes
+    consumed_ms: int | None
+
+
+@dataclass(frozen=True)
+class OutboxRow:
+    lk0: LK0
+    target: str
+    state: SendState
+    app_key: AppKey
+    save_fwd: int
+    ack2: bool
+    priority: int
+    created_ms: int
+    attempts: int
+    inquiries: int
+    code: int
+    size: int
+
+
+class NodeClient:
+    def __init__(self, directory: str | Path, *, config: Config | None = None) -> None:
+        self.config = config or load_config(Path(directory))
+        if self.config.role != "node":
+            raise ConfigError(f"{self.config.directory} holds a {self.config.role}, not a node")
+        self.core = NodeCore(self.config.store_path, self.config.org, events_dir=self.config.events_dir,
+                             synchronous=self.config.synchronous)
+
+    def __enter__(self) -> NodeClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self.core.close()
+
+    @property
+    def org(self) -> str:
+        return self.config.org
+
+    def send(
+        self, to: str, data: bytes, *, data_type: str = "", domain: str = "", subtype: str = "",
+        key: str = "", save_fwd: int = 3, ack2: bool = True, priority: int = 0,
+        expires_in: float | None = None, reliable: bool = True,
+    ) -> LK0:
+        """Accept one document; durable when this returns. Raises
+        LocalProtocolError for an invalid field, StoreError for the store."""
+        return self.send_many([dict(to=to, data=data, data_type=data_type, domain=domain, subtype=subtype,
+                                    key=key, save_fwd=save_fwd, ack2=ack2, priority=priority,
+                                    expires_in=expires_in, reliable=reliable)])[0]
+
+    def send_many(self, docs: list[dict[str, Any]]) -> list[LK0]:
+        """Accept several documents in one transaction (much faster)."""
+        now = int(time.time() * 1000)
+        news = []
+        for d in docs:
+            exp = d.get("expires_in")
+            reliable = d.get("reliable", True)
+            news.append(NewDocument(
+                target=d["to"], app_data=bytes(d["data"]),
+                app_key=AppKey(domain=d.get("domain", ""), data_type=d.get("data_type", ""),
+                               subtype=d.get("subtype", ""), key=d.get("key", "")),
+                save_fwd=SaveFwd(d.get("save_fwd", 3) if reliable else 1),
+                ack2=bool(d.get("ack2", True)) and reliable, reliable=reliable,
+                priority=d.get("priority", 0),
+                expires_ms=now + int(exp * 1000) if exp else None, created_ms=now,
+            ))
+        return self.core.accept(news)
+
+    def inbox(self, *, unread: bool = True, limit: int = 1000, after_id: int = 0) -> list[InboxItem]:
+        q = ("SELECT id, origin_type, origin_id, semq_id, semq_db_id, record_id, domain, data_type, subtype,"
+             " key, save_fwd, priority, created_ms, received_ms, encrypt, app_data, consumed_ms FROM inbox"
+             " WHERE id > ?" + (" AND consumed_ms IS NULL" if unread else "") + " ORDER BY id LIMIT ?")
+        return [self._item(r) for r in self.core.conn.execute(q, (after_id, limit))]
+
+    def get(self, item_id: int) -> InboxItem:
+        r = self.core.conn.execute(
+            "SELECT id, origin_type, origin_id, semq_id, semq_db_id, record_id, domain, data_type, subtype,"
+            " key, save_fwd, priority, created_ms, received_ms, encrypt, app_data, consumed_ms FROM inbox"
+            " WHERE id=?", (item_id,)).fetchone()
+        if r is None:
+            raise KeyError(f"no inbox document {item_id}")
+        return self._item(r)
+
+    @staticmethod
+    def _item(r: Any) -> InboxItem:
+        return InboxItem(
+            id=r[0], lk0=LK0(endpoint=Endpoint(node_type=NodeType(r[1]), node_id=r[2]), semq_id=r[3],
+                             semq_db_id=r[4], record_id=r[5]),
+            app_key=AppKey(domain=r[6], data_type=r[7], subtype=r[8], key=r[9]), save_fwd=r[10],
+            priority=r[11], created_ms=r[12], received_ms=r[13], encrypted=bool(r[14]), app_data=r[15],
+            consumed_ms=r[16],
+        )
+
+    def acknowledge(self, ids: list[int]) -> int:
+        """The application has processed these documents (kept a day, then purged)."""
+        ts = int(time.time() * 1000)
+        with self.core.db.atomic():
+            cur = self.core.conn.executemany(
+                "UPDATE inbox SET consumed_ms=? WHERE id=? AND consumed_ms IS NULL", [(ts, i) for i in ids])
+        return int(cur.rowcount)
+
+    def receive(self, *, timeout: float = 10.0, poll: float = 0.1) -> Iterator[InboxItem]:
+        """Yield unread documents as they arrive, until ``timeout`` passes
+        with nothing new."""
+        last = 0
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            items = self.inbox(after_id=last)
+            for it in items:
+                last = it.id
+                yield it
+            if items:
+                deadline = time.monotonic() + timeout
+            else:
+                time.sleep(poll)
+
+    def messages(self, *, limit: int = 1000) -> list[OutboxRow]:
+        rows = self.core.conn.execute(
+            "SELECT id, target_id, state, domain, data_type, subtype, key, save_fwd, ack2, priority,"
+            " created_ms, attempts, inquiries, code, length(app_data) FROM outbox ORDER BY id LIMIT ?", (limit,))
+        return [OutboxRow(lk0=LK0(endpoint=self.core.me, record_id=r[0]), target=r[1], state=SendState(r[2]),
+                          app_key=AppKey(domain=r[3], data_type=r[4], subtype=r[5], key=r[6]), save_fwd=r[7],
+                          ack2=bool(r[8]), priority=r[9], created_ms=r[10], attempts=r[11], inquiries=r[12],
+                          code=r[13], size=r[14]) for r in rows]
+
+    def status(self) -> dict[str, Any]:
+        return self.core.counts()

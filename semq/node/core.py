@@ -1,0 +1,622 @@
+"""The node's synchronous core: store + engine, one transaction per batch.
+
+Every public method runs in one SQLite transaction and returns the frames
+(encoded bytes) that may leave only after it returned, i.e. after COMMIT —
+SPEC: "every state change is committed before the acknowledgement that
+depends on it leaves the process". The trio daemon calls these on one
+worker thread per store (semq.node.daemon).
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections import defaultdict
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Final
+
+from peewee import SqliteDatabase
+
+from semq._db import StoreError, translate
+from semq.events import EventLog, now_ms
+from semq.umxt_protocol import (
+    LK0,
+    LK1,
+    Ack,
+    AckBatch,
+    AckEntry,
+    AckFlag,
+    AppKey,
+    Data,
+    Endpoint,
+    ForwardFlag,
+    Frame,
+    Inquiry,
+    InquiryAnswer,
+    InquiryFlag,
+    InquiryResp,
+    InquiryResult,
+    InquiryTopic,
+    Kind,
+    Nack,
+    NodeType,
+    RawFrame,
+    RemoteProtocolError,
+    ResultCode,
+    SaveFwd,
+    encode_frame,
+)
+
+from .engine import (
+    AckStatus,
+    OriginEvent,
+    SendState,
+    origin_step,
+    receive_decision,
+    receiver_may_clean,
+)
+from .store import open_node_store
+
+__all__ = ["NewDocument", "NodeCore", "Output"]
+
+MAX_INQUIRY_BACKOFF_MS: Final = 15 * 60 * 1000  # long-offline targets: ask at most every 15 min
+INQUIRY_BATCH: Final = 1000
+DEDUP_RETENTION_MS: Final = 30 * 24 * 3600 * 1000  # docs/exactly-once.md
+FAILED_RETENTION_MS: Final = 7 * 24 * 3600 * 1000
+
+
+_NO_KEY: Final = AppKey()
+
+
+@dataclass(frozen=True, kw_only=True)
+class NewDocument:
+    """What an application hands over (SPEC A.1)."""
+
+    target: str
+    app_data: bytes
+    app_key: AppKey = _NO_KEY
+    save_fwd: SaveFwd = SaveFwd.MUST_DELIVER
+    ack2: bool = True
+    reliable: bool = True
+    priority: int = 0
+    expires_ms: int | None = None
+    encrypt: bool = False
+    session_key: bytes = b""
+    created_ms: int | None = None
+
+
+@dataclass
+class Output:
+    """What a batch produced: bytes to send (after the commit, which has
+    happened when the method returns) and counters for the caller."""
+
+    data: list[bytes] = field(default_factory=list)
+    delivered: int = 0  # new inbox documents
+    settled: int = 0  # outbox rows that got their platform ack / NACK (window credit)
+    errors: list[tuple[ResultCode, str]] = field(default_factory=list)
+
+    def add(self, frame: Frame) -> None:
+        self.data.append(encode_frame(frame))
+
+
+_OUT_COLS: Final = (
+    "id, target_type, target_id, state, save_fwd, ack2, reliable, priority, domain, data_type,"
+    " subtype, key, created_ms, expires_ms, attempts, length(app_data)"
+)
+
+
+class NodeCore:
+    """One organization's store and SEMQ rules. Not thread-safe: one caller
+    at a time (the daemon's store gate)."""
+
+    def __init__(
+        self,
+        store_path: Path,
+        org: str,
+        *,
+        events_dir: Path | None = None,
+        create: bool = False,
+        synchronous: str = "FULL",
+        inquiry_interval: float = 15.0,
+        platform: Endpoint | None = None,
+    ) -> None:
+        self.path = Path(store_path)
+        self.me = Endpoint.org(org)
+        self.platform = platform or Endpoint.platform()
+        self.db: SqliteDatabase = open_node_store(self.path, create=create, synchronous=synchronous)
+        self.conn: sqlite3.Connection = self.db.connection()
+        self.inquiry_ms = int(inquiry_interval * 1000)
+        self.log = EventLog(events_dir, f"org:{org}", "origin") if events_dir else None
+
+    def close(self) -> None:
+        if self.log:
+            self.log.close()
+        self.db.close()
+
+    # ------------------------------------------------------------ helpers
+
+    def _tx(self) -> Any:
+        return self.db.atomic()
+
+    def _emit(self, records: list[dict[str, Any]]) -> None:
+        if self.log and records:
+            self.log.write(records)
+
+    def _origin_event(self, row: Sequence[Any], event: str, ts: int, **extra: Any) -> dict[str, Any]:
+        (rid, _tt, tid, _st, sf, ack2, rel, prio, dom, dt, sub, key, created, _exp, att, size) = row[:16]
+        return {
+            "ts": ts, "role": "origin", "event": event, "lk0": f"{self.me.node_id}/1/1/{rid}",
+            "source": self.me.node_id, "target": tid, "domain": dom, "data_type": dt,
+            "subtype": sub, "key": key, "save_fwd": sf, "ack2": bool(ack2), "reliable": bool(rel),
+            "priority": prio, "size": size, "attempt": att, "created_ms": created, **extra,
+        }
+
+    # ------------------------------------------------------------ API side
+
+    def accept(self, docs: Iterable[NewDocument]) -> list[LK0]:
+        """Write documents to the pending-send table (SS_INIT). Durable when
+        this returns. Raises StoreError (disk full, read-only) with nothing
+        accepted, or LocalProtocolError for an invalid document."""
+        ts = now_ms()
+        rows = []
+        for d in docs:
+            target = Endpoint.org(d.target)  # validates the id
+            # Validate every field by building the DATA value once.
+            Data(lk0=LK0(endpoint=self.me, record_id=1), app_data=d.app_data, app_key=d.app_key,
+                 created_ms=d.created_ms or ts, expires_ms=d.expires_ms, encrypt=d.encrypt,
+                 session_key=d.session_key)
+            Frame(kind=Kind.DATA, source=self.me, target=target, reliable=d.reliable,
+                  save_fwd=d.save_fwd, ack2=d.ack2, priority=d.priority,
+                  body=Data(lk0=LK0(endpoint=self.me, record_id=1)))
+            rows.append((
+                int(target.node_type), target.node_id, int(SendState.SS_INIT), int(d.save_fwd),
+                int(d.ack2), int(d.reliable), d.priority, d.app_key.domain, d.app_key.data_type,
+                d.app_key.subtype, d.app_key.key, d.created_ms or ts, d.expires_ms, int(d.encrypt),
+                d.session_key, d.app_data, ts,
+            ))
+        ids: list[int] = []
+        try:
+            with self._tx():
+                cur = self.conn.cursor()
+                for r in rows:
+                    cur.execute(
+                        "INSERT INTO outbox (target_type, target_id, state, save_fwd, ack2, reliable,"
+                        " priority, domain, data_type, subtype, key, created_ms, expires_ms, encrypt,"
+                        " session_key, app_data, state_ms) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+                        r,
+                    )
+                    ids.append(int(cur.lastrowid or 0))
+        except sqlite3.Error as e:
+            raise translate(e, self.path, "node store") from e
+        self._emit([
+            {"ts": ts, "role": "origin", "event": "queued", "lk0": f"{self.me.node_id}/1/1/{i}",
+             "source": self.me.node_id, "target": r[1], "domain": r[7], "data_type": r[8],
+             "subtype": r[9], "key": r[10], "save_fwd": r[3], "ack2": bool(r[4]),
+             "reliable": bool(r[5]), "priority": r[6], "size": len(r[15]), "attempt": 0,
+             "created_ms": r[11]}
+            for i, r in zip(ids, rows, strict=True)
+        ])
+        return [LK0(endpoint=self.me, record_id=i) for i in ids]
+
+    # ------------------------------------------------------------ sending
+
+    def claim(self, limit: int) -> Output:
+        """SPEC A.2: take up to ``limit`` SS_INIT rows (priority first, then
+        acceptance order), mark them SS_SENT, commit, and return their DATA
+        frames. Expired rows fail with EXPIRED instead; best-effort rows
+        are deleted as they go (never retried)."""
+        out = Output()
+        ts = now_ms()
+        events: list[dict[str, Any]] = []
+        with self._tx():
+            rows = self.conn.execute(
+                f"SELECT {_OUT_COLS}, encrypt, session_key, app_data FROM outbox WHERE state=0"
+                " ORDER BY priority DESC, id LIMIT ?",
+                (limit,),
+            ).fetchall()
+            if not rows:
+                return out
+            sent: list[tuple[int, ...]] = []
+            gone: list[tuple[int, ...]] = []
+            expired: list[tuple[int, ...]] = []
+            for r in rows:
+                if r[13] is not None and r[13] <= ts:
+                    expired.append((r[0],))
+                    events.append(self._origin_event(r, "expired", ts, code=int(ResultCode.EXPIRED)))
+                    continue
+                data = Data(
+                    lk0=LK0(endpoint=self.me, record_id=r[0]),
+                    app_key=AppKey(domain=r[8], data_type=r[9], subtype=r[10], key=r[11]),
+                    created_ms=r[12], expires_ms=r[13], encrypt=bool(r[16]),
+                    session_key=r[17], app_data=r[18],
+                )
+                out.add(Frame(
+                    kind=Kind.DATA, source=self.me, target=Endpoint(node_type=r[1], node_id=r[2]),
+                    body=data, reliable=bool(r[6]), save_fwd=SaveFwd(r[4]), ack2=bool(r[5]),
+                    priority=r[7],
+                ))
+                row = (*r[:14], r[14] + 1, r[15])
+                events.append(self._origin_event(row, "sent", ts))
+                (sent if r[6] else gone).append((ts, ts, ts, r[0]))
+            self.conn.executemany(
+                "UPDATE outbox SET state=1, attempts=attempts+1, sent_ms=?, state_ms=?,"
+                " last_inquiry_ms=? WHERE id=?",
+                sent,
+            )
+            self.conn.executemany("DELETE FROM outbox WHERE id=?", [(g[3],) for g in gone])
+            self.conn.executemany(
+                f"UPDATE outbox SET state={int(SendState.SS_FAILED)}, code={int(ResultCode.EXPIRED)}"
+                " WHERE id=?",
+                expired,
+            )
+        self._emit(events)
+        return out
+
+    def pending_count(self) -> int:
+        row = self.conn.execute("SELECT count(*) FROM outbox WHERE state=0").fetchone()
+        return int(row[0])
+
+    # ------------------------------------------------------------ receiving
+
+    def handle(self, frames: Sequence[RawFrame]) -> Output:
+        """Apply a batch of frames from the platform in one transaction; the
+        answers (acks, REACK2, inquiry answers) are in the Output."""
+        out = Output()
+        ts = now_ms()
+        events: list[dict[str, Any]] = []
+        acks: dict[tuple[Kind, Endpoint], list[AckEntry]] = defaultdict(list)
+        with self._tx():
+            for raw in frames:
+                try:
+                    self._handle_one(raw, ts, out, events, acks)
+                except RemoteProtocolError as e:
+                    out.errors.append((e.code, str(e)))
+            for (kind, target), entries in acks.items():
+                for i in range(0, len(entries), 10_000):
+                    out.add(Frame(kind=Kind.ACK_BATCH, source=self.me, target=target,
+                                  body=AckBatch(ack_kind=kind, entries=tuple(entries[i:i + 10_000]))))
+        self._emit(events)
+        return out
+
+    def _handle_one(
+        self, raw: RawFrame, ts: int, out: Output, events: list[dict[str, Any]],
+        acks: dict[tuple[Kind, Endpoint], list[AckEntry]],
+    ) -> None:
+        kind = raw.kind
+        if raw.target != self.me:
+            raise RemoteProtocolError(f"{kind.name} for {raw.target} reached {self.me}", ResultCode.UNEXPECTED_FRAME)
+        frame = raw.frame()
+        body = frame.body
+        if isinstance(body, Data):
+            self._receive(frame, body, ts, out, events, acks)
+        elif isinstance(body, AckBatch):
+            self._acks(body.ack_kind, body.entries, frame.origin, ts, out, events, acks)
+        elif isinstance(body, Ack):
+            self._acks(kind, (body.entry,), frame.origin, ts, out, events, acks, receipt=body.receipt)
+        elif isinstance(body, Nack):
+            self._origin_apply([(body.lk0.record_id, OriginEvent.NACK)], ts, out, events, acks,
+                               code=int(body.code), detail=body.message)
+        elif isinstance(body, Inquiry):
+            self._answer(frame, body, ts, out, events)
+        elif isinstance(body, InquiryResp):
+            self._answers(frame, body, ts, out, events)
+
+    def _receive(
+        self, frame: Frame, d: Data, ts: int, out: Output, events: list[dict[str, Any]],
+        acks: dict[tuple[Kind, Endpoint], list[AckEntry]],
+    ) -> None:
+        lk0, lk1 = d.lk0, d.lk1
+        key = (int(lk0.endpoint.node_type), lk0.endpoint.node_id, lk0.semq_id, lk0.semq_db_id, lk0.record_id)
+        cur = self.conn.execute(
+            "INSERT OR IGNORE INTO dedup (origin_type, origin_id, semq_id, semq_db_id, record_id,"
+            " received_ms) VALUES (?,?,?,?,?,?)",
+            (*key, ts),
+        )
+        duplicate = cur.rowcount == 0
+        dec = receive_decision(duplicate=duplicate, has_lk1=lk1 is not None, ack2=frame.ack2,
+                               reliable=frame.reliable)
+        ev = {
+            "ts": ts, "role": "receiver", "lk0": str(lk0), "source": lk0.endpoint.node_id,
+            "target": self.me.node_id, "domain": d.app_key.domain, "data_type": d.app_key.data_type,
+            "subtype": d.app_key.subtype, "key": d.app_key.key, "save_fwd": int(frame.save_fwd),
+            "ack2": frame.ack2, "reliable": frame.reliable, "priority": frame.priority,
+            "size": len(d.app_data), "created_ms": d.created_ms,
+        }
+        if lk1 is not None:
+            ev["lk1"] = f"{lk1.semq_id}/{lk1.semq_db_id}/{lk1.record_id}"
+        events.append({**ev, "event": "received"})
+        if duplicate:
+            events.append({**ev, "event": "duplicate"})
+        expired = d.expires_ms is not None and d.expires_ms <= ts
+        if dec.deliver and not expired:
+            self.conn.execute(
+                "INSERT INTO inbox (origin_type, origin_id, semq_id, semq_db_id, record_id, domain,"
+                " data_type, subtype, key, save_fwd, priority, created_ms, received_ms, encrypt,"
+                " session_key, app_data) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+                (*key, d.app_key.domain, d.app_key.data_type, d.app_key.subtype, d.app_key.key,
+                 int(frame.save_fwd), frame.priority, d.created_ms, ts, int(d.encrypt),
+                 d.session_key, d.app_data),
+            )
+            out.delivered += 1
+            events.append({**ev, "event": "inbox"})
+        elif expired and not duplicate:
+            events.append({**ev, "event": "expired", "code": int(ResultCode.EXPIRED)})
+        inbound_id = 0
+        if dec.keep_row:
+            c = self.conn.execute(
+                "INSERT OR IGNORE INTO inbound (origin_type, origin_id, semq_id, semq_db_id, record_id,"
+                " lk1_semq_id, lk1_semq_db_id, lk1_record_id, platform_type, platform_id, p_ack, s_ack,"
+                " received_ms, last_inquiry_ms) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+                (*key, lk1.semq_id if lk1 else 0, lk1.semq_db_id if lk1 else 0,
+                 lk1.record_id if lk1 else 0, int(frame.source.node_type), frame.source.node_id,
+                 int(AckStatus.AS_INIT if dec.send_ack else AckStatus.AS_ACK),
+                 int(AckStatus.AS_INIT if dec.send_ack2 else AckStatus.AS_ACK), ts, ts),
+            )
+            inbound_id = int(c.lastrowid or 0)
+        elif duplicate and (dec.send_ack or dec.send_ack2):
+            row = self.conn.execute(
+                "SELECT id FROM inbound WHERE origin_type=? AND origin_id=? AND semq_id=? AND"
+                " semq_db_id=? AND record_id=?", key,
+            ).fetchone()
+            inbound_id = int(row[0]) if row else 0
+        if dec.send_ack and lk1 is not None:
+            acks[(Kind.ACK, frame.source)].append(AckEntry(
+                1, 1, inbound_id, lk1.semq_id, lk1.semq_db_id, lk1.record_id, int(AckFlag.PLATFORM), 0))
+        if dec.send_ack2:
+            acks[(Kind.ACK2, lk0.endpoint)].append(AckEntry(
+                1, 1, inbound_id, lk0.semq_id, lk0.semq_db_id, lk0.record_id, int(AckFlag.DELIVERY), 0))
+            events.append({**ev, "event": "ack2_sent"})
+
+    def _acks(
+        self, kind: Kind, entries: Sequence[AckEntry], origin: Endpoint, ts: int, out: Output,
+        events: list[dict[str, Any]], acks: dict[tuple[Kind, Endpoint], list[AckEntry]],
+        receipt: bytes = b"",
+    ) -> None:
+        if kind in (Kind.ACK_FWD, Kind.ACK_SAVE, Kind.ACK2):
+            ev = {Kind.ACK_FWD: OriginEvent.ACK_FWD, Kind.ACK_SAVE: OriginEvent.ACK_SAVE,
+                  Kind.ACK2: OriginEvent.ACK2}[kind]
+            self._origin_apply([(e.dest_ref_id, ev, e) for e in entries], ts, out, events, acks,
+                               peer=origin)
+        elif kind in (Kind.REACK, Kind.REACK2):
+            col = "p_ack" if kind is Kind.REACK else "s_ack"
+            self._inbound_ack(col, [e.dest_ref_id for e in entries if e.dest_ref_id], ts, events)
+        # ACK from a node is for the platform only; a node ignores it.
+
+    def _origin_apply(
+        self, items: Sequence[tuple[Any, ...]], ts: int, out: Output, events: list[dict[str, Any]],
+        acks: dict[tuple[Kind, Endpoint], list[AckEntry]], *, peer: Endpoint | None = None,
+        code: int = 0, detail: str = "",
+    ) -> list[tuple[int, InquiryResult]]:
+        """Apply origin events to rows by id; returns (id, previous-state
+        answer) for STATE inquiries."""
+        answers: list[tuple[int, InquiryResult]] = []
+        ids = [it[0] for it in items]
+        rows: dict[int, Any] = {}
+        for i in range(0, len(ids), 500):
+            chunk = ids[i:i + 500]
+            q = ",".join("?" * len(chunk))
+            for r in self.conn.execute(f"SELECT {_OUT_COLS} FROM outbox WHERE id IN ({q})", chunk):
+                rows[r[0]] = r
+        updates, deletes = [], []
+        for it in items:
+            rid, event = it[0], it[1]
+            r = rows.get(rid)
+            if r is None:
+                answers.append((rid, InquiryResult.NO_RECORD))
+                continue
+            state = SendState(r[3])
+            o = origin_step(state, event, save_fwd=r[4], ack2=bool(r[5]))
+            answers.append((rid, InquiryResult.ALREADY_ACKED if state is SendState.SS_ACK2
+                            else InquiryResult.MARKED_ACKED))
+            if o.reack2 and peer is not None and len(it) > 2:
+                e: AckEntry = it[2]
+                acks[(Kind.REACK2, peer)].append(AckEntry(
+                    1, 1, rid, e.src_semq_id, e.src_semq_db_id, e.src_ref_id, int(AckFlag.DELIVERY), 0))
+            if not o.changed:
+                continue
+            rows[rid] = (*r[:3], int(o.state), *r[4:])
+            name = {OriginEvent.ACK_FWD: "ack_fwd", OriginEvent.ACK_SAVE: "ack_save",
+                    OriginEvent.NACK: "nack", OriginEvent.PLATFORM_LACKS: "resend",
+                    OriginEvent.TARGET_LACKS: "resend"}.get(event, "ack2")
+            if o.state is SendState.SS_ACK and event is OriginEvent.PLATFORM_HAS:
+                name = "ack_save"
+            extra: dict[str, Any] = {"code": code, "detail": detail} if event is OriginEvent.NACK else {}
+            events.append(self._origin_event(r, name, ts, **extra))
+            if state is SendState.SS_SENT:
+                out.settled += 1  # no longer in flight: window credit
+            if o.clean:
+                deletes.append((rid,))
+                events.append(self._origin_event(r, "cleaned", ts))
+            else:
+                updates.append((int(o.state), ts, code, rid))
+        self.conn.executemany("UPDATE outbox SET state=?, state_ms=?, code=? WHERE id=?", updates)
+        self.conn.executemany("DELETE FROM outbox WHERE id=?", deletes)
+        return answers
+
+    def _inbound_ack(self, col: str, ids: Sequence[int], ts: int, events: list[dict[str, Any]]) -> None:
+        if not ids:
+            return
+        self.conn.executemany(f"UPDATE inbound SET {col}=1 WHERE id=?", [(i,) for i in ids])
+        self._inbound_cleanup(ids, ts, events, "reack" if col == "p_ack" else "reack2")
+
+    def _inbound_cleanup(self, ids: Sequence[int], ts: int, events: list[dict[str, Any]], why: str) -> None:
+        done = []
+        for i in range(0, len(ids), 500):
+            chunk = list(ids[i:i + 500])
+            q = ",".join("?" * len(chunk))
+            for r in self.conn.execute(
+                f"SELECT id, origin_id, semq_id, semq_db_id, record_id, p_ack, s_ack FROM inbound"
+                f" WHERE id IN ({q})", chunk,
+            ):
+                if receiver_may_clean(AckStatus(r[5]), AckStatus(r[6])):
+                    done.append((r[0],))
+                    lk0 = f"{r[1]}/{r[2]}/{r[3]}/{r[4]}"
+                    events.append({"ts": ts, "role": "receiver", "event": why, "lk0": lk0,
+                                   "source": r[1], "target": self.me.node_id})
+                    events.append({"ts": ts, "role": "receiver", "event": "cleaned", "lk0": lk0,
+                                   "source": r[1], "target": self.me.node_id})
+        self.conn.executemany("DELETE FROM inbound WHERE id=?", done)
+
+    # ------------------------------------------------------------ inquiries
+
+    def _answer(self, frame: Frame, q: Inquiry, ts: int, out: Output, events: list[dict[str, Any]]) -> None:
+        """SPEC B.3 / A.5: answer "did you receive" from the dedup table, and
+        "what is the state of your record" from the pending-send table."""
+        answers: list[InquiryAnswer] = []
+        if q.topic is InquiryTopic.RECEIVED:
+            for lk in q.items:
+                row = self.conn.execute(
+                    "SELECT 1 FROM dedup WHERE origin_type=? AND origin_id=? AND semq_id=? AND"
+                    " semq_db_id=? AND record_id=?",
+                    (int(lk.endpoint.node_type), lk.endpoint.node_id, lk.semq_id, lk.semq_db_id, lk.record_id),
+                ).fetchone()
+                answers.append(InquiryAnswer(lk, InquiryResult.RECEIVED if row else InquiryResult.NOT_RECEIVED))
+        else:
+            mine = [lk for lk in q.items if lk.endpoint == self.me]
+            res = dict(self._origin_apply([(lk.record_id, OriginEvent.TARGET_ASKS) for lk in mine],
+                                          ts, out, events, defaultdict(list)))
+            answers = [InquiryAnswer(lk, res.get(lk.record_id, InquiryResult.NO_RECORD)) for lk in q.items]
+        out.add(Frame(kind=Kind.INQUIRY_RESP, source=self.me, target=frame.origin,
+                      body=InquiryResp(topic=q.topic, answers=tuple(answers))))
+
+    def _answers(self, frame: Frame, r: InquiryResp, ts: int, out: Output, events: list[dict[str, Any]]) -> None:
+        from_platform = frame.origin.node_type is NodeType.PLATFORM
+        if r.topic is InquiryTopic.RECEIVED:
+            items = []
+            for lk, result in r.answers:
+                if lk.endpoint != self.me:
+                    continue
+                has = result is InquiryResult.RECEIVED
+                if from_platform:
+                    ev = OriginEvent.PLATFORM_HAS if has else OriginEvent.PLATFORM_LACKS
+                else:
+                    ev = OriginEvent.TARGET_HAS if has else OriginEvent.TARGET_LACKS
+                items.append((lk.record_id, ev))
+            acks: dict[tuple[Kind, Endpoint], list[AckEntry]] = defaultdict(list)
+            self._origin_apply(items, ts, out, events, acks)
+            # TARGET_HAS means B has it; SPEC A.5: answer REACK2 so B may clean up.
+        else:
+            col = "p_ack" if from_platform else "s_ack"
+            ids = []
+            for lk, _result in r.answers:
+                # Every STATE answer (marked, already acked, no record) confirms (SPEC B.2).
+                if from_platform:
+                    row = self.conn.execute(
+                        "SELECT id FROM inbound WHERE lk1_semq_id=? AND lk1_semq_db_id=? AND lk1_record_id=?"
+                        " AND platform_id=?", (lk.semq_id, lk.semq_db_id, lk.record_id, frame.origin.node_id),
+                    ).fetchone()
+                else:
+                    row = self.conn.execute(
+                        "SELECT id FROM inbound WHERE origin_type=? AND origin_id=? AND semq_id=? AND"
+                        " semq_db_id=? AND record_id=?",
+                        (int(lk.endpoint.node_type), lk.endpoint.node_id, lk.semq_id, lk.semq_db_id, lk.record_id),
+                    ).fetchone()
+                if row:
+                    ids.append(int(row[0]))
+            self._inbound_ack(col, ids, ts, events)
+
+    def inquiries(self, *, platform_online: bool = True) -> Output:
+        """SPEC A.5 and B.2: the inquiries that are due now, as frames, with
+        their inquiry time set. Rows ask again after the interval, doubling
+        per unanswered inquiry up to 15 minutes (long-offline targets)."""
+        out = Output()
+        if not platform_online:
+            return out
+        ts = now_ms()
+        events: list[dict[str, Any]] = []
+        with self._tx():
+            due = (
+                "last_inquiry_ms + min(?, ? * (1 << min(inquiries, 6))) <= ?"
+            )
+            args = (MAX_INQUIRY_BACKOFF_MS, self.inquiry_ms, ts)
+            rows = self.conn.execute(
+                f"SELECT {_OUT_COLS} FROM outbox WHERE reliable=1 AND ((state=1) OR"
+                f" (state IN (2,3) AND (save_fwd=3 OR ack2=1))) AND {due} LIMIT ?",
+                (*args, INQUIRY_BATCH * 4),
+            ).fetchall()
+            to_p: list[LK0] = []
+            to_b: dict[Endpoint, list[LK0]] = defaultdict(list)
+            for r in rows:
+                lk = LK0(endpoint=self.me, record_id=r[0])
+                if r[3] == SendState.SS_SENT:
+                    to_p.append(lk)
+                    events.append(self._origin_event(r, "inquiry", ts, detail="platform"))
+                else:
+                    to_b[Endpoint(node_type=r[1], node_id=r[2])].append(lk)
+                    events.append(self._origin_event(r, "inquiry", ts, detail="target"))
+            self.conn.executemany(
+                "UPDATE outbox SET last_inquiry_ms=?, inquiries=inquiries+1 WHERE id=?",
+                [(ts, r[0]) for r in rows],
+            )
+            for target, lks in [(self.platform, to_p), *to_b.items()]:
+                for i in range(0, len(lks), INQUIRY_BATCH):
+                    out.add(Frame(kind=Kind.INQUIRY, source=self.me, target=target,
+                                  body=Inquiry(topic=InquiryTopic.RECEIVED, items=tuple(lks[i:i + INQUIRY_BATCH]),
+                                               flag=InquiryFlag.FROM_PEER)))
+            # Pending-ack rows: ask the platform (P_ACK) and the origin (S_ACK).
+            inb = self.conn.execute(
+                f"SELECT id, origin_type, origin_id, semq_id, semq_db_id, record_id, lk1_semq_id,"
+                f" lk1_semq_db_id, lk1_record_id, platform_type, platform_id, p_ack, s_ack FROM inbound"
+                f" WHERE (p_ack=0 OR s_ack=0) AND {due} LIMIT ?",
+                (*args, INQUIRY_BATCH * 4),
+            ).fetchall()
+            to_pp: dict[Endpoint, list[LK0]] = defaultdict(list)
+            to_o: dict[Endpoint, list[LK0]] = defaultdict(list)
+            for r in inb:
+                if r[11] == 0 and r[8]:
+                    pe = Endpoint(node_type=r[9], node_id=r[10])
+                    to_pp[pe].append(LK0(endpoint=pe, semq_id=r[6], semq_db_id=r[7], record_id=r[8]))
+                if r[12] == 0:
+                    oe = Endpoint(node_type=r[1], node_id=r[2])
+                    to_o[oe].append(LK0(endpoint=oe, semq_id=r[3], semq_db_id=r[4], record_id=r[5]))
+            self.conn.executemany(
+                "UPDATE inbound SET last_inquiry_ms=?, inquiries=inquiries+1 WHERE id=?",
+                [(ts, r[0]) for r in inb],
+            )
+            for group in (to_pp, to_o):
+                for target, lks in group.items():
+                    for i in range(0, len(lks), INQUIRY_BATCH):
+                        out.add(Frame(kind=Kind.INQUIRY, source=self.me, target=target,
+                                      body=Inquiry(topic=InquiryTopic.STATE, items=tuple(lks[i:i + INQUIRY_BATCH]))))
+        self._emit(events)
+        return out
+
+    def reconnected(self) -> None:
+        """After a new session: SS_SENT rows ask the platform at once rather
+        than after the interval (their answers may have been lost)."""
+        with self._tx():
+            self.conn.execute("UPDATE outbox SET last_inquiry_ms=0, inquiries=0 WHERE state=1")
+
+    def housekeeping(self) -> int:
+        """Bounded tables: dedup rows past the retention, failed rows past
+        theirs, consumed inbox rows after a day. Returns rows removed."""
+        ts = now_ms()
+        n = 0
+        with self._tx():
+            n += self.conn.execute("DELETE FROM dedup WHERE received_ms < ?", (ts - DEDUP_RETENTION_MS,)).rowcount
+            n += self.conn.execute(
+                "DELETE FROM outbox WHERE state=? AND state_ms < ?", (int(SendState.SS_FAILED), ts - FAILED_RETENTION_MS)
+            ).rowcount
+            n += self.conn.execute(
+                "DELETE FROM inbox WHERE consumed_ms IS NOT NULL AND consumed_ms < ?", (ts - 24 * 3600 * 1000,)
+            ).rowcount
+        return n
+
+    # ------------------------------------------------------------ status
+
+    def counts(self) -> dict[str, Any]:
+        c = self.conn
+        states = {SendState(s).name: n for s, n in c.execute("SELECT state, count(*) FROM outbox GROUP BY state")}
+        oldest = c.execute("SELECT min(created_ms) FROM outbox WHERE state NOT IN (4, 9)").fetchone()[0]
+        return {
+            "outbox": states,
+            "pending_ack": c.execute("SELECT count(*) FROM inbound").fetchone()[0],
+            "inbox_unread": c.execute("SELECT count(*) FROM inbox WHERE consumed_ms IS NULL").fetchone()[0],
+            "inbox_total": c.execute("SELECT count(*) FROM inbox").fetchone()[0],
+            "dedup": c.execute("SELECT count(*) FROM dedup").fetchone()[0],
+            "oldest_unconfirmed_ms": oldest,
+        }
+
+
+_ = (LK1, ForwardFlag, StoreError)

@@ -1,0 +1,192 @@
+"""``semq node run``: the organization's daemon, a thin trio shell around
+NodeCore. Connects to the platform with reconnect and backoff, sends SS_INIT
+rows in batches, applies every ack, runs inquiries, answers them."""
+
+from __future__ import annotations
+
+import logging
+import random
+from dataclasses import dataclass
+
+import trio
+
+from semq._gate import StoreGate
+from semq.events import now_ms
+from semq.transport import ConnectionClosed, FrameStream
+from semq.umxt_protocol import (
+    Endpoint,
+    Error,
+    Frame,
+    Hello,
+    Kind,
+    Ping,
+    Pong,
+    RawFrame,
+    RemoteProtocolError,
+    ResultCode,
+    encode_frame,
+)
+
+from .core import NodeCore
+
+__all__ = ["NodeDaemon", "NodeSettings"]
+
+log = logging.getLogger("semq.node")
+
+
+@dataclass
+class NodeSettings:
+    host: str = "127.0.0.1"
+    port: int = 7410
+    window: int = 4096  # DATA frames in flight without platform ack
+    batch: int = 512  # rows claimed per transaction
+    poll_interval: float = 0.05  # s between looks at the pending-send table when idle
+    connect_timeout: float = 5.0
+    hello_timeout: float = 10.0
+    ping_interval: float = 10.0
+    idle_timeout: float = 45.0
+    backoff_max: float = 5.0
+    housekeeping_interval: float = 3600.0
+
+
+class NodeDaemon:
+    def __init__(self, core: NodeCore, settings: NodeSettings) -> None:
+        self.core = core
+        self.s = settings
+        self.gate = StoreGate()
+        self.connected = False
+        self.in_flight = 0
+        self._wake = trio.Event()
+        self.sessions = 0
+        self.stats = {"sent": 0, "received": 0, "delivered": 0}
+
+    def wake(self) -> None:
+        self._wake.set()
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Run until cancelled. Reconnects forever with jittered backoff."""
+        task_status.started()
+        delay = 0.1
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._housekeeping)
+            while True:
+                try:
+                    await self._session()
+                    delay = 0.1
+                except (OSError, ConnectionClosed, trio.TooSlowError) as e:
+                    log.info("platform %s:%s unreachable or gone: %s", self.s.host, self.s.port, e)
+                except RemoteProtocolError as e:
+                    log.warning("protocol error from platform (code %d): %s", e.code, e)
+                finally:
+                    self.connected = False
+                await trio.sleep(delay * (0.5 + random.random()))
+                delay = min(self.s.backoff_max, delay * 2)
+
+    async def _session(self) -> None:
+        with trio.fail_after(self.s.connect_timeout):
+            stream = await trio.open_tcp_stream(self.s.host, self.s.port)
+        fs = FrameStream(stream)
+        try:
+            me = self.core.me
+            await fs.send(encode_frame(Frame(kind=Kind.HELLO, source=me, target=self.core.platform,
+                                             body=Hello(window=self.s.window, software="semq-node"))))
+            with trio.fail_after(self.s.hello_timeout):
+                first = await fs.receive_batch()
+            welcome = first[0]
+            if welcome.kind is Kind.ERROR:
+                err = welcome.frame().body
+                assert isinstance(err, Error)
+                raise RemoteProtocolError(f"platform refused the session: {err.message}", err.code)
+            if welcome.kind is not Kind.WELCOME:
+                raise RemoteProtocolError(f"expected WELCOME, got {welcome.kind.name}", ResultCode.UNEXPECTED_FRAME)
+            self.core.platform = welcome.source
+            await self.gate.run(self.core.reconnected)
+            self.connected = True
+            self.in_flight = 0
+            self.sessions += 1
+            log.info("connected to %s at %s:%s", welcome.source, self.s.host, self.s.port)
+            self.last_rx = trio.current_time()
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self._reader, fs, first[1:], nursery.cancel_scope)
+                nursery.start_soon(self._sender, fs)
+                nursery.start_soon(self._inquirer, fs)
+                nursery.start_soon(self._pinger, fs, nursery.cancel_scope)
+        finally:
+            await fs.aclose()
+
+    async def _reader(self, fs: FrameStream, pending: list[RawFrame], scope: trio.CancelScope) -> None:
+        try:
+            batch = pending
+            while True:
+                if not batch:
+                    batch = await fs.receive_batch()
+                self.last_rx = trio.current_time()
+                msgs = []
+                for raw in batch:
+                    if raw.kind.is_message:
+                        msgs.append(raw)
+                    elif raw.kind is Kind.PING:
+                        ping = raw.frame().body
+                        assert isinstance(ping, Ping)
+                        await fs.send(encode_frame(Frame(kind=Kind.PONG, source=self.core.me, target=raw.source,
+                                                         body=Pong(nonce=ping.nonce, time_ms=now_ms()))))
+                    elif raw.kind is Kind.ERROR:
+                        err = raw.frame().body
+                        assert isinstance(err, Error)
+                        log.warning("platform says %s (%d): %s", err.code.name, err.code, err.message)
+                    elif raw.kind is Kind.BYE:
+                        raise ConnectionClosed("platform said BYE")
+                batch = []
+                if msgs:
+                    self.stats["received"] += len(msgs)
+                    out = await self.gate.run(self.core.handle, msgs)
+                    for code, text in out.errors:
+                        log.warning("frame refused (%s): %s", code.name, text)
+                    self.stats["delivered"] += out.delivered
+                    self.in_flight = max(0, self.in_flight - out.settled)
+                    if out.settled:
+                        self._wake.set()
+                    await fs.send(b"".join(out.data))
+        finally:
+            scope.cancel()
+
+    async def _sender(self, fs: FrameStream) -> None:
+        while True:
+            room = self.s.window - self.in_flight
+            if room > 0:
+                out = await self.gate.run(self.core.claim, min(self.s.batch, room))
+                if out.data:
+                    self.in_flight += len(out.data)
+                    self.stats["sent"] += len(out.data)
+                    await fs.send(b"".join(out.data))
+                    continue
+            self._wake = trio.Event()
+            with trio.move_on_after(self.s.poll_interval):
+                await self._wake.wait()
+
+    async def _inquirer(self, fs: FrameStream) -> None:
+        step = max(0.05, min(1.0, self.core.inquiry_ms / 3000))
+        while True:
+            await trio.sleep(step)
+            out = await self.gate.run(self.core.inquiries)
+            await fs.send(b"".join(out.data))
+
+    async def _pinger(self, fs: FrameStream, scope: trio.CancelScope) -> None:
+        nonce = 0
+        while True:
+            await trio.sleep(self.s.ping_interval)
+            if trio.current_time() - self.last_rx > self.s.idle_timeout:
+                log.warning("no traffic from the platform for %.0f s: reconnecting", self.s.idle_timeout)
+                scope.cancel()
+                return
+            nonce += 1
+            await fs.send(encode_frame(Frame(kind=Kind.PING, source=self.core.me, target=self.core.platform,
+                                             body=Ping(nonce=nonce, time_ms=now_ms()))))
+
+    async def _housekeeping(self) -> None:
+        while True:
+            await trio.sleep(self.s.housekeeping_interval)
+            await self.gate.run(self.core.housekeeping)
+
+
+_ = Endpoint

@@ -1,0 +1,156 @@
+"""The SEMQ state machines of a node, sans-IO (SPEC "States", "The flow").
+
+Two roles live in a node: the **origin** (pending-send table, seed tb_0031)
+and the **receiver** (pending-ack table, seed tb_0030). Each is one table of
+``(state, event) -> outcome``; pairs not in a table leave the row unchanged
+(a late or duplicate frame must never move a row backwards). The daemons
+apply an outcome to the store and send what it says only after the commit.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum, IntEnum
+from typing import Final
+
+__all__ = [
+    "ORIGIN_TABLE",
+    "AckStatus",
+    "OriginEvent",
+    "OriginOutcome",
+    "ReceiveDecision",
+    "SendState",
+    "origin_may_clean",
+    "origin_step",
+    "receive_decision",
+    "receiver_may_clean",
+]
+
+
+class SendState(IntEnum):
+    """Pending-send row states (SPEC "States"); SS_FAILED is ours: the
+    platform neither forwarded nor stored it (NACK), kept for the user."""
+
+    SS_INIT = 0  # not sent (or to be resent)
+    SS_SENT = 1  # written to the platform, no ack yet
+    SS_ACK_FWD = 2  # platform forwarded at once; confirmation is between A and B
+    SS_ACK = 3  # platform stored it (ACK_SAVE), or the receiver acked the platform
+    SS_ACK2 = 4  # end-to-end confirmed
+    SS_FAILED = 9  # NACK: dropped (SaveFwd 1, target offline) or refused
+
+
+class AckStatus(IntEnum):
+    """Pending-ack statuses P_ACK_STATUS / S_ACK_STATUS (SPEC "States")."""
+
+    AS_INIT = 0  # confirmation outstanding
+    AS_ACK = 1  # confirmed (or never needed)
+
+
+class OriginEvent(Enum):
+    SENT = "sent"  # DATA written to the platform
+    ACK_FWD = "ack_fwd"  # platform forwarded it
+    ACK_SAVE = "ack_save"  # platform stored it
+    NACK = "nack"  # platform dropped / refused it
+    ACK2 = "ack2"  # receiver confirmed delivery end to end
+    PLATFORM_HAS = "platform_has"  # inquiry to P: RECEIVED (its ack was lost)
+    PLATFORM_LACKS = "platform_lacks"  # inquiry to P: NOT_RECEIVED
+    TARGET_HAS = "target_has"  # inquiry to B: RECEIVED
+    TARGET_LACKS = "target_lacks"  # inquiry to B: NOT_RECEIVED
+    TARGET_ASKS = "target_asks"  # B asks about our record: it has the message
+
+
+S = SendState
+E = OriginEvent
+
+#: (state, event) -> (next state, send REACK2). Anything else: unchanged.
+ORIGIN_TABLE: Final[dict[tuple[SendState, OriginEvent], tuple[SendState, bool]]] = {
+    (S.SS_INIT, E.SENT): (S.SS_SENT, False),
+    # A resent row may still collect the answers to its earlier attempt.
+    (S.SS_INIT, E.ACK2): (S.SS_ACK2, True),
+    (S.SS_INIT, E.TARGET_HAS): (S.SS_ACK2, True),
+    (S.SS_INIT, E.TARGET_ASKS): (S.SS_ACK2, False),
+    (S.SS_SENT, E.SENT): (S.SS_SENT, False),
+    (S.SS_SENT, E.ACK_FWD): (S.SS_ACK_FWD, False),
+    (S.SS_SENT, E.ACK_SAVE): (S.SS_ACK, False),
+    (S.SS_SENT, E.NACK): (S.SS_FAILED, False),
+    (S.SS_SENT, E.ACK2): (S.SS_ACK2, True),
+    # P has it but its ACK_FWD/ACK_SAVE was lost: P or B owns it now.
+    (S.SS_SENT, E.PLATFORM_HAS): (S.SS_ACK, False),
+    (S.SS_SENT, E.PLATFORM_LACKS): (S.SS_INIT, False),
+    (S.SS_SENT, E.TARGET_HAS): (S.SS_ACK2, True),
+    (S.SS_SENT, E.TARGET_ASKS): (S.SS_ACK2, False),
+    (S.SS_ACK_FWD, E.ACK2): (S.SS_ACK2, True),
+    (S.SS_ACK_FWD, E.TARGET_HAS): (S.SS_ACK2, True),
+    (S.SS_ACK_FWD, E.TARGET_LACKS): (S.SS_INIT, False),
+    (S.SS_ACK_FWD, E.TARGET_ASKS): (S.SS_ACK2, False),
+    (S.SS_ACK, E.ACK2): (S.SS_ACK2, True),
+    (S.SS_ACK, E.TARGET_HAS): (S.SS_ACK2, True),
+    (S.SS_ACK, E.TARGET_LACKS): (S.SS_INIT, False),
+    (S.SS_ACK, E.TARGET_ASKS): (S.SS_ACK2, False),
+    # B did not get our REACK2 and sent ACK2 again: answer again.
+    (S.SS_ACK2, E.ACK2): (S.SS_ACK2, True),
+}
+
+
+@dataclass(frozen=True, slots=True)
+class OriginOutcome:
+    state: SendState  # the row's new state
+    changed: bool  # state differs from before
+    reack2: bool  # send REACK2 to the receiver (after the commit)
+    clean: bool  # the row may be deleted now (SPEC "Cleanup")
+
+
+def origin_may_clean(state: SendState, save_fwd: int, ack2: bool) -> bool:
+    """SPEC A.6: a row may go once (SS_ACK and no Ack2 asked) or SS_ACK2.
+    Ours too: SaveFwd 1|2 forwarded without Ack2 has nothing left to chase
+    (only SaveFwd 3 asks the target and resends)."""
+    if state is S.SS_ACK2:
+        return True
+    if state is S.SS_ACK:
+        return not ack2
+    if state is S.SS_ACK_FWD:
+        return not ack2 and save_fwd < 3
+    return False
+
+
+def origin_step(state: SendState, event: OriginEvent, *, save_fwd: int, ack2: bool) -> OriginOutcome:
+    """Apply one event to a pending-send row. "Not received" answers resend
+    only SaveFwd 3 rows (SPEC: 3 = must be delivered); for 1|2 the platform
+    owns delivery after its ack, so the row keeps its state."""
+    nxt, reack2 = ORIGIN_TABLE.get((state, event), (state, False))
+    if event is E.TARGET_LACKS and save_fwd < 3:
+        nxt = state
+    return OriginOutcome(
+        state=nxt,
+        changed=nxt is not state,
+        reack2=reack2,
+        clean=origin_may_clean(nxt, save_fwd, ack2),
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class ReceiveDecision:
+    deliver: bool  # hand to the inbox (first time only)
+    send_ack: bool  # ACK to the platform (it came with LK1)
+    send_ack2: bool  # ACK2 to the origin (Ack2 asked)
+    keep_row: bool  # a pending-ack row is needed (some confirmation outstanding)
+
+
+def receive_decision(*, duplicate: bool, has_lk1: bool, ack2: bool, reliable: bool) -> ReceiveDecision:
+    """SPEC B.1 and B.4: a DATA arrival. A duplicate is never delivered again
+    but is acked again (the earlier ack may have been lost: that is why it
+    came again). Best effort (Reliable=0) is never acked."""
+    if not reliable:
+        return ReceiveDecision(deliver=not duplicate, send_ack=False, send_ack2=False, keep_row=False)
+    return ReceiveDecision(
+        deliver=not duplicate,
+        send_ack=has_lk1,
+        send_ack2=ack2,
+        keep_row=(has_lk1 or ack2) and not duplicate,
+    )
+
+
+def receiver_may_clean(p_ack: AckStatus, s_ack: AckStatus) -> bool:
+    """SPEC B.2: delete the row once every confirmation it needs is AS_ACK
+    (a confirmation not needed is stored as AS_ACK from the start)."""
+    return p_ack is AckStatus.AS_ACK and s_ack is AckStatus.AS_ACK

@@ -1,0 +1,467 @@
+"""The platform's synchronous core: routing, stored copies, acks and
+inquiries, one transaction per batch. The trio daemon (semq.platform.daemon)
+owns the connections and calls this on its one store thread; every frame
+in an Output may be sent because the method has committed when it returns.
+
+The relay never parses a DATA body beyond its fixed prefix: it routes on the
+header and forwards the bytes (MEASUREMENTS: "a relay only needs to route")."""
+
+from __future__ import annotations
+
+import sqlite3
+from collections import defaultdict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Final
+
+from peewee import SqliteDatabase
+
+from semq._db import translate
+from semq.events import EventLog, now_ms
+from semq.umxt_protocol import (
+    HEADER_SIZE,
+    LK0,
+    LK1,
+    Ack,
+    AckBatch,
+    AckEntry,
+    AckFlag,
+    Endpoint,
+    ForwardFlag,
+    Frame,
+    FrameDecoder,
+    Inquiry,
+    InquiryAnswer,
+    InquiryFlag,
+    InquiryResp,
+    InquiryResult,
+    InquiryTopic,
+    Kind,
+    Nack,
+    NodeType,
+    RawFrame,
+    RemoteProtocolError,
+    ResultCode,
+    encode_frame,
+    relay_bytes,
+)
+
+from .engine import Route, StoredEvent, StoredState, route, state_answer, stored_step
+from .store import open_platform_store
+
+__all__ = ["PlatformCore", "PlatformOutput"]
+
+SEEN_RETENTION_MS: Final = 30 * 24 * 3600 * 1000
+MAX_INQUIRY_BACKOFF_MS: Final = 15 * 60 * 1000
+_RELAYED: Final = frozenset({Kind.ACK2, Kind.REACK2, Kind.INQUIRY, Kind.INQUIRY_RESP, Kind.ACK_BATCH, Kind.NACK})
+_FORWARDED, _STORED, _DROPPED = 1, 2, 3
+
+
+@dataclass
+class PlatformOutput:
+    sends: dict[Endpoint, list[bytes]] = field(default_factory=lambda: defaultdict(list))
+    errors: list[tuple[ResultCode, str]] = field(default_factory=list)
+    stored_for: set[Endpoint] = field(default_factory=set)  # targets with new stored copies
+    credit: dict[Endpoint, int] = field(default_factory=lambda: defaultdict(int))  # acked deliveries
+
+    def add(self, target: Endpoint, frame: Frame) -> None:
+        self.sends[target].append(encode_frame(frame))
+
+
+def _app_key(raw: RawFrame) -> dict[str, str]:
+    """AppKey of a DATA frame straight from its bytes (after the 40-byte prefix)."""
+    b = raw.raw
+    pos = raw._body_start + 40
+    out = {}
+    try:
+        for name in ("domain", "data_type", "subtype", "key"):
+            n = b[pos]
+            out[name] = b[pos + 1 : pos + 1 + n].decode("utf-8", "replace")
+            pos += 1 + n
+    except IndexError:
+        pass
+    return out
+
+
+class PlatformCore:
+    def __init__(
+        self,
+        store_path: Path,
+        platform_id: str = "platform",
+        *,
+        events_dir: Path | None = None,
+        create: bool = False,
+        synchronous: str = "FULL",
+        inquiry_interval: float = 15.0,
+        auto_register: bool = True,
+    ) -> None:
+        self.path = Path(store_path)
+        self.me = Endpoint.platform(platform_id)
+        self.db: SqliteDatabase = open_platform_store(self.path, create=create, synchronous=synchronous)
+        self.conn: sqlite3.Connection = self.db.connection()
+        self.inquiry_ms = int(inquiry_interval * 1000)
+        self.auto_register = auto_register
+        self.log = EventLog(events_dir, f"platform:{platform_id}", "platform") if events_dir else None
+        self.known: set[Endpoint] = {
+            Endpoint(node_type=t, node_id=i)
+            for t, i in self.conn.execute("SELECT node_type, node_id FROM nodes WHERE revoked=0")
+        }
+
+    def close(self) -> None:
+        if self.log:
+            self.log.close()
+        self.db.close()
+
+    def _emit(self, records: list[dict[str, Any]]) -> None:
+        if self.log and records:
+            self.log.write(records)
+
+    # ------------------------------------------------------------ nodes
+
+    def register(self, node_ids: Sequence[str]) -> None:
+        ts = now_ms()
+        try:
+            with self.db.atomic():
+                for nid in node_ids:
+                    ep = Endpoint.org(nid)
+                    self.conn.execute(
+                        "INSERT INTO nodes (node_type, node_id, registered_ms) VALUES (?,?,?)"
+                        " ON CONFLICT DO UPDATE SET revoked=0",
+                        (int(ep.node_type), ep.node_id, ts),
+                    )
+                    self.known.add(ep)
+        except sqlite3.Error as e:
+            raise translate(e, self.path, "platform store") from e
+
+    def connected(self, ep: Endpoint) -> bool:
+        """A node completed HELLO. Returns False if it is not allowed. Its
+        in-flight stored copies go again (SPEC P.2; it deduplicates)."""
+        ts = now_ms()
+        with self.db.atomic():
+            if ep not in self.known:
+                if not self.auto_register:
+                    return False
+                self.conn.execute(
+                    "INSERT OR IGNORE INTO nodes (node_type, node_id, registered_ms) VALUES (?,?,?)",
+                    (int(ep.node_type), ep.node_id, ts),
+                )
+                self.known.add(ep)
+            self.conn.execute(
+                "UPDATE nodes SET last_seen_ms=? WHERE node_type=? AND node_id=?",
+                (ts, int(ep.node_type), ep.node_id),
+            )
+            self.conn.execute(
+                "UPDATE stored SET state=? WHERE target_type=? AND target_id=? AND state=?",
+                (int(StoredState.SS_INIT), int(ep.node_type), ep.node_id, int(StoredState.SS_SENT)),
+            )
+        self._emit([{"ts": ts, "event": "node_online", "node": ep.node_id}])
+        return True
+
+    def disconnected(self, ep: Endpoint) -> None:
+        self._emit([{"ts": now_ms(), "event": "node_offline", "node": ep.node_id}])
+
+    # ------------------------------------------------------------ frames
+
+    def handle(self, sender: Endpoint, frames: Sequence[RawFrame], online: Callable[[Endpoint], bool]) -> PlatformOutput:
+        """Route and apply a batch of frames from ``sender`` (one transaction)."""
+        out = PlatformOutput()
+        ts = now_ms()
+        events: list[dict[str, Any]] = []
+        acks: dict[tuple[Kind, Endpoint], list[AckEntry]] = defaultdict(list)
+        with self.db.atomic():
+            for raw in frames:
+                if raw.source != sender or (raw.origin != sender and raw.kind is not Kind.DATA) or (
+                    raw.kind is Kind.DATA and raw.origin != sender
+                ):
+                    msg = f"{raw.kind.name} claims source {raw.source} / origin {raw.origin} on the connection of {sender}"
+                    out.errors.append((ResultCode.SOURCE_MISMATCH, msg))
+                    events.append({"ts": ts, "event": "refused", "code": int(ResultCode.SOURCE_MISMATCH),
+                                   "node": sender.node_id, "detail": msg})
+                    continue
+                try:
+                    if raw.target == self.me:
+                        self._for_me(sender, raw, ts, out, events, acks)
+                    elif raw.kind is Kind.DATA:
+                        self._data(sender, raw, ts, out, events, acks, online)
+                    elif raw.kind in _RELAYED:
+                        self._relay(raw, ts, out, events, online)
+                    else:
+                        raise RemoteProtocolError(
+                            f"{raw.kind.name} for {raw.target} cannot be relayed", ResultCode.UNEXPECTED_FRAME)
+                except RemoteProtocolError as e:
+                    out.errors.append((e.code, str(e)))
+            for (kind, target), entries in acks.items():
+                for i in range(0, len(entries), 10_000):
+                    out.add(target, Frame(kind=Kind.ACK_BATCH, source=self.me, target=target,
+                                          body=AckBatch(ack_kind=kind, entries=tuple(entries[i:i + 10_000]))))
+        self._emit(events)
+        return out
+
+    def _event(self, raw: RawFrame, lk0: LK0, created: int, ts: int, event: str, **extra: Any) -> dict[str, Any]:
+        return {
+            "ts": ts, "event": event, "lk0": str(lk0), "source": lk0.endpoint.node_id,
+            "target": raw.target.node_id, "save_fwd": raw.save_fwd, "ack2": raw.ack2,
+            "reliable": raw.reliable, "priority": raw.priority, "created_ms": created,
+            "size": len(raw.raw), **_app_key(raw), **extra,
+        }
+
+    def _data(
+        self, sender: Endpoint, raw: RawFrame, ts: int, out: PlatformOutput, events: list[dict[str, Any]],
+        acks: dict[tuple[Kind, Endpoint], list[AckEntry]], online: Callable[[Endpoint], bool],
+    ) -> None:
+        lk0, _lk1, created, expires = raw.data_prefix()
+        target = raw.target
+        where, code = route(
+            known=target in self.known, online=online(target), save_fwd=raw.save_fwd,
+            reliable=raw.reliable, expired=expires is not None and expires <= ts,
+        )
+        key = (int(lk0.endpoint.node_type), lk0.endpoint.node_id, lk0.semq_id, lk0.semq_db_id, lk0.record_id)
+        events.append(self._event(raw, lk0, created, ts, "received"))
+        if where is Route.FORWARD:
+            out.sends[target].append(relay_bytes(raw, self.me))
+            if raw.reliable:
+                self.conn.execute(
+                    "INSERT OR REPLACE INTO seen VALUES (?,?,?,?,?,?,?,?)", (*key, _FORWARDED, 0, ts))
+                acks[(Kind.ACK_FWD, sender)].append(AckEntry(
+                    1, 1, 0, lk0.semq_id, lk0.semq_db_id, lk0.record_id, int(AckFlag.PLATFORM),
+                    int(ForwardFlag.FORWARDED)))
+            events.append(self._event(raw, lk0, created, ts, "forwarded"))
+        elif where is Route.STORE:
+            row = self.conn.execute(
+                "SELECT id FROM stored WHERE origin_type=? AND origin_id=? AND semq_id=? AND semq_db_id=?"
+                " AND record_id=? AND target_type=? AND target_id=? AND state=0 AND kind=1",
+                (*key, int(target.node_type), target.node_id),
+            ).fetchone()
+            if row:
+                lk1_id = int(row[0])
+            else:
+                cur = self.conn.execute(
+                    "INSERT INTO stored (target_type, target_id, kind, origin_type, origin_id, semq_id,"
+                    " semq_db_id, record_id, state, priority, expires_ms, stored_ms, frame)"
+                    " VALUES (?,?,1,?,?,?,?,?,0,?,?,?,?)",
+                    (int(target.node_type), target.node_id, *key, raw.priority, expires, ts, raw.raw),
+                )
+                lk1_id = int(cur.lastrowid or 0)
+            self.conn.execute("INSERT OR REPLACE INTO seen VALUES (?,?,?,?,?,?,?,?)", (*key, _STORED, lk1_id, ts))
+            acks[(Kind.ACK_SAVE, sender)].append(AckEntry(
+                1, 1, lk1_id, lk0.semq_id, lk0.semq_db_id, lk0.record_id, int(AckFlag.PLATFORM),
+                int(ForwardFlag.STORED)))
+            out.stored_for.add(target)
+            events.append(self._event(raw, lk0, created, ts, "stored", lk1=f"1/1/{lk1_id}"))
+        elif where in (Route.DROP, Route.REFUSE):
+            self.conn.execute("INSERT OR REPLACE INTO seen VALUES (?,?,?,?,?,?,?,?)", (*key, _DROPPED, 0, ts))
+            text = {ResultCode.UNKNOWN_TARGET: f"target {target} is not known to the platform",
+                    ResultCode.EXPIRED: "the document expired before it could be delivered",
+                    }.get(code, f"target {target} is offline and SaveFwd=1: discarded")
+            out.add(sender, Frame(kind=Kind.NACK, source=self.me, target=sender,
+                                  body=Nack(lk0=lk0, code=code, message=text)))
+            events.append(self._event(raw, lk0, created, ts, "dropped" if where is Route.DROP else "refused",
+                                      code=int(code)))
+        else:  # DISCARD: best effort, never acked (SPEC: Reliable=0)
+            events.append(self._event(raw, lk0, created, ts, "dropped", code=int(code)))
+
+    def _relay(self, raw: RawFrame, ts: int, out: PlatformOutput, events: list[dict[str, Any]],
+               online: Callable[[Endpoint], bool]) -> None:
+        """SPEC P.4: acks and inquiries between nodes travel like SaveFwd=3
+        messages: forwarded, or stored while the target is offline."""
+        target = raw.target
+        if online(target):
+            out.sends[target].append(relay_bytes(raw, self.me))
+        elif target in self.known:
+            self.conn.execute(
+                "INSERT INTO stored (target_type, target_id, kind, origin_type, origin_id, state, priority,"
+                " stored_ms, frame) VALUES (?,?,?,?,?,0,?,?,?)",
+                (int(target.node_type), target.node_id, int(raw.kind), int(raw.origin.node_type),
+                 raw.origin.node_id, raw.priority, ts, raw.raw),
+            )
+        else:
+            raise RemoteProtocolError(f"{raw.kind.name} for unknown target {target}", ResultCode.UNKNOWN_TARGET)
+
+    def _for_me(
+        self, sender: Endpoint, raw: RawFrame, ts: int, out: PlatformOutput, events: list[dict[str, Any]],
+        acks: dict[tuple[Kind, Endpoint], list[AckEntry]],
+    ) -> None:
+        frame = raw.frame()
+        body = frame.body
+        entries: Sequence[AckEntry] = ()
+        if isinstance(body, AckBatch) and body.ack_kind is Kind.ACK:
+            entries = body.entries
+        elif isinstance(body, Ack) and frame.kind is Kind.ACK:
+            entries = (body.entry,)
+        if entries:
+            ids = [e.dest_ref_id for e in entries]
+            gone = self._settle(ids, StoredEvent.ACK, sender, ts, events)
+            out.credit[sender] += gone
+            for e in entries:
+                acks[(Kind.REACK, sender)].append(AckEntry(
+                    1, 1, e.dest_ref_id, e.src_semq_id, e.src_semq_db_id, e.src_ref_id, int(AckFlag.PLATFORM), 0))
+            return
+        if isinstance(body, Inquiry):
+            answers: list[InquiryAnswer] = []
+            if body.topic is InquiryTopic.RECEIVED:
+                for lk in body.items:
+                    row = self.conn.execute(
+                        "SELECT action FROM seen WHERE origin_type=? AND origin_id=? AND semq_id=? AND"
+                        " semq_db_id=? AND record_id=?",
+                        (int(lk.endpoint.node_type), lk.endpoint.node_id, lk.semq_id, lk.semq_db_id, lk.record_id),
+                    ).fetchone()
+                    has = row is not None and row[0] in (_FORWARDED, _STORED)
+                    answers.append(InquiryAnswer(lk, InquiryResult.RECEIVED if has else InquiryResult.NOT_RECEIVED))
+            else:
+                for lk in body.items:
+                    row = self.conn.execute("SELECT state FROM stored WHERE id=? AND kind=1", (lk.record_id,)).fetchone()
+                    answers.append(InquiryAnswer(lk, state_answer(StoredState(row[0]) if row else None)))
+                gone = self._settle([lk.record_id for lk in body.items], StoredEvent.TARGET_ASKS, sender, ts, events)
+                out.credit[sender] += gone
+            out.add(sender, Frame(kind=Kind.INQUIRY_RESP, source=self.me, target=sender,
+                                  body=InquiryResp(topic=body.topic, answers=tuple(answers),
+                                                   flag=InquiryFlag.FROM_PLATFORM)))
+            return
+        if isinstance(body, InquiryResp) and body.topic is InquiryTopic.RECEIVED:
+            got: list[int] = []
+            lacks: list[int] = []
+            for lk, result in body.answers:
+                for (rid,) in self.conn.execute(
+                    "SELECT id FROM stored WHERE origin_type=? AND origin_id=? AND semq_id=? AND semq_db_id=?"
+                    " AND record_id=? AND kind=1 AND target_type=? AND target_id=?",
+                    (int(lk.endpoint.node_type), lk.endpoint.node_id, lk.semq_id, lk.semq_db_id, lk.record_id,
+                     int(sender.node_type), sender.node_id),
+                ).fetchall():
+                    (got if result is InquiryResult.RECEIVED else lacks).append(rid)
+            out.credit[sender] += self._settle(got, StoredEvent.TARGET_HAS, sender, ts, events)
+            self._settle(lacks, StoredEvent.TARGET_LACKS, sender, ts, events)
+            if lacks:
+                out.stored_for.add(sender)
+        # PING, PONG, WINDOW, ... are the daemon's; anything else is ignored.
+
+    def _settle(self, ids: Sequence[int], event: StoredEvent, sender: Endpoint, ts: int,
+                events: list[dict[str, Any]]) -> int:
+        """Apply an event to stored DATA rows of ``sender``; SS_ACK rows are
+        deleted (SPEC P.2). Returns how many in-flight rows were settled."""
+        settled = 0
+        for rid in ids:
+            row = self.conn.execute(
+                "SELECT state, origin_id, semq_id, semq_db_id, record_id, stored_ms FROM stored"
+                " WHERE id=? AND kind=1 AND target_type=? AND target_id=?",
+                (rid, int(sender.node_type), sender.node_id),
+            ).fetchone()
+            if row is None:
+                continue
+            state = StoredState(row[0])
+            nxt = stored_step(state, event)
+            if nxt is state:
+                continue
+            lk0 = f"{row[1]}/{row[2]}/{row[3]}/{row[4]}"
+            base = {"ts": ts, "lk0": lk0, "source": row[1], "target": sender.node_id, "lk1": f"1/1/{rid}"}
+            if nxt is StoredState.SS_ACK:
+                self.conn.execute("DELETE FROM stored WHERE id=?", (rid,))
+                events.append({**base, "event": "acked"})
+                events.append({**base, "event": "cleaned"})
+                settled += state is StoredState.SS_SENT
+            else:
+                self.conn.execute("UPDATE stored SET state=? WHERE id=?", (int(nxt), rid))
+                settled += state is StoredState.SS_SENT and nxt is StoredState.SS_INIT
+        return settled
+
+    # ------------------------------------------------------------ delivery
+
+    def claim_stored(self, target: Endpoint, limit: int) -> tuple[list[bytes], int]:
+        """SPEC P.2: up to ``limit`` stored frames for ``target`` (priority
+        first, then acceptance order) with LK1 set, marked SS_SENT and
+        committed. Relayed acks/inquiries are deleted as they go (their ends
+        ask again if they are lost). Returns (frames, DATA count)."""
+        ts = now_ms()
+        events: list[dict[str, Any]] = []
+        out: list[bytes] = []
+        n_data = 0
+        with self.db.atomic():
+            rows = self.conn.execute(
+                "SELECT id, kind, frame, expires_ms, attempts, origin_id, semq_id, semq_db_id, record_id,"
+                " stored_ms FROM stored WHERE target_type=? AND target_id=? AND state=0"
+                " ORDER BY priority DESC, id LIMIT ?",
+                (int(target.node_type), target.node_id, limit),
+            ).fetchall()
+            if not rows:
+                return out, 0
+            dec = FrameDecoder()
+            sent, gone = [], []
+            for rid, kind, blob, expires, attempts, oid, s, d, r, _stored in rows:
+                dec.receive_data(blob)
+                raw = dec.next_frame()
+                assert raw is not None
+                if kind != Kind.DATA:
+                    out.append(relay_bytes(raw, self.me))
+                    gone.append((rid,))
+                    continue
+                lk0 = f"{oid}/{s}/{d}/{r}"
+                if expires is not None and expires <= ts:
+                    gone.append((rid,))
+                    events.append({"ts": ts, "event": "expired", "lk0": lk0, "source": oid,
+                                   "target": target.node_id, "code": int(ResultCode.EXPIRED)})
+                    continue
+                out.append(relay_bytes(raw, self.me, LK1(record_id=rid)))
+                sent.append((ts, rid))
+                n_data += 1
+                events.append({"ts": ts, "event": "delivered", "lk0": lk0, "source": oid,
+                               "target": target.node_id, "lk1": f"1/1/{rid}", "attempt": attempts + 1,
+                               "save_fwd": raw.save_fwd, "size": len(blob)})
+            self.conn.executemany(
+                "UPDATE stored SET state=1, attempts=attempts+1, last_sent_ms=? WHERE id=?", sent)
+            self.conn.executemany("DELETE FROM stored WHERE id=?", gone)
+        self._emit(events)
+        return out, n_data
+
+    def inquiries(self, online: Callable[[Endpoint], bool]) -> dict[Endpoint, list[bytes]]:
+        """SPEC P.3: ask targets about stored copies delivered but not acked
+        after the interval (doubling per unanswered inquiry, max 15 min)."""
+        ts = now_ms()
+        sends: dict[Endpoint, list[bytes]] = defaultdict(list)
+        with self.db.atomic():
+            rows = self.conn.execute(
+                "SELECT id, target_type, target_id, origin_type, origin_id, semq_id, semq_db_id, record_id"
+                " FROM stored WHERE kind=1 AND state=1 AND"
+                " last_sent_ms + min(?, ? * (1 << min(inquiries, 6))) <= ? LIMIT 4000",
+                (MAX_INQUIRY_BACKOFF_MS, self.inquiry_ms, ts),
+            ).fetchall()
+            groups: dict[Endpoint, list[LK0]] = defaultdict(list)
+            asked = []
+            for rid, tt, tid, ot, oid, s, d, r in rows:
+                target = Endpoint(node_type=tt, node_id=tid)
+                if not online(target):
+                    continue
+                groups[target].append(LK0(endpoint=Endpoint(node_type=ot, node_id=oid), semq_id=s,
+                                          semq_db_id=d, record_id=r))
+                asked.append((ts, rid))
+            self.conn.executemany("UPDATE stored SET last_sent_ms=?, inquiries=inquiries+1 WHERE id=?", asked)
+        for target, lks in groups.items():
+            for i in range(0, len(lks), 1000):
+                sends[target].append(encode_frame(Frame(
+                    kind=Kind.INQUIRY, source=self.me, target=target,
+                    body=Inquiry(topic=InquiryTopic.RECEIVED, items=tuple(lks[i:i + 1000]),
+                                 flag=InquiryFlag.FROM_PLATFORM))))
+        return sends
+
+    def housekeeping(self) -> int:
+        ts = now_ms()
+        with self.db.atomic():
+            return int(self.conn.execute("DELETE FROM seen WHERE seen_ms < ?", (ts - SEEN_RETENTION_MS,)).rowcount)
+
+    # ------------------------------------------------------------ status
+
+    def counts(self) -> dict[str, Any]:
+        c = self.conn
+        per_target = {
+            f"{tid}": {"stored": n, "oldest_ms": oldest}
+            for tid, n, oldest in c.execute(
+                "SELECT target_id, count(*), min(stored_ms) FROM stored WHERE kind=1 GROUP BY target_id")
+        }
+        return {
+            "known_nodes": sorted(ep.node_id for ep in self.known),
+            "stored": per_target,
+            "relayed_waiting": c.execute("SELECT count(*) FROM stored WHERE kind!=1").fetchone()[0],
+            "seen": c.execute("SELECT count(*) FROM seen").fetchone()[0],
+        }
+
+
+_ = (HEADER_SIZE, NodeType)

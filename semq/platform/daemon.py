@@ -1,0 +1,251 @@
+"""``semq platform run``: the relay, a thin trio shell around PlatformCore.
+Knows who is online, forwards, stores, delivers stored copies when their
+target connects, relays end-to-end acks and inquiries, asks about stored
+copies delivered but not acked."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import trio
+
+from semq._gate import StoreGate
+from semq.events import now_ms
+from semq.transport import ConnectionClosed, FrameStream
+from semq.umxt_protocol import (
+    DEFAULT_MAX_FRAME,
+    Endpoint,
+    Error,
+    Frame,
+    Hello,
+    Kind,
+    Ping,
+    Pong,
+    ProtocolError,
+    RawFrame,
+    RemoteProtocolError,
+    ResultCode,
+    Welcome,
+    encode_frame,
+)
+
+from .core import PlatformCore, PlatformOutput
+
+__all__ = ["PlatformDaemon", "PlatformSettings", "Session"]
+
+log = logging.getLogger("semq.platform")
+
+
+@dataclass
+class PlatformSettings:
+    host: str = "127.0.0.1"
+    port: int = 7410
+    window: int = 4096  # stored copies in flight to one node without its ACK
+    batch: int = 512
+    high_water: int = 16 * 1024 * 1024  # bytes queued for one node before it counts as offline
+    hello_timeout: float = 10.0
+    idle_timeout: float = 60.0
+    max_frame: int = DEFAULT_MAX_FRAME
+    housekeeping_interval: float = 3600.0
+
+
+class Session:
+    """One connected node: its outgoing queue (bounded by high_water: a slow
+    node gets its documents stored, not buffered) and its delivery window."""
+
+    def __init__(self, endpoint: Endpoint, fs: FrameStream, window: int) -> None:
+        self.endpoint = endpoint
+        self.fs = fs
+        self.queue: list[bytes] = []
+        self.queued = 0
+        self.window = window
+        self.in_flight = 0
+        self.wake_writer = trio.Event()
+        self.wake_deliver = trio.Event()
+        self.cancel_scope = trio.CancelScope()
+
+    def enqueue(self, data: Sequence[bytes]) -> None:
+        if data:
+            self.queue.extend(data)
+            self.queued += sum(map(len, data))
+            self.wake_writer.set()
+
+
+class PlatformDaemon:
+    def __init__(self, core: PlatformCore, settings: PlatformSettings) -> None:
+        self.core = core
+        self.s = settings
+        self.gate = StoreGate()
+        self.sessions: dict[Endpoint, Session] = {}
+        self.port: int | None = None
+        self.stats = {"connections": 0, "frames_in": 0, "refused": 0}
+
+    def online(self, ep: Endpoint) -> bool:
+        s = self.sessions.get(ep)
+        return s is not None and s.queued < self.s.high_water
+
+    async def run(self, *, task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED) -> None:
+        """Listen and serve until cancelled; ``task_status`` gets the bound port."""
+        listeners = await trio.open_tcp_listeners(self.s.port, host=self.s.host)
+        self.port = listeners[0].socket.getsockname()[1]
+        log.info("platform %s listening on %s:%s", self.core.me, self.s.host, self.port)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._inquirer)
+            nursery.start_soon(self._housekeeping)
+            await nursery.start(trio.serve_listeners, self._handle, listeners)
+            task_status.started(self.port)
+
+    async def _handle(self, stream: trio.SocketStream) -> None:
+        fs = FrameStream(stream, max_frame=self.s.max_frame)
+        self.stats["connections"] += 1
+        try:
+            with trio.fail_after(self.s.hello_timeout):
+                first = await fs.receive_batch()
+        except trio.TooSlowError:
+            await fs.send_error(self.core.me, None, ResultCode.HANDSHAKE_TIMEOUT, "no HELLO within the time limit")
+            return
+        except RemoteProtocolError as e:
+            await fs.send_error(self.core.me, None, e.code, str(e))
+            return
+        except ConnectionClosed:
+            await fs.aclose()
+            return
+        hello = first[0]
+        if hello.kind is not Kind.HELLO:
+            await fs.send_error(self.core.me, hello.source, ResultCode.NOT_AUTHENTICATED,
+                                f"first frame must be HELLO, not {hello.kind.name}")
+            return
+        try:
+            body = hello.frame().body
+            assert isinstance(body, Hello)
+        except ProtocolError as e:
+            await fs.send_error(self.core.me, hello.source, e.code, str(e))
+            return
+        ep = hello.source
+        if hello.origin != ep or not await self.gate.run(self.core.connected, ep):
+            await fs.send_error(self.core.me, ep, ResultCode.AUTH_FAILED, f"{ep} may not connect here")
+            return
+        old = self.sessions.get(ep)
+        if old is not None:
+            log.info("%s connected again; closing its older session", ep)
+            old.cancel_scope.cancel()
+        session = Session(ep, fs, min(self.s.window, body.window))
+        self.sessions[ep] = session
+        log.info("%s online", ep)
+        try:
+            await fs.send(encode_frame(Frame(kind=Kind.WELCOME, source=self.core.me, target=ep,
+                                             body=Welcome(window=self.s.window, server_time_ms=now_ms(),
+                                                          session_id=self.stats["connections"]))))
+            with session.cancel_scope:
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(self._writer, session, nursery.cancel_scope)
+                    nursery.start_soon(self._deliverer, session)
+                    await self._reader(session, first[1:])
+                    nursery.cancel_scope.cancel()
+        except ConnectionClosed:
+            pass
+        except RemoteProtocolError as e:
+            log.warning("%s sent bad bytes (code %d): %s", ep, e.code, e)
+            await fs.send_error(self.core.me, ep, e.code, str(e))
+        finally:
+            if self.sessions.get(ep) is session:
+                del self.sessions[ep]
+                with trio.CancelScope(shield=True):
+                    await self.gate.run(self.core.disconnected, ep)
+                log.info("%s offline", ep)
+            await fs.aclose()
+
+    async def _reader(self, session: Session, pending: list[RawFrame]) -> None:
+        fs, ep = session.fs, session.endpoint
+        batch = pending
+        while True:
+            if not batch:
+                with trio.fail_after(self.s.idle_timeout):
+                    batch = await fs.receive_batch()
+            msgs = []
+            for raw in batch:
+                if raw.kind.is_message:
+                    msgs.append(raw)
+                elif raw.kind is Kind.PING:
+                    ping = raw.frame().body
+                    assert isinstance(ping, Ping)
+                    session.enqueue([encode_frame(Frame(kind=Kind.PONG, source=self.core.me, target=ep,
+                                                        body=Pong(nonce=ping.nonce, time_ms=now_ms())))])
+                elif raw.kind is Kind.BYE:
+                    return
+                elif raw.kind is Kind.HELLO:
+                    raise RemoteProtocolError("HELLO on an established session", ResultCode.UNEXPECTED_FRAME)
+            batch = []
+            if not msgs:
+                continue
+            self.stats["frames_in"] += len(msgs)
+            out = await self.gate.run(self.core.handle, ep, msgs, self.online)
+            self._dispatch(out)
+            for code, text in out.errors:
+                self.stats["refused"] += 1
+                log.warning("refused from %s (%s): %s", ep, code.name, text)
+                session.enqueue([encode_frame(Frame(kind=Kind.ERROR, source=self.core.me, target=ep,
+                                                    body=Error(code=code, message=text[:1024])))])
+            if any(code is ResultCode.SOURCE_MISMATCH for code, _ in out.errors):
+                return  # an organization speaks only as itself: close
+
+    def _dispatch(self, out: PlatformOutput) -> None:
+        for target, data in out.sends.items():
+            s = self.sessions.get(target)
+            if s is not None:
+                s.enqueue(data)
+        for target, n in out.credit.items():
+            s = self.sessions.get(target)
+            if s is not None and n:
+                s.in_flight = max(0, s.in_flight - n)
+                s.wake_deliver.set()
+        for target in out.stored_for:
+            s = self.sessions.get(target)
+            if s is not None:
+                s.wake_deliver.set()
+
+    async def _writer(self, session: Session, scope: trio.CancelScope) -> None:
+        try:
+            while True:
+                await session.wake_writer.wait()
+                session.wake_writer = trio.Event()
+                data, session.queue = session.queue, []
+                session.queued = 0
+                if data:
+                    await session.fs.send(b"".join(data))
+                    if session.in_flight < session.window:
+                        session.wake_deliver.set()
+        finally:
+            scope.cancel()
+
+    async def _deliverer(self, session: Session) -> None:
+        """SPEC P.2: stored copies go out when their target is connected, in
+        batches, at most ``window`` unacknowledged."""
+        while True:
+            room = session.window - session.in_flight
+            if room > 0 and session.queued < self.s.high_water // 2:
+                frames, n = await self.gate.run(self.core.claim_stored, session.endpoint, min(self.s.batch, room))
+                if frames:
+                    session.in_flight += n
+                    session.enqueue(frames)
+                    continue
+            session.wake_deliver = trio.Event()
+            with trio.move_on_after(1.0):
+                await session.wake_deliver.wait()
+
+    async def _inquirer(self) -> None:
+        step = max(0.05, min(1.0, self.core.inquiry_ms / 3000))
+        while True:
+            await trio.sleep(step)
+            sends = await self.gate.run(self.core.inquiries, self.online)
+            for target, data in sends.items():
+                s = self.sessions.get(target)
+                if s is not None:
+                    s.enqueue(data)
+
+    async def _housekeeping(self) -> None:
+        while True:
+            await trio.sleep(self.s.housekeeping_interval)
+            await self.gate.run(self.core.housekeeping)

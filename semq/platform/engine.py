@@ -1,0 +1,91 @@
+"""The platform's SEMQ rules, sans-IO (SPEC "The flow", P.1-P.4)."""
+
+from __future__ import annotations
+
+from enum import Enum, IntEnum
+from typing import Final
+
+from semq.umxt_protocol import InquiryResult, ResultCode
+
+__all__ = [
+    "STORED_TABLE",
+    "Route",
+    "StoredEvent",
+    "StoredState",
+    "route",
+    "state_answer",
+    "stored_step",
+]
+
+
+class Route(Enum):
+    FORWARD = "forward"  # target online: send at once, answer ACK_FWD
+    STORE = "store"  # target offline, SaveFwd >= 2: keep, answer ACK_SAVE
+    DROP = "drop"  # target offline, SaveFwd 1: discard, answer NACK 301
+    DISCARD = "discard"  # best effort to an offline target: nothing at all
+    REFUSE = "refuse"  # unknown target or expired: NACK with the code
+
+
+def route(*, known: bool, online: bool, save_fwd: int, reliable: bool, expired: bool) -> tuple[Route, ResultCode]:
+    """Where a DATA frame goes (P.1). A target with a full outgoing queue
+    counts as offline (flow control: stored, never buffered in memory)."""
+    if not known:
+        return Route.REFUSE, ResultCode.UNKNOWN_TARGET
+    if expired:
+        return (Route.REFUSE if reliable else Route.DISCARD), ResultCode.EXPIRED
+    if online:
+        return Route.FORWARD, ResultCode.OK
+    if not reliable:
+        return Route.DISCARD, ResultCode.TARGET_OFFLINE_DROPPED
+    if save_fwd <= 1:
+        return Route.DROP, ResultCode.TARGET_OFFLINE_DROPPED
+    return Route.STORE, ResultCode.OK
+
+
+class StoredState(IntEnum):
+    """States of the platform's stored copies (ids form LK1)."""
+
+    SS_INIT = 0  # stored, not delivered
+    SS_SENT = 1  # delivered to the target, its ACK outstanding
+    SS_ACK = 3  # the target acked it: may be deleted (SPEC P.2)
+
+
+class StoredEvent(Enum):
+    DELIVERED = "delivered"  # written to the target
+    ACK = "ack"  # the target's ACK
+    TARGET_HAS = "target_has"  # inquiry answer RECEIVED
+    TARGET_LACKS = "target_lacks"  # inquiry answer NOT_RECEIVED: deliver again
+    TARGET_ASKS = "target_asks"  # the target asks about this record: it has it
+    RECONNECTED = "reconnected"  # the target reconnected: in-flight copies go again
+
+
+P = StoredState
+_E = StoredEvent
+
+STORED_TABLE: Final[dict[tuple[StoredState, StoredEvent], StoredState]] = {
+    (P.SS_INIT, _E.DELIVERED): P.SS_SENT,
+    (P.SS_INIT, _E.ACK): P.SS_ACK,
+    (P.SS_INIT, _E.TARGET_HAS): P.SS_ACK,
+    (P.SS_INIT, _E.TARGET_ASKS): P.SS_ACK,
+    (P.SS_SENT, _E.DELIVERED): P.SS_SENT,
+    (P.SS_SENT, _E.ACK): P.SS_ACK,
+    (P.SS_SENT, _E.TARGET_HAS): P.SS_ACK,
+    (P.SS_SENT, _E.TARGET_LACKS): P.SS_INIT,
+    (P.SS_SENT, _E.TARGET_ASKS): P.SS_ACK,
+    (P.SS_SENT, _E.RECONNECTED): P.SS_INIT,
+}
+
+
+def stored_step(state: StoredState, event: StoredEvent) -> StoredState:
+    """Next state of a stored copy; unknown pairs leave it unchanged.
+    SS_ACK rows are deleted at once (SPEC P.2: safe even if the ReAck is lost)."""
+    return STORED_TABLE.get((state, event), state)
+
+
+def state_answer(state: StoredState | None) -> InquiryResult:
+    """SPEC B.2: the answer to a receiver asking about a stored copy."""
+    if state is None:
+        return InquiryResult.NO_RECORD
+    if state is P.SS_ACK:
+        return InquiryResult.ALREADY_ACKED
+    return InquiryResult.MARKED_ACKED

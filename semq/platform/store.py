@@ -1,0 +1,102 @@
+"""The platform's SQLite schema: stored copies (their ids form LK1), the
+record of every message it accepted (to answer inquiries), and the known
+organizations."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from peewee import (
+    BigIntegerField,
+    BlobField,
+    CompositeKey,
+    IntegerField,
+    Model,
+    SqliteDatabase,
+    TextField,
+)
+from playhouse.sqlite_ext import AutoIncrementField
+
+from semq._db import create_tables, open_store
+
+__all__ = ["MODELS", "Node", "Seen", "Stored", "open_platform_store"]
+
+
+class Stored(Model):
+    """The platform's pending-send table. DATA rows are stored copies for an
+    offline target (``id`` = LK1 record id); other kinds are relayed acks and
+    inquiries (SaveFwd=3) kept until their target connects."""
+
+    id = AutoIncrementField()
+    target_type = IntegerField()
+    target_id = TextField()
+    kind = IntegerField()
+    origin_type = IntegerField()
+    origin_id = TextField()
+    semq_id = IntegerField(default=0)
+    semq_db_id = IntegerField(default=0)
+    record_id = BigIntegerField(default=0)  # LK0 record id on DATA rows
+    state = IntegerField(default=0)  # StoredState
+    priority = IntegerField(default=0)
+    expires_ms = BigIntegerField(null=True)
+    stored_ms = BigIntegerField()
+    attempts = IntegerField(default=0)
+    last_sent_ms = BigIntegerField(null=True)
+    inquiries = IntegerField(default=0)
+    frame = BlobField()
+
+    class Meta:
+        table_name = "stored"
+        indexes = (
+            (("target_type", "target_id", "state", "priority", "id"), False),
+            (("origin_type", "origin_id", "semq_id", "semq_db_id", "record_id"), False),
+        )
+
+
+class Seen(Model):
+    """Every DATA the platform accepted, by LK0, with what it did (1
+    forwarded, 2 stored, 3 dropped): answers "did you receive LK0 x?"
+    (SPEC A.5) after the stored copy itself is gone. Pruned after the
+    retention."""
+
+    origin_type = IntegerField()
+    origin_id = TextField()
+    semq_id = IntegerField()
+    semq_db_id = IntegerField()
+    record_id = BigIntegerField()
+    action = IntegerField()
+    lk1 = BigIntegerField(default=0)
+    seen_ms = BigIntegerField(index=True)
+
+    class Meta:
+        table_name = "seen"
+        primary_key = CompositeKey("origin_type", "origin_id", "semq_id", "semq_db_id", "record_id")
+        without_rowid = True
+
+
+class Node(Model):
+    """Organizations the platform knows (registered or enrolled)."""
+
+    node_type = IntegerField()
+    node_id = TextField()
+    registered_ms = BigIntegerField()
+    last_seen_ms = BigIntegerField(null=True)
+    revoked = IntegerField(default=0)
+
+    class Meta:
+        table_name = "nodes"
+        primary_key = CompositeKey("node_type", "node_id")
+
+
+MODELS = [Stored, Seen, Node]
+
+
+def _v1(db: SqliteDatabase) -> None:
+    create_tables(db, MODELS)
+
+
+MIGRATIONS = [_v1]
+
+
+def open_platform_store(path: Path, *, create: bool = False, synchronous: str = "FULL") -> SqliteDatabase:
+    return open_store(path, MIGRATIONS, create=create, synchronous=synchronous, kind="platform store")

@@ -1,0 +1,108 @@
+"""A framed UMX-T connection over any trio Stream (TCP today; trio.SSLStream
+wraps the same stream for mutual TLS). One reader drains complete frames in
+batches; one send lock; frames are coalesced by the callers into one
+``send_all`` per batch (MEASUREMENTS: 64 frames per send_all ~10x faster)."""
+
+from __future__ import annotations
+
+import trio
+
+from semq.umxt_protocol import (
+    DEFAULT_MAX_FRAME,
+    Endpoint,
+    Error,
+    Frame,
+    FrameDecoder,
+    Kind,
+    RawFrame,
+    RemoteProtocolError,
+    ResultCode,
+    encode_frame,
+)
+
+__all__ = ["ConnectionClosed", "FrameStream", "parse_hostport"]
+
+READ_SIZE = 256 * 1024
+
+
+class ConnectionClosed(Exception):
+    """The peer closed the connection (or it broke)."""
+
+
+class FrameStream:
+    def __init__(self, stream: trio.abc.Stream, *, max_frame: int = DEFAULT_MAX_FRAME) -> None:
+        self.stream = stream
+        self.decoder = FrameDecoder(max_frame)
+        self._send_lock = trio.Lock()
+        self.bytes_in = 0
+        self.bytes_out = 0
+
+    async def receive_batch(self) -> list[RawFrame]:
+        """Every complete frame available after one read (at least one).
+        Raises ConnectionClosed on EOF and RemoteProtocolError on bad bytes."""
+        while True:
+            frames = list(self.decoder)
+            if frames:
+                return frames
+            try:
+                data = await self.stream.receive_some(READ_SIZE)
+            except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as e:
+                raise ConnectionClosed(str(e)) from e
+            if not data:
+                raise ConnectionClosed("end of stream")
+            self.bytes_in += len(data)
+            self.decoder.receive_data(bytes(data))
+
+    async def send(self, data: bytes) -> None:
+        if not data:
+            return
+        async with self._send_lock:
+            try:
+                await self.stream.send_all(data)
+            except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as e:
+                raise ConnectionClosed(str(e)) from e
+            self.bytes_out += len(data)
+
+    async def send_error(self, me: Endpoint, peer: Endpoint | None, code: ResultCode, message: str) -> None:
+        """Best effort: tell the peer why we close, then close."""
+        frame = Frame(
+            kind=Kind.ERROR, source=me, target=peer or me, body=Error(code=code, message=message[:1024])
+        )
+        with trio.move_on_after(2):
+            try:
+                await self.send(encode_frame(frame))
+            except ConnectionClosed:
+                pass
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        with trio.move_on_after(2) as scope:
+            scope.shield = True
+            try:
+                await self.stream.aclose()
+            except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+                pass
+
+
+def parse_hostport(text: str, default_port: int = 7410) -> tuple[str, int]:
+    """``HOST:PORT`` / ``[::1]:PORT`` / ``HOST`` -> (host, port)."""
+    text = text.strip()
+    if text.startswith("["):
+        host, _, rest = text[1:].partition("]")
+        port = rest.lstrip(":")
+    elif text.count(":") == 1:
+        host, port = text.split(":")
+    else:
+        host, port = text, ""
+    if not host:
+        raise ValueError(f"address {text!r} has no host")
+    try:
+        p = int(port) if port else default_port
+    except ValueError:
+        raise ValueError(f"address {text!r}: port {port!r} is not a number") from None
+    if not 0 <= p <= 65535:
+        raise ValueError(f"address {text!r}: port {p} is outside 0..65535")
+    return host, p
+
+
+_ = RemoteProtocolError
