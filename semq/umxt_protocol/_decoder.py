@@ -53,7 +53,7 @@ class RawFrame:
     body is not. A relay routes on this and forwards ``raw`` (or
     ``relay_bytes``) without ever parsing the body."""
 
-    __slots__ = ("flags", "kind", "origin", "priority", "raw", "save_fwd", "source", "target", "_body_start")
+    __slots__ = ("_body_start", "flags", "kind", "origin", "priority", "raw", "save_fwd", "source", "target")
 
     def __init__(
         self, *, kind: Kind, flags: int, save_fwd: int, priority: int, source: Endpoint,

@@ -19,7 +19,6 @@ from construct import ConstructError
 
 from ._errors import LocalProtocolError, ProtocolError, RemoteProtocolError, ResultCode
 from ._schema import (
-    ACK_BODY,
     ACK_ENTRY,
     BODY_SCHEMAS,
     DATA_PREFIX,
@@ -129,7 +128,19 @@ def _enum(enum: Any, name: str, value: object) -> Any:
     try:
         return enum(value)
     except ValueError:
-        raise _invalid(f"{name} {value!r} is not a known {enum.__name__}") from None
+        # Name the allowed values too (STYLE 3: errors name the value and the limit).
+        values = sorted(int(m) for m in enum)
+        allowed = (
+            f"{values[0]}..{values[-1]}"
+            if values == list(range(values[0], values[-1] + 1))
+            else ", ".join(map(str, values))
+        )
+        raise _invalid(f"{name} {value!r} is not a known {enum.__name__} ({allowed})") from None
+
+
+# AppKey is frozen, so one shared empty default is safe (and saves a
+# construction per Data/Ack).
+_NO_APP_KEY: Final = AppKey()
 
 
 # ---------------------------------------------------------------- bodies
@@ -144,7 +155,7 @@ class Data:
 
     lk0: LK0
     app_data: bytes = b""
-    app_key: AppKey = AppKey()
+    app_key: AppKey = _NO_APP_KEY
     lk1: LK1 | None = None
     created_ms: int = 0
     expires_ms: int | None = None
@@ -180,7 +191,7 @@ class Ack:
     dest_semq_id: int = 1
     dest_semq_db_id: int = 1
     flag: ForwardFlag = ForwardFlag.NONE
-    app_key: AppKey = AppKey()
+    app_key: AppKey = _NO_APP_KEY
     receipt: bytes = b""
 
     def __post_init__(self) -> None:
@@ -279,6 +290,18 @@ class AckBatch:
                     f"ACK_BATCH of {kind.name} holds an entry with ack_flag {e[6]} flag {e[7]};"
                     f" {kind.name} needs ack_flag {int(ack_flag)} flag {int(flag)}"
                 )
+            # One chained comparison per field: cheap enough for 100k entries,
+            # and it keeps out-of-range ints from reaching struct.pack later.
+            try:
+                ok = (
+                    0 <= e[0] <= 0xFFFF and 0 <= e[1] <= 0xFFFF and 0 <= e[2] <= _MAX_U64
+                    and 0 <= e[3] <= 0xFFFF and 0 <= e[4] <= 0xFFFF and 0 <= e[5] <= _MAX_U64
+                )
+            except TypeError:  # not an int: _check_int names it
+                ok = False
+            if not ok:
+                for i, name in enumerate(AckEntry._fields[:6]):
+                    _check_int(f"ACK_BATCH entry {name}", e[i], 0, _MAX_U64 if i in (2, 5) else 0xFFFF)
         _check_bytes("receipt", self.receipt, MAX_RECEIPT)
 
 
@@ -354,8 +377,13 @@ class Hello:
         _check_int("semq_id", self.semq_id, 1, 0xFFFF)
         _check_int("semq_db_id", self.semq_db_id, 1, 0xFFFF)
         _check_int("window", self.window, 1, _MAX_U32)
-        if len(self.software.encode()) > 255:
-            raise _invalid("software name exceeds 255 bytes")
+        _check_text("software", self.software)
+        try:
+            size = len(self.software.encode("utf-8"))
+        except UnicodeEncodeError:
+            raise _invalid(f"software {self.software!r} is not valid UTF-8") from None
+        if size > 255:
+            raise _invalid(f"software name of {size} bytes exceeds the 255-byte limit")
         _check_bytes("token", self.token, MAX_TOKEN)
 
 

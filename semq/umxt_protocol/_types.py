@@ -15,6 +15,8 @@ from typing import Final
 from ._errors import LocalProtocolError, ResultCode
 
 __all__ = [
+    "LK0",
+    "LK1",
     "MAX_APPKEY_FIELD",
     "MAX_NODE_ID",
     "MAX_PRIORITY",
@@ -28,8 +30,6 @@ __all__ = [
     "InquiryResult",
     "InquiryTopic",
     "Kind",
-    "LK0",
-    "LK1",
     "NodeType",
     "SaveFwd",
 ]
@@ -253,7 +253,10 @@ class AppKey:
             value = getattr(self, name)
             if not isinstance(value, str):
                 raise _invalid(f"AppKey {name} {value!r} is not a string")
-            size = len(value.encode("utf-8"))
+            try:
+                size = len(value.encode("utf-8"))
+            except UnicodeEncodeError:  # a lone surrogate cannot go on the wire
+                raise _invalid(f"AppKey {name} {value!r} is not valid UTF-8") from None
             if size > MAX_APPKEY_FIELD:
                 raise _invalid(
                     f"AppKey {name} of {size} bytes exceeds the {MAX_APPKEY_FIELD}-byte limit"
