@@ -503,8 +503,19 @@ async def test_cli_process_prints_port_forwards_and_stops_on_sigterm() -> None:
                 await client.send_all(b"ping")
                 await client.send_eof()
                 assert await read_all(client) == b"ping"
+            # SIGUSR1 cuts every open connection.
+            held = await trio.open_tcp_stream(LOCALHOST, port)
+            async with held:
+                await held.send_all(b"echo")
+                got = b""
+                while len(got) < 4:  # loopback may split even 4 bytes, in principle
+                    got += await held.receive_some(10)
+                assert got == b"echo"
+                proc.send_signal(signal.SIGUSR1)
+                with trio.fail_after(10):
+                    assert await read_all(held) == b""
             proc.send_signal(signal.SIGTERM)
             with trio.fail_after(10):
                 err = await read_all(proc.stderr)
                 assert await proc.wait() == 0
-        assert b'"bytes_up": 4' in err
+        assert b'"bytes_up": 8' in err and b'"cuts": 1' in err
