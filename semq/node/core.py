@@ -419,8 +419,8 @@ class NodeCore:
             name = {OriginEvent.ACK_FWD: "ack_fwd", OriginEvent.ACK_SAVE: "ack_save",
                     OriginEvent.NACK: "nack", OriginEvent.PLATFORM_LACKS: "resend",
                     OriginEvent.TARGET_LACKS: "resend"}.get(event, "ack2")
-            if o.state is SendState.SS_ACK and event is OriginEvent.PLATFORM_HAS:
-                name = "ack_save"
+            if event is OriginEvent.PLATFORM_HAS:
+                name = "ack_fwd"
             extra: dict[str, Any] = {"code": code, "detail": detail} if event is OriginEvent.NACK else {}
             events.append(self._origin_event(r, name, ts, **extra))
             if state is SendState.SS_SENT:
@@ -487,9 +487,11 @@ class NodeCore:
             for lk, result in r.answers:
                 if lk.endpoint != self.me:
                     continue
-                has = result is InquiryResult.RECEIVED
+                has = result in (InquiryResult.RECEIVED, InquiryResult.FORWARDED, InquiryResult.STORED)
                 if from_platform:
-                    ev = OriginEvent.PLATFORM_HAS if has else OriginEvent.PLATFORM_LACKS
+                    # The platform's answer stands for the ack that was lost.
+                    ev = {InquiryResult.FORWARDED: OriginEvent.ACK_FWD, InquiryResult.STORED: OriginEvent.ACK_SAVE,
+                          InquiryResult.RECEIVED: OriginEvent.PLATFORM_HAS}.get(result, OriginEvent.PLATFORM_LACKS)
                 else:
                     ev = OriginEvent.TARGET_HAS if has else OriginEvent.TARGET_LACKS
                 items.append((lk.record_id, ev))
@@ -530,9 +532,12 @@ class NodeCore:
                 "last_inquiry_ms + min(?, ? * (1 << min(inquiries, 6))) <= ?"
             )
             args = (MAX_INQUIRY_BACKOFF_MS, self.inquiry_ms, ts)
+            # SS_SENT asks P; SS_ACK_FWD (SaveFwd 2|3) and SS_ACK (SaveFwd 3)
+            # ask B, and so does any row still waiting for its ACK2.
             rows = self.conn.execute(
-                f"SELECT {_OUT_COLS} FROM outbox WHERE reliable=1 AND ((state=1) OR"
-                f" (state IN (2,3) AND (save_fwd=3 OR ack2=1))) AND {due} LIMIT ?",
+                f"SELECT {_OUT_COLS} FROM outbox WHERE reliable=1 AND (state=1 OR"
+                f" (state=2 AND (save_fwd>=2 OR ack2=1)) OR (state=3 AND (save_fwd=3 OR ack2=1)))"
+                f" AND {due} LIMIT ?",
                 (*args, INQUIRY_BATCH * 4),
             ).fetchall()
             to_p: list[LK0] = []

@@ -74,8 +74,9 @@ ORIGIN_TABLE: Final[dict[tuple[SendState, OriginEvent], tuple[SendState, bool]]]
     (S.SS_SENT, E.ACK_SAVE): (S.SS_ACK, False),
     (S.SS_SENT, E.NACK): (S.SS_FAILED, False),
     (S.SS_SENT, E.ACK2): (S.SS_ACK2, True),
-    # P has it but its ACK_FWD/ACK_SAVE was lost: P or B owns it now.
-    (S.SS_SENT, E.PLATFORM_HAS): (S.SS_ACK, False),
+    # P has it but did not say how (its ACK_FWD/ACK_SAVE was lost): assume
+    # forwarded, the case where the origin must still confirm with B.
+    (S.SS_SENT, E.PLATFORM_HAS): (S.SS_ACK_FWD, False),
     (S.SS_SENT, E.PLATFORM_LACKS): (S.SS_INIT, False),
     (S.SS_SENT, E.TARGET_HAS): (S.SS_ACK2, True),
     (S.SS_SENT, E.TARGET_ASKS): (S.SS_ACK2, False),
@@ -102,23 +103,26 @@ class OriginOutcome:
 
 def origin_may_clean(state: SendState, save_fwd: int, ack2: bool) -> bool:
     """SPEC A.6: a row may go once (SS_ACK and no Ack2 asked) or SS_ACK2.
-    Ours too: SaveFwd 1|2 forwarded without Ack2 has nothing left to chase
-    (only SaveFwd 3 asks the target and resends)."""
-    if state is S.SS_ACK2:
-        return True
+    A forwarded (SS_ACK_FWD) row has only been handed to the connection to B,
+    which may break: the platform kept no copy, so for SaveFwd 2|3 the origin
+    confirms with B (inquiry, resend) before it lets go. Only SaveFwd 1
+    (at most once) is done at ACK_FWD."""
+    if state in (S.SS_ACK2, S.SS_FAILED):
+        return state is S.SS_ACK2
     if state is S.SS_ACK:
         return not ack2
     if state is S.SS_ACK_FWD:
-        return not ack2 and save_fwd < 3
+        return not ack2 and save_fwd < 2
     return False
 
 
 def origin_step(state: SendState, event: OriginEvent, *, save_fwd: int, ack2: bool) -> OriginOutcome:
-    """Apply one event to a pending-send row. "Not received" answers resend
-    only SaveFwd 3 rows (SPEC: 3 = must be delivered); for 1|2 the platform
-    owns delivery after its ack, so the row keeps its state."""
+    """Apply one event to a pending-send row. A target's "not received"
+    resends SaveFwd 3 rows (SPEC: must be delivered) and forwarded SaveFwd 2
+    rows (nobody else holds a copy); a stored SaveFwd 2 row (SS_ACK) is the
+    platform's to deliver, and SaveFwd 1 is at most once."""
     nxt, reack2 = ORIGIN_TABLE.get((state, event), (state, False))
-    if event is E.TARGET_LACKS and save_fwd < 3:
+    if event is E.TARGET_LACKS and save_fwd < (2 if state is S.SS_ACK_FWD else 3):
         nxt = state
     return OriginOutcome(
         state=nxt,

@@ -306,8 +306,9 @@ class PlatformCore:
                         " semq_db_id=? AND record_id=?",
                         (int(lk.endpoint.node_type), lk.endpoint.node_id, lk.semq_id, lk.semq_db_id, lk.record_id),
                     ).fetchone()
-                    has = row is not None and row[0] in (_FORWARDED, _STORED)
-                    answers.append(InquiryAnswer(lk, InquiryResult.RECEIVED if has else InquiryResult.NOT_RECEIVED))
+                    result = {_FORWARDED: InquiryResult.FORWARDED, _STORED: InquiryResult.STORED}.get(
+                        row[0] if row else 0, InquiryResult.NOT_RECEIVED)
+                    answers.append(InquiryAnswer(lk, result))
             else:
                 for lk in body.items:
                     row = self.conn.execute("SELECT state FROM stored WHERE id=? AND kind=1", (lk.record_id,)).fetchone()

@@ -146,6 +146,8 @@ class InquiryResult(IntEnum):
     MARKED_ACKED = 2  # STATE: was SS_SENT, now marked SS_ACK (the ack had been lost)
     ALREADY_ACKED = 3  # STATE: already SS_ACK / SS_ACK2
     NO_RECORD = 4  # STATE: no such record: confirmed and cleaned up
+    FORWARDED = 5  # RECEIVED, asked of the platform: forwarded at once (the lost ACK_FWD)
+    STORED = 6  # RECEIVED, asked of the platform: stored for later delivery (the lost ACK_SAVE)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
