@@ -1,0 +1,115 @@
+"""The associated data of a document: the header fields that name it.
+
+Both the AEAD of a sealed document and the origin's signature cover these
+bytes, so the relay can neither move a ciphertext to another LK0, source or
+target, nor change its AppKey or SaveFwd, without the receiver noticing
+(DecryptError / BadSignature). Replay of the same frame is caught by the
+receiver's duplicate suppression on LK0, which the relay cannot change.
+
+Layout (docs/security.md, "Associated data"), all big-endian::
+
+    "SEMQ-AAD-v1" 0x00            12 bytes, domain separation
+    LK0     node_type u8, id_len u8, id (ASCII), semq_id u16, semq_db_id u16, record_id u64
+    source  node_type u8, id_len u8, id      -- the application origin, not the relay
+    target  node_type u8, id_len u8, id
+    AppKey  4 x (len u8, UTF-8)              -- domain, data_type, subtype, key
+    SaveFwd u8
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Final
+
+from semq.umxt_protocol import LK0, AppKey, Data, Endpoint, Frame, SaveFwd
+
+from ._wire import Reader, WireError, encode_app_key, encode_endpoint, encode_lk0
+
+__all__ = [
+    "AAD_PREFIX",
+    "DocumentHeader",
+    "aad_source_id",
+    "document_aad",
+    "frame_aad",
+    "parse_document_aad",
+]
+
+AAD_PREFIX: Final = b"SEMQ-AAD-v1\x00"
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class DocumentHeader:
+    """The fields ``document_aad`` binds, as parsed back from the bytes."""
+
+    lk0: LK0
+    source: Endpoint
+    target: Endpoint
+    app_key: AppKey
+    save_fwd: SaveFwd
+
+
+def document_aad(lk0: LK0, source: Endpoint, target: Endpoint, app_key: AppKey,
+                 save_fwd: SaveFwd | int) -> bytes:
+    """The associated data for the document ``lk0`` sent by ``source`` (the
+    application-level origin: ``Frame.origin``, never the relaying platform)
+    to ``target``. Deterministic: origin and receiver compute it from the
+    same header fields and get the same bytes."""
+    return b"".join((
+        AAD_PREFIX,
+        encode_lk0(lk0),
+        encode_endpoint(source),
+        encode_endpoint(target),
+        encode_app_key(app_key),
+        bytes((int(SaveFwd(save_fwd)),)),
+    ))
+
+
+def frame_aad(frame: Frame) -> bytes:
+    """``document_aad`` of a DATA frame, from its header: LK0 and AppKey from
+    the body, ``origin`` (not the transport ``source``), target, SaveFwd.
+    Raises TypeError for a frame that is not DATA."""
+    body = frame.body
+    if not isinstance(body, Data):
+        raise TypeError(f"{frame.kind.name} frame carries no document; only DATA has an AAD")
+    return document_aad(body.lk0, frame.origin, frame.target, body.app_key, frame.save_fwd)
+
+
+def parse_document_aad(aad: bytes) -> DocumentHeader:
+    """Parse bytes made by ``document_aad``. Raises ValueError (WireError) if
+    they were not."""
+    if not aad.startswith(AAD_PREFIX):
+        raise WireError("associated data does not start with SEMQ-AAD-v1")
+    r = Reader(aad, len(AAD_PREFIX))
+    lk0 = r.lk0("AAD LK0")
+    source = r.endpoint("AAD source")
+    target = r.endpoint("AAD target")
+    app_key = r.app_key("AAD AppKey")
+    sf = r.u8("AAD SaveFwd")
+    r.end("associated data")
+    try:
+        save_fwd = SaveFwd(sf)
+    except ValueError:
+        raise WireError(f"AAD SaveFwd {sf} is not 0..3") from None
+    return DocumentHeader(lk0=lk0, source=source, target=target, app_key=app_key,
+                          save_fwd=save_fwd)
+
+
+_P: Final = len(AAD_PREFIX)
+
+
+def aad_source_id(aad: bytes) -> str:
+    """The source node id in ``aad``, without building the whole header (the
+    hot path of signature checks). Raises WireError for bytes that are not
+    an AAD; the full check is ``parse_document_aad``."""
+    if aad[:_P] != AAD_PREFIX or len(aad) < _P + 2:
+        raise WireError("associated data does not start with SEMQ-AAD-v1")
+    src = _P + 2 + aad[_P + 1] + 12  # past LK0: type, len, id, semq u16, db u16, record u64
+    if src + 2 > len(aad):
+        raise WireError("associated data is too short for a source endpoint")
+    end = src + 2 + aad[src + 1]
+    if end > len(aad):
+        raise WireError("AAD source runs past the end")
+    try:
+        return aad[src + 2:end].decode("ascii")
+    except UnicodeDecodeError:
+        raise WireError("AAD source id is not ASCII") from None

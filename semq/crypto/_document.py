@@ -1,0 +1,122 @@
+"""Sign-then-seal in one call: what a node does to a document before it goes
+into the pending-send table, and what the receiver does before the inbox.
+
+    origin:   body --sign_document--> container --seal--> (session_key, app_data)
+    receiver: (session_key, app_data) --open_--> container --verify_document--> body
+
+The signature covers the AAD, so a receiver that re-seals a document to a
+third party cannot pass it off as sent to that party (the target inside the
+signed digest still names the first receiver).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from cryptography.hazmat.primitives.asymmetric import ed25519, x25519
+
+from ._envelope import Opener, Sealer, open_, seal
+from ._errors import DecryptError
+from ._pki import NodeCertificate
+from ._signing import (
+    SignatureCache,
+    SignedDocument,
+    VerifiedDocument,
+    sign_document,
+    sign_documents,
+    verify_document,
+)
+
+__all__ = [
+    "ProtectedDocument",
+    "open_document",
+    "protect_document",
+    "protect_documents",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class ProtectedDocument:
+    """What goes into a DATA frame (``app_data``, ``session_key``; Encrypt=1
+    iff ``session_key``) and what the origin keeps (``digest``)."""
+
+    app_data: bytes
+    session_key: bytes
+    digest: bytes
+
+    @property
+    def encrypt(self) -> bool:
+        return bool(self.session_key)
+
+
+def _seal(signed: SignedDocument, aad: bytes, recipients: Sequence[NodeCertificate] | None,
+          sealer: Sealer | None) -> ProtectedDocument:
+    if recipients is None:
+        return ProtectedDocument(signed.container, b"", signed.digest)
+    keys = [c.encryption_public_key for c in recipients]
+    if sealer is not None:
+        blob, ct = sealer.seal(signed.container, recipient_enc_public_keys=keys, aad=aad)
+    else:
+        blob, ct = seal(signed.container, recipient_enc_public_keys=keys, aad=aad)
+    return ProtectedDocument(ct, blob, signed.digest)
+
+
+def protect_document(
+    body: bytes,
+    *,
+    aad: bytes,
+    signing_key: ed25519.Ed25519PrivateKey,
+    recipients: Sequence[NodeCertificate] | None,
+    sealer: Sealer | None = None,
+) -> ProtectedDocument:
+    """Sign ``body`` and seal it to every certificate in ``recipients`` (the
+    target's CertificateDirectory.lookup: old and new during a rollover).
+    ``recipients=None`` means --no-encrypt: signed, **not end-to-end
+    private** (the relay can read it). ``sealer`` amortizes key wrapping.
+    Raises ValueError for an empty or too long recipient list."""
+    signed = sign_document(body, aad=aad, signing_key=signing_key)
+    return _seal(signed, aad, recipients, sealer)
+
+
+def protect_documents(
+    items: Sequence[tuple[bytes, bytes, Sequence[NodeCertificate] | None]],
+    *,
+    signing_key: ed25519.Ed25519PrivateKey,
+    sealer: Sealer | None = None,
+) -> list[ProtectedDocument]:
+    """``protect_document`` for many ``(aad, body, recipients)`` at once with
+    one batch signature (sign_documents); each result still verifies alone."""
+    signed = sign_documents([(aad, body) for aad, body, _ in items], signing_key=signing_key)
+    return [_seal(s, aad, r, sealer) for s, (aad, _, r) in zip(signed, items, strict=True)]
+
+
+def open_document(
+    app_data: bytes,
+    session_key: bytes,
+    *,
+    aad: bytes,
+    keys: Opener | Sequence[x25519.X25519PrivateKey],
+    signer_certs: Sequence[NodeCertificate],
+    cache: SignatureCache | None = None,
+    require_encryption: bool = False,
+) -> VerifiedDocument:
+    """Open (if ``session_key`` is set) and verify a document; return its body
+    with ``encrypted`` telling whether it came sealed. ``keys``: an Opener or
+    our X25519 private keys; ``signer_certs``: the origin's certificates.
+    Raises DecryptError (DECRYPT_FAILED) — also for a plaintext document when
+    ``require_encryption`` — BadSignature (BAD_SIGNATURE) or
+    UnknownCertificate (UNKNOWN_CERTIFICATE); nothing may reach the inbox then."""
+    if session_key:
+        if isinstance(keys, Opener):
+            container = keys.open(session_key, app_data, aad=aad)
+        else:
+            container = open_(session_key, app_data, recipient_enc_private_keys=keys, aad=aad)
+    elif require_encryption:
+        raise DecryptError("document arrived unencrypted (Encrypt=0) but this node requires"
+                           " end-to-end encryption")
+    else:
+        container = bytes(app_data)
+    doc = verify_document(container, aad=aad, signer_certs=signer_certs, cache=cache)
+    return dataclasses.replace(doc, encrypted=bool(session_key))

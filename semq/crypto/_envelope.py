@@ -1,0 +1,317 @@
+"""End-to-end encryption of AppData (SPEC "Security": AppData is encrypted with
+a fresh session key, the session key is encrypted with the receiver's public
+key; the platform relays what it cannot read).
+
+Scheme (suite 1, docs/security.md "Session key blob"):
+
+* a 32-byte **file key** K is wrapped to each recipient X25519 key: a fresh
+  ephemeral X25519 key, KEK = HKDF-SHA256(shared secret, salt = ephemeral
+  public || recipient public, info "SEMQ-v1 key wrap"), AES-256-GCM(KEK,
+  zero nonce — the KEK is used once) over K with the blob header and key id as
+  associated data;
+* each document gets a fresh 16-byte salt and its own **content key** and
+  nonce = HKDF-SHA256(K, salt, info "SEMQ-v1 content"), and AppData is
+  AES-256-GCM encrypted with associated data = the document AAD (the header
+  fields that name it) and the whole blob.
+
+``seal`` / ``open_`` draw a fresh K per document. ``Sealer`` / ``Opener``
+amortize the public-key work (MEASUREMENTS: ~7k wraps/s cap a process): a
+Sealer reuses one K and its wraps per recipient key set for an epoch (time and
+use bounded); each document still has its own salt, hence its own content key,
+and its blob is self-contained, so any single document opens on its own. An
+Opener remembers unwrapped keys by the wrap bytes, so it does one X25519
+per epoch, not per document.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import os
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Final
+
+from cryptography.exceptions import InvalidTag
+from cryptography.hazmat.primitives.asymmetric import x25519
+from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+
+from semq.umxt_protocol import MAX_SESSION_KEY
+
+from ._errors import DecryptError
+from ._pki import KEY_ID_SIZE, key_id
+from ._wire import U32
+
+__all__ = [
+    "BLOB_HEADER_SIZE",
+    "BLOB_MAGIC",
+    "MAX_RECIPIENT_KEYS",
+    "SUITE_X25519_AES256GCM",
+    "WRAP_SIZE",
+    "Opener",
+    "Sealer",
+    "blob_key_ids",
+    "open_",
+    "seal",
+]
+
+BLOB_MAGIC: Final = b"SQK1"
+SUITE_X25519_AES256GCM: Final = 1  # X25519 + HKDF-SHA256 wrap, AES-256-GCM content
+SALT_SIZE: Final = 16
+FILE_KEY_SIZE: Final = 32
+BLOB_HEADER_SIZE: Final = 4 + 1 + SALT_SIZE + 1  # magic, suite, salt, count
+WRAP_SIZE: Final = KEY_ID_SIZE + 32 + FILE_KEY_SIZE + 16  # key id, ephemeral public, AEAD(K)
+MAX_RECIPIENT_KEYS: Final = 16  # old + new certificates of a few recipients; 1558 bytes
+assert BLOB_HEADER_SIZE + MAX_RECIPIENT_KEYS * WRAP_SIZE <= MAX_SESSION_KEY
+
+_WRAP_INFO: Final = b"SEMQ-v1 key wrap"
+_CONTENT_INFO: Final = b"SEMQ-v1 content"
+_ZERO_NONCE: Final = bytes(12)
+_HASH_LEN: Final = 32
+
+
+def _hkdf(ikm: bytes, salt: bytes, info: bytes, length: int) -> bytes:
+    """HKDF-SHA256 (RFC 5869) with hmac/hashlib: the same bytes as
+    cryptography's HKDF, without building an object per document."""
+    prk = hmac.digest(salt, ikm, "sha256")
+    out = b""
+    block = b""
+    i = 1
+    while len(out) < length:
+        block = hmac.digest(prk, block + info + bytes((i,)), "sha256")
+        out += block
+        i += 1
+    return out[:length]
+
+
+def _header(salt: bytes, count: int) -> bytes:
+    return BLOB_MAGIC + bytes((SUITE_X25519_AES256GCM,)) + salt + bytes((count,))
+
+
+def _wrap(file_key: bytes, recipient: x25519.X25519PublicKey) -> bytes:
+    kid = key_id(recipient)
+    eph = x25519.X25519PrivateKey.generate()
+    eph_pub = eph.public_key().public_bytes_raw()
+    shared = eph.exchange(recipient)
+    kek = _hkdf(shared, eph_pub + recipient.public_bytes_raw(), _WRAP_INFO, 32)
+    wrapped = AESGCM(kek).encrypt(_ZERO_NONCE, file_key, _wrap_aad(kid))
+    return kid + eph_pub + wrapped
+
+
+def _wrap_aad(kid: bytes) -> bytes:
+    return BLOB_MAGIC + bytes((SUITE_X25519_AES256GCM,)) + kid
+
+
+def _unwrap(entry: bytes, private: x25519.X25519PrivateKey) -> bytes:
+    kid = entry[:KEY_ID_SIZE]
+    eph_raw = entry[KEY_ID_SIZE:KEY_ID_SIZE + 32]
+    wrapped = entry[KEY_ID_SIZE + 32:]
+    try:
+        shared = private.exchange(x25519.X25519PublicKey.from_public_bytes(eph_raw))
+        kek = _hkdf(shared, eph_raw + private.public_key().public_bytes_raw(), _WRAP_INFO, 32)
+        return AESGCM(kek).decrypt(_ZERO_NONCE, wrapped, _wrap_aad(kid))
+    except (InvalidTag, ValueError):
+        raise DecryptError(
+            f"session key wrap for key {kid.hex()} failed authentication (tampered blob)"
+        ) from None
+
+
+def _recipients(keys: Sequence[x25519.X25519PublicKey]) -> list[x25519.X25519PublicKey]:
+    seen: dict[bytes, x25519.X25519PublicKey] = {}
+    for k in keys:
+        if not isinstance(k, x25519.X25519PublicKey):
+            raise TypeError(f"recipient key must be an X25519PublicKey, not {type(k).__name__}")
+        seen.setdefault(key_id(k), k)
+    if not seen:
+        raise ValueError("no recipient key: a sealed document needs at least one")
+    if len(seen) > MAX_RECIPIENT_KEYS:
+        raise ValueError(
+            f"{len(seen)} recipient keys exceed the {MAX_RECIPIENT_KEYS}-key limit of a session key blob"
+        )
+    return list(seen.values())
+
+
+def _content_aad(aad: bytes, blob: bytes) -> bytes:
+    return U32.pack(len(aad)) + aad + blob
+
+
+def _encrypt(file_key: bytes, wraps: bytes, count: int, app_data: bytes,
+             aad: bytes) -> tuple[bytes, bytes]:
+    salt = os.urandom(SALT_SIZE)
+    blob = _header(salt, count) + wraps
+    okm = _hkdf(file_key, salt, _CONTENT_INFO, 44)
+    ct = AESGCM(okm[:32]).encrypt(okm[32:], bytes(app_data), _content_aad(aad, blob))
+    return blob, ct
+
+
+def seal(app_data: bytes, *, recipient_enc_public_keys: Sequence[x25519.X25519PublicKey],
+         aad: bytes) -> tuple[bytes, bytes]:
+    """Encrypt ``app_data`` for every key in ``recipient_enc_public_keys``
+    (the receiver's X25519 keys: old and new certificate during a rollover),
+    bound to ``aad`` (see document_aad). Returns ``(session_key_blob,
+    ciphertext)`` for Data.session_key / Data.app_data; the blob is at most
+    BLOB_HEADER_SIZE + 16 * WRAP_SIZE = 1558 bytes. A fresh file key per call.
+    Raises ValueError for no key or more than MAX_RECIPIENT_KEYS keys."""
+    recipients = _recipients(recipient_enc_public_keys)
+    file_key = os.urandom(FILE_KEY_SIZE)
+    wraps = b"".join(_wrap(file_key, r) for r in recipients)
+    return _encrypt(file_key, wraps, len(recipients), app_data, aad)
+
+
+def _parse_blob(blob: bytes) -> tuple[bytes, list[bytes]]:
+    n = len(blob)
+    if n < BLOB_HEADER_SIZE or blob[:4] != BLOB_MAGIC:
+        raise DecryptError(f"session key blob of {n} bytes does not start with {BLOB_MAGIC!r}")
+    if blob[4] != SUITE_X25519_AES256GCM:
+        raise DecryptError(f"session key blob uses suite {blob[4]}; this node knows suite 1")
+    count = blob[BLOB_HEADER_SIZE - 1]
+    want = BLOB_HEADER_SIZE + count * WRAP_SIZE
+    if count == 0 or count > MAX_RECIPIENT_KEYS or n != want:
+        raise DecryptError(
+            f"session key blob of {n} bytes with {count} wraps is malformed"
+            f" (want {want} bytes, 1..{MAX_RECIPIENT_KEYS} wraps)"
+        )
+    salt = blob[5:5 + SALT_SIZE]
+    wraps = [blob[i:i + WRAP_SIZE] for i in range(BLOB_HEADER_SIZE, n, WRAP_SIZE)]
+    return salt, wraps
+
+
+def blob_key_ids(blob: bytes) -> list[bytes]:
+    """The key ids a session key blob has wraps for (DecryptError if malformed)."""
+    return [w[:KEY_ID_SIZE] for w in _parse_blob(blob)[1]]
+
+
+def _select(wraps: list[bytes], mine: dict[bytes, x25519.X25519PrivateKey]
+            ) -> tuple[bytes, x25519.X25519PrivateKey]:
+    for w in wraps:
+        priv = mine.get(w[:KEY_ID_SIZE])
+        if priv is not None:
+            return w, priv
+    theirs = ", ".join(w[:KEY_ID_SIZE].hex() for w in wraps)
+    ours = ", ".join(k.hex() for k in mine) or "none"
+    raise DecryptError(
+        f"session key blob is for keys [{theirs}], this node holds [{ours}]:"
+        " encrypted for another recipient or a certificate this node no longer has"
+    )
+
+
+def _decrypt(file_key: bytes, salt: bytes, blob: bytes, ciphertext: bytes, aad: bytes) -> bytes:
+    okm = _hkdf(file_key, salt, _CONTENT_INFO, 44)
+    try:
+        return AESGCM(okm[:32]).decrypt(okm[32:], bytes(ciphertext), _content_aad(aad, blob))
+    except InvalidTag:
+        raise DecryptError(
+            f"ciphertext of {len(ciphertext)} bytes failed authentication: tampered, or the"
+            " header fields it is bound to (LK0, source, target, AppKey, SaveFwd) changed"
+        ) from None
+
+
+def _key_map(keys: Sequence[x25519.X25519PrivateKey]) -> dict[bytes, x25519.X25519PrivateKey]:
+    return {key_id(k.public_key()): k for k in keys}
+
+
+def open_(session_key_blob: bytes, ciphertext: bytes, *,
+          recipient_enc_private_keys: Sequence[x25519.X25519PrivateKey], aad: bytes) -> bytes:
+    """Decrypt what ``seal`` produced, with whichever of our X25519 keys the
+    blob has a wrap for, checking ``aad``. Returns the plaintext. Raises
+    DecryptError (code DECRYPT_FAILED) for a malformed or tampered blob, a
+    tampered ciphertext, a different aad, or no wrap for any of our keys."""
+    salt, wraps = _parse_blob(bytes(session_key_blob))
+    entry, priv = _select(wraps, _key_map(recipient_enc_private_keys))
+    return _decrypt(_unwrap(entry, priv), salt, bytes(session_key_blob), ciphertext, aad)
+
+
+@dataclass(slots=True)
+class _Epoch:
+    file_key: bytes
+    wraps: bytes
+    created: float
+    uses: int = 1
+
+
+class Sealer:
+    """``seal`` with the public-key work amortized: one file key and its wraps
+    per set of recipient keys, renewed after ``max_age`` seconds or
+    ``max_uses`` documents (whichever first). Each document still gets a fresh
+    salt and so its own content key. Thread-safe: daemons call it from worker
+    threads. Holding the file keys in memory is no worse than holding our own
+    private keys; ``clear()`` forgets them (e.g. on shutdown)."""
+
+    def __init__(self, *, max_age: float = 3600.0, max_uses: int = 100_000,
+                 max_entries: int = 4096, clock: Callable[[], float] = time.monotonic) -> None:
+        self.max_age = max_age
+        self.max_uses = max_uses
+        self.max_entries = max_entries
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._epochs: OrderedDict[tuple[bytes, ...], _Epoch] = OrderedDict()
+
+    def _epoch(self, recipients: list[x25519.X25519PublicKey]) -> tuple[bytes, bytes]:
+        ids = tuple(sorted(key_id(r) for r in recipients))
+        now = self._clock()
+        with self._lock:
+            e = self._epochs.get(ids)
+            if e is not None and now - e.created < self.max_age and e.uses < self.max_uses:
+                e.uses += 1
+                self._epochs.move_to_end(ids)
+                return e.file_key, e.wraps
+        file_key = os.urandom(FILE_KEY_SIZE)
+        wraps = b"".join(_wrap(file_key, r) for r in recipients)
+        with self._lock:
+            self._epochs[ids] = _Epoch(file_key, wraps, now)
+            self._epochs.move_to_end(ids)
+            while len(self._epochs) > self.max_entries:
+                self._epochs.popitem(last=False)
+        return file_key, wraps
+
+    def seal(self, app_data: bytes, *, recipient_enc_public_keys: Sequence[x25519.X25519PublicKey],
+             aad: bytes) -> tuple[bytes, bytes]:
+        """Like the module function ``seal`` (same format, same errors)."""
+        recipients = _recipients(recipient_enc_public_keys)
+        file_key, wraps = self._epoch(recipients)
+        return _encrypt(file_key, wraps, len(recipients), app_data, aad)
+
+    def clear(self) -> None:
+        """Forget every epoch: the next document to each recipient set starts a new one."""
+        with self._lock:
+            self._epochs.clear()
+
+
+class Opener:
+    """``open_`` for one node's keys, remembering up to ``cache_size``
+    unwrapped file keys by their wrap bytes, so documents of one sender epoch
+    cost one X25519 in total. The cache only memoizes a check that passed
+    (same wrap bytes, same key, same result); the content AEAD still runs per
+    document. Thread-safe."""
+
+    def __init__(self, recipient_enc_private_keys: Sequence[x25519.X25519PrivateKey], *,
+                 cache_size: int = 4096) -> None:
+        self._keys = _key_map(recipient_enc_private_keys)
+        self.cache_size = cache_size
+        self._lock = threading.Lock()
+        self._cache: OrderedDict[bytes, bytes] = OrderedDict()
+
+    @property
+    def key_ids(self) -> list[bytes]:
+        return list(self._keys)
+
+    def open(self, session_key_blob: bytes, ciphertext: bytes, *, aad: bytes) -> bytes:
+        """Like the module function ``open_`` (same errors)."""
+        blob = bytes(session_key_blob)
+        salt, wraps = _parse_blob(blob)
+        entry, priv = _select(wraps, self._keys)
+        cache_key = hashlib.sha256(entry).digest()
+        with self._lock:
+            file_key = self._cache.get(cache_key)
+            if file_key is not None:
+                self._cache.move_to_end(cache_key)
+        if file_key is None:
+            file_key = _unwrap(entry, priv)
+            with self._lock:
+                self._cache[cache_key] = file_key
+                while len(self._cache) > self.cache_size:
+                    self._cache.popitem(last=False)
+        return _decrypt(file_key, salt, blob, ciphertext, aad)

@@ -1,0 +1,285 @@
+"""Document signatures: the origin signs, the receiver verifies before the
+document reaches the inbox (SPEC "Security": signatures belong to the
+application layer).
+
+The signature travels inside AppData: the plaintext the application handed
+over becomes a **signed container** (below), which is then sealed (or, with
+--no-encrypt, sent as it is). Inside the seal, the relay cannot even see who
+signed.
+
+Document digest (what a signature and a receipt are about)::
+
+    digest = SHA-256("SEMQ-DOC-v1" 0x00 || len(aad) u32 || aad || salt || SHA-256(body))
+
+``salt`` is 16 random bytes chosen by the origin and carried only inside the
+container, so a digest seen in a receipt or a batch path reveals nothing about
+a guessable body.
+
+Signed container (docs/security.md "Signed container")::
+
+    "SQD1"          4   magic
+    mode            1   1 single, 2 batch
+    signer key id   16  SHA-256(Ed25519 public key)[:16]
+    salt            16
+    signature       64  Ed25519
+    -- mode 2 only:
+    batch size n    4   u32
+    leaf index      4   u32
+    path length m   1
+    path            32*m
+    --
+    body length     4   u32
+    body
+
+Mode 1 signs ``"SEMQ-SIG-DOC-v1" 0x00 || digest``. Mode 2 signs
+``"SEMQ-SIG-BATCH-v1" 0x00 || n u32 || root`` of a Merkle tree whose leaves
+are the digests of n documents: one Ed25519 signature for the whole batch,
+each document still verifiable on its own with its path; a
+``SignatureCache`` on the receiver verifies each batch signature once.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import threading
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Final
+
+from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives.asymmetric import ed25519
+
+from ._aad import aad_source_id, parse_document_aad
+from ._errors import BadSignature, UnknownCertificate
+from ._merkle import HASH_SIZE, MerkleTree, leaf_hash, root_from_path
+from ._pki import KEY_ID_SIZE, NodeCertificate, key_id
+from ._wire import U32, Reader, WireError
+
+__all__ = [
+    "CONTAINER_MAGIC",
+    "MAX_SIGN_BATCH",
+    "SignatureCache",
+    "SignedDocument",
+    "VerifiedDocument",
+    "document_digest",
+    "sign_document",
+    "sign_documents",
+    "verify_document",
+]
+
+CONTAINER_MAGIC: Final = b"SQD1"
+MODE_SINGLE: Final = 1
+MODE_BATCH: Final = 2
+SALT_SIZE: Final = 16
+SIGNATURE_SIZE: Final = 64
+MAX_SIGN_BATCH: Final = 65_536  # documents under one batch signature: paths of <= 16 hashes
+
+_DIGEST_PREFIX: Final = b"SEMQ-DOC-v1\x00"
+_SIG_DOC: Final = b"SEMQ-SIG-DOC-v1\x00"
+_SIG_BATCH: Final = b"SEMQ-SIG-BATCH-v1\x00"
+
+
+def document_digest(aad: bytes, body: bytes, salt: bytes) -> bytes:
+    """The 32-byte digest of a document: binds its header (``aad``), the
+    origin's ``salt`` and the body. What signatures and receipts are about;
+    the origin stores it with the pending-send row to check the receipt."""
+    return hashlib.sha256(
+        _DIGEST_PREFIX + U32.pack(len(aad)) + aad + salt + hashlib.sha256(body).digest()
+    ).digest()
+
+
+@dataclass(frozen=True, slots=True)
+class SignedDocument:
+    """What the origin sends (``container``, the new AppData plaintext) and
+    keeps (``digest``, to verify the receiver's receipt)."""
+
+    container: bytes
+    digest: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class VerifiedDocument:
+    """A container whose signature verified: the application's ``body``, its
+    ``digest`` (to put in the receipt), the ``signer`` certificate, and the
+    size of the batch the signature covered (1 for a single signature), and
+    whether it arrived sealed (set by open_document; False from
+    verify_document, which never sees the seal)."""
+
+    body: bytes
+    digest: bytes
+    signer: NodeCertificate
+    batch_size: int = 1
+    encrypted: bool = False
+
+    @property
+    def org(self) -> str:
+        return self.signer.org
+
+
+def _container(mode: int, kid: bytes, salt: bytes, signature: bytes, extra: bytes,
+               body: bytes) -> bytes:
+    return b"".join((CONTAINER_MAGIC, bytes((mode,)), kid, salt, signature, extra,
+                     U32.pack(len(body)), body))
+
+
+def sign_document(body: bytes, *, aad: bytes, signing_key: ed25519.Ed25519PrivateKey
+                  ) -> SignedDocument:
+    """Sign one document: the container (mode 1) and its digest."""
+    salt = os.urandom(SALT_SIZE)
+    digest = document_digest(aad, body, salt)
+    sig = signing_key.sign(_SIG_DOC + digest)
+    kid = key_id(signing_key.public_key())
+    return SignedDocument(_container(MODE_SINGLE, kid, salt, sig, b"", bytes(body)), digest)
+
+
+def sign_documents(items: Sequence[tuple[bytes, bytes]], *,
+                   signing_key: ed25519.Ed25519PrivateKey) -> list[SignedDocument]:
+    """Sign many documents, given as ``(aad, body)`` pairs, with one Ed25519
+    signature over the Merkle root of their digests (mode 2; a single item
+    gets mode 1). Returns one SignedDocument per item, in order; each verifies
+    on its own. Raises ValueError for more than MAX_SIGN_BATCH items."""
+    if len(items) > MAX_SIGN_BATCH:
+        raise ValueError(f"batch of {len(items)} documents exceeds the {MAX_SIGN_BATCH} limit")
+    if len(items) == 1:
+        aad, body = items[0]
+        return [sign_document(body, aad=aad, signing_key=signing_key)]
+    if not items:
+        return []
+    salts = [os.urandom(SALT_SIZE) for _ in items]
+    digests = [document_digest(aad, body, s) for (aad, body), s in zip(items, salts, strict=True)]
+    tree = MerkleTree([leaf_hash(d) for d in digests])
+    n = len(items)
+    sig = signing_key.sign(_SIG_BATCH + U32.pack(n) + tree.root)
+    kid = key_id(signing_key.public_key())
+    out = []
+    for i, ((_, body), salt, digest) in enumerate(zip(items, salts, digests, strict=True)):
+        path = tree.path(i)
+        extra = U32.pack(n) + U32.pack(i) + bytes((len(path),)) + b"".join(path)
+        out.append(SignedDocument(_container(MODE_BATCH, kid, salt, sig, extra, bytes(body)),
+                                  digest))
+    return out
+
+
+class SignatureCache:
+    """Remembers up to ``size`` (key, signed message, signature) triples that
+    verified, so the n documents of a batch cost one Ed25519 verification.
+    Only successes are stored; thread-safe."""
+
+    def __init__(self, size: int = 4096) -> None:
+        self.size = size
+        self._lock = threading.Lock()
+        self._seen: OrderedDict[bytes, None] = OrderedDict()
+
+    def verify(self, public_key: ed25519.Ed25519PublicKey, signature: bytes,
+               message: bytes) -> None:
+        """Raise cryptography's InvalidSignature unless the signature verifies."""
+        h = hashlib.sha256(public_key.public_bytes_raw() + signature + message).digest()
+        with self._lock:
+            if h in self._seen:
+                self._seen.move_to_end(h)
+                return
+        public_key.verify(signature, message)
+        with self._lock:
+            self._seen[h] = None
+            while len(self._seen) > self.size:
+                self._seen.popitem(last=False)
+
+
+@dataclass(frozen=True, slots=True)
+class _Parsed:
+    mode: int
+    kid: bytes
+    salt: bytes
+    signature: bytes
+    n: int
+    index: int
+    path: list[bytes]
+    body: bytes
+
+
+def _parse(container: bytes) -> _Parsed:
+    r = Reader(container)
+    if r.take(4, "container magic") != CONTAINER_MAGIC:
+        raise WireError(f"AppData of {len(container)} bytes is not a signed container (SQD1)")
+    mode = r.u8("container mode")
+    kid = r.take(KEY_ID_SIZE, "signer key id")
+    salt = r.take(SALT_SIZE, "salt")
+    sig = r.take(SIGNATURE_SIZE, "signature")
+    n, index, path = 1, 0, []
+    if mode == MODE_BATCH:
+        n = r.u32("batch size")
+        index = r.u32("leaf index")
+        m = r.u8("path length")
+        path = [r.take(HASH_SIZE, "inclusion path") for _ in range(m)]
+        if not 2 <= n <= MAX_SIGN_BATCH or index >= n:
+            raise WireError(f"batch position {index} of {n} is outside 2..{MAX_SIGN_BATCH}")
+    elif mode != MODE_SINGLE:
+        raise WireError(f"container mode {mode} is not 1 (single) or 2 (batch)")
+    length = r.u32("body length")
+    body = r.take(length, "body")
+    r.end("signed container")
+    return _Parsed(mode, kid, salt, sig, n, index, path, body)
+
+
+def _lk0_text(aad: bytes) -> str:
+    try:
+        return str(parse_document_aad(aad).lk0)
+    except WireError:
+        return "(unparsable header)"
+
+
+def verify_document(
+    container: bytes,
+    *,
+    aad: bytes,
+    signer_certs: Sequence[NodeCertificate],
+    cache: SignatureCache | None = None,
+) -> VerifiedDocument:
+    """Verify a signed container against the document's ``aad`` and the
+    certificates of its origin (``signer_certs``: the verified certificates of
+    the organization in the AAD's source, e.g. CertificateDirectory.lookup).
+    Returns the body. Raises BadSignature (BAD_SIGNATURE) for a malformed
+    container, a bad signature, a changed header or body, or a signer that is
+    not the AAD's source; UnknownCertificate (UNKNOWN_CERTIFICATE) when the
+    signer key is not among ``signer_certs`` (refresh the directory and
+    retry: the origin may have rolled over)."""
+    try:
+        p = _parse(bytes(container))
+        source = aad_source_id(aad)
+    except WireError as e:
+        raise BadSignature(f"document is not verifiable: {e}") from None
+    cert = next((c for c in signer_certs if c.signing_key_id == p.kid), None)
+    if cert is None:
+        known = ", ".join(f"{c.org}:{c.signing_key_id.hex()}" for c in signer_certs) or "none"
+        raise UnknownCertificate(
+            f"document from org {source} is signed by key {p.kid.hex()}, which is not among"
+            f" the known certificates [{known}]"
+        )
+    if cert.org != source:
+        raise BadSignature(
+            f"document from org {source} is signed by org {cert.org}'s key {p.kid.hex()}"
+        )
+    digest = document_digest(aad, p.body, p.salt)
+    if p.mode == MODE_SINGLE:
+        message = _SIG_DOC + digest
+    else:
+        try:
+            root = root_from_path(leaf_hash(digest), p.index, p.n, p.path)
+        except ValueError as e:
+            raise BadSignature(
+                f"document from org {source}: batch inclusion path invalid: {e}"
+            ) from None
+        message = _SIG_BATCH + U32.pack(p.n) + root
+    try:
+        if cache is not None:
+            cache.verify(cert.signing_public_key, p.signature, message)
+        else:
+            cert.signing_public_key.verify(p.signature, message)
+    except InvalidSignature:
+        raise BadSignature(
+            f"signature of document {_lk0_text(aad)} by org {cert.org}"
+            f" (key {p.kid.hex()}) does not verify: body or header changed, or forged"
+        ) from None
+    return VerifiedDocument(p.body, digest, cert, p.n)
