@@ -7,21 +7,27 @@ from __future__ import annotations
 
 import struct
 import zlib
+from collections.abc import Callable
 from dataclasses import replace
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from test_protocol_strategies import FUZZ_SETTINGS, PROTOCOL_SETTINGS, frames, frames_of
 
 from semq.umxt_protocol import (
     DEFAULT_MAX_FRAME,
     HEADER_SIZE,
     LK0,
     LK1,
+    MAX_ACK_BATCH,
+    Ack,
+    AckBatch,
+    AckEntry,
+    AckFlag,
     AppKey,
     Data,
     Endpoint,
+    ForwardFlag,
     Frame,
     FrameDecoder,
     Kind,
@@ -34,6 +40,14 @@ from semq.umxt_protocol import (
     encode_frame,
     encode_frames,
     relay_bytes,
+)
+from semq.umxt_protocol._schema import DATA_BODY
+from tests.test_protocol_strategies import (
+    FUZZ_SETTINGS,
+    PROTOCOL_SETTINGS,
+    assert_valid_value,
+    frames,
+    frames_of,
 )
 
 ORG_A = Endpoint.org("10008")
@@ -84,7 +98,7 @@ def assert_remote_error(data: bytes, max_frame_size: int = DEFAULT_MAX_FRAME) ->
         for raw in dec:
             if raw.kind is Kind.DATA:
                 raw.data_prefix()
-            raw.frame()
+            assert_valid_value(raw.frame())
     except RemoteProtocolError as e:
         assert isinstance(e.code, ResultCode)
         assert e.code is not ResultCode.OK
@@ -438,3 +452,138 @@ def test_relay_without_lk1_keeps_the_body_bytes() -> None:
     assert _parts(out)[1] == PLATFORM.node_type
     assert out != raw
     assert SaveFwd(out[5]) is frame.save_fwd
+
+
+# ------------------------------------------- values the layout cannot forbid
+# Every rule the wire layout leaves open (an unsigned u16 can still be 0) must
+# be enforced on decode with INVALID_FIELD, by the fast decode path as much as
+# by the public constructors. Each case patches one field of a valid frame.
+
+ACK_ENTRY_FLAGS = 24  # offset of ack_flag in an 810 entry; flag follows
+
+
+def reframe(frame: Frame, body: bytes, flags: int | None = None) -> bytes:
+    """``frame``'s header and ids around ``body``, body_len and CRC fixed."""
+    raw = encode_frame(frame)
+    ids_end = HEADER_SIZE + sum(len(e.node_id) for e in (frame.source, frame.target, frame.origin))
+    head = bytearray(raw[:HEADER_SIZE])
+    head[14:18] = struct.pack(">I", len(body))
+    if flags is not None:
+        head[4] = flags
+    return with_crc(bytes(head) + raw[HEADER_SIZE:ids_end] + body)
+
+
+def body_of(frame: Frame) -> bytearray:
+    dec = FrameDecoder()
+    dec.receive_data(encode_frame(frame))
+    raw = dec.next_frame()
+    assert raw is not None
+    return bytearray(raw.body)
+
+
+def patched_body(frame: Frame, offset: int, value: bytes, flags: int | None = None) -> bytes:
+    body = body_of(frame)
+    body[offset:offset + len(value)] = value
+    return reframe(frame, bytes(body), flags)
+
+
+def full_data(**kw: object) -> Frame:
+    body = Data(lk0=LK0(endpoint=ORG_A, record_id=9), lk1=LK1(record_id=4),
+                app_key=AppKey(domain="trade", key="S0001"), created_ms=5, expires_ms=6,
+                encrypt=True, session_key=b"k" * 16, app_data=b"doc")
+    return Frame(kind=Kind.DATA, source=PLATFORM, target=ORG_B, origin=ORG_A, body=body, **kw)  # type: ignore[arg-type]
+
+
+def ack_frame(kind: Kind = Kind.ACK2, receipt: bytes = b"") -> Frame:
+    ack_flag = AckFlag.DELIVERY if kind in (Kind.ACK2, Kind.REACK2) else AckFlag.PLATFORM
+    flag = {Kind.ACK_FWD: ForwardFlag.FORWARDED, Kind.ACK_SAVE: ForwardFlag.STORED}.get(
+        kind, ForwardFlag.NONE)
+    return Frame(kind=kind, source=ORG_B, target=ORG_A,
+                 body=Ack(dest_ref_id=9, ack_flag=ack_flag, flag=flag, receipt=receipt))
+
+
+def batch_frame(n: int, kind: Kind = Kind.ACK2) -> Frame:
+    return Frame(kind=Kind.ACK_BATCH, source=ORG_B, target=ORG_A,
+                 body=AckBatch(ack_kind=kind,
+                               entries=tuple(AckEntry.of(i + 1, AckFlag.DELIVERY) for i in range(n))))
+
+
+def _big_session_key() -> bytes:
+    c = DATA_BODY.parse(bytes(body_of(full_data())))
+    c.session_key = bytes(5000)
+    return reframe(full_data(), DATA_BODY.build(c))
+
+
+def _big_receipt() -> bytes:
+    body = body_of(ack_frame())
+    return reframe(ack_frame(), bytes(body[:-2]) + struct.pack(">H", 5000) + bytes(5000))
+
+
+def _oversized_batch() -> bytes:
+    one = body_of(batch_frame(1))  # kind, count, 1 entry, receipt length
+    entry = bytes(one[5:5 + 26])
+    n = MAX_ACK_BATCH + 1
+    return reframe(batch_frame(1), bytes(one[:1]) + struct.pack(">I", n) + entry * n + b"\0\0")
+
+
+WIRE_CASES: list[tuple[str, Callable[[], bytes], list[str]]] = [
+    ("LK0 record_id 0", lambda: patched_body(full_data(), 4, bytes(8)), ["record_id 0"]),
+    ("LK0 semq_id 0", lambda: patched_body(full_data(), 0, bytes(2)), ["semq_id 0"]),
+    ("LK0 semq_db_id 0", lambda: patched_body(full_data(), 2, bytes(2)), ["semq_db_id 0"]),
+    ("LK1 semq_id 0", lambda: patched_body(full_data(), 12, bytes(2)), ["semq_id 0"]),
+    ("LK1 semq_db_id 0", lambda: patched_body(full_data(), 14, bytes(2)), ["semq_db_id 0"]),
+    ("created_ms 2**63", lambda: patched_body(full_data(), 24, struct.pack(">Q", 2**63)),
+     ["created_ms", str(2**63)]),
+    ("expires_ms 2**64-1", lambda: patched_body(full_data(), 32, b"\xff" * 8),
+     ["expires_ms", str(2**64 - 1)]),
+    ("session key of 5000 bytes", _big_session_key, ["5000", "4096"]),
+    ("Encrypt=1 without a key", lambda: reframe(data_frame(4), bytes(body_of(data_frame(4))),
+                                                flags=encode_frame(data_frame(4))[4] | 0x08),
+     ["Encrypt=1"]),
+    ("a key with Encrypt=0", lambda: reframe(full_data(), bytes(body_of(full_data())),
+                                             flags=encode_frame(full_data())[4] & ~0x08),
+     ["Encrypt=0"]),
+    ("Reliable=0 with SaveFwd=3", lambda: reframe(full_data(), bytes(body_of(full_data())),
+                                                  flags=encode_frame(full_data())[4] & ~0x02),
+     ["Reliable=0"]),
+    ("ACK with Ack2=1", lambda: reframe(ack_frame(Kind.ACK), bytes(body_of(ack_frame(Kind.ACK))),
+                                        flags=encode_frame(ack_frame(Kind.ACK))[4] | 0x04),
+     ["ACK", "Ack2=0"]),
+    ("ack_flag 3", lambda: patched_body(ack_frame(), ACK_ENTRY_FLAGS, b"\x03"), ["ack_flag 3"]),
+    ("flag 7", lambda: patched_body(ack_frame(), ACK_ENTRY_FLAGS + 1, b"\x07"), ["flag 7"]),
+    ("ACK2 with ack_flag 1", lambda: patched_body(ack_frame(), ACK_ENTRY_FLAGS, b"\x01"),
+     ["ACK2", "ack_flag 2"]),
+    ("ACK_FWD with flag 2", lambda: patched_body(ack_frame(Kind.ACK_FWD), ACK_ENTRY_FLAGS + 1,
+                                                 b"\x02"), ["ACK_FWD", "flag 1"]),
+    ("receipt of 5000 bytes", _big_receipt, ["5000", "4096"]),
+    ("ACK_BATCH of kind DATA", lambda: patched_body(batch_frame(3), 0, b"\x01"),
+     ["DATA", "not an ack kind"]),
+    ("ACK_BATCH of kind 99", lambda: patched_body(batch_frame(3), 0, b"\x63"), ["ack_kind 99"]),
+    ("ACK_BATCH last entry's ack_flag", lambda: patched_body(batch_frame(3), 5 + 2 * 26 + 24, b"\x01"),
+     ["ack_flag 1"]),
+    ("ACK_BATCH first entry's flag", lambda: patched_body(batch_frame(3), 5 + 25, b"\x01"),
+     ["flag 1"]),
+    ("ACK_BATCH of 100001 entries", _oversized_batch, ["100001", "100000"]),
+]
+
+
+@pytest.mark.parametrize(("make", "words"), [c[1:] for c in WIRE_CASES],
+                         ids=[c[0] for c in WIRE_CASES])
+def test_rules_the_layout_leaves_open_are_enforced_on_decode(
+    make: Callable[[], bytes], words: list[str]
+) -> None:
+    dec = FrameDecoder()
+    dec.receive_data(make())
+    raw = dec.next_frame()  # framing, header and CRC are fine ...
+    assert raw is not None
+    with pytest.raises(RemoteProtocolError) as info:
+        raw.frame()  # ... the value is not
+    assert info.value.code is ResultCode.INVALID_FIELD, info.value
+    for w in words:
+        assert w in str(info.value), f"{w!r} missing from {str(info.value)!r}"
+
+
+def test_patch_helpers_change_nothing_when_given_the_same_bytes() -> None:
+    # The cases above are only meaningful if an unpatched reframe decodes.
+    for frame in (full_data(), ack_frame(), batch_frame(3)):
+        assert decode_stream([reframe(frame, bytes(body_of(frame)))]) == [frame]

@@ -10,12 +10,6 @@ from typing import Any
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from test_protocol_strategies import (
-    ACK_KINDS,
-    PROTOCOL_SETTINGS,
-    ack_batch_bodies,
-    frames_of,
-)
 
 from semq.umxt_protocol import (
     HEADER_SIZE,
@@ -38,6 +32,13 @@ from semq.umxt_protocol._schema import (
     HEADER,
     MAGIC,
     VERSION,
+)
+from tests.test_protocol_strategies import (
+    ACK_KINDS,
+    PROTOCOL_SETTINGS,
+    ack_batch_bodies,
+    assert_valid_value,
+    frames_of,
 )
 
 
@@ -75,8 +76,10 @@ def test_round_trip_every_kind(kind: Kind, data: st.DataObject) -> None:
     assert (got.flags, got.save_fwd, got.priority) == (frame.flags, frame.save_fwd, frame.priority)
     assert (got.reliable, got.ack2) == (frame.reliable, frame.ack2)
     assert got.raw == raw
-    # ... and the parsed frame is the original, field for field.
+    # ... and the parsed frame is the original, field for field and type for
+    # type, and passes the public constructors' validation.
     assert got.frame() == frame
+    assert_valid_value(got.frame())
     # Encoding is a function of the value: re-encoding gives the same bytes.
     assert encode_frame(got.frame()) == raw
     if kind is Kind.DATA:

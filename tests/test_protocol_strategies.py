@@ -1,7 +1,7 @@
 """Hypothesis strategies for every UMX-T value, shared by the protocol tests.
 
-The other tests/test_protocol_*.py modules import this one by name (pytest's
-default "prepend" import mode puts tests/ on sys.path). The tests at the end of
+The other tests/test_protocol_*.py modules import this one as
+``tests.test_protocol_strategies`` (tests/ is a package). The tests at the end of
 this file check the strategies themselves: that they reach every kind and the
 edges of every range, so a narrowed strategy cannot make the round-trip tests
 pass vacuously.
@@ -15,6 +15,7 @@ their ack kind, inquiries and certificates.
 
 from __future__ import annotations
 
+import dataclasses
 import string
 from typing import Any, Final
 
@@ -299,6 +300,42 @@ def frames_of(draw: st.DrawFn, kind: Kind) -> Frame:
 
 kinds = st.sampled_from(list(Kind))
 frames = kinds.flatmap(frames_of)
+
+
+# ------------------------------------------------------- shared assertions
+
+
+def _typed(value: Any) -> Any:
+    """``value`` as nested (type, content) pairs, so that comparing two of
+    them also compares types (an IntEnum equals its int; a bool equals 1)."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return (type(value), tuple((f.name, _typed(getattr(value, f.name)))
+                                   for f in dataclasses.fields(value)))
+    if isinstance(value, tuple):
+        return (type(value), tuple(_typed(v) for v in value))
+    return (type(value), value)
+
+
+def _rebuild(value: Any) -> Any:
+    """``value`` rebuilt bottom-up through the public constructors (which
+    validate in __post_init__)."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        kwargs = {f.name: _rebuild(getattr(value, f.name))
+                  for f in dataclasses.fields(value) if f.init}
+        return type(value)(**kwargs)
+    if isinstance(value, tuple) and hasattr(value, "_fields"):  # NamedTuple
+        return type(value)(*(_rebuild(v) for v in value))
+    if isinstance(value, tuple):
+        return tuple(_rebuild(v) for v in value)
+    return value
+
+
+def assert_valid_value(frame: Frame) -> None:
+    """The decoder builds values without their dataclass __init__ (for speed);
+    whatever it returns must be exactly what the validating public
+    constructors build from the same fields, types included."""
+    rebuilt = _rebuild(frame)  # raises LocalProtocolError if anything is invalid
+    assert _typed(rebuilt) == _typed(frame)
 
 
 # ------------------------------------------------- checks on the strategies

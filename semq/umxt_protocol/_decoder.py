@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import zlib
 from collections.abc import Iterator
-from typing import Final
+from typing import Any, Final
 
 from ._errors import LocalProtocolError, ProtocolError, RemoteProtocolError, ResultCode
 from ._frames import (
@@ -21,9 +21,10 @@ from ._frames import (
     HEADER_SIZE,
     Frame,
     decode_body,
+    frame_from_wire,
 )
 from ._schema import MAGIC, VERSION
-from ._types import LK0, LK1, MAX_NODE_ID, Endpoint, Kind, NodeType, SaveFwd
+from ._types import LK0, LK1, MAX_NODE_ID, MAX_PRIORITY, Endpoint, Kind, NodeType
 
 __all__ = ["DEFAULT_MAX_FRAME", "HEADER_SIZE", "FrameDecoder", "RawFrame", "relay_bytes"]
 
@@ -31,21 +32,55 @@ DEFAULT_MAX_FRAME: Final = 64 * 1024 * 1024  # bytes, whole frame (SPEC/issue de
 _KINDS: Final = {int(k): k for k in Kind}
 _NODE_TYPES: Final = {int(t) for t in NodeType}
 _CACHE_LIMIT: Final = 4096
-_endpoint_cache: dict[tuple[int, bytes], Endpoint] = {}
+_new_raw: Final = object.__new__
+
+
+def _valid_heads() -> dict[tuple[int, int, int], Kind]:
+    """{(kind, flags, SaveFwd): Kind} for every combination the header rules
+    allow: LAYER_MASK 0 on DATA and 1 on every other kind, Encrypt only on
+    DATA, other flag bits zero, SaveFwd 1..3 on message kinds and 0 on session
+    kinds. Reliable and Ack2 are free here (the Frame checks their rules)."""
+    table = {}
+    for k in Kind:
+        for flags in range(FLAGS_KNOWN + 1):
+            if bool(flags & FLAG_LAYER) != (k is not Kind.DATA):
+                continue
+            if flags & FLAG_ENCRYPT and k is not Kind.DATA:
+                continue
+            for sf in (1, 2, 3) if k.is_message else (0,):
+                table[(int(k), flags, sf)] = k
+    return table
+
+
+_VALID_HEAD: Final = _valid_heads()
+_endpoints_cache: dict[tuple[bytes, bytes], tuple[Endpoint, Endpoint, Endpoint]] = {}
 
 
 def _endpoint(node_type: int, raw: bytes) -> Endpoint:
-    key = (node_type, raw)
-    ep = _endpoint_cache.get(key)
-    if ep is None:
-        try:
-            ep = Endpoint(node_type=NodeType(node_type), node_id=raw.decode("ascii"))
-        except (ProtocolError, UnicodeDecodeError) as e:
-            raise RemoteProtocolError(f"bad endpoint: {e}", ResultCode.INVALID_FIELD) from e
-        if len(_endpoint_cache) >= _CACHE_LIMIT:
-            _endpoint_cache.clear()
-        _endpoint_cache[key] = ep
-    return ep
+    try:
+        return Endpoint(node_type=NodeType(node_type), node_id=raw.decode("ascii"))
+    except (ProtocolError, UnicodeDecodeError, ValueError) as e:
+        raise RemoteProtocolError(f"bad endpoint: {e}", ResultCode.INVALID_FIELD) from e
+
+
+def _endpoints(types_lens: bytes, ids: bytes) -> tuple[Endpoint, Endpoint, Endpoint]:
+    """(source, target, origin) from header bytes 7..12 (three types, three
+    lengths) and the id bytes. Cached: a connection sees few distinct triples,
+    and building three validated Endpoints per frame is the routing path's
+    largest cost."""
+    key = (types_lens, ids)
+    eps = _endpoints_cache.get(key)
+    if eps is None:
+        st, tt, ot, sl, tl, _ol = types_lens
+        eps = (
+            _endpoint(st, ids[:sl]),
+            _endpoint(tt, ids[sl : sl + tl]),
+            _endpoint(ot, ids[sl + tl :]),
+        )
+        if len(_endpoints_cache) >= _CACHE_LIMIT:
+            _endpoints_cache.clear()
+        _endpoints_cache[key] = eps
+    return eps
 
 
 class RawFrame:
@@ -100,19 +135,15 @@ class RawFrame:
         """Parse the body; the full, validated Frame. Raises RemoteProtocolError."""
         body = decode_body(self.kind, self.body, self.origin, self.flags)
         try:
-            frame = Frame(
-                kind=self.kind, source=self.source, target=self.target, origin=self.origin,
-                body=body, reliable=bool(self.flags & FLAG_RELIABLE),
-                save_fwd=SaveFwd(self.save_fwd), ack2=bool(self.flags & FLAG_ACK2),
-                priority=self.priority,
+            frame = frame_from_wire(
+                self.kind, self.source, self.target, self.origin, body, self.flags,
+                self.save_fwd, self.priority,
             )
         except ProtocolError as e:
             raise RemoteProtocolError(f"{self.kind.name} from {self.source}: {e}", e.code) from e
-        if frame.flags != self.flags:
-            raise RemoteProtocolError(
-                f"{self.kind.name} flags 0x{self.flags:02x} contradict its body (0x{frame.flags:02x})",
-                ResultCode.INVALID_FIELD,
-            )
+        # frame.flags == self.flags by construction: LAYER_MASK was checked
+        # against the kind in next_frame, Reliable and Ack2 are read from the
+        # flags, and DATA's Encrypt too (Data refuses Encrypt without a key).
         return frame
 
     def __repr__(self) -> str:
@@ -176,6 +207,8 @@ class FrameDecoder:
         return self._error
 
     def next_frame(self) -> RawFrame | None:
+        """The next complete, CRC-checked frame, or None until more bytes
+        arrive. Raises RemoteProtocolError (then on every later call too)."""
         if self._error is not None:
             raise self._error
         buf, pos = self._buf, self._pos
@@ -183,53 +216,79 @@ class FrameDecoder:
             if len(buf) - pos >= 2 and buf[pos : pos + 2] != MAGIC:
                 raise self._fail(f"bad magic {bytes(buf[pos:pos + 2])!r}, expected {MAGIC!r}", ResultCode.MALFORMED_FRAME)
             return None
-        (magic, version, kind, flags, save_fwd, prio, st, tt, ot, sl, tl, ol, reserved, body_len) = _HEADER.unpack_from(buf, pos)
-        if magic != MAGIC:
-            raise self._fail(f"bad magic {magic!r}, expected {MAGIC!r}", ResultCode.MALFORMED_FRAME)
-        if version != VERSION:
-            raise self._fail(f"UMX-T version {version} is not supported (only {VERSION})", ResultCode.UNSUPPORTED_VERSION)
-        k = _KINDS.get(kind)
-        if k is None:
-            raise self._fail(f"frame kind {kind} is unknown", ResultCode.UNKNOWN_KIND)
+        head = _HEADER.unpack_from(buf, pos)
+        (magic, version, kind, flags, save_fwd, prio, st, tt, ot, sl, tl, ol, reserved, body_len) = head
         total = HEADER_SIZE + sl + tl + ol + body_len + 4
-        if total > self.max_frame_size:
-            raise self._fail(
-                f"frame of {total} bytes exceeds the {self.max_frame_size}-byte limit",
-                ResultCode.FRAME_TOO_LARGE,
-            )
-        if flags & ~FLAGS_KNOWN or reserved:
-            raise self._fail(f"reserved header bits set (flags 0x{flags:02x}, reserved {reserved})", ResultCode.INVALID_FIELD)
-        if bool(flags & FLAG_LAYER) != (k is not Kind.DATA):
-            raise self._fail(f"LAYER_MASK {flags & FLAG_LAYER} does not fit kind {k.name}", ResultCode.INVALID_FIELD)
-        if flags & FLAG_ENCRYPT and k is not Kind.DATA:
-            raise self._fail(f"Encrypt=1 on a {k.name} frame", ResultCode.INVALID_FIELD)
-        if k.is_message != (1 <= save_fwd <= 3) or save_fwd > 3:
-            raise self._fail(f"SaveFwd {save_fwd} is not valid on a {k.name} frame (1..3 for messages, 0 for session)", ResultCode.INVALID_FIELD)
-        if prio > 9:
-            raise self._fail(f"priority {prio} is outside 0..9", ResultCode.INVALID_FIELD)
-        for t, n, what in ((st, sl, "source"), (tt, tl, "target"), (ot, ol, "origin")):
-            if t not in _NODE_TYPES or not 1 <= n <= MAX_NODE_ID:
-                raise self._fail(f"{what} endpoint type {t} / id length {n} is invalid (types 1..3, 1..{MAX_NODE_ID} bytes)", ResultCode.INVALID_FIELD)
+        # Hot path: one table look-up validates kind, flags (known bits,
+        # LAYER_MASK, Encrypt only on DATA) and SaveFwd together; the rest is
+        # one fused comparison. Only when it fails does _header_error run the
+        # checks one by one to name the first broken rule and its code.
+        k = _VALID_HEAD.get((kind, flags, save_fwd))
+        if not (
+            k is not None and magic == MAGIC and version == VERSION and not reserved
+            and total <= self.max_frame_size and prio <= MAX_PRIORITY
+            and st in _NODE_TYPES and tt in _NODE_TYPES and ot in _NODE_TYPES
+            and 1 <= sl <= MAX_NODE_ID and 1 <= tl <= MAX_NODE_ID and 1 <= ol <= MAX_NODE_ID
+        ):
+            raise self._header_error(head, total)
+        assert k is not None
         if len(buf) - pos < total:
             return None
         end = pos + total
         raw = bytes(buf[pos:end])
         self._pos = end
-        (crc,) = _CRC.unpack_from(raw, total - 4)
-        if zlib.crc32(memoryview(raw)[:-4]) != crc:
+        if zlib.crc32(memoryview(raw)[:-4]) != _CRC.unpack_from(raw, total - 4)[0]:
             raise self._fail(f"CRC32 mismatch on a {total}-byte {k.name} frame", ResultCode.BAD_CHECKSUM)
-        i = HEADER_SIZE
+        ids_end = HEADER_SIZE + sl + tl + ol
         try:
-            source = _endpoint(st, raw[i : i + sl])
-            target = _endpoint(tt, raw[i + sl : i + sl + tl])
-            origin = _endpoint(ot, raw[i + sl + tl : i + sl + tl + ol])
+            source, target, origin = _endpoints(raw[7:13], raw[HEADER_SIZE:ids_end])
         except RemoteProtocolError as e:
             self._error = e
             raise
-        if self._pos == len(buf):
+        if end == len(buf):
             buf.clear()
             self._pos = 0
-        return RawFrame(
-            kind=k, flags=flags, save_fwd=save_fwd, priority=prio, source=source, target=target,
-            origin=origin, raw=raw, body_start=i + sl + tl + ol,
-        )
+        # RawFrame's keyword __init__ costs more than these plain slot stores.
+        rf = _new_raw(RawFrame)
+        rf.kind = k
+        rf.flags = flags
+        rf.save_fwd = save_fwd
+        rf.priority = prio
+        rf.source = source
+        rf.target = target
+        rf.origin = origin
+        rf.raw = raw
+        rf._body_start = ids_end
+        return rf
+
+    def _header_error(self, head: tuple[Any, ...], total: int) -> RemoteProtocolError:
+        """The first rule the header breaks, in the documented order
+        (docs/protocol.md "Decoding rules"), recorded as this decoder's error."""
+        (magic, version, kind, flags, save_fwd, prio, st, tt, ot, sl, tl, ol, reserved, _len) = head
+        if magic != MAGIC:
+            return self._fail(f"bad magic {magic!r}, expected {MAGIC!r}", ResultCode.MALFORMED_FRAME)
+        if version != VERSION:
+            return self._fail(f"UMX-T version {version} is not supported (only {VERSION})", ResultCode.UNSUPPORTED_VERSION)
+        k = _KINDS.get(kind)
+        if k is None:
+            return self._fail(f"frame kind {kind} is unknown", ResultCode.UNKNOWN_KIND)
+        if total > self.max_frame_size:
+            return self._fail(
+                f"frame of {total} bytes exceeds the {self.max_frame_size}-byte limit",
+                ResultCode.FRAME_TOO_LARGE,
+            )
+        if flags & ~FLAGS_KNOWN or reserved:
+            return self._fail(f"reserved header bits set (flags 0x{flags:02x}, reserved {reserved})", ResultCode.INVALID_FIELD)
+        if bool(flags & FLAG_LAYER) != (k is not Kind.DATA):
+            return self._fail(f"LAYER_MASK {flags & FLAG_LAYER} does not fit kind {k.name}", ResultCode.INVALID_FIELD)
+        if flags & FLAG_ENCRYPT and k is not Kind.DATA:
+            return self._fail(f"Encrypt=1 on a {k.name} frame", ResultCode.INVALID_FIELD)
+        if k.is_message != (1 <= save_fwd <= 3) or save_fwd > 3:
+            return self._fail(f"SaveFwd {save_fwd} is not valid on a {k.name} frame (1..3 for messages, 0 for session)", ResultCode.INVALID_FIELD)
+        if prio > MAX_PRIORITY:
+            return self._fail(f"priority {prio} is outside 0..{MAX_PRIORITY}", ResultCode.INVALID_FIELD)
+        for t, n, what in ((st, sl, "source"), (tt, tl, "target"), (ot, ol, "origin")):
+            if t not in _NODE_TYPES or not 1 <= n <= MAX_NODE_ID:
+                return self._fail(f"{what} endpoint type {t} / id length {n} is invalid (types 1..3, 1..{MAX_NODE_ID} bytes)", ResultCode.INVALID_FIELD)
+        # Unreachable while _VALID_HEAD and the fast check mirror the rules above.
+        return self._fail(f"invalid header {head!r}", ResultCode.MALFORMED_FRAME)  # pragma: no cover

@@ -13,6 +13,7 @@ from __future__ import annotations
 import struct
 import zlib
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any, Final, NamedTuple
 
 from construct import ConstructError
@@ -76,6 +77,7 @@ __all__ = [
     "decode_body",
     "encode_frame",
     "encode_frames",
+    "frame_from_wire",
 ]
 
 FLAG_LAYER: Final = 0x01  # LAYER_MASK: 0 application packet (DATA), 1 transport packet
@@ -125,6 +127,13 @@ def _check_int(name: str, value: object, low: int, high: int) -> None:
 
 
 def _enum(enum: Any, name: str, value: object) -> Any:
+    if value.__class__ is enum:  # already a member: the common case
+        return value
+    try:
+        # The table Enum.__call__ consults first, without its call overhead.
+        return enum._value2member_map_[value]
+    except (KeyError, TypeError):
+        pass
     try:
         return enum(value)
     except ValueError:
@@ -195,15 +204,28 @@ class Ack:
     receipt: bytes = b""
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "ack_flag", _enum(AckFlag, "ack_flag", self.ack_flag))
-        object.__setattr__(self, "flag", _enum(ForwardFlag, "flag", self.flag))
-        _check_int("src_semq_id", self.src_semq_id, 0, 0xFFFF)
-        _check_int("src_semq_db_id", self.src_semq_db_id, 0, 0xFFFF)
-        _check_int("src_ref_id", self.src_ref_id, 0, _MAX_U64)
-        _check_int("dest_semq_id", self.dest_semq_id, 0, 0xFFFF)
-        _check_int("dest_semq_db_id", self.dest_semq_db_id, 0, 0xFFFF)
-        _check_int("dest_ref_id", self.dest_ref_id, 0, _MAX_U64)
-        _check_bytes("receipt", self.receipt, MAX_RECEIPT)
+        if self.ack_flag.__class__ is not AckFlag:
+            object.__setattr__(self, "ack_flag", _enum(AckFlag, "ack_flag", self.ack_flag))
+        if self.flag.__class__ is not ForwardFlag:
+            object.__setattr__(self, "flag", _enum(ForwardFlag, "flag", self.flag))
+        a, b, c = self.src_semq_id, self.src_semq_db_id, self.src_ref_id
+        d, e, f = self.dest_semq_id, self.dest_semq_db_id, self.dest_ref_id
+        # One fused comparison on the hot path; the named checks word the error.
+        if not (
+            type(a) is int and type(b) is int and type(c) is int
+            and type(d) is int and type(e) is int and type(f) is int
+            and 0 <= a <= 0xFFFF and 0 <= b <= 0xFFFF and 0 <= c <= _MAX_U64
+            and 0 <= d <= 0xFFFF and 0 <= e <= 0xFFFF and 0 <= f <= _MAX_U64
+        ):
+            _check_int("src_semq_id", a, 0, 0xFFFF)
+            _check_int("src_semq_db_id", b, 0, 0xFFFF)
+            _check_int("src_ref_id", c, 0, _MAX_U64)
+            _check_int("dest_semq_id", d, 0, 0xFFFF)
+            _check_int("dest_semq_db_id", e, 0, 0xFFFF)
+            _check_int("dest_ref_id", f, 0, _MAX_U64)
+        r = self.receipt
+        if type(r) is not bytes or len(r) > MAX_RECEIPT:
+            _check_bytes("receipt", r, MAX_RECEIPT)
 
     @property
     def entry(self) -> AckEntry:
@@ -478,6 +500,8 @@ Body = (
     | Error | WindowUpdate | CertRequest | CertResponse | Bye
 )
 
+_MESSAGE_KINDS: Final = frozenset(k for k in Kind if k.is_message)
+
 _BODY_TYPE: Final[dict[Kind, type]] = {
     Kind.DATA: Data,
     **{k: Ack for k in _ACK_KINDS},
@@ -519,29 +543,34 @@ class Frame:
     priority: int = 0
 
     def __post_init__(self) -> None:
-        kind = _enum(Kind, "kind", self.kind)
-        object.__setattr__(self, "kind", kind)
+        kind = self.kind
+        if kind.__class__ is not Kind:
+            kind = _enum(Kind, "kind", kind)
+            object.__setattr__(self, "kind", kind)
         expected = _BODY_TYPE[kind]
         if type(self.body) is not expected:
             raise _invalid(f"{kind.name} needs a {expected.__name__} body, not {self.body!r}")
         if self.origin is None:
             origin = self.body.lk0.endpoint if isinstance(self.body, Data) else self.source
             object.__setattr__(self, "origin", origin)
-        if self.save_fwd is None:
+        sf = self.save_fwd
+        if sf is None:
             object.__setattr__(
-                self, "save_fwd", SaveFwd.MUST_DELIVER if kind.is_message else SaveFwd.NONE
+                self, "save_fwd", SaveFwd.MUST_DELIVER if kind in _MESSAGE_KINDS else SaveFwd.NONE
             )
-        else:
-            object.__setattr__(self, "save_fwd", _enum(SaveFwd, "SaveFwd", self.save_fwd))
+        elif sf.__class__ is not SaveFwd:
+            object.__setattr__(self, "save_fwd", _enum(SaveFwd, "SaveFwd", sf))
         for name in ("source", "target", "origin"):
             if not isinstance(getattr(self, name), Endpoint):
                 raise _invalid(f"{name} must be an Endpoint, not {getattr(self, name)!r}")
-        _check_int("priority", self.priority, 0, MAX_PRIORITY)
+        p = self.priority
+        if type(p) is not int or not 0 <= p <= MAX_PRIORITY:
+            _check_int("priority", p, 0, MAX_PRIORITY)
         self._check_attributes(kind)
 
     def _check_attributes(self, kind: Kind) -> None:
         sf = self.save_fwd
-        if not kind.is_message:
+        if kind not in _MESSAGE_KINDS:
             if sf is not SaveFwd.NONE or self.ack2:
                 raise _invalid(f"session frame {kind.name} must have SaveFwd=0 and Ack2=0")
             return
@@ -709,32 +738,102 @@ def encode_frames(frames: list[Frame]) -> bytes:
 
 
 # ---------------------------------------------------------------- decoding
+#
+# Building values on the decode path. The public constructors validate in
+# __post_init__; a frozen dataclass's generated __init__ sets every field with
+# a generic object.__setattr__ call, which was most of a decode's time. The
+# _*_wire builders below create the same values by setting the slots through
+# their descriptors, after checking exactly what the wire layout leaves open
+# (an unsigned u16 cannot exceed 65535, but it can be 0). When a fast check
+# fails they call the public constructor, which raises naming the value and the
+# limit, so error messages have one source. tests/test_protocol_decoder.py
+# rebuilds every decoded value through the public constructors to prove the
+# two paths accept the same values.
+
+_new = object.__new__
 
 
-def _read_str(buf: bytes, pos: int, name: str) -> tuple[str, int]:
-    n = buf[pos]
-    end = pos + 1 + n
-    if end > len(buf):
-        raise RemoteProtocolError(f"{name} runs past the end of the body", ResultCode.MALFORMED_FRAME)
-    try:
-        return buf[pos + 1 : end].decode("utf-8"), end
-    except UnicodeDecodeError as e:
-        raise RemoteProtocolError(f"{name} is not UTF-8", ResultCode.INVALID_FIELD) from e
+def _slot_setters(cls: type, *names: str) -> tuple[Any, ...]:
+    return tuple(getattr(cls, n).__set__ for n in names)
+
+
+_AK_SET: Final = _slot_setters(AppKey, "domain", "data_type", "subtype", "key")
+_LK0_SET: Final = _slot_setters(LK0, "endpoint", "record_id", "semq_id", "semq_db_id")
+_LK1_SET: Final = _slot_setters(LK1, "record_id", "semq_id", "semq_db_id")
+_DATA_SET: Final = _slot_setters(
+    Data, "lk0", "app_data", "app_key", "lk1", "created_ms", "expires_ms", "encrypt", "session_key"
+)
+_ACK_SET: Final = _slot_setters(
+    Ack, "dest_ref_id", "ack_flag", "src_ref_id", "src_semq_id", "src_semq_db_id",
+    "dest_semq_id", "dest_semq_db_id", "flag", "app_key", "receipt",
+)
+_BATCH_SET: Final = _slot_setters(AckBatch, "ack_kind", "entries", "receipt")
+_FRAME_SET: Final = _slot_setters(
+    Frame, "kind", "source", "target", "body", "origin", "reliable", "save_fwd", "ack2", "priority"
+)
+_SAVE_FWD: Final = tuple(SaveFwd)  # index = wire value 0..3
+_ACK_FLAG_OF: Final = {int(f): f for f in AckFlag}
+_FWD_FLAG_OF: Final = {int(f): f for f in ForwardFlag}
+_ACK_KIND_OF: Final = {int(k): k for k in _ACK_RULES}
+_make_entry: Final = partial(tuple.__new__, AckEntry)  # AckEntry._make without the Python frame
 
 
 def _read_app_key(buf: bytes, pos: int) -> tuple[AppKey, int]:
-    domain, pos = _read_str(buf, pos, "AppKey domain")
-    data_type, pos = _read_str(buf, pos, "AppKey data_type")
-    subtype, pos = _read_str(buf, pos, "AppKey subtype")
-    key, pos = _read_str(buf, pos, "AppKey key")
-    if not (domain or data_type or subtype or key):
-        return _EMPTY_APP_KEY, pos
-    return AppKey(domain=domain, data_type=data_type, subtype=subtype, key=key), pos
+    # The four u8-prefixed parts, unrolled (this runs once per DATA and ack).
+    # Indexing past the end raises IndexError, which decode_body reports as
+    # MALFORMED_FRAME; slices never fail, so the end is checked once.
+    a = pos + 1
+    b = a + buf[pos]
+    c = b + 1
+    d = c + buf[b]
+    e = d + 1
+    f = e + buf[d]
+    g = f + 1
+    end = g + buf[f]
+    if end > len(buf):
+        raise RemoteProtocolError("AppKey runs past the end of the body", ResultCode.MALFORMED_FRAME)
+    if end == pos + 4:
+        return _NO_APP_KEY, end
+    # Nothing to check after decoding: each part is at most 255 bytes (u8
+    # length) of valid UTF-8, so a str without surrogates.
+    app_key = _new(AppKey)
+    s = _AK_SET
+    try:
+        s[0](app_key, buf[a:b].decode("utf-8"))
+        s[1](app_key, buf[c:d].decode("utf-8"))
+        s[2](app_key, buf[e:f].decode("utf-8"))
+        s[3](app_key, buf[g:end].decode("utf-8"))
+    except UnicodeDecodeError as exc:
+        raise RemoteProtocolError(f"AppKey is not UTF-8: {exc}", ResultCode.INVALID_FIELD) from exc
+    return app_key, end
 
 
-_EMPTY_APP_KEY: Final = AppKey()
 _DATA_PREFIX_SIZE: Final = _DATA_PREFIX.size
 _ACK_ENTRY_SIZE: Final = _ACK_ENTRY.size
+
+
+def _lk0_wire(endpoint: Endpoint, semq: int, db: int, rec: int) -> LK0:
+    # u16/u64 off the wire cannot exceed their maxima; only 0 is out of range.
+    if not (semq and db and rec):
+        return LK0(endpoint=endpoint, semq_id=semq, semq_db_id=db, record_id=rec)  # raises
+    lk0 = _new(LK0)
+    s = _LK0_SET
+    s[0](lk0, endpoint)
+    s[1](lk0, rec)
+    s[2](lk0, semq)
+    s[3](lk0, db)
+    return lk0
+
+
+def _lk1_wire(semq: int, db: int, rec: int) -> LK1:
+    if not (semq and db):  # rec is non-zero: a zero record id means "no LK1"
+        return LK1(semq_id=semq, semq_db_id=db, record_id=rec)  # raises
+    lk1 = _new(LK1)
+    s = _LK1_SET
+    s[0](lk1, rec)
+    s[1](lk1, semq)
+    s[2](lk1, db)
+    return lk1
 
 
 def _decode_data(buf: bytes, origin: Endpoint, encrypt: bool) -> Data:
@@ -755,22 +854,60 @@ def _decode_data(buf: bytes, origin: Endpoint, encrypt: bool) -> Data:
             f"DATA AppData declares {ad_len} bytes but {len(buf) - pos} remain",
             ResultCode.MALFORMED_FRAME,
         )
-    return Data(
-        lk0=LK0(endpoint=origin, semq_id=semq, semq_db_id=db, record_id=rec),
-        lk1=LK1(semq_id=l1s, semq_db_id=l1d, record_id=l1r) if l1r else None,
-        created_ms=created,
-        expires_ms=expires or None,
-        app_key=app_key,
-        encrypt=encrypt,
-        session_key=session_key,
-        app_data=buf[pos:],
-    )
+    lk0 = _lk0_wire(origin, semq, db, rec)
+    lk1 = _lk1_wire(l1s, l1d, l1r) if l1r else None
+    # What Data.__post_init__ checks that the layout leaves open: times above
+    # the signed range, a session key over the limit, Encrypt vs the key.
+    if not (created <= _MAX_MS and expires <= _MAX_MS and sk_len <= MAX_SESSION_KEY
+            and encrypt == (sk_len > 0)):
+        return Data(lk0=lk0, lk1=lk1, created_ms=created, expires_ms=expires or None,  # raises
+                    app_key=app_key, encrypt=encrypt, session_key=session_key, app_data=buf[pos:])
+    d = _new(Data)
+    s = _DATA_SET
+    s[0](d, lk0)
+    s[1](d, buf[pos:])
+    s[2](d, app_key)
+    s[3](d, lk1)
+    s[4](d, created)
+    s[5](d, expires or None)
+    s[6](d, encrypt)
+    s[7](d, session_key)
+    return d
+
+
+def _decode_ack(kind: Kind, buf: bytes) -> Ack:
+    e = _ACK_ENTRY.unpack_from(buf)
+    app_key, pos = _read_app_key(buf, _ACK_ENTRY_SIZE)
+    (r_len,) = _U16.unpack_from(buf, pos)
+    if pos + 2 + r_len != len(buf):
+        raise RemoteProtocolError(f"{kind.name} body length is inconsistent", ResultCode.MALFORMED_FRAME)
+    receipt = buf[pos + 2 :]
+    ack_flag = _ACK_FLAG_OF.get(e[6])
+    flag = _FWD_FLAG_OF.get(e[7])
+    # The ids are unsigned and in range by layout (Ack allows 0 = none); left
+    # open: the two flags' values and the receipt's size.
+    if ack_flag is None or flag is None or r_len > MAX_RECEIPT:
+        return Ack(src_semq_id=e[0], src_semq_db_id=e[1], src_ref_id=e[2],  # raises
+                   dest_semq_id=e[3], dest_semq_db_id=e[4], dest_ref_id=e[5],
+                   ack_flag=e[6], flag=e[7], app_key=app_key, receipt=receipt)
+    a = _new(Ack)
+    s = _ACK_SET
+    s[0](a, e[5])
+    s[1](a, ack_flag)
+    s[2](a, e[2])
+    s[3](a, e[0])
+    s[4](a, e[1])
+    s[5](a, e[3])
+    s[6](a, e[4])
+    s[7](a, flag)
+    s[8](a, app_key)
+    s[9](a, receipt)
+    return a
 
 
 def _decode_ack_batch(buf: bytes) -> AckBatch:
     if len(buf) < 7:
         raise RemoteProtocolError("ACK_BATCH body is too short", ResultCode.MALFORMED_FRAME)
-    kind = buf[0]
     (count,) = _U32.unpack_from(buf, 1)
     end = 5 + count * _ACK_ENTRY_SIZE
     if end + 2 > len(buf):
@@ -781,8 +918,49 @@ def _decode_ack_batch(buf: bytes) -> AckBatch:
     (r_len,) = _U16.unpack_from(buf, end)
     if end + 2 + r_len != len(buf):
         raise RemoteProtocolError("ACK_BATCH has bytes after its receipt", ResultCode.MALFORMED_FRAME)
-    entries = tuple(map(AckEntry._make, _ACK_ENTRY.iter_unpack(buf[5:end])))
-    return AckBatch(ack_kind=kind, entries=entries, receipt=buf[end + 2 :])  # type: ignore[arg-type]
+    kind = _ACK_KIND_OF.get(buf[0])
+    packed = buf[5:end]
+    entries = tuple(map(_make_entry, _ACK_ENTRY.iter_unpack(packed)))
+    receipt = buf[end + 2 :]
+    if kind is not None and count <= MAX_ACK_BATCH and r_len <= MAX_RECEIPT:
+        # AckBatch checks each entry's ack_flag and flag against the kind in
+        # a Python loop; here the same check runs over the packed bytes: every
+        # entry's two flag bytes sit at offsets 24 and 25 of its 26 bytes.
+        ack_flag, flag = _ACK_RULES[kind]
+        if (packed[24::_ACK_ENTRY_SIZE].count(ack_flag) == count
+                and packed[25::_ACK_ENTRY_SIZE].count(flag) == count):
+            batch = _new(AckBatch)
+            s = _BATCH_SET
+            s[0](batch, kind)
+            s[1](batch, entries)
+            s[2](batch, receipt)
+            return batch
+    return AckBatch(ack_kind=buf[0], entries=entries, receipt=receipt)  # type: ignore[arg-type]  # raises
+
+
+def frame_from_wire(
+    kind: Kind, source: Endpoint, target: Endpoint, origin: Endpoint, body: Body,
+    flags: int, save_fwd: int, priority: int,
+) -> Frame:
+    """The Frame of a decoded header and body (used by RawFrame.frame).
+    FrameDecoder.next_frame has checked what the first half of
+    Frame.__post_init__ checks (kind, SaveFwd 0..3 by kind, priority, the
+    endpoints) and decode_body returns the body type of the kind with LK0's
+    endpoint = origin; the SaveFwd/Reliable/Ack2 and ack-flag rules are run
+    here by _check_attributes. Raises LocalProtocolError on a broken rule."""
+    f = _new(Frame)
+    s = _FRAME_SET
+    s[0](f, kind)
+    s[1](f, source)
+    s[2](f, target)
+    s[3](f, body)
+    s[4](f, origin)
+    s[5](f, bool(flags & FLAG_RELIABLE))
+    s[6](f, _SAVE_FWD[save_fwd])
+    s[7](f, bool(flags & FLAG_ACK2))
+    s[8](f, priority)
+    f._check_attributes(kind)
+    return f
 
 
 def _loc(c: Any) -> LK0:
@@ -835,16 +1013,7 @@ def decode_body(kind: Kind, buf: bytes, origin: Endpoint, flags: int) -> Body:
         if kind is Kind.DATA:
             return _decode_data(buf, origin, bool(flags & FLAG_ENCRYPT))
         if kind in _ACK_KINDS:
-            e = _ACK_ENTRY.unpack_from(buf)
-            app_key, pos = _read_app_key(buf, _ACK_ENTRY_SIZE)
-            (r_len,) = _U16.unpack_from(buf, pos)
-            if pos + 2 + r_len != len(buf):
-                raise RemoteProtocolError(f"{kind.name} body length is inconsistent", ResultCode.MALFORMED_FRAME)
-            return Ack(
-                src_semq_id=e[0], src_semq_db_id=e[1], src_ref_id=e[2], dest_semq_id=e[3],
-                dest_semq_db_id=e[4], dest_ref_id=e[5], ack_flag=e[6], flag=e[7],
-                app_key=app_key, receipt=buf[pos + 2 :],
-            )
+            return _decode_ack(kind, buf)
         if kind is Kind.ACK_BATCH:
             return _decode_ack_batch(buf)
         return _decode_by_schema(kind, buf)

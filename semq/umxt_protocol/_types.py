@@ -204,9 +204,16 @@ class LK0:
     semq_db_id: int = 1
 
     def __post_init__(self) -> None:
-        _check_semq("semq_id", self.semq_id)
-        _check_semq("semq_db_id", self.semq_db_id)
-        _check_record("record_id", self.record_id)
+        # Fast path first: one fused comparison (decoding builds these per frame);
+        # the named checks only run to word the error.
+        s, d, r = self.semq_id, self.semq_db_id, self.record_id
+        if not (
+            type(s) is int and type(d) is int and type(r) is int
+            and 1 <= s <= MAX_SEMQ_ID and 1 <= d <= MAX_SEMQ_ID and 1 <= r <= MAX_RECORD_ID
+        ):
+            _check_semq("semq_id", s)
+            _check_semq("semq_db_id", d)
+            _check_record("record_id", r)
 
     def __str__(self) -> str:
         return f"{self.endpoint.node_id}/{self.semq_id}/{self.semq_db_id}/{self.record_id}"
@@ -235,9 +242,16 @@ class LK1:
     semq_db_id: int = 1
 
     def __post_init__(self) -> None:
-        _check_semq("semq_id", self.semq_id)
-        _check_semq("semq_db_id", self.semq_db_id)
-        _check_record("record_id", self.record_id)
+        # Fast path first: one fused comparison (decoding builds these per frame);
+        # the named checks only run to word the error.
+        s, d, r = self.semq_id, self.semq_db_id, self.record_id
+        if not (
+            type(s) is int and type(d) is int and type(r) is int
+            and 1 <= s <= MAX_SEMQ_ID and 1 <= d <= MAX_SEMQ_ID and 1 <= r <= MAX_RECORD_ID
+        ):
+            _check_semq("semq_id", s)
+            _check_semq("semq_db_id", d)
+            _check_record("record_id", r)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -251,6 +265,16 @@ class AppKey:
     key: str = ""
 
     def __post_init__(self) -> None:
+        d, t, s, k = self.domain, self.data_type, self.subtype, self.key
+        # Fast path: ASCII strings (checked in O(1)) are as many bytes as
+        # characters and cannot hold surrogates.
+        if (
+            type(d) is str and type(t) is str and type(s) is str and type(k) is str
+            and d.isascii() and t.isascii() and s.isascii() and k.isascii()
+            and len(d) <= MAX_APPKEY_FIELD and len(t) <= MAX_APPKEY_FIELD
+            and len(s) <= MAX_APPKEY_FIELD and len(k) <= MAX_APPKEY_FIELD
+        ):
+            return
         for name in ("domain", "data_type", "subtype", "key"):
             value = getattr(self, name)
             if not isinstance(value, str):
