@@ -136,7 +136,7 @@ class NodeClient:
     def acknowledge(self, ids: list[int]) -> int:
         """The application has processed these documents (kept a day, then purged)."""
         ts = int(time.time() * 1000)
-        with self.core.db.atomic():
+        with self.core.db.atomic("IMMEDIATE"):
             cur = self.core.conn.executemany(
                 "UPDATE inbox SET consumed_ms=? WHERE id=? AND consumed_ms IS NULL", [(ts, i) for i in ids])
         return int(cur.rowcount)

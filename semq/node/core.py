@@ -137,7 +137,10 @@ class NodeCore:
     # ------------------------------------------------------------ helpers
 
     def _tx(self) -> Any:
-        return self.db.atomic()
+        # IMMEDIATE: take the write lock at BEGIN, so the busy timeout applies
+        # (a deferred read-then-write transaction fails at once with "database
+        # is locked" when an application process wrote in between).
+        return self.db.atomic("IMMEDIATE")
 
     def _emit(self, records: list[dict[str, Any]]) -> None:
         if self.log and records:

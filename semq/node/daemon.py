@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import random
+import sqlite3
 from dataclasses import dataclass
 
 import trio
@@ -73,12 +74,17 @@ class NodeDaemon:
                 try:
                     await self._session()
                     delay = 0.1
-                except (OSError, ConnectionClosed, trio.TooSlowError) as e:
-                    log.info("platform %s:%s unreachable or gone: %s", self.s.host, self.s.port, e)
-                except RemoteProtocolError as e:
+                except* (OSError, ConnectionClosed, trio.TooSlowError) as eg:
+                    log.info("platform %s:%s unreachable or gone: %s", self.s.host, self.s.port,
+                             eg.exceptions[0])
+                except* sqlite3.Error as eg:
+                    # Disk full, read-only, locked: keep everything, retry later.
+                    log.error("store error, retrying: %s", eg.exceptions[0])
+                except* RemoteProtocolError as eg:
+                    e = eg.exceptions[0]
+                    assert isinstance(e, RemoteProtocolError)
                     log.warning("protocol error from platform (code %d): %s", e.code, e)
-                finally:
-                    self.connected = False
+                self.connected = False
                 await trio.sleep(delay * (0.5 + random.random()))
                 delay = min(self.s.backoff_max, delay * 2)
 

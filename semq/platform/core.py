@@ -122,7 +122,7 @@ class PlatformCore:
     def register(self, node_ids: Sequence[str]) -> None:
         ts = now_ms()
         try:
-            with self.db.atomic():
+            with self.db.atomic("IMMEDIATE"):
                 for nid in node_ids:
                     ep = Endpoint.org(nid)
                     self.conn.execute(
@@ -138,7 +138,7 @@ class PlatformCore:
         """A node completed HELLO. Returns False if it is not allowed. Its
         in-flight stored copies go again (SPEC P.2; it deduplicates)."""
         ts = now_ms()
-        with self.db.atomic():
+        with self.db.atomic("IMMEDIATE"):
             if ep not in self.known:
                 if not self.auto_register:
                     return False
@@ -169,7 +169,7 @@ class PlatformCore:
         ts = now_ms()
         events: list[dict[str, Any]] = []
         acks: dict[tuple[Kind, Endpoint], list[AckEntry]] = defaultdict(list)
-        with self.db.atomic():
+        with self.db.atomic("IMMEDIATE"):
             for raw in frames:
                 if raw.source != sender or (raw.origin != sender and raw.kind is not Kind.DATA) or (
                     raw.kind is Kind.DATA and raw.origin != sender
@@ -376,7 +376,7 @@ class PlatformCore:
         events: list[dict[str, Any]] = []
         out: list[bytes] = []
         n_data = 0
-        with self.db.atomic():
+        with self.db.atomic("IMMEDIATE"):
             rows = self.conn.execute(
                 "SELECT id, kind, frame, expires_ms, attempts, origin_id, semq_id, semq_db_id, record_id,"
                 " stored_ms FROM stored WHERE target_type=? AND target_id=? AND state=0"
@@ -418,7 +418,7 @@ class PlatformCore:
         after the interval (doubling per unanswered inquiry, max 15 min)."""
         ts = now_ms()
         sends: dict[Endpoint, list[bytes]] = defaultdict(list)
-        with self.db.atomic():
+        with self.db.atomic("IMMEDIATE"):
             rows = self.conn.execute(
                 "SELECT id, target_type, target_id, origin_type, origin_id, semq_id, semq_db_id, record_id"
                 " FROM stored WHERE kind=1 AND state=1 AND"
@@ -445,7 +445,7 @@ class PlatformCore:
 
     def housekeeping(self) -> int:
         ts = now_ms()
-        with self.db.atomic():
+        with self.db.atomic("IMMEDIATE"):
             return int(self.conn.execute("DELETE FROM seen WHERE seen_ms < ?", (ts - SEEN_RETENTION_MS,)).rowcount)
 
     # ------------------------------------------------------------ status

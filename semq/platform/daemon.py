@@ -144,11 +144,20 @@ class PlatformDaemon:
                     nursery.start_soon(self._deliverer, session)
                     await self._reader(session, first[1:])
                     nursery.cancel_scope.cancel()
-        except ConnectionClosed:
+        except* ConnectionClosed:
             pass
-        except RemoteProtocolError as e:
-            log.warning("%s sent bad bytes (code %d): %s", ep, e.code, e)
-            await fs.send_error(self.core.me, ep, e.code, str(e))
+        except* RemoteProtocolError as eg:
+            err = eg.exceptions[0]
+            assert isinstance(err, RemoteProtocolError)
+            log.warning("%s sent bad bytes (code %d): %s", ep, err.code, err)
+            await fs.send_error(self.core.me, ep, err.code, str(err))
+        except* trio.TooSlowError:
+            await fs.send_error(self.core.me, ep, ResultCode.IDLE_TIMEOUT,
+                                f"nothing received for {self.s.idle_timeout:.0f} s")
+        except* Exception:
+            # A bug must cost one connection, never the relay.
+            log.exception("session of %s failed", ep)
+            await fs.send_error(self.core.me, ep, ResultCode.INTERNAL_ERROR, "internal error")
         finally:
             if self.sessions.get(ep) is session:
                 del self.sessions[ep]

@@ -1,0 +1,122 @@
+"""Real ``semq`` processes on 127.0.0.1 for end-to-end tests. Every wait is
+bounded; every process is killed at teardown."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import sqlite3
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from semq.cli import main as semq_main
+
+__all__ = ["Cluster", "free_port", "wait_until"]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def wait_until(pred: Callable[[], Any], timeout: float, what: str, interval: float = 0.05) -> Any:
+    deadline = time.monotonic() + timeout
+    last: Any = None
+    while time.monotonic() < deadline:
+        last = pred()
+        if last:
+            return last
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what} (last: {last!r})")
+
+
+class Proc:
+    def __init__(self, name: str, args: list[str], log: Path, ready: str, timeout: float = 20) -> None:
+        self.name = name
+        self.log = log
+        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        self.p = subprocess.Popen([sys.executable, "-m", "semq", *args], stdout=log.open("ab"),
+                                  stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env)
+        wait_until(lambda: ready in log.read_text(errors="replace") or self.p.poll() is not None,
+                   timeout, f"{name} to start")
+        if self.p.poll() is not None:
+            raise AssertionError(f"{name} exited {self.p.returncode}:\n{log.read_text()[-2000:]}")
+
+    def kill(self, sig: int = signal.SIGKILL) -> int:
+        if self.p.poll() is None:
+            self.p.send_signal(sig)
+        return self.p.wait(timeout=20)
+
+
+class Cluster:
+    """A platform and organizations in one temporary directory."""
+
+    def __init__(self, root: Path, *, inquiry_interval: float = 0.5) -> None:
+        self.root = root
+        self.port = free_port()
+        self.iq = str(inquiry_interval)
+        self.procs: dict[str, Proc] = {}
+        assert semq_main(["platform", "init", "--dir", str(root / "P")]) == 0
+
+    def add_org(self, org: str) -> Path:
+        d = self.root / org
+        assert semq_main(["node", "init", "--dir", str(d), "--org", org,
+                          "--platform", f"127.0.0.1:{self.port}"]) == 0
+        assert semq_main(["platform", "register", "--dir", str(self.root / "P"), org]) == 0
+        return d
+
+    def start_platform(self) -> Proc:
+        p = Proc("platform", ["platform", "run", "--dir", str(self.root / "P"), "--listen",
+                              f"127.0.0.1:{self.port}", "--inquiry-interval", self.iq],
+                 self.root / "platform.log", "listening on")
+        self.procs["P"] = p
+        return p
+
+    def start_node(self, org: str) -> Proc:
+        p = Proc(org, ["node", "run", "--dir", str(self.root / org), "--inquiry-interval", self.iq],
+                 self.root / f"{org}.log", "running")
+        self.procs[org] = p
+        return p
+
+    def kill(self, name: str, sig: int = signal.SIGKILL) -> int:
+        return self.procs.pop(name).kill(sig)
+
+    def stop_all(self) -> None:
+        for name in list(self.procs):
+            self.kill(name)
+
+    def db(self, name: str) -> sqlite3.Connection:
+        f = "platform.sqlite" if name == "P" else "node.sqlite"
+        c = sqlite3.connect(str(self.root / name / f), timeout=10)
+        return c
+
+    def q(self, name: str, sql: str, *args: Any) -> list[tuple[Any, ...]]:
+        c = self.db(name)
+        try:
+            return c.execute(sql, args).fetchall()
+        finally:
+            c.close()
+
+    def count(self, name: str, sql: str, *args: Any) -> int:
+        return int(self.q(name, sql, *args)[0][0])
+
+    def inbox(self, org: str) -> dict[str, bytes]:
+        rows = self.q(org, "SELECT origin_id, record_id, app_data FROM inbox")
+        out: dict[str, bytes] = {}
+        for o, r, d in rows:
+            key = f"{o}/{r}"
+            assert key not in out, f"{key} delivered twice to {org}"
+            out[key] = d
+        return out
+
+    def settled(self, orgs: list[str]) -> bool:
+        """Every pending-send and pending-ack row gone, nothing stored."""
+        return (all(self.count(o, "SELECT count(*) FROM outbox") == 0 and
+                    self.count(o, "SELECT count(*) FROM inbound") == 0 for o in orgs)
+                and self.count("P", "SELECT count(*) FROM stored") == 0)
