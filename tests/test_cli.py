@@ -1,0 +1,385 @@
+"""The ``semq`` command, in process: ``semq.cli.main(argv) -> int`` with
+captured output (STYLE 9: errors are one line on stderr, no traceback).
+
+No daemon runs here. Where a test needs documents to have travelled, the
+node and platform cores (the sans-IO-backed stores the daemons drive) hand
+the frames to each other directly: A's pending-send rows go to the platform,
+which stores them for the offline B and answers ACK_SAVE; later the stored
+copies go to B. Everything else goes through ``main``.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from semq.cli import main
+from semq.node.core import NodeCore
+from semq.platform.core import PlatformCore
+from semq.umxt_protocol import Endpoint, FrameDecoder, RawFrame
+
+A, B = "10008", "56001"
+ORDER = b"<order id='S0001'><line sku='X-1' qty='3'/></order>\n"
+
+
+def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    rc = main(list(argv))
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+def one_error(err: str, *fragments: str) -> str:
+    """The error contract: exactly one line, ``error: ...``, no traceback."""
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, f"expected one error line, got: {err!r}"
+    assert lines[0].startswith("error: "), lines[0]
+    assert "Traceback" not in err
+    for f in fragments:
+        assert f in lines[0], f"{f!r} not in {lines[0]!r}"
+    return lines[0]
+
+
+@pytest.fixture
+def root(tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """P, A and B initialised through the CLI; B registered; nothing running.
+    The working directory is ``tmp_path`` and SEMQ_DIR is unset."""
+    monkeypatch.delenv("SEMQ_DIR", raising=False)
+    monkeypatch.chdir(tmp_path)
+    assert run(capsys, "platform", "init", "--dir", "P")[0] == 0
+    for org in (A, B):
+        assert run(capsys, "node", "init", "--dir", org, "--org", org, "--platform", "127.0.0.1:7499")[0] == 0
+    assert run(capsys, "platform", "register", "--dir", "P", A, B)[0] == 0
+    yield tmp_path
+
+
+def _frames(chunks: list[bytes]) -> list[RawFrame]:
+    dec = FrameDecoder()
+    dec.receive_data(b"".join(chunks))
+    return list(dec)
+
+
+def relay_to_offline_target(root: Path) -> int:
+    """A's SS_INIT rows -> the platform, B offline: stored, ACK_SAVE back to A.
+    Returns how many DATA frames A sent."""
+    a = NodeCore(root / A / "node.sqlite", A)
+    p = PlatformCore(root / "P" / "platform.sqlite")
+    try:
+        sent = a.claim(100).data
+        out = p.handle(Endpoint.org(A), _frames(sent), online=lambda ep: False)
+        assert not out.errors, out.errors
+        a.handle(_frames(out.sends[Endpoint.org(A)]))
+        return len(sent)
+    finally:
+        a.close()
+        p.close()
+
+
+def deliver_stored(root: Path) -> int:
+    """The platform's stored copies for B -> B (as when B connects)."""
+    p = PlatformCore(root / "P" / "platform.sqlite")
+    b = NodeCore(root / B / "node.sqlite", B)
+    try:
+        frames, n = p.claim_stored(Endpoint.org(B), 100)
+        out = b.handle(_frames(frames))
+        assert not out.errors, out.errors
+        return n
+    finally:
+        p.close()
+        b.close()
+
+
+# ---------------------------------------------------------------- init
+
+
+def test_init_both_roles_writes_config_and_store(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    rc, out, _ = run(capsys, "platform", "init", "--dir", str(tmp_path / "P"), "--listen", "127.0.0.1:7411")
+    assert rc == 0 and "initialised" in out and "127.0.0.1:7411" in out
+    assert (tmp_path / "P" / "semq.toml").is_file() and (tmp_path / "P" / "platform.sqlite").is_file()
+    rc, out, _ = run(capsys, "node", "init", "--dir", str(tmp_path / "A"), "--org", A,
+                     "--platform", "127.0.0.1:7411")
+    assert rc == 0 and f"node {A} initialised" in out
+    assert (tmp_path / "A" / "node.sqlite").is_file()
+    assert 'org = "10008"' in (tmp_path / "A" / "semq.toml").read_text()
+    # The data directory holds keys later: owner only.
+    assert (tmp_path / "A").stat().st_mode & 0o077 == 0
+
+
+def test_semq_dir_selects_the_directory(root: Path, capsys: pytest.CaptureFixture[str],
+                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SEMQ_DIR", str(root / A))
+    rc, out, _ = run(capsys, "status")
+    assert rc == 0 and out.startswith(f"node {A} ({root / A})")
+    # --dir wins over SEMQ_DIR.
+    rc, out, _ = run(capsys, "status", "--dir", str(root / "P"))
+    assert rc == 0 and out.startswith("platform platform")
+
+
+# ---------------------------------------------------------------- send
+
+
+def test_send_without_a_daemon_is_accepted_and_waits_in_ss_init(root: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (root / "order.xml").write_bytes(ORDER)
+    rc, out, err = run(capsys, "send", "--dir", A, "--to", B, "--type", "ORDER", "--domain", "trade",
+                       "--subtype", "PO", "--key", "S0001", "order.xml")
+    assert rc == 0
+    assert out == f"{A}/1/1/1\n"  # the LK0, alone on stdout (scripts can read it)
+    assert f"accepted {len(ORDER)} bytes for {B}" in err
+    rc, out, _ = run(capsys, "messages", "--dir", A)
+    assert rc == 0
+    header, row = out.splitlines()
+    assert header.split()[:3] == ["LK0", "TO", "STATE"]
+    assert row.split()[:6] == [f"{A}/1/1/1", B, "SS_INIT", "3", "1", "0"]
+    assert row.endswith("trade/ORDER/PO/S0001")
+
+
+def test_send_options_reach_the_row(root: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (root / "r.txt").write_bytes(b"receipt")
+    rc, out, err = run(capsys, "send", "--dir", A, "--to", B, "--type", "RECEIPT", "--save-fwd", "1",
+                       "--no-ack2", "--priority", "7", "-q", "r.txt")
+    assert rc == 0 and out == f"{A}/1/1/1\n" and err == ""
+    rc, out, _ = run(capsys, "messages", "--dir", A, "--json")
+    [row] = json.loads(out)
+    assert (row["save_fwd"], row["ack2"], row["state"], row["app_key"]) == (1, False, "SS_INIT", "/RECEIPT//")
+
+
+def test_send_from_stdin(root: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(b"INV-7 total 12.50\n")))
+    rc, out, _ = run(capsys, "send", "--dir", A, "--to", B, "--type", "INVOICE", "-q", "-")
+    assert rc == 0 and out == f"{A}/1/1/1\n"
+    relay_to_offline_target(root)
+    deliver_stored(root)
+    rc, out, _ = run(capsys, "inbox", "--dir", B, "show", "1")
+    assert rc == 0 and out.endswith("\n\nINV-7 total 12.50\n")
+
+
+# ---------------------------------------------------------------- status, inbox, messages
+
+
+def test_status_follows_a_document_through_the_stores(root: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (root / "order.xml").write_bytes(ORDER)
+    run(capsys, "send", "--dir", A, "--to", B, "--type", "ORDER", "--key", "S0001", "order.xml")
+    rc, out, _ = run(capsys, "status", "--dir", A)
+    assert rc == 0
+    assert "daemon: not running" in out and "pending-send: SS_INIT=1" in out
+    rc, out, _ = run(capsys, "status", "--dir", "P")
+    assert rc == 0 and "daemon: not running" in out and "stored for: nothing" in out
+    assert "known nodes: 10008, 56001" in out
+
+    assert relay_to_offline_target(root) == 1
+    rc, out, _ = run(capsys, "status", "--dir", A)
+    assert "pending-send: SS_ACK=1" in out  # ACK_SAVE: the platform owns delivery, A awaits ACK2
+    rc, out, _ = run(capsys, "status", "--dir", "P")
+    assert "stored for: 56001=1 (oldest " in out
+    rc, out, _ = run(capsys, "platform", "status", "--dir", "P", "--json")
+    data = json.loads(out)
+    assert rc == 0 and data["stored"]["56001"]["stored"] == 1 and data["daemon"] is None
+
+    assert deliver_stored(root) == 1
+    rc, out, _ = run(capsys, "status", "--dir", B, "--json")
+    data = json.loads(out)
+    assert (data["role"], data["org"], data["inbox_unread"], data["inbox_total"], data["dedup"]) == (
+        "node", B, 1, 1, 1)
+    assert data["pending_ack"] == 1  # REACK and REACK2 outstanding (no daemon answered them)
+    # The platform keeps its copy until B's ACK reaches it (no daemon carried it).
+    rc, out, _ = run(capsys, "status", "--dir", "P", "--json")
+    assert json.loads(out)["stored"]["56001"]["stored"] == 1
+
+
+def test_status_shows_a_live_daemon_from_its_status_file(root: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    status = {"pid": os.getpid(), "time_ms": int(time.time() * 1000), "role": "node", "connected": True}
+    (root / A / "status.json").write_text(json.dumps(status))
+    rc, out, _ = run(capsys, "status", "--dir", A)
+    assert rc == 0 and "daemon: running, connected to 127.0.0.1:7499" in out
+    # A status file older than a few seconds is a daemon that died.
+    (root / A / "status.json").write_text(json.dumps({**status, "time_ms": status["time_ms"] - 60_000}))
+    rc, out, _ = run(capsys, "status", "--dir", A)
+    assert "daemon: not running" in out
+
+
+def test_inbox_list_show_save_ack(root: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (root / "order.xml").write_bytes(ORDER)
+    run(capsys, "send", "--dir", A, "--to", B, "--type", "ORDER", "--domain", "trade", "--subtype", "PO",
+        "--key", "S0001", "order.xml")
+    relay_to_offline_target(root)
+    deliver_stored(root)
+
+    rc, out, err = run(capsys, "inbox", "--dir", B)
+    assert rc == 0 and err == "1 document(s)\n"
+    header, row = out.splitlines()
+    assert header.split() == ["ID", "FROM", "LK0", "APPKEY", "SIZE", "AGE"]
+    assert row.split()[:5] == ["1", A, f"{A}/1/1/1", "trade/ORDER/PO/S0001", str(len(ORDER))]
+
+    rc, out, _ = run(capsys, "inbox", "--dir", B, "--json")
+    [item] = json.loads(out)
+    assert item == {"id": 1, "lk0": f"{A}/1/1/1", "from": A, "app_key": "trade/ORDER/PO/S0001",
+                    "size": len(ORDER), "received_ms": item["received_ms"], "consumed": False}
+
+    rc, out, _ = run(capsys, "inbox", "--dir", B, "show", "1")
+    head, _, body = out.partition("\n\n")
+    assert rc == 0 and body == ORDER.decode()
+    assert "lk0: 10008/1/1/1" in head and "app_key: trade/ORDER/PO/S0001" in head and "save_fwd: 3" in head
+
+    rc, out, _ = run(capsys, "inbox", "--dir", B, "save", "1", "copy.xml")
+    assert rc == 0 and (root / "copy.xml").read_bytes() == ORDER
+
+    rc, out, _ = run(capsys, "inbox", "--dir", B, "ack", "1")
+    assert rc == 0 and out == "acknowledged 1\n"
+    rc, out, _ = run(capsys, "inbox", "--dir", B, "ack", "1")
+    assert out == "acknowledged 0\n"  # already acknowledged: nothing changes
+    rc, out, err = run(capsys, "inbox", "--dir", B)
+    assert out.splitlines()[1:] == [] and err == "0 document(s)\n"
+    rc, out, _ = run(capsys, "inbox", "--dir", B, "--all", "--json")
+    assert [i["consumed"] for i in json.loads(out)] == [True]
+
+
+def test_messages_json_and_empty(root: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    rc, out, err = run(capsys, "messages", "--dir", A, "--json")
+    assert rc == 0 and json.loads(out) == []
+    for i in range(3):
+        (root / f"d{i}").write_bytes(b"x" * (i + 1))
+        run(capsys, "send", "--dir", A, "--to", B, "--type", "INVOICE", "--key", f"I{i}", "-q", f"d{i}")
+    rc, out, _ = run(capsys, "messages", "--dir", A, "--json", "--limit", "2")
+    rows = json.loads(out)
+    assert [r["lk0"] for r in rows] == [f"{A}/1/1/1", f"{A}/1/1/2"]
+    assert {r["state"] for r in rows} == {"SS_INIT"} and all(r["target"] == B for r in rows)
+    rc, out, err = run(capsys, "messages", "--dir", A)
+    assert len(out.splitlines()) == 4 and err.startswith("3 message(s)")
+
+
+# ---------------------------------------------------------------- errors: one line, exit 2
+
+
+def test_no_config_and_no_semq_dir(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("SEMQ_DIR", raising=False)
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "doc").write_bytes(b"x")
+    for argv in (["status"], ["inbox"], ["messages"], ["send", "--to", B, "--type", "X", "doc"]):
+        rc, out, err = run(capsys, *argv)
+        assert rc == 2 and out == ""
+        one_error(err, "no configuration at", str(tmp_path / "semq-data" / "semq.toml"), "SEMQ_DIR")
+    assert not (tmp_path / "semq-data").exists()
+
+
+def test_missing_file(root: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    rc, out, err = run(capsys, "send", "--dir", A, "--to", B, "--type", "ORDER", "no-such.xml")
+    assert rc == 2 and out == ""
+    one_error(err, "no such file: no-such.xml")
+    rc, out, _ = run(capsys, "messages", "--dir", A, "--json")
+    assert json.loads(out) == []
+
+
+@pytest.mark.parametrize("argv, fragment", [
+    (["node", "init", "--dir", "X", "--org", "a b"], "node id 'a b' has characters outside"),
+    (["node", "init", "--dir", "X", "--org", ""], "node id '' is empty"),
+    (["node", "init", "--dir", "X", "--org", "x" * 65], "node id of 65 characters exceeds the 64 limit"),
+    (["send", "--dir", A, "--to", "bad id!", "--type", "ORDER", "semq.toml"], "node id 'bad id!'"),
+    (["platform", "register", "--dir", "P", "ok1", "no way"], "node id 'no way'"),
+])
+def test_invalid_org_id(root: Path, capsys: pytest.CaptureFixture[str], argv: list[str], fragment: str) -> None:
+    if argv[0] == "send":
+        argv = [*argv[:-1], str(root / A / "semq.toml")]
+    rc, out, err = run(capsys, *argv)
+    assert rc == 2 and out == ""
+    one_error(err, fragment)
+    assert not (root / "X").exists()  # nothing half-created
+
+
+def test_invalid_document_fields(root: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    f = str(root / A / "semq.toml")
+    rc, _, err = run(capsys, "send", "--dir", A, "--to", B, "--type", "ORDER", "--priority", "99", f)
+    assert rc == 2
+    one_error(err, "priority 99 is outside 0..9")
+    rc, _, err = run(capsys, "send", "--dir", A, "--to", B, "--type", "T" * 300, f)
+    assert rc == 2
+    one_error(err, "300 bytes exceeds the 255-byte limit")
+
+
+def test_init_twice_refuses_to_overwrite(root: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    before = (root / A / "semq.toml").read_bytes()
+    rc, out, err = run(capsys, "node", "init", "--dir", A, "--org", "99999")
+    assert rc == 2 and out == ""
+    one_error(err, "already holds a configuration; refusing to overwrite it")
+    rc, _, err = run(capsys, "platform", "init", "--dir", A)
+    assert rc == 2
+    one_error(err, "already holds a configuration")
+    assert (root / A / "semq.toml").read_bytes() == before
+
+
+@pytest.mark.parametrize("argv", [
+    ["send", "--to", B, "--type", "ORDER", "P/semq.toml"],
+    ["inbox"],
+    ["messages"],
+    ["node", "run"],
+])
+def test_node_command_on_a_platform_dir(root: Path, capsys: pytest.CaptureFixture[str], argv: list[str]) -> None:
+    rc, out, err = run(capsys, *argv, "--dir", "P")
+    assert rc == 2 and out == ""
+    one_error(err, f"{root / 'P'} holds a platform, not a node")
+
+
+def test_platform_command_on_a_node_dir(root: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    rc, _, err = run(capsys, "platform", "register", "--dir", A, "77000")
+    assert rc == 2
+    one_error(err, "holds a node, not a platform")
+
+
+def test_corrupt_store_is_refused_and_left_untouched(root: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    store = root / A / "node.sqlite"
+    for side in (store.with_name("node.sqlite-wal"), store.with_name("node.sqlite-shm")):
+        side.unlink(missing_ok=True)
+    garbage = b"this is not a database\x00\xff" * 40
+    store.write_bytes(garbage)
+    (root / "doc").write_bytes(b"x")
+    for argv in (["status"], ["inbox"], ["messages"], ["send", "--to", B, "--type", "X", "doc"]):
+        rc, out, err = run(capsys, *argv, "--dir", A)
+        # A store problem is a runtime failure (exit 1 in semq.cli's contract),
+        # not a usage mistake; the message names the file and refuses to touch it.
+        assert rc == 1 and out == ""
+        one_error(err, f"node store {store} is not an SQLite database", "refusing to touch it")
+    assert store.read_bytes() == garbage
+    assert not store.with_name("node.sqlite-wal").exists()
+
+
+@pytest.mark.parametrize("argv, fragment", [
+    (["platform", "init", "--dir", "P2", "--listen", "nonsense:abc"], "port 'abc' is not a number"),
+    (["platform", "init", "--dir", "P2", "--listen", ":7410"], "has no host"),
+    (["platform", "run", "--dir", "P", "--listen", "127.0.0.1:99999"], "port 99999 is outside 0..65535"),
+    (["node", "init", "--dir", "N2", "--org", "1", "--platform", "h:x"], "port 'x' is not a number"),
+    (["node", "run", "--dir", A, "--platform", "127.0.0.1:-1"], "outside 0..65535"),
+])
+def test_bad_address(root: Path, capsys: pytest.CaptureFixture[str], argv: list[str], fragment: str) -> None:
+    rc, out, err = run(capsys, *argv)
+    assert rc == 2 and out == ""
+    one_error(err, fragment)
+    assert not (root / "P2").exists() and not (root / "N2").exists()
+
+
+def test_inbox_errors(root: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    rc, _, err = run(capsys, "inbox", "--dir", B, "show")
+    assert rc == 2
+    one_error(err, "inbox show needs a document id")
+    rc, _, err = run(capsys, "inbox", "--dir", B, "show", "5")
+    assert rc == 2
+    one_error(err, "no inbox document 5")
+
+
+@pytest.mark.xfail(reason="semq/cli.py: a listen address that cannot be bound (in use) escapes as a trio "
+                          "ExceptionGroup traceback instead of one error line (reported)", strict=False)
+def test_listen_address_in_use(root: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        rc, _out, err = run(capsys, "platform", "run", "--dir", "P", "--listen", f"127.0.0.1:{port}")
+    assert rc in (1, 2)
+    one_error(err, "in use")
