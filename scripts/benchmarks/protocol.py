@@ -29,6 +29,7 @@ import sys
 import time
 import zlib
 from collections.abc import Callable
+from functools import partial
 from typing import Any, NamedTuple
 
 if __package__:
@@ -216,13 +217,14 @@ def struct_encode(m: PlainData | PlainAck | PlainBatch) -> bytes:
     return b"".join((head, body, S_CRC.pack(crc)))
 
 
-def _s_read_strs(buf: bytes, pos: int, n: int) -> tuple[list[str], int]:
+def _s_read_app_key(buf: bytes, pos: int) -> tuple[str, str, str, str, int]:
+    """The four u8-prefixed AppKey parts and the position after them."""
     out = []
-    for _ in range(n):
+    for _ in range(4):
         ln = buf[pos]
         out.append(buf[pos + 1:pos + 1 + ln].decode("utf-8"))
         pos += 1 + ln
-    return out, pos
+    return out[0], out[1], out[2], out[3], pos
 
 
 def struct_decode(raw: bytes) -> PlainData | PlainAck | PlainBatch:
@@ -240,13 +242,14 @@ def struct_decode(raw: bytes) -> PlainData | PlainAck | PlainBatch:
     head = Head(kind, flags, sf, prio, st, tt, ot, ids[:sl], ids[sl:sl + tl], ids[sl + tl:])
     b = i + sl + tl + ol
     if kind == 1:
-        prefix = S_PREFIX.unpack_from(raw, b)
-        strs, pos = _s_read_strs(raw, b + S_PREFIX.size, 4)
+        semq, db, rec, l1s, l1d, l1r, created, expires = S_PREFIX.unpack_from(raw, b)
+        domain, data_type, subtype, key, pos = _s_read_app_key(raw, b + S_PREFIX.size)
         (sk_len,) = S_U16.unpack_from(raw, pos)
         sk = raw[pos + 2:pos + 2 + sk_len]
         pos += 2 + sk_len
         (ad_len,) = S_U32.unpack_from(raw, pos)
-        return PlainData(head, *prefix, *strs, sk, raw[pos + 4:pos + 4 + ad_len])
+        return PlainData(head, semq, db, rec, l1s, l1d, l1r, created, expires, domain, data_type,
+                         subtype, key, sk, raw[pos + 4:pos + 4 + ad_len])
     if kind == 10:
         (count,) = S_U32.unpack_from(raw, b + 1)
         end = b + 5 + count * S_ENTRY.size
@@ -254,9 +257,9 @@ def struct_decode(raw: bytes) -> PlainData | PlainAck | PlainBatch:
         (r_len,) = S_U16.unpack_from(raw, end)
         return PlainBatch(head, raw[b], entries, raw[end + 2:end + 2 + r_len])
     entry = S_ENTRY.unpack_from(raw, b)
-    strs, pos = _s_read_strs(raw, b + S_ENTRY.size, 4)
+    domain, data_type, subtype, key, pos = _s_read_app_key(raw, b + S_ENTRY.size)
     (r_len,) = S_U16.unpack_from(raw, pos)
-    return PlainAck(head, entry, *strs, raw[pos + 2:pos + 2 + r_len])
+    return PlainAck(head, entry, domain, data_type, subtype, key, raw[pos + 2:pos + 2 + r_len])
 
 
 # ------------------------------------------------- compiled construct schemas
@@ -381,13 +384,13 @@ def main(argv: list[str]) -> int:
         pl = plain(f)
         acks = a.batch if f.kind is Kind.ACK_BATCH else (1 if f.kind is Kind.ACK2 else 0)
         cases: list[tuple[str, str, Callable[[], object]]] = [
-            ("struct", "encode", lambda pl=pl: struct_encode(pl)),
-            ("struct", "decode", lambda raw=raw: struct_decode(raw)),
-            ("semq", "encode", lambda f=f: encode_frame(f)),
+            ("struct", "encode", partial(struct_encode, pl)),
+            ("struct", "decode", partial(struct_decode, raw)),
+            ("semq", "encode", partial(encode_frame, f)),
             ("semq", "decode", semq_decoder(raw, full=True)),
             ("semq", "route", semq_decoder(raw, full=False)),
-            ("construct", "encode", lambda pl=pl: construct_encode(pl)),
-            ("construct", "decode", lambda raw=raw: construct_decode(raw)),
+            ("construct", "encode", partial(construct_encode, pl)),
+            ("construct", "decode", partial(construct_decode, raw)),
         ]
         # Interleave the runs (round robin) so a noisy neighbour spreads over
         # every variant instead of hitting one.
