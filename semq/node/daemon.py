@@ -7,6 +7,7 @@ from __future__ import annotations
 import logging
 import random
 import sqlite3
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 import trio
@@ -48,6 +49,9 @@ class NodeSettings:
     idle_timeout: float = 45.0
     backoff_max: float = 5.0
     housekeeping_interval: float = 3600.0
+    # How to reach the platform: None = TCP to host:port. Tests pass a
+    # function returning one end of trio.testing.memory_stream_pair().
+    connect: Callable[[], Awaitable[trio.abc.Stream]] | None = None
 
 
 class NodeDaemon:
@@ -90,7 +94,11 @@ class NodeDaemon:
 
     async def _session(self) -> None:
         with trio.fail_after(self.s.connect_timeout):
-            stream = await trio.open_tcp_stream(self.s.host, self.s.port)
+            stream: trio.abc.Stream
+            if self.s.connect is not None:
+                stream = await self.s.connect()
+            else:
+                stream = await trio.open_tcp_stream(self.s.host, self.s.port)
         fs = FrameStream(stream)
         try:
             me = self.core.me
