@@ -18,6 +18,8 @@ from typing import Any
 from semq import __version__
 from semq._db import StoreError
 from semq.config import Config, ConfigError, data_dir, load_config, write_config
+from semq.crypto import CryptoError
+from semq.security import SecurityError
 from semq.transport import parse_hostport
 from semq.umxt_protocol import ProtocolError, SaveFwd
 
@@ -59,11 +61,20 @@ def cmd_platform_init(args: argparse.Namespace) -> int:
     d = _dir(args)
     if (d / "semq.toml").exists():
         raise UsageError(f"{d} already holds a configuration; refusing to overwrite it")
-    parse_hostport(args.listen)
-    cfg = Config(role="platform", directory=d, listen=args.listen, platform_id=args.id)
+    host, _ = parse_hostport(args.listen)
+    cfg = Config(role="platform", directory=d, listen=args.listen, platform_id=args.id,
+                 security=not args.no_security)
     write_config(cfg)
     PlatformCore(cfg.store_path, cfg.platform_id, create=True).close()
-    print(f"platform {cfg.platform_id} initialised in {d} (listen {cfg.listen})")
+    if cfg.security:
+        from semq.security import init_platform_pki
+
+        init_platform_pki(d, cfg.platform_id, [host, *args.name])
+        print(f"platform {cfg.platform_id} initialised in {d} (listen {cfg.listen}); CA in {d / 'ca'},"
+              f" TLS certificate for {', '.join(['127.0.0.1', '::1', 'localhost', host, *args.name])}")
+    else:
+        print(f"platform {cfg.platform_id} initialised in {d} (listen {cfg.listen}); security OFF:"
+              " plain TCP, no end-to-end encryption or signatures")
     return 0
 
 
@@ -76,10 +87,79 @@ def cmd_node_init(args: argparse.Namespace) -> int:
         raise UsageError(f"{d} already holds a configuration; refusing to overwrite it")
     Endpoint.org(args.org)
     parse_hostport(args.platform)
-    cfg = Config(role="node", directory=d, org=args.org, platform=args.platform)
+    cfg = Config(role="node", directory=d, org=args.org, platform=args.platform, security=not args.no_security)
     write_config(cfg)
     NodeCore(cfg.store_path, cfg.org, create=True).close()
     print(f"node {cfg.org} initialised in {d} (platform {cfg.platform})")
+    if not cfg.security:
+        print("security OFF: plain TCP, no end-to-end encryption or signatures")
+        return 0
+    from semq.security import enroll, import_certificate, init_node_keys
+
+    csr = init_node_keys(d, cfg.org)
+    if args.enroll_from:
+        pdir = data_dir(args.enroll_from)
+        org, cert = enroll(pdir, csr, cfg.org, d / "issued.pem")
+        import_certificate(d, cert, pdir / "ca" / "ca.pem")
+        _register(pdir, [org])
+        print(f"enrolled with the platform in {pdir}: certificate installed")
+    else:
+        print(f"keys written; certificate request {csr}\nnext: the platform operator runs"
+              f" 'semq platform enroll {csr.name} --out {cfg.org}.pem', then here:"
+              f" 'semq node import --cert {cfg.org}.pem --ca <platform>/ca/ca.pem'")
+    return 0
+
+
+def _register(pdir: Path, orgs: list[str]) -> None:
+    from semq.platform.core import PlatformCore
+
+    cfg = load_config(pdir)
+    core = PlatformCore(cfg.store_path, cfg.platform_id)
+    try:
+        core.register(orgs)
+    finally:
+        core.close()
+
+
+def cmd_platform_enroll(args: argparse.Namespace) -> int:
+    from semq.security import enroll
+
+    cfg = _cfg(args, "platform")
+    org, path = enroll(cfg.directory, Path(args.csr), args.org, Path(args.out) if args.out else None)
+    _register(cfg.directory, [org])
+    print(f"issued a certificate for organization {org}: {path}\n"
+          f"give it and {cfg.directory / 'ca' / 'ca.pem'} to the organization:"
+          f" semq node import --cert {path.name} --ca ca.pem")
+    return 0
+
+
+def cmd_platform_revoke(args: argparse.Namespace) -> int:
+    from semq.platform.core import PlatformCore
+    from semq.security import revoke
+
+    cfg = _cfg(args, "platform")
+    target: str | int = int(args.serial, 16) if args.serial else args.org
+    serials = revoke(cfg.directory, target)
+    if not args.serial:
+        core = PlatformCore(cfg.store_path, cfg.platform_id)
+        try:
+            with core.db.atomic("IMMEDIATE"):
+                core.conn.execute("UPDATE nodes SET revoked=1 WHERE node_id=?", (args.org,))
+        finally:
+            core.close()
+    print(f"revoked {len(serials)} certificate(s) ({', '.join(f'{s:x}' for s in serials)});"
+          " a running platform picks the new revocation list up within seconds")
+    return 0
+
+
+def cmd_node_import(args: argparse.Namespace) -> int:
+    from semq.security import import_certificate
+
+    cfg = _cfg(args, "node")
+    ident = import_certificate(cfg.directory, Path(args.cert), Path(args.ca))
+    if ident.org != cfg.org:
+        raise UsageError(f"certificate is for organization {ident.org}, this node is {cfg.org}")
+    print(f"installed: {ident.certificate.describe()}")
     return 0
 
 
@@ -141,10 +221,16 @@ def cmd_platform_run(args: argparse.Namespace) -> int:
 
     cfg = _cfg(args, "platform")
     host, port = parse_hostport(args.listen or cfg.listen)
+    security = None
+    if cfg.security:
+        from semq.security import PlatformSecurity
+
+        security = PlatformSecurity(cfg.directory)
     core = PlatformCore(cfg.store_path, cfg.platform_id, events_dir=cfg.events_dir, synchronous=cfg.synchronous,
                         inquiry_interval=args.inquiry_interval or cfg.inquiry_interval,
-                        auto_register=cfg.auto_register)
-    settings = PlatformSettings(host=host, port=port, window=cfg.window)
+                        # With certificates, only enrolled organizations are known.
+                        auto_register=cfg.auto_register and not cfg.security)
+    settings = PlatformSettings(host=host, port=port, window=cfg.window, security=security)
     try:
         return _run_daemon(
             cfg, lambda: PlatformDaemon(core, settings),
@@ -162,9 +248,17 @@ def cmd_node_run(args: argparse.Namespace) -> int:
 
     cfg = _cfg(args, "node")
     host, port = parse_hostport(args.platform or cfg.platform)
+    security = None
+    if cfg.security:
+        from semq.security import NodeSecurity
+
+        security = NodeSecurity(cfg.directory)  # refuses keys others can read
+        if security.expiring(30):
+            logging.getLogger("semq").warning("certificate expires in %.0f days", security.expires_in_days())
     core = NodeCore(cfg.store_path, cfg.org, events_dir=cfg.events_dir, synchronous=cfg.synchronous,
-                    inquiry_interval=args.inquiry_interval or cfg.inquiry_interval)
-    settings = NodeSettings(host=host, port=port, window=cfg.window)
+                    inquiry_interval=args.inquiry_interval or cfg.inquiry_interval, security=security)
+    settings = NodeSettings(host=host, port=port, window=cfg.window,
+                            ssl_context=security.ssl_context() if security else None)
     try:
         return _run_daemon(
             cfg, lambda: NodeDaemon(core, settings),
@@ -197,12 +291,16 @@ def cmd_send(args: argparse.Namespace) -> int:
         lk0 = node.send(
             args.to, data, data_type=args.type, domain=args.domain, subtype=args.subtype, key=args.key,
             save_fwd=args.save_fwd, ack2=args.ack2, priority=args.priority, expires_in=args.expires_in,
-            reliable=not args.best_effort,
+            reliable=not args.best_effort, encrypt=not args.no_encrypt,
         )
+        secure = node.config.security
     print(lk0)
     if not args.quiet:
-        print(f"accepted {len(data)} bytes for {args.to} (SaveFwd={args.save_fwd}, Ack2={int(args.ack2)});"
-              " not end-to-end encrypted in this version", file=sys.stderr)
+        how = ("signed; NOT end-to-end private (--no-encrypt): the relay can read it" if secure and args.no_encrypt
+               else "signed and end-to-end encrypted when sent" if secure
+               else "NOT signed or encrypted (security is off for this node)")
+        print(f"accepted {len(data)} bytes for {args.to} (SaveFwd={args.save_fwd}, Ack2={int(args.ack2)}); {how}",
+              file=sys.stderr)
     return 0
 
 
@@ -247,6 +345,22 @@ def cmd_inbox(args: argparse.Namespace) -> int:
 
 
 def cmd_messages(args: argparse.Namespace) -> int:
+    if args.receipt:
+        from semq.umxt_protocol import LK0
+
+        text = args.receipt
+        rid = int(text) if text.isdigit() else LK0.parse(text).record_id
+        with _client(args) as node:
+            try:
+                info = node.receipt(rid)
+            except KeyError as e:
+                raise UsageError(str(e.args[0])) from None
+        if args.json:
+            print(json.dumps(info))
+        else:
+            for k, v in info.items():
+                print(f"{k}: {v}")
+        return 0 if info.get("verified") else 1
     with _client(args) as node:
         rows = node.messages(limit=args.limit)
     if args.json:
@@ -272,6 +386,21 @@ def _daemon_status(cfg: Config) -> dict[str, Any] | None:
     return st
 
 
+def _cert_status(cfg: Config) -> None:
+    from semq.crypto import CryptoError, load_certificate
+    from semq.security import NodeSecurity, SecurityError
+
+    try:
+        sec = NodeSecurity(cfg.directory)
+    except (SecurityError, CryptoError, OSError) as e:
+        print(f"  security: PROBLEM: {e}")
+        return
+    days = sec.expires_in_days()
+    warn = "  WARNING: renew it (semq node init a new key, enroll, import)" if days < 30 else ""
+    print(f"  certificate: serial {sec.identity.certificate.serial:x}, expires in {days:.0f} days{warn}")
+    _ = load_certificate
+
+
 def cmd_status(args: argparse.Namespace) -> int:
     cfg = _cfg(args)
     live = _daemon_status(cfg)
@@ -295,6 +424,10 @@ def cmd_status(args: argparse.Namespace) -> int:
         print(f"  pending-ack: {counts['pending_ack']}   inbox: {counts['inbox_unread']} unread"
               f" / {counts['inbox_total']}   dedup: {counts['dedup']}")
         print(f"  oldest unconfirmed: {_ms_age(counts['oldest_unconfirmed_ms'])}")
+        if cfg.security:
+            _cert_status(cfg)
+        else:
+            print("  security: OFF")
         return 0
     from semq.platform.core import PlatformCore
 
@@ -331,9 +464,11 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
 
     plat = sub.add_parser("platform", help="the relay").add_subparsers(dest="sub", required=True)
-    x = plat.add_parser("init", parents=[common], help="create the platform's config and store")
+    x = plat.add_parser("init", parents=[common], help="create the platform's config, store and CA")
     x.add_argument("--listen", default="127.0.0.1:7410")
     x.add_argument("--id", default="platform")
+    x.add_argument("--name", action="append", default=[], help="extra DNS name / IP for the TLS certificate")
+    x.add_argument("--no-security", action="store_true", help="plain TCP, no CA (testing only)")
     x.set_defaults(func=cmd_platform_init)
     x = plat.add_parser("run", parents=[common], help="run the relay")
     x.add_argument("--listen", help="HOST:PORT (port 0 = any free port)")
@@ -342,6 +477,15 @@ def build_parser() -> argparse.ArgumentParser:
     x = plat.add_parser("register", parents=[common], help="make organizations known")
     x.add_argument("orgs", nargs="+")
     x.set_defaults(func=cmd_platform_register)
+    x = plat.add_parser("enroll", parents=[common], help="issue a certificate from a node's request")
+    x.add_argument("csr", help="the node's node.csr.pem")
+    x.add_argument("--org", help="organization the request must name")
+    x.add_argument("--out", help="certificate file to write (default ORG.pem)")
+    x.set_defaults(func=cmd_platform_enroll)
+    x = plat.add_parser("revoke", parents=[common], help="revoke an organization's certificates")
+    x.add_argument("org", nargs="?", default="")
+    x.add_argument("--serial", help="revoke one certificate by serial (hex) instead")
+    x.set_defaults(func=cmd_platform_revoke)
     x = plat.add_parser("status", parents=[common], help="stored messages, online nodes")
     x.add_argument("--json", action="store_true")
     x.set_defaults(func=cmd_status)
@@ -350,7 +494,14 @@ def build_parser() -> argparse.ArgumentParser:
     x = node.add_parser("init", parents=[common], help="create the node's config and store")
     x.add_argument("--org", required=True)
     x.add_argument("--platform", default="127.0.0.1:7410")
+    x.add_argument("--no-security", action="store_true", help="plain TCP, no keys (testing only)")
+    x.add_argument("--enroll-from", metavar="PLATFORM_DIR",
+                   help="platform directory on this machine: enroll at once (demo, tests, one-host setups)")
     x.set_defaults(func=cmd_node_init)
+    x = node.add_parser("import", parents=[common], help="install the certificate the platform issued")
+    x.add_argument("--cert", required=True)
+    x.add_argument("--ca", required=True, help="the platform's ca.pem")
+    x.set_defaults(func=cmd_node_import)
     x = node.add_parser("run", parents=[common], help="run the node daemon")
     x.add_argument("--platform", help="HOST:PORT of the platform")
     x.add_argument("--inquiry-interval", type=float)
@@ -367,6 +518,8 @@ def build_parser() -> argparse.ArgumentParser:
     x.add_argument("--priority", type=int, default=0)
     x.add_argument("--expires-in", type=float, help="seconds until the document expires")
     x.add_argument("--best-effort", action="store_true", help="Reliable=0: never stored, acked or retried")
+    x.add_argument("--no-encrypt", action="store_true",
+                   help="signed but NOT end-to-end private: the platform operator can read it")
     x.add_argument("-q", "--quiet", action="store_true")
     x.add_argument("file", help="file to send, or - for stdin")
     x.set_defaults(func=cmd_send)
@@ -381,6 +534,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     x = sub.add_parser("messages", parents=[common], help="pending-send rows with state and age")
     x.add_argument("--limit", type=int, default=100)
+    x.add_argument("--receipt", metavar="LK0", help="show the signed delivery receipt of a document, verified")
     x.add_argument("--json", action="store_true")
     x.set_defaults(func=cmd_messages)
 
@@ -413,7 +567,7 @@ def main(argv: list[str] | None = None) -> int:
             raise
         print(f"error: {e}", file=sys.stderr)
         return 2
-    except (StoreError, ProtocolError, OSError) as e:
+    except (StoreError, ProtocolError, OSError, CryptoError, SecurityError) as e:
         if args.verbose:
             raise
         print(f"error: {e}", file=sys.stderr)

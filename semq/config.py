@@ -33,6 +33,7 @@ class Config:
     synchronous: str = "FULL"  # SQLite synchronous mode
     window: int = 4096
     auto_register: bool = True  # platform: accept nodes it does not know yet
+    security: bool = True  # mutual TLS, end-to-end encryption and signatures (docs/security.md)
 
     @property
     def store_path(self) -> Path:

@@ -66,9 +66,9 @@ class Cluster:
 
     def add_org(self, org: str) -> Path:
         d = self.root / org
-        assert semq_main(["node", "init", "--dir", str(d), "--org", org,
-                          "--platform", f"127.0.0.1:{self.port}"]) == 0
-        assert semq_main(["platform", "register", "--dir", str(self.root / "P"), org]) == 0
+        # Secure by default: keys, certificate issued by the platform's CA.
+        assert semq_main(["node", "init", "--dir", str(d), "--org", org, "--platform",
+                          f"127.0.0.1:{self.port}", "--enroll-from", str(self.root / "P")]) == 0
         return d
 
     def start_platform(self) -> Proc:

@@ -82,13 +82,15 @@ class NodeClient:
     def send(
         self, to: str, data: bytes, *, data_type: str = "", domain: str = "", subtype: str = "",
         key: str = "", save_fwd: int = 3, ack2: bool = True, priority: int = 0,
-        expires_in: float | None = None, reliable: bool = True,
+        expires_in: float | None = None, reliable: bool = True, encrypt: bool = True,
     ) -> LK0:
-        """Accept one document; durable when this returns. Raises
-        LocalProtocolError for an invalid field, StoreError for the store."""
+        """Accept one document; durable when this returns. With security on
+        (the default) it is signed and sealed for the target when it is sent;
+        ``encrypt=False`` sends it signed but **not end-to-end private**.
+        Raises LocalProtocolError for an invalid field, StoreError for the store."""
         return self.send_many([dict(to=to, data=data, data_type=data_type, domain=domain, subtype=subtype,
                                     key=key, save_fwd=save_fwd, ack2=ack2, priority=priority,
-                                    expires_in=expires_in, reliable=reliable)])[0]
+                                    expires_in=expires_in, reliable=reliable, encrypt=encrypt)])[0]
 
     def send_many(self, docs: list[dict[str, Any]]) -> list[LK0]:
         """Accept several documents in one transaction (much faster)."""
@@ -105,6 +107,7 @@ class NodeClient:
                 ack2=bool(d.get("ack2", True)) and reliable, reliable=reliable,
                 priority=d.get("priority", 0),
                 expires_ms=now + int(exp * 1000) if exp else None, created_ms=now,
+                encrypt=self.config.security and bool(d.get("encrypt", True)),
             ))
         return self.core.accept(news)
 
@@ -167,3 +170,40 @@ class NodeClient:
 
     def status(self) -> dict[str, Any]:
         return self.core.counts()
+
+    def receipt(self, record_id: int) -> dict[str, Any]:
+        """The signed delivery receipt of one of our documents, verified now
+        against the receiver's certificate (security on). Raises KeyError."""
+        row = self.core.conn.execute(
+            "SELECT target_id, digest, receipt, received_ms FROM receipts WHERE record_id=?", (record_id,)
+        ).fetchone()
+        if row is None:
+            raise KeyError(f"no receipt for record {record_id} (not confirmed yet, or sent without security)")
+        from semq.crypto import CertificateDirectory, CryptoError, load_certificate, verify_receipt
+
+        target, digest, receipt, received_ms = row
+        out: dict[str, Any] = {"lk0": str(LK0(endpoint=self.core.me, record_id=record_id)), "receiver": target,
+                               "digest": digest.hex(), "received_ms": received_ms, "size": len(receipt)}
+        try:
+            ca = load_certificate(self.config.directory / "ca.pem")
+            directory = CertificateDirectory(ca, None)
+            certs = self._receiver_certs(directory, target)
+            info = verify_receipt(receipt, digest=digest, lk0=LK0(endpoint=self.core.me, record_id=record_id),
+                                  receiver_certs=certs)
+            out.update(verified=True, signer=info.org, signed_ms=info.time_ms, batch_size=info.batch_size,
+                       certificate=info.signer.describe())
+        except (CryptoError, OSError, ValueError) as e:
+            out.update(verified=False, error=str(e))
+        return out
+
+    def _receiver_certs(self, directory: Any, org: str) -> list[Any]:
+        """Certificates of ``org`` cached by the daemon (certs/ORG.pem)."""
+        from semq.crypto import CryptoError, load_certificates
+
+        p = self.config.directory / "certs" / f"{org}.pem"
+        if p.exists():
+            directory.add_many(load_certificates(p))
+        try:
+            return list(directory.lookup(org))
+        except CryptoError:
+            return []

@@ -19,7 +19,19 @@ from typing import Any, Final
 from peewee import SqliteDatabase
 
 from semq._db import StoreError, translate
+from semq.crypto import (
+    CryptoError,
+    ack_entry_lk0,
+    document_aad,
+    frame_aad,
+    make_batch_receipt,
+    open_document,
+    protect_documents,
+    receipt_proofs,
+    verify_batch_receipt,
+)
 from semq.events import EventLog, now_ms
+from semq.security import NodeSecurity
 from semq.umxt_protocol import (
     LK0,
     LK1,
@@ -93,6 +105,8 @@ class Output:
 
     data: list[bytes] = field(default_factory=list)
     delivered: int = 0  # new inbox documents
+    missing: set[Endpoint] = field(default_factory=set)  # certificates to ask the platform for
+    deferred: list[RawFrame] = field(default_factory=list)  # DATA waiting for its origin's certificate
     settled: int = 0  # outbox rows that got their platform ack / NACK (window credit)
     errors: list[tuple[ResultCode, str]] = field(default_factory=list)
 
@@ -120,8 +134,12 @@ class NodeCore:
         synchronous: str = "FULL",
         inquiry_interval: float = 15.0,
         platform: Endpoint | None = None,
+        security: NodeSecurity | None = None,
     ) -> None:
         self.path = Path(store_path)
+        # With security, DATA is signed (and sealed unless the sender asked
+        # --no-encrypt) when it is sent, and verified before the inbox.
+        self.sec = security
         self.me = Endpoint.org(org)
         self.platform = platform or Endpoint.platform()
         self.db: SqliteDatabase = open_node_store(self.path, create=create, synchronous=synchronous)
@@ -166,9 +184,10 @@ class NodeCore:
         for d in docs:
             target = Endpoint.org(d.target)  # validates the id
             # Validate every field by building the DATA value once.
+            # (``encrypt`` asks for sealing at send time; the plaintext stays
+            # in our own store until then.)
             Data(lk0=LK0(endpoint=self.me, record_id=1), app_data=d.app_data, app_key=d.app_key,
-                 created_ms=d.created_ms or ts, expires_ms=d.expires_ms, encrypt=d.encrypt,
-                 session_key=d.session_key)
+                 created_ms=d.created_ms or ts, expires_ms=d.expires_ms)
             Frame(kind=Kind.DATA, source=self.me, target=target, reliable=d.reliable,
                   save_fwd=d.save_fwd, ack2=d.ack2, priority=d.priority,
                   body=Data(lk0=LK0(endpoint=self.me, record_id=1)))
@@ -204,24 +223,31 @@ class NodeCore:
 
     # ------------------------------------------------------------ sending
 
-    def claim(self, limit: int) -> Output:
+    def claim(self, limit: int, skip_targets: frozenset[str] = frozenset()) -> Output:
         """SPEC A.2: take up to ``limit`` SS_INIT rows (priority first, then
         acceptance order), mark them SS_SENT, commit, and return their DATA
         frames. Expired rows fail with EXPIRED instead; best-effort rows
-        are deleted as they go (never retried)."""
+        are deleted as they go (never retried). With security, the batch is
+        signed under one signature (each document still verifies alone) and
+        sealed to the target's certificates; rows whose target certificate is
+        not known yet stay SS_INIT and their target is in ``out.missing``
+        (``skip_targets``: targets already asked for)."""
         out = Output()
         ts = now_ms()
         events: list[dict[str, Any]] = []
         with self._tx():
+            skip = sorted(skip_targets)
             rows = self.conn.execute(
                 f"SELECT {_OUT_COLS}, encrypt, session_key, app_data FROM outbox WHERE state=0"
+                f" AND target_id NOT IN ({','.join('?' * len(skip))})"
                 " ORDER BY priority DESC, id LIMIT ?",
-                (limit,),
+                (*skip, limit),
             ).fetchall()
             if not rows:
                 return out
-            sent: list[tuple[int, ...]] = []
-            gone: list[tuple[int, ...]] = []
+            rows = self._protect(rows, out)
+            sent: list[tuple[Any, ...]] = []
+            gone: list[tuple[Any, ...]] = []
             expired: list[tuple[int, ...]] = []
             for r in rows:
                 if r[13] is not None and r[13] <= ts:
@@ -231,7 +257,7 @@ class NodeCore:
                 data = Data(
                     lk0=LK0(endpoint=self.me, record_id=r[0]),
                     app_key=AppKey(domain=r[8], data_type=r[9], subtype=r[10], key=r[11]),
-                    created_ms=r[12], expires_ms=r[13], encrypt=bool(r[16]),
+                    created_ms=r[12], expires_ms=r[13], encrypt=bool(r[17]),
                     session_key=r[17], app_data=r[18],
                 )
                 out.add(Frame(
@@ -241,13 +267,13 @@ class NodeCore:
                 ))
                 row = (*r[:14], r[14] + 1, r[15])
                 events.append(self._origin_event(row, "sent", ts))
-                (sent if r[6] else gone).append((ts, ts, ts, r[0]))
+                (sent if r[6] else gone).append((ts, ts, ts, r[19] if len(r) > 19 else None, r[0]))
             self.conn.executemany(
                 "UPDATE outbox SET state=1, attempts=attempts+1, sent_ms=?, state_ms=?,"
-                " last_inquiry_ms=? WHERE id=?",
+                " last_inquiry_ms=?, digest=coalesce(?, digest) WHERE id=?",
                 sent,
             )
-            self.conn.executemany("DELETE FROM outbox WHERE id=?", [(g[3],) for g in gone])
+            self.conn.executemany("DELETE FROM outbox WHERE id=?", [(g[-1],) for g in gone])
             self.conn.executemany(
                 f"UPDATE outbox SET state={int(SendState.SS_FAILED)}, code={int(ResultCode.EXPIRED)}"
                 " WHERE id=?",
@@ -255,6 +281,40 @@ class NodeCore:
             )
         self._emit(events)
         return out
+
+    def _protect(self, rows: list[Any], out: Output) -> list[Any]:
+        """Sign and seal a claimed batch (security on). Rows come back with
+        (session_key, app_data) replaced and the digest appended; rows whose
+        target certificate is unknown are left out (they stay SS_INIT)."""
+        if self.sec is None:
+            return rows
+        ts = now_ms()
+        keep, items = [], []
+        for r in rows:
+            target = Endpoint(node_type=r[1], node_id=r[2])
+            if r[13] is not None and r[13] <= ts:
+                keep.append(r)  # expires in claim(); nothing to protect
+                continue
+            certs = self.sec.certs(target) if r[16] else None
+            if r[16] and not certs:
+                out.missing.add(target)
+                continue
+            aad = document_aad(LK0(endpoint=self.me, record_id=r[0]), self.me, target,
+                               AppKey(domain=r[8], data_type=r[9], subtype=r[10], key=r[11]), r[4])
+            keep.append(r)
+            items.append((aad, r[18], certs))
+        if not items:
+            return keep
+        docs = iter(protect_documents(items, signing_key=self.sec.identity.keys.signing_key,
+                                      sealer=self.sec.sealer))
+        result = []
+        for r in keep:
+            if r[13] is not None and r[13] <= ts:
+                result.append(r)
+                continue
+            doc = next(docs)
+            result.append((*r[:17], doc.session_key, doc.app_data, doc.digest))
+        return result
 
     def pending_count(self) -> int:
         row = self.conn.execute("SELECT count(*) FROM outbox WHERE state=0").fetchone()
@@ -269,6 +329,7 @@ class NodeCore:
         ts = now_ms()
         events: list[dict[str, Any]] = []
         acks: dict[tuple[Kind, Endpoint], list[AckEntry]] = defaultdict(list)
+        self._digests: dict[Endpoint, list[tuple[LK0, bytes]]] = defaultdict(list)
         with self._tx():
             for raw in frames:
                 try:
@@ -276,9 +337,16 @@ class NodeCore:
                 except RemoteProtocolError as e:
                     out.errors.append((e.code, str(e)))
             for (kind, target), entries in acks.items():
+                digests = self._digests.get(target, []) if kind is Kind.ACK2 else []
                 for i in range(0, len(entries), 10_000):
+                    receipt = b""
+                    if self.sec is not None and len(digests) == len(entries):
+                        # One signature over the whole batch: the receiver's
+                        # proof of delivery for each document (docs/security.md).
+                        receipt = make_batch_receipt(digests[i:i + 10_000], self.sec.identity.keys.signing_key)
                     out.add(Frame(kind=Kind.ACK_BATCH, source=self.me, target=target,
-                                  body=AckBatch(ack_kind=kind, entries=tuple(entries[i:i + 10_000]))))
+                                  body=AckBatch(ack_kind=kind, entries=tuple(entries[i:i + 10_000]),
+                                                receipt=receipt)))
         self._emit(events)
         return out
 
@@ -292,9 +360,30 @@ class NodeCore:
         frame = raw.frame()
         body = frame.body
         if isinstance(body, Data):
-            self._receive(frame, body, ts, out, events, acks)
+            if self.sec is None:
+                self._receive(frame, body, ts, out, events, acks, body.app_data, None, "")
+                return
+            certs = self.sec.certs(frame.origin)
+            if not certs:
+                out.deferred.append(raw)
+                out.missing.add(frame.origin)
+                return
+            try:
+                got = open_document(body.app_data, body.session_key, aad=frame_aad(frame),
+                                    keys=self.sec.opener, signer_certs=certs, cache=self.sec.cache)
+            except CryptoError as e:
+                # Never delivered; the origin sees it (its row fails with the code).
+                code = getattr(e, "code", ResultCode.BAD_SIGNATURE)
+                events.append({"ts": ts, "role": "receiver", "event": "refused", "lk0": str(body.lk0),
+                               "source": frame.origin.node_id, "target": self.me.node_id,
+                               "code": int(code), "detail": str(e)[:200]})
+                out.errors.append((code, f"document {body.lk0} refused: {e}"))
+                out.add(Frame(kind=Kind.NACK, source=self.me, target=frame.origin,
+                              body=Nack(lk0=body.lk0, code=code, message=str(e)[:1000])))
+                return
+            self._receive(frame, body, ts, out, events, acks, got.body, got.digest, got.signer.org)
         elif isinstance(body, AckBatch):
-            self._acks(body.ack_kind, body.entries, frame.origin, ts, out, events, acks)
+            self._acks(body.ack_kind, body.entries, frame.origin, ts, out, events, acks, receipt=body.receipt)
         elif isinstance(body, Ack):
             self._acks(kind, (body.entry,), frame.origin, ts, out, events, acks, receipt=body.receipt)
         elif isinstance(body, Nack):
@@ -307,7 +396,8 @@ class NodeCore:
 
     def _receive(
         self, frame: Frame, d: Data, ts: int, out: Output, events: list[dict[str, Any]],
-        acks: dict[tuple[Kind, Endpoint], list[AckEntry]],
+        acks: dict[tuple[Kind, Endpoint], list[AckEntry]], body: bytes, digest: bytes | None,
+        signer: str,
     ) -> None:
         lk0, lk1 = d.lk0, d.lk1
         key = (int(lk0.endpoint.node_type), lk0.endpoint.node_id, lk0.semq_id, lk0.semq_db_id, lk0.record_id)
@@ -336,10 +426,9 @@ class NodeCore:
             self.conn.execute(
                 "INSERT INTO inbox (origin_type, origin_id, semq_id, semq_db_id, record_id, domain,"
                 " data_type, subtype, key, save_fwd, priority, created_ms, received_ms, encrypt,"
-                " session_key, app_data) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+                " app_data, signer) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
                 (*key, d.app_key.domain, d.app_key.data_type, d.app_key.subtype, d.app_key.key,
-                 int(frame.save_fwd), frame.priority, d.created_ms, ts, int(d.encrypt),
-                 d.session_key, d.app_data),
+                 int(frame.save_fwd), frame.priority, d.created_ms, ts, int(d.encrypt), body, signer),
             )
             out.delivered += 1
             events.append({**ev, "event": "inbox"})
@@ -369,6 +458,8 @@ class NodeCore:
         if dec.send_ack2:
             acks[(Kind.ACK2, lk0.endpoint)].append(AckEntry(
                 1, 1, inbound_id, lk0.semq_id, lk0.semq_db_id, lk0.record_id, int(AckFlag.DELIVERY), 0))
+            if digest is not None:
+                self._digests[lk0.endpoint].append((lk0, digest))
             events.append({**ev, "event": "ack2_sent"})
 
     def _acks(
@@ -376,6 +467,8 @@ class NodeCore:
         events: list[dict[str, Any]], acks: dict[tuple[Kind, Endpoint], list[AckEntry]],
         receipt: bytes = b"",
     ) -> None:
+        if kind is Kind.ACK2 and receipt and self.sec is not None:
+            self._keep_receipts(entries, origin, receipt, ts)
         if kind in (Kind.ACK_FWD, Kind.ACK_SAVE, Kind.ACK2):
             ev = {Kind.ACK_FWD: OriginEvent.ACK_FWD, Kind.ACK_SAVE: OriginEvent.ACK_SAVE,
                   Kind.ACK2: OriginEvent.ACK2}[kind]
@@ -385,6 +478,39 @@ class NodeCore:
             col = "p_ack" if kind is Kind.REACK else "s_ack"
             self._inbound_ack(col, [e.dest_ref_id for e in entries if e.dest_ref_id], ts, events)
         # ACK from a node is for the platform only; a node ignores it.
+
+    def _keep_receipts(self, entries: Sequence[AckEntry], receiver: Endpoint, receipt: bytes, ts: int) -> None:
+        """Verify a batch receipt against the digests we signed and keep one
+        self-standing proof per document (``semq messages --receipt``). A
+        receipt that does not verify is kept marked unverified."""
+        assert self.sec is not None
+        ids = [e.dest_ref_id for e in entries]
+        digests: dict[int, bytes] = {}
+        for i in range(0, len(ids), 500):
+            chunk = ids[i:i + 500]
+            q = ",".join("?" * len(chunk))
+            for rid, dg in self.conn.execute(f"SELECT id, digest FROM outbox WHERE id IN ({q})", chunk):
+                if dg is not None:
+                    digests[rid] = dg
+        if len(digests) != len(ids):
+            return  # some rows already confirmed and gone: their receipts were kept then
+        manifest = [(ack_entry_lk0(e, self.me), digests[e.dest_ref_id]) for e in entries]
+        verified = 0
+        try:
+            verify_batch_receipt(receipt, entries=manifest, receiver_certs=self.sec.certs(receiver))
+            verified = 1
+        except CryptoError:
+            pass
+        try:
+            proofs = receipt_proofs(receipt, manifest)
+        except (CryptoError, ValueError):
+            return
+        self.conn.executemany(
+            "INSERT OR REPLACE INTO receipts (record_id, target_id, digest, receipt, verified, received_ms)"
+            " VALUES (?,?,?,?,?,?)",
+            [(lk.record_id, receiver.node_id, dg, pr, verified, ts)
+             for (lk, dg), pr in zip(manifest, proofs, strict=True)],
+        )
 
     def _origin_apply(
         self, items: Sequence[tuple[Any, ...]], ts: int, out: Output, events: list[dict[str, Any]],

@@ -7,15 +7,19 @@ from __future__ import annotations
 import logging
 import random
 import sqlite3
+import ssl
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 import trio
 
 from semq._gate import StoreGate
+from semq.crypto import CryptoError
 from semq.events import now_ms
 from semq.transport import ConnectionClosed, FrameStream
 from semq.umxt_protocol import (
+    CertRequest,
+    CertResponse,
     Endpoint,
     Error,
     Frame,
@@ -52,6 +56,9 @@ class NodeSettings:
     # How to reach the platform: None = TCP to host:port. Tests pass a
     # function returning one end of trio.testing.memory_stream_pair().
     connect: Callable[[], Awaitable[trio.abc.Stream]] | None = None
+    # Mutual TLS 1.3 (semq.security.NodeSecurity.ssl_context()); None = plain TCP.
+    ssl_context: ssl.SSLContext | None = None
+    cert_retry: float = 5.0  # s between look-ups of a certificate the platform did not have
 
 
 class NodeDaemon:
@@ -63,7 +70,9 @@ class NodeDaemon:
         self.in_flight = 0
         self._wake = trio.Event()
         self.sessions = 0
-        self.stats = {"sent": 0, "received": 0, "delivered": 0}
+        self.stats = {"sent": 0, "received": 0, "delivered": 0, "refused": 0}
+        self.asked: dict[Endpoint, float] = {}  # certificate look-ups in flight: endpoint -> when
+        self.deferred: list[RawFrame] = []  # DATA waiting for its origin's certificate
 
     def wake(self) -> None:
         self._wake.set()
@@ -99,6 +108,14 @@ class NodeDaemon:
                 stream = await self.s.connect()
             else:
                 stream = await trio.open_tcp_stream(self.s.host, self.s.port)
+            if self.s.ssl_context is not None:
+                tls = trio.SSLStream(stream, self.s.ssl_context, server_hostname=self.s.host)
+                try:
+                    await tls.do_handshake()
+                except trio.BrokenResourceError as e:
+                    await stream.aclose()
+                    raise OSError(f"TLS handshake with the platform failed: {e.__cause__ or e}") from e
+                stream = tls
         fs = FrameStream(stream)
         try:
             me = self.core.me
@@ -117,6 +134,7 @@ class NodeDaemon:
             await self.gate.run(self.core.reconnected)
             self.connected = True
             self.in_flight = 0
+            self.asked.clear()
             self.sessions += 1
             log.info("connected to %s at %s:%s", welcome.source, self.s.host, self.s.port)
             self.last_rx = trio.current_time()
@@ -150,17 +168,23 @@ class NodeDaemon:
                         log.warning("platform says %s (%d): %s", err.code.name, err.code, err.message)
                     elif raw.kind is Kind.BYE:
                         raise ConnectionClosed("platform said BYE")
+                    elif raw.kind is Kind.CERT_RESPONSE:
+                        if self._certificates(raw):
+                            msgs, self.deferred = self.deferred + msgs, []
                 batch = []
                 if msgs:
                     self.stats["received"] += len(msgs)
                     out = await self.gate.run(self.core.handle, msgs)
                     for code, text in out.errors:
+                        self.stats["refused"] += 1
                         log.warning("frame refused (%s): %s", code.name, text)
                     self.stats["delivered"] += out.delivered
                     self.in_flight = max(0, self.in_flight - out.settled)
                     if out.settled:
                         self._wake.set()
-                    await fs.send(b"".join(out.data))
+                    # Bounded: beyond it the origin's inquiry brings them again.
+                    self.deferred = (self.deferred + out.deferred)[-10_000:]
+                    await fs.send(b"".join(out.data) + self._ask(out.missing))
         finally:
             scope.cancel()
 
@@ -168,7 +192,12 @@ class NodeDaemon:
         while True:
             room = self.s.window - self.in_flight
             if room > 0:
-                out = await self.gate.run(self.core.claim, min(self.s.batch, room))
+                now = trio.current_time()
+                skip = frozenset(ep.node_id for ep, t in self.asked.items() if now - t < self.s.cert_retry)
+                out = await self.gate.run(self.core.claim, min(self.s.batch, room), skip)
+                ask = self._ask(out.missing)
+                if ask:
+                    await fs.send(ask)
                 if out.data:
                     self.in_flight += len(out.data)
                     self.stats["sent"] += len(out.data)
@@ -177,6 +206,35 @@ class NodeDaemon:
             self._wake = trio.Event()
             with trio.move_on_after(self.s.poll_interval):
                 await self._wake.wait()
+
+    def _ask(self, missing: set[Endpoint]) -> bytes:
+        """CERT_REQUEST frames for certificates not asked for recently."""
+        now = trio.current_time()
+        frames = []
+        for ep in missing:
+            if now - self.asked.get(ep, -1e9) >= self.s.cert_retry:
+                self.asked[ep] = now
+                frames.append(encode_frame(Frame(kind=Kind.CERT_REQUEST, source=self.core.me,
+                                                 target=self.core.platform, body=CertRequest(endpoint=ep))))
+        return b"".join(frames)
+
+    def _certificates(self, raw: RawFrame) -> bool:
+        """Apply a CERT_RESPONSE to the directory (each certificate is
+        verified against the CA first). True if it added something."""
+        body = raw.frame().body
+        assert isinstance(body, CertResponse)
+        sec = self.core.sec
+        if sec is None:
+            return False
+        try:
+            sec.directory.apply_cert_response(body)
+        except CryptoError as e:
+            log.warning("no usable certificate for %s: %s", body.endpoint, e)
+            return False
+        self.asked.pop(body.endpoint, None)
+        sec.remember(body.endpoint.node_id)
+        self._wake.set()
+        return True
 
     async def _inquirer(self, fs: FrameStream) -> None:
         step = max(0.05, min(1.0, self.core.inquiry_ms / 3000))

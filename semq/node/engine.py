@@ -88,6 +88,11 @@ ORIGIN_TABLE: Final[dict[tuple[SendState, OriginEvent], tuple[SendState, bool]]]
     (S.SS_ACK, E.TARGET_HAS): (S.SS_ACK2, True),
     (S.SS_ACK, E.TARGET_LACKS): (S.SS_INIT, False),
     (S.SS_ACK, E.TARGET_ASKS): (S.SS_ACK2, False),
+    # The target refused the document (bad signature, cannot decrypt): NACK
+    # from B arrives after the platform's ack.
+    (S.SS_INIT, E.NACK): (S.SS_FAILED, False),
+    (S.SS_ACK_FWD, E.NACK): (S.SS_FAILED, False),
+    (S.SS_ACK, E.NACK): (S.SS_FAILED, False),
     # B did not get our REACK2 and sent ACK2 again: answer again.
     (S.SS_ACK2, E.ACK2): (S.SS_ACK2, True),
 }

@@ -20,7 +20,7 @@ from playhouse.sqlite_ext import AutoIncrementField
 
 from semq._db import create_tables, open_store
 
-__all__ = ["MODELS", "Dedup", "Inbound", "Inbox", "Outbox", "open_node_store"]
+__all__ = ["MIGRATIONS", "MODELS", "Dedup", "Inbound", "Inbox", "Outbox", "Receipt", "open_node_store"]
 
 
 class Outbox(Model):
@@ -131,14 +131,38 @@ class Dedup(Model):
         without_rowid = True
 
 
-MODELS = [Outbox, Inbound, Inbox, Dedup]
+class Receipt(Model):
+    """Signed delivery receipts (ACK2 with the receiver's signature over the
+    document's digest), kept after the pending-send row is cleaned up: the
+    origin's proof of delivery (security issue; like an AS2 MDN)."""
+
+    record_id = BigIntegerField(primary_key=True)  # LK0 record id at this origin
+    target_id = TextField()
+    digest = BlobField()
+    receipt = BlobField()  # a per-document proof (verify_receipt checks it alone)
+    verified = IntegerField(default=0)
+    received_ms = BigIntegerField()
+
+    class Meta:
+        table_name = "receipts"
+
+
+MODELS = [Outbox, Inbound, Inbox, Dedup]  # schema version 1
 
 
 def _v1(db: SqliteDatabase) -> None:
     create_tables(db, MODELS)
 
 
-MIGRATIONS = [_v1]
+def _v2(db: SqliteDatabase) -> None:
+    """Security: the digest each sent document was signed with (to verify
+    its receipt), whether an inbox document came signed, the receipts."""
+    db.execute_sql("ALTER TABLE outbox ADD COLUMN digest BLOB")
+    db.execute_sql("ALTER TABLE inbox ADD COLUMN signer TEXT NOT NULL DEFAULT ''")
+    create_tables(db, [Receipt])
+
+
+MIGRATIONS = [_v1, _v2]
 
 
 def open_node_store(path: Path, *, create: bool = False, synchronous: str = "FULL") -> SqliteDatabase:

@@ -12,10 +12,14 @@ from dataclasses import dataclass
 import trio
 
 from semq._gate import StoreGate
+from semq.crypto import CryptoError
 from semq.events import now_ms
+from semq.security import PlatformSecurity
 from semq.transport import ConnectionClosed, FrameStream
 from semq.umxt_protocol import (
     DEFAULT_MAX_FRAME,
+    CertRequest,
+    CertResponse,
     Endpoint,
     Error,
     Frame,
@@ -49,6 +53,9 @@ class PlatformSettings:
     idle_timeout: float = 60.0
     max_frame: int = DEFAULT_MAX_FRAME
     housekeeping_interval: float = 3600.0
+    # Mutual TLS 1.3 and the certificate directory (semq.security); None = plain TCP.
+    security: PlatformSecurity | None = None
+    crl_check_interval: float = 2.0
 
 
 class Session:
@@ -80,7 +87,8 @@ class PlatformDaemon:
         self.gate = StoreGate()
         self.sessions: dict[Endpoint, Session] = {}
         self.port: int | None = None
-        self.stats = {"connections": 0, "frames_in": 0, "refused": 0}
+        self.stats = {"connections": 0, "frames_in": 0, "refused": 0, "tls_refused": 0}
+        self.ssl_context = settings.security.ssl_context() if settings.security else None
 
     def online(self, ep: Endpoint) -> bool:
         s = self.sessions.get(ep)
@@ -94,12 +102,39 @@ class PlatformDaemon:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self._inquirer)
             nursery.start_soon(self._housekeeping)
+            if self.s.security is not None:
+                nursery.start_soon(self._watch_crl)
             await nursery.start(trio.serve_listeners, self._handle, listeners)
             task_status.started(self.port)
 
-    async def _handle(self, stream: trio.SocketStream) -> None:
-        fs = FrameStream(stream, max_frame=self.s.max_frame)
+    async def _tls(self, stream: trio.abc.Stream) -> tuple[trio.abc.Stream, str] | None:
+        """Mutual TLS 1.3: a certificate not issued by our CA, expired or
+        revoked is refused at the handshake. Returns the stream and the
+        organization the client certificate names, or None (closed)."""
+        assert self.ssl_context is not None and self.s.security is not None
+        tls = trio.SSLStream(stream, self.ssl_context, server_side=True)
+        try:
+            with trio.fail_after(self.s.hello_timeout):
+                await tls.do_handshake()
+            org = self.s.security.peer_org(tls.getpeercert(binary_form=True))
+        except (trio.BrokenResourceError, trio.TooSlowError, CryptoError) as e:
+            self.stats["tls_refused"] += 1
+            log.warning("TLS handshake refused: %s", e.__cause__ or e)
+            with trio.move_on_after(1) as scope:
+                scope.shield = True
+                await stream.aclose()
+            return None
+        return tls, org
+
+    async def _handle(self, stream: trio.abc.Stream) -> None:
         self.stats["connections"] += 1
+        bound: str | None = None
+        if self.ssl_context is not None:
+            res = await self._tls(stream)
+            if res is None:
+                return
+            stream, bound = res
+        fs = FrameStream(stream, max_frame=self.s.max_frame)
         try:
             with trio.fail_after(self.s.hello_timeout):
                 first = await fs.receive_batch()
@@ -124,6 +159,12 @@ class PlatformDaemon:
             await fs.send_error(self.core.me, hello.source, e.code, str(e))
             return
         ep = hello.source
+        if bound is not None and ep != Endpoint.org(bound):
+            # An organization can only speak as itself (SPEC "Security").
+            log.warning("certificate of %s used to claim %s: refused", bound, ep)
+            await fs.send_error(self.core.me, ep, ResultCode.AUTH_FAILED,
+                                f"the TLS certificate names organization {bound}, not {ep}")
+            return
         if hello.origin != ep or not await self.gate.run(self.core.connected, ep):
             await fs.send_error(self.core.me, ep, ResultCode.AUTH_FAILED, f"{ep} may not connect here")
             return
@@ -186,6 +227,10 @@ class PlatformDaemon:
                     return
                 elif raw.kind is Kind.HELLO:
                     raise RemoteProtocolError("HELLO on an established session", ResultCode.UNEXPECTED_FRAME)
+                elif raw.kind is Kind.CERT_REQUEST:
+                    req = raw.frame().body
+                    assert isinstance(req, CertRequest)
+                    session.enqueue([self._cert_response(ep, req.endpoint)])
             batch = []
             if not msgs:
                 continue
@@ -253,6 +298,35 @@ class PlatformDaemon:
                 s = self.sessions.get(target)
                 if s is not None:
                     s.enqueue(data)
+
+    def _cert_response(self, to: Endpoint, about: Endpoint) -> bytes:
+        if self.s.security is None:
+            body = CertResponse(endpoint=about, code=ResultCode.UNKNOWN_CERTIFICATE)
+        else:
+            body = self.s.security.directory.cert_response(about)
+        return encode_frame(Frame(kind=Kind.CERT_RESPONSE, source=self.core.me, target=to, body=body))
+
+    async def _watch_crl(self) -> None:
+        """``semq platform revoke`` / ``enroll`` rewrite the CA files; pick
+        them up without a restart: new TLS context, new directory, and the
+        sessions of revoked organizations are closed."""
+        sec = self.s.security
+        assert sec is not None
+        while True:
+            await trio.sleep(self.s.crl_check_interval)
+            if not sec.changed():
+                continue
+            await trio.to_thread.run_sync(sec.reload)
+            self.ssl_context = sec.ssl_context()
+            revoked = sec.revoked_orgs()
+            for ep, session in list(self.sessions.items()):
+                if ep.node_id in revoked:
+                    log.warning("%s is revoked: closing its session", ep)
+                    session.enqueue([encode_frame(Frame(kind=Kind.ERROR, source=self.core.me, target=ep,
+                                                        body=Error(code=ResultCode.CERT_REVOKED,
+                                                                   message="certificate revoked")))])
+                    session.cancel_scope.deadline = trio.current_time() + 1
+            log.info("CA state reloaded (%d revoked organizations)", len(revoked))
 
     async def _housekeeping(self) -> None:
         while True:
