@@ -57,15 +57,22 @@ class Proc:
 class Cluster:
     """A platform and organizations in one temporary directory."""
 
-    def __init__(self, root: Path, *, inquiry_interval: float = 0.5) -> None:
+    def __init__(self, root: Path, *, inquiry_interval: float = 0.5, security: bool = True) -> None:
         self.root = root
         self.port = free_port()
         self.iq = str(inquiry_interval)
+        self.security = security
         self.procs: dict[str, Proc] = {}
-        assert semq_main(["platform", "init", "--dir", str(root / "P")]) == 0
+        plain = [] if security else ["--no-security"]
+        assert semq_main(["platform", "init", "--dir", str(root / "P"), *plain]) == 0
 
     def add_org(self, org: str) -> Path:
         d = self.root / org
+        if not self.security:
+            assert semq_main(["node", "init", "--dir", str(d), "--org", org, "--platform",
+                              f"127.0.0.1:{self.port}", "--no-security"]) == 0
+            assert semq_main(["platform", "register", "--dir", str(self.root / "P"), org]) == 0
+            return d
         # Secure by default: keys, certificate issued by the platform's CA.
         assert semq_main(["node", "init", "--dir", str(d), "--org", org, "--platform",
                           f"127.0.0.1:{self.port}", "--enroll-from", str(self.root / "P")]) == 0

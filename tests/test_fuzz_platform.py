@@ -263,7 +263,8 @@ class Flow:
 
 
 @pytest.fixture
-def relay(cluster: Cluster) -> Iterator[Cluster]:
+def relay(plain_cluster: Cluster) -> Iterator[Cluster]:
+    cluster = plain_cluster  # raw UMX-T bytes: plain TCP (TLS is fuzzed in test_security_e2e)
     """Platform, A and B running; A and B connected."""
     for o in (A, B):
         cluster.add_org(o)
@@ -401,12 +402,6 @@ def test_frames_claiming_another_org_are_refused_and_the_connection_closed(relay
     assert len(refused) == len(_forged_cases())
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "platform closes a session on SOURCE_MISMATCH without sending the ERROR it queued:"
-    " PlatformDaemon._reader returns right after session.enqueue(ERROR), and _handle then"
-    " cancels the nursery, so _writer is cancelled before it writes (semq/platform/daemon.py"
-    " _reader 'return  # an organization speaks only as itself' / _handle"
-    " 'nursery.cancel_scope.cancel()')"))
 def test_frames_claiming_another_org_get_source_mismatch(relay: Cluster) -> None:
     for name, payload in _forged_cases():
         r = _send_in_session(relay.port, "fz-s", payload)
@@ -603,12 +598,6 @@ def test_mutated_documents_relayed_to_a_node_do_not_stop_it(relay: Cluster) -> N
 # ---------------------------------------------------------------- impersonation
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "the platform admits a HELLO from an endpoint of type PLATFORM (here platform:evil) and"
-    " auto-registers it like an organization (PlatformCore.connected, semq/platform/core.py,"
-    " checks only `ep not in self.known` / auto_register, never ep.node_type); nodes then treat"
-    " its frames as the platform's (NodeCore._answers: `from_platform = frame.origin.node_type"
-    " is NodeType.PLATFORM`), so such a peer can answer 'stored' for another org's records"))
 def test_hello_from_a_platform_type_endpoint_is_refused(relay: Cluster) -> None:
     payload = encode_frame(Frame(kind=Kind.HELLO, source=Endpoint.platform("evil"), target=PLATFORM,
                                  body=Hello()))
@@ -616,13 +605,8 @@ def test_hello_from_a_platform_type_endpoint_is_refused(relay: Cluster) -> None:
     assert r.errors == [ResultCode.AUTH_FAILED] and r.closed, (r.kinds(), r.errors)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "an origin node applies ACK2 (and ACK_FWD / ACK_SAVE / NACK) for its records from any"
-    " organization, not only from the record's target (or the platform): the platform relays"
-    " ACK_BATCH/NACK between any two orgs (_RELAYED in semq/platform/core.py) and"
-    " NodeCore._acks/_origin_apply (semq/node/core.py) never compare `peer` with the row's"
-    " target_id. A third org can thus make A clean up SaveFwd 3 rows B never confirmed"))
-def test_acks_for_a_record_from_an_org_that_is_not_its_target_are_ignored(cluster: Cluster) -> None:
+def test_acks_for_a_record_from_an_org_that_is_not_its_target_are_ignored(plain_cluster: Cluster) -> None:
+    cluster = plain_cluster
     for o in (A, B):
         cluster.add_org(o)
     cluster.start_platform()

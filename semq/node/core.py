@@ -388,7 +388,7 @@ class NodeCore:
             self._acks(kind, (body.entry,), frame.origin, ts, out, events, acks, receipt=body.receipt)
         elif isinstance(body, Nack):
             self._origin_apply([(body.lk0.record_id, OriginEvent.NACK)], ts, out, events, acks,
-                               code=int(body.code), detail=body.message)
+                               peer=frame.origin, code=int(body.code), detail=body.message)
         elif isinstance(body, Inquiry):
             self._answer(frame, body, ts, out, events)
         elif isinstance(body, InquiryResp):
@@ -534,6 +534,11 @@ class NodeCore:
             if r is None:
                 answers.append((rid, InquiryResult.NO_RECORD))
                 continue
+            if peer is not None and peer.node_type is not NodeType.PLATFORM and peer.node_id != r[2]:
+                # Only the document's own target may confirm, refuse or ask
+                # about it: an ACK2 from a third organization is ignored.
+                answers.append((rid, InquiryResult.NO_RECORD))
+                continue
             state = SendState(r[3])
             o = origin_step(state, event, save_fwd=r[4], ack2=bool(r[5]))
             answers.append((rid, InquiryResult.ALREADY_ACKED if state is SendState.SS_ACK2
@@ -604,7 +609,7 @@ class NodeCore:
         else:
             mine = [lk for lk in q.items if lk.endpoint == self.me]
             res = dict(self._origin_apply([(lk.record_id, OriginEvent.TARGET_ASKS) for lk in mine],
-                                          ts, out, events, defaultdict(list)))
+                                          ts, out, events, defaultdict(list), peer=frame.origin))
             answers = [InquiryAnswer(lk, res.get(lk.record_id, InquiryResult.NO_RECORD)) for lk in q.items]
         out.add(Frame(kind=Kind.INQUIRY_RESP, source=self.me, target=frame.origin,
                       body=InquiryResp(topic=q.topic, answers=tuple(answers))))
@@ -625,7 +630,7 @@ class NodeCore:
                     ev = OriginEvent.TARGET_HAS if has else OriginEvent.TARGET_LACKS
                 items.append((lk.record_id, ev))
             acks: dict[tuple[Kind, Endpoint], list[AckEntry]] = defaultdict(list)
-            self._origin_apply(items, ts, out, events, acks)
+            self._origin_apply(items, ts, out, events, acks, peer=frame.origin)
             # TARGET_HAS means B has it; SPEC A.5: answer REACK2 so B may clean up.
         else:
             col = "p_ack" if from_platform else "s_ack"

@@ -25,6 +25,7 @@ from semq.umxt_protocol import (
     Frame,
     Hello,
     Kind,
+    NodeType,
     Ping,
     Pong,
     ProtocolError,
@@ -159,6 +160,10 @@ class PlatformDaemon:
             await fs.send_error(self.core.me, hello.source, e.code, str(e))
             return
         ep = hello.source
+        if ep.node_type is not NodeType.ORGANIZATION:
+            await fs.send_error(self.core.me, ep, ResultCode.AUTH_FAILED,
+                                f"only organizations connect here, not a {ep.node_type.name.lower()} ({ep})")
+            return
         if bound is not None and ep != Endpoint.org(bound):
             # An organization can only speak as itself (SPEC "Security").
             log.warning("certificate of %s used to claim %s: refused", bound, ep)
@@ -237,13 +242,19 @@ class PlatformDaemon:
             self.stats["frames_in"] += len(msgs)
             out = await self.gate.run(self.core.handle, ep, msgs, self.online)
             self._dispatch(out)
+            errors = [encode_frame(Frame(kind=Kind.ERROR, source=self.core.me, target=ep,
+                                         body=Error(code=code, message=text[:1024])))
+                      for code, text in out.errors]
             for code, text in out.errors:
                 self.stats["refused"] += 1
                 log.warning("refused from %s (%s): %s", ep, code.name, text)
-                session.enqueue([encode_frame(Frame(kind=Kind.ERROR, source=self.core.me, target=ep,
-                                                    body=Error(code=code, message=text[:1024])))])
             if any(code is ResultCode.SOURCE_MISMATCH for code, _ in out.errors):
-                return  # an organization speaks only as itself: close
+                # An organization speaks only as itself: say why, then close
+                # (written directly: the writer task is about to be cancelled).
+                with trio.move_on_after(2):
+                    await fs.send(b"".join([*session.queue, *errors]))
+                return
+            session.enqueue(errors)
 
     def _dispatch(self, out: PlatformOutput) -> None:
         for target, data in out.sends.items():
