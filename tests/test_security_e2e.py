@@ -1,0 +1,214 @@
+"""Security with real processes and on the cores (SPEC "Security"; issue 4):
+mutual TLS refusals, an organization speaks only as itself, key files,
+ciphertext-only relay, tampering refused and reported, signed receipts."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import ssl
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from semq.cli import main as semq_main
+from semq.node.api import NodeClient
+from semq.node.core import NewDocument, NodeCore
+from semq.security import (
+    NodeSecurity,
+    enroll,
+    import_certificate,
+    init_node_keys,
+    init_platform_pki,
+)
+from semq.umxt_protocol import (
+    Data,
+    Endpoint,
+    Error,
+    Frame,
+    FrameDecoder,
+    Hello,
+    Kind,
+    Nack,
+    ResultCode,
+    encode_frame,
+)
+from tests._procs import Cluster, wait_until
+
+A, B = "10008", "56001"
+
+
+def online(c: Cluster) -> list[str]:
+    try:
+        return list(json.loads((c.root / "P" / "status.json").read_text())["online"])
+    except (OSError, ValueError, KeyError):
+        return []
+
+
+@pytest.mark.e2e
+def test_relay_stores_only_ciphertext_and_the_receipt_verifies(cluster: Cluster, capsys: pytest.CaptureFixture[str]) -> None:
+    for o in (A, B):
+        cluster.add_org(o)
+    cluster.start_platform()
+    cluster.start_node(A)
+    secret = b"<order id='S0001'>TOP-SECRET-PRICE 4711</order>"
+    with NodeClient(cluster.root / A) as node:
+        lk0 = node.send(B, secret, data_type="ORDER", key="S0001")
+        open_lk0 = node.send(B, b"PUBLIC-NOTICE", data_type="NOTE", encrypt=False)
+    wait_until(lambda: cluster.count("P", "SELECT count(*) FROM stored WHERE kind=1") == 2, 30, "stored at P")
+    frames = [f for (f,) in cluster.q("P", "SELECT frame FROM stored WHERE kind=1")]
+    assert not any(b"TOP-SECRET" in f for f in frames)  # the relay cannot read it
+    assert any(b"PUBLIC-NOTICE" in f for f in frames)  # --no-encrypt: stated as readable
+    cluster.start_node(B)
+    wait_until(lambda: len(cluster.inbox(B)) == 2, 30, "delivery")
+    assert cluster.inbox(B)[f"{A}/{lk0.record_id}"] == secret
+    assert cluster.q(B, "SELECT encrypt, signer FROM inbox ORDER BY record_id") == [(1, A), (0, A)]
+    wait_until(lambda: cluster.settled([A, B]), 30, "cleanup")
+    capsys.readouterr()
+    assert semq_main(["messages", "--dir", str(cluster.root / A), "--receipt", str(lk0), "--json"]) == 0
+    info = json.loads(capsys.readouterr().out)
+    assert info["verified"] is True and info["signer"] == B
+    assert semq_main(["messages", "--dir", str(cluster.root / A), "--receipt", str(open_lk0.record_id)]) == 0
+
+
+@pytest.mark.e2e
+def test_certificate_from_another_ca_is_refused_at_the_handshake(cluster: Cluster, tmp_path: Path) -> None:
+    cluster.add_org(A)
+    cluster.start_platform()
+    # An organization enrolled with a different platform (another CA).
+    other = tmp_path / "other"
+    assert semq_main(["platform", "init", "--dir", str(other / "P")]) == 0
+    assert semq_main(["node", "init", "--dir", str(other / "X"), "--org", "66000", "--platform",
+                      f"127.0.0.1:{cluster.port}", "--enroll-from", str(other / "P")]) == 0
+    log = tmp_path / "x.log"
+    p = subprocess.Popen([sys.executable, "-m", "semq", "node", "run", "--dir", str(other / "X")],
+                         stdout=log.open("wb"), stderr=subprocess.STDOUT)
+    try:
+        wait_until(lambda: "TLS handshake refused" in (cluster.root / "platform.log").read_text(), 20,
+                   "the platform to refuse the handshake")
+        time.sleep(1)
+        assert "66000" not in online(cluster)
+    finally:
+        p.kill()
+        p.wait(timeout=10)
+
+
+def _tls_socket(c: Cluster, org: str) -> ssl.SSLSocket:
+    d = c.root / org
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    ctx.minimum_version = ssl.TLSVersion.TLSv1_3
+    ctx.load_verify_locations(d / "ca.pem")
+    ctx.load_cert_chain(d / "node.pem", d / "keys" / "sign.key.pem")
+    raw = socket.create_connection(("127.0.0.1", c.port), timeout=5)
+    return ctx.wrap_socket(raw, server_hostname="127.0.0.1")
+
+
+def _read_frames(s: ssl.SSLSocket, timeout: float = 5) -> list[Frame]:
+    dec = FrameDecoder()
+    s.settimeout(timeout)
+    out: list[Frame] = []
+    try:
+        while chunk := s.recv(65536):
+            dec.receive_data(chunk)
+            out += [f.frame() for f in dec]
+    except (TimeoutError, ssl.SSLError, OSError):
+        pass
+    return out
+
+
+@pytest.mark.e2e
+def test_a_valid_certificate_cannot_speak_as_another_organization(cluster: Cluster) -> None:
+    for o in (A, B):
+        cluster.add_org(o)
+    cluster.start_platform()
+    with _tls_socket(cluster, A) as s:  # A's certificate, B's name
+        s.sendall(encode_frame(Frame(kind=Kind.HELLO, source=Endpoint.org(B), target=Endpoint.platform(),
+                                     body=Hello())))
+        frames = _read_frames(s)
+    errors = [f.body for f in frames if isinstance(f.body, Error)]
+    assert errors and errors[0].code is ResultCode.AUTH_FAILED
+    assert A in errors[0].message and B in errors[0].message
+
+
+@pytest.mark.e2e
+def test_revoked_organization_is_disconnected(cluster: Cluster) -> None:
+    for o in (A, B):
+        cluster.add_org(o)
+    cluster.start_platform()
+    cluster.start_node(B)
+    wait_until(lambda: B in online(cluster), 20, "B online")
+    assert semq_main(["platform", "revoke", "--dir", str(cluster.root / "P"), B]) == 0
+    wait_until(lambda: B not in online(cluster), 20, "B disconnected after revocation")
+    time.sleep(2)  # B keeps retrying: every handshake is refused now
+    assert B not in online(cluster)
+    assert "TLS handshake refused" in (cluster.root / "platform.log").read_text()
+
+
+def test_key_file_readable_by_others_is_refused(cluster: Cluster, capsys: pytest.CaptureFixture[str]) -> None:
+    d = cluster.add_org(A)
+    key = d / "keys" / "sign.key.pem"
+    os.chmod(key, 0o644)
+    assert semq_main(["node", "run", "--dir", str(d)]) != 0
+    err = capsys.readouterr().err
+    assert str(key) in err and "0644" in err and err.count("\n") == 1
+
+
+def _pki(tmp: Path) -> tuple[NodeSecurity, NodeSecurity]:
+    init_platform_pki(tmp / "P", "platform", [])
+    secs = []
+    for org in (A, B):
+        csr = init_node_keys(tmp / org, org)
+        _, cert = enroll(tmp / "P", csr, org, tmp / org / "issued.pem")
+        import_certificate(tmp / org, cert, tmp / "P" / "ca" / "ca.pem")
+        secs.append(NodeSecurity(tmp / org))
+    a, b = secs
+    a.directory.add(b.identity.certificate.der)
+    b.directory.add(a.identity.certificate.der)
+    return a, b
+
+
+def test_tampered_document_is_refused_never_delivered_and_the_origin_told(tmp_path: Path) -> None:
+    sa, sb = _pki(tmp_path)
+    a = NodeCore(tmp_path / "a.sqlite", A, create=True, synchronous="OFF", security=sa)
+    b = NodeCore(tmp_path / "b.sqlite", B, create=True, synchronous="OFF", security=sb)
+    a.accept([NewDocument(target=B, app_data=b"pay 100 EUR", encrypt=True)])
+    [data] = a.claim(10).data
+    dec = FrameDecoder()
+    dec.receive_data(data)
+    frame = next(iter(dec)).frame()
+    assert isinstance(frame.body, Data) and frame.body.encrypt
+    body = frame.body
+    tampered = bytearray(body.app_data)
+    tampered[-1] ^= 1
+    for bad in (
+        Frame(kind=Kind.DATA, source=Endpoint.platform(), target=frame.target, origin=frame.origin,
+              body=Data(lk0=body.lk0, app_key=body.app_key, created_ms=body.created_ms, encrypt=True,
+                        session_key=body.session_key, app_data=bytes(tampered)), ack2=True),
+        # The relay re-addresses the AppKey: the AAD no longer matches.
+        Frame(kind=Kind.DATA, source=Endpoint.platform(), target=frame.target, origin=frame.origin,
+              body=Data(lk0=body.lk0, created_ms=body.created_ms, encrypt=True,
+                        session_key=body.session_key, app_data=body.app_data), ack2=True, save_fwd=2),
+    ):
+        dec.receive_data(encode_frame(bad))
+        out = b.handle(list(dec))
+        assert out.delivered == 0 and out.errors
+        assert b.conn.execute("SELECT count(*) FROM inbox").fetchone()[0] == 0
+        assert b.conn.execute("SELECT count(*) FROM dedup").fetchone()[0] == 0  # the genuine copy still gets in
+        dec.receive_data(out.data[0])
+        nack = next(iter(dec)).frame()
+        assert isinstance(nack.body, Nack) and nack.body.code in (ResultCode.DECRYPT_FAILED, ResultCode.BAD_SIGNATURE)
+    # The NACK, relayed by the platform, fails A's row with the code (visible in 'semq messages').
+    a.conn.execute("UPDATE outbox SET state=2")  # as if ACK_FWD had arrived
+    relayed = Frame(kind=Kind.NACK, source=Endpoint.platform(), target=Endpoint.org(A), origin=Endpoint.org(B),
+                    body=nack.body)
+    dec.receive_data(encode_frame(relayed))
+    a.handle(list(dec))
+    assert a.conn.execute("SELECT state, code FROM outbox").fetchall() == [(9, int(nack.body.code))]
+    # The genuine copy is delivered.
+    dec.receive_data(data)
+    assert b.handle(list(dec)).delivered == 1
+    assert b.conn.execute("SELECT app_data FROM inbox").fetchone()[0] == b"pay 100 EUR"
