@@ -129,17 +129,22 @@ class Demo:
 
     # -- the CLI, as a user runs it (cwd = the demo directory)
 
-    def semq(self, *args: str, echo: bool = True, stdin: bytes | None = None) -> str:
+    def semq(self, *args: str, echo: bool = True, stderr: bool = False) -> str:
+        """Run the CLI; show the command and its stdout (and stderr if asked)."""
         if echo:
             print(f"    $ semq {shlex.join(args)}", flush=True)
-        r = subprocess.run([*SEMQ, *args], cwd=self.root, env=self.env, input=stdin,
-                           capture_output=True, timeout=30)
+        r = subprocess.run([*SEMQ, *args], cwd=self.root, env=self.env, capture_output=True, timeout=30)
         out, err = r.stdout.decode(errors="replace"), r.stderr.decode(errors="replace")
         if r.returncode != 0:
             raise DemoError(f"'semq {shlex.join(args)}' exited {r.returncode}: {err.strip() or out.strip()}")
         if echo:
-            show(out)
+            show(out + (err if stderr else ""))
         return out
+
+    def security(self) -> bool:
+        """Does this semq run the daemons with certificates (``node init
+        --enroll-from``)? Then the demo uses it, as a real deployment would."""
+        return "--enroll-from" in self.semq("node", "init", "--help", echo=False)
 
     def start(self, name: str, *args: str, ready: str) -> None:
         print(f"    $ semq {shlex.join(args)} &", flush=True)
@@ -286,21 +291,33 @@ def table(headers: list[str], rows: list[list[str]]) -> str:
 
 def run(demo: Demo, keep: bool) -> None:
     root = demo.root
-    say(f"1. A platform and two organizations in {root} (relay on 127.0.0.1:{demo.port})")
+    secure = demo.security()
+    if secure:
+        say(f"1. A platform with its certificate authority, and two organizations enrolled with it, in {root}")
+    else:
+        say(f"1. A platform and two organizations in {root} (relay on 127.0.0.1:{demo.port})")
     demo.semq("platform", "init", "--dir", "P", "--listen", f"127.0.0.1:{demo.port}")
     for org, d in ((A, "A"), (B, "B")):
-        demo.semq("node", "init", "--dir", d, "--org", org, "--platform", f"127.0.0.1:{demo.port}")
-    demo.semq("platform", "register", "--dir", "P", A, B)
+        # --enroll-from: the platform's directory is on this machine, so the
+        # certificate request is signed at once (otherwise: platform enroll
+        # + node import, docs/cli.md).
+        demo.semq("node", "init", "--dir", d, "--org", org, "--platform", f"127.0.0.1:{demo.port}",
+                  *(["--enroll-from", "P"] if secure else []))
+    if not secure:
+        demo.semq("platform", "register", "--dir", "P", A, B)
 
-    say("2. The relay and organization 10008 (A) start; 56001 (B) stays offline for now")
+    say("2. The relay and organization 10008 (A) start" + (" (mutual TLS 1.3)" if secure else "")
+        + "; 56001 (B) stays offline for now")
     demo.start("platform", "platform", "run", "--dir", "P", "--inquiry-interval", "1", ready="listening on")
     demo.start("A", "node", "run", "--dir", "A", "--inquiry-interval", "1", ready="running")
     demo.wait(lambda: A in demo.online(), "A to connect to the platform")
 
     say("3. A sends the order S0001, an invoice, a receipt and a price update (SaveFwd 3, 2, 2, 1)")
-    for doc in DOCUMENTS:
+    for i, doc in enumerate(DOCUMENTS):
         (root / doc.file).write_bytes(doc.content)
-        demo.semq("send", "--dir", "A", "--to", B, *doc.options(), "-q", doc.file)
+        # The first one without -q: what send says on stderr.
+        demo.semq("send", "--dir", "A", "--to", B, *doc.options(), *(["-q"] if i else []), doc.file,
+                  stderr=not i)
 
     say("4. P stores the SaveFwd 2|3 documents for B (ACK_SAVE to A) and drops the SaveFwd=1 one, telling A (NACK 301)")
     demo.wait(lambda: demo.q("P", "SELECT count(*) FROM stored WHERE kind=1")[0][0] == STORED,
@@ -317,6 +334,13 @@ def run(demo: Demo, keep: bool) -> None:
     demo.semq("status", "--dir", "P")
     show("(relayed acks/inquiries waiting: A's questions to B about its documents, held for B like")
     show(" any SaveFwd 3 message until B connects)")
+    if secure:
+        # The relay stores what it cannot read: the order's text is nowhere in its files.
+        files = [f for f in (root / "P").iterdir() if f.name.startswith("platform.sqlite")]
+        leaked = [f.name for f in files if b"BOLT-M8" in f.read_bytes()]
+        if leaked:
+            raise DemoError(f"the order's plaintext is readable in the platform's {', '.join(leaked)}")
+        show(f"P holds the order sealed: 'BOLT-M8' (from its text) is in none of {', '.join(f.name for f in files)}")
 
     say("5. B comes online: P delivers the stored documents (with LK1), B acks P and sends ACK2 to A")
     demo.start("B", "node", "run", "--dir", "B", "--inquiry-interval", "1", ready="running")
@@ -340,6 +364,9 @@ def run(demo: Demo, keep: bool) -> None:
     for d in ("A", "B", "P"):
         demo.semq("status", "--dir", d)
     show("(A keeps the failed row for 7 days so its user can see it; dedup rows stay 30 days: docs/exactly-once.md)")
+    if secure:
+        show("A keeps B's signed delivery receipt for the order:")
+        demo.semq("messages", "--dir", "A", "--receipt", f"{A}/1/1/1")
 
     # Exactly once: every document B's inbox holds is distinct and byte-identical.
     got = demo.q("B", "SELECT key, app_data, count(*) FROM inbox GROUP BY origin_id, record_id")
