@@ -1,0 +1,461 @@
+"""Deterministic synthetic delivery logs for tests and benchmarks.
+
+:func:`generate` simulates N messages among K organizations through one
+platform, following the flow of SPEC.md ("The flow: A sends order S0001 to B"),
+and writes what each party would log (docs/events.md) to per-party daily files
+laid out like real data directories::
+
+    OUT/org-ORG01/events/events-2026-11-01.jsonl
+    OUT/platform-P1/events/events-2026-11-01.jsonl
+
+What it covers, so reports meet every case on generated data: all three
+SaveFwd modes; organizations going offline and coming back (the platform logs
+``node_offline``/``node_online``) and one that never comes back; lost frames on
+each hop with inquiries and resends; duplicate arrivals the receiver suppresses;
+messages stuck at the origin, stored at the platform, and delivered but never
+confirmed; best-effort messages; messages that ask no ACK2; and a clock offset
+per organization (the platform's clock is the true time).
+
+The same seed gives byte-identical files. Lines are not sorted by time within
+a file (they are written message by message): a reader must not assume order,
+and the reports do not.
+"""
+
+from __future__ import annotations
+
+import bisect
+import json
+import math
+import random
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Final
+
+__all__ = ["SynthConfig", "SynthStats", "generate"]
+
+DAY_MS: Final = 86_400_000
+INQUIRY_INTERVAL_MS: Final = 15_000  # SPEC: inquiry interval, default 15 s
+STUCK_AFTER_MS: Final = 3_600_000  # the report's default threshold, for the truth counts
+_FLUSH_LINES: Final = 20_000
+
+# (domain, data_type, subtype, weight): what organizations exchange (SPEC intro).
+_APP_KEYS: Final = (
+    ("trade", "ORDER", "PO", 30),
+    ("trade", "INVOICE", "INV", 20),
+    ("trade", "RECEIPT", "RCPT", 10),
+    ("logistics", "SHIPMENT", "ASN", 15),
+    ("logistics", "DELIVERY", "POD", 10),
+    ("finance", "PAYMENT", "PAY", 10),
+    ("finance", "STATEMENT", "STM", 5),
+)
+
+
+@dataclass(frozen=True, kw_only=True)
+class SynthConfig:
+    """What to generate. Probabilities are per message (``loss`` per hop)."""
+
+    messages: int = 10_000
+    orgs: int = 8
+    seed: int = 1
+    start_ms: int = 1_793_491_200_000  # 2026-11-01T00:00:00Z
+    duration_ms: int = DAY_MS  # messages are queued evenly over this span
+    max_skew_ms: int = 90_000  # organization clocks are off by up to this much
+    loss: float = 0.005  # a DATA frame lost on one hop (then inquiry + resend)
+    duplicate: float = 0.003  # the receiver gets a second copy and suppresses it
+    stuck_origin: float = 0.001  # the platform never gets it (origin keeps asking)
+    unconfirmed: float = 0.002  # the ACK2 never reaches the origin
+    best_effort: float = 0.03  # Reliable=0
+    no_ack2: float = 0.1  # Ack2=0
+    dead_orgs: int = 1  # organizations that go offline half-way and never return
+    mean_online_ms: int = 6 * 3_600_000  # mean time between disconnects
+    cleaned: bool = True  # log `cleaned` events (real daemons do)
+    platform: str = "P1"
+
+    def __post_init__(self) -> None:
+        if self.messages < 0 or self.orgs < 2:
+            raise ValueError(f"need messages >= 0 and orgs >= 2, got {self.messages}, {self.orgs}")
+
+
+@dataclass(kw_only=True)
+class SynthStats:
+    """What was generated, with the ground truth the reports should find."""
+
+    messages: int = 0
+    events: int = 0
+    files: int = 0
+    log_end_ms: int = 0
+    skew_ms: dict[str, int] = field(default_factory=dict)  # logger -> clock minus true time
+    outcomes: Counter[str] = field(default_factory=Counter)
+    stuck: Counter[str] = field(default_factory=Counter)  # place -> messages older than 1 h
+
+
+class _Writer:
+    """Buffers lines per (party directory, UTC date) and appends them in chunks."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.buffers: dict[tuple[str, int], list[str]] = {}
+        self.pending = 0
+        self.events = 0
+        self.files: set[tuple[str, int]] = set()
+        self._dates: dict[int, str] = {}
+
+    def add(self, party_dir: str, ts: int, line: str) -> None:
+        key = (party_dir, ts // DAY_MS)
+        buf = self.buffers.get(key)
+        if buf is None:
+            buf = self.buffers[key] = []
+        buf.append(line)
+        self.pending += 1
+        self.events += 1
+        if self.pending >= _FLUSH_LINES:
+            self.flush()
+
+    def flush(self) -> None:
+        for (party_dir, day), lines in self.buffers.items():
+            if not lines:
+                continue
+            name = self._dates.get(day)
+            if name is None:
+                d = datetime.fromtimestamp(day * DAY_MS / 1000, tz=UTC).date()
+                name = self._dates[day] = f"events-{d.isoformat()}.jsonl"
+            folder = self.root / party_dir / "events"
+            if (party_dir, day) not in self.files:
+                folder.mkdir(parents=True, exist_ok=True)
+                self.files.add((party_dir, day))
+            with open(folder / name, "a", encoding="utf-8") as f:
+                f.write("".join(lines))
+            lines.clear()
+        self.pending = 0
+
+
+class _Schedule:
+    """When one organization is offline: sorted, disjoint [start, end) periods (true time)."""
+
+    def __init__(self, starts: list[float], ends: list[float]) -> None:
+        self.starts = starts
+        self.ends = ends
+
+    def online_at(self, t: float) -> float:
+        """The first time >= t at which the organization is online (inf: never again)."""
+        i = bisect.bisect_right(self.starts, t) - 1
+        if i >= 0 and t < self.ends[i]:
+            return self.ends[i]
+        return t
+
+
+def _schedule(rng: random.Random, begin: float, end: float, mean_online: float,
+              dies_at: float | None) -> _Schedule:
+    starts: list[float] = []
+    ends: list[float] = []
+    t = begin + rng.expovariate(1 / mean_online)
+    while t < end:
+        if dies_at is not None and t >= dies_at:
+            break
+        r = rng.random()
+        # Mostly short reconnects, some outages of an hour or two, a few long ones.
+        if r < 0.7:
+            length = rng.uniform(60_000, 15 * 60_000)
+        elif r < 0.95:
+            length = rng.uniform(20 * 60_000, 2 * 3_600_000)
+        else:
+            length = rng.uniform(2 * 3_600_000, 6 * 3_600_000)
+        starts.append(t)
+        ends.append(t + length)
+        t += length + rng.expovariate(1 / mean_online)
+    if dies_at is not None:
+        starts.append(max(dies_at, ends[-1] if ends else dies_at))
+        ends.append(math.inf)
+    return _Schedule(starts, ends)
+
+
+def generate(out_dir: str | Path, config: SynthConfig | None = None) -> SynthStats:
+    """Write synthetic logs for `config` under `out_dir` (created; must hold no logs yet).
+
+    Also writes ``OUT/synth.json`` with the config and the returned stats.
+    Raises ``FileExistsError`` when `out_dir` already holds files, because
+    appending to old logs would mix two runs.
+    """
+    cfg = config or SynthConfig()
+    root = Path(out_dir)
+    if root.exists() and any(root.iterdir()):
+        raise FileExistsError(f"{root} is not empty: synthetic logs go to a new directory")
+    root.mkdir(parents=True, exist_ok=True)
+    rng = random.Random(cfg.seed)
+    writer = _Writer(root)
+    stats = SynthStats()
+
+    begin = float(cfg.start_ms)
+    log_end = begin + cfg.duration_ms
+    stats.log_end_ms = int(log_end)
+    orgs = [f"ORG{i + 1:02d}" for i in range(cfg.orgs)]
+    platform_logger = f"platform:{cfg.platform}"
+    platform_dir = f"platform-{cfg.platform}"
+    skew: dict[str, int] = {platform_logger: 0}
+    for i, org in enumerate(orgs):
+        # Every third organization keeps good time; the others drift within the bound.
+        off = 0 if i % 3 == 0 else int(rng.uniform(-cfg.max_skew_ms, cfg.max_skew_ms))
+        skew[f"org:{org}"] = off
+    stats.skew_ms = dict(skew)
+    dead = set(orgs[-cfg.dead_orgs:]) if cfg.dead_orgs else set()
+    schedules = {
+        org: _schedule(
+            rng, begin, log_end, cfg.mean_online_ms,
+            begin + cfg.duration_ms * rng.uniform(0.4, 0.7) if org in dead else None,
+        )
+        for org in orgs
+    }
+
+    def emit(logger: str, party_dir: str, t: float, role: str, event: str, body: str) -> None:
+        if t > log_end:
+            return  # not happened yet when the logs were collected
+        ts = int(t) + skew[logger]
+        writer.add(
+            party_dir, ts,
+            f'{{"v":1,"ts":{ts},"logger":"{logger}","role":"{role}","event":"{event}"{body}}}\n',
+        )
+
+    # Connection history at the platform (node events carry `node`, no lk0).
+    for org in orgs:
+        emit(platform_logger, platform_dir, begin - 1000, "platform", "node_online",
+             f',"node":"{org}"')
+        sch = schedules[org]
+        for s, e in zip(sch.starts, sch.ends, strict=True):
+            emit(platform_logger, platform_dir, s, "platform", "node_offline", f',"node":"{org}"')
+            if e != math.inf:
+                emit(platform_logger, platform_dir, e, "platform", "node_online",
+                     f',"node":"{org}"')
+
+    weights = [1 / (i + 1) ** 0.7 for i in range(cfg.orgs)]
+    key_weights = [w for *_, w in _APP_KEYS]
+    records: Counter[str] = Counter()
+    lk1_counter = 0
+
+    def net() -> float:
+        return 3 + rng.expovariate(1 / 12)  # one hop through loopback-ish WAN: mean 15 ms
+
+    step = cfg.duration_ms / max(cfg.messages, 1)
+    for n in range(cfg.messages):
+        t_q = begin + n * step + rng.uniform(0, step)
+        src = rng.choices(orgs, weights)[0]
+        dst = src
+        while dst == src:
+            dst = rng.choices(orgs, weights)[0]
+        domain, data_type, subtype, _ = rng.choices(_APP_KEYS, key_weights)[0]
+        r = rng.random()
+        save_fwd = 1 if r < 0.15 else 2 if r < 0.5 else 3
+        reliable = rng.random() >= cfg.best_effort
+        ack2 = reliable and rng.random() >= cfg.no_ack2
+        records[src] += 1
+        rec = records[src]
+        lk0 = f"{src}/1/1/{rec}"
+        o_log, o_dir = f"org:{src}", f"org-{src}"
+        r_log, r_dir = f"org:{dst}", f"org-{dst}"
+        created = int(t_q) + skew[o_log]
+        body = (
+            f',"lk0":"{lk0}","source":"{src}","target":"{dst}","domain":"{domain}",'
+            f'"data_type":"{data_type}","subtype":"{subtype}","key":"S{n:07d}",'
+            f'"save_fwd":{save_fwd},"ack2":{"true" if ack2 else "false"},'
+            f'"reliable":{"true" if reliable else "false"},"priority":{rng.randrange(10)},'
+            f'"size":{rng.randrange(200, 8000)},"created_ms":{created}'
+        )
+
+        def origin(t: float, event: str, extra: str = "", b: str = body,
+                   lg: str = o_log, d: str = o_dir) -> None:
+            emit(lg, d, t, "origin", event, b + extra)
+
+        def plat(t: float, event: str, extra: str = "", b: str = body) -> None:
+            emit(platform_logger, platform_dir, t, "platform", event, b + extra)
+
+        def recv(t: float, event: str, extra: str = "", b: str = body,
+                 lg: str = r_log, d: str = r_dir) -> None:
+            emit(lg, d, t, "receiver", event, b + extra)
+
+        stats.messages += 1
+        origin(t_q, "queued")
+        # The origin sends once it is connected to the platform.
+        t_s = schedules[src].online_at(t_q) + rng.uniform(1, 20)
+        attempt = 1
+        # First time each step happened (true time; inf = never): the ground truth.
+        inf = math.inf
+        t_pr = t_f = t_st = t_rx = t_in = t_a2 = inf
+        failed = False
+
+        if reliable and rng.random() < cfg.stuck_origin:
+            # The platform never gets it: the origin asks and resends, in vain.
+            origin(t_s, "sent", ',"attempt":1')
+            for k in (2, 3):
+                t_s += INQUIRY_INTERVAL_MS
+                origin(t_s, "inquiry", ',"detail":"platform"')
+                origin(t_s + 1, "resend")
+                origin(t_s + 2, "sent", f',"attempt":{k}')
+            _truth(stats, t_q, log_end, reliable, ack2, failed, t_pr, t_f, t_st, t_rx, t_a2)
+            continue
+
+        while True:
+            origin(t_s, "sent", f',"attempt":{attempt}')
+            if reliable and rng.random() < cfg.loss:
+                # Lost before the platform: still SS_SENT after the interval, the
+                # platform says "not received", back to SS_INIT, resend (SPEC 5).
+                t_s += INQUIRY_INTERVAL_MS
+                origin(t_s, "inquiry", ',"detail":"platform"')
+                origin(t_s + 1, "resend")
+                t_s += 2
+                attempt += 1
+                continue
+            break
+        t_pr = t_s + net()
+        plat(t_pr, "received", f',"attempt":{attempt}')
+        target_online = schedules[dst].online_at(t_pr) == t_pr
+
+        if not reliable:
+            # Best effort: never stored, never acked, never retried (SPEC).
+            if cfg.cleaned:
+                origin(t_s + 1, "cleaned")
+            if target_online:
+                t_f = t_pr + rng.uniform(0.2, 3)
+                plat(t_f, "forwarded")
+                t_rx = t_f + net()
+                recv(t_rx, "received")
+                recv(t_rx + rng.uniform(1, 10), "inbox")
+            else:
+                plat(t_pr + 0.5, "dropped", ',"code":404')
+            _truth(stats, t_q, log_end, reliable, ack2, failed, t_pr, t_f, t_st, t_rx, t_a2)
+            continue
+
+        if target_online:
+            t_f = t_pr + rng.uniform(0.2, 3)
+            plat(t_f, "forwarded")
+            t_ack = t_f + net()
+            origin(t_ack, "ack_fwd")
+            if rng.random() < cfg.loss:
+                # Lost between platform and target: A asks B after the interval,
+                # B says "not received", A resends (SPEC flow, origin step 5).
+                t_i = t_ack + INQUIRY_INTERVAL_MS
+                origin(t_i, "inquiry", ',"detail":"target"')
+                origin(t_i + 1, "resend")
+                attempt += 1
+                t_s2 = t_i + 2
+                origin(t_s2, "sent", f',"attempt":{attempt}')
+                t_p2 = t_s2 + net()
+                plat(t_p2, "received", f',"attempt":{attempt}')
+                t_f2 = t_p2 + rng.uniform(0.2, 3)
+                plat(t_f2, "forwarded")
+                t_ack = t_f2 + net()
+                origin(t_ack, "ack_fwd")
+                t_rx = t_f2 + net()
+            else:
+                t_rx = t_f + net()
+            recv(t_rx, "received")
+            t_in = t_rx + rng.uniform(1, 10)
+            recv(t_in, "inbox")
+            if rng.random() < cfg.duplicate:
+                # B's answer to an inquiry is lost, A resends, B suppresses the copy.
+                t_i = t_ack + INQUIRY_INTERVAL_MS
+                origin(t_i, "inquiry", ',"detail":"target"')
+                origin(t_i + 1, "resend")
+                origin(t_i + 2, "sent", f',"attempt":{attempt + 1}')
+                t_p2 = t_i + 2 + net()
+                plat(t_p2, "received", f',"attempt":{attempt + 1}')
+                plat(t_p2 + 1, "forwarded")
+                origin(t_p2 + 1 + net(), "ack_fwd")
+                recv(t_p2 + 1 + net(), "duplicate")
+        else:
+            if save_fwd == 1:
+                plat(t_pr + 0.5, "dropped", ',"code":404')
+                origin(t_pr + 0.5 + net(), "nack", ',"code":404')
+                failed = True
+                _truth(stats, t_q, log_end, reliable, ack2, failed, t_pr, t_f, t_st, t_rx, t_a2)
+                continue
+            lk1_counter += 1
+            lk1 = f',"lk1":"1/1/{lk1_counter}"'
+            t_st = t_pr + rng.uniform(0.5, 5)
+            plat(t_st, "stored", lk1)
+            t_ack = t_st + net()
+            origin(t_ack, "ack_save")
+            t_on = schedules[dst].online_at(t_st)
+            if t_on == inf:
+                _truth(stats, t_q, log_end, reliable, ack2, failed, t_pr, t_f, t_st, t_rx, t_a2)
+                continue
+            # Stored copies drain after the target's hello, oldest first.
+            t_d = t_on + rng.uniform(20, 3000)
+            plat(t_d, "delivered", lk1 + ',"attempt":1')
+            if rng.random() < cfg.loss:
+                # The copy is lost: the platform asks B, B says no, it delivers again.
+                plat(t_d + INQUIRY_INTERVAL_MS, "inquiry", lk1)
+                t_d += INQUIRY_INTERVAL_MS + 1
+                plat(t_d, "delivered", lk1 + ',"attempt":2')
+            t_rx = t_d + net()
+            recv(t_rx, "received", lk1)
+            t_in = t_rx + rng.uniform(1, 10)
+            recv(t_in, "inbox", lk1)
+            t_pa = t_in + net()
+            plat(t_pa, "acked", lk1)
+            if rng.random() < cfg.duplicate:
+                # B's ACK was late: the platform redelivers, B suppresses the copy.
+                plat(t_pa + 0.5, "delivered", lk1 + ',"attempt":2')
+                recv(t_pa + 0.5 + net(), "duplicate", lk1)
+            if cfg.cleaned:
+                plat(t_pa + 1, "cleaned", lk1)
+
+        if not ack2:
+            if cfg.cleaned:
+                origin(t_ack + 1, "cleaned")  # SS_ACK and no ACK2 asked
+                recv(t_in + 1, "cleaned")
+            _truth(stats, t_q, log_end, reliable, ack2, failed, t_pr, t_f, t_st, t_rx, t_a2)
+            continue
+        t_a2s = t_in + rng.uniform(0.5, 2)
+        recv(t_a2s, "ack2_sent")
+        if rng.random() >= cfg.unconfirmed:
+            t_a2 = t_a2s + net() + net()
+            origin(t_a2, "ack2")
+            t_re = t_a2 + net() + net()
+            recv(t_re, "reack2")
+            if cfg.cleaned:
+                origin(t_a2 + rng.uniform(1, 50), "cleaned")
+                recv(t_re + 1, "cleaned")
+        _truth(stats, t_q, log_end, reliable, ack2, failed, t_pr, t_f, t_st, t_rx, t_a2)
+
+    writer.flush()
+    stats.events = writer.events
+    stats.files = len(writer.files)
+    manifest = {"config": asdict(cfg), "stats": _stats_json(stats)}
+    (root / "synth.json").write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
+    return stats
+
+
+def _truth(stats: SynthStats, t_q: float, log_end: float, reliable: bool, ack2: bool,
+           failed: bool, t_pr: float, t_f: float, t_st: float, t_rx: float,
+           t_a2: float) -> None:
+    """Classify one message as of the end of the log, the way the report should."""
+    if not reliable:
+        stats.outcomes["best_effort"] += 1
+        return
+    if failed:
+        stats.outcomes["failed"] += 1
+        return
+    if t_a2 <= log_end or (not ack2 and t_rx <= log_end):
+        stats.outcomes["confirmed" if ack2 else "delivered"] += 1
+        return
+    if t_rx <= log_end:
+        place = "delivered_unconfirmed"
+    elif t_st <= log_end:
+        place = "stored_at_platform"
+    elif t_f <= log_end:
+        place = "forwarded_not_received"
+    else:
+        place = "at_origin"
+    if log_end - t_q > STUCK_AFTER_MS:
+        stats.outcomes["stuck"] += 1
+        stats.stuck[place] += 1
+    else:
+        stats.outcomes["in_flight"] += 1
+
+
+def _stats_json(stats: SynthStats) -> dict[str, object]:
+    out = asdict(stats)
+    out["outcomes"] = dict(stats.outcomes)
+    out["stuck"] = dict(stats.stuck)
+    return out

@@ -1,0 +1,327 @@
+"""Spark reports on hand-built logs with known answers (one shared local session).
+
+Scenario (true times in ms after T0; the platform's clock is true, org A's runs
+60 s ahead, org B's 30 s behind, C, D, E keep time):
+
+- M1 A→B forwarded at once; M2 A→B stored while B was offline 1000..61000;
+  M3 A→B lost once (inquiry + resend), and B suppressed a duplicate;
+  M4 A→B SaveFwd 1 while B offline: dropped; M10 best effort; M11 no ACK2 asked.
+- Stuck (older than 1 h at the end of the logs): M5 at the origin, M6 stored
+  at the platform (D offline for good), M7 delivered but unconfirmed, M8
+  forwarded but never received. M9 is as unconfirmed but young: in flight.
+- 100 messages E→F with end to end i seconds (i = 1..100): exact percentiles.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from semq.analytics import cli
+from semq.analytics.events import parse_time
+from semq.analytics.inputs import resolve_inputs
+from semq.analytics.jobs import LEG_NAMES, ReportOptions, build_report, compact
+from semq.analytics.report import render_html, render_text
+from semq.analytics.synth import SynthConfig, generate
+from semq.analytics.tables import ReportData
+
+pytestmark = pytest.mark.spark
+
+T0 = parse_time("2026-11-22")
+SKEW = {"platform:P1": 0, "org:A": 60_000, "org:B": -30_000, "org:C": 0, "org:D": 0, "org:E": 0}
+HOUR = 3_600_000
+
+
+class Logs:
+    """Writes what each party logs, stamped with its own (skewed) clock."""
+
+    def __init__(self) -> None:
+        self.lines: dict[str, list[str]] = {}
+        self.count = 0
+
+    def msg(self, lk0: str, src: str, dst: str, **attrs: Any) -> dict[str, Any]:
+        base = {"lk0": lk0, "source": src, "target": dst, "domain": "trade", "data_type": "ORDER",
+                "subtype": "PO", "key": f"K-{lk0}", "save_fwd": 3, "ack2": True, "reliable": True,
+                "priority": 4, "size": 100}
+        base.update(attrs)
+        return base
+
+    def add(self, logger: str, role: str, event: str, t: int, m: dict[str, Any] | None = None,
+            **extra: Any) -> None:
+        line = {"v": 1, "ts": T0 + t + SKEW[logger], "logger": logger, "role": role, "event": event}
+        line.update(m or {})
+        line.update(extra)
+        self.lines.setdefault(logger, []).append(json.dumps(line))
+        self.count += 1
+
+    def o(self, m: dict[str, Any], event: str, t: int, **extra: Any) -> None:
+        self.add(f"org:{m['source']}", "origin", event, t, m, **extra)
+
+    def p(self, m: dict[str, Any], event: str, t: int, **extra: Any) -> None:
+        self.add("platform:P1", "platform", event, t, m, **extra)
+
+    def r(self, m: dict[str, Any], event: str, t: int, **extra: Any) -> None:
+        self.add(f"org:{m['target']}", "receiver", event, t, m, **extra)
+
+    def write(self, root: Path) -> None:
+        for logger, lines in self.lines.items():
+            folder = root / logger.replace(":", "-") / "events"
+            folder.mkdir(parents=True, exist_ok=True)
+            (folder / "events-2026-11-22.jsonl").write_text("\n".join(lines) + "\n")
+
+
+def scenario() -> Logs:
+    L = Logs()
+    node = "platform:P1"
+    L.add(node, "platform", "node_offline", 1000, node="B")
+    L.add(node, "platform", "node_online", 61_000, node="B")
+    L.add(node, "platform", "node_offline", 10_500, node="D")
+
+    m1 = L.msg("A/1/1/1", "A", "B")
+    for fn, ev, t in ((L.o, "queued", 0), (L.o, "sent", 10), (L.p, "received", 30),
+                      (L.p, "forwarded", 32), (L.o, "ack_fwd", 50), (L.r, "received", 60),
+                      (L.r, "inbox", 65), (L.r, "ack2_sent", 66), (L.o, "ack2", 100),
+                      (L.r, "reack2", 120), (L.o, "cleaned", 101)):
+        fn(m1, ev, t)
+    m2 = L.msg("A/1/1/2", "A", "B", save_fwd=2)
+    for fn, ev, t in ((L.o, "queued", 2000), (L.o, "sent", 2010), (L.p, "received", 2030),
+                      (L.p, "stored", 2032), (L.o, "ack_save", 2050), (L.p, "delivered", 61_500),
+                      (L.r, "received", 61_520), (L.r, "inbox", 61_525), (L.r, "ack2_sent", 61_526),
+                      (L.p, "acked", 61_540), (L.o, "ack2", 61_600)):
+        fn(m2, ev, t)
+    m3 = L.msg("A/1/1/3", "A", "B")
+    L.o(m3, "queued", 5000)
+    L.o(m3, "sent", 5010, attempt=1)
+    L.o(m3, "inquiry", 20_010, detail="platform")
+    L.o(m3, "resend", 20_011)
+    L.o(m3, "sent", 20_012, attempt=2)
+    for fn, ev, t in ((L.p, "received", 20_030), (L.p, "forwarded", 20_032), (L.o, "ack_fwd", 20_050),
+                      (L.r, "received", 20_060), (L.r, "inbox", 20_065), (L.r, "ack2_sent", 20_066),
+                      (L.o, "ack2", 20_100), (L.r, "duplicate", 40_000)):
+        fn(m3, ev, t)
+    m4 = L.msg("A/1/1/4", "A", "B", save_fwd=1)
+    for fn, ev, t in ((L.o, "queued", 3000), (L.o, "sent", 3010), (L.p, "received", 3030)):
+        fn(m4, ev, t)
+    L.p(m4, "dropped", 3031, code=404)
+    L.o(m4, "nack", 3050, code=404)
+    m10 = L.msg("A/1/1/10", "A", "B", reliable=False, ack2=False)
+    for fn, ev, t in ((L.o, "queued", 6000), (L.o, "sent", 6010), (L.p, "received", 6030),
+                      (L.p, "forwarded", 6032), (L.r, "received", 6060), (L.r, "inbox", 6065)):
+        fn(m10, ev, t)
+    m11 = L.msg("A/1/1/11", "A", "B", ack2=False)
+    for fn, ev, t in ((L.o, "queued", 7000), (L.o, "sent", 7010), (L.p, "received", 7030),
+                      (L.p, "forwarded", 7032), (L.o, "ack_fwd", 7050), (L.r, "received", 7060),
+                      (L.r, "inbox", 7065)):
+        fn(m11, ev, t)
+
+    m5 = L.msg("C/1/1/5", "C", "D")
+    L.o(m5, "queued", 10_000)
+    L.o(m5, "sent", 10_010)
+    m6 = L.msg("C/1/1/6", "C", "D")
+    for fn, ev, t in ((L.o, "queued", 11_000), (L.o, "sent", 11_010), (L.p, "received", 11_030),
+                      (L.p, "stored", 11_032), (L.o, "ack_save", 11_050)):
+        fn(m6, ev, t)
+    m7 = L.msg("C/1/1/7", "C", "B")
+    for fn, ev, t in ((L.o, "queued", 12_000), (L.o, "sent", 12_010), (L.p, "received", 12_030),
+                      (L.p, "forwarded", 12_032), (L.o, "ack_fwd", 12_050), (L.r, "received", 12_060),
+                      (L.r, "inbox", 12_065), (L.r, "ack2_sent", 12_066)):
+        fn(m7, ev, t)
+    m8 = L.msg("C/1/1/8", "C", "A")
+    for fn, ev, t in ((L.o, "queued", 13_000), (L.o, "sent", 13_010), (L.p, "received", 13_030),
+                      (L.p, "forwarded", 13_032), (L.o, "ack_fwd", 13_050)):
+        fn(m8, ev, t)
+    m9 = L.msg("C/1/1/9", "C", "A")
+    L.o(m9, "queued", 3 * HOUR)
+    L.o(m9, "sent", 3 * HOUR + 10)
+
+    for i in range(1, 101):
+        m = L.msg(f"E/1/1/{i}", "E", "F", domain="finance", data_type="PAYMENT")
+        q = 20_000 + i * 1000
+        L.o(m, "queued", q)
+        L.o(m, "sent", q + 1)
+        L.o(m, "ack_fwd", q + 2)
+        L.o(m, "ack2", q + i * 1000)
+    return L
+
+
+@pytest.fixture(scope="module")
+def spark() -> Iterator[Any]:
+    from semq.analytics.session import start_session
+
+    session, created = start_session("local[2]", app_name="semq-tests")
+    yield session
+    if created:
+        session.stop()
+
+
+@pytest.fixture(scope="module")
+def logs_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("logs")
+    scenario().write(root)
+    return root
+
+
+@pytest.fixture(scope="module")
+def report(spark: Any, logs_dir: Path) -> ReportData:
+    return build_report(spark, resolve_inputs([str(logs_dir)]), ReportOptions(with_messages=True))
+
+
+def by_lk0(report: ReportData) -> dict[str, dict[str, Any]]:
+    return {r["lk0"]: r for r in report["messages"].dicts()}
+
+
+def test_one_clock_legs_are_exact(report: ReportData) -> None:
+    m = by_lk0(report)
+    m1, m2, m3 = m["A/1/1/1"], m["A/1/1/2"], m["A/1/1/3"]
+    assert (m1["queue_ms"], m1["platform_ack_ms"], m1["platform_ms"], m1["inbox_ms"],
+            m1["confirm_ms"], m1["e2e_ms"]) == (10, 40, 2, 5, 50, 100)
+    assert m1["dwell_ms"] is None and m1["target_ack_ms"] is None
+    assert (m2["dwell_ms"], m2["target_ack_ms"], m2["e2e_ms"]) == (61_500 - 2032, 40, 61_600 - 2000)
+    assert m2["target_offline_ms"] == 60_000  # B offline 1000..61000
+    assert m1["target_offline_ms"] is None
+    # M3: the first send was lost; legs run from the first send, resends counted.
+    assert (m3["platform_ack_ms"], m3["e2e_ms"]) == (20_050 - 5010, 15_100)
+    assert (m3["resends"], m3["inquiries"], m3["duplicates"]) == (1, 1, 1)
+    # Missing events leave legs empty rather than guessed.
+    assert m["C/1/1/5"]["platform_ack_ms"] is None and m["C/1/1/5"]["e2e_ms"] is None
+
+
+def test_skewed_clocks_are_estimated_and_never_give_negative_legs(report: ReportData) -> None:
+    skew = {r["logger"]: r for r in report["clock_skew"].dicts()}
+    assert skew["platform:P1"]["method"] == "reference"
+    assert abs(skew["org:A"]["offset_ms"] - 60_000) <= 20
+    assert abs(skew["org:B"]["offset_ms"] + 30_000) <= 20
+    assert skew["org:A"]["low_ms"] <= 60_000 <= skew["org:A"]["high_ms"]
+    assert skew["org:E"]["method"] == "unknown"  # E's log shows no other party
+    rows = report["messages"].dicts()
+    for r in rows:
+        for leg in LEG_NAMES:
+            assert r[leg] is None or r[leg] >= 0, (r["lk0"], leg, r[leg])
+    m1 = by_lk0(report)["A/1/1/1"]
+    # Raw cross-clock differences are a minute off; corrected they are near the truth.
+    assert abs(m1["to_platform_ms"] - 20) <= 20
+    assert abs(m1["to_target_ms"] - 28) <= 30
+    assert abs(m1["delivery_ms"] - 65) <= 40 and m1["delivery_ms"] <= m1["e2e_ms"]
+    assert report.meta["reference_clock"] == "platform:P1"
+
+
+def test_outcomes_and_stuck_places(report: ReportData) -> None:
+    overall = report["overall"].dicts()[0]
+    assert overall["messages"] == 111
+    assert {k: overall[k] for k in ("confirmed", "delivered", "failed", "best_effort",
+                                    "in_flight", "stuck")} == {
+        "confirmed": 103, "delivered": 1, "failed": 1, "best_effort": 1, "in_flight": 1, "stuck": 4}
+    stuck = {r["lk0"]: r for r in report["stuck"].dicts()}
+    assert {k: v["place"] for k, v in stuck.items()} == {
+        "C/1/1/5": "at_origin",
+        "C/1/1/6": "stored_at_platform",
+        "C/1/1/7": "delivered_unconfirmed",
+        "C/1/1/8": "forwarded_not_received",
+    }
+    # "since" is on the platform's clock; C's offset is estimated within its
+    # uncertainty (-20..18 ms here: the fastest trips each way took 20 and 18 ms).
+    assert abs(stuck["C/1/1/5"]["since"] - (T0 + 10_000)) <= 20
+    assert stuck["C/1/1/6"]["since"] == T0 + 11_032
+    assert abs(stuck["C/1/1/7"]["since"] - (T0 + 12_065)) <= 20  # B's clock, corrected
+    assert stuck["C/1/1/6"]["key"] == "K-C/1/1/6" and stuck["C/1/1/6"]["subtype"] == "PO"
+    # D went offline at 10_500 and never came back: offline until the end of the log.
+    assert abs(stuck["C/1/1/6"]["target_offline_ms"] - (3 * HOUR + 10 - 10_500)) <= 20
+    failed = report["failed"].dicts()
+    assert [(f["lk0"], f["failure"], f["code"]) for f in failed] == [("A/1/1/4", "dropped", 404)]
+    assert by_lk0(report)["C/1/1/9"]["outcome"] == "in_flight"
+
+
+def test_exact_percentiles_on_small_data(report: ReportData) -> None:
+    pair = {(r["source"], r["target"]): r for r in report["by_pair"].dicts()}
+    ef = pair[("E", "F")]
+    assert ef["messages"] == ef["confirmed"] == 100
+    assert (ef["e2e_ms_p50"], ef["e2e_ms_p90"], ef["e2e_ms_p99"], ef["e2e_ms_max"]) == (
+        50_000, 90_000, 99_000, 100_000)
+    appkey = {(r["domain"], r["data_type"]): r["messages"] for r in report["by_appkey"].dicts()}
+    assert appkey == {("finance", "PAYMENT"): 100, ("trade", "ORDER"): 11}
+    by_sf = {r["save_fwd"]: r["messages"] for r in report["by_save_fwd"].dicts()}
+    assert by_sf == {1: 1, 2: 1, 3: 109}
+    overall = report["overall"].dicts()[0]
+    assert overall["resends"] == 1 and overall["duplicates_suppressed"] == 1
+    assert [r["day"] for r in report["by_day"].dicts()] == ["2026-11-22"]
+    hist = report["histogram"].dicts()
+    assert sum(r["messages"] for r in hist if r["metric"] == "e2e_ms") == 103
+    legs = {r["leg"]: r for r in report["legs"].dicts()}
+    assert legs["e2e_ms"]["messages"] == 103 and legs["dwell_ms"]["p50_ms"] == 61_500 - 2032
+
+
+def test_compacted_parquet_gives_the_same_tables(spark: Any, logs_dir: Path, tmp_path: Path,
+                                                 report: ReportData) -> None:
+    out = tmp_path / "pq"
+    result = compact(spark, resolve_inputs([str(logs_dir)]), str(out))
+    assert result["events"] == scenario().count
+    # B's clock runs 30 s behind: its first events are dated the day before.
+    assert [d for d, _ in result["dates"]] == ["2026-11-21", "2026-11-22"]
+    again = build_report(spark, resolve_inputs([str(out)]), ReportOptions(with_messages=True))
+    for name, table in report.tables.items():
+        assert again[name].columns == table.columns, name
+        assert again[name].rows == table.rows, name
+
+
+def test_html_is_self_contained_and_text_summarizes(report: ReportData) -> None:
+    html = render_html(report)
+    assert html.count("<svg") >= 6  # 2 time series, 2 heat maps, 2 histograms, stuck bars
+    assert "http://" not in html and "https://" not in html
+    assert "<script" not in html and "<link" not in html
+    assert "stored_at_platform" in html and "C/1/1/6" in html
+    text = render_text(report)
+    assert "STUCK 4" in text and "C/1/1/5" in text and "org:A" in text
+
+
+def test_cli_writes_report_files(spark: Any, logs_dir: Path, tmp_path: Path,
+                                 capsys: pytest.CaptureFixture[str]) -> None:
+    parser = argparse.ArgumentParser(prog="semq")
+    sub = parser.add_subparsers(dest="command", required=True)
+    cli.register(sub)
+    out = tmp_path / "rep"
+    args = parser.parse_args(["report", "latency", "--logs", str(logs_dir), "--out", str(out),
+                              "--since", "2026-11-22T00:00:00Z", "--until", "2026-11-22T02:00",
+                              "--stuck-after", "30m"])
+    assert args.func(args) == 0
+    captured = capsys.readouterr()
+    assert captured.out.strip() == str(out / "report.html")
+    assert "join events by LK0" in captured.err  # progress on stderr
+    html = (out / "report.html").read_text()
+    assert "<svg" in html and "http://" not in html and "https://" not in html
+    for name in ("overall", "legs", "by_pair", "by_appkey", "by_save_fwd", "by_hour", "by_day",
+                 "histogram", "stuck", "failed", "clock_skew", "offline", "loggers"):
+        assert (out / f"{name}.csv").stat().st_size > 0
+        assert (out / f"{name}.parquet").stat().st_size > 0
+    # --until 02:00 leaves out M9 (queued at 03:00).
+    first = (out / "overall.csv").read_text().splitlines()[1].split(",")
+    assert first[0] == "110"
+
+
+def test_synthetic_logs_match_their_ground_truth(spark: Any, tmp_path: Path) -> None:
+    stats = generate(tmp_path / "syn", SynthConfig(messages=3000, orgs=5, seed=3, max_skew_ms=600_000))
+    data = build_report(spark, resolve_inputs([str(tmp_path / "syn")]), ReportOptions())
+    overall = data["overall"].dicts()[0]
+    assert overall["messages"] == stats.messages
+    for outcome in ("confirmed", "delivered", "failed", "best_effort"):
+        assert overall[outcome] == stats.outcomes[outcome], outcome
+    # The generator knows the true end of the log; the report only knows the
+    # last event, a few seconds earlier: messages right at the threshold may
+    # fall on either side.
+    assert overall["stuck"] + overall["in_flight"] == stats.outcomes["stuck"] + stats.outcomes["in_flight"]
+    assert abs(overall["stuck"] - stats.outcomes["stuck"]) <= 3
+    places: dict[str, int] = {}
+    for r in data["stuck"].dicts():
+        places[r["place"]] = places.get(r["place"], 0) + 1
+    assert places.keys() == stats.stuck.keys()
+    for place, n in stats.stuck.items():
+        assert abs(places[place] - n) <= 3, place
+    true_skew = stats.skew_ms
+    for r in data["clock_skew"].dicts():
+        assert abs(r["offset_ms"] - true_skew[r["logger"]]) <= 25, r
+    for r in data["legs"].dicts():
+        assert r["p50_ms"] is None or r["p50_ms"] >= 0
