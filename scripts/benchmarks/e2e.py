@@ -451,6 +451,16 @@ def main(argv: list[str] | None = None) -> int:
     except BenchError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
+    except (OSError, sqlite3.Error, subprocess.SubprocessError, ValueError) as e:
+        # e.g. the store's schema changed under a running benchmark (a
+        # working tree being edited): one line, not a traceback.
+        print(f"error: {type(e).__name__}: {e}", file=sys.stderr)
+        return 1
+    except Exception as e:
+        if type(e).__name__ != "StoreError":
+            raise
+        print(f"error: {e}", file=sys.stderr)
+        return 1
     finally:
         if a.keep:
             _log(f"kept {base}")
