@@ -440,6 +440,8 @@ def main(argv: list[str] | None = None) -> int:
     if a.count < 2 or not 1 <= a.repeat <= 5:
         print("error: --count must be >= 2 and --repeat 1..5", file=sys.stderr)
         return 2
+    from semq._db import StoreError
+
     t0 = time.monotonic()
     modes = {"off": [False], "on": [True], "both": [False, True]}[a.security]
     base = Path(tempfile.mkdtemp(prefix="semq-bench-e2e-"))
@@ -448,18 +450,13 @@ def main(argv: list[str] | None = None) -> int:
         for secure in modes:
             a.secure = secure
             results[secure] = measure(a, base)
-    except BenchError as e:
+    except (BenchError, StoreError) as e:
+        # StoreError: e.g. the store's schema changed under a running
+        # benchmark (a working tree being edited).
         print(f"error: {e}", file=sys.stderr)
         return 1
-    except (OSError, sqlite3.Error, subprocess.SubprocessError, ValueError) as e:
-        # e.g. the store's schema changed under a running benchmark (a
-        # working tree being edited): one line, not a traceback.
+    except (OSError, sqlite3.Error, subprocess.SubprocessError) as e:
         print(f"error: {type(e).__name__}: {e}", file=sys.stderr)
-        return 1
-    except Exception as e:
-        if type(e).__name__ != "StoreError":
-            raise
-        print(f"error: {e}", file=sys.stderr)
         return 1
     finally:
         if a.keep:
