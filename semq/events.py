@@ -5,10 +5,11 @@ the log never claims more than the store holds."""
 
 from __future__ import annotations
 
-import json
 import time
 from pathlib import Path
 from typing import IO, Any
+
+import orjson
 
 __all__ = ["EventLog", "now_ms"]
 
@@ -23,15 +24,16 @@ class EventLog:
         self.logger = logger
         self.role = role_default
         self._day = ""
-        self._file: IO[str] | None = None
+        self._file: IO[bytes] | None = None
+        self._head = {"v": 1, "logger": logger}
 
-    def _open(self, ts: int) -> IO[str]:
+    def _open(self, ts: int) -> IO[bytes]:
         day = time.strftime("%Y-%m-%d", time.gmtime(ts / 1000))
         if day != self._day or self._file is None:
             if self._file is not None:
                 self._file.close()
             self.directory.mkdir(parents=True, exist_ok=True)
-            self._file = (self.directory / f"events-{day}.jsonl").open("a", encoding="utf-8")
+            self._file = (self.directory / f"events-{day}.jsonl").open("ab")
             self._day = day
         return self._file
 
@@ -40,11 +42,14 @@ class EventLog:
         if not records:
             return
         f = self._open(records[0]["ts"])
+        head, role, dumps = self._head, self.role, orjson.dumps
         lines = []
         for r in records:
-            r.setdefault("role", self.role)
-            lines.append(json.dumps({"v": 1, "logger": self.logger, **r}, separators=(",", ":")))
-        f.write("\n".join(lines) + "\n")
+            r.setdefault("role", role)
+            r.update(head)
+            lines.append(dumps(r))
+        lines.append(b"")
+        f.write(b"\n".join(lines))
         f.flush()
 
     def close(self) -> None:

@@ -199,12 +199,12 @@ class PlatformCore:
         return out
 
     def _event(self, raw: RawFrame, lk0: LK0, created: int, ts: int, event: str, **extra: Any) -> dict[str, Any]:
-        return {
-            "ts": ts, "event": event, "lk0": str(lk0), "source": lk0.endpoint.node_id,
-            "target": raw.target.node_id, "save_fwd": raw.save_fwd, "ack2": raw.ack2,
-            "reliable": raw.reliable, "priority": raw.priority, "created_ms": created,
-            "size": len(raw.raw), **_app_key(raw), **extra,
-        }
+        ev = {"ts": ts, "event": event, "lk0": str(lk0), "source": lk0.endpoint.node_id,
+              "target": raw.target.node_id, **extra}
+        if event == "received":  # the message's attributes, once (docs/events.md)
+            ev.update(save_fwd=raw.save_fwd, ack2=raw.ack2, reliable=raw.reliable, priority=raw.priority,
+                      created_ms=created, size=len(raw.raw), **_app_key(raw))
+        return ev
 
     def _data(
         self, sender: Endpoint, raw: RawFrame, ts: int, out: PlatformOutput, events: list[dict[str, Any]],

@@ -25,6 +25,7 @@ from ._frames import (
     Pong,
     Welcome,
     WindowUpdate,
+    encode_data,
     encode_frame,
     encode_frames,
 )
@@ -91,6 +92,7 @@ __all__ = [
     "SaveFwd",
     "Welcome",
     "WindowUpdate",
+    "encode_data",
     "encode_frame",
     "encode_frames",
     "relay_bytes",

@@ -75,6 +75,7 @@ __all__ = [
     "Welcome",
     "WindowUpdate",
     "decode_body",
+    "encode_data",
     "encode_frame",
     "encode_frames",
     "frame_from_wire",
@@ -729,6 +730,46 @@ def encode_frame(frame: Frame) -> bytes:
         len(src), len(dst), len(org), 0, len(body),
     )
     out = b"".join((head, src, dst, org, body))
+    return out + _CRC.pack(zlib.crc32(out))
+
+
+def encode_data(
+    *,
+    source: Endpoint,
+    target: Endpoint,
+    record_id: int,
+    app_key: tuple[str, str, str, str] = ("", "", "", ""),
+    created_ms: int = 0,
+    expires_ms: int | None = None,
+    save_fwd: int = 3,
+    ack2: bool = False,
+    reliable: bool = True,
+    priority: int = 0,
+    session_key: bytes = b"",
+    app_data: bytes = b"",
+    semq_id: int = 1,
+    semq_db_id: int = 1,
+) -> bytes:
+    """Exactly ``encode_frame(Frame(kind=DATA, source=..., body=Data(lk0=LK0(
+    endpoint=source, ...))))``, without building the values: the origin's
+    send path encodes rows it validated when it accepted them (NodeCore.accept
+    builds the Frame once), so re-validating per send would only cost time.
+    ``source`` is also the origin. Encrypt=1 iff ``session_key``."""
+    parts = [_DATA_PREFIX.pack(semq_id, semq_db_id, record_id, 0, 0, 0, created_ms, expires_ms or 0)]
+    for s in app_key:
+        b = s.encode("utf-8")
+        parts.append(_U8.pack(len(b)))
+        parts.append(b)
+    parts += (_U16.pack(len(session_key)), session_key, _U32.pack(len(app_data)), app_data)
+    body = b"".join(parts)
+    src = source.node_id.encode("ascii")
+    dst = target.node_id.encode("ascii")
+    flags = (FLAG_RELIABLE if reliable else 0) | (FLAG_ACK2 if ack2 else 0) | (FLAG_ENCRYPT if session_key else 0)
+    head = _HEADER.pack(
+        MAGIC, VERSION, 1, flags, save_fwd, priority, source.node_type, target.node_type, source.node_type,
+        len(src), len(dst), len(src), 0, len(body),
+    )
+    out = b"".join((head, src, dst, src, body))
     return out + _CRC.pack(zlib.crc32(out))
 
 
