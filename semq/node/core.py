@@ -107,6 +107,7 @@ class Output:
     data: list[bytes] = field(default_factory=list)
     delivered: int = 0  # new inbox documents
     missing: set[Endpoint] = field(default_factory=set)  # certificates to ask the platform for
+    over_window: int = 0  # documents the platform refused with OVER_WINDOW
     deferred: list[RawFrame] = field(default_factory=list)  # DATA waiting for its origin's certificate
     settled: int = 0  # outbox rows that got their platform ack / NACK (window credit)
     errors: list[tuple[ResultCode, str]] = field(default_factory=list)
@@ -387,6 +388,11 @@ class NodeCore:
             self._acks(body.ack_kind, body.entries, frame.origin, ts, out, events, acks, receipt=body.receipt)
         elif isinstance(body, Ack):
             self._acks(kind, (body.entry,), frame.origin, ts, out, events, acks, receipt=body.receipt)
+        elif isinstance(body, Nack) and body.code is ResultCode.OVER_WINDOW:
+            # Flow control: not taken; send again later, and slower.
+            out.over_window += 1
+            self._origin_apply([(body.lk0.record_id, OriginEvent.PLATFORM_LACKS)], ts, out, events, acks,
+                               peer=frame.origin)
         elif isinstance(body, Nack):
             self._origin_apply([(body.lk0.record_id, OriginEvent.NACK)], ts, out, events, acks,
                                peer=frame.origin, code=int(body.code), detail=body.message)

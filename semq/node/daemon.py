@@ -30,6 +30,7 @@ from semq.umxt_protocol import (
     RawFrame,
     RemoteProtocolError,
     ResultCode,
+    Welcome,
     encode_frame,
 )
 
@@ -71,6 +72,7 @@ class NodeDaemon:
         self._wake = trio.Event()
         self.sessions = 0
         self.stats = {"sent": 0, "received": 0, "delivered": 0, "refused": 0}
+        self.granted = self.window = settings.window
         self.asked: dict[Endpoint, float] = {}  # certificate look-ups in flight: endpoint -> when
         self.deferred: list[RawFrame] = []  # DATA waiting for its origin's certificate
 
@@ -131,6 +133,10 @@ class NodeDaemon:
             if welcome.kind is not Kind.WELCOME:
                 raise RemoteProtocolError(f"expected WELCOME, got {welcome.kind.name}", ResultCode.UNEXPECTED_FRAME)
             self.core.platform = welcome.source
+            w = welcome.frame().body
+            assert isinstance(w, Welcome)
+            self.granted = min(self.s.window, w.window)  # the platform's window bounds ours
+            self.window = self.granted
             await self.gate.run(self.core.reconnected)
             self.connected = True
             self.in_flight = 0
@@ -180,6 +186,10 @@ class NodeDaemon:
                         log.warning("frame refused (%s): %s", code.name, text)
                     self.stats["delivered"] += out.delivered
                     self.in_flight = max(0, self.in_flight - out.settled)
+                    if out.over_window:
+                        # Multiplicative decrease; _sender grows it back slowly.
+                        self.window = max(16, self.window // 2)
+                        log.warning("platform says over the window: window now %d", self.window)
                     if out.settled:
                         self._wake.set()
                     # Bounded: beyond it the origin's inquiry brings them again.
@@ -190,7 +200,7 @@ class NodeDaemon:
 
     async def _sender(self, fs: FrameStream) -> None:
         while True:
-            room = self.s.window - self.in_flight
+            room = self.window - self.in_flight
             if room > 0:
                 now = trio.current_time()
                 skip = frozenset(ep.node_id for ep, t in self.asked.items() if now - t < self.s.cert_retry)
@@ -199,6 +209,7 @@ class NodeDaemon:
                 if ask:
                     await fs.send(ask)
                 if out.data:
+                    self.window = min(self.granted, self.window + len(out.data) // 8 + 1)
                     self.in_flight += len(out.data)
                     self.stats["sent"] += len(out.data)
                     await fs.send(b"".join(out.data))

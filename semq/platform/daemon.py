@@ -25,6 +25,7 @@ from semq.umxt_protocol import (
     Frame,
     Hello,
     Kind,
+    Nack,
     NodeType,
     Ping,
     Pong,
@@ -239,6 +240,9 @@ class PlatformDaemon:
             batch = []
             if not msgs:
                 continue
+            msgs = self._over_window(session, msgs)
+            if not msgs:
+                continue
             self.stats["frames_in"] += len(msgs)
             out = await self.gate.run(self.core.handle, ep, msgs, self.online)
             self._dispatch(out)
@@ -255,6 +259,29 @@ class PlatformDaemon:
                     await fs.send(b"".join([*session.queue, *errors]))
                 return
             session.enqueue(errors)
+
+    def _over_window(self, session: Session, msgs: list[RawFrame]) -> list[RawFrame]:
+        """Seed 004 flow control: a node may have at most ``window`` DATA
+        frames unacknowledged; the platform acks each batch after its commit,
+        so everything in one read beyond the window is over it. Those are
+        refused with OVER_WINDOW (nothing stored) and the node slows down."""
+        data = [m for m in msgs if m.kind is Kind.DATA]
+        if len(data) <= self.s.window:
+            return msgs
+        over = set(map(id, data[self.s.window:]))
+        nacks = []
+        for m in data[self.s.window:]:
+            try:
+                lk0 = m.data_prefix()[0]
+            except RemoteProtocolError:
+                continue
+            nacks.append(encode_frame(Frame(kind=Kind.NACK, source=self.core.me, target=session.endpoint,
+                                            body=Nack(lk0=lk0, code=ResultCode.OVER_WINDOW,
+                                                      message=f"over the window of {self.s.window} frames"))))
+        self.stats["over_window"] = self.stats.get("over_window", 0) + len(nacks)
+        log.warning("%s sent %d DATA frames beyond its window of %d", session.endpoint, len(over), self.s.window)
+        session.enqueue(nacks)
+        return [m for m in msgs if id(m) not in over]
 
     def _dispatch(self, out: PlatformOutput) -> None:
         for target, data in out.sends.items():
