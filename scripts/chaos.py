@@ -1,0 +1,783 @@
+"""Chaos run (issue 6): a platform and K organization nodes as real processes
+on 127.0.0.1, each node behind its own seeded FaultProxy; N documents in all
+directions with every SaveFwd mode, Ack2 on and off, some best effort; while
+they flow, processes are SIGKILLed and restarted at seeded moments, proxies
+cut connections mid-frame, refuse reconnects for a while, and nodes go
+offline. Then every fault stops, everything is brought up, the stores are
+polled until they are quiet (bounded), and the invariants are checked:
+
+- SaveFwd 2|3 (reliable): in the target's inbox exactly once, byte-identical;
+  the origin's row confirmed and cleaned up.
+- SaveFwd 1 (reliable): at most once; when not delivered, the origin's row is
+  SS_FAILED with code 301 (reported dropped).
+- best effort (Reliable=0): at most once, byte-identical; nothing else promised.
+- nothing left behind: the platform's ``stored`` table and every node's
+  ``inbound`` (pending-ack) table are empty, outboxes hold only SS_FAILED rows;
+  dedup/seen rows (retention-bound) and log sizes are reported.
+
+``scripts/chaos --seed S --docs N --minutes M --orgs K`` prints the table;
+tests/test_chaos.py calls :func:`run_chaos` with a short configuration.
+Deterministic given the seed as far as timing allows: the documents, the fault
+plans and the schedule of kills come from the seed; what each fault hits
+depends on the timing of real processes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import hashlib
+import json
+import os
+import random
+import shutil
+import signal
+import socket
+import sqlite3
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter, defaultdict
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Final
+
+import trio
+
+from semq.cli import build_parser
+from semq.cli import main as semq_main
+from semq.node.api import NodeClient
+from semq.testing.faultproxy import FaultPlan, FaultProxy
+
+__all__ = ["ChaosConfig", "ChaosReport", "Net", "main", "run_chaos", "run_chaos_async"]
+
+SS_FAILED: Final = 9  # semq.node.engine.SendState.SS_FAILED
+SS_ACK_FWD: Final = 2
+TARGET_OFFLINE_DROPPED: Final = 301  # semq.umxt_protocol.ResultCode
+READY_TIMEOUT: Final = 30.0  # s for a process to print its ready line (2 busy cores)
+
+# Document modes: (name, reliable, save_fwd, ack2, weight).
+MODES: Final = (
+    ("sf3+ack2", True, 3, True, 20),
+    ("sf3", True, 3, False, 15),
+    ("sf2+ack2", True, 2, True, 15),
+    ("sf2", True, 2, False, 15),
+    ("sf1+ack2", True, 1, True, 8),
+    ("sf1", True, 1, False, 12),
+    ("best-effort", False, 1, False, 15),
+)
+
+
+# ---------------------------------------------------------------- processes
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _cli_has(*argv: str) -> bool:
+    """Whether this semq's CLI accepts ``argv`` (feature detection: the chaos
+    run works with and without the security options)."""
+    with open(os.devnull, "w") as devnull, contextlib.redirect_stderr(devnull):
+        try:
+            build_parser().parse_args(list(argv))
+        except SystemExit:
+            return False
+    return True
+
+
+def security_supported() -> bool:
+    return _cli_has("node", "init", "--org", "x", "--no-security")
+
+
+class Proc:
+    """One ``python -m semq ... run`` process, output appended to ``log``."""
+
+    def __init__(self, name: str, args: list[str], log: Path, ready: str) -> None:
+        self.name, self.args, self.log, self.ready = name, args, log, ready
+        self.p: subprocess.Popen[bytes] | None = None
+
+    def start(self, timeout: float = READY_TIMEOUT) -> None:
+        start = self.log.stat().st_size if self.log.exists() else 0
+        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        with self.log.open("ab") as out:
+            self.p = subprocess.Popen([sys.executable, "-m", "semq", *self.args], stdout=out,
+                                      stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            with self.log.open("rb") as f:
+                f.seek(start)
+                if self.ready.encode() in f.read():
+                    return
+            if self.p.poll() is not None:
+                break
+            time.sleep(0.05)
+        tail = self.log.read_text(errors="replace")[-2000:]
+        self.kill()
+        raise RuntimeError(f"{self.name} did not start within {timeout:.0f} s:\n{tail}")
+
+    @property
+    def running(self) -> bool:
+        return self.p is not None and self.p.poll() is None
+
+    @property
+    def pid(self) -> int:
+        assert self.p is not None
+        return self.p.pid
+
+    def kill(self, sig: int = signal.SIGKILL, timeout: float = 20) -> None:
+        if self.p is None:
+            return
+        if self.p.poll() is None:
+            self.p.send_signal(sig)
+            try:
+                self.p.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                self.p.kill()
+                self.p.wait(timeout=timeout)
+        self.p = None
+
+
+class Net:
+    """A platform and organizations in one directory, as real processes.
+    ``security``: True/False, or None for the CLI's default (on when the CLI
+    has it). Nodes may be pointed at another address (a fault proxy) when
+    started. Synchronous; every wait is bounded."""
+
+    def __init__(self, root: Path, *, security: bool | None = None, inquiry_interval: float = 0.5) -> None:
+        self.root = Path(root)
+        self.root.mkdir(parents=True, exist_ok=True)
+        self.port = free_port()
+        self.iq = str(inquiry_interval)
+        has = security_supported()
+        if security and not has:
+            raise RuntimeError("this semq has no security options (--no-security)")
+        self.security = has if security is None else security
+        self.procs: dict[str, Proc] = {}
+        self.orgs: list[str] = []
+        args = ["platform", "init", "--dir", str(self.pdir), "--listen", f"127.0.0.1:{self.port}"]
+        if has and not self.security:
+            args.append("--no-security")
+        self._init(args)
+        self.procs["P"] = Proc("platform", ["platform", "run", "--dir", str(self.pdir), "--listen",
+                                            f"127.0.0.1:{self.port}", "--inquiry-interval", self.iq],
+                               self.root / "platform.log", "listening on")
+
+    @property
+    def pdir(self) -> Path:
+        return self.root / "P"
+
+    def dir(self, name: str) -> Path:
+        return self.pdir if name == "P" else self.root / name
+
+    @staticmethod
+    def _init(args: list[str]) -> None:
+        with open(os.devnull, "w") as devnull, contextlib.redirect_stdout(devnull):
+            rc = semq_main(args)
+        if rc != 0:
+            raise RuntimeError(f"semq {' '.join(args)} exited {rc}")
+
+    def add_org(self, org: str, *, platform: str | None = None) -> Path:
+        """Initialise a node (enrolled with the platform when security is on);
+        ``platform``: the address it runs against (default: the platform)."""
+        d = self.root / org
+        addr = f"127.0.0.1:{self.port}"
+        args = ["node", "init", "--dir", str(d), "--org", org, "--platform", addr]
+        if self.security:
+            self._init([*args, "--enroll-from", str(self.pdir)])
+        else:
+            self._init([*args, "--no-security"] if security_supported() else args)
+            self._init(["platform", "register", "--dir", str(self.pdir), org])
+        run = ["node", "run", "--dir", str(d), "--inquiry-interval", self.iq, "--platform", platform or addr]
+        self.procs[org] = Proc(org, run, self.root / f"{org}.log", "running")
+        self.orgs.append(org)
+        return d
+
+    def start(self, name: str) -> None:
+        self.procs[name].start()
+
+    def kill(self, name: str, sig: int = signal.SIGKILL) -> None:
+        self.procs[name].kill(sig)
+
+    def running(self, name: str) -> bool:
+        return self.procs[name].running
+
+    def stop_all(self) -> None:
+        for p in self.procs.values():
+            p.kill()
+
+    # ------------------------------------------------------------ stores
+
+    def db_path(self, name: str) -> Path:
+        return self.dir(name) / ("platform.sqlite" if name == "P" else "node.sqlite")
+
+    def q(self, name: str, sql: str, *args: Any) -> list[tuple[Any, ...]]:
+        c = sqlite3.connect(str(self.db_path(name)), timeout=30)
+        try:
+            return c.execute(sql, args).fetchall()
+        finally:
+            c.close()
+
+    def count(self, name: str, sql: str, *args: Any) -> int:
+        return int(self.q(name, sql, *args)[0][0])
+
+    def pending(self) -> dict[str, int]:
+        """What is not settled yet: outbox rows other than SS_FAILED, pending-ack
+        rows, the platform's stored rows. Empty dict = settled. SaveFwd 1
+        rows waiting at SS_ACK_FWD are counted apart (``*.outbox_sf1_fwd``):
+        when the forwarded copy died with a connection they never move
+        (tests/test_chaos.py pins that as a known bug)."""
+        out: dict[str, int] = {}
+        for o in self.orgs:
+            for sf1_fwd, n in self.q(o, f"SELECT save_fwd=1 AND state={SS_ACK_FWD}, count(*) FROM outbox"
+                                        f" WHERE state != {SS_FAILED} GROUP BY 1"):
+                out[f"{o}.outbox_sf1_fwd" if sf1_fwd else f"{o}.outbox"] = n
+            n = self.count(o, "SELECT count(*) FROM inbound")
+            if n:
+                out[f"{o}.inbound"] = n
+        n = self.count("P", "SELECT count(*) FROM stored")
+        if n:
+            out["P.stored"] = n
+        return out
+
+    def events(self, name: str) -> Iterator[dict[str, Any]]:
+        """The JSON-lines event log of a node or the platform (a line torn by
+        SIGKILL is skipped: the store is the truth, docs/events.md)."""
+        for p in sorted((self.dir(name) / "events").glob("*.jsonl")):
+            with p.open(encoding="utf-8", errors="replace") as f:
+                for line in f:
+                    try:
+                        yield json.loads(line)
+                    except ValueError:
+                        continue
+
+    def log_bytes(self, name: str) -> tuple[int, int]:
+        """(event log bytes, daemon output bytes)."""
+        ev = sum(p.stat().st_size for p in (self.dir(name) / "events").glob("*.jsonl"))
+        out = self.procs[name].log
+        return ev, out.stat().st_size if out.exists() else 0
+
+
+# ---------------------------------------------------------------- configuration and report
+
+
+@dataclass
+class ChaosConfig:
+    seed: int = 1
+    docs: int = 300
+    orgs: int = 3
+    minutes: float = 0.5  # length of the chaos phase
+    quiet_timeout: float = 120.0  # s to settle once every fault has stopped
+    inquiry_interval: float = 0.5  # the nodes' and platform's (tests/_procs.py uses 0.5)
+    security: bool | None = None  # None: the CLI's default
+    faults: bool = True  # False: the same traffic without any fault (a baseline)
+    kills_per_minute: float = 20.0
+    max_doc: int = 4096  # bytes; 2% of the documents are up to 16x larger
+    root: Path | None = None  # None: a temporary directory, removed unless keep
+    keep: bool = False
+    log: Callable[[str], None] | None = None  # progress lines
+
+
+@dataclass
+class ChaosReport:
+    seed: int
+    orgs: int
+    security: bool
+    accepted: int = 0
+    refused: int = 0  # send_many calls the node refused (store busy/full)
+    delivered: int = 0  # distinct documents in their target's inbox
+    duplicates: int = 0  # extra inbox rows for a document already there
+    lost: int = 0  # SaveFwd 2|3 documents not delivered
+    corrupted: int = 0  # delivered bytes differ
+    misdelivered: int = 0  # in an inbox that is not the target's
+    resends: int = 0  # "resend" events at the origins
+    inquiries: int = 0  # "inquiry" events (origins and platform)
+    kills: int = 0  # SIGKILLs
+    stops: int = 0  # SIGTERM, restarted later (node offline for a while)
+    partitions: int = 0  # proxy cut + refuse for a while
+    cuts: int = 0  # connections cut by the proxies (planned offsets and cut_all)
+    refusals: int = 0  # connections refused by the proxies
+    elapsed: float = 0.0  # s, whole run
+    settle_time: float = 0.0  # s from "every fault stops" to quiet
+    settled: bool = False
+    by_mode: dict[str, dict[str, int]] = field(default_factory=dict)
+    sf1_dropped_reported: int = 0  # SS_FAILED 301 at the origin
+    sf1_lost_unreported: int = 0  # not delivered, origin row gone (cleaned after ACK_FWD)
+    sf1_unresolved: int = 0  # not delivered, origin row still pending after the quiet period
+    best_effort_dropped: int = 0
+    left_over: dict[str, int] = field(default_factory=dict)  # Net.pending() at the end (settled: stuck SF1 only)
+    tables: dict[str, int] = field(default_factory=dict)  # dedup/seen/... row counts
+    log_bytes_per_doc: dict[str, float] = field(default_factory=dict)
+    events_per_doc: float = 0.0
+    violations: list[str] = field(default_factory=list)  # broken guarantees (the test fails)
+    notes: list[str] = field(default_factory=list)  # known gaps, reported not failed
+    root: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return not self.violations
+
+    def table(self) -> str:
+        rows = [
+            ("accepted", self.accepted), ("delivered", self.delivered),
+            ("duplicates delivered", self.duplicates), ("lost (SaveFwd 2|3)", self.lost),
+            ("corrupted / misdelivered", f"{self.corrupted} / {self.misdelivered}"),
+            ("SaveFwd 1 dropped, reported (301)", self.sf1_dropped_reported),
+            ("SaveFwd 1 dropped after ACK_FWD, unreported", self.sf1_lost_unreported),
+            ("SaveFwd 1 unresolved", self.sf1_unresolved),
+            ("best effort not delivered", self.best_effort_dropped),
+            ("resends", self.resends), ("inquiries", self.inquiries),
+            ("kills (SIGKILL)", self.kills), ("stops (SIGTERM, offline)", self.stops),
+            ("partitions (cut + refuse)", self.partitions),
+            ("cuts", self.cuts), ("refused connections", self.refusals),
+            ("settled / settle time", f"{self.settled} / {self.settle_time:.1f} s"),
+            ("elapsed", f"{self.elapsed:.1f} s"),
+        ]
+        w = max(len(k) for k, _ in rows)
+        lines = [f"chaos seed={self.seed} orgs={self.orgs} security={'on' if self.security else 'off'}"]
+        lines += [f"  {k:<{w}}  {v}" for k, v in rows]
+        lines.append("  by mode (accepted / delivered / duplicates):")
+        for m, c in self.by_mode.items():
+            lines.append(f"    {m:<12} {c.get('accepted', 0):>7} {c.get('delivered', 0):>7} {c.get('duplicates', 0):>4}")
+        lines.append("  tables after settling: " + ", ".join(f"{k}={v}" for k, v in self.tables.items()))
+        lines.append("  log bytes per accepted document: "
+                     + ", ".join(f"{k}={v:.0f}" for k, v in self.log_bytes_per_doc.items())
+                     + f"; events per document {self.events_per_doc:.1f}")
+        if self.left_over:
+            lines.append(f"  {'left over' if self.settled else 'NOT SETTLED'}: {self.left_over}")
+        for v in self.violations:
+            lines.append(f"  VIOLATION: {v}")
+        for n in self.notes:
+            lines.append(f"  note: {n}")
+        return "\n".join(lines)
+
+
+@dataclass
+class _Doc:
+    origin: str
+    target: str
+    mode: str
+    reliable: bool
+    save_fwd: int
+    digest: bytes
+    size: int
+
+
+# ---------------------------------------------------------------- the run
+
+
+def _plan(seed: int, i: int) -> FaultPlan:
+    """Per-node proxy faults: jitter, rare stalls, ~30% of connections cut at a
+    random byte offset (mid-frame), and after a third of the cuts the platform
+    is unreachable for 0.5-3 s."""
+    return FaultPlan(
+        seed=seed * 1000 + i,
+        delay=(0.0, 0.002),
+        stall_probability=0.002,
+        stall_seconds=(0.2, 1.5),
+        cut_probability=0.3,
+        cut_offset=(0, 24 * 1024),
+        refuse_probability=0.33,
+        refuse_seconds=(0.5, 3.0),
+    )
+
+
+def _documents(cfg: ChaosConfig, orgs: list[str], rng: random.Random) -> list[tuple[str, dict[str, Any], str]]:
+    """(origin, send_many entry, mode name) for every document, from the seed."""
+    weights = [m[4] for m in MODES]
+    out = []
+    for n in range(cfg.docs):
+        origin = rng.choice(orgs)
+        target = rng.choice([o for o in orgs if o != origin])
+        name, reliable, sf, ack2, _ = rng.choices(MODES, weights)[0]
+        size = rng.randint(1, cfg.max_doc * (16 if rng.random() < 0.02 else 1))
+        entry = dict(to=target, data=rng.randbytes(size), data_type="ORDER", domain="chaos",
+                     key=f"C{n:07d}", save_fwd=sf, ack2=ack2, reliable=reliable)
+        out.append((origin, entry, name))
+    return out
+
+
+class _Run:
+    def __init__(self, cfg: ChaosConfig, net: Net, orgs: list[str]) -> None:
+        self.cfg = cfg
+        self.net = net
+        self.orgs = orgs
+        self.rng = random.Random(f"semq-chaos/{cfg.seed}/schedule")
+        self.report = ChaosReport(seed=cfg.seed, orgs=len(orgs), security=net.security)
+        self.docs: dict[tuple[str, int], _Doc] = {}
+        self.proxies: dict[str, FaultProxy] = {}
+        self.down: set[str] = set()  # processes stopped by the schedule, restart pending
+        self.lock = trio.Lock()  # one process start/kill at a time
+        self.clients: dict[str, NodeClient] = {}
+
+    def log(self, text: str) -> None:
+        if self.cfg.log:
+            self.cfg.log(text)
+
+    async def _proc(self, fn: Callable[..., None], *args: Any) -> None:
+        async with self.lock:
+            await trio.to_thread.run_sync(fn, *args)
+
+    # ------------------------------------------------------------ traffic
+
+    async def sender(self, deadline: float) -> None:
+        """Hand the documents to the nodes' stores (the Python API), spread
+        over the chaos phase; works whether or not a node's daemon is up."""
+        plan = _documents(self.cfg, self.orgs, random.Random(f"semq-chaos/{self.cfg.seed}/docs"))
+        by_origin: dict[str, list[tuple[dict[str, Any], str]]] = defaultdict(list)
+        for origin, entry, mode in plan:
+            by_origin[origin].append((entry, mode))
+        batches: list[tuple[str, list[tuple[dict[str, Any], str]]]] = []
+        for origin, items in by_origin.items():
+            for i in range(0, len(items), 20):
+                batches.append((origin, items[i:i + 20]))
+        random.Random(f"semq-chaos/{self.cfg.seed}/order").shuffle(batches)
+        start = trio.current_time()
+        span = max(0.0, deadline - start) * 0.8  # leave the last fifth for faults on the tail
+        for i, (origin, items) in enumerate(batches):
+            await trio.sleep_until(start + span * i / max(1, len(batches)))
+            entries = [e for e, _ in items]
+            try:
+                lks = await trio.to_thread.run_sync(self.clients[origin].send_many, entries)
+            except Exception as e:  # StoreError (busy): nothing of this batch was accepted
+                self.report.refused += 1
+                self.log(f"send refused at {origin}: {e}")
+                continue
+            for lk, (entry, mode) in zip(lks, items, strict=True):
+                name, reliable, sf = mode, bool(entry["reliable"]), int(entry["save_fwd"])
+                self.docs[(origin, lk.record_id)] = _Doc(
+                    origin=origin, target=entry["to"], mode=name, reliable=reliable,
+                    save_fwd=sf if reliable else 1, digest=hashlib.sha256(entry["data"]).digest(),
+                    size=len(entry["data"]))
+            self.report.accepted += len(lks)
+
+    # ------------------------------------------------------------ faults
+
+    async def restart_later(self, name: str, delay: float) -> None:
+        await trio.sleep(delay)
+        for attempt in range(3):
+            try:
+                await self._proc(self.net.start, name)
+                break
+            except RuntimeError as e:  # did not print its ready line in time
+                self.report.violations.append(f"{name} did not restart (attempt {attempt + 1}): {e}")
+                await trio.sleep(1)
+        self.down.discard(name)
+
+    async def chaos(self, nursery: trio.Nursery, deadline: float) -> None:
+        """Seeded schedule of faults until ``deadline``."""
+        rng = self.rng
+        mean_gap = 60.0 / max(1e-9, self.cfg.kills_per_minute)
+        # Every kind of fault early on (seeded order), then a weighted mix.
+        first = ["kill_node", "kill_platform", "cut", "partition", "stop_node"]
+        rng.shuffle(first)
+        while True:
+            gap = rng.uniform(0.3, 2 * mean_gap) * 0.6
+            what = first.pop() if first else rng.choices(
+                ["kill_node", "kill_platform", "cut", "partition", "stop_node"], [4, 2, 3, 2, 1])[0]
+            org = rng.choice(self.orgs)
+            delay = rng.uniform(0.2, 2.0)
+            offline = rng.uniform(1.0, 5.0)
+            if trio.current_time() + gap >= deadline:
+                return
+            await trio.sleep(gap)
+            if what in ("kill_node", "stop_node", "kill_platform"):
+                name = "P" if what == "kill_platform" else org
+                if name in self.down:
+                    continue
+                self.down.add(name)
+                sig = signal.SIGTERM if what == "stop_node" else signal.SIGKILL
+                await self._proc(self.net.kill, name, sig)
+                if sig == signal.SIGKILL:
+                    self.report.kills += 1
+                else:
+                    self.report.stops += 1
+                self.log(f"{what} {name}, back in {delay if sig == signal.SIGKILL else offline:.1f} s")
+                nursery.start_soon(self.restart_later, name, delay if sig == signal.SIGKILL else offline)
+            elif what == "cut":
+                n = self.proxies[org].cut_all()
+                self.log(f"cut {n} connection(s) of {org}")
+            else:
+                proxy = self.proxies[org]
+                proxy.refuse_for(offline)
+                proxy.cut_all()
+                self.report.partitions += 1
+                self.log(f"partition {org} for {offline:.1f} s")
+
+    # ------------------------------------------------------------ quiet
+
+    async def watchdog(self) -> None:
+        """A process that exits on its own (not stopped by the schedule) is a
+        finding: record it, and start it again so the run goes on."""
+        while True:
+            await trio.sleep(0.5)
+            for name in ["P", *self.orgs]:
+                if name not in self.down and not self.net.running(name) and not self.lock.locked():
+                    proc = self.net.procs[name]
+                    rc = proc.p.returncode if proc.p is not None else None
+                    tail = proc.log.read_text(errors="replace")[-600:].replace("\n", " | ")
+                    self.report.violations.append(f"{name} exited by itself (code {rc}): ...{tail}")
+                    self.log(f"{name} CRASHED (code {rc}); restarting")
+                    await self._proc(self.net.start, name)
+
+    async def settle(self) -> None:
+        for p in self.proxies.values():
+            p.set_pass_through(True)
+            p.refuse_for(0)
+            p.stall_for(0)
+        start = trio.current_time()
+        deadline = start + self.cfg.quiet_timeout
+        grace_until: float | None = None  # for SaveFwd 1 rows at SS_ACK_FWD, once the rest is quiet
+        last: dict[str, int] = {}
+        while trio.current_time() < deadline:
+            last = await trio.to_thread.run_sync(self.net.pending)
+            if not last:
+                self.report.settled = True
+                break
+            if all(k.endswith("_sf1_fwd") for k in last):
+                if grace_until is None:  # a few inquiry rounds for their ACK2s still under way
+                    grace_until = trio.current_time() + max(5.0, 10 * self.cfg.inquiry_interval)
+                elif trio.current_time() >= grace_until:
+                    self.report.settled = True
+                    break
+            else:
+                grace_until = None
+            await trio.sleep(0.5)
+        self.report.settle_time = trio.current_time() - start
+        self.report.left_over = last
+
+    # ------------------------------------------------------------ checks
+
+    def verify(self) -> None:
+        r, net = self.report, self.net
+        inbox: dict[tuple[str, int], list[tuple[str, bytes]]] = defaultdict(list)  # LK0 -> [(holder, digest)]
+        for org in self.orgs:
+            last = 0
+            while True:  # paged: long runs hold many documents
+                rows = net.q(org, "SELECT id, origin_id, record_id, app_data FROM inbox WHERE id > ?"
+                                  " ORDER BY id LIMIT 2000", last)
+                if not rows:
+                    break
+                for rid, o, rec, data in rows:
+                    inbox[(o, int(rec))].append((org, hashlib.sha256(data).digest()))
+                    last = rid
+        outbox: dict[tuple[str, int], tuple[int, int]] = {}
+        for org in self.orgs:
+            for rid, state, code in net.q(org, "SELECT id, state, code FROM outbox"):
+                outbox[(org, int(rid))] = (int(state), int(code))
+        modes: dict[str, Counter[str]] = defaultdict(Counter)
+        examples: dict[str, list[str]] = defaultdict(list)
+
+        def bad(kind: str, key: tuple[str, int], text: str) -> None:
+            if len(examples[kind]) < 5:
+                examples[kind].append(f"{key[0]}/1/1/{key[1]} {text}")
+
+        for key, d in self.docs.items():
+            got = inbox.pop(key, [])
+            at_target = [h for holder, h in got if holder == d.target]
+            elsewhere = [holder for holder, _ in got if holder != d.target]
+            m = modes[d.mode]
+            m["accepted"] += 1
+            if elsewhere:
+                r.misdelivered += 1
+                bad("misdelivered", key, f"for {d.target} found at {elsewhere}")
+            if at_target:
+                r.delivered += 1
+                m["delivered"] += 1
+            if len(at_target) > 1:
+                r.duplicates += len(at_target) - 1
+                m["duplicates"] += len(at_target) - 1
+                bad("duplicate", key, f"{d.mode} {len(at_target)} times in {d.target}'s inbox")
+            if any(h != d.digest for h in at_target):
+                r.corrupted += 1
+                bad("corrupted", key, f"{d.mode}: bytes differ")
+            row = outbox.get(key)
+            if d.reliable and d.save_fwd >= 2:
+                if not at_target:
+                    r.lost += 1
+                    bad("lost", key, f"{d.mode} for {d.target}: not delivered (origin row {row})")
+                if row is not None:
+                    bad("not cleaned", key, f"{d.mode}: origin row still there, state/code {row}")
+            elif d.reliable:  # SaveFwd 1
+                if at_target:
+                    if row is not None and row[0] == SS_FAILED:
+                        bad("delivered and failed", key, f"{d.mode} delivered but origin row {row}")
+                elif row is not None and row == (SS_FAILED, TARGET_OFFLINE_DROPPED):
+                    r.sf1_dropped_reported += 1
+                elif row is None:
+                    r.sf1_lost_unreported += 1
+                    bad("sf1 unreported", key, f"{d.mode} for {d.target}: not delivered, origin row gone")
+                else:
+                    r.sf1_unresolved += 1
+                    bad("sf1 unresolved", key, f"{d.mode} for {d.target}: not delivered, origin row {row}")
+            elif not at_target:
+                r.best_effort_dropped += 1
+        for key, got in inbox.items():  # in an inbox, never accepted by us
+            if key[0] in self.orgs:
+                r.misdelivered += len(got)
+                bad("unknown", key, f"in {[h for h, _ in got]}'s inbox, not a document of this run")
+        r.by_mode = {m: dict(c) for m, c in sorted(modes.items())}
+
+        # The guarantees (SPEC "The flow", issue 6).
+        if r.lost:
+            r.violations.append(f"{r.lost} SaveFwd 2|3 document(s) lost: {examples['lost']}")
+        if r.duplicates:
+            r.violations.append(f"{r.duplicates} duplicate deliveries: {examples['duplicate']}")
+        if r.corrupted:
+            r.violations.append(f"{r.corrupted} document(s) with other bytes: {examples['corrupted']}")
+        if r.misdelivered:
+            r.violations.append(f"{r.misdelivered} misdelivered: {examples['misdelivered'] + examples['unknown']}")
+        if examples["not cleaned"]:
+            r.violations.append(f"SaveFwd 2|3 origin rows not cleaned up: {examples['not cleaned']}")
+        if examples["delivered and failed"]:
+            r.violations.append(f"reported dropped but delivered: {examples['delivered and failed']}")
+        if not r.settled:
+            r.violations.append(f"not settled within {self.cfg.quiet_timeout:.0f} s: {r.left_over}")
+        # SaveFwd 1 that vanished after ACK_FWD (the bytes died with a cut
+        # connection) is neither delivered nor reported dropped: a gap in the
+        # promise, reported here and pinned by an xfail test (tests/test_chaos.py).
+        if r.sf1_lost_unreported:
+            r.notes.append(f"{r.sf1_lost_unreported} SaveFwd 1 document(s) not delivered and not reported"
+                           f" dropped (forwarded, then lost with the connection): {examples['sf1 unreported']}")
+        if r.sf1_unresolved:
+            r.notes.append(f"{r.sf1_unresolved} SaveFwd 1 document(s) still pending at the origin:"
+                           f" {examples['sf1 unresolved']}")
+
+        # Bounded tables and logs.
+        for org in self.orgs:
+            r.tables[f"{org}.dedup"] = net.count(org, "SELECT count(*) FROM dedup")
+            r.tables[f"{org}.inbox"] = net.count(org, "SELECT count(*) FROM inbox")
+            r.tables[f"{org}.outbox"] = net.count(org, "SELECT count(*) FROM outbox")
+            r.tables[f"{org}.inbound"] = net.count(org, "SELECT count(*) FROM inbound")
+        r.tables["P.seen"] = net.count("P", "SELECT count(*) FROM seen")
+        r.tables["P.stored"] = net.count("P", "SELECT count(*) FROM stored")
+        r.tables["P.nodes"] = net.count("P", "SELECT count(*) FROM nodes")
+        n = max(1, r.accepted)
+        ev_total = 0
+        events = 0
+        for name in ["P", *self.orgs]:
+            ev, out = net.log_bytes(name)
+            ev_total += ev
+            r.log_bytes_per_doc[f"{name}.events"] = ev / n
+            r.log_bytes_per_doc[f"{name}.output"] = out / n
+            for e in net.events(name):
+                events += 1
+                kind = e.get("event")
+                if kind == "resend":
+                    r.resends += 1
+                elif kind == "inquiry":
+                    r.inquiries += 1
+        r.events_per_doc = events / n
+        # dedup holds one row per delivered LK0 for the retention (30 days);
+        # seen one per DATA the platform accepted. Neither may exceed the traffic.
+        dedup = sum(v for k, v in r.tables.items() if k.endswith(".dedup"))
+        if dedup > r.accepted:
+            r.violations.append(f"dedup rows {dedup} exceed the {r.accepted} documents")
+        if r.tables["P.seen"] > r.accepted:
+            r.violations.append(f"platform seen rows {r.tables['P.seen']} exceed the {r.accepted} documents")
+
+
+async def run_chaos_async(cfg: ChaosConfig) -> ChaosReport:
+    t0 = time.monotonic()
+    tmp = None
+    if cfg.root is None:
+        tmp = Path(tempfile.mkdtemp(prefix="semq-chaos-"))
+    root = cfg.root or tmp
+    assert root is not None
+    orgs = [f"{10001 + i}" for i in range(cfg.orgs)]
+    net = Net(root, security=cfg.security, inquiry_interval=cfg.inquiry_interval)
+    run = _Run(cfg, net, orgs)
+    run.report.root = str(root)
+    try:
+        async with trio.open_nursery() as nursery:
+            for i, org in enumerate(orgs):
+                proxy = FaultProxy(_plan(cfg.seed, i) if cfg.faults else FaultPlan(seed=cfg.seed))
+                port = await nursery.start(proxy.serve, "127.0.0.1", 0, "127.0.0.1", net.port)
+                run.proxies[org] = proxy
+                net.add_org(org, platform=f"127.0.0.1:{port}")
+                run.clients[org] = NodeClient(net.dir(org))
+            for name in ["P", *orgs]:
+                await run._proc(net.start, name)
+            run.log(f"started platform and {len(orgs)} nodes in {root}")
+            nursery.start_soon(run.watchdog)
+            deadline = trio.current_time() + cfg.minutes * 60
+            async with trio.open_nursery() as phase:
+                phase.start_soon(run.sender, deadline)
+                if cfg.faults:
+                    phase.start_soon(run.chaos, phase, deadline)
+                    # Restarts scheduled by the chaos task finish inside this nursery.
+            run.log(f"chaos phase over: {run.report.accepted} accepted; settling")
+            await run.settle()
+            for p in run.proxies.values():
+                st = p.statistics()
+                run.report.cuts += st.cuts
+                run.report.refusals += st.refusals
+            await trio.to_thread.run_sync(run.verify)
+            nursery.cancel_scope.cancel()
+    finally:
+        for c in run.clients.values():
+            c.close()
+        net.stop_all()
+        run.report.elapsed = time.monotonic() - t0
+        if tmp is not None and not cfg.keep:
+            shutil.rmtree(tmp, ignore_errors=True)
+    return run.report
+
+
+def run_chaos(cfg: ChaosConfig) -> ChaosReport:
+    """Run one chaos run to the end (every process stopped) and return the report."""
+    return trio.run(run_chaos_async, cfg)
+
+
+# ---------------------------------------------------------------- command line
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="scripts/chaos", description=__doc__.split("\n\n")[0] if __doc__ else "")
+    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--docs", type=int, default=2000)
+    p.add_argument("--minutes", type=float, default=1.0, help="length of the chaos phase")
+    p.add_argument("--orgs", type=int, default=4, help="organization nodes (3-5 is the issue's range)")
+    p.add_argument("--quiet-timeout", type=float, default=300.0, help="s to settle after the faults stop")
+    p.add_argument("--inquiry-interval", type=float, default=0.5)
+    p.add_argument("--kills-per-minute", type=float, default=20.0)
+    p.add_argument("--security", choices=["on", "off", "default"], default="default")
+    p.add_argument("--no-faults", action="store_true", help="same traffic, no faults (baseline)")
+    p.add_argument("--dir", help="keep everything in this directory (must not exist)")
+    p.add_argument("--keep", action="store_true", help="keep the temporary directory")
+    p.add_argument("--json", action="store_true", help="print the report as JSON")
+    p.add_argument("-q", "--quiet", action="store_true", help="no progress lines")
+    a = p.parse_args(argv)
+    if a.orgs < 2:
+        p.error("--orgs must be at least 2")
+    if a.dir and Path(a.dir).exists():
+        p.error(f"{a.dir} exists; give a new directory")
+    t0 = time.monotonic()
+
+    def progress(text: str) -> None:
+        print(f"[{time.monotonic() - t0:7.1f}s] {text}", file=sys.stderr, flush=True)
+
+    cfg = ChaosConfig(
+        seed=a.seed, docs=a.docs, orgs=a.orgs, minutes=a.minutes, quiet_timeout=a.quiet_timeout,
+        inquiry_interval=a.inquiry_interval, kills_per_minute=a.kills_per_minute,
+        security={"on": True, "off": False, "default": None}[a.security], faults=not a.no_faults,
+        root=Path(a.dir) if a.dir else None, keep=a.keep, log=None if a.quiet else progress,
+    )
+    report = run_chaos(cfg)
+    if a.json:
+        print(json.dumps({k: v for k, v in asdict(report).items()}, indent=1))
+    else:
+        print(report.table())
+        print(f"command: scripts/chaos --seed {a.seed} --docs {a.docs} --minutes {a.minutes:g}"
+              f" --orgs {a.orgs}" + (f" --security {a.security}" if a.security != "default" else ""))
+        if a.keep or a.dir:
+            print(f"kept: {report.root}")
+    return 0 if report.ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
