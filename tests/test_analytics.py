@@ -149,6 +149,8 @@ def test_resolve_inputs_finds_logs_and_skips_days(tmp_path: Path) -> None:
     (tmp_path / "notes.txt").write_text("")
     (tmp_path / "pq" / "date=2026-11-22").mkdir(parents=True)
     (tmp_path / "pq" / "date=2026-11-22" / "part-0.parquet").write_text("")
+    (tmp_path / "semq-report").mkdir()  # a previous report's tables are not logs
+    (tmp_path / "semq-report" / "by_pair.parquet").write_text("")
     found = resolve_inputs([str(tmp_path)], first_day_ms=parse_time("2026-11-21T12:00"))
     assert [Path(f).name for f in found.json_files] == ["events-2026-11-21.jsonl",
                                                        "events-2026-11-22.jsonl"]

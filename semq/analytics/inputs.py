@@ -63,11 +63,16 @@ def _file_date(path: str) -> date | None:
 
 
 def _is_parquet_dataset(path: str) -> bool:
+    """A dataset Spark wrote (``compact``): date partitions or a _SUCCESS marker.
+
+    Loose *.parquet files are not taken for logs: a report's own output
+    (``semq-report/by_pair.parquet``...) may sit next to the logs.
+    """
     try:
         names = os.listdir(path)
     except OSError:
         return False
-    return any(n.endswith(".parquet") or n.startswith("date=") or n == "_SUCCESS" for n in names)
+    return any(n.startswith("date=") or n == "_SUCCESS" for n in names)
 
 
 def resolve_inputs(paths: list[str], *, first_day_ms: int | None = None,
