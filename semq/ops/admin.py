@@ -1,0 +1,407 @@
+"""The admin console: a control socket in the data directory.
+
+Protocol (one JSON object per line, UTF-8, both ways; a connection may
+carry several requests, answered in order)::
+
+    -> {"cmd": "status", "args": {}}
+    <- {"ok": true, "result": {...}}
+    <- {"ok": false, "error": "one line"}
+
+The socket is a Unix domain socket, mode 0600, in the data directory (itself
+0700): only the daemon's user (and root) can talk to it; there is no other
+authentication. It is bound under a temporary name, chmod-ed, then renamed
+into place, so it is never reachable with looser permissions.
+
+Limits: a request line is at most ``MAX_REQUEST`` bytes (longer ones get an
+error and the connection is closed); at most ``MAX_CLIENTS`` connections
+are served at once; an idle connection is closed after ``IDLE_TIMEOUT``
+seconds. Every handler failure becomes one ``error`` line; it never takes
+the daemon down. Handlers run on the daemon's trio thread and must reach
+the store through the daemon's gate (semq.ops.handlers).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+import stat
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Final
+
+import trio
+
+from ._paths import admin_socket_path, unix_address
+
+__all__ = [
+    "IDLE_TIMEOUT",
+    "MAX_CLIENTS",
+    "MAX_REQUEST",
+    "MAX_RESPONSE",
+    "AdminCommandError",
+    "AdminCommandFailed",
+    "AdminError",
+    "AdminUnavailable",
+    "AfterReply",
+    "DrainControl",
+    "Handler",
+    "admin_call",
+    "admin_request",
+    "admin_socket_path",
+    "one_line",
+    "serve_admin",
+]
+
+log = logging.getLogger("semq.ops.admin")
+
+MAX_REQUEST: Final = 64 * 1024  # bytes in one request line
+MAX_RESPONSE: Final = 64 * 1024 * 1024  # bytes the client accepts in one answer
+MAX_CLIENTS: Final = 32  # connections served at once; more get an error line
+IDLE_TIMEOUT: Final = 60.0  # s without a request before a connection is closed
+
+#: A command: takes the request's ``args`` and returns a JSON-able result
+#: (or an AfterReply). Raise AdminCommandError (or ValueError/LookupError)
+#: for the operator's mistakes; anything else is logged as a bug.
+Handler = Callable[[dict[str, Any]], Awaitable[Any]]
+
+
+class AdminError(Exception):
+    """The admin client could not get an answer (one line for the user)."""
+
+
+class AdminUnavailable(AdminError):
+    """No daemon listens on the socket (not running, or started without it)."""
+
+
+class AdminCommandFailed(AdminError):
+    """The daemon answered ``ok: false``; the message is its error line."""
+
+
+class AdminCommandError(ValueError):
+    """Raised by a handler: the request is wrong (bad id, bad filter). A
+    ValueError, so a CLI maps it to exit status 2."""
+
+
+@dataclass(frozen=True)
+class AfterReply:
+    """A handler result whose ``action`` runs after the answer was written
+    (``stop`` answers first, then stops the daemon)."""
+
+    result: Any
+    action: Callable[[], None]
+
+
+def one_line(text: object, limit: int = 1000) -> str:
+    """``text`` as a single line of at most ``limit`` characters."""
+    s = " ".join(str(text).split())
+    return s if len(s) <= limit else s[: limit - 3] + "..."
+
+
+# ---------------------------------------------------------------- drain
+
+
+class DrainControl:
+    """Drain and stop requests for a daemon (seed 004: the console stops
+    servers cleanly).
+
+    ``request()`` asks the daemon to stop taking new work (the node claims
+    no new SS_INIT rows, the platform refuses new sessions and delivers no
+    more stored copies) and finish what is in flight; ``supervise(busy)``
+    then waits until ``busy()`` is 0 (or ``timeout`` passes) and calls
+    ``stop()``. ``stop()`` asks for an immediate, clean stop: the process
+    waits in ``wait_stop()`` and cancels its nursery. Nothing is lost either
+    way: every state change is committed before its ack left, and whatever
+    is unacknowledged is sent again after the restart (SPEC A.5, P.3)."""
+
+    def __init__(self, *, timeout: float = 60.0) -> None:
+        self.timeout = timeout
+        self._drain = trio.Event()
+        self._stop = trio.Event()
+        self.requested_at_ms: int | None = None
+        self.reason = ""  # why the drain was requested
+        self.stop_reason = ""  # why the daemon stops (drained, timed out, stop, signal)
+
+    @property
+    def requested(self) -> bool:
+        """True once a drain (or stop) was asked for: take no new work."""
+        return self._drain.is_set()
+
+    @property
+    def stopping(self) -> bool:
+        return self._stop.is_set()
+
+    def request(self, reason: str = "drain requested") -> None:
+        if not self._drain.is_set():
+            self.requested_at_ms = int(time.time() * 1000)
+            self.reason = reason
+            log.info("drain: %s", reason)
+            self._drain.set()
+
+    def stop(self, reason: str = "stop requested") -> None:
+        self.request(reason)
+        if not self._stop.is_set():
+            log.info("stop: %s", reason)
+            self.stop_reason = reason
+            self._stop.set()
+
+    async def wait(self) -> None:
+        """Until a drain is requested."""
+        await self._drain.wait()
+
+    async def wait_stop(self) -> None:
+        """Until the daemon should stop."""
+        await self._stop.wait()
+
+    async def supervise(self, busy: Callable[[], int], *, poll: float = 0.1) -> None:
+        """Run for the daemon's life: after a drain request, wait for
+        ``busy()`` to reach 0 (at most ``timeout`` s), then ``stop()``."""
+        await self.wait()
+        with trio.move_on_after(self.timeout) as scope:
+            while busy() > 0:
+                await trio.sleep(poll)
+        if scope.cancelled_caught:
+            log.warning("drain: still %d in flight after %.0f s; stopping anyway (they are resent later)",
+                        busy(), self.timeout)
+        self.stop("drained" if not scope.cancelled_caught else "drain timed out")
+
+    def status(self) -> dict[str, Any]:
+        return {"requested": self.requested, "stopping": self.stopping, "since_ms": self.requested_at_ms,
+                "reason": self.reason, "stop_reason": self.stop_reason, "timeout_s": self.timeout}
+
+
+# ---------------------------------------------------------------- server
+
+
+def _json_default(o: object) -> Any:
+    if isinstance(o, bytes | bytearray | memoryview):
+        return f"<{len(o)} bytes>"  # never contents
+    if isinstance(o, set | frozenset | tuple):
+        return list(o)
+    return str(o)
+
+
+def _error(text: object) -> bytes:
+    return json.dumps({"ok": False, "error": one_line(text)}).encode() + b"\n"
+
+
+async def _dispatch(line: bytes, handlers: Mapping[str, Handler]) -> tuple[bytes, Callable[[], None] | None]:
+    try:
+        req = json.loads(line)
+    except (ValueError, UnicodeDecodeError) as e:
+        return _error(f"request is not JSON: {e}"), None
+    if not isinstance(req, dict) or not isinstance(req.get("cmd"), str):
+        return _error('a request is an object {"cmd": NAME, "args": {...}}'), None
+    cmd = req["cmd"]
+    args = req.get("args")
+    if args is None:
+        args = {}
+    if not isinstance(args, dict):
+        return _error(f"{cmd}: args must be an object, not {type(args).__name__}"), None
+    handler = handlers.get(cmd)
+    if handler is None:
+        return _error(f"unknown command {cmd!r}; known: {', '.join(sorted(handlers))}"), None
+    try:
+        result = await handler(args)
+    except (ValueError, LookupError) as e:
+        text = e.args[0] if isinstance(e, KeyError) and e.args else e
+        return _error(f"{cmd}: {text}"), None
+    except Exception as e:  # a bug or a store failure: one line for the client, details in the log
+        log.exception("admin command %s failed", cmd)
+        return _error(f"{cmd} failed: {type(e).__name__}: {e}"), None
+    after = None
+    if isinstance(result, AfterReply):
+        result, after = result.result, result.action
+    try:
+        data = json.dumps({"ok": True, "result": result}, default=_json_default, separators=(",", ":"))
+    except (TypeError, ValueError) as e:
+        log.exception("admin command %s returned something that is not JSON", cmd)
+        return _error(f"{cmd} failed: result is not JSON: {e}"), None
+    return data.encode() + b"\n", after
+
+
+async def _serve_client(stream: trio.SocketStream, handlers: Mapping[str, Handler],
+                        slots: trio.Semaphore) -> None:
+    async with stream:
+        try:
+            slots.acquire_nowait()
+        except trio.WouldBlock:
+            with trio.move_on_after(1):
+                try:
+                    await stream.send_all(_error(f"too many admin connections (limit {MAX_CLIENTS});"
+                                                 " try again"))
+                except (trio.BrokenResourceError, trio.ClosedResourceError):
+                    pass
+            return
+        try:
+            buf = bytearray()
+            while True:
+                data = None
+                with trio.move_on_after(IDLE_TIMEOUT):  # only the wait for a request is limited
+                    data = await stream.receive_some(65536)
+                if not data:
+                    return  # closed by the client, or idle for IDLE_TIMEOUT
+                buf += data
+                while (nl := buf.find(b"\n")) >= 0:
+                    line = bytes(buf[:nl])
+                    del buf[: nl + 1]
+                    if len(line) > MAX_REQUEST:
+                        await stream.send_all(_error(f"request of {len(line)} bytes exceeds the"
+                                                     f" {MAX_REQUEST}-byte limit"))
+                        return
+                    if not line.strip():
+                        continue
+                    answer, after = await _dispatch(line, handlers)
+                    await stream.send_all(answer)
+                    if after is not None:
+                        after()
+                if len(buf) > MAX_REQUEST:
+                    await stream.send_all(_error(f"request exceeds the {MAX_REQUEST}-byte limit"))
+                    return
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            return  # the client went away
+        except Exception:  # never let one connection take the daemon down
+            log.exception("admin connection failed")
+        finally:
+            slots.release()
+
+
+def _probe(path: Path) -> bool:
+    """True if something accepts connections on the socket at ``path``."""
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.settimeout(1.0)
+    try:
+        with unix_address(path) as addr:
+            s.connect(addr)
+        return True
+    except OSError:
+        return False
+    finally:
+        s.close()
+
+
+async def _bind(path: Path) -> tuple[trio.socket.SocketType, int]:
+    try:
+        st = path.lstat()
+    except FileNotFoundError:
+        pass
+    else:
+        if not stat.S_ISSOCK(st.st_mode):
+            raise OSError(f"{path} exists and is not a socket; refusing to replace it")
+        if await trio.to_thread.run_sync(_probe, path):
+            raise OSError(f"another process already serves the admin console on {path}")
+        path.unlink(missing_ok=True)  # stale: left by a daemon that was killed
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.unlink(missing_ok=True)
+    sock = trio.socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        with unix_address(tmp) as addr:
+            await sock.bind(addr)
+        os.chmod(tmp, 0o600)  # owner-only before anyone can reach it by its real name
+        sock.listen(MAX_CLIENTS)
+        os.replace(tmp, path)
+    except BaseException:
+        sock.close()
+        tmp.unlink(missing_ok=True)
+        raise
+    return sock, path.stat().st_ino
+
+
+async def serve_admin(
+    path: Path,
+    handlers: Mapping[str, Handler],
+    *,
+    task_status: trio.TaskStatus[Path] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Serve the admin console on the Unix socket ``path`` until cancelled
+    (start with ``nursery.start``; ``task_status`` gets the path). A stale
+    socket file (its daemon was killed) is replaced; a live one, or a file
+    that is not a socket, raises OSError. The socket file is removed on
+    exit if it is still ours."""
+    path = Path(path)
+    sock, ino = await _bind(path)
+    listener = trio.SocketListener(sock)
+    slots = trio.Semaphore(MAX_CLIENTS)
+    log.info("admin console on %s", path)
+
+    async def handle(stream: trio.SocketStream) -> None:
+        await _serve_client(stream, handlers, slots)
+
+    try:
+        async with trio.open_nursery() as nursery:
+            await nursery.start(trio.serve_listeners, handle, [listener])
+            task_status.started(path)
+    finally:
+        try:
+            if path.stat().st_ino == ino:
+                path.unlink()
+        except OSError:
+            pass
+        sock.close()
+
+
+# ---------------------------------------------------------------- client
+
+
+def admin_request(path: Path, cmd: str, args: Mapping[str, Any] | None = None,
+                  timeout: float = 5.0) -> dict[str, Any]:
+    """Send one command to the daemon listening on ``path`` and return its
+    answer (``{"ok": True, "result": ...}`` or ``{"ok": False, "error":
+    ...}``). Synchronous (the CLI's side).
+
+    Raises AdminUnavailable when nothing listens there, AdminError when no
+    complete answer comes within ``timeout`` seconds."""
+    path = Path(path)
+    deadline = time.monotonic() + timeout
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        s.settimeout(timeout)
+        try:
+            with unix_address(path) as addr:
+                s.connect(addr)
+        except (FileNotFoundError, ConnectionRefusedError) as e:
+            raise AdminUnavailable(f"no daemon is listening on {path} (not running, or started"
+                                   " without the admin console)") from e
+        except PermissionError as e:
+            raise AdminError(f"permission denied on {path}: run this as the daemon's user") from e
+        except OSError as e:
+            raise AdminError(f"cannot reach the admin console on {path}: {e}") from e
+        req = json.dumps({"cmd": cmd, "args": dict(args or {})}, separators=(",", ":")).encode() + b"\n"
+        buf = bytearray()
+        try:
+            s.sendall(req)
+            start = 0
+            while (nl := buf.find(b"\n", start)) < 0:
+                start = len(buf)
+                s.settimeout(max(0.001, deadline - time.monotonic()))
+                chunk = s.recv(1 << 16)
+                if not chunk:
+                    raise AdminError(f"the daemon closed {path} without answering {cmd!r}")
+                buf += chunk
+                if len(buf) > MAX_RESPONSE:
+                    raise AdminError(f"answer to {cmd!r} exceeds {MAX_RESPONSE} bytes")
+        except TimeoutError as e:
+            raise AdminError(f"no answer to {cmd!r} from {path} within {timeout:g} s") from e
+        except OSError as e:
+            raise AdminError(f"admin connection to {path} failed: {e}") from e
+    finally:
+        s.close()
+    try:
+        resp = json.loads(bytes(buf[:nl]))
+    except ValueError as e:
+        raise AdminError(f"the daemon's answer is not JSON: {e}") from e
+    if not isinstance(resp, dict) or "ok" not in resp:
+        raise AdminError("the daemon's answer has no 'ok' field")
+    return resp
+
+
+def admin_call(path: Path, cmd: str, args: Mapping[str, Any] | None = None, timeout: float = 5.0) -> Any:
+    """Like admin_request, but returns the result and raises
+    AdminCommandFailed with the daemon's error line when it is not ok."""
+    resp = admin_request(path, cmd, args, timeout)
+    if not resp.get("ok"):
+        raise AdminCommandFailed(str(resp.get("error", "failed")))
+    return resp.get("result")

@@ -1,0 +1,487 @@
+"""Backup and restore of a node's or the platform's data directory.
+
+What a backup holds (a tar archive, gzip-compressed when the name ends in
+``.gz``/``.tgz``; docs/operations.md):
+
+- ``semq-backup.json`` — the manifest: format, role, id, time, the store's
+  schema version, sha256 and row counts per table;
+- the store (``node.sqlite`` / ``platform.sqlite``): a consistent snapshot
+  taken with SQLite's online backup API over a separate connection, in one
+  step, so it is exactly the store as of one committed transaction while the
+  daemon goes on writing (WAL: readers never block the writer);
+- ``semq.toml`` and the public certificates (``node.pem``, ``ca.pem``,
+  ``certs/``; ``ca/ca.pem``, ``ca/crl.pem``, ``ca/issued/``, ``tls/server.pem``);
+- the private keys (``keys/*.key.pem``; ``ca/ca.key.pem``,
+  ``tls/server.key.pem``) **only with include_keys**. Without them a
+  restored node re-enrolls (new keys, 'semq platform enroll', import); the
+  platform's CA key cannot be replaced without re-enrolling every node, so
+  keep a copy of it offline. The archive is written 0600 either way: the
+  store itself holds documents (a node's outbox and inbox in plaintext).
+
+Not included: the delivery event logs (``events/``, append-only: copy
+them with rsync), ``status.json``, the admin socket, older ``.bak-v*``.
+
+A backup named ``*.sqlite`` is the store snapshot alone.
+
+``restore`` refuses to touch a store that is in use: a daemon answering on
+the admin socket, or any process holding the store open (SQLite's own lock
+on the WAL index, which the kernel drops when a process dies, so a killed
+daemon never blocks a restore and a hung one is still seen). It refuses to
+replace an existing store without ``force``; with it, the replaced files are
+kept next to the new ones as ``<name>.before-restore-<time>``.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import io
+import json
+import os
+import shutil
+import sqlite3
+import tarfile
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
+from dataclasses import dataclass, field
+from pathlib import Path, PurePosixPath
+from typing import Any, Final
+
+from semq import __version__
+from semq._db import SQLITE_MAGIC
+
+from ._paths import admin_socket_path
+
+__all__ = [
+    "BACKUP_FORMAT",
+    "MANIFEST_NAME",
+    "BackupError",
+    "BackupInfo",
+    "RestoreInfo",
+    "RestoreRefused",
+    "backup",
+    "restore",
+    "snapshot_store",
+    "store_in_use",
+]
+
+BACKUP_FORMAT: Final = 1
+MANIFEST_NAME: Final = "semq-backup.json"
+STORE_NAMES: Final = {"node": "node.sqlite", "platform": "platform.sqlite"}
+_WAL_INDEX_DMS: Final = 128  # SQLite unix VFS: the "dead man switch" lock byte of the -shm file
+_PUBLIC_DIRS: Final = ("", "certs", "ca", "ca/issued", "tls")
+_KEY_DIRS: Final = ("keys", "ca", "tls")
+_STATUS_FRESH_MS: Final = 5000
+
+
+class BackupError(Exception):
+    """A backup or restore that cannot be done, as one line for the user."""
+
+
+class RestoreRefused(BackupError):
+    """restore will not do it as asked (store in use, or exists without
+    force, or of the other role): the user's call (exit status 2)."""
+
+
+@dataclass
+class BackupInfo:
+    path: Path
+    role: str
+    store: str
+    tables: dict[str, int]
+    files: list[str]
+    include_keys: bool
+    bytes: int
+
+
+@dataclass
+class RestoreInfo:
+    directory: Path
+    role: str
+    files: list[str]
+    replaced: list[str] = field(default_factory=list)  # moved aside as *.before-restore-<time>
+    warnings: list[str] = field(default_factory=list)
+
+
+# ---------------------------------------------------------------- helpers
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _is_sqlite(path: Path) -> bool:
+    try:
+        with path.open("rb") as f:
+            return f.read(16) == SQLITE_MAGIC
+    except OSError:
+        return False
+
+
+def _tables(conn: sqlite3.Connection) -> dict[str, int]:
+    names = [r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='table'"
+                                        " AND name NOT LIKE 'sqlite_%' ORDER BY name")]
+    return {n: int(conn.execute(f'SELECT count(*) FROM "{n}"').fetchone()[0]) for n in names}
+
+
+def _schema_version(conn: sqlite3.Connection) -> int:
+    try:
+        row = conn.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()
+    except sqlite3.Error:
+        return 0
+    return int(row[0]) if row else 0
+
+
+def _role_of_store(conn: sqlite3.Connection) -> str:
+    names = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+    if "outbox" in names:
+        return "node"
+    if "stored" in names:
+        return "platform"
+    raise BackupError("the database is not a SEMQ node or platform store")
+
+
+def snapshot_store(src: Path, dest: Path) -> dict[str, Any]:
+    """Copy the live store ``src`` to ``dest`` (a new file) as of one
+    committed transaction: SQLite online backup in a single step over a new
+    connection (the daemon's writes go on meanwhile), then checked with
+    ``PRAGMA quick_check``. Returns {tables, schema_version, sha256, role}.
+    Raises BackupError."""
+    src, dest = Path(src), Path(dest)
+    if not src.is_file():
+        raise BackupError(f"no store at {src}")
+    if not _is_sqlite(src):
+        raise BackupError(f"{src} is not an SQLite database (corrupt?); not backed up")
+    try:
+        s = sqlite3.connect(f"file:{src}?mode=ro", uri=True, timeout=30)
+    except sqlite3.Error as e:
+        raise BackupError(f"cannot open {src}: {e}") from e
+    try:
+        fd = os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        os.close(fd)
+        d = sqlite3.connect(str(dest))
+        try:
+            s.backup(d)  # pages=-1: every page in one step, under one read transaction
+            d.execute("PRAGMA journal_mode=DELETE")  # a self-contained file (no -wal beside it)
+            check = d.execute("PRAGMA quick_check").fetchone()[0]
+            if check != "ok":
+                raise BackupError(f"the snapshot of {src} fails its check: {check}")
+            info = {"tables": _tables(d), "schema_version": _schema_version(d), "role": _role_of_store(d)}
+        finally:
+            d.close()
+    except sqlite3.Error as e:
+        raise BackupError(f"backup of {src} failed: {e}") from e
+    finally:
+        s.close()
+    info["sha256"] = _sha256(dest)
+    return info
+
+
+def _wanted_files(directory: Path, include_keys: bool) -> list[str]:
+    """Config and certificates (and keys) of a data directory, relative."""
+    out = []
+    if (directory / "semq.toml").is_file():
+        out.append("semq.toml")
+    for sub in sorted({*_PUBLIC_DIRS, *(_KEY_DIRS if include_keys else ())}):
+        d = directory / sub if sub else directory
+        if not d.is_dir():
+            continue
+        for p in sorted(d.glob("*.pem")):
+            if not p.is_file():
+                continue
+            rel = p.relative_to(directory).as_posix()
+            if p.name.endswith(".key.pem") and not include_keys:
+                continue
+            out.append(rel)
+    return sorted(set(out))
+
+
+def _private_file(path: Path) -> io.BufferedWriter:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    return os.fdopen(fd, "wb")
+
+
+# ---------------------------------------------------------------- backup
+
+
+def backup(directory: Path, out: Path, *, include_keys: bool = False) -> BackupInfo:
+    """Back up the data directory ``directory`` (node or platform, running
+    or not) to ``out``. Written to a temporary file and renamed, mode 0600.
+    Raises BackupError (nothing written) or ConfigError."""
+    from semq.config import load_config
+
+    directory, out = Path(directory).resolve(), Path(out)
+    cfg = load_config(directory)
+    store_name = STORE_NAMES[cfg.role]
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix=".semq-backup-", dir=out.parent) as tmpd:
+        snap = Path(tmpd) / store_name
+        info = snapshot_store(cfg.store_path, snap)
+        if info["role"] != cfg.role:
+            raise BackupError(f"{cfg.store_path} holds a {info['role']} store but the config says {cfg.role}")
+        tmp_out = Path(tmpd) / "out"
+        if out.name.endswith(".sqlite"):
+            shutil.copyfile(snap, tmp_out)
+            files = [store_name]
+        else:
+            files = _wanted_files(directory, include_keys)
+            manifest = {
+                "format": BACKUP_FORMAT, "software": f"semq {__version__}", "role": cfg.role,
+                "id": cfg.org if cfg.role == "node" else cfg.platform_id, "created_ms": int(time.time() * 1000),
+                "source": str(directory), "store": store_name, "schema_version": info["schema_version"],
+                "sha256": info["sha256"], "tables": info["tables"], "include_keys": include_keys,
+                "files": [store_name, *files],
+            }
+            mode = "w:gz" if out.name.endswith((".gz", ".tgz")) else "w"
+            with _private_file(tmp_out) as f, tarfile.open(fileobj=f, mode=mode) as tar:  # type: ignore[call-overload]
+                data = json.dumps(manifest, indent=2).encode()
+                ti = tarfile.TarInfo(MANIFEST_NAME)
+                ti.size, ti.mode, ti.mtime = len(data), 0o600, int(time.time())
+                tar.addfile(ti, io.BytesIO(data))
+                for rel, src in [(store_name, snap), *[(r, directory / r) for r in files]]:
+                    ti = tar.gettarinfo(str(src), arcname=rel)
+                    ti.mode, ti.uid, ti.gid, ti.uname, ti.gname = 0o600, 0, 0, "", ""
+                    with src.open("rb") as fh:
+                        tar.addfile(ti, fh)
+            files = [store_name, *files]
+        os.chmod(tmp_out, 0o600)
+        os.replace(tmp_out, out)
+    return BackupInfo(path=out, role=cfg.role, store=store_name, tables=info["tables"], files=files,
+                      include_keys=include_keys and any(f.endswith(".key.pem") for f in files),
+                      bytes=out.stat().st_size)
+
+
+# ---------------------------------------------------------------- in use?
+
+
+@contextmanager
+def _wal_index_lock(store: Path) -> Iterator[bool]:
+    """Try SQLite's own WAL-index lock: every connection to a WAL store
+    holds a shared lock on the -shm file's DMS byte while it is open, and a
+    connection cannot open while someone holds it exclusively. Yields False
+    if another process has the store open; while it yields True, no process
+    can open the store. (POSIX locks are per process: do not call this in
+    a process that has the store open itself.)"""
+    shm = Path(f"{store}-shm")
+    try:
+        fd = os.open(shm, os.O_RDWR)
+    except FileNotFoundError:
+        yield True  # nobody has it open in WAL mode
+        return
+    try:
+        try:
+            fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB, 1, _WAL_INDEX_DMS, os.SEEK_SET)
+        except OSError:
+            yield False
+            return
+        try:
+            yield True
+        finally:
+            with suppress(OSError):
+                fcntl.lockf(fd, fcntl.LOCK_UN, 1, _WAL_INDEX_DMS, os.SEEK_SET)
+    finally:
+        os.close(fd)
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def store_in_use(directory: Path) -> str | None:
+    """Why the store in ``directory`` must not be replaced now, or None: a
+    daemon answering on the admin socket; a process holding the store open
+    (SQLite's WAL-index lock); a fresh status.json of a live process."""
+    from .admin import AdminError, AdminUnavailable, admin_request
+
+    directory = Path(directory)
+    sock = admin_socket_path(directory)
+    if sock.exists():
+        try:
+            resp = admin_request(sock, "ping", timeout=2.0)
+            r = resp.get("result") or {}
+            return f"a {r.get('role', 'semq')} daemon (pid {r.get('pid', '?')}) answers on {sock}"
+        except AdminUnavailable:
+            pass  # a stale socket file
+        except AdminError as e:
+            return f"something listens on {sock} ({e})"
+    for name in STORE_NAMES.values():
+        store = directory / name
+        if store.exists():
+            with _wal_index_lock(store) as free:
+                if not free:
+                    return f"{store} is open in another process (a running daemon or application)"
+    try:
+        st = json.loads((directory / "status.json").read_text("utf-8"))
+        pid, t = int(st.get("pid", 0)), int(st.get("time_ms", 0))
+    except (OSError, ValueError, TypeError, AttributeError):
+        return None
+    if pid and pid != os.getpid() and time.time() * 1000 - t < _STATUS_FRESH_MS and _pid_alive(pid):
+        return f"a daemon (pid {pid}) reported its status {(time.time() * 1000 - t) / 1000:.1f} s ago"
+    return None
+
+
+# ---------------------------------------------------------------- restore
+
+
+def _member_ok(name: str) -> str:
+    p = PurePosixPath(name)
+    if p.is_absolute() or ".." in p.parts or not p.parts or "\\" in name:
+        raise BackupError(f"archive member {name!r} has an unsafe path; not a semq backup")
+    rel = p.as_posix()
+    parent = p.parent.as_posix() if str(p.parent) != "." else ""
+    if rel in (MANIFEST_NAME, "semq.toml", *STORE_NAMES.values()):
+        return rel
+    if p.suffix == ".pem" and parent in {*_PUBLIC_DIRS, *_KEY_DIRS}:
+        return rel
+    raise BackupError(f"unexpected archive member {name!r}; not a semq backup")
+
+
+def _read_archive(archive: Path, stage: Path) -> tuple[dict[str, Any], list[str]]:
+    """Extract a backup into ``stage`` (regular files only, known names
+    only). Returns (manifest, files)."""
+    if _is_sqlite(archive):
+        conn = sqlite3.connect(f"file:{archive}?mode=ro", uri=True)
+        try:
+            role = _role_of_store(conn)
+        except sqlite3.Error as e:
+            raise BackupError(f"{archive}: {e}") from e
+        finally:
+            conn.close()
+        name = STORE_NAMES[role]
+        shutil.copyfile(archive, stage / name)
+        return {"format": BACKUP_FORMAT, "role": role, "store": name, "sha256": _sha256(stage / name)}, [name]
+    try:
+        tar = tarfile.open(archive, "r:*")
+    except (tarfile.TarError, OSError) as e:
+        raise BackupError(f"{archive} is not a semq backup (tar or .sqlite): {e}") from e
+    files: list[str] = []
+    manifest: dict[str, Any] | None = None
+    with tar:
+        for m in tar:
+            rel = _member_ok(m.name)
+            if m.isdir():
+                continue
+            if not m.isfile():
+                raise BackupError(f"archive member {m.name!r} is not a regular file; not a semq backup")
+            src = tar.extractfile(m)
+            assert src is not None
+            if rel == MANIFEST_NAME:
+                try:
+                    manifest = json.loads(src.read(1 << 20))
+                except ValueError as e:
+                    raise BackupError(f"{archive}: the manifest is not JSON: {e}") from e
+                continue
+            dest = stage / rel
+            dest.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+            with _private_file(dest) as f:
+                shutil.copyfileobj(src, f)
+            files.append(rel)
+    if not isinstance(manifest, dict):
+        raise BackupError(f"{archive} has no {MANIFEST_NAME}; not a semq backup")
+    if manifest.get("format") != BACKUP_FORMAT:
+        raise BackupError(f"{archive} is backup format {manifest.get('format')!r}; this software reads"
+                          f" {BACKUP_FORMAT}")
+    if manifest.get("role") not in STORE_NAMES or manifest.get("store") not in files:
+        raise BackupError(f"{archive}: the manifest names no store it contains")
+    return manifest, files
+
+
+def restore(archive: Path, directory: Path, *, force: bool = False) -> RestoreInfo:
+    """Restore the backup ``archive`` into the data directory ``directory``.
+
+    Refuses (BackupError, nothing changed) when the store there is in use
+    (see store_in_use; ``force`` does not override that), when the
+    directory already holds a store or configuration and ``force`` is not
+    given, when the archive is not a semq backup or its store does not match
+    its checksum or fails SQLite's check. With ``force``, replaced files are
+    kept as ``<name>.before-restore-<time>`` (a store with its -wal/-shm, so
+    it still opens)."""
+    archive, directory = Path(archive), Path(directory).resolve()
+    if not archive.is_file():
+        raise BackupError(f"no backup at {archive}")
+    why = store_in_use(directory) if directory.exists() else None
+    if why:
+        raise RestoreRefused(f"refusing to restore into {directory}: {why}; stop it first"
+                          " ('semq admin stop' or 'systemctl stop ...')")
+    directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+    with tempfile.TemporaryDirectory(prefix=".restore-", dir=directory) as tmpd:
+        stage = Path(tmpd)
+        manifest, files = _read_archive(archive, stage)
+        role, store_name = manifest["role"], manifest["store"]
+        staged_store = stage / store_name
+        if manifest.get("sha256") and _sha256(staged_store) != manifest["sha256"]:
+            raise BackupError(f"{archive}: the store does not match the manifest's checksum (damaged)")
+        conn = sqlite3.connect(f"file:{staged_store}?mode=ro", uri=True)
+        try:
+            check = conn.execute("PRAGMA quick_check").fetchone()[0]
+        except sqlite3.Error as e:
+            raise BackupError(f"{archive}: the store cannot be read: {e}") from e
+        finally:
+            conn.close()
+        if check != "ok":
+            raise BackupError(f"{archive}: the store fails its check: {check}")
+        info = RestoreInfo(directory=directory, role=role, files=sorted(files))
+        if "semq.toml" not in files and not (directory / "semq.toml").exists():
+            raise BackupError(f"{archive} holds only a store and {directory} has no configuration;"
+                              f" run 'semq {role} init --dir {directory}' first, or restore a full backup")
+        existing = [rel for rel in files if (directory / rel).exists()]
+        other_store = [n for r, n in STORE_NAMES.items() if r != role and (directory / n).exists()]
+        if other_store:
+            raise RestoreRefused(f"{directory} holds a {other_store[0]}; refusing to restore a {role} there")
+        if existing and not force:
+            shown = ", ".join(existing[:4]) + (" ..." if len(existing) > 4 else "")
+            raise RestoreRefused(f"{directory} already holds {shown}; use --force to replace"
+                              " (the replaced files are kept as *.before-restore-<time>)")
+        stamp = time.strftime("%Y%m%dT%H%M%S")
+        target_store = directory / store_name
+        with _wal_index_lock(target_store) as free:
+            if not free:  # opened since the check above
+                raise RestoreRefused(f"refusing to restore: {target_store} was just opened by another process")
+            for rel in existing:
+                dst = directory / rel
+                aside = dst.with_name(f"{dst.name}.before-restore-{stamp}")
+                os.replace(dst, aside)
+                info.replaced.append(aside.relative_to(directory).as_posix())
+                if rel == store_name:
+                    # Its WAL belongs to it, never to the restored file.
+                    for sfx in ("-wal", "-shm"):
+                        side = Path(f"{dst}{sfx}")
+                        if side.exists():
+                            os.replace(side, Path(f"{aside}{sfx}"))
+            for sfx in ("-wal", "-shm"):  # a stale WAL would be replayed onto the restored store
+                Path(f"{target_store}{sfx}").unlink(missing_ok=True)
+            for rel in sorted(files):
+                dst = directory / rel
+                if dst.parent != directory:
+                    dst.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+                    os.chmod(dst.parent, 0o700)
+                os.chmod(stage / rel, 0o600)
+                os.replace(stage / rel, dst)
+    os.chmod(directory, 0o700)
+    keys_in = any(f.endswith(".key.pem") for f in files)
+    if role == "node" and not keys_in and not (directory / "keys" / "sign.key.pem").exists():
+        with suppress(Exception):
+            from semq.config import load_config
+
+            if load_config(directory).security:
+                info.warnings.append("the backup holds no private keys and there are none here: create new"
+                                     " ones and re-enroll ('semq node init' in a new directory, 'semq platform"
+                                     " enroll', 'semq node import'), or copy keys/ from your key backup")
+    if role == "platform" and not keys_in and not (directory / "ca" / "ca.key.pem").exists():
+        info.warnings.append("the backup holds no CA key and there is none here: restore ca/ca.key.pem from"
+                             " your offline key backup before 'semq platform run'")
+    if keys_in:
+        info.warnings.append("private keys were restored (owner-only, 0600)")
+    return info

@@ -1,0 +1,439 @@
+"""Operational subcommands of ``semq``: ``admin``, ``service``, ``backup``,
+``restore``. ``register(subparsers)`` adds them to the main parser;
+``main(argv)`` runs them alone (``python -m semq.ops``), with the same
+conventions: 0 ok, 1 a runtime failure (no daemon, a failed backup), 2 a
+user's mistake; errors are one line on stderr.
+
+Importing this module is cheap: each command imports what it needs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import re
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+__all__ = ["OpsUsageError", "main", "parse_duration", "register"]
+
+
+class OpsUsageError(ValueError):
+    """The user's mistake (exit status 2 in semq.cli.main)."""
+
+
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$")
+_UNIT = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+
+
+def parse_duration(text: str) -> float:
+    """``90s``, ``15m``, ``1h``, ``2d``, ``500ms`` or bare seconds -> seconds."""
+    m = _DURATION.match(text)
+    if not m:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a duration (examples: 90s, 15m, 1h, 2d)")
+    return float(m.group(1)) * _UNIT[m.group(2) or "s"]
+
+
+def _cli_errors(func: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
+    """One line on stderr and the exit status for the errors of these
+    commands, whatever ``main`` runs them (tracebacks with --verbose)."""
+
+    @functools.wraps(func)
+    def run(args: argparse.Namespace) -> int:
+        from .admin import AdminCommandFailed, AdminError
+        from .backup import BackupError, RestoreRefused
+
+        try:
+            return func(args)
+        except (AdminCommandFailed, RestoreRefused, OpsUsageError) as e:
+            if getattr(args, "verbose", False):
+                raise
+            print(f"error: {e}", file=sys.stderr)
+            return 2
+        except (AdminError, BackupError) as e:
+            if getattr(args, "verbose", False):
+                raise
+            print(f"error: {e}", file=sys.stderr)
+            return 1
+
+    return run
+
+
+def _dir(args: argparse.Namespace) -> Path:
+    from semq.config import data_dir
+
+    return data_dir(getattr(args, "dir", None))
+
+
+def _age(ms: int | None) -> str:
+    if not ms:
+        return "-"
+    s = max(0.0, time.time() - ms / 1000)
+    if s < 120:
+        return f"{s:.0f}s"
+    if s < 7200:
+        return f"{s / 60:.0f}m"
+    if s < 172800:
+        return f"{s / 3600:.1f}h"
+    return f"{s / 86400:.1f}d"
+
+
+def _size(n: int) -> str:
+    f = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if f < 1024 or unit == "GiB":
+            return f"{f:.0f} {unit}" if unit == "B" else f"{f:.1f} {unit}"
+        f /= 1024
+    return f"{n} B"
+
+
+# ---------------------------------------------------------------- admin
+
+
+def _call(args: argparse.Namespace, cmd: str, payload: dict[str, Any] | None = None) -> Any:
+    from semq.config import load_config
+
+    from .admin import admin_call, admin_socket_path
+
+    d = _dir(args)
+    load_config(d)  # a wrong --dir is the user's mistake: say so before "no daemon"
+    return admin_call(admin_socket_path(d), cmd, payload or {}, timeout=args.timeout)
+
+
+def _print_status(r: dict[str, Any]) -> None:
+    drain = r.get("drain") or {}
+    draining = "  DRAINING" if drain.get("requested") else ""
+    if r.get("role") == "node":
+        conn = "connected" if r.get("connected") else "NOT connected"
+        print(f"node {r['org']} (pid {r['pid']}): {conn} to the platform, sessions {r['sessions']},"
+              f" in flight {r['in_flight']}{draining}")
+        st = r.get("stats", {})
+        print("  counters: " + (" ".join(f"{k}={v}" for k, v in st.items()) or "-"))
+        print("  pending-send: " + (", ".join(f"{k}={v}" for k, v in r.get("outbox", {}).items()) or "empty"))
+        print(f"  pending-ack: {r.get('pending_ack', 0)}   inbox: {r.get('inbox_unread', 0)} unread"
+              f" / {r.get('inbox_total', 0)}")
+        print(f"  oldest unconfirmed: {_age(r.get('oldest_unconfirmed_ms'))}")
+        if r.get("queues"):
+            print(f"  {'TARGET':<12} {'STATE':<11} {'COUNT':>8}  OLDEST")
+            for q in r["queues"]:
+                print(f"  {q['target']:<12} {q['state']:<11} {q['count']:>8}  {_age(q['oldest_ms'])}")
+    else:
+        print(f"platform {r['id']} (pid {r['pid']}, port {r.get('port')}): {r['connections']} connected{draining}")
+        for o in r.get("online", []):
+            print(f"  online  {o['node']:<12} queued {_size(o['queued_bytes'])}, in flight"
+                  f" {o['in_flight']}/{o['window']}")
+        for n in r.get("nodes", []):
+            if not n.get("online"):
+                rev = " (revoked)" if n.get("revoked") else ""
+                print(f"  offline {n['node']:<12} last connected {_age(n.get('last_seen_ms'))} ago{rev}")
+        st = r.get("stats", {})
+        print("  counters: " + (" ".join(f"{k}={v}" for k, v in st.items()) or "-"))
+        print(f"  relayed acks/inquiries waiting: {r.get('relayed_waiting', 0)};"
+              f" oldest stored: {_age(r.get('oldest_unconfirmed_ms'))}")
+        if r.get("queues"):
+            print(f"  {'TARGET':<12} {'KIND':<8} {'STATE':<9} {'COUNT':>8}  OLDEST")
+            for q in r["queues"]:
+                print(f"  {q['target']:<12} {q['kind']:<8} {q['state']:<9} {q['count']:>8}  {_age(q['oldest_ms'])}")
+    b = r.get("commit_batches")
+    extra = (f"; commit batches: {b['transactions']} (mean {b['mean_size']}, max {b['max_size']},"
+             f" {b['mean_ms']} ms)") if b else ""
+    print(f"  store: {_size(r.get('store_bytes', 0))}, {r.get('store_calls', 0)} store calls{extra}")
+    if drain.get("requested"):
+        print(f"  drain: {drain.get('reason')} ({_age(drain.get('since_ms'))} ago)")
+
+
+def _print_rows(rows: list[dict[str, Any]]) -> None:
+    if not rows:
+        return
+    if "save_fwd" in rows[0]:  # node outbox
+        print(f"{'ID':>8}  {'TO':<10} {'STATE':<11} {'SF':>2} {'TRIES':>5} {'CODE':>4} {'SIZE':>8} {'AGE':>6}"
+              "  PLACE/APPKEY")
+        for r in rows:
+            k = r.get("app_key", {})
+            extra = r.get("place") or "/".join(x for x in (k.get("domain"), k.get("data_type"), k.get("subtype"),
+                                                            k.get("key")) if x)
+            print(f"{r['id']:>8}  {r['target']:<10} {r['state']:<11} {r['save_fwd']:>2} {r['attempts']:>5}"
+                  f" {r['code']:>4} {r['size']:>8} {_age(r['created_ms']):>6}  {extra}")
+    elif "p_ack" in rows[0] or "s_ack" in rows[0]:  # node inbound
+        print(f"{'ID':>8}  {'LK0':<24} {'P_ACK':<7} {'S_ACK':<7} {'ASKED':>5} {'AGE':>6}  PLACE")
+        for r in rows:
+            print(f"{r['id']:>8}  {r['lk0']:<24} {r['p_ack']:<7} {r['s_ack']:<7} {r['inquiries']:>5}"
+                  f" {_age(r['received_ms']):>6}  {r.get('place', '')}")
+    else:  # platform stored
+        print(f"{'ID':>8}  {'TO':<10} {'KIND':<12} {'LK0':<24} {'STATE':<8} {'TRIES':>5} {'SIZE':>8} {'AGE':>6}"
+              "  PLACE")
+        for r in rows:
+            place = r.get("place") or ("online" if r.get("target_online") else "offline")
+            print(f"{r['id']:>8}  {r['target']:<10} {r['kind']:<12} {r['lk0'] or '-':<24} {r['state']:<8}"
+                  f" {r['attempts']:>5} {r['size']:>8} {_age(r['stored_ms']):>6}  {place}")
+
+
+def _selection(args: argparse.Namespace) -> dict[str, Any]:
+    sel: dict[str, Any] = {}
+    if getattr(args, "ids", None):
+        sel["ids"] = [_record_id(i) for i in args.ids]
+    if getattr(args, "state", None):
+        sel["state"] = args.state
+    if getattr(args, "target", None):
+        sel["target"] = args.target
+    if getattr(args, "older_than", None) is not None:
+        sel["older_than"] = args.older_than
+    if getattr(args, "all", False):
+        sel["all"] = True
+    if getattr(args, "dry_run", False):
+        sel["dry_run"] = True
+    if getattr(args, "kind", None):
+        sel["kind"] = args.kind
+    return sel
+
+
+def _record_id(text: str) -> int:
+    t = text.strip()
+    if "/" in t:  # an LK0 of ours: its record id
+        t = t.rsplit("/", 1)[1]
+    if not t.isdigit() or int(t) <= 0:
+        raise OpsUsageError(f"{text!r} is not a record id or an LK0")
+    return int(t)
+
+
+def _wait_gone(args: argparse.Namespace) -> None:
+    """Until the daemon's admin socket stops answering (bounded by --timeout)."""
+    from .admin import AdminError, admin_request, admin_socket_path
+
+    sock = admin_socket_path(_dir(args))
+    deadline = time.monotonic() + args.wait
+    while time.monotonic() < deadline:
+        try:
+            admin_request(sock, "ping", timeout=min(2.0, args.timeout))
+        except AdminError:
+            return
+        time.sleep(0.1)
+    raise AdminError(f"the daemon still answers after {args.wait:g} s")
+
+
+@_cli_errors
+def cmd_admin(args: argparse.Namespace) -> int:
+    cmd = args.admin_cmd
+    payload: dict[str, Any] = {}
+    if cmd == "list":
+        payload = {k: v for k, v in {"state": args.state, "target": args.target, "older_than": args.older_than,
+                                     "limit": args.limit, "after": args.after, "table": args.table,
+                                     "kind": args.kind, "origin": args.origin}.items() if v is not None}
+    elif cmd == "show":
+        t = args.record
+        payload = {"lk0": t} if "/" in t else {"id": _record_id(t)}
+        if args.table:
+            payload["table"] = args.table
+    elif cmd == "stuck":
+        payload = {"limit": args.limit}
+        if args.older_than is not None:
+            payload["older_than"] = args.older_than
+    elif cmd in ("requeue", "resend", "purge"):
+        payload = _selection(args)
+        if not payload.get("ids") and not any(k in payload for k in ("state", "target", "older_than", "all")):
+            raise OpsUsageError(f"admin {cmd} needs record ids, or --state/--target/--older-than, or --all")
+    elif cmd in ("drain", "stop") and args.reason:
+        payload = {"reason": args.reason}
+    result = _call(args, cmd, payload)
+    if cmd in ("drain", "stop") and args.wait:
+        _wait_gone(args)
+    if args.json:
+        print(json.dumps(result))
+        return 0
+    if cmd == "status":
+        _print_status(result)
+    elif cmd in ("list", "stuck"):
+        if cmd == "stuck":
+            places = ", ".join(f"{k}={v}" for k, v in (result.get("by_place") or result.get("by_place_listed")
+                                                          or {}).items())
+            print(f"{result['count']} stuck (no end-to-end confirmation for {result['older_than_s']:g} s)"
+                  + (f": {places}" if places else ""))
+        _print_rows(result["rows"])
+        if cmd == "list":
+            print(f"{result['count']} row(s)", file=sys.stderr)
+    elif cmd == "show":
+        for k, v in result.items():
+            print(f"{k}: {json.dumps(v) if isinstance(v, dict | list) else v}")
+    elif cmd in ("requeue", "resend", "purge"):
+        verb = {"requeue": "requeued", "resend": "resent", "purge": "purged"}[cmd]
+        if result.get("dry_run"):
+            print(f"dry run: would have {verb} {result['would']} of {result['matched']} matched")
+        else:
+            print(f"{verb} {result['changed']} of {result['matched']} matched")
+        if result.get("skipped"):
+            print(f"skipped {len(result['skipped'])} (state does not allow it): "
+                  + ", ".join(f"{s['id']}:{s['state']}" for s in result["skipped"][:20]))
+        if result.get("more"):
+            print("more rows match: run it again")
+    elif cmd == "drain":
+        print("draining: no new work; the daemon stops when in-flight work is done"
+              f" (at most {result.get('timeout_s', 0):g} s)" + (" — stopped" if args.wait else ""))
+    elif cmd == "stop":
+        print("stopping" + (" — stopped" if args.wait else ""))
+    elif cmd == "reload":
+        changed = result.get("changed")
+        print("reloaded: " + (json.dumps(changed) if changed else "nothing changed"))
+    else:
+        print(json.dumps(result))
+    return 0
+
+
+# ---------------------------------------------------------------- service, backup, restore
+
+
+@_cli_errors
+def cmd_service_install(args: argparse.Namespace) -> int:
+    from semq.config import ConfigError, load_config
+
+    from .service import DEFAULT_UNIT_DIR, UnitSpec, install_unit
+
+    d = _dir(args)
+    ident = ""
+    try:
+        cfg = load_config(d)
+    except ConfigError:
+        if not args.print:
+            raise
+    else:
+        if cfg.role != args.role:
+            raise OpsUsageError(f"{d} holds a {cfg.role}, not a {args.role}")
+        ident = cfg.org if cfg.role == "node" else cfg.platform_id
+    extra = ("--metrics", args.metrics) if args.metrics else ()
+    spec = UnitSpec(role=args.role, directory=d, user=args.user, group=args.group, ident=ident, extra_args=extra)
+    install_unit(spec, Path(args.unit_dir) if args.unit_dir else DEFAULT_UNIT_DIR, print_only=args.print)
+    return 0
+
+
+@_cli_errors
+def cmd_backup(args: argparse.Namespace) -> int:
+    from .backup import backup
+
+    info = backup(_dir(args), Path(args.out), include_keys=args.include_keys)
+    rows = ", ".join(f"{k}={v}" for k, v in info.tables.items() if k != "meta")
+    print(f"backup of the {info.role} store written to {info.path} ({_size(info.bytes)}; {rows})")
+    if info.include_keys:
+        print("WARNING: the backup holds private keys: keep it encrypted or offline (it is 0600 here)",
+              file=sys.stderr)
+    elif len(info.files) > 1:
+        print("note: private keys are not included (--include-keys); back them up separately", file=sys.stderr)
+    return 0
+
+
+@_cli_errors
+def cmd_restore(args: argparse.Namespace) -> int:
+    from .backup import restore
+
+    info = restore(Path(args.file), _dir(args), force=args.force)
+    print(f"restored the {info.role} store into {info.directory} ({len(info.files)} files)")
+    for r in info.replaced:
+        print(f"  kept the replaced {r}")
+    for w in info.warnings:
+        print(f"warning: {w}", file=sys.stderr)
+    return 0
+
+
+# ---------------------------------------------------------------- parser
+
+
+def _common() -> argparse.ArgumentParser:
+    c = argparse.ArgumentParser(add_help=False)
+    c.add_argument("--dir", help="data directory (default $SEMQ_DIR or ./semq-data)", default=argparse.SUPPRESS)
+    return c
+
+
+def register(sub: Any) -> None:
+    """Add ``admin``, ``service``, ``backup`` and ``restore`` to the
+    subparsers ``sub`` of the ``semq`` parser."""
+    common = _common()
+    out = argparse.ArgumentParser(add_help=False)
+    out.add_argument("--json", action="store_true", help="print the daemon's answer as JSON")
+    out.add_argument("--timeout", type=float, default=10.0, metavar="S", help="seconds to wait for the daemon")
+    sel = argparse.ArgumentParser(add_help=False)
+    sel.add_argument("ids", nargs="*", help="record ids (or LK0s)")
+    sel.add_argument("--state", help="e.g. SS_FAILED, SS_SENT (comma-separated)")
+    sel.add_argument("--target", help="target organization")
+    sel.add_argument("--older-than", type=parse_duration, metavar="DURATION", help="e.g. 30m, 2h, 1d")
+    sel.add_argument("--all", action="store_true", help="every row the state allows (no filter)")
+    sel.add_argument("--dry-run", action="store_true", help="only count what would change")
+
+    adm = sub.add_parser("admin", help="talk to the running daemon (admin socket)").add_subparsers(
+        dest="admin_cmd", required=True)
+    x = adm.add_parser("status", parents=[common, out], help="connections, queues per target and state, counters")
+    x = adm.add_parser("ping", parents=[common, out], help="is the daemon answering?")
+    x = adm.add_parser("list", parents=[common, out], help="pending-send (node) or stored (platform) rows")
+    x.add_argument("--state")
+    x.add_argument("--target")
+    x.add_argument("--origin", help="platform: origin organization; node --table inbound: sender")
+    x.add_argument("--older-than", type=parse_duration, metavar="DURATION")
+    x.add_argument("--limit", type=int, default=100)
+    x.add_argument("--after", type=int, help="only ids above this (paging)")
+    x.add_argument("--table", choices=["outbox", "inbound"], help="node: pending-send (default) or pending-ack")
+    x.add_argument("--kind", choices=["data", "relayed", "all"], help="platform: stored documents (default),"
+                   " relayed acks/inquiries, or all")
+    x = adm.add_parser("show", parents=[common, out], help="one record (no contents)")
+    x.add_argument("record", help="record id, or an LK0 (NODE/1/1/ID)")
+    x.add_argument("--table", choices=["outbox", "inbound"])
+    x = adm.add_parser("stuck", parents=[common, out], help="no end-to-end confirmation for too long, and where")
+    x.add_argument("--older-than", type=parse_duration, metavar="DURATION", help="default 1h")
+    x.add_argument("--limit", type=int, default=100)
+    adm.add_parser("requeue", parents=[common, out, sel],
+                   help="node: failed rows back to SS_INIT; platform: delivered-unacked copies again")
+    adm.add_parser("resend", parents=[common, out, sel], help="unconfirmed rows back to SS_INIT: sent again now")
+    x = adm.add_parser("purge", parents=[common, out, sel], help="delete rows (logged as dead/dropped)")
+    x.add_argument("--kind", choices=["data", "relayed", "all"], help="platform: which stored rows")
+    for name, text in (("drain", "stop taking new work, finish in-flight, then stop"),
+                       ("stop", "stop now (cleanly; unacknowledged work is resent later)")):
+        x = adm.add_parser(name, parents=[common, out], help=text)
+        x.add_argument("--reason")
+        x.add_argument("--wait", type=float, nargs="?", const=120.0, default=0.0, metavar="S",
+                       help="wait until the daemon is gone (default at most 120 s)")
+    adm.add_parser("reload", parents=[common, out], help="re-read semq.toml and certificates (like SIGHUP)")
+    for p in adm.choices.values():
+        p.set_defaults(func=cmd_admin)
+
+    svc = sub.add_parser("service", help="systemd units").add_subparsers(dest="service_cmd", required=True)
+    x = svc.add_parser("install", parents=[common], help="write a systemd unit for this node or platform")
+    x.add_argument("--role", required=True, choices=["node", "platform"])
+    x.add_argument("--user", default="semq", help="the dedicated account it runs as (default semq)")
+    x.add_argument("--group", help="default: the user's name")
+    x.add_argument("--unit-dir", help="default /etc/systemd/system")
+    x.add_argument("--metrics", metavar="HOST:PORT", help="start with --metrics HOST:PORT")
+    x.add_argument("--print", action="store_true", help="print the unit; write nothing")
+    x.set_defaults(func=cmd_service_install)
+
+    x = sub.add_parser("backup", parents=[common], help="consistent copy of the store (works while running)")
+    x.add_argument("--out", required=True, metavar="FILE", help="FILE.tar, FILE.tar.gz, or FILE.sqlite (store only)")
+    x.add_argument("--include-keys", action="store_true", help="also the private keys (keep the file safe!)")
+    x.set_defaults(func=cmd_backup)
+
+    x = sub.add_parser("restore", parents=[common], help="restore a backup (refuses a running store)")
+    x.add_argument("file")
+    x.add_argument("--force", action="store_true", help="replace an existing store (kept as *.before-restore-*)")
+    x.set_defaults(func=cmd_restore)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the operational subcommands alone (``python -m semq.ops``)."""
+    from semq.config import ConfigError
+
+    p = argparse.ArgumentParser(prog="semq", parents=[_common()])
+    p.add_argument("-v", "--verbose", action="store_true")
+    register(p.add_subparsers(dest="command", required=True))
+    args = p.parse_args(argv)
+    try:
+        rc: int = args.func(args)
+        return rc
+    except (ConfigError, ValueError) as e:
+        if args.verbose:
+            raise
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except OSError as e:
+        if args.verbose:
+            raise
+        print(f"error: {e}", file=sys.stderr)
+        return 1

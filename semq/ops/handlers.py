@@ -1,0 +1,792 @@
+"""The admin console's commands for a running node or platform.
+
+``node_handlers(daemon, core, ...)`` / ``platform_handlers(daemon, core,
+...)`` return ``{command: handler}`` for semq.ops.admin.serve_admin. Every
+store access runs through ``daemon.gate`` (the daemon's one store thread;
+STYLE 6), in one transaction per command, and delivery events are appended
+to the core's event log after the commit (docs/events.md), so the
+analytics and the metrics see operator actions too.
+
+Commands (``args`` in parentheses; every command answers JSON):
+
+- ``ping`` — role, id, pid.
+- ``status`` — connections, online nodes, queue depth per target and
+  state, oldest unconfirmed, daemon counters, commit batches (with metrics).
+- ``list`` (state, target, older_than, after, limit; node: table
+  outbox|inbound; platform: kind data|relayed|all) — rows without contents.
+- ``show`` (id or lk0) — one row, without contents.
+- ``stuck`` (older_than, limit) — no end-to-end confirmation for longer
+  than older_than seconds (default 1 h, the analytics report's
+  ``--stuck-after``), with where each one is stuck.
+- ``requeue`` / ``resend`` / ``purge`` (ids | filters state, target,
+  older_than; all; dry_run) — see each handler.
+- ``drain`` / ``stop`` — semq.ops.admin.DrainControl.
+- ``reload`` — the callback the daemon passes (certificates, configuration).
+
+Documents' contents and keys are never returned: rows carry sizes only.
+"""
+
+from __future__ import annotations
+
+import inspect
+import os
+import time
+from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
+from typing import Any, Final
+
+from semq.events import now_ms
+from semq.node.engine import SendState
+from semq.platform.engine import StoredState
+
+from .admin import AdminCommandError, AfterReply, DrainControl, Handler
+
+__all__ = [
+    "DEFAULT_LIMIT",
+    "DEFAULT_STUCK_AFTER",
+    "MAX_LIMIT",
+    "MAX_SELECT",
+    "ReloadCallback",
+    "node_busy",
+    "node_handlers",
+    "platform_busy",
+    "platform_handlers",
+    "store_bytes",
+]
+
+DEFAULT_LIMIT: Final = 100
+MAX_LIMIT: Final = 10_000  # rows in one list/stuck answer
+MAX_SELECT: Final = 100_000  # rows one requeue/resend/purge touches (one transaction); run it again for more
+DEFAULT_STUCK_AFTER: Final = 3600.0  # s, as `semq report latency --stuck-after` (1h)
+
+#: What ``reload`` calls: sync or async, returns what changed (or None).
+ReloadCallback = Callable[[], Any]
+
+_DATA_KIND: Final = 1  # umxt Kind.DATA in the platform's stored.kind
+_OPEN_STATES: Final = (int(SendState.SS_INIT), int(SendState.SS_SENT), int(SendState.SS_ACK_FWD),
+                       int(SendState.SS_ACK))
+_UNCONFIRMED: Final = (int(SendState.SS_SENT), int(SendState.SS_ACK_FWD), int(SendState.SS_ACK))
+
+#: Where a pending-send row is, by state (the analytics report's "place").
+_NODE_PLACE: Final = {
+    SendState.SS_INIT: "at_origin_not_sent",
+    SendState.SS_SENT: "sent_platform_ack_missing",
+    SendState.SS_ACK_FWD: "forwarded_not_confirmed",
+    SendState.SS_ACK: "stored_at_platform",
+}
+
+
+# ---------------------------------------------------------------- argument checks
+
+
+def _int(args: dict[str, Any], name: str, default: int | None = None, *, lo: int = 0,
+         hi: int | None = None) -> int | None:
+    v = args.get(name, default)
+    if v is None:
+        return None
+    if isinstance(v, bool) or not isinstance(v, int | float | str):
+        raise AdminCommandError(f"{name} must be an integer, not {v!r}")
+    try:
+        n = int(v)
+    except ValueError:
+        raise AdminCommandError(f"{name} must be an integer, not {v!r}") from None
+    if n < lo or (hi is not None and n > hi):
+        raise AdminCommandError(f"{name} {n} is outside {lo}..{hi if hi is not None else 'inf'}")
+    return n
+
+
+def _seconds(args: dict[str, Any], name: str, default: float | None = None) -> float | None:
+    v = args.get(name, default)
+    if v is None:
+        return None
+    if isinstance(v, bool):
+        raise AdminCommandError(f"{name} must be a number of seconds, not {v!r}")
+    try:
+        s = float(v)
+    except (TypeError, ValueError):
+        raise AdminCommandError(f"{name} must be a number of seconds, not {v!r}") from None
+    if s < 0 or s != s:
+        raise AdminCommandError(f"{name} must be >= 0 seconds, not {v!r}")
+    return s
+
+
+def _ids(args: dict[str, Any]) -> list[int]:
+    raw = args.get("ids", [])
+    if raw is None:
+        return []
+    if isinstance(raw, int | str):
+        raw = [raw]
+    if not isinstance(raw, list):
+        raise AdminCommandError(f"ids must be a list of record ids, not {raw!r}")
+    out = []
+    for v in raw:
+        try:
+            n = int(v)
+        except (TypeError, ValueError):
+            raise AdminCommandError(f"record id {v!r} is not an integer") from None
+        if n <= 0:
+            raise AdminCommandError(f"record id {n} must be positive")
+        out.append(n)
+    if len(out) > MAX_SELECT:
+        raise AdminCommandError(f"{len(out)} ids exceed the {MAX_SELECT}-row limit of one command")
+    return out
+
+
+def _states(args: dict[str, Any], enum: type[SendState] | type[StoredState]) -> list[int]:
+    raw = args.get("state")
+    if raw is None or raw == "" or raw == []:
+        return []
+    items = raw if isinstance(raw, list) else str(raw).split(",")
+    out = []
+    for item in items:
+        text = str(item).strip().upper()
+        if text.isdigit() and int(text) in {int(m) for m in enum}:
+            out.append(int(text))
+            continue
+        name = text if text.startswith("SS_") else f"SS_{text}"
+        if name not in enum.__members__:
+            raise AdminCommandError(f"state {item!r} is not one of {', '.join(enum.__members__)}")
+        out.append(int(enum.__members__[name]))
+    return out
+
+
+def _limit(args: dict[str, Any]) -> int:
+    n = _int(args, "limit", DEFAULT_LIMIT, lo=1, hi=MAX_LIMIT)
+    assert n is not None
+    return n
+
+
+def _lk0(text: str) -> tuple[str, int, int, int]:
+    parts = str(text).split("/")
+    if len(parts) != 4 or not parts[0] or not all(p.isdigit() for p in parts[1:]):
+        raise AdminCommandError(f"LK0 {text!r} is not NODE/SEMQ_ID/DB_ID/RECORD_ID")
+    return parts[0], int(parts[1]), int(parts[2]), int(parts[3])
+
+
+def _where(clauses: list[str], params: list[Any], *, state_col: str, states: Sequence[int],
+           target: str | None, time_col: str, older_than: float | None) -> None:
+    if states:
+        clauses.append(f"{state_col} IN ({','.join('?' * len(states))})")
+        params.extend(states)
+    if target:
+        clauses.append("target_id=?")
+        params.append(target)
+    if older_than is not None:
+        clauses.append(f"{time_col} < ?")
+        params.append(now_ms() - int(older_than * 1000))
+
+
+def _selection(args: dict[str, Any], enum: type[SendState] | type[StoredState], *, state_col: str,
+               time_col: str) -> tuple[list[str], list[Any], bool]:
+    """WHERE clauses for requeue/resend/purge: explicit ids, or filters; a
+    selection of everything needs ``all: true`` (an operator's typo must
+    not purge a store)."""
+    ids = _ids(args)
+    states = _states(args, enum)
+    target = args.get("target") or None
+    older = _seconds(args, "older_than")
+    clauses: list[str] = []
+    params: list[Any] = []
+    if ids:
+        clauses.append(f"id IN ({','.join('?' * len(ids))})")
+        params.extend(ids)
+    _where(clauses, params, state_col=state_col, states=states, target=target, time_col=time_col,
+           older_than=older)
+    if not clauses and not args.get("all"):
+        raise AdminCommandError("name record ids, or filters (state, target, older_than), or all=true")
+    return clauses, params, bool(ids)
+
+
+def _sql_where(clauses: Iterable[str]) -> str:
+    c = list(clauses)
+    return (" WHERE " + " AND ".join(c)) if c else ""
+
+
+def store_bytes(path: Path) -> int:
+    """Bytes of a store on disk: the database, its WAL and WAL index."""
+    total = 0
+    for suffix in ("", "-wal", "-shm"):
+        try:
+            total += os.stat(f"{path}{suffix}").st_size
+        except OSError:
+            pass
+    return total
+
+
+async def _call_reload(reload: ReloadCallback) -> Any:
+    res = reload()
+    if inspect.isawaitable(res):
+        res = await res
+    return res
+
+
+def _common(role: str, ident: str, drain: DrainControl, reload: ReloadCallback) -> dict[str, Handler]:
+    started = time.time()
+
+    async def ping(args: dict[str, Any]) -> dict[str, Any]:
+        return {"role": role, "id": ident, "pid": os.getpid(), "uptime_s": round(time.time() - started, 3)}
+
+    async def drain_(args: dict[str, Any]) -> dict[str, Any]:
+        drain.request(str(args.get("reason") or "drain requested over the admin console"))
+        return drain.status()
+
+    async def stop(args: dict[str, Any]) -> AfterReply:
+        reason = str(args.get("reason") or "stop requested over the admin console")
+        st = {**drain.status(), "stopping": True}
+        # Stop only after the answer is written (the client waits for it).
+        return AfterReply(st, lambda: drain.stop(reason))
+
+    async def reload_(args: dict[str, Any]) -> dict[str, Any]:
+        res = await _call_reload(reload)
+        return {"reloaded": True, **(res if isinstance(res, dict) else {"detail": res} if res else {})}
+
+    return {"ping": ping, "drain": drain_, "stop": stop, "reload": reload_}
+
+
+def _result(verb: str, dry: bool, rows: list[dict[str, Any]], ok: list[dict[str, Any]], more: bool,
+            was_sent: int) -> dict[str, Any]:
+    """The answer of requeue/resend/purge: ``matched`` rows selected,
+    ``changed`` rows changed (0 on a dry run, ``would`` then), ``skipped``
+    rows whose state does not allow it, ``more`` if the selection went past
+    MAX_SELECT (run it again)."""
+    okids = {r["id"] for r in ok}
+    return {
+        "action": verb, "dry_run": dry, "matched": len(rows), "changed": 0 if dry else len(ok),
+        "would": len(ok), "ids": sorted(okids)[:1000],
+        "skipped": [{"id": r["id"], "state": r["state"]} for r in rows if r["id"] not in okids][:100],
+        "more": more, "_was_sent": was_sent,
+    }
+
+
+def _log(core: Any, records: list[dict[str, Any]]) -> None:
+    """Append to the core's event log (after the commit; on the store thread)."""
+    if records and getattr(core, "log", None) is not None:
+        core.log.write(records)
+
+
+# ---------------------------------------------------------------- node
+
+
+def node_busy(daemon: Any) -> int:
+    """What a draining node waits for: DATA sent but not acked by the platform."""
+    return int(daemon.in_flight)
+
+
+_NODE_COLS: Final = (
+    "id, target_type, target_id, state, save_fwd, ack2, reliable, priority, domain, data_type, subtype, key,"
+    " created_ms, expires_ms, attempts, inquiries, sent_ms, state_ms, last_inquiry_ms, code, encrypt,"
+    " length(app_data)"
+)
+_INBOUND_COLS: Final = (
+    "id, origin_id, semq_id, semq_db_id, record_id, lk1_record_id, platform_id, p_ack, s_ack, received_ms,"
+    " last_inquiry_ms, inquiries"
+)
+
+
+def _send_state(v: int) -> str:
+    try:
+        return SendState(v).name
+    except ValueError:  # a state this module does not know (a newer schema)
+        return str(v)
+
+
+def _node_row(r: Sequence[Any], org: str) -> dict[str, Any]:
+    return {
+        "id": r[0], "lk0": f"{org}/1/1/{r[0]}", "target": r[2], "state": _send_state(r[3]),
+        "save_fwd": r[4], "ack2": bool(r[5]), "reliable": bool(r[6]), "priority": r[7],
+        "app_key": {"domain": r[8], "data_type": r[9], "subtype": r[10], "key": r[11]},
+        "created_ms": r[12], "expires_ms": r[13], "attempts": r[14], "inquiries": r[15], "sent_ms": r[16],
+        "state_ms": r[17], "last_inquiry_ms": r[18], "code": r[19], "encrypt": bool(r[20]), "size": r[21],
+    }
+
+
+def _inbound_row(r: Sequence[Any]) -> dict[str, Any]:
+    return {
+        "id": r[0], "lk0": f"{r[1]}/{r[2]}/{r[3]}/{r[4]}", "origin": r[1], "lk1_record_id": r[5] or None,
+        "platform": r[6], "p_ack": "AS_ACK" if r[7] else "AS_INIT", "s_ack": "AS_ACK" if r[8] else "AS_INIT",
+        "received_ms": r[9], "last_inquiry_ms": r[10], "inquiries": r[11],
+    }
+
+
+def _node_event(core: Any, row: dict[str, Any], event: str, ts: int, detail: str) -> dict[str, Any]:
+    k = row["app_key"]
+    return {
+        "ts": ts, "role": "origin", "event": event, "lk0": row["lk0"], "source": core.me.node_id,
+        "target": row["target"], "domain": k["domain"], "data_type": k["data_type"], "subtype": k["subtype"],
+        "key": k["key"], "save_fwd": row["save_fwd"], "ack2": row["ack2"], "reliable": row["reliable"],
+        "priority": row["priority"], "size": row["size"], "attempt": row["attempts"],
+        "created_ms": row["created_ms"], "detail": detail,
+    }
+
+
+def node_handlers(
+    daemon: Any,
+    core: Any,
+    *,
+    reload: ReloadCallback,
+    drain: DrainControl,
+    metrics: Any = None,
+    stuck_after: float = DEFAULT_STUCK_AFTER,
+) -> dict[str, Handler]:
+    """Admin commands of a running node. ``daemon`` is a
+    semq.node.daemon.NodeDaemon (uses ``gate``, ``connected``,
+    ``sessions``, ``in_flight``, ``stats``, ``wake()``); ``core`` its
+    NodeCore (``conn``/``db`` on the store thread only, ``me``, ``path``,
+    ``log``); ``metrics`` an optional semq.ops.metrics.Metrics."""
+    org = core.me.node_id
+    handlers = _common("node", org, drain, reload)
+
+    def _snapshot() -> dict[str, Any]:
+        c = core.conn
+        counts = core.counts()
+        queues = [
+            {"target": t, "state": _send_state(s), "count": n, "oldest_ms": o}
+            for t, s, n, o in c.execute(
+                "SELECT target_id, state, count(*), min(created_ms) FROM outbox GROUP BY target_id, state"
+                " ORDER BY target_id, state")
+        ]
+        return {**counts, "queues": queues}
+
+    async def status(args: dict[str, Any]) -> dict[str, Any]:
+        snap = await daemon.gate.run(_snapshot)
+        out: dict[str, Any] = {
+            "role": "node", "org": org, "pid": os.getpid(), "connected": bool(daemon.connected),
+            "sessions": daemon.sessions, "in_flight": daemon.in_flight, "stats": dict(daemon.stats),
+            "store_calls": daemon.gate.calls, "store_bytes": store_bytes(core.path), "drain": drain.status(),
+            **snap,
+        }
+        if metrics is not None:
+            out["commit_batches"] = metrics.batch_summary()
+        return out
+
+    async def list_(args: dict[str, Any]) -> dict[str, Any]:
+        table = str(args.get("table") or "outbox")
+        limit = _limit(args)
+        after = _int(args, "after", 0) or 0
+        older = _seconds(args, "older_than")
+        if table == "inbound":
+            def q_in() -> list[dict[str, Any]]:
+                clauses: list[str] = ["id > ?"]
+                params: list[Any] = [after]
+                if older is not None:
+                    clauses.append("received_ms < ?")
+                    params.append(now_ms() - int(older * 1000))
+                if args.get("origin"):
+                    clauses.append("origin_id=?")
+                    params.append(str(args["origin"]))
+                return [_inbound_row(r) for r in core.conn.execute(
+                    f"SELECT {_INBOUND_COLS} FROM inbound{_sql_where(clauses)} ORDER BY id LIMIT ?",
+                    (*params, limit))]
+            rows = await daemon.gate.run(q_in)
+            return {"table": "inbound", "count": len(rows), "rows": rows}
+        if table != "outbox":
+            raise AdminCommandError(f"table {table!r} is not outbox or inbound")
+        states = _states(args, SendState)
+        target = args.get("target") or None
+
+        def q() -> list[dict[str, Any]]:
+            clauses: list[str] = ["id > ?"]
+            params: list[Any] = [after]
+            _where(clauses, params, state_col="state", states=states, target=target, time_col="created_ms",
+                   older_than=older)
+            return [_node_row(r, org) for r in core.conn.execute(
+                f"SELECT {_NODE_COLS} FROM outbox{_sql_where(clauses)} ORDER BY id LIMIT ?", (*params, limit))]
+
+        rows = await daemon.gate.run(q)
+        return {"table": "outbox", "count": len(rows), "rows": rows}
+
+    async def show(args: dict[str, Any]) -> dict[str, Any]:
+        rid = args.get("id")
+        if rid is None and args.get("lk0"):
+            node, _s, _d, rid = _lk0(str(args["lk0"]))
+            if node != org:
+                raise AdminCommandError(f"LK0 {args['lk0']} names a record of {node}, not of this node ({org})")
+        rid = _int({"id": rid}, "id", lo=1)
+        if rid is None:
+            raise AdminCommandError("show needs an id or an lk0")
+        table = str(args.get("table") or "outbox")
+
+        def q() -> dict[str, Any] | None:
+            if table == "inbound":
+                r = core.conn.execute(f"SELECT {_INBOUND_COLS} FROM inbound WHERE id=?", (rid,)).fetchone()
+                return None if r is None else _inbound_row(r)
+            r = core.conn.execute(f"SELECT {_NODE_COLS} FROM outbox WHERE id=?", (rid,)).fetchone()
+            if r is None:
+                return None
+            row = _node_row(r, org)
+            try:
+                rc = core.conn.execute("SELECT verified, received_ms FROM receipts WHERE record_id=?",
+                                       (rid,)).fetchone()
+            except Exception:  # schema v1: no receipts table
+                rc = None
+            row["receipt"] = None if rc is None else {"verified": bool(rc[0]), "received_ms": rc[1]}
+            return row
+
+        row = await daemon.gate.run(q)
+        if row is None:
+            raise AdminCommandError(f"no {table} record {rid} (confirmed records are cleaned up)")
+        return row
+
+    async def stuck(args: dict[str, Any]) -> dict[str, Any]:
+        older = _seconds(args, "older_than", stuck_after)
+        assert older is not None
+        limit = _limit(args)
+
+        def q() -> dict[str, Any]:
+            cutoff = now_ms() - int(older * 1000)
+            c = core.conn
+            by_place: dict[str, int] = {}
+            for s, n in c.execute(
+                f"SELECT state, count(*) FROM outbox WHERE reliable=1 AND state IN ({','.join('?' * 4)})"
+                " AND created_ms < ? GROUP BY state", (*_OPEN_STATES, cutoff)):
+                by_place[_NODE_PLACE[SendState(s)]] = n
+            rows = []
+            for r in c.execute(
+                f"SELECT {_NODE_COLS} FROM outbox WHERE reliable=1 AND state IN ({','.join('?' * 4)})"
+                " AND created_ms < ? ORDER BY created_ms, id LIMIT ?", (*_OPEN_STATES, cutoff, limit)):
+                row = _node_row(r, org)
+                row["place"] = _NODE_PLACE[SendState(r[3])]
+                row["age_s"] = round((now_ms() - r[12]) / 1000, 1)
+                rows.append(row)
+            # Received here, but a confirmation of our ACK/ACK2 is missing.
+            n_in = c.execute("SELECT count(*) FROM inbound WHERE received_ms < ?", (cutoff,)).fetchone()[0]
+            if n_in:
+                by_place["received_confirmation_missing"] = n_in
+            for r in c.execute(f"SELECT {_INBOUND_COLS} FROM inbound WHERE received_ms < ? ORDER BY"
+                               " received_ms LIMIT ?", (cutoff, max(0, limit - len(rows)))):
+                row = _inbound_row(r)
+                row["place"] = "received_confirmation_missing"
+                row["age_s"] = round((now_ms() - r[9]) / 1000, 1)
+                rows.append(row)
+            return {"older_than_s": older, "count": sum(by_place.values()), "by_place": by_place,
+                    "rows": rows}
+
+        res: dict[str, Any] = await daemon.gate.run(q)
+        res["connected"] = bool(daemon.connected)
+        return res
+
+    async def run_apply(args: dict[str, Any], verb: str, allowed: Sequence[int]) -> dict[str, Any]:
+        clauses, params, _explicit = _selection(args, SendState, state_col="state", time_col="created_ms")
+        dry = bool(args.get("dry_run"))
+
+        def work() -> dict[str, Any]:
+            ts = now_ms()
+            with core.db.atomic("IMMEDIATE"):
+                rows = [_node_row(r, org) for r in core.conn.execute(
+                    f"SELECT {_NODE_COLS} FROM outbox{_sql_where(clauses)} ORDER BY id LIMIT ?",
+                    (*params, MAX_SELECT + 1))]
+                more = len(rows) > MAX_SELECT
+                rows = rows[:MAX_SELECT]
+                ok = [r for r in rows if r["state"] in SendState.__members__
+                      and int(SendState[r["state"]]) in allowed]
+                if not dry and ok:
+                    ids = [(r["id"],) for r in ok]
+                    if verb == "purge":
+                        core.conn.executemany("DELETE FROM outbox WHERE id=?", ids)
+                    else:
+                        reset = ", attempts=0, code=0" if verb == "requeue" else ""
+                        core.conn.executemany(
+                            f"UPDATE outbox SET state=0, state_ms=?, last_inquiry_ms=NULL, inquiries=0{reset}"
+                            " WHERE id=?", [(ts, i) for (i,) in ids])
+            if not dry and ok:
+                if verb == "purge":
+                    # A live row given up is a failure ("dead"); a failed row
+                    # (a dead letter already) is only cleaned up (semq.node.dead).
+                    recs = [_node_event(core, r, "cleaned" if r["state"] == "SS_FAILED" else "dead", ts,
+                                        "purged by the operator") for r in ok]
+                else:
+                    recs = [_node_event(core, r, "resend", ts, f"{verb} by the operator") for r in ok]
+                _log(core, recs)
+            return _result(verb, dry, rows, ok, more, sum(1 for r in ok if r["state"] == "SS_SENT"))
+
+        res = await daemon.gate.run(work)
+        was_sent = res.pop("_was_sent")
+        if not dry:
+            # SS_SENT rows are no longer in flight: give the window back, and
+            # wake the sender for what is SS_INIT now.
+            if was_sent:
+                daemon.in_flight = max(0, daemon.in_flight - was_sent)
+            wake = getattr(daemon, "wake", None)
+            if wake is not None:
+                wake()
+        return res
+
+    async def requeue(args: dict[str, Any]) -> dict[str, Any]:
+        """Failed rows (SS_FAILED: NACKed, expired, refused) back to SS_INIT
+        with their attempts and code reset: they are sent again."""
+        return await run_apply(args, "requeue", (int(SendState.SS_FAILED),))
+
+    async def resend(args: dict[str, Any]) -> dict[str, Any]:
+        """Unconfirmed rows (SS_SENT, SS_ACK_FWD, SS_ACK) back to SS_INIT:
+        sent again now (receivers suppress duplicates, SPEC B.4)."""
+        return await run_apply(args, "resend", _UNCONFIRMED)
+
+    async def purge(args: dict[str, Any]) -> dict[str, Any]:
+        """Delete pending-send rows in any state (logged as ``dead``;
+        SS_FAILED rows, dead letters already, as ``cleaned``). A document
+        already handed on may still arrive; an unsent one never."""
+        return await run_apply(args, "purge", (*_OPEN_STATES, int(SendState.SS_FAILED), int(SendState.SS_ACK2)))
+
+    handlers.update({"status": status, "list": list_, "show": show, "stuck": stuck, "requeue": requeue,
+                     "resend": resend, "purge": purge})
+    return handlers
+
+
+# ---------------------------------------------------------------- platform
+
+
+def platform_busy(daemon: Any) -> int:
+    """What a draining platform waits for: bytes queued to connected nodes
+    and stored copies delivered but not acked."""
+    return sum(int(s.queued) + int(s.in_flight) for s in list(daemon.sessions.values()))
+
+
+_STORED_COLS: Final = (
+    "id, target_id, kind, origin_id, semq_id, semq_db_id, record_id, state, priority, expires_ms, stored_ms,"
+    " attempts, last_sent_ms, inquiries, length(frame)"
+)
+
+
+def _kind_name(kind: int) -> str:
+    from semq.umxt_protocol import Kind
+
+    try:
+        return Kind(kind).name
+    except ValueError:
+        return str(kind)
+
+
+def _stored_state(v: int) -> str:
+    try:
+        return StoredState(v).name
+    except ValueError:
+        return str(v)
+
+
+def _stored_row(r: Sequence[Any]) -> dict[str, Any]:
+    return {
+        "id": r[0], "lk1": f"1/1/{r[0]}" if r[2] == _DATA_KIND else None, "target": r[1],
+        "kind": _kind_name(r[2]), "origin": r[3], "lk0": f"{r[3]}/{r[4]}/{r[5]}/{r[6]}" if r[6] else None,
+        "state": _stored_state(r[7]),
+        "priority": r[8], "expires_ms": r[9], "stored_ms": r[10], "attempts": r[11], "last_sent_ms": r[12],
+        "inquiries": r[13], "size": r[14],
+    }
+
+
+def platform_handlers(
+    daemon: Any,
+    core: Any,
+    *,
+    reload: ReloadCallback,
+    drain: DrainControl,
+    metrics: Any = None,
+    stuck_after: float = DEFAULT_STUCK_AFTER,
+) -> dict[str, Handler]:
+    """Admin commands of the running platform. ``daemon`` is a
+    semq.platform.daemon.PlatformDaemon (uses ``gate``, ``sessions``
+    {Endpoint: Session with queued/in_flight/window/wake_deliver},
+    ``stats``, ``port``); ``core`` its PlatformCore."""
+    pid_ = core.me.node_id
+    handlers = _common("platform", pid_, drain, reload)
+
+    def online_ids() -> set[str]:
+        return {ep.node_id for ep in list(daemon.sessions)}
+
+    def _snapshot() -> dict[str, Any]:
+        c = core.conn
+        counts = core.counts()
+        queues = [
+            {"target": t, "kind": "DATA" if is_data else "relayed", "state": _stored_state(st), "count": n,
+             "oldest_ms": o}
+            for t, is_data, st, n, o in c.execute(
+                "SELECT target_id, kind=1, state, count(*), min(stored_ms) FROM stored"
+                " GROUP BY target_id, kind=1, state ORDER BY target_id, kind=1 DESC, state")
+        ]
+        nodes = [{"node": i, "last_seen_ms": ls, "revoked": bool(rv)}
+                 for i, ls, rv in c.execute("SELECT node_id, last_seen_ms, revoked FROM nodes ORDER BY node_id")]
+        oldest = c.execute("SELECT min(stored_ms) FROM stored WHERE kind=1").fetchone()[0]
+        return {**counts, "queues": queues, "nodes": nodes, "oldest_unconfirmed_ms": oldest}
+
+    async def status(args: dict[str, Any]) -> dict[str, Any]:
+        snap = await daemon.gate.run(_snapshot)
+        online = []
+        for ep, s in list(daemon.sessions.items()):
+            online.append({"node": ep.node_id, "queued_bytes": s.queued, "in_flight": s.in_flight,
+                           "window": s.window})
+        on = {o["node"] for o in online}
+        for n in snap["nodes"]:
+            n["online"] = n["node"] in on
+        out: dict[str, Any] = {
+            "role": "platform", "id": pid_, "pid": os.getpid(), "port": getattr(daemon, "port", None),
+            "connections": len(online), "online": sorted(online, key=lambda o: o["node"]),
+            "stats": dict(daemon.stats), "store_calls": daemon.gate.calls, "store_bytes": store_bytes(core.path),
+            "drain": drain.status(), **snap,
+        }
+        if metrics is not None:
+            out["commit_batches"] = metrics.batch_summary()
+        return out
+
+    def _kind_clause(args: dict[str, Any], clauses: list[str]) -> None:
+        kind = str(args.get("kind") or "data")
+        if kind == "data":
+            clauses.append("kind=1")
+        elif kind == "relayed":
+            clauses.append("kind!=1")
+        elif kind != "all":
+            raise AdminCommandError(f"kind {kind!r} is not data, relayed or all")
+
+    async def list_(args: dict[str, Any]) -> dict[str, Any]:
+        limit = _limit(args)
+        after = _int(args, "after", 0) or 0
+        clauses: list[str] = ["id > ?"]
+        params: list[Any] = [after]
+        _kind_clause(args, clauses)
+        _where(clauses, params, state_col="state", states=_states(args, StoredState),
+               target=args.get("target") or None, time_col="stored_ms", older_than=_seconds(args, "older_than"))
+        if args.get("origin"):
+            clauses.append("origin_id=?")
+            params.append(str(args["origin"]))
+
+        def q() -> list[dict[str, Any]]:
+            return [_stored_row(r) for r in core.conn.execute(
+                f"SELECT {_STORED_COLS} FROM stored{_sql_where(clauses)} ORDER BY id LIMIT ?", (*params, limit))]
+
+        rows = await daemon.gate.run(q)
+        on = online_ids()
+        for r in rows:
+            r["target_online"] = r["target"] in on
+        return {"table": "stored", "count": len(rows), "rows": rows}
+
+    async def show(args: dict[str, Any]) -> dict[str, Any]:
+        lk0 = _lk0(str(args["lk0"])) if args.get("lk0") else None
+        rid = _int(args, "id", lo=1)
+        if rid is None and lk0 is None:
+            raise AdminCommandError("show needs an id (LK1 record id) or an lk0")
+
+        def q() -> dict[str, Any]:
+            c = core.conn
+            if rid is not None:
+                rows = c.execute(f"SELECT {_STORED_COLS} FROM stored WHERE id=?", (rid,)).fetchall()
+            else:
+                assert lk0 is not None
+                rows = c.execute(f"SELECT {_STORED_COLS} FROM stored WHERE origin_id=? AND semq_id=? AND"
+                                 " semq_db_id=? AND record_id=? AND kind=1 ORDER BY id", lk0).fetchall()
+            seen = None
+            key = lk0 if lk0 is not None else (tuple(rows[0][3:7]) if rows else None)
+            if key is not None:
+                s = c.execute("SELECT action, lk1, seen_ms FROM seen WHERE origin_id=? AND semq_id=? AND"
+                              " semq_db_id=? AND record_id=?", key).fetchone()
+                if s is not None:
+                    seen = {"action": {1: "forwarded", 2: "stored", 3: "dropped"}.get(s[0], str(s[0])),
+                            "lk1": s[1] or None, "seen_ms": s[2]}
+            return {"rows": [_stored_row(r) for r in rows], "seen": seen}
+
+        res: dict[str, Any] = await daemon.gate.run(q)
+        if not res["rows"] and res["seen"] is None:
+            what = f"record {rid}" if rid is not None else f"LK0 {args['lk0']}"
+            raise AdminCommandError(f"no stored {what} and no trace of it (acked copies are cleaned up)")
+        on = online_ids()
+        for r in res["rows"]:
+            r["target_online"] = r["target"] in on
+        if rid is not None and len(res["rows"]) == 1:
+            return {**res["rows"][0], "seen": res["seen"]}
+        return res
+
+    async def stuck(args: dict[str, Any]) -> dict[str, Any]:
+        older = _seconds(args, "older_than", stuck_after)
+        assert older is not None
+        limit = _limit(args)
+
+        def q() -> tuple[list[dict[str, Any]], int, int]:
+            cutoff = now_ms() - int(older * 1000)
+            c = core.conn
+            rows = [_stored_row(r) for r in c.execute(
+                f"SELECT {_STORED_COLS} FROM stored WHERE stored_ms < ? ORDER BY stored_ms, id LIMIT ?",
+                (cutoff, limit))]
+            n_data = c.execute("SELECT count(*) FROM stored WHERE kind=1 AND stored_ms < ?", (cutoff,)).fetchone()[0]
+            n_rel = c.execute("SELECT count(*) FROM stored WHERE kind!=1 AND stored_ms < ?", (cutoff,)).fetchone()[0]
+            return rows, n_data, n_rel
+
+        rows, n_data, n_rel = await daemon.gate.run(q)
+        on = online_ids()
+        by_place: dict[str, int] = {}
+        for r in rows:
+            online = r["target"] in on
+            if r["kind"] != "DATA":
+                place = "relayed_waiting_target_offline" if not online else "relayed_waiting"
+            elif r["state"] == "SS_SENT":
+                place = "delivered_not_acked"
+            else:
+                place = "stored_target_offline" if not online else "stored_waiting_delivery"
+            r["place"], r["target_online"] = place, online
+            r["age_s"] = round((now_ms() - r["stored_ms"]) / 1000, 1)
+            by_place[place] = by_place.get(place, 0) + 1
+        return {"older_than_s": older, "count": n_data + n_rel, "data": n_data, "relayed": n_rel,
+                "by_place_listed": by_place, "rows": rows}
+
+    async def run_apply(args: dict[str, Any], verb: str) -> dict[str, Any]:
+        clauses, params, _explicit = _selection(args, StoredState, state_col="state", time_col="stored_ms")
+        if verb != "purge":
+            clauses.append("kind=1")  # relayed acks/inquiries are sent once; their ends ask again
+        elif args.get("kind"):
+            _kind_clause(args, clauses)
+        dry = bool(args.get("dry_run"))
+
+        def work() -> dict[str, Any]:
+            ts = now_ms()
+            with core.db.atomic("IMMEDIATE"):
+                rows = [_stored_row(r) for r in core.conn.execute(
+                    f"SELECT {_STORED_COLS} FROM stored{_sql_where(clauses)} ORDER BY id LIMIT ?",
+                    (*params, MAX_SELECT + 1))]
+                more = len(rows) > MAX_SELECT
+                rows = rows[:MAX_SELECT]
+                ok = rows if verb == "purge" else [r for r in rows if r["state"] != "SS_INIT"]
+                if not dry and ok:
+                    ids = [(r["id"],) for r in ok]
+                    if verb == "purge":
+                        core.conn.executemany("DELETE FROM stored WHERE id=?", ids)
+                    else:
+                        core.conn.executemany("UPDATE stored SET state=0, inquiries=0 WHERE id=?", ids)
+            if not dry and ok and verb == "purge":
+                _log(core, [{"ts": ts, "event": "dropped", "lk0": r["lk0"], "source": r["origin"],
+                             "target": r["target"], "lk1": r["lk1"], "code": 0,
+                             "detail": "purged by the operator"} for r in ok if r["kind"] == "DATA"])
+            credit: dict[str, int] = {}
+            for r in ok:
+                if r["kind"] == "DATA" and r["state"] == "SS_SENT":
+                    credit[r["target"]] = credit.get(r["target"], 0) + 1
+            return {**_result(verb, dry, rows, ok, more, 0), "_credit": credit,
+                    "_targets": sorted({r["target"] for r in ok})}
+
+        res: dict[str, Any] = await daemon.gate.run(work)
+        if not dry:
+            # Delivered copies that go again (or are gone) are no longer in
+            # the target's window; wake its deliverer.
+            for ep, session in list(daemon.sessions.items()):
+                n = res["_credit"].get(ep.node_id, 0)
+                if n:
+                    session.in_flight = max(0, session.in_flight - n)
+                if ep.node_id in res["_targets"]:
+                    session.wake_deliver.set()
+        del res["_credit"], res["_targets"], res["_was_sent"]
+        return res
+
+    async def requeue(args: dict[str, Any]) -> dict[str, Any]:
+        """Stored copies delivered but not acked (SS_SENT) back to SS_INIT:
+        delivered again while the target is online, else when it connects."""
+        return await run_apply(args, "requeue")
+
+    async def resend(args: dict[str, Any]) -> dict[str, Any]:
+        """The platform has no failed state: the same as requeue."""
+        return await run_apply(args, "resend")
+
+    async def purge(args: dict[str, Any]) -> dict[str, Any]:
+        """Delete stored rows (logged as ``dropped``). For SaveFwd 3 the
+        origin still asks the target and sends the document again: purge it
+        at the origin too to drop it for good."""
+        return await run_apply(args, "purge")
+
+    handlers.update({"status": status, "list": list_, "show": show, "stuck": stuck, "requeue": requeue,
+                     "resend": resend, "purge": purge})
+    return handlers
+

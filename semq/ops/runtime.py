@@ -1,0 +1,157 @@
+"""Everything operational a running daemon starts, in one object: the admin
+console, drain/stop, SIGHUP reload, and (with ``--metrics``) the Prometheus
+endpoint, the store poller and the event-loop lag probe.
+
+``semq ... run`` uses it like this (see docs/operations.md, "Wiring")::
+
+    ops = OpsRuntime("node", cfg.directory, core, ops_options(args))  # before the daemon runs
+    ...
+    await nursery.start(daemon.run)
+    await ops.start(nursery, daemon)        # admin socket, metrics, SIGHUP, drain supervisor
+    ...
+    await ops.drain.wait_stop()             # alongside the SIGTERM/SIGINT receiver
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import trio
+
+from ._paths import admin_socket_path
+from .admin import AdminError, DrainControl, admin_request, serve_admin
+from .handlers import (
+    DEFAULT_STUCK_AFTER,
+    node_busy,
+    node_handlers,
+    platform_busy,
+    platform_handlers,
+)
+
+__all__ = ["OpsOptions", "OpsRuntime", "add_run_options", "live_status", "ops_options"]
+
+log = logging.getLogger("semq.ops")
+
+
+@dataclass(frozen=True, kw_only=True)
+class OpsOptions:
+    admin: bool = True  # serve <dir>/admin.sock
+    metrics: str | None = None  # HOST:PORT of the Prometheus endpoint; None = off (the default)
+    metrics_interval: float = 15.0  # s between store polls for the gauges
+    stuck_after: float = DEFAULT_STUCK_AFTER  # s without end-to-end confirmation = stuck
+    drain_timeout: float = 60.0  # s a drain waits for in-flight work before it stops anyway
+    sighup: bool = True  # SIGHUP reloads (main thread only)
+    lag_interval: float = 0.5  # s between event-loop lag probes
+
+
+def add_run_options(parser: argparse.ArgumentParser) -> None:
+    """The operational options of ``semq node run`` / ``semq platform run``."""
+    g = parser.add_argument_group("operations")
+    g.add_argument("--metrics", metavar="HOST:PORT",
+                   help="serve Prometheus metrics on http://HOST:PORT/metrics (off by default)")
+    g.add_argument("--no-admin", action="store_true", help="do not serve the admin socket <dir>/admin.sock")
+    g.add_argument("--drain-timeout", type=float, default=60.0, metavar="S",
+                   help="a drain waits this long for in-flight work (default 60)")
+    g.add_argument("--stuck-after", type=float, default=DEFAULT_STUCK_AFTER, metavar="S",
+                   help="seconds without end-to-end confirmation that count as stuck (default 3600)")
+    g.add_argument("--log-format", choices=["text", "json"], default=None,
+                   help="structured logs: key=value (text) or JSON lines; default: the classic format")
+    g.add_argument("--log-file", metavar="FILE", help="also log to FILE (0600; reopened after logrotate)")
+    g.add_argument("--log-level", default=None, metavar="LEVEL", help="DEBUG, INFO (default), WARNING, ERROR")
+
+
+def ops_options(args: argparse.Namespace) -> OpsOptions:
+    """OpsOptions from parsed ``add_run_options`` arguments (missing ones
+    take the defaults). Also configures logging when --log-format,
+    --log-file or --log-level was given."""
+    fmt, file, level = (getattr(args, n, None) for n in ("log_format", "log_file", "log_level"))
+    if fmt or file or level:
+        from .logs import configure_logging
+
+        configure_logging(level or "INFO", fmt or "text", Path(file) if file else None, exclusive=True)
+    metrics = getattr(args, "metrics", None)
+    if metrics:
+        from .metrics import parse_metrics_address
+
+        parse_metrics_address(metrics)  # a typo is the user's mistake, before anything starts
+    return OpsOptions(admin=not getattr(args, "no_admin", False), metrics=metrics,
+                      drain_timeout=getattr(args, "drain_timeout", 60.0) or 60.0,
+                      stuck_after=getattr(args, "stuck_after", DEFAULT_STUCK_AFTER) or DEFAULT_STUCK_AFTER)
+
+
+class OpsRuntime:
+    """Create before the daemon starts (it instruments the core's event log
+    when metrics are on), ``start`` once the daemon runs."""
+
+    def __init__(self, role: str, directory: Path, core: Any, options: OpsOptions | None = None) -> None:
+        if role not in ("node", "platform"):
+            raise ValueError(f"role {role!r} is not node or platform")
+        self.role = role
+        self.directory = Path(directory)
+        self.core = core
+        self.options = options or OpsOptions()
+        self.drain = DrainControl(timeout=self.options.drain_timeout)
+        self.metrics: Any = None
+        self.admin_path: Path | None = None
+        self.metrics_port: int | None = None
+        if self.options.metrics:
+            from .metrics import Metrics, instrument_core
+
+            self.metrics = Metrics(role, core.me.node_id)
+            instrument_core(core, self.metrics)
+
+    async def start(self, nursery: trio.Nursery, daemon: Any, *,
+                    reload: Callable[[], Any] | None = None) -> None:
+        """Start the operational tasks in ``nursery`` (they run until it is
+        cancelled). Sets ``daemon.drain`` so the daemon can check
+        ``drain.requested``. ``reload`` defaults to semq.ops.reload's
+        reloader for the role. Raises OSError when the admin socket or the
+        metrics port cannot be bound (another daemon on this directory)."""
+        from .reload import node_reloader, platform_reloader
+
+        daemon.drain = self.drain
+        core = self.core
+        if reload is None:
+            reload = (node_reloader(daemon, core, self.directory) if self.role == "node"
+                      else platform_reloader(daemon, core, self.directory))
+        make = node_handlers if self.role == "node" else platform_handlers
+        busy = node_busy if self.role == "node" else platform_busy
+        if self.options.admin:
+            handlers = make(daemon, core, reload=reload, drain=self.drain, metrics=self.metrics,
+                            stuck_after=self.options.stuck_after)
+            self.admin_path = await nursery.start(serve_admin, admin_socket_path(self.directory), handlers)
+        if self.metrics is not None and self.options.metrics:
+            from .metrics import parse_metrics_address, poll_store, probe_loop_lag, serve_metrics
+
+            host, port = parse_metrics_address(self.options.metrics)
+            self.metrics_port = await nursery.start(serve_metrics, host, port, self.metrics)
+            nursery.start_soon(probe_loop_lag, self.metrics)
+            nursery.start_soon(lambda: poll_store(self.metrics, daemon, core, interval=self.options.metrics_interval,
+                                                  stuck_after=self.options.stuck_after))
+        if self.options.sighup:
+            from .service import reload_on_sighup
+
+            await nursery.start(reload_on_sighup, reload)
+        nursery.start_soon(lambda: self.drain.supervise(lambda: busy(daemon)))
+
+    def status(self) -> dict[str, Any]:
+        """For status.json: where the console and metrics are."""
+        return {"admin": str(self.admin_path) if self.admin_path else None,
+                "metrics": (f"{self.options.metrics.rsplit(':', 1)[0]}:{self.metrics_port}"
+                            if self.options.metrics and self.metrics_port else None),
+                "draining": self.drain.requested}
+
+
+def live_status(directory: Path, timeout: float = 2.0) -> dict[str, Any] | None:
+    """The running daemon's ``status`` over the admin socket, or None when
+    no daemon answers there (``semq status`` then reads the store)."""
+    try:
+        resp = admin_request(admin_socket_path(directory), "status", timeout=timeout)
+    except AdminError:
+        return None
+    return resp.get("result") if resp.get("ok") else None

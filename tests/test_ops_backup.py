@@ -1,0 +1,244 @@
+"""Backup while the store is being written (every committed row is in the
+snapshot, nothing half-written), restore, and restore's refusals: a store
+in use (a real daemon process; a daemon answering on the admin socket), an
+existing store without --force, archives that are not ours."""
+
+from __future__ import annotations
+
+import io
+import json
+import sqlite3
+import stat
+import subprocess
+import sys
+import tarfile
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+
+from semq.cli import main as semq_main
+from semq.node.core import NewDocument, NodeCore
+from semq.ops.admin import serve_admin
+from semq.ops.backup import BackupError, RestoreRefused, backup, restore, store_in_use
+from semq.ops.cli import main as ops_main
+from tests._procs import Proc, free_port
+
+
+def init_node(d: Path, org: str = "10008") -> None:
+    assert semq_main(["node", "init", "--dir", str(d), "--org", org, "--platform", f"127.0.0.1:{free_port()}",
+                      "--no-security"]) == 0
+
+
+def ids(store: Path) -> list[int]:
+    with sqlite3.connect(str(store)) as c:
+        return [r[0] for r in c.execute("SELECT id FROM outbox ORDER BY id")]
+
+
+class Writer(threading.Thread):
+    """An application writing documents as fast as it can, one transaction
+    each; ``committed`` grows only after a commit returned."""
+
+    def __init__(self, store: Path) -> None:
+        super().__init__(daemon=True)
+        self.store = store
+        self.committed: list[int] = []
+        self.stop = threading.Event()
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        core = NodeCore(self.store, "10008", synchronous="OFF")
+        try:
+            i = 0
+            while not self.stop.is_set():
+                (lk0,) = core.accept([NewDocument(target="56001", app_data=b"doc %d " % i + b"x" * 200)])
+                self.committed.append(lk0.record_id)
+                i += 1
+        except BaseException as e:  # surfaced by the test
+            self.error = e
+        finally:
+            core.close()
+
+
+def test_backup_under_load_then_restore(tmp_path: Path) -> None:
+    src = tmp_path / "A"
+    init_node(src)
+    w = Writer(src / "node.sqlite")
+    w.start()
+    try:
+        for _ in range(2000):
+            if len(w.committed) >= 300:
+                break
+            threading.Event().wait(0.005)
+        before = list(w.committed)
+        info = backup(src, tmp_path / "a.tar.gz")
+        after = len(w.committed)
+        # keep writing a little longer: the archive must not change
+        threading.Event().wait(0.05)
+    finally:
+        w.stop.set()
+        w.join(10)
+    assert w.error is None and len(before) >= 300 and after > len(before)
+    assert stat.S_IMODE((tmp_path / "a.tar.gz").stat().st_mode) == 0o600
+    assert info.role == "node" and info.files[:2] == ["node.sqlite", "semq.toml"] and not info.include_keys
+
+    dst = tmp_path / "B"
+    res = restore(tmp_path / "a.tar.gz", dst)
+    assert res.role == "node" and sorted(res.files) == ["node.sqlite", "semq.toml"]
+    got = ids(dst / "node.sqlite")
+    # a consistent snapshot: every row committed before the backup started,
+    # no row that was never committed, and nothing in between missing
+    assert set(before) <= set(got) <= set(w.committed)
+    assert got == list(range(got[0], got[0] + len(got)))
+    assert info.tables["outbox"] == len(got)
+    with sqlite3.connect(str(dst / "node.sqlite")) as c:
+        assert c.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+        row = c.execute("SELECT app_data FROM outbox WHERE id=?", (before[-1],)).fetchone()
+    assert row[0].startswith(b"doc %d " % (len(before) - 1))
+    # the restored directory runs: the CLI reads it
+    assert semq_main(["status", "--dir", str(dst), "--json"]) == 0
+    assert stat.S_IMODE(dst.stat().st_mode) == 0o700
+
+
+def test_restore_refuses_a_running_daemon_and_existing_store(tmp_path: Path) -> None:
+    src = tmp_path / "A"
+    init_node(src)
+    assert ops_main(["backup", "--dir", str(src), "--out", str(tmp_path / "a.tar")]) == 0
+    p = Proc("node", ["node", "run", "--dir", str(src)], tmp_path / "node.log", "running")
+    try:
+        why = store_in_use(src)
+        # the admin socket answers (when the run command serves it), else SQLite's lock says it
+        assert why is not None and ("open in another process" in why or "answers on" in why)
+        with pytest.raises(RestoreRefused, match=r"refusing to restore.*stop it first"):
+            restore(tmp_path / "a.tar", src, force=True)
+        assert ops_main(["restore", str(tmp_path / "a.tar"), "--dir", str(src), "--force"]) == 2
+        # a backup is fine while it runs
+        assert ops_main(["backup", "--dir", str(src), "--out", str(tmp_path / "b.tar")]) == 0
+    finally:
+        p.kill()  # SIGKILL: the kernel drops SQLite's locks with the process
+    assert store_in_use(src) is None
+    with pytest.raises(RestoreRefused, match=r"already holds node\.sqlite, semq\.toml; use --force"):
+        restore(tmp_path / "a.tar", src)
+    res = restore(tmp_path / "b.tar", src, force=True)
+    aside = [r for r in res.replaced if r.startswith("node.sqlite.before-restore-")]
+    assert len(aside) == 1 and (src / aside[0]).exists()
+    with sqlite3.connect(str(src / aside[0])) as c:  # the replaced store still opens
+        assert c.execute("PRAGMA quick_check").fetchone()[0] == "ok"
+
+
+def test_restore_refuses_a_store_another_process_has_open(tmp_path: Path) -> None:
+    """An application (or a hung daemon) with the store open: SQLite's own
+    WAL-index lock tells, with no cooperation from that process."""
+    src = tmp_path / "A"
+    init_node(src)
+    backup(src, tmp_path / "a.tar")
+    code = ("import sqlite3, sys; c = sqlite3.connect(sys.argv[1]); c.execute('SELECT count(*) FROM outbox');"
+            " print('open', flush=True); sys.stdin.read()")
+    holder = subprocess.Popen([sys.executable, "-c", code, str(src / "node.sqlite")], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "open"
+        why = store_in_use(src)
+        assert why is not None and "node.sqlite is open in another process" in why
+        with pytest.raises(RestoreRefused, match="open in another process"):
+            restore(tmp_path / "a.tar", src, force=True)
+    finally:
+        holder.communicate("", timeout=10)
+    assert store_in_use(src) is None
+    restore(tmp_path / "a.tar", src, force=True)
+
+
+async def test_restore_refuses_when_the_admin_socket_answers(tmp_path: Path) -> None:
+    src = tmp_path / "A"
+    init_node(src)
+    backup(src, tmp_path / "a.tar")
+
+    async def ping(args: dict[str, Any]) -> dict[str, Any]:
+        return {"role": "node", "pid": 4242}
+
+    async with trio.open_nursery() as nursery:
+        await nursery.start(serve_admin, src / "admin.sock", {"ping": ping})
+        why = await trio.to_thread.run_sync(store_in_use, src)
+        assert why is not None and "pid 4242" in why
+        with pytest.raises(RestoreRefused, match="answers on"):
+            await trio.to_thread.run_sync(lambda: restore(tmp_path / "a.tar", src, force=True))
+        nursery.cancel_scope.cancel()
+
+
+def test_sqlite_only_backup_and_bad_archives(tmp_path: Path) -> None:
+    src = tmp_path / "A"
+    init_node(src)
+    core = NodeCore(src / "node.sqlite", "10008")
+    core.accept([NewDocument(target="56001", app_data=b"x")])
+    core.close()
+    info = backup(src, tmp_path / "store.sqlite")
+    assert info.files == ["node.sqlite"]
+    with pytest.raises(BackupError, match="has no configuration"):
+        restore(tmp_path / "store.sqlite", tmp_path / "empty")
+    dst = tmp_path / "B"
+    init_node(dst)
+    restore(tmp_path / "store.sqlite", dst, force=True)
+    assert ids(dst / "node.sqlite") == [1]
+
+    evil = tmp_path / "evil.tar"
+    with tarfile.open(evil, "w") as t:
+        data = b"x"
+        ti = tarfile.TarInfo("../../etc/passwd")
+        ti.size = 1
+        t.addfile(ti, io.BytesIO(data))
+    with pytest.raises(BackupError, match="unsafe path"):
+        restore(evil, tmp_path / "C")
+    (tmp_path / "junk.tar").write_bytes(b"not an archive at all" * 10)
+    with pytest.raises(BackupError, match="not a semq backup"):
+        restore(tmp_path / "junk.tar", tmp_path / "C")
+
+    # a damaged store is refused before anything is replaced
+    backup(src, tmp_path / "ok.tar")
+    damaged = tmp_path / "damaged.tar"
+    with tarfile.open(tmp_path / "ok.tar") as t_in, tarfile.open(damaged, "w") as t_out:
+        for m in t_in:
+            f = t_in.extractfile(m)
+            assert f is not None
+            blob = f.read()
+            if m.name == "node.sqlite":
+                blob = blob[:5000] + bytes([blob[5000] ^ 0xFF]) + blob[5001:]
+            m.size = len(blob)
+            t_out.addfile(m, io.BytesIO(blob))
+    with pytest.raises(BackupError, match="checksum"):
+        restore(damaged, dst, force=True)
+    assert ids(dst / "node.sqlite") == [1]
+
+
+def test_keys_only_when_asked(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    pdir, ndir = tmp_path / "P", tmp_path / "N"
+    assert semq_main(["platform", "init", "--dir", str(pdir)]) == 0
+    assert semq_main(["node", "init", "--dir", str(ndir), "--org", "10008", "--enroll-from", str(pdir)]) == 0
+    capsys.readouterr()
+    assert ops_main(["backup", "--dir", str(ndir), "--out", str(tmp_path / "pub.tar")]) == 0
+    assert "private keys are not included" in capsys.readouterr().err
+    with tarfile.open(tmp_path / "pub.tar") as t:
+        names = set(t.getnames())
+        manifest = json.loads(t.extractfile("semq-backup.json").read())  # type: ignore[union-attr]
+    assert {"node.pem", "ca.pem", "semq.toml", "node.sqlite"} <= names
+    assert not any(n.endswith(".key.pem") for n in names) and manifest["role"] == "node"
+
+    assert ops_main(["backup", "--dir", str(ndir), "--out", str(tmp_path / "all.tar"), "--include-keys"]) == 0
+    assert "WARNING: the backup holds private keys" in capsys.readouterr().err
+    dst = tmp_path / "N2"
+    assert ops_main(["restore", str(tmp_path / "all.tar"), "--dir", str(dst)]) == 0
+    for k in ("keys/sign.key.pem", "keys/enc.key.pem"):
+        assert (dst / k).read_bytes() == (ndir / k).read_bytes()
+        assert stat.S_IMODE((dst / k).stat().st_mode) == 0o600
+    assert stat.S_IMODE((dst / "keys").stat().st_mode) == 0o700
+    capsys.readouterr()
+    assert ops_main(["restore", str(tmp_path / "pub.tar"), "--dir", str(tmp_path / "N3")]) == 0
+    assert "no private keys" in capsys.readouterr().err
+
+    # the platform: CA key only with --include-keys
+    assert ops_main(["backup", "--dir", str(pdir), "--out", str(tmp_path / "p.tar")]) == 0
+    with tarfile.open(tmp_path / "p.tar") as t:
+        names = set(t.getnames())
+    assert {"ca/ca.pem", "ca/crl.pem", "tls/server.pem", "platform.sqlite"} <= names
+    assert "ca/ca.key.pem" not in names and "tls/server.key.pem" not in names
