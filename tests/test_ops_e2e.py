@@ -72,7 +72,10 @@ def test_operations_against_running_daemons(tmp_path: Path, capsys: pytest.Captu
         # B is offline: the platform stores, A waits for ACK2
         wait_until(lambda: admin(pdir, "status")["stored"].get("56001", {}).get("stored") == 20, 20, "stored")
         pst = admin(pdir, "status")
-        assert [o["node"] for o in pst["online"]] == ["10008"]
+        assert pst["online"] == ["10008"] and pst["sessions"][0]["node"] == "10008"
+        capsys.readouterr()
+        assert semq_main(["status", "--dir", str(pdir)]) == 0  # live over the admin socket
+        assert "online: 10008" in capsys.readouterr().out
         assert {n["node"]: n["online"] for n in pst["nodes"]} == {"10008": True, "56001": False}
         wait_until(lambda: admin(adir, "status")["outbox"] == {"SS_ACK": 20}, 20, "A: SS_ACK")
         st = admin(adir, "stuck", older_than=0)

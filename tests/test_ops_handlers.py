@@ -47,12 +47,18 @@ class SessionStandIn:
     wake_deliver: trio.Event = field(default_factory=trio.Event)
 
 
+@dataclass
+class SettingsStandIn:
+    host: str = "127.0.0.1"
+
+
 class PlatformStandIn:
     def __init__(self) -> None:
         self.gate = StoreGate()
         self.sessions: dict[Endpoint, SessionStandIn] = {}
         self.stats = {"connections": 0, "frames_in": 0, "refused": 0, "tls_refused": 0}
         self.port = 7410
+        self.s = SettingsStandIn()
 
 
 def sql(path: Path, q: str, *args: Any) -> list[tuple[Any, ...]]:
@@ -215,7 +221,8 @@ async def test_platform_handlers(tmp_path: Path) -> None:
         d.sessions[Endpoint.org(B)] = session
         h = platform_handlers(d, core, reload=lambda: None, drain=DrainControl())
         st = await h["status"]({})
-        assert st["connections"] == 1 and st["online"][0]["node"] == B
+        assert st["connections"] == 1 and st["online"] == [B] and st["sessions"][0]["node"] == B
+        assert st["listen"] == "127.0.0.1:7410"
         assert {n["node"]: n["online"] for n in st["nodes"]} == {A: False, B: True}
         assert {(q["target"], q["state"], q["count"]) for q in st["queues"]} == {(B, "SS_INIT", 2), (B, "SS_SENT", 2)}
         assert st["stored"][B]["stored"] == 4

@@ -123,7 +123,7 @@ def _print_status(r: dict[str, Any]) -> None:
                 print(f"  {q['target']:<12} {q['state']:<11} {q['count']:>8}  {_age(q['oldest_ms'])}")
     else:
         print(f"platform {r['id']} (pid {r['pid']}, port {r.get('port')}): {r['connections']} connected{draining}")
-        for o in r.get("online", []):
+        for o in r.get("sessions", []):
             print(f"  online  {o['node']:<12} queued {_size(o['queued_bytes'])}, in flight"
                   f" {o['in_flight']}/{o['window']}")
         for n in r.get("nodes", []):

@@ -616,9 +616,13 @@ def platform_handlers(
         on = {o["node"] for o in online}
         for n in snap["nodes"]:
             n["online"] = n["node"] in on
+        port = getattr(daemon, "port", None)
+        host = getattr(getattr(daemon, "s", None), "host", None)
         out: dict[str, Any] = {
-            "role": "platform", "id": pid_, "pid": os.getpid(), "port": getattr(daemon, "port", None),
-            "connections": len(online), "online": sorted(online, key=lambda o: o["node"]),
+            # "listen" and "online" (ids) as in status.json: `semq status` reads either
+            "role": "platform", "id": pid_, "pid": os.getpid(), "port": port,
+            "listen": f"{host}:{port}" if host and port else None, "connections": len(online),
+            "online": sorted(on), "sessions": sorted(online, key=lambda o: o["node"]),
             "stats": dict(daemon.stats), "store_calls": daemon.gate.calls, "store_bytes": store_bytes(core.path),
             "drain": drain.status(), **snap,
         }
