@@ -175,7 +175,8 @@ class NodeClient:
         """The signed delivery receipt of one of our documents, verified now
         against the receiver's certificate (security on). Raises KeyError."""
         row = self.core.conn.execute(
-            "SELECT target_id, digest, receipt, received_ms FROM receipts WHERE record_id=?", (record_id,)
+            "SELECT target_id, digest, receipt, received_ms FROM receipts WHERE record_id=? AND receipt != x''",
+            (record_id,),
         ).fetchone()
         if row is None:
             raise KeyError(f"no receipt for record {record_id} (not confirmed yet, or sent without security)")

@@ -77,6 +77,7 @@ MAX_INQUIRY_BACKOFF_MS: Final = 15 * 60 * 1000  # long-offline targets: ask at m
 INQUIRY_BATCH: Final = 1000
 DEDUP_RETENTION_MS: Final = 30 * 24 * 3600 * 1000  # docs/exactly-once.md
 FAILED_RETENTION_MS: Final = 7 * 24 * 3600 * 1000
+RECEIPT_RETENTION_MS: Final = 400 * 24 * 3600 * 1000  # proofs of delivery: over a year
 
 
 _NO_KEY: Final = AppKey()
@@ -272,6 +273,14 @@ class NodeCore:
                 sent,
             )
             self.conn.executemany("DELETE FROM outbox WHERE id=?", [(g[-1],) for g in gone])
+            if self.sec is not None:
+                # The digest each document was signed with, kept apart from the
+                # pending-send row: a receipt may arrive after an inquiry answer
+                # has already confirmed and cleaned the row.
+                self.conn.executemany(
+                    "INSERT OR IGNORE INTO receipts (record_id, target_id, digest, receipt, verified, received_ms)"
+                    " VALUES (?, ?, ?, x'', 0, 0)",
+                    [(r[0], r[2], r[19]) for r in rows if len(r) > 19])
             self.conn.executemany(
                 f"UPDATE outbox SET state={int(SendState.SS_FAILED)}, code={int(ResultCode.EXPIRED)}"
                 " WHERE id=?",
@@ -546,11 +555,12 @@ class NodeCore:
         for i in range(0, len(ids), 500):
             chunk = ids[i:i + 500]
             q = ",".join("?" * len(chunk))
-            for rid, dg in self.conn.execute(f"SELECT id, digest FROM outbox WHERE id IN ({q})", chunk):
-                if dg is not None:
-                    digests[rid] = dg
+            for rid, dg in self.conn.execute(
+                f"SELECT record_id, digest FROM receipts WHERE record_id IN ({q})", chunk
+            ):
+                digests[rid] = dg
         if len(digests) != len(ids):
-            return  # some rows already confirmed and gone: their receipts were kept then
+            return  # not documents we signed (or past the receipts' retention)
         manifest = [(ack_entry_lk0(e, self.me), digests[e.dest_ref_id]) for e in entries]
         verified = 0
         try:
@@ -796,6 +806,10 @@ class NodeCore:
             ).rowcount
             n += self.conn.execute(
                 "DELETE FROM inbox WHERE consumed_ms IS NOT NULL AND consumed_ms < ?", (ts - 24 * 3600 * 1000,)
+            ).rowcount
+            n += self.conn.execute(
+                "DELETE FROM receipts WHERE received_ms < ? AND (received_ms > 0 OR record_id NOT IN"
+                " (SELECT id FROM outbox))", (ts - RECEIPT_RETENTION_MS,)
             ).rowcount
         return n
 
