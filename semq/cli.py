@@ -19,6 +19,8 @@ from semq import __version__
 from semq._db import StoreError
 from semq.config import Config, ConfigError, data_dir, load_config, write_config
 from semq.crypto import CryptoError
+from semq.ops.cli import register as register_ops
+from semq.ops.runtime import add_run_options
 from semq.security import SecurityError
 from semq.transport import parse_hostport
 from semq.umxt_protocol import ProtocolError, SaveFwd
@@ -186,7 +188,7 @@ def _write_status(path: Path, data: dict[str, Any]) -> None:
 
 
 def _run_daemon(cfg: Config, make: Callable[[], Any], status: Callable[[Any], dict[str, Any]],
-                ready: Callable[[Any], str]) -> int:
+                ready: Callable[[Any], str], ops: Any = None) -> int:
     import trio
 
     async def amain() -> None:
@@ -194,18 +196,29 @@ def _run_daemon(cfg: Config, make: Callable[[], Any], status: Callable[[Any], di
         async with trio.open_nursery() as nursery:
             with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
                 result = await nursery.start(daemon.run)
+                if ops is not None:  # admin socket, metrics, SIGHUP reload, drain (semq.ops)
+                    await ops.start(nursery, daemon)
                 print(ready(result), flush=True)
 
                 async def report() -> None:
                     while True:
                         _write_status(cfg.status_path, {"pid": os.getpid(), "time_ms": int(time.time() * 1000),
-                                                        **status(daemon)})
+                                                        **status(daemon), **(ops.status() if ops else {})})
                         await trio.sleep(1)
 
                 nursery.start_soon(report)
-                async for sig in signals:
-                    logging.getLogger("semq").info("signal %d: stopping", sig)
-                    break
+
+                async def until_signal(scope: trio.CancelScope) -> None:
+                    async for sig in signals:
+                        logging.getLogger("semq").info("signal %d: stopping", sig)
+                        break
+                    scope.cancel()
+
+                async with trio.open_nursery() as waiting:
+                    waiting.start_soon(until_signal, waiting.cancel_scope)
+                    if ops is not None:  # 'semq admin stop', or a drain that finished
+                        await ops.drain.wait_stop()
+                        waiting.cancel_scope.cancel()
                 # Stop accepting; in-flight store calls finish (the gate's
                 # threads are never abandoned), then exit 0.
                 nursery.cancel_scope.cancel()
@@ -231,12 +244,16 @@ def cmd_platform_run(args: argparse.Namespace) -> int:
                         # With certificates, only enrolled organizations are known.
                         auto_register=cfg.auto_register and not cfg.security)
     settings = PlatformSettings(host=host, port=port, window=cfg.window, security=security)
+    from semq.ops.runtime import OpsRuntime, ops_options
+
+    ops = OpsRuntime("platform", cfg.directory, core, ops_options(args))
     try:
         return _run_daemon(
             cfg, lambda: PlatformDaemon(core, settings),
             lambda d: {"role": "platform", "listen": f"{host}:{d.port}",
                        "online": sorted(ep.node_id for ep in d.sessions), **d.stats},
             lambda port_: f"platform {cfg.platform_id} listening on {host}:{port_}",
+            ops,
         )
     finally:
         core.close()
@@ -259,12 +276,16 @@ def cmd_node_run(args: argparse.Namespace) -> int:
                     inquiry_interval=args.inquiry_interval or cfg.inquiry_interval, security=security)
     settings = NodeSettings(host=host, port=port, window=cfg.window,
                             ssl_context=security.ssl_context() if security else None)
+    from semq.ops.runtime import OpsRuntime, ops_options
+
+    ops = OpsRuntime("node", cfg.directory, core, ops_options(args))
     try:
         return _run_daemon(
             cfg, lambda: NodeDaemon(core, settings),
             lambda d: {"role": "node", "org": cfg.org, "platform": f"{host}:{port}", "connected": d.connected,
                        "sessions": d.sessions, "in_flight": d.in_flight, **d.stats},
             lambda _r: f"node {cfg.org} running (platform {host}:{port})",
+            ops,
         )
     finally:
         core.close()
@@ -403,7 +424,9 @@ def _cert_status(cfg: Config) -> None:
 
 def cmd_status(args: argparse.Namespace) -> int:
     cfg = _cfg(args)
-    live = _daemon_status(cfg)
+    from semq.ops.runtime import live_status
+
+    live = live_status(cfg.directory, timeout=2.0) or _daemon_status(cfg)
     if cfg.role == "node":
         from semq.node.core import NodeCore
 
@@ -473,6 +496,7 @@ def build_parser() -> argparse.ArgumentParser:
     x = plat.add_parser("run", parents=[common], help="run the relay")
     x.add_argument("--listen", help="HOST:PORT (port 0 = any free port)")
     x.add_argument("--inquiry-interval", type=float)
+    add_run_options(x)
     x.set_defaults(func=cmd_platform_run)
     x = plat.add_parser("register", parents=[common], help="make organizations known")
     x.add_argument("orgs", nargs="+")
@@ -505,6 +529,7 @@ def build_parser() -> argparse.ArgumentParser:
     x = node.add_parser("run", parents=[common], help="run the node daemon")
     x.add_argument("--platform", help="HOST:PORT of the platform")
     x.add_argument("--inquiry-interval", type=float)
+    add_run_options(x)
     x.set_defaults(func=cmd_node_run)
 
     x = sub.add_parser("send", parents=[common], help="hand a document to the node")
@@ -541,6 +566,8 @@ def build_parser() -> argparse.ArgumentParser:
     x = sub.add_parser("status", parents=[common], help="node or platform status")
     x.add_argument("--json", action="store_true")
     x.set_defaults(func=cmd_status)
+
+    register_ops(sub)  # admin, service, backup, restore
 
     try:
         from semq.analytics.cli import register as register_report

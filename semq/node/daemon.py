@@ -8,8 +8,10 @@ import logging
 import random
 import sqlite3
 import ssl
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import trio
 
@@ -35,6 +37,10 @@ from semq.umxt_protocol import (
 )
 
 from .core import NodeCore
+
+if TYPE_CHECKING:  # semq.ops (and prometheus-client) load only when the CLI runs the daemon
+    from semq.ops.admin import DrainControl
+    from semq.ops.metrics import Metrics
 
 __all__ = ["NodeDaemon", "NodeSettings"]
 
@@ -75,6 +81,9 @@ class NodeDaemon:
         self.granted = self.window = settings.window
         self.asked: dict[Endpoint, float] = {}  # certificate look-ups in flight: endpoint -> when
         self.deferred: list[RawFrame] = []  # DATA waiting for its origin's certificate
+        # semq.ops sets these when the daemon runs from the CLI.
+        self.drain: DrainControl | None = None  # 'semq admin drain': claim nothing new
+        self.metrics: Metrics | None = None
 
     def wake(self) -> None:
         self._wake.set()
@@ -180,7 +189,10 @@ class NodeDaemon:
                 batch = []
                 if msgs:
                     self.stats["received"] += len(msgs)
+                    t0 = time.perf_counter()
                     out = await self.gate.run(self.core.handle, msgs)
+                    if self.metrics is not None:
+                        self.metrics.observe_batch(len(msgs), time.perf_counter() - t0)
                     for code, text in out.errors:
                         self.stats["refused"] += 1
                         log.warning("frame refused (%s): %s", code.name, text)
@@ -201,6 +213,8 @@ class NodeDaemon:
     async def _sender(self, fs: FrameStream) -> None:
         while True:
             room = self.window - self.in_flight
+            if self.drain is not None and self.drain.requested:
+                room = 0  # draining: acks for what is in flight still come in
             if room > 0:
                 now = trio.current_time()
                 skip = frozenset(ep.node_id for ep, t in self.asked.items() if now - t < self.s.cert_retry)

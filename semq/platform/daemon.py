@@ -6,8 +6,10 @@ copies delivered but not acked."""
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import trio
 
@@ -38,6 +40,10 @@ from semq.umxt_protocol import (
 )
 
 from .core import PlatformCore, PlatformOutput
+
+if TYPE_CHECKING:  # semq.ops (and prometheus-client) load only when the CLI runs the daemon
+    from semq.ops.admin import DrainControl
+    from semq.ops.metrics import Metrics
 
 __all__ = ["PlatformDaemon", "PlatformSettings", "Session"]
 
@@ -91,6 +97,9 @@ class PlatformDaemon:
         self.port: int | None = None
         self.stats = {"connections": 0, "frames_in": 0, "refused": 0, "tls_refused": 0}
         self.ssl_context = settings.security.ssl_context() if settings.security else None
+        # semq.ops sets these when the daemon runs from the CLI.
+        self.drain: DrainControl | None = None  # 'semq admin drain': no new sessions or deliveries
+        self.metrics: Metrics | None = None
 
     def online(self, ep: Endpoint) -> bool:
         s = self.sessions.get(ep)
@@ -174,6 +183,9 @@ class PlatformDaemon:
         if hello.origin != ep or not await self.gate.run(self.core.connected, ep):
             await fs.send_error(self.core.me, ep, ResultCode.AUTH_FAILED, f"{ep} may not connect here")
             return
+        if self.drain is not None and self.drain.requested:
+            await fs.send_error(self.core.me, ep, ResultCode.SHUTTING_DOWN, "the platform is draining; try later")
+            return
         old = self.sessions.get(ep)
         if old is not None:
             log.info("%s connected again; closing its older session", ep)
@@ -244,7 +256,10 @@ class PlatformDaemon:
             if not msgs:
                 continue
             self.stats["frames_in"] += len(msgs)
+            t0 = time.perf_counter()
             out = await self.gate.run(self.core.handle, ep, msgs, self.online)
+            if self.metrics is not None:
+                self.metrics.observe_batch(len(msgs), time.perf_counter() - t0)
             self._dispatch(out)
             errors = [encode_frame(Frame(kind=Kind.ERROR, source=self.core.me, target=ep,
                                          body=Error(code=code, message=text[:1024])))
@@ -317,6 +332,8 @@ class PlatformDaemon:
         batches, at most ``window`` unacknowledged."""
         while True:
             room = session.window - session.in_flight
+            if self.drain is not None and self.drain.requested:
+                room = 0  # draining: deliver no more stored copies; acks still come in
             if room > 0 and session.queued < self.s.high_water // 2:
                 frames, n = await self.gate.run(self.core.claim_stored, session.endpoint, min(self.s.batch, room))
                 if frames:
