@@ -264,7 +264,7 @@ class Flow:
 
 @pytest.fixture
 def relay(plain_cluster: Cluster) -> Iterator[Cluster]:
-    cluster = plain_cluster  # raw UMX-T bytes: plain TCP (TLS is fuzzed in test_security_e2e)
+    cluster = plain_cluster  # raw UMX-T bytes: plain TCP (the TLS layer: the last test of this file)
     """Platform, A and B running; A and B connected."""
     for o in (A, B):
         cluster.add_org(o)
@@ -626,3 +626,78 @@ def test_acks_for_a_record_from_an_org_that_is_not_its_target_are_ignored(plain_
         read_reply(s, 2)  # A's REACK2 (if it took the bait) comes back here
     # B never received anything: A must still hold all three rows.
     assert cluster.count(A, "SELECT count(*) FROM outbox") == 3
+
+
+# ---------------------------------------------------------------- the TLS layer (security on)
+
+
+def _client_hello() -> bytes:
+    """The first flight of a real TLS 1.3 client (a ClientHello record)."""
+    import ssl
+
+    ctx = ssl.create_default_context()
+    inc, out = ssl.MemoryBIO(), ssl.MemoryBIO()
+    obj = ctx.wrap_bio(inc, out, server_hostname="127.0.0.1")
+    try:
+        obj.do_handshake()
+    except ssl.SSLWantReadError:
+        pass
+    return out.read()
+
+
+def _until_closed(s: socket.socket, timeout: float) -> bool:
+    """Drain whatever the platform sends (TLS alerts) until it closes."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        s.settimeout(max(0.01, deadline - time.monotonic()))
+        try:
+            if not s.recv(65536):
+                return True
+        except TimeoutError:
+            return False
+        except OSError:
+            return True
+    return False
+
+
+def test_bytes_that_are_not_tls_never_reach_the_relay(cluster: Cluster) -> None:
+    """Security on (as deployed): garbage, a plain-text UMX-T HELLO, a cut
+    ClientHello and silence on the TLS port are closed (the first two at once,
+    the others at the 10 s handshake limit); the platform keeps serving an
+    A -> B flow and its memory stays bounded."""
+    for o in (A, B):
+        cluster.add_org(o)
+    cluster.start_platform()
+    cluster.start_node(A)
+    cluster.start_node(B)
+    wait_until(lambda: _online(cluster) >= {A, B}, 20, "A and B online")
+    pid = cluster.procs["P"].p.pid
+    before = rss_kb(pid)
+    rng = random.Random(11)
+    ch = _client_hello()
+    quick: list[tuple[str, socket.socket]] = []
+    slow: list[tuple[str, socket.socket]] = []
+    try:
+        with Flow(cluster, batches=10, per_batch=20) as flow:
+            for i in range(40):
+                payload = [rng.randbytes(rng.randint(1, 4096)), hello(f"fz{i}"),
+                           with_body_len(hello("fz"), 100_000_000)][i % 3]
+                s = connect(cluster.port)
+                s.sendall(payload)
+                quick.append((f"not TLS #{i}", s))
+            for i in range(5):
+                s = connect(cluster.port)
+                s.sendall(ch[: rng.randint(1, len(ch) - 1)])  # a ClientHello cut short
+                slow.append((f"cut ClientHello #{i}", s))
+                slow.append((f"silent #{i}", connect(cluster.port)))
+            start = time.monotonic()
+            for what, s in quick:
+                assert _until_closed(s, 5), f"{what}: still open after 5 s"
+        flow.check(30)
+        for what, s in slow:
+            assert _until_closed(s, HELLO_TIMEOUT + 10 - (time.monotonic() - start)), f"{what}: still open"
+    finally:
+        for _, s in quick + slow:
+            s.close()
+    _alive(cluster)
+    assert rss_kb(pid) - before < 16 * 1024
