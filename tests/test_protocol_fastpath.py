@@ -5,7 +5,17 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from semq.umxt_protocol import LK0, AppKey, Data, Endpoint, Frame, Kind, SaveFwd, encode_data, encode_frame
+from semq.umxt_protocol import (
+    LK0,
+    AppKey,
+    Data,
+    Endpoint,
+    Frame,
+    Kind,
+    SaveFwd,
+    encode_data,
+    encode_frame,
+)
 
 ids = st.from_regex(r"[A-Za-z0-9._:@-]{1,64}", fullmatch=True)
 text = st.text(max_size=40)

@@ -18,7 +18,7 @@ import trio
 from semq._gate import StoreGate
 from semq.crypto import CryptoError
 from semq.events import now_ms
-from semq.transport import ConnectionClosed, FrameStream
+from semq.transport import ConnectionClosed, FramePump, FrameStream
 from semq.umxt_protocol import (
     CertRequest,
     CertResponse,
@@ -163,52 +163,58 @@ class NodeDaemon:
 
     async def _reader(self, fs: FrameStream, pending: list[RawFrame], scope: trio.CancelScope) -> None:
         try:
-            batch = pending
-            while True:
-                if not batch:
-                    batch = await fs.receive_batch()
-                self.last_rx = trio.current_time()
-                msgs = []
-                for raw in batch:
-                    if raw.kind.is_message:
-                        msgs.append(raw)
-                    elif raw.kind is Kind.PING:
-                        ping = raw.frame().body
-                        assert isinstance(ping, Ping)
-                        await fs.send(encode_frame(Frame(kind=Kind.PONG, source=self.core.me, target=raw.source,
-                                                         body=Pong(nonce=ping.nonce, time_ms=now_ms()))))
-                    elif raw.kind is Kind.ERROR:
-                        err = raw.frame().body
-                        assert isinstance(err, Error)
-                        log.warning("platform says %s (%d): %s", err.code.name, err.code, err.message)
-                    elif raw.kind is Kind.BYE:
-                        raise ConnectionClosed("platform said BYE")
-                    elif raw.kind is Kind.CERT_RESPONSE:
-                        if self._certificates(raw):
-                            msgs, self.deferred = self.deferred + msgs, []
-                batch = []
-                if msgs:
-                    self.stats["received"] += len(msgs)
-                    t0 = time.perf_counter()
-                    out = await self.gate.run(self.core.handle, msgs)
-                    if self.metrics is not None:
-                        self.metrics.observe_batch(len(msgs), time.perf_counter() - t0)
-                    for code, text in out.errors:
-                        self.stats["refused"] += 1
-                        log.warning("frame refused (%s): %s", code.name, text)
-                    self.stats["delivered"] += out.delivered
-                    self.in_flight = max(0, self.in_flight - out.settled)
-                    if out.over_window:
-                        # Multiplicative decrease; _sender grows it back slowly.
-                        self.window = max(16, self.window // 2)
-                        log.warning("platform says over the window: window now %d", self.window)
-                    if out.settled:
-                        self._wake.set()
-                    # Bounded: beyond it the origin's inquiry brings them again.
-                    self.deferred = (self.deferred + out.deferred)[-10_000:]
-                    await fs.send(b"".join(out.data) + self._ask(out.missing))
+            pump = FramePump(fs)
+            async with trio.open_nursery() as reading:
+                reading.start_soon(pump.run)
+                await self._read_loop(fs, pump, pending)
         finally:
             scope.cancel()
+
+    async def _read_loop(self, fs: FrameStream, pump: FramePump, pending: list[RawFrame]) -> None:
+        batch = pending
+        while True:
+            if not batch:
+                batch = await pump.take()
+            self.last_rx = trio.current_time()
+            msgs = []
+            for raw in batch:
+                if raw.kind.is_message:
+                    msgs.append(raw)
+                elif raw.kind is Kind.PING:
+                    ping = raw.frame().body
+                    assert isinstance(ping, Ping)
+                    await fs.send(encode_frame(Frame(kind=Kind.PONG, source=self.core.me, target=raw.source,
+                                                     body=Pong(nonce=ping.nonce, time_ms=now_ms()))))
+                elif raw.kind is Kind.ERROR:
+                    err = raw.frame().body
+                    assert isinstance(err, Error)
+                    log.warning("platform says %s (%d): %s", err.code.name, err.code, err.message)
+                elif raw.kind is Kind.BYE:
+                    raise ConnectionClosed("platform said BYE")
+                elif raw.kind is Kind.CERT_RESPONSE:
+                    if self._certificates(raw):
+                        msgs, self.deferred = self.deferred + msgs, []
+            batch = []
+            if msgs:
+                self.stats["received"] += len(msgs)
+                t0 = time.perf_counter()
+                out = await self.gate.run(self.core.handle, msgs)
+                if self.metrics is not None:
+                    self.metrics.observe_batch(len(msgs), time.perf_counter() - t0)
+                for code, text in out.errors:
+                    self.stats["refused"] += 1
+                    log.warning("frame refused (%s): %s", code.name, text)
+                self.stats["delivered"] += out.delivered
+                self.in_flight = max(0, self.in_flight - out.settled)
+                if out.over_window:
+                    # Multiplicative decrease; _sender grows it back slowly.
+                    self.window = max(16, self.window // 2)
+                    log.warning("platform says over the window: window now %d", self.window)
+                if out.settled:
+                    self._wake.set()
+                # Bounded: beyond it the origin's inquiry brings them again.
+                self.deferred = (self.deferred + out.deferred)[-10_000:]
+                await fs.send(b"".join(out.data) + self._ask(out.missing))
 
     async def _sender(self, fs: FrameStream) -> None:
         while True:

@@ -17,7 +17,7 @@ from semq._gate import StoreGate
 from semq.crypto import CryptoError
 from semq.events import now_ms
 from semq.security import PlatformSecurity
-from semq.transport import ConnectionClosed, FrameStream
+from semq.transport import ConnectionClosed, FramePump, FrameStream
 from semq.umxt_protocol import (
     DEFAULT_MAX_FRAME,
     CertRequest,
@@ -201,7 +201,9 @@ class PlatformDaemon:
                 async with trio.open_nursery() as nursery:
                     nursery.start_soon(self._writer, session, nursery.cancel_scope)
                     nursery.start_soon(self._deliverer, session)
-                    await self._reader(session, first[1:])
+                    pump = FramePump(fs)
+                    nursery.start_soon(pump.run)
+                    await self._reader(session, pump, first[1:])
                     nursery.cancel_scope.cancel()
         except* ConnectionClosed:
             pass
@@ -225,13 +227,13 @@ class PlatformDaemon:
                 log.info("%s offline", ep)
             await fs.aclose()
 
-    async def _reader(self, session: Session, pending: list[RawFrame]) -> None:
+    async def _reader(self, session: Session, pump: FramePump, pending: list[RawFrame]) -> None:
         fs, ep = session.fs, session.endpoint
         batch = pending
         while True:
             if not batch:
                 with trio.fail_after(self.s.idle_timeout):
-                    batch = await fs.receive_batch()
+                    batch = await pump.take()
             msgs = []
             for raw in batch:
                 if raw.kind.is_message:
