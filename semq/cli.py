@@ -71,9 +71,10 @@ def cmd_platform_init(args: argparse.Namespace) -> int:
     if cfg.security:
         from semq.security import init_platform_pki
 
-        init_platform_pki(d, cfg.platform_id, [host, *args.name])
+        names = list(dict.fromkeys(["127.0.0.1", "::1", "localhost", host, *args.name]))
+        init_platform_pki(d, cfg.platform_id, names[3:])
         print(f"platform {cfg.platform_id} initialised in {d} (listen {cfg.listen}); CA in {d / 'ca'},"
-              f" TLS certificate for {', '.join(['127.0.0.1', '::1', 'localhost', host, *args.name])}")
+              f" TLS certificate for {', '.join(names)}")
     else:
         print(f"platform {cfg.platform_id} initialised in {d} (listen {cfg.listen}); security OFF:"
               " plain TCP, no end-to-end encryption or signatures")
@@ -140,8 +141,16 @@ def cmd_platform_revoke(args: argparse.Namespace) -> int:
     from semq.security import revoke
 
     cfg = _cfg(args, "platform")
-    target: str | int = int(args.serial, 16) if args.serial else args.org
-    serials = revoke(cfg.directory, target)
+    if not args.serial and not args.org:
+        raise UsageError("name the organization to revoke (or --serial HEX)")
+    try:
+        target: str | int = int(args.serial, 16) if args.serial else args.org
+    except ValueError:
+        raise UsageError(f"serial {args.serial!r} is not hexadecimal") from None
+    try:
+        serials = revoke(cfg.directory, target)
+    except CryptoError as e:
+        raise UsageError(str(e)) from None
     if not args.serial:
         core = PlatformCore(cfg.store_path, cfg.platform_id)
         try:
@@ -224,7 +233,11 @@ def _run_daemon(cfg: Config, make: Callable[[], Any], status: Callable[[Any], di
                 nursery.cancel_scope.cancel()
         cfg.status_path.unlink(missing_ok=True)
 
-    trio.run(amain)
+    try:
+        trio.run(amain)
+    except* OSError as eg:
+        # e.g. the listen address is in use: one line, not a traceback.
+        raise eg.exceptions[0] from None
     return 0
 
 
@@ -301,6 +314,7 @@ def _client(args: argparse.Namespace) -> Any:
 
 
 def cmd_send(args: argparse.Namespace) -> int:
+    _cfg(args, "node")  # a missing configuration is said before waiting for stdin
     if args.file == "-":
         data = sys.stdin.buffer.read()
     else:
@@ -325,6 +339,12 @@ def cmd_send(args: argparse.Namespace) -> int:
     return 0
 
 
+def _doc_id(text: str) -> int:
+    if not text.isdigit():
+        raise UsageError(f"inbox document id {text!r} is not a number (see 'semq inbox')")
+    return int(text)
+
+
 def cmd_inbox(args: argparse.Namespace) -> int:
     with _client(args) as node:
         if args.action == "list":
@@ -344,11 +364,11 @@ def cmd_inbox(args: argparse.Namespace) -> int:
         if not args.ids:
             raise UsageError(f"inbox {args.action} needs a document id")
         if args.action == "ack":
-            n = node.acknowledge([int(i) for i in args.ids])
+            n = node.acknowledge([_doc_id(i) for i in args.ids])
             print(f"acknowledged {n}")
             return 0
         try:
-            item = node.get(int(args.ids[0]))
+            item = node.get(_doc_id(args.ids[0]))
         except KeyError as e:
             raise UsageError(str(e.args[0])) from None
         if args.action == "save":

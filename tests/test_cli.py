@@ -371,8 +371,6 @@ def test_inbox_errors(root: Path, capsys: pytest.CaptureFixture[str]) -> None:
     one_error(err, "no inbox document 5")
 
 
-@pytest.mark.xfail(reason="semq/cli.py: a listen address that cannot be bound (in use) escapes as a trio "
-                          "ExceptionGroup traceback instead of one error line (reported)", strict=False)
 def test_listen_address_in_use(root: Path, capsys: pytest.CaptureFixture[str]) -> None:
     import socket
 

@@ -148,6 +148,18 @@ def test_revoked_organization_is_disconnected(cluster: Cluster) -> None:
     assert "TLS handshake refused" in (cluster.root / "platform.log").read_text()
 
 
+@pytest.mark.e2e
+def test_document_to_an_organization_without_certificate_fails_with_a_code(cluster: Cluster) -> None:
+    cluster.add_org(A)
+    cluster.start_platform()
+    cluster.start_node(A)
+    with NodeClient(cluster.root / A) as node:
+        node.send("99999", b"to nobody", data_type="ORDER")
+    rows = wait_until(lambda: cluster.q(A, "SELECT state, code FROM outbox WHERE state=9"), 20,
+                      "the document to fail")
+    assert rows == [(9, int(ResultCode.UNKNOWN_CERTIFICATE))]
+
+
 def test_key_file_readable_by_others_is_refused(cluster: Cluster, capsys: pytest.CaptureFixture[str]) -> None:
     d = cluster.add_org(A)
     key = d / "keys" / "sign.key.pem"

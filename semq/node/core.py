@@ -323,6 +323,20 @@ class NodeCore:
             result.append((*r[:17], doc.session_key, doc.app_data, doc.digest))
         return result
 
+    def fail_target(self, target: Endpoint, code: ResultCode, detail: str) -> int:
+        """Fail every not-yet-sent document to ``target`` (SS_INIT ->
+        SS_FAILED with ``code``). Returns how many."""
+        ts = now_ms()
+        with self._tx():
+            rows = self.conn.execute(
+                f"SELECT {_OUT_COLS} FROM outbox WHERE state=0 AND target_type=? AND target_id=?",
+                (int(target.node_type), target.node_id)).fetchall()
+            self.conn.executemany(
+                "UPDATE outbox SET state=?, state_ms=?, code=? WHERE id=?",
+                [(int(SendState.SS_FAILED), ts, int(code), r[0]) for r in rows])
+        self._emit([self._origin_event(r, "nack", ts, code=int(code), detail=detail) for r in rows])
+        return len(rows)
+
     def pending_count(self) -> int:
         row = self.conn.execute("SELECT count(*) FROM outbox WHERE state=0").fetchone()
         return int(row[0])
@@ -631,7 +645,11 @@ class NodeCore:
                 events.append(self._origin_event(r, "cleaned", ts))
             else:
                 updates.append((int(o.state), ts, code, rid))
-        self.conn.executemany("UPDATE outbox SET state=?, state_ms=?, code=? WHERE id=?", updates)
+        # A new state starts a new inquiry schedule (no backoff carried over).
+        # SPEC A.3: a new state sets the inquiry time to now and starts a new
+        # inquiry schedule (no backoff carried over from the previous state).
+        self.conn.executemany("UPDATE outbox SET state=?, state_ms=?, code=?, inquiries=0, last_inquiry_ms=?"
+                              " WHERE id=?", [(st, t, c, t, rid) for st, t, c, rid in updates])
         self.conn.executemany("DELETE FROM outbox WHERE id=?", deletes)
         return answers
 

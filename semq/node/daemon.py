@@ -194,6 +194,8 @@ class NodeDaemon:
                 elif raw.kind is Kind.CERT_RESPONSE:
                     if self._certificates(raw):
                         msgs, self.deferred = self.deferred + msgs, []
+                    else:
+                        await self._no_certificate(raw)
             batch = []
             if msgs:
                 self.stats["received"] += len(msgs)
@@ -266,6 +268,24 @@ class NodeDaemon:
         sec.remember(body.endpoint.node_id)
         self._wake.set()
         return True
+
+    async def _no_certificate(self, raw: RawFrame) -> None:
+        """The platform has no usable certificate for an organization: our
+        documents to it fail with the platform's code (like UNKNOWN_TARGET
+        without security; 'semq dead requeue' sends them again later), and
+        documents from it cannot be verified: dropped, its inquiries bring
+        them again."""
+        body = raw.frame().body
+        assert isinstance(body, CertResponse)
+        ep = body.endpoint
+        code = body.code if body.code is not ResultCode.OK else ResultCode.UNKNOWN_CERTIFICATE
+        n = await self.gate.run(self.core.fail_target, ep, code,
+                                f"the platform has no usable certificate for {ep}")
+        before = len(self.deferred)
+        self.deferred = [d for d in self.deferred if d.origin != ep]
+        if n or before != len(self.deferred):
+            log.warning("no certificate for %s (%s): %d document(s) to it failed, %d from it dropped",
+                        ep, code.name, n, before - len(self.deferred))
 
     async def _inquirer(self, fs: FrameStream) -> None:
         step = max(0.05, min(1.0, self.core.inquiry_ms / 3000))
