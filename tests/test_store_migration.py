@@ -47,3 +47,25 @@ def test_newer_schema_and_corrupt_files_are_refused_untouched(tmp_path: Path) ->
     with pytest.raises(StoreError, match="not an SQLite database"):
         open_node_store(bad)
     assert bad.read_bytes() == before
+
+
+def test_v1_platform_store_upgrades_to_the_delivery_index(tmp_path: Path) -> None:
+    from semq.platform.core import PlatformCore
+    from semq.platform.store import MIGRATIONS as P_MIGRATIONS
+
+    path = tmp_path / "platform.sqlite"
+    db = open_store(path, P_MIGRATIONS[:1], create=True)
+    db.execute_sql(
+        "INSERT INTO stored (target_type, target_id, kind, origin_type, origin_id, state, stored_ms, frame)"
+        " VALUES (1, '56001', 1, 1, '10008', 0, 1, x'00')")
+    db.close()
+    core = PlatformCore(path)
+    try:
+        assert core.conn.execute("SELECT count(*) FROM stored").fetchone()[0] == 1
+        plan = core.conn.execute(
+            "EXPLAIN QUERY PLAN SELECT id FROM stored WHERE target_type=1 AND target_id='56001' AND state=0"
+            " ORDER BY priority DESC, id LIMIT 10").fetchall()
+        assert "stored_delivery" in str(plan) and "TEMP B-TREE" not in str(plan)
+    finally:
+        core.close()
+    assert (tmp_path / "platform.sqlite.bak-v1").exists()

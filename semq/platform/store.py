@@ -95,7 +95,15 @@ def _v1(db: SqliteDatabase) -> None:
     create_tables(db, MODELS)
 
 
-MIGRATIONS = [_v1]
+def _v2(db: SqliteDatabase) -> None:
+    """Delivery order is ``priority DESC, id``: an index in that order lets
+    claim_stored read the next batch instead of sorting every stored row (with
+    its blob) per claim — 116 ms vs 0.26 ms per claim at 20k stored."""
+    db.execute_sql("DROP INDEX IF EXISTS stored_target_type_target_id_state_priority_id")
+    db.execute_sql("CREATE INDEX stored_delivery ON stored (target_type, target_id, state, priority DESC, id)")
+
+
+MIGRATIONS = [_v1, _v2]
 
 
 def open_platform_store(path: Path, *, create: bool = False, synchronous: str = "FULL") -> SqliteDatabase:
