@@ -22,7 +22,8 @@ def test_v1_node_store_upgrades_and_keeps_its_messages(tmp_path: Path) -> None:
     db.close()
     core = NodeCore(path, "10008")
     try:
-        assert core.conn.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()[0] == "2"
+        version = core.conn.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()[0]
+        assert version == str(len(MIGRATIONS))
         assert core.conn.execute("SELECT target_id, app_data, digest FROM outbox").fetchall() == [("56001", b"hi", None)]
         assert core.conn.execute("SELECT count(*) FROM receipts").fetchone()[0] == 0
         core.accept([NewDocument(target="56001", app_data=b"new")])
@@ -39,7 +40,7 @@ def test_newer_schema_and_corrupt_files_are_refused_untouched(tmp_path: Path) ->
     open_node_store(path, create=True).close()
     with sqlite3.connect(path) as c:
         c.execute("UPDATE meta SET value='99' WHERE key='schema_version'")
-    with pytest.raises(StoreError, match="schema version 99, newer than this software's 2"):
+    with pytest.raises(StoreError, match=f"schema version 99, newer than this software's {len(MIGRATIONS)}"):
         open_node_store(path)
     bad = tmp_path / "bad.sqlite"
     bad.write_bytes(b"not a database at all" * 100)
