@@ -46,6 +46,7 @@ from typing import Any, Final
 
 import trio
 
+import semq
 from semq.cli import build_parser
 from semq.cli import main as semq_main
 from semq.node.api import NodeClient
@@ -103,7 +104,11 @@ class Proc:
 
     def start(self, timeout: float = READY_TIMEOUT) -> None:
         start = self.log.stat().st_size if self.log.exists() else 0
-        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        # The children run the semq this process imported (not whatever the
+        # child's working directory would shadow it with).
+        src = str(Path(semq.__file__).resolve().parent.parent)
+        env = {**os.environ, "PYTHONUNBUFFERED": "1",
+               "PYTHONPATH": os.pathsep.join(p for p in (src, os.environ.get("PYTHONPATH", "")) if p)}
         with self.log.open("ab") as out:
             self.p = subprocess.Popen([sys.executable, "-m", "semq", *self.args], stdout=out,
                                       stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env)
