@@ -20,7 +20,22 @@ from playhouse.sqlite_ext import AutoIncrementField
 
 from semq._db import create_tables, open_store
 
-__all__ = ["MIGRATIONS", "MODELS", "Dedup", "Inbound", "Inbox", "Outbox", "Receipt", "open_node_store"]
+__all__ = [
+    "MIGRATIONS",
+    "MODELS",
+    "SEED_MODELS",
+    "Dedup",
+    "Inbound",
+    "Inbox",
+    "Outbox",
+    "QueueItem",
+    "QueueName",
+    "Receipt",
+    "RpcAnswer",
+    "RpcRequest",
+    "TxHalf",
+    "open_node_store",
+]
 
 
 class Outbox(Model):
@@ -162,8 +177,111 @@ def _v2(db: SqliteDatabase) -> None:
     create_tables(db, [Receipt])
 
 
-MIGRATIONS = [_v1, _v2]
+class TxHalf(Model):
+    """Transactional "half" messages (seed 002): held here and never sent
+    until the producer commits — then copied into the outbox in the same
+    SQLite transaction that marks them COMMITTED — or rolls back
+    (semq.node.txn, docs/seed-capabilities.md)."""
+
+    id = AutoIncrementField()
+    state = IntegerField(default=0)  # semq.node.txn.TxState
+    target_id = TextField()
+    save_fwd = IntegerField(default=3)
+    ack2 = BooleanField(default=True)
+    reliable = BooleanField(default=True)
+    priority = IntegerField(default=0)
+    domain = TextField(default="")
+    data_type = TextField(default="")
+    subtype = TextField(default="")
+    key = TextField(default="")
+    expires_ms = BigIntegerField(null=True)
+    encrypt = BooleanField(default=False)  # already combined with the node's security setting
+    app_data = BlobField()
+    created_ms = BigIntegerField()
+    state_ms = BigIntegerField()
+    checks = IntegerField(default=0)  # check-backs asked so far
+    next_check_ms = BigIntegerField(null=True)  # when to ask the application next (HALF only)
+    outbox_id = BigIntegerField(null=True)  # LK0 record id once committed
+    decided_by = TextField(default="")  # api, cli, checkback, person
+    note = TextField(default="")  # last check-back answer / reason
+
+    class Meta:
+        table_name = "tx_half"
+        indexes = ((("state", "next_check_ms"), False),)
 
 
-def open_node_store(path: Path, *, create: bool = False, synchronous: str = "FULL") -> SqliteDatabase:
-    return open_store(path, MIGRATIONS, create=create, synchronous=synchronous, kind="node store")
+class RpcRequest(Model):
+    """Requests this node sent (seed 000 inquiry / update patterns), so that
+    their replies are matched to them once, also when they come late."""
+
+    record_id = BigIntegerField(primary_key=True)  # the request's LK0 record id here
+    target_id = TextField()
+    data_type = TextField(default="")
+    sent_ms = BigIntegerField()
+    timeout_ms = BigIntegerField(null=True)  # how long the sender meant to wait (informative)
+    reply_inbox_id = BigIntegerField(null=True, unique=True)  # the one reply matched to it
+    replied_ms = BigIntegerField(null=True)
+    taken_ms = BigIntegerField(null=True)  # the application took the reply
+
+    class Meta:
+        table_name = "rpc_requests"
+
+
+class RpcAnswer(Model):
+    """Requests this node answered: one reply per request, recorded in the
+    transaction that queued the reply."""
+
+    request_inbox_id = BigIntegerField(primary_key=True)
+    reply_record_id = BigIntegerField()  # the reply's LK0 record id here
+    replied_ms = BigIntegerField()
+
+    class Meta:
+        table_name = "rpc_answers"
+
+
+class QueueName(Model):
+    """Named local durable queues (seed 004 persistent queue interface)."""
+
+    name = TextField(primary_key=True)
+    created_ms = BigIntegerField()
+
+    class Meta:
+        table_name = "queues"
+
+
+class QueueItem(Model):
+    """An item of a local queue; in flight while ``lease_until_ms`` is set
+    and in the future (semq.node.queues)."""
+
+    id = AutoIncrementField()
+    queue = TextField()
+    data = BlobField()
+    enqueued_ms = BigIntegerField()
+    lease_until_ms = BigIntegerField(null=True)  # NULL: ready
+    deliveries = IntegerField(default=0)  # times dequeued (the lease token)
+
+    class Meta:
+        table_name = "queue_items"
+        indexes = ((("queue", "lease_until_ms", "id"), False),)
+
+
+SEED_MODELS = [TxHalf, RpcRequest, RpcAnswer, QueueName, QueueItem]  # schema version 3
+
+
+def _v3(db: SqliteDatabase) -> None:
+    """The other seeds' capabilities (issue 8): half messages, request/reply
+    correlation, local queues. New tables only; v1/v2 tables unchanged."""
+    create_tables(db, SEED_MODELS)
+    # Replies are looked up by their correlation key while a requester waits;
+    # a partial index costs nothing on the inbox's hot path for other documents.
+    db.execute_sql(
+        "CREATE INDEX inbox_rpc_reply ON inbox (key, id) WHERE domain='semq.rpc' AND subtype='reply'"
+    )
+
+
+MIGRATIONS = [_v1, _v2, _v3]
+
+
+def open_node_store(path: Path, *, create: bool = False, synchronous: str = "FULL",
+                    check: bool = False) -> SqliteDatabase:
+    return open_store(path, MIGRATIONS, create=create, synchronous=synchronous, kind="node store", check=check)

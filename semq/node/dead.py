@@ -1,0 +1,226 @@
+"""Dead letters: documents of ours that will not be delivered as they are.
+
+They are the pending-send rows in SS_FAILED (no separate table: the row,
+its LK0 and its result code are already there, and moving rows would be
+one more thing that can half-happen). The code says why (SPEC result
+codes): expired (303) at the origin before it was sent; unknown target
+(300) or dropped (301, SaveFwd 1 and the target offline) by the platform;
+signature refused / not decryptable (500 / 501) by the receiver; too many
+attempts (304, ``sweep``). Receivers and the platform never deliver an
+expired copy either, so an expired document is never delivered anywhere.
+
+``requeue`` puts a row back to SS_INIT (code 0, attempts 0): it is sent
+again under the **same LK0**, so a receiver that did get it earlier
+suppresses the duplicate. An expired row needs a new expiry (or none).
+``purge`` deletes. Failed rows are also removed by the node's housekeeping
+after 7 days (core.FAILED_RETENTION_MS).
+"""
+
+from __future__ import annotations
+
+import builtins
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Final
+
+from semq.events import now_ms
+from semq.umxt_protocol import LK0, AppKey, ResultCode
+
+from ._seedbase import core_of, log_events, write_tx
+from .engine import SendState
+
+if TYPE_CHECKING:
+    from .api import NodeClient
+    from .core import NodeCore
+
+__all__ = ["REASONS", "DeadLetter", "DeadLetterError", "DeadLetters", "RequeueResult", "fail_target",
+           "reason", "sweep"]
+
+_FAILED: Final = int(SendState.SS_FAILED)
+
+#: Result code -> the reason a person reads in ``semq dead``.
+REASONS: Final[dict[int, str]] = {
+    int(ResultCode.EXPIRED): "expired",
+    int(ResultCode.UNKNOWN_TARGET): "unknown target",
+    int(ResultCode.TARGET_OFFLINE_DROPPED): "dropped: target offline (SaveFwd 1)",
+    int(ResultCode.TOO_MANY_ATTEMPTS): "too many attempts",
+    int(ResultCode.BAD_SIGNATURE): "signature refused by the receiver",
+    int(ResultCode.DECRYPT_FAILED): "receiver could not decrypt it",
+    int(ResultCode.UNKNOWN_CERTIFICATE): "no certificate for the target",
+    int(ResultCode.REJECTED_BY_APPLICATION): "rejected by the receiving application",
+}
+
+
+def reason(code: int) -> str:
+    """The reason for a result code, in words."""
+    if code in REASONS:
+        return REASONS[code]
+    try:
+        return ResultCode(code).name.lower().replace("_", " ")
+    except ValueError:
+        return f"result code {code}"
+
+
+class DeadLetterError(ValueError):
+    """A user's mistake (not a dead letter, expired without a new expiry)."""
+
+
+@dataclass(frozen=True)
+class DeadLetter:
+    lk0: LK0
+    target: str
+    code: int
+    reason: str
+    app_key: AppKey
+    save_fwd: int
+    priority: int
+    attempts: int
+    created_ms: int
+    failed_ms: int
+    expires_ms: int | None
+    size: int
+
+
+@dataclass
+class RequeueResult:
+    requeued: list[LK0] = field(default_factory=list)
+    skipped_expired: list[LK0] = field(default_factory=list)  # --all without a new expiry
+
+
+_COLS: Final = ("id, target_id, code, domain, data_type, subtype, key, save_fwd, priority, attempts, created_ms,"
+                " state_ms, expires_ms, length(app_data)")
+
+
+class DeadLetters:
+    """The dead-letter list of one node (its SS_FAILED pending-send rows)."""
+
+    def __init__(self, node: NodeClient | NodeCore) -> None:
+        self.core = core_of(node)
+
+    def _letter(self, r: Any) -> DeadLetter:
+        return DeadLetter(lk0=LK0(endpoint=self.core.me, record_id=r[0]), target=r[1], code=r[2], reason=reason(r[2]),
+                          app_key=AppKey(domain=r[3], data_type=r[4], subtype=r[5], key=r[6]), save_fwd=r[7],
+                          priority=r[8], attempts=r[9], created_ms=r[10], failed_ms=r[11], expires_ms=r[12],
+                          size=r[13])
+
+    def list(self, *, limit: int = 1000) -> list[DeadLetter]:
+        rows = self.core.conn.execute(f"SELECT {_COLS} FROM outbox WHERE state=? ORDER BY id LIMIT ?",
+                                      (_FAILED, limit))
+        return [self._letter(r) for r in rows]
+
+    def record_id(self, ref: int | str | LK0) -> int:
+        """A record id from an id, ``NODE/1/1/ID`` text or an LK0 of ours."""
+        if isinstance(ref, str):
+            ref = int(ref) if ref.isdigit() else LK0.parse(ref)
+        if isinstance(ref, LK0):
+            if ref.endpoint != self.core.me:
+                raise DeadLetterError(f"{ref} is not a document of this node ({self.core.me.node_id})")
+            return ref.record_id
+        return int(ref)
+
+    def _select(self, conn: Any, refs: Iterable[int | str | LK0] | None) -> builtins.list[DeadLetter]:
+        if refs is None:
+            return [self._letter(r) for r in conn.execute(f"SELECT {_COLS} FROM outbox WHERE state=? ORDER BY id",
+                                                          (_FAILED,))]
+        out = []
+        for ref in refs:
+            rid = self.record_id(ref)
+            r = conn.execute(f"SELECT {_COLS}, state FROM outbox WHERE id=?", (rid,)).fetchone()
+            lk0 = LK0(endpoint=self.core.me, record_id=rid)
+            if r is None:
+                raise DeadLetterError(f"no document {lk0} in the pending-send table (delivered and cleaned"
+                                      " up, or purged)")
+            if r[-1] != _FAILED:
+                raise DeadLetterError(f"{lk0} is not a dead letter: it is {SendState(r[-1]).name}")
+            out.append(self._letter(r[:-1]))
+        return out
+
+    def requeue(self, refs: Iterable[int | str | LK0] | None = None, *, expires_in: float | None = None,
+                no_expiry: bool = False) -> RequeueResult:
+        """Send these dead letters again (``refs=None``: all). An expired one
+        needs ``expires_in`` (a new expiry from now) or ``no_expiry``:
+        asked by id, it raises DeadLetterError; with all, it is skipped and
+        reported. All or nothing: one transaction."""
+        if expires_in is not None and not (math.isfinite(expires_in) and expires_in > 0):
+            raise DeadLetterError(f"expires_in {expires_in!r} is not a positive number of seconds")
+        result = RequeueResult()
+        ts = now_ms()
+        with write_tx(self.core) as conn:
+            letters = self._select(conn, refs)
+            updates, events = [], []
+            for d in letters:
+                expiry = d.expires_ms
+                if expires_in is not None:
+                    expiry = ts + int(expires_in * 1000)
+                elif no_expiry:
+                    expiry = None
+                elif expiry is not None and expiry <= ts:
+                    if refs is not None:
+                        raise DeadLetterError(
+                            f"{d.lk0} expired; requeue it with a new expiry (--expires-in SECONDS) or --no-expiry")
+                    result.skipped_expired.append(d.lk0)
+                    continue
+                updates.append((ts, expiry, d.lk0.record_id))
+                result.requeued.append(d.lk0)
+                events.append(self._event(d, "resend", ts, detail=f"requeued from the dead letters ({d.reason})"))
+            conn.executemany(
+                "UPDATE outbox SET state=0, code=0, attempts=0, inquiries=0, sent_ms=NULL, last_inquiry_ms=NULL,"
+                f" state_ms=?, expires_ms=? WHERE id=? AND state={_FAILED}", updates)
+            log_events(self.core, events)
+        return result
+
+    def purge(self, refs: Iterable[int | str | LK0] | None = None) -> int:
+        """Delete these dead letters (``refs=None``: all). Returns how many."""
+        ts = now_ms()
+        with write_tx(self.core) as conn:
+            letters = self._select(conn, refs)
+            conn.executemany(f"DELETE FROM outbox WHERE id=? AND state={_FAILED}",
+                             [(d.lk0.record_id,) for d in letters])
+            log_events(self.core, [self._event(d, "cleaned", ts, detail="purged from the dead letters")
+                                   for d in letters])
+        return len(letters)
+
+    def _event(self, d: DeadLetter, event: str, ts: int, **extra: Any) -> dict[str, Any]:
+        return {"ts": ts, "role": "origin", "event": event, "lk0": str(d.lk0), "source": self.core.me.node_id,
+                "target": d.target, "attempt": d.attempts, **extra}
+
+
+def sweep(node: NodeClient | NodeCore, max_attempts: int) -> int:
+    """The max-attempts rule: documents waiting to be sent again (SS_INIT)
+    after ``max_attempts`` or more send attempts become dead letters with
+    TOO_MANY_ATTEMPTS (304). Only SS_INIT rows: a row in flight keeps its
+    window credit and its answer. ``max_attempts`` 0 does nothing. Safe
+    to call from any process or the daemon's store gate; returns the count."""
+    if max_attempts <= 0:
+        return 0
+    core = core_of(node)
+    ts = now_ms()
+    code = int(ResultCode.TOO_MANY_ATTEMPTS)
+    with write_tx(core) as conn:
+        rows = conn.execute("SELECT id, target_id, attempts FROM outbox WHERE state=0 AND attempts >= ?",
+                            (max_attempts,)).fetchall()
+        conn.executemany(f"UPDATE outbox SET state={_FAILED}, code=?, state_ms=? WHERE id=? AND state=0",
+                         [(code, ts, r[0]) for r in rows])
+        log_events(core, [{"ts": ts, "role": "origin", "event": "dead", "lk0": f"{core.me.node_id}/1/1/{r[0]}",
+                           "source": core.me.node_id, "target": r[1], "attempt": r[2], "code": code,
+                           "detail": f"{r[2]} attempts (limit {max_attempts})"} for r in rows])
+    return len(rows)
+
+
+def fail_target(node: NodeClient | NodeCore, target: str, code: int = int(ResultCode.UNKNOWN_TARGET),
+                detail: str = "") -> int:
+    """Make every unsent (SS_INIT) document for ``target`` a dead letter with
+    ``code``. For the daemon when the platform says the target does not
+    exist (with security on such documents cannot even be sealed, so the
+    platform's UNKNOWN_TARGET NACK never comes). Returns the count."""
+    core = core_of(node)
+    ts = now_ms()
+    with write_tx(core) as conn:
+        rows = conn.execute("SELECT id, attempts FROM outbox WHERE state=0 AND target_id=?", (target,)).fetchall()
+        conn.executemany(f"UPDATE outbox SET state={_FAILED}, code=?, state_ms=? WHERE id=? AND state=0",
+                         [(code, ts, r[0]) for r in rows])
+        log_events(core, [{"ts": ts, "role": "origin", "event": "dead", "lk0": f"{core.me.node_id}/1/1/{r[0]}",
+                           "source": core.me.node_id, "target": target, "attempt": r[1], "code": code,
+                           "detail": detail or reason(code)} for r in rows])
+    return len(rows)

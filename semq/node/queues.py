@@ -1,0 +1,253 @@
+"""Named local durable queues in the node's store (seed 004's persistent
+queue interface: create, destroy, enqueue, dequeue, recover), so an
+application can use SEMQ as its local durable queue too.
+
+    from semq.node.queues import LocalQueues
+    with LocalQueues("/srv/semq/acme") as q:
+        q.create("invoices", exist_ok=True)
+        q.enqueue("invoices", b"...")
+        item = q.dequeue("invoices", lease=30)     # in flight, invisible to others
+        if item:
+            handle(item.data)
+            q.ack("invoices", item.id)             # done: gone for good
+
+Rules:
+
+- every call is one SQLite transaction, committed (synchronous=FULL by
+  default) before it returns: an enqueued item survives a power cut;
+- FIFO by enqueue order; an item whose lease ran out is visible again and,
+  being older, comes first;
+- ``dequeue`` leases the item: invisible to every other ``dequeue`` until
+  acked, released, its lease ends, or ``recover``;
+- ``recover(name)`` returns **every** in-flight item to the queue at once —
+  for an application restarting after a crash, which knows no consumer of
+  its own is still at work (do not call it while other consumers run);
+- delivery is at least once: a consumer that dies after its work but
+  before ``ack`` sees the item again. ``item.delivery`` counts dequeues; pass
+  it to ``ack`` to refuse a late ack for a lease that expired and was
+  given to someone else.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Final
+
+from semq.events import now_ms
+
+from ._seedbase import core_of, write_tx
+
+if TYPE_CHECKING:
+    from .api import NodeClient
+    from .core import NodeCore
+
+__all__ = ["MAX_ITEM_BYTES", "LocalQueues", "QueueError", "QueueItem", "QueueStats"]
+
+NAME_RE: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:/-]{0,127}")
+MAX_ITEM_BYTES: Final = 64 * 1024 * 1024  # the frame limit: an item can always be sent on as a document
+DEFAULT_LEASE: Final = 30.0  # s
+
+
+class QueueError(ValueError):
+    """A user's mistake: no such queue, bad name, not in flight... CLI exit 2."""
+
+
+@dataclass(frozen=True)
+class QueueItem:
+    queue: str
+    id: int
+    data: bytes
+    enqueued_ms: int
+    delivery: int  # 1 on the first dequeue; more means it was dequeued before and not acked
+    lease_until_ms: int | None
+
+
+@dataclass(frozen=True)
+class QueueStats:
+    name: str
+    created_ms: int
+    ready: int
+    in_flight: int
+    expired_leases: int  # in flight on paper, visible again
+    oldest_ms: int | None
+    max_delivery: int
+
+
+def _check_name(name: str) -> str:
+    if not isinstance(name, str) or not NAME_RE.fullmatch(name):
+        raise QueueError(f"queue name {name!r} is not 1-128 characters of letters, digits and . _ : / -"
+                         " starting with a letter or digit")
+    return name
+
+
+def _lease_ms(lease: float) -> int:
+    if not (isinstance(lease, int | float) and math.isfinite(lease) and lease > 0):
+        raise QueueError(f"lease {lease!r} is not a positive number of seconds")
+    return max(1, int(lease * 1000))
+
+
+class LocalQueues:
+    """Queues of one node. ``node``: a NodeClient, a NodeCore, or the node's
+    data directory (then a connection of its own, closed by ``close``).
+    One caller at a time per instance; any number of processes."""
+
+    def __init__(self, node: NodeClient | NodeCore | str | os.PathLike[str]) -> None:
+        self._own: Any = None
+        if isinstance(node, str | os.PathLike):
+            from .api import NodeClient
+
+            node = self._own = NodeClient(Path(node))
+        self.core = core_of(node)
+
+    def __enter__(self) -> LocalQueues:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        if self._own is not None:
+            self._own.close()
+            self._own = None
+
+    def _exists(self, conn: Any, name: str) -> None:
+        if conn.execute("SELECT 1 FROM queues WHERE name=?", (_check_name(name),)).fetchone() is None:
+            raise QueueError(f"no queue {name!r} (create it first: semq queue create {name})")
+
+    # ------------------------------------------------------------ queues
+
+    def create(self, name: str, *, exist_ok: bool = False) -> bool:
+        """Create a queue. True if created; False if it existed and
+        ``exist_ok``; QueueError if it existed otherwise."""
+        _check_name(name)
+        with write_tx(self.core) as conn:
+            n = conn.execute("INSERT OR IGNORE INTO queues (name, created_ms) VALUES (?,?)",
+                             (name, now_ms())).rowcount
+        if not n and not exist_ok:
+            raise QueueError(f"queue {name!r} already exists")
+        return bool(n)
+
+    def destroy(self, name: str, *, force: bool = False) -> int:
+        """Delete a queue. One that still holds items needs ``force`` (they
+        are deleted with it). Returns the number of items deleted."""
+        with write_tx(self.core) as conn:
+            self._exists(conn, name)
+            n = int(conn.execute("SELECT count(*) FROM queue_items WHERE queue=?", (name,)).fetchone()[0])
+            if n and not force:
+                raise QueueError(f"queue {name!r} still holds {n} item(s); destroy it with force"
+                                 " (--force) to delete them too")
+            conn.execute("DELETE FROM queue_items WHERE queue=?", (name,))
+            conn.execute("DELETE FROM queues WHERE name=?", (name,))
+        return n
+
+    def names(self) -> list[str]:
+        return [r[0] for r in self.core.conn.execute("SELECT name FROM queues ORDER BY name")]
+
+    # ------------------------------------------------------------ items
+
+    def enqueue(self, name: str, data: bytes) -> int:
+        """Append one item; durable when this returns. Returns its id."""
+        return self.enqueue_many(name, [data])[0]
+
+    def enqueue_many(self, name: str, items: Iterable[bytes]) -> list[int]:
+        """Append several items in one transaction (all or none)."""
+        blobs = [bytes(d) for d in items]
+        for b in blobs:
+            if len(b) > MAX_ITEM_BYTES:
+                raise QueueError(f"item of {len(b)} bytes exceeds the {MAX_ITEM_BYTES // (1024 * 1024)} MiB limit")
+        ts = now_ms()
+        ids = []
+        with write_tx(self.core) as conn:
+            self._exists(conn, name)
+            for b in blobs:
+                cur = conn.execute("INSERT INTO queue_items (queue, data, enqueued_ms) VALUES (?,?,?)", (name, b, ts))
+                ids.append(int(cur.lastrowid or 0))
+        return ids
+
+    def dequeue(self, name: str, *, lease: float = DEFAULT_LEASE, now_ms_: int | None = None) -> QueueItem | None:
+        """Take the oldest visible item and lease it for ``lease`` seconds
+        (committed before it is returned). None if there is none."""
+        ms = _lease_ms(lease)
+        ts = now_ms() if now_ms_ is None else now_ms_
+        with write_tx(self.core) as conn:
+            self._exists(conn, name)
+            row = conn.execute(
+                "SELECT id FROM queue_items WHERE queue=? AND (lease_until_ms IS NULL OR lease_until_ms <= ?)"
+                " ORDER BY id LIMIT 1", (name, ts)).fetchone()
+            if row is None:
+                return None
+            conn.execute("UPDATE queue_items SET lease_until_ms=?, deliveries=deliveries+1 WHERE id=?",
+                         (ts + ms, row[0]))
+            return self._item(conn, name, row[0])
+
+    def _item(self, conn: Any, name: str, item_id: int) -> QueueItem:
+        r = conn.execute("SELECT id, data, enqueued_ms, deliveries, lease_until_ms FROM queue_items"
+                         " WHERE queue=? AND id=?", (name, item_id)).fetchone()
+        if r is None:
+            raise QueueError(f"no item {item_id} in queue {name!r} (acknowledged already?)")
+        return QueueItem(queue=name, id=r[0], data=r[1], enqueued_ms=r[2], delivery=r[3], lease_until_ms=r[4])
+
+    def ack(self, name: str, item_id: int, *, delivery: int | None = None) -> None:
+        """Done with a dequeued item: delete it. QueueError if it is not in
+        flight (never dequeued, released, recovered, already acked) or, with
+        ``delivery``, if it was dequeued again since (a late ack)."""
+        with write_tx(self.core) as conn:
+            self._exists(conn, name)
+            it = self._item(conn, name, int(item_id))
+            if it.lease_until_ms is None:
+                raise QueueError(f"item {item_id} of queue {name!r} is not in flight (dequeue it first)")
+            if delivery is not None and it.delivery != delivery:
+                raise QueueError(f"item {item_id} of queue {name!r} was dequeued again since delivery {delivery}"
+                                 f" (now {it.delivery}): its lease had ended")
+            conn.execute("DELETE FROM queue_items WHERE id=?", (it.id,))
+
+    def release(self, name: str, item_id: int) -> None:
+        """Give a dequeued item back at once (not done with it)."""
+        with write_tx(self.core) as conn:
+            self._exists(conn, name)
+            it = self._item(conn, name, int(item_id))
+            if it.lease_until_ms is None:
+                raise QueueError(f"item {item_id} of queue {name!r} is not in flight")
+            conn.execute("UPDATE queue_items SET lease_until_ms=NULL WHERE id=?", (it.id,))
+
+    def recover(self, name: str | None = None) -> int:
+        """After a crash: every in-flight item of ``name`` (None: of every
+        queue) is visible again, at once. Returns how many."""
+        with write_tx(self.core) as conn:
+            if name is None:
+                return int(conn.execute("UPDATE queue_items SET lease_until_ms=NULL"
+                                        " WHERE lease_until_ms IS NOT NULL").rowcount)
+            self._exists(conn, name)
+            return int(conn.execute("UPDATE queue_items SET lease_until_ms=NULL WHERE queue=?"
+                                    " AND lease_until_ms IS NOT NULL", (name,)).rowcount)
+
+    def peek(self, name: str, *, limit: int = 100) -> list[QueueItem]:
+        """Items in order, without leasing them."""
+        self._exists(self.core.conn, name)
+        rows = self.core.conn.execute("SELECT id FROM queue_items WHERE queue=? ORDER BY id LIMIT ?", (name, limit))
+        return [self._item(self.core.conn, name, r[0]) for r in rows.fetchall()]
+
+    def stats(self, name: str | None = None, *, now_ms_: int | None = None) -> list[QueueStats]:
+        """Counts per queue (one queue, or all by name)."""
+        ts = now_ms() if now_ms_ is None else now_ms_
+        if name is not None:
+            self._exists(self.core.conn, name)
+        rows = self.core.conn.execute(
+            "SELECT q.name, q.created_ms,"
+            " count(i.id) FILTER (WHERE i.lease_until_ms IS NULL),"
+            " count(i.id) FILTER (WHERE i.lease_until_ms > ?),"
+            " count(i.id) FILTER (WHERE i.lease_until_ms <= ?),"
+            " min(i.enqueued_ms), coalesce(max(i.deliveries), 0)"
+            " FROM queues q LEFT JOIN queue_items i ON i.queue = q.name"
+            + (" WHERE q.name=?" if name is not None else "")
+            + " GROUP BY q.name ORDER BY q.name",
+            (ts, ts, *((name,) if name is not None else ())),
+        )
+        return [QueueStats(name=r[0], created_ms=r[1], ready=r[2], in_flight=r[3], expired_leases=r[4],
+                           oldest_ms=r[5], max_delivery=r[6]) for r in rows]
+

@@ -1,0 +1,558 @@
+"""Transactional messages (seed 002, RocketMQ's "half messages").
+
+A producer whose document must go out **if and only if** its own local
+transaction commits (an order is sent only when the order row is saved):
+
+1. ``send`` stores a *half message* in ``tx_half`` (state HALF). It is never
+   sent: the node daemon only sends rows of the pending-send table.
+2. The producer runs its local transaction, then ``commit`` or ``rollback``.
+   ``commit`` inserts the document into the pending-send table through
+   ``NodeCore.accept`` (same validation, same row as ``semq send``) **inside
+   the same SQLite transaction** that marks the half message COMMITTED.
+3. No answer in time (the producer crashed between its local commit and
+   ours)? The node asks back: a check-back command (``capabilities.toml``)
+   or a Python callable answers commit / rollback / unknown. First after
+   ``first_check`` (6 s), then every ``check_interval`` (60 s), at most
+   ``max_checks`` (15) times; then the message is NEEDS_ATTENTION and waits
+   for a person (``semq tx list`` shows it; commit / rollback still work).
+
+Guarantees (every decision is one BEGIN IMMEDIATE transaction that first
+reads the state; SQLite serializes them across processes):
+
+- never delivered before commit: nothing outside the outbox is ever sent,
+  and the outbox row exists only in the transaction that commits;
+- never both delivered and rolled back: COMMITTED and ROLLED_BACK are
+  final and exclude each other; a crash anywhere leaves either the
+  committed pair (outbox row + COMMITTED) or neither (still HALF);
+- commit and rollback are idempotent (a retry after a lost answer is safe).
+
+The check-back runs outside any transaction (it may take seconds); its
+answer is applied with the same commit / rollback, so a person deciding at
+the same moment wins or loses cleanly, never both.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import signal
+import subprocess
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from enum import Enum, IntEnum
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Final, Protocol, TypeVar
+
+from semq.events import now_ms
+from semq.umxt_protocol import LK0, AppKey, Data, Endpoint, Frame, Kind, ProtocolError, SaveFwd
+
+from ._seedbase import core_of, node_dir, write_tx
+from .core import NewDocument, NodeCore
+from .seedconf import CAPABILITIES_NAME, TxSettings, load_capabilities
+
+if TYPE_CHECKING:
+    from .api import NodeClient
+
+__all__ = [
+    "CheckReport",
+    "Checkback",
+    "Decision",
+    "HalfMessage",
+    "StoreRunner",
+    "Transactions",
+    "TxChecker",
+    "TxError",
+    "TxState",
+    "run_checkbacks",
+    "run_command_checkback",
+]
+
+log = logging.getLogger("semq.tx")
+
+DECIDED_RETENTION_MS: Final = 7 * 24 * 3600 * 1000  # committed / rolled back rows kept for a week
+CHECK_BATCH: Final = 100  # half messages asked per round
+
+
+class TxState(IntEnum):
+    """States of a half message (docs/seed-capabilities.md)."""
+
+    HALF = 0  # stored, not sent; waiting for commit / rollback / check-back
+    COMMITTED = 1  # in the pending-send table (``lk0``); final
+    ROLLED_BACK = 2  # will never be sent; final
+    NEEDS_ATTENTION = 3  # check-backs exhausted or commit impossible: a person decides
+
+
+class Decision(Enum):
+    """What a check-back answers."""
+
+    COMMIT = "commit"
+    ROLLBACK = "rollback"
+    UNKNOWN = "unknown"  # ask again later
+
+
+class TxError(ValueError):
+    """A transaction that does not exist or is in a state that forbids the
+    request (committing a rolled-back one). A user's mistake: CLI exit 2."""
+
+
+@dataclass(frozen=True)
+class HalfMessage:
+    id: int
+    state: TxState
+    target: str
+    app_key: AppKey
+    save_fwd: int
+    ack2: bool
+    reliable: bool
+    priority: int
+    expires_ms: int | None
+    encrypt: bool
+    app_data: bytes
+    created_ms: int
+    state_ms: int
+    checks: int
+    next_check_ms: int | None
+    lk0: LK0 | None  # once committed
+    decided_by: str
+    note: str
+
+
+#: A Python check-back: gets the half message, answers Decision, "commit",
+#: "rollback", True (commit), False (rollback) or None (unknown).
+Checkback = Callable[[HalfMessage], "Decision | str | bool | None"]
+
+T = TypeVar("T")
+
+_COLS: Final = (
+    "id, state, target_id, domain, data_type, subtype, key, save_fwd, ack2, reliable, priority,"
+    " expires_ms, encrypt, app_data, created_ms, state_ms, checks, next_check_ms, outbox_id,"
+    " decided_by, note"
+)
+
+
+class Transactions:
+    """Half messages of one node. Works with or without the node daemon
+    running; ``commit`` makes the document durable in the pending-send
+    table, the daemon sends it. One caller at a time per instance."""
+
+    def __init__(self, node: NodeClient | NodeCore, *, settings: TxSettings | None = None,
+                 security: bool | None = None) -> None:
+        self.core = core_of(node)
+        self.directory = node_dir(node)
+        if security is None:
+            cfg = getattr(node, "config", None)
+            security = bool(cfg.security) if cfg is not None else self.core.sec is not None
+        self.security = security
+        self._settings = settings
+
+    @property
+    def settings(self) -> TxSettings:
+        return self._settings or load_capabilities(self.directory).tx
+
+    # ------------------------------------------------------------ producer
+
+    def send(
+        self, to: str, data: bytes, *, data_type: str = "", domain: str = "", subtype: str = "",
+        key: str = "", save_fwd: int = 3, ack2: bool = True, priority: int = 0,
+        expires_in: float | None = None, reliable: bool = True, encrypt: bool = True,
+    ) -> HalfMessage:
+        """Store a half message (not sent). Fields are checked now exactly as
+        ``NodeClient.send`` checks them (LocalProtocolError); ``expires_in``
+        counts from now, not from the commit. Durable when this returns."""
+        ts = now_ms()
+        if expires_in is not None and not (math.isfinite(expires_in) and expires_in > 0):
+            raise TxError(f"expires_in {expires_in!r} is not a positive number of seconds")
+        doc = NewDocument(
+            target=to, app_data=bytes(data),
+            app_key=AppKey(domain=domain, data_type=data_type, subtype=subtype, key=key),
+            save_fwd=SaveFwd(save_fwd if reliable else 1), ack2=bool(ack2) and reliable, reliable=reliable,
+            priority=priority, expires_ms=ts + int(expires_in * 1000) if expires_in else None,
+            encrypt=self.security and bool(encrypt),
+        )
+        self._validate(doc, ts)
+        first = ts + int(self.settings.first_check * 1000)
+        with write_tx(self.core) as conn:
+            cur = conn.execute(
+                "INSERT INTO tx_half (state, target_id, save_fwd, ack2, reliable, priority, domain, data_type,"
+                " subtype, key, expires_ms, encrypt, app_data, created_ms, state_ms, next_check_ms)"
+                " VALUES (0,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+                (doc.target, int(doc.save_fwd), int(doc.ack2), int(doc.reliable), doc.priority,
+                 doc.app_key.domain, doc.app_key.data_type, doc.app_key.subtype, doc.app_key.key,
+                 doc.expires_ms, int(doc.encrypt), doc.app_data, ts, ts, first),
+            )
+            tx_id = int(cur.lastrowid or 0)
+        return self.get(tx_id)
+
+    def _validate(self, doc: NewDocument, ts: int) -> None:
+        # The checks NodeCore.accept makes (it makes them again at commit).
+        target = Endpoint.org(doc.target)
+        lk0 = LK0(endpoint=self.core.me, record_id=1)
+        Data(lk0=lk0, app_data=doc.app_data, app_key=doc.app_key, created_ms=ts, expires_ms=doc.expires_ms)
+        Frame(kind=Kind.DATA, source=self.core.me, target=target, reliable=doc.reliable, save_fwd=doc.save_fwd,
+              ack2=doc.ack2, priority=doc.priority, body=Data(lk0=lk0))
+
+    def commit(self, tx_id: int, *, by: str = "api") -> LK0:
+        """Move the half message into the pending-send table, in one
+        transaction with marking it COMMITTED; returns its LK0. Committing a
+        committed one returns the same LK0. Raises TxError (unknown id,
+        rolled back), LocalProtocolError, StoreError."""
+        with write_tx(self.core) as conn:
+            m = self._get(conn, tx_id)
+            if m.state is TxState.COMMITTED:
+                assert m.lk0 is not None
+                return m.lk0
+            if m.state is TxState.ROLLED_BACK:
+                raise TxError(f"transaction {tx_id} was rolled back ({m.decided_by}"
+                              f"{': ' + m.note if m.note else ''}); it cannot be committed")
+            [lk0] = self.core.accept([NewDocument(
+                target=m.target, app_data=m.app_data, app_key=m.app_key, save_fwd=SaveFwd(m.save_fwd),
+                ack2=m.ack2, reliable=m.reliable, priority=m.priority, expires_ms=m.expires_ms,
+                encrypt=m.encrypt,
+            )])
+            _crash_point("after-accept")
+            conn.execute(
+                "UPDATE tx_half SET state=1, outbox_id=?, state_ms=?, next_check_ms=NULL, decided_by=?"
+                " WHERE id=? AND state IN (0, 3)",
+                (lk0.record_id, now_ms(), by, tx_id),
+            )
+        return lk0
+
+    def rollback(self, tx_id: int, *, by: str = "api", note: str = "") -> HalfMessage:
+        """Mark the half message ROLLED_BACK: it is never sent. Rolling back a
+        rolled-back one is a no-op. Raises TxError (unknown id, committed)."""
+        with write_tx(self.core) as conn:
+            m = self._get(conn, tx_id)
+            if m.state is TxState.COMMITTED:
+                raise TxError(f"transaction {tx_id} was committed as {m.lk0} ({m.decided_by});"
+                              " it cannot be rolled back")
+            if m.state is not TxState.ROLLED_BACK:
+                conn.execute(
+                    "UPDATE tx_half SET state=2, state_ms=?, next_check_ms=NULL, decided_by=?, note=?"
+                    " WHERE id=? AND state IN (0, 3)",
+                    (now_ms(), by, note or m.note, tx_id),
+                )
+        return self.get(tx_id)
+
+    def run(self, to: str, data: bytes, local: Callable[[HalfMessage], T], **options: Any) -> T:
+        """The whole pattern in one call: store the half message, run
+        ``local`` (the application's own transaction), commit if it returns,
+        roll back if it raises (and re-raise). If this process dies in
+        between, the check-back decides."""
+        half = self.send(to, data, **options)
+        try:
+            result = local(half)
+        except BaseException:
+            self.rollback(half.id, note="the local transaction raised")
+            raise
+        self.commit(half.id)
+        return result
+
+    # ------------------------------------------------------------ reading
+
+    def get(self, tx_id: int) -> HalfMessage:
+        """Raises TxError if there is no such transaction."""
+        return self._get(self.core.conn, tx_id)
+
+    def _get(self, conn: Any, tx_id: int) -> HalfMessage:
+        row = conn.execute(f"SELECT {_COLS} FROM tx_half WHERE id=?", (int(tx_id),)).fetchone()
+        if row is None:
+            raise TxError(f"no transaction {tx_id} (see 'semq tx list --all')")
+        return self._msg(row)
+
+    def _msg(self, r: Any) -> HalfMessage:
+        return HalfMessage(
+            id=r[0], state=TxState(r[1]), target=r[2],
+            app_key=AppKey(domain=r[3], data_type=r[4], subtype=r[5], key=r[6]), save_fwd=r[7],
+            ack2=bool(r[8]), reliable=bool(r[9]), priority=r[10], expires_ms=r[11], encrypt=bool(r[12]),
+            app_data=r[13], created_ms=r[14], state_ms=r[15], checks=r[16], next_check_ms=r[17],
+            lk0=LK0(endpoint=self.core.me, record_id=r[18]) if r[18] else None, decided_by=r[19], note=r[20],
+        )
+
+    def list(self, *, states: Iterable[TxState] | None = (TxState.HALF, TxState.NEEDS_ATTENTION),
+             limit: int = 1000) -> list[HalfMessage]:
+        """Half messages by id; default the undecided ones. ``states=None``: all."""
+        args: tuple[int, ...]
+        if states is None:
+            q, args = f"SELECT {_COLS} FROM tx_half ORDER BY id LIMIT ?", (limit,)
+        else:
+            st = [int(s) for s in states]
+            q = f"SELECT {_COLS} FROM tx_half WHERE state IN ({','.join('?' * len(st))}) ORDER BY id LIMIT ?"
+            args = (*st, limit)
+        return [self._msg(r) for r in self.core.conn.execute(q, args)]
+
+    def purge(self, older_than_ms: int = DECIDED_RETENTION_MS) -> int:
+        """Delete committed / rolled-back rows decided more than
+        ``older_than_ms`` ago (the document itself lives on in the outbox)."""
+        with write_tx(self.core) as conn:
+            return int(conn.execute("DELETE FROM tx_half WHERE state IN (1, 2) AND state_ms < ?",
+                                    (now_ms() - older_than_ms,)).rowcount)
+
+
+# ---------------------------------------------------------------- check-back
+
+
+@dataclass
+class CheckReport:
+    """What one round of check-backs did (ids of half messages)."""
+
+    asked: int = 0
+    committed: list[tuple[int, LK0]] = field(default_factory=list)
+    rolled_back: list[int] = field(default_factory=list)
+    unknown: list[int] = field(default_factory=list)
+    flagged: list[int] = field(default_factory=list)  # now NEEDS_ATTENTION
+    skipped: list[int] = field(default_factory=list)  # decided by someone else meanwhile
+    errors: list[tuple[int, str]] = field(default_factory=list)
+
+    def merge(self, other: CheckReport) -> None:
+        self.asked += other.asked
+        for name in ("committed", "rolled_back", "unknown", "flagged", "skipped", "errors"):
+            getattr(self, name).extend(getattr(other, name))
+
+    def summary(self) -> str:
+        return (f"asked {self.asked}: committed {len(self.committed)}, rolled back {len(self.rolled_back)},"
+                f" unknown {len(self.unknown)}, flagged for a person {len(self.flagged)}"
+                + (f", decided meanwhile {len(self.skipped)}" if self.skipped else "")
+                + (f", errors {len(self.errors)}" if self.errors else ""))
+
+
+def _decision(answer: Decision | str | bool | None) -> Decision:
+    if isinstance(answer, Decision):
+        return answer
+    if answer is True:
+        return Decision.COMMIT
+    if answer is False:
+        return Decision.ROLLBACK
+    if isinstance(answer, str) and answer.strip().lower() in ("commit", "rollback"):
+        return Decision(answer.strip().lower())
+    return Decision.UNKNOWN
+
+
+def run_command_checkback(command: str, msg: HalfMessage, *, timeout: float, directory: Path) -> tuple[Decision, str]:
+    """Run the check-back command (``sh -c``, in the node directory) for one
+    half message. It learns which one from the environment: SEMQ_TX_ID,
+    SEMQ_TX_TO, SEMQ_TX_DOMAIN, SEMQ_TX_TYPE, SEMQ_TX_SUBTYPE, SEMQ_TX_KEY,
+    SEMQ_TX_CHECK (1 = first check-back), SEMQ_TX_CREATED_MS, SEMQ_DIR.
+    Exit 0 and first word ``commit`` / ``rollback`` on stdout decide;
+    anything else (other words, non-zero exit, timeout) is unknown. Values
+    are never put into the command line (no shell injection)."""
+    env = {
+        **os.environ, "SEMQ_TX_ID": str(msg.id), "SEMQ_TX_TO": msg.target,
+        "SEMQ_TX_DOMAIN": msg.app_key.domain, "SEMQ_TX_TYPE": msg.app_key.data_type,
+        "SEMQ_TX_SUBTYPE": msg.app_key.subtype, "SEMQ_TX_KEY": msg.app_key.key,
+        "SEMQ_TX_CHECK": str(msg.checks), "SEMQ_TX_CREATED_MS": str(msg.created_ms), "SEMQ_DIR": str(directory),
+    }
+    try:
+        # Own process group: a timed-out command's children are stopped too.
+        p = subprocess.Popen(command, shell=True, env=env, cwd=directory, stdin=subprocess.DEVNULL,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+    except OSError as e:
+        return Decision.UNKNOWN, f"check-back could not start: {e}"
+    try:
+        out, err = p.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        try:
+            os.killpg(p.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        p.communicate()
+        return Decision.UNKNOWN, f"check-back did not answer within {timeout:g} s"
+    words = out.decode("utf-8", "replace").split()
+    word = words[0].lower().rstrip(":,.;!") if words else ""  # "rollback: not found" is a rollback
+    if p.returncode == 0 and word in ("commit", "rollback"):
+        return Decision(word), f"check-back {msg.checks} answered {word}"
+    if p.returncode != 0:
+        first = (err.decode("utf-8", "replace").strip().splitlines() or [""])[0][:200]
+        return Decision.UNKNOWN, f"check-back {msg.checks} exited {p.returncode}" + (f": {first}" if first else "")
+    return Decision.UNKNOWN, f"check-back {msg.checks} answered {word or 'nothing'!r}"
+
+
+class TxChecker:
+    """The check-back scheduler: pure rules over the store, no I/O of its
+    own besides asking. ``run_due`` is what a daemon task, ``semq tx check``
+    or a cron job calls. Settings come from ``capabilities.toml`` (re-read
+    when it changes) unless given; a Python ``checkback`` replaces the
+    configured command. Without either, each due check counts as unknown,
+    so an undecided message reaches NEEDS_ATTENTION on the same schedule."""
+
+    def __init__(self, node: NodeClient | NodeCore, *, settings: TxSettings | None = None,
+                 checkback: Checkback | None = None, batch: int = CHECK_BATCH) -> None:
+        self.txs = Transactions(node)
+        self.directory = self.txs.directory
+        self._fixed = settings
+        self._loaded: tuple[float, TxSettings] | None = None
+        self.checkback = checkback
+        self.batch = batch
+
+    @property
+    def settings(self) -> TxSettings:
+        if self._fixed is not None:
+            return self._fixed
+        path = self.directory / CAPABILITIES_NAME
+        try:
+            mtime = path.stat().st_mtime
+        except FileNotFoundError:
+            mtime = -1.0
+        if self._loaded is None or self._loaded[0] != mtime:
+            self._loaded = (mtime, load_capabilities(self.directory).tx)
+        return self._loaded[1]
+
+    def run_due(self, now_ms: int | None = None) -> CheckReport:
+        """Ask about every half message whose check-back is due at
+        ``now_ms`` (default: now) and apply the answers."""
+        report = CheckReport()
+        for msg in self.claim_due(now_ms):
+            report.merge(self.check_one(msg))
+        return report
+
+    def claim_due(self, now_ms_: int | None = None) -> list[HalfMessage]:
+        """Take the due HALF messages: count the check and schedule the next
+        one now, before asking (a checker that dies while asking does not
+        make the next one ask at once; two checkers never ask about the
+        same message in the same round)."""
+        ts = now_ms() if now_ms_ is None else now_ms_
+        core = self.txs.core
+        # Idle rounds only read (no write lock taken every second).
+        if core.conn.execute("SELECT 1 FROM tx_half WHERE state=0 AND next_check_ms <= ? LIMIT 1",
+                             (ts,)).fetchone() is None:
+            return []
+        interval = int(self.settings.check_interval * 1000)
+        with write_tx(core) as conn:
+            ids = [r[0] for r in conn.execute(
+                "SELECT id FROM tx_half WHERE state=0 AND next_check_ms <= ? ORDER BY next_check_ms, id LIMIT ?",
+                (ts, self.batch))]
+            conn.executemany("UPDATE tx_half SET checks=checks+1, next_check_ms=? WHERE id=? AND state=0",
+                             [(ts + interval, i) for i in ids])
+            return [self.txs._get(conn, i) for i in ids]
+
+    def ask(self, msg: HalfMessage) -> tuple[Decision, str]:
+        if self.checkback is not None:
+            try:
+                answer = self.checkback(msg)
+            except Exception as e:  # the application's code: its failure is an "unknown"
+                return Decision.UNKNOWN, f"check-back {msg.checks} raised {type(e).__name__}: {e}"[:300]
+            d = _decision(answer)
+            return d, f"check-back {msg.checks} answered {d.value}"
+        s = self.settings
+        if not s.checkback:
+            return Decision.UNKNOWN, f"no check-back configured ({CAPABILITIES_NAME} [tx] checkback)"
+        return run_command_checkback(s.checkback, msg, timeout=s.checkback_timeout, directory=self.directory)
+
+    def check_one(self, msg: HalfMessage) -> CheckReport:
+        """Ask about one claimed message and apply the answer."""
+        decision, note = self.ask(msg)
+        return self.apply(msg, decision, note)
+
+    def apply(self, msg: HalfMessage, decision: Decision, note: str) -> CheckReport:
+        """Apply a check-back's answer (store work only)."""
+        report = CheckReport(asked=1)
+        try:
+            if decision is Decision.COMMIT:
+                report.committed.append((msg.id, self.txs.commit(msg.id, by="checkback")))
+            elif decision is Decision.ROLLBACK:
+                self.txs.rollback(msg.id, by="checkback", note=note)
+                report.rolled_back.append(msg.id)
+            else:
+                self._unknown(msg, note, report)
+        except TxError:
+            report.skipped.append(msg.id)  # a person or the producer decided meanwhile
+        except ProtocolError as e:
+            # accept() refused it now (cannot happen for a message validated
+            # at send, unless the software changed): retrying cannot help.
+            self._flag(msg.id, f"commit refused: {e}")
+            report.flagged.append(msg.id)
+            report.errors.append((msg.id, str(e)))
+        if report.committed or report.rolled_back:
+            log.info("transaction %d: %s", msg.id, note)
+        return report
+
+    def _unknown(self, msg: HalfMessage, note: str, report: CheckReport) -> None:
+        limit = self.settings.max_checks
+        if msg.checks >= limit:
+            if self._flag(msg.id, f"{note}; {msg.checks} check-backs without an answer: decide with"
+                                  f" 'semq tx commit {msg.id}' or 'semq tx rollback {msg.id}'"):
+                report.flagged.append(msg.id)
+                log.warning("transaction %d needs a person: %s", msg.id, note)
+            else:
+                report.skipped.append(msg.id)
+            return
+        with write_tx(self.txs.core) as conn:
+            n = conn.execute("UPDATE tx_half SET note=? WHERE id=? AND state=0", (note, msg.id)).rowcount
+        (report.unknown if n else report.skipped).append(msg.id)
+
+    def _flag(self, tx_id: int, note: str) -> bool:
+        with write_tx(self.txs.core) as conn:
+            return bool(conn.execute(
+                "UPDATE tx_half SET state=3, state_ms=?, next_check_ms=NULL, note=? WHERE id=? AND state=0",
+                (now_ms(), note, tx_id)).rowcount)
+
+
+# ---------------------------------------------------------------- the daemon's task
+
+
+class StoreRunner(Protocol):
+    """Runs store work one call at a time (semq._gate.StoreGate: the node
+    daemon's gate)."""
+
+    async def run(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T: ...
+
+
+def open_node(node: NodeClient | NodeCore | str | os.PathLike[str]) -> NodeClient | NodeCore:
+    """A directory opens a NodeClient of its own; a NodeClient / NodeCore
+    is used as it is."""
+    if isinstance(node, str | os.PathLike):
+        from .api import NodeClient
+
+        return NodeClient(Path(node))
+    return node
+
+
+async def run_checkbacks(
+    node: NodeClient | NodeCore | str | os.PathLike[str], interval: float = 1.0, *,
+    checkback: Checkback | None = None, settings: TxSettings | None = None, gate: StoreRunner | None = None,
+) -> None:
+    """Run check-backs until cancelled: every ``interval`` seconds, ask
+    about each due half message and apply the answer.
+
+    ``node``: a data directory (a connection of our own, e.g. ``semq tx
+    watch``), or — inside the node daemon — its NodeCore together with its
+    store ``gate``: the store work then runs through the gate, and the
+    check-back itself (seconds, maybe) runs on a thread of its own, outside
+    it. (Do not open a second connection to the store inside the daemon's
+    process: see docs/seed-capabilities.md, "Wiring".) Errors are logged
+    and retried; they never end the task."""
+    import trio
+
+    from semq._gate import StoreGate
+
+    own = isinstance(node, str | os.PathLike)
+    runner: StoreRunner = gate if gate is not None else StoreGate()
+    store = await runner.run(open_node, node)
+    checker = TxChecker(store, settings=settings, checkback=checkback)
+    try:
+        while True:
+            delay = interval
+            try:
+                for msg in await runner.run(checker.claim_due):
+                    decision, note = await trio.to_thread.run_sync(checker.ask, msg)
+                    r = await runner.run(checker.apply, msg, decision, note)
+                    for tx_id, err in r.errors:
+                        log.warning("transaction %d: %s", tx_id, err)
+            except Exception:  # a store or config problem: keep the daemon, try again
+                delay = max(interval, 5.0)
+                log.exception("check-back round failed; retrying in %.0f s", delay)
+            await trio.sleep(delay)
+    finally:
+        if own:
+            store.close()
+
+
+_crash_hooks: dict[str, Callable[[], None]] = {}
+
+
+def _crash_point(name: str) -> None:
+    """Tests simulate a crash here (tests/test_seed_tx.py kills the process)."""
+    hook = _crash_hooks.get(name)
+    if hook is not None:
+        hook()
+
