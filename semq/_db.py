@@ -8,6 +8,7 @@ work on; the daemons serialize access with one CapacityLimiter(1) per store
 
 from __future__ import annotations
 
+import os
 import shutil
 import sqlite3
 import time
@@ -17,7 +18,8 @@ from typing import Final
 
 from peewee import SQL, DatabaseError, Model, OperationalError, SqliteDatabase
 
-__all__ = ["SQLITE_MAGIC", "StoreError", "backup_store", "create_tables", "open_store"]
+__all__ = ["SQLITE_MAGIC", "STORE_ERRORS", "StoreError", "backup_store", "create_tables", "open_store",
+           "translate"]
 
 SQLITE_MAGIC: Final = b"SQLite format 3\x00"
 SYNCHRONOUS_MODES: Final = ("OFF", "NORMAL", "FULL", "EXTRA")
@@ -38,6 +40,7 @@ def open_store(
     create: bool = False,
     synchronous: str = "FULL",
     kind: str = "store",
+    check: bool = False,
 ) -> SqliteDatabase:
     """Open (or with ``create`` make) the store at ``path`` and bring its
     schema to ``len(migrations)``. Before migrating an existing store to a
@@ -45,16 +48,31 @@ def open_store(
 
     Raises StoreError: missing file without ``create``, a file that is not
     SQLite (never overwritten), a locked or unreadable store, a schema newer
-    than this software."""
+    than this software. ``check`` runs PRAGMA quick_check first (daemons at
+    start: a store with corrupt pages is refused, not served)."""
     path = Path(path)
     synchronous = synchronous.upper()
     if synchronous not in SYNCHRONOUS_MODES:
         raise StoreError(f"synchronous mode {synchronous!r} is not one of {', '.join(SYNCHRONOUS_MODES)}")
+    journals = [path.with_name(path.name + sfx) for sfx in ("-wal", "-shm")]
+    had = [j.exists() for j in journals]
     if path.exists():
-        with path.open("rb") as f:
-            head = f.read(16)
-        if head and head != SQLITE_MAGIC:
+        # Never open()/close() the store file ourselves: closing any descriptor
+        # of a file drops every POSIX lock this process holds on it, including
+        # those of a live SQLite connection to the same store in this process
+        # (another process may then delete the WAL under it). stat() and
+        # SQLite's own read-only open are safe.
+        size = path.stat().st_size
+        if size == 0 and not create:
+            # SQLite would silently make a new, empty store of it: a store
+            # truncated to nothing must not look like "no messages".
+            raise StoreError(f"{kind} {path} is empty (0 bytes: truncated?); refusing to use it")
+        if size and not _is_sqlite(path):
+            _drop_new_journals(journals, had)
             raise StoreError(f"{kind} {path} is not an SQLite database (corrupt?); refusing to touch it")
+        if not os.access(path, os.W_OK) or not os.access(path.parent, os.W_OK):
+            raise StoreError(f"{kind} {path} is read-only (the file or its directory is not writable;"
+                             " SQLite needs both for its journal)")
     elif not create:
         raise StoreError(f"no {kind} at {path}; run 'semq ... init' first")
     else:
@@ -77,6 +95,14 @@ def open_store(
     )
     try:
         db.connect()
+        if check:
+            bad = [r[0] for r in db.execute_sql("PRAGMA quick_check(5)").fetchall() if r[0] != "ok"]
+            if bad:
+                db.close()
+                _drop_new_journals(journals, had)
+                what = " ".join("; ".join(bad).split())[:300]  # one line
+                raise StoreError(f"{kind} {path} is corrupt ({what}); refusing to use it"
+                                 " (restore a backup: semq restore)")
         db.execute_sql("CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)")
         row = db.execute_sql("SELECT value FROM meta WHERE key='schema_version'").fetchone()
         version = int(row[0]) if row else 0
@@ -98,8 +124,28 @@ def open_store(
         raise
     except (DatabaseError, OperationalError, sqlite3.DatabaseError) as e:
         db.close()
+        _drop_new_journals(journals, had)
         raise StoreError(f"{kind} {path} cannot be opened: {e}") from e
     return db
+
+
+def _drop_new_journals(journals: list[Path], had: list[bool]) -> None:
+    """Leave a refused store as we found it: remove the (empty) -wal/-shm
+    files that looking at it created."""
+    for j, existed in zip(journals, had, strict=True):
+        if not existed and j.exists() and (j.name.endswith("-shm") or j.stat().st_size == 0):
+            j.unlink()
+
+
+def _is_sqlite(path: Path) -> bool:
+    probe = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True)
+    try:
+        probe.execute("PRAGMA schema_version").fetchone()
+        return True
+    except sqlite3.DatabaseError as e:
+        return "not a database" not in str(e)  # other errors (locked, ...) are for the real open
+    finally:
+        probe.close()
 
 
 def create_tables(db: SqliteDatabase, models: Sequence[type[Model]]) -> None:
@@ -129,9 +175,20 @@ def backup_store(db: SqliteDatabase, dest: Path) -> Path:
     return dest
 
 
+STORE_ERRORS: Final = (sqlite3.Error, DatabaseError, OperationalError)
+
+
 def translate(e: BaseException, path: Path, kind: str = "store") -> StoreError:
-    """One line for a driver error on a running store (disk full, read-only)."""
-    text = str(e)
+    """One line for a driver error on a running store (disk full, read-only).
+    Looks through the exception chain: when a COMMIT fails with SQLITE_FULL,
+    SQLite rolls back by itself and peewee's ROLLBACK then fails with "cannot
+    rollback - no transaction is active", hiding the real cause."""
+    texts: list[str] = []
+    cur: BaseException | None = e
+    while cur is not None and len(texts) < 8:
+        texts.append(str(cur))
+        cur = cur.__cause__ or cur.__context__
+    text = next((t for t in texts if "full" in t or "readonly" in t or "read-only" in t), texts[0])
     if "full" in text:
         return StoreError(f"{kind} {path}: disk full ({text}); nothing was accepted")
     if "readonly" in text or "read-only" in text:

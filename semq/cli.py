@@ -211,8 +211,11 @@ def _run_daemon(cfg: Config, make: Callable[[], Any], status: Callable[[Any], di
 
                 async def report() -> None:
                     while True:
-                        _write_status(cfg.status_path, {"pid": os.getpid(), "time_ms": int(time.time() * 1000),
-                                                        **status(daemon), **(ops.status() if ops else {})})
+                        try:
+                            _write_status(cfg.status_path, {"pid": os.getpid(), "time_ms": int(time.time() * 1000),
+                                                            **status(daemon), **(ops.status() if ops else {})})
+                        except OSError as e:  # e.g. disk full: keep serving, say so
+                            logging.getLogger("semq").warning("cannot write %s: %s", cfg.status_path, e)
                         await trio.sleep(1)
 
                 nursery.start_soon(report)
@@ -253,6 +256,7 @@ def cmd_platform_run(args: argparse.Namespace) -> int:
 
         security = PlatformSecurity(cfg.directory)
     core = PlatformCore(cfg.store_path, cfg.platform_id, events_dir=cfg.events_dir, synchronous=cfg.synchronous,
+                        check=True,
                         inquiry_interval=args.inquiry_interval or cfg.inquiry_interval,
                         # With certificates, only enrolled organizations are known.
                         auto_register=cfg.auto_register and not cfg.security)
@@ -285,7 +289,7 @@ def cmd_node_run(args: argparse.Namespace) -> int:
         security = NodeSecurity(cfg.directory)  # refuses keys others can read
         if security.expiring(30):
             logging.getLogger("semq").warning("certificate expires in %.0f days", security.expires_in_days())
-    core = NodeCore(cfg.store_path, cfg.org, events_dir=cfg.events_dir, synchronous=cfg.synchronous,
+    core = NodeCore(cfg.store_path, cfg.org, events_dir=cfg.events_dir, synchronous=cfg.synchronous, check=True,
                     inquiry_interval=args.inquiry_interval or cfg.inquiry_interval, security=security)
     settings = NodeSettings(host=host, port=port, window=cfg.window,
                             ssl_context=security.ssl_context() if security else None)

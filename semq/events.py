@@ -5,11 +5,14 @@ the log never claims more than the store holds."""
 
 from __future__ import annotations
 
+import logging
 import time
 from pathlib import Path
 from typing import IO, Any
 
 import orjson
+
+_log = logging.getLogger("semq.events")
 
 __all__ = ["EventLog", "now_ms"]
 
@@ -26,6 +29,7 @@ class EventLog:
         self._day = ""
         self._file: IO[bytes] | None = None
         self._head = {"v": 1, "logger": logger}
+        self.dropped = 0
 
     def _open(self, ts: int) -> IO[bytes]:
         day = time.strftime("%Y-%m-%d", time.gmtime(ts / 1000))
@@ -38,9 +42,25 @@ class EventLog:
         return self._file
 
     def write(self, records: list[dict[str, Any]]) -> None:
-        """Append records (each needs ``ts`` and ``event``; ``role`` defaults)."""
+        """Append records (each needs ``ts`` and ``event``; ``role`` defaults).
+        Never raises: the log is written after the store committed, so a full
+        disk here must not turn an accepted document into a reported failure
+        (the store is the truth; the lost lines are counted in ``dropped``)."""
         if not records:
             return
+        try:
+            self._write(records)
+        except OSError as e:
+            self.dropped += len(records)
+            if self._file is not None:
+                try:
+                    self._file.close()
+                except OSError:
+                    pass
+                self._file = None
+            _log.warning("event log %s: %d record(s) not written: %s", self.directory, len(records), e)
+
+    def _write(self, records: list[dict[str, Any]]) -> None:
         f = self._open(records[0]["ts"])
         head, role, dumps = self._head, self.role, orjson.dumps
         lines = []

@@ -7,6 +7,7 @@ left behind), never timings: what a fault hits depends on real processes."""
 from __future__ import annotations
 
 import json
+import signal
 from pathlib import Path
 
 import pytest
@@ -69,11 +70,18 @@ async def _forwarded_then_cut(tmp_path: Path, *, ack2: bool, n: int = 5) -> tupl
             sent = await trio.to_thread.run_sync(
                 lambda: send_docs(net.dir(A), B, n, seed="sf1-cut", save_fwd=1, ack2=ack2))
             # The platform forwarded all of them into B's stalled link.
-            want = (lambda: net.count(A, "SELECT count(*) FROM outbox WHERE state=2") == n) if ack2 else (
-                lambda: net.count(A, "SELECT count(*) FROM outbox") == 0)
+            # Forwarded: SS_ACK_FWD, kept until B confirms or says "not received".
+            def want() -> bool:
+                return net.count(A, "SELECT count(*) FROM outbox WHERE state=2") == n
             await _wait(want, 20, "ACK_FWD for every document at A")
             proxy.cut_all()
             proxy.stall_for(0)
+            # B comes back for good (the proxy ends with this function): it
+            # reconnects straight to the platform and can answer A's inquiries.
+            await trio.to_thread.run_sync(net.kill, B, signal.SIGTERM)
+            args = net.procs[B].args
+            args[args.index("--platform") + 1] = f"127.0.0.1:{net.port}"
+            await trio.to_thread.run_sync(net.start, B)
             await _wait(lambda: B in _online(net), 20, "B back online")
             nursery.cancel_scope.cancel()
     except BaseException:
@@ -114,12 +122,6 @@ def _delivered_or_reported(net: Net, sent: dict[str, bytes]) -> dict[str, str]:
     return out
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "SaveFwd 1 + Ack2 forwarded by the platform and lost with the target's connection stays"
-    " SS_ACK_FWD at the origin forever (never delivered, never reported dropped, asked about"
-    " every <=15 min for ever): semq/node/engine.py origin_step keeps the state on TARGET_LACKS"
-    " when save_fwd < 2 at SS_ACK_FWD, and origin_may_clean(SS_ACK_FWD, 1, ack2=True) is False;"
-    " the target's 'not received' should end it as SS_FAILED (reported dropped)"))
 async def test_savefwd1_with_ack2_lost_after_forward_is_reported_dropped(tmp_path: Path) -> None:
     net, sent = await _forwarded_then_cut(tmp_path, ack2=True)
     try:
@@ -131,12 +133,6 @@ async def test_savefwd1_with_ack2_lost_after_forward_is_reported_dropped(tmp_pat
         net.stop_all()
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "SaveFwd 1 without Ack2 is cleaned up at the origin on ACK_FWD (semq/node/engine.py"
-    " origin_may_clean: SS_ACK_FWD and not ack2 and save_fwd < 2), so a copy the platform"
-    " forwarded and the broken connection lost is neither delivered nor reported dropped;"
-    " issue 6 promises 'when not delivered, reported dropped'. Either the promise is scoped to"
-    " 'dropped by the platform' (docs) or the origin must confirm with the target first"))
 async def test_savefwd1_without_ack2_lost_after_forward_is_reported_dropped(tmp_path: Path) -> None:
     net, sent = await _forwarded_then_cut(tmp_path, ack2=False)
     try:

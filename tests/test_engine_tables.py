@@ -29,6 +29,9 @@ ORDER = {S.SS_INIT: 0, S.SS_SENT: 1, S.SS_ACK_FWD: 2, S.SS_ACK: 2, S.SS_ACK2: 4,
 )
 def test_origin_every_pair(state: SendState, event: OriginEvent, save_fwd: int, ack2: bool) -> None:
     o = origin_step(state, event, save_fwd=save_fwd, ack2=ack2)
+    # SaveFwd 1 forwarded and not received: reported dropped, never resent.
+    if state is S.SS_ACK_FWD and event is OriginEvent.TARGET_LACKS and save_fwd == 1:
+        assert o.state is S.SS_FAILED
     # Terminal states never move; SS_ACK2 only ever re-answers REACK2.
     if state in (S.SS_ACK2, S.SS_FAILED):
         assert o.state is state

@@ -18,7 +18,7 @@ from typing import Any, Final
 
 from peewee import SqliteDatabase
 
-from semq._db import StoreError, translate
+from semq._db import STORE_ERRORS, StoreError, translate
 from semq.crypto import (
     CryptoError,
     ack_entry_lk0,
@@ -138,6 +138,7 @@ class NodeCore:
         inquiry_interval: float = 15.0,
         platform: Endpoint | None = None,
         security: NodeSecurity | None = None,
+        check: bool = False,
     ) -> None:
         self.path = Path(store_path)
         # With security, DATA is signed (and sealed unless the sender asked
@@ -145,7 +146,7 @@ class NodeCore:
         self.sec = security
         self.me = Endpoint.org(org)
         self.platform = platform or Endpoint.platform()
-        self.db: SqliteDatabase = open_node_store(self.path, create=create, synchronous=synchronous)
+        self.db: SqliteDatabase = open_node_store(self.path, create=create, synchronous=synchronous, check=check)
         self.conn: sqlite3.Connection = self.db.connection()
         self.inquiry_ms = int(inquiry_interval * 1000)
         self.log = EventLog(events_dir, f"org:{org}", "origin") if events_dir else None
@@ -209,7 +210,7 @@ class NodeCore:
                         r,
                     )
                     ids.append(int(cur.lastrowid or 0))
-        except sqlite3.Error as e:
+        except STORE_ERRORS as e:
             raise translate(e, self.path, "node store") from e
         self._emit([
             {"ts": ts, "role": "origin", "event": "queued", "lk0": f"{self.me.node_id}/1/1/{i}",
@@ -631,12 +632,20 @@ class NodeCore:
             if not o.changed:
                 continue
             rows[rid] = (*r[:3], int(o.state), *r[4:])
+            row_code, row_detail = code, detail
+            if o.state is SendState.SS_FAILED and event is OriginEvent.TARGET_LACKS:
+                # SaveFwd 1 forwarded, lost on the way: dropped, and said so.
+                row_code = int(ResultCode.TARGET_OFFLINE_DROPPED)
+                row_detail = "forwarded but not received by the target"
             name = {OriginEvent.ACK_FWD: "ack_fwd", OriginEvent.ACK_SAVE: "ack_save",
                     OriginEvent.NACK: "nack", OriginEvent.PLATFORM_LACKS: "resend",
                     OriginEvent.TARGET_LACKS: "resend"}.get(event, "ack2")
+            if o.state is SendState.SS_FAILED:
+                name = "nack"
             if event is OriginEvent.PLATFORM_HAS:
                 name = "ack_fwd"
-            extra: dict[str, Any] = {"code": code, "detail": detail} if event is OriginEvent.NACK else {}
+            extra: dict[str, Any] = (
+                {"code": row_code, "detail": row_detail} if o.state is SendState.SS_FAILED else {})
             events.append(self._origin_event(r, name, ts, **extra))
             if state is SendState.SS_SENT:
                 out.settled += 1  # no longer in flight: window credit
@@ -644,8 +653,7 @@ class NodeCore:
                 deletes.append((rid,))
                 events.append(self._origin_event(r, "cleaned", ts))
             else:
-                updates.append((int(o.state), ts, code, rid))
-        # A new state starts a new inquiry schedule (no backoff carried over).
+                updates.append((int(o.state), ts, row_code, rid))
         # SPEC A.3: a new state sets the inquiry time to now and starts a new
         # inquiry schedule (no backoff carried over from the previous state).
         self.conn.executemany("UPDATE outbox SET state=?, state_ms=?, code=?, inquiries=0, last_inquiry_ms=?"
@@ -751,11 +759,11 @@ class NodeCore:
                 "last_inquiry_ms + min(?, ? * (1 << min(inquiries, 6))) <= ?"
             )
             args = (MAX_INQUIRY_BACKOFF_MS, self.inquiry_ms, ts)
-            # SS_SENT asks P; SS_ACK_FWD (SaveFwd 2|3) and SS_ACK (SaveFwd 3)
+            # SS_SENT asks P; SS_ACK_FWD (every SaveFwd) and SS_ACK (SaveFwd 3)
             # ask B, and so does any row still waiting for its ACK2.
             rows = self.conn.execute(
-                f"SELECT {_OUT_COLS} FROM outbox WHERE reliable=1 AND (state=1 OR"
-                f" (state=2 AND (save_fwd>=2 OR ack2=1)) OR (state=3 AND (save_fwd=3 OR ack2=1)))"
+                f"SELECT {_OUT_COLS} FROM outbox WHERE reliable=1 AND (state IN (1, 2) OR"
+                f" (state=3 AND (save_fwd=3 OR ack2=1)))"
                 f" AND {due} LIMIT ?",
                 (*args, INQUIRY_BATCH * 4),
             ).fetchall()

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import logging
 import random
-import sqlite3
 import ssl
 import time
 from collections.abc import Awaitable, Callable
@@ -15,6 +14,7 @@ from typing import TYPE_CHECKING
 
 import trio
 
+from semq._db import STORE_ERRORS
 from semq._gate import StoreGate
 from semq.crypto import CryptoError
 from semq.events import now_ms
@@ -101,7 +101,7 @@ class NodeDaemon:
                 except* (OSError, ConnectionClosed, trio.TooSlowError) as eg:
                     log.info("platform %s:%s unreachable or gone: %s", self.s.host, self.s.port,
                              eg.exceptions[0])
-                except* sqlite3.Error as eg:
+                except* STORE_ERRORS as eg:
                     # Disk full, read-only, locked: keep everything, retry later.
                     log.error("store error, retrying: %s", eg.exceptions[0])
                 except* RemoteProtocolError as eg:

@@ -109,15 +109,13 @@ class OriginOutcome:
 def origin_may_clean(state: SendState, save_fwd: int, ack2: bool) -> bool:
     """SPEC A.6: a row may go once (SS_ACK and no Ack2 asked) or SS_ACK2.
     A forwarded (SS_ACK_FWD) row has only been handed to the connection to B,
-    which may break: the platform kept no copy, so for SaveFwd 2|3 the origin
-    confirms with B (inquiry, resend) before it lets go. Only SaveFwd 1
-    (at most once) is done at ACK_FWD."""
+    which may break: the platform kept no copy, so the origin confirms with B
+    before it lets go — for SaveFwd 2|3 to resend, for SaveFwd 1 to report it
+    dropped (issue 6: "when not delivered, reported dropped")."""
     if state in (S.SS_ACK2, S.SS_FAILED):
         return state is S.SS_ACK2
     if state is S.SS_ACK:
         return not ack2
-    if state is S.SS_ACK_FWD:
-        return not ack2 and save_fwd < 2
     return False
 
 
@@ -125,10 +123,14 @@ def origin_step(state: SendState, event: OriginEvent, *, save_fwd: int, ack2: bo
     """Apply one event to a pending-send row. A target's "not received"
     resends SaveFwd 3 rows (SPEC: must be delivered) and forwarded SaveFwd 2
     rows (nobody else holds a copy); a stored SaveFwd 2 row (SS_ACK) is the
-    platform's to deliver, and SaveFwd 1 is at most once."""
+    platform's to deliver; a forwarded SaveFwd 1 row is at most once: it is
+    not resent but ends SS_FAILED, reported dropped (code 301)."""
     nxt, reack2 = ORIGIN_TABLE.get((state, event), (state, False))
-    if event is E.TARGET_LACKS and save_fwd < (2 if state is S.SS_ACK_FWD else 3):
-        nxt = state
+    if event is E.TARGET_LACKS:
+        if state is S.SS_ACK_FWD and save_fwd < 2:
+            nxt = S.SS_FAILED
+        elif save_fwd < (2 if state is S.SS_ACK_FWD else 3):
+            nxt = state
     return OriginOutcome(
         state=nxt,
         changed=nxt is not state,

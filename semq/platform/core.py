@@ -17,7 +17,7 @@ from typing import Any, Final
 
 from peewee import SqliteDatabase
 
-from semq._db import translate
+from semq._db import STORE_ERRORS, translate
 from semq.events import EventLog, now_ms
 from semq.umxt_protocol import (
     HEADER_SIZE,
@@ -95,10 +95,12 @@ class PlatformCore:
         synchronous: str = "FULL",
         inquiry_interval: float = 15.0,
         auto_register: bool = True,
+        check: bool = False,
     ) -> None:
         self.path = Path(store_path)
         self.me = Endpoint.platform(platform_id)
-        self.db: SqliteDatabase = open_platform_store(self.path, create=create, synchronous=synchronous)
+        self.db: SqliteDatabase = open_platform_store(self.path, create=create, synchronous=synchronous,
+                                                      check=check)
         self.conn: sqlite3.Connection = self.db.connection()
         self.inquiry_ms = int(inquiry_interval * 1000)
         self.auto_register = auto_register
@@ -131,7 +133,7 @@ class PlatformCore:
                         (int(ep.node_type), ep.node_id, ts),
                     )
                     self.known.add(ep)
-        except sqlite3.Error as e:
+        except STORE_ERRORS as e:
             raise translate(e, self.path, "platform store") from e
 
     def connected(self, ep: Endpoint) -> bool:

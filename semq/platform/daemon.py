@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 
 import trio
 
+from semq._db import STORE_ERRORS
 from semq._gate import StoreGate
 from semq.crypto import CryptoError
 from semq.events import now_ms
@@ -350,7 +351,13 @@ class PlatformDaemon:
         step = max(0.05, min(1.0, self.core.inquiry_ms / 3000))
         while True:
             await trio.sleep(step)
-            sends = await self.gate.run(self.core.inquiries, self.online)
+            try:
+                sends = await self.gate.run(self.core.inquiries, self.online)
+            except STORE_ERRORS as e:
+                # Disk full, corrupt page: keep relaying what can be; retry later.
+                log.error("inquiries: store error, retrying: %s", e)
+                await trio.sleep(5)
+                continue
             for target, data in sends.items():
                 s = self.sessions.get(target)
                 if s is not None:
@@ -388,4 +395,7 @@ class PlatformDaemon:
     async def _housekeeping(self) -> None:
         while True:
             await trio.sleep(self.s.housekeeping_interval)
-            await self.gate.run(self.core.housekeeping)
+            try:
+                await self.gate.run(self.core.housekeeping)
+            except STORE_ERRORS as e:
+                log.error("housekeeping: store error: %s", e)

@@ -106,5 +106,7 @@ def _v2(db: SqliteDatabase) -> None:
 MIGRATIONS = [_v1, _v2]
 
 
-def open_platform_store(path: Path, *, create: bool = False, synchronous: str = "FULL") -> SqliteDatabase:
-    return open_store(path, MIGRATIONS, create=create, synchronous=synchronous, kind="platform store")
+def open_platform_store(path: Path, *, create: bool = False, synchronous: str = "FULL",
+                        check: bool = False) -> SqliteDatabase:
+    return open_store(path, MIGRATIONS, create=create, synchronous=synchronous, kind="platform store",
+                      check=check)
