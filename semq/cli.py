@@ -326,6 +326,20 @@ def cmd_send(args: argparse.Namespace) -> int:
         if not p.is_file():
             raise UsageError(f"no such file: {args.file}")
         data = p.read_bytes()
+    if args.transactional:
+        # Seed 002: a half message, sent only after 'semq tx commit ID'.
+        from semq.node.txn import Transactions
+
+        with _client(args) as node:
+            half = Transactions(node).send(
+                args.to, data, data_type=args.type, domain=args.domain, subtype=args.subtype, key=args.key,
+                save_fwd=args.save_fwd, ack2=args.ack2, priority=args.priority, expires_in=args.expires_in,
+                reliable=not args.best_effort, encrypt=not args.no_encrypt)
+        print(half.id)
+        if not args.quiet:
+            print(f"half message {half.id} stored, NOT sent: 'semq tx commit {half.id}' sends it,"
+                  f" 'semq tx rollback {half.id}' discards it", file=sys.stderr)
+        return 0
     with _client(args) as node:
         lk0 = node.send(
             args.to, data, data_type=args.type, domain=args.domain, subtype=args.subtype, key=args.key,
@@ -569,6 +583,8 @@ def build_parser() -> argparse.ArgumentParser:
     x.add_argument("--best-effort", action="store_true", help="Reliable=0: never stored, acked or retried")
     x.add_argument("--no-encrypt", action="store_true",
                    help="signed but NOT end-to-end private: the platform operator can read it")
+    x.add_argument("--transactional", action="store_true",
+                   help="store a half message; it is sent only after 'semq tx commit ID' (seed 002)")
     x.add_argument("-q", "--quiet", action="store_true")
     x.add_argument("file", help="file to send, or - for stdin")
     x.set_defaults(func=cmd_send)
@@ -591,7 +607,10 @@ def build_parser() -> argparse.ArgumentParser:
     x.add_argument("--json", action="store_true")
     x.set_defaults(func=cmd_status)
 
-    register_ops(sub)  # admin, service, backup, restore
+    register_ops(sub)
+    from semq.node.seedcli import register as register_seed
+
+    register_seed(sub)  # tx, request/reply, dead letters, local queues (docs/seed-capabilities.md)  # admin, service, backup, restore
 
     try:
         from semq.analytics.cli import register as register_report

