@@ -629,6 +629,13 @@ def main(argv: list[str] | None = None) -> int:
         else logging.WARNING,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr,
     )
+    return run_command(args)
+
+
+def run_command(args: argparse.Namespace) -> int:
+    """Run a parsed command with the CLI's error contract: one ``error:``
+    line, exit 2 for a user's mistake, 1 for a runtime failure; tracebacks
+    only with ``--verbose``. (Also used by ``python -m semq.node.seedcli``.)"""
     try:
         rc: int = args.func(args)
         return rc

@@ -656,10 +656,6 @@ def main(argv: list[str] | None = None) -> int:
     registers them itself (``python -m semq.node.seedcli tx watch ...``);
     the same exit codes and one-line errors as ``semq.cli.main``."""
     from semq import cli
-    from semq._db import StoreError
-    from semq.crypto import CryptoError
-    from semq.security import SecurityError
-    from semq.umxt_protocol import ProtocolError
 
     parser = cli.build_parser()
     sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
@@ -668,21 +664,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
-    try:
-        rc: int = args.func(args)
-        return rc
-    except (cli.UsageError, ConfigError, ValueError) as e:
-        if args.verbose:
-            raise
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    except (StoreError, ProtocolError, OSError, CryptoError, SecurityError) as e:
-        if args.verbose:
-            raise
-        print(f"error: {e}", file=sys.stderr)
-        return 2 if isinstance(e, ProtocolError) else 1
-    except KeyboardInterrupt:
-        return 130
+    return cli.run_command(args)
 
 
 if __name__ == "__main__":
