@@ -26,6 +26,7 @@ from semq.security import (
     init_platform_pki,
 )
 from semq.umxt_protocol import (
+    LK0,
     Data,
     Endpoint,
     Error,
@@ -224,3 +225,78 @@ def test_tampered_document_is_refused_never_delivered_and_the_origin_told(tmp_pa
     dec.receive_data(data)
     assert b.handle(list(dec)).delivered == 1
     assert b.conn.execute("SELECT app_data FROM inbox").fetchone()[0] == b"pay 100 EUR"
+
+
+def _frames(data: bytes) -> list[Frame]:
+    dec = FrameDecoder()
+    dec.receive_data(data)
+    return [r.frame() for r in dec]
+
+
+def _raw(frame: Frame) -> list:  # type: ignore[type-arg]
+    dec = FrameDecoder()
+    dec.receive_data(encode_frame(frame))
+    return list(dec)
+
+
+def test_replayed_moved_and_redirected_documents_never_reach_an_inbox(tmp_path: Path) -> None:
+    sa, sb = _pki(tmp_path)
+    a = NodeCore(tmp_path / "a.sqlite", A, create=True, synchronous="OFF", security=sa)
+    b = NodeCore(tmp_path / "b.sqlite", B, create=True, synchronous="OFF", security=sb)
+    a.accept([NewDocument(target=B, app_data=b"order 1", encrypt=True),
+              NewDocument(target=B, app_data=b"order 2", encrypt=True)])
+    first, second = (f for f in _frames(b"".join(a.claim(10).data)))
+    assert isinstance(first.body, Data) and isinstance(second.body, Data)
+    relay = Endpoint.platform()
+
+    def via_platform(frame: Frame, body: Data, **kw: object) -> Frame:
+        args: dict[str, object] = dict(kind=Kind.DATA, source=relay, target=frame.target, origin=frame.origin,
+                                       body=body, ack2=True)
+        args.update(kw)
+        return Frame(**args)  # type: ignore[arg-type]
+
+    assert b.handle(_raw(via_platform(first, first.body))).delivered == 1
+    # A replay of a delivered document: suppressed, never a second copy.
+    assert b.handle(_raw(via_platform(first, first.body))).delivered == 0
+    # Document 2's ciphertext moved to another LK0: refused (the AAD binds the LK0).
+    moved = Data(lk0=LK0(endpoint=first.body.lk0.endpoint, record_id=99), app_key=second.body.app_key,
+                 created_ms=second.body.created_ms, encrypt=True, session_key=second.body.session_key,
+                 app_data=second.body.app_data)
+    out = b.handle(_raw(via_platform(second, moved)))
+    assert out.delivered == 0 and out.errors[0][0] in (ResultCode.DECRYPT_FAILED, ResultCode.BAD_SIGNATURE)
+    # Redirected to another organization (C enrolled with the same CA): refused too.
+    c_dir = tmp_path / "77000"
+    csr = init_node_keys(c_dir, "77000")
+    _, cert = enroll(tmp_path / "P", csr, "77000", c_dir / "issued.pem")
+    import_certificate(c_dir, cert, tmp_path / "P" / "ca" / "ca.pem")
+    sc = NodeSecurity(c_dir)
+    sc.directory.add(sa.identity.certificate.der)
+    c = NodeCore(tmp_path / "c.sqlite", "77000", create=True, synchronous="OFF", security=sc)
+    out = c.handle(_raw(via_platform(second, second.body, target=Endpoint.org("77000"))))
+    assert out.delivered == 0 and out.errors
+    assert [r[0] for r in b.conn.execute("SELECT app_data FROM inbox")] == [b"order 1"]
+    assert c.conn.execute("SELECT count(*) FROM inbox").fetchone()[0] == 0
+    # The genuine second document still gets in.
+    assert b.handle(_raw(via_platform(second, second.body))).delivered == 1
+    for core in (a, b, c):
+        core.close()
+
+
+def test_forged_receipt_is_kept_unverified(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from semq.crypto import NodeKeys, make_batch_receipt
+    from semq.umxt_protocol import AckBatch, AckEntry, AckFlag
+
+    sa, sb = _pki(tmp_path)
+    a = NodeCore(tmp_path / "a.sqlite", A, create=True, synchronous="OFF", security=sa)
+    [lk0] = a.accept([NewDocument(target=B, app_data=b"order", encrypt=True)])
+    [data] = _frames(b"".join(a.claim(10).data))
+    digest = a.conn.execute("SELECT digest FROM receipts WHERE record_id=?", (lk0.record_id,)).fetchone()[0]
+    forger = NodeKeys.generate()  # not B's key
+    entry = AckEntry(1, 1, 1, 1, 1, lk0.record_id, int(AckFlag.DELIVERY), 0)
+    ack = Frame(kind=Kind.ACK_BATCH, source=Endpoint.platform(), target=Endpoint.org(A), origin=Endpoint.org(B),
+                body=AckBatch(ack_kind=Kind.ACK2, entries=(entry,),
+                              receipt=make_batch_receipt([(lk0, digest)], forger.signing_key)))
+    a.handle(_raw(ack))
+    assert a.conn.execute("SELECT verified FROM receipts WHERE record_id=?", (lk0.record_id,)).fetchone() == (0,)
+    a.close()
+    _ = (data, sb)
