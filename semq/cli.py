@@ -163,6 +163,27 @@ def cmd_platform_revoke(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_node_rollover(args: argparse.Namespace) -> int:
+    """Certificate rollover: new keys and a request; the old identity keeps
+    working (and keeps opening documents sealed to it) through the overlap."""
+    from semq.security import enroll, import_certificate, rollover_keys
+
+    cfg = _cfg(args, "node")
+    if not cfg.security:
+        raise UsageError("security is off for this node: there is no certificate to roll over")
+    csr = rollover_keys(cfg.directory, cfg.org)
+    if args.enroll_from:
+        pdir = data_dir(args.enroll_from)
+        _, cert = enroll(pdir, csr, cfg.org, cfg.directory / "next" / "issued.pem")
+        ident = import_certificate(cfg.directory, cert, pdir / "ca" / "ca.pem")
+        print(f"rolled over: now {ident.certificate.describe()}; the previous certificate stays usable"
+              " for documents sealed to it until it expires (restart the daemon to use the new one)")
+        return 0
+    print(f"new keys and request {csr}\nnext: the platform operator runs 'semq platform enroll {csr.name}"
+          f" --out {cfg.org}-new.pem', then here: 'semq node import --cert {cfg.org}-new.pem --ca ca.pem'")
+    return 0
+
+
 def cmd_node_import(args: argparse.Namespace) -> int:
     from semq.security import import_certificate
 
@@ -560,6 +581,9 @@ def build_parser() -> argparse.ArgumentParser:
     x.add_argument("--enroll-from", metavar="PLATFORM_DIR",
                    help="platform directory on this machine: enroll at once (demo, tests, one-host setups)")
     x.set_defaults(func=cmd_node_init)
+    x = node.add_parser("rollover", parents=[common], help="new keys and certificate; the old one overlaps")
+    x.add_argument("--enroll-from", metavar="PLATFORM_DIR", help="enroll at once with a platform on this host")
+    x.set_defaults(func=cmd_node_rollover)
     x = node.add_parser("import", parents=[common], help="install the certificate the platform issued")
     x.add_argument("--cert", required=True)
     x.add_argument("--ca", required=True, help="the platform's ca.pem")

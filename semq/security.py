@@ -118,13 +118,46 @@ def init_node_keys(ndir: Path, org: str) -> Path:
     return path
 
 
+def rollover_keys(ndir: Path, org: str) -> Path:
+    """Certificate rollover, step 1: a new key generation in ``next/`` and its
+    certificate request; the current identity keeps working until the new
+    certificate is imported (``import_certificate``)."""
+    nd = ndir / "next"
+    if nd.exists():
+        shutil.rmtree(nd)  # an unfinished earlier rollover: start again
+    return init_node_keys(nd, org)
+
+
 def import_certificate(ndir: Path, cert_path: Path, ca_path: Path) -> NodeIdentity:
     """Install the issued certificate and the CA certificate; verify they
-    fit the node's keys before anything is replaced."""
+    fit the node's keys before anything is replaced. A certificate for the
+    keys of a pending rollover (``next/``) makes them current; the previous
+    generation moves to ``old/<serial>/`` and stays usable to open documents
+    sealed to it until its certificate expires (docs/security.md, rollover)."""
     try:
         ca = load_certificate(ca_path)
     except (OSError, ValueError) as e:
         raise SecurityError(f"cannot read CA certificate {ca_path}: {e}") from e
+    nxt = ndir / "next" / "keys"
+    if nxt.exists():
+        try:
+            ident = NodeIdentity.load(cert_path, nxt / "sign.key.pem", nxt / "enc.key.pem", ca=ca)
+        except CertificateError:
+            ident = None
+        if ident is not None:
+            if (ndir / "node.pem").exists():
+                current = load_certificate(ndir / "node.pem")
+                keep = ndir / "old" / f"{current.serial_number:x}"
+                keep.mkdir(mode=0o700, parents=True, exist_ok=True)
+                if (keep / "keys").exists():
+                    shutil.rmtree(keep / "keys")
+                shutil.move(str(ndir / "keys"), str(keep / "keys"))
+                shutil.copyfile(ndir / "node.pem", keep / "node.pem")
+            shutil.move(str(nxt), str(ndir / "keys"))
+            shutil.copyfile(cert_path, ndir / "node.pem")  # (it may live in next/)
+            shutil.copyfile(ca_path, ndir / "ca.pem")
+            shutil.rmtree(ndir / "next")
+            return ident
     kd = ndir / "keys"
     ident = NodeIdentity.load(cert_path, kd / "sign.key.pem", kd / "enc.key.pem", ca=ca)
     shutil.copyfile(cert_path, ndir / "node.pem")
@@ -218,8 +251,20 @@ class NodeSecurity:
                                           ca=self.ca)
         self.directory = CertificateDirectory(self.ca, None)
         self.directory.add(self.identity.certificate.der)
+        # Rollover overlap: earlier generations still open what was sealed to
+        # them, until their certificates expire.
+        self.previous: list[NodeIdentity] = []
+        for d in sorted((self.ndir / "old").glob("*/")):
+            try:
+                old = NodeIdentity.load(d / "node.pem", d / "keys" / "sign.key.pem", d / "keys" / "enc.key.pem",
+                                        ca=self.ca)
+            except CryptoError:
+                continue  # expired (or unusable): its documents can no longer be opened
+            self.previous.append(old)
+            self.directory.add(old.certificate.der)
         self.sealer = Sealer()
-        self.opener = Opener([self.identity.keys.encryption_key])
+        self.opener = Opener([self.identity.keys.encryption_key,
+                              *(p.keys.encryption_key for p in self.previous)])
         self.cache = SignatureCache()
 
     @property

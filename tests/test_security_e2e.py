@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import socket
 import ssl
 import subprocess
@@ -300,3 +301,58 @@ def test_forged_receipt_is_kept_unverified(tmp_path: Path, capsys: pytest.Captur
     assert a.conn.execute("SELECT verified FROM receipts WHERE record_id=?", (lk0.record_id,)).fetchone() == (0,)
     a.close()
     _ = (data, sb)
+
+
+def test_certificate_rollover_overlap(tmp_path: Path) -> None:
+    """B rolls over. A document sealed to B's old certificate (A's directory
+    was not refreshed yet) and one sealed to the new one are both readable;
+    after a refresh A seals to both (newest first)."""
+    from semq.security import rollover_keys
+
+    sa, sb_old = _pki(tmp_path)
+    a = NodeCore(tmp_path / "a.sqlite", A, create=True, synchronous="OFF", security=sa)
+    a.accept([NewDocument(target=B, app_data=b"sealed to the old key", encrypt=True)])
+    to_old = a.claim(10).data  # A knows only B's first certificate
+    csr = rollover_keys(tmp_path / B, B)
+    _, cert = enroll(tmp_path / "P", csr, B, tmp_path / B / "new.pem")
+    import_certificate(tmp_path / B, cert, tmp_path / "P" / "ca" / "ca.pem")
+    sb = NodeSecurity(tmp_path / B)  # the daemon restarted with the new identity
+    assert sb.identity.certificate.serial != sb_old.identity.certificate.serial
+    assert [p.certificate.serial for p in sb.previous] == [sb_old.identity.certificate.serial]
+    sb.directory.add(sa.identity.certificate.der)
+    sa.directory.add(sb.identity.certificate.der)  # A learns the new certificate too
+    assert len(sa.certs(Endpoint.org(B))) == 2
+    a.accept([NewDocument(target=B, app_data=b"sealed to both", encrypt=True)])
+    to_both = a.claim(10).data
+    b = NodeCore(tmp_path / "b.sqlite", B, create=True, synchronous="OFF", security=sb)
+    dec = FrameDecoder()
+    dec.receive_data(b"".join(to_old + to_both))
+    relayed = [Frame(kind=Kind.DATA, source=Endpoint.platform(), target=f.target, origin=f.origin, body=f.body,
+                     ack2=f.ack2) for f in (r.frame() for r in dec)]
+    out = b.handle(_raw(relayed[0]) + _raw(relayed[1]))
+    assert out.delivered == 2, out.errors
+    assert sorted(r[0] for r in b.conn.execute("SELECT app_data FROM inbox")) == [
+        b"sealed to both", b"sealed to the old key"]
+    a.close()
+    b.close()
+
+
+@pytest.mark.e2e
+def test_rollover_with_real_processes(cluster: Cluster) -> None:
+    for o in (A, B):
+        cluster.add_org(o)
+    cluster.start_platform()
+    cluster.start_node(A)
+    cluster.start_node(B)
+    with NodeClient(cluster.root / A) as node:
+        node.send(B, b"before", data_type="T")
+    wait_until(lambda: len(cluster.inbox(B)) == 1, 30, "first document")
+    assert semq_main(["node", "rollover", "--dir", str(cluster.root / B), "--enroll-from",
+                      str(cluster.root / "P")]) == 0
+    cluster.kill(B, signal.SIGTERM)
+    cluster.start_node(B)
+    with NodeClient(cluster.root / A) as node:
+        node.send(B, b"after", data_type="T")
+    wait_until(lambda: len(cluster.inbox(B)) == 2, 30, "document after the rollover")
+    assert sorted(cluster.inbox(B).values()) == [b"after", b"before"]
+    assert len(list((cluster.root / B / "old").iterdir())) == 1
