@@ -65,6 +65,8 @@ def test_relay_stores_only_ciphertext_and_the_receipt_verifies(cluster: Cluster,
     frames = [f for (f,) in cluster.q("P", "SELECT frame FROM stored WHERE kind=1")]
     assert not any(b"TOP-SECRET" in f for f in frames)  # the relay cannot read it
     assert any(b"PUBLIC-NOTICE" in f for f in frames)  # --no-encrypt: stated as readable
+    logs = [*(cluster.root / "P" / "events").glob("*.jsonl"), cluster.root / "platform.log"]
+    assert logs and not any(b"TOP-SECRET" in p.read_bytes() for p in logs)
     cluster.start_node(B)
     wait_until(lambda: len(cluster.inbox(B)) == 2, 30, "delivery")
     assert cluster.inbox(B)[f"{A}/{lk0.record_id}"] == secret
