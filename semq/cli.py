@@ -43,7 +43,8 @@ def _cfg(args: argparse.Namespace, role: str | None = None) -> Config:
     return cfg
 
 
-def _ms_age(ms: int | None) -> str:
+def format_age(ms: int | None) -> str:
+    """How long ago a ms timestamp was, for tables: 42s, 17m, 3.5h."""
     if not ms:
         return "-"
     s = max(0.0, time.time() - ms / 1000)
@@ -397,7 +398,7 @@ def cmd_inbox(args: argparse.Namespace) -> int:
             print(f"{'ID':>6}  {'FROM':<10} {'LK0':<22} {'APPKEY':<32} {'SIZE':>7}  AGE")
             for i in items:
                 print(f"{i.id:>6}  {i.lk0.endpoint.node_id:<10} {i.lk0!s:<22} {i.app_key!s:<32}"
-                      f" {len(i.app_data):>7}  {_ms_age(i.received_ms)}")
+                      f" {len(i.app_data):>7}  {format_age(i.received_ms)}")
             print(f"{len(items)} document(s)", file=sys.stderr)
             return 0
         if not args.ids:
@@ -418,7 +419,7 @@ def cmd_inbox(args: argparse.Namespace) -> int:
             return 0
         print(f"id: {item.id}\nlk0: {item.lk0}\nfrom: {item.lk0.endpoint.node_id}\napp_key: {item.app_key}"
               f"\nsave_fwd: {item.save_fwd}\npriority: {item.priority}\nsize: {len(item.app_data)}"
-              f"\nreceived: {_ms_age(item.received_ms)} ago\n")
+              f"\nreceived: {format_age(item.received_ms)} ago\n")
         sys.stdout.buffer.write(item.app_data)
         sys.stdout.flush()
         return 0
@@ -451,7 +452,7 @@ def cmd_messages(args: argparse.Namespace) -> int:
     print(f"{'LK0':<22} {'TO':<10} {'STATE':<10} {'SF':>2} {'ACK2':>4} {'TRIES':>5} {'CODE':>4}  {'AGE':>5}  APPKEY")
     for r in rows:
         print(f"{r.lk0!s:<22} {r.target:<10} {r.state.name:<10} {r.save_fwd:>2} {int(r.ack2):>4} {r.attempts:>5}"
-              f" {r.code:>4}  {_ms_age(r.created_ms):>5}  {r.app_key}")
+              f" {r.code:>4}  {format_age(r.created_ms):>5}  {r.app_key}")
     print(f"{len(rows)} message(s) pending or failed (confirmed ones are cleaned up)", file=sys.stderr)
     return 0
 
@@ -505,7 +506,7 @@ def cmd_status(args: argparse.Namespace) -> int:
         print("  pending-send: " + (", ".join(f"{k}={v}" for k, v in states.items()) or "empty"))
         print(f"  pending-ack: {counts['pending_ack']}   inbox: {counts['inbox_unread']} unread"
               f" / {counts['inbox_total']}   dedup: {counts['dedup']}")
-        print(f"  oldest unconfirmed: {_ms_age(counts['oldest_unconfirmed_ms'])}")
+        print(f"  oldest unconfirmed: {format_age(counts['oldest_unconfirmed_ms'])}")
         if cfg.security:
             _cert_status(cfg)
         else:
@@ -528,7 +529,7 @@ def cmd_status(args: argparse.Namespace) -> int:
         print(f"  online: {', '.join(live.get('online', [])) or 'none'}")
     print(f"  known nodes: {', '.join(counts['known_nodes']) or 'none'}")
     stored = counts["stored"]
-    print("  stored for: " + (", ".join(f"{t}={v['stored']} (oldest {_ms_age(v['oldest_ms'])})"
+    print("  stored for: " + (", ".join(f"{t}={v['stored']} (oldest {format_age(v['oldest_ms'])})"
                                        for t, v in stored.items()) or "nothing"))
     print(f"  relayed acks/inquiries waiting: {counts['relayed_waiting']}")
     return 0

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import re
 import socket
+from pathlib import Path
 
 import pytest
 
@@ -79,3 +80,19 @@ def test_node_respects_a_small_window_and_delivers_everything(plain_cluster: Clu
     wait_until(lambda: len(c.inbox(B)) == 200, 60, "200 documents through a window of 8")
     wait_until(lambda: c.settled([A, B]), 60, "cleanup")
     assert "over the window" not in (c.root / "platform.log").read_text()
+
+
+def test_reloaded_window_applies_to_the_running_session(tmp_path: Path) -> None:
+    from semq.node.core import NodeCore
+    from semq.node.daemon import NodeDaemon, NodeSettings
+
+    core = NodeCore(tmp_path / "n.sqlite", A, create=True, synchronous="OFF")
+    try:
+        d = NodeDaemon(core, NodeSettings(window=4096))
+        d.platform_window = d.granted = d.window = 1024  # as after WELCOME(window=1024)
+        d.set_window(64)
+        assert (d.s.window, d.granted, d.window) == (64, 64, 64)
+        d.set_window(100_000)  # never above what the platform granted
+        assert (d.granted, d.window) == (1024, 64)  # grows back by additive increase
+    finally:
+        core.close()

@@ -79,12 +79,20 @@ class NodeDaemon:
         self._wake = trio.Event()
         self.sessions = 0
         self.stats = {"sent": 0, "received": 0, "delivered": 0, "refused": 0}
-        self.granted = self.window = settings.window
+        self.granted = self.window = self.platform_window = settings.window
         self.asked: dict[Endpoint, float] = {}  # certificate look-ups in flight: endpoint -> when
         self.deferred: list[RawFrame] = []  # DATA waiting for its origin's certificate
         # semq.ops sets these when the daemon runs from the CLI.
         self.drain: DrainControl | None = None  # 'semq admin drain': claim nothing new
         self.metrics: Metrics | None = None
+
+    def set_window(self, window: int) -> None:
+        """A new configured window (reload): applies to the current session
+        too, still bounded by what the platform granted."""
+        self.s.window = window
+        self.granted = min(window, self.platform_window)
+        self.window = min(self.window, self.granted)
+        self._wake.set()
 
     def wake(self) -> None:
         self._wake.set()
@@ -151,6 +159,7 @@ class NodeDaemon:
             self.core.platform = welcome.source
             w = welcome.frame().body
             assert isinstance(w, Welcome)
+            self.platform_window = w.window
             self.granted = min(self.s.window, w.window)  # the platform's window bounds ours
             self.window = self.granted
             await self.gate.run(self.core.reconnected)

@@ -25,6 +25,7 @@ import time
 from pathlib import Path
 from typing import Any, Final
 
+from semq.cli import format_age
 from semq.config import ConfigError, data_dir, load_config
 
 __all__ = ["EXIT_NOTHING", "main", "register"]
@@ -67,17 +68,6 @@ def _write_out(data: bytes, out: str | None) -> None:
     else:
         sys.stdout.buffer.write(data)
         sys.stdout.flush()
-
-
-def _age(ms: int | None) -> str:
-    if not ms:
-        return "-"
-    s = max(0.0, time.time() - ms / 1000)
-    if s < 120:
-        return f"{s:.0f}s"
-    if s < 7200:
-        return f"{s / 60:.0f}m"
-    return f"{s / 3600:.1f}h"
 
 
 def _until(ms: int | None) -> str:
@@ -177,7 +167,7 @@ def cmd_tx_list(args: argparse.Namespace) -> int:
     for m in rows:
         tail = str(m.lk0) if m.lk0 else m.note
         print(f"{m.id:>5}  {m.state.name:<15} {m.target:<10} {m.checks:>6}  {_until(m.next_check_ms):<8}"
-              f" {_age(m.created_ms):>5}  {m.app_key!s:<28} {tail}")
+              f" {format_age(m.created_ms):>5}  {m.app_key!s:<28} {tail}")
     attention = sum(1 for m in rows if m.state.name == "NEEDS_ATTENTION")
     print(f"{len(rows)} transaction(s)" + (f"; {attention} NEED A PERSON: semq tx commit|rollback ID"
                                             if attention else ""), file=sys.stderr)
@@ -310,7 +300,7 @@ def cmd_requests(args: argparse.Namespace) -> int:
     print(f"{'ID':>6}  {'FROM':<10} {'REQUEST LK0':<22} {'TYPE':<14} {'SIZE':>7}  {'AGE':>5}  REPLY")
     for it, r in rows:
         print(f"{it.id:>6}  {it.lk0.endpoint.node_id:<10} {it.lk0!s:<22} {it.app_key.data_type:<14}"
-              f" {len(it.app_data):>7}  {_age(it.received_ms):>5}  {r or '-'}")
+              f" {len(it.app_data):>7}  {format_age(it.received_ms):>5}  {r or '-'}")
     print(f"{len(rows)} request(s); answer with: semq reply --to-request ID FILE", file=sys.stderr)
     return 0
 
@@ -346,7 +336,7 @@ def cmd_replies(args: argparse.Namespace) -> int:
     print(f"{'REQUEST LK0':<22} {'TO':<10} {'TYPE':<14} {'STATE':<8} {'AGE':>5}  REPLY")
     for r in rows:
         rep = f"{replies[r.reply_inbox_id]} (inbox {r.reply_inbox_id})" if r.reply_inbox_id else "-"
-        print(f"{r.lk0!s:<22} {r.target:<10} {r.data_type:<14} {r.state:<8} {_age(r.sent_ms):>5}  {rep}")
+        print(f"{r.lk0!s:<22} {r.target:<10} {r.data_type:<14} {r.state:<8} {format_age(r.sent_ms):>5}  {rep}")
     for it, why in stray:
         print(f"unmatched reply {it.lk0} (inbox {it.id}) from {it.lk0.endpoint.node_id}: {why}")
     print(f"{len(rows)} request(s); take a reply with: semq replies --take REQUEST_LK0", file=sys.stderr)
@@ -376,7 +366,7 @@ def cmd_dead_list(args: argparse.Namespace) -> int:
         return 0
     print(f"{'LK0':<22} {'TO':<10} {'CODE':>4}  {'REASON':<36} {'TRIES':>5} {'AGE':>5}  APPKEY")
     for d in rows:
-        print(f"{d.lk0!s:<22} {d.target:<10} {d.code:>4}  {d.reason:<36} {d.attempts:>5} {_age(d.created_ms):>5}"
+        print(f"{d.lk0!s:<22} {d.target:<10} {d.code:>4}  {d.reason:<36} {d.attempts:>5} {format_age(d.created_ms):>5}"
               f"  {d.app_key}")
     print(f"{len(rows)} dead letter(s); semq dead requeue|purge ID...|--all", file=sys.stderr)
     return 0
@@ -501,7 +491,7 @@ def _queue_action(args: argparse.Namespace, q: Any) -> int:
             return 0
         print(f"{'QUEUE':<24} {'READY':>7} {'IN FLIGHT':>9} {'LEASE OVER':>10} {'OLDEST':>7} {'MAX DELIV':>9}")
         for s in stats:
-            print(f"{s.name:<24} {s.ready:>7} {s.in_flight:>9} {s.expired_leases:>10} {_age(s.oldest_ms):>7}"
+            print(f"{s.name:<24} {s.ready:>7} {s.in_flight:>9} {s.expired_leases:>10} {format_age(s.oldest_ms):>7}"
                   f" {s.max_delivery:>9}")
         print(f"{len(stats)} queue(s)", file=sys.stderr)
     return 0

@@ -45,6 +45,21 @@ def _set(obj: Any, name: str, value: Any) -> None:
     setattr(obj, name, value)
 
 
+async def _common(daemon: Any, core: Any, directory: Path, state: dict[str, Any],
+                  role: str) -> tuple[Config, Config, dict[str, Any]]:
+    """What both reloads do first: read the configuration (still this role),
+    apply the inquiry interval on the store thread."""
+    cfg: Config = await trio.to_thread.run_sync(load_config, directory)
+    old: Config = state["cfg"]
+    if cfg.role != role:
+        raise ValueError(f"{directory} now holds a {cfg.role} configuration; not reloaded")
+    changed: dict[str, Any] = {}
+    if cfg.inquiry_interval != old.inquiry_interval:
+        await daemon.gate.run(_set, core, "inquiry_ms", int(cfg.inquiry_interval * 1000))
+        changed["inquiry_interval"] = cfg.inquiry_interval
+    return cfg, old, changed
+
+
 def node_reloader(daemon: Any, core: Any, directory: Path) -> Callable[[], Awaitable[dict[str, Any]]]:
     """A reload callback for a running node (NodeDaemon ``daemon``, its
     NodeCore ``core``, data directory ``directory``). Raises ConfigError /
@@ -53,16 +68,12 @@ def node_reloader(daemon: Any, core: Any, directory: Path) -> Callable[[], Await
     state: dict[str, Any] = {"cfg": load_config(directory), "certs": _mtimes(directory, _NODE_CERT_FILES)}
 
     async def reload() -> dict[str, Any]:
-        cfg: Config = await trio.to_thread.run_sync(load_config, directory)
-        old: Config = state["cfg"]
-        if cfg.role != "node":
-            raise ValueError(f"{directory} now holds a {cfg.role} configuration; not reloaded")
-        changed: dict[str, Any] = {}
-        if cfg.inquiry_interval != old.inquiry_interval:
-            await daemon.gate.run(_set, core, "inquiry_ms", int(cfg.inquiry_interval * 1000))
-            changed["inquiry_interval"] = cfg.inquiry_interval
+        cfg, old, changed = await _common(daemon, core, directory, state, "node")
         if cfg.window != old.window:
-            daemon.s.window = cfg.window
+            if hasattr(daemon, "set_window"):
+                daemon.set_window(cfg.window)  # the running session too
+            else:
+                daemon.s.window = cfg.window
             changed["window"] = cfg.window
         if cfg.platform != old.platform:
             daemon.s.host, daemon.s.port = parse_hostport(cfg.platform)
@@ -94,14 +105,7 @@ def platform_reloader(daemon: Any, core: Any, directory: Path) -> Callable[[], A
     state: dict[str, Any] = {"cfg": load_config(directory)}
 
     async def reload() -> dict[str, Any]:
-        cfg: Config = await trio.to_thread.run_sync(load_config, directory)
-        old: Config = state["cfg"]
-        if cfg.role != "platform":
-            raise ValueError(f"{directory} now holds a {cfg.role} configuration; not reloaded")
-        changed: dict[str, Any] = {}
-        if cfg.inquiry_interval != old.inquiry_interval:
-            await daemon.gate.run(_set, core, "inquiry_ms", int(cfg.inquiry_interval * 1000))
-            changed["inquiry_interval"] = cfg.inquiry_interval
+        cfg, old, changed = await _common(daemon, core, directory, state, "platform")
         if cfg.window != old.window:
             daemon.s.window = cfg.window
             changed["window"] = f"{cfg.window} (new sessions)"
