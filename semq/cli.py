@@ -272,6 +272,7 @@ def cmd_platform_run(args: argparse.Namespace) -> int:
 
     cfg = _cfg(args, "platform")
     host, port = parse_hostport(args.listen or cfg.listen)
+    _raise_fd_limit()
     security = None
     if cfg.security:
         from semq.security import PlatformSecurity
@@ -296,6 +297,21 @@ def cmd_platform_run(args: argparse.Namespace) -> int:
         )
     finally:
         core.close()
+
+
+def _raise_fd_limit() -> None:
+    """One descriptor per connected organization: lift the soft limit on open
+    files to the hard one (often 1024 -> 1M), so a relay with thousands of
+    nodes is not refused by a default meant for desktop programs."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard == resource.RLIM_INFINITY or hard > soft:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+        except (ValueError, OSError) as e:
+            logging.getLogger("semq.platform").warning(
+                "cannot raise the open-file limit from %s to %s: %s", soft, hard, e)
 
 
 def cmd_node_run(args: argparse.Namespace) -> int:
