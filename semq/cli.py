@@ -283,7 +283,8 @@ def cmd_platform_run(args: argparse.Namespace) -> int:
                         inquiry_interval=args.inquiry_interval or cfg.inquiry_interval,
                         # With certificates, only enrolled organizations are known.
                         auto_register=cfg.auto_register and not cfg.security)
-    settings = PlatformSettings(host=host, port=port, window=cfg.window, security=security)
+    settings = PlatformSettings(host=host, port=port, window=cfg.window, security=security,
+                                high_water=max(1, cfg.queue_mib) << 20)
     from semq.ops.runtime import OpsRuntime, ops_options
 
     ops = OpsRuntime("platform", cfg.directory, core, ops_options(args))

@@ -32,6 +32,7 @@ class Config:
     inquiry_interval: float = 15.0  # s (SPEC default)
     synchronous: str = "FULL"  # SQLite synchronous mode
     window: int = 4096
+    queue_mib: int = 16  # platform: MiB queued for one slow node before its documents are stored instead
     auto_register: bool = True  # platform: accept nodes it does not know yet
     security: bool = True  # mutual TLS, end-to-end encryption and signatures (docs/security.md)
 

@@ -270,8 +270,9 @@ class NodeCore:
                 (sent if r[6] else gone).append((ts, ts, ts, r[19] if len(r) > 19 else None, r[0]))
             self.conn.executemany(
                 "UPDATE outbox SET state=1, attempts=attempts+1, sent_ms=?, state_ms=?,"
-                " last_inquiry_ms=?, digest=coalesce(?, digest) WHERE id=?",
-                sent,
+                " last_inquiry_ms=?, due_ms=?+min(?, ?*(1 << min(attempts, 6))), digest=coalesce(?, digest)"
+                " WHERE id=?",
+                [(a, b, c, c, MAX_INQUIRY_BACKOFF_MS, self.inquiry_ms, d, e) for a, b, c, d, e in sent],
             )
             self.conn.executemany("DELETE FROM outbox WHERE id=?", [(g[-1],) for g in gone])
             if self.sec is not None:
@@ -656,8 +657,14 @@ class NodeCore:
                 updates.append((int(o.state), ts, row_code, rid))
         # SPEC A.3: a new state sets the inquiry time to now and starts a new
         # inquiry schedule (no backoff carried over from the previous state).
-        self.conn.executemany("UPDATE outbox SET state=?, state_ms=?, code=?, inquiries=0, last_inquiry_ms=?"
-                              " WHERE id=?", [(st, t, c, t, rid) for st, t, c, rid in updates])
+        # The first inquiry waits one interval, doubled per resend so far
+        # (attempts - 1): a target busy with a backlog is not asked again
+        # about a resent copy before it could have read it (retransmission
+        # backoff; otherwise each "not received" feeds another resend).
+        self.conn.executemany("UPDATE outbox SET state=?, state_ms=?, code=?, inquiries=0, last_inquiry_ms=?,"
+                              " due_ms=?+min(?, ?*(1 << min(max(attempts-1, 0), 6))) WHERE id=?",
+                              [(st, t, c, t, t, MAX_INQUIRY_BACKOFF_MS, self.inquiry_ms, rid)
+                               for st, t, c, rid in updates])
         self.conn.executemany("DELETE FROM outbox WHERE id=?", deletes)
         return answers
 
@@ -732,8 +739,9 @@ class NodeCore:
                 # Every STATE answer (marked, already acked, no record) confirms (SPEC B.2).
                 if from_platform:
                     row = self.conn.execute(
-                        "SELECT id FROM inbound WHERE lk1_semq_id=? AND lk1_semq_db_id=? AND lk1_record_id=?"
-                        " AND platform_id=?", (lk.semq_id, lk.semq_db_id, lk.record_id, frame.origin.node_id),
+                        "SELECT id FROM inbound INDEXED BY inbound_lk1 WHERE lk1_record_id=? AND lk1_record_id != 0"
+                        " AND lk1_semq_id=? AND lk1_semq_db_id=? AND platform_id=?",
+                        (lk.record_id, lk.semq_id, lk.semq_db_id, frame.origin.node_id),
                     ).fetchone()
                 else:
                     row = self.conn.execute(
@@ -759,27 +767,28 @@ class NodeCore:
                 "last_inquiry_ms + min(?, ? * (1 << min(inquiries, 6))) <= ?"
             )
             args = (MAX_INQUIRY_BACKOFF_MS, self.inquiry_ms, ts)
-            # SS_SENT asks P; SS_ACK_FWD (every SaveFwd) and SS_ACK (SaveFwd 3)
-            # ask B, and so does any row still waiting for its ACK2.
+            # SS_SENT asks P, and so does SS_ACK (stored: P owns delivery;
+            # see ORIGIN_TABLE); SS_ACK_FWD (every SaveFwd) asks B.
+            # Through the partial index outbox_due: only the rows due now.
             rows = self.conn.execute(
-                f"SELECT {_OUT_COLS} FROM outbox WHERE reliable=1 AND (state IN (1, 2) OR"
-                f" (state=3 AND (save_fwd=3 OR ack2=1)))"
-                f" AND {due} LIMIT ?",
-                (*args, INQUIRY_BATCH * 4),
+                f"SELECT {_OUT_COLS} FROM outbox INDEXED BY outbox_due WHERE reliable=1 AND state IN (1, 2, 3)"
+                f" AND due_ms <= ? AND (state IN (1, 2) OR save_fwd=3 OR ack2=1) ORDER BY due_ms LIMIT ?",
+                (ts, INQUIRY_BATCH * 4),
             ).fetchall()
             to_p: list[LK0] = []
             to_b: dict[Endpoint, list[LK0]] = defaultdict(list)
             for r in rows:
                 lk = LK0(endpoint=self.me, record_id=r[0])
-                if r[3] == SendState.SS_SENT:
+                if r[3] in (SendState.SS_SENT, SendState.SS_ACK):
                     to_p.append(lk)
                     events.append(self._origin_event(r, "inquiry", ts, detail="platform"))
                 else:
                     to_b[Endpoint(node_type=r[1], node_id=r[2])].append(lk)
                     events.append(self._origin_event(r, "inquiry", ts, detail="target"))
             self.conn.executemany(
-                "UPDATE outbox SET last_inquiry_ms=?, inquiries=inquiries+1 WHERE id=?",
-                [(ts, r[0]) for r in rows],
+                "UPDATE outbox SET last_inquiry_ms=?, due_ms=?+min(?, ?*(1 << min(inquiries+1, 6))),"
+                " inquiries=inquiries+1 WHERE id=?",
+                [(ts, ts, MAX_INQUIRY_BACKOFF_MS, self.inquiry_ms, r[0]) for r in rows],
             )
             for target, lks in [(self.platform, to_p), *to_b.items()]:
                 for i in range(0, len(lks), INQUIRY_BATCH):
@@ -818,7 +827,7 @@ class NodeCore:
         """After a new session: SS_SENT rows ask the platform at once rather
         than after the interval (their answers may have been lost)."""
         with self._tx():
-            self.conn.execute("UPDATE outbox SET last_inquiry_ms=0, inquiries=0 WHERE state=1")
+            self.conn.execute("UPDATE outbox SET last_inquiry_ms=0, due_ms=0, inquiries=0 WHERE state=1")
 
     def housekeeping(self) -> int:
         """Bounded tables: dedup rows past the retention, failed rows past

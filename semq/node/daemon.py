@@ -28,6 +28,7 @@ from semq.umxt_protocol import (
     Frame,
     Hello,
     Kind,
+    Nack,
     Ping,
     Pong,
     RawFrame,
@@ -80,6 +81,7 @@ class NodeDaemon:
         self.sessions = 0
         self.stats = {"sent": 0, "received": 0, "delivered": 0, "refused": 0}
         self.granted = self.window = self.platform_window = settings.window
+        self.told_window = settings.window  # the window our HELLO announced
         self.asked: dict[Endpoint, float] = {}  # certificate look-ups in flight: endpoint -> when
         self.deferred: list[RawFrame] = []  # DATA waiting for its origin's certificate
         # semq.ops sets these when the daemon runs from the CLI.
@@ -145,8 +147,9 @@ class NodeDaemon:
         fs = FrameStream(stream)
         try:
             me = self.core.me
+            self.told_window = self.s.window
             await fs.send(encode_frame(Frame(kind=Kind.HELLO, source=me, target=self.core.platform,
-                                             body=Hello(window=self.s.window, software="semq-node"))))
+                                             body=Hello(window=self.told_window, software="semq-node"))))
             with trio.fail_after(self.s.hello_timeout):
                 first = await fs.receive_batch()
             welcome = first[0]
@@ -192,6 +195,9 @@ class NodeDaemon:
             if not batch:
                 batch = await pump.take()
             self.last_rx = trio.current_time()
+            batch, nacks = self._over_window(batch)
+            if nacks:
+                await fs.send(nacks)
             msgs = []
             for raw in batch:
                 if raw.kind.is_message:
@@ -233,6 +239,38 @@ class NodeDaemon:
                 # Bounded: beyond it the origin's inquiry brings them again.
                 self.deferred = (self.deferred + out.deferred)[-10_000:]
                 await fs.send(b"".join(out.data) + self._ask(out.missing))
+
+    def _over_window(self, batch: list[RawFrame]) -> tuple[list[RawFrame], bytes]:
+        """Seed 004 flow control, this side. Our HELLO announced a window:
+        the number of stored copies (DATA with an LK1) the platform may have
+        in flight to us without our ACK. We ACK each read after its commit,
+        so stored copies beyond the window in one read are over it: refused
+        with OVER_WINDOW, nothing stored; the platform puts them back in its
+        queue and halves its delivery window. Forwarded documents (no LK1)
+        are bounded upstream by their origin's window and the platform's
+        per-node high-water mark, not by this window."""
+        limit = self.told_window
+        copies = []
+        for m in batch:
+            if m.kind is Kind.DATA:
+                try:
+                    lk0, lk1, _, _ = m.data_prefix()
+                except RemoteProtocolError:
+                    continue  # malformed: refused when handled
+                if lk1 is not None:
+                    copies.append((m, lk0))
+        if len(copies) <= limit:
+            return batch, b""
+        over = copies[limit:]
+        nacks = [encode_frame(Frame(kind=Kind.NACK, source=self.core.me, target=self.core.platform,
+                                    body=Nack(lk0=lk0, code=ResultCode.OVER_WINDOW,
+                                              message=f"over the window of {limit} frames")))
+                 for _, lk0 in over]
+        skip = {id(m) for m, _ in over}
+        self.stats["over_window"] = self.stats.get("over_window", 0) + len(nacks)
+        log.warning("the platform sent %d stored copies beyond our window of %d: refused with OVER_WINDOW",
+                    len(over), limit)
+        return [m for m in batch if id(m) not in skip], b"".join(nacks)
 
     async def _sender(self, fs: FrameStream) -> None:
         while True:

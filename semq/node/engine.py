@@ -85,6 +85,14 @@ ORIGIN_TABLE: Final[dict[tuple[SendState, OriginEvent], tuple[SendState, bool]]]
     (S.SS_ACK_FWD, E.TARGET_LACKS): (S.SS_INIT, False),
     (S.SS_ACK_FWD, E.TARGET_ASKS): (S.SS_ACK2, False),
     (S.SS_ACK, E.ACK2): (S.SS_ACK2, True),
+    # Stored rows ask the platform, which owns delivery (not the target,
+    # which would say "not received" for every copy still queued and start
+    # a resend storm after a long outage). Once the platform says its copy
+    # went out and was ACKed (or a later resend was forwarded), the
+    # end-to-end answer is the target's: ask it, as for a forwarded row.
+    (S.SS_ACK, E.PLATFORM_HAS): (S.SS_ACK_FWD, False),
+    (S.SS_ACK, E.ACK_FWD): (S.SS_ACK_FWD, False),
+    (S.SS_ACK, E.PLATFORM_LACKS): (S.SS_INIT, False),
     (S.SS_ACK, E.TARGET_HAS): (S.SS_ACK2, True),
     (S.SS_ACK, E.TARGET_LACKS): (S.SS_INIT, False),
     (S.SS_ACK, E.TARGET_ASKS): (S.SS_ACK2, False),

@@ -106,6 +106,9 @@ def platform_reloader(daemon: Any, core: Any, directory: Path) -> Callable[[], A
 
     async def reload() -> dict[str, Any]:
         cfg, old, changed = await _common(daemon, core, directory, state, "platform")
+        if cfg.queue_mib != old.queue_mib:
+            daemon.s.high_water = max(1, cfg.queue_mib) << 20
+            changed["queue_mib"] = cfg.queue_mib
         if cfg.window != old.window:
             daemon.s.window = cfg.window
             changed["window"] = f"{cfg.window} (new sessions)"

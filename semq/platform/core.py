@@ -64,6 +64,8 @@ class PlatformOutput:
     errors: list[tuple[ResultCode, str]] = field(default_factory=list)
     stored_for: set[Endpoint] = field(default_factory=set)  # targets with new stored copies
     credit: dict[Endpoint, int] = field(default_factory=lambda: defaultdict(int))  # acked deliveries
+    # Stored copies a node refused with OVER_WINDOW (seed 004): deliver slower.
+    over_window: dict[Endpoint, int] = field(default_factory=lambda: defaultdict(int))
 
     def add(self, target: Endpoint, frame: Frame) -> None:
         self.sends[target].append(encode_frame(frame))
@@ -299,17 +301,41 @@ class PlatformCore:
                 acks[(Kind.REACK, sender)].append(AckEntry(
                     1, 1, e.dest_ref_id, e.src_semq_id, e.src_semq_db_id, e.src_ref_id, int(AckFlag.PLATFORM), 0))
             return
+        if isinstance(body, Nack) and body.code is ResultCode.OVER_WINDOW:
+            # The node refused a copy beyond its window (seed 004): a stored
+            # one goes back to the queue and out again, at a smaller window.
+            # A forwarded one is not ours to keep: its origin's inquiry finds
+            # the target lacks it and sends it again.
+            lk = body.lk0
+            ids = [rid for (rid,) in self.conn.execute(
+                "SELECT id FROM stored WHERE origin_type=? AND origin_id=? AND semq_id=? AND semq_db_id=?"
+                " AND record_id=? AND kind=1 AND target_type=? AND target_id=?",
+                (int(lk.endpoint.node_type), lk.endpoint.node_id, lk.semq_id, lk.semq_db_id, lk.record_id,
+                 int(sender.node_type), sender.node_id),
+            )]
+            out.credit[sender] += self._settle(ids, StoredEvent.TARGET_LACKS, sender, ts, events)
+            out.over_window[sender] += 1
+            if ids:
+                out.stored_for.add(sender)
+            return
         if isinstance(body, Inquiry):
             answers: list[InquiryAnswer] = []
             if body.topic is InquiryTopic.RECEIVED:
+                # FORWARDED: handed to the target's connection; STORED: a copy
+                # waits here for delivery; RECEIVED: stored, delivered, and the
+                # target ACKed its copy (so only the target has it now).
                 for lk in body.items:
                     row = self.conn.execute(
-                        "SELECT action FROM seen WHERE origin_type=? AND origin_id=? AND semq_id=? AND"
+                        "SELECT action, lk1 FROM seen WHERE origin_type=? AND origin_id=? AND semq_id=? AND"
                         " semq_db_id=? AND record_id=?",
                         (int(lk.endpoint.node_type), lk.endpoint.node_id, lk.semq_id, lk.semq_db_id, lk.record_id),
                     ).fetchone()
-                    result = {_FORWARDED: InquiryResult.FORWARDED, _STORED: InquiryResult.STORED}.get(
-                        row[0] if row else 0, InquiryResult.NOT_RECEIVED)
+                    result = InquiryResult.NOT_RECEIVED
+                    if row and row[0] == _FORWARDED:
+                        result = InquiryResult.FORWARDED
+                    elif row and row[0] == _STORED:
+                        held = self.conn.execute("SELECT 1 FROM stored WHERE id=? AND kind=1", (row[1],)).fetchone()
+                        result = InquiryResult.STORED if held else InquiryResult.RECEIVED
                     answers.append(InquiryAnswer(lk, result))
             else:
                 for lk in body.items:
@@ -423,7 +449,7 @@ class PlatformCore:
         with self.db.atomic("IMMEDIATE"):
             rows = self.conn.execute(
                 "SELECT id, target_type, target_id, origin_type, origin_id, semq_id, semq_db_id, record_id"
-                " FROM stored WHERE kind=1 AND state=1 AND"
+                " FROM stored INDEXED BY stored_sent WHERE kind=1 AND state=1 AND"
                 " last_sent_ms + min(?, ? * (1 << min(inquiries, 6))) <= ? LIMIT 4000",
                 (MAX_INQUIRY_BACKOFF_MS, self.inquiry_ms, ts),
             ).fetchall()

@@ -67,6 +67,9 @@ class PlatformSettings:
     crl_check_interval: float = 2.0
 
 
+_SLICE = 1 << 20  # bytes per write to a node
+
+
 class Session:
     """One connected node: its outgoing queue (bounded by high_water: a slow
     node gets its documents stored, not buffered) and its delivery window."""
@@ -76,7 +79,7 @@ class Session:
         self.fs = fs
         self.queue: list[bytes] = []
         self.queued = 0
-        self.window = window
+        self.window = self.max_window = window
         self.in_flight = 0
         self.wake_writer = trio.Event()
         self.wake_deliver = trio.Event()
@@ -310,7 +313,16 @@ class PlatformDaemon:
             s = self.sessions.get(target)
             if s is not None and n:
                 s.in_flight = max(0, s.in_flight - n)
+                # Additive increase back to the agreed window after a decrease.
+                s.window = min(s.max_window, s.window + n // 8 + 1)
                 s.wake_deliver.set()
+        for target, n in out.over_window.items():
+            s = self.sessions.get(target)
+            if s is not None and n:
+                # Multiplicative decrease: the node is over its window.
+                s.window = max(16, s.window // 2)
+                self.stats["over_window_in"] = self.stats.get("over_window_in", 0) + n
+                log.warning("%s refused %d copies over its window: delivery window now %d", target, n, s.window)
         for target in out.stored_for:
             s = self.sessions.get(target)
             if s is not None:
@@ -321,12 +333,21 @@ class PlatformDaemon:
             while True:
                 await session.wake_writer.wait()
                 session.wake_writer = trio.Event()
-                data, session.queue = session.queue, []
-                session.queued = 0
-                if data:
-                    await session.fs.send(b"".join(data))
-                    if session.in_flight < session.window:
-                        session.wake_deliver.set()
+                q = session.queue
+                while q:
+                    # ~1 MiB per send: coalesced, yet never a second copy of a
+                    # whole queue; ``queued`` (what high_water bounds) counts
+                    # a slice until it is written.
+                    end, size = 0, 0
+                    while end < len(q) and size < _SLICE:
+                        size += len(q[end])
+                        end += 1
+                    chunk = b"".join(q[:end])
+                    del q[:end]
+                    await session.fs.send(chunk)
+                    session.queued -= size
+                if session.in_flight < session.window:
+                    session.wake_deliver.set()
         finally:
             scope.cancel()
 

@@ -103,7 +103,14 @@ def _v2(db: SqliteDatabase) -> None:
     db.execute_sql("CREATE INDEX stored_delivery ON stored (target_type, target_id, state, priority DESC, id)")
 
 
-MIGRATIONS = [_v1, _v2]
+def _v3(db: SqliteDatabase) -> None:
+    """Copies delivered but not yet ACKed (SS_SENT: at most a window per
+    node), indexed: the inquiry loop reads those instead of scanning every
+    stored row (with its blob) per tick — a 1 GB table at a million stored."""
+    db.execute_sql("CREATE INDEX IF NOT EXISTS stored_sent ON stored (last_sent_ms) WHERE kind=1 AND state=1")
+
+
+MIGRATIONS = [_v1, _v2, _v3]
 
 
 def open_platform_store(path: Path, *, create: bool = False, synchronous: str = "FULL",
