@@ -123,6 +123,12 @@ _OUT_COLS: Final = (
 )
 
 
+_EVENT_NAME: Final = {OriginEvent.ACK_FWD: "ack_fwd", OriginEvent.ACK_SAVE: "ack_save",
+                      OriginEvent.NACK: "nack", OriginEvent.PLATFORM_LACKS: "resend",
+                      OriginEvent.TARGET_LACKS: "resend"}
+_SEND_STATES: Final = {int(s): s for s in SendState}
+
+
 class NodeCore:
     """One organization's store and SEMQ rules. Not thread-safe: one caller
     at a time (the daemon's store gate)."""
@@ -622,7 +628,7 @@ class NodeCore:
                 # about it: an ACK2 from a third organization is ignored.
                 answers.append((rid, InquiryResult.NO_RECORD))
                 continue
-            state = SendState(r[3])
+            state = _SEND_STATES[r[3]]
             o = origin_step(state, event, save_fwd=r[4], ack2=bool(r[5]))
             answers.append((rid, InquiryResult.ALREADY_ACKED if state is SendState.SS_ACK2
                             else InquiryResult.MARKED_ACKED))
@@ -638,9 +644,7 @@ class NodeCore:
                 # SaveFwd 1 forwarded, lost on the way: dropped, and said so.
                 row_code = int(ResultCode.TARGET_OFFLINE_DROPPED)
                 row_detail = "forwarded but not received by the target"
-            name = {OriginEvent.ACK_FWD: "ack_fwd", OriginEvent.ACK_SAVE: "ack_save",
-                    OriginEvent.NACK: "nack", OriginEvent.PLATFORM_LACKS: "resend",
-                    OriginEvent.TARGET_LACKS: "resend"}.get(event, "ack2")
+            name = _EVENT_NAME.get(event, "ack2")
             if o.state is SendState.SS_FAILED:
                 name = "nack"
             if event is OriginEvent.PLATFORM_HAS:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import Enum, IntEnum
+from functools import lru_cache
 from typing import Final
 
 __all__ = [
@@ -127,6 +128,7 @@ def origin_may_clean(state: SendState, save_fwd: int, ack2: bool) -> bool:
     return False
 
 
+@lru_cache(maxsize=1024)  # pure and small-domain: the hot path pays a dict look-up
 def origin_step(state: SendState, event: OriginEvent, *, save_fwd: int, ack2: bool) -> OriginOutcome:
     """Apply one event to a pending-send row. A target's "not received"
     resends SaveFwd 3 rows (SPEC: must be delivered) and forwarded SaveFwd 2
@@ -155,6 +157,7 @@ class ReceiveDecision:
     keep_row: bool  # a pending-ack row is needed (some confirmation outstanding)
 
 
+@lru_cache(maxsize=64)
 def receive_decision(*, duplicate: bool, has_lk1: bool, ack2: bool, reliable: bool) -> ReceiveDecision:
     """SPEC B.1 and B.4: a DATA arrival. A duplicate is never delivered again
     but is acked again (the earlier ack may have been lost: that is why it

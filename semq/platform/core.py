@@ -107,6 +107,7 @@ class PlatformCore:
         self.inquiry_ms = int(inquiry_interval * 1000)
         self.auto_register = auto_register
         self.log = EventLog(events_dir, f"platform:{platform_id}", "platform") if events_dir else None
+        self._seen: list[tuple[Any, ...]] = []
         self.known: set[Endpoint] = {
             Endpoint(node_type=t, node_id=i)
             for t, i in self.conn.execute("SELECT node_type, node_id FROM nodes WHERE revoked=0")
@@ -173,6 +174,7 @@ class PlatformCore:
         ts = now_ms()
         events: list[dict[str, Any]] = []
         acks: dict[tuple[Kind, Endpoint], list[AckEntry]] = defaultdict(list)
+        self._seen = []  # `seen` rows of this batch, written in one executemany
         with self.db.atomic("IMMEDIATE"):
             for raw in frames:
                 if raw.source != sender or (raw.origin != sender and raw.kind is not Kind.DATA) or (
@@ -185,6 +187,7 @@ class PlatformCore:
                     continue
                 try:
                     if raw.target == self.me:
+                        self._flush_seen()  # an inquiry in the same batch reads them
                         self._for_me(sender, raw, ts, out, events, acks)
                     elif raw.kind is Kind.DATA:
                         self._data(sender, raw, ts, out, events, acks, online)
@@ -195,12 +198,18 @@ class PlatformCore:
                             f"{raw.kind.name} for {raw.target} cannot be relayed", ResultCode.UNEXPECTED_FRAME)
                 except RemoteProtocolError as e:
                     out.errors.append((e.code, str(e)))
+            self._flush_seen()
             for (kind, target), entries in acks.items():
                 for i in range(0, len(entries), 10_000):
                     out.add(target, Frame(kind=Kind.ACK_BATCH, source=self.me, target=target,
                                           body=AckBatch(ack_kind=kind, entries=tuple(entries[i:i + 10_000]))))
         self._emit(events)
         return out
+
+    def _flush_seen(self) -> None:
+        if self._seen:
+            self.conn.executemany("INSERT OR REPLACE INTO seen VALUES (?,?,?,?,?,?,?,?)", self._seen)
+            self._seen = []
 
     def _event(self, raw: RawFrame, lk0: LK0, created: int, ts: int, event: str, **extra: Any) -> dict[str, Any]:
         ev = {"ts": ts, "event": event, "lk0": str(lk0), "source": lk0.endpoint.node_id,
@@ -225,8 +234,7 @@ class PlatformCore:
         if where is Route.FORWARD:
             out.sends[target].append(relay_bytes(raw, self.me))
             if raw.reliable:
-                self.conn.execute(
-                    "INSERT OR REPLACE INTO seen VALUES (?,?,?,?,?,?,?,?)", (*key, _FORWARDED, 0, ts))
+                self._seen.append((*key, _FORWARDED, 0, ts))
                 acks[(Kind.ACK_FWD, sender)].append(AckEntry(
                     1, 1, 0, lk0.semq_id, lk0.semq_db_id, lk0.record_id, int(AckFlag.PLATFORM),
                     int(ForwardFlag.FORWARDED)))
@@ -247,14 +255,14 @@ class PlatformCore:
                     (int(target.node_type), target.node_id, *key, raw.priority, expires, ts, raw.raw),
                 )
                 lk1_id = int(cur.lastrowid or 0)
-            self.conn.execute("INSERT OR REPLACE INTO seen VALUES (?,?,?,?,?,?,?,?)", (*key, _STORED, lk1_id, ts))
+            self._seen.append((*key, _STORED, lk1_id, ts))
             acks[(Kind.ACK_SAVE, sender)].append(AckEntry(
                 1, 1, lk1_id, lk0.semq_id, lk0.semq_db_id, lk0.record_id, int(AckFlag.PLATFORM),
                 int(ForwardFlag.STORED)))
             out.stored_for.add(target)
             events.append(self._event(raw, lk0, created, ts, "stored", lk1=f"1/1/{lk1_id}"))
         elif where in (Route.DROP, Route.REFUSE):
-            self.conn.execute("INSERT OR REPLACE INTO seen VALUES (?,?,?,?,?,?,?,?)", (*key, _DROPPED, 0, ts))
+            self._seen.append((*key, _DROPPED, 0, ts))
             text = {ResultCode.UNKNOWN_TARGET: f"target {target} is not known to the platform",
                     ResultCode.EXPIRED: "the document expired before it could be delivered",
                     }.get(code, f"target {target} is offline and SaveFwd=1: discarded")

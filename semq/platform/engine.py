@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from enum import Enum, IntEnum
+from functools import lru_cache
 from typing import Final
 
 from semq.umxt_protocol import InquiryResult, ResultCode
@@ -26,6 +27,7 @@ class Route(Enum):
     REFUSE = "refuse"  # unknown target or expired: NACK with the code
 
 
+@lru_cache(maxsize=256)  # pure, small domain
 def route(*, known: bool, online: bool, save_fwd: int, reliable: bool, expired: bool) -> tuple[Route, ResultCode]:
     """Where a DATA frame goes (P.1). A target with a full outgoing queue
     counts as offline (flow control: stored, never buffered in memory)."""
