@@ -21,7 +21,9 @@ is bounded.
     before / while connected / after they left, platform CPU while
     connecting and while idle with every node connected, and the pair's
     documents/s (A's first ``sent`` -> last ``ack2`` event) without and with
-    the load.
+    the load. Then the same nodes connect and leave ``--rounds`` - 1 more
+    times: the platform's RSS after each round shows what it keeps per
+    connection.
 
 ``scripts/bench load backlog [--docs 1000000]``
     The platform and A run, B is offline. ``--docs`` 1 KiB documents
@@ -41,7 +43,7 @@ Exit 0 when everything completed and checked, 1 on a failure (a time cap,
 a lost or duplicated document, a process that died), 2 on a usage error.
 The machine has 2 cores shared with other work: figures move by +-20-30 %.
 
-Usage: scripts/bench load nodes [--nodes N] [--docs-per-node D] [--pair-docs K] [--idle S]
+Usage: scripts/bench load nodes [--nodes N] [--docs-per-node D] [--pair-docs K] [--idle S] [--rounds R]
                                 [--concurrency C] [--trickle S] [--security on|off] [--time-cap S] [--keep]
        scripts/bench load backlog [--docs N] [--security on|off] [--rss-limit MIB] [--time-cap S]
                                   [--restart-platform] [--keep]
@@ -470,6 +472,23 @@ def run_nodes(a: argparse.Namespace, tmp: Path) -> tuple[list[list[str]], list[s
         c.alive()
         hwm = while_loaded.hwm_mib
         lg = sampler.peak("loaded", "L")
+        gen.kill()
+        # Churn: the same nodes connect and leave again; what the platform
+        # keeps per connection shows as RSS that grows round by round.
+        rounds = [after]
+        for r in range(2, a.rounds + 1):
+            _log(f"round {r}: {a.nodes} nodes connect again, then leave")
+            gen = LoadGen(c, tmp / "ids", ["--concurrency", str(a.concurrency), "--docs-per-node", "0",
+                                            "--hold", "1", "--no-control", "--status-interval", "0",
+                                            "--connect-deadline", str(min(600.0, max(10.0, dl.left())))])
+            rec = gen.wait("done", min(660.0, max(10.0, dl.left())))
+            if not rec["ok"] or gen.p.wait(timeout=60):
+                raise BenchError(f"round {r}: load generator failed: {rec}")
+            gen.kill()
+            time.sleep(1)
+            rounds.append(wait_for(lambda: (x := proc_info(pid)) and x.fds <= before.fds + 5 and x, 60,
+                                   "the platform's descriptors to return to the level before the load"))
+            dl.check(f"connection round {r}")
     finally:
         if sampler is not None:
             sampler.close()
@@ -489,6 +508,8 @@ def run_nodes(a: argparse.Namespace, tmp: Path) -> tuple[list[list[str]], list[s
         ["platform VmRSS: 2 nodes / all connected / after they left",
          f"{before.rss_mib:.0f} / {at_connect.rss_mib:.0f} / {after.rss_mib:.0f} MiB"],
         ["  per connection", f"{per_conn:.0f} KiB"],
+        *([[f"platform VmRSS after each of {len(rounds)} connect/leave rounds",
+            " / ".join(f"{x.rss_mib:.0f}" for x in rounds) + " MiB"]] if len(rounds) > 1 else []),
         ["platform VmHWM (peak) with all connected", f"{hwm:.0f} MiB"],
         ["platform open fds: 2 nodes / all connected / after", f"{before.fds} / {at_connect.fds} / {after.fds}"],
         [f"platform CPU idle, {n:,} connected ({a.idle:g} s)", f"{idle_cpu:.0%} of a core"],
@@ -778,6 +799,8 @@ def main(argv: list[str] | None = None) -> int:
     n.add_argument("--concurrency", type=int, default=64, help="handshakes at a time (default 64)")
     n.add_argument("--trickle", type=float, default=0.0, help="while connected: a document per node every S s")
     n.add_argument("--idle", type=float, default=10.0, help="s of idle CPU measurement (default 10)")
+    n.add_argument("--rounds", type=int, default=3,
+                   help="times all nodes connect and leave; RSS after each (default 3)")
     n.add_argument("--time-cap", type=float, default=1800.0, help="fail if the run takes longer (default 1800 s)")
     b = sub.add_parser("backlog", parents=[common], help="a big backlog for one offline node")
     b.add_argument("--docs", type=int, default=1_000_000)
@@ -789,8 +812,8 @@ def main(argv: list[str] | None = None) -> int:
         a = p.parse_args(sys.argv[1:] if argv is None else argv)
     except SystemExit as e:
         return int(e.code or 0)
-    if a.what == "nodes" and (a.nodes < 2 or a.pair_docs < 1 or a.idle <= 0):
-        print("error: --nodes must be >= 2, --pair-docs >= 1, --idle > 0", file=sys.stderr)
+    if a.what == "nodes" and (a.nodes < 2 or a.pair_docs < 1 or a.idle <= 0 or a.rounds < 1):
+        print("error: --nodes must be >= 2, --pair-docs >= 1, --idle > 0, --rounds >= 1", file=sys.stderr)
         return 2
     if a.what == "backlog" and a.docs < 1:
         print("error: --docs must be >= 1", file=sys.stderr)
