@@ -35,6 +35,7 @@ __all__ = [
 ]
 
 AAD_PREFIX: Final = b"SEMQ-AAD-v1\x00"
+_SAVE_FWD: Final = {int(v): bytes((int(v),)) for v in SaveFwd}
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -54,13 +55,19 @@ def document_aad(lk0: LK0, source: Endpoint, target: Endpoint, app_key: AppKey,
     application-level origin: ``Frame.origin``, never the relaying platform)
     to ``target``. Deterministic: origin and receiver compute it from the
     same header fields and get the same bytes."""
+    try:
+        sf = _SAVE_FWD.get(save_fwd)
+    except TypeError:  # unhashable: SaveFwd() words the error
+        sf = None
+    if sf is None:
+        sf = bytes((int(SaveFwd(save_fwd)),))  # ValueError unless 0..3
     return b"".join((
         AAD_PREFIX,
         encode_lk0(lk0),
         encode_endpoint(source),
         encode_endpoint(target),
         encode_app_key(app_key),
-        bytes((int(SaveFwd(save_fwd)),)),
+        sf,
     ))
 
 

@@ -11,7 +11,6 @@ signed digest still names the first receiver).
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -24,9 +23,9 @@ from ._signing import (
     SignatureCache,
     SignedDocument,
     VerifiedDocument,
+    _verify,
     sign_document,
     sign_documents,
-    verify_document,
 )
 
 __all__ = [
@@ -55,10 +54,10 @@ def _seal(signed: SignedDocument, aad: bytes, recipients: Sequence[NodeCertifica
           sealer: Sealer | None) -> ProtectedDocument:
     if recipients is None:
         return ProtectedDocument(signed.container, b"", signed.digest)
-    keys = [c.encryption_public_key for c in recipients]
     if sealer is not None:
-        blob, ct = sealer.seal(signed.container, recipient_enc_public_keys=keys, aad=aad)
+        blob, ct = sealer._seal_certs(signed.container, recipients, aad)
     else:
+        keys = [c.encryption_public_key for c in recipients]
         blob, ct = seal(signed.container, recipient_enc_public_keys=keys, aad=aad)
     return ProtectedDocument(ct, blob, signed.digest)
 
@@ -118,5 +117,4 @@ def open_document(
                            " end-to-end encryption")
     else:
         container = bytes(app_data)
-    doc = verify_document(container, aad=aad, signer_certs=signer_certs, cache=cache)
-    return dataclasses.replace(doc, encrypted=bool(session_key))
+    return _verify(container, aad, signer_certs, cache, bool(session_key))

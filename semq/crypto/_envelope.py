@@ -26,7 +26,6 @@ per epoch, not per document.
 from __future__ import annotations
 
 import hashlib
-import hmac
 import os
 import threading
 import time
@@ -42,7 +41,7 @@ from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from semq.umxt_protocol import MAX_SESSION_KEY
 
 from ._errors import DecryptError
-from ._pki import KEY_ID_SIZE, key_id
+from ._pki import KEY_ID_SIZE, NodeCertificate, key_id
 from ._wire import U32
 
 __all__ = [
@@ -73,22 +72,63 @@ _ZERO_NONCE: Final = bytes(12)
 _HASH_LEN: Final = 32
 
 
+# HMAC-SHA256 (RFC 2104) spelled out over hashlib: the same bytes as
+# hmac.digest, at about half the cost for the short keys and messages of a
+# per-document key derivation (OpenSSL's one-shot HMAC has a high fixed cost).
+_BLOCK: Final = 64
+_IPAD: Final = bytes(x ^ 0x36 for x in range(256))
+_OPAD: Final = bytes(x ^ 0x5C for x in range(256))
+_ZERO_BLOCK: Final = bytes(_BLOCK)
+_sha256 = hashlib.sha256
+
+
+def _pads(key: bytes) -> tuple[bytes, bytes]:
+    """(key XOR ipad, key XOR opad), the key zero-padded to the block size."""
+    if len(key) > _BLOCK:
+        key = _sha256(key).digest()
+    key = bytes(key) + _ZERO_BLOCK[len(key):]
+    return key.translate(_IPAD), key.translate(_OPAD)
+
+
+def _hmac_sha256(key: bytes, msg: bytes) -> bytes:
+    ipad, opad = _pads(key)
+    return _sha256(opad + _sha256(ipad + msg).digest()).digest()
+
+
 def _hkdf(ikm: bytes, salt: bytes, info: bytes, length: int) -> bytes:
-    """HKDF-SHA256 (RFC 5869) with hmac/hashlib: the same bytes as
-    cryptography's HKDF, without building an object per document."""
-    prk = hmac.digest(salt, ikm, "sha256")
+    """HKDF-SHA256 (RFC 5869): the same bytes as cryptography's HKDF,
+    without building an object per document."""
+    ipad, opad = _pads(_hmac_sha256(salt, ikm))  # extract: PRK = HMAC(salt, IKM)
     out = b""
     block = b""
     i = 1
     while len(out) < length:
-        block = hmac.digest(prk, block + info + bytes((i,)), "sha256")
+        block = _sha256(opad + _sha256(ipad + block + info + bytes((i,))).digest()).digest()
         out += block
         i += 1
     return out[:length]
 
 
+_CONTENT_T1: Final = b"SEMQ-v1 content\x01"
+_CONTENT_T2: Final = b"SEMQ-v1 content\x02"
+
+
+def _content_key(file_key: bytes, salt: bytes) -> bytes:
+    """``_hkdf(file_key, salt, _CONTENT_INFO, 44)`` (content key || nonce),
+    unrolled: the salt differs per document, so nothing here can be cached."""
+    ipad, opad = _pads(salt)
+    prk = _sha256(opad + _sha256(ipad + file_key).digest()).digest() + _ZERO_BLOCK[32:]
+    ipad, opad = prk.translate(_IPAD), prk.translate(_OPAD)
+    t1 = _sha256(opad + _sha256(ipad + _CONTENT_T1).digest()).digest()
+    return t1 + _sha256(opad + _sha256(ipad + t1 + _CONTENT_T2).digest()).digest()[:12]
+
+
+_BLOB_HEAD: Final = BLOB_MAGIC + bytes((SUITE_X25519_AES256GCM,))
+_COUNT: Final = [bytes((i,)) for i in range(256)]
+
+
 def _header(salt: bytes, count: int) -> bytes:
-    return BLOB_MAGIC + bytes((SUITE_X25519_AES256GCM,)) + salt + bytes((count,))
+    return _BLOB_HEAD + salt + _COUNT[count]
 
 
 def _wrap(file_key: bytes, recipient: x25519.X25519PublicKey) -> bytes:
@@ -125,25 +165,26 @@ def _recipients(keys: Sequence[x25519.X25519PublicKey]) -> list[x25519.X25519Pub
         if not isinstance(k, x25519.X25519PublicKey):
             raise TypeError(f"recipient key must be an X25519PublicKey, not {type(k).__name__}")
         seen.setdefault(key_id(k), k)
-    if not seen:
-        raise ValueError("no recipient key: a sealed document needs at least one")
-    if len(seen) > MAX_RECIPIENT_KEYS:
-        raise ValueError(
-            f"{len(seen)} recipient keys exceed the {MAX_RECIPIENT_KEYS}-key limit of a session key blob"
-        )
+    _check_count(len(seen))
     return list(seen.values())
 
 
-def _content_aad(aad: bytes, blob: bytes) -> bytes:
-    return U32.pack(len(aad)) + aad + blob
+def _check_count(n: int) -> None:
+    if not n:
+        raise ValueError("no recipient key: a sealed document needs at least one")
+    if n > MAX_RECIPIENT_KEYS:
+        raise ValueError(
+            f"{n} recipient keys exceed the {MAX_RECIPIENT_KEYS}-key limit of a session key blob"
+        )
 
 
 def _encrypt(file_key: bytes, wraps: bytes, count: int, app_data: bytes,
              aad: bytes) -> tuple[bytes, bytes]:
     salt = os.urandom(SALT_SIZE)
-    blob = _header(salt, count) + wraps
-    okm = _hkdf(file_key, salt, _CONTENT_INFO, 44)
-    ct = AESGCM(okm[:32]).encrypt(okm[32:], bytes(app_data), _content_aad(aad, blob))
+    blob = _BLOB_HEAD + salt + _COUNT[count] + wraps
+    okm = _content_key(file_key, salt)
+    ct = AESGCM(okm[:32]).encrypt(okm[32:], bytes(app_data),
+                                  U32.pack(len(aad)) + aad + blob)
     return blob, ct
 
 
@@ -199,9 +240,10 @@ def _select(wraps: list[bytes], mine: dict[bytes, x25519.X25519PrivateKey]
 
 
 def _decrypt(file_key: bytes, salt: bytes, blob: bytes, ciphertext: bytes, aad: bytes) -> bytes:
-    okm = _hkdf(file_key, salt, _CONTENT_INFO, 44)
+    okm = _content_key(file_key, salt)
     try:
-        return AESGCM(okm[:32]).decrypt(okm[32:], bytes(ciphertext), _content_aad(aad, blob))
+        return AESGCM(okm[:32]).decrypt(okm[32:], bytes(ciphertext),
+                                        U32.pack(len(aad)) + aad + blob)
     except InvalidTag:
         raise DecryptError(
             f"ciphertext of {len(ciphertext)} bytes failed authentication: tampered, or the"
@@ -250,7 +292,10 @@ class Sealer:
         self._epochs: OrderedDict[tuple[bytes, ...], _Epoch] = OrderedDict()
 
     def _epoch(self, recipients: list[x25519.X25519PublicKey]) -> tuple[bytes, bytes]:
-        ids = tuple(sorted(key_id(r) for r in recipients))
+        return self._epoch_ids(tuple(sorted(key_id(r) for r in recipients)), recipients)
+
+    def _epoch_ids(self, ids: tuple[bytes, ...], recipients: list[x25519.X25519PublicKey]
+                   ) -> tuple[bytes, bytes]:
         now = self._clock()
         with self._lock:
             e = self._epochs.get(ids)
@@ -274,6 +319,23 @@ class Sealer:
         file_key, wraps = self._epoch(recipients)
         return _encrypt(file_key, wraps, len(recipients), app_data, aad)
 
+    def _seal_certs(self, app_data: bytes, certs: Sequence[NodeCertificate],
+                    aad: bytes) -> tuple[bytes, bytes]:
+        """``seal`` to the encryption keys of ``certs``, with the key ids the
+        certificates already hold (what ``_recipients`` and ``_epoch`` would
+        hash again per document). Same bytes, same errors."""
+        seen: dict[bytes, x25519.X25519PublicKey] = {}
+        for c in certs:
+            k = c.encryption_public_key
+            if not isinstance(k, x25519.X25519PublicKey):
+                raise TypeError(
+                    f"recipient key must be an X25519PublicKey, not {type(k).__name__}")
+            seen.setdefault(c.encryption_key_id, k)
+        _check_count(len(seen))
+        recipients = list(seen.values())
+        file_key, wraps = self._epoch_ids(tuple(sorted(seen)), recipients)
+        return _encrypt(file_key, wraps, len(recipients), app_data, aad)
+
     def clear(self) -> None:
         """Forget every epoch: the next document to each recipient set starts a new one."""
         with self._lock:
@@ -282,10 +344,10 @@ class Sealer:
 
 class Opener:
     """``open_`` for one node's keys, remembering up to ``cache_size``
-    unwrapped file keys by their wrap bytes, so documents of one sender epoch
-    cost one X25519 in total. The cache only memoizes a check that passed
-    (same wrap bytes, same key, same result); the content AEAD still runs per
-    document. Thread-safe."""
+    unwrapped file keys by the exact bytes of the blob's wraps, so documents
+    of one sender epoch cost one X25519 in total. The cache only memoizes a
+    check that passed (same wrap bytes, same key, same result); the content
+    AEAD still runs per document. Thread-safe."""
 
     def __init__(self, recipient_enc_private_keys: Sequence[x25519.X25519PrivateKey], *,
                  cache_size: int = 4096) -> None:
@@ -301,17 +363,25 @@ class Opener:
     def open(self, session_key_blob: bytes, ciphertext: bytes, *, aad: bytes) -> bytes:
         """Like the module function ``open_`` (same errors)."""
         blob = bytes(session_key_blob)
+        n = len(blob)
+        # A well-formed blob (what _parse_blob accepts) whose wraps (all of
+        # them, exact bytes) we unwrapped before: same wraps, same keys, same
+        # file key. Anything else takes the full path below.
+        if n > BLOB_HEADER_SIZE and blob[:5] == _BLOB_HEAD:
+            count = blob[BLOB_HEADER_SIZE - 1]
+            if 0 < count <= MAX_RECIPIENT_KEYS and n == BLOB_HEADER_SIZE + count * WRAP_SIZE:
+                cache_key = blob[BLOB_HEADER_SIZE:]
+                with self._lock:
+                    file_key = self._cache.get(cache_key)
+                    if file_key is not None:
+                        self._cache.move_to_end(cache_key)
+                if file_key is not None:
+                    return _decrypt(file_key, blob[5:5 + SALT_SIZE], blob, ciphertext, aad)
         salt, wraps = _parse_blob(blob)
         entry, priv = _select(wraps, self._keys)
-        cache_key = hashlib.sha256(entry).digest()
+        file_key = _unwrap(entry, priv)
         with self._lock:
-            file_key = self._cache.get(cache_key)
-            if file_key is not None:
-                self._cache.move_to_end(cache_key)
-        if file_key is None:
-            file_key = _unwrap(entry, priv)
-            with self._lock:
-                self._cache[cache_key] = file_key
-                while len(self._cache) > self.cache_size:
-                    self._cache.popitem(last=False)
+            self._cache[blob[BLOB_HEADER_SIZE:]] = file_key
+            while len(self._cache) > self.cache_size:
+                self._cache.popitem(last=False)
         return _decrypt(file_key, salt, blob, ciphertext, aad)

@@ -24,6 +24,16 @@ def _node(left: bytes, right: bytes) -> bytes:
     return hashlib.sha256(b"\x01" + left + right).digest()
 
 
+# Memo of inner nodes for root_from_path: the documents of one signed batch
+# share their upper nodes, so a receiver checking n paths of ~log2(n) hashes
+# computes each inner node once instead of up to n/2 times. Keyed on the
+# exact 64 input bytes (left || right) -> SHA-256(0x01 || left || right): a
+# pure function's memo, so nothing an attacker sends can make it answer
+# differently from computing. Bounded: cleared at _MEMO_MAX entries.
+_MEMO_MAX: Final = 1 << 14  # ~3 MB
+_memo: dict[bytes, bytes] = {}
+
+
 class MerkleTree:
     """A tree over ``leaves`` (already leaf-hashed). Built level by level; an
     odd node at the end of a level moves up unchanged, which yields exactly
@@ -36,8 +46,10 @@ class MerkleTree:
             raise ValueError("a Merkle tree needs at least one leaf")
         level = list(leaves)
         self.levels = [level]
+        sha256 = hashlib.sha256
         while len(level) > 1:
-            nxt = [_node(level[i], level[i + 1]) for i in range(0, len(level) - 1, 2)]
+            nxt = [sha256(b"\x01" + level[i] + level[i + 1]).digest()
+                   for i in range(0, len(level) - 1, 2)]
             if len(level) % 2:
                 nxt.append(level[-1])
             self.levels.append(nxt)
@@ -57,12 +69,23 @@ class MerkleTree:
             raise IndexError(f"leaf {index} is outside 0..{self.size - 1}")
         out = []
         i = index
-        for level in self.levels[:-1]:
+        for level in self.levels:
             sibling = i ^ 1
             if sibling < len(level):
                 out.append(level[sibling])
             i >>= 1
         return out
+
+    def joined_paths(self) -> list[bytes]:
+        """``b"".join(self.path(i))`` for every leaf i, in order (the path
+        length is ``len(...) // HASH_SIZE``). Leaves of one subtree share the
+        upper part of their paths, so this builds each shared suffix once."""
+        suffixes = [b""]
+        for level in reversed(self.levels[:-1]):
+            n = len(level)
+            suffixes = [(level[j ^ 1] if j ^ 1 < n else b"") + suffixes[j >> 1]
+                         for j in range(n)]
+        return suffixes
 
 
 def root_from_path(leaf: bytes, index: int, size: int, path: Sequence[bytes]) -> bytes:
@@ -71,17 +94,26 @@ def root_from_path(leaf: bytes, index: int, size: int, path: Sequence[bytes]) ->
     the wrong length for that position; the caller compares the root."""
     if not 0 <= index < size:
         raise ValueError(f"leaf index {index} is outside 0..{size - 1}")
-    fn, sn, r = index, size - 1, leaf
+    memo = _memo
+    if len(memo) >= _MEMO_MAX:
+        memo.clear()
+    fn, sn, r = index, size - 1, bytes(leaf)
     for p in path:
         if sn == 0:
             raise ValueError(f"inclusion path of {len(path)} hashes is too long")
+        if type(p) is not bytes:
+            p = bytes(p)  # bytearray or memoryview: the memo needs hashable keys
         if fn & 1 or fn == sn:
-            r = _node(p, r)
+            key = p + r
             while not fn & 1 and fn != 0:
                 fn >>= 1
                 sn >>= 1
         else:
-            r = _node(r, p)
+            key = r + p
+        h = memo.get(key)
+        if h is None:
+            h = memo[key] = hashlib.sha256(b"\x01" + key).digest()
+        r = h
         fn >>= 1
         sn >>= 1
     if sn != 0:

@@ -19,6 +19,7 @@ Choices (docs/security.md, "PKI"):
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import hashlib
 import ipaddress
 from collections.abc import Iterable, Sequence
@@ -116,7 +117,14 @@ def key_id(public_key: ed25519.Ed25519PublicKey | x25519.X25519PublicKey) -> byt
     """The 16-byte id of a public key: SHA-256 of its raw 32 bytes, truncated.
     Names keys in signed containers, session key blobs and receipts; never a
     security decision by itself (the signature or AEAD check that follows is)."""
-    return hashlib.sha256(public_key.public_bytes_raw()).digest()[:KEY_ID_SIZE]
+    return _raw_key_id(public_key.public_bytes_raw())
+
+
+@functools.lru_cache(maxsize=1024)
+def _raw_key_id(raw: bytes) -> bytes:
+    """key_id of the raw public key bytes, remembered for the few keys a node
+    uses again and again (its own, its peers')."""
+    return hashlib.sha256(raw).digest()[:KEY_ID_SIZE]
 
 
 def fingerprint(cert: x509.Certificate) -> str:
@@ -278,6 +286,11 @@ class NodeCertificate:
     signing_key_id: bytes
     encryption_key_id: bytes
     certificate: x509.Certificate
+    # signing_public_key's raw 32 bytes, read once (signature caches key on them)
+    signing_key_raw: bytes = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "signing_key_raw", self.signing_public_key.public_bytes_raw())
 
     @property
     def der(self) -> bytes:

@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import struct
 import threading
 from collections import OrderedDict
 from collections.abc import Sequence
@@ -153,12 +154,16 @@ def sign_documents(items: Sequence[tuple[bytes, bytes]], *,
     n = len(items)
     sig = signing_key.sign(_SIG_BATCH + U32.pack(n) + tree.root)
     kid = key_id(signing_key.public_key())
+    head = CONTAINER_MAGIC + bytes((MODE_BATCH,)) + kid
+    n_bytes = U32.pack(n)
+    pack = U32.pack
     out = []
-    for i, ((_, body), salt, digest) in enumerate(zip(items, salts, digests, strict=True)):
-        path = tree.path(i)
-        extra = U32.pack(n) + U32.pack(i) + bytes((len(path),)) + b"".join(path)
-        out.append(SignedDocument(_container(MODE_BATCH, kid, salt, sig, extra, bytes(body)),
-                                  digest))
+    for i, ((_, body), salt, digest, path) in enumerate(
+            zip(items, salts, digests, tree.joined_paths(), strict=True)):
+        b = bytes(body)
+        out.append(SignedDocument(b"".join((head, salt, sig, n_bytes, pack(i),
+                                            _PATH_LEN[len(path) // HASH_SIZE], path,
+                                            pack(len(b)), b)), digest))
     return out
 
 
@@ -170,19 +175,24 @@ class SignatureCache:
     def __init__(self, size: int = 4096) -> None:
         self.size = size
         self._lock = threading.Lock()
-        self._seen: OrderedDict[bytes, None] = OrderedDict()
+        self._seen: OrderedDict[tuple[bytes, bytes, bytes], None] = OrderedDict()
 
     def verify(self, public_key: ed25519.Ed25519PublicKey, signature: bytes,
                message: bytes) -> None:
         """Raise cryptography's InvalidSignature unless the signature verifies."""
-        h = hashlib.sha256(public_key.public_bytes_raw() + signature + message).digest()
+        self._verify(public_key, public_key.public_bytes_raw(), signature, message)
+
+    def _verify(self, public_key: ed25519.Ed25519PublicKey, raw: bytes, signature: bytes,
+                message: bytes) -> None:
+        # Keyed on the exact bytes of (public key, signature, signed message).
+        k = (raw, bytes(signature), bytes(message))
         with self._lock:
-            if h in self._seen:
-                self._seen.move_to_end(h)
+            if k in self._seen:
+                self._seen.move_to_end(k)
                 return
         public_key.verify(signature, message)
         with self._lock:
-            self._seen[h] = None
+            self._seen[k] = None
             while len(self._seen) > self.size:
                 self._seen.popitem(last=False)
 
@@ -197,6 +207,37 @@ class _Parsed:
     index: int
     path: list[bytes]
     body: bytes
+
+
+_HEAD_SIZE: Final = 4 + 1 + KEY_ID_SIZE + SALT_SIZE + SIGNATURE_SIZE  # 101
+_BATCH_POS: Final = struct.Struct(">IIB")  # batch size, leaf index, path length
+_PATH_AT: Final = _HEAD_SIZE + _BATCH_POS.size  # 110
+_PATH_LEN: Final = [bytes((m,)) for m in range(256)]
+
+
+def _parse_fast(c: bytes) -> tuple[int, bytes, bytes, bytes, int, int, list[bytes], bytes] | None:
+    """``_parse`` of a well-formed container without a Reader: the same
+    result, or None when anything is off (``_parse`` then says what)."""
+    size = len(c)
+    if size < _HEAD_SIZE + 4 or c[:4] != CONTAINER_MAGIC:
+        return None
+    mode = c[4]
+    if mode == MODE_SINGLE:
+        (length,) = U32.unpack_from(c, _HEAD_SIZE)
+        if _HEAD_SIZE + 4 + length != size:
+            return None
+        return (mode, c[5:21], c[21:37], c[37:_HEAD_SIZE], 1, 0, [], c[_HEAD_SIZE + 4:])
+    if mode != MODE_BATCH or size < _PATH_AT + 4:
+        return None
+    n, index, m = _BATCH_POS.unpack_from(c, _HEAD_SIZE)
+    end = _PATH_AT + HASH_SIZE * m
+    if end + 4 > size or not 2 <= n <= MAX_SIGN_BATCH or index >= n:
+        return None
+    (length,) = U32.unpack_from(c, end)
+    if end + 4 + length != size:
+        return None
+    return (mode, c[5:21], c[21:37], c[37:_HEAD_SIZE], n, index,
+            [c[i:i + HASH_SIZE] for i in range(_PATH_AT, end, HASH_SIZE)], c[end + 4:])
 
 
 def _parse(container: bytes) -> _Parsed:
@@ -245,41 +286,54 @@ def verify_document(
     not the AAD's source; UnknownCertificate (UNKNOWN_CERTIFICATE) when the
     signer key is not among ``signer_certs`` (refresh the directory and
     retry: the origin may have rolled over)."""
+    return _verify(container, aad, signer_certs, cache, False)
+
+
+def _verify(container: bytes, aad: bytes, signer_certs: Sequence[NodeCertificate],
+            cache: SignatureCache | None, encrypted: bool) -> VerifiedDocument:
+    """verify_document, with the VerifiedDocument's ``encrypted`` flag."""
+    container = bytes(container)
     try:
-        p = _parse(bytes(container))
+        parsed = _parse_fast(container)
+        if parsed is None:
+            q = _parse(container)
+            parsed = (q.mode, q.kid, q.salt, q.signature, q.n, q.index, q.path, q.body)
         source = aad_source_id(aad)
     except WireError as e:
         raise BadSignature(f"document is not verifiable: {e}") from None
-    cert = next((c for c in signer_certs if c.signing_key_id == p.kid), None)
-    if cert is None:
+    mode, kid, salt, signature, n, index, path, body = parsed
+    for cert in signer_certs:
+        if cert.signing_key_id == kid:
+            break
+    else:
         known = ", ".join(f"{c.org}:{c.signing_key_id.hex()}" for c in signer_certs) or "none"
         raise UnknownCertificate(
-            f"document from org {source} is signed by key {p.kid.hex()}, which is not among"
+            f"document from org {source} is signed by key {kid.hex()}, which is not among"
             f" the known certificates [{known}]"
         )
     if cert.org != source:
         raise BadSignature(
-            f"document from org {source} is signed by org {cert.org}'s key {p.kid.hex()}"
+            f"document from org {source} is signed by org {cert.org}'s key {kid.hex()}"
         )
-    digest = document_digest(aad, p.body, p.salt)
-    if p.mode == MODE_SINGLE:
+    digest = document_digest(aad, body, salt)
+    if mode == MODE_SINGLE:
         message = _SIG_DOC + digest
     else:
         try:
-            root = root_from_path(leaf_hash(digest), p.index, p.n, p.path)
+            root = root_from_path(leaf_hash(digest), index, n, path)
         except ValueError as e:
             raise BadSignature(
                 f"document from org {source}: batch inclusion path invalid: {e}"
             ) from None
-        message = _SIG_BATCH + U32.pack(p.n) + root
+        message = _SIG_BATCH + U32.pack(n) + root
     try:
         if cache is not None:
-            cache.verify(cert.signing_public_key, p.signature, message)
+            cache._verify(cert.signing_public_key, cert.signing_key_raw, signature, message)
         else:
-            cert.signing_public_key.verify(p.signature, message)
+            cert.signing_public_key.verify(signature, message)
     except InvalidSignature:
         raise BadSignature(
             f"signature of document {_lk0_text(aad)} by org {cert.org}"
-            f" (key {p.kid.hex()}) does not verify: body or header changed, or forged"
+            f" (key {kid.hex()}) does not verify: body or header changed, or forged"
         ) from None
-    return VerifiedDocument(p.body, digest, cert, p.n)
+    return VerifiedDocument(body, digest, cert, n, encrypted)

@@ -31,9 +31,26 @@ class WireError(ValueError):
     BadSignature) at one boundary."""
 
 
+# Encodings of the few endpoints and AppKeys a node sees, computed once
+# (every document encodes its source, target and LK0 endpoint). Keyed on
+# immutable values only (the node id string; a frozen AppKey of strings);
+# cleared when they grow past _CACHE_MAX entries.
+_CACHE_MAX: Final = 4096
+_ENDPOINTS: dict[str, tuple[NodeType, bytes]] = {}
+_APP_KEYS: dict[AppKey, bytes] = {}
+
+
 def encode_endpoint(ep: Endpoint) -> bytes:
+    hit = _ENDPOINTS.get(ep.node_id)
+    if hit is not None and hit[0] is ep.node_type:
+        return hit[1]
     nid = ep.node_id.encode("ascii")
-    return bytes((int(ep.node_type), len(nid))) + nid
+    out = bytes((int(ep.node_type), len(nid))) + nid
+    if type(ep.node_id) is str and type(ep.node_type) is NodeType:
+        if len(_ENDPOINTS) >= _CACHE_MAX:
+            _ENDPOINTS.clear()
+        _ENDPOINTS[ep.node_id] = (ep.node_type, out)
+    return out
 
 
 def encode_lk0(lk0: LK0) -> bytes:
@@ -43,12 +60,20 @@ def encode_lk0(lk0: LK0) -> bytes:
 
 
 def encode_app_key(ak: AppKey) -> bytes:
+    hit = _APP_KEYS.get(ak)
+    if hit is not None:
+        return hit
     out = bytearray()
     for s in (ak.domain, ak.data_type, ak.subtype, ak.key):
         b = s.encode("utf-8")
         out += U8.pack(len(b))
         out += b
-    return bytes(out)
+    enc = bytes(out)
+    if type(ak) is AppKey:
+        if len(_APP_KEYS) >= _CACHE_MAX:
+            _APP_KEYS.clear()
+        _APP_KEYS[ak] = enc
+    return enc
 
 
 class Reader:
