@@ -201,11 +201,6 @@ def test_backlog_for_an_offline_node_drained_on_reconnect(cluster: Cluster, tmp_
     assert resends == 0, f"{resends} of {BACKLOG} stored documents were sent again during the drain"
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "semq/platform/core.py PlatformCore.connected() admits only organizations in self.known, which is read "
-    "from the nodes table once in __init__; an organization enrolled (semq node init --enroll-from / semq "
-    "platform enroll) while the platform runs is in the table and in the reloaded CA, but the running relay "
-    "refuses it with AUTH_FAILED 'may not connect here' until it is restarted"))
 def test_organization_enrolled_while_the_platform_runs_can_connect(cluster: Cluster, tmp_path: Path) -> None:
     cluster.add_org(A)
     cluster.start_platform()
@@ -242,12 +237,6 @@ def test_platform_inquiry_round_does_not_scan_the_stored_table(tmp_path: Path) -
 
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "semq/crypto/_tls.py server_ssl_context() sets ssl.OP_NO_TICKET, which in TLS 1.3 makes OpenSSL issue "
-    "*stateful* tickets: every accepted connection leaves its session (with the peer certificate) in the "
-    "context's session cache, which nothing ever resumes (hits stay 0) and which holds up to 20,480 sessions "
-    "for 2 h; the platform's RSS grew 12-17 MiB per 1,000 connections in 'bench load' rounds. "
-    "ctx.num_tickets = 0 issues no ticket and caches nothing"))
 async def test_platform_tls_caches_no_session_per_connection(tmp_path: Path) -> None:
     import trio
 

@@ -139,12 +139,25 @@ class PlatformCore:
         except STORE_ERRORS as e:
             raise translate(e, self.path, "platform store") from e
 
+    def is_known(self, ep: Endpoint) -> bool:
+        """Registered and not revoked. The set is a cache of the nodes table:
+        an organization enrolled or registered by another process while the
+        relay runs (``semq platform enroll``, ``node init --enroll-from``) is
+        found there on its first use."""
+        if ep in self.known:
+            return True
+        row = self.conn.execute("SELECT 1 FROM nodes WHERE node_type=? AND node_id=? AND revoked=0",
+                                (int(ep.node_type), ep.node_id)).fetchone()
+        if row:
+            self.known.add(ep)
+        return bool(row)
+
     def connected(self, ep: Endpoint) -> bool:
         """A node completed HELLO. Returns False if it is not allowed. Its
         in-flight stored copies go again (SPEC P.2; it deduplicates)."""
         ts = now_ms()
         with self.db.atomic("IMMEDIATE"):
-            if ep not in self.known:
+            if not self.is_known(ep):
                 if not self.auto_register:
                     return False
                 self.conn.execute(
@@ -226,7 +239,7 @@ class PlatformCore:
         lk0, _lk1, created, expires = raw.data_prefix()
         target = raw.target
         where, code = route(
-            known=target in self.known, online=online(target), save_fwd=raw.save_fwd,
+            known=self.is_known(target), online=online(target), save_fwd=raw.save_fwd,
             reliable=raw.reliable, expired=expires is not None and expires <= ts,
         )
         key = (int(lk0.endpoint.node_type), lk0.endpoint.node_id, lk0.semq_id, lk0.semq_db_id, lk0.record_id)
@@ -280,7 +293,7 @@ class PlatformCore:
         target = raw.target
         if online(target):
             out.sends[target].append(relay_bytes(raw, self.me))
-        elif target in self.known:
+        elif self.is_known(target):
             self.conn.execute(
                 "INSERT INTO stored (target_type, target_id, kind, origin_type, origin_id, state, priority,"
                 " stored_ms, frame) VALUES (?,?,?,?,?,0,?,?,?)",
