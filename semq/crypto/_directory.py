@@ -68,6 +68,7 @@ class CertificateDirectory:
         if crl is not None:
             verify_crl(crl, ca=ca, at=self._clock())
         self.crl = crl
+        self._revoked_memo: tuple[object, dict[int, x509.RevokedCertificate | None]] = (None, {})
         self._lock = threading.RLock()
         self._certs: dict[str, list[NodeCertificate]] = {}
 
@@ -152,18 +153,39 @@ class CertificateDirectory:
 
     # ---------------------------------------------------------------- queries
 
+    def _revoked(self, serial: int) -> x509.RevokedCertificate | None:
+        """The CRL's entry for ``serial`` (None: not revoked or no CRL),
+        remembered per serial for the CRL object held now: a lookup per
+        document would otherwise search the CRL each time. The memo is tied
+        to that (immutable) CRL object and dropped when ``crl`` changes."""
+        crl = self.crl
+        if crl is None:
+            return None
+        memo = self._revoked_memo
+        if memo[0] is not crl:
+            memo = self._revoked_memo = (crl, {})
+        try:
+            return memo[1][serial]
+        except KeyError:
+            entry = crl.get_revoked_certificate_by_serial_number(serial)
+            if len(memo[1]) >= 4096:
+                memo[1].clear()
+            memo[1][serial] = entry
+            return entry
+
     def _usable(self, c: NodeCertificate, now: dt.datetime) -> CertificateError | None:
+        if c.not_before <= now <= c.not_after and self._revoked(c.serial) is None:
+            return None
         label = f"certificate for org {c.org} (serial 0x{c.serial:x})"
         if now > c.not_after:
             return CertificateExpired(f"{label} expired on {format_time(c.not_after)}")
         if now < c.not_before:
             return CertificateExpired(f"{label} is not valid before {format_time(c.not_before)}")
-        if self.crl is not None:
-            entry = self.crl.get_revoked_certificate_by_serial_number(c.serial)
-            if entry is not None:
-                return CertificateRevoked(
-                    f"{label} was revoked on {format_time(entry.revocation_date_utc)}"
-                )
+        entry = self._revoked(c.serial)
+        if entry is not None:
+            return CertificateRevoked(
+                f"{label} was revoked on {format_time(entry.revocation_date_utc)}"
+            )
         return None
 
     def lookup(self, endpoint: Endpoint | str) -> list[NodeCertificate]:

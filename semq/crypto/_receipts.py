@@ -27,6 +27,7 @@ receiver's certificate.
 
 from __future__ import annotations
 
+import hashlib
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -128,7 +129,32 @@ def make_receipt(document_digest: bytes, lk0: LK0,
 
 
 def _leaves(entries: Sequence[tuple[LK0, bytes]]) -> list[bytes]:
-    return [leaf_hash(encode_lk0(lk0) + _check_digest(d)) for lk0, d in entries]
+    sha256 = hashlib.sha256
+    out = []
+    for lk0, d in entries:
+        if type(d) is not bytes or len(d) != _DIGEST_SIZE:
+            d = _check_digest(d)
+        out.append(sha256(b"\x00" + encode_lk0(lk0) + d).digest())  # leaf_hash
+    return out
+
+
+# The tree of the last batch whose receipt was checked: the origin calls
+# verify_batch_receipt and then receipt_proofs with the same entries, which
+# would build the same tree twice. Keyed on the exact bytes of all leaves
+# (the tree is a function of them).
+_last_tree: tuple[bytes, MerkleTree] | None = None
+
+
+def _tree(entries: Sequence[tuple[LK0, bytes]]) -> MerkleTree:
+    global _last_tree
+    leaves = _leaves(entries)
+    joined = b"".join(leaves)
+    last = _last_tree
+    if last is not None and last[0] == joined:
+        return last[1]
+    tree = MerkleTree(leaves)
+    _last_tree = (joined, tree)
+    return tree
 
 
 def make_batch_receipt(entries: Sequence[tuple[LK0, bytes]],
@@ -268,7 +294,7 @@ def verify_batch_receipt(receipt: bytes, *, entries: Sequence[tuple[LK0, bytes]]
         raise BadSignature(f"batch receipt covers {p.n} documents, the batch holds {len(entries)}")
     cert = _signer(p, receiver_certs)
     try:
-        root = MerkleTree(_leaves(entries)).root
+        root = _tree(entries).root
     except ValueError as e:
         raise BadSignature(f"batch receipt entries are invalid: {e}") from None
     if root != p.root:
@@ -291,13 +317,12 @@ def receipt_proofs(batch_receipt: bytes, entries: Sequence[tuple[LK0, bytes]]) -
         raise ValueError(f"batch receipt is malformed: {e}") from None
     if p.form is not ReceiptForm.BATCH:
         raise ValueError(f"receipt form {int(p.form)} is not a batch receipt (2)")
-    tree = MerkleTree(_leaves(entries))
+    tree = _tree(entries)
     if tree.size != p.n or tree.root != p.root:
         raise ValueError(f"entries do not match the batch receipt of {p.n} documents")
     head = _head(ReceiptForm.BATCH_PROOF, p.kid, p.time_ms) + p.signature + U32.pack(p.n) + p.root
-    out = []
-    for i, (lk0, digest) in enumerate(entries):
-        path = tree.path(i)
-        out.append(head + encode_lk0(lk0) + bytes(digest) + U32.pack(i) + bytes((len(path),))
-                   + b"".join(path))
-    return out
+    pack = U32.pack
+    return [b"".join((head, encode_lk0(lk0), bytes(digest), pack(i),
+                      bytes((len(path) // HASH_SIZE,)), path))
+            for i, ((lk0, digest), path) in enumerate(zip(entries, tree.joined_paths(),
+                                                           strict=True))]
