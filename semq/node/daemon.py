@@ -250,6 +250,8 @@ class NodeDaemon:
         are bounded upstream by their origin's window and the platform's
         per-node high-water mark, not by this window."""
         limit = self.told_window
+        if sum(m.kind is Kind.DATA for m in batch) <= limit:
+            return batch, b""  # the common case: no prefix parsed
         copies = []
         for m in batch:
             if m.kind is Kind.DATA:
