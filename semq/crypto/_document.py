@@ -23,9 +23,9 @@ from ._signing import (
     SignatureCache,
     SignedDocument,
     VerifiedDocument,
+    _sign_many,
     _verify,
     sign_document,
-    sign_documents,
 )
 
 __all__ = [
@@ -87,8 +87,17 @@ def protect_documents(
 ) -> list[ProtectedDocument]:
     """``protect_document`` for many ``(aad, body, recipients)`` at once with
     one batch signature (sign_documents); each result still verifies alone."""
-    signed = sign_documents([(aad, body) for aad, body, _ in items], signing_key=signing_key)
-    return [_seal(s, aad, r, sealer) for s, (aad, _, r) in zip(signed, items, strict=True)]
+    signed = _sign_many([(aad, body) for aad, body, _ in items], signing_key)
+    out = []
+    for (container, digest), (aad, _, recipients) in zip(signed, items, strict=True):
+        if recipients is None:
+            out.append(ProtectedDocument(container, b"", digest))
+        elif sealer is not None:
+            blob, ct = sealer._seal_certs(container, recipients, aad)
+            out.append(ProtectedDocument(ct, blob, digest))
+        else:
+            out.append(_seal(SignedDocument(container, digest), aad, recipients, None))
+    return out
 
 
 def open_document(

@@ -141,17 +141,26 @@ def sign_documents(items: Sequence[tuple[bytes, bytes]], *,
     signature over the Merkle root of their digests (mode 2; a single item
     gets mode 1). Returns one SignedDocument per item, in order; each verifies
     on its own. Raises ValueError for more than MAX_SIGN_BATCH items."""
+    return [SignedDocument(c, d) for c, d in _sign_many(items, signing_key)]
+
+
+def _sign_many(items: Sequence[tuple[bytes, bytes]], signing_key: ed25519.Ed25519PrivateKey
+               ) -> list[tuple[bytes, bytes]]:
+    """sign_documents as (container, digest) pairs."""
     if len(items) > MAX_SIGN_BATCH:
         raise ValueError(f"batch of {len(items)} documents exceeds the {MAX_SIGN_BATCH} limit")
     if len(items) == 1:
         aad, body = items[0]
-        return [sign_document(body, aad=aad, signing_key=signing_key)]
+        one = sign_document(body, aad=aad, signing_key=signing_key)
+        return [(one.container, one.digest)]
     if not items:
         return []
-    salts = [os.urandom(SALT_SIZE) for _ in items]
-    digests = [document_digest(aad, body, s) for (aad, body), s in zip(items, salts, strict=True)]
-    tree = MerkleTree([leaf_hash(d) for d in digests])
     n = len(items)
+    rnd = os.urandom(SALT_SIZE * n)  # one read for the batch: n independent salts
+    salts = [rnd[i:i + SALT_SIZE] for i in range(0, SALT_SIZE * n, SALT_SIZE)]
+    digests = [document_digest(aad, body, s) for (aad, body), s in zip(items, salts, strict=True)]
+    sha256 = hashlib.sha256
+    tree = MerkleTree([sha256(b"\x00" + d).digest() for d in digests])  # leaf_hash
     sig = signing_key.sign(_SIG_BATCH + U32.pack(n) + tree.root)
     kid = key_id(signing_key.public_key())
     head = CONTAINER_MAGIC + bytes((MODE_BATCH,)) + kid
@@ -161,9 +170,9 @@ def sign_documents(items: Sequence[tuple[bytes, bytes]], *,
     for i, ((_, body), salt, digest, path) in enumerate(
             zip(items, salts, digests, tree.joined_paths(), strict=True)):
         b = bytes(body)
-        out.append(SignedDocument(b"".join((head, salt, sig, n_bytes, pack(i),
-                                            _PATH_LEN[len(path) // HASH_SIZE], path,
-                                            pack(len(b)), b)), digest))
+        out.append((b"".join((head, salt, sig, n_bytes, pack(i),
+                              _PATH_LEN[len(path) // HASH_SIZE], path, pack(len(b)), b)),
+                    digest))
     return out
 
 
