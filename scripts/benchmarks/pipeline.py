@@ -78,7 +78,8 @@ class Role:
             self.calls += 1
 
 
-def run_once(root: Path, n: int, secure: bool, synchronous: str, profile: str | None) -> dict[str, Any]:
+def run_once(root: Path, n: int, secure: bool, synchronous: str, profile: str | None,
+             drain: bool = False) -> dict[str, Any]:
     from semq.node.core import NewDocument, NodeCore
     from semq.platform.core import PlatformCore
     from semq.umxt_protocol import AppKey, Endpoint, FrameDecoder, SaveFwd
@@ -117,11 +118,30 @@ def run_once(root: Path, n: int, secure: bool, synchronous: str, profile: str | 
 
     to: dict[str, list[bytes]] = defaultdict(list)  # bytes waiting for "A", "B", "P<-A", "P<-B"
     deferred: list[Any] = []
+    b_online = not drain
+    if drain:
+        # B offline: everything is stored (not timed), then B "connects".
+        while True:
+            out = a.claim(BATCH)
+            if out.missing:
+                certs(a, out.missing)
+                continue
+            if not out.data:
+                break
+            pout = p.handle(ea, frames(out.data), lambda e: e != eb)
+            a.handle(frames(pout.sends.get(ea, [])))
+        b_online = True
+        p.connected(eb)
     t0 = time.perf_counter()
     rounds = 0
     while True:
         rounds += 1
         moved = False
+        if drain:
+            copies, _n = roles["P"].run(p.claim_stored, eb, BATCH)
+            if copies:
+                to["B"] += copies
+                moved = True
         out = roles["A"].run(a.claim, BATCH)
         if out.missing:
             certs(a, out.missing)
@@ -132,7 +152,7 @@ def run_once(root: Path, n: int, secure: bool, synchronous: str, profile: str | 
         for src, ep in (("P<-A", ea), ("P<-B", eb)):
             if to[src]:
                 raw, to[src] = frames(to[src]), []
-                pout = roles["P"].run(p.handle, ep, raw, lambda e: True)
+                pout = roles["P"].run(p.handle, ep, raw, lambda e: b_online or e != eb)
                 to["A"] += pout.sends.get(ea, [])
                 to["B"] += pout.sends.get(eb, [])
                 moved = True
@@ -182,6 +202,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--synchronous", default="FULL", choices=["FULL", "NORMAL", "OFF"])
     ap.add_argument("--profile", choices=["A", "P", "B"])
     ap.add_argument("--top", type=int, default=25)
+    ap.add_argument("--drain", action="store_true",
+                    help="B offline while A sends (not timed), then the platform delivers the stored copies")
     a = ap.parse_args(argv)
     _TOP = a.top
     modes = {"on": [True], "off": [False], "both": [False, True]}[a.security]
@@ -191,7 +213,7 @@ def main(argv: list[str] | None = None) -> int:
         tmp = Path(tempfile.mkdtemp(prefix="semq-pipeline-"))
         try:
             print(f"running {a.docs:,} documents, security {'on' if secure else 'off'} ...", file=sys.stderr)
-            r = run_once(tmp, a.docs, secure, a.synchronous, a.profile)
+            r = run_once(tmp, a.docs, secure, a.synchronous, a.profile, a.drain)
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
         results[secure] = r
@@ -202,11 +224,12 @@ def main(argv: list[str] | None = None) -> int:
                          f"{n / ro.wall:,.0f}", ro.calls])
         rows.append(["on" if secure else "off", "all", f"{r['total'] / n * 1e6:.1f}", "", f"{n / r['total']:,.0f}",
                      ""])
-    notes = [f"{a.docs:,} documents of 1 KiB, SaveFwd 3, Ack2; synchronous={a.synchronous}; one thread, no sockets",
+    notes = [f"{a.docs:,} documents of 1 KiB, SaveFwd 3, Ack2; synchronous={a.synchronous}; one thread, no sockets;"
+             + (" drain: stored while B was offline, then delivered" if a.drain else " online: forwarded"),
              "us/doc: wall (incl. fsync) and CPU time spent in that role's core calls, per document;"
              " docs/s: what that role alone could sustain (1 / its wall time)"]
     if len(results) == 2:
         notes.append(f"security on / off (all roles): {results[False]['total'] / results[True]['total']:.0%}")
-    print_table("SEMQ cores in process", ["security", "role", "wall us/doc", "cpu us/doc", "docs/s", "calls"],
+    print_table("SEMQ cores in process" + (" (drain)" if a.drain else ""), ["security", "role", "wall us/doc", "cpu us/doc", "docs/s", "calls"],
                 rows, notes)
     return 0

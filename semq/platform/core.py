@@ -30,7 +30,6 @@ from semq.umxt_protocol import (
     Endpoint,
     ForwardFlag,
     Frame,
-    FrameDecoder,
     Inquiry,
     InquiryAnswer,
     InquiryFlag,
@@ -45,6 +44,7 @@ from semq.umxt_protocol import (
     ResultCode,
     encode_frame,
     relay_bytes,
+    relay_frame_bytes,
 )
 
 from .engine import Route, StoredEvent, StoredState, route, state_answer, stored_step
@@ -69,6 +69,10 @@ class PlatformOutput:
 
     def add(self, target: Endpoint, frame: Frame) -> None:
         self.sends[target].append(encode_frame(frame))
+
+
+_STORED_STATES: Final = {int(s): s for s in StoredState}
+_SAVE_FWD_AT: Final = 5  # header byte: magic (2), version, kind, flags, save_fwd (docs/protocol.md)
 
 
 def _app_key(raw: RawFrame) -> dict[str, str]:
@@ -390,28 +394,37 @@ class PlatformCore:
         """Apply an event to stored DATA rows of ``sender``; SS_ACK rows are
         deleted (SPEC P.2). Returns how many in-flight rows were settled."""
         settled = 0
+        found: dict[int, tuple[Any, ...]] = {}
+        for i in range(0, len(ids), 500):  # one look-up per 500, not per copy
+            chunk = list(ids[i:i + 500])
+            for row in self.conn.execute(
+                "SELECT id, state, origin_id, semq_id, semq_db_id, record_id FROM stored"
+                f" WHERE id IN ({','.join('?' * len(chunk))}) AND kind=1 AND target_type=? AND target_id=?",
+                (*chunk, int(sender.node_type), sender.node_id),
+            ):
+                found[row[0]] = row
+        deletes: list[tuple[int]] = []
+        updates: list[tuple[int, int]] = []
         for rid in ids:
-            row = self.conn.execute(
-                "SELECT state, origin_id, semq_id, semq_db_id, record_id, stored_ms FROM stored"
-                " WHERE id=? AND kind=1 AND target_type=? AND target_id=?",
-                (rid, int(sender.node_type), sender.node_id),
-            ).fetchone()
+            row = found.pop(rid, None)  # an id twice in one batch: applied once
             if row is None:
                 continue
-            state = StoredState(row[0])
+            state = _STORED_STATES[row[1]]
             nxt = stored_step(state, event)
             if nxt is state:
                 continue
-            lk0 = f"{row[1]}/{row[2]}/{row[3]}/{row[4]}"
-            base = {"ts": ts, "lk0": lk0, "source": row[1], "target": sender.node_id, "lk1": f"1/1/{rid}"}
+            lk0 = f"{row[2]}/{row[3]}/{row[4]}/{row[5]}"
+            base = {"ts": ts, "lk0": lk0, "source": row[2], "target": sender.node_id, "lk1": f"1/1/{rid}"}
             if nxt is StoredState.SS_ACK:
-                self.conn.execute("DELETE FROM stored WHERE id=?", (rid,))
+                deletes.append((rid,))
                 events.append({**base, "event": "acked"})
                 events.append({**base, "event": "cleaned"})
                 settled += state is StoredState.SS_SENT
             else:
-                self.conn.execute("UPDATE stored SET state=? WHERE id=?", (int(nxt), rid))
+                updates.append((int(nxt), rid))
                 settled += state is StoredState.SS_SENT and nxt is StoredState.SS_INIT
+        self.conn.executemany("DELETE FROM stored WHERE id=?", deletes)
+        self.conn.executemany("UPDATE stored SET state=? WHERE id=?", updates)
         return settled
 
     # ------------------------------------------------------------ delivery
@@ -434,14 +447,12 @@ class PlatformCore:
             ).fetchall()
             if not rows:
                 return out, 0
-            dec = FrameDecoder()
+            # The blobs were decoded and checked when they came in: spliced
+            # as they are (header rewritten, LK1 set, CRC recomputed).
             sent, gone = [], []
             for rid, kind, blob, expires, attempts, oid, s, d, r, _stored in rows:
-                dec.receive_data(blob)
-                raw = dec.next_frame()
-                assert raw is not None
                 if kind != Kind.DATA:
-                    out.append(relay_bytes(raw, self.me))
+                    out.append(relay_frame_bytes(blob, self.me))
                     gone.append((rid,))
                     continue
                 lk0 = f"{oid}/{s}/{d}/{r}"
@@ -450,12 +461,12 @@ class PlatformCore:
                     events.append({"ts": ts, "event": "expired", "lk0": lk0, "source": oid,
                                    "target": target.node_id, "code": int(ResultCode.EXPIRED)})
                     continue
-                out.append(relay_bytes(raw, self.me, LK1(record_id=rid)))
+                out.append(relay_frame_bytes(blob, self.me, LK1(record_id=rid)))
                 sent.append((ts, rid))
                 n_data += 1
                 events.append({"ts": ts, "event": "delivered", "lk0": lk0, "source": oid,
                                "target": target.node_id, "lk1": f"1/1/{rid}", "attempt": attempts + 1,
-                               "save_fwd": raw.save_fwd, "size": len(blob)})
+                               "save_fwd": blob[_SAVE_FWD_AT], "size": len(blob)})
             self.conn.executemany(
                 "UPDATE stored SET state=1, attempts=attempts+1, last_sent_ms=? WHERE id=?", sent)
             self.conn.executemany("DELETE FROM stored WHERE id=?", gone)

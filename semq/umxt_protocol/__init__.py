@@ -1,7 +1,14 @@
 """UMX-T: the SEMQ frame protocol. Pure: no I/O, never imports trio, peewee or
 sockets (SPEC "The pieces"; STYLE 1). See docs/protocol.md for the layout."""
 
-from ._decoder import DEFAULT_MAX_FRAME, HEADER_SIZE, FrameDecoder, RawFrame, relay_bytes
+from ._decoder import (
+    DEFAULT_MAX_FRAME,
+    HEADER_SIZE,
+    FrameDecoder,
+    RawFrame,
+    relay_bytes,
+    relay_frame_bytes,
+)
 from ._errors import LocalProtocolError, ProtocolError, RemoteProtocolError, ResultCode
 from ._frames import (
     MAX_ACK_BATCH,
@@ -96,4 +103,5 @@ __all__ = [
     "encode_frame",
     "encode_frames",
     "relay_bytes",
+    "relay_frame_bytes",
 ]

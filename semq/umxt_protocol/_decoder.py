@@ -26,7 +26,7 @@ from ._frames import (
 from ._schema import MAGIC, VERSION
 from ._types import LK0, LK1, MAX_NODE_ID, MAX_PRIORITY, Endpoint, Kind, NodeType
 
-__all__ = ["DEFAULT_MAX_FRAME", "HEADER_SIZE", "FrameDecoder", "RawFrame", "relay_bytes"]
+__all__ = ["DEFAULT_MAX_FRAME", "HEADER_SIZE", "FrameDecoder", "RawFrame", "relay_bytes", "relay_frame_bytes"]
 
 DEFAULT_MAX_FRAME: Final = 64 * 1024 * 1024  # bytes, whole frame (SPEC/issue default 64 MiB)
 _KINDS: Final = {int(k): k for k in Kind}
@@ -155,7 +155,15 @@ def relay_bytes(raw: RawFrame, source: Endpoint, lk1: LK1 | None = None) -> byte
     "the transport source of a frame the platform relays is the platform"),
     LK1 spliced into a DATA prefix when given, CRC recomputed; the body after
     the prefix is copied untouched."""
-    b = raw.raw
+    if lk1 is not None and raw.kind is not Kind.DATA:
+        raise LocalProtocolError(f"LK1 on a {raw.kind.name} frame")
+    return relay_frame_bytes(raw.raw, source, lk1)
+
+
+def relay_frame_bytes(b: bytes, source: Endpoint, lk1: LK1 | None = None) -> bytes:
+    """``relay_bytes`` on the bytes of a frame this process decoded (and
+    checked) before, e.g. one it stored: no second decode. The bytes must be
+    a whole, valid frame; LK1 only on DATA."""
     (_m, _v, kind, flags, sf, prio, _st, tt, ot, sl, tl, ol, _r, body_len) = _HEADER.unpack_from(b)
     src = source.node_id.encode("ascii")
     ids_end = HEADER_SIZE + sl + tl + ol
@@ -164,8 +172,8 @@ def relay_bytes(raw: RawFrame, source: Endpoint, lk1: LK1 | None = None) -> byte
     )
     body = b[ids_end:-4]
     if lk1 is not None:
-        if raw.kind is not Kind.DATA:
-            raise LocalProtocolError(f"LK1 on a {raw.kind.name} frame")
+        if kind != Kind.DATA:
+            raise LocalProtocolError(f"LK1 on a frame of kind {kind}")
         pre = bytearray(body[: _DATA_PREFIX.size])
         pre[12:24] = lk1.semq_id.to_bytes(2, "big") + lk1.semq_db_id.to_bytes(2, "big") + lk1.record_id.to_bytes(8, "big")
         body = bytes(pre) + body[_DATA_PREFIX.size :]
