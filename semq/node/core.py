@@ -305,12 +305,17 @@ class NodeCore:
             return rows
         ts = now_ms()
         keep, items = [], []
+        batch_certs: dict[str, Any] = {}  # one directory look-up per target per batch
         for r in rows:
             target = Endpoint(node_type=r[1], node_id=r[2])
             if r[13] is not None and r[13] <= ts:
                 keep.append(r)  # expires in claim(); nothing to protect
                 continue
-            certs = self.sec.certs(target) if r[16] else None
+            certs = None
+            if r[16]:
+                certs = batch_certs.get(r[2])
+                if certs is None:
+                    certs = batch_certs[r[2]] = self.sec.certs(target)
             if r[16] and not certs:
                 out.missing.add(target)
                 continue
@@ -359,6 +364,7 @@ class NodeCore:
         events: list[dict[str, Any]] = []
         acks: dict[tuple[Kind, Endpoint], list[AckEntry]] = defaultdict(list)
         self._digests: dict[Endpoint, list[tuple[LK0, bytes]]] = defaultdict(list)
+        self._batch_certs: dict[Endpoint, Any] = {}  # one directory look-up per origin per batch
         with self._tx():
             self._begin_receive(frames)
             for raw in frames:
@@ -396,7 +402,9 @@ class NodeCore:
             if self.sec is None:
                 self._receive(frame, body, ts, out, events, acks, body.app_data, None, "")
                 return
-            certs = self.sec.certs(frame.origin)
+            certs = self._batch_certs.get(frame.origin)
+            if certs is None:
+                certs = self._batch_certs[frame.origin] = self.sec.certs(frame.origin)
             if not certs:
                 out.deferred.append(raw)
                 out.missing.add(frame.origin)
