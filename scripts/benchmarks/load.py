@@ -530,7 +530,6 @@ def run_nodes(a: argparse.Namespace, tmp: Path) -> tuple[list[list[str]], list[s
         "pair: 1 KiB documents, SaveFwd 3, Ack2, accepted while A runs; docs/s = A's first 'sent' -> last 'ack2'"
         " event; p50/p99 = A's 'sent' -> B's 'inbox' event.",
         "2 vCPUs shared with the load generator and other work: figures move by +-20-30 %.",
-        code_version(),
     ]
     return rows, notes, ok
 
@@ -755,7 +754,6 @@ def run_backlog(a: argparse.Namespace, tmp: Path) -> tuple[list[list[str]], list
         "store = A's daemon start -> every row ACK_SAVE'd (polled every"
         f" {poll:g} s); drain = B's start -> B's inbox complete, platform 'stored' and A's outbox empty.",
         "2 vCPUs shared with other work: figures move by +-20-30 %.",
-        code_version(),
     ]
     if problems:
         notes += [f"FAILED: {p}" for p in problems]
@@ -820,6 +818,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     from semq._db import StoreError
 
+    version = code_version()  # before any process starts: the tree may change during a long run
     tmp = Path(tempfile.mkdtemp(prefix=f"semq-bench-load-{a.what}-"))
     t0 = time.monotonic()
     try:
@@ -835,7 +834,7 @@ def main(argv: list[str] | None = None) -> int:
             _log(f"kept {tmp}")
         else:
             shutil.rmtree(tmp, ignore_errors=True)
-    notes = [*notes, f"{time.monotonic() - t0:,.0f} s in all."]
+    notes = [*notes, f"{version} at the start; {time.monotonic() - t0:,.0f} s in all."]
     if a.json:
         print(json.dumps({"rows": rows, "notes": notes, "ok": ok}, indent=1))
     else:
