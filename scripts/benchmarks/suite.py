@@ -89,10 +89,17 @@ TARGET_P99_HALF_MS: Final = 20.0
 TARGET_SECURE_SHARE: Final = 0.60
 
 SEMQ_ACK: Final = (
-    "SEMQ: ACK_SAVE = committed to the platform's SQLite store, ACK2 = committed to B's inbox; "
-    "with synchronous=FULL every commit is fsynced (WAL) before the frame that reports it leaves, "
-    "so neither kill -9 nor a power loss loses an acknowledged document."
+    "SEMQ: ACK_SAVE = committed to the platform's SQLite store, ACK2 = committed to B's inbox, each "
+    "before the frame that reports it leaves; "
 )
+SEMQ_SYNC: Final = {
+    "FULL": "with synchronous=FULL every commit is fsynced (WAL), so neither kill -9 nor a power loss "
+            "loses an acknowledged document (as far as the disk honours fsync).",
+    "NORMAL": "with synchronous=NORMAL the WAL is fsynced at checkpoints only: kill -9 loses nothing, "
+              "a power loss can lose the last acknowledged commits.",
+    "OFF": "with synchronous=OFF nothing is fsynced: kill -9 loses nothing, a power loss can lose "
+           "acknowledged documents or corrupt the store.",
+}
 
 
 class Overrun(BaseException):
@@ -627,7 +634,7 @@ def report(a: argparse.Namespace, res: Results) -> tuple[list[str], list[list[st
                      f"insert rate ({sqlite_rate:,.0f} rows/s) and {on / loop_rate:.1%} of its loopback frame "
                      f"rate ({loop_rate:,.0f} frames/s).")
     notes.append("What an ack promises:")
-    notes.append(f"- {SEMQ_ACK}")
+    notes.append(f"- {SEMQ_ACK}{SEMQ_SYNC[a.synchronous]}")
     notes.extend(f"- {peers.ack_promise(p)}" for p in ("nats", "mosquitto"))
     if res.peer_label:
         notes.append("Peers: " + "; ".join(res.peer_label[p] for p in ("nats", "mosquitto") if p in res.peer_label)
