@@ -294,12 +294,6 @@ def _store_calls(root: Path) -> int:
     return int(json.loads(r.stdout)["store_calls"])
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "semq/platform/daemon.py PlatformDaemon._deliverer: an idle session wakes every second "
-    "(trio.move_on_after(1.0) around session.wake_deliver.wait()) and calls core.claim_stored on the store "
-    "thread although nothing was stored for it (storing sets wake_deliver): every connected node costs one "
-    "store-thread round trip per second; 1,000 idle nodes take 25-35 % of a core (scripts/bench load nodes), "
-    "a few thousand would take the whole store thread the traffic needs"))
 def test_idle_connected_nodes_do_not_poll_the_store(cluster: Cluster, tmp_path: Path) -> None:
     issue_identities(tmp_path / "P", SIM_NODES, tmp_path / "ids")
     cluster.start_platform()

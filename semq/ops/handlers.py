@@ -771,6 +771,7 @@ def platform_handlers(
                 if n:
                     session.in_flight = max(0, session.in_flight - n)
                 if ep.node_id in res["_targets"]:
+                    session.pending = True
                     session.wake_deliver.set()
         del res["_credit"], res["_targets"], res["_was_sent"]
         return res

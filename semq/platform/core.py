@@ -298,6 +298,7 @@ class PlatformCore:
         if online(target):
             out.sends[target].append(relay_bytes(raw, self.me))
         elif self.is_known(target):
+            out.stored_for.add(target)
             self.conn.execute(
                 "INSERT INTO stored (target_type, target_id, kind, origin_type, origin_id, state, priority,"
                 " stored_ms, frame) VALUES (?,?,?,?,?,0,?,?,?)",

@@ -68,6 +68,7 @@ class PlatformSettings:
 
 
 _SLICE = 1 << 20  # bytes per write to a node
+_IDLE_LOOK = 30.0  # s: an idle session's safety look at the store
 
 
 class Session:
@@ -81,6 +82,9 @@ class Session:
         self.queued = 0
         self.window = self.max_window = window
         self.in_flight = 0
+        # Stored copies may wait for this node: true at the start, set when
+        # something is stored for it, cleared when a claim finds nothing.
+        self.pending = True
         self.wake_writer = trio.Event()
         self.wake_deliver = trio.Event()
         self.cancel_scope = trio.CancelScope()
@@ -326,6 +330,7 @@ class PlatformDaemon:
         for target in out.stored_for:
             s = self.sessions.get(target)
             if s is not None:
+                s.pending = True
                 s.wake_deliver.set()
 
     async def _writer(self, session: Session, scope: trio.CancelScope) -> None:
@@ -358,15 +363,21 @@ class PlatformDaemon:
             room = session.window - session.in_flight
             if self.drain is not None and self.drain.requested:
                 room = 0  # draining: deliver no more stored copies; acks still come in
-            if room > 0 and session.queued < self.s.high_water // 2:
+            if session.pending and room > 0 and session.queued < self.s.high_water // 2:
                 frames, n = await self.gate.run(self.core.claim_stored, session.endpoint, min(self.s.batch, room))
                 if frames:
                     session.in_flight += n
                     session.enqueue(frames)
                     continue
+                # Nothing stored for it now: no more store calls for an idle
+                # node until something is stored for it (``pending``), bar a
+                # slow safety look now and then.
+                session.pending = False
             session.wake_deliver = trio.Event()
-            with trio.move_on_after(1.0):
+            with trio.move_on_after(_IDLE_LOOK):
                 await session.wake_deliver.wait()
+                continue
+            session.pending = True
 
     async def _inquirer(self) -> None:
         step = max(0.05, min(1.0, self.core.inquiry_ms / 3000))
