@@ -312,3 +312,46 @@ def test_idle_connected_nodes_do_not_poll_the_store(cluster: Cluster, tmp_path: 
         gen.kill()
     assert idle < alone + 0.1 * SIM_NODES, (
         f"{idle:.0f} store calls/s with {SIM_NODES} idle nodes connected, {alone:.0f}/s with none")
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "semq/platform/core.py PlatformCore._settle (e2a8c5e) looks a batch of ACKed copies up with "
+    "'WHERE id IN (...500...) AND kind=1 AND target_type=? AND target_id=?': from ~20 ids on, SQLite's "
+    "planner prefers the stored_delivery index (target_type=? AND target_id=?) to the rowid and walks every "
+    "stored copy of the target per look-up: 0.5 s per 500 ACKs with 930,000 stored, which held the "
+    "1,000,000-document drain to ~900/s (platform 87 % CPU, 71 % of it in SQLite)"))
+def test_platform_settles_acks_by_record_id(tmp_path: Path) -> None:
+    """ACKs name stored copies by LK1, i.e. by their row id: settling a batch
+    must look the rows up by primary key, whatever else the target has stored."""
+    from semq.platform.core import PlatformCore
+    from semq.umxt_protocol import (
+        AckBatch,
+        AckEntry,
+        AckFlag,
+        Endpoint,
+        Frame,
+        FrameDecoder,
+        Kind,
+        encode_frame,
+    )
+
+    core = PlatformCore(tmp_path / "platform.sqlite", create=True)
+    try:
+        core.register([A, B])
+        b = Endpoint.org(B)
+        entries = tuple(AckEntry(1, 1, 0, 1, 1, lk1, int(AckFlag.PLATFORM), 0) for lk1 in range(1, 501))
+        dec = FrameDecoder()
+        dec.receive_data(encode_frame(Frame(kind=Kind.ACK_BATCH, source=b, target=core.me,
+                                            body=AckBatch(ack_kind=Kind.ACK, entries=entries))))
+        sql: list[str] = []
+        core.conn.set_trace_callback(sql.append)
+        out = core.handle(b, list(dec), lambda _ep: True)
+        core.conn.set_trace_callback(None)
+        assert not out.errors
+        lookups = [s for s in sql if s.lstrip().upper().startswith("SELECT") and " stored " in s and " IN (" in s]
+        assert lookups, sql
+        for s in lookups:
+            plan = [str(row[3]) for row in core.conn.execute("EXPLAIN QUERY PLAN " + s)]
+            assert any("PRIMARY KEY" in p for p in plan), (plan, s[:160])
+    finally:
+        core.close()
