@@ -295,6 +295,9 @@ def _store_calls(root: Path) -> int:
 
 
 def test_idle_connected_nodes_do_not_poll_the_store(cluster: Cluster, tmp_path: Path) -> None:
+    """An idle connected node costs the store thread nothing: until 705a2ba
+    every session's deliverer asked for stored copies every second (200 idle
+    nodes: 220 store calls/s; 1,000: 25-35 % of a core)."""
     issue_identities(tmp_path / "P", SIM_NODES, tmp_path / "ids")
     cluster.start_platform()
     c0, t0 = _store_calls(tmp_path), time.monotonic()
