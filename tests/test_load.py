@@ -317,12 +317,6 @@ def test_idle_connected_nodes_do_not_poll_the_store(cluster: Cluster, tmp_path: 
         f"{idle:.0f} store calls/s with {SIM_NODES} idle nodes connected, {alone:.0f}/s with none")
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "semq/platform/core.py PlatformCore._settle (e2a8c5e) looks a batch of ACKed copies up with "
-    "'WHERE id IN (...500...) AND kind=1 AND target_type=? AND target_id=?': from ~20 ids on, SQLite's "
-    "planner prefers the stored_delivery index (target_type=? AND target_id=?) to the rowid and walks every "
-    "stored copy of the target per look-up: 0.5 s per 500 ACKs with 930,000 stored, which held the "
-    "1,000,000-document drain to ~900/s (platform 87 % CPU, 71 % of it in SQLite)"))
 def test_platform_settles_acks_by_record_id(tmp_path: Path) -> None:
     """ACKs name stored copies by LK1, i.e. by their row id: settling a batch
     must look the rows up by primary key, whatever else the target has stored."""

@@ -400,7 +400,9 @@ class PlatformCore:
             chunk = list(ids[i:i + 500])
             for row in self.conn.execute(
                 "SELECT id, state, origin_id, semq_id, semq_db_id, record_id FROM stored"
-                f" WHERE id IN ({','.join('?' * len(chunk))}) AND kind=1 AND target_type=? AND target_id=?",
+                # By row id: the unary + keeps SQLite off the delivery index
+                # on target (a walk over every stored copy of the target).
+                f" WHERE id IN ({','.join('?' * len(chunk))}) AND +kind=1 AND +target_type=? AND +target_id=?",
                 (*chunk, int(sender.node_type), sender.node_id),
             ):
                 found[row[0]] = row
