@@ -3,14 +3,17 @@
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
+if __package__:
+    from .analytics import main as _analytics_main
+else:  # run as a file: python scripts/benchmarks/report.py
+    from analytics import main as _analytics_main  # type: ignore[no-redef]
 
 
 def main(argv: list[str]) -> int:
-    spec = importlib.util.spec_from_file_location("semq_bench_analytics", Path(__file__).with_name("analytics.py"))
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    rc: int = mod.main(argv)
-    return rc
+    return _analytics_main(argv)
+
+
+if __name__ == "__main__":
+    import sys
+
+    raise SystemExit(main(sys.argv[1:]))
