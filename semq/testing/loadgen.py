@@ -15,8 +15,9 @@ Two parts:
 * ``issue_identities``: keys and certificates for many organizations by
   library calls on the platform's CA (what ``semq node init --enroll-from``
   does per organization, without 2 processes per node), registered in the
-  platform's store. Run it **before** ``semq platform run``: the relay reads
-  its list of known organizations at start.
+  platform's store. A running relay picks them up too (it reloads the CA's
+  files and looks an unknown organization up in its store), but issuing them
+  before ``semq platform run`` keeps that work out of the measurement.
 * ``python -m semq.testing.loadgen --ids DIR --platform HOST:PORT``: connects
   every identity (``--concurrency`` handshakes at a time), sends
   ``--docs-per-node`` documents each once all are connected, then holds the
@@ -134,7 +135,7 @@ def issue_identities(platform_dir: Path, count: int, out: Path, *, first: int = 
     Ed25519 + X25519 key pair, a certificate request and a certificate issued
     by the platform CA in ``platform_dir`` (the CA's record written once);
     all registered in the platform store. Writes ``out/index.json`` (see
-    load_identities). Call it while the platform is not running."""
+    load_identities)."""
     from semq.config import load_config
     from semq.platform.core import PlatformCore
 
