@@ -84,9 +84,13 @@ def main(argv: list[str]) -> int:
     size_json = sum(p.stat().st_size for p in json_dir.rglob("*.jsonl"))
     master = ["--master", a.master] if a.master else []
 
-    if a.only != "json" and not (pq_dir / "_SUCCESS").exists():
+    # Spark writes no _SUCCESS at the root of a dynamically overwritten dataset:
+    # our own marker says the compaction finished.
+    compacted = pq_dir / ".semq-bench-complete"
+    if a.only != "json" and not compacted.exists():
         print(f"[bench] compacting into {pq_dir}", file=sys.stderr)
         wall, _, _ = _run(["report", "compact", "--logs", str(json_dir), "--out", str(pq_dir), *master])
+        compacted.touch()
         rows.append(["compact JSON -> Parquet", f"{events:,}", f"{wall:.1f}", "-"])
     runs = [("json", json_dir), ("parquet", pq_dir)]
     for kind, path in runs:

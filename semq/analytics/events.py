@@ -78,7 +78,8 @@ EVENTS_BY_ROLE: Final[dict[str, frozenset[str]]] = {
          "inquiry", "cleaned", "node_online", "node_offline"}
     ),
     "receiver": frozenset(
-        {"received", "duplicate", "inbox", "ack2_sent", "reack2", "cleaned"}
+        {"received", "duplicate", "inbox", "ack2_sent", "reack", "reack2", "cleaned",
+         "refused", "expired"}
     ),
 }
 

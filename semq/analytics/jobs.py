@@ -1,17 +1,28 @@
 """The Spark side of the reports: read the logs, join each message's events, aggregate.
 
-Shape of the work (what costs what, measured in scripts/benchmarks/analytics.py):
+Shape of the work (issue 5; what costs what is measured by ``scripts/bench report``):
 
-1. **One shuffle over the events**: group by LK0 across every log given. A
-   group-by with conditional min/count aggregates is the join of the origin's,
-   the platform's and the receiver's events for one message, without sorting
-   three tables. The platform's connection events ride along as their own
-   tiny groups so JSON input is parsed once.
-2. The per-message table is cached; clock offsets (:mod:`.clocks`) and offline
-   periods (:mod:`.periods`) are computed on the driver from small collected
-   results and joined back with broadcasts.
-3. The aggregates (per pair, AppKey, SaveFwd, hour, day, overall) are group-bys
-   over the cached per-message table with ``percentile_approx``.
+0. **One light pass over the logs** (a hash aggregation over a few dictionary-encoded
+   columns, no shuffle to speak of): the distinct parties, loggers and AppKey types
+   (strings travel through the heavy steps as 64-bit hashes and are decoded from
+   this dictionary), lines and last time stamp per logger, malformed lines.
+1. **One shuffle of the events by LK0**, then two hash aggregations in the same
+   tasks: first by (message, identity of a counted event), which drops exact
+   duplicate lines of the events that are counted (sends, resends, inquiries,
+   deliveries, suppressed duplicates), then by message: the first time of every
+   step, the counts, the attributes. Cleanup events are not read: they are in no
+   leg. The per-message table is cached (``localCheckpoint``).
+2. Clock offsets (:mod:`.clocks`) and offline periods (:mod:`.periods`) are
+   computed on the driver from one small collected result; the legs of every
+   message are derived from the cached table (offsets as literal maps, offline
+   periods through one small broadcast join on time buckets) and cached again.
+3. **All aggregates in one pass** over the cached legs: grouping sets (pair,
+   AppKey, SaveFwd, hour) with mergeable KLL sketches for the percentiles; the
+   per-day rows and the overall row merge the hourly sketches, so no value is
+   sketched twice. Percentiles are exact for groups of up to :data:`SKETCH_K`
+   values.
+4. Stuck and failed messages: one filter over the cached legs, and one scan of
+   the logs for the AppKey subtype and key of just those messages.
 
 pyspark is imported inside the functions: importing this module is free.
 """
@@ -21,16 +32,16 @@ from __future__ import annotations
 import functools
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Final
 
 from .clocks import ClockOffset, OrderBound, estimate_offsets
 from .errors import ReportError
-from .events import FIELD_NAMES, FIELDS, NODE_EVENTS, format_ms, spark_schema
+from .events import EVENTS_BY_ROLE, FIELD_NAMES, FIELDS, NODE_EVENTS, ROLES, format_ms, spark_schema
 from .inputs import JSON_SUFFIXES, Inputs
-from .periods import offline_periods
+from .periods import OfflinePeriod, offline_periods
 from .tables import ReportData, Table
 
 __all__ = [
@@ -38,6 +49,7 @@ __all__ = [
     "LEGS",
     "OUTCOMES",
     "PLACES",
+    "SKETCH_K",
     "SKEW_MARGIN_MS",
     "Leg",
     "ReportOptions",
@@ -53,21 +65,80 @@ SKEW_MARGIN_MS: Final = 3_600_000
 # queued before `until` (stored for an offline target, confirmed later).
 FOLLOW_UP_MS: Final = 86_400_000
 PERCENTILES: Final = (0.5, 0.9, 0.99)
-# percentile_approx accuracy: rank error at most 1/ACCURACY of the group (0.1%),
-# exact for groups under ~500 values (the tests rely on that). Spark's default
-# of 10,000 cost 40% more time here for precision no latency report needs.
-ACCURACY: Final = 1_000
+# KLL sketch size (kll_sketch_agg_bigint). A sketch keeps every value until it
+# holds more than K, so percentiles are exact for groups of up to K values
+# (the tests rely on that); above, the rank error is about 0.3% of the group
+# (99% confidence). Measured on 1 M messages: the same time for K = 200..4000
+# (the cost is per value, not per K), 3x less than percentile_approx; K sets
+# the memory of a sketch (at most ~3K values).
+SKETCH_K: Final = 1_000
 HIST_BINS_PER_DECADE: Final = 4
+HOUR_MS: Final = 3_600_000
+DAY_MS: Final = 86_400_000
 _NODE_KEY: Final = "~node|"
 # String attributes carried through the per-message aggregation as 64-bit hashes:
 # Spark's fast hash aggregation keeps only fixed-width values per group, and a
 # string aggregate (first(), max()) forces a sort of every event instead. On
 # 1 M messages / 11.6 M events in Parquet that was 32 s against 8 s. The
-# distinct values are few and are read once to decode (:func:`_dictionary`).
+# distinct values are few and are read once to decode (:func:`_scan_logs`).
 _DICT_COLUMNS: Final = ("source", "target", "domain", "data_type", "logger")
 
 OUTCOMES: Final = ("confirmed", "delivered", "failed", "best_effort", "in_flight", "stuck")
 PLACES: Final = ("at_origin", "forwarded_not_received", "stored_at_platform", "delivered_unconfirmed")
+
+# Every (role, event) of docs/events.md as a small number: the per-message
+# aggregation compares one byte per condition instead of two strings. Codes of
+# one role are consecutive (origin first), so a role is a range of codes.
+_EVENT_CODES: Final[dict[tuple[str, str], int]] = {
+    re: i for i, re in enumerate(((r, e) for r in ROLES for e in sorted(EVENTS_BY_ROLE[r])), start=1)
+}
+_ROLE_CODES: Final[dict[str, tuple[int, int]]] = {
+    r: (min(i for (rr, _), i in _EVENT_CODES.items() if rr == r),
+        max(i for (rr, _), i in _EVENT_CODES.items() if rr == r))
+    for r in ROLES
+}
+# The first time of these steps, per message: (column, role, event).
+_FIRSTS: Final = (
+    ("o_queued", "origin", "queued"),
+    ("o_sent", "origin", "sent"),
+    ("o_ack_fwd", "origin", "ack_fwd"),
+    ("o_ack_save", "origin", "ack_save"),
+    ("o_ack2", "origin", "ack2"),
+    ("o_nack", "origin", "nack"),
+    ("o_expired", "origin", "expired"),
+    ("o_dead", "origin", "dead"),
+    ("p_received", "platform", "received"),
+    ("p_forwarded", "platform", "forwarded"),
+    ("p_stored", "platform", "stored"),
+    ("p_dropped", "platform", "dropped"),
+    ("p_refused", "platform", "refused"),
+    ("p_delivered", "platform", "delivered"),
+    ("p_acked", "platform", "acked"),
+    ("r_received", "receiver", "received"),
+    ("r_inbox", "receiver", "inbox"),
+    ("r_ack2_sent", "receiver", "ack2_sent"),
+    ("r_reack2", "receiver", "reack2"),
+)
+# Events that are counted per message. Exact duplicate lines of these are
+# counted once (first and last times are not changed by a repeated line).
+_COUNTS: Final = (
+    ("o_sends", "origin", "sent"),
+    ("o_resends", "origin", "resend"),
+    ("o_inquiries", "origin", "inquiry"),
+    ("p_deliveries", "platform", "delivered"),
+    ("p_inquiries", "platform", "inquiry"),
+    ("r_duplicates", "receiver", "duplicate"),
+)
+# A failure code is taken from these events.
+_FAILURES: Final = (("origin", "nack"), ("origin", "expired"), ("origin", "dead"),
+                    ("platform", "dropped"), ("platform", "refused"))
+# Events in no leg and no count: not read by the per-message step.
+_UNUSED: Final = (("origin", "cleaned"), ("platform", "cleaned"), ("receiver", "cleaned"),
+                  ("receiver", "reack"))
+# Fields that tell two events of one message apart: lines equal in all of them
+# are one event logged twice (a log copied or given twice).
+IDENTITY_FIELDS: Final = ("logger", "role", "event", "lk0", "ts", "attempt", "code", "lk1",
+                          "node", "detail", "source", "target")
 
 
 @dataclass(frozen=True, slots=True)
@@ -222,116 +293,178 @@ def _utc_date(ms: int) -> str:
     return datetime.fromtimestamp(ms / 1000, tz=UTC).date().isoformat()
 
 
+# ---------------------------------------------------------------- the light pass
+
+
+@dataclass(frozen=True, slots=True)
+class _LogFacts:
+    """What the light pass over the logs found (:func:`_scan_logs`)."""
+
+    names: dict[int, str]  # hash -> party, logger or AppKey type
+    lines: dict[str, int]  # logger -> lines in the time window
+    last: dict[str, int]  # logger -> latest time stamp (its own clock)
+    total: int
+    malformed: int
+
+
+def _event_code() -> Any:
+    """The (role, event) of a line as its :data:`_EVENT_CODES` number, 0 when unknown."""
+    from pyspark.sql import functions as F
+
+    role, event = F.col("role"), F.col("event")
+    expr: Any = None
+    for r in ROLES:
+        inner: Any = None
+        for e in sorted(EVENTS_BY_ROLE[r]):
+            code = _EVENT_CODES[(r, e)]
+            inner = F.when(event == e, code) if inner is None else inner.when(event == e, code)
+        expr = F.when(role == r, inner.otherwise(0)) if expr is None else expr.when(role == r, inner.otherwise(0))
+    return expr.otherwise(0).cast("tinyint")
+
+
+def _codes(pairs: Iterable[tuple[str, str]]) -> list[int]:
+    return [_EVENT_CODES[p] for p in pairs]
+
+
+def _scan_logs(events: Any) -> _LogFacts:
+    """Dictionary of hashed strings, lines and last time per logger, malformed lines."""
+    from pyspark.sql import functions as F
+
+    c = F.col
+    node_event = c("event").isin(*NODE_EVENTS) & c("node").isNotNull()
+    malformed = (
+        c("ts").isNull() | c("logger").isNull() | (_event_code() == 0)
+        | (c("lk0").isNull() & ~node_event)
+    )
+    rows = (
+        events.groupBy(*_DICT_COLUMNS)
+        .agg(F.count(F.lit(1)).alias("lines"), F.max("ts").alias("last"),
+             F.count(F.when(malformed, 1)).alias("bad"))
+        .select("*", *[F.xxhash64(col).alias(f"{col}_h") for col in _DICT_COLUMNS])
+        .collect()
+    )
+    names: dict[int, str] = {}
+    lines: dict[str, int] = {}
+    last: dict[str, int] = {}
+    total = bad = 0
+    for r in rows:
+        for col in _DICT_COLUMNS:
+            if r[col] is not None:
+                names[int(r[f"{col}_h"])] = r[col]
+        total += int(r["lines"])
+        bad += int(r["bad"])
+        if r["logger"] is not None:
+            lines[r["logger"]] = lines.get(r["logger"], 0) + int(r["lines"])
+            if r["last"] is not None:
+                last[r["logger"]] = max(last.get(r["logger"], r["last"]), int(r["last"]))
+    return _LogFacts(names=names, lines=lines, last=last, total=total, malformed=bad)
+
+
 # ---------------------------------------------------------------- per message
 
 
-def _per_message(events: Any) -> Any:
-    """Group all events by LK0: first time of every step, counts, attributes."""
-    from pyspark.sql import functions as F
-
-    role, event, ts = F.col("role"), F.col("event"), F.col("ts")
-
-    def at(r: str, *evs: str) -> Any:
-        return (role == r) & event.isin(*evs)
-
-    def first(r: str, *evs: str) -> Any:
-        return F.min(F.when(at(r, *evs), ts))
-
-    def count(r: str, *evs: str) -> Any:
-        return F.count(F.when(at(r, *evs), 1))
-
-    def by_role(r: str, col: str) -> Any:
-        return F.max(F.when(role == r, _hash(col)))
-
-    failure_events = (
-        at("origin", "nack", "expired", "dead") | at("platform", "dropped", "refused")
-    )
-    # Connection events have no LK0: each becomes its own tiny group, so the one
-    # pass over the (possibly JSON) input also yields them.
-    key = F.when(
-        event.isin(*NODE_EVENTS) & F.col("node").isNotNull() & F.col("logger").isNotNull()
-        & ts.isNotNull(),
-        F.concat_ws("|", F.lit(_NODE_KEY[:-1]), F.col("logger"), F.col("node"), event,
-                    ts.cast("string")),
-    ).otherwise(F.col("lk0"))
-    aggs = [
-        first("origin", "queued").alias("o_queued"),
-        first("origin", "sent").alias("o_sent"),
-        first("origin", "ack_fwd").alias("o_ack_fwd"),
-        first("origin", "ack_save").alias("o_ack_save"),
-        first("origin", "ack2").alias("o_ack2"),
-        first("origin", "nack").alias("o_nack"),
-        first("origin", "expired").alias("o_expired"),
-        first("origin", "dead").alias("o_dead"),
-        count("origin", "sent").alias("o_sends"),
-        count("origin", "resend").alias("o_resends"),
-        count("origin", "inquiry").alias("o_inquiries"),
-        first("platform", "received").alias("p_received"),
-        first("platform", "forwarded").alias("p_forwarded"),
-        first("platform", "stored").alias("p_stored"),
-        first("platform", "dropped").alias("p_dropped"),
-        first("platform", "refused").alias("p_refused"),
-        first("platform", "delivered").alias("p_delivered"),
-        first("platform", "acked").alias("p_acked"),
-        count("platform", "received").alias("p_receptions"),
-        count("platform", "delivered").alias("p_deliveries"),
-        count("platform", "inquiry").alias("p_inquiries"),
-        first("receiver", "received").alias("r_received"),
-        first("receiver", "inbox").alias("r_inbox"),
-        first("receiver", "ack2_sent").alias("r_ack2_sent"),
-        first("receiver", "reack2").alias("r_reack2"),
-        count("receiver", "duplicate").alias("r_duplicates"),
-        F.max(F.when(failure_events, F.col("code"))).alias("code"),
-        by_role("origin", "logger").alias("o_lh"),
-        by_role("platform", "logger").alias("p_lh"),
-        by_role("receiver", "logger").alias("r_lh"),
-        F.count(F.when(role == "origin", 1)).alias("o_events"),
-        F.count(F.when(role == "platform", 1)).alias("p_events"),
-        F.count(F.when(role == "receiver", 1)).alias("r_events"),
-        F.max(F.when(role == "origin", ts)).alias("o_last"),
-        F.max(F.when(role == "platform", ts)).alias("p_last"),
-        F.max(F.when(role == "receiver", ts)).alias("r_last"),
-        F.min(ts).alias("first_ts"),
-        F.count(F.lit(1)).alias("events"),
-        F.count(
-            F.when(ts.isNull() | event.isNull() | role.isNull() | F.col("logger").isNull(), 1)
-        ).alias("bad"),
-        # Every message event carries the same attributes; max() picks the one
-        # value (booleans: true if any event says so).
-        F.max("save_fwd").alias("save_fwd"),
-        F.max("ack2").alias("ack2"),
-        F.max("reliable").alias("reliable"),
-    ] + [F.max(_hash(col)).alias(f"{col}_h") for col in _DICT_COLUMNS if col != "logger"]
-    return events.groupBy(key.alias("k")).agg(*aggs)
-
-
 def _hash(col: str) -> Any:
-    """A string column as its 64-bit hash (null stays null), decoded by :func:`_dictionary`."""
+    """A string column as its 64-bit hash (null stays null), decoded with the dictionary."""
     from pyspark.sql import functions as F
 
     return F.when(F.col(col).isNotNull(), F.xxhash64(F.col(col)))
 
 
-def _dictionary(events: Any) -> dict[int, str]:
-    """Hash → string for the few distinct parties, loggers and AppKey types in the logs."""
+def _per_message(events: Any) -> Any:
+    """Group all events by LK0: first time of every step, counts, attributes.
+
+    One shuffle (by the message key), then two aggregations in the same tasks.
+    The first groups by (message, ``dk``): ``dk`` identifies one counted event
+    (a hash of :data:`IDENTITY_FIELDS`) and is null for every other event, so
+    exact duplicate lines of counted events collapse into one row while the
+    other events of a message become a single row of first times. The second
+    groups by message. Platform connection events have no LK0: each becomes its
+    own tiny group (key ``~node|logger|node|event|ts``), so the one pass over the
+    input also yields them, once however often they were logged.
+    """
     from pyspark.sql import functions as F
 
-    values = (
-        events.select(F.explode(F.array(*[F.col(c) for c in _DICT_COLUMNS])).alias("v"))
-        .where(F.col("v").isNotNull())
-        .distinct()
-        .select("v", F.xxhash64("v").alias("h"))
-        .collect()
+    c = F.col
+    ec = c("ec")
+    node_event = (
+        c("event").isin(*NODE_EVENTS) & c("node").isNotNull() & c("logger").isNotNull()
+        & c("ts").isNotNull()
     )
-    return {int(r.h): r.v for r in values}
+    key = F.when(
+        node_event,
+        F.concat_ws("|", F.lit(_NODE_KEY[:-1]), c("logger"), c("node"), c("event"),
+                    c("ts").cast("string")),
+    ).otherwise(c("lk0"))
+
+    def present(col: str, kind: str) -> Any:
+        # Spark's hashes skip nulls: a null must hash differently from any value.
+        missing = F.lit("\u0000") if kind == "string" else F.lit(-(1 << 31)).cast(kind)
+        return F.coalesce(c(col).cast(kind), missing)
+
+    identity = F.xxhash64(*[
+        present(f, "string" if t == "string" else "long")
+        for f, _, t in FIELDS if f in IDENTITY_FIELDS
+    ])
+    counted = _codes((r, e) for _, r, e in _COUNTS)
+    pre = (
+        events.select("*", _event_code().alias("ec"), key.alias("k"))
+        .where(c("k").isNotNull() & ~ec.isin(*_codes(_UNUSED)))
+        .select(
+            "k", "ts", "ec", "code", "save_fwd", "ack2", "reliable",
+            _hash("logger").alias("lh"),
+            *[_hash(col).alias(f"{col}_h") for col in _DICT_COLUMNS if col != "logger"],
+            F.when(ec.isin(*counted), identity).alias("dk"),
+        )
+    )
+    ts = c("ts")
+    o_lo, o_hi = _ROLE_CODES["origin"]
+    p_lo, p_hi = _ROLE_CODES["platform"]
+    r_lo, r_hi = _ROLE_CODES["receiver"]
+    attributes = ("save_fwd", "ack2", "reliable", *[f"{col}_h" for col in _DICT_COLUMNS if col != "logger"])
+    level1 = [
+        *[F.min(F.when(ec == _EVENT_CODES[(r, e)], ts)).alias(name) for name, r, e in _FIRSTS],
+        F.max(F.when(ec.isin(*_codes(_FAILURES)), c("code"))).alias("code"),
+        F.max(F.when(ec.between(o_lo, o_hi), c("lh"))).alias("o_lh"),
+        F.max(F.when(ec.between(p_lo, p_hi), c("lh"))).alias("p_lh"),
+        F.max(F.when(ec.between(r_lo, r_hi), c("lh"))).alias("r_lh"),
+        # Every message event carries the same attributes; max() picks the one
+        # value (booleans: true if any event says so).
+        *[F.max(a).alias(a) for a in attributes],
+        F.min(ts).alias("first_ts"),
+        F.max("ec").alias("ec"),
+        F.count(F.lit(1)).alias("copies"),
+    ]
+    is_counted = c("dk").isNotNull()
+    level2 = [
+        *[F.min(name).alias(name) for name, _, _ in _FIRSTS],
+        *[F.count(F.when(is_counted & (ec == _EVENT_CODES[(r, e)]), 1)).alias(name)
+          for name, r, e in _COUNTS],
+        F.max("code").alias("code"),
+        *[F.max(f"{p}_lh").alias(f"{p}_lh") for p in ("o", "p", "r")],
+        *[F.max(a).alias(a) for a in attributes],
+        F.min("first_ts").alias("first_ts"),
+        # Lines dropped as exact duplicates (counted events and connection events).
+        F.sum(F.when(is_counted | c("k").startswith(_NODE_KEY), c("copies") - 1).otherwise(0))
+        .alias("duplicate_lines"),
+    ]
+    # repartition("k") is the one shuffle; both aggregations find their input
+    # clustered by k already (a subset of their keys) and add none.
+    return pre.repartition("k").groupBy("k", "dk").agg(*level1).groupBy("k").agg(*level2)
 
 
-def _order_bounds(messages: Any, names: dict[int, str]) -> list[OrderBound]:
-    """Causal pairs per message → the smallest time difference per logger pair."""
+def _message_facts(grouped: Any, names: dict[int, str]) -> tuple[
+        list[OrderBound], dict[str, int], int, int, list[tuple[str, str, int, str]]]:
+    """One job over the cached per-message table: causal bounds between clocks,
+    messages per logger, messages, duplicate lines, and the connection events.
+
+    Causal pairs per message give the smallest time difference per logger pair
+    (:mod:`.clocks`).
+    """
     from pyspark.sql import functions as F
 
     c = F.col
     o, p, r = c("o_lh"), c("p_lh"), c("r_lh")
+    null = F.lit(None).cast("long")
     pairs = [
         # (earlier party, later party, later ts - earlier ts); each pair is a
         # cause and its effect (SPEC "The flow"), first occurrences only: the
@@ -345,20 +478,57 @@ def _order_bounds(messages: Any, names: dict[int, str]) -> list[OrderBound]:
         (r, o, c("o_ack2") - c("r_ack2_sent")),
         (o, r, c("r_reack2") - c("o_ack2")),
     ]
-    samples = messages.select(
-        F.explode(
-            F.array(*[
-                F.struct(a.alias("a"), b.alias("b"), d.cast("long").alias("d"))
-                for a, b, d in pairs
-            ])
-        ).alias("s")
-    ).select("s.*").where(
-        F.col("a").isNotNull() & F.col("b").isNotNull() & F.col("d").isNotNull()
-        & (F.col("a") != F.col("b"))
+
+    no_text = F.lit(None).cast("string")
+    zero = F.lit(0).cast("long")
+
+    def item(kind: int, a: Any, b: Any, d: Any, nk: Any = no_text, dup: Any = zero) -> Any:
+        return F.struct(F.lit(kind).alias("kind"), a.cast("long").alias("a"),
+                        b.cast("long").alias("b"), d.cast("long").alias("d"),
+                        nk.cast("string").alias("nk"), dup.cast("long").alias("dup"))
+
+    # kind 0: a causal pair, 1: a logger has events of the message, 2: the
+    # message itself, 3: a connection event.
+    items = F.when(
+        c("k").startswith(_NODE_KEY),
+        F.array(item(3, null, null, c("first_ts"), c("k"), c("duplicate_lines"))),
+    ).otherwise(F.array(
+        *[item(0, a, b, d) for a, b, d in pairs],
+        *[item(1, lh, null, null) for lh in (o, p, r)],
+        item(2, null, null, null, dup=c("duplicate_lines")),
+    ))
+    keep = (
+        (c("kind") >= 2)
+        | ((c("kind") == 1) & c("a").isNotNull())
+        | ((c("kind") == 0) & c("a").isNotNull() & c("b").isNotNull() & c("d").isNotNull()
+           & (c("a") != c("b")))
     )
-    rows = samples.groupBy("a", "b").agg(F.min("d").alias("d"), F.count(F.lit(1)).alias("n")).collect()
-    return [OrderBound(_name(names, row.a), _name(names, row.b), int(row.d), int(row.n))
-            for row in rows]
+    rows = (
+        grouped.select(F.explode(items).alias("s")).select("s.*").where(keep)
+        .groupBy("kind", "a", "b", "nk")
+        .agg(F.min("d").alias("d"), F.count(F.lit(1)).alias("n"), F.sum("dup").alias("dup"))
+        .collect()
+    )
+    bounds: list[OrderBound] = []
+    per_logger: dict[str, int] = {}
+    node_events: list[tuple[str, str, int, str]] = []
+    messages = duplicates = 0
+    for row in rows:
+        if row.kind == 3:
+            # nk = "~node|<platform logger>|<node>|<event>|<ts>"
+            parts = row.nk.split("|")
+            if len(parts) >= 5 and row.d is not None:
+                node_events.append((parts[1], "|".join(parts[2:-2]), int(row.d), parts[-2]))
+            duplicates += int(row.dup or 0)
+        elif row.kind == 2:
+            messages += int(row.n)
+            duplicates += int(row.dup or 0)
+        elif row.kind == 1:
+            lg = _name(names, row.a)
+            per_logger[lg] = per_logger.get(lg, 0) + int(row.n)
+        else:
+            bounds.append(OrderBound(_name(names, row.a), _name(names, row.b), int(row.d), int(row.n)))
+    return bounds, per_logger, messages, duplicates, node_events
 
 
 def _name(names: dict[int, str], h: int | None) -> str:
@@ -375,60 +545,28 @@ def build_report(spark: Any, inputs: Inputs, options: ReportOptions | None = Non
 
     Raises :class:`ReportError` when the logs hold no message in the window.
     """
-    from pyspark.sql import functions as F
-
+    _require_sketches()
     opts = options or ReportOptions()
     watch = _Stopwatch(opts.progress)
     events = load_events(spark, inputs, opts.since_ms, opts.until_ms)
-    names = _dictionary(events)
-    watch.lap("read attributes", f"{len(names)} distinct parties, loggers and AppKey types")
+    facts = _scan_logs(events)
+    watch.lap("read attributes", f"{facts.total:,} lines, {len(facts.names)} distinct parties, "
+              "loggers and AppKey types")
     # localCheckpoint keeps the rows as they are (memory, spilling to disk);
     # persist() would first build compressed column batches, which measured
-    # several times slower on this 1 M-row, 50-column table.
+    # several times slower on this 1 M-row table.
     grouped = _per_message(events).localCheckpoint(eager=True)
-    is_node = F.col("k").startswith(_NODE_KEY)
-    messages = grouped.where(F.col("k").isNotNull() & ~is_node).withColumnRenamed("k", "lk0")
-
-    # Per-logger facts.
-    role_cols = [(f"{r}_lh", f"{r}_events", f"{r}_last") for r in ("o", "p", "r")]
-    per_role = [
-        messages.select(F.col(h).alias("lh"), F.col(n).alias("n"), F.col(last).alias("last"))
-        for h, n, last in role_cols
-    ]
-    per_logger = [
-        (_name(names, r.lh), int(r.messages), int(r.events), r.last)
-        for r in functools.reduce(lambda x, y: x.unionByName(y), per_role)
-        .where(F.col("lh").isNotNull() & (F.col("n") > 0))
-        .groupBy("lh")
-        .agg(F.count(F.lit(1)).alias("messages"), F.sum("n").alias("events"),
-             F.max("last").alias("last"))
-        .collect()
-    ]
-    totals = grouped.agg(
-        F.sum(F.when(F.col("k").isNull(), F.col("events")).otherwise(F.col("bad"))).alias("bad"),
-        F.sum("events").alias("events"),
-        F.count(F.when(F.col("k").isNotNull() & ~is_node, 1)).alias("messages"),
-    ).first()
-    n_events = int(totals["events"] or 0)
-    watch.lap("join events by LK0", f"{n_events:,} events, {int(totals['messages'] or 0):,} messages")
-    if not totals["messages"]:
+    bounds, per_logger, n_messages, duplicates, node_events = _message_facts(grouped, facts.names)
+    watch.lap("join events by LK0", f"{n_messages:,} messages, {duplicates:,} duplicate lines ignored")
+    if not n_messages:
         grouped.unpersist()
         raise ReportError("the logs hold no message events in the time window")
 
-    node_events = []
-    for row in grouped.where(is_node).select("k", "first_ts").collect():
-        # k = "~node|<platform logger>|<node>|<event>|<ts>"
-        parts = row.k.split("|")
-        if len(parts) >= 5 and row.first_ts is not None:
-            node_events.append((parts[1], "|".join(parts[2:-2]), int(row.first_ts), parts[-2]))
     periods = offline_periods(node_events)
-
-    bounds = _order_bounds(messages, names)
-    loggers = {lg for lg, *_ in per_logger}
-    offsets = estimate_offsets(bounds, loggers)
+    offsets = estimate_offsets(bounds, set(per_logger))
     watch.lap("clock offsets", f"{len(offsets)} clocks, {len(periods)} offline periods")
 
-    last_by_logger = {lg: int(last) for lg, _m, _e, last in per_logger if last is not None}
+    last_by_logger = dict(facts.last)
     for lg, _node, ts, _ev in node_events:
         last_by_logger[lg] = max(last_by_logger.get(lg, ts), ts)
     as_of = max(
@@ -436,44 +574,33 @@ def build_report(spark: Any, inputs: Inputs, options: ReportOptions | None = Non
         default=0,
     )
 
-    detail = _derive(spark, messages, offsets, periods, as_of, opts).localCheckpoint(eager=True)
-    counted = detail.count()
+    messages = grouped.where(~grouped["k"].startswith(_NODE_KEY)).withColumnRenamed("k", "lk0")
+    detail = _derive(spark, messages, offsets, periods, as_of, opts, facts.names).localCheckpoint(
+        eager=True)
     grouped.unpersist()
-    watch.lap("legs per message", f"{counted:,} messages in the window")
-    if counted == 0:
-        detail.unpersist()
-        raise ReportError("no message was queued in the time window")
+    watch.lap("legs per message")
 
     report = ReportData()
-    window_start = opts.since_ms
-    window_end = opts.until_ms if opts.until_ms is not None else as_of
-    if window_start is None:
-        window_start = detail.agg(F.min("t0")).first()[0]
-    overall = _aggregate(detail, [], "overall", "All messages", window_start, window_end, names)
-    report.add(overall)
-    report.add(_legs_table(detail, overall))
-    for keys, name, title in (
-        (["source_h", "target_h"], "by_pair", "Per source → target"),
-        (["domain_h", "data_type_h"], "by_appkey", "Per AppKey domain and type"),
-        (["save_fwd"], "by_save_fwd", "Per SaveFwd mode"),
-        (["day"], "by_day", "Per day (UTC)"),
-        (["hour"], "by_hour", "Per hour (UTC)"),
-    ):
-        report.add(_aggregate(detail, keys, name, title, window_start, window_end, names))
+    aggregates = _aggregates(detail, opts, as_of, facts.names)
+    if aggregates is None:
+        detail.unpersist()
+        raise ReportError("no message was queued in the time window")
+    overall, counted, window_start, window_end = aggregates
+    for table in overall:
+        report.add(table)
     watch.lap("aggregates", "pair, AppKey, SaveFwd, day, hour")
     report.add(_histogram(detail))
-    stuck = _stuck(detail, opts.stuck_after_ms, names)
-    failed = _failed(detail, names)
+    stuck, failed = _stuck_and_failed(detail, opts.stuck_after_ms, facts.names)
     _add_app_keys(spark, events, [stuck, failed])
     report.add(stuck)
     report.add(failed)
-    watch.lap("stuck and failed")
+    watch.lap("stuck and failed", f"{len(stuck):,} stuck, {len(failed):,} failed")
     if opts.with_messages:
-        report.add(_collect(detail.orderBy("t0", "lk0"), "messages", "Per message", names=names))
+        report.add(_messages_table(detail, facts.names))
     detail.unpersist()
     report.add(_skew_table(offsets, bounds))
     report.add(_offline_table(periods, offsets, as_of))
-    report.add(_inputs_table(per_logger, node_events, offsets))
+    report.add(_inputs_table(per_logger, facts, offsets))
     report.meta.update(
         {
             "generated_at": int(time.time() * 1000),
@@ -484,8 +611,9 @@ def build_report(spark: Any, inputs: Inputs, options: ReportOptions | None = Non
             "window_end_ms": window_end,
             "as_of_ms": as_of,
             "stuck_after_ms": opts.stuck_after_ms,
-            "events": n_events,
-            "malformed_events": int(totals["bad"] or 0),
+            "events": facts.total,
+            "duplicate_events": duplicates,
+            "malformed_events": facts.malformed,
             "messages": counted,
             "reference_clock": next(
                 (o.reference for o in offsets.values()), None
@@ -497,23 +625,34 @@ def build_report(spark: Any, inputs: Inputs, options: ReportOptions | None = Non
     return report
 
 
+def _require_sketches() -> None:
+    from pyspark.sql import functions as F
+
+    if not hasattr(F, "kll_merge_agg_bigint"):
+        import pyspark
+
+        raise ReportError(
+            f"Spark reports need pyspark 4.1.2 or newer (KLL sketches), this is {pyspark.__version__}: "
+            "pip install -U 'semq[analytics]'"
+        )
+
+
 def _derive(spark: Any, messages: Any, offsets: dict[str, ClockOffset],
-            periods: list[Any], as_of: int, opts: ReportOptions) -> Any:
+            periods: list[OfflinePeriod], as_of: int, opts: ReportOptions,
+            names: dict[int, str]) -> Any:
     """Per-message legs on one clock, skew-corrected cross legs, outcome and place."""
     from pyspark.sql import functions as F
 
     c = F.col
-    off_rows = [(lg, int(o.offset_ms)) for lg, o in offsets.items()] or [("", 0)]
-    off = spark.createDataFrame(off_rows, "logger string, off long").select(
-        F.xxhash64("logger").alias("lh"), "off"
-    )
+    # The offsets are few: a literal map from logger hash to offset, no join.
+    hash_of = {name: h for h, name in names.items()}
+    hashes = {hash_of[lg]: int(o.offset_ms) for lg, o in offsets.items() if lg in hash_of}
+    if hashes:
+        off_map = F.create_map(*[x for h, o in sorted(hashes.items()) for x in (F.lit(h), F.lit(o))])
     m = messages
     for prefix in ("o", "p", "r"):
-        m = m.join(
-            F.broadcast(off.withColumnRenamed("lh", f"{prefix}_lh")
-                        .withColumnRenamed("off", f"{prefix}_off")),
-            on=f"{prefix}_lh", how="left",
-        ).withColumn(f"{prefix}_off", F.coalesce(c(f"{prefix}_off"), F.lit(0)))
+        off = F.coalesce(off_map[c(f"{prefix}_lh")], F.lit(0)) if hashes else F.lit(0)
+        m = m.withColumn(f"{prefix}_off", off.cast("long"))
 
     def ref(col: str) -> Any:
         """A timestamp moved to the reference clock."""
@@ -558,32 +697,7 @@ def _derive(spark: Any, messages: Any, offsets: dict[str, ClockOffset],
     if opts.until_ms is not None:
         m = m.where(c("t0") < opts.until_ms)
 
-    # How long the target was offline, for messages the platform found it offline.
-    found = F.least(c("p_stored"), c("p_dropped"))
-    m = m.withColumn("found_offline", found)
-    if periods:
-        lowest, highest = -(1 << 62), 1 << 62
-        pdf = spark.createDataFrame(
-            [
-                (p.logger, p.node, p.start, lowest if p.start is None else p.start,
-                 p.end, highest if p.end is None else p.end)
-                for p in periods
-            ],
-            "per_logger string, per_node string, per_start long, per_lo long, "
-            "per_end long, per_hi long",
-        ).select("*", F.xxhash64("per_logger").alias("per_lh"), F.xxhash64("per_node").alias("per_nh"))
-        cond = (
-            (c("p_lh") == c("per_lh")) & (c("target_h") == c("per_nh"))
-            & (c("found_offline") >= c("per_lo")) & (c("found_offline") < c("per_hi"))
-        )
-        m = m.join(F.broadcast(pdf), cond, "left")
-        offline = (
-            F.coalesce(c("per_end") - c("p_off"), F.lit(as_of))
-            - (F.coalesce(c("per_start"), c("found_offline")) - c("p_off"))
-        )
-        m = m.withColumn("target_offline_ms", F.when(c("per_node").isNotNull(), clamp(offline)))
-    else:
-        m = m.withColumn("target_offline_ms", F.lit(None).cast("long"))
+    m = _with_target_offline(spark, m, periods, as_of)
 
     reliable = F.coalesce(c("reliable"), F.lit(True))
     ack2_asked = F.coalesce(c("ack2"), F.lit(True))
@@ -630,8 +744,9 @@ def _derive(spark: Any, messages: Any, offsets: dict[str, ClockOffset],
     return m.select(
         "lk0", "source_h", "target_h", "domain_h", "data_type_h", "save_fwd", "ack2", "reliable",
         "t0",
-        F.date_format(F.timestamp_millis(c("t0")), "yyyy-MM-dd HH:00").alias("hour"),
-        F.date_format(F.timestamp_millis(c("t0")), "yyyy-MM-dd").alias("day"),
+        # Hour bucket as epoch ms (formatted on the driver: date_format per row is slow).
+        (c("t0") - F.pmod(c("t0"), F.lit(HOUR_MS))).alias("hour"),
+        (c("t0") - F.pmod(c("t0"), F.lit(DAY_MS))).alias("day"),
         *LEG_NAMES,
         *[f"clamped_{n}" for n in _CROSS_LEGS],
         F.greatest(c("o_resends"), c("o_sends") - 1, F.lit(0)).alias("resends"),
@@ -648,6 +763,59 @@ def _derive(spark: Any, messages: Any, offsets: dict[str, ClockOffset],
         failed_at.alias("failed_at"),
         evidence.alias("evidence"),
         "o_lh", "p_lh", "r_lh",
+    )
+
+
+def _with_target_offline(spark: Any, m: Any, periods: list[OfflinePeriod], as_of: int) -> Any:
+    """Add ``target_offline_ms``: how long the target was offline, for messages
+    the platform found it offline (stored or dropped them).
+
+    The period containing that moment is found with an equi-join on time
+    buckets: each period is listed once per bucket it touches, so a message
+    meets only the one or two periods of its own bucket (a join on the time
+    range alone would test every period of the node for every message).
+    """
+    from pyspark.sql import functions as F
+
+    c = F.col
+    found = F.least(c("p_stored"), c("p_dropped"))
+    finite = [x for p in periods for x in (p.start, p.end) if x is not None]
+    if not finite:
+        return m.withColumn("target_offline_ms", F.lit(None).cast("long"))
+    first, last = min(finite), max(finite)
+    width = max(HOUR_MS, (last - first) // 1024 + 1)
+    lowest, highest = -(1 << 62), 1 << 62
+    rows = []
+    for p in periods:
+        lo = lowest if p.start is None else p.start
+        hi = highest if p.end is None else p.end
+        for b in range((max(lo, first) - first) // width, (min(hi, last) - first) // width + 1):
+            rows.append((p.logger, p.node, b, p.start, lo, p.end, hi))
+    pdf = spark.createDataFrame(
+        rows,
+        "per_logger string, per_node string, per_b long, per_start long, per_lo long, "
+        "per_end long, per_hi long",
+    ).select(
+        "*", F.xxhash64("per_logger").alias("per_lh"), F.xxhash64("per_node").alias("per_nh"),
+    ).select("*", F.xxhash64("per_lh", "per_nh", "per_b").alias("per_key"))
+    bucket = F.expr(f"(least(greatest(found_offline, {first}L), {last}L) - {first}L) div {width}L")
+    m = m.withColumn("found_offline", found).withColumn(
+        "offline_key",
+        F.when(c("found_offline").isNotNull(), F.xxhash64(c("p_lh"), c("target_h"), bucket)),
+    )
+    cond = (
+        (c("offline_key") == c("per_key"))
+        & (c("p_lh") == c("per_lh")) & (c("target_h") == c("per_nh"))
+        & (c("found_offline") >= c("per_lo")) & (c("found_offline") < c("per_hi"))
+    )
+    m = m.join(F.broadcast(pdf), cond, "left")
+    offline = (
+        F.coalesce(c("per_end") - c("p_off"), F.lit(as_of))
+        - (F.coalesce(c("per_start"), c("found_offline")) - c("p_off"))
+    )
+    return m.withColumn(
+        "target_offline_ms",
+        F.when(c("per_node").isNotNull(), F.when(offline.isNotNull(), F.greatest(offline, F.lit(0)))),
     )
 
 
@@ -682,20 +850,54 @@ def _collect(df: Any, name: str, title: str, description: str = "",
                  description=description)
 
 
-def _aggregate(detail: Any, keys: list[str], name: str, title: str,
-               window_start: int, window_end: int, names: dict[int, str]) -> Table:
-    """count, outcomes, p50/p90/p99/max of every leg, resends, duplicates, throughput."""
+def _format_hour(ms: int | None) -> str | None:
+    return None if ms is None else datetime.fromtimestamp(ms / 1000, tz=UTC).strftime("%Y-%m-%d %H:00")
+
+
+def _format_day(ms: int | None) -> str | None:
+    return None if ms is None else datetime.fromtimestamp(ms / 1000, tz=UTC).strftime("%Y-%m-%d")
+
+
+# (name, title, grouping columns of the detail table)
+_GROUPINGS: Final = (
+    ("by_pair", "Per source → target", ("source_h", "target_h")),
+    ("by_appkey", "Per AppKey domain and type", ("domain_h", "data_type_h")),
+    ("by_save_fwd", "Per SaveFwd mode", ("save_fwd",)),
+    ("by_hour", "Per hour (UTC)", ("hour",)),
+)
+_GROUP_COLUMNS: Final = ("source_h", "target_h", "domain_h", "data_type_h", "save_fwd", "hour")
+
+
+def _grouping_id(keys: tuple[str, ...]) -> int:
+    """Spark's grouping_id() of a grouping set: bit set = column not in the set (first column highest)."""
+    n = len(_GROUP_COLUMNS)
+    return sum(1 << (n - 1 - i) for i, col in enumerate(_GROUP_COLUMNS) if col not in keys)
+
+
+def _aggregates(detail: Any, opts: ReportOptions, as_of: int, names: dict[int, str]) -> tuple[
+        list[Table], int, int, int] | None:
+    """Every aggregate table from one pass over the legs (None: no message in the window).
+
+    One grouping-sets aggregation (pair, AppKey, SaveFwd, hour) sketches every
+    leg once per set; days and the overall row merge the hourly sketches and
+    sums on the small result. Returns (tables, messages, window start, end).
+    """
     from pyspark.sql import functions as F
 
     c = F.col
     aggs = [F.count(F.lit(1)).alias("messages")]
-    aggs += [F.sum(F.when(c("outcome") == o, 1).otherwise(0)).alias(o) for o in OUTCOMES]
+    aggs += [F.count(F.when(c("outcome") == o, 1)).alias(o) for o in OUTCOMES]
     for leg in LEG_NAMES:
-        aggs.append(F.percentile_approx(leg, list(PERCENTILES), ACCURACY).alias(f"{leg}__pct"))
-        aggs.append(F.max(leg).alias(f"{leg}_max"))
+        aggs += [
+            F.kll_sketch_agg_bigint(leg, SKETCH_K).alias(f"{leg}__sk"),
+            F.max(leg).alias(f"{leg}_max"),
+            F.count(leg).alias(f"{leg}__n"),
+            F.sum(leg).alias(f"{leg}__sum"),
+        ]
+    aggs += [F.sum(f"clamped_{n}").alias(f"clamped_{n}") for n in _CROSS_LEGS]
     aggs += [
         F.sum("resends").alias("resends"),
-        F.avg(F.when(c("resends") > 0, 1.0).otherwise(0.0)).alias("resend_rate"),
+        F.count(F.when(c("resends") > 0, 1)).alias("resent"),
         F.sum("inquiries").alias("inquiries"),
         F.sum("duplicates").alias("duplicates_suppressed"),
         F.sum("redeliveries").alias("redeliveries"),
@@ -703,58 +905,139 @@ def _aggregate(detail: Any, keys: list[str], name: str, title: str,
         F.min("t0").alias("first_ms"),
         F.max("t0").alias("last_ms"),
     ]
-    df = detail.groupBy(*keys).agg(*aggs) if keys else detail.agg(*aggs)
-    cols: list[Any] = [*keys, "messages", *OUTCOMES]
+    sets = (
+        detail.groupingSets([list(keys) for _, _, keys in _GROUPINGS], *_GROUP_COLUMNS)
+        .agg(F.grouping_id().alias("gid"), *aggs)
+        .localCheckpoint(eager=True)
+    )
+    merge: list[Any] = []
+    for f in sets.schema.fields:
+        if f.name in _GROUP_COLUMNS or f.name == "gid":
+            continue
+        if f.name.endswith("__sk"):
+            merge.append(F.kll_merge_agg_bigint(f.name, SKETCH_K).alias(f.name))
+        elif f.name.endswith("_max") or f.name == "last_ms":
+            merge.append(F.max(f.name).alias(f.name))
+        elif f.name == "first_ms":
+            merge.append(F.min(f.name).alias(f.name))
+        else:
+            merge.append(F.sum(f.name).alias(f.name))
+    hours = sets.where(c("gid") == _grouping_id(("hour",)))
+    by_day = hours.groupBy((c("hour") - F.pmod(c("hour"), F.lit(DAY_MS))).alias("day")).agg(*merge)
+    overall_df = hours.agg(*merge)
+
+    ranks = F.array(*[F.lit(p) for p in PERCENTILES])
+
+    def finish(df: Any, keys: list[str]) -> Any:
+        cols: list[Any] = [*keys, "messages", *OUTCOMES]
+        for leg in LEG_NAMES:
+            pct = F.when(F.kll_sketch_get_n_bigint(f"{leg}__sk") > 0,
+                         F.kll_sketch_get_quantile_bigint(f"{leg}__sk", ranks))
+            cols += [pct[i].alias(f"{leg}_p{round(p * 100)}") for i, p in enumerate(PERCENTILES)]
+            cols += [f"{leg}_max", f"{leg}__n", f"{leg}__sum"]
+        cols += [f"clamped_{n}" for n in _CROSS_LEGS]
+        cols += ["resends", "resent", "inquiries", "duplicates_suppressed", "redeliveries",
+                 "target_offline_max_ms", "first_ms", "last_ms"]
+        return df.select(*cols)
+
+    overall_rows = finish(overall_df, []).collect()
+    if not overall_rows or not overall_rows[0]["messages"]:
+        return None
+    top = overall_rows[0].asDict()
+    window_start = opts.since_ms if opts.since_ms is not None else int(top["first_ms"])
+    window_end = opts.until_ms if opts.until_ms is not None else as_of
+    tables = []
+    overall = _aggregate_table("overall", "All messages", [], overall_rows, window_start,
+                               window_end, names)
+    tables += [overall, _legs_table(top)]
+    for name, title, keys in _GROUPINGS:
+        df = finish(sets.where(c("gid") == _grouping_id(keys)), list(keys))
+        tables.append(_aggregate_table(name, title, list(keys), df.collect(), window_start,
+                                       window_end, names))
+        if name == "by_hour":
+            day_rows = finish(by_day, ["day"]).collect()
+            tables.append(_aggregate_table("by_day", "Per day (UTC)", ["day"], day_rows,
+                                           window_start, window_end, names))
+    sets.unpersist()
+    order = ["overall", "legs", "by_pair", "by_appkey", "by_save_fwd", "by_day", "by_hour"]
+    tables.sort(key=lambda t: order.index(t.name))
+    return tables, int(top["messages"]), window_start, window_end
+
+
+_AGG_TYPES: Final = {"messages": "long", "resend_rate": "double", "per_minute": "double"}
+
+
+def _aggregate_table(name: str, title: str, keys: list[str], rows: list[Any], window_start: int,
+                     window_end: int, names: dict[int, str]) -> Table:
+    """count, outcomes, p50/p90/p99/max of every leg, resends, duplicates, throughput."""
+    columns: list[str] = []
+    types: list[str] = []
+    for k in keys:
+        if k.endswith("_h"):
+            columns.append(k.removesuffix("_h"))
+            types.append("string")
+        elif k in ("hour", "day"):
+            columns.append(k)
+            types.append("string")
+        else:
+            columns.append(k)
+            types.append("long")
+    metrics = ["messages", *OUTCOMES]
     for leg in LEG_NAMES:
-        for i, p in enumerate(PERCENTILES):
-            cols.append(c(f"{leg}__pct")[i].alias(f"{leg}_p{round(p * 100)}"))
-        cols.append(f"{leg}_max")
-    cols += ["resends", "resend_rate", "inquiries", "duplicates_suppressed", "redeliveries",
-             "target_offline_max_ms", "first_ms", "last_ms"]
-    table = _collect(df.select(*cols), name, title, names=names)
-    # Sorted here: the keys are hashes in Spark and names only now.
-    nkeys = len(keys)
-    table.rows.sort(key=lambda row: tuple((v is None, v) for v in row[:nkeys]))
+        metrics += [f"{leg}_p{round(p * 100)}" for p in PERCENTILES] + [f"{leg}_max"]
+    metrics += ["resends", "resend_rate", "inquiries", "duplicates_suppressed", "redeliveries",
+                "target_offline_max_ms", "first_ms", "last_ms", "per_minute"]
+    columns += metrics
+    types += [_AGG_TYPES.get(m, "long") for m in metrics]
     # Throughput: messages per minute over the part of the report window the
     # row covers (an hour or a day bucket, else the whole window).
-    span_of: Callable[[tuple[Any, ...]], float]
-    if keys == ["hour"] or keys == ["day"]:
-        length = 3_600_000 if keys == ["hour"] else 86_400_000
-        fmt = "%Y-%m-%d %H:%M" if keys == ["hour"] else "%Y-%m-%d"
+    length = {"hour": HOUR_MS, "day": DAY_MS}.get(keys[0]) if keys else None
+    out = []
+    for r in rows:
+        d = r.asDict()
+        key_values: list[Any] = []
+        for k in keys:
+            v = d[k]
+            if k.endswith("_h"):
+                v = None if v is None else _name(names, v)
+            elif k == "hour":
+                v = _format_hour(v)
+            elif k == "day":
+                v = _format_day(v)
+            key_values.append(v)
+        if length is not None and d[keys[0]] is not None:
+            start = int(d[keys[0]])
+            span = min(start + length, window_end) - max(start, window_start)
+        else:
+            span = window_end - window_start
+        messages = int(d["messages"])
+        values: list[Any] = []
+        for m in metrics:
+            if m == "resend_rate":
+                values.append(d["resent"] / messages if messages else 0.0)
+            elif m == "per_minute":
+                values.append(round(messages / max(span, 60_000) * 60_000, 3))
+            else:
+                v = d[m]
+                values.append(None if v is None else int(v))
+        out.append((*key_values, *values))
+    # Sorted here: the keys are hashes in Spark and names only now.
+    out.sort(key=lambda row: tuple((v is None, v) for v in row[:len(keys)]))
+    return Table(name=name, title=title, columns=columns, types=types, rows=out)
 
-        def span_of(row: tuple[Any, ...]) -> float:
-            start = int(datetime.strptime(row[0], fmt).replace(tzinfo=UTC).timestamp() * 1000)
-            return min(start + length, window_end) - max(start, window_start)
-    else:
-        def span_of(row: tuple[Any, ...]) -> float:
-            return window_end - window_start
-    i_msgs = table.columns.index("messages")
-    table.columns.append("per_minute")
-    table.types.append("double")
-    table.rows = [
-        (*row, round(row[i_msgs] / max(span_of(row), 60_000) * 60_000, 3)) for row in table.rows
-    ]
-    return table
 
-
-def _legs_table(detail: Any, overall: Table) -> Table:
+def _legs_table(overall: dict[str, Any]) -> Table:
     """The overall row reshaped: one row per leg ("where does the time go")."""
-    from pyspark.sql import functions as F
-
-    row = overall.dicts()[0]
-    counts = detail.agg(
-        *[F.count(leg).alias(leg) for leg in LEG_NAMES],
-        *[F.sum(f"clamped_{n}").alias(f"clamped_{n}") for n in _CROSS_LEGS],
-        *[F.avg(leg).alias(f"{leg}_mean") for leg in LEG_NAMES],
-    ).first()
     rows = []
     for leg in LEGS:
+        n = int(overall[f"{leg.name}__n"] or 0)
+        total = overall[f"{leg.name}__sum"]
         rows.append((
-            leg.name, leg.label, leg.clock, int(counts[leg.name] or 0),
-            row[f"{leg.name}_p50"], row[f"{leg.name}_p90"], row[f"{leg.name}_p99"],
-            row[f"{leg.name}_max"],
-            None if counts[f"{leg.name}_mean"] is None else round(float(counts[f"{leg.name}_mean"]), 1),
-            int(counts[f"clamped_{leg.name}"] or 0) if leg.clock == "cross" else 0,
+            leg.name, leg.label, leg.clock, n,
+            overall[f"{leg.name}_p50"], overall[f"{leg.name}_p90"], overall[f"{leg.name}_p99"],
+            overall[f"{leg.name}_max"],
+            None if not n or total is None else round(int(total) / n, 1),
+            int(overall[f"clamped_{leg.name}"] or 0) if leg.clock == "cross" else 0,
             leg.description,
         ))
     return Table(
@@ -780,13 +1063,15 @@ def _histogram(detail: Any) -> Table:
         .otherwise(F.floor(F.log10(F.col("v")) * HIST_BINS_PER_DECADE))
         .cast("long").alias("bin"),
     )
-    rows = binned.groupBy("metric", "bin").count().orderBy("metric", "bin").collect()
+    rows = sorted(
+        (r["metric"], int(r["bin"]), int(r["count"]))
+        for r in binned.groupBy("metric", "bin").count().collect()
+    )
     out = []
-    for r in rows:
-        b = int(r["bin"])
+    for metric, b, count in rows:
         lo = 0 if b < 0 else math.ceil(10 ** (b / HIST_BINS_PER_DECADE))
         hi = 1 if b < 0 else math.ceil(10 ** ((b + 1) / HIST_BINS_PER_DECADE))
-        out.append((r["metric"], b, lo, hi, int(r["count"])))
+        out.append((metric, b, lo, hi, count))
     return Table(
         name="histogram", title="Latency distribution",
         columns=["metric", "bin", "low_ms", "high_ms", "messages"],
@@ -795,32 +1080,61 @@ def _histogram(detail: Any) -> Table:
     )
 
 
-def _stuck(detail: Any, stuck_after_ms: int, names: dict[int, str]) -> Table:
+def _stuck_and_failed(detail: Any, stuck_after_ms: int, names: dict[int, str]) -> tuple[Table, Table]:
+    """The stuck and the failed messages, from one filter over the legs."""
     from pyspark.sql import functions as F
 
-    df = detail.where(F.col("outcome") == "stuck").orderBy("since", "lk0").select(
-        "lk0", "source_h", "target_h", "domain_h", "data_type_h", "save_fwd", "place",
-        F.date_format(F.timestamp_millis(F.col("since")), "yyyy-MM-dd HH:mm:ss").alias("since_utc"),
-        "since", "age_ms", "resends", "inquiries", "target_offline_ms", "evidence",
-    )
-    return _collect(
-        df, "stuck", "Stuck messages",
-        f"no end-to-end confirmation and older than {stuck_after_ms // 1000} s; "
-        "place: where it is, since: when it got there (reference clock)",
-        names=names,
+    rows = detail.where(F.col("outcome").isin("stuck", "failed")).select(
+        "lk0", "source_h", "target_h", "domain_h", "data_type_h", "save_fwd", "outcome", "place",
+        "since", "age_ms", "resends", "inquiries", "target_offline_ms", "evidence", "failure",
+        "code", "failed_at",
+    ).collect()
+
+    def who(r: Any) -> tuple[Any, ...]:
+        return (r.lk0, *[None if r[h] is None else _name(names, r[h])
+                         for h in ("source_h", "target_h", "domain_h", "data_type_h")], r.save_fwd)
+
+    def when(ms: Any) -> str | None:
+        return None if ms is None else format_ms(int(ms))
+
+    stuck = sorted((r for r in rows if r.outcome == "stuck"),
+                   key=lambda r: (r.since is None, r.since or 0, r.lk0))
+    failed = sorted((r for r in rows if r.outcome == "failed"),
+                    key=lambda r: (r.failed_at is None, r.failed_at or 0, r.lk0))
+    head = ["lk0", "source", "target", "domain", "data_type", "save_fwd"]
+    head_types = ["string"] * 5 + ["long"]
+    return (
+        Table(
+            name="stuck", title="Stuck messages",
+            columns=[*head, "place", "since_utc", "since", "age_ms", "resends", "inquiries",
+                     "target_offline_ms", "evidence"],
+            types=[*head_types, "string", "string", "long", "long", "long", "long", "long", "string"],
+            rows=[(*who(r), r.place, when(r.since), r.since, r.age_ms, r.resends, r.inquiries,
+                   r.target_offline_ms, r.evidence) for r in stuck],
+            description=f"no end-to-end confirmation and older than {stuck_after_ms // 1000} s; "
+            "place: where it is, since: when it got there (reference clock)",
+        ),
+        Table(
+            name="failed", title="Not delivered (dropped, refused, expired, dead letters)",
+            columns=[*head, "failure", "code", "at_utc", "evidence"],
+            types=[*head_types, "string", "long", "string", "string"],
+            rows=[(*who(r), r.failure, r.code, when(r.failed_at), r.evidence) for r in failed],
+        ),
     )
 
 
-def _failed(detail: Any, names: dict[int, str]) -> Table:
-    from pyspark.sql import functions as F
-
-    df = detail.where(F.col("outcome") == "failed").orderBy("failed_at", "lk0").select(
-        "lk0", "source_h", "target_h", "domain_h", "data_type_h", "save_fwd", "failure", "code",
-        F.date_format(F.timestamp_millis(F.col("failed_at")), "yyyy-MM-dd HH:mm:ss").alias("at_utc"),
-        "evidence",
-    )
-    return _collect(df, "failed", "Not delivered (dropped, refused, expired, dead letters)",
-                    names=names)
+def _messages_table(detail: Any, names: dict[int, str]) -> Table:
+    """Every message with its legs (tests and small logs: brings every row to the driver)."""
+    table = _collect(detail.orderBy("t0", "lk0"), "messages", "Per message", names=names)
+    i_hour, i_day = table.columns.index("hour"), table.columns.index("day")
+    table.types[i_hour] = table.types[i_day] = "string"
+    rows = []
+    for row in table.rows:
+        r = list(row)
+        r[i_hour], r[i_day] = _format_hour(row[i_hour]), _format_day(row[i_day])
+        rows.append(tuple(r))
+    table.rows = rows
+    return table
 
 
 def _add_app_keys(spark: Any, events: Any, tables: list[Table]) -> None:
@@ -836,7 +1150,9 @@ def _add_app_keys(spark: Any, events: Any, tables: list[Table]) -> None:
     if wanted:
         ids = spark.createDataFrame([(x,) for x in wanted], "lk0 string")
         for r in (
-            events.join(F.broadcast(ids), "lk0")
+            events.where(F.col("subtype").isNotNull() | F.col("key").isNotNull())
+            .select("lk0", "subtype", "key")
+            .join(F.broadcast(ids), "lk0")
             .groupBy("lk0")
             .agg(F.max("subtype").alias("subtype"), F.max("key").alias("key"))
             .collect()
@@ -867,18 +1183,18 @@ def _skew_table(offsets: dict[str, ClockOffset], bounds: list[OrderBound]) -> Ta
     )
 
 
-def _offline_table(periods: list[Any], offsets: dict[str, ClockOffset], as_of: int) -> Table:
-    by_node: dict[tuple[str, str], list[Any]] = {}
+def _offline_table(periods: list[OfflinePeriod], offsets: dict[str, ClockOffset], as_of: int) -> Table:
+    by_node: dict[tuple[str, str], list[OfflinePeriod]] = {}
     for p in periods:
         by_node.setdefault((p.logger, p.node), []).append(p)
     rows = []
     for (logger, node), ps in sorted(by_node.items()):
         off = offsets[logger].offset_ms if logger in offsets else 0
-        known = [p for p in ps if p.start is not None]
-        durations = [((p.end if p.end is not None else as_of + off) - p.start) for p in known]
+        durations = [((p.end if p.end is not None else as_of + off) - p.start)
+                     for p in ps if p.start is not None]
         still = next((p.start for p in ps if p.end is None and p.start is not None), None)
         rows.append((
-            node, logger, len(known), sum(durations), max(durations, default=0),
+            node, logger, len(durations), sum(durations), max(durations, default=0),
             format_ms(still - off) if still is not None else "",
         ))
     return Table(
@@ -889,15 +1205,13 @@ def _offline_table(periods: list[Any], offsets: dict[str, ClockOffset], as_of: i
     )
 
 
-def _inputs_table(per_logger: list[Any], node_events: list[tuple[str, str, int, str]],
+def _inputs_table(per_logger: dict[str, int], facts: _LogFacts,
                   offsets: dict[str, ClockOffset]) -> Table:
-    node_counts: dict[str, int] = {}
-    for lg, *_ in node_events:
-        node_counts[lg] = node_counts.get(lg, 0) + 1
     rows = []
-    for logger, messages, events, last in sorted(per_logger):
+    for logger in sorted(set(per_logger) | set(facts.lines)):
+        last = facts.last.get(logger)
         rows.append((
-            logger, messages, events + node_counts.get(logger, 0),
+            logger, per_logger.get(logger, 0), facts.lines.get(logger, 0),
             format_ms(int(last)) if last is not None else "",
             offsets[logger].offset_ms if logger in offsets else 0,
         ))
@@ -905,6 +1219,7 @@ def _inputs_table(per_logger: list[Any], node_events: list[tuple[str, str, int, 
         name="loggers", title="Logs read",
         columns=["logger", "messages", "events", "last_event_utc_own_clock", "clock_offset_ms"],
         types=["string", "long", "long", "string", "long"], rows=rows,
+        description="events: lines in the time window, exact duplicates included",
     )
 
 
