@@ -172,10 +172,13 @@ def test_e2e_expired_while_stored_at_the_platform_is_never_delivered(cluster: Cl
         cluster.add_org(o)
     cluster.start_platform()
     cluster.start_node(A)
+    # Long enough for A to send it on a loaded machine (an expiry that
+    # passes before A's daemon claims it fails it at A, untested here).
     with NodeClient(cluster.root / A) as n:
-        stale = n.send(B, b"stale", data_type="QUOTE", expires_in=1.0)
+        stale = n.send(B, b"stale", data_type="QUOTE", expires_in=4.0)
+    sent_at = time.monotonic()
     wait_until(lambda: cluster.count("P", "SELECT count(*) FROM stored WHERE kind=1") == 1, 20, "stored at P")
-    time.sleep(1.2)
+    time.sleep(max(0.0, sent_at + 4.2 - time.monotonic()))
     cluster.start_node(B)
     with NodeClient(cluster.root / A) as n:
         n.send(B, b"sentinel", data_type="QUOTE")

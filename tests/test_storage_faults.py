@@ -387,6 +387,9 @@ def test_platform_sigkilled_during_batch_commits_loses_nothing_acknowledged(clus
     t.start()
     acked_at_kills = []
     try:
+        # The kills must hit a platform that is storing: wait for the first
+        # ACK_SAVE (a loaded machine can take seconds to seal the first batch).
+        wait_until(lambda: len(event_lk0s(c.root / A, "ack_save")) > 0, 60, "a first ACK_SAVE at A")
         for _ in range(8):
             wait_until(lambda: A in online(c), 30, "A connected to the platform")
             time.sleep(rng.uniform(0.05, 0.5))  # the platform is storing batches now
