@@ -366,3 +366,67 @@ def test_report_on_the_logs_of_a_real_run(spark: Any, tmp_path: Path) -> None:
     stored = [m for m in msgs if m["dwell_ms"] is not None]
     assert len(stored) == 20  # the documents that waited for B at the platform
     assert report["stuck"].dicts() == []
+
+
+# ---------------------------------------------------------------- duplicate lines
+
+
+def _counted_once(line: dict[str, Any]) -> bool:
+    """A line the report dedupes (docs/analytics.md, "Duplicate lines")."""
+    if line["event"] in ("node_online", "node_offline", "resend", "inquiry", "duplicate"):
+        return True
+    return line["event"] in ("sent", "delivered") and "attempt" not in line
+
+
+def test_duplicate_lines_are_counted_once(spark: Any, tmp_path: Path) -> None:
+    """A log copied twice and single lines logged twice change nothing but the
+    lines read; repeats that are not copies (two resends, two inquiries at
+    different times) still count."""
+    L = scenario()
+    m = L.msg("A/1/1/12", "A", "B")
+    L.o(m, "queued", 8000)
+    L.o(m, "sent", 8010, attempt=1)
+    for k in (1, 2):  # lost twice: two inquiries and two resends
+        L.o(m, "inquiry", 8010 + k * 15_000, detail="platform")
+        L.o(m, "resend", 8011 + k * 15_000)
+        L.o(m, "sent", 8012 + k * 15_000, attempt=k + 1)
+    for fn, ev, t in ((L.p, "received", 38_030), (L.p, "forwarded", 38_032), (L.o, "ack_fwd", 38_050),
+                      (L.r, "received", 38_060), (L.r, "inbox", 38_065), (L.r, "ack2_sent", 38_066),
+                      (L.o, "ack2", 38_100)):
+        fn(m, ev, t)
+    clean, dup = tmp_path / "clean", tmp_path / "dup"
+    L.write(clean)
+    L.write(dup)
+    # The origin's log copied into a second folder (a log collected twice)...
+    origin_log = dup / "org-A" / "events" / "events-2026-11-22.jsonl"
+    (dup / "collected-again").mkdir()
+    (dup / "collected-again" / "events-2026-11-22.jsonl").write_bytes(origin_log.read_bytes())
+    copied = [json.loads(x) for x in origin_log.read_text().splitlines()]
+    # ...the platform's first lines (connection events, M1) written twice...
+    platform_log = dup / "platform-P1" / "events" / "events-2026-11-22.jsonl"
+    lines = platform_log.read_text().splitlines()
+    platform_log.write_text("\n".join(lines + lines[:5]) + "\n")
+    copied += [json.loads(x) for x in lines[:5]]
+    # ...and the receiver's "duplicate" event of M3 twice.
+    receiver_log = dup / "org-B" / "events" / "events-2026-11-22.jsonl"
+    lines = receiver_log.read_text().splitlines()
+    twice = next(x for x in lines if '"duplicate"' in x)
+    receiver_log.write_text("\n".join([*lines, twice]) + "\n")
+    copied.append(json.loads(twice))
+
+    want = build_report(spark, resolve_inputs([str(clean)]), ReportOptions(with_messages=True))
+    got = build_report(spark, resolve_inputs([str(dup)]), ReportOptions(with_messages=True))
+    for name, table in want.tables.items():
+        if name != "loggers":  # lines read: the copies are lines too
+            assert got[name].rows == table.rows, name
+    assert got.meta["duplicate_events"] == sum(_counted_once(x) for x in copied) == 15
+    assert want.meta["duplicate_events"] == 0
+    lines_read = {r["logger"]: r["events"] for r in got["loggers"].dicts()}
+    assert lines_read["org:A"] == 2 * {r["logger"]: r["events"] for r in want["loggers"].dicts()}["org:A"]
+    msgs = by_lk0(got)
+    assert (msgs["A/1/1/12"]["resends"], msgs["A/1/1/12"]["inquiries"]) == (2, 2)
+    assert (msgs["A/1/1/3"]["resends"], msgs["A/1/1/3"]["inquiries"], msgs["A/1/1/3"]["duplicates"]) == (1, 1, 1)
+    overall = got["overall"].dicts()[0]
+    assert (overall["resends"], overall["inquiries"], overall["duplicates_suppressed"]) == (3, 3, 1)
+    offline = {r["node"]: r["periods"] for r in got["offline"].dicts()}
+    assert offline == {"B": 1, "D": 1}

@@ -2,33 +2,36 @@
 
 Shape of the work (issue 5; what costs what is measured by ``scripts/bench report``):
 
-0. **One light pass over the logs** (a hash aggregation over a few dictionary-encoded
-   columns, no shuffle to speak of): the distinct parties, loggers and AppKey types
-   (strings travel through the heavy steps as 64-bit hashes and are decoded from
-   this dictionary), lines and last time stamp per logger, malformed lines.
 1. **One shuffle of the events by LK0**, then two hash aggregations in the same
    tasks: first by (message, identity of a counted event), which drops exact
-   duplicate lines of the events that are counted (sends, resends, inquiries,
-   deliveries, suppressed duplicates), then by message: the first time of every
-   step, the counts, the attributes. Cleanup events are not read: they are in no
+   duplicate lines of the events that are counted (resends, inquiries,
+   suppressed duplicates; sends and deliveries count by their ``attempt``),
+   then by message: the first time of every step, the counts, the attributes.
+   Strings travel as 64-bit hashes (Spark's fast hash aggregation keeps only
+   fixed-width values per group). Cleanup events are not read: they are in no
    leg. The per-message table is cached (``localCheckpoint``).
-2. Clock offsets (:mod:`.clocks`) and offline periods (:mod:`.periods`) are
-   computed on the driver from one small collected result; the legs of every
-   message are derived from the cached table (offsets as literal maps, offline
-   periods through one small broadcast join on time buckets) and cached again.
+2. One small aggregation of that table (a few thousand groups) gives the
+   causal bounds between clocks, per-logger facts and connection events;
+   clock offsets (:mod:`.clocks`) and offline periods (:mod:`.periods`) are
+   computed on the driver. The legs of every message are derived from the
+   cached table (offsets as a literal map, offline periods through one small
+   broadcast join on time buckets) and cached again.
 3. **All aggregates in one pass** over the cached legs: grouping sets (pair,
    AppKey, SaveFwd, hour) with mergeable KLL sketches for the percentiles; the
    per-day rows and the overall row merge the hourly sketches, so no value is
    sketched twice. Percentiles are exact for groups of up to :data:`SKETCH_K`
    values.
-4. Stuck and failed messages: one filter over the cached legs, and one scan of
-   the logs for the AppKey subtype and key of just those messages.
+4. Stuck and failed messages: one filter over the cached legs; one more scan
+   of the logs reads the strings behind the hashes (one message per distinct
+   party, logger and AppKey type) and the AppKey subtype and key of the listed
+   messages.
 
 pyspark is imported inside the functions: importing this module is free.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 import time
@@ -75,12 +78,15 @@ SKETCH_K: Final = 1_000
 HIST_BINS_PER_DECADE: Final = 4
 HOUR_MS: Final = 3_600_000
 DAY_MS: Final = 86_400_000
-_NODE_KEY: Final = "~node|"
+# Keys of the rows that ride along with the messages (_per_message): they start
+# with a character no LK0 holds.
+_NODE_KEY: Final = "\u0001node|"
+_BAD_KEY: Final = "\u0001bad"
 # String attributes carried through the per-message aggregation as 64-bit hashes:
 # Spark's fast hash aggregation keeps only fixed-width values per group, and a
 # string aggregate (first(), max()) forces a sort of every event instead. On
 # 1 M messages / 11.6 M events in Parquet that was 32 s against 8 s. The
-# distinct values are few and are read once to decode (:func:`_scan_logs`).
+# distinct values are few and are read back at the end (:func:`_lookup`).
 _DICT_COLUMNS: Final = ("source", "target", "domain", "data_type", "logger")
 
 OUTCOMES: Final = ("confirmed", "delivered", "failed", "best_effort", "in_flight", "stuck")
@@ -137,8 +143,7 @@ _UNUSED: Final = (("origin", "cleaned"), ("platform", "cleaned"), ("receiver", "
                   ("receiver", "reack"))
 # Fields that tell two events of one message apart: lines equal in all of them
 # are one event logged twice (a log copied or given twice).
-IDENTITY_FIELDS: Final = ("logger", "role", "event", "lk0", "ts", "attempt", "code", "lk1",
-                          "node", "detail", "source", "target")
+IDENTITY_FIELDS: Final = ("logger", "role", "event", "lk0", "ts", "attempt", "code", "detail")
 
 
 @dataclass(frozen=True, slots=True)
@@ -293,18 +298,7 @@ def _utc_date(ms: int) -> str:
     return datetime.fromtimestamp(ms / 1000, tz=UTC).date().isoformat()
 
 
-# ---------------------------------------------------------------- the light pass
-
-
-@dataclass(frozen=True, slots=True)
-class _LogFacts:
-    """What the light pass over the logs found (:func:`_scan_logs`)."""
-
-    names: dict[int, str]  # hash -> party, logger or AppKey type
-    lines: dict[str, int]  # logger -> lines in the time window
-    last: dict[str, int]  # logger -> latest time stamp (its own clock)
-    total: int
-    malformed: int
+# ---------------------------------------------------------------- per message
 
 
 def _event_code() -> Any:
@@ -326,45 +320,8 @@ def _codes(pairs: Iterable[tuple[str, str]]) -> list[int]:
     return [_EVENT_CODES[p] for p in pairs]
 
 
-def _scan_logs(events: Any) -> _LogFacts:
-    """Dictionary of hashed strings, lines and last time per logger, malformed lines."""
-    from pyspark.sql import functions as F
-
-    c = F.col
-    node_event = c("event").isin(*NODE_EVENTS) & c("node").isNotNull()
-    malformed = (
-        c("ts").isNull() | c("logger").isNull() | (_event_code() == 0)
-        | (c("lk0").isNull() & ~node_event)
-    )
-    rows = (
-        events.groupBy(*_DICT_COLUMNS)
-        .agg(F.count(F.lit(1)).alias("lines"), F.max("ts").alias("last"),
-             F.count(F.when(malformed, 1)).alias("bad"))
-        .select("*", *[F.xxhash64(col).alias(f"{col}_h") for col in _DICT_COLUMNS])
-        .collect()
-    )
-    names: dict[int, str] = {}
-    lines: dict[str, int] = {}
-    last: dict[str, int] = {}
-    total = bad = 0
-    for r in rows:
-        for col in _DICT_COLUMNS:
-            if r[col] is not None:
-                names[int(r[f"{col}_h"])] = r[col]
-        total += int(r["lines"])
-        bad += int(r["bad"])
-        if r["logger"] is not None:
-            lines[r["logger"]] = lines.get(r["logger"], 0) + int(r["lines"])
-            if r["last"] is not None:
-                last[r["logger"]] = max(last.get(r["logger"], r["last"]), int(r["last"]))
-    return _LogFacts(names=names, lines=lines, last=last, total=total, malformed=bad)
-
-
-# ---------------------------------------------------------------- per message
-
-
 def _hash(col: str) -> Any:
-    """A string column as its 64-bit hash (null stays null), decoded with the dictionary."""
+    """A string column as its 64-bit hash (null stays null), decoded by :func:`_lookup`."""
     from pyspark.sql import functions as F
 
     return F.when(F.col(col).isNotNull(), F.xxhash64(F.col(col)))
@@ -378,23 +335,29 @@ def _per_message(events: Any) -> Any:
     (a hash of :data:`IDENTITY_FIELDS`) and is null for every other event, so
     exact duplicate lines of counted events collapse into one row while the
     other events of a message become a single row of first times. The second
-    groups by message. Platform connection events have no LK0: each becomes its
-    own tiny group (key ``~node|logger|node|event|ts``), so the one pass over the
-    input also yields them, once however often they were logged.
+    groups by message. Sends and platform deliveries are counted by their
+    highest ``attempt`` (a repeated line does not change it); only lines
+    without one are counted one by one.
+
+    Two kinds of rows ride along, so that this one pass over the input also
+    yields them: each platform connection event is its own tiny group (key
+    ``\\x01node|logger|node|event|ts``, once however often it was logged), and
+    malformed lines (no time, logger, role or event; an unknown event; a
+    message event without LK0) are counted in the group ``\\x01bad``.
     """
     from pyspark.sql import functions as F
 
     c = F.col
     ec = c("ec")
-    node_event = (
-        c("event").isin(*NODE_EVENTS) & c("node").isNotNull() & c("logger").isNotNull()
-        & c("ts").isNotNull()
+    complete = c("ts").isNotNull() & c("logger").isNotNull() & c("role").isNotNull() & c("event").isNotNull()
+    node_event = c("event").isin(*NODE_EVENTS) & c("node").isNotNull()
+    key = (
+        F.when(complete & node_event,
+               F.concat_ws("|", F.lit(_NODE_KEY[:-1]), c("logger"), c("node"), c("event"),
+                           c("ts").cast("string")))
+        .when(complete & (ec != 0) & c("lk0").isNotNull(), c("lk0"))
+        .otherwise(F.lit(_BAD_KEY))
     )
-    key = F.when(
-        node_event,
-        F.concat_ws("|", F.lit(_NODE_KEY[:-1]), c("logger"), c("node"), c("event"),
-                    c("ts").cast("string")),
-    ).otherwise(c("lk0"))
 
     def present(col: str, kind: str) -> Any:
         # Spark's hashes skip nulls: a null must hash differently from any value.
@@ -405,46 +368,60 @@ def _per_message(events: Any) -> Any:
         present(f, "string" if t == "string" else "long")
         for f, _, t in FIELDS if f in IDENTITY_FIELDS
     ])
-    counted = _codes((r, e) for _, r, e in _COUNTS)
+    sent, delivered = _EVENT_CODES[("origin", "sent")], _EVENT_CODES[("platform", "delivered")]
+    counted = ec.isin(*_codes((r, e) for _, r, e in _COUNTS if e not in ("sent", "delivered"))) | (
+        ec.isin(sent, delivered) & c("attempt").isNull()
+    )
     pre = (
-        events.select("*", _event_code().alias("ec"), key.alias("k"))
-        .where(c("k").isNotNull() & ~ec.isin(*_codes(_UNUSED)))
+        events.select("*", _event_code().alias("ec"))
+        .where(~ec.isin(*_codes(_UNUSED)))
         .select(
-            "k", "ts", "ec", "code", "save_fwd", "ack2", "reliable",
+            key.alias("k"), "ts", "ec", "code", "attempt", "save_fwd", "ack2", "reliable",
             _hash("logger").alias("lh"),
             *[_hash(col).alias(f"{col}_h") for col in _DICT_COLUMNS if col != "logger"],
-            F.when(ec.isin(*counted), identity).alias("dk"),
+            F.when(counted, identity).alias("dk"),
         )
     )
     ts = c("ts")
-    o_lo, o_hi = _ROLE_CODES["origin"]
-    p_lo, p_hi = _ROLE_CODES["platform"]
-    r_lo, r_hi = _ROLE_CODES["receiver"]
+    roles = {p: ec.between(*_ROLE_CODES[r]) for p, r in (("o", "origin"), ("p", "platform"), ("r", "receiver"))}
     attributes = ("save_fwd", "ack2", "reliable", *[f"{col}_h" for col in _DICT_COLUMNS if col != "logger"])
     level1 = [
         *[F.min(F.when(ec == _EVENT_CODES[(r, e)], ts)).alias(name) for name, r, e in _FIRSTS],
         F.max(F.when(ec.isin(*_codes(_FAILURES)), c("code"))).alias("code"),
-        F.max(F.when(ec.between(o_lo, o_hi), c("lh"))).alias("o_lh"),
-        F.max(F.when(ec.between(p_lo, p_hi), c("lh"))).alias("p_lh"),
-        F.max(F.when(ec.between(r_lo, r_hi), c("lh"))).alias("r_lh"),
+        F.max(F.when(ec == sent, c("attempt"))).alias("sent_attempt"),
+        F.max(F.when(ec == delivered, c("attempt"))).alias("delivered_attempt"),
+        *[F.max(F.when(is_role, c("lh"))).alias(f"{p}_lh") for p, is_role in roles.items()],
+        *[F.max(F.when(is_role, ts)).alias(f"{p}_last") for p, is_role in roles.items()],
+        *[F.count(F.when(is_role, 1)).alias(f"{p}_lines") for p, is_role in roles.items()],
         # Every message event carries the same attributes; max() picks the one
         # value (booleans: true if any event says so).
         *[F.max(a).alias(a) for a in attributes],
         F.min(ts).alias("first_ts"),
         F.max("ec").alias("ec"),
-        F.count(F.lit(1)).alias("copies"),
+        F.count(F.lit(1)).alias("lines"),
     ]
     is_counted = c("dk").isNotNull()
+
+    def count(r: str, e: str) -> Any:
+        return F.count(F.when(is_counted & (ec == _EVENT_CODES[(r, e)]), 1))
+
     level2 = [
         *[F.min(name).alias(name) for name, _, _ in _FIRSTS],
-        *[F.count(F.when(is_counted & (ec == _EVENT_CODES[(r, e)]), 1)).alias(name)
-          for name, r, e in _COUNTS],
+        F.greatest(F.max("sent_attempt"), count("origin", "sent")).alias("o_sends"),
+        count("origin", "resend").alias("o_resends"),
+        count("origin", "inquiry").alias("o_inquiries"),
+        F.greatest(F.max("delivered_attempt"), count("platform", "delivered")).alias("p_deliveries"),
+        count("platform", "inquiry").alias("p_inquiries"),
+        count("receiver", "duplicate").alias("r_duplicates"),
         F.max("code").alias("code"),
-        *[F.max(f"{p}_lh").alias(f"{p}_lh") for p in ("o", "p", "r")],
+        *[F.max(f"{p}_lh").alias(f"{p}_lh") for p in roles],
+        *[F.max(f"{p}_last").alias(f"{p}_last") for p in roles],
+        *[F.sum(f"{p}_lines").alias(f"{p}_lines") for p in roles],
         *[F.max(a).alias(a) for a in attributes],
         F.min("first_ts").alias("first_ts"),
+        F.sum("lines").alias("lines"),
         # Lines dropped as exact duplicates (counted events and connection events).
-        F.sum(F.when(is_counted | c("k").startswith(_NODE_KEY), c("copies") - 1).otherwise(0))
+        F.sum(F.when(is_counted | c("k").startswith(_NODE_KEY), c("lines") - 1).otherwise(0))
         .alias("duplicate_lines"),
     ]
     # repartition("k") is the one shuffle; both aggregations find their input
@@ -452,19 +429,37 @@ def _per_message(events: Any) -> Any:
     return pre.repartition("k").groupBy("k", "dk").agg(*level1).groupBy("k").agg(*level2)
 
 
-def _message_facts(grouped: Any, names: dict[int, str]) -> tuple[
-        list[OrderBound], dict[str, int], int, int, list[tuple[str, str, int, str]]]:
-    """One job over the cached per-message table: causal bounds between clocks,
-    messages per logger, messages, duplicate lines, and the connection events.
+@dataclass(kw_only=True)
+class _Facts:
+    """What the small job over the per-message table found (:func:`_message_facts`)."""
 
-    Causal pairs per message give the smallest time difference per logger pair
-    (:mod:`.clocks`).
+    bounds: list[OrderBound]  # logger names provisional (see names)
+    names: dict[int, str]  # logger hash -> name (provisional until _lookup)
+    messages: dict[int, int]  # logger hash -> messages it logged events of
+    lines: dict[int, int]  # logger hash -> lines read (cleanup lines are not read)
+    last: dict[int, int]  # logger hash -> latest time stamp, own clock
+    node_events: list[tuple[str, str, int, str]]
+    representatives: dict[tuple[str, int], int]  # (column, hash) -> xxhash64 of an LK0 that has it
+    total_messages: int
+    duplicates: int
+    malformed: int
+
+
+_CODED_COLUMNS: Final = ("o_lh", "p_lh", "r_lh", "source_h", "target_h", "domain_h", "data_type_h")
+
+
+def _message_facts(grouped: Any) -> _Facts:
+    """One small job over the cached per-message table: per combination of
+    loggers and attributes, the smallest time difference of every causal pair
+    (for :mod:`.clocks`), messages, lines and last time stamps, and one LK0
+    to read the strings behind the hashes from; plus connection events,
+    duplicate and malformed lines. A hash aggregation with a few thousand
+    groups: no explode, no sort.
     """
     from pyspark.sql import functions as F
 
     c = F.col
-    o, p, r = c("o_lh"), c("p_lh"), c("r_lh")
-    null = F.lit(None).cast("long")
+    o, p, r = "o_lh", "p_lh", "r_lh"
     pairs = [
         # (earlier party, later party, later ts - earlier ts); each pair is a
         # cause and its effect (SPEC "The flow"), first occurrences only: the
@@ -478,63 +473,144 @@ def _message_facts(grouped: Any, names: dict[int, str]) -> tuple[
         (r, o, c("o_ack2") - c("r_ack2_sent")),
         (o, r, c("r_reack2") - c("o_ack2")),
     ]
+    special = F.when(c("k").startswith("\u0001"), c("k"))
+    aggs = []
+    for i, (_, _, d) in enumerate(pairs):
+        aggs += [F.min(d).alias(f"d{i}"), F.count(d).alias(f"n{i}")]
+    aggs += [
+        F.count(F.lit(1)).alias("n"),
+        # A message to read the strings of this combination from, by the hash
+        # of its LK0 (a string aggregate would make Spark sort the rows).
+        F.min(F.xxhash64("k")).alias("rep"),
+        *[F.max(f"{x}_last").alias(f"{x}_last") for x in "opr"],
+        *[F.sum(f"{x}_lines").alias(f"{x}_lines") for x in "opr"],
+        F.sum("lines").alias("lines"),
+        F.sum("duplicate_lines").alias("dup"),
+        F.min("first_ts").alias("first_ts"),
+    ]
+    rows = grouped.groupBy(*_CODED_COLUMNS, special.alias("special")).agg(*aggs).collect()
 
-    no_text = F.lit(None).cast("string")
-    zero = F.lit(0).cast("long")
-
-    def item(kind: int, a: Any, b: Any, d: Any, nk: Any = no_text, dup: Any = zero) -> Any:
-        return F.struct(F.lit(kind).alias("kind"), a.cast("long").alias("a"),
-                        b.cast("long").alias("b"), d.cast("long").alias("d"),
-                        nk.cast("string").alias("nk"), dup.cast("long").alias("dup"))
-
-    # kind 0: a causal pair, 1: a logger has events of the message, 2: the
-    # message itself, 3: a connection event.
-    items = F.when(
-        c("k").startswith(_NODE_KEY),
-        F.array(item(3, null, null, c("first_ts"), c("k"), c("duplicate_lines"))),
-    ).otherwise(F.array(
-        *[item(0, a, b, d) for a, b, d in pairs],
-        *[item(1, lh, null, null) for lh in (o, p, r)],
-        item(2, null, null, null, dup=c("duplicate_lines")),
-    ))
-    keep = (
-        (c("kind") >= 2)
-        | ((c("kind") == 1) & c("a").isNotNull())
-        | ((c("kind") == 0) & c("a").isNotNull() & c("b").isNotNull() & c("d").isNotNull()
-           & (c("a") != c("b")))
-    )
-    rows = (
-        grouped.select(F.explode(items).alias("s")).select("s.*").where(keep)
-        .groupBy("kind", "a", "b", "nk")
-        .agg(F.min("d").alias("d"), F.count(F.lit(1)).alias("n"), F.sum("dup").alias("dup"))
-        .collect()
-    )
-    bounds: list[OrderBound] = []
-    per_logger: dict[str, int] = {}
-    node_events: list[tuple[str, str, int, str]] = []
-    messages = duplicates = 0
+    facts = _Facts(bounds=[], names={}, messages={}, lines={}, last={}, node_events=[],
+                   representatives={}, total_messages=0, duplicates=0, malformed=0)
+    platforms: set[int] = set()
+    upper: dict[tuple[int, int], tuple[int, int]] = {}
     for row in rows:
-        if row.kind == 3:
-            # nk = "~node|<platform logger>|<node>|<event>|<ts>"
-            parts = row.nk.split("|")
-            if len(parts) >= 5 and row.d is not None:
-                node_events.append((parts[1], "|".join(parts[2:-2]), int(row.d), parts[-2]))
-            duplicates += int(row.dup or 0)
-        elif row.kind == 2:
-            messages += int(row.n)
-            duplicates += int(row.dup or 0)
-        elif row.kind == 1:
-            lg = _name(names, row.a)
-            per_logger[lg] = per_logger.get(lg, 0) + int(row.n)
-        else:
-            bounds.append(OrderBound(_name(names, row.a), _name(names, row.b), int(row.d), int(row.n)))
-    return bounds, per_logger, messages, duplicates, node_events
+        facts.duplicates += int(row.dup or 0)
+        for x in "opr":
+            h = row[f"{x}_lh"]
+            if h is None:
+                continue
+            if x == "p":
+                platforms.add(h)
+            facts.lines[h] = facts.lines.get(h, 0) + int(row[f"{x}_lines"] or 0)
+            if row[f"{x}_last"] is not None:
+                facts.last[h] = max(facts.last.get(h, row[f"{x}_last"]), int(row[f"{x}_last"]))
+        if row.special == _BAD_KEY:
+            facts.malformed += int(row.lines)
+            continue
+        if row.special is not None:
+            # "\x01node|<platform logger>|<node>|<event>|<ts>": its logger is named here.
+            parts = row.special.split("|")
+            if len(parts) >= 5 and row.first_ts is not None:
+                facts.node_events.append((parts[1], "|".join(parts[2:-2]), int(row.first_ts), parts[-2]))
+                if row.p_lh is not None:
+                    facts.names[int(row.p_lh)] = parts[1]
+            continue
+        facts.total_messages += int(row.n)
+        for col in _CODED_COLUMNS:
+            h = row[col]
+            if h is None:
+                continue
+            if col.endswith("_lh"):
+                facts.messages[h] = facts.messages.get(h, 0) + int(row.n)
+            name = "logger" if col.endswith("_lh") else col.removesuffix("_h")
+            known = facts.representatives.get((name, h))
+            if known is None or row.rep < known:
+                facts.representatives[(name, h)] = int(row.rep)
+        for i, (a, b, _) in enumerate(pairs):
+            ha, hb, d, n = row[a], row[b], row[f"d{i}"], int(row[f"n{i}"] or 0)
+            if ha is None or hb is None or d is None or ha == hb:
+                continue
+            old = upper.get((ha, hb))
+            upper[(ha, hb)] = (int(d), n) if old is None else (min(old[0], int(d)), old[1] + n)
+    # Until the logs are read for the strings (_lookup), a logger is named by
+    # its role and hash; :func:`estimate_offsets` only needs to tell platforms.
+    for h in set(facts.lines) | {h for pair in upper for h in pair}:
+        facts.names.setdefault(h, f"platform:#{h}" if h in platforms else f"org:#{h}")
+    facts.bounds = [OrderBound(facts.names[a], facts.names[b], d, n) for (a, b), (d, n) in upper.items()]
+    return facts
+
+
+def _literal_table(spark: Any, rows: list[tuple[Any, ...]], schema: str) -> Any:
+    """A small DataFrame of Python rows, shipped as one JSON literal.
+
+    ``spark.createDataFrame`` pickles the rows and unpickles them in tasks; in
+    a fresh JVM that first use cost more than a second.
+    """
+    import json
+
+    from pyspark.sql import functions as F
+
+    fields = [f.split()[0] for f in schema.split(",")]
+    text = json.dumps([dict(zip(fields, r, strict=True)) for r in rows])
+    struct = ",".join(f"{n}:{t.replace('long', 'bigint')}" for n, t in (f.split() for f in schema.split(",")))
+    return (
+        spark.range(1)
+        .select(F.explode(F.from_json(F.lit(text), f"array<struct<{struct}>>")).alias("r"))
+        .select("r.*")
+    )
 
 
 def _name(names: dict[int, str], h: int | None) -> str:
     if h is None:
         return ""
     return names.get(int(h), f"#{h}")
+
+
+def _lookup(spark: Any, events: Any, listed: Iterable[str],
+            representatives: dict[tuple[str, int], int]) -> tuple[
+                dict[int, str], dict[str, tuple[str | None, str | None]]]:
+    """One scan of the logs for the strings the report shows but did not carry.
+
+    Returns the dictionary of hashed strings (parties, loggers, AppKey types:
+    read from one representative message each, found by the hash of its LK0)
+    and the AppKey subtype and key of the listed messages (the key is unique
+    per document, so it is not carried through the aggregation).
+    """
+    from pyspark.sql import functions as F
+
+    c = F.col
+    listed = sorted(set(listed))
+    reps = sorted(set(representatives.values()))
+    names: dict[int, str] = {}
+    keys: dict[str, tuple[str | None, str | None]] = {}
+    if not (listed or reps):
+        return names, keys
+    # Both kinds are joined on the 64-bit hash of the LK0 (a listed message also
+    # by its LK0, against collisions).
+    ids = _literal_table(
+        spark, [(x, None) for x in listed] + [(None, h) for h in reps], "want string, rep_h long",
+    ).select(F.coalesce(c("rep_h"), F.xxhash64("want")).alias("kh"), "want",
+             c("rep_h").isNotNull().alias("rep"))
+    rows = (
+        events.select("lk0", "subtype", "key", *_DICT_COLUMNS, F.xxhash64("lk0").alias("kh"))
+        .where(c("lk0").isNotNull())
+        .join(F.broadcast(ids), "kh")
+        .where(c("rep") | (c("want") == c("lk0")))
+        .groupBy("rep", F.when(~c("rep"), c("lk0")).alias("lk0"),
+                 *[F.when(c("rep"), c(col)).alias(col) for col in _DICT_COLUMNS])
+        .agg(F.max("subtype").alias("subtype"), F.max("key").alias("key"))
+        .select("*", *[F.xxhash64(col).alias(f"{col}_h") for col in _DICT_COLUMNS])
+        .collect()
+    )
+    for r in rows:
+        if r.rep:
+            for col in _DICT_COLUMNS:
+                if r[col] is not None:
+                    names[int(r[f"{col}_h"])] = r[col]
+        else:
+            keys[r.lk0] = (r.subtype, r.key)
+    return names, keys
 
 
 # ---------------------------------------------------------------- the report
@@ -549,72 +625,80 @@ def build_report(spark: Any, inputs: Inputs, options: ReportOptions | None = Non
     opts = options or ReportOptions()
     watch = _Stopwatch(opts.progress)
     events = load_events(spark, inputs, opts.since_ms, opts.until_ms)
-    facts = _scan_logs(events)
-    watch.lap("read attributes", f"{facts.total:,} lines, {len(facts.names)} distinct parties, "
-              "loggers and AppKey types")
     # localCheckpoint keeps the rows as they are (memory, spilling to disk);
     # persist() would first build compressed column batches, which measured
     # several times slower on this 1 M-row table.
     grouped = _per_message(events).localCheckpoint(eager=True)
-    bounds, per_logger, n_messages, duplicates, node_events = _message_facts(grouped, facts.names)
-    watch.lap("join events by LK0", f"{n_messages:,} messages, {duplicates:,} duplicate lines ignored")
-    if not n_messages:
+    facts = _message_facts(grouped)
+    watch.lap("join events by LK0", f"{facts.total_messages:,} messages, {facts.duplicates:,} "
+              f"duplicate lines ignored, {facts.malformed:,} malformed")
+    if not facts.total_messages:
         grouped.unpersist()
         raise ReportError("the logs hold no message events in the time window")
 
-    periods = offline_periods(node_events)
-    offsets = estimate_offsets(bounds, set(per_logger))
+    periods = offline_periods(facts.node_events)
+    offsets = estimate_offsets(facts.bounds, {facts.names[h] for h in facts.messages})
     watch.lap("clock offsets", f"{len(offsets)} clocks, {len(periods)} offline periods")
-
-    last_by_logger = dict(facts.last)
-    for lg, _node, ts, _ev in node_events:
+    off_by_hash = {h: offsets[n].offset_ms for h, n in facts.names.items() if n in offsets}
+    last_by_logger = {facts.names[h]: ts for h, ts in facts.last.items()}
+    for lg, _node, ts, _ev in facts.node_events:
         last_by_logger[lg] = max(last_by_logger.get(lg, ts), ts)
+    by_name = {n: h for h, n in facts.names.items()}
     as_of = max(
-        (last - (offsets[lg].offset_ms if lg in offsets else 0) for lg, last in last_by_logger.items()),
+        (last - off_by_hash.get(by_name.get(lg, 0), 0) for lg, last in last_by_logger.items()),
         default=0,
     )
 
-    messages = grouped.where(~grouped["k"].startswith(_NODE_KEY)).withColumnRenamed("k", "lk0")
-    detail = _derive(spark, messages, offsets, periods, as_of, opts, facts.names).localCheckpoint(
-        eager=True)
+    messages = grouped.where(~grouped["k"].startswith("\u0001")).withColumnRenamed("k", "lk0")
+    detail = _derive(spark, messages, off_by_hash, periods, as_of, opts).localCheckpoint(eager=True)
     grouped.unpersist()
     watch.lap("legs per message")
 
-    report = ReportData()
-    aggregates = _aggregates(detail, opts, as_of, facts.names)
-    if aggregates is None:
+    aggregated = _aggregates(detail, opts, as_of)
+    if aggregated is None:
         detail.unpersist()
         raise ReportError("no message was queued in the time window")
-    overall, counted, window_start, window_end = aggregates
-    for table in overall:
-        report.add(table)
     watch.lap("aggregates", "pair, AppKey, SaveFwd, day, hour")
-    report.add(_histogram(detail))
-    stuck, failed = _stuck_and_failed(detail, opts.stuck_after_ms, facts.names)
-    _add_app_keys(spark, events, [stuck, failed])
+    histogram = _histogram(detail)
+    stuck_rows, failed_rows = _stuck_and_failed_rows(detail)
+    message_rows = _message_rows(detail) if opts.with_messages else None
+    detail.unpersist()
+    listed = [r.lk0 for r in (*stuck_rows, *failed_rows)]
+    names, app_keys = _lookup(spark, events, listed, facts.representatives)
+    watch.lap("stuck and failed", f"{len(stuck_rows):,} stuck, {len(failed_rows):,} failed")
+
+    # The real names of the loggers, from now on.
+    renamed = {facts.names[h]: names.get(h, facts.names[h]) for h in facts.names}
+    names = {**facts.names, **names}
+    offsets = _rename_offsets(offsets, renamed)
+    bounds = [OrderBound(renamed.get(b.earlier, b.earlier), renamed.get(b.later, b.later),
+                         b.min_delta_ms, b.samples) for b in facts.bounds]
+    report = ReportData()
+    for table in aggregated.tables(names):
+        report.add(table)
+    report.add(histogram)
+    stuck, failed = _stuck_and_failed(stuck_rows, failed_rows, opts.stuck_after_ms, names, app_keys)
     report.add(stuck)
     report.add(failed)
-    watch.lap("stuck and failed", f"{len(stuck):,} stuck, {len(failed):,} failed")
-    if opts.with_messages:
-        report.add(_messages_table(detail, facts.names))
-    detail.unpersist()
+    if message_rows is not None:
+        report.add(message_rows.table(names))
     report.add(_skew_table(offsets, bounds))
     report.add(_offline_table(periods, offsets, as_of))
-    report.add(_inputs_table(per_logger, facts, offsets))
+    report.add(_inputs_table(facts, names, offsets))
     report.meta.update(
         {
             "generated_at": int(time.time() * 1000),
             "inputs": inputs.describe(),
             "since_ms": opts.since_ms,
             "until_ms": opts.until_ms,
-            "window_start_ms": window_start,
-            "window_end_ms": window_end,
+            "window_start_ms": aggregated.window_start,
+            "window_end_ms": aggregated.window_end,
             "as_of_ms": as_of,
             "stuck_after_ms": opts.stuck_after_ms,
-            "events": facts.total,
-            "duplicate_events": duplicates,
+            "events": sum(facts.lines.values()) + facts.malformed,
+            "duplicate_events": facts.duplicates,
             "malformed_events": facts.malformed,
-            "messages": counted,
+            "messages": aggregated.messages,
             "reference_clock": next(
                 (o.reference for o in offsets.values()), None
             ),
@@ -623,6 +707,18 @@ def build_report(spark: Any, inputs: Inputs, options: ReportOptions | None = Non
         }
     )
     return report
+
+
+def _rename_offsets(offsets: dict[str, ClockOffset], renamed: dict[str, str]) -> dict[str, ClockOffset]:
+    def n(x: str | None) -> str | None:
+        return None if x is None else renamed.get(x, x)
+
+    out = {}
+    for o in offsets.values():
+        logger = renamed.get(o.logger, o.logger)
+        out[logger] = dataclasses.replace(o, logger=logger, reference=n(o.reference) or o.reference,
+                                          via=n(o.via))
+    return out
 
 
 def _require_sketches() -> None:
@@ -637,16 +733,14 @@ def _require_sketches() -> None:
         )
 
 
-def _derive(spark: Any, messages: Any, offsets: dict[str, ClockOffset],
-            periods: list[OfflinePeriod], as_of: int, opts: ReportOptions,
-            names: dict[int, str]) -> Any:
+def _derive(spark: Any, messages: Any, offsets: dict[int, int], periods: list[OfflinePeriod],
+            as_of: int, opts: ReportOptions) -> Any:
     """Per-message legs on one clock, skew-corrected cross legs, outcome and place."""
     from pyspark.sql import functions as F
 
     c = F.col
     # The offsets are few: a literal map from logger hash to offset, no join.
-    hash_of = {name: h for h, name in names.items()}
-    hashes = {hash_of[lg]: int(o.offset_ms) for lg, o in offsets.items() if lg in hash_of}
+    hashes = {h: int(o) for h, o in offsets.items()}
     if hashes:
         off_map = F.create_map(*[x for h, o in sorted(hashes.items()) for x in (F.lit(h), F.lit(o))])
     m = messages
@@ -791,8 +885,8 @@ def _with_target_offline(spark: Any, m: Any, periods: list[OfflinePeriod], as_of
         hi = highest if p.end is None else p.end
         for b in range((max(lo, first) - first) // width, (min(hi, last) - first) // width + 1):
             rows.append((p.logger, p.node, b, p.start, lo, p.end, hi))
-    pdf = spark.createDataFrame(
-        rows,
+    pdf = _literal_table(
+        spark, rows,
         "per_logger string, per_node string, per_b long, per_start long, per_lo long, "
         "per_end long, per_hi long",
     ).select(
@@ -828,28 +922,6 @@ _SPARK_TO_TABLE: Final = {
 }
 
 
-def _collect(df: Any, name: str, title: str, description: str = "",
-             names: dict[int, str] | None = None) -> Table:
-    """Collect a small DataFrame; `*_h` hash columns come back as their strings."""
-    columns, types, decode = [], [], []
-    for i, f in enumerate(df.schema.fields):
-        if f.name.endswith("_h") and names is not None:
-            columns.append(f.name.removesuffix("_h"))
-            types.append("string")
-            decode.append(i)
-        else:
-            columns.append(f.name)
-            types.append(_SPARK_TO_TABLE.get(f.dataType.simpleString(), "string"))
-    rows = []
-    for r in df.collect():
-        row = list(r)
-        for i in decode:
-            row[i] = None if row[i] is None else _name(names or {}, row[i])
-        rows.append(tuple(row))
-    return Table(name=name, title=title, columns=columns, types=types, rows=rows,
-                 description=description)
-
-
 def _format_hour(ms: int | None) -> str | None:
     return None if ms is None else datetime.fromtimestamp(ms / 1000, tz=UTC).strftime("%Y-%m-%d %H:00")
 
@@ -874,13 +946,32 @@ def _grouping_id(keys: tuple[str, ...]) -> int:
     return sum(1 << (n - 1 - i) for i, col in enumerate(_GROUP_COLUMNS) if col not in keys)
 
 
-def _aggregates(detail: Any, opts: ReportOptions, as_of: int, names: dict[int, str]) -> tuple[
-        list[Table], int, int, int] | None:
+@dataclass(kw_only=True)
+class _Aggregated:
+    """The collected aggregate rows; tables are built once the names are known."""
+
+    rows: dict[str, list[dict[str, Any]]]  # table name -> rows (hash keys, hour/day as ms)
+    window_start: int
+    window_end: int
+    messages: int
+
+    def tables(self, names: dict[int, str]) -> list[Table]:
+        out = []
+        for name, title, keys in (("overall", "All messages", ()), *_GROUPINGS[:3],
+                                  ("by_day", "Per day (UTC)", ("day",)), _GROUPINGS[3]):
+            out.append(_aggregate_table(name, title, list(keys), self.rows[name],
+                                        self.window_start, self.window_end, names))
+            if name == "overall":
+                out.append(_legs_table(self.rows["overall"][0]))
+        return out
+
+
+def _aggregates(detail: Any, opts: ReportOptions, as_of: int) -> _Aggregated | None:
     """Every aggregate table from one pass over the legs (None: no message in the window).
 
     One grouping-sets aggregation (pair, AppKey, SaveFwd, hour) sketches every
     leg once per set; days and the overall row merge the hourly sketches and
-    sums on the small result. Returns (tables, messages, window start, end).
+    sums on the small cached result. Three Spark jobs in all.
     """
     from pyspark.sql import functions as F
 
@@ -923,65 +1014,62 @@ def _aggregates(detail: Any, opts: ReportOptions, as_of: int, names: dict[int, s
         else:
             merge.append(F.sum(f.name).alias(f.name))
     hours = sets.where(c("gid") == _grouping_id(("hour",)))
-    by_day = hours.groupBy((c("hour") - F.pmod(c("hour"), F.lit(DAY_MS))).alias("day")).agg(*merge)
-    overall_df = hours.agg(*merge)
-
+    # Days and the overall row (gid -1, -2) from the hourly rows.
+    merged = (
+        hours.groupBy(
+            (c("hour") - F.pmod(c("hour"), F.lit(DAY_MS))).alias("hour"),
+        ).agg(*merge).select(F.lit(-1).alias("gid"), "*")
+        .unionByName(hours.agg(*merge).select(F.lit(-2).alias("gid"), F.lit(None).cast("long")
+                                              .alias("hour"), "*"))
+    )
     ranks = F.array(*[F.lit(p) for p in PERCENTILES])
 
-    def finish(df: Any, keys: list[str]) -> Any:
-        cols: list[Any] = [*keys, "messages", *OUTCOMES]
-        for leg in LEG_NAMES:
-            pct = F.when(F.kll_sketch_get_n_bigint(f"{leg}__sk") > 0,
-                         F.kll_sketch_get_quantile_bigint(f"{leg}__sk", ranks))
+    def finish(df: Any) -> Any:
+        cols: list[Any] = []
+        for f in df.schema.fields:
+            if not f.name.endswith("__sk"):
+                cols.append(f.name)
+                continue
+            leg = f.name.removesuffix("__sk")
+            pct = F.when(F.kll_sketch_get_n_bigint(f.name) > 0,
+                         F.kll_sketch_get_quantile_bigint(f.name, ranks))
             cols += [pct[i].alias(f"{leg}_p{round(p * 100)}") for i, p in enumerate(PERCENTILES)]
-            cols += [f"{leg}_max", f"{leg}__n", f"{leg}__sum"]
-        cols += [f"clamped_{n}" for n in _CROSS_LEGS]
-        cols += ["resends", "resent", "inquiries", "duplicates_suppressed", "redeliveries",
-                 "target_offline_max_ms", "first_ms", "last_ms"]
         return df.select(*cols)
 
-    overall_rows = finish(overall_df, []).collect()
-    if not overall_rows or not overall_rows[0]["messages"]:
-        return None
-    top = overall_rows[0].asDict()
-    window_start = opts.since_ms if opts.since_ms is not None else int(top["first_ms"])
-    window_end = opts.until_ms if opts.until_ms is not None else as_of
-    tables = []
-    overall = _aggregate_table("overall", "All messages", [], overall_rows, window_start,
-                               window_end, names)
-    tables += [overall, _legs_table(top)]
-    for name, title, keys in _GROUPINGS:
-        df = finish(sets.where(c("gid") == _grouping_id(keys)), list(keys))
-        tables.append(_aggregate_table(name, title, list(keys), df.collect(), window_start,
-                                       window_end, names))
-        if name == "by_hour":
-            day_rows = finish(by_day, ["day"]).collect()
-            tables.append(_aggregate_table("by_day", "Per day (UTC)", ["day"], day_rows,
-                                           window_start, window_end, names))
+    collected = [
+        r.asDict()
+        for r in finish(sets).unionByName(finish(merged), allowMissingColumns=True).collect()
+    ]
     sets.unpersist()
-    order = ["overall", "legs", "by_pair", "by_appkey", "by_save_fwd", "by_day", "by_hour"]
-    tables.sort(key=lambda t: order.index(t.name))
-    return tables, int(top["messages"]), window_start, window_end
+    overall = [r for r in collected if r["gid"] == -2]
+    if not overall or not overall[0]["messages"]:
+        return None
+    top = overall[0]
+    rows: dict[str, list[dict[str, Any]]] = {
+        "overall": overall,
+        "by_day": [{**r, "day": r["hour"]} for r in collected if r["gid"] == -1],
+    }
+    for name, _, keys in _GROUPINGS:
+        rows[name] = [r for r in collected if r["gid"] == _grouping_id(keys)]
+    return _Aggregated(
+        rows=rows,
+        window_start=opts.since_ms if opts.since_ms is not None else int(top["first_ms"]),
+        window_end=opts.until_ms if opts.until_ms is not None else as_of,
+        messages=int(top["messages"]),
+    )
 
 
 _AGG_TYPES: Final = {"messages": "long", "resend_rate": "double", "per_minute": "double"}
 
 
-def _aggregate_table(name: str, title: str, keys: list[str], rows: list[Any], window_start: int,
-                     window_end: int, names: dict[int, str]) -> Table:
+def _aggregate_table(name: str, title: str, keys: list[str], rows: list[dict[str, Any]],
+                     window_start: int, window_end: int, names: dict[int, str]) -> Table:
     """count, outcomes, p50/p90/p99/max of every leg, resends, duplicates, throughput."""
     columns: list[str] = []
     types: list[str] = []
     for k in keys:
-        if k.endswith("_h"):
-            columns.append(k.removesuffix("_h"))
-            types.append("string")
-        elif k in ("hour", "day"):
-            columns.append(k)
-            types.append("string")
-        else:
-            columns.append(k)
-            types.append("long")
+        columns.append(k.removesuffix("_h"))
+        types.append("long" if k == "save_fwd" else "string")
     metrics = ["messages", *OUTCOMES]
     for leg in LEG_NAMES:
         metrics += [f"{leg}_p{round(p * 100)}" for p in PERCENTILES] + [f"{leg}_max"]
@@ -993,8 +1081,7 @@ def _aggregate_table(name: str, title: str, keys: list[str], rows: list[Any], wi
     # row covers (an hour or a day bucket, else the whole window).
     length = {"hour": HOUR_MS, "day": DAY_MS}.get(keys[0]) if keys else None
     out = []
-    for r in rows:
-        d = r.asDict()
+    for d in rows:
         key_values: list[Any] = []
         for k in keys:
             v = d[k]
@@ -1080,7 +1167,7 @@ def _histogram(detail: Any) -> Table:
     )
 
 
-def _stuck_and_failed(detail: Any, stuck_after_ms: int, names: dict[int, str]) -> tuple[Table, Table]:
+def _stuck_and_failed_rows(detail: Any) -> tuple[list[Any], list[Any]]:
     """The stuck and the failed messages, from one filter over the legs."""
     from pyspark.sql import functions as F
 
@@ -1089,20 +1176,26 @@ def _stuck_and_failed(detail: Any, stuck_after_ms: int, names: dict[int, str]) -
         "since", "age_ms", "resends", "inquiries", "target_offline_ms", "evidence", "failure",
         "code", "failed_at",
     ).collect()
-
-    def who(r: Any) -> tuple[Any, ...]:
-        return (r.lk0, *[None if r[h] is None else _name(names, r[h])
-                         for h in ("source_h", "target_h", "domain_h", "data_type_h")], r.save_fwd)
-
-    def when(ms: Any) -> str | None:
-        return None if ms is None else format_ms(int(ms))
-
     stuck = sorted((r for r in rows if r.outcome == "stuck"),
                    key=lambda r: (r.since is None, r.since or 0, r.lk0))
     failed = sorted((r for r in rows if r.outcome == "failed"),
                     key=lambda r: (r.failed_at is None, r.failed_at or 0, r.lk0))
-    head = ["lk0", "source", "target", "domain", "data_type", "save_fwd"]
-    head_types = ["string"] * 5 + ["long"]
+    return stuck, failed
+
+
+def _stuck_and_failed(stuck: list[Any], failed: list[Any], stuck_after_ms: int,
+                      names: dict[int, str],
+                      app_keys: dict[str, tuple[str | None, str | None]]) -> tuple[Table, Table]:
+    def who(r: Any) -> tuple[Any, ...]:
+        return (r.lk0, *[None if r[h] is None else _name(names, r[h])
+                         for h in ("source_h", "target_h", "domain_h", "data_type_h")],
+                *app_keys.get(r.lk0, (None, None)), r.save_fwd)
+
+    def when(ms: Any) -> str | None:
+        return None if ms is None else format_ms(int(ms))
+
+    head = ["lk0", "source", "target", "domain", "data_type", "subtype", "key", "save_fwd"]
+    head_types = ["string"] * 7 + ["long"]
     return (
         Table(
             name="stuck", title="Stuck messages",
@@ -1123,46 +1216,40 @@ def _stuck_and_failed(detail: Any, stuck_after_ms: int, names: dict[int, str]) -
     )
 
 
-def _messages_table(detail: Any, names: dict[int, str]) -> Table:
-    """Every message with its legs (tests and small logs: brings every row to the driver)."""
-    table = _collect(detail.orderBy("t0", "lk0"), "messages", "Per message", names=names)
-    i_hour, i_day = table.columns.index("hour"), table.columns.index("day")
-    table.types[i_hour] = table.types[i_day] = "string"
-    rows = []
-    for row in table.rows:
-        r = list(row)
-        r[i_hour], r[i_day] = _format_hour(row[i_hour]), _format_day(row[i_day])
-        rows.append(tuple(r))
-    table.rows = rows
-    return table
+@dataclass(kw_only=True)
+class _MessageRows:
+    """Every message with its legs, collected (tests and small logs)."""
+
+    fields: list[Any]
+    rows: list[Any]
+
+    def table(self, names: dict[int, str]) -> Table:
+        columns, types = [], []
+        for f in self.fields:
+            if f.name.endswith("_h") or f.name in ("hour", "day"):
+                columns.append(f.name.removesuffix("_h"))
+                types.append("string")
+            else:
+                columns.append(f.name)
+                types.append(_SPARK_TO_TABLE.get(f.dataType.simpleString(), "string"))
+        out = []
+        for r in self.rows:
+            row = []
+            for f, v in zip(self.fields, r, strict=True):
+                if f.name.endswith("_h"):
+                    v = None if v is None else _name(names, v)
+                elif f.name == "hour":
+                    v = _format_hour(v)
+                elif f.name == "day":
+                    v = _format_day(v)
+                row.append(v)
+            out.append(tuple(row))
+        return Table(name="messages", title="Per message", columns=columns, types=types, rows=out)
 
 
-def _add_app_keys(spark: Any, events: Any, tables: list[Table]) -> None:
-    """Add the AppKey subtype and key to per-message tables (they name the business record).
-
-    The key is unique per document, so it is not carried through the
-    aggregation (see _DICT_COLUMNS); it is read back for the listed messages only.
-    """
-    from pyspark.sql import functions as F
-
-    wanted = sorted({row[0] for t in tables for row in t.rows})
-    found: dict[str, tuple[str | None, str | None]] = {}
-    if wanted:
-        ids = spark.createDataFrame([(x,) for x in wanted], "lk0 string")
-        for r in (
-            events.where(F.col("subtype").isNotNull() | F.col("key").isNotNull())
-            .select("lk0", "subtype", "key")
-            .join(F.broadcast(ids), "lk0")
-            .groupBy("lk0")
-            .agg(F.max("subtype").alias("subtype"), F.max("key").alias("key"))
-            .collect()
-        ):
-            found[r.lk0] = (r.subtype, r.key)
-    for t in tables:
-        at = t.columns.index("data_type") + 1
-        t.columns[at:at] = ["subtype", "key"]
-        t.types[at:at] = ["string", "string"]
-        t.rows = [(*row[:at], *found.get(row[0], (None, None)), *row[at:]) for row in t.rows]
+def _message_rows(detail: Any) -> _MessageRows:
+    df = detail.orderBy("t0", "lk0")
+    return _MessageRows(fields=list(df.schema.fields), rows=df.collect())
 
 
 def _skew_table(offsets: dict[str, ClockOffset], bounds: list[OrderBound]) -> Table:
@@ -1205,13 +1292,13 @@ def _offline_table(periods: list[OfflinePeriod], offsets: dict[str, ClockOffset]
     )
 
 
-def _inputs_table(per_logger: dict[str, int], facts: _LogFacts,
-                  offsets: dict[str, ClockOffset]) -> Table:
+def _inputs_table(facts: _Facts, names: dict[int, str], offsets: dict[str, ClockOffset]) -> Table:
     rows = []
-    for logger in sorted(set(per_logger) | set(facts.lines)):
-        last = facts.last.get(logger)
+    for h in sorted(facts.lines, key=lambda h: _name(names, h)):
+        logger = _name(names, h)
+        last = facts.last.get(h)
         rows.append((
-            logger, per_logger.get(logger, 0), facts.lines.get(logger, 0),
+            logger, facts.messages.get(h, 0), facts.lines[h],
             format_ms(int(last)) if last is not None else "",
             offsets[logger].offset_ms if logger in offsets else 0,
         ))
@@ -1219,7 +1306,8 @@ def _inputs_table(per_logger: dict[str, int], facts: _LogFacts,
         name="loggers", title="Logs read",
         columns=["logger", "messages", "events", "last_event_utc_own_clock", "clock_offset_ms"],
         types=["string", "long", "long", "string", "long"], rows=rows,
-        description="events: lines in the time window, exact duplicates included",
+        description="events: lines read in the time window (exact duplicates included, "
+        "cleanup events not read)",
     )
 
 

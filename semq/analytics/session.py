@@ -196,4 +196,25 @@ def start_session(master: str | None = None, *, app_name: str = "semq-report") -
         builder = builder.config("spark.executor.extraJavaOptions", java_opts)
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
+    if local:
+        _quiet_sketches(spark)
     return spark, True
+
+
+def _quiet_sketches(spark: Any) -> None:
+    """Keep the sketch library's one-line Java version notice off stderr.
+
+    DataSketches prints "Warning: Java versions > Java 11 can only operate in
+    restricted mode..." on first use (it only concerns off-heap memory, which
+    Spark's sketches do not use). The notice is guarded by a static flag; set
+    it in this JVM (local mode runs the tasks here). Best effort: a library
+    version without the flag just prints the line.
+    """
+    try:
+        jvm = spark.sparkContext._jvm
+        cls = jvm.java.lang.Class.forName("org.apache.datasketches.memory.internal.ResourceImpl")
+        field = cls.getDeclaredField("JAVA_VERSION_WARNING_PRINTED")
+        field.setAccessible(True)
+        field.get(None).set(True)
+    except Exception:  # cosmetic: never worth failing a report over
+        pass
