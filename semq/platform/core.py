@@ -66,6 +66,10 @@ class PlatformOutput:
     credit: dict[Endpoint, int] = field(default_factory=lambda: defaultdict(int))  # acked deliveries
     # Stored copies a node refused with OVER_WINDOW (seed 004): deliver slower.
     over_window: dict[Endpoint, int] = field(default_factory=lambda: defaultdict(int))
+    # Bytes forwarded to each target so far in this batch: an ``online`` check
+    # may add them to the target's queue (the high-water mark bounds the
+    # queue plus what this batch is about to put in it).
+    forward_bytes: dict[Endpoint, int] = field(default_factory=lambda: defaultdict(int))
 
     def add(self, target: Endpoint, frame: Frame) -> None:
         self.sends[target].append(encode_frame(frame))
@@ -185,9 +189,11 @@ class PlatformCore:
 
     # ------------------------------------------------------------ frames
 
-    def handle(self, sender: Endpoint, frames: Sequence[RawFrame], online: Callable[[Endpoint], bool]) -> PlatformOutput:
-        """Route and apply a batch of frames from ``sender`` (one transaction)."""
-        out = PlatformOutput()
+    def handle(self, sender: Endpoint, frames: Sequence[RawFrame], online: Callable[[Endpoint], bool],
+               out: PlatformOutput | None = None) -> PlatformOutput:
+        """Route and apply a batch of frames from ``sender`` (one transaction).
+        ``out`` may be given so that ``online`` can read ``out.forward_bytes``."""
+        out = PlatformOutput() if out is None else out
         ts = now_ms()
         events: list[dict[str, Any]] = []
         acks: dict[tuple[Kind, Endpoint], list[AckEntry]] = defaultdict(list)
@@ -249,7 +255,9 @@ class PlatformCore:
         key = (int(lk0.endpoint.node_type), lk0.endpoint.node_id, lk0.semq_id, lk0.semq_db_id, lk0.record_id)
         events.append(self._event(raw, lk0, created, ts, "received"))
         if where is Route.FORWARD:
-            out.sends[target].append(relay_bytes(raw, self.me))
+            b = relay_bytes(raw, self.me)
+            out.sends[target].append(b)
+            out.forward_bytes[target] += len(b)
             if raw.reliable:
                 self._seen.append((*key, _FORWARDED, 0, ts))
                 acks[(Kind.ACK_FWD, sender)].append(AckEntry(
@@ -296,7 +304,9 @@ class PlatformCore:
         messages: forwarded, or stored while the target is offline."""
         target = raw.target
         if online(target):
-            out.sends[target].append(relay_bytes(raw, self.me))
+            b = relay_bytes(raw, self.me)
+            out.sends[target].append(b)
+            out.forward_bytes[target] += len(b)
         elif self.is_known(target):
             out.stored_for.add(target)
             self.conn.execute(

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -112,6 +112,16 @@ class PlatformDaemon:
     def online(self, ep: Endpoint) -> bool:
         s = self.sessions.get(ep)
         return s is not None and s.queued < self.s.high_water
+
+    def _online_for(self, out: PlatformOutput) -> Callable[[Endpoint], bool]:
+        """``online`` for one batch: what the batch already forwards to a
+        target counts against its high-water mark too."""
+        forwarded = out.forward_bytes
+
+        def online(ep: Endpoint) -> bool:
+            s = self.sessions.get(ep)
+            return s is not None and s.queued + forwarded.get(ep, 0) < self.s.high_water
+        return online
 
     async def run(self, *, task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED) -> None:
         """Listen and serve until cancelled; ``task_status`` gets the bound port."""
@@ -267,7 +277,8 @@ class PlatformDaemon:
                 continue
             self.stats["frames_in"] += len(msgs)
             t0 = time.perf_counter()
-            out = await self.gate.run(self.core.handle, ep, msgs, self.online)
+            out = PlatformOutput()
+            out = await self.gate.run(self.core.handle, ep, msgs, self._online_for(out), out)
             if self.metrics is not None:
                 self.metrics.observe_batch(len(msgs), time.perf_counter() - t0)
             self._dispatch(out)
