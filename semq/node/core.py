@@ -207,15 +207,17 @@ class NodeCore:
         ids: list[int] = []
         try:
             with self._tx():
-                cur = self.conn.cursor()
-                for r in rows:
-                    cur.execute(
-                        "INSERT INTO outbox (target_type, target_id, state, save_fwd, ack2, reliable,"
-                        " priority, domain, data_type, subtype, key, created_ms, expires_ms, encrypt,"
-                        " session_key, app_data, state_ms) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
-                        r,
-                    )
-                    ids.append(int(cur.lastrowid or 0))
+                self.conn.executemany(
+                    "INSERT INTO outbox (target_type, target_id, state, save_fwd, ack2, reliable,"
+                    " priority, domain, data_type, subtype, key, created_ms, expires_ms, encrypt,"
+                    " session_key, app_data, state_ms) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+                    rows,
+                )
+                if rows:
+                    # AUTOINCREMENT under our write lock: the ids of one
+                    # statement are consecutive, ending at the last one.
+                    last = int(self.conn.execute("SELECT last_insert_rowid()").fetchone()[0])
+                    ids = list(range(last - len(rows) + 1, last + 1))
         except STORE_ERRORS as e:
             raise translate(e, self.path, "node store") from e
         self._emit([
