@@ -70,6 +70,10 @@ class PlatformOutput:
     # may add them to the target's queue (the high-water mark bounds the
     # queue plus what this batch is about to put in it).
     forward_bytes: dict[Endpoint, int] = field(default_factory=lambda: defaultdict(int))
+    # Documents and relayed frames for online targets. They promise nothing
+    # on our side (no ack depends on them), so they may leave before the
+    # batch's commit (``handle(forward=...)``); otherwise they join ``sends``.
+    forwards: dict[Endpoint, list[bytes]] = field(default_factory=lambda: defaultdict(list))
 
     def add(self, target: Endpoint, frame: Frame) -> None:
         self.sends[target].append(encode_frame(frame))
@@ -190,9 +194,16 @@ class PlatformCore:
     # ------------------------------------------------------------ frames
 
     def handle(self, sender: Endpoint, frames: Sequence[RawFrame], online: Callable[[Endpoint], bool],
-               out: PlatformOutput | None = None) -> PlatformOutput:
+               out: PlatformOutput | None = None,
+               forward: Callable[[dict[Endpoint, list[bytes]]], None] | None = None) -> PlatformOutput:
         """Route and apply a batch of frames from ``sender`` (one transaction).
-        ``out`` may be given so that ``online`` can read ``out.forward_bytes``."""
+        ``out`` may be given so that ``online`` can read ``out.forward_bytes``.
+        ``forward``, when given, is called with the frames for online targets
+        before the commit, so they travel while it waits for the disk: a
+        forwarded document is no promise of ours (ACK_FWD, which is, waits for
+        the commit); if the commit fails, the origin's inquiry and the
+        receiver's duplicate suppression make it whole. Without it, they are
+        in ``out.sends``."""
         out = PlatformOutput() if out is None else out
         ts = now_ms()
         events: list[dict[str, Any]] = []
@@ -222,6 +233,13 @@ class PlatformCore:
                 except RemoteProtocolError as e:
                     out.errors.append((e.code, str(e)))
             self._flush_seen()
+            if out.forwards:
+                if forward is not None:
+                    forward(out.forwards)
+                else:
+                    for target, data in out.forwards.items():
+                        out.sends[target].extend(data)
+                out.forwards = defaultdict(list)
             for (kind, target), entries in acks.items():
                 for i in range(0, len(entries), 10_000):
                     out.add(target, Frame(kind=Kind.ACK_BATCH, source=self.me, target=target,
@@ -256,7 +274,7 @@ class PlatformCore:
         events.append(self._event(raw, lk0, created, ts, "received"))
         if where is Route.FORWARD:
             b = relay_bytes(raw, self.me)
-            out.sends[target].append(b)
+            out.forwards[target].append(b)
             out.forward_bytes[target] += len(b)
             if raw.reliable:
                 self._seen.append((*key, _FORWARDED, 0, ts))
@@ -305,7 +323,7 @@ class PlatformCore:
         target = raw.target
         if online(target):
             b = relay_bytes(raw, self.me)
-            out.sends[target].append(b)
+            out.forwards[target].append(b)
             out.forward_bytes[target] += len(b)
         elif self.is_known(target):
             out.stored_for.add(target)

@@ -9,6 +9,7 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import TYPE_CHECKING
 
 import trio
@@ -278,7 +279,8 @@ class PlatformDaemon:
             self.stats["frames_in"] += len(msgs)
             t0 = time.perf_counter()
             out = PlatformOutput()
-            out = await self.gate.run(self.core.handle, ep, msgs, self._online_for(out), out)
+            out = await self.gate.run(self.core.handle, ep, msgs, self._online_for(out), out,
+                                      partial(self._forward_early, trio.lowlevel.current_trio_token()))
             if self.metrics is not None:
                 self.metrics.observe_batch(len(msgs), time.perf_counter() - t0)
             self._dispatch(out)
@@ -318,6 +320,18 @@ class PlatformDaemon:
         log.warning("%s sent %d DATA frames beyond its window of %d", session.endpoint, len(over), self.s.window)
         session.enqueue(nacks)
         return [m for m in msgs if id(m) not in over]
+
+    def _forward_early(self, token: trio.lowlevel.TrioToken, forwards: dict[Endpoint, list[bytes]]) -> None:
+        """Called on the store thread before a batch's commit: the forwarded
+        frames go to their targets' queues now (on the event loop, without
+        waiting for it)."""
+        token.run_sync_soon(self._enqueue_forwards, forwards)
+
+    def _enqueue_forwards(self, forwards: dict[Endpoint, list[bytes]]) -> None:
+        for target, data in forwards.items():
+            s = self.sessions.get(target)
+            if s is not None:
+                s.enqueue(data)
 
     def _dispatch(self, out: PlatformOutput) -> None:
         for target, data in out.sends.items():
