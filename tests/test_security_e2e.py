@@ -305,6 +305,50 @@ def test_forged_receipt_is_kept_unverified(tmp_path: Path, capsys: pytest.Captur
     _ = (data, sb)
 
 
+def test_batch_receipt_kept_once_and_each_document_proves_alone(tmp_path: Path) -> None:
+    """ACK2 for 7 documents carries one batch receipt: A keeps it once (not a
+    proof per document) and derives each document's own receipt on request;
+    each verifies alone against B's certificate, and a proof written by an
+    older version (form 3 in the row) is still served as it is."""
+    from semq.crypto import verify_receipt
+    from semq.umxt_protocol import FrameDecoder, relay_bytes
+
+    sa, sb = _pki(tmp_path)
+    a = NodeCore(tmp_path / "a.sqlite", A, create=True, synchronous="OFF", security=sa)
+    b = NodeCore(tmp_path / "b.sqlite", B, create=True, synchronous="OFF", security=sb)
+    try:
+        lk0s = a.accept([NewDocument(target=B, app_data=f"order {i}".encode(), encrypt=True) for i in range(7)])
+
+        def relayed(chunks: list[bytes]) -> list:  # type: ignore[type-arg]
+            dec = FrameDecoder()
+            dec.receive_data(b"".join(chunks))
+            out = FrameDecoder()
+            out.receive_data(b"".join(relay_bytes(r, Endpoint.platform()) for r in dec))
+            return list(out)
+
+        out_b = b.handle(relayed(a.claim(10).data))
+        assert out_b.delivered == 7
+        a.handle(relayed(out_b.data))
+        assert a.conn.execute("SELECT count(*) FROM receipt_batches").fetchone() == (1,)
+        rows = a.conn.execute("SELECT verified, length(receipt), batch_index FROM receipts ORDER BY record_id").fetchall()
+        assert rows == [(1, 0, i) for i in range(7)]
+        for lk0 in lk0s:
+            got = a.receipt_proof(lk0.record_id)
+            assert got is not None
+            target, digest, proof, _ms = got
+            info = verify_receipt(proof, digest=digest, lk0=lk0, receiver_certs=[sb.identity.certificate])
+            assert target == B and info.org == B and info.batch_size == 7
+        # A row as schema v5 wrote it: the form-3 proof in the row itself.
+        first = lk0s[0].record_id
+        _t, _d, proof, _ms = a.receipt_proof(first)  # type: ignore[misc]
+        a.conn.execute("UPDATE receipts SET receipt=?, batch_id=NULL WHERE record_id=?", (proof, first))
+        assert a.receipt_proof(first) == (B, _d, proof, _ms)
+        assert a.receipt_proof(10_000) is None
+    finally:
+        a.close()
+        b.close()
+
+
 def test_certificate_rollover_overlap(tmp_path: Path) -> None:
     """B rolls over. A document sealed to B's old certificate (A's directory
     was not refreshed yet) and one sealed to the new one are both readable;

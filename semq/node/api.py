@@ -174,10 +174,7 @@ class NodeClient:
     def receipt(self, record_id: int) -> dict[str, Any]:
         """The signed delivery receipt of one of our documents, verified now
         against the receiver's certificate (security on). Raises KeyError."""
-        row = self.core.conn.execute(
-            "SELECT target_id, digest, receipt, received_ms FROM receipts WHERE record_id=? AND receipt != x''",
-            (record_id,),
-        ).fetchone()
+        row = self.core.receipt_proof(record_id)
         if row is None:
             raise KeyError(f"no receipt for record {record_id} (not confirmed yet, or sent without security)")
         from semq.crypto import CertificateDirectory, CryptoError, load_certificate, verify_receipt

@@ -10,6 +10,7 @@ worker thread per store (semq.node.daemon).
 from __future__ import annotations
 
 import sqlite3
+import struct
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -78,6 +79,7 @@ INQUIRY_BATCH: Final = 1000
 DEDUP_RETENTION_MS: Final = 30 * 24 * 3600 * 1000  # docs/exactly-once.md
 FAILED_RETENTION_MS: Final = 7 * 24 * 3600 * 1000
 RECEIPT_RETENTION_MS: Final = 400 * 24 * 3600 * 1000  # proofs of delivery: over a year
+_LK0_REF: Final = struct.Struct(">HHQ")  # semq_id, semq_db_id, record_id of a batch receipt's entry
 
 
 _NO_KEY: Final = AppKey()
@@ -578,9 +580,10 @@ class NodeCore:
         # ACK from a node is for the platform only; a node ignores it.
 
     def _keep_receipts(self, entries: Sequence[AckEntry], receiver: Endpoint, receipt: bytes, ts: int) -> None:
-        """Verify a batch receipt against the digests we signed and keep one
-        self-standing proof per document (``semq messages --receipt``). A
-        receipt that does not verify is kept marked unverified."""
+        """Verify a batch receipt against the digests we signed and keep it
+        once for the batch; each document's self-standing proof is derived
+        from it on request (``receipt_proof``, ``semq messages --receipt``).
+        A receipt that does not verify is kept marked unverified."""
         assert self.sec is not None
         ids = [e.dest_ref_id for e in entries]
         digests: dict[int, bytes] = {}
@@ -599,17 +602,50 @@ class NodeCore:
             verify_batch_receipt(receipt, entries=manifest, receiver_certs=self.sec.certs(receiver))
             verified = 1
         except CryptoError:
-            pass
-        try:
-            proofs = receipt_proofs(receipt, manifest)
-        except (CryptoError, ValueError):
-            return
+            try:  # kept unverified only if it is at least a receipt for these documents
+                receipt_proofs(receipt, manifest)
+            except (CryptoError, ValueError):
+                return
+        # Once per batch: the signed root and the LK0s in order; each
+        # document's row points at it (its proof is derived when asked for).
+        cur = self.conn.execute(
+            "INSERT INTO receipt_batches (receiver, receipt, lk0s, received_ms) VALUES (?,?,?,?)",
+            (receiver.node_id, receipt,
+             b"".join([_LK0_REF.pack(lk.semq_id, lk.semq_db_id, lk.record_id) for lk, _ in manifest]), ts))
+        batch_id = int(cur.lastrowid or 0)
         self.conn.executemany(
-            "INSERT OR REPLACE INTO receipts (record_id, target_id, digest, receipt, verified, received_ms)"
-            " VALUES (?,?,?,?,?,?)",
-            [(lk.record_id, receiver.node_id, dg, pr, verified, ts)
-             for (lk, dg), pr in zip(manifest, proofs, strict=True)],
+            "UPDATE receipts SET target_id=?, receipt=x'', verified=?, received_ms=?, batch_id=?, batch_index=?"
+            " WHERE record_id=?",
+            [(receiver.node_id, verified, ts, batch_id, i, lk.record_id) for i, (lk, _) in enumerate(manifest)],
         )
+
+    def receipt_proof(self, record_id: int) -> tuple[str, bytes, bytes, int] | None:
+        """(receiver, digest, self-standing receipt, received_ms) of one of our
+        documents, or None when no receipt is held. A receipt of a batch is
+        turned into the document's own proof (form 3) here."""
+        row = self.conn.execute(
+            "SELECT target_id, digest, receipt, received_ms, batch_id, batch_index FROM receipts"
+            " WHERE record_id=? AND (receipt != x'' OR batch_id IS NOT NULL)", (record_id,)).fetchone()
+        if row is None:
+            return None
+        target, digest, receipt, received_ms, batch_id, index = row
+        if receipt:
+            return target, digest, receipt, received_ms
+        b = self.conn.execute("SELECT receipt, lk0s FROM receipt_batches WHERE id=?", (batch_id,)).fetchone()
+        if b is None:
+            return None
+        refs = [_LK0_REF.unpack_from(b[1], i) for i in range(0, len(b[1]), _LK0_REF.size)]
+        digests: dict[int, bytes] = {}
+        ids = [r[2] for r in refs]
+        for i in range(0, len(ids), 500):
+            chunk = ids[i:i + 500]
+            q = ",".join("?" * len(chunk))
+            digests.update(self.conn.execute(f"SELECT record_id, digest FROM receipts WHERE record_id IN ({q})",
+                                             chunk).fetchall())
+        if len(digests) != len(set(ids)):
+            return None  # a document of the batch is past retention: the proof cannot be rebuilt
+        entries = [(LK0(endpoint=self.me, semq_id=s, semq_db_id=d, record_id=r), digests[r]) for s, d, r in refs]
+        return target, digest, receipt_proofs(b[0], entries)[index], received_ms
 
     def _origin_apply(
         self, items: Sequence[tuple[Any, ...]], ts: int, out: Output, events: list[dict[str, Any]],
@@ -860,6 +896,8 @@ class NodeCore:
                 "DELETE FROM receipts WHERE received_ms < ? AND (received_ms > 0 OR record_id NOT IN"
                 " (SELECT id FROM outbox))", (ts - RECEIPT_RETENTION_MS,)
             ).rowcount
+            # A batch's rows share its received_ms: they go together.
+            self.conn.execute("DELETE FROM receipt_batches WHERE received_ms < ?", (ts - RECEIPT_RETENTION_MS,))
         return n
 
     # ------------------------------------------------------------ status
