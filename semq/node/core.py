@@ -719,27 +719,35 @@ class NodeCore:
         return answers
 
     def _inbound_ack(self, col: str, ids: Sequence[int], ts: int, events: list[dict[str, Any]]) -> None:
+        """Mark a confirmation (REACK: ``p_ack``, REACK2: ``s_ack``) on pending-ack
+        rows; a row with every confirmation it needs is deleted instead of
+        updated (SPEC B.2). Each confirmation is logged, the clean-up too."""
         if not ids:
             return
-        self.conn.executemany(f"UPDATE inbound SET {col}=1 WHERE id=?", [(i,) for i in ids])
-        self._inbound_cleanup(ids, ts, events, "reack" if col == "p_ack" else "reack2")
-
-    def _inbound_cleanup(self, ids: Sequence[int], ts: int, events: list[dict[str, Any]], why: str) -> None:
-        done = []
+        why = "reack" if col == "p_ack" else "reack2"
+        first = col == "p_ack"
+        done, marked = [], []
         for i in range(0, len(ids), 500):
             chunk = list(ids[i:i + 500])
             q = ",".join("?" * len(chunk))
-            for r in self.conn.execute(
+            for rid, origin, sid, did, rec, p_ack, s_ack in self.conn.execute(
                 f"SELECT id, origin_id, semq_id, semq_db_id, record_id, p_ack, s_ack FROM inbound"
                 f" WHERE id IN ({q})", chunk,
             ):
-                if receiver_may_clean(AckStatus(r[5]), AckStatus(r[6])):
-                    done.append((r[0],))
-                    lk0 = f"{r[1]}/{r[2]}/{r[3]}/{r[4]}"
-                    events.append({"ts": ts, "role": "receiver", "event": why, "lk0": lk0,
-                                   "source": r[1], "target": self.me.node_id})
+                if first:
+                    p_ack = int(AckStatus.AS_ACK)
+                else:
+                    s_ack = int(AckStatus.AS_ACK)
+                lk0 = f"{origin}/{sid}/{did}/{rec}"
+                events.append({"ts": ts, "role": "receiver", "event": why, "lk0": lk0,
+                               "source": origin, "target": self.me.node_id})
+                if receiver_may_clean(AckStatus(p_ack), AckStatus(s_ack)):
+                    done.append((rid,))
                     events.append({"ts": ts, "role": "receiver", "event": "cleaned", "lk0": lk0,
-                                   "source": r[1], "target": self.me.node_id})
+                                   "source": origin, "target": self.me.node_id})
+                else:
+                    marked.append((rid,))
+        self.conn.executemany(f"UPDATE inbound SET {col}=1 WHERE id=?", marked)
         self.conn.executemany("DELETE FROM inbound WHERE id=?", done)
 
     # ------------------------------------------------------------ inquiries
