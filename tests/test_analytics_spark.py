@@ -430,3 +430,32 @@ def test_duplicate_lines_are_counted_once(spark: Any, tmp_path: Path) -> None:
     assert (overall["resends"], overall["inquiries"], overall["duplicates_suppressed"]) == (3, 3, 1)
     offline = {r["node"]: r["periods"] for r in got["offline"].dicts()}
     assert offline == {"B": 1, "D": 1}
+
+
+def test_malformed_and_cleanup_lines(spark: Any, tmp_path: Path) -> None:
+    """Lines without a role, an event or an LK0, and unknown events are counted
+    as malformed and change no table; cleanup lines (``cleaned``, the
+    receiver's ``reack``) are not read at all, for the per-logger counts either."""
+    L = scenario()
+    clean, messy = tmp_path / "clean", tmp_path / "messy"
+    L.write(clean)
+    m1 = L.msg("A/1/1/1", "A", "B")
+    L.add("org:A", "origin", "queued", 1, {**m1, "lk0": None})  # no LK0
+    L.add("org:A", "origin", "bogus", 2, m1)  # not an origin event
+    L.add("org:B", "sender", "received", 3, m1)  # no such role
+    L.add("platform:P1", "platform", "forwarded", 4, {**m1, "role": None})  # no role
+    L.add("platform:P1", "platform", "forwarded", 5, {**m1, "event": None})  # no event
+    L.p(m1, "cleaned", 200)
+    L.r(m1, "cleaned", 201)
+    L.r(m1, "reack", 202)
+    L.write(messy)
+    want = build_report(spark, resolve_inputs([str(clean)]), ReportOptions(with_messages=True))
+    got = build_report(spark, resolve_inputs([str(messy)]), ReportOptions(with_messages=True))
+    for name, table in want.tables.items():
+        if name != "loggers":
+            assert got[name].rows == table.rows, name
+    assert (want.meta["malformed_events"], got.meta["malformed_events"]) == (0, 5)
+    # Lines read per logger: the cleanup lines are not among them (the
+    # LK0-less queued line, with a valid role and event, is a line of org:A).
+    lines = {r["logger"]: r["events"] for r in want["loggers"].dicts()}
+    assert {r["logger"]: r["events"] for r in got["loggers"].dicts()} == {**lines, "org:A": lines["org:A"] + 1}

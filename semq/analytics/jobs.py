@@ -278,7 +278,10 @@ def load_events(spark: Any, inputs: Inputs, since_ms: int | None = None,
         # The explicit schema saves Spark a full pass to infer one (issue 5).
         frames.append(spark.read.schema(spark_schema()).json(json_files))
     for d in parquet_dirs:
-        df = spark.read.parquet(d)
+        # The log schema given, as for JSON: Spark then reads no Parquet footers
+        # to infer one (a job of its own before the report starts). Columns a
+        # dataset lacks read as nulls; the date partitions are still discovered.
+        df = spark.read.schema(spark_schema()).parquet(d)
         if "date" in df.columns:
             # Partition pruning: whole days outside the window are not read.
             if lo is not None:
@@ -372,9 +375,15 @@ def _per_message(events: Any) -> Any:
     counted = ec.isin(*_codes((r, e) for _, r, e in _COUNTS if e not in ("sent", "delivered"))) | (
         ec.isin(sent, delivered) & c("attempt").isNull()
     )
+    # Unused events are dropped on the raw strings: a filter on the event code
+    # would be pushed below the projection that computes it and evaluate the
+    # code's CASE chain twice per line. A null role or event is kept (as code 0).
+    unused = functools.reduce(lambda a, b: a | b, [
+        (c("role") == r) & (c("event") == e) for r, e in _UNUSED
+    ])
     pre = (
-        events.select("*", _event_code().alias("ec"))
-        .where(~ec.isin(*_codes(_UNUSED)))
+        events.where(~F.coalesce(unused, F.lit(False)))
+        .select("*", _event_code().alias("ec"))
         .select(
             key.alias("k"), "ts", "ec", "code", "attempt", "save_fwd", "ack2", "reliable",
             _hash("logger").alias("lh"),
