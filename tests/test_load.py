@@ -7,18 +7,17 @@ are ``scripts/bench load nodes`` / ``backlog`` (docs/reliability.md, "Load")."""
 from __future__ import annotations
 
 import json
-import queue
 import subprocess
 import sys
 import threading
 import time
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 import pytest
 
 from semq.node.api import NodeClient
-from semq.testing.loadgen import issue_identities, proc_info
+from semq.testing.loadgen import LoadGenProcess, issue_identities, proc_info
 from tests._procs import Cluster, wait_until
 
 pytestmark = pytest.mark.e2e
@@ -52,54 +51,6 @@ def _send(directory: Path, n: int, batch: int = 1000) -> None:
             node.send_many(_docs(i, min(batch, n - i)))
 
 
-class _LoadGen:
-    """``python -m semq.testing.loadgen`` with its JSON lines on a queue."""
-
-    def __init__(self, ids: Path, port: int, log: Path, *args: str) -> None:
-        self.err = log.open("ab")
-        self.p = subprocess.Popen(
-            [sys.executable, "-m", "semq.testing.loadgen", "--ids", str(ids), "--platform", f"127.0.0.1:{port}",
-             "--status-interval", "0", *args],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.err)
-        self.q: queue.Queue[dict[str, Any] | None] = queue.Queue()
-        threading.Thread(target=self._read, args=(self.p.stdout,), daemon=True).start()
-
-    def _read(self, out: IO[bytes] | None) -> None:
-        assert out is not None
-        for line in out:
-            try:
-                self.q.put(json.loads(line))
-            except ValueError:
-                pass
-        self.q.put(None)
-
-    def wait(self, phase: str, timeout: float) -> dict[str, Any]:
-        end = time.monotonic() + timeout
-        while (left := end - time.monotonic()) > 0:
-            try:
-                rec = self.q.get(timeout=left)
-            except queue.Empty:
-                break
-            assert rec is not None, f"load generator exited {self.p.wait(5)} before '{phase}'"
-            if rec["phase"] == phase:
-                return rec
-        raise AssertionError(f"load generator: no '{phase}' within {timeout} s")
-
-    def stop(self) -> None:
-        if self.p.stdin and not self.p.stdin.closed:
-            try:
-                self.p.stdin.write(b"stop\n")
-                self.p.stdin.close()
-            except OSError:
-                pass
-
-    def kill(self) -> None:
-        if self.p.poll() is None:
-            self.p.kill()
-            self.p.wait(timeout=10)
-        self.err.close()
-
-
 def test_200_tls_nodes_connected_while_a_real_pair_exchanges(cluster: Cluster, tmp_path: Path) -> None:
     """200 simulated organizations, each with its own certificate and TLS
     session, connect at once, exchange documents among themselves (each
@@ -116,8 +67,8 @@ def test_200_tls_nodes_connected_while_a_real_pair_exchanges(cluster: Cluster, t
     wait_until(lambda: {A, B} <= _online(tmp_path), 20, "A and B online")
     before = proc_info(pid)
     assert before is not None
-    gen = _LoadGen(tmp_path / "ids", cluster.port, tmp_path / "loadgen.err", "--docs-per-node", "3",
-                   "--hold", "120", "--ping-interval", "2")
+    gen = LoadGenProcess(tmp_path / "ids", cluster.port, tmp_path / "loadgen.err",
+                         ["--docs-per-node", "3", "--hold", "120", "--ping-interval", "2"])
     try:
         conn = gen.wait("connected", 60)
         assert conn["all"], conn
@@ -303,8 +254,8 @@ def test_idle_connected_nodes_do_not_poll_the_store(cluster: Cluster, tmp_path: 
     c0, t0 = _store_calls(tmp_path), time.monotonic()
     time.sleep(2)
     alone = (_store_calls(tmp_path) - c0) / (time.monotonic() - t0)  # the inquiry loop and the like
-    gen = _LoadGen(tmp_path / "ids", cluster.port, tmp_path / "loadgen.err", "--docs-per-node", "0",
-                   "--hold", "60", "--ping-interval", "30")
+    gen = LoadGenProcess(tmp_path / "ids", cluster.port, tmp_path / "loadgen.err",
+                         ["--docs-per-node", "0", "--hold", "60", "--ping-interval", "30"])
     try:
         assert gen.wait("connected", 60)["all"]
         c1, t1 = _store_calls(tmp_path), time.monotonic()

@@ -54,7 +54,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import queue
 import shutil
 import signal
 import socket
@@ -67,7 +66,10 @@ import time
 from array import array
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import IO, Any, Final
+from typing import TYPE_CHECKING, Any, Final
+
+if TYPE_CHECKING:
+    from semq.testing.loadgen import LoadGenProcess
 
 if __package__:
     from ._table import print_table
@@ -342,61 +344,14 @@ def pair_run(c: Cluster, start: int, n: int, dl: Deadline) -> dict[str, Any]:
 # ---------------------------------------------------------------- load generator
 
 
-class LoadGen:
-    """``python -m semq.testing.loadgen`` as a child; its JSON lines on a queue."""
+def _loadgen(c: Cluster, ids: Path, args: list[str]) -> LoadGenProcess:
+    """The load generator child (semq.testing.loadgen), its status lines logged."""
+    from semq.testing.loadgen import LoadGenProcess
 
-    def __init__(self, c: Cluster, ids: Path, args: list[str]) -> None:
-        self.log = (c.root / "loadgen.err").open("ab")
-        self.p = subprocess.Popen(
-            [sys.executable, "-m", "semq.testing.loadgen", "--ids", str(ids), "--platform",
-             f"127.0.0.1:{c.port}", *args],
-            cwd=c.root, env=c.env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log)
-        self.lines: queue.Queue[dict[str, Any] | None] = queue.Queue()
-        self.last: dict[str, Any] = {}
-        self.errlog = c.root / "loadgen.err"
-        threading.Thread(target=self._read, args=(self.p.stdout,), daemon=True).start()
+    def status(rec: dict[str, Any]) -> None:
+        _log(f"  load: {rec['connected']} connected, {rec['received']}/{rec['sent']} documents")
 
-    def _read(self, out: IO[bytes] | None) -> None:
-        assert out is not None
-        for line in out:
-            try:
-                self.lines.put(json.loads(line))
-            except ValueError:
-                continue
-        self.lines.put(None)
-
-    def wait(self, phase: str, timeout: float) -> dict[str, Any]:
-        end = time.monotonic() + timeout
-        while True:
-            left = end - time.monotonic()
-            if left <= 0:
-                raise BenchError(f"load generator: no '{phase}' within {timeout:.0f} s (last: {self.last})")
-            try:
-                rec = self.lines.get(timeout=min(left, 1.0))
-            except queue.Empty:
-                continue
-            if rec is None:
-                err = self.errlog.read_text(errors="replace")[-1500:]
-                raise BenchError(f"load generator exited {self.p.wait()} before '{phase}': {err}")
-            self.last = rec
-            if rec.get("phase") == "status":
-                _log(f"  load: {rec['connected']} connected, {rec['received']}/{rec['sent']} documents")
-            if rec.get("phase") == phase:
-                return rec
-
-    def stop(self) -> None:
-        if self.p.stdin is not None and not self.p.stdin.closed:
-            try:
-                self.p.stdin.write(b"stop\n")
-                self.p.stdin.close()
-            except OSError:
-                pass
-
-    def kill(self) -> None:
-        if self.p.poll() is None:
-            self.p.kill()
-            self.p.wait(timeout=10)
-        self.log.close()
+    return LoadGenProcess(ids, c.port, c.root / "loadgen.err", args, cwd=c.root, env=c.env, on_status=status)
 
 
 # ---------------------------------------------------------------- nodes
@@ -408,7 +363,7 @@ def run_nodes(a: argparse.Namespace, tmp: Path) -> tuple[list[list[str]], list[s
     dl = Deadline(a.time_cap)
     c = Cluster(tmp, a.security == "on")
     sampler: Sampler | None = None
-    gen: LoadGen | None = None
+    gen: LoadGenProcess | None = None
     try:
         t = time.monotonic()
         issue_identities(tmp / "P", a.nodes, tmp / "ids", security=c.secure)
@@ -429,7 +384,7 @@ def run_nodes(a: argparse.Namespace, tmp: Path) -> tuple[list[list[str]], list[s
         assert before is not None
         sampler.phase = "connect"
         _log(f"load generator: {a.nodes} simulated nodes, {a.concurrency} handshakes at a time")
-        gen = LoadGen(c, tmp / "ids", ["--concurrency", str(a.concurrency), "--docs-per-node",
+        gen = _loadgen(c, tmp / "ids", ["--concurrency", str(a.concurrency), "--docs-per-node",
                                         str(a.docs_per_node), "--trickle", str(a.trickle),
                                         "--hold", str(max(60.0, dl.left())), "--status-interval", "5",
                                         "--connect-deadline", str(min(600.0, max(10.0, dl.left())))])
@@ -478,7 +433,7 @@ def run_nodes(a: argparse.Namespace, tmp: Path) -> tuple[list[list[str]], list[s
         rounds = [after]
         for r in range(2, a.rounds + 1):
             _log(f"round {r}: {a.nodes} nodes connect again, then leave")
-            gen = LoadGen(c, tmp / "ids", ["--concurrency", str(a.concurrency), "--docs-per-node", "0",
+            gen = _loadgen(c, tmp / "ids", ["--concurrency", str(a.concurrency), "--docs-per-node", "0",
                                             "--hold", "1", "--no-control", "--status-interval", "0",
                                             "--connect-deadline", str(min(600.0, max(10.0, dl.left())))])
             rec = gen.wait("done", min(660.0, max(10.0, dl.left())))
@@ -817,13 +772,14 @@ def main(argv: list[str] | None = None) -> int:
         print("error: --docs must be >= 1", file=sys.stderr)
         return 2
     from semq._db import StoreError
+    from semq.testing.loadgen import LoadGenError
 
     version = code_version()  # before any process starts: the tree may change during a long run
     tmp = Path(tempfile.mkdtemp(prefix=f"semq-bench-load-{a.what}-"))
     t0 = time.monotonic()
     try:
         rows, notes, ok = (run_nodes if a.what == "nodes" else run_backlog)(a, tmp)
-    except (BenchError, StoreError) as e:
+    except (BenchError, StoreError, LoadGenError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
     except (OSError, sqlite3.Error, subprocess.SubprocessError) as e:

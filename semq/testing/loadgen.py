@@ -36,16 +36,19 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import queue
 import random
 import resource
 import ssl
+import subprocess
 import sys
+import threading
 import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Final
+from typing import IO, Any, Final
 
 import trio
 
@@ -68,6 +71,8 @@ from semq.umxt_protocol import (
 
 __all__ = [
     "LoadConfig",
+    "LoadGenError",
+    "LoadGenProcess",
     "LoadGenerator",
     "ProcInfo",
     "SimIdentity",
@@ -486,6 +491,72 @@ class LoadGenerator:
             and not self.errors and not self.stats["reconnects"])
         self.emit("done", ok=result["ok"], errors=dict(self.errors), failures=dict(self.failures))
         return result
+
+
+class LoadGenError(Exception):
+    """The load generator child did not reach a phase: exited or timed out."""
+
+
+class LoadGenProcess:
+    """``python -m semq.testing.loadgen`` as a child process (tests and
+    ``scripts/bench load``): its JSON lines on a queue, ``wait`` for a phase
+    with a bound, ``stop`` (asks it to finish) and ``kill``."""
+
+    def __init__(self, ids: Path, port: int, err_log: Path, args: Sequence[str], *,
+                 cwd: Path | None = None, env: dict[str, str] | None = None,
+                 on_status: Callable[[dict[str, Any]], None] | None = None) -> None:
+        self.err_log = err_log
+        self._err = err_log.open("ab")
+        self.on_status = on_status
+        self.last: dict[str, Any] = {}
+        self.p = subprocess.Popen(
+            [sys.executable, "-m", "semq.testing.loadgen", "--ids", str(ids), "--platform",
+             f"127.0.0.1:{port}", *args],
+            cwd=cwd, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._err)
+        self._lines: queue.Queue[dict[str, Any] | None] = queue.Queue()
+        threading.Thread(target=self._read, args=(self.p.stdout,), daemon=True).start()
+
+    def _read(self, out: IO[bytes] | None) -> None:
+        assert out is not None
+        for line in out:
+            try:
+                self._lines.put(json.loads(line))
+            except ValueError:
+                continue
+        self._lines.put(None)
+
+    def wait(self, phase: str, timeout: float) -> dict[str, Any]:
+        """The first record of ``phase``; LoadGenError if the child exits
+        first or none comes within ``timeout`` seconds."""
+        end = time.monotonic() + timeout
+        while (left := end - time.monotonic()) > 0:
+            try:
+                rec = self._lines.get(timeout=min(left, 1.0))
+            except queue.Empty:
+                continue
+            if rec is None:
+                err = self.err_log.read_text(errors="replace")[-1500:]
+                raise LoadGenError(f"load generator exited {self.p.wait()} before '{phase}': {err}")
+            self.last = rec
+            if rec.get("phase") == "status" and self.on_status is not None:
+                self.on_status(rec)
+            if rec.get("phase") == phase:
+                return rec
+        raise LoadGenError(f"load generator: no '{phase}' within {timeout:.0f} s (last: {self.last})")
+
+    def stop(self) -> None:
+        if self.p.stdin is not None and not self.p.stdin.closed:
+            try:
+                self.p.stdin.write(b"stop\n")
+                self.p.stdin.close()
+            except OSError:
+                pass
+
+    def kill(self) -> None:
+        if self.p.poll() is None:
+            self.p.kill()
+            self.p.wait(timeout=10)
+        self._err.close()
 
 
 def _now_ms() -> int:
