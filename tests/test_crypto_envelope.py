@@ -247,6 +247,46 @@ def test_sealer_epochs_and_opener_cache(bkey: x25519.X25519PrivateKey) -> None:
     assert open_(b5, c5, recipient_enc_private_keys=[bkey], aad=aad()) == b"later"
 
 
+def test_suites_one_and_two(bkey: x25519.X25519PrivateKey) -> None:
+    """Suite 2 (the default): one content key per file key, a random nonce per
+    document; suite 1 (per-document content key) is still sealed on request
+    and opened. Both open with open_ and with a cached Opener, and a blob's
+    suite byte cannot be changed (it is in the wrap's and the content's AAD)."""
+    opener = Opener([bkey])
+    pub = [bkey.public_key()]
+    for suite in (1, 2):
+        sealer = Sealer(suite=suite)
+        one = seal(b"doc", recipient_enc_public_keys=pub, aad=aad(), suite=suite)
+        many = [sealer.seal(b"doc %d" % i, recipient_enc_public_keys=pub, aad=aad(record=i + 1))
+                for i in range(300)]
+        for blob, _ in [one, *many]:
+            assert blob[4] == suite
+        assert open_(*one, recipient_enc_private_keys=[bkey], aad=aad()) == b"doc"
+        for i, (blob, ct) in enumerate(many):
+            assert opener.open(blob, ct, aad=aad(record=i + 1)) == b"doc %d" % i
+            assert open_(blob, ct, recipient_enc_private_keys=[bkey], aad=aad(record=i + 1)) == b"doc %d" % i
+        # one epoch: the same wraps, a different 16-byte random field (suite 2: the nonce) each time
+        assert len({b[BLOB_HEADER_SIZE:] for b, _ in many}) == 1
+        assert len({b[5:5 + 12] for b, _ in many}) == len(many)
+        other = 3 - suite
+        blob, ct = many[0]
+        relabelled = blob[:4] + bytes((other,)) + blob[5:]
+        with pytest.raises(DecryptError):
+            open_(relabelled, ct, recipient_enc_private_keys=[bkey], aad=aad(record=1))
+        with pytest.raises(DecryptError):
+            opener.open(relabelled, ct, aad=aad(record=1))
+    assert seal(b"x", recipient_enc_public_keys=pub, aad=aad())[0][4] == 2
+    with pytest.raises(ValueError, match="suite 3 is not one of"):
+        seal(b"x", recipient_enc_public_keys=pub, aad=aad(), suite=3)
+    with pytest.raises(ValueError, match="suite 0 is not one of"):
+        Sealer(suite=0)
+    with pytest.raises(ValueError, match="max_uses 16777217 is outside"):
+        Sealer(max_uses=(1 << 24) + 1)
+    with pytest.raises(DecryptError, match="uses suite 9; this node knows suites 1 and 2"):
+        open_(b"SQK1\x09" + bytes(BLOB_HEADER_SIZE - 5 + WRAP_SIZE), b"", recipient_enc_private_keys=[bkey],
+              aad=aad())
+
+
 # ---------------------------------------------------------------- in a frame
 
 

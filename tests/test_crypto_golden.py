@@ -112,23 +112,34 @@ def generate() -> dict[str, Any]:
     v["single"] = [single.container.hex(), single.digest.hex()]
     batch = sign_documents([(_aad(i), _body(i)) for i in range(5)], signing_key=SIGN)
     v["batch"] = [[d.container.hex(), d.digest.hex()] for d in batch]
+    # Suite 1 (the session key format until suite 2): still made on request
+    # (``suite=1``) and, above all, still opened.
     blob, ct = seal(b"plain text", recipient_enc_public_keys=[k.public_key() for k in ENC],
-                    aad=_aad(1))
+                    aad=_aad(1), suite=1)
     v["seal"] = [blob.hex(), ct.hex()]
-    sealer = Sealer()
-    prot = protect_documents([(_aad(i), _body(i), RECIPIENTS) for i in range(4)],
-                             signing_key=SIGN, sealer=sealer)
-    prot.append(protect_document(_body(4), aad=_aad(4), signing_key=SIGN, recipients=RECIPIENTS[:1],
-                                 sealer=sealer))
-    prot.append(protect_document(_body(5), aad=_aad(5), signing_key=SIGN, recipients=None))
-    v["protected"] = [[p.app_data.hex(), p.session_key.hex(), p.digest.hex()] for p in prot]
+    v["protected"] = _protected(Sealer(suite=1))
     entries = [(LK0(endpoint=A, record_id=i + 1, semq_id=2, semq_db_id=3), bytes.fromhex(d))
                for i, (_, d) in enumerate(v["batch"])]
     v["receipt"] = make_receipt(entries[0][1], entries[0][0], SIGN, time_ms=TIME_MS).hex()
     br = make_batch_receipt(entries, SIGN, time_ms=TIME_MS)
     v["batch_receipt"] = br.hex()
     v["receipt_proofs"] = [p.hex() for p in receipt_proofs(br, entries)]
+    # Suite 2 (what nodes seal since): last, so the vectors above keep their
+    # place in the pinned random stream.
+    blob, ct = seal(b"plain text", recipient_enc_public_keys=[k.public_key() for k in ENC],
+                    aad=_aad(1))
+    v["seal_v2"] = [blob.hex(), ct.hex()]
+    v["protected_v2"] = _protected(Sealer())
     return v
+
+
+def _protected(sealer: Sealer) -> list[list[str]]:
+    prot = protect_documents([(_aad(i), _body(i), RECIPIENTS) for i in range(4)],
+                             signing_key=SIGN, sealer=sealer)
+    prot.append(protect_document(_body(4), aad=_aad(4), signing_key=SIGN, recipients=RECIPIENTS[:1],
+                                 sealer=sealer))
+    prot.append(protect_document(_body(5), aad=_aad(5), signing_key=SIGN, recipients=None))
+    return [[p.app_data.hex(), p.session_key.hex(), p.digest.hex()] for p in prot]
 
 
 def test_today_produces_the_frozen_bytes(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -136,13 +147,15 @@ def test_today_produces_the_frozen_bytes(monkeypatch: pytest.MonkeyPatch) -> Non
     assert generate() == GOLDEN
 
 
-def _opened(open_fn: Callable[[bytes, bytes, bytes], bytes]) -> Iterator[bytes]:
-    for i, (ct, blob, _) in enumerate(GOLDEN["protected"][:4]):
+def _opened(open_fn: Callable[[bytes, bytes, bytes], bytes], name: str = "protected") -> Iterator[bytes]:
+    for i, (ct, blob, _) in enumerate(GOLDEN[name][:4]):
         yield open_fn(bytes.fromhex(blob), bytes.fromhex(ct), _aad(i))
 
 
 @pytest.mark.parametrize("cached", [False, True])
-def test_frozen_bytes_open_and_verify(cached: bool) -> None:
+@pytest.mark.parametrize("suite", [1, 2])
+def test_frozen_bytes_open_and_verify(cached: bool, suite: int) -> None:
+    seal_name, protected = ("seal", "protected") if suite == 1 else ("seal_v2", "protected_v2")
     cache = SignatureCache() if cached else None
     opener = Opener(ENC)
     for _ in range(2):  # the second round hits every cache
@@ -153,11 +166,12 @@ def test_frozen_bytes_open_and_verify(cached: bool) -> None:
             got = verify_document(bytes.fromhex(c_hex), aad=_aad(i), signer_certs=[SIGNER],
                                   cache=cache)
             assert (got.body, got.digest, got.batch_size) == (_body(i), bytes.fromhex(d_hex), 5)
-        blob, ct = (bytes.fromhex(x) for x in GOLDEN["seal"])
+        blob, ct = (bytes.fromhex(x) for x in GOLDEN[seal_name])
+        assert blob[4] == suite
         for mine in (ENC, ENC[1:]):
             assert open_(blob, ct, recipient_enc_private_keys=mine, aad=_aad(1)) == b"plain text"
             assert Opener(mine).open(blob, ct, aad=_aad(1)) == b"plain text"
-        for i, (ct_hex, blob_hex, d_hex) in enumerate(GOLDEN["protected"]):
+        for i, (ct_hex, blob_hex, d_hex) in enumerate(GOLDEN[protected]):
             keys: Any = opener if i % 2 else ENC[:1]
             got = open_document(bytes.fromhex(ct_hex), bytes.fromhex(blob_hex), aad=_aad(i),
                                 keys=keys, signer_certs=[SIGNER], cache=cache)
@@ -165,7 +179,7 @@ def test_frozen_bytes_open_and_verify(cached: bool) -> None:
             assert got.batch_size == (4 if i < 4 else 1)
             assert got.signer is SIGNER
         for got_pt in _opened(lambda b, c, a: open_(b, c, recipient_enc_private_keys=ENC[1:],
-                                                    aad=a)):
+                                                    aad=a), protected):
             assert got_pt.startswith(b"SQD1")
 
 
@@ -220,6 +234,24 @@ GOLDEN: dict[str, Any] = {'aad': ['53454d512d4141442d76310001054f52472d410002000
                ['535144310156475aa75463474c0285df5dbf2bcab734a2c4a6a7088475668888577d0d2fdf02fc7bd99b25acac4c2eafe96630da55b8872ec1145351ea6ce1c5ed6e37b5a70af09ce3aa7133bab215ebaffdccffd0aad1e26ee4e6b7ee279241f843bc44050000002a626f6479203520626f6479203520626f6479203520626f6479203520626f6479203520626f6479203520',
                 '',
                 'cddc6262dc5ffd4c22f6059af3d70fd2cf52ec72477841d28155f2c9752a8e3b']],
+ 'protected_v2': [['94e678ef8e014e7c2fed9406dbb3b26a3c9645636c05dcd4c98146668307aacbab0cd80dba6eabc7bd0f660308ac0462205dc6a3879e3b16a459bdcec46a753aef2cef969ccf83810ec8c1a083d8018d79d6a5bf7fe47168971c65402f5edcb69c6a3f01d23d84856b6b12cf7c34b89d116cde8162be0456ed6c5145bb37a1c3ad3400d14dbe8128db5eb81145001dbf4a43abffdd897cc5d9e456d39fd0122438d04409d28ead301a42b4ba5aca53509cadb25510120fae770a177051a1da61c06f95234b8178b15f',
+                   '53514b3102feec6e57e90219ac82875d60e93c619f02a0289810032eb417274eebc4a38e68996b16a931c8d5cb472a092a81365a59a2dd5a08e917145e3e318e554b8b3d002b8d60404394a5dac005b802696431004c094105732ac679c876fcfb855200e641e7eea170bc33d57c3a48c78191e09ac967ca2ffd6fe9efab3d76e37c34990a5a56d39d7842e5596f827a755736ff2997810811770c4cbe141e21debc86f4b8285d507ea90a61861c1cb02f119fde9b8ca849f2483adba387b2315122a99c06ddffa734e6dc414bb847c5d5b246c45198',
+                   '1b0a9b8aa1d486602bf738e54a452252ca19973e74d42e223cd523e56d0e9acc'],
+                  ['fe726a743688fc109adc89cb09bd6d33dcd18e886677af44a31265213ac596f1a33cd1a11f5e5b6aac2899f7d37ad45b05bfb58ab575f6525c992a1fcf0cbc63f299a3eaa9fe82f147f87a100509efb9fb07474f2c02bec567e7a14144620caf3a9a7a0aed0751af6f07b9d5b357e87acd9b34ca1c1325b236170bd6c9c2536c1088e18d8467a1ecedc0f72b88b084293caa7615e13536c1eff234e6c4c128f1171356d2685b9b3fbfe122d605fa830a2f6379ed1385fdac2d3ef63c25a5da0e006dab9485c3dde73fc77fd31ea8b0c5',
+                   '53514b3102c3dc518a2ec42b445c9001dc04bbd0a702a0289810032eb417274eebc4a38e68996b16a931c8d5cb472a092a81365a59a2dd5a08e917145e3e318e554b8b3d002b8d60404394a5dac005b802696431004c094105732ac679c876fcfb855200e641e7eea170bc33d57c3a48c78191e09ac967ca2ffd6fe9efab3d76e37c34990a5a56d39d7842e5596f827a755736ff2997810811770c4cbe141e21debc86f4b8285d507ea90a61861c1cb02f119fde9b8ca849f2483adba387b2315122a99c06ddffa734e6dc414bb847c5d5b246c45198',
+                   '7f500f8cd2864857c5b5091616d044e66ad069f7b76953ed670bccd811103bf9'],
+                  ['347fec2e6bc05a9a37dad9ce66b5919566fad748aa8922ca72aabf021688eb488b0a5d5e1cbe8fa5e449830a9c06fabffe5ca9b9f892c3627432837efc774ef9073e4981276272ec229971a9573455a0d06ed6fd7cd5a3339d663de7c8e73f102d4404d5e83d90bdb47547a7416b4549cc8b3c4d5dd76645e5d338f52d29953d4ea831ca36baac53caa1e5c94dff141bb268c9853f21b4836dd32ccc70447963c03ddc2fd34bfbaaba81e2bf4bf67951a9483ac70a7f408d7095a8fdb68158bcc528412f05fa175726d6d43f532b956b1a2ee351b883bc',
+                   '53514b3102298caa1a59578788df6d17b86b9b852d02a0289810032eb417274eebc4a38e68996b16a931c8d5cb472a092a81365a59a2dd5a08e917145e3e318e554b8b3d002b8d60404394a5dac005b802696431004c094105732ac679c876fcfb855200e641e7eea170bc33d57c3a48c78191e09ac967ca2ffd6fe9efab3d76e37c34990a5a56d39d7842e5596f827a755736ff2997810811770c4cbe141e21debc86f4b8285d507ea90a61861c1cb02f119fde9b8ca849f2483adba387b2315122a99c06ddffa734e6dc414bb847c5d5b246c45198',
+                   '7876730201ca24be302ab02e55cfb864cdfd85bd36321b531ca7fe562c344a08'],
+                  ['8376c9827eb4e3ba4aebd23712f42370e2ee9abd183a6a013618086bceacf44e3e4063505e5987804bc31f3f567538b677b7def13c9f6d7ecbe42383c75eda22e60b8803529adbe6c91e3f123c1ff5996021f8a68fc41be2ba58f1785860f129e69d4ae6b2f9df9e27cbd8681dc6571c75d6565fb11c5634d12d14f11f4f7d9c415789c4ee9bc4b38035a4b7d916432936c29f9d534021553231f6e196f08476e5057a1d6604e145182a6c9fec007dc0002896273b289e1c5940d8b0cde0be1b6e7cfd5acb2e1d8de6ca997d055861532274246378213218708f58863adf',
+                   '53514b310203faf2f2f0a729f9dc3ef02312dbc68c02a0289810032eb417274eebc4a38e68996b16a931c8d5cb472a092a81365a59a2dd5a08e917145e3e318e554b8b3d002b8d60404394a5dac005b802696431004c094105732ac679c876fcfb855200e641e7eea170bc33d57c3a48c78191e09ac967ca2ffd6fe9efab3d76e37c34990a5a56d39d7842e5596f827a755736ff2997810811770c4cbe141e21debc86f4b8285d507ea90a61861c1cb02f119fde9b8ca849f2483adba387b2315122a99c06ddffa734e6dc414bb847c5d5b246c45198',
+                   'd338faf37cd01d01fbce7b7600acbcc291e73980653c10cc0dc73fde31647ed7'],
+                  ['9967ce4d361ae73c3cceac7e47bafd2c8e181dbecfd79f427d01b85207cb4b1e6ed80b0bb51d5a996b85394ce7bdd9262515fed933ede14b89657fe90a924a2a71903c302f540eb4155c568851ce4c01ff93232f40e847c7d703cf1907fe19a2e50a62e2fc9d3368f388c54f87f1526c7f8029f1bc4fec1c3aae181ed861a940bfcdf05df21a11b64274d7f86ab74fc2cbf6ca3dbba9513dbaca4539',
+                   '53514b3102c830a19fdb5fc9d4931ff53036e3ad4401a0289810032eb417274eebc4a38e6899f0e698070620bcf7841a54517232f2c4ac385dd556a5af762064ed07662c357666b93458184641eca26e0d71b7423eeff4f0702d57980e143fa63781c133a88c91d5875dcb1b397d52b706dc0ca12a56',
+                   'e2d94ee6eacbe5b3411ea5d336c684456cb2aeb34ef19a71e139045e4b547931'],
+                  ['535144310156475aa75463474c0285df5dbf2bcab7f6fd5459e84419760791511dd5b2378cecaa7c9a0ec1a272445bfed7d117828a2dda5a1dc5fb35b2c413353d0c8ec8753be5a0d235846588ce20f07b81abc50be388b4a1cc4a7cbbcde32ef7b568c9040000002a626f6479203520626f6479203520626f6479203520626f6479203520626f6479203520626f6479203520',
+                   '',
+                   '435015acc4b01b5814981f65809ab66084295b7c9865b2bfc0b9b800d3e5f2de']],
  'receipt': '535152310156475aa75463474c0285df5dbf2bcab7000001a0c4506c7b19f57ba25b67d8a52455c16cb8af90136a0a9e237e946157011ffffb5782ee4eb526020c3011e34537f0ac652ec9113e8d8b4ab9010d60540a79fa6d98828d0901054f52472d410002000300000000000000014caa67af0353cc24d61deb18038f0a31c48ec42123183c6fce05f7de99cbd449',
  'receipt_proofs': ['535152310356475aa75463474c0285df5dbf2bcab7000001a0c4506c7b2357d53c897c305bac2d76dde62d6952e765cab48c112bec26cbd4d8a515681e5e404839c3e3be521225f7aa9fa611576581ca7d0c30bc6cdac25f35a7b2cb0b000000058bb8d936f3514031e942b7398a2706649f6adc6a23a7262a365e51f2d81e812d01054f52472d410002000300000000000000014caa67af0353cc24d61deb18038f0a31c48ec42123183c6fce05f7de99cbd4490000000003dc3f52a77970110ec43feb11a4f5aff9c72fdda0fc3cdef94973ec0e7de489d8e43f67e07e75282560752565c2e9f586a8906442389c02957ea0cd82e4017b306e972d1a69ffdce3252b03b498c4005f0fea9367232238dd8d14ed2551730b16',
                     '535152310356475aa75463474c0285df5dbf2bcab7000001a0c4506c7b2357d53c897c305bac2d76dde62d6952e765cab48c112bec26cbd4d8a515681e5e404839c3e3be521225f7aa9fa611576581ca7d0c30bc6cdac25f35a7b2cb0b000000058bb8d936f3514031e942b7398a2706649f6adc6a23a7262a365e51f2d81e812d01054f52472d41000200030000000000000002c3ca1c0adc575a3299d96c49453c4e7c8937b35e265d5b6ba0727e65fa460e2700000001038a300f3f01b7e5922f8212632587d4c6f4b0d1518e24674ad857b2f1d2cb972de43f67e07e75282560752565c2e9f586a8906442389c02957ea0cd82e4017b306e972d1a69ffdce3252b03b498c4005f0fea9367232238dd8d14ed2551730b16',
@@ -228,6 +260,8 @@ GOLDEN: dict[str, Any] = {'aad': ['53454d512d4141442d76310001054f52472d410002000
                     '535152310356475aa75463474c0285df5dbf2bcab7000001a0c4506c7b2357d53c897c305bac2d76dde62d6952e765cab48c112bec26cbd4d8a515681e5e404839c3e3be521225f7aa9fa611576581ca7d0c30bc6cdac25f35a7b2cb0b000000058bb8d936f3514031e942b7398a2706649f6adc6a23a7262a365e51f2d81e812d01054f52472d41000200030000000000000005379e85571959eb5c7b173d069e008671193f2a71172d038bc35d36efa10d0f25000000040177705f96dd36d048e596e0ebd8c9210c33a43d26829c79e229f8da8c5dacfd6e'],
  'seal': ['53514b3101f4bb65ce671243325be1725a6e9a688402a0289810032eb417274eebc4a38e689927bed7df1bf891df34ab21166507d3478bb3849195a991f92871ecbdb38a7c0799ba7640bb5a43b66c3d610b6475b5df334d4d0fe7f3d212255d5025eae419b4b34fa925da0378c1b9c915acceb71c6d67ca2ffd6fe9efab3d76e37c34990a5a9c358d4166b928a40f40b5ae715bf07816fe8449a6787e5993a423f124ba0876567acd3c0f3d0ece9fb1f9e63f60ac3b0c207b68b6f5977eea904b5d07a57618975670de61a8f585d69d5a75fc046dcb',
           '9178be8b7030ef9c0d9dd46d1dc326f24240bd10a426fb824727'],
+ 'seal_v2': ['53514b3102dcb11e9ed4812e55e273e59bfd907f9002a0289810032eb417274eebc4a38e6899c6e7278fe823ec5a5909ac37d8eedbf3a0ccae1932826fc398f7d3b19f6bc146a257f34179fb9e5343d9126b32918e1dc55696ff6959404a57a3d8da4bc8f24a05b5f249b9f009dfd8e8f6db718a977267ca2ffd6fe9efab3d76e37c34990a5a11db1236bfdd719fac333f058bc5853a29e541a7c61f669734283d8914fced7455a1bd0e9bf4acf67379f4c352e0f19a210436d359339f97d7c1f726c79d17e7d80d57a5dbcd0d1b33884e9086ee89e8',
+             '1b088a33b2dc48e48cb2adf448dc6e4f5acd5a0ff37d024b631c'],
  'single': ['535144310156475aa75463474c0285df5dbf2bcab747bebd67e55d1ee90357a5ce22b270313a25aace3ba79a002c4544e052af55b5a603c9fb265a31173e4d2bbbf587201a636fcc85866a98e156714474d211d8f28c280bde1cfa9a324072dff54a4bdb0900000007626f6479203020',
             '45c6421734d9b0acc3d92094baf686cd20d4410ebb7da0156434f40c509b59a6']}
 

@@ -118,6 +118,17 @@ def peak_rss_mib(pid: int) -> float | None:
     return None
 
 
+def cpu_seconds(pid: int) -> float | None:
+    """User + system CPU time of a live process so far, s (/proc/PID/stat)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    # Fields after the command (which may hold spaces) start after its ")".
+    fields = stat[stat.rindex(")") + 2:].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def security_supported() -> bool:
     r = subprocess.run([*SEMQ, "node", "init", "--help"], capture_output=True, text=True, timeout=60)
     return "--enroll-from" in r.stdout
@@ -171,6 +182,10 @@ class Cluster:
     def rss(self, name: str) -> float | None:
         p = self.procs.get(name)
         return peak_rss_mib(p.pid) if p is not None and p.poll() is None else None
+
+    def cpu(self) -> dict[str, float | None]:
+        """CPU seconds used so far by each running daemon."""
+        return {k: cpu_seconds(p.pid) if p.poll() is None else None for k, p in self.procs.items()}
 
     def stop(self, name: str) -> None:
         p = self.procs.pop(name, None)
@@ -315,23 +330,37 @@ def phase_online(tmp: Path, n: int, a: argparse.Namespace, rate: float | None = 
         if rate is None:
             accept = preload(c.root, n)
             c.start("A")
+            cpu0 = c.cpu()
         else:
             c.start("A")
+            cpu0 = c.cpu()
             feed(c.root, n, rate, c)
         _wait(lambda: c.count("B", "SELECT count(*) FROM inbox") == n
               and c.count("A", "SELECT count(*) FROM outbox") == 0, a.phase_timeout,
               f"{n} documents confirmed end to end at A")
+        cpu = _cpu_per_doc(cpu0, c.cpu(), n)
         check_once(c, n)
         rss = {k: c.rss(k) for k in ("P", "A", "B")}
         c.stop_all()
         ev = events(c.root / "A" / "events", ["sent", "ack2", "ack_fwd", "ack_save"])
         secs = (max(ev["ack2"].values()) - min(ev["sent"].values())) / 1000
-        return {"docs": n, "seconds": secs, "rate": n / secs, **latencies(c.root), "rss": rss,
+        return {"docs": n, "seconds": secs, "rate": n / secs, **latencies(c.root), "rss": rss, "cpu": cpu,
                 "accept": accept, "ack_fwd": len(ev["ack_fwd"]), "ack_save": len(ev["ack_save"])}
     finally:
         c.stop_all()
         if not a.keep:
             shutil.rmtree(c.root, ignore_errors=True)
+
+
+def _cpu_per_doc(before: dict[str, float | None], after: dict[str, float | None],
+                 n: int) -> dict[str, float | None]:
+    """CPU microseconds per document of each daemon between two readings
+    (the idle wait of the phase's poll loop included: a few us per doc)."""
+    out: dict[str, float | None] = {}
+    for k in ("P", "A", "B"):
+        b, e = before.get(k), after.get(k)
+        out[k] = None if b is None or e is None else (e - b) * 1e6 / n
+    return out
 
 
 def phase_store_drain(tmp: Path, n: int, a: argparse.Namespace) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -340,15 +369,20 @@ def phase_store_drain(tmp: Path, n: int, a: argparse.Namespace) -> tuple[dict[st
         c.start("P")
         preload(c.root, n)
         c.start("A")
+        cpu0 = c.cpu()
         _wait(lambda: c.count("A", "SELECT count(*) FROM outbox WHERE state=3") == n, a.phase_timeout,
               f"{n} documents ACK_SAVE'd at A")
+        cpu1 = c.cpu()
+        store_cpu = _cpu_per_doc(cpu0, cpu1, n)
         store_rss = {"P": c.rss("P"), "A": c.rss("A"), "B": None}
         ev = events(c.root / "A" / "events", ["sent", "ack_save"])
         store_secs = (max(ev["ack_save"].values()) - min(ev["sent"].values())) / 1000
         c.start("B")
+        cpu1 = c.cpu()
         _wait(lambda: c.count("A", "SELECT count(*) FROM outbox") == 0
               and c.count("P", "SELECT count(*) FROM stored") == 0, a.phase_timeout,
               f"{n} stored documents delivered and confirmed")
+        drain_cpu = _cpu_per_doc(cpu1, c.cpu(), n)
         check_once(c, n)
         drain_rss = {k: c.rss(k) for k in ("P", "A", "B")}
         c.stop_all()
@@ -357,9 +391,9 @@ def phase_store_drain(tmp: Path, n: int, a: argparse.Namespace) -> tuple[dict[st
         start = pe["node_online"][B]
         end = max(max(ae["ack2"].values()), max(pe["acked"].values()))
         drain_secs = (end - start) / 1000
-        return ({"docs": n, "seconds": store_secs, "rate": n / store_secs, "rss": store_rss},
+        return ({"docs": n, "seconds": store_secs, "rate": n / store_secs, "rss": store_rss, "cpu": store_cpu},
                 {"docs": n, "seconds": drain_secs, "rate": n / drain_secs, **latencies(c.root),
-                 "rss": drain_rss})
+                 "rss": drain_rss, "cpu": drain_cpu})
     finally:
         c.stop_all()
         if not a.keep:
@@ -393,6 +427,11 @@ def _med(rows: list[dict[str, Any]], key: str) -> float | None:
 
 def _med_rss(rows: list[dict[str, Any]], who: str) -> str:
     vals = [r["rss"][who] for r in rows if r["rss"].get(who) is not None]
+    return f"{statistics.median(vals):.0f}" if vals else "-"
+
+
+def _med_cpu(rows: list[dict[str, Any]], who: str) -> str:
+    vals = [r["cpu"][who] for r in rows if r.get("cpu", {}).get(who) is not None]
     return f"{statistics.median(vals):.0f}" if vals else "-"
 
 
@@ -482,7 +521,8 @@ def main(argv: list[str] | None = None) -> int:
                          _f(_med(rs, "p99"), ".0f") if lat else "-",
                          _f(_med(rs, "q_p50"), ".0f") if k == "half" else "-",
                          _f(_med(rs, "q_p99"), ".0f") if k == "half" else "-",
-                         _med_rss(rs, "P"), _med_rss(rs, "A"), _med_rss(rs, "B")])
+                         _med_rss(rs, "P"), _med_rss(rs, "A"), _med_rss(rs, "B"),
+                         _med_cpu(rs, "P"), _med_cpu(rs, "A"), _med_cpu(rs, "B")])
     plain = results.get(False) or results[True]
     notes = [
         f"1 KiB documents, SaveFwd=3, Ack2 on; SQLite synchronous={a.synchronous}, WAL; "
@@ -492,6 +532,9 @@ def main(argv: list[str] | None = None) -> int:
         "p50/p99 ms = A's 'sent' -> B's 'inbox' event (one machine clock); queued p50/p99 = A's 'queued' "
         "-> B's 'inbox' (adds the wait in A's pending-send table; paced feeding only).",
         "RSS = peak (VmHWM) per process; store/drain: P and A are the same processes in both phases.",
+        "CPU us/doc = user+system CPU time of each daemon during the phase / documents (from /proc; includes"
+        " the event loop, sockets and TLS, so it is what the machine pays; less sensitive to neighbours than"
+        " docs/s). Drain: from B's start, its start-up not counted (read once it runs).",
         f"accept (NodeClient.send_many, 1000 per transaction, no daemon): {_f(_med(plain['online'], 'accept'))}"
         " docs/s.",
     ]
@@ -517,7 +560,7 @@ def main(argv: list[str] | None = None) -> int:
     print_table(
         "SEMQ end to end: A -> platform -> B, real processes on 127.0.0.1",
         ["phase", "docs", "seconds", "docs/s", "p50 ms", "p99 ms", "queued p50", "queued p99", "RSS P MiB",
-         "RSS A MiB", "RSS B MiB"],
+         "RSS A MiB", "RSS B MiB", "CPU P us/doc", "CPU A us/doc", "CPU B us/doc"],
         rows, notes,
     )
     return 0

@@ -2,25 +2,37 @@
 a fresh session key, the session key is encrypted with the receiver's public
 key; the platform relays what it cannot read).
 
-Scheme (suite 1, docs/security.md "Session key blob"):
+Scheme (docs/security.md "Session key blob"):
 
 * a 32-byte **file key** K is wrapped to each recipient X25519 key: a fresh
   ephemeral X25519 key, KEK = HKDF-SHA256(shared secret, salt = ephemeral
   public || recipient public, info "SEMQ-v1 key wrap"), AES-256-GCM(KEK,
-  zero nonce — the KEK is used once) over K with the blob header and key id as
-  associated data;
-* each document gets a fresh 16-byte salt and its own **content key** and
-  nonce = HKDF-SHA256(K, salt, info "SEMQ-v1 content"), and AppData is
-  AES-256-GCM encrypted with associated data = the document AAD (the header
-  fields that name it) and the whole blob.
+  zero nonce — the KEK is used once) over K with the blob header (magic,
+  suite) and key id as associated data;
+* each document gets 16 fresh random bytes (the blob's ``salt``) and AppData
+  is AES-256-GCM encrypted with associated data = the document AAD (the header
+  fields that name it) and the whole blob. The suite byte says how the
+  content key and nonce come from K and the salt:
+
+  - suite 2 (what this code seals): content key = HKDF-SHA256(K, no salt,
+    info "SEMQ-v2 content"), one per file key; nonce = the salt's first 12
+    bytes. A sealer with a reused K pays one HKDF per epoch and keeps the
+    cipher object; per document it draws 16 random bytes and runs the AEAD.
+  - suite 1 (still opened; sealed with ``suite=1``): content key || nonce =
+    HKDF-SHA256(K, salt, info "SEMQ-v1 content") per document: six SHA-256
+    per document, which were most of the cost of sealing a 1 KiB document.
+
+  Both give every document of an epoch a unique (key, nonce) pair: suite 1 a
+  key of its own, suite 2 a random 96-bit nonce under the epoch's key; an
+  epoch is at most ``MAX_EPOCH_USES`` documents, far below the 2^32
+  invocations NIST SP 800-38D allows one key with random nonces.
 
 ``seal`` / ``open_`` draw a fresh K per document. ``Sealer`` / ``Opener``
 amortize the public-key work (MEASUREMENTS: ~7k wraps/s cap a process): a
 Sealer reuses one K and its wraps per recipient key set for an epoch (time and
-use bounded); each document still has its own salt, hence its own content key,
-and its blob is self-contained, so any single document opens on its own. An
-Opener remembers unwrapped keys by the wrap bytes, so it does one X25519
-per epoch, not per document.
+use bounded); each document's blob is self-contained, so any single document
+opens on its own. An Opener remembers unwrapped keys by the wrap bytes, so it
+does one X25519 per epoch, not per document.
 """
 
 from __future__ import annotations
@@ -47,7 +59,9 @@ from ._wire import U32
 __all__ = [
     "BLOB_HEADER_SIZE",
     "BLOB_MAGIC",
+    "MAX_EPOCH_USES",
     "MAX_RECIPIENT_KEYS",
+    "SUITE_EPOCH_KEY",
     "SUITE_X25519_AES256GCM",
     "WRAP_SIZE",
     "Opener",
@@ -58,7 +72,10 @@ __all__ = [
 ]
 
 BLOB_MAGIC: Final = b"SQK1"
-SUITE_X25519_AES256GCM: Final = 1  # X25519 + HKDF-SHA256 wrap, AES-256-GCM content
+SUITE_X25519_AES256GCM: Final = 1  # X25519 + HKDF-SHA256 wrap, AES-256-GCM, content key per document
+SUITE_EPOCH_KEY: Final = 2  # the same wrap; one content key per file key, random nonce per document
+SUITES: Final = (SUITE_X25519_AES256GCM, SUITE_EPOCH_KEY)
+MAX_EPOCH_USES: Final = 1 << 24  # documents under one file key (random 96-bit nonces: NIST allows 2^32)
 SALT_SIZE: Final = 16
 FILE_KEY_SIZE: Final = 32
 BLOB_HEADER_SIZE: Final = 4 + 1 + SALT_SIZE + 1  # magic, suite, salt, count
@@ -68,6 +85,7 @@ assert BLOB_HEADER_SIZE + MAX_RECIPIENT_KEYS * WRAP_SIZE <= MAX_SESSION_KEY
 
 _WRAP_INFO: Final = b"SEMQ-v1 key wrap"
 _CONTENT_INFO: Final = b"SEMQ-v1 content"
+_CONTENT_INFO_V2: Final = b"SEMQ-v2 content"
 _ZERO_NONCE: Final = bytes(12)
 _HASH_LEN: Final = 32
 
@@ -123,36 +141,43 @@ def _content_key(file_key: bytes, salt: bytes) -> bytes:
     return t1 + _sha256(opad + _sha256(ipad + t1 + _CONTENT_T2).digest()).digest()[:12]
 
 
-_BLOB_HEAD: Final = BLOB_MAGIC + bytes((SUITE_X25519_AES256GCM,))
+def _epoch_cipher(file_key: bytes) -> AESGCM:
+    """Suite 2: the content cipher of a file key (one HKDF per epoch)."""
+    return AESGCM(_hkdf(file_key, b"", _CONTENT_INFO_V2, 32))
+
+
+_BLOB_HEADS: Final = {suite: BLOB_MAGIC + bytes((suite,)) for suite in SUITES}
+_BLOB_HEAD: Final = _BLOB_HEADS[SUITE_X25519_AES256GCM]
 _COUNT: Final = [bytes((i,)) for i in range(256)]
 
 
-def _header(salt: bytes, count: int) -> bytes:
-    return _BLOB_HEAD + salt + _COUNT[count]
+def _check_suite(suite: int) -> None:
+    if suite not in SUITES:
+        raise ValueError(f"session key suite {suite} is not one of {SUITES}")
 
 
-def _wrap(file_key: bytes, recipient: x25519.X25519PublicKey) -> bytes:
+def _wrap(file_key: bytes, recipient: x25519.X25519PublicKey, suite: int) -> bytes:
     kid = key_id(recipient)
     eph = x25519.X25519PrivateKey.generate()
     eph_pub = eph.public_key().public_bytes_raw()
     shared = eph.exchange(recipient)
     kek = _hkdf(shared, eph_pub + recipient.public_bytes_raw(), _WRAP_INFO, 32)
-    wrapped = AESGCM(kek).encrypt(_ZERO_NONCE, file_key, _wrap_aad(kid))
+    wrapped = AESGCM(kek).encrypt(_ZERO_NONCE, file_key, _wrap_aad(kid, suite))
     return kid + eph_pub + wrapped
 
 
-def _wrap_aad(kid: bytes) -> bytes:
-    return BLOB_MAGIC + bytes((SUITE_X25519_AES256GCM,)) + kid
+def _wrap_aad(kid: bytes, suite: int) -> bytes:
+    return _BLOB_HEADS[suite] + kid
 
 
-def _unwrap(entry: bytes, private: x25519.X25519PrivateKey) -> bytes:
+def _unwrap(entry: bytes, private: x25519.X25519PrivateKey, suite: int) -> bytes:
     kid = entry[:KEY_ID_SIZE]
     eph_raw = entry[KEY_ID_SIZE:KEY_ID_SIZE + 32]
     wrapped = entry[KEY_ID_SIZE + 32:]
     try:
         shared = private.exchange(x25519.X25519PublicKey.from_public_bytes(eph_raw))
         kek = _hkdf(shared, eph_raw + private.public_key().public_bytes_raw(), _WRAP_INFO, 32)
-        return AESGCM(kek).decrypt(_ZERO_NONCE, wrapped, _wrap_aad(kid))
+        return AESGCM(kek).decrypt(_ZERO_NONCE, wrapped, _wrap_aad(kid, suite))
     except (InvalidTag, ValueError):
         raise DecryptError(
             f"session key wrap for key {kid.hex()} failed authentication (tampered blob)"
@@ -180,6 +205,7 @@ def _check_count(n: int) -> None:
 
 def _encrypt(file_key: bytes, wraps: bytes, count: int, app_data: bytes,
              aad: bytes) -> tuple[bytes, bytes]:
+    """Suite 1: a content key and nonce derived per document."""
     salt = os.urandom(SALT_SIZE)
     blob = _BLOB_HEAD + salt + _COUNT[count] + wraps
     okm = _content_key(file_key, salt)
@@ -188,17 +214,33 @@ def _encrypt(file_key: bytes, wraps: bytes, count: int, app_data: bytes,
     return blob, ct
 
 
+_BLOB_HEAD_V2: Final = _BLOB_HEADS[SUITE_EPOCH_KEY]
+
+
+def _encrypt_v2(cipher: AESGCM, wraps: bytes, count: int, app_data: bytes,
+                aad: bytes) -> tuple[bytes, bytes]:
+    """Suite 2: the epoch's cipher, the nonce from 16 fresh random bytes."""
+    salt = os.urandom(SALT_SIZE)
+    blob = _BLOB_HEAD_V2 + salt + _COUNT[count] + wraps
+    ct = cipher.encrypt(salt[:12], bytes(app_data), U32.pack(len(aad)) + aad + blob)
+    return blob, ct
+
+
 def seal(app_data: bytes, *, recipient_enc_public_keys: Sequence[x25519.X25519PublicKey],
-         aad: bytes) -> tuple[bytes, bytes]:
+         aad: bytes, suite: int = SUITE_EPOCH_KEY) -> tuple[bytes, bytes]:
     """Encrypt ``app_data`` for every key in ``recipient_enc_public_keys``
     (the receiver's X25519 keys: old and new certificate during a rollover),
     bound to ``aad`` (see document_aad). Returns ``(session_key_blob,
     ciphertext)`` for Data.session_key / Data.app_data; the blob is at most
     BLOB_HEADER_SIZE + 16 * WRAP_SIZE = 1558 bytes. A fresh file key per call.
-    Raises ValueError for no key or more than MAX_RECIPIENT_KEYS keys."""
+    Raises ValueError for no key, more than MAX_RECIPIENT_KEYS keys or an
+    unknown ``suite``."""
+    _check_suite(suite)
     recipients = _recipients(recipient_enc_public_keys)
     file_key = os.urandom(FILE_KEY_SIZE)
-    wraps = b"".join(_wrap(file_key, r) for r in recipients)
+    wraps = b"".join(_wrap(file_key, r, suite) for r in recipients)
+    if suite == SUITE_EPOCH_KEY:
+        return _encrypt_v2(_epoch_cipher(file_key), wraps, len(recipients), app_data, aad)
     return _encrypt(file_key, wraps, len(recipients), app_data, aad)
 
 
@@ -206,8 +248,8 @@ def _parse_blob(blob: bytes) -> tuple[bytes, list[bytes]]:
     n = len(blob)
     if n < BLOB_HEADER_SIZE or blob[:4] != BLOB_MAGIC:
         raise DecryptError(f"session key blob of {n} bytes does not start with {BLOB_MAGIC!r}")
-    if blob[4] != SUITE_X25519_AES256GCM:
-        raise DecryptError(f"session key blob uses suite {blob[4]}; this node knows suite 1")
+    if blob[4] not in SUITES:
+        raise DecryptError(f"session key blob uses suite {blob[4]}; this node knows suites 1 and 2")
     count = blob[BLOB_HEADER_SIZE - 1]
     want = BLOB_HEADER_SIZE + count * WRAP_SIZE
     if count == 0 or count > MAX_RECIPIENT_KEYS or n != want:
@@ -240,15 +282,27 @@ def _select(wraps: list[bytes], mine: dict[bytes, x25519.X25519PrivateKey]
 
 
 def _decrypt(file_key: bytes, salt: bytes, blob: bytes, ciphertext: bytes, aad: bytes) -> bytes:
+    """Suite 1."""
     okm = _content_key(file_key, salt)
     try:
         return AESGCM(okm[:32]).decrypt(okm[32:], bytes(ciphertext),
                                         U32.pack(len(aad)) + aad + blob)
     except InvalidTag:
-        raise DecryptError(
-            f"ciphertext of {len(ciphertext)} bytes failed authentication: tampered, or the"
-            " header fields it is bound to (LK0, source, target, AppKey, SaveFwd) changed"
-        ) from None
+        raise _tampered(ciphertext) from None
+
+
+def _decrypt_v2(cipher: AESGCM, blob: bytes, ciphertext: bytes, aad: bytes) -> bytes:
+    """Suite 2: the nonce is the first 12 bytes of the blob's salt."""
+    try:
+        return cipher.decrypt(blob[5:17], bytes(ciphertext), U32.pack(len(aad)) + aad + blob)
+    except InvalidTag:
+        raise _tampered(ciphertext) from None
+
+
+def _tampered(ciphertext: bytes) -> DecryptError:
+    return DecryptError(
+        f"ciphertext of {len(ciphertext)} bytes failed authentication: tampered, or the"
+        " header fields it is bound to (LK0, source, target, AppKey, SaveFwd) changed")
 
 
 def _key_map(keys: Sequence[x25519.X25519PrivateKey]) -> dict[bytes, x25519.X25519PrivateKey]:
@@ -261,15 +315,20 @@ def open_(session_key_blob: bytes, ciphertext: bytes, *,
     blob has a wrap for, checking ``aad``. Returns the plaintext. Raises
     DecryptError (code DECRYPT_FAILED) for a malformed or tampered blob, a
     tampered ciphertext, a different aad, or no wrap for any of our keys."""
-    salt, wraps = _parse_blob(bytes(session_key_blob))
+    blob = bytes(session_key_blob)
+    salt, wraps = _parse_blob(blob)
     entry, priv = _select(wraps, _key_map(recipient_enc_private_keys))
-    return _decrypt(_unwrap(entry, priv), salt, bytes(session_key_blob), ciphertext, aad)
+    file_key = _unwrap(entry, priv, blob[4])
+    if blob[4] == SUITE_EPOCH_KEY:
+        return _decrypt_v2(_epoch_cipher(file_key), blob, ciphertext, aad)
+    return _decrypt(file_key, salt, blob, ciphertext, aad)
 
 
 @dataclass(slots=True)
 class _Epoch:
     file_key: bytes
     wraps: bytes
+    cipher: AESGCM | None  # suite 2: the content cipher of file_key
     created: float
     uses: int = 1
 
@@ -277,47 +336,59 @@ class _Epoch:
 class Sealer:
     """``seal`` with the public-key work amortized: one file key and its wraps
     per set of recipient keys, renewed after ``max_age`` seconds or
-    ``max_uses`` documents (whichever first). Each document still gets a fresh
-    salt and so its own content key. Thread-safe: daemons call it from worker
-    threads. Holding the file keys in memory is no worse than holding our own
-    private keys; ``clear()`` forgets them (e.g. on shutdown)."""
+    ``max_uses`` documents (whichever first, at most MAX_EPOCH_USES). Each
+    document still gets 16 fresh random bytes: its own content key (suite 1)
+    or its own nonce under the epoch's content key (suite 2, the default).
+    Thread-safe: daemons call it from worker threads. Holding the file keys in
+    memory is no worse than holding our own private keys; ``clear()`` forgets
+    them (e.g. on shutdown)."""
 
     def __init__(self, *, max_age: float = 3600.0, max_uses: int = 100_000,
-                 max_entries: int = 4096, clock: Callable[[], float] = time.monotonic) -> None:
+                 max_entries: int = 4096, clock: Callable[[], float] = time.monotonic,
+                 suite: int = SUITE_EPOCH_KEY) -> None:
+        _check_suite(suite)
+        if not 1 <= max_uses <= MAX_EPOCH_USES:
+            raise ValueError(f"max_uses {max_uses} is outside 1..{MAX_EPOCH_USES}")
         self.max_age = max_age
         self.max_uses = max_uses
         self.max_entries = max_entries
+        self.suite = suite
         self._clock = clock
         self._lock = threading.Lock()
         self._epochs: OrderedDict[tuple[bytes, ...], _Epoch] = OrderedDict()
 
-    def _epoch(self, recipients: list[x25519.X25519PublicKey]) -> tuple[bytes, bytes]:
+    def _epoch(self, recipients: list[x25519.X25519PublicKey]) -> _Epoch:
         return self._epoch_ids(tuple(sorted(key_id(r) for r in recipients)), recipients)
 
-    def _epoch_ids(self, ids: tuple[bytes, ...], recipients: list[x25519.X25519PublicKey]
-                   ) -> tuple[bytes, bytes]:
+    def _epoch_ids(self, ids: tuple[bytes, ...], recipients: list[x25519.X25519PublicKey]) -> _Epoch:
         now = self._clock()
         with self._lock:
             e = self._epochs.get(ids)
             if e is not None and now - e.created < self.max_age and e.uses < self.max_uses:
                 e.uses += 1
                 self._epochs.move_to_end(ids)
-                return e.file_key, e.wraps
+                return e
         file_key = os.urandom(FILE_KEY_SIZE)
-        wraps = b"".join(_wrap(file_key, r) for r in recipients)
+        wraps = b"".join(_wrap(file_key, r, self.suite) for r in recipients)
+        cipher = _epoch_cipher(file_key) if self.suite == SUITE_EPOCH_KEY else None
+        e = _Epoch(file_key, wraps, cipher, now)
         with self._lock:
-            self._epochs[ids] = _Epoch(file_key, wraps, now)
+            self._epochs[ids] = e
             self._epochs.move_to_end(ids)
             while len(self._epochs) > self.max_entries:
                 self._epochs.popitem(last=False)
-        return file_key, wraps
+        return e
+
+    def _seal_epoch(self, e: _Epoch, count: int, app_data: bytes, aad: bytes) -> tuple[bytes, bytes]:
+        if e.cipher is not None:
+            return _encrypt_v2(e.cipher, e.wraps, count, app_data, aad)
+        return _encrypt(e.file_key, e.wraps, count, app_data, aad)
 
     def seal(self, app_data: bytes, *, recipient_enc_public_keys: Sequence[x25519.X25519PublicKey],
              aad: bytes) -> tuple[bytes, bytes]:
         """Like the module function ``seal`` (same format, same errors)."""
         recipients = _recipients(recipient_enc_public_keys)
-        file_key, wraps = self._epoch(recipients)
-        return _encrypt(file_key, wraps, len(recipients), app_data, aad)
+        return self._seal_epoch(self._epoch(recipients), len(recipients), app_data, aad)
 
     def _seal_certs(self, app_data: bytes, certs: Sequence[NodeCertificate],
                     aad: bytes) -> tuple[bytes, bytes]:
@@ -333,8 +404,8 @@ class Sealer:
             seen.setdefault(c.encryption_key_id, k)
         _check_count(len(seen))
         recipients = list(seen.values())
-        file_key, wraps = self._epoch_ids(tuple(sorted(seen)), recipients)
-        return _encrypt(file_key, wraps, len(recipients), app_data, aad)
+        return self._seal_epoch(self._epoch_ids(tuple(sorted(seen)), recipients), len(recipients),
+                                app_data, aad)
 
     def clear(self) -> None:
         """Forget every epoch: the next document to each recipient set starts a new one."""
@@ -344,17 +415,18 @@ class Sealer:
 
 class Opener:
     """``open_`` for one node's keys, remembering up to ``cache_size``
-    unwrapped file keys by the exact bytes of the blob's wraps, so documents
-    of one sender epoch cost one X25519 in total. The cache only memoizes a
-    check that passed (same wrap bytes, same key, same result); the content
-    AEAD still runs per document. Thread-safe."""
+    unwrapped file keys (and, for suite 2, their content cipher) by the exact
+    bytes of the blob's suite and wraps, so documents of one sender epoch cost
+    one X25519 in total. The cache only memoizes a check that passed (same
+    wrap bytes, same key, same result); the content AEAD still runs per
+    document. Thread-safe."""
 
     def __init__(self, recipient_enc_private_keys: Sequence[x25519.X25519PrivateKey], *,
                  cache_size: int = 4096) -> None:
         self._keys = _key_map(recipient_enc_private_keys)
         self.cache_size = cache_size
         self._lock = threading.Lock()
-        self._cache: OrderedDict[bytes, bytes] = OrderedDict()
+        self._cache: OrderedDict[bytes, bytes | AESGCM] = OrderedDict()
 
     @property
     def key_ids(self) -> list[bytes]:
@@ -364,24 +436,30 @@ class Opener:
         """Like the module function ``open_`` (same errors)."""
         blob = bytes(session_key_blob)
         n = len(blob)
-        # A well-formed blob (what _parse_blob accepts) whose wraps (all of
-        # them, exact bytes) we unwrapped before: same wraps, same keys, same
-        # file key. Anything else takes the full path below.
-        if n > BLOB_HEADER_SIZE and blob[:5] == _BLOB_HEAD:
+        # A well-formed blob (what _parse_blob accepts) whose suite and wraps
+        # (all of them, exact bytes) we unwrapped before: same wraps, same
+        # keys, same file key. Anything else takes the full path below.
+        if n > BLOB_HEADER_SIZE and blob[:4] == BLOB_MAGIC and blob[4] in SUITES:
             count = blob[BLOB_HEADER_SIZE - 1]
             if 0 < count <= MAX_RECIPIENT_KEYS and n == BLOB_HEADER_SIZE + count * WRAP_SIZE:
-                cache_key = blob[BLOB_HEADER_SIZE:]
+                cache_key = blob[4:5] + blob[BLOB_HEADER_SIZE:]
                 with self._lock:
-                    file_key = self._cache.get(cache_key)
-                    if file_key is not None:
+                    got = self._cache.get(cache_key)
+                    if got is not None:
                         self._cache.move_to_end(cache_key)
-                if file_key is not None:
-                    return _decrypt(file_key, blob[5:5 + SALT_SIZE], blob, ciphertext, aad)
+                if isinstance(got, AESGCM):
+                    return _decrypt_v2(got, blob, ciphertext, aad)
+                if got is not None:
+                    return _decrypt(got, blob[5:5 + SALT_SIZE], blob, ciphertext, aad)
         salt, wraps = _parse_blob(blob)
         entry, priv = _select(wraps, self._keys)
-        file_key = _unwrap(entry, priv)
+        suite = blob[4]
+        file_key = _unwrap(entry, priv, suite)
+        value: bytes | AESGCM = _epoch_cipher(file_key) if suite == SUITE_EPOCH_KEY else file_key
         with self._lock:
-            self._cache[blob[BLOB_HEADER_SIZE:]] = file_key
+            self._cache[blob[4:5] + blob[BLOB_HEADER_SIZE:]] = value
             while len(self._cache) > self.cache_size:
                 self._cache.popitem(last=False)
+        if isinstance(value, AESGCM):
+            return _decrypt_v2(value, blob, ciphertext, aad)
         return _decrypt(file_key, salt, blob, ciphertext, aad)
