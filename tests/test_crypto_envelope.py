@@ -17,6 +17,7 @@ from semq.crypto import (
     Sealer,
     blob_key_ids,
     document_aad,
+    document_aad_fields,
     frame_aad,
     key_id,
     open_,
@@ -39,6 +40,7 @@ from semq.umxt_protocol import (
     encode_frame,
     relay_bytes,
 )
+from tests import test_protocol_strategies as _strategies
 
 A = Endpoint.org("56001")
 B = Endpoint.org("56002")
@@ -57,6 +59,19 @@ def bkey() -> x25519.X25519PrivateKey:
 
 
 # ---------------------------------------------------------------- AAD
+
+
+@settings(max_examples=300, deadline=None)
+@given(lk0=_strategies.lk0s(), source=_strategies.endpoints, target=_strategies.endpoints,
+       app_key=_strategies.app_keys, save_fwd=st.sampled_from(list(SaveFwd)))
+def test_aad_from_fields_is_the_same_bytes(lk0: LK0, source: Endpoint, target: Endpoint, app_key: AppKey,
+                                           save_fwd: SaveFwd) -> None:
+    """The origin's claim path builds the AAD from the row's fields: it must be
+    byte for byte document_aad, or nothing it sends would open or verify."""
+    assert document_aad_fields(
+        lk0.endpoint, lk0.semq_id, lk0.semq_db_id, lk0.record_id, source, target, app_key.domain,
+        app_key.data_type, app_key.subtype, app_key.key, int(save_fwd),
+    ) == document_aad(lk0, source, target, app_key, save_fwd)
 
 
 def test_aad_is_canonical_and_parses_back() -> None:

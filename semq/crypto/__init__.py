@@ -20,7 +20,14 @@ Receiver::
     Ack(..., receipt=make_receipt(got.digest, data.lk0, me.keys.signing_key))
 """
 
-from ._aad import AAD_PREFIX, DocumentHeader, document_aad, frame_aad, parse_document_aad
+from ._aad import (
+    AAD_PREFIX,
+    DocumentHeader,
+    document_aad,
+    document_aad_fields,
+    frame_aad,
+    parse_document_aad,
+)
 from ._directory import MAX_CERTS_PER_ORG, CertificateDirectory
 from ._document import ProtectedDocument, open_document, protect_document, protect_documents
 from ._envelope import (
@@ -154,6 +161,7 @@ __all__ = [
     "check_private_key_permissions",
     "client_ssl_context",
     "document_aad",
+    "document_aad_fields",
     "document_digest",
     "ensure_private_directory",
     "expiring_within",

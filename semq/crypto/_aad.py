@@ -23,13 +23,14 @@ from typing import Final
 
 from semq.umxt_protocol import LK0, AppKey, Data, Endpoint, Frame, SaveFwd
 
-from ._wire import Reader, WireError, encode_app_key, encode_endpoint, encode_lk0
+from ._wire import _LK0_TAIL, U8, Reader, WireError, encode_app_key, encode_endpoint, encode_lk0
 
 __all__ = [
     "AAD_PREFIX",
     "DocumentHeader",
     "aad_source_id",
     "document_aad",
+    "document_aad_fields",
     "frame_aad",
     "parse_document_aad",
 ]
@@ -68,6 +69,24 @@ def document_aad(lk0: LK0, source: Endpoint, target: Endpoint, app_key: AppKey,
         encode_endpoint(target),
         encode_app_key(app_key),
         sf,
+    ))
+
+
+def document_aad_fields(lk0_endpoint: Endpoint, semq_id: int, semq_db_id: int, record_id: int,
+                        source: Endpoint, target: Endpoint, domain: str, data_type: str,
+                        subtype: str, key: str, save_fwd: int) -> bytes:
+    """``document_aad`` from the fields themselves (the same bytes): what an
+    origin claiming a batch of rows computes per document, without building
+    an LK0 and an AppKey for each (their validation happened when the
+    document was accepted). Raises struct.error for a value out of range."""
+    sf = _SAVE_FWD.get(save_fwd)
+    if sf is None:
+        sf = bytes((int(SaveFwd(save_fwd)),))
+    d, t, st, k = (domain.encode(), data_type.encode(), subtype.encode(), key.encode())
+    return b"".join((
+        AAD_PREFIX, encode_endpoint(lk0_endpoint), _LK0_TAIL.pack(semq_id, semq_db_id, record_id),
+        encode_endpoint(source), encode_endpoint(target),
+        U8.pack(len(d)), d, U8.pack(len(t)), t, U8.pack(len(st)), st, U8.pack(len(k)), k, sf,
     ))
 
 

@@ -87,16 +87,35 @@ def protect_documents(
 ) -> list[ProtectedDocument]:
     """``protect_document`` for many ``(aad, body, recipients)`` at once with
     one batch signature (sign_documents); each result still verifies alone."""
+    return [ProtectedDocument(*t) for t in _protect_many(items, signing_key, sealer)]
+
+
+def _protect_many(
+    items: Sequence[tuple[bytes, bytes, Sequence[NodeCertificate] | None]],
+    signing_key: ed25519.Ed25519PrivateKey,
+    sealer: Sealer | None,
+) -> list[tuple[bytes, bytes, bytes]]:
+    """``protect_documents`` as ``(app_data, session_key, digest)`` tuples.
+    Documents to the same recipients (the same sequence object: a node looks
+    the target's certificates up once per batch) are sealed together."""
     signed = _sign_many([(aad, body) for aad, body, _ in items], signing_key)
-    out = []
-    for (container, digest), (aad, _, recipients) in zip(signed, items, strict=True):
+    out: list[tuple[bytes, bytes, bytes]] = [(c, b"", d) for c, d in signed]
+    groups: dict[int, list[int]] = {}
+    for i, (aad, _, recipients) in enumerate(items):
         if recipients is None:
-            out.append(ProtectedDocument(container, b"", digest))
-        elif sealer is not None:
-            blob, ct = sealer._seal_certs(container, recipients, aad)
-            out.append(ProtectedDocument(ct, blob, digest))
+            continue
+        if sealer is None:
+            p = _seal(SignedDocument(*signed[i]), aad, recipients, None)
+            out[i] = (p.app_data, p.session_key, p.digest)
         else:
-            out.append(_seal(SignedDocument(container, digest), aad, recipients, None))
+            groups.setdefault(id(recipients), []).append(i)
+    assert sealer is not None or not groups
+    for idx in groups.values():
+        recipients = items[idx[0]][2]
+        assert recipients is not None and sealer is not None
+        sealed = sealer._seal_certs_many(recipients, [(signed[i][0], items[i][0]) for i in idx])
+        for i, (blob, ct) in zip(idx, sealed, strict=True):
+            out[i] = (ct, blob, signed[i][1])
     return out
 
 

@@ -360,18 +360,22 @@ class Sealer:
     def _epoch(self, recipients: list[x25519.X25519PublicKey]) -> _Epoch:
         return self._epoch_ids(tuple(sorted(key_id(r) for r in recipients)), recipients)
 
-    def _epoch_ids(self, ids: tuple[bytes, ...], recipients: list[x25519.X25519PublicKey]) -> _Epoch:
+    def _epoch_ids(self, ids: tuple[bytes, ...], recipients: list[x25519.X25519PublicKey],
+                   uses: int = 1) -> _Epoch:
+        """The current epoch for these recipient key ids with room for
+        ``uses`` more documents (1..max_uses), counted as used; a new one when
+        the current is too old or too full."""
         now = self._clock()
         with self._lock:
             e = self._epochs.get(ids)
-            if e is not None and now - e.created < self.max_age and e.uses < self.max_uses:
-                e.uses += 1
+            if e is not None and now - e.created < self.max_age and e.uses + uses <= self.max_uses:
+                e.uses += uses
                 self._epochs.move_to_end(ids)
                 return e
         file_key = os.urandom(FILE_KEY_SIZE)
         wraps = b"".join(_wrap(file_key, r, self.suite) for r in recipients)
         cipher = _epoch_cipher(file_key) if self.suite == SUITE_EPOCH_KEY else None
-        e = _Epoch(file_key, wraps, cipher, now)
+        e = _Epoch(file_key, wraps, cipher, now, uses)
         with self._lock:
             self._epochs[ids] = e
             self._epochs.move_to_end(ids)
@@ -395,6 +399,13 @@ class Sealer:
         """``seal`` to the encryption keys of ``certs``, with the key ids the
         certificates already hold (what ``_recipients`` and ``_epoch`` would
         hash again per document). Same bytes, same errors."""
+        return self._seal_certs_many(certs, [(app_data, aad)])[0]
+
+    def _seal_certs_many(self, certs: Sequence[NodeCertificate],
+                         docs: Sequence[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
+        """``_seal_certs`` for many ``(app_data, aad)`` to the same ``certs``:
+        the recipients are worked out and the epoch taken once per
+        ``max_uses`` documents, not once per document."""
         seen: dict[bytes, x25519.X25519PublicKey] = {}
         for c in certs:
             k = c.encryption_public_key
@@ -402,10 +413,20 @@ class Sealer:
                 raise TypeError(
                     f"recipient key must be an X25519PublicKey, not {type(k).__name__}")
             seen.setdefault(c.encryption_key_id, k)
-        _check_count(len(seen))
+        count = len(seen)
+        _check_count(count)
         recipients = list(seen.values())
-        return self._seal_epoch(self._epoch_ids(tuple(sorted(seen)), recipients), len(recipients),
-                                app_data, aad)
+        ids = tuple(sorted(seen))
+        out: list[tuple[bytes, bytes]] = []
+        for i in range(0, len(docs), self.max_uses):
+            chunk = docs[i:i + self.max_uses]
+            e = self._epoch_ids(ids, recipients, len(chunk))
+            if e.cipher is not None:
+                cipher, wraps = e.cipher, e.wraps
+                out.extend([_encrypt_v2(cipher, wraps, count, app_data, aad) for app_data, aad in chunk])
+            else:
+                out.extend([_encrypt(e.file_key, e.wraps, count, app_data, aad) for app_data, aad in chunk])
+        return out
 
     def clear(self) -> None:
         """Forget every epoch: the next document to each recipient set starts a new one."""

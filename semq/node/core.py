@@ -23,14 +23,14 @@ from semq._db import STORE_ERRORS, StoreError, translate
 from semq.crypto import (
     CryptoError,
     ack_entry_lk0,
-    document_aad,
+    document_aad_fields,
     frame_aad,
     make_batch_receipt,
     open_document,
-    protect_documents,
     receipt_proofs,
     verify_batch_receipt,
 )
+from semq.crypto._document import _protect_many
 from semq.events import EventLog, now_ms
 from semq.security import NodeSecurity
 from semq.umxt_protocol import (
@@ -308,36 +308,41 @@ class NodeCore:
         if self.sec is None:
             return rows
         ts = now_ms()
+        me = self.me
         keep, items = [], []
-        batch_certs: dict[str, Any] = {}  # one directory look-up per target per batch
+        # One Endpoint and one directory look-up per target per batch; the
+        # AAD from the row's fields (validated when the document was accepted).
+        targets: dict[tuple[int, str], Endpoint] = {}
+        batch_certs: dict[tuple[int, str], Any] = {}
         for r in rows:
-            target = Endpoint(node_type=r[1], node_id=r[2])
             if r[13] is not None and r[13] <= ts:
                 keep.append(r)  # expires in claim(); nothing to protect
                 continue
+            tk = (r[1], r[2])
+            target = targets.get(tk)
+            if target is None:
+                target = targets[tk] = Endpoint(node_type=r[1], node_id=r[2])
             certs = None
             if r[16]:
-                certs = batch_certs.get(r[2])
+                certs = batch_certs.get(tk)
                 if certs is None:
-                    certs = batch_certs[r[2]] = self.sec.certs(target)
-            if r[16] and not certs:
-                out.missing.add(target)
-                continue
-            aad = document_aad(LK0(endpoint=self.me, record_id=r[0]), self.me, target,
-                               AppKey(domain=r[8], data_type=r[9], subtype=r[10], key=r[11]), r[4])
+                    certs = batch_certs[tk] = self.sec.certs(target)
+                if not certs:
+                    out.missing.add(target)
+                    continue
+            aad = document_aad_fields(me, 1, 1, r[0], me, target, r[8], r[9], r[10], r[11], r[4])
             keep.append(r)
             items.append((aad, r[18], certs))
         if not items:
             return keep
-        docs = iter(protect_documents(items, signing_key=self.sec.identity.keys.signing_key,
-                                      sealer=self.sec.sealer))
+        docs = iter(_protect_many(items, self.sec.identity.keys.signing_key, self.sec.sealer))
         result = []
         for r in keep:
             if r[13] is not None and r[13] <= ts:
                 result.append(r)
                 continue
-            doc = next(docs)
-            result.append((*r[:17], doc.session_key, doc.app_data, doc.digest))
+            app_data, session_key, digest = next(docs)
+            result.append((*r[:17], session_key, app_data, digest))
         return result
 
     def fail_target(self, target: Endpoint, code: ResultCode, detail: str) -> int:
