@@ -181,6 +181,75 @@ def test_batch_signatures(w: World) -> None:
     assert one[0].container[4] == 1
 
 
+@settings(max_examples=40, deadline=None)
+@given(n=st.integers(2, 70), data=st.data())
+def test_batch_verification_with_proven_nodes_is_exact(w: World, n: int, data: st.DataObject) -> None:
+    """A receiver's SignatureCache keeps the Merkle nodes proven under a batch
+    signature, so later documents of the batch are checked against them
+    instead of hashing their whole path. It must give exactly the answer of
+    a cache-less check: whatever is changed in a container (path, position,
+    body, salt, batch size), in whatever order documents arrive."""
+    items = [(w.aad(record=i + 1), b"doc %d" % i) for i in range(n)]
+    signed = [s.container for s in sign_documents(items, signing_key=w.a.keys.signing_key)]
+    cache = SignatureCache(max_nodes=data.draw(st.sampled_from([8, 1 << 18]), label="max_nodes"))
+    order = data.draw(st.permutations(range(n)), label="order")
+    path_at = 110  # after magic, mode, key id, salt, signature, n, index, path length
+    for i in order:
+        aad, body = items[i]
+        c = signed[i]
+        m = c[109]  # this leaf's path length (leaves of an odd tree differ)
+        where = data.draw(st.sampled_from(["none", "path", "index", "size", "body", "salt"]), label="change")
+        bad = c
+        if where == "path" and m:
+            bad = _flip(c, path_at + data.draw(st.integers(0, 32 * m - 1), label="byte"))
+        elif where == "index":
+            bad = c[:105] + (data.draw(st.integers(0, n - 1), label="to") ^ 0).to_bytes(4, "big") + c[109:]
+        elif where == "size":
+            bad = c[:101] + data.draw(st.integers(2, n + 3), label="n").to_bytes(4, "big") + c[105:]
+        elif where == "body":
+            bad = c[:-1] + bytes((c[-1] ^ 1,))
+        elif where == "salt":
+            bad = _flip(c, 21)
+        try:
+            verify_document(bad, aad=aad, signer_certs=certs(w.a))
+            expected: object = "ok"
+        except BadSignature:
+            expected = BadSignature
+        try:
+            verify_document(bad, aad=aad, signer_certs=certs(w.a), cache=cache)
+            got: object = "ok"
+        except BadSignature:
+            got = BadSignature
+        assert got == expected, (where, i)
+        # the genuine document verifies, with the cache as without
+        assert verify_document(c, aad=aad, signer_certs=certs(w.a), cache=cache).body == body
+
+
+def test_proven_nodes_make_later_documents_cheap(w: World) -> None:
+    """After one document of a 512-batch, the others are proven with about
+    one hash each, not log2(512) = 9 (the receiver's hot path)."""
+    items = [(w.aad(record=i + 1), b"doc %d" % i) for i in range(512)]
+    signed = sign_documents(items, signing_key=w.a.keys.signing_key)
+    cache = SignatureCache()
+    from semq.crypto import _signing
+    calls = 0
+    real = _signing._sha256
+
+    def counting(data: bytes = b"") -> object:
+        nonlocal calls
+        calls += 1
+        return real(data)
+
+    _signing._sha256 = counting  # type: ignore[assignment]
+    try:
+        for (aad, _), sd in zip(items, signed, strict=True):
+            verify_document(sd.container, aad=aad, signer_certs=certs(w.a), cache=cache)
+    finally:
+        _signing._sha256 = real
+    assert calls < 2 * 512  # inner-node hashes (leaf and digest hashes are not counted)
+    assert len(cache._seen) == 1
+
+
 # ---------------------------------------------------------------- sign-then-seal
 
 

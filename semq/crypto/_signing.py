@@ -176,15 +176,53 @@ def _sign_many(items: Sequence[tuple[bytes, bytes]], signing_key: ed25519.Ed2551
     return out
 
 
+# Proven Merkle nodes of one batch: (level, index) -> (node hash, the joined
+# siblings from that level up to the root).
+_Nodes = dict[tuple[int, int], tuple[bytes, bytes]]
+
+
 class SignatureCache:
     """Remembers up to ``size`` (key, signed message, signature) triples that
     verified, so the n documents of a batch cost one Ed25519 verification.
-    Only successes are stored; thread-safe."""
+    Only successes are stored; thread-safe.
 
-    def __init__(self, size: int = 4096) -> None:
+    For batch signatures it also keeps the Merkle nodes *proven* under each
+    verified root — every node on an inclusion path that hashed up to a root
+    whose signature verified, siblings included — keyed by (signer key,
+    signature, batch size) and position (level, index), each with the joined
+    siblings of its own way up to the root. A later document of the same
+    batch hashes up until it meets one of them and then compares the rest of
+    its path with those siblings in one comparison: exactly the answer of
+    hashing its whole path (the same siblings give the same root), with about
+    one hash per document instead of log2 n. At most ``max_nodes`` nodes are
+    kept (oldest batches go first; each holds up to 16 x 32 bytes of path)."""
+
+    def __init__(self, size: int = 4096, max_nodes: int = 1 << 15) -> None:
         self.size = size
+        self.max_nodes = max_nodes
         self._lock = threading.Lock()
         self._seen: OrderedDict[tuple[bytes, bytes, bytes], None] = OrderedDict()
+        self._proven: OrderedDict[tuple[bytes, bytes, int], _Nodes] = OrderedDict()
+        self._proven_count = 0
+
+    def _proven_nodes(self, raw: bytes, signature: bytes, n: int) -> _Nodes | None:
+        with self._lock:
+            return self._proven.get((raw, signature, n))
+
+    def _prove(self, raw: bytes, signature: bytes, n: int, nodes: _Nodes) -> None:
+        """Add ``nodes`` (from a path that verified under this signature)."""
+        key = (raw, signature, n)
+        with self._lock:
+            known = self._proven.get(key)
+            if known is None:
+                known = self._proven[key] = {}
+            before = len(known)
+            known.update(nodes)
+            self._proven_count += len(known) - before
+            self._proven.move_to_end(key)
+            while self._proven_count > self.max_nodes and len(self._proven) > 1:
+                _, old = self._proven.popitem(last=False)
+                self._proven_count -= len(old)
 
     def verify(self, public_key: ed25519.Ed25519PublicKey, signature: bytes,
                message: bytes) -> None:
@@ -214,7 +252,7 @@ class _Parsed:
     signature: bytes
     n: int
     index: int
-    path: list[bytes]
+    path: bytes  # the inclusion path, its hashes joined
     body: bytes
 
 
@@ -224,7 +262,7 @@ _PATH_AT: Final = _HEAD_SIZE + _BATCH_POS.size  # 110
 _PATH_LEN: Final = [bytes((m,)) for m in range(256)]
 
 
-def _parse_fast(c: bytes) -> tuple[int, bytes, bytes, bytes, int, int, list[bytes], bytes] | None:
+def _parse_fast(c: bytes) -> tuple[int, bytes, bytes, bytes, int, int, bytes, bytes] | None:
     """``_parse`` of a well-formed container without a Reader: the same
     result, or None when anything is off (``_parse`` then says what)."""
     size = len(c)
@@ -235,7 +273,7 @@ def _parse_fast(c: bytes) -> tuple[int, bytes, bytes, bytes, int, int, list[byte
         (length,) = U32.unpack_from(c, _HEAD_SIZE)
         if _HEAD_SIZE + 4 + length != size:
             return None
-        return (mode, c[5:21], c[21:37], c[37:_HEAD_SIZE], 1, 0, [], c[_HEAD_SIZE + 4:])
+        return (mode, c[5:21], c[21:37], c[37:_HEAD_SIZE], 1, 0, b"", c[_HEAD_SIZE + 4:])
     if mode != MODE_BATCH or size < _PATH_AT + 4:
         return None
     n, index, m = _BATCH_POS.unpack_from(c, _HEAD_SIZE)
@@ -245,8 +283,7 @@ def _parse_fast(c: bytes) -> tuple[int, bytes, bytes, bytes, int, int, list[byte
     (length,) = U32.unpack_from(c, end)
     if end + 4 + length != size:
         return None
-    return (mode, c[5:21], c[21:37], c[37:_HEAD_SIZE], n, index,
-            [c[i:i + HASH_SIZE] for i in range(_PATH_AT, end, HASH_SIZE)], c[end + 4:])
+    return (mode, c[5:21], c[21:37], c[37:_HEAD_SIZE], n, index, c[_PATH_AT:end], c[end + 4:])
 
 
 def _parse(container: bytes) -> _Parsed:
@@ -257,12 +294,12 @@ def _parse(container: bytes) -> _Parsed:
     kid = r.take(KEY_ID_SIZE, "signer key id")
     salt = r.take(SALT_SIZE, "salt")
     sig = r.take(SIGNATURE_SIZE, "signature")
-    n, index, path = 1, 0, []
+    n, index, path = 1, 0, b""
     if mode == MODE_BATCH:
         n = r.u32("batch size")
         index = r.u32("leaf index")
         m = r.u8("path length")
-        path = [r.take(HASH_SIZE, "inclusion path") for _ in range(m)]
+        path = r.take(HASH_SIZE * m, "inclusion path")
         if not 2 <= n <= MAX_SIGN_BATCH or index >= n:
             raise WireError(f"batch position {index} of {n} is outside 2..{MAX_SIGN_BATCH}")
     elif mode != MODE_SINGLE:
@@ -325,11 +362,26 @@ def _verify(container: bytes, aad: bytes, signer_certs: Sequence[NodeCertificate
             f"document from org {source} is signed by org {cert.org}'s key {kid.hex()}"
         )
     digest = document_digest(aad, body, salt)
+    nodes: _Nodes | None = None
     if mode == MODE_SINGLE:
         message = _SIG_DOC + digest
     else:
+        leaf = leaf_hash(digest)
+        if cache is not None:
+            proven = cache._proven_nodes(cert.signing_key_raw, signature, n)
+            if proven is not None:
+                found = _reaches_proven(proven, leaf, index, n, path)
+                if found is not None:
+                    if found:  # the nodes it computed on the way are proven now too
+                        cache._prove(cert.signing_key_raw, signature, n, found)
+                    return VerifiedDocument(body, digest, cert, n, encrypted)
+            nodes = {}
         try:
-            root = root_from_path(leaf_hash(digest), index, n, path)
+            if nodes is None:
+                root = root_from_path(leaf, index, n, [path[i:i + HASH_SIZE]
+                                                       for i in range(0, len(path), HASH_SIZE)])
+            else:
+                root = _walk(leaf, index, n, path, nodes)
         except ValueError as e:
             raise BadSignature(
                 f"document from org {source}: batch inclusion path invalid: {e}"
@@ -345,4 +397,91 @@ def _verify(container: bytes, aad: bytes, signer_certs: Sequence[NodeCertificate
             f"signature of document {_lk0_text(aad)} by org {cert.org}"
             f" (key {kid.hex()}) does not verify: body or header changed, or forged"
         ) from None
+    if nodes and cache is not None:
+        cache._prove(cert.signing_key_raw, signature, n, nodes)
     return VerifiedDocument(body, digest, cert, n, encrypted)
+
+
+_sha256 = hashlib.sha256
+
+
+def _walk(leaf: bytes, index: int, n: int, path: bytes, nodes: _Nodes) -> bytes:
+    """``root_from_path`` over the tree MerkleTree builds (an odd last node
+    moves up unchanged: the RFC 9162 tree), with ``path`` the joined hashes;
+    records every node it passes and every sibling into ``nodes``. Raises
+    ValueError for a path of the wrong length for that position."""
+    if not 0 <= index < n:
+        raise ValueError(f"leaf index {index} is outside 0..{n - 1}")
+    m = len(path) // HASH_SIZE
+    if len(path) % HASH_SIZE:
+        raise ValueError(f"inclusion path of {len(path)} bytes is not whole hashes")
+    pos, size, level, k, r = index, n, 0, 0, leaf
+    chain: list[tuple[int, int, int, bytes]] = []  # (level, pos, k, node) on the way up
+    while size > 1:
+        sib = pos ^ 1
+        chain.append((level, pos, k, r))
+        if sib < size:
+            if k >= m:
+                raise ValueError(f"inclusion path of {m} hashes is too short")
+            p = path[k * HASH_SIZE:(k + 1) * HASH_SIZE]
+            k += 1
+            r = _sha256(b"\x01" + p + r).digest() if pos & 1 else _sha256(b"\x01" + r + p).digest()
+        pos >>= 1
+        size = (size + 1) >> 1
+        level += 1
+    if k != m:
+        raise ValueError(f"inclusion path of {m} hashes is too long")
+    _record(nodes, chain, path, n)
+    nodes[(level, 0)] = (r, b"")
+    return r
+
+
+def _record(nodes: _Nodes, chain: list[tuple[int, int, int, bytes]], path: bytes, n: int) -> None:
+    """Record the chain nodes and their siblings with their ways up: a chain
+    node's way up is the rest of the path; its sibling's is the chain node,
+    then the rest of the path above it."""
+    for level, pos, k, r in chain:
+        rest = path[k * HASH_SIZE:]
+        nodes[(level, pos)] = (r, rest)
+        sib = pos ^ 1
+        if sib < (n + (1 << level) - 1) >> level:  # the level's size
+            nodes[(level, sib)] = (rest[:HASH_SIZE], r + rest[HASH_SIZE:])
+
+
+def _reaches_proven(proven: _Nodes, leaf: bytes, index: int, n: int, path: bytes) -> _Nodes | None:
+    """Whether ``leaf`` at ``index`` with ``path`` (joined hashes) gives the
+    batch's root, decided with the nodes already proven under it (see
+    SignatureCache): hash up until a proven node, then the rest of the path
+    must be that node's way up — exactly the answer of hashing the whole
+    path, without most of the hashing. Returns the nodes it computed below
+    the proven one (proven now too; empty when the leaf itself was), or None
+    when the path does not lead there: the caller then checks the whole path
+    against the signature, which decides."""
+    if not 0 <= index < n or len(path) % HASH_SIZE:
+        return None
+    m = len(path) // HASH_SIZE
+    pos, size, level, k, r = index, n, 0, 0, leaf
+    get = proven.get
+    chain: list[tuple[int, int, int, bytes]] = []
+    while True:
+        known = get((level, pos))
+        if known is not None and known[0] == r:
+            if path[k * HASH_SIZE:] != known[1]:
+                return None
+            new: _Nodes = {}
+            if chain:
+                _record(new, chain, path, n)
+            return new
+        if size <= 1:
+            return None
+        sib = pos ^ 1
+        chain.append((level, pos, k, r))
+        if sib < size:
+            if k >= m:
+                return None
+            p = path[k * HASH_SIZE:(k + 1) * HASH_SIZE]
+            k += 1
+            r = _sha256(b"\x01" + p + r).digest() if pos & 1 else _sha256(b"\x01" + r + p).digest()
+        pos >>= 1
+        size = (size + 1) >> 1
+        level += 1
