@@ -12,7 +12,7 @@ from __future__ import annotations
 import sqlite3
 import struct
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
@@ -113,6 +113,7 @@ class Output:
     over_window: int = 0  # documents the platform refused with OVER_WINDOW
     deferred: list[RawFrame] = field(default_factory=list)  # DATA waiting for its origin's certificate
     settled: int = 0  # outbox rows that got their platform ack / NACK (window credit)
+    early: int = 0  # DATA frames handed to ``claim(early=...)`` before the commit
     errors: list[tuple[ResultCode, str]] = field(default_factory=list)
 
     def add(self, frame: Frame) -> None:
@@ -129,6 +130,18 @@ _EVENT_NAME: Final = {OriginEvent.ACK_FWD: "ack_fwd", OriginEvent.ACK_SAVE: "ack
                       OriginEvent.NACK: "nack", OriginEvent.PLATFORM_LACKS: "resend",
                       OriginEvent.TARGET_LACKS: "resend"}
 _SEND_STATES: Final = {int(s): s for s in SendState}
+# The event-log name of each origin event (PLATFORM_HAS: the platform had it,
+# its ack was lost: logged as the ack_fwd it stands for; NACK: see below).
+_EVENT_NAMES: Final = {ev: _EVENT_NAME.get(ev, "ack2") for ev in OriginEvent} | {
+    OriginEvent.PLATFORM_HAS: "ack_fwd"}
+# origin_step per (state, event, save_fwd, ack2) of a row: pure, so computed
+# once per combination (a dict look-up instead of lru_cache's keyword key).
+_STEPS: dict[tuple[int, OriginEvent, int, int], Any] = {}
+_SS_SENT: Final = int(SendState.SS_SENT)
+_SS_ACK2: Final = int(SendState.SS_ACK2)
+_ANSWER_ACKED: Final = InquiryResult.ALREADY_ACKED
+_ANSWER_MARKED: Final = InquiryResult.MARKED_ACKED
+_DELIVERY: Final = int(AckFlag.DELIVERY)
 
 
 class NodeCore:
@@ -234,7 +247,8 @@ class NodeCore:
 
     # ------------------------------------------------------------ sending
 
-    def claim(self, limit: int, skip_targets: frozenset[str] = frozenset()) -> Output:
+    def claim(self, limit: int, skip_targets: frozenset[str] = frozenset(),
+              early: Callable[[list[bytes]], None] | None = None) -> Output:
         """SPEC A.2: take up to ``limit`` SS_INIT rows (priority first, then
         acceptance order), mark them SS_SENT, commit, and return their DATA
         frames. Expired rows fail with EXPIRED instead; best-effort rows
@@ -242,7 +256,16 @@ class NodeCore:
         signed under one signature (each document still verifies alone) and
         sealed to the target's certificates; rows whose target certificate is
         not known yet stay SS_INIT and their target is in ``out.missing``
-        (``skip_targets``: targets already asked for)."""
+        (``skip_targets``: targets already asked for).
+
+        ``early``, when given, gets the DATA frames just before the commit
+        instead of ``out.data`` (``out.early`` counts them), so they travel
+        while the commit waits for the disk: a document promises nothing (no
+        ack of ours depends on it). If the commit fails, the rows stay SS_INIT
+        and go again; the receiver's duplicate suppression keeps the
+        application's view exactly once, and acks of the first copy find the
+        row SS_INIT (ACK2 confirms it; ACK_FWD / ACK_SAVE leave it to be sent
+        again: ORIGIN_TABLE)."""
         out = Output()
         ts = now_ms()
         events: list[dict[str, Any]] = []
@@ -261,6 +284,8 @@ class NodeCore:
             sent: list[tuple[Any, ...]] = []
             gone: list[tuple[Any, ...]] = []
             expired: list[tuple[int, ...]] = []
+            me, me_id = self.me, self.me.node_id
+            data = out.data
             for r in rows:
                 if r[13] is not None and r[13] <= ts:
                     expired.append((r[0],))
@@ -270,13 +295,13 @@ class NodeCore:
                 target = targets.get(r[2])
                 if target is None:
                     target = targets[r[2]] = Endpoint(node_type=r[1], node_id=r[2])
-                out.data.append(encode_data(
-                    source=self.me, target=target, record_id=r[0], app_key=(r[8], r[9], r[10], r[11]),
+                data.append(encode_data(
+                    source=me, target=target, record_id=r[0], app_key=(r[8], r[9], r[10], r[11]),
                     created_ms=r[12], expires_ms=r[13], save_fwd=r[4], ack2=bool(r[5]),
                     reliable=bool(r[6]), priority=r[7], session_key=r[17], app_data=r[18],
                 ))
-                row = (*r[:14], r[14] + 1, r[15])
-                events.append(self._origin_event(row, "sent", ts))
+                events.append({"ts": ts, "role": "origin", "event": "sent", "lk0": f"{me_id}/1/1/{r[0]}",
+                               "source": me_id, "target": r[2], "attempt": r[14] + 1})
                 (sent if r[6] else gone).append((ts, ts, ts, r[19] if len(r) > 19 else None, r[0]))
             self.conn.executemany(
                 "UPDATE outbox SET state=1, attempts=attempts+1, sent_ms=?, state_ms=?,"
@@ -298,6 +323,10 @@ class NodeCore:
                 " WHERE id=?",
                 expired,
             )
+            if early is not None and out.data:
+                out.early = len(out.data)
+                early(out.data)
+                out.data = []
         self._emit(events)
         return out
 
@@ -658,7 +687,9 @@ class NodeCore:
         code: int = 0, detail: str = "",
     ) -> list[tuple[int, InquiryResult]]:
         """Apply origin events to rows by id; returns (id, previous-state
-        answer) for STATE inquiries."""
+        answer) for STATE inquiries. The hot path of an origin (every
+        ACK_FWD, ACK_SAVE and ACK2 of every document): one look-up of the
+        rows, a cached table step and two dicts for the event log per row."""
         answers: list[tuple[int, InquiryResult]] = []
         ids = [it[0] for it in items]
         rows: dict[int, Any] = {}
@@ -668,48 +699,54 @@ class NodeCore:
             for r in self.conn.execute(f"SELECT {_OUT_COLS} FROM outbox WHERE id IN ({q})", chunk):
                 rows[r[0]] = r
         updates, deletes = [], []
+        # Only the document's own target may confirm, refuse or ask about it:
+        # an ACK2 from a third organization is ignored (answered NO_RECORD).
+        only = peer.node_id if peer is not None and peer.node_type is not NodeType.PLATFORM else None
+        reack2: list[AckEntry] | None = None
+        me = self.me.node_id
+        steps = _STEPS
         for it in items:
             rid, event = it[0], it[1]
             r = rows.get(rid)
-            if r is None:
+            if r is None or (only is not None and only != r[2]):
                 answers.append((rid, InquiryResult.NO_RECORD))
                 continue
-            if peer is not None and peer.node_type is not NodeType.PLATFORM and peer.node_id != r[2]:
-                # Only the document's own target may confirm, refuse or ask
-                # about it: an ACK2 from a third organization is ignored.
-                answers.append((rid, InquiryResult.NO_RECORD))
-                continue
-            state = _SEND_STATES[r[3]]
-            o = origin_step(state, event, save_fwd=r[4], ack2=bool(r[5]))
-            answers.append((rid, InquiryResult.ALREADY_ACKED if state is SendState.SS_ACK2
-                            else InquiryResult.MARKED_ACKED))
+            state_no = r[3]
+            key = (state_no, event, r[4], r[5])
+            o = steps.get(key)
+            if o is None:
+                o = steps[key] = origin_step(_SEND_STATES[state_no], event, save_fwd=r[4], ack2=bool(r[5]))
+            answers.append((rid, _ANSWER_ACKED if state_no == _SS_ACK2 else _ANSWER_MARKED))
             if o.reack2 and peer is not None and len(it) > 2:
                 e: AckEntry = it[2]
-                acks[(Kind.REACK2, peer)].append(AckEntry(
-                    1, 1, rid, e.src_semq_id, e.src_semq_db_id, e.src_ref_id, int(AckFlag.DELIVERY), 0))
+                if reack2 is None:
+                    reack2 = acks[(Kind.REACK2, peer)]
+                reack2.append(AckEntry(1, 1, rid, e.src_semq_id, e.src_semq_db_id, e.src_ref_id, _DELIVERY, 0))
             if not o.changed:
                 continue
-            rows[rid] = (*r[:3], int(o.state), *r[4:])
-            row_code, row_detail = code, detail
-            if o.state is SendState.SS_FAILED and event is OriginEvent.TARGET_LACKS:
-                # SaveFwd 1 forwarded, lost on the way: dropped, and said so.
-                row_code = int(ResultCode.TARGET_OFFLINE_DROPPED)
-                row_detail = "forwarded but not received by the target"
-            name = _EVENT_NAME.get(event, "ack2")
-            if o.state is SendState.SS_FAILED:
-                name = "nack"
-            if event is OriginEvent.PLATFORM_HAS:
-                name = "ack_fwd"
-            extra: dict[str, Any] = (
-                {"code": row_code, "detail": row_detail} if o.state is SendState.SS_FAILED else {})
-            events.append(self._origin_event(r, name, ts, **extra))
-            if state is SendState.SS_SENT:
+            new_state = o.state
+            rows[rid] = (*r[:3], int(new_state), *r[4:])
+            lk0 = f"{me}/1/1/{rid}"
+            if new_state is SendState.SS_FAILED:
+                row_code, row_detail = code, detail
+                if event is OriginEvent.TARGET_LACKS:
+                    # SaveFwd 1 forwarded, lost on the way: dropped, and said so.
+                    row_code = int(ResultCode.TARGET_OFFLINE_DROPPED)
+                    row_detail = "forwarded but not received by the target"
+                events.append({"ts": ts, "role": "origin", "event": "nack", "lk0": lk0, "source": me,
+                               "target": r[2], "attempt": r[14], "code": row_code, "detail": row_detail})
+            else:
+                row_code = code
+                events.append({"ts": ts, "role": "origin", "event": _EVENT_NAMES[event], "lk0": lk0,
+                               "source": me, "target": r[2], "attempt": r[14]})
+            if state_no == _SS_SENT:
                 out.settled += 1  # no longer in flight: window credit
             if o.clean:
                 deletes.append((rid,))
-                events.append(self._origin_event(r, "cleaned", ts))
+                events.append({"ts": ts, "role": "origin", "event": "cleaned", "lk0": lk0, "source": me,
+                               "target": r[2], "attempt": r[14]})
             else:
-                updates.append((int(o.state), ts, row_code, rid))
+                updates.append((int(new_state), ts, row_code, rid))
         # SPEC A.3: a new state sets the inquiry time to now and starts a new
         # inquiry schedule (no backoff carried over from the previous state).
         # The first inquiry waits one interval, doubled per resend so far
@@ -834,7 +871,7 @@ class NodeCore:
             # see ORIGIN_TABLE); SS_ACK_FWD (every SaveFwd) asks B.
             # Through the partial index outbox_due: only the rows due now.
             rows = self.conn.execute(
-                f"SELECT {_OUT_COLS} FROM outbox INDEXED BY outbox_due WHERE reliable=1 AND state IN (1, 2, 3)"
+                f"SELECT {_OUT_COLS} FROM outbox INDEXED BY outbox_due WHERE reliable=1 AND state BETWEEN 1 AND 3"
                 f" AND due_ms <= ? AND (state IN (1, 2) OR save_fwd=3 OR ack2=1) ORDER BY due_ms LIMIT ?",
                 (ts, INQUIRY_BATCH * 4),
             ).fetchall()
