@@ -142,6 +142,10 @@ _SS_ACK2: Final = int(SendState.SS_ACK2)
 _ANSWER_ACKED: Final = InquiryResult.ALREADY_ACKED
 _ANSWER_MARKED: Final = InquiryResult.MARKED_ACKED
 _DELIVERY: Final = int(AckFlag.DELIVERY)
+# receive_decision per (duplicate, has_lk1, ack2, reliable): pure, computed once.
+_DECISIONS: dict[tuple[bool, bool, bool, bool], Any] = {}
+# receiver_may_clean over the stored (p_ack, s_ack) integers.
+_MAY_CLEAN: Final = {(int(p), int(q)): receiver_may_clean(p, q) for p in AckStatus for q in AckStatus}
 
 
 class NodeCore:
@@ -547,30 +551,38 @@ class NodeCore:
         if not duplicate:
             self._known.add(key)
             self._pending["dedup"].append((*key, ts))
-        dec = receive_decision(duplicate=duplicate, has_lk1=lk1 is not None, ack2=frame.ack2,
-                               reliable=frame.reliable)
-        ev = {"ts": ts, "role": "receiver", "lk0": str(lk0), "source": lk0.endpoint.node_id,
-              "target": self.me.node_id}
+        ack2, reliable = frame.ack2, frame.reliable
+        dkey = (duplicate, lk1 is not None, ack2, reliable)
+        dec = _DECISIONS.get(dkey)
+        if dec is None:
+            dec = _DECISIONS[dkey] = receive_decision(duplicate=duplicate, has_lk1=lk1 is not None, ack2=ack2,
+                                                      reliable=reliable)
+        lk0_text, source, me = str(lk0), lk0.endpoint.node_id, self.me.node_id
+        ak = d.app_key
         full = {
-            **ev, "event": "received", "domain": d.app_key.domain, "data_type": d.app_key.data_type,
-            "subtype": d.app_key.subtype, "key": d.app_key.key, "save_fwd": int(frame.save_fwd),
-            "ack2": frame.ack2, "reliable": frame.reliable, "priority": frame.priority,
+            "ts": ts, "role": "receiver", "lk0": lk0_text, "source": source, "target": me,
+            "event": "received", "domain": ak.domain, "data_type": ak.data_type,
+            "subtype": ak.subtype, "key": ak.key, "save_fwd": int(frame.save_fwd),
+            "ack2": ack2, "reliable": reliable, "priority": frame.priority,
             "size": len(d.app_data), "created_ms": d.created_ms,
         }
         if lk1 is not None:
             full["lk1"] = f"{lk1.semq_id}/{lk1.semq_db_id}/{lk1.record_id}"
         events.append(full)
         if duplicate:
-            events.append({**ev, "event": "duplicate"})
+            events.append({"ts": ts, "role": "receiver", "lk0": lk0_text, "source": source, "target": me,
+                           "event": "duplicate"})
         expired = d.expires_ms is not None and d.expires_ms <= ts
         if dec.deliver and not expired:
             self._pending["inbox"].append(
-                (*key, d.app_key.domain, d.app_key.data_type, d.app_key.subtype, d.app_key.key,
+                (*key, ak.domain, ak.data_type, ak.subtype, ak.key,
                  int(frame.save_fwd), frame.priority, d.created_ms, ts, int(d.encrypt), body, signer))
             out.delivered += 1
-            events.append({**ev, "event": "inbox"})
+            events.append({"ts": ts, "role": "receiver", "lk0": lk0_text, "source": source, "target": me,
+                           "event": "inbox"})
         elif expired and not duplicate:
-            events.append({**ev, "event": "expired", "code": int(ResultCode.EXPIRED)})
+            events.append({"ts": ts, "role": "receiver", "lk0": lk0_text, "source": source, "target": me,
+                           "event": "expired", "code": int(ResultCode.EXPIRED)})
         inbound_id = 0
         if dec.keep_row:
             inbound_id = self._inbound_id()
@@ -594,7 +606,8 @@ class NodeCore:
                 1, 1, inbound_id, lk0.semq_id, lk0.semq_db_id, lk0.record_id, int(AckFlag.DELIVERY), 0))
             if digest is not None:
                 self._digests[lk0.endpoint].append((lk0, digest))
-            events.append({**ev, "event": "ack2_sent"})
+            events.append({"ts": ts, "role": "receiver", "lk0": lk0_text, "source": source, "target": me,
+                           "event": "ack2_sent"})
 
     def _acks(
         self, kind: Kind, entries: Sequence[AckEntry], origin: Endpoint, ts: int, out: Output,
@@ -768,6 +781,8 @@ class NodeCore:
             return
         why = "reack" if col == "p_ack" else "reack2"
         first = col == "p_ack"
+        acked = int(AckStatus.AS_ACK)
+        me = self.me.node_id
         done, marked = [], []
         for i in range(0, len(ids), 500):
             chunk = list(ids[i:i + 500])
@@ -777,16 +792,16 @@ class NodeCore:
                 f" WHERE id IN ({q})", chunk,
             ):
                 if first:
-                    p_ack = int(AckStatus.AS_ACK)
+                    p_ack = acked
                 else:
-                    s_ack = int(AckStatus.AS_ACK)
+                    s_ack = acked
                 lk0 = f"{origin}/{sid}/{did}/{rec}"
                 events.append({"ts": ts, "role": "receiver", "event": why, "lk0": lk0,
-                               "source": origin, "target": self.me.node_id})
-                if receiver_may_clean(AckStatus(p_ack), AckStatus(s_ack)):
+                               "source": origin, "target": me})
+                if _MAY_CLEAN[(p_ack, s_ack)]:
                     done.append((rid,))
                     events.append({"ts": ts, "role": "receiver", "event": "cleaned", "lk0": lk0,
-                                   "source": origin, "target": self.me.node_id})
+                                   "source": origin, "target": me})
                 else:
                     marked.append((rid,))
         self.conn.executemany(f"UPDATE inbound SET {col}=1 WHERE id=?", marked)
