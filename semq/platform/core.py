@@ -56,6 +56,8 @@ SEEN_RETENTION_MS: Final = 30 * 24 * 3600 * 1000
 MAX_INQUIRY_BACKOFF_MS: Final = 15 * 60 * 1000
 _RELAYED: Final = frozenset({Kind.ACK2, Kind.REACK2, Kind.INQUIRY, Kind.INQUIRY_RESP, Kind.ACK_BATCH, Kind.NACK})
 _FORWARDED, _STORED, _DROPPED = 1, 2, 3
+_PLATFORM_FLAG: Final = int(AckFlag.PLATFORM)
+_FORWARDED_FLAG: Final = int(ForwardFlag.FORWARDED)
 
 
 @dataclass
@@ -211,9 +213,12 @@ class PlatformCore:
         self._seen = []  # `seen` rows of this batch, written in one executemany
         with self.db.atomic("IMMEDIATE"):
             for raw in frames:
-                if raw.source != sender or (raw.origin != sender and raw.kind is not Kind.DATA) or (
-                    raw.kind is Kind.DATA and raw.origin != sender
-                ):
+                # An organization speaks only as itself: transport source and
+                # application origin are the connection's (the decoder hands
+                # out one Endpoint object per distinct header, hence ``is``
+                # first: the dataclass comparison is Python code).
+                src, org = raw.source, raw.origin
+                if (src is not sender and src != sender) or (org is not sender and org != sender):
                     msg = f"{raw.kind.name} claims source {raw.source} / origin {raw.origin} on the connection of {sender}"
                     out.errors.append((ResultCode.SOURCE_MISMATCH, msg))
                     events.append({"ts": ts, "event": "refused", "code": int(ResultCode.SOURCE_MISMATCH),
@@ -260,28 +265,40 @@ class PlatformCore:
                       created_ms=created, size=len(raw.raw), **_app_key(raw))
         return ev
 
+    @staticmethod
+    def _received(raw: RawFrame, lk0_text: str, source: str, target: str, created: int, ts: int) -> dict[str, Any]:
+        """``_event(..., "received")``, built directly (every DATA has one)."""
+        ev = {"ts": ts, "event": "received", "lk0": lk0_text, "source": source, "target": target,
+              "save_fwd": raw.save_fwd, "ack2": raw.ack2, "reliable": raw.reliable,
+              "priority": raw.priority, "created_ms": created, "size": len(raw.raw)}
+        ev.update(_app_key(raw))
+        return ev
+
     def _data(
         self, sender: Endpoint, raw: RawFrame, ts: int, out: PlatformOutput, events: list[dict[str, Any]],
         acks: dict[tuple[Kind, Endpoint], list[AckEntry]], online: Callable[[Endpoint], bool],
     ) -> None:
         lk0, _lk1, created, expires = raw.data_prefix()
         target = raw.target
+        reliable = raw.reliable
         where, code = route(
-            known=self.is_known(target), online=online(target), save_fwd=raw.save_fwd,
-            reliable=raw.reliable, expired=expires is not None and expires <= ts,
+            known=target in self.known or self.is_known(target), online=online(target), save_fwd=raw.save_fwd,
+            reliable=reliable, expired=expires is not None and expires <= ts,
         )
-        key = (int(lk0.endpoint.node_type), lk0.endpoint.node_id, lk0.semq_id, lk0.semq_db_id, lk0.record_id)
-        events.append(self._event(raw, lk0, created, ts, "received"))
+        origin = lk0.endpoint
+        key = (int(origin.node_type), origin.node_id, lk0.semq_id, lk0.semq_db_id, lk0.record_id)
+        lk0_text = str(lk0)
+        events.append(self._received(raw, lk0_text, origin.node_id, target.node_id, created, ts))
         if where is Route.FORWARD:
-            b = relay_bytes(raw, self.me)
+            b = relay_frame_bytes(raw.raw, self.me)
             out.forwards[target].append(b)
             out.forward_bytes[target] += len(b)
-            if raw.reliable:
+            if reliable:
                 self._seen.append((*key, _FORWARDED, 0, ts))
                 acks[(Kind.ACK_FWD, sender)].append(AckEntry(
-                    1, 1, 0, lk0.semq_id, lk0.semq_db_id, lk0.record_id, int(AckFlag.PLATFORM),
-                    int(ForwardFlag.FORWARDED)))
-            events.append(self._event(raw, lk0, created, ts, "forwarded"))
+                    1, 1, 0, lk0.semq_id, lk0.semq_db_id, lk0.record_id, _PLATFORM_FLAG, _FORWARDED_FLAG))
+            events.append({"ts": ts, "event": "forwarded", "lk0": lk0_text, "source": origin.node_id,
+                           "target": target.node_id})
         elif where is Route.STORE:
             row = self.conn.execute(
                 "SELECT id FROM stored WHERE origin_type=? AND origin_id=? AND semq_id=? AND semq_db_id=?"
