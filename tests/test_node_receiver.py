@@ -31,3 +31,56 @@ def test_reack_then_reack2_logs_both_and_cleans_once(tmp_path: Path) -> None:
         assert events == []
     finally:
         b.close()
+
+
+def test_reack_and_reack2_in_one_batch_clean_in_one_go(tmp_path: Path) -> None:
+    """A drained copy's REACK (platform) and REACK2 (origin) often arrive in
+    the same read: both are applied together, the row goes in one DELETE,
+    each confirmation is still logged; one alone only marks the row."""
+    import json
+
+    from semq.umxt_protocol import (
+        AckBatch,
+        AckEntry,
+        AckFlag,
+        Endpoint,
+        Frame,
+        FrameDecoder,
+        Kind,
+        encode_frame,
+    )
+
+    b = NodeCore(tmp_path / "node.sqlite", "56001", create=True, synchronous="OFF", events_dir=tmp_path / "events")
+    try:
+        cols = ("id, origin_type, origin_id, semq_id, semq_db_id, record_id, lk1_semq_id, lk1_semq_db_id,"
+                " lk1_record_id, platform_type, platform_id, p_ack, s_ack, received_ms, last_inquiry_ms")
+        with b.db.atomic():
+            for rid in (1, 2):  # two stored copies awaiting REACK and REACK2
+                b.conn.execute(f"INSERT INTO inbound ({cols}) VALUES ({rid}, 1, '10008', 1, 1, {rid + 6}, 1, 1,"
+                               f" {rid + 69}, 2, 'platform', 0, 0, 1, 1)")
+        statements: list[str] = []
+        b.conn.set_trace_callback(statements.append)
+
+        def batch(kind: Kind, source: Endpoint, ids: list[int]) -> Any:
+            entries = tuple(AckEntry(1, 1, 0, 1, 1, i, int(AckFlag.PLATFORM if kind is Kind.REACK
+                                                          else AckFlag.DELIVERY), 0) for i in ids)
+            dec = FrameDecoder()
+            dec.receive_data(encode_frame(Frame(kind=Kind.ACK_BATCH, source=Endpoint.platform(), origin=source,
+                                                target=Endpoint.org("56001"),
+                                                body=AckBatch(ack_kind=kind, entries=entries))))
+            return dec.next_frame()
+
+        out = b.handle([batch(Kind.REACK, Endpoint.platform(), [1, 2]), batch(Kind.REACK2, Endpoint.org("10008"), [1])])
+        assert out.errors == []
+        # Row 1 had both: deleted, never updated; row 2 only its REACK: marked.
+        assert b.conn.execute("SELECT id, p_ack, s_ack FROM inbound").fetchall() == [(2, 1, 0)]
+        writes = [s for s in statements if s.startswith(("UPDATE inbound", "DELETE FROM inbound"))]
+        assert writes == ["UPDATE inbound SET p_ack=1, s_ack=0 WHERE id=2", "DELETE FROM inbound WHERE id=1"]
+        b.handle([batch(Kind.REACK2, Endpoint.org("10008"), [2])])
+        assert b.conn.execute("SELECT count(*) FROM inbound").fetchone() == (0,)
+        logged = [json.loads(line) for f in sorted((tmp_path / "events").glob("*.jsonl")) for line in f.open()]
+        assert [(e["event"], e["lk0"]) for e in logged] == [
+            ("reack", "10008/1/1/7"), ("reack2", "10008/1/1/7"), ("cleaned", "10008/1/1/7"),
+            ("reack", "10008/1/1/8"), ("reack2", "10008/1/1/8"), ("cleaned", "10008/1/1/8")]
+    finally:
+        b.close()

@@ -355,6 +355,11 @@ def test_e2e_commit_delivers_rollback_never_and_checkback_decides(cluster: Clust
     w = subprocess.Popen([sys.executable, "-m", "semq.node.seedcli", "tx", "watch", "--dir", str(da),
                           "--interval", "0.1"], stdout=log, stderr=subprocess.STDOUT, env=env)
     try:
+        # Running (its SIGTERM handler in place) before anything can end the
+        # test: the node daemon runs check-backs too and may decide first; a
+        # SIGTERM during the watcher's start-up would kill it (exit -15).
+        wait_until(lambda: b"checking back on half messages" in (tmp_path / "watch.log").read_bytes(), 30,
+                   "tx watch to start")
         wait_until(lambda: b"C7" in cluster.inbox(B).values(), 30, "the document the check-back committed")
         with NodeClient(da) as n:
             wait_until(lambda: Transactions(n).get(ids["R7"]).state is TxState.ROLLED_BACK, 10, "rollback")

@@ -407,16 +407,20 @@ class NodeCore:
         acks: dict[tuple[Kind, Endpoint], list[AckEntry]] = defaultdict(list)
         self._digests: dict[Endpoint, list[tuple[LK0, bytes]]] = defaultdict(list)
         self._batch_certs: dict[Endpoint, Any] = {}  # one directory look-up per origin per batch
+        self._queued_acks: tuple[list[int], list[int]] = ([], [])
         with self._tx():
             self._begin_receive(frames)
             for raw in frames:
                 try:
                     if raw.kind is not Kind.DATA:
                         self._flush_receive()  # later frames may refer to rows just received
+                    if raw.kind is not Kind.ACK_BATCH:
+                        self._flush_inbound_acks(ts, events)  # ... or to rows confirmations delete
                     self._handle_one(raw, ts, out, events, acks)
                 except RemoteProtocolError as e:
                     out.errors.append((e.code, str(e)))
             self._flush_receive()
+            self._flush_inbound_acks(ts, events)
             for (kind, target), entries in acks.items():
                 digests = self._digests.get(target, []) if kind is Kind.ACK2 else []
                 for i in range(0, len(entries), 10_000):
@@ -623,7 +627,7 @@ class NodeCore:
                                peer=origin)
         elif kind in (Kind.REACK, Kind.REACK2):
             col = "p_ack" if kind is Kind.REACK else "s_ack"
-            self._inbound_ack(col, [e.dest_ref_id for e in entries if e.dest_ref_id], ts, events)
+            self._queue_inbound_acks(col, [e.dest_ref_id for e in entries if e.dest_ref_id])
         # ACK from a node is for the platform only; a node ignores it.
 
     def _keep_receipts(self, entries: Sequence[AckEntry], receiver: Endpoint, receipt: bytes, ts: int) -> None:
@@ -775,37 +779,61 @@ class NodeCore:
 
     def _inbound_ack(self, col: str, ids: Sequence[int], ts: int, events: list[dict[str, Any]]) -> None:
         """Mark a confirmation (REACK: ``p_ack``, REACK2: ``s_ack``) on pending-ack
-        rows; a row with every confirmation it needs is deleted instead of
-        updated (SPEC B.2). Each confirmation is logged, the clean-up too."""
-        if not ids:
+        rows now (``_inbound_acks`` with one kind)."""
+        self._inbound_acks(ids if col == "p_ack" else (), ids if col == "s_ack" else (), ts, events)
+
+    def _inbound_acks(self, p_ids: Sequence[int], s_ids: Sequence[int], ts: int,
+                      events: list[dict[str, Any]]) -> None:
+        """Apply the confirmations of a batch to pending-ack rows: REACK sets
+        ``p_ack`` (``p_ids``), REACK2 ``s_ack`` (``s_ids``); a row with every
+        confirmation it needs is deleted instead of updated (SPEC B.2). Each
+        confirmation is logged, the clean-up too. Both kinds at once: a
+        drained copy's REACK (from the platform) and REACK2 (from the origin)
+        often arrive in the same read, and the row then goes in one DELETE
+        instead of an UPDATE and a DELETE."""
+        if not p_ids and not s_ids:
             return
-        why = "reack" if col == "p_ack" else "reack2"
-        first = col == "p_ack"
+        got_p, got_s = set(p_ids), set(s_ids)
+        ids = list(dict.fromkeys([*p_ids, *s_ids]))
         acked = int(AckStatus.AS_ACK)
         me = self.me.node_id
         done, marked = [], []
         for i in range(0, len(ids), 500):
-            chunk = list(ids[i:i + 500])
+            chunk = ids[i:i + 500]
             q = ",".join("?" * len(chunk))
             for rid, origin, sid, did, rec, p_ack, s_ack in self.conn.execute(
                 f"SELECT id, origin_id, semq_id, semq_db_id, record_id, p_ack, s_ack FROM inbound"
                 f" WHERE id IN ({q})", chunk,
             ):
-                if first:
-                    p_ack = acked
-                else:
-                    s_ack = acked
                 lk0 = f"{origin}/{sid}/{did}/{rec}"
-                events.append({"ts": ts, "role": "receiver", "event": why, "lk0": lk0,
-                               "source": origin, "target": me})
+                if rid in got_p:
+                    p_ack = acked
+                    events.append({"ts": ts, "role": "receiver", "event": "reack", "lk0": lk0,
+                                   "source": origin, "target": me})
+                if rid in got_s:
+                    s_ack = acked
+                    events.append({"ts": ts, "role": "receiver", "event": "reack2", "lk0": lk0,
+                                   "source": origin, "target": me})
                 if _MAY_CLEAN[(p_ack, s_ack)]:
                     done.append((rid,))
                     events.append({"ts": ts, "role": "receiver", "event": "cleaned", "lk0": lk0,
                                    "source": origin, "target": me})
                 else:
-                    marked.append((rid,))
-        self.conn.executemany(f"UPDATE inbound SET {col}=1 WHERE id=?", marked)
+                    marked.append((p_ack, s_ack, rid))
+        self.conn.executemany("UPDATE inbound SET p_ack=?, s_ack=? WHERE id=?", marked)
         self.conn.executemany("DELETE FROM inbound WHERE id=?", done)
+
+    def _queue_inbound_acks(self, col: str, ids: Sequence[int]) -> None:
+        """Confirmations found while handling a batch: applied together by
+        ``_flush_inbound_acks`` (before any frame of another kind, and at the
+        end of the batch)."""
+        self._queued_acks[0 if col == "p_ack" else 1].extend(ids)
+
+    def _flush_inbound_acks(self, ts: int, events: list[dict[str, Any]]) -> None:
+        p_ids, s_ids = self._queued_acks
+        if p_ids or s_ids:
+            self._queued_acks = ([], [])
+            self._inbound_acks(p_ids, s_ids, ts, events)
 
     # ------------------------------------------------------------ inquiries
 
