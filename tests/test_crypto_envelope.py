@@ -19,6 +19,7 @@ from semq.crypto import (
     document_aad,
     document_aad_fields,
     frame_aad,
+    raw_frame_aad,
     key_id,
     open_,
     parse_document_aad,
@@ -102,6 +103,27 @@ def test_frame_aad_uses_origin_not_relay() -> None:
     ping = Frame(kind=Kind.PING, source=A, target=B, body=Ping())
     with pytest.raises(TypeError):
         frame_aad(ping)
+
+
+@settings(max_examples=300, deadline=None)
+@given(data=st.data(), target=_strategies.endpoints, save_fwd=st.sampled_from([SaveFwd.STORE, SaveFwd.MUST_DELIVER]),
+       relayed=st.booleans())
+def test_raw_frame_aad_is_frame_aad(data: st.DataObject, target: Endpoint, save_fwd: SaveFwd,
+                                    relayed: bool) -> None:
+    """A receiver builds each document's AAD from the frame's bytes: the same
+    bytes as frame_aad of the parsed frame, relayed or not."""
+    body = data.draw(_strategies.data_bodies(), label="body")
+    origin = body.lk0.endpoint
+    frame = Frame(kind=Kind.DATA, source=origin, target=target, save_fwd=save_fwd, body=body)
+    dec = FrameDecoder()
+    dec.receive_data(encode_frame(frame))
+    raw = dec.next_frame()
+    assert raw is not None
+    if relayed:
+        dec.receive_data(relay_bytes(raw, Endpoint.platform(), body.lk1 or LK1(record_id=9)))
+        raw = dec.next_frame()
+        assert raw is not None
+    assert raw_frame_aad(raw) == frame_aad(raw.frame()) == frame_aad(frame)
 
 
 # ---------------------------------------------------------------- seal / open

@@ -27,6 +27,7 @@ from ._aad import (
     document_aad_fields,
     frame_aad,
     parse_document_aad,
+    raw_frame_aad,
 )
 from ._directory import MAX_CERTS_PER_ORG, CertificateDirectory
 from ._document import ProtectedDocument, open_document, protect_document, protect_documents
@@ -184,6 +185,7 @@ __all__ = [
     "peer_organization",
     "protect_document",
     "protect_documents",
+    "raw_frame_aad",
     "receipt_proofs",
     "save_certificate",
     "save_certificates",

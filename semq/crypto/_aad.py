@@ -21,7 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Final
 
-from semq.umxt_protocol import LK0, AppKey, Data, Endpoint, Frame, SaveFwd
+from semq.umxt_protocol import LK0, AppKey, Data, Endpoint, Frame, Kind, RawFrame, SaveFwd
 
 from ._wire import _LK0_TAIL, U8, Reader, WireError, encode_app_key, encode_endpoint, encode_lk0
 
@@ -33,6 +33,7 @@ __all__ = [
     "document_aad_fields",
     "frame_aad",
     "parse_document_aad",
+    "raw_frame_aad",
 ]
 
 AAD_PREFIX: Final = b"SEMQ-AAD-v1\x00"
@@ -98,6 +99,28 @@ def frame_aad(frame: Frame) -> bytes:
     if not isinstance(body, Data):
         raise TypeError(f"{frame.kind.name} frame carries no document; only DATA has an AAD")
     return document_aad(body.lk0, frame.origin, frame.target, body.app_key, frame.save_fwd)
+
+
+_LK0_WIRE: Final = 12  # semq_id u16, semq_db_id u16, record_id u64: the DATA prefix's first bytes
+_APP_KEY_AT: Final = 40  # the DATA body's AppKey, after its fixed prefix
+
+
+def raw_frame_aad(raw: RawFrame) -> bytes:
+    """``frame_aad`` of a decoded DATA frame, assembled from its bytes: the
+    LK0 tail is the first 12 bytes of the DATA prefix and the body's AppKey
+    has the AAD's encoding (four u8-prefixed parts). The same bytes as
+    ``frame_aad(raw.frame())`` (property-tested) without building them from
+    the parsed values — a receiver computes one per document. The frame
+    must have been checked (``raw.frame()`` did not raise)."""
+    if raw.kind is not Kind.DATA:
+        raise TypeError(f"{raw.kind.name} frame carries no document; only DATA has an AAD")
+    b, at = raw.raw, raw._body_start
+    end = pos = at + _APP_KEY_AT
+    for _ in range(4):
+        end += 1 + b[end]
+    origin = encode_endpoint(raw.origin)
+    return b"".join((AAD_PREFIX, origin, b[at:at + _LK0_WIRE], origin, encode_endpoint(raw.target),
+                     b[pos:end], _SAVE_FWD[raw.save_fwd]))
 
 
 def parse_document_aad(aad: bytes) -> DocumentHeader:

@@ -24,9 +24,9 @@ from semq.crypto import (
     CryptoError,
     ack_entry_lk0,
     document_aad_fields,
-    frame_aad,
     make_batch_receipt,
     open_document,
+    raw_frame_aad,
     receipt_proofs,
     verify_batch_receipt,
 )
@@ -456,7 +456,7 @@ class NodeCore:
                 out.missing.add(frame.origin)
                 return
             try:
-                got = open_document(body.app_data, body.session_key, aad=frame_aad(frame),
+                got = open_document(body.app_data, body.session_key, aad=raw_frame_aad(raw),
                                     keys=self.sec.opener, signer_certs=certs, cache=self.sec.cache)
             except CryptoError as e:
                 # Never delivered; the origin sees it (its row fails with the code).
