@@ -405,21 +405,28 @@ def _verify(container: bytes, aad: bytes, signer_certs: Sequence[NodeCertificate
 _sha256 = hashlib.sha256
 
 
-def _walk(leaf: bytes, index: int, n: int, path: bytes, nodes: _Nodes) -> bytes:
-    """``root_from_path`` over the tree MerkleTree builds (an odd last node
-    moves up unchanged: the RFC 9162 tree), with ``path`` the joined hashes;
-    records every node it passes and every sibling into ``nodes``. Raises
-    ValueError for a path of the wrong length for that position."""
+def _climb(proven: _Nodes, leaf: bytes, index: int, n: int, path: bytes
+           ) -> tuple[bytes, int, int, int, list[tuple[int, int, int, bytes]]]:
+    """Hash ``leaf`` at ``index`` of ``n`` up its ``path`` (joined hashes)
+    over the tree MerkleTree builds (an odd last node moves up unchanged: the
+    RFC 9162 tree), until the root or a node of ``proven`` with the same
+    value. Returns (node, level, index at that level, path hashes used, the
+    chain below it as (level, index, hashes used, node)). Raises ValueError
+    for a position outside the tree or a path too short for it."""
     if not 0 <= index < n:
         raise ValueError(f"leaf index {index} is outside 0..{n - 1}")
-    m = len(path) // HASH_SIZE
     if len(path) % HASH_SIZE:
         raise ValueError(f"inclusion path of {len(path)} bytes is not whole hashes")
+    m = len(path) // HASH_SIZE
     pos, size, level, k, r = index, n, 0, 0, leaf
-    chain: list[tuple[int, int, int, bytes]] = []  # (level, pos, k, node) on the way up
+    get = proven.get
+    chain: list[tuple[int, int, int, bytes]] = []
     while size > 1:
-        sib = pos ^ 1
+        known = get((level, pos))
+        if known is not None and known[0] == r:
+            break
         chain.append((level, pos, k, r))
+        sib = pos ^ 1
         if sib < size:
             if k >= m:
                 raise ValueError(f"inclusion path of {m} hashes is too short")
@@ -429,8 +436,16 @@ def _walk(leaf: bytes, index: int, n: int, path: bytes, nodes: _Nodes) -> bytes:
         pos >>= 1
         size = (size + 1) >> 1
         level += 1
-    if k != m:
-        raise ValueError(f"inclusion path of {m} hashes is too long")
+    return r, level, pos, k, chain
+
+
+def _walk(leaf: bytes, index: int, n: int, path: bytes, nodes: _Nodes) -> bytes:
+    """``root_from_path`` with ``path`` the joined hashes, recording every
+    node it passes and every sibling into ``nodes``. Raises ValueError for a
+    path of the wrong length for that position."""
+    r, level, _, k, chain = _climb({}, leaf, index, n, path)
+    if k * HASH_SIZE != len(path):
+        raise ValueError(f"inclusion path of {len(path) // HASH_SIZE} hashes is too long")
     _record(nodes, chain, path, n)
     nodes[(level, 0)] = (r, b"")
     return r
@@ -457,31 +472,14 @@ def _reaches_proven(proven: _Nodes, leaf: bytes, index: int, n: int, path: bytes
     the proven one (proven now too; empty when the leaf itself was), or None
     when the path does not lead there: the caller then checks the whole path
     against the signature, which decides."""
-    if not 0 <= index < n or len(path) % HASH_SIZE:
+    try:
+        r, level, pos, k, chain = _climb(proven, leaf, index, n, path)
+    except ValueError:
         return None
-    m = len(path) // HASH_SIZE
-    pos, size, level, k, r = index, n, 0, 0, leaf
-    get = proven.get
-    chain: list[tuple[int, int, int, bytes]] = []
-    while True:
-        known = get((level, pos))
-        if known is not None and known[0] == r:
-            if path[k * HASH_SIZE:] != known[1]:
-                return None
-            new: _Nodes = {}
-            if chain:
-                _record(new, chain, path, n)
-            return new
-        if size <= 1:
-            return None
-        sib = pos ^ 1
-        chain.append((level, pos, k, r))
-        if sib < size:
-            if k >= m:
-                return None
-            p = path[k * HASH_SIZE:(k + 1) * HASH_SIZE]
-            k += 1
-            r = _sha256(b"\x01" + p + r).digest() if pos & 1 else _sha256(b"\x01" + r + p).digest()
-        pos >>= 1
-        size = (size + 1) >> 1
-        level += 1
+    known = proven.get((level, pos))
+    if known is None or known[0] != r or path[k * HASH_SIZE:] != known[1]:
+        return None
+    new: _Nodes = {}
+    if chain:
+        _record(new, chain, path, n)
+    return new
