@@ -19,10 +19,10 @@ from semq.crypto import (
     document_aad,
     document_aad_fields,
     frame_aad,
-    raw_frame_aad,
     key_id,
     open_,
     parse_document_aad,
+    raw_frame_aad,
     seal,
 )
 from semq.umxt_protocol import (
