@@ -104,3 +104,32 @@ async def test_flow_over_memory_streams(tmp_path: Path, autojump_clock: trio.tes
                     " HAVING count(*) > 1)") == 0
     for c in (a, b, pcore):
         c.close()
+
+
+async def test_a_document_written_by_another_process_leaves_at_once(
+        tmp_path: Path, autojump_clock: trio.testing.MockClock) -> None:
+    """An application writes into the store of an idle node (another
+    connection): the daemon sees the store's data_version change and claims
+    it within its watch interval, not its poll interval (30 s here)."""
+    autojump_clock.autojump_threshold = 0.02  # store calls run on a worker thread
+    pcore = PlatformCore(tmp_path / "p.sqlite", create=True, synchronous="OFF", inquiry_interval=15)
+    pcore.register(["10008", "56001"])
+    a = NodeCore(tmp_path / "a.sqlite", "10008", create=True, synchronous="OFF", inquiry_interval=15)
+    b = NodeCore(tmp_path / "b.sqlite", "56001", create=True, synchronous="OFF", inquiry_interval=15)
+    platform = PlatformDaemon(pcore, PlatformSettings())
+    async with trio.open_nursery() as nursery:
+        wire = Wire(platform, nursery)
+        da = NodeDaemon(a, NodeSettings(connect=wire.connect, poll_interval=30.0))
+        db = NodeDaemon(b, NodeSettings(connect=wire.connect, poll_interval=30.0))
+        await nursery.start(da.run)
+        await nursery.start(db.run)
+        await trio.sleep(2)  # idle: the watch interval has stretched to its cap
+        for i in range(3):
+            t0 = trio.current_time()
+            accept(a, [NewDocument(target="56001", app_data=b"doc %d" % i)])
+            await wait_for(lambda i=i: count(b, "SELECT count(*) FROM inbox") == i + 1, "delivery", timeout=60)
+            assert trio.current_time() - t0 < 1.0  # fake seconds; the poll interval is 30
+            await trio.sleep(1)
+        nursery.cancel_scope.cancel()
+    for c in (a, b, pcore):
+        c.close()

@@ -31,7 +31,7 @@ Latency is send -> inbox per document: A's ``sent`` event (the DATA frame's
 transaction committed, frame about to be written) to B's ``inbox`` event
 (document committed to B's inbox), both from the JSON-lines event logs
 (docs/events.md) and on this one machine's clock; queued -> inbox (what the
-application sees, including A's 50 ms idle poll) is shown too. The
+application sees, including the wait in A's table until A notices the row) is shown too. The
 inquiry interval is the default 15 s, so no inquiry runs inside a phase.
 
 Peak RSS is VmHWM from /proc/PID/status of every daemon, read just before it

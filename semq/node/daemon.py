@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import logging
 import random
+import sqlite3
 import ssl
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from functools import partial
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import trio
@@ -68,6 +70,11 @@ class NodeSettings:
     # Mutual TLS 1.3 (semq.security.NodeSecurity.ssl_context()); None = plain TCP.
     ssl_context: ssl.SSLContext | None = None
     cert_retry: float = 5.0  # s between look-ups of a certificate the platform did not have
+    # s between looks at the store's data_version while idle: a document an
+    # application writes into the store (another process) is claimed within
+    # this, not within poll_interval. 0 = off.
+    watch_interval: float = 0.002
+    watch_max: float = 0.05  # ... stretched up to this while nothing changes
 
 
 class NodeDaemon:
@@ -86,6 +93,8 @@ class NodeDaemon:
         self.deferred: list[RawFrame] = []  # DATA waiting for its origin's certificate
         # claim(early=...) of the current session: DATA leaves before the commit.
         self._early: Callable[[list[bytes]], None] | None = None
+        self._watch: sqlite3.Connection | None = None  # see _wait_for_work
+        self._watch_every = settings.watch_interval
         # semq.ops sets these when the daemon runs from the CLI.
         self.drain: DrainControl | None = None  # 'semq admin drain': claim nothing new
         self.metrics: Metrics | None = None
@@ -104,6 +113,14 @@ class NodeDaemon:
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Run until cancelled. Reconnects forever with jittered backoff."""
         task_status.started()
+        try:
+            await self._run()
+        finally:
+            if self._watch is not None:
+                self._watch.close()
+                self._watch = None
+
+    async def _run(self) -> None:
         delay = 0.1
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self._housekeeping)
@@ -282,6 +299,7 @@ class NodeDaemon:
             room = self.window - self.in_flight
             if self.drain is not None and self.drain.requested:
                 room = 0  # draining: acks for what is in flight still come in
+            drained = False  # the table had nothing to claim: watch it for new rows
             if room > 0:
                 now = trio.current_time()
                 skip = frozenset(ep.node_id for ep, t in self.asked.items() if now - t < self.s.cert_retry)
@@ -296,9 +314,64 @@ class NodeDaemon:
                     self.stats["sent"] += n
                     await fs.send(b"".join(out.data))
                     continue
+                drained = True
             self._wake = trio.Event()
             with trio.move_on_after(self.s.poll_interval):
+                if drained:
+                    await self._wait_for_work()
+                else:  # the window is full: only acks (a wake) make room
+                    await self._wake.wait()
+
+    async def _wait_for_work(self) -> None:
+        """Until woken (acks settled, a certificate came, a reload) or another
+        process committed to the store (``PRAGMA data_version`` of a
+        read-only connection changes when any other connection commits: an
+        application's ``semq send``). A few microseconds per look on the
+        event loop; the claim itself stays on the store thread."""
+        watch = self._watcher()
+        if watch is None:
+            await self._wake.wait()
+            return
+        try:
+            seen = watch.execute("PRAGMA data_version").fetchone()[0]
+        except sqlite3.Error:
+            self._watch = None
+            await self._wake.wait()
+            return
+        # Every watch_interval right after activity, stretched by half at each
+        # look that finds nothing, up to watch_max: a burst of sends is seen
+        # within milliseconds, an idle node looks 20 times a second.
+        every = self._watch_every
+        while not self._wake.is_set():
+            with trio.move_on_after(every):
                 await self._wake.wait()
+                break
+            try:
+                if watch.execute("PRAGMA data_version").fetchone()[0] != seen:
+                    break
+            except sqlite3.Error:
+                self._watch = None
+                await self._wake.wait()
+                return
+            every = min(self.s.watch_max, every * 1.5)
+            self._watch_every = every
+        else:
+            return
+        self._watch_every = self.s.watch_interval
+
+    def _watcher(self) -> sqlite3.Connection | None:
+        """The read-only connection for data_version (opened once; None when
+        watching is off or the store cannot be opened that way)."""
+        if self.s.watch_interval <= 0:
+            return None
+        if self._watch is None:
+            try:
+                uri = Path(self.core.path).resolve().as_uri() + "?mode=ro"  # percent-encoded
+                self._watch = sqlite3.connect(uri, uri=True, check_same_thread=False, timeout=0)
+            except sqlite3.Error:
+                self.s.watch_interval = 0
+                return None
+        return self._watch
 
     def _send_early(self, token: trio.lowlevel.TrioToken, nursery: trio.Nursery, fs: FrameStream,
                     data: list[bytes]) -> None:
