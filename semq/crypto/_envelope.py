@@ -218,9 +218,11 @@ _BLOB_HEAD_V2: Final = _BLOB_HEADS[SUITE_EPOCH_KEY]
 
 
 def _encrypt_v2(cipher: AESGCM, wraps: bytes, count: int, app_data: bytes,
-                aad: bytes) -> tuple[bytes, bytes]:
-    """Suite 2: the epoch's cipher, the nonce from 16 fresh random bytes."""
-    salt = os.urandom(SALT_SIZE)
+                aad: bytes, salt: bytes | None = None) -> tuple[bytes, bytes]:
+    """Suite 2: the epoch's cipher, the nonce from 16 fresh random bytes
+    (``salt``: drawn by the caller for a batch, else here)."""
+    if salt is None:
+        salt = os.urandom(SALT_SIZE)
     blob = _BLOB_HEAD_V2 + salt + _COUNT[count] + wraps
     ct = cipher.encrypt(salt[:12], bytes(app_data), U32.pack(len(aad)) + aad + blob)
     return blob, ct
@@ -423,7 +425,9 @@ class Sealer:
             e = self._epoch_ids(ids, recipients, len(chunk))
             if e.cipher is not None:
                 cipher, wraps = e.cipher, e.wraps
-                out.extend([_encrypt_v2(cipher, wraps, count, app_data, aad) for app_data, aad in chunk])
+                rnd = os.urandom(SALT_SIZE * len(chunk))  # one read for the batch: independent salts
+                out.extend([_encrypt_v2(cipher, wraps, count, app_data, aad, rnd[j:j + SALT_SIZE])
+                            for j, (app_data, aad) in zip(range(0, len(rnd), SALT_SIZE), chunk, strict=True)])
             else:
                 out.extend([_encrypt(e.file_key, e.wraps, count, app_data, aad) for app_data, aad in chunk])
         return out

@@ -38,6 +38,7 @@ from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric import ed25519
 
 from semq.umxt_protocol import LK0, MAX_ACK_BATCH, AckEntry, Endpoint
+from semq.umxt_protocol._frames import _lk0_wire
 
 from ._errors import BadSignature, UnknownCertificate
 from ._merkle import HASH_SIZE, MerkleTree, leaf_hash, root_from_path
@@ -98,8 +99,9 @@ def ack_entry_lk0(entry: AckEntry, origin: Endpoint) -> LK0:
     the entry's dest_semq_id / dest_semq_db_id / dest_ref_id. The manifest of
     a batch receipt is ``[(ack_entry_lk0(e, me), stored digest) for e in
     batch.entries]``."""
-    return LK0(endpoint=origin, semq_id=entry.dest_semq_id, semq_db_id=entry.dest_semq_db_id,
-               record_id=entry.dest_ref_id)
+    # The codec's constructor for values read off the wire (unsigned by
+    # layout; zero is refused through LK0's own validation).
+    return _lk0_wire(origin, entry.dest_semq_id, entry.dest_semq_db_id, entry.dest_ref_id)
 
 
 def _now_ms() -> int:

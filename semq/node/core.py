@@ -307,11 +307,12 @@ class NodeCore:
                 events.append({"ts": ts, "role": "origin", "event": "sent", "lk0": f"{me_id}/1/1/{r[0]}",
                                "source": me_id, "target": r[2], "attempt": r[14] + 1})
                 (sent if r[6] else gone).append((ts, ts, ts, r[19] if len(r) > 19 else None, r[0]))
+            # (The digest a document was signed with goes to ``receipts`` below;
+            # outbox.digest, schema v2, is no longer written: nothing reads it.)
             self.conn.executemany(
                 "UPDATE outbox SET state=1, attempts=attempts+1, sent_ms=?, state_ms=?,"
-                " last_inquiry_ms=?, due_ms=?+min(?, ?*(1 << min(attempts, 6))), digest=coalesce(?, digest)"
-                " WHERE id=?",
-                [(a, b, c, c, MAX_INQUIRY_BACKOFF_MS, self.inquiry_ms, d, e) for a, b, c, d, e in sent],
+                " last_inquiry_ms=?, due_ms=?+min(?, ?*(1 << min(attempts, 6))) WHERE id=?",
+                [(a, b, c, c, MAX_INQUIRY_BACKOFF_MS, self.inquiry_ms, e) for a, b, c, _d, e in sent],
             )
             self.conn.executemany("DELETE FROM outbox WHERE id=?", [(g[-1],) for g in gone])
             if self.sec is not None:
