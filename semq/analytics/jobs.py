@@ -9,7 +9,10 @@ Shape of the work (issue 5; what costs what is measured by ``scripts/bench repor
    then by message: the first time of every step, the counts, the attributes.
    Strings travel as 64-bit hashes (Spark's fast hash aggregation keeps only
    fixed-width values per group). Cleanup events are not read: they are in no
-   leg. The per-message table is cached (``localCheckpoint``).
+   leg. The per-message table is cached (``localCheckpoint``). Compacted
+   dates are read as the rows of the first aggregation that ``compact``
+   stored (:mod:`.compacted`), about one per message and date instead of
+   twelve events, and merged like the rows of the events.
 2. One small aggregation of that table (a few thousand groups) gives the
    causal bounds between clocks, per-logger facts and connection events;
    clock offsets (:mod:`.clocks`) and offline periods (:mod:`.periods`) are
@@ -41,6 +44,7 @@ from datetime import UTC, datetime
 from typing import Any, Final
 
 from .clocks import ClockOffset, OrderBound, estimate_offsets
+from .compacted import install_partials, list_dates, partials_path
 from .errors import ReportError
 from .events import EVENTS_BY_ROLE, FIELD_NAMES, FIELDS, NODE_EVENTS, ROLES, format_ms, spark_schema
 from .inputs import JSON_SUFFIXES, Inputs
@@ -59,6 +63,8 @@ __all__ = [
     "build_report",
     "compact",
     "load_events",
+    "message_partials",
+    "partial_columns",
 ]
 
 # Events this much before --since are read too: a message queued just after
@@ -212,16 +218,17 @@ class _Stopwatch:
 # ---------------------------------------------------------------- reading
 
 
-def _canonical(df: Any) -> Any:
-    """The log columns in schema order and type; missing ones as nulls."""
+def _canonical(df: Any, *keep: str) -> Any:
+    """The log columns in schema order and type; missing ones as nulls; then `keep`."""
     from pyspark.sql import functions as F
 
     have = set(df.columns)
     return df.select(
-        [
+        *[
             (F.col(n).cast(t) if n in have else F.lit(None).cast(t)).alias(n)
             for n, _, t in FIELDS
-        ]
+        ],
+        *keep,
     )
 
 
@@ -254,6 +261,41 @@ def _list_remote(spark: Any, url: str) -> tuple[list[str], list[str]]:
     return json_files, []
 
 
+def _expand(spark: Any, inputs: Inputs) -> Inputs:
+    """`inputs` with its URLs listed into JSON files and Parquet datasets.
+
+    Raises :class:`ReportError` when a URL holds no logs.
+    """
+    if not inputs.remote:
+        return inputs
+    json_files = list(inputs.json_files)
+    parquet_dirs = list(inputs.parquet_dirs)
+    for url in inputs.remote:
+        j, p = _list_remote(spark, url)
+        if not (j or p):
+            raise ReportError(f"no delivery logs (*.jsonl or Parquet) found in {url}")
+        json_files += j
+        parquet_dirs += p
+    return Inputs(json_files=json_files, parquet_dirs=parquet_dirs,
+                  skipped_by_date=inputs.skipped_by_date)
+
+
+def _window(since_ms: int | None, until_ms: int | None) -> tuple[int | None, int | None]:
+    """The event times read for messages queued in [since, until): [lo, hi)."""
+    return (None if since_ms is None else since_ms - SKEW_MARGIN_MS,
+            None if until_ms is None else until_ms + FOLLOW_UP_MS)
+
+
+def _in_window(events: Any, lo: int | None, hi: int | None) -> Any:
+    from pyspark.sql import functions as F
+
+    if lo is not None:
+        events = events.where(F.col("ts") >= lo)
+    if hi is not None:
+        events = events.where(F.col("ts") < hi)
+    return events
+
+
 def load_events(spark: Any, inputs: Inputs, since_ms: int | None = None,
                 until_ms: int | None = None) -> Any:
     """One DataFrame of all log events (schema of docs/events.md), time-filtered.
@@ -263,21 +305,13 @@ def load_events(spark: Any, inputs: Inputs, since_ms: int | None = None,
     """
     from pyspark.sql import functions as F
 
-    json_files = list(inputs.json_files)
-    parquet_dirs = list(inputs.parquet_dirs)
-    for url in inputs.remote:
-        j, p = _list_remote(spark, url)
-        if not (j or p):
-            raise ReportError(f"no delivery logs (*.jsonl or Parquet) found in {url}")
-        json_files += j
-        parquet_dirs += p
-    lo = None if since_ms is None else since_ms - SKEW_MARGIN_MS
-    hi = None if until_ms is None else until_ms + FOLLOW_UP_MS
+    inputs = _expand(spark, inputs)
+    lo, hi = _window(since_ms, until_ms)
     frames = []
-    if json_files:
+    if inputs.json_files:
         # The explicit schema saves Spark a full pass to infer one (issue 5).
-        frames.append(spark.read.schema(spark_schema()).json(json_files))
-    for d in parquet_dirs:
+        frames.append(spark.read.schema(spark_schema()).json(inputs.json_files))
+    for d in inputs.parquet_dirs:
         # The log schema given, as for JSON: Spark then reads no Parquet footers
         # to infer one (a job of its own before the report starts). Columns a
         # dataset lacks read as nulls; the date partitions are still discovered.
@@ -289,12 +323,80 @@ def load_events(spark: Any, inputs: Inputs, since_ms: int | None = None,
             if hi is not None:
                 df = df.where(F.col("date") <= F.lit(_utc_date(hi + 86_400_000)))
         frames.append(_canonical(df))
-    events = functools.reduce(lambda a, b: a.unionByName(b), frames)
-    if lo is not None:
-        events = events.where(F.col("ts") >= lo)
-    if hi is not None:
-        events = events.where(F.col("ts") < hi)
-    return events
+    return _in_window(functools.reduce(lambda a, b: a.unionByName(b), frames), lo, hi)
+
+
+@dataclass(kw_only=True)
+class _Sources:
+    """What the per-message step reads (:func:`_message_sources`)."""
+
+    events: Any | None  # log lines: JSON, and dates read from their events
+    partials: Any | None  # partial rows of compacted dates (:func:`message_partials`)
+    partial_days: int
+    event_days: int
+
+    def describe(self) -> str:
+        if not (self.partial_days or self.event_days):
+            return ""
+        return (f"compacted dates: {self.partial_days} from per-message partials, "
+                f"{self.event_days} from their events")
+
+
+def _message_sources(spark: Any, inputs: Inputs, since_ms: int | None,
+                     until_ms: int | None) -> _Sources:
+    """The inputs of the per-message step, for messages queued in [since, until).
+
+    A compacted date wholly inside the window of event times and with complete
+    partials (:mod:`.compacted`) is read as its partial rows. A date the window
+    cuts is read as events filtered by time, as JSON is, because its partial
+    rows would include events outside the window; so are dates without
+    complete partials. Dates outside the window are not read. The result is
+    the same as from the logs themselves: partial rows merge exactly.
+    """
+    from pyspark.sql import functions as F
+
+    inputs = _expand(spark, inputs)
+    lo, hi = _window(since_ms, until_ms)
+    frames = []
+    if inputs.json_files:
+        frames.append(spark.read.schema(spark_schema()).json(inputs.json_files))
+    partial_dirs: list[str] = []
+    event_days = 0
+    for d in inputs.parquet_dirs:
+        dates = list_dates(spark, d)
+        if not dates.dates:  # not partitioned by date: only the events
+            frames.append(_canonical(spark.read.schema(spark_schema()).parquet(d)))
+            continue
+        from_events = []
+        for day in dates.dates:
+            start = _day_ms(day)
+            end = start + DAY_MS
+            if (lo is not None and end <= lo) or (hi is not None and start >= hi):
+                continue
+            inside = (lo is None or start >= lo) and (hi is None or end <= hi)
+            if inside and day in dates.with_partials:
+                partial_dirs.append(partials_path(d, day))
+            else:
+                from_events.append(day)
+        if from_events:
+            event_days += len(from_events)
+            df = spark.read.schema(spark_schema()).parquet(d)
+            # The partition value is the UTC date of `ts` (compact): exact pruning.
+            frames.append(_canonical(df.where(F.col("date").cast("string").isin(from_events))))
+    events = None
+    if frames:
+        events = _in_window(functools.reduce(lambda a, b: a.unionByName(b), frames), lo, hi)
+    partials = None
+    if partial_dirs:
+        schema = ", ".join(f"{n} {t}" for n, t in partial_columns())
+        partials = spark.read.schema(schema).parquet(*partial_dirs)
+    return _Sources(events=events, partials=partials, partial_days=len(partial_dirs),
+                    event_days=event_days)
+
+
+def _day_ms(day: str) -> int:
+    d = datetime.strptime(day, "%Y-%m-%d").replace(tzinfo=UTC)
+    return int(d.timestamp() * 1000)
 
 
 def _utc_date(ms: int) -> str:
@@ -330,24 +432,10 @@ def _hash(col: str) -> Any:
     return F.when(F.col(col).isNotNull(), F.xxhash64(F.col(col)))
 
 
-def _per_message(events: Any) -> Any:
-    """Group all events by LK0: first time of every step, counts, attributes.
-
-    One shuffle (by the message key), then two aggregations in the same tasks.
-    The first groups by (message, ``dk``): ``dk`` identifies one counted event
-    (a hash of :data:`IDENTITY_FIELDS`) and is null for every other event, so
-    exact duplicate lines of counted events collapse into one row while the
-    other events of a message become a single row of first times. The second
-    groups by message. Sends and platform deliveries are counted by their
-    highest ``attempt`` (a repeated line does not change it); only lines
-    without one are counted one by one.
-
-    Two kinds of rows ride along, so that this one pass over the input also
-    yields them: each platform connection event is its own tiny group (key
-    ``\\x01node|logger|node|event|ts``, once however often it was logged), and
-    malformed lines (no time, logger, role or event; an unknown event; a
-    message event without LK0) are counted in the group ``\\x01bad``.
-    """
+def _prepared(events: Any, *keep: str) -> Any:
+    """Each event as the per-message step needs it: the group key ``k``, the
+    event code, the hashed strings, and ``dk`` (see :func:`_per_message`).
+    Columns named in `keep` (e.g. ``date``) are passed through."""
     from pyspark.sql import functions as F
 
     c = F.col
@@ -381,7 +469,7 @@ def _per_message(events: Any) -> Any:
     unused = functools.reduce(lambda a, b: a | b, [
         (c("role") == r) & (c("event") == e) for r, e in _UNUSED
     ])
-    pre = (
+    return (
         events.where(~F.coalesce(unused, F.lit(False)))
         .select("*", _event_code().alias("ec"))
         .select(
@@ -389,26 +477,106 @@ def _per_message(events: Any) -> Any:
             _hash("logger").alias("lh"),
             *[_hash(col).alias(f"{col}_h") for col in _DICT_COLUMNS if col != "logger"],
             F.when(counted, identity).alias("dk"),
+            *keep,
         )
     )
-    ts = c("ts")
+
+
+_ATTRIBUTES: Final = ("save_fwd", "ack2", "reliable",
+                      *[f"{col}_h" for col in _DICT_COLUMNS if col != "logger"])
+_ATTRIBUTE_TYPES: Final = {"save_fwd": "int", "ack2": "boolean", "reliable": "boolean"}
+
+
+def _level1() -> list[tuple[str, Any, str, str]]:
+    """The first aggregation of the per-message step, per (message, ``dk``):
+    ``(column, aggregate over events, how two rows of it merge, type)``.
+
+    Every aggregate is a min, max or count, so rows computed from separate
+    parts of the events (compaction runs, dates, inputs) merge into exactly the
+    row of all the events together: min and max merge as themselves, counts
+    as sums. :data:`PARTIAL_SCHEMA` is this table's output.
+    """
+    from pyspark.sql import functions as F
+
+    c = F.col
+    ec, ts = c("ec"), c("ts")
+    sent, delivered = _EVENT_CODES[("origin", "sent")], _EVENT_CODES[("platform", "delivered")]
     roles = {p: ec.between(*_ROLE_CODES[r]) for p, r in (("o", "origin"), ("p", "platform"), ("r", "receiver"))}
-    attributes = ("save_fwd", "ack2", "reliable", *[f"{col}_h" for col in _DICT_COLUMNS if col != "logger"])
-    level1 = [
-        *[F.min(F.when(ec == _EVENT_CODES[(r, e)], ts)).alias(name) for name, r, e in _FIRSTS],
-        F.max(F.when(ec.isin(*_codes(_FAILURES)), c("code"))).alias("code"),
-        F.max(F.when(ec == sent, c("attempt"))).alias("sent_attempt"),
-        F.max(F.when(ec == delivered, c("attempt"))).alias("delivered_attempt"),
-        *[F.max(F.when(is_role, c("lh"))).alias(f"{p}_lh") for p, is_role in roles.items()],
-        *[F.max(F.when(is_role, ts)).alias(f"{p}_last") for p, is_role in roles.items()],
-        *[F.count(F.when(is_role, 1)).alias(f"{p}_lines") for p, is_role in roles.items()],
+    return [
+        *[(name, F.min(F.when(ec == _EVENT_CODES[(r, e)], ts)), "min", "bigint") for name, r, e in _FIRSTS],
+        ("code", F.max(F.when(ec.isin(*_codes(_FAILURES)), c("code"))), "max", "int"),
+        ("sent_attempt", F.max(F.when(ec == sent, c("attempt"))), "max", "int"),
+        ("delivered_attempt", F.max(F.when(ec == delivered, c("attempt"))), "max", "int"),
+        *[(f"{p}_lh", F.max(F.when(is_role, c("lh"))), "max", "bigint") for p, is_role in roles.items()],
+        *[(f"{p}_last", F.max(F.when(is_role, ts)), "max", "bigint") for p, is_role in roles.items()],
+        *[(f"{p}_lines", F.count(F.when(is_role, 1)), "sum", "bigint") for p, is_role in roles.items()],
         # Every message event carries the same attributes; max() picks the one
         # value (booleans: true if any event says so).
-        *[F.max(a).alias(a) for a in attributes],
-        F.min(ts).alias("first_ts"),
-        F.max("ec").alias("ec"),
-        F.count(F.lit(1)).alias("lines"),
+        *[(a, F.max(a), "max", _ATTRIBUTE_TYPES.get(a, "bigint")) for a in _ATTRIBUTES],
+        ("first_ts", F.min(ts), "min", "bigint"),
+        ("ec", F.max("ec"), "max", "tinyint"),
+        ("lines", F.count(F.lit(1)), "sum", "bigint"),
     ]
+
+
+def partial_columns() -> list[tuple[str, str]]:
+    """``(name, Spark type)`` of a per-message partial row, as compaction writes it."""
+    return [("k", "string"), ("dk", "bigint"), *[(n, t) for n, _, _, t in _level1()]]
+
+
+def message_partials(events: Any, *keys: str) -> Any:
+    """The first aggregation of the per-message step over `events`, per
+    (message, ``dk``, `keys`...): the partial rows ``semq report compact``
+    stores, in :func:`partial_columns` order and types."""
+    from pyspark.sql import functions as F
+
+    level1 = _level1()
+    return (
+        _prepared(events, *keys)
+        .groupBy("k", "dk", *keys)
+        .agg(*[agg.alias(name) for name, agg, _, _ in level1])
+        .select(*[F.col(n).cast(t).alias(n) for n, t in partial_columns()], *keys)
+    )
+
+
+def _per_message(events: Any | None, partials: Any | None = None) -> Any:
+    """Group all events by LK0: first time of every step, counts, attributes.
+
+    `events` are log lines; `partials` are rows :func:`message_partials` made
+    earlier (``semq report compact``) from other lines. At least one is given.
+
+    Two aggregations after one shuffle (by the message key), in the same
+    tasks. The first groups by (message, ``dk``): ``dk`` identifies one
+    counted event (a hash of :data:`IDENTITY_FIELDS`) and is null for every
+    other event, so exact duplicate lines of counted events collapse into one
+    row while the other events of a message become a single row of first
+    times. Partial rows are merged by the same key, so a counted event that is
+    in two inputs still counts once. The second groups by message. Sends and
+    platform deliveries are counted by their highest ``attempt`` (a repeated
+    line does not change it); only lines without one are counted one by one.
+
+    Two kinds of rows ride along, so that this one pass over the input also
+    yields them: each platform connection event is its own tiny group (key
+    ``\\x01node|logger|node|event|ts``, once however often it was logged), and
+    malformed lines (no time, logger, role or event; an unknown event; a
+    message event without LK0) are counted in the group ``\\x01bad``.
+    """
+    from pyspark.sql import functions as F
+
+    c = F.col
+    level1 = _level1()
+    if partials is None:
+        # repartition("k") is the one shuffle; both aggregations find their
+        # input clustered by k already (a subset of their keys) and add none.
+        rows = (_prepared(events).repartition("k").groupBy("k", "dk")
+                .agg(*[agg.alias(name) for name, agg, _, _ in level1]))
+    else:
+        if events is not None:
+            partials = partials.unionByName(message_partials(events))
+        merge = {"min": F.min, "max": F.max, "sum": F.sum}
+        rows = (partials.repartition("k").groupBy("k", "dk")
+                .agg(*[merge[how](name).alias(name) for name, _, how, _ in level1]))
+    ec = c("ec")
     is_counted = c("dk").isNotNull()
 
     def count(r: str, e: str) -> Any:
@@ -423,19 +591,17 @@ def _per_message(events: Any) -> Any:
         count("platform", "inquiry").alias("p_inquiries"),
         count("receiver", "duplicate").alias("r_duplicates"),
         F.max("code").alias("code"),
-        *[F.max(f"{p}_lh").alias(f"{p}_lh") for p in roles],
-        *[F.max(f"{p}_last").alias(f"{p}_last") for p in roles],
-        *[F.sum(f"{p}_lines").alias(f"{p}_lines") for p in roles],
-        *[F.max(a).alias(a) for a in attributes],
+        *[F.max(f"{p}_lh").alias(f"{p}_lh") for p in "opr"],
+        *[F.max(f"{p}_last").alias(f"{p}_last") for p in "opr"],
+        *[F.sum(f"{p}_lines").alias(f"{p}_lines") for p in "opr"],
+        *[F.max(a).alias(a) for a in _ATTRIBUTES],
         F.min("first_ts").alias("first_ts"),
         F.sum("lines").alias("lines"),
         # Lines dropped as exact duplicates (counted events and connection events).
         F.sum(F.when(is_counted | c("k").startswith(_NODE_KEY), c("lines") - 1).otherwise(0))
         .alias("duplicate_lines"),
     ]
-    # repartition("k") is the one shuffle; both aggregations find their input
-    # clustered by k already (a subset of their keys) and add none.
-    return pre.repartition("k").groupBy("k", "dk").agg(*level1).groupBy("k").agg(*level2)
+    return rows.groupBy("k").agg(*level2)
 
 
 @dataclass(kw_only=True)
@@ -633,11 +799,16 @@ def build_report(spark: Any, inputs: Inputs, options: ReportOptions | None = Non
     _require_sketches()
     opts = options or ReportOptions()
     watch = _Stopwatch(opts.progress)
+    inputs = _expand(spark, inputs)
+    # All events of the window, for the strings of the last step (_lookup).
     events = load_events(spark, inputs, opts.since_ms, opts.until_ms)
+    sources = _message_sources(spark, inputs, opts.since_ms, opts.until_ms)
+    if sources.describe():
+        opts.progress(sources.describe())
     # localCheckpoint keeps the rows as they are (memory, spilling to disk);
     # persist() would first build compressed column batches, which measured
     # several times slower on this 1 M-row table.
-    grouped = _per_message(events).localCheckpoint(eager=True)
+    grouped = _per_message(sources.events, sources.partials).localCheckpoint(eager=True)
     facts = _message_facts(grouped)
     watch.lap("join events by LK0", f"{facts.total_messages:,} messages, {facts.duplicates:,} "
               f"duplicate lines ignored, {facts.malformed:,} malformed")
@@ -712,6 +883,8 @@ def build_report(spark: Any, inputs: Inputs, options: ReportOptions | None = Non
                 (o.reference for o in offsets.values()), None
             ),
             "master": spark.sparkContext.master,
+            # Dates of compacted datasets read as per-message partials / as events.
+            "compacted_dates": {"partials": sources.partial_days, "events": sources.event_days},
             "stage_seconds": dict(watch.stages),
         }
     )
@@ -1341,21 +1514,28 @@ def _date_dirs(out: str) -> dict[str, frozenset[str]] | None:
 
 def compact(spark: Any, inputs: Inputs, out: str,
             progress: Callable[[str], None] = lambda _m: None) -> dict[str, Any]:
-    """Write the logs as Parquet partitioned by UTC date (``OUT/date=YYYY-MM-DD/``).
+    """Write the logs as Parquet partitioned by UTC date (``OUT/date=YYYY-MM-DD/``),
+    each date with its per-message partial rows (layout: :mod:`.compacted`).
 
     Dates present in the input replace the same dates in `out` (dynamic
-    partition overwrite); other dates already there stay. Returns
-    ``{"dates": [(date, events)], "replaced": [date], "events": n}`` for the
-    dates written (for a URL `out`: every date in it, replaced unknown).
-    Lines without a timestamp have no date and are not written.
+    partition overwrite); other dates already there stay. Partials are then
+    computed for every date of `out` that has none (the dates just written,
+    and dates compacted before partials existed). Returns ``{"dates": [(date,
+    events)], "replaced": [date], "events": n, "partials": [date]}`` for the
+    dates written (for a URL `out`: every date in it, replaced unknown). Lines
+    without a timestamp have no date and are not written.
     """
+    import uuid
+
     from pyspark.sql import functions as F
 
     watch = _Stopwatch(progress)
     before = _date_dirs(out)
     events = load_events(spark, inputs)
+    # The UTC date of `ts` whatever the session's time zone: reports rely on
+    # a date partition holding exactly the events of that day.
     dated = events.withColumn(
-        "date", F.to_date(F.timestamp_millis(F.col("ts")))
+        "date", F.date_from_unix_date(F.floor(F.col("ts") / DAY_MS).cast("int"))
     ).where(F.col("date").isNotNull())
     # No shuffle: daily log files are per logger and per date already, so a
     # read task meets one date (two around midnight on a skewed clock) and
@@ -1376,9 +1556,34 @@ def compact(spark: Any, inputs: Inputs, out: str,
         written_df = written_df.where(F.col("date").cast("string").isin(written))
     counts = written_df.groupBy("date").count().orderBy("date").collect()
     watch.lap("count", f"{len(counts)} date partition(s)")
+
+    dates = list_dates(spark, out)
+    todo = [d for d in dates.dates if d not in dates.with_partials]
+    if todo:
+        # From the events just written, not from the input: Parquet is read
+        # many times faster than JSON is parsed, and the partials are then
+        # by construction those of the events beside them.
+        staging = f"{out.rstrip('/')}/_staging-{uuid.uuid4().hex}"
+        raw = spark.read.schema(spark_schema()).parquet(out)
+        raw = _canonical(raw.where(F.col("date").cast("string").isin(todo)), "date")
+        try:
+            message_partials(raw, "date").write.partitionBy("date").parquet(staging)
+            install_partials(spark, staging, out, todo)
+        finally:
+            _delete(spark, staging)
+        watch.lap("per-message partials", f"{len(todo)} date partition(s)")
     return {
         "dates": [(str(r["date"]), int(r["count"])) for r in counts],
         "replaced": replaced,
         "events": sum(int(r["count"]) for r in counts),
         "columns": list(FIELD_NAMES),
+        "partials": todo,
     }
+
+
+def _delete(spark: Any, path: str) -> None:
+    jvm = spark.sparkContext._jvm
+    p = jvm.org.apache.hadoop.fs.Path(path)
+    fs = p.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration())
+    if fs.exists(p):
+        fs.delete(p, True)
