@@ -337,6 +337,24 @@ def test_partials_of_separate_compaction_runs_merge(spark: Any, synth_logs: Path
         assert got.meta[key] == synth_report.meta[key], key
 
 
+def test_compacted_dates_are_reported_from_their_partials_alone(
+        spark: Any, compacted_by_day: Path, synth_report: ReportData, tmp_path: Path) -> None:
+    """Partials carry everything a report needs, names and the AppKeys of the
+    stuck and failed lists included: with the events' files gone, the report
+    is the same."""
+    import shutil
+
+    out = tmp_path / "pq"
+    shutil.copytree(compacted_by_day, out)
+    removed = [p for p in out.glob("date=*/part-*") if p.is_file()]
+    assert removed
+    for p in removed:
+        p.unlink()
+    got = build_report(spark, resolve_inputs([str(out)]), ReportOptions(with_messages=True))
+    assert len(got["stuck"]) and len(got["failed"])
+    assert_same_tables(synth_report, got)
+
+
 @pytest.mark.parametrize("window", [(1, 5, 2, 0), (1, 5, None, None), (1, 0, 1, 12)])
 def test_a_window_reads_cut_dates_from_events_and_whole_dates_from_partials(
         spark: Any, synth_logs: Path, compacted_by_day: Path, window: tuple[Any, ...]) -> None:

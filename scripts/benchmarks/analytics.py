@@ -71,7 +71,7 @@ _STAGE_RE = re.compile(r"\] (.+?): .*?([\d.]+) s$")
 _CPU_RE = re.compile(r"^\[bench\] jvm cpu ([\d.]+) s$", re.MULTILINE)
 # Bumped when `compact` writes a different layout, so a dataset cached by an
 # older version is not taken for the current one.
-_LAYOUT = "v2"
+_LAYOUT = "v3"
 
 
 def _load() -> float:

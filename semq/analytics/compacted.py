@@ -4,13 +4,16 @@
 
     DIR/date=YYYY-MM-DD/part-*.parquet                 the events of that UTC date
     DIR/date=YYYY-MM-DD/_messages/part-*.parquet       their per-message partial rows
-    DIR/date=YYYY-MM-DD/_messages/_COMPLETE_V1         written once those rows are all there
+    DIR/date=YYYY-MM-DD/_messages/_COMPLETE_V2         written once those rows are all there
 
 The events are the log lines, unchanged (docs/events.md). The partial rows
 are the first aggregation of the report's per-message step over the events
 of that date (:func:`.jobs.message_partials`): one row per message and
 counted event, which a report merges with the rows of the message's other
-dates, compaction runs and inputs instead of shuffling every event again.
+dates, compaction runs and inputs instead of shuffling every event again;
+with the AppKey subtype and key of each message and one row per distinct
+party, logger and AppKey type naming its hash, so a report over compacted
+dates reads no event at all.
 
 Why the partials live *inside* their date's directory: ``compact`` replaces
 a date by deleting its directory and moving the new one in (Spark's dynamic
@@ -45,7 +48,7 @@ __all__ = [
 PARTIALS_DIR: Final = "_messages"
 # The version in the name: a reader that knows another layout of the partial
 # rows finds no marker and reads the events of the date instead.
-PARTIALS_MARKER: Final = "_COMPLETE_V1"
+PARTIALS_MARKER: Final = "_COMPLETE_V2"
 _DATE_DIR_RE: Final = re.compile(r"^date=(\d{4}-\d{2}-\d{2})$")
 
 

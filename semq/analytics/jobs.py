@@ -89,6 +89,13 @@ DAY_MS: Final = 86_400_000
 # with a character no LK0 holds.
 _NODE_KEY: Final = "\u0001node|"
 _BAD_KEY: Final = "\u0001bad"
+# Compacted partials also hold one row per distinct string of the hashed
+# columns, "\x01name|<column>|<value>", its hash in the column's own place
+# (loggers: o_lh): the report then names what it shows without reading events.
+_NAME_KEY: Final = "\u0001name|"
+# Strings of a message that compacted partials keep for the stuck and failed
+# lists; the report never aggregates them.
+PARTIAL_STRINGS: Final = ("subtype", "key")
 # String attributes carried through the per-message aggregation as 64-bit hashes:
 # Spark's fast hash aggregation keeps only fixed-width values per group, and a
 # string aggregate (first(), max()) forces a sort of every event instead. On
@@ -226,7 +233,7 @@ def _canonical(df: Any, *keep: str) -> Any:
     have = set(df.columns)
     return df.select(
         *[
-            (F.col(n).cast(t) if n in have else F.lit(None).cast(t)).alias(n)
+            (F.col(n).cast(_t(t)) if n in have else F.lit(None).cast(_t(t))).alias(n)
             for n, _, t in FIELDS
         ],
         *keep,
@@ -383,16 +390,48 @@ def _message_sources(spark: Any, inputs: Inputs, since_ms: int | None,
             event_days += len(from_events)
             df = spark.read.schema(spark_schema()).parquet(d)
             # The partition value is the UTC date of `ts` (compact): exact pruning.
-            frames.append(_canonical(df.where(F.col("date").cast("string").isin(from_events))))
+            frames.append(_canonical(df.where(F.col("date").isin(*_dates(from_events)))))
     events = None
     if frames:
         events = _in_window(functools.reduce(lambda a, b: a.unionByName(b), frames), lo, hi)
     partials = None
     if partial_dirs:
-        schema = ", ".join(f"{n} {t}" for n, t in partial_columns())
-        partials = spark.read.schema(schema).parquet(*partial_dirs)
+        columns = [*partial_columns(), *[(n, "string") for n in PARTIAL_STRINGS]]
+        partials = spark.read.schema(_struct(columns)).parquet(*partial_dirs)
     return _Sources(events=events, partials=partials, partial_days=len(partial_dirs),
                     event_days=event_days)
+
+
+def _t(name: str) -> Any:
+    """The Spark type of a type name, as an object.
+
+    Casts and schemas are given to Spark as type objects (sent as JSON), not
+    as names or DDL text, which Spark parses with its SQL grammar (ANTLR):
+    in a fresh JVM that parser's warm-up and JIT compilation measured about
+    1.6 s of CPU per report.
+    """
+    from pyspark.sql import types as T
+
+    kinds = {"string": T.StringType, "bigint": T.LongType, "long": T.LongType,
+             "int": T.IntegerType, "tinyint": T.ByteType, "boolean": T.BooleanType,
+             "double": T.DoubleType}
+    return kinds[name]()
+
+
+def _struct(columns: list[tuple[str, str]]) -> Any:
+    """A StructType of (name, type name) (see :func:`_t`)."""
+    from pyspark.sql import types as T
+
+    return T.StructType([T.StructField(n, _t(t), True) for n, t in columns])
+
+
+def _dates(days: list[str]) -> list[Any]:
+    """`date` partition values as literals (no cast of every partition value)."""
+    from datetime import date
+
+    from pyspark.sql import functions as F
+
+    return [F.lit(date.fromisoformat(d)) for d in days]
 
 
 def _day_ms(day: str) -> int:
@@ -419,7 +458,7 @@ def _event_code() -> Any:
             code = _EVENT_CODES[(r, e)]
             inner = F.when(event == e, code) if inner is None else inner.when(event == e, code)
         expr = F.when(role == r, inner.otherwise(0)) if expr is None else expr.when(role == r, inner.otherwise(0))
-    return expr.otherwise(0).cast("tinyint")
+    return expr.otherwise(0).cast(_t("tinyint"))
 
 
 def _codes(pairs: Iterable[tuple[str, str]]) -> list[int]:
@@ -446,15 +485,15 @@ def _prepared(events: Any, *keep: str) -> Any:
     key = (
         F.when(complete & node_event,
                F.concat_ws("|", F.lit(_NODE_KEY[:-1]), c("logger"), c("node"), c("event"),
-                           c("ts").cast("string")))
+                           c("ts").cast(_t("string"))))
         .when(complete & (ec != 0) & c("lk0").isNotNull(), c("lk0"))
         .otherwise(F.lit(_BAD_KEY))
     )
 
     def present(col: str, kind: str) -> Any:
         # Spark's hashes skip nulls: a null must hash differently from any value.
-        missing = F.lit("\u0000") if kind == "string" else F.lit(-(1 << 31)).cast(kind)
-        return F.coalesce(c(col).cast(kind), missing)
+        missing = F.lit("\u0000") if kind == "string" else F.lit(-(1 << 31)).cast(_t(kind))
+        return F.coalesce(c(col).cast(_t(kind)), missing)
 
     identity = F.xxhash64(*[
         present(f, "string" if t == "string" else "long")
@@ -525,18 +564,65 @@ def partial_columns() -> list[tuple[str, str]]:
     return [("k", "string"), ("dk", "bigint"), *[(n, t) for n, _, _, t in _level1()]]
 
 
-def message_partials(events: Any, *keys: str) -> Any:
+def message_partials(events: Any, *keys: str, strings: bool = False) -> Any:
     """The first aggregation of the per-message step over `events`, per
     (message, ``dk``, `keys`...): the partial rows ``semq report compact``
-    stores, in :func:`partial_columns` order and types."""
+    stores, in :func:`partial_columns` order and types, then `keys`.
+
+    With `strings`, also the :data:`PARTIAL_STRINGS` of each message (on its
+    row without ``dk``) and the name rows of every hashed string (key
+    ``\x01name|<column>|<value>``), for the stuck and failed lists.
+    """
     from pyspark.sql import functions as F
 
     level1 = _level1()
-    return (
-        _prepared(events, *keys)
-        .groupBy("k", "dk", *keys)
+    columns = [F.col(n).cast(_t(t)).alias(n) for n, t in partial_columns()]
+    if not strings:
+        return (
+            _prepared(events, *keys)
+            .groupBy("k", "dk", *keys)
+            .agg(*[agg.alias(name) for name, agg, _, _ in level1])
+            .select(*columns, *keys)
+        )
+    # Strings cannot be kept per group by Spark's hash aggregation. The events
+    # of a message that carry them (its queued and received lines) share one
+    # value, so they are grouping keys first: about two rows per message and
+    # date, which a sort-based aggregation then merges (instead of sorting
+    # every event).
+    merge = {"min": F.min, "max": F.max, "sum": F.sum}
+    rows = (
+        _prepared(events, *keys, *PARTIAL_STRINGS)
+        .repartition("k")
+        .groupBy("k", "dk", *keys, *PARTIAL_STRINGS)
         .agg(*[agg.alias(name) for name, agg, _, _ in level1])
-        .select(*[F.col(n).cast(t).alias(n) for n, t in partial_columns()], *keys)
+        .groupBy("k", "dk", *keys)
+        .agg(*[merge[how](name).alias(name) for name, _, how, _ in level1],
+             *[F.max(col).alias(col) for col in PARTIAL_STRINGS])
+        .select(*columns, *keys, *PARTIAL_STRINGS)
+    )
+    return rows.unionByName(_name_rows(events, *keys), allowMissingColumns=True)
+
+
+def _name_rows(events: Any, *keys: str) -> Any:
+    """One partial row per distinct value of each hashed column (see _NAME_KEY)."""
+    from pyspark.sql import functions as F
+
+    c = F.col
+    # Distinct combinations first (a few thousand), exploded only then.
+    combos = events.select(*keys, *_DICT_COLUMNS).distinct()
+    values = (
+        combos.select(*keys, F.explode(F.array(*[
+            F.struct(F.lit(col).alias("column"), c(col).alias("value")) for col in _DICT_COLUMNS
+        ])).alias("n"))
+        .select(*keys, "n.column", "n.value")
+        .where(c("value").isNotNull())
+        .distinct()
+    )
+    carrier = {col: f"{col}_h" for col in _DICT_COLUMNS if col != "logger"} | {"logger": "o_lh"}
+    return values.select(
+        F.concat(F.lit(_NAME_KEY), c("column"), F.lit("|"), c("value")).alias("k"),
+        *[F.when(c("column") == col, F.xxhash64("value")).alias(place) for col, place in carrier.items()],
+        *keys,
     )
 
 
@@ -572,6 +658,7 @@ def _per_message(events: Any | None, partials: Any | None = None) -> Any:
         rows = (_prepared(events).repartition("k").groupBy("k", "dk")
                 .agg(*[agg.alias(name) for name, agg, _, _ in level1]))
     else:
+        partials = partials.select(*[n for n, _ in partial_columns()])
         if events is not None:
             partials = partials.unionByName(message_partials(events))
         merge = {"min": F.min, "max": F.max, "sum": F.sum}
@@ -616,6 +703,7 @@ class _Facts:
     last: dict[int, int]  # logger hash -> latest time stamp, own clock
     node_events: list[tuple[str, str, int, str]]
     representatives: dict[tuple[str, int], int]  # (column, hash) -> xxhash64 of an LK0 that has it
+    strings: dict[int, str]  # hash -> string, from the name rows of compacted partials
     total_messages: int
     duplicates: int
     malformed: int
@@ -667,10 +755,18 @@ def _message_facts(grouped: Any) -> _Facts:
     rows = grouped.groupBy(*_CODED_COLUMNS, special.alias("special")).agg(*aggs).collect()
 
     facts = _Facts(bounds=[], names={}, messages={}, lines={}, last={}, node_events=[],
-                   representatives={}, total_messages=0, duplicates=0, malformed=0)
+                   representatives={}, strings={}, total_messages=0, duplicates=0, malformed=0)
     platforms: set[int] = set()
     upper: dict[tuple[int, int], tuple[int, int]] = {}
     for row in rows:
+        if row.special is not None and row.special.startswith(_NAME_KEY):
+            # "\x01name|<column>|<value>", the hash in the column's place: no
+            # lines, no logger activity, only the name.
+            _, column, value = row.special.split("|", 2)
+            h = row["o_lh" if column == "logger" else f"{column}_h"]
+            if h is not None:
+                facts.strings[int(h)] = value
+            continue
         facts.duplicates += int(row.dup or 0)
         for x in "opr":
             h = row[f"{x}_lh"]
@@ -721,18 +817,19 @@ def _literal_table(spark: Any, rows: list[tuple[Any, ...]], schema: str) -> Any:
     """A small DataFrame of Python rows, shipped as one JSON literal.
 
     ``spark.createDataFrame`` pickles the rows and unpickles them in tasks; in
-    a fresh JVM that first use cost more than a second.
+    a fresh JVM that first use cost more than a second. `schema`: ``"name
+    type, ..."`` (type names of :func:`_t`).
     """
     import json
 
     from pyspark.sql import functions as F
+    from pyspark.sql import types as T
 
-    fields = [f.split()[0] for f in schema.split(",")]
-    text = json.dumps([dict(zip(fields, r, strict=True)) for r in rows])
-    struct = ",".join(f"{n}:{t.replace('long', 'bigint')}" for n, t in (f.split() for f in schema.split(",")))
+    columns = [(f.split()[0], f.split()[1]) for f in schema.split(",")]
+    text = json.dumps([dict(zip([n for n, _ in columns], r, strict=True)) for r in rows])
     return (
         spark.range(1)
-        .select(F.explode(F.from_json(F.lit(text), f"array<struct<{struct}>>")).alias("r"))
+        .select(F.explode(F.from_json(F.lit(text), T.ArrayType(_struct(columns)))).alias("r"))
         .select("r.*")
     )
 
@@ -743,21 +840,24 @@ def _name(names: dict[int, str], h: int | None) -> str:
     return names.get(int(h), f"#{h}")
 
 
-def _lookup(spark: Any, events: Any, listed: Iterable[str],
+def _lookup(spark: Any, sources: _Sources, listed: Iterable[str],
             representatives: dict[tuple[str, int], int]) -> tuple[
                 dict[int, str], dict[str, tuple[str | None, str | None]]]:
-    """One scan of the logs for the strings the report shows but did not carry.
+    """One scan for the strings the report shows but did not carry.
 
     Returns the dictionary of hashed strings (parties, loggers, AppKey types:
-    read from one representative message each, found by the hash of its LK0)
-    and the AppKey subtype and key of the listed messages (the key is unique
-    per document, so it is not carried through the aggregation).
+    read from one representative message each, found by the hash of its LK0,
+    in the events read) and the AppKey subtype and key of the listed messages
+    (the key is unique per document, so it is not carried through the
+    aggregation), from the events and from the strings compacted partials
+    keep. Compacted dates name their strings themselves (name rows), so with
+    compacted input only, no event is read here.
     """
     from pyspark.sql import functions as F
 
     c = F.col
     listed = sorted(set(listed))
-    reps = sorted(set(representatives.values()))
+    reps = sorted(set(representatives.values())) if sources.events is not None else []
     names: dict[int, str] = {}
     keys: dict[str, tuple[str | None, str | None]] = {}
     if not (listed or reps):
@@ -768,9 +868,19 @@ def _lookup(spark: Any, events: Any, listed: Iterable[str],
         spark, [(x, None) for x in listed] + [(None, h) for h in reps], "want string, rep_h long",
     ).select(F.coalesce(c("rep_h"), F.xxhash64("want")).alias("kh"), "want",
              c("rep_h").isNotNull().alias("rep"))
+    parts = []
+    if sources.events is not None:
+        parts.append(sources.events.where(c("lk0").isNotNull())
+                     .select("lk0", *PARTIAL_STRINGS, *_DICT_COLUMNS))
+    if sources.partials is not None and listed:
+        parts.append(sources.partials.where(~c("k").startswith("\u0001") & c("key").isNotNull())
+                     .select(c("k").alias("lk0"), *PARTIAL_STRINGS,
+                             *[F.lit(None).cast(_t("string")).alias(col) for col in _DICT_COLUMNS]))
+    if not parts:
+        return names, keys
     rows = (
-        events.select("lk0", "subtype", "key", *_DICT_COLUMNS, F.xxhash64("lk0").alias("kh"))
-        .where(c("lk0").isNotNull())
+        functools.reduce(lambda a, b: a.unionByName(b), parts)
+        .select("*", F.xxhash64("lk0").alias("kh"))
         .join(F.broadcast(ids), "kh")
         .where(c("rep") | (c("want") == c("lk0")))
         .groupBy("rep", F.when(~c("rep"), c("lk0")).alias("lk0"),
@@ -801,8 +911,6 @@ def build_report(spark: Any, inputs: Inputs, options: ReportOptions | None = Non
     opts = options or ReportOptions()
     watch = _Stopwatch(opts.progress)
     inputs = _expand(spark, inputs)
-    # All events of the window, for the strings of the last step (_lookup).
-    events = load_events(spark, inputs, opts.since_ms, opts.until_ms)
     sources = _message_sources(spark, inputs, opts.since_ms, opts.until_ms)
     if sources.describe():
         opts.progress(sources.describe())
@@ -845,10 +953,12 @@ def build_report(spark: Any, inputs: Inputs, options: ReportOptions | None = Non
     message_rows = _message_rows(detail) if opts.with_messages else None
     detail.unpersist()
     listed = [r.lk0 for r in (*stuck_rows, *failed_rows)]
-    names, app_keys = _lookup(spark, events, listed, facts.representatives)
+    unnamed = {k: v for k, v in facts.representatives.items() if k[1] not in facts.strings}
+    names, app_keys = _lookup(spark, sources, listed, unnamed)
     watch.lap("stuck and failed", f"{len(stuck_rows):,} stuck, {len(failed_rows):,} failed")
 
     # The real names of the loggers, from now on.
+    names = {**facts.strings, **names}
     renamed = {facts.names[h]: names.get(h, facts.names[h]) for h in facts.names}
     names = {**facts.names, **names}
     offsets = _rename_offsets(offsets, renamed)
@@ -929,7 +1039,7 @@ def _derive(spark: Any, messages: Any, offsets: dict[int, int], periods: list[Of
     m = messages
     for prefix in ("o", "p", "r"):
         off = F.coalesce(off_map[c(f"{prefix}_lh")], F.lit(0)) if hashes else F.lit(0)
-        m = m.withColumn(f"{prefix}_off", off.cast("long"))
+        m = m.withColumn(f"{prefix}_off", off.cast(_t("long")))
 
     def ref(col: str) -> Any:
         """A timestamp moved to the reference clock."""
@@ -1058,7 +1168,7 @@ def _with_target_offline(spark: Any, m: Any, periods: list[OfflinePeriod], as_of
     found = F.least(c("p_stored"), c("p_dropped"))
     finite = [x for p in periods for x in (p.start, p.end) if x is not None]
     if not finite:
-        return m.withColumn("target_offline_ms", F.lit(None).cast("long"))
+        return m.withColumn("target_offline_ms", F.lit(None).cast(_t("long")))
     first, last = min(finite), max(finite)
     width = max(HOUR_MS, (last - first) // 1024 + 1)
     lowest, highest = -(1 << 62), 1 << 62
@@ -1075,7 +1185,11 @@ def _with_target_offline(spark: Any, m: Any, periods: list[OfflinePeriod], as_of
     ).select(
         "*", F.xxhash64("per_logger").alias("per_lh"), F.xxhash64("per_node").alias("per_nh"),
     ).select("*", F.xxhash64("per_lh", "per_nh", "per_b").alias("per_key"))
-    bucket = F.expr(f"(least(greatest(found_offline, {first}L), {last}L) - {first}L) div {width}L")
+    # The bucket of the moment (clamped into the periods' span), as computed
+    # for the periods above; exact in doubles: epoch ms are far below 2**53.
+    bucket = F.floor(
+        (F.least(F.greatest(c("found_offline"), F.lit(first)), F.lit(last)) - F.lit(first)) / F.lit(width)
+    )
     m = m.withColumn("found_offline", found).withColumn(
         "offline_key",
         F.when(c("found_offline").isNotNull(), F.xxhash64(c("p_lh"), c("target_h"), bucket)),
@@ -1213,7 +1327,7 @@ def _aggregates(detail: Any, opts: ReportOptions, as_of: int) -> _Aggregated | N
         hourly.groupBy((c("hour") - F.pmod(c("hour"), F.lit(DAY_MS))).alias("hour"))
         .agg(*merge).select(F.lit(-1).alias("gid"), "*")
         .unionByName(hourly.agg(*merge).select(F.lit(-2).alias("gid"),
-                                               F.lit(None).cast("long").alias("hour"), "*"),
+                                               F.lit(None).cast(_t("long")).alias("hour"), "*"),
                      allowMissingColumns=True)
     )
     ranks = F.array(*[F.lit(p) for p in PERCENTILES])
@@ -1357,13 +1471,14 @@ def _histogram(detail: Any) -> Table:
     from pyspark.sql import functions as F
 
     vals = detail.select(
-        F.expr("stack(2, 'e2e_ms', e2e_ms, 'delivery_ms', delivery_ms) as (metric, v)")
+        F.stack(F.lit(2), F.lit("e2e_ms"), F.col("e2e_ms"), F.lit("delivery_ms"), F.col("delivery_ms"))
+        .alias("metric", "v")
     ).where(F.col("v").isNotNull())
     binned = vals.select(
         "metric",
         F.when(F.col("v") < 1, F.lit(-1))
         .otherwise(F.floor(F.log10(F.col("v")) * HIST_BINS_PER_DECADE))
-        .cast("long").alias("bin"),
+        .cast(_t("long")).alias("bin"),
     )
     rows = sorted(
         (r["metric"], int(r["bin"]), int(r["count"]))
@@ -1568,7 +1683,7 @@ def compact(spark: Any, inputs: Inputs, out: str,
     # The UTC date of `ts` whatever the session's time zone: reports rely on
     # a date partition holding exactly the events of that day.
     dated = events.withColumn(
-        "date", F.date_from_unix_date(F.floor(F.col("ts") / DAY_MS).cast("int"))
+        "date", F.date_from_unix_date(F.floor(F.col("ts") / DAY_MS).cast(_t("int")))
     ).where(F.col("date").isNotNull())
     # No shuffle: daily log files are per logger and per date already, so a
     # read task meets one date (two around midnight on a skewed clock) and
@@ -1586,7 +1701,7 @@ def compact(spark: Any, inputs: Inputs, out: str,
     if before is not None and after is not None:
         written = sorted(d for d, files in after.items() if before.get(d) != files)
         replaced = [d for d in written if d in before]
-        written_df = written_df.where(F.col("date").cast("string").isin(written))
+        written_df = written_df.where(F.col("date").isin(*_dates(written)))
     counts = written_df.groupBy("date").count().orderBy("date").collect()
     watch.lap("count", f"{len(counts)} date partition(s)")
 
@@ -1598,9 +1713,9 @@ def compact(spark: Any, inputs: Inputs, out: str,
         # by construction those of the events beside them.
         staging = f"{out.rstrip('/')}/_staging-{uuid.uuid4().hex}"
         raw = spark.read.schema(spark_schema()).parquet(out)
-        raw = _canonical(raw.where(F.col("date").cast("string").isin(todo)), "date")
+        raw = _canonical(raw.where(F.col("date").isin(*_dates(todo))), "date")
         try:
-            message_partials(raw, "date").write.partitionBy("date").parquet(staging)
+            message_partials(raw, "date", strings=True).write.partitionBy("date").parquet(staging)
             install_partials(spark, staging, out, todo)
         finally:
             _delete(spark, staging)
