@@ -44,7 +44,9 @@ from semq.analytics.synth import DAY_MS, SynthConfig, generate
 # waited-for child of this process: rusage would not count it).
 _RUNNER = """
 import argparse, os, sys
+import semq
 from semq.analytics import cli, session
+print(f"[bench] semq from {os.path.dirname(semq.__file__)}", file=sys.stderr, flush=True)
 start = session.start_session
 def timed_start(*args, **kwargs):
     spark, created = start(*args, **kwargs)
@@ -69,6 +71,7 @@ sys.exit(a.func(a))
 """
 _STAGE_RE = re.compile(r"\] (.+?): .*?([\d.]+) s$")
 _CPU_RE = re.compile(r"^\[bench\] jvm cpu ([\d.]+) s$", re.MULTILINE)
+_FROM_RE = re.compile(r"^\[bench\] semq from (.+)$", re.MULTILINE)
 # Bumped when `compact` writes a different layout, so a dataset cached by an
 # older version is not taken for the current one.
 _LAYOUT = "v3"
@@ -90,7 +93,9 @@ def _run(args: list[str], *, source: str | None = None,
         env["PYTHONPATH"] = os.pathsep.join(p for p in (source, env.get("PYTHONPATH")) if p)
     t0 = time.monotonic()
     try:
-        proc = subprocess.run([sys.executable, "-c", _RUNNER, *args], capture_output=True,
+        # -P: `python -c` would put the working directory first on sys.path,
+        # before PYTHONPATH, and import whatever semq/ is there.
+        proc = subprocess.run([sys.executable, "-P", "-c", _RUNNER, *args], capture_output=True,
                               text=True, env=env, timeout=timeout)
     except subprocess.TimeoutExpired:
         raise SystemExit(f"error: {' '.join(args[:2])} took longer than {timeout:.0f} s") from None
@@ -103,6 +108,9 @@ def _run(args: list[str], *, source: str | None = None,
         if m:
             stages[m.group(1)] = float(m.group(2))
     cpu = _CPU_RE.search(proc.stderr)
+    origin = _FROM_RE.search(proc.stderr)
+    if origin:
+        print(f"[bench]   ran semq from {origin.group(1)}", file=sys.stderr)
     return wall, stages, float(cpu.group(1)) if cpu else None, proc.stderr
 
 
