@@ -15,6 +15,7 @@ Scenario (true times in ms after T0; the platform's clock is true, org A's runs
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 from collections.abc import Iterator
 from pathlib import Path
@@ -23,6 +24,7 @@ from typing import Any
 import pytest
 
 from semq.analytics import cli
+from semq.analytics.compacted import partials_path
 from semq.analytics.events import parse_time
 from semq.analytics.inputs import resolve_inputs
 from semq.analytics.jobs import LEG_NAMES, ReportOptions, build_report, compact
@@ -262,10 +264,165 @@ def test_compacted_parquet_gives_the_same_tables(spark: Any, logs_dir: Path, tmp
     assert result["events"] == scenario().count
     # B's clock runs 30 s behind: its first events are dated the day before.
     assert [d for d, _ in result["dates"]] == ["2026-11-21", "2026-11-22"]
+    assert result["partials"] == ["2026-11-21", "2026-11-22"]
     again = build_report(spark, resolve_inputs([str(out)]), ReportOptions(with_messages=True))
-    for name, table in report.tables.items():
-        assert again[name].columns == table.columns, name
-        assert again[name].rows == table.rows, name
+    assert again.meta["compacted_dates"] == {"partials": 2, "events": 0}
+    assert_same_tables(report, again)
+
+
+def assert_same_tables(want: ReportData, got: ReportData, skip: tuple[str, ...] = ()) -> None:
+    assert got.tables.keys() == want.tables.keys()
+    for name, table in want.tables.items():
+        if name not in skip:
+            assert got[name].columns == table.columns, name
+            assert got[name].rows == table.rows, name
+
+
+# ---------------------------------------------------------------- compacted datasets
+
+# Small enough that every group holds under SKETCH_K values: percentiles are
+# exact, so two reports agree to the last digit. Over three days, with
+# messages stored for offline targets and skewed clocks, many messages have
+# events on two dates.
+SYNTH = SynthConfig(messages=800, orgs=4, seed=11, duration_ms=3 * 86_400_000)
+
+
+def _log_days(root: Path) -> list[str]:
+    return sorted({p.name.removeprefix("events-").removesuffix(".jsonl")
+                   for p in root.glob("*/events/events-*.jsonl")})
+
+
+@pytest.fixture(scope="module")
+def synth_logs(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("synth")
+    generate(root, SYNTH)
+    return root
+
+
+@pytest.fixture(scope="module")
+def synth_report(spark: Any, synth_logs: Path) -> ReportData:
+    return build_report(spark, resolve_inputs([str(synth_logs)]), ReportOptions(with_messages=True))
+
+
+@pytest.fixture(scope="module")
+def compacted_by_day(spark: Any, synth_logs: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The synthetic logs compacted one date per run, as a daily job would."""
+    out = tmp_path_factory.mktemp("compacted") / "pq"
+    for day in _log_days(synth_logs):
+        result = compact(spark, resolve_inputs([str(synth_logs / "*" / "events" / f"events-{day}.jsonl")]),
+                         str(out))
+        assert [d for d, _ in result["dates"]] == [day]
+        assert result["partials"] == [day]
+    return out
+
+
+def test_partials_of_separate_compaction_runs_merge(spark: Any, synth_logs: Path, compacted_by_day: Path,
+                                                    synth_report: ReportData) -> None:
+    """A message whose events lie on several dates has partial rows from several
+    compaction runs; merged, they give exactly the report of the raw logs."""
+    from pyspark.sql import functions as F
+
+    days = _log_days(synth_logs)
+    assert len(days) >= 4  # the day before (skewed clocks), three days, the day after
+    keys = functools.reduce(lambda a, b: a.unionByName(b), [
+        spark.read.parquet(partials_path(str(compacted_by_day), d)).select("k", F.lit(d).alias("d"))
+        for d in days
+    ])
+    spanning = keys.groupBy("k").agg(F.countDistinct("d").alias("n")).where("n > 1").count()
+    assert spanning >= 20
+    got = build_report(spark, resolve_inputs([str(compacted_by_day)]), ReportOptions(with_messages=True))
+    assert got.meta["compacted_dates"] == {"partials": len(days), "events": 0}
+    assert_same_tables(synth_report, got)
+    for key in ("events", "duplicate_events", "malformed_events", "messages"):
+        assert got.meta[key] == synth_report.meta[key], key
+
+
+def test_compacted_dates_are_reported_from_their_partials_alone(
+        spark: Any, compacted_by_day: Path, synth_report: ReportData, tmp_path: Path) -> None:
+    """Partials carry everything a report needs, names and the AppKeys of the
+    stuck and failed lists included: with the events' files gone, the report
+    is the same."""
+    import shutil
+
+    out = tmp_path / "pq"
+    shutil.copytree(compacted_by_day, out)
+    removed = [p for p in out.glob("date=*/part-*") if p.is_file()]
+    assert removed
+    for p in removed:
+        p.unlink()
+    got = build_report(spark, resolve_inputs([str(out)]), ReportOptions(with_messages=True))
+    assert len(got["stuck"]) and len(got["failed"])
+    assert_same_tables(synth_report, got)
+
+
+@pytest.mark.parametrize("window", [(1, 5, 2, 0), (1, 5, None, None), (1, 0, 1, 12)])
+def test_a_window_reads_cut_dates_from_events_and_whole_dates_from_partials(
+        spark: Any, synth_logs: Path, compacted_by_day: Path, window: tuple[Any, ...]) -> None:
+    """--since/--until apply to compacted input exactly as to the logs: a date
+    the window of event times cuts is read from its events, a date wholly
+    inside it from its partials."""
+    start = SYNTH.start_ms
+    since = start + window[0] * 86_400_000 + window[1] * HOUR
+    until = None if window[2] is None else start + window[2] * 86_400_000 + window[3] * HOUR
+    opts = ReportOptions(since_ms=since, until_ms=until, with_messages=True)
+    want = build_report(spark, resolve_inputs([str(synth_logs)]), opts)
+    got = build_report(spark, resolve_inputs([str(compacted_by_day)]), opts)
+    assert_same_tables(want, got)
+    used = got.meta["compacted_dates"]
+    # Event times read: [since - 1 h, until + 24 h); the dates in the logs are
+    # 10-31 (skewed clocks, connection events), 11-01..11-03, maybe 11-04.
+    assert used == {(1, 5, 2, 0): {"partials": 1, "events": 1},  # 11-02 cut, 11-03 whole
+                    (1, 5, None, None): {"partials": len(_log_days(synth_logs)) - 3, "events": 1},
+                    (1, 0, 1, 12): {"partials": 1, "events": 2}}[window]  # 11-01 and 11-03 cut
+
+
+def test_dates_without_complete_partials_are_read_from_events(
+        spark: Any, synth_logs: Path, compacted_by_day: Path, synth_report: ReportData,
+        tmp_path: Path) -> None:
+    """A compaction that stopped before the marker, a dataset from before
+    partials, a marker of another layout version: those dates are read from
+    their events. The next compaction into the dataset adds their partials."""
+    import shutil
+
+    from semq.analytics.compacted import PARTIALS_MARKER
+
+    out = tmp_path / "pq"
+    shutil.copytree(compacted_by_day, out)
+    days = _log_days(synth_logs)
+    (Path(partials_path(str(out), days[1])) / PARTIALS_MARKER).unlink()
+    shutil.rmtree(partials_path(str(out), days[2]))
+    marker = Path(partials_path(str(out), days[3])) / PARTIALS_MARKER
+    marker.rename(marker.with_name("_COMPLETE_V0"))
+    got = build_report(spark, resolve_inputs([str(out)]), ReportOptions(with_messages=True))
+    assert got.meta["compacted_dates"] == {"partials": len(days) - 3, "events": 3}
+    assert_same_tables(synth_report, got)
+
+    result = compact(spark, resolve_inputs([str(synth_logs / "*" / "events" / f"events-{days[0]}.jsonl")]),
+                     str(out))
+    assert result["replaced"] == [days[0]]
+    assert result["partials"] == [days[0], days[1], days[2], days[3]]
+    again = build_report(spark, resolve_inputs([str(out)]), ReportOptions(with_messages=True))
+    assert again.meta["compacted_dates"] == {"partials": len(days), "events": 0}
+    assert_same_tables(synth_report, again)
+
+
+def test_compacted_and_raw_logs_together(spark: Any, synth_logs: Path, compacted_by_day: Path,
+                                         tmp_path: Path) -> None:
+    """Partials merge with events read from JSON in the same report: a log given
+    both compacted and raw counts like a log given twice (the same lines read
+    twice, duplicates of counted events ignored)."""
+    import shutil
+
+    copy = tmp_path / "again"
+    shutil.copytree(synth_logs, copy)
+    twice = build_report(spark, resolve_inputs([str(synth_logs), str(copy)]),
+                         ReportOptions(with_messages=True))
+    mixed = build_report(spark, resolve_inputs([str(compacted_by_day), str(copy)]),
+                         ReportOptions(with_messages=True))
+    assert_same_tables(twice, mixed)
+    for key in ("events", "duplicate_events", "malformed_events", "messages"):
+        assert mixed.meta[key] == twice.meta[key], key
+    assert twice.meta["duplicate_events"] > 0
 
 
 def test_html_is_self_contained_and_text_summarizes(report: ReportData) -> None:
