@@ -62,12 +62,18 @@ def accept(core: NodeCore, docs: list[NewDocument]) -> None:
         app.close()
 
 
-async def test_flow_over_memory_streams(tmp_path: Path, autojump_clock: trio.testing.MockClock) -> None:
-    autojump_clock.autojump_threshold = 0.02  # store calls run on a worker thread
+def cores(tmp_path: Path) -> tuple[PlatformCore, NodeCore, NodeCore]:
+    """The platform (with 10008 and 56001 registered) and the two nodes' cores."""
     pcore = PlatformCore(tmp_path / "p.sqlite", create=True, synchronous="OFF", inquiry_interval=15)
     pcore.register(["10008", "56001"])
     a = NodeCore(tmp_path / "a.sqlite", "10008", create=True, synchronous="OFF", inquiry_interval=15)
     b = NodeCore(tmp_path / "b.sqlite", "56001", create=True, synchronous="OFF", inquiry_interval=15)
+    return pcore, a, b
+
+
+async def test_flow_over_memory_streams(tmp_path: Path, autojump_clock: trio.testing.MockClock) -> None:
+    autojump_clock.autojump_threshold = 0.02  # store calls run on a worker thread
+    pcore, a, b = cores(tmp_path)
     platform = PlatformDaemon(pcore, PlatformSettings())
     async with trio.open_nursery() as nursery:
         wire = Wire(platform, nursery)
@@ -112,10 +118,7 @@ async def test_a_document_written_by_another_process_leaves_at_once(
     connection): the daemon sees the store's data_version change and claims
     it within its watch interval, not its poll interval (30 s here)."""
     autojump_clock.autojump_threshold = 0.02  # store calls run on a worker thread
-    pcore = PlatformCore(tmp_path / "p.sqlite", create=True, synchronous="OFF", inquiry_interval=15)
-    pcore.register(["10008", "56001"])
-    a = NodeCore(tmp_path / "a.sqlite", "10008", create=True, synchronous="OFF", inquiry_interval=15)
-    b = NodeCore(tmp_path / "b.sqlite", "56001", create=True, synchronous="OFF", inquiry_interval=15)
+    pcore, a, b = cores(tmp_path)
     platform = PlatformDaemon(pcore, PlatformSettings())
     async with trio.open_nursery() as nursery:
         wire = Wire(platform, nursery)
