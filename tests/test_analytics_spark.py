@@ -27,7 +27,7 @@ from semq.analytics import cli
 from semq.analytics.compacted import partials_path
 from semq.analytics.events import parse_time
 from semq.analytics.inputs import resolve_inputs
-from semq.analytics.jobs import LEG_NAMES, ReportOptions, build_report, compact
+from semq.analytics.jobs import LEG_NAMES, OUTCOMES, ReportOptions, build_report, compact
 from semq.analytics.report import render_html, render_text
 from semq.analytics.synth import SynthConfig, generate
 from semq.analytics.tables import ReportData
@@ -314,6 +314,33 @@ def compacted_by_day(spark: Any, synth_logs: Path, tmp_path_factory: pytest.Temp
         assert [d for d, _ in result["dates"]] == [day]
         assert result["partials"] == [day]
     return out
+
+
+
+def test_every_aggregate_table_agrees_with_the_per_message_table(synth_report: ReportData) -> None:
+    """Tables computed by Spark (pairs, hours), rolled up from the AppKey x
+    SaveFwd combinations (AppKey, SaveFwd) and summed from the hours (days,
+    overall) all equal a direct aggregation of the per-message rows."""
+    messages = synth_report["messages"].dicts()
+    for table, key in (("overall", ()), ("by_pair", ("source", "target")),
+                       ("by_appkey", ("domain", "data_type")), ("by_save_fwd", ("save_fwd",)),
+                       ("by_day", ("day",)), ("by_hour", ("hour",))):
+        groups: dict[tuple[Any, ...], list[dict[str, Any]]] = {}
+        for m in messages:
+            groups.setdefault(tuple(m[k] for k in key), []).append(m)
+        rows = synth_report[table].dicts()
+        assert len(rows) == len(groups), table
+        for row in rows:
+            ms = groups[tuple(row[k] for k in key)]
+            assert row["messages"] == len(ms), (table, row)
+            for outcome in OUTCOMES:
+                assert row[outcome] == sum(m["outcome"] == outcome for m in ms), (table, outcome)
+            for name in (*LEG_NAMES, "target_offline"):
+                values = [m[f"{name}_ms" if name == "target_offline" else name] for m in ms]
+                values = [v for v in values if v is not None]
+                column = "target_offline_max_ms" if name == "target_offline" else f"{name}_max"
+                assert row[column] == (max(values) if values else None), (table, column)
+            assert row["resends"] == sum(m["resends"] for m in ms), table
 
 
 def test_partials_of_separate_compaction_runs_merge(spark: Any, synth_logs: Path, compacted_by_day: Path,

@@ -20,10 +20,12 @@ Shape of the work (issue 5; what costs what is measured by ``scripts/bench repor
    cached table (offsets as a literal map, offline periods through one small
    broadcast join on time buckets) and cached again.
 3. **All aggregates in two passes** over the cached legs, both over grouping
-   sets (pair, AppKey, SaveFwd, hour): counts, sums and maxima in generated
-   code, then mergeable KLL sketches for the percentiles; the per-day rows
-   and the overall row merge the hourly rows and sketches, so no value is
-   sketched twice. Percentiles are exact for groups of up to
+   sets (pair, AppKey x SaveFwd, hour): counts, sums and maxima in generated
+   code, then mergeable KLL sketches for the percentiles; the AppKey and
+   SaveFwd rows merge the rows and sketches of their combinations, the
+   per-day rows and the overall row the hourly ones, so no value is
+   sketched twice. The legs are computed and stored (``localCheckpoint``) by
+   the first of these passes. Percentiles are exact for groups of up to
    :data:`SKETCH_K` values.
 4. Stuck and failed messages: one filter over the cached legs; one more scan
    of the logs reads the strings behind the hashes (one message per distinct
@@ -916,8 +918,10 @@ def build_report(spark: Any, inputs: Inputs, options: ReportOptions | None = Non
         opts.progress(sources.describe())
     # localCheckpoint keeps the rows as they are (memory, spilling to disk);
     # persist() would first build compressed column batches, which measured
-    # several times slower on this 1 M-row table.
-    grouped = _per_message(sources.events, sources.partials).localCheckpoint(eager=True)
+    # several times slower on this 1 M-row table. Not eager: the first job
+    # over the table (the facts) computes and stores it in the same pass,
+    # instead of a count job storing it and the facts job reading it back.
+    grouped = _per_message(sources.events, sources.partials).localCheckpoint(eager=False)
     facts = _message_facts(grouped)
     watch.lap("join events by LK0", f"{facts.total_messages:,} messages, {facts.duplicates:,} "
               f"duplicate lines ignored, {facts.malformed:,} malformed")
@@ -939,7 +943,8 @@ def build_report(spark: Any, inputs: Inputs, options: ReportOptions | None = Non
     )
 
     messages = grouped.where(~grouped["k"].startswith("\u0001")).withColumnRenamed("k", "lk0")
-    detail = _derive(spark, messages, off_by_hash, periods, as_of, opts).localCheckpoint(eager=True)
+    # Stored by the first aggregation over it (see grouped above).
+    detail = _derive(spark, messages, off_by_hash, periods, as_of, opts).localCheckpoint(eager=False)
     grouped.unpersist()
     watch.lap("legs per message")
 
@@ -1235,6 +1240,13 @@ _GROUPINGS: Final = (
     ("by_hour", "Per hour (UTC)", ("hour",)),
 )
 _GROUP_COLUMNS: Final = ("source_h", "target_h", "domain_h", "data_type_h", "save_fwd", "hour")
+# The grouping sets Spark aggregates: every message goes into one group of
+# each (a copy of the row per set). The AppKey and SaveFwd tables are rolled
+# up from their combinations (a few dozen groups), so a message is counted
+# and sketched three times instead of four.
+_APPKEY_SAVE_FWD: Final = ("domain_h", "data_type_h", "save_fwd")
+_SETS: Final = (("source_h", "target_h"), _APPKEY_SAVE_FWD, ("hour",))
+_ROLLED_UP: Final = (("domain_h", "data_type_h"), ("save_fwd",))
 
 
 def _grouping_id(keys: tuple[str, ...]) -> int:
@@ -1266,12 +1278,12 @@ class _Aggregated:
 def _aggregates(detail: Any, opts: ReportOptions, as_of: int) -> _Aggregated | None:
     """Every aggregate table from two passes over the legs (None: no message in the window).
 
-    Both passes aggregate the same grouping sets (pair, AppKey, SaveFwd,
-    hour). The first computes counts, sums and maxima: a hash aggregation in
-    generated code, whose per-day and overall rows are summed up from the
-    hourly rows here on the driver. The second sketches every leg (KLL); the
-    day and overall sketches merge the hourly ones, so no value is sketched
-    twice. They are apart because Spark runs a sketch, an object aggregate,
+    Both passes aggregate the same grouping sets (:data:`_SETS`: pair, AppKey
+    x SaveFwd, hour). The first computes counts, sums and maxima: a hash
+    aggregation in generated code, whose AppKey, SaveFwd, per-day and overall
+    rows are summed up from the combination and hourly rows here on the
+    driver. The second sketches every leg (KLL); the AppKey, SaveFwd, day and
+    overall sketches merge those, so no value is sketched twice. They are apart because Spark runs a sketch, an object aggregate,
     in its generic aggregation path, where each count, sum or max beside it
     cost several times what it costs in generated code (measured on 1 M
     messages: one combined pass 11.6 s of task CPU; the two passes 3.2 s
@@ -1296,13 +1308,21 @@ def _aggregates(detail: Any, opts: ReportOptions, as_of: int) -> _Aggregated | N
         F.min("t0").alias("first_ms"),
         F.max("t0").alias("last_ms"),
     ]
-    sets = [list(keys) for _, _, keys in _GROUPINGS]
+    sets = [list(keys) for keys in _SETS]
     hour_gid = _grouping_id(("hour",))
     rows = [
         r.asDict()
         for r in detail.groupingSets(sets, *_GROUP_COLUMNS)
         .agg(F.grouping_id().alias("gid"), *plain).collect()
     ]
+    combined = [r for r in rows if r["gid"] == _grouping_id(_APPKEY_SAVE_FWD)]
+    rows = [r for r in rows if r["gid"] != _grouping_id(_APPKEY_SAVE_FWD)]
+    for keys in _ROLLED_UP:
+        groups: dict[tuple[Any, ...], list[dict[str, Any]]] = {}
+        for r in combined:
+            groups.setdefault(tuple(r[k] for k in keys), []).append(r)
+        rows += [{**dict.fromkeys(_GROUP_COLUMNS), **_merge_plain(rs), **dict(zip(keys, key, strict=True)),
+                  "gid": _grouping_id(keys)} for key, rs in groups.items()]
     hours = [r for r in rows if r["gid"] == hour_gid]
     by_day: dict[int, list[dict[str, Any]]] = {}
     for r in hours:
@@ -1330,6 +1350,13 @@ def _aggregates(detail: Any, opts: ReportOptions, as_of: int) -> _Aggregated | N
                                                F.lit(None).cast(_t("long")).alias("hour"), "*"),
                      allowMissingColumns=True)
     )
+    # AppKey and SaveFwd from the sketches of their combinations.
+    combined = sketched.where(c("gid") == _grouping_id(_APPKEY_SAVE_FWD))
+    for keys in _ROLLED_UP:
+        merged = merged.unionByName(
+            combined.groupBy(*keys).agg(*merge).select(F.lit(_grouping_id(keys)).alias("gid"), "*"),
+            allowMissingColumns=True,
+        )
     ranks = F.array(*[F.lit(p) for p in PERCENTILES])
 
     def finish(df: Any) -> Any:
@@ -1379,7 +1406,7 @@ def _merge_plain(rows: list[dict[str, Any]]) -> dict[str, Any]:
         values = [r[name] for r in rows if r[name] is not None]
         if not values:
             out[name] = None
-        elif name.endswith("_max") or name == "last_ms":
+        elif name.endswith("_max") or name in ("target_offline_max_ms", "last_ms"):
             out[name] = max(values)
         elif name == "first_ms":
             out[name] = min(values)
