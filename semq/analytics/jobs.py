@@ -37,6 +37,7 @@ pyspark is imported inside the functions: importing this module is free.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import functools
 import math
@@ -527,6 +528,22 @@ def _prepared(events: Any, *keep: str) -> Any:
 _ATTRIBUTES: Final = ("save_fwd", "ack2", "reliable",
                       *[f"{col}_h" for col in _DICT_COLUMNS if col != "logger"])
 _ATTRIBUTE_TYPES: Final = {"save_fwd": "int", "ack2": "boolean", "reliable": "boolean"}
+# (column, how two rows merge, type) of :func:`_level1`, in its order. Apart
+# from the aggregates so that merging stored partials builds none of them
+# (each Spark column built is a round trip to the JVM).
+_LEVEL1_LAYOUT: Final = (
+    *[(name, "min", "bigint") for name, _, _ in _FIRSTS],
+    ("code", "max", "int"),
+    ("sent_attempt", "max", "int"),
+    ("delivered_attempt", "max", "int"),
+    *[(f"{p}_lh", "max", "bigint") for p in "opr"],
+    *[(f"{p}_last", "max", "bigint") for p in "opr"],
+    *[(f"{p}_lines", "sum", "bigint") for p in "opr"],
+    *[(a, "max", _ATTRIBUTE_TYPES.get(a, "bigint")) for a in _ATTRIBUTES],
+    ("first_ts", "min", "bigint"),
+    ("ec", "max", "tinyint"),
+    ("lines", "sum", "bigint"),
+)
 
 
 def _level1() -> list[tuple[str, Any, str, str]]:
@@ -544,26 +561,28 @@ def _level1() -> list[tuple[str, Any, str, str]]:
     ec, ts = c("ec"), c("ts")
     sent, delivered = _EVENT_CODES[("origin", "sent")], _EVENT_CODES[("platform", "delivered")]
     roles = {p: ec.between(*_ROLE_CODES[r]) for p, r in (("o", "origin"), ("p", "platform"), ("r", "receiver"))}
-    return [
-        *[(name, F.min(F.when(ec == _EVENT_CODES[(r, e)], ts)), "min", "bigint") for name, r, e in _FIRSTS],
-        ("code", F.max(F.when(ec.isin(*_codes(_FAILURES)), c("code"))), "max", "int"),
-        ("sent_attempt", F.max(F.when(ec == sent, c("attempt"))), "max", "int"),
-        ("delivered_attempt", F.max(F.when(ec == delivered, c("attempt"))), "max", "int"),
-        *[(f"{p}_lh", F.max(F.when(is_role, c("lh"))), "max", "bigint") for p, is_role in roles.items()],
-        *[(f"{p}_last", F.max(F.when(is_role, ts)), "max", "bigint") for p, is_role in roles.items()],
-        *[(f"{p}_lines", F.count(F.when(is_role, 1)), "sum", "bigint") for p, is_role in roles.items()],
+    aggregates = [
+        *[F.min(F.when(ec == _EVENT_CODES[(r, e)], ts)) for _, r, e in _FIRSTS],
+        F.max(F.when(ec.isin(*_codes(_FAILURES)), c("code"))),
+        F.max(F.when(ec == sent, c("attempt"))),
+        F.max(F.when(ec == delivered, c("attempt"))),
+        *[F.max(F.when(is_role, c("lh"))) for is_role in roles.values()],
+        *[F.max(F.when(is_role, ts)) for is_role in roles.values()],
+        *[F.count(F.when(is_role, 1)) for is_role in roles.values()],
         # Every message event carries the same attributes; max() picks the one
         # value (booleans: true if any event says so).
-        *[(a, F.max(a), "max", _ATTRIBUTE_TYPES.get(a, "bigint")) for a in _ATTRIBUTES],
-        ("first_ts", F.min(ts), "min", "bigint"),
-        ("ec", F.max("ec"), "max", "tinyint"),
-        ("lines", F.count(F.lit(1)), "sum", "bigint"),
+        *[F.max(a) for a in _ATTRIBUTES],
+        F.min(ts),
+        F.max("ec"),
+        F.count(F.lit(1)),
     ]
+    return [(name, agg, how, kind)
+            for (name, how, kind), agg in zip(_LEVEL1_LAYOUT, aggregates, strict=True)]
 
 
 def partial_columns() -> list[tuple[str, str]]:
     """``(name, Spark type)`` of a per-message partial row, as compaction writes it."""
-    return [("k", "string"), ("dk", "bigint"), *[(n, t) for n, _, _, t in _level1()]]
+    return [("k", "string"), ("dk", "bigint"), *[(n, t) for n, _, t in _LEVEL1_LAYOUT]]
 
 
 def message_partials(events: Any, *keys: str, strings: bool = False) -> Any:
@@ -653,19 +672,18 @@ def _per_message(events: Any | None, partials: Any | None = None) -> Any:
     from pyspark.sql import functions as F
 
     c = F.col
-    level1 = _level1()
     if partials is None:
         # repartition("k") is the one shuffle; both aggregations find their
         # input clustered by k already (a subset of their keys) and add none.
         rows = (_prepared(events).repartition("k").groupBy("k", "dk")
-                .agg(*[agg.alias(name) for name, agg, _, _ in level1]))
+                .agg(*[agg.alias(name) for name, agg, _, _ in _level1()]))
     else:
         partials = partials.select(*[n for n, _ in partial_columns()])
         if events is not None:
             partials = partials.unionByName(message_partials(events))
         merge = {"min": F.min, "max": F.max, "sum": F.sum}
         rows = (partials.repartition("k").groupBy("k", "dk")
-                .agg(*[merge[how](name).alias(name) for name, _, how, _ in level1]))
+                .agg(*[merge[how](name).alias(name) for name, how, _ in _LEVEL1_LAYOUT]))
     ec = c("ec")
     is_counted = c("dk").isNotNull()
 
@@ -842,7 +860,7 @@ def _name(names: dict[int, str], h: int | None) -> str:
     return names.get(int(h), f"#{h}")
 
 
-def _lookup(spark: Any, sources: _Sources, listed: Iterable[str],
+def _lookup(spark: Any, sources: _Sources, listed: Any | None,
             representatives: dict[tuple[str, int], int]) -> tuple[
                 dict[int, str], dict[str, tuple[str | None, str | None]]]:
     """One scan for the strings the report shows but did not carry.
@@ -850,7 +868,9 @@ def _lookup(spark: Any, sources: _Sources, listed: Iterable[str],
     Returns the dictionary of hashed strings (parties, loggers, AppKey types:
     read from one representative message each, found by the hash of its LK0,
     in the events read) and the AppKey subtype and key of the listed messages
-    (the key is unique per document, so it is not carried through the
+    (`listed`: a DataFrame of their ``lk0``, the stored per-message table
+    filtered and joined here, not sent through the driver as a literal; the
+    key is unique per document, so it is not carried through the
     aggregation), from the events and from the strings compacted partials
     keep. Compacted dates name their strings themselves (name rows), so with
     compacted input only, no event is read here.
@@ -858,23 +878,27 @@ def _lookup(spark: Any, sources: _Sources, listed: Iterable[str],
     from pyspark.sql import functions as F
 
     c = F.col
-    listed = sorted(set(listed))
     reps = sorted(set(representatives.values())) if sources.events is not None else []
     names: dict[int, str] = {}
     keys: dict[str, tuple[str | None, str | None]] = {}
-    if not (listed or reps):
+    if listed is None and not reps:
         return names, keys
     # Both kinds are joined on the 64-bit hash of the LK0 (a listed message also
     # by its LK0, against collisions).
-    ids = _literal_table(
-        spark, [(x, None) for x in listed] + [(None, h) for h in reps], "want string, rep_h long",
-    ).select(F.coalesce(c("rep_h"), F.xxhash64("want")).alias("kh"), "want",
-             c("rep_h").isNotNull().alias("rep"))
+    wanted = []
+    if listed is not None:
+        wanted.append(listed.select(F.xxhash64("lk0").alias("kh"), c("lk0").alias("want"),
+                                    F.lit(False).alias("rep")))
+    if reps:
+        wanted.append(_literal_table(spark, [(h,) for h in reps], "rep_h long").select(
+            c("rep_h").alias("kh"), F.lit(None).cast(_t("string")).alias("want"),
+            F.lit(True).alias("rep")))
+    ids = functools.reduce(lambda a, b: a.unionByName(b), wanted)
     parts = []
     if sources.events is not None:
         parts.append(sources.events.where(c("lk0").isNotNull())
                      .select("lk0", *PARTIAL_STRINGS, *_DICT_COLUMNS))
-    if sources.partials is not None and listed:
+    if sources.partials is not None and listed is not None:
         parts.append(sources.partials.where(~c("k").startswith("\u0001") & c("key").isNotNull())
                      .select(c("k").alias("lk0"), *PARTIAL_STRINGS,
                              *[F.lit(None).cast(_t("string")).alias(col) for col in _DICT_COLUMNS]))
@@ -956,10 +980,10 @@ def build_report(spark: Any, inputs: Inputs, options: ReportOptions | None = Non
     histogram = _histogram(detail)
     stuck_rows, failed_rows = _stuck_and_failed_rows(detail)
     message_rows = _message_rows(detail) if opts.with_messages else None
-    detail.unpersist()
-    listed = [r.lk0 for r in (*stuck_rows, *failed_rows)]
+    listed = detail.where(detail["outcome"].isin("stuck", "failed")).select("lk0")
     unnamed = {k: v for k, v in facts.representatives.items() if k[1] not in facts.strings}
-    names, app_keys = _lookup(spark, sources, listed, unnamed)
+    names, app_keys = _lookup(spark, sources, listed if stuck_rows or failed_rows else None, unnamed)
+    detail.unpersist()
     watch.lap("stuck and failed", f"{len(stuck_rows):,} stuck, {len(failed_rows):,} failed")
 
     # The real names of the loggers, from now on.
@@ -1524,15 +1548,21 @@ def _histogram(detail: Any) -> Table:
     )
 
 
+_Listed = collections.namedtuple("_Listed", (
+    "lk0", "source_h", "target_h", "domain_h", "data_type_h", "save_fwd", "outcome", "place",
+    "since", "age_ms", "resends", "inquiries", "target_offline_ms", "evidence", "failure",
+    "code", "failed_at",
+))
+
+
 def _stuck_and_failed_rows(detail: Any) -> tuple[list[Any], list[Any]]:
     """The stuck and the failed messages, from one filter over the legs."""
     from pyspark.sql import functions as F
 
-    rows = detail.where(F.col("outcome").isin("stuck", "failed")).select(
-        "lk0", "source_h", "target_h", "domain_h", "data_type_h", "save_fwd", "outcome", "place",
-        "since", "age_ms", "resends", "inquiries", "target_offline_ms", "evidence", "failure",
-        "code", "failed_at",
-    ).collect()
+    # As named tuples: a pyspark Row finds a field by name with a linear
+    # search, which for tens of thousands of listed messages took a second.
+    rows = [_Listed._make(r) for r in detail.where(F.col("outcome").isin("stuck", "failed"))
+            .select(*_Listed._fields).collect()]
     stuck = sorted((r for r in rows if r.outcome == "stuck"),
                    key=lambda r: (r.since is None, r.since or 0, r.lk0))
     failed = sorted((r for r in rows if r.outcome == "failed"),
@@ -1544,8 +1574,8 @@ def _stuck_and_failed(stuck: list[Any], failed: list[Any], stuck_after_ms: int,
                       names: dict[int, str],
                       app_keys: dict[str, tuple[str | None, str | None]]) -> tuple[Table, Table]:
     def who(r: Any) -> tuple[Any, ...]:
-        return (r.lk0, *[None if r[h] is None else _name(names, r[h])
-                         for h in ("source_h", "target_h", "domain_h", "data_type_h")],
+        return (r.lk0, *[None if h is None else _name(names, h)
+                         for h in (r.source_h, r.target_h, r.domain_h, r.data_type_h)],
                 *app_keys.get(r.lk0, (None, None)), r.save_fwd)
 
     def when(ms: Any) -> str | None:
