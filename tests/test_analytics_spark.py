@@ -452,6 +452,27 @@ def test_compacted_and_raw_logs_together(spark: Any, synth_logs: Path, compacted
     assert twice.meta["duplicate_events"] > 0
 
 
+
+def test_two_compacted_datasets_with_the_same_dates(spark: Any, synth_logs: Path,
+                                                     compacted_by_day: Path, tmp_path: Path) -> None:
+    """A report over one dataset takes its partial rows as they are (each
+    counted event in one row); over two that hold the same dates, the rows
+    are merged per counted event first: the same as the logs given twice."""
+    import shutil
+
+    copy = tmp_path / "pq-again"
+    shutil.copytree(compacted_by_day, copy)
+    logs_again = tmp_path / "again"
+    shutil.copytree(synth_logs, logs_again)
+    twice = build_report(spark, resolve_inputs([str(synth_logs), str(logs_again)]),
+                         ReportOptions(with_messages=True))
+    both = build_report(spark, resolve_inputs([str(compacted_by_day), str(copy)]),
+                        ReportOptions(with_messages=True))
+    assert both.meta["compacted_dates"]["events"] == 0
+    assert_same_tables(twice, both)
+    assert both.meta["duplicate_events"] == twice.meta["duplicate_events"] > 0
+
+
 def test_html_is_self_contained_and_text_summarizes(report: ReportData) -> None:
     html = render_html(report)
     assert html.count("<svg") >= 6  # 2 time series, 2 heat maps, 2 histograms, stuck bars

@@ -344,6 +344,10 @@ class _Sources:
     events: Any | None  # log lines: JSON, and dates read from their events
     partials: Any | None  # partial rows of compacted dates (:func:`message_partials`)
     partial_days: int
+    # The partial rows come from one dataset, one row per (message, counted
+    # event) at most: each date's rows are of one compaction and an event has
+    # one date. Then nothing needs merging per (message, counted event).
+    partials_distinct: bool = False
     event_days: int
 
     def describe(self) -> str:
@@ -401,7 +405,9 @@ def _message_sources(spark: Any, inputs: Inputs, since_ms: int | None,
     if partial_dirs:
         columns = [*partial_columns(), *[(n, "string") for n in PARTIAL_STRINGS]]
         partials = spark.read.schema(_struct(columns)).parquet(*partial_dirs)
+    roots = {d for d in inputs.parquet_dirs for p in partial_dirs if p.startswith(d.rstrip("/") + "/")}
     return _Sources(events=events, partials=partials, partial_days=len(partial_dirs),
+                    partials_distinct=len(roots) == 1 and len(set(partial_dirs)) == len(partial_dirs),
                     event_days=event_days)
 
 
@@ -647,7 +653,8 @@ def _name_rows(events: Any, *keys: str) -> Any:
     )
 
 
-def _per_message(events: Any | None, partials: Any | None = None) -> Any:
+def _per_message(events: Any | None, partials: Any | None = None, *,
+                 partials_distinct: bool = False) -> Any:
     """Group all events by LK0: first time of every step, counts, attributes.
 
     `events` are log lines; `partials` are rows :func:`message_partials` made
@@ -668,6 +675,11 @@ def _per_message(events: Any | None, partials: Any | None = None) -> Any:
     ``\\x01node|logger|node|event|ts``, once however often it was logged), and
     malformed lines (no time, logger, role or event; an unknown event; a
     message event without LK0) are counted in the group ``\\x01bad``.
+
+    With `partials_distinct` (partials only, from one dataset: no two rows of
+    one message and counted event, see :class:`_Sources`) the first
+    aggregation is skipped: it would only copy every row into a hash map of a
+    million groups.
     """
     from pyspark.sql import functions as F
 
@@ -677,6 +689,8 @@ def _per_message(events: Any | None, partials: Any | None = None) -> Any:
         # input clustered by k already (a subset of their keys) and add none.
         rows = (_prepared(events).repartition("k").groupBy("k", "dk")
                 .agg(*[agg.alias(name) for name, agg, _, _ in _level1()]))
+    elif events is None and partials_distinct:
+        rows = partials.select(*[n for n, _ in partial_columns()]).repartition("k")
     else:
         partials = partials.select(*[n for n, _ in partial_columns()])
         if events is not None:
@@ -945,7 +959,8 @@ def build_report(spark: Any, inputs: Inputs, options: ReportOptions | None = Non
     # several times slower on this 1 M-row table. Not eager: the first job
     # over the table (the facts) computes and stores it in the same pass,
     # instead of a count job storing it and the facts job reading it back.
-    grouped = _per_message(sources.events, sources.partials).localCheckpoint(eager=False)
+    grouped = _per_message(sources.events, sources.partials,
+                           partials_distinct=sources.partials_distinct).localCheckpoint(eager=False)
     facts = _message_facts(grouped)
     watch.lap("join events by LK0", f"{facts.total_messages:,} messages, {facts.duplicates:,} "
               f"duplicate lines ignored, {facts.malformed:,} malformed")
