@@ -27,7 +27,7 @@ from semq.analytics import cli
 from semq.analytics.compacted import partials_path
 from semq.analytics.events import parse_time
 from semq.analytics.inputs import resolve_inputs
-from semq.analytics.jobs import LEG_NAMES, ReportOptions, build_report, compact
+from semq.analytics.jobs import LEG_NAMES, OUTCOMES, ReportOptions, build_report, compact
 from semq.analytics.report import render_html, render_text
 from semq.analytics.synth import SynthConfig, generate
 from semq.analytics.tables import ReportData
@@ -316,6 +316,33 @@ def compacted_by_day(spark: Any, synth_logs: Path, tmp_path_factory: pytest.Temp
     return out
 
 
+
+def test_every_aggregate_table_agrees_with_the_per_message_table(synth_report: ReportData) -> None:
+    """Tables computed by Spark (pairs, hours), rolled up from the AppKey x
+    SaveFwd combinations (AppKey, SaveFwd) and summed from the hours (days,
+    overall) all equal a direct aggregation of the per-message rows."""
+    messages = synth_report["messages"].dicts()
+    for table, key in (("overall", ()), ("by_pair", ("source", "target")),
+                       ("by_appkey", ("domain", "data_type")), ("by_save_fwd", ("save_fwd",)),
+                       ("by_day", ("day",)), ("by_hour", ("hour",))):
+        groups: dict[tuple[Any, ...], list[dict[str, Any]]] = {}
+        for m in messages:
+            groups.setdefault(tuple(m[k] for k in key), []).append(m)
+        rows = synth_report[table].dicts()
+        assert len(rows) == len(groups), table
+        for row in rows:
+            ms = groups[tuple(row[k] for k in key)]
+            assert row["messages"] == len(ms), (table, row)
+            for outcome in OUTCOMES:
+                assert row[outcome] == sum(m["outcome"] == outcome for m in ms), (table, outcome)
+            for name in (*LEG_NAMES, "target_offline"):
+                values = [m[f"{name}_ms" if name == "target_offline" else name] for m in ms]
+                values = [v for v in values if v is not None]
+                column = "target_offline_max_ms" if name == "target_offline" else f"{name}_max"
+                assert row[column] == (max(values) if values else None), (table, column)
+            assert row["resends"] == sum(m["resends"] for m in ms), table
+
+
 def test_partials_of_separate_compaction_runs_merge(spark: Any, synth_logs: Path, compacted_by_day: Path,
                                                     synth_report: ReportData) -> None:
     """A message whose events lie on several dates has partial rows from several
@@ -423,6 +450,27 @@ def test_compacted_and_raw_logs_together(spark: Any, synth_logs: Path, compacted
     for key in ("events", "duplicate_events", "malformed_events", "messages"):
         assert mixed.meta[key] == twice.meta[key], key
     assert twice.meta["duplicate_events"] > 0
+
+
+
+def test_two_compacted_datasets_with_the_same_dates(spark: Any, synth_logs: Path,
+                                                     compacted_by_day: Path, tmp_path: Path) -> None:
+    """A report over one dataset takes its partial rows as they are (each
+    counted event in one row); over two that hold the same dates, the rows
+    are merged per counted event first: the same as the logs given twice."""
+    import shutil
+
+    copy = tmp_path / "pq-again"
+    shutil.copytree(compacted_by_day, copy)
+    logs_again = tmp_path / "again"
+    shutil.copytree(synth_logs, logs_again)
+    twice = build_report(spark, resolve_inputs([str(synth_logs), str(logs_again)]),
+                         ReportOptions(with_messages=True))
+    both = build_report(spark, resolve_inputs([str(compacted_by_day), str(copy)]),
+                        ReportOptions(with_messages=True))
+    assert both.meta["compacted_dates"]["events"] == 0
+    assert_same_tables(twice, both)
+    assert both.meta["duplicate_events"] == twice.meta["duplicate_events"] > 0
 
 
 def test_html_is_self_contained_and_text_summarizes(report: ReportData) -> None:

@@ -20,10 +20,12 @@ Shape of the work (issue 5; what costs what is measured by ``scripts/bench repor
    cached table (offsets as a literal map, offline periods through one small
    broadcast join on time buckets) and cached again.
 3. **All aggregates in two passes** over the cached legs, both over grouping
-   sets (pair, AppKey, SaveFwd, hour): counts, sums and maxima in generated
-   code, then mergeable KLL sketches for the percentiles; the per-day rows
-   and the overall row merge the hourly rows and sketches, so no value is
-   sketched twice. Percentiles are exact for groups of up to
+   sets (pair, AppKey x SaveFwd, hour): counts, sums and maxima in generated
+   code, then mergeable KLL sketches for the percentiles; the AppKey and
+   SaveFwd rows merge the rows and sketches of their combinations, the
+   per-day rows and the overall row the hourly ones, so no value is
+   sketched twice. The legs are computed and stored (``localCheckpoint``) by
+   the first of these passes. Percentiles are exact for groups of up to
    :data:`SKETCH_K` values.
 4. Stuck and failed messages: one filter over the cached legs; one more scan
    of the logs reads the strings behind the hashes (one message per distinct
@@ -35,6 +37,7 @@ pyspark is imported inside the functions: importing this module is free.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import functools
 import math
@@ -341,6 +344,10 @@ class _Sources:
     events: Any | None  # log lines: JSON, and dates read from their events
     partials: Any | None  # partial rows of compacted dates (:func:`message_partials`)
     partial_days: int
+    # The partial rows come from one dataset, one row per (message, counted
+    # event) at most: each date's rows are of one compaction and an event has
+    # one date. Then nothing needs merging per (message, counted event).
+    partials_distinct: bool = False
     event_days: int
 
     def describe(self) -> str:
@@ -398,7 +405,9 @@ def _message_sources(spark: Any, inputs: Inputs, since_ms: int | None,
     if partial_dirs:
         columns = [*partial_columns(), *[(n, "string") for n in PARTIAL_STRINGS]]
         partials = spark.read.schema(_struct(columns)).parquet(*partial_dirs)
+    roots = {d for d in inputs.parquet_dirs for p in partial_dirs if p.startswith(d.rstrip("/") + "/")}
     return _Sources(events=events, partials=partials, partial_days=len(partial_dirs),
+                    partials_distinct=len(roots) == 1 and len(set(partial_dirs)) == len(partial_dirs),
                     event_days=event_days)
 
 
@@ -525,6 +534,22 @@ def _prepared(events: Any, *keep: str) -> Any:
 _ATTRIBUTES: Final = ("save_fwd", "ack2", "reliable",
                       *[f"{col}_h" for col in _DICT_COLUMNS if col != "logger"])
 _ATTRIBUTE_TYPES: Final = {"save_fwd": "int", "ack2": "boolean", "reliable": "boolean"}
+# (column, how two rows merge, type) of :func:`_level1`, in its order. Apart
+# from the aggregates so that merging stored partials builds none of them
+# (each Spark column built is a round trip to the JVM).
+_LEVEL1_LAYOUT: Final = (
+    *[(name, "min", "bigint") for name, _, _ in _FIRSTS],
+    ("code", "max", "int"),
+    ("sent_attempt", "max", "int"),
+    ("delivered_attempt", "max", "int"),
+    *[(f"{p}_lh", "max", "bigint") for p in "opr"],
+    *[(f"{p}_last", "max", "bigint") for p in "opr"],
+    *[(f"{p}_lines", "sum", "bigint") for p in "opr"],
+    *[(a, "max", _ATTRIBUTE_TYPES.get(a, "bigint")) for a in _ATTRIBUTES],
+    ("first_ts", "min", "bigint"),
+    ("ec", "max", "tinyint"),
+    ("lines", "sum", "bigint"),
+)
 
 
 def _level1() -> list[tuple[str, Any, str, str]]:
@@ -542,26 +567,28 @@ def _level1() -> list[tuple[str, Any, str, str]]:
     ec, ts = c("ec"), c("ts")
     sent, delivered = _EVENT_CODES[("origin", "sent")], _EVENT_CODES[("platform", "delivered")]
     roles = {p: ec.between(*_ROLE_CODES[r]) for p, r in (("o", "origin"), ("p", "platform"), ("r", "receiver"))}
-    return [
-        *[(name, F.min(F.when(ec == _EVENT_CODES[(r, e)], ts)), "min", "bigint") for name, r, e in _FIRSTS],
-        ("code", F.max(F.when(ec.isin(*_codes(_FAILURES)), c("code"))), "max", "int"),
-        ("sent_attempt", F.max(F.when(ec == sent, c("attempt"))), "max", "int"),
-        ("delivered_attempt", F.max(F.when(ec == delivered, c("attempt"))), "max", "int"),
-        *[(f"{p}_lh", F.max(F.when(is_role, c("lh"))), "max", "bigint") for p, is_role in roles.items()],
-        *[(f"{p}_last", F.max(F.when(is_role, ts)), "max", "bigint") for p, is_role in roles.items()],
-        *[(f"{p}_lines", F.count(F.when(is_role, 1)), "sum", "bigint") for p, is_role in roles.items()],
+    aggregates = [
+        *[F.min(F.when(ec == _EVENT_CODES[(r, e)], ts)) for _, r, e in _FIRSTS],
+        F.max(F.when(ec.isin(*_codes(_FAILURES)), c("code"))),
+        F.max(F.when(ec == sent, c("attempt"))),
+        F.max(F.when(ec == delivered, c("attempt"))),
+        *[F.max(F.when(is_role, c("lh"))) for is_role in roles.values()],
+        *[F.max(F.when(is_role, ts)) for is_role in roles.values()],
+        *[F.count(F.when(is_role, 1)) for is_role in roles.values()],
         # Every message event carries the same attributes; max() picks the one
         # value (booleans: true if any event says so).
-        *[(a, F.max(a), "max", _ATTRIBUTE_TYPES.get(a, "bigint")) for a in _ATTRIBUTES],
-        ("first_ts", F.min(ts), "min", "bigint"),
-        ("ec", F.max("ec"), "max", "tinyint"),
-        ("lines", F.count(F.lit(1)), "sum", "bigint"),
+        *[F.max(a) for a in _ATTRIBUTES],
+        F.min(ts),
+        F.max("ec"),
+        F.count(F.lit(1)),
     ]
+    return [(name, agg, how, kind)
+            for (name, how, kind), agg in zip(_LEVEL1_LAYOUT, aggregates, strict=True)]
 
 
 def partial_columns() -> list[tuple[str, str]]:
     """``(name, Spark type)`` of a per-message partial row, as compaction writes it."""
-    return [("k", "string"), ("dk", "bigint"), *[(n, t) for n, _, _, t in _level1()]]
+    return [("k", "string"), ("dk", "bigint"), *[(n, t) for n, _, t in _LEVEL1_LAYOUT]]
 
 
 def message_partials(events: Any, *keys: str, strings: bool = False) -> Any:
@@ -626,7 +653,8 @@ def _name_rows(events: Any, *keys: str) -> Any:
     )
 
 
-def _per_message(events: Any | None, partials: Any | None = None) -> Any:
+def _per_message(events: Any | None, partials: Any | None = None, *,
+                 partials_distinct: bool = False) -> Any:
     """Group all events by LK0: first time of every step, counts, attributes.
 
     `events` are log lines; `partials` are rows :func:`message_partials` made
@@ -647,23 +675,29 @@ def _per_message(events: Any | None, partials: Any | None = None) -> Any:
     ``\\x01node|logger|node|event|ts``, once however often it was logged), and
     malformed lines (no time, logger, role or event; an unknown event; a
     message event without LK0) are counted in the group ``\\x01bad``.
+
+    With `partials_distinct` (partials only, from one dataset: no two rows of
+    one message and counted event, see :class:`_Sources`) the first
+    aggregation is skipped: it would only copy every row into a hash map of a
+    million groups.
     """
     from pyspark.sql import functions as F
 
     c = F.col
-    level1 = _level1()
     if partials is None:
         # repartition("k") is the one shuffle; both aggregations find their
         # input clustered by k already (a subset of their keys) and add none.
         rows = (_prepared(events).repartition("k").groupBy("k", "dk")
-                .agg(*[agg.alias(name) for name, agg, _, _ in level1]))
+                .agg(*[agg.alias(name) for name, agg, _, _ in _level1()]))
+    elif events is None and partials_distinct:
+        rows = partials.select(*[n for n, _ in partial_columns()]).repartition("k")
     else:
         partials = partials.select(*[n for n, _ in partial_columns()])
         if events is not None:
             partials = partials.unionByName(message_partials(events))
         merge = {"min": F.min, "max": F.max, "sum": F.sum}
         rows = (partials.repartition("k").groupBy("k", "dk")
-                .agg(*[merge[how](name).alias(name) for name, _, how, _ in level1]))
+                .agg(*[merge[how](name).alias(name) for name, how, _ in _LEVEL1_LAYOUT]))
     ec = c("ec")
     is_counted = c("dk").isNotNull()
 
@@ -840,7 +874,7 @@ def _name(names: dict[int, str], h: int | None) -> str:
     return names.get(int(h), f"#{h}")
 
 
-def _lookup(spark: Any, sources: _Sources, listed: Iterable[str],
+def _lookup(spark: Any, sources: _Sources, listed: Any | None,
             representatives: dict[tuple[str, int], int]) -> tuple[
                 dict[int, str], dict[str, tuple[str | None, str | None]]]:
     """One scan for the strings the report shows but did not carry.
@@ -848,7 +882,9 @@ def _lookup(spark: Any, sources: _Sources, listed: Iterable[str],
     Returns the dictionary of hashed strings (parties, loggers, AppKey types:
     read from one representative message each, found by the hash of its LK0,
     in the events read) and the AppKey subtype and key of the listed messages
-    (the key is unique per document, so it is not carried through the
+    (`listed`: a DataFrame of their ``lk0``, the stored per-message table
+    filtered and joined here, not sent through the driver as a literal; the
+    key is unique per document, so it is not carried through the
     aggregation), from the events and from the strings compacted partials
     keep. Compacted dates name their strings themselves (name rows), so with
     compacted input only, no event is read here.
@@ -856,23 +892,27 @@ def _lookup(spark: Any, sources: _Sources, listed: Iterable[str],
     from pyspark.sql import functions as F
 
     c = F.col
-    listed = sorted(set(listed))
     reps = sorted(set(representatives.values())) if sources.events is not None else []
     names: dict[int, str] = {}
     keys: dict[str, tuple[str | None, str | None]] = {}
-    if not (listed or reps):
+    if listed is None and not reps:
         return names, keys
     # Both kinds are joined on the 64-bit hash of the LK0 (a listed message also
     # by its LK0, against collisions).
-    ids = _literal_table(
-        spark, [(x, None) for x in listed] + [(None, h) for h in reps], "want string, rep_h long",
-    ).select(F.coalesce(c("rep_h"), F.xxhash64("want")).alias("kh"), "want",
-             c("rep_h").isNotNull().alias("rep"))
+    wanted = []
+    if listed is not None:
+        wanted.append(listed.select(F.xxhash64("lk0").alias("kh"), c("lk0").alias("want"),
+                                    F.lit(False).alias("rep")))
+    if reps:
+        wanted.append(_literal_table(spark, [(h,) for h in reps], "rep_h long").select(
+            c("rep_h").alias("kh"), F.lit(None).cast(_t("string")).alias("want"),
+            F.lit(True).alias("rep")))
+    ids = functools.reduce(lambda a, b: a.unionByName(b), wanted)
     parts = []
     if sources.events is not None:
         parts.append(sources.events.where(c("lk0").isNotNull())
                      .select("lk0", *PARTIAL_STRINGS, *_DICT_COLUMNS))
-    if sources.partials is not None and listed:
+    if sources.partials is not None and listed is not None:
         parts.append(sources.partials.where(~c("k").startswith("\u0001") & c("key").isNotNull())
                      .select(c("k").alias("lk0"), *PARTIAL_STRINGS,
                              *[F.lit(None).cast(_t("string")).alias(col) for col in _DICT_COLUMNS]))
@@ -916,8 +956,11 @@ def build_report(spark: Any, inputs: Inputs, options: ReportOptions | None = Non
         opts.progress(sources.describe())
     # localCheckpoint keeps the rows as they are (memory, spilling to disk);
     # persist() would first build compressed column batches, which measured
-    # several times slower on this 1 M-row table.
-    grouped = _per_message(sources.events, sources.partials).localCheckpoint(eager=True)
+    # several times slower on this 1 M-row table. Not eager: the first job
+    # over the table (the facts) computes and stores it in the same pass,
+    # instead of a count job storing it and the facts job reading it back.
+    grouped = _per_message(sources.events, sources.partials,
+                           partials_distinct=sources.partials_distinct).localCheckpoint(eager=False)
     facts = _message_facts(grouped)
     watch.lap("join events by LK0", f"{facts.total_messages:,} messages, {facts.duplicates:,} "
               f"duplicate lines ignored, {facts.malformed:,} malformed")
@@ -939,7 +982,8 @@ def build_report(spark: Any, inputs: Inputs, options: ReportOptions | None = Non
     )
 
     messages = grouped.where(~grouped["k"].startswith("\u0001")).withColumnRenamed("k", "lk0")
-    detail = _derive(spark, messages, off_by_hash, periods, as_of, opts).localCheckpoint(eager=True)
+    # Stored by the first aggregation over it (see grouped above).
+    detail = _derive(spark, messages, off_by_hash, periods, as_of, opts).localCheckpoint(eager=False)
     grouped.unpersist()
     watch.lap("legs per message")
 
@@ -951,10 +995,10 @@ def build_report(spark: Any, inputs: Inputs, options: ReportOptions | None = Non
     histogram = _histogram(detail)
     stuck_rows, failed_rows = _stuck_and_failed_rows(detail)
     message_rows = _message_rows(detail) if opts.with_messages else None
-    detail.unpersist()
-    listed = [r.lk0 for r in (*stuck_rows, *failed_rows)]
+    listed = detail.where(detail["outcome"].isin("stuck", "failed")).select("lk0")
     unnamed = {k: v for k, v in facts.representatives.items() if k[1] not in facts.strings}
-    names, app_keys = _lookup(spark, sources, listed, unnamed)
+    names, app_keys = _lookup(spark, sources, listed if stuck_rows or failed_rows else None, unnamed)
+    detail.unpersist()
     watch.lap("stuck and failed", f"{len(stuck_rows):,} stuck, {len(failed_rows):,} failed")
 
     # The real names of the loggers, from now on.
@@ -1235,6 +1279,13 @@ _GROUPINGS: Final = (
     ("by_hour", "Per hour (UTC)", ("hour",)),
 )
 _GROUP_COLUMNS: Final = ("source_h", "target_h", "domain_h", "data_type_h", "save_fwd", "hour")
+# The grouping sets Spark aggregates: every message goes into one group of
+# each (a copy of the row per set). The AppKey and SaveFwd tables are rolled
+# up from their combinations (a few dozen groups), so a message is counted
+# and sketched three times instead of four.
+_APPKEY_SAVE_FWD: Final = ("domain_h", "data_type_h", "save_fwd")
+_SETS: Final = (("source_h", "target_h"), _APPKEY_SAVE_FWD, ("hour",))
+_ROLLED_UP: Final = (("domain_h", "data_type_h"), ("save_fwd",))
 
 
 def _grouping_id(keys: tuple[str, ...]) -> int:
@@ -1266,12 +1317,12 @@ class _Aggregated:
 def _aggregates(detail: Any, opts: ReportOptions, as_of: int) -> _Aggregated | None:
     """Every aggregate table from two passes over the legs (None: no message in the window).
 
-    Both passes aggregate the same grouping sets (pair, AppKey, SaveFwd,
-    hour). The first computes counts, sums and maxima: a hash aggregation in
-    generated code, whose per-day and overall rows are summed up from the
-    hourly rows here on the driver. The second sketches every leg (KLL); the
-    day and overall sketches merge the hourly ones, so no value is sketched
-    twice. They are apart because Spark runs a sketch, an object aggregate,
+    Both passes aggregate the same grouping sets (:data:`_SETS`: pair, AppKey
+    x SaveFwd, hour). The first computes counts, sums and maxima: a hash
+    aggregation in generated code, whose AppKey, SaveFwd, per-day and overall
+    rows are summed up from the combination and hourly rows here on the
+    driver. The second sketches every leg (KLL); the AppKey, SaveFwd, day and
+    overall sketches merge those, so no value is sketched twice. They are apart because Spark runs a sketch, an object aggregate,
     in its generic aggregation path, where each count, sum or max beside it
     cost several times what it costs in generated code (measured on 1 M
     messages: one combined pass 11.6 s of task CPU; the two passes 3.2 s
@@ -1296,13 +1347,21 @@ def _aggregates(detail: Any, opts: ReportOptions, as_of: int) -> _Aggregated | N
         F.min("t0").alias("first_ms"),
         F.max("t0").alias("last_ms"),
     ]
-    sets = [list(keys) for _, _, keys in _GROUPINGS]
+    sets = [list(keys) for keys in _SETS]
     hour_gid = _grouping_id(("hour",))
     rows = [
         r.asDict()
         for r in detail.groupingSets(sets, *_GROUP_COLUMNS)
         .agg(F.grouping_id().alias("gid"), *plain).collect()
     ]
+    combined = [r for r in rows if r["gid"] == _grouping_id(_APPKEY_SAVE_FWD)]
+    rows = [r for r in rows if r["gid"] != _grouping_id(_APPKEY_SAVE_FWD)]
+    for keys in _ROLLED_UP:
+        groups: dict[tuple[Any, ...], list[dict[str, Any]]] = {}
+        for r in combined:
+            groups.setdefault(tuple(r[k] for k in keys), []).append(r)
+        rows += [{**dict.fromkeys(_GROUP_COLUMNS), **_merge_plain(rs), **dict(zip(keys, key, strict=True)),
+                  "gid": _grouping_id(keys)} for key, rs in groups.items()]
     hours = [r for r in rows if r["gid"] == hour_gid]
     by_day: dict[int, list[dict[str, Any]]] = {}
     for r in hours:
@@ -1330,6 +1389,13 @@ def _aggregates(detail: Any, opts: ReportOptions, as_of: int) -> _Aggregated | N
                                                F.lit(None).cast(_t("long")).alias("hour"), "*"),
                      allowMissingColumns=True)
     )
+    # AppKey and SaveFwd from the sketches of their combinations.
+    combined = sketched.where(c("gid") == _grouping_id(_APPKEY_SAVE_FWD))
+    for keys in _ROLLED_UP:
+        merged = merged.unionByName(
+            combined.groupBy(*keys).agg(*merge).select(F.lit(_grouping_id(keys)).alias("gid"), "*"),
+            allowMissingColumns=True,
+        )
     ranks = F.array(*[F.lit(p) for p in PERCENTILES])
 
     def finish(df: Any) -> Any:
@@ -1379,7 +1445,7 @@ def _merge_plain(rows: list[dict[str, Any]]) -> dict[str, Any]:
         values = [r[name] for r in rows if r[name] is not None]
         if not values:
             out[name] = None
-        elif name.endswith("_max") or name == "last_ms":
+        elif name.endswith("_max") or name in ("target_offline_max_ms", "last_ms"):
             out[name] = max(values)
         elif name == "first_ms":
             out[name] = min(values)
@@ -1497,15 +1563,21 @@ def _histogram(detail: Any) -> Table:
     )
 
 
+_Listed = collections.namedtuple("_Listed", (
+    "lk0", "source_h", "target_h", "domain_h", "data_type_h", "save_fwd", "outcome", "place",
+    "since", "age_ms", "resends", "inquiries", "target_offline_ms", "evidence", "failure",
+    "code", "failed_at",
+))
+
+
 def _stuck_and_failed_rows(detail: Any) -> tuple[list[Any], list[Any]]:
     """The stuck and the failed messages, from one filter over the legs."""
     from pyspark.sql import functions as F
 
-    rows = detail.where(F.col("outcome").isin("stuck", "failed")).select(
-        "lk0", "source_h", "target_h", "domain_h", "data_type_h", "save_fwd", "outcome", "place",
-        "since", "age_ms", "resends", "inquiries", "target_offline_ms", "evidence", "failure",
-        "code", "failed_at",
-    ).collect()
+    # As named tuples: a pyspark Row finds a field by name with a linear
+    # search, which for tens of thousands of listed messages took a second.
+    rows = [_Listed._make(r) for r in detail.where(F.col("outcome").isin("stuck", "failed"))
+            .select(*_Listed._fields).collect()]
     stuck = sorted((r for r in rows if r.outcome == "stuck"),
                    key=lambda r: (r.since is None, r.since or 0, r.lk0))
     failed = sorted((r for r in rows if r.outcome == "failed"),
@@ -1517,8 +1589,8 @@ def _stuck_and_failed(stuck: list[Any], failed: list[Any], stuck_after_ms: int,
                       names: dict[int, str],
                       app_keys: dict[str, tuple[str | None, str | None]]) -> tuple[Table, Table]:
     def who(r: Any) -> tuple[Any, ...]:
-        return (r.lk0, *[None if r[h] is None else _name(names, r[h])
-                         for h in ("source_h", "target_h", "domain_h", "data_type_h")],
+        return (r.lk0, *[None if h is None else _name(names, h)
+                         for h in (r.source_h, r.target_h, r.domain_h, r.data_type_h)],
                 *app_keys.get(r.lk0, (None, None)), r.save_fwd)
 
     def when(ms: Any) -> str | None:
