@@ -64,10 +64,23 @@ class _StoreDatabase(SqliteDatabase):
                     if not deadline:
                         deadline = now + BUSY_TIMEOUT_S
                     elif now >= deadline:
-                        raise OperationalError(*e.args) from e
+                        raise OperationalError(
+                            f"{e} (another process held the store's write lock for more than"
+                            f" {BUSY_TIMEOUT_S:g} s)") from e
                 time.sleep(_BEGIN_POLL_S)
         finally:
             conn.execute(f"PRAGMA busy_timeout={int(BUSY_TIMEOUT_S * 1000)}")
+
+
+def next_row_id(conn: sqlite3.Connection, table: str) -> int:
+    """The id SQLite would give the next row of an AUTOINCREMENT ``table``
+    (never one used before, even if since deleted): for a writer that assigns
+    a batch's ids itself, inside its write transaction, so that acks can name
+    rows before the one executemany that inserts them."""
+    row = conn.execute(
+        f"SELECT max(coalesce((SELECT seq FROM sqlite_sequence WHERE name='{table}'), 0),"
+        f" coalesce((SELECT max(id) FROM {table}), 0))").fetchone()
+    return int(row[0]) + 1
 
 
 def open_store(

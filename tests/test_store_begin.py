@@ -68,6 +68,7 @@ def test_begin_immediate_still_gives_up_after_the_timeout(tmp_path: Path, monkey
         assert 0.2 <= time.perf_counter() - t0 < 0.9
         err = translate(e.value, path, "node store")
         assert isinstance(err, StoreError) and "is locked by another process" in str(err)
+        assert "for more than 0.2 s" in str(err)  # the limit it waited
         t.join(5)
         with db.atomic("IMMEDIATE"):  # and works again once the lock is free
             pass

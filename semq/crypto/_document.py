@@ -12,7 +12,7 @@ signed digest still names the first receiver).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from cryptography.hazmat.primitives.asymmetric import ed25519, x25519
 
@@ -36,10 +36,10 @@ __all__ = [
 ]
 
 
-@dataclass(frozen=True, slots=True)
-class ProtectedDocument:
+class ProtectedDocument(NamedTuple):
     """What goes into a DATA frame (``app_data``, ``session_key``; Encrypt=1
-    iff ``session_key``) and what the origin keeps (``digest``)."""
+    iff ``session_key``) and what the origin keeps (``digest``). A named
+    tuple: an origin makes one per document it sends."""
 
     app_data: bytes
     session_key: bytes
@@ -86,36 +86,25 @@ def protect_documents(
     sealer: Sealer | None = None,
 ) -> list[ProtectedDocument]:
     """``protect_document`` for many ``(aad, body, recipients)`` at once with
-    one batch signature (sign_documents); each result still verifies alone."""
-    return [ProtectedDocument(*t) for t in _protect_many(items, signing_key, sealer)]
-
-
-def _protect_many(
-    items: Sequence[tuple[bytes, bytes, Sequence[NodeCertificate] | None]],
-    signing_key: ed25519.Ed25519PrivateKey,
-    sealer: Sealer | None,
-) -> list[tuple[bytes, bytes, bytes]]:
-    """``protect_documents`` as ``(app_data, session_key, digest)`` tuples.
+    one batch signature (sign_documents); each result still verifies alone.
     Documents to the same recipients (the same sequence object: a node looks
     the target's certificates up once per batch) are sealed together."""
     signed = _sign_many([(aad, body) for aad, body, _ in items], signing_key)
-    out: list[tuple[bytes, bytes, bytes]] = [(c, b"", d) for c, d in signed]
+    out = [ProtectedDocument(c, b"", d) for c, d in signed]
     groups: dict[int, list[int]] = {}
     for i, (aad, _, recipients) in enumerate(items):
         if recipients is None:
             continue
         if sealer is None:
-            p = _seal(SignedDocument(*signed[i]), aad, recipients, None)
-            out[i] = (p.app_data, p.session_key, p.digest)
+            out[i] = _seal(SignedDocument(*signed[i]), aad, recipients, None)
         else:
             groups.setdefault(id(recipients), []).append(i)
-    assert sealer is not None or not groups
     for idx in groups.values():
         recipients = items[idx[0]][2]
         assert recipients is not None and sealer is not None
         sealed = sealer._seal_certs_many(recipients, [(signed[i][0], items[i][0]) for i in idx])
         for i, (blob, ct) in zip(idx, sealed, strict=True):
-            out[i] = (ct, blob, signed[i][1])
+            out[i] = ProtectedDocument(ct, blob, signed[i][1])
     return out
 
 

@@ -19,18 +19,18 @@ from typing import Any, Final
 
 from peewee import SqliteDatabase
 
-from semq._db import STORE_ERRORS, StoreError, translate
+from semq._db import STORE_ERRORS, StoreError, next_row_id, translate
 from semq.crypto import (
     CryptoError,
     ack_entry_lk0,
     document_aad_fields,
     make_batch_receipt,
     open_document,
+    protect_documents,
     raw_frame_aad,
     receipt_proofs,
     verify_batch_receipt,
 )
-from semq.crypto._document import _protect_many
 from semq.events import EventLog, now_ms
 from semq.security import NodeSecurity
 from semq.umxt_protocol import (
@@ -292,8 +292,8 @@ class NodeCore:
                 return out
             rows = self._protect(rows, out)
             targets: dict[str, Endpoint] = {}
-            sent: list[tuple[Any, ...]] = []
-            gone: list[tuple[Any, ...]] = []
+            sent: list[int] = []  # ids now SS_SENT
+            gone: list[int] = []  # best-effort ids: sent, nothing to wait for
             expired: list[tuple[int, ...]] = []
             me, me_id = self.me, self.me.node_id
             data = out.data
@@ -313,15 +313,15 @@ class NodeCore:
                 ))
                 events.append({"ts": ts, "role": "origin", "event": "sent", "lk0": f"{me_id}/1/1/{r[0]}",
                                "source": me_id, "target": r[2], "attempt": r[14] + 1})
-                (sent if r[6] else gone).append((ts, ts, ts, r[19] if len(r) > 19 else None, r[0]))
+                (sent if r[6] else gone).append(r[0])
             # (The digest a document was signed with goes to ``receipts`` below;
             # outbox.digest, schema v2, is no longer written: nothing reads it.)
             self.conn.executemany(
                 "UPDATE outbox SET state=1, attempts=attempts+1, sent_ms=?, state_ms=?,"
                 " last_inquiry_ms=?, due_ms=?+min(?, ?*(1 << min(attempts, 6))) WHERE id=?",
-                [(a, b, c, c, MAX_INQUIRY_BACKOFF_MS, self.inquiry_ms, e) for a, b, c, _d, e in sent],
+                [(ts, ts, ts, ts, MAX_INQUIRY_BACKOFF_MS, self.inquiry_ms, rid) for rid in sent],
             )
-            self.conn.executemany("DELETE FROM outbox WHERE id=?", [(g[-1],) for g in gone])
+            self.conn.executemany("DELETE FROM outbox WHERE id=?", [(rid,) for rid in gone])
             if self.sec is not None:
                 # The digest each document was signed with, kept apart from the
                 # pending-send row: a receipt may arrive after an inquiry answer
@@ -376,7 +376,7 @@ class NodeCore:
             items.append((aad, r[18], certs))
         if not items:
             return keep
-        docs = iter(_protect_many(items, self.sec.identity.keys.signing_key, self.sec.sealer))
+        docs = iter(protect_documents(items, signing_key=self.sec.identity.keys.signing_key, sealer=self.sec.sealer))
         result = []
         for r in keep:
             if r[13] is not None and r[13] <= ts:
@@ -525,10 +525,7 @@ class NodeCore:
 
     def _inbound_id(self) -> int:
         if not self._next_inbound:
-            row = self.conn.execute(
-                "SELECT max(coalesce((SELECT seq FROM sqlite_sequence WHERE name='inbound'), 0),"
-                " coalesce((SELECT max(id) FROM inbound), 0))").fetchone()
-            self._next_inbound = int(row[0]) + 1
+            self._next_inbound = next_row_id(self.conn, "inbound")
         rid = self._next_inbound
         self._next_inbound += 1
         return rid

@@ -17,7 +17,7 @@ from typing import Any, Final, NamedTuple
 
 from peewee import SqliteDatabase
 
-from semq._db import STORE_ERRORS, translate
+from semq._db import STORE_ERRORS, next_row_id, translate
 from semq.events import EventLog, now_ms
 from semq.umxt_protocol import (
     HEADER_SIZE,
@@ -69,7 +69,6 @@ class _Store(NamedTuple):
     sender: Endpoint
     lk0: LK0
     key: tuple[int, str, int, int, int]
-    created: int
     expires: int | None
     ts: int
 
@@ -304,9 +303,7 @@ class PlatformCore:
             lk1_id = found.get(copy_key, 0)
             if not lk1_id:
                 if not next_id:
-                    next_id = int(self.conn.execute(
-                        "SELECT max(coalesce((SELECT seq FROM sqlite_sequence WHERE name='stored'), 0),"
-                        " coalesce((SELECT max(id) FROM stored), 0))").fetchone()[0]) + 1
+                    next_id = next_row_id(self.conn, "stored")
                 lk1_id = found[copy_key] = next_id
                 next_id += 1
                 new_rows.append((lk1_id, int(target.node_type), target.node_id, *key, raw.priority, st.expires,
@@ -316,7 +313,7 @@ class PlatformCore:
             acks[(Kind.ACK_SAVE, st.sender)].append(AckEntry(
                 1, 1, lk1_id, lk0.semq_id, lk0.semq_db_id, lk0.record_id, _PLATFORM_FLAG, _STORED_FLAG))
             out.stored_for.add(target)
-            events.append(self._event(raw, lk0, st.created, st.ts, "stored", lk1=f"1/1/{lk1_id}"))
+            events.append(self._event(raw, lk0, st.ts, "stored", lk1=f"1/1/{lk1_id}"))
         if new_rows:
             self.conn.executemany(
                 "INSERT INTO stored (id, target_type, target_id, kind, origin_type, origin_id, semq_id,"
@@ -328,17 +325,14 @@ class PlatformCore:
             self.conn.executemany("INSERT OR REPLACE INTO seen VALUES (?,?,?,?,?,?,?,?)", self._seen)
             self._seen = []
 
-    def _event(self, raw: RawFrame, lk0: LK0, created: int, ts: int, event: str, **extra: Any) -> dict[str, Any]:
-        ev = {"ts": ts, "event": event, "lk0": str(lk0), "source": lk0.endpoint.node_id,
-              "target": raw.target.node_id, **extra}
-        if event == "received":  # the message's attributes, once (docs/events.md)
-            ev.update(save_fwd=raw.save_fwd, ack2=raw.ack2, reliable=raw.reliable, priority=raw.priority,
-                      created_ms=created, size=len(raw.raw), **_app_key(raw))
-        return ev
+    @staticmethod
+    def _event(raw: RawFrame, lk0: LK0, ts: int, event: str, **extra: Any) -> dict[str, Any]:
+        return {"ts": ts, "event": event, "lk0": str(lk0), "source": lk0.endpoint.node_id,
+                "target": raw.target.node_id, **extra}
 
     @staticmethod
     def _received(raw: RawFrame, lk0_text: str, source: str, target: str, created: int, ts: int) -> dict[str, Any]:
-        """``_event(..., "received")``, built directly (every DATA has one)."""
+        """The ``received`` event: with the message's attributes, logged once (docs/events.md)."""
         ev = {"ts": ts, "event": "received", "lk0": lk0_text, "source": source, "target": target,
               "save_fwd": raw.save_fwd, "ack2": raw.ack2, "reliable": raw.reliable,
               "priority": raw.priority, "created_ms": created, "size": len(raw.raw)}
@@ -353,7 +347,7 @@ class PlatformCore:
         target = raw.target
         reliable = raw.reliable
         where, code = route(
-            known=target in self.known or self.is_known(target), online=online(target), save_fwd=raw.save_fwd,
+            known=self.is_known(target), online=online(target), save_fwd=raw.save_fwd,
             reliable=reliable, expired=expires is not None and expires <= ts,
         )
         origin = lk0.endpoint
@@ -371,7 +365,7 @@ class PlatformCore:
             events.append({"ts": ts, "event": "forwarded", "lk0": lk0_text, "source": origin.node_id,
                            "target": target.node_id})
         elif where is Route.STORE:  # written, acked and logged by _flush_stores
-            self._stores.append(_Store(raw, sender, lk0, key, created, expires, ts))
+            self._stores.append(_Store(raw, sender, lk0, key, expires, ts))
         elif where in (Route.DROP, Route.REFUSE):
             self._seen.append((*key, _DROPPED, 0, ts))
             text = {ResultCode.UNKNOWN_TARGET: f"target {target} is not known to the platform",
@@ -379,10 +373,10 @@ class PlatformCore:
                     }.get(code, f"target {target} is offline and SaveFwd=1: discarded")
             out.add(sender, Frame(kind=Kind.NACK, source=self.me, target=sender,
                                   body=Nack(lk0=lk0, code=code, message=text)))
-            events.append(self._event(raw, lk0, created, ts, "dropped" if where is Route.DROP else "refused",
+            events.append(self._event(raw, lk0, ts, "dropped" if where is Route.DROP else "refused",
                                       code=int(code)))
         else:  # DISCARD: best effort, never acked (SPEC: Reliable=0)
-            events.append(self._event(raw, lk0, created, ts, "dropped", code=int(code)))
+            events.append(self._event(raw, lk0, ts, "dropped", code=int(code)))
 
     def _relay(self, raw: RawFrame, ts: int, out: PlatformOutput, events: list[dict[str, Any]],
                online: Callable[[Endpoint], bool]) -> None:
