@@ -128,6 +128,8 @@ def main(argv: list[str]) -> int:
                     help="a source tree (holding semq/) to run alternately with this one")
     ap.add_argument("--timeout", type=float, default=1800, help="seconds allowed per command")
     a = ap.parse_args(argv)
+    if a.rounds < 1:
+        raise SystemExit(f"error: --rounds {a.rounds}: must be at least 1")
     if a.baseline and not (Path(a.baseline) / "semq" / "__init__.py").exists():
         raise SystemExit(f"error: --baseline {a.baseline} holds no semq/ package")
 

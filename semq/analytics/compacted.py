@@ -56,7 +56,6 @@ _DATE_DIR_RE: Final = re.compile(r"^date=(\d{4}-\d{2}-\d{2})$")
 class DatasetDates:
     """The date partitions of one compacted dataset, and which have complete partials."""
 
-    root: str
     dates: list[str] = field(default_factory=list)  # YYYY-MM-DD, sorted
     with_partials: frozenset[str] = frozenset()
 
@@ -78,7 +77,7 @@ def list_dates(spark: Any, root: str) -> DatasetDates:
     the markers). A root that is a file, or holds no date partitions, has no
     dates. Raises :class:`ReportError` when the root cannot be listed.
     """
-    found = DatasetDates(root=root)
+    found = DatasetDates()
     try:
         fs, path = _fs(spark, root)
         if not fs.exists(path) or fs.getFileStatus(path).isFile():

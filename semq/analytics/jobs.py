@@ -27,10 +27,11 @@ Shape of the work (issue 5; what costs what is measured by ``scripts/bench repor
    sketched twice. The legs are computed and stored (``localCheckpoint``) by
    the first of these passes. Percentiles are exact for groups of up to
    :data:`SKETCH_K` values.
-4. Stuck and failed messages: one filter over the cached legs; one more scan
-   of the logs reads the strings behind the hashes (one message per distinct
-   party, logger and AppKey type) and the AppKey subtype and key of the listed
-   messages.
+4. Stuck and failed messages: one filter over the cached legs; the strings
+   behind the hashes (one message per distinct party, logger and AppKey type)
+   and the AppKey subtype and key of the listed messages come from the
+   compacted partials, or from one more scan of the events read as events
+   (JSON, dates without partials).
 
 pyspark is imported inside the functions: importing this module is free.
 """
@@ -50,7 +51,16 @@ from typing import Any, Final
 from .clocks import ClockOffset, OrderBound, estimate_offsets
 from .compacted import install_partials, list_dates, partials_path
 from .errors import ReportError
-from .events import EVENTS_BY_ROLE, FIELD_NAMES, FIELDS, NODE_EVENTS, ROLES, format_ms, spark_schema
+from .events import (
+    EVENTS_BY_ROLE,
+    FIELD_NAMES,
+    FIELDS,
+    NODE_EVENTS,
+    ROLES,
+    format_ms,
+    parse_time,
+    spark_schema,
+)
 from .inputs import JSON_SUFFIXES, Inputs
 from .periods import OfflinePeriod, offline_periods
 from .tables import ReportData, Table
@@ -384,7 +394,7 @@ def _message_sources(spark: Any, inputs: Inputs, since_ms: int | None,
             continue
         from_events = []
         for day in dates.dates:
-            start = _day_ms(day)
+            start = parse_time(day)
             end = start + DAY_MS
             if (lo is not None and end <= lo) or (hi is not None and start >= hi):
                 continue
@@ -441,11 +451,6 @@ def _dates(days: list[str]) -> list[Any]:
     from pyspark.sql import functions as F
 
     return [F.lit(date.fromisoformat(d)) for d in days]
-
-
-def _day_ms(day: str) -> int:
-    d = datetime.strptime(day, "%Y-%m-%d").replace(tzinfo=UTC)
-    return int(d.timestamp() * 1000)
 
 
 def _utc_date(ms: int) -> str:
@@ -559,7 +564,7 @@ def _level1() -> list[tuple[str, Any, str, str]]:
     Every aggregate is a min, max or count, so rows computed from separate
     parts of the events (compaction runs, dates, inputs) merge into exactly the
     row of all the events together: min and max merge as themselves, counts
-    as sums. :data:`PARTIAL_SCHEMA` is this table's output.
+    as sums. :func:`partial_columns` names this table's output.
     """
     from pyspark.sql import functions as F
 
