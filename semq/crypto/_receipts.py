@@ -37,8 +37,7 @@ from typing import Final
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric import ed25519
 
-from semq.umxt_protocol import LK0, MAX_ACK_BATCH, AckEntry, Endpoint
-from semq.umxt_protocol._frames import _lk0_wire
+from semq.umxt_protocol import LK0, MAX_ACK_BATCH, AckEntry, Endpoint, lk0_from_wire
 
 from ._errors import BadSignature, UnknownCertificate
 from ._merkle import HASH_SIZE, MerkleTree, leaf_hash, root_from_path
@@ -101,7 +100,7 @@ def ack_entry_lk0(entry: AckEntry, origin: Endpoint) -> LK0:
     batch.entries]``."""
     # The codec's constructor for values read off the wire (unsigned by
     # layout; zero is refused through LK0's own validation).
-    return _lk0_wire(origin, entry.dest_semq_id, entry.dest_semq_db_id, entry.dest_ref_id)
+    return lk0_from_wire(origin, entry.dest_semq_id, entry.dest_semq_db_id, entry.dest_ref_id)
 
 
 def _now_ms() -> int:

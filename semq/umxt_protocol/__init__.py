@@ -35,6 +35,7 @@ from ._frames import (
     encode_data,
     encode_frame,
     encode_frames,
+    lk0_from_wire,
 )
 from ._types import (
     LK0,
@@ -102,6 +103,7 @@ __all__ = [
     "encode_data",
     "encode_frame",
     "encode_frames",
+    "lk0_from_wire",
     "relay_bytes",
     "relay_frame_bytes",
 ]

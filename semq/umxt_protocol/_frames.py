@@ -866,6 +866,12 @@ def _lk0_wire(endpoint: Endpoint, semq: int, db: int, rec: int) -> LK0:
     return lk0
 
 
+# Public for other layers' hot paths (e.g. receipt manifests built from ACK
+# entries): an LK0 of values decoded off the wire, where only zero can be out
+# of range (and LK0's own validation refuses it).
+lk0_from_wire = _lk0_wire
+
+
 def _lk1_wire(semq: int, db: int, rec: int) -> LK1:
     if not (semq and db):  # rec is non-zero: a zero record id means "no LK1"
         return LK1(semq_id=semq, semq_db_id=db, record_id=rec)  # raises
