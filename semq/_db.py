@@ -14,12 +14,12 @@ import sqlite3
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Final
+from typing import Any, Final
 
 from peewee import SQL, DatabaseError, Model, OperationalError, SqliteDatabase
 
 __all__ = ["SQLITE_MAGIC", "STORE_ERRORS", "StoreError", "backup_store", "create_tables", "open_store",
-           "translate"]
+           "rows_by_id", "translate"]
 
 SQLITE_MAGIC: Final = b"SQLite format 3\x00"
 SYNCHRONOUS_MODES: Final = ("OFF", "NORMAL", "FULL", "EXTRA")
@@ -81,6 +81,36 @@ def next_row_id(conn: sqlite3.Connection, table: str) -> int:
         f"SELECT max(coalesce((SELECT seq FROM sqlite_sequence WHERE name='{table}'), 0),"
         f" coalesce((SELECT max(id) FROM {table}), 0))").fetchone()
     return int(row[0]) + 1
+
+
+_IN_CHUNK: Final = 500  # ids per IN list (SQLite's default limit on host parameters is 32,766)
+
+
+def rows_by_id(conn: sqlite3.Connection, select: str, ids: Sequence[int], where: str = "",
+               params: Sequence[object] = (), key: str = "id") -> list[Any]:
+    """The rows of ``select`` (``SELECT key, cols FROM table``: the integer
+    primary key ``key`` first) whose key is in ``ids``, plus ``AND where`` with ``params``.
+    Acks name rows claimed together, so their ids are mostly one dense run:
+    then one range scan of the table, filtered here, instead of an IN list,
+    which SQLite sorts into a temporary b-tree before seeking each id (2.5 of
+    the 4-5 us an origin spent per row looked up; scripts/bench pipeline).
+    Sparse ids still go by IN lists. Rows in no particular order."""
+    if not ids:
+        return []
+    lo, hi = min(ids), max(ids)
+    extra = f" AND {where}" if where else ""
+    if hi - lo < 2 * len(ids) + 64:
+        wanted = set(ids)
+        rows = conn.execute(f"{select} WHERE {key} BETWEEN ? AND ?{extra}", (lo, hi, *params)).fetchall()
+        if hi - lo + 1 == len(wanted):  # the range is exactly the ids asked for
+            return rows
+        return [r for r in rows if r[0] in wanted]
+    out: list[Any] = []
+    for i in range(0, len(ids), _IN_CHUNK):
+        chunk = ids[i:i + _IN_CHUNK]
+        out += conn.execute(f"{select} WHERE {key} IN ({','.join('?' * len(chunk))}){extra}",
+                            (*chunk, *params)).fetchall()
+    return out
 
 
 def open_store(

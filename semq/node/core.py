@@ -19,7 +19,7 @@ from typing import Any, Final
 
 from peewee import SqliteDatabase
 
-from semq._db import STORE_ERRORS, StoreError, next_row_id, translate
+from semq._db import STORE_ERRORS, StoreError, next_row_id, rows_by_id, translate
 from semq.crypto import (
     CryptoError,
     ack_entry_lk0,
@@ -514,14 +514,10 @@ class NodeCore:
                 groups[(int(lk0.endpoint.node_type), lk0.endpoint.node_id, lk0.semq_id, lk0.semq_db_id)].append(
                     lk0.record_id)
         for g, rids in groups.items():
-            for i in range(0, len(rids), 500):
-                chunk = rids[i:i + 500]
-                q = ",".join("?" * len(chunk))
-                for (rid,) in self.conn.execute(
-                    f"SELECT record_id FROM dedup WHERE origin_type=? AND origin_id=? AND semq_id=? AND"
-                    f" semq_db_id=? AND record_id IN ({q})", (*g, *chunk),
-                ):
-                    self._known.add((*g, rid))
+            for (rid,) in rows_by_id(self.conn, "SELECT record_id FROM dedup", rids, key="record_id",
+                                     where="origin_type=? AND origin_id=? AND semq_id=? AND semq_db_id=?",
+                                     params=g):
+                self._known.add((*g, rid))
 
     def _inbound_id(self) -> int:
         if not self._next_inbound:
@@ -714,12 +710,9 @@ class NodeCore:
         rows, a cached table step and two dicts for the event log per row."""
         answers: list[tuple[int, InquiryResult]] = []
         ids = [it[0] for it in items]
-        rows: dict[int, Any] = {}
-        for i in range(0, len(ids), 500):
-            chunk = ids[i:i + 500]
-            q = ",".join("?" * len(chunk))
-            for r in self.conn.execute(f"SELECT {_OUT_COLS} FROM outbox WHERE id IN ({q})", chunk):
-                rows[r[0]] = r
+        # (id, target_id, state, save_fwd, ack2, attempts): all a step needs.
+        rows: dict[int, Any] = {r[0]: r for r in rows_by_id(
+            self.conn, "SELECT id, target_id, state, save_fwd, ack2, attempts FROM outbox", ids)}
         updates, deletes = [], []
         # Only the document's own target may confirm, refuse or ask about it:
         # an ACK2 from a third organization is ignored (answered NO_RECORD).
@@ -730,14 +723,14 @@ class NodeCore:
         for it in items:
             rid, event = it[0], it[1]
             r = rows.get(rid)
-            if r is None or (only is not None and only != r[2]):
+            if r is None or (only is not None and only != r[1]):
                 answers.append((rid, InquiryResult.NO_RECORD))
                 continue
-            state_no = r[3]
-            key = (state_no, event, r[4], r[5])
+            state_no = r[2]
+            key = (state_no, event, r[3], r[4])
             o = steps.get(key)
             if o is None:
-                o = steps[key] = origin_step(_SEND_STATES[state_no], event, save_fwd=r[4], ack2=bool(r[5]))
+                o = steps[key] = origin_step(_SEND_STATES[state_no], event, save_fwd=r[3], ack2=bool(r[4]))
             answers.append((rid, _ANSWER_ACKED if state_no == _SS_ACK2 else _ANSWER_MARKED))
             if o.reack2 and peer is not None and len(it) > 2:
                 e: AckEntry = it[2]
@@ -747,7 +740,7 @@ class NodeCore:
             if not o.changed:
                 continue
             new_state = o.state
-            rows[rid] = (*r[:3], int(new_state), *r[4:])
+            rows[rid] = (*r[:2], int(new_state), *r[3:])
             lk0 = f"{me}/1/1/{rid}"
             if new_state is SendState.SS_FAILED:
                 row_code, row_detail = code, detail
@@ -756,17 +749,17 @@ class NodeCore:
                     row_code = int(ResultCode.TARGET_OFFLINE_DROPPED)
                     row_detail = "forwarded but not received by the target"
                 events.append({"ts": ts, "role": "origin", "event": "nack", "lk0": lk0, "source": me,
-                               "target": r[2], "attempt": r[14], "code": row_code, "detail": row_detail})
+                               "target": r[1], "attempt": r[5], "code": row_code, "detail": row_detail})
             else:
                 row_code = code
                 events.append({"ts": ts, "role": "origin", "event": _EVENT_NAMES[event], "lk0": lk0,
-                               "source": me, "target": r[2], "attempt": r[14]})
+                               "source": me, "target": r[1], "attempt": r[5]})
             if state_no == _SS_SENT:
                 out.settled += 1  # no longer in flight: window credit
             if o.clean:
                 deletes.append((rid,))
                 events.append({"ts": ts, "role": "origin", "event": "cleaned", "lk0": lk0, "source": me,
-                               "target": r[2], "attempt": r[14]})
+                               "target": r[1], "attempt": r[5]})
             else:
                 updates.append((int(new_state), ts, row_code, rid))
         # SPEC A.3: a new state sets the inquiry time to now and starts a new
@@ -803,28 +796,24 @@ class NodeCore:
         acked = int(AckStatus.AS_ACK)
         me = self.me.node_id
         done, marked = [], []
-        for i in range(0, len(ids), 500):
-            chunk = ids[i:i + 500]
-            q = ",".join("?" * len(chunk))
-            for rid, origin, sid, did, rec, p_ack, s_ack in self.conn.execute(
-                f"SELECT id, origin_id, semq_id, semq_db_id, record_id, p_ack, s_ack FROM inbound"
-                f" WHERE id IN ({q})", chunk,
-            ):
-                lk0 = f"{origin}/{sid}/{did}/{rec}"
-                if rid in got_p:
-                    p_ack = acked
-                    events.append({"ts": ts, "role": "receiver", "event": "reack", "lk0": lk0,
-                                   "source": origin, "target": me})
-                if rid in got_s:
-                    s_ack = acked
-                    events.append({"ts": ts, "role": "receiver", "event": "reack2", "lk0": lk0,
-                                   "source": origin, "target": me})
-                if _MAY_CLEAN[(p_ack, s_ack)]:
-                    done.append((rid,))
-                    events.append({"ts": ts, "role": "receiver", "event": "cleaned", "lk0": lk0,
-                                   "source": origin, "target": me})
-                else:
-                    marked.append((p_ack, s_ack, rid))
+        for rid, origin, sid, did, rec, p_ack, s_ack in rows_by_id(
+            self.conn, "SELECT id, origin_id, semq_id, semq_db_id, record_id, p_ack, s_ack FROM inbound", ids,
+        ):
+            lk0 = f"{origin}/{sid}/{did}/{rec}"
+            if rid in got_p:
+                p_ack = acked
+                events.append({"ts": ts, "role": "receiver", "event": "reack", "lk0": lk0,
+                               "source": origin, "target": me})
+            if rid in got_s:
+                s_ack = acked
+                events.append({"ts": ts, "role": "receiver", "event": "reack2", "lk0": lk0,
+                               "source": origin, "target": me})
+            if _MAY_CLEAN[(p_ack, s_ack)]:
+                done.append((rid,))
+                events.append({"ts": ts, "role": "receiver", "event": "cleaned", "lk0": lk0,
+                               "source": origin, "target": me})
+            else:
+                marked.append((p_ack, s_ack, rid))
         self.conn.executemany("UPDATE inbound SET p_ack=?, s_ack=? WHERE id=?", marked)
         self.conn.executemany("DELETE FROM inbound WHERE id=?", done)
 

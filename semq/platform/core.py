@@ -17,7 +17,7 @@ from typing import Any, Final, NamedTuple
 
 from peewee import SqliteDatabase
 
-from semq._db import STORE_ERRORS, next_row_id, translate
+from semq._db import STORE_ERRORS, next_row_id, rows_by_id, translate
 from semq.events import EventLog, now_ms
 from semq.umxt_protocol import (
     HEADER_SIZE,
@@ -485,17 +485,11 @@ class PlatformCore:
         """Apply an event to stored DATA rows of ``sender``; SS_ACK rows are
         deleted (SPEC P.2). Returns how many in-flight rows were settled."""
         settled = 0
-        found: dict[int, tuple[Any, ...]] = {}
-        for i in range(0, len(ids), 500):  # one look-up per 500, not per copy
-            chunk = list(ids[i:i + 500])
-            for row in self.conn.execute(
-                "SELECT id, state, origin_id, semq_id, semq_db_id, record_id FROM stored"
-                # By row id: the unary + keeps SQLite off the delivery index
-                # on target (a walk over every stored copy of the target).
-                f" WHERE id IN ({','.join('?' * len(chunk))}) AND +kind=1 AND +target_type=? AND +target_id=?",
-                (*chunk, int(sender.node_type), sender.node_id),
-            ):
-                found[row[0]] = row
+        # By row id: the unary + keeps SQLite off the delivery index on
+        # target (a walk over every stored copy of the target).
+        found: dict[int, tuple[Any, ...]] = {row[0]: row for row in rows_by_id(
+            self.conn, "SELECT id, state, origin_id, semq_id, semq_db_id, record_id FROM stored", ids,
+            where="+kind=1 AND +target_type=? AND +target_id=?", params=(int(sender.node_type), sender.node_id))}
         deletes: list[tuple[int]] = []
         updates: list[tuple[int, int]] = []
         for rid in ids:
