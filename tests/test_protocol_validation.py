@@ -4,6 +4,7 @@ Plus the layering rule: the core imports no I/O library."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from collections.abc import Callable
@@ -210,3 +211,24 @@ def test_importing_semq_does_not_import_pyspark() -> None:
     mods = _modules_after("import semq")
     assert "semq" in mods
     assert not {m for m in mods if m == "pyspark" or m.startswith("pyspark.")}
+
+
+def test_endpoint_hash_is_cached_yet_safe_across_processes() -> None:
+    """Endpoints keep their hash (they key every per-batch dict); equal
+    endpoints hash equal however they were made, and a pickled one is rebuilt
+    in a process with another string-hash seed instead of carrying a hash
+    that is wrong there."""
+    import pickle
+
+    a, b = Endpoint.org("10008"), Endpoint(node_type=1, node_id="10008")  # type: ignore[arg-type]
+    assert a == b and hash(a) == hash(b) and {a: 1}[b] == 1
+    assert hash(Endpoint.org("10008")) != hash(Endpoint.platform("10008"))  # type is part of it
+    blob = pickle.dumps([a, Endpoint.platform()])
+    code = ("import pickle, sys; from semq.umxt_protocol import Endpoint;"
+            "eps = pickle.loads(sys.stdin.buffer.read());"
+            "d = {Endpoint.org('10008'): 'org', Endpoint.platform(): 'platform'};"
+            "print(d[eps[0]], d[eps[1]])")
+    out = subprocess.run([sys.executable, "-c", code], input=blob, capture_output=True, timeout=60,
+                         env={**os.environ, "PYTHONHASHSEED": "12345"})
+    assert out.returncode == 0, out.stderr.decode()
+    assert out.stdout.decode().split() == ["org", "platform"]

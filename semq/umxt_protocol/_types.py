@@ -8,9 +8,9 @@ those into RemoteProtocolError when the value came off the wire.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import IntEnum
-from typing import Final
+from typing import Any, Final
 
 from ._errors import LocalProtocolError, ResultCode
 
@@ -156,6 +156,10 @@ class Endpoint:
 
     node_type: NodeType
     node_id: str
+    # Endpoints key the relay's and the nodes' per-batch dicts (sessions,
+    # acks, forwards): the hash is computed once, not from a fresh tuple and
+    # IntEnum's Python-level __hash__ at every look-up.
+    _hash: int = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if not isinstance(self.node_type, NodeType):
@@ -170,6 +174,14 @@ class Endpoint:
             raise _invalid(f"node id of {len(nid)} characters exceeds the {MAX_NODE_ID} limit")
         if not _NODE_ID_RE.fullmatch(nid):
             raise _invalid(f"node id {nid!r} has characters outside [A-Za-z0-9._:@-]")
+        object.__setattr__(self, "_hash", hash((int(self.node_type), nid)))
+
+    def __hash__(self) -> int:
+        return self._hash
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Rebuilt by the constructor: a str's hash differs between processes.
+        return (_make_endpoint, (int(self.node_type), self.node_id))
 
     @classmethod
     def org(cls, node_id: str) -> Endpoint:
@@ -181,6 +193,10 @@ class Endpoint:
 
     def __str__(self) -> str:
         return f"{self.node_type.name.lower()}:{self.node_id}"
+
+
+def _make_endpoint(node_type: int, node_id: str) -> Endpoint:
+    return Endpoint(node_type=NodeType(node_type), node_id=node_id)
 
 
 def _check_semq(name: str, value: int) -> None:
