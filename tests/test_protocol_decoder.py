@@ -97,7 +97,9 @@ def assert_remote_error(data: bytes, max_frame_size: int = DEFAULT_MAX_FRAME) ->
     try:
         for raw in dec:
             if raw.kind is Kind.DATA:
-                raw.data_prefix()
+                ids = raw.data_ids()  # unchecked, but only a short body may raise
+                lk0 = raw.data_prefix()[0]
+                assert ids == (lk0.semq_id, lk0.semq_db_id, lk0.record_id)
             assert_valid_value(raw.frame())
     except RemoteProtocolError as e:
         assert isinstance(e.code, ResultCode)

@@ -508,11 +508,11 @@ class NodeCore:
         for raw in frames:
             if raw.kind is Kind.DATA:
                 try:
-                    lk0 = raw.data_prefix()[0]
+                    semq_id, db_id, rid = raw.data_ids()
                 except RemoteProtocolError:
                     continue  # reported when the frame itself is handled
-                groups[(int(lk0.endpoint.node_type), lk0.endpoint.node_id, lk0.semq_id, lk0.semq_db_id)].append(
-                    lk0.record_id)
+                origin = raw.origin  # LK0's endpoint (checked when the frame is decoded)
+                groups[(int(origin.node_type), origin.node_id, semq_id, db_id)].append(rid)
         for g, rids in groups.items():
             for (rid,) in rows_by_id(self.conn, "SELECT record_id FROM dedup", rids, key="record_id",
                                      where="origin_type=? AND origin_id=? AND semq_id=? AND semq_db_id=?",

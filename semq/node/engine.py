@@ -32,6 +32,10 @@ class SendState(IntEnum):
     """Pending-send row states (SPEC "States"); SS_FAILED is ours: the
     platform neither forwarded nor stored it (NACK), kept for the user."""
 
+    # A hot dict key: int's C-level hash (Enum's is hash(name), in Python),
+    # which also agrees with IntEnum's int equality.
+    __hash__ = int.__hash__
+
     SS_INIT = 0  # not sent (or to be resent)
     SS_SENT = 1  # written to the platform, no ack yet
     SS_ACK_FWD = 2  # platform forwarded at once; confirmation is between A and B
@@ -48,6 +52,8 @@ class AckStatus(IntEnum):
 
 
 class OriginEvent(Enum):
+    __hash__ = object.__hash__  # a hot dict key: identity hash in C (Enum's is hash(name), in Python)
+
     SENT = "sent"  # DATA written to the platform
     ACK_FWD = "ack_fwd"  # platform forwarded it
     ACK_SAVE = "ack_save"  # platform stored it

@@ -53,6 +53,8 @@ class StoredState(IntEnum):
 
 
 class StoredEvent(Enum):
+    __hash__ = object.__hash__  # a hot dict key: identity hash in C (Enum's is hash(name), in Python)
+
     DELIVERED = "delivered"  # written to the target
     ACK = "ack"  # the target's ACK
     TARGET_HAS = "target_has"  # inquiry answer RECEIVED

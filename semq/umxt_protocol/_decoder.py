@@ -4,6 +4,7 @@ waiting for the body, wait for the whole frame, then parse)."""
 
 from __future__ import annotations
 
+import struct
 import zlib
 from collections.abc import Iterator
 from typing import Any, Final
@@ -25,6 +26,8 @@ from ._frames import (
 )
 from ._schema import MAGIC, VERSION
 from ._types import LK0, LK1, MAX_NODE_ID, MAX_PRIORITY, Endpoint, Kind, NodeType
+
+_DATA_IDS: Final = struct.Struct(_DATA_PREFIX.format[:4])  # LK0's semq_id, semq_db_id, record_id
 
 __all__ = ["DEFAULT_MAX_FRAME", "HEADER_SIZE", "FrameDecoder", "RawFrame", "relay_bytes", "relay_frame_bytes"]
 
@@ -130,6 +133,15 @@ class RawFrame:
         except Exception as e:
             raise RemoteProtocolError(f"DATA prefix: {e}", ResultCode.MALFORMED_FRAME) from e
         return lk0, lk1, created, expires or None
+
+    def data_ids(self) -> tuple[int, int, int]:
+        """(semq_id, semq_db_id, record_id) of a DATA frame's LK0, unchecked:
+        for grouping a batch's look-ups before each frame is decoded (and
+        validated) on its own. Raises RemoteProtocolError on a short body."""
+        try:
+            return _DATA_IDS.unpack_from(self.raw, self._body_start)
+        except struct.error as e:
+            raise RemoteProtocolError(f"DATA prefix: {e}", ResultCode.MALFORMED_FRAME) from e
 
     def frame(self) -> Frame:
         """Parse the body; the full, validated Frame. Raises RemoteProtocolError."""

@@ -51,6 +51,10 @@ class Kind(IntEnum):
     """Frame kinds (SPEC "UMX-T frames"). 1..31 are message kinds that carry
     SaveFwd; 32.. are session kinds between two directly connected peers."""
 
+    # A hot dict key: int's C-level hash (Enum's is hash(name), in Python),
+    # which also agrees with IntEnum's int equality.
+    __hash__ = int.__hash__
+
     DATA = 1  # a document (application packet, LAYER_MASK 0)
     ACK = 2  # 810-Indication ack_flag 1: receiver -> platform, "got your stored copy (LK1)"
     REACK = 3  # 810-Response ack_flag 1: platform -> receiver, "got your ACK"
@@ -94,6 +98,10 @@ _ACK_KINDS: Final = frozenset(
 
 class NodeType(IntEnum):
     """Endpoint types (SPEC "Identifiers")."""
+
+    # A hot dict key: int's C-level hash (Enum's is hash(name), in Python),
+    # which also agrees with IntEnum's int equality.
+    __hash__ = int.__hash__
 
     ORGANIZATION = 1  # an organization's node
     PLATFORM = 2  # the relay
