@@ -905,6 +905,16 @@ def _merge_facts(rows: Any) -> Any:
         *[merge[how](name).alias(name) for name, how in _FACTS_LAYOUT])
 
 
+class _Record(dict[str, Any]):
+    """A collected row as a dict, its fields also as attributes."""
+
+    def __getattr__(self, name: str) -> Any:
+        try:
+            return self[name]
+        except KeyError:
+            raise AttributeError(name) from None
+
+
 def _message_facts(rows: list[Any]) -> _Facts:
     """What the facts rows (:func:`message_facts`, collected) say: causal
     bounds between loggers, names, per-logger counts, connection events."""
@@ -912,7 +922,9 @@ def _message_facts(rows: list[Any]) -> _Facts:
                    representatives={}, strings={}, total_messages=0, duplicates=0, malformed=0)
     platforms: set[int] = set()
     upper: dict[tuple[int, int], tuple[int, int]] = {}
-    for row in rows:
+    # A pyspark Row finds a field by name with a linear search; each row is
+    # read by name some fifty times.
+    for row in (_Record(zip(r.__fields__, r, strict=True)) for r in rows):
         if row.special is not None and row.special.startswith(_NAME_KEY):
             # "\x01name|<column>|<value>", the hash in the column's place: no
             # lines, no logger activity, only the name.
@@ -1228,10 +1240,12 @@ def _derive(spark: Any, messages: Any, offsets: dict[int, int], periods: list[Of
     hashes = {h: int(o) for h, o in offsets.items()}
     if hashes:
         off_map = F.create_map(*[x for h, o in sorted(hashes.items()) for x in (F.lit(h), F.lit(o))])
-    m = messages
-    for prefix in ("o", "p", "r"):
-        off = F.coalesce(off_map[c(f"{prefix}_lh")], F.lit(0)) if hashes else F.lit(0)
-        m = m.withColumn(f"{prefix}_off", off.cast(_t("long")))
+    # One select per step: each DataFrame call costs the driver an analysis of the plan.
+    m = messages.select("*", *[
+        (F.coalesce(off_map[c(f"{prefix}_lh")], F.lit(0)) if hashes else F.lit(0))
+        .cast(_t("long")).alias(f"{prefix}_off")
+        for prefix in ("o", "p", "r")
+    ])
 
     def ref(col: str) -> Any:
         """A timestamp moved to the reference clock."""
@@ -1380,16 +1394,15 @@ def _with_target_offline(spark: Any, m: Any, periods: list[OfflinePeriod], as_of
         "per_end long, per_hi long",
     ).select(
         "*", F.xxhash64("per_logger").alias("per_lh"), F.xxhash64("per_node").alias("per_nh"),
-    ).select("*", F.xxhash64("per_lh", "per_nh", "per_b").alias("per_key"))
+        F.xxhash64(F.xxhash64("per_logger"), F.xxhash64("per_node"), "per_b").alias("per_key"),
+    )
     # The bucket of the moment (clamped into the periods' span), as computed
     # for the periods above; exact in doubles: epoch ms are far below 2**53.
     bucket = F.floor(
-        (F.least(F.greatest(c("found_offline"), F.lit(first)), F.lit(last)) - F.lit(first)) / F.lit(width)
+        (F.least(F.greatest(found, F.lit(first)), F.lit(last)) - F.lit(first)) / F.lit(width)
     )
-    m = m.withColumn("found_offline", found).withColumn(
-        "offline_key",
-        F.when(c("found_offline").isNotNull(), F.xxhash64(c("p_lh"), c("target_h"), bucket)),
-    )
+    m = m.select("*", found.alias("found_offline"),
+                 F.when(found.isNotNull(), F.xxhash64(c("p_lh"), c("target_h"), bucket)).alias("offline_key"))
     cond = (
         (c("offline_key") == c("per_key"))
         & (c("p_lh") == c("per_lh")) & (c("target_h") == c("per_nh"))
