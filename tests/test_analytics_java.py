@@ -140,3 +140,20 @@ def test_class_archive_is_written_used_and_never_trusted_blindly(tmp_path: Path)
     rewritten.write_bytes(bytes(data))
     assert report("damaged") == first
     assert not list(tmp_path.glob("hs_err*")) and not list(Path.cwd().glob("hs_err*"))
+
+
+def test_class_archive_only_from_a_directory_nobody_else_writes(tmp_path: Path) -> None:
+    folder = tmp_path / "cds"
+    folder.mkdir(mode=0o700)
+    archive = folder / "classes-x.jsa"
+    options, dump = session._archive_options(archive)
+    assert any(o.startswith("-XX:ArchiveClassesAtExit=") for o in options) and dump is not None
+    dump.write_bytes(b"x" * 10)
+    installed = archive.with_name(f"{archive.name}.10")
+    dump.rename(installed)
+    assert session._archive_options(archive)[0][0] == f"-XX:SharedArchiveFile={installed}"
+    installed.write_bytes(b"x" * 9)  # not the size it was installed with: dropped
+    options, dump = session._archive_options(archive)
+    assert not installed.exists() and options[0].startswith("-XX:ArchiveClassesAtExit=")
+    folder.chmod(0o777)
+    assert session._archive_options(archive) == ([], None)

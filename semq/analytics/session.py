@@ -14,6 +14,7 @@ import dataclasses
 import os
 import re
 import shutil
+import stat
 import subprocess
 import sys
 import tempfile
@@ -52,6 +53,7 @@ LOCAL_JAVA_OPTIONS: Final = (
 # about 6 s, once).
 # Safety: the archive's name holds a digest of the Java, the jars and the
 # options (a JVM refuses an archive of another build or class path anyway);
+# only files of this user in a directory only this user can write are used;
 # -XX:+VerifySharedSpaces checks every region's CRC before use; a JVM that
 # fails to start with the archive is started again without it and the
 # archive deleted. SEMQ_CLASS_ARCHIVE=0 turns it off.
@@ -256,7 +258,12 @@ def _archive_options(archive: Path) -> tuple[list[str], Path | None]:
     """JVM options that use `archive`, or that write it at exit: (options, dump path)."""
     folder = archive.parent
     try:
-        folder.mkdir(parents=True, exist_ok=True)
+        folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+        # The archive is code the JVM runs: only from a directory of ours that
+        # nobody else can write (the temporary directory is everybody's).
+        st = folder.lstat()
+        if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o022:
+            return [], None
         now = time.time()
         for old in folder.iterdir():
             # Dumps of JVMs that never finished (and archives of other versions).
@@ -280,7 +287,9 @@ def _installed(archive: Path) -> Path | None:
     for candidate in archive.parent.glob(f"{archive.name}.*"):
         size = candidate.name.removeprefix(f"{archive.name}.")
         try:
-            if found is None and size.isdigit() and candidate.stat().st_size == int(size):
+            st = candidate.lstat()
+            if (found is None and size.isdigit() and stat.S_ISREG(st.st_mode) and st.st_size == int(size)
+                    and st.st_uid == os.getuid()):
                 found = candidate
             elif not size.endswith(".tmp"):
                 candidate.unlink()
