@@ -97,3 +97,63 @@ def test_an_old_java_is_named(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -
     with pytest.raises(session.ReportError) as err:
         session.find_java()
     assert f"{fake} is Java 11" in str(err.value)
+
+
+def test_class_archive_is_written_used_and_never_trusted_blindly(tmp_path: Path) -> None:
+    """The first report writes the JVM's class archive, the next ones use it;
+    a truncated archive (which would kill HotSpot as it maps it) and one
+    damaged inside are dropped or refused: every report gives the same tables."""
+    from semq.analytics.synth import SynthConfig, generate
+
+    generate(tmp_path / "logs", SynthConfig(messages=300, orgs=3, seed=7))
+    env = {k: v for k, v in os.environ.items() if k not in ("SPARK_CONF_DIR", session.CLASS_ARCHIVE_ENV)}
+    env["TMPDIR"] = str(tmp_path / "tmp")
+    (tmp_path / "tmp").mkdir()
+
+    def report(name: str) -> dict[str, str]:
+        out = tmp_path / name
+        run = subprocess.run([sys.executable, "-c", _JOB, str(tmp_path / "logs"), str(out)], env=env,
+                             capture_output=True, text=True, timeout=600)
+        assert run.returncode == 0, run.stderr[-3000:]
+        assert "SIGBUS" not in run.stderr and "fatal error" not in run.stderr
+        return {p.name: p.read_text() for p in sorted(out.glob("*.csv"))}
+
+    def archives() -> list[Path]:
+        return sorted(p for p in (tmp_path / "tmp").glob(f"semq-spark-cds-{os.getuid()}/classes-*.jsa.*")
+                      if not p.name.endswith(".tmp"))
+
+    assert not archives()
+    first = report("first")
+    [archive] = archives()
+    assert archive.stat().st_size == int(archive.name.rsplit(".", 1)[1]) > 1_000_000
+    assert report("second") == first
+    assert archives() == [archive]
+
+    data = archive.read_bytes()
+    archive.write_bytes(data[: len(data) // 2])  # truncated: dropped, written again
+    assert report("truncated") == first
+    [rewritten] = archives()
+    assert rewritten.stat().st_size == int(rewritten.name.rsplit(".", 1)[1])
+
+    data = bytearray(rewritten.read_bytes())
+    data[len(data) // 2: len(data) // 2 + 4096] = os.urandom(4096)  # damaged, same size
+    rewritten.write_bytes(bytes(data))
+    assert report("damaged") == first
+    assert not list(tmp_path.glob("hs_err*")) and not list(Path.cwd().glob("hs_err*"))
+
+
+def test_class_archive_only_from_a_directory_nobody_else_writes(tmp_path: Path) -> None:
+    folder = tmp_path / "cds"
+    folder.mkdir(mode=0o700)
+    archive = folder / "classes-x.jsa"
+    options, dump = session._archive_options(archive)
+    assert any(o.startswith("-XX:ArchiveClassesAtExit=") for o in options) and dump is not None
+    dump.write_bytes(b"x" * 10)
+    installed = archive.with_name(f"{archive.name}.10")
+    dump.rename(installed)
+    assert session._archive_options(archive)[0][0] == f"-XX:SharedArchiveFile={installed}"
+    installed.write_bytes(b"x" * 9)  # not the size it was installed with: dropped
+    options, dump = session._archive_options(archive)
+    assert not installed.exists() and options[0].startswith("-XX:ArchiveClassesAtExit=")
+    folder.chmod(0o777)
+    assert session._archive_options(archive) == ([], None)

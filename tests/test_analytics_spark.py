@@ -267,6 +267,7 @@ def test_compacted_parquet_gives_the_same_tables(spark: Any, logs_dir: Path, tmp
     assert result["partials"] == ["2026-11-21", "2026-11-22"]
     again = build_report(spark, resolve_inputs([str(out)]), ReportOptions(with_messages=True))
     assert again.meta["compacted_dates"] == {"partials": 2, "events": 0}
+    assert again.meta["compacted_final"]  # one compaction run: closed messages as they are
     assert_same_tables(report, again)
 
 
@@ -315,6 +316,27 @@ def compacted_by_day(spark: Any, synth_logs: Path, tmp_path_factory: pytest.Temp
     return out
 
 
+@pytest.fixture(scope="module")
+def compacted_at_once(spark: Any, synth_logs: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The synthetic logs compacted in one run: a report takes the finished
+    rows of the messages closed in a date and merges only the open ones."""
+    out = tmp_path_factory.mktemp("compacted") / "pq"
+    result = compact(spark, resolve_inputs([str(synth_logs)]), str(out))
+    assert [d for d, _ in result["dates"]] == result["partials"] == _log_days(synth_logs)
+    return out
+
+
+def _partial_keys(spark: Any, root: Path, subset: str) -> Any:
+    """(k, d): the message keys of one set of partial rows (:mod:`.compacted`) per date."""
+    from pyspark.sql import functions as F
+
+    return functools.reduce(lambda a, b: a.unionByName(b), [
+        spark.read.schema("k string").parquet(partials_path(str(root), d, subset))
+        .select("k", F.lit(d).alias("d"))
+        for d in sorted(p.name.removeprefix("date=") for p in root.glob("date=*"))
+    ])
+
+
 def test_every_aggregate_table_agrees_with_the_per_message_table(synth_report: ReportData) -> None:
     """Tables computed by Spark (pairs, hours), rolled up from the AppKey x
     SaveFwd combinations (AppKey, SaveFwd) and summed from the hours (days,
@@ -344,33 +366,60 @@ def test_every_aggregate_table_agrees_with_the_per_message_table(synth_report: R
 def test_partials_of_separate_compaction_runs_merge(spark: Any, synth_logs: Path, compacted_by_day: Path,
                                                     synth_report: ReportData) -> None:
     """A message whose events lie on several dates has partial rows from several
-    compaction runs; merged, they give exactly the report of the raw logs."""
+    compaction runs; merged, they give exactly the report of the raw logs.
+    Each run saw one date, so such a message is closed in the dates of both
+    runs: its finished rows must not be taken as they are."""
     from pyspark.sql import functions as F
 
     days = _log_days(synth_logs)
     assert len(days) >= 4  # the day before (skewed clocks), three days, the day after
-    keys = functools.reduce(lambda a, b: a.unionByName(b), [
-        spark.read.parquet(partials_path(str(compacted_by_day), d)).select("k", F.lit(d).alias("d"))
-        for d in days
-    ])
-    spanning = keys.groupBy("k").agg(F.countDistinct("d").alias("n")).where("n > 1").count()
+    closed = _partial_keys(spark, compacted_by_day, "closed")
+    assert _partial_keys(spark, compacted_by_day, "open").count() < 10  # the rows of no message
+    spanning = closed.groupBy("k").agg(F.countDistinct("d").alias("n")).where("n > 1").count()
     assert spanning >= 20
     got = build_report(spark, resolve_inputs([str(compacted_by_day)]), ReportOptions(with_messages=True))
     assert got.meta["compacted_dates"] == {"partials": len(days), "events": 0}
+    assert not got.meta["compacted_final"]
     assert_same_tables(synth_report, got)
     for key in ("events", "duplicate_events", "malformed_events", "messages"):
         assert got.meta[key] == synth_report.meta[key], key
 
 
+def test_one_compaction_run_takes_closed_messages_as_they_are(
+        spark: Any, synth_logs: Path, compacted_at_once: Path, synth_report: ReportData) -> None:
+    """Compacted in one run, a message with events on one date only has its
+    finished row there; one with events on several dates has only partial
+    rows, in each of them, which the report merges: the same tables."""
+    from pyspark.sql import functions as F
+
+    days = _log_days(synth_logs)
+    final = _partial_keys(spark, compacted_at_once, "final").where(~F.col("k").startswith("\u0001"))
+    closed = _partial_keys(spark, compacted_at_once, "closed").where(~F.col("k").startswith("\u0001"))
+    opened = _partial_keys(spark, compacted_at_once, "open").where(~F.col("k").startswith("\u0001"))
+    assert final.count() == final.select("k").distinct().count() == closed.select("k").distinct().count()
+    assert final.join(opened, "k").count() == 0
+    spanning = opened.groupBy("k").agg(F.countDistinct("d").alias("n"))
+    assert spanning.where("n < 2").count() == 0 and spanning.count() >= 20
+    assert final.count() + spanning.count() == synth_report.meta["messages"]
+    got = build_report(spark, resolve_inputs([str(compacted_at_once)]), ReportOptions(with_messages=True))
+    assert got.meta["compacted_dates"] == {"partials": len(days), "events": 0}
+    assert got.meta["compacted_final"]
+    assert_same_tables(synth_report, got)
+    for key in ("events", "duplicate_events", "malformed_events", "messages"):
+        assert got.meta[key] == synth_report.meta[key], key
+
+
+@pytest.mark.parametrize("runs", ["by_day", "at_once"])
 def test_compacted_dates_are_reported_from_their_partials_alone(
-        spark: Any, compacted_by_day: Path, synth_report: ReportData, tmp_path: Path) -> None:
+        spark: Any, compacted_by_day: Path, compacted_at_once: Path, synth_report: ReportData,
+        tmp_path: Path, runs: str) -> None:
     """Partials carry everything a report needs, names and the AppKeys of the
     stuck and failed lists included: with the events' files gone, the report
     is the same."""
     import shutil
 
     out = tmp_path / "pq"
-    shutil.copytree(compacted_by_day, out)
+    shutil.copytree(compacted_by_day if runs == "by_day" else compacted_at_once, out)
     removed = [p for p in out.glob("date=*/part-*") if p.is_file()]
     assert removed
     for p in removed:
@@ -380,19 +429,24 @@ def test_compacted_dates_are_reported_from_their_partials_alone(
     assert_same_tables(synth_report, got)
 
 
+@pytest.mark.parametrize("runs", ["by_day", "at_once"])
 @pytest.mark.parametrize("window", [(1, 5, 2, 0), (1, 5, None, None), (1, 0, 1, 12)])
 def test_a_window_reads_cut_dates_from_events_and_whole_dates_from_partials(
-        spark: Any, synth_logs: Path, compacted_by_day: Path, window: tuple[Any, ...]) -> None:
+        spark: Any, synth_logs: Path, compacted_by_day: Path, compacted_at_once: Path,
+        window: tuple[Any, ...], runs: str) -> None:
     """--since/--until apply to compacted input exactly as to the logs: a date
     the window of event times cuts is read from its events, a date wholly
-    inside it from its partials."""
+    inside it from its partials (of one run: closed messages as they are, the
+    open ones merged with the events of the cut dates)."""
     start = SYNTH.start_ms
     since = start + window[0] * 86_400_000 + window[1] * HOUR
     until = None if window[2] is None else start + window[2] * 86_400_000 + window[3] * HOUR
     opts = ReportOptions(since_ms=since, until_ms=until, with_messages=True)
     want = build_report(spark, resolve_inputs([str(synth_logs)]), opts)
-    got = build_report(spark, resolve_inputs([str(compacted_by_day)]), opts)
+    got = build_report(spark, resolve_inputs([str(compacted_by_day if runs == "by_day" else compacted_at_once)]),
+                       opts)
     assert_same_tables(want, got)
+    assert got.meta["compacted_final"] == (runs == "at_once")
     used = got.meta["compacted_dates"]
     # Event times read: [since - 1 h, until + 24 h); the dates in the logs are
     # 10-31 (skewed clocks, connection events), 11-01..11-03, maybe 11-04.
@@ -414,10 +468,14 @@ def test_dates_without_complete_partials_are_read_from_events(
     out = tmp_path / "pq"
     shutil.copytree(compacted_by_day, out)
     days = _log_days(synth_logs)
-    (Path(partials_path(str(out), days[1])) / PARTIALS_MARKER).unlink()
+
+    def marker(day: str) -> Path:
+        [found] = Path(partials_path(str(out), day)).glob(f"{PARTIALS_MARKER}.*")
+        return found
+
+    marker(days[1]).unlink()
     shutil.rmtree(partials_path(str(out), days[2]))
-    marker = Path(partials_path(str(out), days[3])) / PARTIALS_MARKER
-    marker.rename(marker.with_name("_COMPLETE_V0"))
+    marker(days[3]).rename(marker(days[3]).with_name("_COMPLETE_V2"))
     got = build_report(spark, resolve_inputs([str(out)]), ReportOptions(with_messages=True))
     assert got.meta["compacted_dates"] == {"partials": len(days) - 3, "events": 3}
     assert_same_tables(synth_report, got)
@@ -431,8 +489,32 @@ def test_dates_without_complete_partials_are_read_from_events(
     assert_same_tables(synth_report, again)
 
 
+def test_a_date_compacted_again_by_another_run(spark: Any, synth_logs: Path, compacted_at_once: Path,
+                                              synth_report: ReportData, tmp_path: Path) -> None:
+    """One date compacted again, alone: its messages that also have events on
+    the neighbouring dates are closed in it for the new run and open in the
+    old run's dates. Dates of two runs: every closed message is merged too."""
+    import shutil
+
+    from pyspark.sql import functions as F
+
+    out = tmp_path / "pq"
+    shutil.copytree(compacted_at_once, out)
+    days = _log_days(synth_logs)
+    result = compact(spark, resolve_inputs([str(synth_logs / "*" / "events" / f"events-{days[2]}.jsonl")]),
+                     str(out))
+    assert result["replaced"] == result["partials"] == [days[2]]
+    now_closed = _partial_keys(spark, out, "final").where(F.col("d") == days[2])
+    assert now_closed.join(_partial_keys(spark, out, "open"), "k").count() >= 10
+    got = build_report(spark, resolve_inputs([str(out)]), ReportOptions(with_messages=True))
+    assert got.meta["compacted_dates"] == {"partials": len(days), "events": 0}
+    assert not got.meta["compacted_final"]
+    assert_same_tables(synth_report, got)
+
+
+@pytest.mark.parametrize("runs", ["by_day", "at_once"])
 def test_compacted_and_raw_logs_together(spark: Any, synth_logs: Path, compacted_by_day: Path,
-                                         tmp_path: Path) -> None:
+                                         compacted_at_once: Path, tmp_path: Path, runs: str) -> None:
     """Partials merge with events read from JSON in the same report: a log given
     both compacted and raw counts like a log given twice (the same lines read
     twice, duplicates of counted events ignored)."""
@@ -442,30 +524,36 @@ def test_compacted_and_raw_logs_together(spark: Any, synth_logs: Path, compacted
     shutil.copytree(synth_logs, copy)
     twice = build_report(spark, resolve_inputs([str(synth_logs), str(copy)]),
                          ReportOptions(with_messages=True))
-    mixed = build_report(spark, resolve_inputs([str(compacted_by_day), str(copy)]),
+    mixed = build_report(spark, resolve_inputs([str(compacted_by_day if runs == "by_day" else compacted_at_once),
+                                                str(copy)]),
                          ReportOptions(with_messages=True))
+    assert not mixed.meta["compacted_final"]
     assert_same_tables(twice, mixed)
     for key in ("events", "duplicate_events", "malformed_events", "messages"):
         assert mixed.meta[key] == twice.meta[key], key
     assert twice.meta["duplicate_events"] > 0
 
 
-def test_two_compacted_datasets_with_the_same_dates(spark: Any, synth_logs: Path,
-                                                     compacted_by_day: Path, tmp_path: Path) -> None:
+@pytest.mark.parametrize("runs", ["by_day", "at_once"])
+def test_two_compacted_datasets_with_the_same_dates(spark: Any, synth_logs: Path, compacted_by_day: Path,
+                                                     compacted_at_once: Path, tmp_path: Path,
+                                                     runs: str) -> None:
     """A report over one dataset takes its partial rows as they are (each
     counted event in one row); over two that hold the same dates, the rows
     are merged per counted event first: the same as the logs given twice."""
     import shutil
 
     copy = tmp_path / "pq-again"
-    shutil.copytree(compacted_by_day, copy)
+    compacted = compacted_by_day if runs == "by_day" else compacted_at_once
+    shutil.copytree(compacted, copy)
     logs_again = tmp_path / "again"
     shutil.copytree(synth_logs, logs_again)
     twice = build_report(spark, resolve_inputs([str(synth_logs), str(logs_again)]),
                          ReportOptions(with_messages=True))
-    both = build_report(spark, resolve_inputs([str(compacted_by_day), str(copy)]),
+    both = build_report(spark, resolve_inputs([str(compacted), str(copy)]),
                         ReportOptions(with_messages=True))
     assert both.meta["compacted_dates"]["events"] == 0
+    assert not both.meta["compacted_final"]
     assert_same_tables(twice, both)
     assert both.meta["duplicate_events"] == twice.meta["duplicate_events"] > 0
 
@@ -621,6 +709,12 @@ def test_duplicate_lines_are_counted_once(spark: Any, tmp_path: Path) -> None:
     for name, table in want.tables.items():
         if name != "loggers":  # lines read: the copies are lines too
             assert got[name].rows == table.rows, name
+    # Compacted in one run, the messages' finished rows count the same.
+    compact(spark, resolve_inputs([str(dup)]), str(tmp_path / "pq"))
+    compacted = build_report(spark, resolve_inputs([str(tmp_path / "pq")]), ReportOptions(with_messages=True))
+    assert compacted.meta["compacted_final"]
+    assert_same_tables(got, compacted)
+    assert compacted.meta["duplicate_events"] == got.meta["duplicate_events"]
     assert got.meta["duplicate_events"] == sum(_counted_once(x) for x in copied) == 15
     assert want.meta["duplicate_events"] == 0
     lines_read = {r["logger"]: r["events"] for r in got["loggers"].dicts()}

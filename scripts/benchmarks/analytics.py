@@ -12,8 +12,11 @@ from /proc just before the session stops) and the 1-minute load average
 before and after, because on a shared 2-core machine the wall time mostly
 measures the neighbours. `--rounds N` runs every report N times;
 `--baseline DIR` alternates each run with the same command run from another
-source tree (e.g. `git archive <commit> semq | tar -x -C DIR`), for pairs of
-old and new measured back to back. Runs are bounded (--timeout).
+source tree (e.g. `git archive <commit> | tar -x -C DIR`), for pairs of
+old and new measured back to back; when that tree's benchmark names another
+compacted layout (its `_LAYOUT`), its reports read a dataset compacted by
+its own code (kept in the cache beside this one's), so each version reads
+the layout it was written for. Runs are bounded (--timeout).
 
 Usage: scripts/bench analytics [--messages N] [--orgs K] [--days D] [--cache DIR]
                                [--only json|parquet] [--master URL] [--rounds N]
@@ -74,7 +77,21 @@ _CPU_RE = re.compile(r"^\[bench\] jvm cpu ([\d.]+) s$", re.MULTILINE)
 _FROM_RE = re.compile(r"^\[bench\] semq from (.+)$", re.MULTILINE)
 # Bumped when `compact` writes a different layout, so a dataset cached by an
 # older version is not taken for the current one.
-_LAYOUT = "v3"
+_LAYOUT = "v4"
+_LAYOUT_RE = re.compile(r'^_LAYOUT = "([\w.-]+)"$', re.MULTILINE)
+
+
+def _layout_of(tree: str | None) -> str:
+    """The compacted layout tag of a source tree's benchmark (this one's: _LAYOUT)."""
+    if tree is None:
+        return _LAYOUT
+    try:
+        found = _LAYOUT_RE.search((Path(tree) / "scripts" / "benchmarks" / "analytics.py").read_text())
+    except OSError:
+        found = None
+    if found is None:
+        raise SystemExit(f"error: --baseline {tree} has no scripts/benchmarks/analytics.py naming its _LAYOUT")
+    return found.group(1)
 
 
 def _load() -> float:
@@ -137,6 +154,9 @@ def main(argv: list[str]) -> int:
     tag = f"m{a.messages}-o{a.orgs}-d{a.days}-s{a.seed}"
     json_dir = Path(a.cache) / f"json-{tag}"
     pq_dir = Path(a.cache) / f"parquet-{_LAYOUT}-{tag}"
+    trees = [("this", None)] + ([("baseline", a.baseline)] if a.baseline else [])
+    # The dataset each tree's reports read: compacted by that tree's code.
+    pq_dirs = {source: Path(a.cache) / f"parquet-{_layout_of(source)}-{tag}" for _, source in trees}
     rows: list[list[object]] = []
     manifest = json_dir / "synth.json"
     if not manifest.exists():
@@ -153,25 +173,29 @@ def main(argv: list[str]) -> int:
 
     # Spark writes no _SUCCESS at the root of a dynamically overwritten dataset:
     # our own marker says the compaction finished.
-    compacted = pq_dir / ".semq-bench-complete"
-    if a.only != "json" and not compacted.exists():
-        print(f"[bench] compacting into {pq_dir}", file=sys.stderr)
+    for name, source in trees if a.only != "json" else []:
+        target = pq_dirs[source]
+        compacted = target / ".semq-bench-complete"
+        if compacted.exists() or (source is not None and target == pq_dir):
+            continue
+        print(f"[bench] compacting into {target} ({name})", file=sys.stderr)
         load = _load()
-        wall, stages, cpu, _ = _run(["report", "compact", "--logs", str(json_dir), "--out", str(pq_dir),
-                                     *master], timeout=a.timeout)
+        wall, stages, cpu, _ = _run(["report", "compact", "--logs", str(json_dir), "--out", str(target),
+                                     *master], source=source, timeout=a.timeout)
         compacted.touch()
         detail = ", ".join(f"{k} {v:.0f}" for k, v in stages.items())
-        rows.append(["compact JSON -> Parquet", "", f"{events:,}", f"{wall:.1f}",
+        rows.append(["compact JSON -> Parquet", name, f"{events:,}", f"{wall:.1f}",
                      "-" if cpu is None else f"{cpu:.0f}", f"{load:.1f} -> {_load():.1f}", detail])
-    trees = [("this", None)] + ([("baseline", a.baseline)] if a.baseline else [])
-    for kind, path in (("json", json_dir), ("parquet", pq_dir)):
+    for kind in ("json", "parquet"):
         if a.only and a.only != kind:
             continue
         for r in range(a.rounds):
             # Alternate which tree goes first, so neither always meets the
             # same neighbour's phase.
             for name, source in (trees if r % 2 == 0 else trees[::-1]):
-                print(f"[bench] report latency on {kind} ({name}, round {r + 1})", file=sys.stderr)
+                path = json_dir if kind == "json" else pq_dirs[source]
+                print(f"[bench] report latency on {kind} ({name}, round {r + 1}, {path.name})",
+                      file=sys.stderr)
                 load = _load()
                 with tempfile.TemporaryDirectory() as out:
                     wall, stages, cpu, _ = _run(

@@ -135,10 +135,10 @@ def _latency(args: argparse.Namespace, inputs: Any, since: int | None, until: in
              stuck_after: int, out: str | None, say: Any) -> int:
     from .jobs import ReportOptions, build_report
     from .report import render_text, write_report, write_tables
-    from .session import start_session
+    from .session import start_session, stop_session
 
     say(f"starting Spark ({args.master or 'local[*]'})")
-    spark, created = start_session(args.master)
+    spark, created = start_session(args.master, class_archive=True)
     try:
         data = build_report(
             spark, inputs,
@@ -146,7 +146,7 @@ def _latency(args: argparse.Namespace, inputs: Any, since: int | None, until: in
         )
     finally:
         if created:
-            spark.stop()
+            stop_session(spark)
     if args.format == "text":
         if out:
             write_tables(data, out)

@@ -76,7 +76,10 @@ __all__ = [
     "ReportOptions",
     "build_report",
     "compact",
+    "facts_columns",
+    "final_columns",
     "load_events",
+    "message_facts",
     "message_partials",
     "partial_columns",
 ]
@@ -358,12 +361,19 @@ class _Sources:
     # event) at most: each date's rows are of one compaction and an event has
     # one date. Then nothing needs merging per (message, counted event).
     partials_distinct: bool = False
+    # Finished per-message rows (:func:`final_columns`) of the messages closed
+    # in a date, when every date read is of one compaction run: no other row
+    # read belongs to these messages. `partials` then holds only the open rows.
+    final: Any | None = None
+    # With `final`: their facts rows (:func:`message_facts`), per date.
+    facts: Any | None = None
     event_days: int
 
     def describe(self) -> str:
         if not (self.partial_days or self.event_days):
             return ""
-        return (f"compacted dates: {self.partial_days} from per-message partials, "
+        return (f"compacted dates: {self.partial_days} from per-message partials"
+                f"{' (one compaction run)' if self.final is not None else ''}, "
                 f"{self.event_days} from their events")
 
 
@@ -377,6 +387,12 @@ def _message_sources(spark: Any, inputs: Inputs, since_ms: int | None,
     rows would include events outside the window; so are dates without
     complete partials. Dates outside the window are not read. The result is
     the same as from the logs themselves: partial rows merge exactly.
+
+    When the input is one compacted dataset and every date read of it has
+    partials of the same compaction run, a message closed in a date (all its
+    events of that run in it) has no row in any other date read, so its
+    finished row is taken as it is (``final``) and only the open rows are
+    merged. Otherwise the closed messages' partial rows are merged too.
     """
     from pyspark.sql import functions as F
 
@@ -385,12 +401,14 @@ def _message_sources(spark: Any, inputs: Inputs, since_ms: int | None,
     frames = []
     if inputs.json_files:
         frames.append(spark.read.schema(spark_schema()).json(inputs.json_files))
-    partial_dirs: list[str] = []
+    partial_dates: list[tuple[str, str]] = []  # (dataset, date)
+    runs: set[str | None] = set()
     event_days = 0
     for d in inputs.parquet_dirs:
         dates = list_dates(spark, d)
         if not dates.dates:  # not partitioned by date: only the events
             frames.append(_canonical(spark.read.schema(spark_schema()).parquet(d)))
+            runs.add(None)
             continue
         from_events = []
         for day in dates.dates:
@@ -398,9 +416,10 @@ def _message_sources(spark: Any, inputs: Inputs, since_ms: int | None,
             end = start + DAY_MS
             if (lo is not None and end <= lo) or (hi is not None and start >= hi):
                 continue
+            runs.add(dates.runs.get(day))
             inside = (lo is None or start >= lo) and (hi is None or end <= hi)
             if inside and day in dates.with_partials:
-                partial_dirs.append(partials_path(d, day))
+                partial_dates.append((d, day))
             else:
                 from_events.append(day)
         if from_events:
@@ -411,14 +430,23 @@ def _message_sources(spark: Any, inputs: Inputs, since_ms: int | None,
     events = None
     if frames:
         events = _in_window(functools.reduce(lambda a, b: a.unionByName(b), frames), lo, hi)
-    partials = None
-    if partial_dirs:
+    one_run = (bool(partial_dates) and not inputs.json_files and len(inputs.parquet_dirs) == 1
+               and len(runs) == 1 and None not in runs)
+    partials = final = facts = None
+    if partial_dates:
         columns = [*partial_columns(), *[(n, "string") for n in PARTIAL_STRINGS]]
-        partials = spark.read.schema(_struct(columns)).parquet(*partial_dirs)
-    roots = {d for d in inputs.parquet_dirs for p in partial_dirs if p.startswith(d.rstrip("/") + "/")}
-    return _Sources(events=events, partials=partials, partial_days=len(partial_dirs),
-                    partials_distinct=len(roots) == 1 and len(set(partial_dirs)) == len(partial_dirs),
-                    event_days=event_days)
+        merged = ("open",) if one_run else ("closed", "open")
+        partials = spark.read.schema(_struct(columns)).parquet(
+            *[partials_path(d, day, subset) for d, day in partial_dates for subset in merged])
+        if one_run:
+            final = spark.read.schema(_struct(final_columns())).parquet(
+                *[partials_path(d, day, "final") for d, day in partial_dates])
+            facts = spark.read.schema(_struct(facts_columns())).parquet(
+                *[partials_path(d, day, "facts") for d, day in partial_dates])
+    roots = {d for d, _ in partial_dates}
+    return _Sources(events=events, partials=partials, partial_days=len(partial_dates),
+                    partials_distinct=len(roots) == 1 and len(set(partial_dates)) == len(partial_dates),
+                    final=final, facts=facts, event_days=event_days)
 
 
 def _t(name: str) -> Any:
@@ -433,7 +461,7 @@ def _t(name: str) -> Any:
 
     kinds = {"string": T.StringType, "bigint": T.LongType, "long": T.LongType,
              "int": T.IntegerType, "tinyint": T.ByteType, "boolean": T.BooleanType,
-             "double": T.DoubleType}
+             "double": T.DoubleType, "date": T.DateType}
     return kinds[name]()
 
 
@@ -659,7 +687,7 @@ def _name_rows(events: Any, *keys: str) -> Any:
 
 
 def _per_message(events: Any | None, partials: Any | None = None, *,
-                 partials_distinct: bool = False) -> Any:
+                 partials_distinct: bool = False, strings: bool = False) -> Any:
     """Group all events by LK0: first time of every step, counts, attributes.
 
     `events` are log lines; `partials` are rows :func:`message_partials` made
@@ -685,50 +713,94 @@ def _per_message(events: Any | None, partials: Any | None = None, *,
     one message and counted event, see :class:`_Sources`) the first
     aggregation is skipped: it would only copy every row into a hash map of a
     million groups.
+
+    With `strings`, the :data:`PARTIAL_STRINGS` of the partial rows are kept
+    (a string aggregate: Spark sorts the rows, so only for few rows).
     """
     from pyspark.sql import functions as F
 
-    c = F.col
+    kept = list(PARTIAL_STRINGS) if strings and partials is not None else []
     if partials is None:
         # repartition("k") is the one shuffle; both aggregations find their
         # input clustered by k already (a subset of their keys) and add none.
         rows = (_prepared(events).repartition("k").groupBy("k", "dk")
                 .agg(*[agg.alias(name) for name, agg, _, _ in _level1()]))
     elif events is None and partials_distinct:
-        rows = partials.select(*[n for n, _ in partial_columns()]).repartition("k")
+        rows = partials.select(*[n for n, _ in partial_columns()], *kept).repartition("k")
     else:
-        partials = partials.select(*[n for n, _ in partial_columns()])
+        partials = partials.select(*[n for n, _ in partial_columns()], *kept)
         if events is not None:
-            partials = partials.unionByName(message_partials(events))
+            partials = partials.unionByName(message_partials(events), allowMissingColumns=True)
         merge = {"min": F.min, "max": F.max, "sum": F.sum}
         rows = (partials.repartition("k").groupBy("k", "dk")
-                .agg(*[merge[how](name).alias(name) for name, how, _ in _LEVEL1_LAYOUT]))
+                .agg(*[merge[how](name).alias(name) for name, how, _ in _LEVEL1_LAYOUT],
+                     *[F.max(col).alias(col) for col in kept]))
+    return rows.groupBy("k").agg(*[agg.alias(name) for name, agg in _level2()],
+                                 *[F.max(col).alias(col) for col in kept])
+
+
+# (column, type) of the per-message rows (:func:`_level2`), after the key ``k``.
+_LEVEL2_LAYOUT: Final = (
+    *[(name, "bigint") for name, _, _ in _FIRSTS],
+    *[(name, "bigint") for name, _, _ in _COUNTS],
+    ("code", "int"),
+    *[(f"{p}_lh", "bigint") for p in "opr"],
+    *[(f"{p}_last", "bigint") for p in "opr"],
+    *[(f"{p}_lines", "bigint") for p in "opr"],
+    *[(a, _ATTRIBUTE_TYPES.get(a, "bigint")) for a in _ATTRIBUTES],
+    ("first_ts", "bigint"),
+    ("lines", "bigint"),
+    ("duplicate_lines", "bigint"),
+)
+
+
+def _level2() -> list[tuple[str, Any]]:
+    """The second aggregation of the per-message step, per message over the
+    rows of :func:`_level1` (merged): ``(column, aggregate)`` in
+    :data:`_LEVEL2_LAYOUT` order."""
+    from pyspark.sql import functions as F
+
+    c = F.col
     ec = c("ec")
     is_counted = c("dk").isNotNull()
 
     def count(r: str, e: str) -> Any:
         return F.count(F.when(is_counted & (ec == _EVENT_CODES[(r, e)]), 1))
 
-    level2 = [
-        *[F.min(name).alias(name) for name, _, _ in _FIRSTS],
-        F.greatest(F.max("sent_attempt"), count("origin", "sent")).alias("o_sends"),
-        count("origin", "resend").alias("o_resends"),
-        count("origin", "inquiry").alias("o_inquiries"),
-        F.greatest(F.max("delivered_attempt"), count("platform", "delivered")).alias("p_deliveries"),
-        count("platform", "inquiry").alias("p_inquiries"),
-        count("receiver", "duplicate").alias("r_duplicates"),
-        F.max("code").alias("code"),
-        *[F.max(f"{p}_lh").alias(f"{p}_lh") for p in "opr"],
-        *[F.max(f"{p}_last").alias(f"{p}_last") for p in "opr"],
-        *[F.sum(f"{p}_lines").alias(f"{p}_lines") for p in "opr"],
-        *[F.max(a).alias(a) for a in _ATTRIBUTES],
-        F.min("first_ts").alias("first_ts"),
-        F.sum("lines").alias("lines"),
+    counts = {
+        "o_sends": F.greatest(F.max("sent_attempt"), count("origin", "sent")),
+        "o_resends": count("origin", "resend"),
+        "o_inquiries": count("origin", "inquiry"),
+        "p_deliveries": F.greatest(F.max("delivered_attempt"), count("platform", "delivered")),
+        "p_inquiries": count("platform", "inquiry"),
+        "r_duplicates": count("receiver", "duplicate"),
+    }
+    aggregates = [
+        *[F.min(name) for name, _, _ in _FIRSTS],
+        *[counts[name] for name, _, _ in _COUNTS],
+        F.max("code"),
+        *[F.max(f"{p}_lh") for p in "opr"],
+        *[F.max(f"{p}_last") for p in "opr"],
+        *[F.sum(f"{p}_lines") for p in "opr"],
+        *[F.max(a) for a in _ATTRIBUTES],
+        F.min("first_ts"),
+        F.sum("lines"),
         # Lines dropped as exact duplicates (counted events and connection events).
-        F.sum(F.when(is_counted | c("k").startswith(_NODE_KEY), c("lines") - 1).otherwise(0))
-        .alias("duplicate_lines"),
+        F.sum(F.when(is_counted | c("k").startswith(_NODE_KEY), c("lines") - 1).otherwise(0)),
     ]
-    return rows.groupBy("k").agg(*level2)
+    return [(name, agg) for (name, _), agg in zip(_LEVEL2_LAYOUT, aggregates, strict=True)]
+
+
+def final_columns() -> list[tuple[str, str]]:
+    """``(name, Spark type)`` of a finished per-message row as compaction stores
+    it for a message closed in one date (:mod:`.compacted`)."""
+    return [("k", "string"), *_LEVEL2_LAYOUT, *[(n, "string") for n in PARTIAL_STRINGS]]
+
+
+def _typed(df: Any, columns: list[tuple[str, str]]) -> Any:
+    from pyspark.sql import functions as F
+
+    return df.select(*[F.col(n).cast(_t(t)).alias(n) for n, t in columns])
 
 
 @dataclass(kw_only=True)
@@ -751,34 +823,64 @@ class _Facts:
 _CODED_COLUMNS: Final = ("o_lh", "p_lh", "r_lh", "source_h", "target_h", "domain_h", "data_type_h")
 
 
-def _message_facts(grouped: Any) -> _Facts:
-    """One small job over the cached per-message table: per combination of
-    loggers and attributes, the smallest time difference of every causal pair
-    (for :mod:`.clocks`), messages, lines and last time stamps, and one LK0
-    to read the strings behind the hashes from; plus connection events,
-    duplicate and malformed lines. A hash aggregation with a few thousand
-    groups: no explode, no sort.
+# The causal pairs of :func:`_fact_deltas` as (earlier party, later party).
+_FACT_PAIRS: Final = (("o_lh", "p_lh"), ("p_lh", "o_lh"), ("p_lh", "o_lh"), ("p_lh", "r_lh"),
+                      ("r_lh", "p_lh"), ("o_lh", "r_lh"), ("r_lh", "o_lh"), ("o_lh", "r_lh"))
+# (column, how two rows of it merge) of a facts row (:func:`message_facts`), after its keys.
+_FACTS_LAYOUT: Final = (
+    *[x for i in range(len(_FACT_PAIRS)) for x in ((f"d{i}", "min"), (f"n{i}", "sum"))],
+    ("n", "sum"),
+    ("rep", "min"),
+    *[(f"{x}_last", "max") for x in "opr"],
+    *[(f"{x}_lines", "sum") for x in "opr"],
+    ("lines", "sum"),
+    ("dup", "sum"),
+    ("first_ts", "min"),
+)
+
+
+def _fact_deltas() -> list[Any]:
+    """Later ts - earlier ts of each pair of :data:`_FACT_PAIRS`: each pair is a
+    cause and its effect (SPEC "The flow"), first occurrences only: the first
+    effect cannot precede the first cause."""
+    from pyspark.sql import functions as F
+
+    c = F.col
+    return [
+        c("p_received") - c("o_sent"),
+        F.least(c("o_ack_fwd"), c("o_ack_save")) - F.least(c("p_forwarded"), c("p_stored")),
+        c("o_nack") - c("p_dropped"),
+        c("r_received") - F.least(c("p_forwarded"), c("p_delivered")),
+        c("p_acked") - c("r_inbox"),
+        c("r_received") - c("o_sent"),
+        c("o_ack2") - c("r_ack2_sent"),
+        c("r_reack2") - c("o_ack2"),
+    ]
+
+
+def facts_columns() -> list[tuple[str, str]]:
+    """``(name, Spark type)`` of a facts row (:func:`message_facts`), keys first."""
+    return [*[(col, "bigint") for col in _CODED_COLUMNS], ("special", "string"),
+            *[(name, "bigint") for name, _ in _FACTS_LAYOUT]]
+
+
+def message_facts(grouped: Any, *keys: str) -> Any:
+    """The small aggregation of the per-message table (rows of :func:`_level2`)
+    that :func:`_message_facts` reads, per combination of loggers and
+    attributes (and `keys`): the smallest time difference of every causal
+    pair (for :mod:`.clocks`), messages, lines and last time stamps, and one
+    LK0 to read the strings behind the hashes from; connection events,
+    duplicate and malformed lines as rows of their own (``special``). Every
+    column is a min, max, count or sum: rows of disjoint sets of messages
+    merge exactly (:func:`_merge_facts`), so compaction stores them for the
+    messages closed in each date.
     """
     from pyspark.sql import functions as F
 
     c = F.col
-    o, p, r = "o_lh", "p_lh", "r_lh"
-    pairs = [
-        # (earlier party, later party, later ts - earlier ts); each pair is a
-        # cause and its effect (SPEC "The flow"), first occurrences only: the
-        # first effect cannot precede the first cause.
-        (o, p, c("p_received") - c("o_sent")),
-        (p, o, F.least(c("o_ack_fwd"), c("o_ack_save")) - F.least(c("p_forwarded"), c("p_stored"))),
-        (p, o, c("o_nack") - c("p_dropped")),
-        (p, r, c("r_received") - F.least(c("p_forwarded"), c("p_delivered"))),
-        (r, p, c("p_acked") - c("r_inbox")),
-        (o, r, c("r_received") - c("o_sent")),
-        (r, o, c("o_ack2") - c("r_ack2_sent")),
-        (o, r, c("r_reack2") - c("o_ack2")),
-    ]
     special = F.when(c("k").startswith("\u0001"), c("k"))
     aggs = []
-    for i, (_, _, d) in enumerate(pairs):
+    for i, d in enumerate(_fact_deltas()):
         aggs += [F.min(d).alias(f"d{i}"), F.count(d).alias(f"n{i}")]
     aggs += [
         F.count(F.lit(1)).alias("n"),
@@ -791,13 +893,38 @@ def _message_facts(grouped: Any) -> _Facts:
         F.sum("duplicate_lines").alias("dup"),
         F.min("first_ts").alias("first_ts"),
     ]
-    rows = grouped.groupBy(*_CODED_COLUMNS, special.alias("special")).agg(*aggs).collect()
+    return grouped.groupBy(*_CODED_COLUMNS, special.alias("special"), *keys).agg(*aggs)
 
+
+def _merge_facts(rows: Any) -> Any:
+    """Facts rows of disjoint sets of messages as the facts of all of them."""
+    from pyspark.sql import functions as F
+
+    merge = {"min": F.min, "max": F.max, "sum": F.sum}
+    return rows.groupBy(*_CODED_COLUMNS, "special").agg(
+        *[merge[how](name).alias(name) for name, how in _FACTS_LAYOUT])
+
+
+class _Record(dict[str, Any]):
+    """A collected row as a dict, its fields also as attributes."""
+
+    def __getattr__(self, name: str) -> Any:
+        try:
+            return self[name]
+        except KeyError:
+            raise AttributeError(name) from None
+
+
+def _message_facts(rows: list[Any]) -> _Facts:
+    """What the facts rows (:func:`message_facts`, collected) say: causal
+    bounds between loggers, names, per-logger counts, connection events."""
     facts = _Facts(bounds=[], names={}, messages={}, lines={}, last={}, node_events=[],
                    representatives={}, strings={}, total_messages=0, duplicates=0, malformed=0)
     platforms: set[int] = set()
     upper: dict[tuple[int, int], tuple[int, int]] = {}
-    for row in rows:
+    # A pyspark Row finds a field by name with a linear search; each row is
+    # read by name some fifty times.
+    for row in (_Record(zip(r.__fields__, r, strict=True)) for r in rows):
         if row.special is not None and row.special.startswith(_NAME_KEY):
             # "\x01name|<column>|<value>", the hash in the column's place: no
             # lines, no logger activity, only the name.
@@ -838,7 +965,7 @@ def _message_facts(grouped: Any) -> _Facts:
             known = facts.representatives.get((name, h))
             if known is None or row.rep < known:
                 facts.representatives[(name, h)] = int(row.rep)
-        for i, (a, b, _) in enumerate(pairs):
+        for i, (a, b) in enumerate(_FACT_PAIRS):
             ha, hb, d, n = row[a], row[b], row[f"d{i}"], int(row[f"n{i}"] or 0)
             if ha is None or hb is None or d is None or ha == hb:
                 continue
@@ -880,7 +1007,7 @@ def _name(names: dict[int, str], h: int | None) -> str:
 
 
 def _lookup(spark: Any, sources: _Sources, listed: Any | None,
-            representatives: dict[tuple[str, int], int]) -> tuple[
+            representatives: dict[tuple[str, int], int], *, partials: bool = True) -> tuple[
                 dict[int, str], dict[str, tuple[str | None, str | None]]]:
     """One scan for the strings the report shows but did not carry.
 
@@ -917,7 +1044,7 @@ def _lookup(spark: Any, sources: _Sources, listed: Any | None,
     if sources.events is not None:
         parts.append(sources.events.where(c("lk0").isNotNull())
                      .select("lk0", *PARTIAL_STRINGS, *_DICT_COLUMNS))
-    if sources.partials is not None and listed is not None:
+    if partials and sources.partials is not None and listed is not None:
         parts.append(sources.partials.where(~c("k").startswith("\u0001") & c("key").isNotNull())
                      .select(c("k").alias("lk0"), *PARTIAL_STRINGS,
                              *[F.lit(None).cast(_t("string")).alias(col) for col in _DICT_COLUMNS]))
@@ -959,18 +1086,33 @@ def build_report(spark: Any, inputs: Inputs, options: ReportOptions | None = Non
     sources = _message_sources(spark, inputs, opts.since_ms, opts.until_ms)
     if sources.describe():
         opts.progress(sources.describe())
-    # localCheckpoint keeps the rows as they are (memory, spilling to disk);
-    # persist() would first build compressed column batches, which measured
-    # several times slower on this 1 M-row table. Not eager: the first job
-    # over the table (the facts) computes and stores it in the same pass,
-    # instead of a count job storing it and the facts job reading it back.
-    grouped = _per_message(sources.events, sources.partials,
-                           partials_distinct=sources.partials_distinct).localCheckpoint(eager=False)
-    facts = _message_facts(grouped)
+    final, stored_facts = sources.final, sources.facts
+    fast = final is not None and stored_facts is not None
+    grouped = _per_message(sources.events, sources.partials, partials_distinct=sources.partials_distinct,
+                           strings=fast)
+    if final is not None and stored_facts is not None:
+        # The closed messages' rows are read once, by the first aggregation
+        # over the legs; their facts were stored with them. Only the open
+        # messages are merged here (and stored, for the facts and the legs).
+        # The stored rows have the types the same aggregations give (each
+        # DataFrame call costs the driver an analysis of the plan: no casts).
+        opened = stored = grouped.localCheckpoint(eager=False)
+        facts_rows = _merge_facts(stored_facts.unionByName(message_facts(opened)))
+        grouped = final.unionByName(opened)
+    else:
+        # localCheckpoint keeps the rows as they are (memory, spilling to
+        # disk); persist() would first build compressed column batches, which
+        # measured several times slower on this 1 M-row table. Not eager: the
+        # first job over the table (the facts) computes and stores it in the
+        # same pass, instead of a count job storing it and the facts job
+        # reading it back.
+        grouped = stored = grouped.localCheckpoint(eager=False)
+        facts_rows = message_facts(grouped)
+    facts = _message_facts(facts_rows.collect())
     watch.lap("join events by LK0", f"{facts.total_messages:,} messages, {facts.duplicates:,} "
               f"duplicate lines ignored, {facts.malformed:,} malformed")
     if not facts.total_messages:
-        grouped.unpersist()
+        stored.unpersist()
         raise ReportError("the logs hold no message events in the time window")
 
     periods = offline_periods(facts.node_events)
@@ -989,7 +1131,7 @@ def build_report(spark: Any, inputs: Inputs, options: ReportOptions | None = Non
     messages = grouped.where(~grouped["k"].startswith("\u0001")).withColumnRenamed("k", "lk0")
     # Stored by the first aggregation over it (see grouped above).
     detail = _derive(spark, messages, off_by_hash, periods, as_of, opts).localCheckpoint(eager=False)
-    grouped.unpersist()
+    stored.unpersist()
     watch.lap("legs per message")
 
     aggregated = _aggregates(detail, opts, as_of)
@@ -1000,9 +1142,20 @@ def build_report(spark: Any, inputs: Inputs, options: ReportOptions | None = Non
     histogram = _histogram(detail)
     stuck_rows, failed_rows = _stuck_and_failed_rows(detail)
     message_rows = _message_rows(detail) if opts.with_messages else None
-    listed = detail.where(detail["outcome"].isin("stuck", "failed")).select("lk0")
     unnamed = {k: v for k, v in facts.representatives.items() if k[1] not in facts.strings}
-    names, app_keys = _lookup(spark, sources, listed if stuck_rows or failed_rows else None, unnamed)
+    listed = detail.where(detail["outcome"].isin("stuck", "failed"))
+    if fast:
+        # The listed messages' AppKey strings came with their rows; those
+        # without may have them only in events read (dates the window cuts).
+        app_keys = {r.lk0: (r.subtype, r.key) for r in (*stuck_rows, *failed_rows)
+                    if r.subtype is not None or r.key is not None}
+        missing = sources.events is not None and len(app_keys) < len(stuck_rows) + len(failed_rows)
+        names, found = _lookup(spark, sources, listed.where(detail["key"].isNull()).select("lk0")
+                               if missing else None, unnamed, partials=False)
+        app_keys.update(found)
+    else:
+        names, app_keys = _lookup(spark, sources, listed.select("lk0") if stuck_rows or failed_rows else None,
+                                  unnamed)
     detail.unpersist()
     watch.lap("stuck and failed", f"{len(stuck_rows):,} stuck, {len(failed_rows):,} failed")
 
@@ -1045,6 +1198,8 @@ def build_report(spark: Any, inputs: Inputs, options: ReportOptions | None = Non
             "master": spark.sparkContext.master,
             # Dates of compacted datasets read as per-message partials / as events.
             "compacted_dates": {"partials": sources.partial_days, "events": sources.event_days},
+            # Closed messages taken from their finished rows (dates of one compaction run).
+            "compacted_final": sources.final is not None,
             "stage_seconds": dict(watch.stages),
         }
     )
@@ -1085,10 +1240,12 @@ def _derive(spark: Any, messages: Any, offsets: dict[int, int], periods: list[Of
     hashes = {h: int(o) for h, o in offsets.items()}
     if hashes:
         off_map = F.create_map(*[x for h, o in sorted(hashes.items()) for x in (F.lit(h), F.lit(o))])
-    m = messages
-    for prefix in ("o", "p", "r"):
-        off = F.coalesce(off_map[c(f"{prefix}_lh")], F.lit(0)) if hashes else F.lit(0)
-        m = m.withColumn(f"{prefix}_off", off.cast(_t("long")))
+    # One select per step: each DataFrame call costs the driver an analysis of the plan.
+    m = messages.select("*", *[
+        (F.coalesce(off_map[c(f"{prefix}_lh")], F.lit(0)) if hashes else F.lit(0))
+        .cast(_t("long")).alias(f"{prefix}_off")
+        for prefix in ("o", "p", "r")
+    ])
 
     def ref(col: str) -> Any:
         """A timestamp moved to the reference clock."""
@@ -1199,6 +1356,10 @@ def _derive(spark: Any, messages: Any, offsets: dict[int, int], periods: list[Of
         failed_at.alias("failed_at"),
         evidence.alias("evidence"),
         "o_lh", "p_lh", "r_lh",
+        # The AppKey strings of the listed messages, when the rows carry them
+        # (closed messages of compacted dates).
+        *[(F.when(outcome.isin("stuck", "failed"), c(col)) if col in messages.columns
+           else F.lit(None).cast(_t("string"))).alias(col) for col in PARTIAL_STRINGS],
     )
 
 
@@ -1233,16 +1394,15 @@ def _with_target_offline(spark: Any, m: Any, periods: list[OfflinePeriod], as_of
         "per_end long, per_hi long",
     ).select(
         "*", F.xxhash64("per_logger").alias("per_lh"), F.xxhash64("per_node").alias("per_nh"),
-    ).select("*", F.xxhash64("per_lh", "per_nh", "per_b").alias("per_key"))
+        F.xxhash64(F.xxhash64("per_logger"), F.xxhash64("per_node"), "per_b").alias("per_key"),
+    )
     # The bucket of the moment (clamped into the periods' span), as computed
     # for the periods above; exact in doubles: epoch ms are far below 2**53.
     bucket = F.floor(
-        (F.least(F.greatest(c("found_offline"), F.lit(first)), F.lit(last)) - F.lit(first)) / F.lit(width)
+        (F.least(F.greatest(found, F.lit(first)), F.lit(last)) - F.lit(first)) / F.lit(width)
     )
-    m = m.withColumn("found_offline", found).withColumn(
-        "offline_key",
-        F.when(c("found_offline").isNotNull(), F.xxhash64(c("p_lh"), c("target_h"), bucket)),
-    )
+    m = m.select("*", found.alias("found_offline"),
+                 F.when(found.isNotNull(), F.xxhash64(c("p_lh"), c("target_h"), bucket)).alias("offline_key"))
     cond = (
         (c("offline_key") == c("per_key"))
         & (c("p_lh") == c("per_lh")) & (c("target_h") == c("per_nh"))
@@ -1571,7 +1731,7 @@ def _histogram(detail: Any) -> Table:
 _Listed = collections.namedtuple("_Listed", (
     "lk0", "source_h", "target_h", "domain_h", "data_type_h", "save_fwd", "outcome", "place",
     "since", "age_ms", "resends", "inquiries", "target_offline_ms", "evidence", "failure",
-    "code", "failed_at",
+    "code", "failed_at", "subtype", "key",  # the last two: PARTIAL_STRINGS
 ))
 
 
@@ -1655,7 +1815,7 @@ class _MessageRows:
 
 
 def _message_rows(detail: Any) -> _MessageRows:
-    df = detail.orderBy("t0", "lk0")
+    df = detail.drop(*PARTIAL_STRINGS).orderBy("t0", "lk0")
     return _MessageRows(fields=list(df.schema.fields), rows=df.collect())
 
 
@@ -1752,6 +1912,7 @@ def compact(spark: Any, inputs: Inputs, out: str,
     """
     import uuid
 
+    from pyspark.sql import Window
     from pyspark.sql import functions as F
 
     watch = _Stopwatch(progress)
@@ -1788,13 +1949,35 @@ def compact(spark: Any, inputs: Inputs, out: str,
         # From the events just written, not from the input: Parquet is read
         # many times faster than JSON is parsed, and the partials are then
         # by construction those of the events beside them.
-        staging = f"{out.rstrip('/')}/_staging-{uuid.uuid4().hex}"
+        run = uuid.uuid4().hex
+        staging = f"{out.rstrip('/')}/_staging-{run}"
         raw = spark.read.schema(spark_schema()).parquet(out)
         raw = _canonical(raw.where(F.col("date").isin(*_dates(todo))), "date")
+        rows = message_partials(raw, "date", strings=True)
+        # A message is closed in a date when all its rows of this run are in it
+        # (layout: :mod:`.compacted`).
+        by_message = Window.partitionBy("k")
+        rows = rows.withColumn(
+            "_closed", F.min("date").over(by_message) == F.max("date").over(by_message)
+        ).localCheckpoint(eager=True)
+        level1 = [*partial_columns(), *[(n, "string") for n in PARTIAL_STRINGS], ("date", "date")]
+        closed = rows.where(F.col("_closed"))
+        final = closed.groupBy("k", "date").agg(
+            *[agg.alias(name) for name, agg in _level2()],
+            *[F.max(col).alias(col) for col in PARTIAL_STRINGS],
+        ).localCheckpoint(eager=True)
         try:
-            message_partials(raw, "date", strings=True).write.partitionBy("date").parquet(staging)
-            install_partials(spark, staging, out, todo)
+            for subset, df, columns in (
+                ("final", final, [*final_columns(), ("date", "date")]),
+                ("facts", message_facts(final, "date"), [*facts_columns(), ("date", "date")]),
+                ("closed", closed, level1),
+                ("open", rows.where(~F.col("_closed")), level1),
+            ):
+                _typed(df, columns).write.partitionBy("date").parquet(f"{staging}/{subset}")
+            install_partials(spark, staging, out, todo, run)
         finally:
+            rows.unpersist()
+            final.unpersist()
             _delete(spark, staging)
         watch.lap("per-message partials", f"{len(todo)} date partition(s)")
     return {
