@@ -392,6 +392,8 @@ def test_non_data_frame_has_no_data_prefix() -> None:
     assert raw is not None
     with pytest.raises(LocalProtocolError):
         raw.data_prefix()
+    with pytest.raises(LocalProtocolError):
+        raw.data_ids()
 
 
 # ------------------------------------------------------------- relay_bytes

@@ -638,14 +638,8 @@ class NodeCore:
         A receipt that does not verify is kept marked unverified."""
         assert self.sec is not None
         ids = [e.dest_ref_id for e in entries]
-        digests: dict[int, bytes] = {}
-        for i in range(0, len(ids), 500):
-            chunk = ids[i:i + 500]
-            q = ",".join("?" * len(chunk))
-            for rid, dg in self.conn.execute(
-                f"SELECT record_id, digest FROM receipts WHERE record_id IN ({q})", chunk
-            ):
-                digests[rid] = dg
+        digests: dict[int, bytes] = dict(rows_by_id(self.conn, "SELECT record_id, digest FROM receipts", ids,
+                                                    key="record_id"))
         if len(digests) != len(ids):
             return  # not documents we signed (or past the receipts' retention)
         manifest = [(ack_entry_lk0(e, self.me), digests[e.dest_ref_id]) for e in entries]
@@ -687,13 +681,9 @@ class NodeCore:
         if b is None:
             return None
         refs = [_LK0_REF.unpack_from(b[1], i) for i in range(0, len(b[1]), _LK0_REF.size)]
-        digests: dict[int, bytes] = {}
         ids = [r[2] for r in refs]
-        for i in range(0, len(ids), 500):
-            chunk = ids[i:i + 500]
-            q = ",".join("?" * len(chunk))
-            digests.update(self.conn.execute(f"SELECT record_id, digest FROM receipts WHERE record_id IN ({q})",
-                                             chunk).fetchall())
+        digests: dict[int, bytes] = dict(rows_by_id(self.conn, "SELECT record_id, digest FROM receipts", ids,
+                                                    key="record_id"))
         if len(digests) != len(set(ids)):
             return None  # a document of the batch is past retention: the proof cannot be rebuilt
         entries = [(LK0(endpoint=self.me, semq_id=s, semq_db_id=d, record_id=r), digests[r]) for s, d, r in refs]

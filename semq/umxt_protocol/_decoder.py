@@ -138,6 +138,8 @@ class RawFrame:
         """(semq_id, semq_db_id, record_id) of a DATA frame's LK0, unchecked:
         for grouping a batch's look-ups before each frame is decoded (and
         validated) on its own. Raises RemoteProtocolError on a short body."""
+        if self.kind is not Kind.DATA:
+            raise LocalProtocolError(f"data_ids() on a {self.kind.name} frame")
         try:
             return _DATA_IDS.unpack_from(self.raw, self._body_start)
         except struct.error as e:
