@@ -26,8 +26,10 @@ report's second aggregation, :func:`.jobs.final_columns`) to ``final/``,
 with the facts the report's first small job takes from them (causal bounds
 between clocks, counts per logger: :func:`.jobs.message_facts`, a few
 thousand rows) to ``facts/``.
-Every other message's partial rows (events on several dates of the run,
-and the rows that are not messages) go to ``open/``. A report that reads
+Every other message's partial rows (events on several dates of the run)
+go to ``open/``; rows that are not messages (names of parties, loggers,
+AppKey types) follow the same one-date rule, and readers of ``final/``
+skip them. A report that reads
 only dates of one run takes ``final/`` and ``facts/`` as they are and
 merges only ``open/`` (no shuffle of the closed messages, no pass over them
 before their legs); any other report merges ``closed/`` and ``open/`` as
@@ -151,7 +153,7 @@ def install_partials(spark: Any, staging: str, root: str, dates: list[str], run:
     also on stores whose rename is a copy (S3).
     """
     if not _RUN_RE.match(run):
-        raise ValueError(f"bad compaction run id {run!r}")
+        raise ValueError(f"bad compaction run id {run!r}: it must match {_RUN_RE.pattern}")
     fs, _ = _fs(spark, root)
     jvm = spark.sparkContext._jvm
     for day in dates:

@@ -1090,7 +1090,8 @@ def build_report(spark: Any, inputs: Inputs, options: ReportOptions | None = Non
     fast = final is not None and stored_facts is not None
     grouped = _per_message(sources.events, sources.partials, partials_distinct=sources.partials_distinct,
                            strings=fast)
-    if final is not None and stored_facts is not None:
+    if fast:
+        assert final is not None and stored_facts is not None
         # The closed messages' rows are read once, by the first aggregation
         # over the legs; their facts were stored with them. Only the open
         # messages are merged here (and stored, for the facts and the legs).

@@ -222,7 +222,8 @@ def _empty_conf_dir() -> tuple[str, str]:
 
 @dataclasses.dataclass
 class _Archive:
-    """The class archive of this JVM: used (`path` exists) or being written (`dump`)."""
+    """The class archive of this JVM: `path` (installed as `<path>.<size>`),
+    being written to `dump` when that is set."""
 
     path: Path
     dump: Path | None = None
@@ -379,14 +380,16 @@ def start_session(master: str | None = None, *, app_name: str = "semq-report",
     except Exception:
         if not extra:
             raise
-        # A JVM that cannot start with the archive: without it, and the archive goes.
-        if archive is not None and dump is None:
+        # A JVM that cannot start with the archive: without it; once that
+        # start works (the archive was the cause), the archive goes.
+        os.environ["SPARK_CONF_DIR"] = _conf_dir()
+        used_installed = archive is not None and dump is None
+        extra, dump = [], None
+        spark = _build(master, app_name, local, driver_opts, java_opts)
+        if used_installed and archive is not None:
             for installed in archive.parent.glob(f"{archive.name}.*"):
                 if not installed.name.endswith(".tmp"):
                     installed.unlink(missing_ok=True)
-        os.environ["SPARK_CONF_DIR"] = _conf_dir()
-        extra, dump = [], None
-        spark = _build(master, app_name, local, driver_opts, java_opts)
     if archive is not None and extra:
         _archives[id(spark)] = _Archive(path=archive, dump=dump)
     spark.sparkContext.setLogLevel("ERROR")
