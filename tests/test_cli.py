@@ -381,3 +381,22 @@ def test_listen_address_in_use(root: Path, capsys: pytest.CaptureFixture[str]) -
         rc, _out, err = run(capsys, "platform", "run", "--dir", "P", "--listen", f"127.0.0.1:{port}")
     assert rc in (1, 2)
     one_error(err, "in use")
+
+
+def test_tune_gc_freezes_start_up_and_raises_the_young_threshold(monkeypatch: pytest.MonkeyPatch) -> None:
+    import gc
+
+    from semq.cli import GC_THRESHOLDS, tune_gc
+
+    before, frozen = gc.get_threshold(), gc.get_freeze_count()
+    try:
+        monkeypatch.setenv("SEMQ_GC_DEFAULTS", "1")
+        tune_gc()
+        assert gc.get_threshold() == before and gc.get_freeze_count() == frozen
+        monkeypatch.delenv("SEMQ_GC_DEFAULTS")
+        tune_gc()
+        assert gc.get_threshold() == GC_THRESHOLDS
+        assert gc.get_freeze_count() > frozen + 1000  # the modules and classes of start-up
+    finally:
+        gc.unfreeze()
+        gc.set_threshold(*before)
