@@ -125,3 +125,133 @@ def test_no_partial_index_uses_an_in_list(tmp_path: Path) -> None:
         assert any("outbox_due" in str(r) for r in plan)
     finally:
         a.close()
+
+
+# ------------------------------------------------------- ACK_FWD held in memory
+
+
+def _full(path: Path) -> list[tuple[int, int, int, int]]:
+    c = sqlite3.connect(path)
+    try:
+        return c.execute("SELECT id, state, state_ms, due_ms FROM outbox ORDER BY id").fetchall()
+    finally:
+        c.close()
+
+
+class _Clock:
+    def __init__(self, monkeypatch: pytest.MonkeyPatch, start: int = 1_000_000) -> None:
+        import semq.node.core as core_mod
+
+        self.t = start
+        monkeypatch.setattr(core_mod, "now_ms", lambda: self.t)
+
+
+def _claimed(tmp_path: Path, n: int, **kw: object) -> tuple[NodeCore, Path]:
+    store = tmp_path / "node.sqlite"
+    a = NodeCore(store, A, create=True, platform=P, **kw)  # type: ignore[arg-type]
+    a.accept([NewDocument(target=B, app_data=b"doc %d" % i) for i in range(n)])
+    assert len(a.claim(10).data) == n
+    return a, store
+
+
+def test_an_ack2_soon_after_the_ack_fwd_deletes_a_row_never_written_forwarded(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    clock = _Clock(monkeypatch)
+    a, store = _claimed(tmp_path, 3)
+    try:
+        out = a.handle([_acks(Kind.ACK_FWD, P, [1, 2, 3])])
+        assert out.settled == 3  # window credit at the platform's ack, as before
+        assert [r[1] for r in _full(store)] == [1, 1, 1]  # still SS_SENT on disk
+        clock.t += 200
+        out = a.handle([_acks(Kind.ACK2, Endpoint.org(B), [1, 2])])
+        assert out.settled == 0  # no second credit: the held state counts
+        assert len(out.data) == 1  # REACK2 for both
+        assert [r[:2] for r in _full(store)] == [(3, 1)]
+        assert a._held_fwd == {3: (1_000_000, 0)}
+        # Past FWD_HOLD_MS the next batch writes the held state, with the
+        # time of the ACK_FWD and the inquiry schedule it would have had.
+        clock.t += 1000
+        a.handle([])
+        (rid, state, state_ms, due_ms), = _full(store)
+        assert (rid, state, state_ms) == (3, 2, 1_000_000) and due_ms == 1_000_000 + a.inquiry_ms
+        assert a._held_fwd == {}
+        out = a.handle([_acks(Kind.ACK2, Endpoint.org(B), [3])])
+        assert _full(store) == [] and out.settled == 0
+    finally:
+        a.close()
+
+
+def test_every_step_sees_the_held_state(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A duplicate ACK_FWD changes nothing; the target's "not received" (a
+    step from SS_ACK_FWD only) sends the row again; a NACK fails it; and an
+    ACK_FWD and ACK2 in one batch never write the forwarded state."""
+    from semq.node.core import Output
+    from semq.node.engine import OriginEvent, SendState
+
+    _Clock(monkeypatch)
+    a, store = _claimed(tmp_path, 4)
+    try:
+        a.handle([_acks(Kind.ACK_FWD, P, [1, 2, 3])])
+        a.handle([_acks(Kind.ACK_FWD, P, [1])])  # duplicate: unchanged, still held
+        assert set(a._held_fwd) == {1, 2, 3}
+        with a._tx():
+            a._origin_apply([(2, OriginEvent.TARGET_LACKS)], 1_000_000, Output(), [], {})
+            a._origin_apply([(3, OriginEvent.NACK)], 1_000_000, Output(), [], {}, code=7, detail="refused")
+        assert set(a._held_fwd) == {1}
+        assert [r[:2] for r in _full(store)] == [(1, 1), (2, int(SendState.SS_INIT)), (3, int(SendState.SS_FAILED)),
+                                                 (4, 1)]
+        a.handle([_acks(Kind.ACK_FWD, P, [4]), _acks(Kind.ACK2, Endpoint.org(B), [4])])
+        assert 4 not in a._held_fwd and [r[0] for r in _full(store)] == [1, 2, 3]
+    finally:
+        a.close()
+
+
+def test_held_states_are_written_by_inquiries_reconnect_and_close(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    clock = _Clock(monkeypatch)
+    a, store = _claimed(tmp_path, 3, inquiry_interval=0.2)
+    try:
+        a.handle([_acks(Kind.ACK_FWD, P, [1])])
+        clock.t += 150
+        a.handle([_acks(Kind.ACK_FWD, P, [2])])
+        # An inquiry round writes what is older than half the interval (here
+        # 100 ms), so a row it finds due is asked about as forwarded (to B).
+        a.inquiries()
+        assert [r[1] for r in _full(store)] == [2, 1, 1] and set(a._held_fwd) == {2}
+        a.reconnected()  # a new session: everything held is written
+        assert [r[1] for r in _full(store)] == [2, 2, 1] and a._held_fwd == {}
+        a.handle([_acks(Kind.ACK_FWD, P, [3])])
+    finally:
+        a.close()  # writes the last one
+    assert [r[1] for r in _full(store)] == [2, 2, 2]
+
+
+def test_a_held_state_lost_in_a_crash_is_asked_for_again(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Nothing we sent depended on it: after a crash the row is SS_SENT, asks
+    the platform, and its answer FORWARDED makes it SS_ACK_FWD."""
+    from semq.umxt_protocol import (
+        LK0,
+        InquiryAnswer,
+        InquiryFlag,
+        InquiryResp,
+        InquiryResult,
+        InquiryTopic,
+    )
+
+    _Clock(monkeypatch)
+    a, store = _claimed(tmp_path, 1)
+    a.handle([_acks(Kind.ACK_FWD, P, [1])])
+    a._held_fwd.clear()  # as a kill -9 would
+    a.close()
+    a = NodeCore(store, A, platform=P)
+    try:
+        assert [r[1] for r in _full(store)] == [1]
+        resp = Frame(kind=Kind.INQUIRY_RESP, source=P, target=Endpoint.org(A), origin=P,
+                     body=InquiryResp(topic=InquiryTopic.RECEIVED, flag=InquiryFlag.FROM_PLATFORM,
+                                      answers=(InquiryAnswer(LK0(endpoint=Endpoint.org(A), record_id=1),
+                                                             InquiryResult.FORWARDED),)))
+        a.handle([_raw(resp)])
+        a.reconnected()
+        assert [r[1] for r in _full(store)] == [2]
+    finally:
+        a.close()

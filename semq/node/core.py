@@ -144,6 +144,10 @@ _EVENT_NAMES: Final = {ev: _EVENT_NAME.get(ev, "ack2") for ev in OriginEvent} | 
 # once per combination (a dict look-up instead of lru_cache's keyword key).
 _STEPS: dict[tuple[int, OriginEvent, int, int], Any] = {}
 _SS_SENT: Final = int(SendState.SS_SENT)
+_SS_ACK_FWD: Final = int(SendState.SS_ACK_FWD)
+# How long the SS_ACK_FWD of a row waits in memory for the ACK2 that usually
+# follows within a fraction of a second (NodeCore._origin_apply says why).
+FWD_HOLD_MS: Final = 1000
 _SS_ACK2: Final = int(SendState.SS_ACK2)
 _ANSWER_ACKED: Final = InquiryResult.ALREADY_ACKED
 _ANSWER_MARKED: Final = InquiryResult.MARKED_ACKED
@@ -182,11 +186,45 @@ class NodeCore:
         self.inquiry_ms = int(inquiry_interval * 1000)
         self._inbound_sweep = 0  # the pending-ack id after which the next inquiry round reads
         self.log = EventLog(events_dir, f"org:{org}", "origin") if events_dir else None
+        # Rows whose ACK_FWD came and whose SS_ACK_FWD is not written yet:
+        # id -> (time of the ACK_FWD, code), oldest first (_origin_apply).
+        self._held_fwd: dict[int, tuple[int, int]] = {}
 
     def close(self) -> None:
+        try:
+            if self._held_fwd:
+                with self._tx():
+                    self.write_held_states()
+        except STORE_ERRORS:
+            pass  # they stay SS_SENT: the platform is asked and says "forwarded"
         if self.log:
             self.log.close()
         self.db.close()
+
+    def write_held_states(self, before_ms: int | None = None) -> int:
+        """Write the SS_ACK_FWD states held in memory (all, or those of
+        ACK_FWDs at or before ``before_ms``), inside the caller's
+        transaction. Returns how many rows were written."""
+        held = self._held_fwd
+        if not held:
+            return 0
+        if before_ms is None:
+            items = list(held.items())
+            held.clear()
+        else:
+            items = []
+            for rid, v in held.items():  # oldest first
+                if v[0] > before_ms:
+                    break
+                items.append((rid, v))
+            for rid, _ in items:
+                del held[rid]
+        # The row is still SS_SENT on disk; any other state was written since.
+        self.conn.executemany(
+            f"UPDATE outbox SET state={_SS_ACK_FWD}, state_ms=?, code=?, inquiries=0, last_inquiry_ms=?,"
+            " due_ms=?+min(?, ?*(1 << min(max(attempts-1, 0), 6))) WHERE id=? AND state=1",
+            [(t, c, t, t, MAX_INQUIRY_BACKOFF_MS, self.inquiry_ms, rid) for rid, (t, c) in items])
+        return len(items)
 
     # ------------------------------------------------------------ helpers
 
@@ -417,6 +455,8 @@ class NodeCore:
         self._batch_certs: dict[Endpoint, Any] = {}  # one directory look-up per origin per batch
         self._queued_acks: tuple[list[int], list[int]] = ([], [])
         with self._tx():
+            if self._held_fwd:
+                self.write_held_states(ts - FWD_HOLD_MS)
             self._begin_receive(frames)
             for raw in frames:
                 try:
@@ -710,6 +750,7 @@ class NodeCore:
         reack2: list[AckEntry] | None = None
         me = self.me.node_id
         steps = _STEPS
+        held = self._held_fwd
         for it in items:
             rid, event = it[0], it[1]
             r = rows.get(rid)
@@ -717,6 +758,9 @@ class NodeCore:
                 answers.append((rid, InquiryResult.NO_RECORD))
                 continue
             state_no = r[2]
+            held_at = held.pop(rid, None) if held else None
+            if held_at is not None and state_no == _SS_SENT:
+                state_no = _SS_ACK_FWD  # its ACK_FWD came; the row on disk says SS_SENT
             key = (state_no, event, r[3], r[4])
             o = steps.get(key)
             if o is None:
@@ -728,6 +772,8 @@ class NodeCore:
                     reack2 = acks[(Kind.REACK2, peer)]
                 reack2.append(AckEntry(1, 1, rid, e.src_semq_id, e.src_semq_db_id, e.src_ref_id, _DELIVERY, 0))
             if not o.changed:
+                if held_at is not None:
+                    held[rid] = held_at
                 continue
             new_state = o.state
             rows[rid] = (*r[:2], int(new_state), *r[3:])
@@ -750,6 +796,17 @@ class NodeCore:
                 deletes.append((rid,))
                 events.append({"ts": ts, "role": "origin", "event": "cleaned", "lk0": lk0, "source": me,
                                "target": r[1], "attempt": r[5]})
+            elif new_state is SendState.SS_ACK_FWD and state_no == _SS_SENT:
+                # Held in memory, not written: the ACK2 that follows within
+                # a fraction of a second deletes the row, and the UPDATE of
+                # a row with its 1 KiB document was ~13% of an origin's time
+                # (py-spy, scripts/bench e2e). Nothing we send depends on
+                # it: lost in a crash, the row is SS_SENT, asks the platform
+                # and hears "forwarded" again. Written after FWD_HOLD_MS
+                # (write_held_states: by handle, inquiries, reconnected,
+                # close and the operator's commands); every step here
+                # reads it from memory meanwhile.
+                held[rid] = (ts, row_code)
             else:
                 updates.append((int(new_state), ts, row_code, rid))
         # SPEC A.3: a new state sets the inquiry time to now and starts a new
@@ -890,6 +947,9 @@ class NodeCore:
         ts = now_ms()
         events: list[dict[str, Any]] = []
         with self._tx():
+            if self._held_fwd:
+                # A held row must not look SS_SENT to an inquiry due now.
+                self.write_held_states(ts - min(FWD_HOLD_MS, self.inquiry_ms // 2))
             due = (
                 "last_inquiry_ms + min(?, ? * (1 << min(inquiries, 6))) <= ?"
             )
@@ -967,6 +1027,7 @@ class NodeCore:
         """After a new session: SS_SENT rows ask the platform at once rather
         than after the interval (their answers may have been lost)."""
         with self._tx():
+            self.write_held_states()
             self.conn.execute("UPDATE outbox SET last_inquiry_ms=0, due_ms=0, inquiries=0 WHERE state=1")
 
     def housekeeping(self) -> int:

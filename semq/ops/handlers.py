@@ -472,6 +472,7 @@ def node_handlers(
         def work() -> dict[str, Any]:
             ts = now_ms()
             with core.db.atomic("IMMEDIATE"):
+                core.write_held_states()  # the states the operator selects by are on disk
                 rows = [_node_row(r, org) for r in core.conn.execute(
                     f"SELECT {_NODE_COLS} FROM outbox{_sql_where(clauses)} ORDER BY id LIMIT ?",
                     (*params, MAX_SELECT + 1))]
