@@ -140,3 +140,179 @@ def test_inquiry_rounds_read_the_pending_ack_table_in_bounded_windows(
         assert asked() == [101, 102, 103, 104, 105, 106, 107, 108]
     finally:
         b.close()
+
+
+# ------------------------------------------- pending-ack rows held in memory
+
+B_ORG = "56001"
+
+
+def _frames(*frames: Any) -> list[Any]:
+    from semq.umxt_protocol import FrameDecoder, encode_frame
+
+    dec = FrameDecoder()
+    dec.receive_data(b"".join(encode_frame(f) for f in frames))
+    return list(dec)
+
+
+def _doc(record_id: int, lk1: int | None = None) -> Any:
+    """A DATA from 10008 through the platform: with an LK1 it is a stored copy (ACK to P too)."""
+    from semq.umxt_protocol import LK0, LK1, Data, Endpoint, Frame, Kind
+
+    a = Endpoint.org("10008")
+    return Frame(kind=Kind.DATA, source=Endpoint.platform(), origin=a, target=Endpoint.org(B_ORG), ack2=True,
+                 body=Data(lk0=LK0(endpoint=a, record_id=record_id), lk1=LK1(record_id=lk1) if lk1 else None,
+                           app_data=b"doc %d" % record_id))
+
+
+def _confirm(kind: Any, ids: list[int]) -> Any:
+    from semq.umxt_protocol import AckBatch, AckEntry, AckFlag, Endpoint, Frame, Kind
+
+    source = Endpoint.platform() if kind is Kind.REACK else Endpoint.org("10008")
+    flag = AckFlag.PLATFORM if kind is Kind.REACK else AckFlag.DELIVERY
+    return Frame(kind=Kind.ACK_BATCH, source=Endpoint.platform(), origin=source, target=Endpoint.org(B_ORG),
+                 body=AckBatch(ack_kind=kind, entries=tuple(AckEntry(1, 1, i, 1, 1, i, int(flag), 0) for i in ids)))
+
+
+def _sent_ids(out: Any) -> dict[str, list[int]]:
+    """Our ack entries' own ids (the pending-ack row each names), by ack kind."""
+    from semq.umxt_protocol import AckBatch
+
+    got: dict[str, list[int]] = {}
+    for raw in _frames_from_bytes(b"".join(out.data)):
+        body = raw.frame().body
+        if isinstance(body, AckBatch):
+            got.setdefault(body.ack_kind.name, []).extend(e.src_ref_id for e in body.entries)
+    return got
+
+
+def _frames_from_bytes(data: bytes) -> list[Any]:
+    from semq.umxt_protocol import FrameDecoder
+
+    dec = FrameDecoder()
+    dec.receive_data(data)
+    return list(dec)
+
+
+class _Clock:
+    def __init__(self, monkeypatch: Any, start: int = 5_000_000) -> None:
+        import semq.node.core as core_mod
+
+        self.t = start
+        monkeypatch.setattr(core_mod, "now_ms", lambda: self.t)
+
+
+def _rows(b: NodeCore) -> list[tuple[int, int, int]]:
+    return b.conn.execute("SELECT id, p_ack, s_ack FROM inbound ORDER BY id").fetchall()
+
+
+def test_confirmations_soon_after_end_a_pending_ack_row_never_written(tmp_path: Path, monkeypatch: Any) -> None:
+    import json
+
+    from semq.umxt_protocol import Kind
+
+    clock = _Clock(monkeypatch)
+    b = NodeCore(tmp_path / "node.sqlite", B_ORG, create=True, synchronous="OFF", events_dir=tmp_path / "events")
+    try:
+        statements: list[str] = []
+        b.conn.set_trace_callback(statements.append)
+        out = b.handle(_frames(_doc(7, lk1=70), _doc(8)))
+        assert out.delivered == 2 and _rows(b) == []  # in the inbox; the pending-ack rows are held
+        assert b.counts()["pending_ack"] == 2
+        ids = sorted(b._held_in)
+        clock.t += 100
+        b.handle(_frames(_confirm(Kind.REACK, ids[:1]), _confirm(Kind.REACK2, ids)))
+        assert b._held_in == {} and b._held_in_keys == {} and _rows(b) == []
+        assert not [s for s in statements if s.startswith(("INSERT OR IGNORE INTO inbound", "UPDATE inbound",
+                                                            "DELETE FROM inbound"))]
+        assert any(s.startswith("DELETE FROM outbox") or "INTO inbox" in s for s in statements)  # the trace works
+        events = [json.loads(line)["event"] for f in sorted((tmp_path / "events").rglob("*.jsonl"))
+                  for line in f.read_text().splitlines()]
+        assert events.count("reack") == 1 and events.count("reack2") == 2 and events.count("cleaned") == 2
+        # The ids stay reserved: the next row gets a new one.
+        b.handle(_frames(_doc(9)))
+        assert min(b._held_in) > max(ids)
+        assert b.conn.execute("SELECT seq FROM sqlite_sequence WHERE name='inbound'").fetchone()[0] >= max(ids)
+    finally:
+        b.close()
+
+
+def test_a_held_row_is_written_after_the_hold_with_what_it_got(tmp_path: Path, monkeypatch: Any) -> None:
+    from semq.node.core import INBOUND_HOLD_MS
+    from semq.umxt_protocol import Kind
+
+    clock = _Clock(monkeypatch)
+    b = NodeCore(tmp_path / "node.sqlite", B_ORG, create=True, synchronous="OFF")
+    try:
+        b.handle(_frames(_doc(7, lk1=70)))
+        (rid,) = b._held_in
+        b.handle(_frames(_confirm(Kind.REACK, [rid])))  # the platform's confirmation only
+        # A repeated copy (its ack was lost) is acked again naming the same row.
+        out = b.handle(_frames(_doc(7, lk1=70)))
+        assert out.delivered == 0 and set(b._held_in) == {rid}
+        assert _sent_ids(out) == {"ACK2": [rid], "ACK": [rid]}
+        clock.t += INBOUND_HOLD_MS
+        b.handle([])
+        assert _rows(b) == [(rid, 1, 0)] and b._held_in == {}
+        b.handle(_frames(_confirm(Kind.REACK2, [rid])))
+        assert _rows(b) == []
+    finally:
+        b.close()
+
+
+def test_held_rows_are_written_for_inquiries_answers_and_close(tmp_path: Path, monkeypatch: Any) -> None:
+    clock = _Clock(monkeypatch)
+    b = NodeCore(tmp_path / "node.sqlite", B_ORG, create=True, synchronous="OFF", inquiry_interval=0.2)
+    try:
+        b.handle(_frames(_doc(1)))
+        clock.t += 150
+        b.handle(_frames(_doc(2)))
+        # An inquiry round writes what is older than half the interval, so
+        # its sweep of the pending-ack table can ask about it.
+        b.inquiries()
+        assert [r[0] for r in _rows(b)] == [1] and set(b._held_in) == {2}
+        clock.t += 300
+        out = b.inquiries()
+        assert [r[0] for r in _rows(b)] == [1, 2]
+        asked = [raw.frame().body for raw in _frames_from_bytes(b"".join(out.data))]
+        assert sorted(lk.record_id for q in asked for lk in q.items) == [1, 2]
+        b.handle(_frames(_doc(3)))
+    finally:
+        b.close()  # writes the last one
+    c = NodeCore(tmp_path / "node.sqlite", B_ORG)
+    try:
+        assert [r[0] for r in _rows(c)] == [1, 2, 3]
+    finally:
+        c.close()
+
+
+def test_held_rows_lost_in_a_crash_leave_the_documents_and_their_ids_reserved(
+        tmp_path: Path, monkeypatch: Any) -> None:
+    """Nothing we sent depended on them: the documents are in the inbox and
+    the dedup table (which answers "did you receive"); a late confirmation
+    naming a lost row's id finds no other row under it."""
+    from semq.umxt_protocol import LK0, Endpoint, Frame, Inquiry, InquiryTopic, Kind
+
+    _Clock(monkeypatch)
+    b = NodeCore(tmp_path / "node.sqlite", B_ORG, create=True, synchronous="OFF")
+    b.handle(_frames(_doc(1), _doc(2)))
+    lost = sorted(b._held_in)
+    b._held_in.clear()  # as a kill -9 would
+    b._held_in_keys.clear()
+    b.close()
+    b = NodeCore(tmp_path / "node.sqlite", B_ORG, synchronous="OFF")
+    try:
+        assert b.conn.execute("SELECT count(*) FROM inbox").fetchone() == (2,)
+        b.handle(_frames(_doc(3)))
+        assert min(b._held_in) > max(lost)
+        b.handle(_frames(_confirm(Kind.REACK2, lost)))  # late: confirms nothing else
+        assert len(b._held_in) == 1
+        a = Endpoint.org("10008")
+        q = Frame(kind=Kind.INQUIRY, source=Endpoint.platform(), origin=a, target=Endpoint.org(B_ORG),
+                  body=Inquiry(topic=InquiryTopic.RECEIVED, items=tuple(LK0(endpoint=a, record_id=i) for i in (1, 2))))
+        out = b.handle(_frames(q))
+        (resp,) = [raw.frame().body for raw in _frames_from_bytes(b"".join(out.data))
+                   if raw.kind is Kind.INQUIRY_RESP]
+        assert [res.name for _lk, res in resp.answers] == ["RECEIVED", "RECEIVED"]
+    finally:
+        b.close()
