@@ -319,9 +319,10 @@ def _cluster(tmp: Path, name: str, a: argparse.Namespace) -> Cluster:
     return Cluster(root, a.synchronous, a.phase_timeout, a.secure)
 
 
-def phase_online(tmp: Path, n: int, a: argparse.Namespace, rate: float | None = None) -> dict[str, Any]:
-    """Full load (rate None: pre-loaded) or paced at ``rate`` docs/s."""
-    c = _cluster(tmp, "half" if rate else "online", a)
+def phase_online(tmp: Path, n: int, a: argparse.Namespace, rate: float | None = None,
+                 name: str = "") -> dict[str, Any]:
+    """Full load (rate None: pre-loaded) or paced at ``rate`` docs/s (in ``tmp/name``)."""
+    c = _cluster(tmp, name or ("half" if rate else "online"), a)
     try:
         c.start("P")
         c.start("B")
