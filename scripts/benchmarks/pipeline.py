@@ -194,6 +194,24 @@ def run_once(root: Path, n: int, secure: bool, synchronous: str, profile: str | 
 _TOP = 25
 
 
+def _daemon_gc() -> str:
+    """The cyclic collector as the daemons run it (semq.cli.tune_gc), so the
+    figures are what a daemon pays. Returns the table's note about it."""
+    import importlib
+    import os
+
+    try:
+        for mod in ("semq.node.core", "semq.platform.core"):  # start-up's objects, frozen as a daemon's are
+            importlib.import_module(mod)
+        from semq.cli import tune_gc
+    except ImportError:  # an older tree (comparisons by PYTHONPATH) has no tune_gc
+        return "cyclic GC: Python's defaults (this semq has no tune_gc)"
+    tune_gc()
+    if os.environ.get("SEMQ_GC_DEFAULTS") == "1":
+        return "cyclic GC: Python's defaults (SEMQ_GC_DEFAULTS=1)"
+    return "cyclic GC tuned as in the daemons (semq.cli.tune_gc; SEMQ_GC_DEFAULTS=1 for Python's defaults)"
+
+
 def main(argv: list[str] | None = None) -> int:
     global _TOP
     ap = argparse.ArgumentParser(prog="scripts/bench pipeline", description=__doc__.splitlines()[0] if __doc__ else "")
@@ -206,6 +224,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="B offline while A sends (not timed), then the platform delivers the stored copies")
     a = ap.parse_args(argv)
     _TOP = a.top
+    gc_note = _daemon_gc()
     modes = {"on": [True], "off": [False], "both": [False, True]}[a.security]
     rows = []
     results = {}
@@ -227,7 +246,7 @@ def main(argv: list[str] | None = None) -> int:
     notes = [f"{a.docs:,} documents of 1 KiB, SaveFwd 3, Ack2; synchronous={a.synchronous}; one thread, no sockets;"
              + (" drain: stored while B was offline, then delivered" if a.drain else " online: forwarded"),
              "us/doc: wall (incl. fsync) and CPU time spent in that role's core calls, per document;"
-             " docs/s: what that role alone could sustain (1 / its wall time)"]
+             " docs/s: what that role alone could sustain (1 / its wall time)", gc_note]
     if len(results) == 2:
         notes.append(f"security on / off (all roles): {results[False]['total'] / results[True]['total']:.0%}")
     print_table("SEMQ cores in process" + (" (drain)" if a.drain else ""), ["security", "role", "wall us/doc", "cpu us/doc", "docs/s", "calls"],
