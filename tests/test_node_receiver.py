@@ -316,3 +316,33 @@ def test_held_rows_lost_in_a_crash_leave_the_documents_and_their_ids_reserved(
         assert [res.name for _lk, res in resp.answers] == ["RECEIVED", "RECEIVED"]
     finally:
         b.close()
+
+
+def test_a_transaction_that_does_not_commit_drops_the_held_writes(tmp_path: Path, monkeypatch: Any) -> None:
+    """Rows received in a rolled-back batch were never received: their held
+    pending-ack rows go too (with every other held write, as in a crash),
+    and the document is received again when it comes again."""
+    import sqlite3
+
+    import pytest
+
+    _Clock(monkeypatch)
+    b = NodeCore(tmp_path / "node.sqlite", B_ORG, create=True, synchronous="OFF")
+    try:
+        b.handle(_frames(_doc(1)))
+        assert len(b._held_in) == 1
+
+        def fail(*_a: Any) -> None:
+            raise sqlite3.OperationalError("disk I/O error")
+
+        monkeypatch.setattr(b, "_flush_inbound_acks", fail)
+        with pytest.raises(sqlite3.OperationalError):
+            b.handle(_frames(_doc(2)))
+        assert b._held_in == {} and b._held_in_keys == {}
+        assert b.conn.execute("SELECT count(*) FROM inbox").fetchone() == (1,)  # document 2 rolled back
+        monkeypatch.undo()
+        _Clock(monkeypatch)
+        out = b.handle(_frames(_doc(2)))
+        assert out.delivered == 1 and len(b._held_in) == 1
+    finally:
+        b.close()

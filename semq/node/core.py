@@ -12,7 +12,8 @@ from __future__ import annotations
 import sqlite3
 import struct
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
@@ -270,11 +271,23 @@ class NodeCore:
 
     # ------------------------------------------------------------ helpers
 
-    def _tx(self) -> Any:
+    @contextmanager
+    def _tx(self) -> Iterator[None]:
         # IMMEDIATE: take the write lock at BEGIN, so the busy timeout applies
         # (a deferred read-then-write transaction fails at once with "database
         # is locked" when an application process wrote in between).
-        return self.db.atomic("IMMEDIATE")
+        try:
+            with self.db.atomic("IMMEDIATE"):
+                yield
+        except BaseException:
+            # A transaction that did not commit may have changed the held
+            # writes (rows received in it, states written from memory): drop
+            # them all, as a crash would. The store is the truth, and what it
+            # lacks the inquiries recover (docs/architecture.md).
+            self._held_fwd.clear()
+            self._held_in.clear()
+            self._held_in_keys.clear()
+            raise
 
     def _emit(self, records: list[dict[str, Any]]) -> None:
         if self.log and records:
@@ -588,7 +601,7 @@ class NodeCore:
 
     def _begin_receive(self, frames: Sequence[RawFrame]) -> None:
         self._known: set[tuple[Any, ...]] = set()
-        self._pending: dict[str, list[tuple[Any, ...]]] = {"dedup": [], "inbox": [], "inbound": []}
+        self._pending: dict[str, list[tuple[Any, ...]]] = {"dedup": [], "inbox": []}
         self._next_inbound = 0
         groups: dict[tuple[int, str, int, int], list[int]] = defaultdict(list)
         for raw in frames:
@@ -637,8 +650,6 @@ class NodeCore:
                 "INSERT INTO inbox (origin_type, origin_id, semq_id, semq_db_id, record_id, domain,"
                 " data_type, subtype, key, save_fwd, priority, created_ms, received_ms, encrypt,"
                 " app_data, signer) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)", p["inbox"])
-        if p["inbound"]:
-            self.conn.executemany(_INBOUND_INSERT, p["inbound"])
         for v in p.values():
             v.clear()
 
