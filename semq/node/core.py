@@ -167,6 +167,25 @@ _DECISIONS: dict[tuple[bool, bool, bool, bool], Any] = {}
 _MAY_CLEAN: Final = {(int(p), int(q)): receiver_may_clean(p, q) for p in AckStatus for q in AckStatus}
 
 
+def _take_held(held: dict[int, tuple[Any, ...]], before_ms: int | None, at: int) -> list[tuple[int, Any]]:
+    """Remove and return the entries of ``held`` whose time (``value[at]``)
+    is at or before ``before_ms`` (all when None). The dict is in the order
+    the entries were held, oldest first, so the look stops at the first
+    younger one."""
+    if before_ms is None:
+        items = list(held.items())
+        held.clear()
+        return items
+    items = []
+    for k, v in held.items():
+        if v[at] > before_ms:
+            break
+        items.append((k, v))
+    for k, _ in items:
+        del held[k]
+    return items
+
+
 class NodeCore:
     """One organization's store and SEMQ rules. Not thread-safe: one caller
     at a time (the daemon's store gate)."""
@@ -224,23 +243,12 @@ class NodeCore:
         """Write the pending-ack rows held in memory (all, or those received
         at or before ``before_ms``), inside the caller's transaction, with
         the confirmations they have got so far. Returns how many."""
-        held = self._held_in
-        if not held:
+        if not self._held_in:
             return 0
-        if before_ms is None:
-            rows = list(held.values())
-            held.clear()
-            self._held_in_keys.clear()
-        else:
-            rows = []
-            for row in held.values():  # oldest first
-                if row[13] > before_ms:
-                    break
-                rows.append(row)
-            keys = self._held_in_keys
-            for row in rows:
-                del held[row[0]]
-                keys.pop(row[1:6], None)
+        rows = [row for _, row in _take_held(self._held_in, before_ms, 13)]
+        keys = self._held_in_keys
+        for row in rows:
+            keys.pop(row[1:6], None)
         self.conn.executemany(_INBOUND_INSERT, rows)
         return len(rows)
 
@@ -248,20 +256,9 @@ class NodeCore:
         """Write the SS_ACK_FWD states held in memory (all, or those of
         ACK_FWDs at or before ``before_ms``), inside the caller's
         transaction. Returns how many rows were written."""
-        held = self._held_fwd
-        if not held:
+        if not self._held_fwd:
             return 0
-        if before_ms is None:
-            items = list(held.items())
-            held.clear()
-        else:
-            items = []
-            for rid, v in held.items():  # oldest first
-                if v[0] > before_ms:
-                    break
-                items.append((rid, v))
-            for rid, _ in items:
-                del held[rid]
+        items = _take_held(self._held_fwd, before_ms, 0)
         # The row is still SS_SENT on disk; any other state was written since.
         self.conn.executemany(
             f"UPDATE outbox SET state={_SS_ACK_FWD}, state_ms=?, code=?, inquiries=0, last_inquiry_ms=?,"
