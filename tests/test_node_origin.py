@@ -162,6 +162,13 @@ def test_an_ack2_soon_after_the_ack_fwd_deletes_a_row_never_written_forwarded(
         out = a.handle([_acks(Kind.ACK_FWD, P, [1, 2, 3])])
         assert out.settled == 3  # window credit at the platform's ack, as before
         assert [r[1] for r in _full(store)] == [1, 1, 1]  # still SS_SENT on disk
+        # ... and counted where it is, by status and the metrics.
+        from semq.ops.metrics import node_snapshot
+
+        assert a.counts()["outbox"] == {"SS_SENT": 0, "SS_ACK_FWD": 3}
+        assert a.held() == (3, 0)
+        msgs = node_snapshot(a, 3600)["messages"]
+        assert (msgs[("outbox", "SS_SENT")], msgs[("outbox", "SS_ACK_FWD")]) == (0, 3)
         clock.t += 200
         out = a.handle([_acks(Kind.ACK2, Endpoint.org(B), [1, 2])])
         assert out.settled == 0  # no second credit: the held state counts

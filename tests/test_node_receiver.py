@@ -219,6 +219,9 @@ def test_confirmations_soon_after_end_a_pending_ack_row_never_written(tmp_path: 
         out = b.handle(_frames(_doc(7, lk1=70), _doc(8)))
         assert out.delivered == 2 and _rows(b) == []  # in the inbox; the pending-ack rows are held
         assert b.counts()["pending_ack"] == 2
+        from semq.ops.metrics import node_snapshot
+
+        assert node_snapshot(b, 3600)["messages"][("inbound", "pending_ack")] == 2
         ids = sorted(b._held_in)
         clock.t += 100
         b.handle(_frames(_confirm(Kind.REACK, ids[:1]), _confirm(Kind.REACK2, ids)))

@@ -1153,9 +1153,18 @@ class NodeCore:
 
     # ------------------------------------------------------------ status
 
+    def held(self) -> tuple[int, int]:
+        """(rows SS_SENT on disk whose SS_ACK_FWD is held, pending-ack rows
+        held): what counts read from the tables must move or add."""
+        return len(self._held_fwd), len(self._held_in)
+
     def counts(self) -> dict[str, Any]:
         c = self.conn
         states = {SendState(s).name: n for s, n in c.execute("SELECT state, count(*) FROM outbox GROUP BY state")}
+        if self._held_fwd:  # SS_SENT on disk, SS_ACK_FWD in memory
+            moved = min(len(self._held_fwd), states.get("SS_SENT", 0))
+            states["SS_SENT"] = states.get("SS_SENT", 0) - moved
+            states["SS_ACK_FWD"] = states.get("SS_ACK_FWD", 0) + moved
         oldest = c.execute("SELECT min(created_ms) FROM outbox WHERE state NOT IN (4, 9)").fetchone()[0]
         return {
             "outbox": states,

@@ -342,7 +342,11 @@ def node_snapshot(core: Any, stuck_after: float) -> dict[str, Any]:
             msgs[("outbox", SendState(s).name)] = n
         except ValueError:
             msgs[("outbox", str(s))] = n
-    msgs[("inbound", "pending_ack")] = c.execute("SELECT count(*) FROM inbound").fetchone()[0]
+    held_fwd, held_in = core.held()  # in memory for up to 1 s (docs/architecture.md)
+    moved = min(held_fwd, msgs[("outbox", "SS_SENT")])
+    msgs[("outbox", "SS_SENT")] -= moved
+    msgs[("outbox", "SS_ACK_FWD")] += moved
+    msgs[("inbound", "pending_ack")] = c.execute("SELECT count(*) FROM inbound").fetchone()[0] + held_in
     msgs[("inbox", "unread")] = c.execute("SELECT count(*) FROM inbox WHERE consumed_ms IS NULL").fetchone()[0]
     oldest = c.execute("SELECT min(created_ms) FROM outbox WHERE reliable=1 AND state IN (0,1,2,3)").fetchone()[0]
     stuck = c.execute("SELECT count(*) FROM outbox WHERE reliable=1 AND state IN (0,1,2,3) AND created_ms < ?",
