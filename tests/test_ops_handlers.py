@@ -275,3 +275,42 @@ async def test_async_reload_and_errors(tmp_path: Path) -> None:
             await h["stuck"]({"older_than": "soon"})
     finally:
         core.close()
+
+
+async def test_node_commands_see_the_states_held_in_memory(tmp_path: Path) -> None:
+    """A forwarded row's SS_ACK_FWD waits in memory for up to a second
+    (docs/architecture.md); the operator's commands write it first, so
+    status, list and show say what the node knows."""
+    from semq.umxt_protocol import (
+        AckBatch,
+        AckEntry,
+        AckFlag,
+        ForwardFlag,
+        Frame,
+        Kind,
+        encode_frame,
+    )
+
+    core = make_node(tmp_path, 3)
+    d = NodeStandIn()
+    core.claim(3)
+    p = Endpoint.platform()
+    dec = FrameDecoder()
+    dec.receive_data(encode_frame(Frame(
+        kind=Kind.ACK_BATCH, source=p, target=Endpoint.org(A), origin=p,
+        body=AckBatch(ack_kind=Kind.ACK_FWD, entries=tuple(
+            AckEntry(1, 1, 0, 1, 1, i, int(AckFlag.PLATFORM), int(ForwardFlag.FORWARDED)) for i in (1, 2))))))
+    core.handle(list(dec))
+    assert core.held() == (2, 0)
+    assert sql(core.path, "SELECT state FROM outbox ORDER BY id") == [(1,), (1,), (1,)]
+    h = node_handlers(d, core, reload=lambda: {}, drain=DrainControl())
+    try:
+        rows = (await h["list"]({}))["rows"]
+        assert [r["state"] for r in rows] == ["SS_ACK_FWD", "SS_ACK_FWD", "SS_SENT"]
+        assert core.held() == (0, 0)
+        st = await h["status"]({})
+        assert st["outbox"] == {"SS_SENT": 1, "SS_ACK_FWD": 2}
+        assert {(q["state"], q["count"]) for q in st["queues"]} == {("SS_SENT", 1), ("SS_ACK_FWD", 2)}
+        assert (await h["show"]({"id": 1}))["state"] == "SS_ACK_FWD"
+    finally:
+        core.close()

@@ -336,7 +336,17 @@ def node_handlers(
     org = core.me.node_id
     handlers = _common("node", org, drain, reload)
 
+    def _write_held() -> None:
+        """On the store thread: the states a node holds in memory for up to
+        a second (docs/architecture.md) are written first, so that what the
+        operator reads is what the node knows."""
+        if any(core.held()):
+            with core.db.atomic("IMMEDIATE"):
+                core.write_held_states()
+                core.write_held_inbound()
+
     def _snapshot() -> dict[str, Any]:
+        _write_held()
         c = core.conn
         counts = core.counts()
         queues = [
@@ -366,6 +376,7 @@ def node_handlers(
         older = _seconds(args, "older_than")
         if table == "inbound":
             def q_in() -> list[dict[str, Any]]:
+                _write_held()
                 clauses: list[str] = ["id > ?"]
                 params: list[Any] = [after]
                 if older is not None:
@@ -385,6 +396,7 @@ def node_handlers(
         target = args.get("target") or None
 
         def q() -> list[dict[str, Any]]:
+            _write_held()
             clauses: list[str] = ["id > ?"]
             params: list[Any] = [after]
             _where(clauses, params, state_col="state", states=states, target=target, time_col="created_ms",
@@ -407,6 +419,7 @@ def node_handlers(
         table = str(args.get("table") or "outbox")
 
         def q() -> dict[str, Any] | None:
+            _write_held()
             if table == "inbound":
                 r = core.conn.execute(f"SELECT {_INBOUND_COLS} FROM inbound WHERE id=?", (rid,)).fetchone()
                 return None if r is None else _inbound_row(r)
@@ -433,6 +446,7 @@ def node_handlers(
         limit = _limit(args)
 
         def q() -> dict[str, Any]:
+            _write_held()
             cutoff = now_ms() - int(older * 1000)
             c = core.conn
             by_place: dict[str, int] = {}
@@ -472,7 +486,7 @@ def node_handlers(
         def work() -> dict[str, Any]:
             ts = now_ms()
             with core.db.atomic("IMMEDIATE"):
-                core.write_held_states()  # the states the operator selects by are on disk
+                core.write_held_states()  # the states the operator selects by are on disk (_write_held)
                 rows = [_node_row(r, org) for r in core.conn.execute(
                     f"SELECT {_NODE_COLS} FROM outbox{_sql_where(clauses)} ORDER BY id LIMIT ?",
                     (*params, MAX_SELECT + 1))]
