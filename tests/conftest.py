@@ -26,3 +26,20 @@ def plain_cluster(tmp_path: Path) -> Iterator[Cluster]:
         yield c
     finally:
         c.stop_all()
+
+
+class NodeClock:
+    """The clock of semq.node.core (``now_ms``), in ms, moved by the test."""
+
+    def __init__(self, t: int) -> None:
+        self.t = t
+
+
+@pytest.fixture
+def node_clock(monkeypatch: pytest.MonkeyPatch) -> NodeClock:
+    """semq.node.core reads this clock instead of the real one (starts at 1,000,000 ms)."""
+    import semq.node.core as core_mod
+
+    clock = NodeClock(1_000_000)
+    monkeypatch.setattr(core_mod, "now_ms", lambda: clock.t)
+    return clock

@@ -21,6 +21,7 @@ from semq.umxt_protocol import (
     RawFrame,
     encode_frame,
 )
+from tests.conftest import NodeClock
 
 A, B = "10008", "56001"
 P = Endpoint.platform()
@@ -138,13 +139,6 @@ def _full(path: Path) -> list[tuple[int, int, int, int]]:
         c.close()
 
 
-class _Clock:
-    def __init__(self, monkeypatch: pytest.MonkeyPatch, start: int = 1_000_000) -> None:
-        import semq.node.core as core_mod
-
-        self.t = start
-        monkeypatch.setattr(core_mod, "now_ms", lambda: self.t)
-
 
 def _claimed(tmp_path: Path, n: int, **kw: object) -> tuple[NodeCore, Path]:
     store = tmp_path / "node.sqlite"
@@ -155,8 +149,7 @@ def _claimed(tmp_path: Path, n: int, **kw: object) -> tuple[NodeCore, Path]:
 
 
 def test_an_ack2_soon_after_the_ack_fwd_deletes_a_row_never_written_forwarded(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    clock = _Clock(monkeypatch)
+        tmp_path: Path, node_clock: NodeClock) -> None:
     a, store = _claimed(tmp_path, 3)
     try:
         out = a.handle([_acks(Kind.ACK_FWD, P, [1, 2, 3])])
@@ -166,18 +159,18 @@ def test_an_ack2_soon_after_the_ack_fwd_deletes_a_row_never_written_forwarded(
         from semq.ops.metrics import node_snapshot
 
         assert a.counts()["outbox"] == {"SS_SENT": 0, "SS_ACK_FWD": 3}
-        assert a.held() == (3, 0)
+        assert a.held() and len(a._held_fwd) == 3 and not a._held_in
         msgs = node_snapshot(a, 3600)["messages"]
         assert (msgs[("outbox", "SS_SENT")], msgs[("outbox", "SS_ACK_FWD")]) == (0, 3)
-        clock.t += 200
+        node_clock.t += 200
         out = a.handle([_acks(Kind.ACK2, Endpoint.org(B), [1, 2])])
         assert out.settled == 0  # no second credit: the held state counts
         assert len(out.data) == 1  # REACK2 for both
         assert [r[:2] for r in _full(store)] == [(3, 1)]
         assert a._held_fwd == {3: (1_000_000, 0)}
-        # Past FWD_HOLD_MS the next batch writes the held state, with the
+        # Past HOLD_MS the next batch writes the held state, with the
         # time of the ACK_FWD and the inquiry schedule it would have had.
-        clock.t += 1000
+        node_clock.t += 1000
         a.handle([])
         (rid, state, state_ms, due_ms), = _full(store)
         assert (rid, state, state_ms) == (3, 2, 1_000_000) and due_ms == 1_000_000 + a.inquiry_ms
@@ -188,14 +181,13 @@ def test_an_ack2_soon_after_the_ack_fwd_deletes_a_row_never_written_forwarded(
         a.close()
 
 
-def test_every_step_sees_the_held_state(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_every_step_sees_the_held_state(tmp_path: Path, node_clock: NodeClock) -> None:
     """A duplicate ACK_FWD changes nothing; the target's "not received" (a
     step from SS_ACK_FWD only) sends the row again; a NACK fails it; and an
     ACK_FWD and ACK2 in one batch never write the forwarded state."""
     from semq.node.core import Output
     from semq.node.engine import OriginEvent, SendState
 
-    _Clock(monkeypatch)
     a, store = _claimed(tmp_path, 4)
     try:
         a.handle([_acks(Kind.ACK_FWD, P, [1, 2, 3])])
@@ -214,12 +206,11 @@ def test_every_step_sees_the_held_state(tmp_path: Path, monkeypatch: pytest.Monk
 
 
 def test_held_states_are_written_by_inquiries_reconnect_and_close(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    clock = _Clock(monkeypatch)
+        tmp_path: Path, node_clock: NodeClock) -> None:
     a, store = _claimed(tmp_path, 3, inquiry_interval=0.2)
     try:
         a.handle([_acks(Kind.ACK_FWD, P, [1])])
-        clock.t += 150
+        node_clock.t += 150
         a.handle([_acks(Kind.ACK_FWD, P, [2])])
         # An inquiry round writes what is older than half the interval (here
         # 100 ms), so a row it finds due is asked about as forwarded (to B).
@@ -233,7 +224,7 @@ def test_held_states_are_written_by_inquiries_reconnect_and_close(
     assert [r[1] for r in _full(store)] == [2, 2, 2]
 
 
-def test_a_held_state_lost_in_a_crash_is_asked_for_again(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_held_state_lost_in_a_crash_is_asked_for_again(tmp_path: Path, node_clock: NodeClock) -> None:
     """Nothing we sent depended on it: after a crash the row is SS_SENT, asks
     the platform, and its answer FORWARDED makes it SS_ACK_FWD."""
     from semq.umxt_protocol import (
@@ -245,7 +236,6 @@ def test_a_held_state_lost_in_a_crash_is_asked_for_again(tmp_path: Path, monkeyp
         InquiryTopic,
     )
 
-    _Clock(monkeypatch)
     a, store = _claimed(tmp_path, 1)
     a.handle([_acks(Kind.ACK_FWD, P, [1])])
     a._held_fwd.clear()  # as a kill -9 would

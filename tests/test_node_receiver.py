@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from semq.node.core import NodeCore
+from tests.conftest import NodeClock
 
 
 def test_reack_then_reack2_logs_both_and_cleans_once(tmp_path: Path) -> None:
@@ -148,11 +149,10 @@ B_ORG = "56001"
 
 
 def _frames(*frames: Any) -> list[Any]:
-    from semq.umxt_protocol import FrameDecoder, encode_frame
+    """The frames as a receiver decodes them from the wire."""
+    from semq.umxt_protocol import encode_frame
 
-    dec = FrameDecoder()
-    dec.receive_data(b"".join(encode_frame(f) for f in frames))
-    return list(dec)
+    return _frames_from_bytes(b"".join(encode_frame(f) for f in frames))
 
 
 def _doc(record_id: int, lk1: int | None = None) -> Any:
@@ -194,24 +194,16 @@ def _frames_from_bytes(data: bytes) -> list[Any]:
     return list(dec)
 
 
-class _Clock:
-    def __init__(self, monkeypatch: Any, start: int = 5_000_000) -> None:
-        import semq.node.core as core_mod
-
-        self.t = start
-        monkeypatch.setattr(core_mod, "now_ms", lambda: self.t)
-
 
 def _rows(b: NodeCore) -> list[tuple[int, int, int]]:
     return b.conn.execute("SELECT id, p_ack, s_ack FROM inbound ORDER BY id").fetchall()
 
 
-def test_confirmations_soon_after_end_a_pending_ack_row_never_written(tmp_path: Path, monkeypatch: Any) -> None:
+def test_confirmations_soon_after_end_a_pending_ack_row_never_written(tmp_path: Path, node_clock: NodeClock) -> None:
     import json
 
     from semq.umxt_protocol import Kind
 
-    clock = _Clock(monkeypatch)
     b = NodeCore(tmp_path / "node.sqlite", B_ORG, create=True, synchronous="OFF", events_dir=tmp_path / "events")
     try:
         statements: list[str] = []
@@ -223,7 +215,7 @@ def test_confirmations_soon_after_end_a_pending_ack_row_never_written(tmp_path: 
 
         assert node_snapshot(b, 3600)["messages"][("inbound", "pending_ack")] == 2
         ids = sorted(b._held_in)
-        clock.t += 100
+        node_clock.t += 100
         b.handle(_frames(_confirm(Kind.REACK, ids[:1]), _confirm(Kind.REACK2, ids)))
         assert b._held_in == {} and b._held_in_keys == {} and _rows(b) == []
         assert not [s for s in statements if s.startswith(("INSERT OR IGNORE INTO inbound", "UPDATE inbound",
@@ -240,11 +232,10 @@ def test_confirmations_soon_after_end_a_pending_ack_row_never_written(tmp_path: 
         b.close()
 
 
-def test_a_held_row_is_written_after_the_hold_with_what_it_got(tmp_path: Path, monkeypatch: Any) -> None:
-    from semq.node.core import INBOUND_HOLD_MS
+def test_a_held_row_is_written_after_the_hold_with_what_it_got(tmp_path: Path, node_clock: NodeClock) -> None:
+    from semq.node.core import HOLD_MS
     from semq.umxt_protocol import Kind
 
-    clock = _Clock(monkeypatch)
     b = NodeCore(tmp_path / "node.sqlite", B_ORG, create=True, synchronous="OFF")
     try:
         b.handle(_frames(_doc(7, lk1=70)))
@@ -254,7 +245,7 @@ def test_a_held_row_is_written_after_the_hold_with_what_it_got(tmp_path: Path, m
         out = b.handle(_frames(_doc(7, lk1=70)))
         assert out.delivered == 0 and set(b._held_in) == {rid}
         assert _sent_ids(out) == {"ACK2": [rid], "ACK": [rid]}
-        clock.t += INBOUND_HOLD_MS
+        node_clock.t += HOLD_MS
         b.handle([])
         assert _rows(b) == [(rid, 1, 0)] and b._held_in == {}
         b.handle(_frames(_confirm(Kind.REACK2, [rid])))
@@ -263,18 +254,17 @@ def test_a_held_row_is_written_after_the_hold_with_what_it_got(tmp_path: Path, m
         b.close()
 
 
-def test_held_rows_are_written_for_inquiries_answers_and_close(tmp_path: Path, monkeypatch: Any) -> None:
-    clock = _Clock(monkeypatch)
+def test_held_rows_are_written_for_inquiries_answers_and_close(tmp_path: Path, node_clock: NodeClock) -> None:
     b = NodeCore(tmp_path / "node.sqlite", B_ORG, create=True, synchronous="OFF", inquiry_interval=0.2)
     try:
         b.handle(_frames(_doc(1)))
-        clock.t += 150
+        node_clock.t += 150
         b.handle(_frames(_doc(2)))
         # An inquiry round writes what is older than half the interval, so
         # its sweep of the pending-ack table can ask about it.
         b.inquiries()
         assert [r[0] for r in _rows(b)] == [1] and set(b._held_in) == {2}
-        clock.t += 300
+        node_clock.t += 300
         out = b.inquiries()
         assert [r[0] for r in _rows(b)] == [1, 2]
         asked = [raw.frame().body for raw in _frames_from_bytes(b"".join(out.data))]
@@ -290,13 +280,12 @@ def test_held_rows_are_written_for_inquiries_answers_and_close(tmp_path: Path, m
 
 
 def test_held_rows_lost_in_a_crash_leave_the_documents_and_their_ids_reserved(
-        tmp_path: Path, monkeypatch: Any) -> None:
+        tmp_path: Path, node_clock: NodeClock) -> None:
     """Nothing we sent depended on them: the documents are in the inbox and
     the dedup table (which answers "did you receive"); a late confirmation
     naming a lost row's id finds no other row under it."""
     from semq.umxt_protocol import LK0, Endpoint, Frame, Inquiry, InquiryTopic, Kind
 
-    _Clock(monkeypatch)
     b = NodeCore(tmp_path / "node.sqlite", B_ORG, create=True, synchronous="OFF")
     b.handle(_frames(_doc(1), _doc(2)))
     lost = sorted(b._held_in)
@@ -321,7 +310,7 @@ def test_held_rows_lost_in_a_crash_leave_the_documents_and_their_ids_reserved(
         b.close()
 
 
-def test_a_transaction_that_does_not_commit_drops_the_held_writes(tmp_path: Path, monkeypatch: Any) -> None:
+def test_a_transaction_that_does_not_commit_drops_the_held_writes(tmp_path: Path, node_clock: NodeClock) -> None:
     """Rows received in a rolled-back batch were never received: their held
     pending-ack rows go too (with every other held write, as in a crash),
     and the document is received again when it comes again."""
@@ -329,7 +318,6 @@ def test_a_transaction_that_does_not_commit_drops_the_held_writes(tmp_path: Path
 
     import pytest
 
-    _Clock(monkeypatch)
     b = NodeCore(tmp_path / "node.sqlite", B_ORG, create=True, synchronous="OFF")
     try:
         b.handle(_frames(_doc(1)))
@@ -338,13 +326,12 @@ def test_a_transaction_that_does_not_commit_drops_the_held_writes(tmp_path: Path
         def fail(*_a: Any) -> None:
             raise sqlite3.OperationalError("disk I/O error")
 
-        monkeypatch.setattr(b, "_flush_inbound_acks", fail)
+        b._flush_inbound_acks = fail  # type: ignore[method-assign]
         with pytest.raises(sqlite3.OperationalError):
             b.handle(_frames(_doc(2)))
+        del b._flush_inbound_acks
         assert b._held_in == {} and b._held_in_keys == {}
         assert b.conn.execute("SELECT count(*) FROM inbox").fetchone() == (1,)  # document 2 rolled back
-        monkeypatch.undo()
-        _Clock(monkeypatch)
         out = b.handle(_frames(_doc(2)))
         assert out.delivered == 1 and len(b._held_in) == 1
     finally:

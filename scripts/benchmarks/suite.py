@@ -579,7 +579,7 @@ def report(a: argparse.Namespace, res: Results) -> tuple[list[str], list[list[st
             ])
         if not secure and res.target_half:
             th = res.target_half
-            rows.insert(2, [
+            rows.insert(PHASES.index("half") + 1, [  # right under the half-load row
                 f"SEMQ online, {TARGET_HALF_RATE:,}/s (half of the 15,000/s target), security off",
                 _f(_median([x["rate"] for x in th])), _f(_median([x["p50"] for x in th]), ".0f"),
                 _f(_median([x["p99"] for x in th]), ".0f"), rss([x["rss"].get("P") for x in th]),

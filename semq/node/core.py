@@ -146,13 +146,11 @@ _EVENT_NAMES: Final = {ev: _EVENT_NAME.get(ev, "ack2") for ev in OriginEvent} | 
 _STEPS: dict[tuple[int, OriginEvent, int, int], Any] = {}
 _SS_SENT: Final = int(SendState.SS_SENT)
 _SS_ACK_FWD: Final = int(SendState.SS_ACK_FWD)
-# How long the SS_ACK_FWD of a row waits in memory for the ACK2 that usually
-# follows within a fraction of a second (NodeCore._origin_apply says why).
-FWD_HOLD_MS: Final = 1000
-# How long a new pending-ack row waits in memory for the confirmations
-# (REACK2, and REACK for a stored copy) that usually come within a fraction
-# of a second, after which it is written (NodeCore._receive says why).
-INBOUND_HOLD_MS: Final = 1000
+# How long two writes wait in memory for the frame that usually makes them
+# moot within a fraction of a second: a row's SS_ACK_FWD (for its ACK2;
+# NodeCore._origin_apply says why) and a new pending-ack row (for REACK2 and
+# REACK; NodeCore._receive). Then NodeCore.write_held writes them.
+HOLD_MS: Final = 1000
 _INBOUND_INSERT: Final = (
     "INSERT OR IGNORE INTO inbound (id, origin_type, origin_id, semq_id, semq_db_id, record_id,"
     " lk1_semq_id, lk1_semq_db_id, lk1_record_id, platform_type, platform_id, p_ack, s_ack,"
@@ -227,8 +225,7 @@ class NodeCore:
         try:
             if self._held_fwd or self._held_in:
                 with self._tx():
-                    self.write_held_states()
-                    self.write_held_inbound()
+                    self.write_held()
         except STORE_ERRORS:
             # Lost as in a crash: the rows stay SS_SENT (the platform is asked
             # and says "forwarded"); the pending-ack rows' documents are in
@@ -239,32 +236,24 @@ class NodeCore:
             self.log.close()
         self.db.close()
 
-    def write_held_inbound(self, before_ms: int | None = None) -> int:
-        """Write the pending-ack rows held in memory (all, or those received
-        at or before ``before_ms``), inside the caller's transaction, with
-        the confirmations they have got so far. Returns how many."""
-        if not self._held_in:
-            return 0
-        rows = [row for _, row in _take_held(self._held_in, before_ms, 13)]
-        keys = self._held_in_keys
-        for row in rows:
-            keys.pop(row[1:6], None)
-        self.conn.executemany(_INBOUND_INSERT, rows)
-        return len(rows)
-
-    def write_held_states(self, before_ms: int | None = None) -> int:
-        """Write the SS_ACK_FWD states held in memory (all, or those of
-        ACK_FWDs at or before ``before_ms``), inside the caller's
-        transaction. Returns how many rows were written."""
-        if not self._held_fwd:
-            return 0
-        items = _take_held(self._held_fwd, before_ms, 0)
-        # The row is still SS_SENT on disk; any other state was written since.
-        self.conn.executemany(
-            f"UPDATE outbox SET state={_SS_ACK_FWD}, state_ms=?, code=?, inquiries=0, last_inquiry_ms=?,"
-            " due_ms=?+min(?, ?*(1 << min(max(attempts-1, 0), 6))) WHERE id=? AND state=1",
-            [(t, c, t, t, MAX_INQUIRY_BACKOFF_MS, self.inquiry_ms, rid) for rid, (t, c) in items])
-        return len(items)
+    def write_held(self, before_ms: int | None = None) -> None:
+        """Write what is held in memory (all of it, or what was held at or
+        before ``before_ms``), inside the caller's transaction: SS_ACK_FWD
+        states of rows still SS_SENT on disk, and pending-ack rows with the
+        confirmations they have got so far."""
+        items = _take_held(self._held_fwd, before_ms, 0) if self._held_fwd else []
+        if items:
+            # The row is still SS_SENT on disk; any other state was written since.
+            self.conn.executemany(
+                f"UPDATE outbox SET state={_SS_ACK_FWD}, state_ms=?, code=?, inquiries=0, last_inquiry_ms=?,"
+                " due_ms=?+min(?, ?*(1 << min(max(attempts-1, 0), 6))) WHERE id=? AND state=1",
+                [(t, c, t, t, MAX_INQUIRY_BACKOFF_MS, self.inquiry_ms, rid) for rid, (t, c) in items])
+        rows = [row for _, row in _take_held(self._held_in, before_ms, 13)] if self._held_in else []
+        if rows:  # (a batch that finds nothing old enough costs no statement)
+            keys = self._held_in_keys
+            for row in rows:
+                keys.pop(row[1:6], None)
+            self.conn.executemany(_INBOUND_INSERT, rows)
 
     # ------------------------------------------------------------ helpers
 
@@ -507,10 +496,7 @@ class NodeCore:
         self._batch_certs: dict[Endpoint, Any] = {}  # one directory look-up per origin per batch
         self._queued_acks: tuple[list[int], list[int]] = ([], [])
         with self._tx():
-            if self._held_fwd:
-                self.write_held_states(ts - FWD_HOLD_MS)
-            if self._held_in:
-                self.write_held_inbound(ts - INBOUND_HOLD_MS)
+            self.write_held(ts - HOLD_MS)
             self._begin_receive(frames)
             for raw in frames:
                 try:
@@ -703,8 +689,8 @@ class NodeCore:
             # table before the ACK/ACK2 leave, and those answer the
             # inquiries of an origin or platform that missed an ack. Lost
             # in a crash, only our own asking about confirmations is lost.
-            # Written after INBOUND_HOLD_MS (write_held_inbound: by handle,
-            # inquiries, close, and before answers are matched to rows).
+            # Written after HOLD_MS (write_held: by handle, inquiries,
+            # close, and before answers are matched to rows).
             inbound_id = self._inbound_id()
             self._held_in[inbound_id] = (
                 inbound_id, *key, lk1.semq_id if lk1 else 0, lk1.semq_db_id if lk1 else 0,
@@ -880,8 +866,8 @@ class NodeCore:
                 # a row with its 1 KiB document was ~13% of an origin's time
                 # (py-spy, scripts/bench e2e). Nothing we send depends on
                 # it: lost in a crash, the row is SS_SENT, asks the platform
-                # and hears "forwarded" again. Written after FWD_HOLD_MS
-                # (write_held_states: by handle, inquiries, reconnected,
+                # and hears "forwarded" again. Written after HOLD_MS
+                # (write_held: by handle, inquiries, reconnected,
                 # close and the operator's commands); every step here
                 # reads it from memory meanwhile.
                 held[rid] = (ts, row_code)
@@ -1015,7 +1001,7 @@ class NodeCore:
             # TARGET_HAS means B has it; SPEC A.5: answer REACK2 so B may clean up.
         else:
             col = "p_ack" if from_platform else "s_ack"
-            self.write_held_inbound()  # the look-ups below read the table
+            self.write_held()  # the look-ups below read the pending-ack table
             ids = []
             for lk, _result in r.answers:
                 # Every STATE answer (marked, already acked, no record) confirms (SPEC B.2).
@@ -1045,11 +1031,9 @@ class NodeCore:
         ts = now_ms()
         events: list[dict[str, Any]] = []
         with self._tx():
-            if self._held_fwd:
-                # A held row must not look SS_SENT to an inquiry due now.
-                self.write_held_states(ts - min(FWD_HOLD_MS, self.inquiry_ms // 2))
-            if self._held_in:  # nor may a pending-ack row due now be missed
-                self.write_held_inbound(ts - min(INBOUND_HOLD_MS, self.inquiry_ms // 2))
+            # A held row must not look SS_SENT to an inquiry due now, nor a
+            # held pending-ack row be missed by one.
+            self.write_held(ts - min(HOLD_MS, self.inquiry_ms // 2))
             due = (
                 "last_inquiry_ms + min(?, ? * (1 << min(inquiries, 6))) <= ?"
             )
@@ -1127,7 +1111,7 @@ class NodeCore:
         """After a new session: SS_SENT rows ask the platform at once rather
         than after the interval (their answers may have been lost)."""
         with self._tx():
-            self.write_held_states()
+            self.write_held()
             self.conn.execute("UPDATE outbox SET last_inquiry_ms=0, due_ms=0, inquiries=0 WHERE state=1")
 
     def housekeeping(self) -> int:
@@ -1153,22 +1137,33 @@ class NodeCore:
 
     # ------------------------------------------------------------ status
 
-    def held(self) -> tuple[int, int]:
-        """(rows SS_SENT on disk whose SS_ACK_FWD is held, pending-ack rows
-        held): what counts read from the tables must move or add."""
-        return len(self._held_fwd), len(self._held_in)
+    def held(self) -> bool:
+        """Whether anything is held in memory (write_held would write)."""
+        return bool(self._held_fwd or self._held_in)
 
-    def counts(self) -> dict[str, Any]:
-        c = self.conn
-        states = {SendState(s).name: n for s, n in c.execute("SELECT state, count(*) FROM outbox GROUP BY state")}
+    def state_counts(self) -> dict[str, int]:
+        """Pending-send rows per state name (an unknown state by its
+        number), held SS_ACK_FWD states counted where they are."""
+        states: dict[str, int] = {}
+        for s, n in self.conn.execute("SELECT state, count(*) FROM outbox GROUP BY state"):
+            states[_SEND_STATES[s].name if s in _SEND_STATES else str(s)] = n
         if self._held_fwd:  # SS_SENT on disk, SS_ACK_FWD in memory
             moved = min(len(self._held_fwd), states.get("SS_SENT", 0))
             states["SS_SENT"] = states.get("SS_SENT", 0) - moved
             states["SS_ACK_FWD"] = states.get("SS_ACK_FWD", 0) + moved
+        return states
+
+    def pending_ack_count(self) -> int:
+        """Pending-ack rows, those held in memory included."""
+        return int(self.conn.execute("SELECT count(*) FROM inbound").fetchone()[0]) + len(self._held_in)
+
+    def counts(self) -> dict[str, Any]:
+        c = self.conn
+        states = self.state_counts()
         oldest = c.execute("SELECT min(created_ms) FROM outbox WHERE state NOT IN (4, 9)").fetchone()[0]
         return {
             "outbox": states,
-            "pending_ack": c.execute("SELECT count(*) FROM inbound").fetchone()[0] + len(self._held_in),
+            "pending_ack": self.pending_ack_count(),
             "inbox_unread": c.execute("SELECT count(*) FROM inbox WHERE consumed_ms IS NULL").fetchone()[0],
             "inbox_total": c.execute("SELECT count(*) FROM inbox").fetchone()[0],
             "dedup": c.execute("SELECT count(*) FROM dedup").fetchone()[0],

@@ -340,10 +340,9 @@ def node_handlers(
         """On the store thread: the states a node holds in memory for up to
         a second (docs/architecture.md) are written first, so that what the
         operator reads is what the node knows."""
-        if any(core.held()):
+        if core.held():
             with core.db.atomic("IMMEDIATE"):
-                core.write_held_states()
-                core.write_held_inbound()
+                core.write_held()
 
     def _snapshot() -> dict[str, Any]:
         _write_held()
@@ -486,7 +485,7 @@ def node_handlers(
         def work() -> dict[str, Any]:
             ts = now_ms()
             with core.db.atomic("IMMEDIATE"):
-                core.write_held_states()  # the states the operator selects by are on disk (_write_held)
+                core.write_held()  # the states the operator selects by are on disk (as _write_held)
                 rows = [_node_row(r, org) for r in core.conn.execute(
                     f"SELECT {_NODE_COLS} FROM outbox{_sql_where(clauses)} ORDER BY id LIMIT ?",
                     (*params, MAX_SELECT + 1))]

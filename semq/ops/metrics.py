@@ -337,16 +337,10 @@ def node_snapshot(core: Any, stuck_after: float) -> dict[str, Any]:
     c = core.conn
     cutoff = int(time.time() * 1000 - stuck_after * 1000)
     msgs: dict[tuple[str, str], int] = {("outbox", s.name): 0 for s in SendState}
-    for s, n in c.execute("SELECT state, count(*) FROM outbox GROUP BY state"):
-        try:
-            msgs[("outbox", SendState(s).name)] = n
-        except ValueError:
-            msgs[("outbox", str(s))] = n
-    held_fwd, held_in = core.held()  # in memory for up to 1 s (docs/architecture.md)
-    moved = min(held_fwd, msgs[("outbox", "SS_SENT")])
-    msgs[("outbox", "SS_SENT")] -= moved
-    msgs[("outbox", "SS_ACK_FWD")] += moved
-    msgs[("inbound", "pending_ack")] = c.execute("SELECT count(*) FROM inbound").fetchone()[0] + held_in
+    # Both count what the node holds in memory for up to 1 s (docs/architecture.md).
+    for name, n in core.state_counts().items():
+        msgs[("outbox", name)] = n
+    msgs[("inbound", "pending_ack")] = core.pending_ack_count()
     msgs[("inbox", "unread")] = c.execute("SELECT count(*) FROM inbox WHERE consumed_ms IS NULL").fetchone()[0]
     oldest = c.execute("SELECT min(created_ms) FROM outbox WHERE reliable=1 AND state IN (0,1,2,3)").fetchone()[0]
     stuck = c.execute("SELECT count(*) FROM outbox WHERE reliable=1 AND state IN (0,1,2,3) AND created_ms < ?",
