@@ -36,11 +36,17 @@ def _raw(frame: Frame) -> RawFrame:
 
 
 def _acks(kind: Kind, source: Endpoint, ids: list[int]) -> RawFrame:
-    flag = int(ForwardFlag.FORWARDED) if kind is Kind.ACK_FWD else 0
-    ack_flag = AckFlag.PLATFORM if kind is Kind.ACK_FWD else AckFlag.DELIVERY
+    flag = {Kind.ACK_FWD: int(ForwardFlag.FORWARDED), Kind.ACK_SAVE: int(ForwardFlag.STORED)}.get(kind, 0)
+    ack_flag = AckFlag.PLATFORM if kind in (Kind.ACK_FWD, Kind.ACK_SAVE) else AckFlag.DELIVERY
     entries = tuple(AckEntry(1, 1, 100 + i, 1, 1, i, int(ack_flag), flag) for i in ids)
     return _raw(Frame(kind=Kind.ACK_BATCH, source=source, target=Endpoint.org(A), origin=source,
                       body=AckBatch(ack_kind=kind, entries=entries)))
+
+
+def _write(a: NodeCore) -> None:
+    """What is held in memory, written now (as HOLD_MS later would)."""
+    with a._tx():
+        a.write_held()
 
 
 def _states(path: Path) -> list[tuple[int, int, int]]:
@@ -65,9 +71,14 @@ def test_early_frames_leave_before_the_commit(tmp_path: Path) -> None:
         out = a.claim(10, early=early)
         assert seen == [(3, [(1, 0, 0), (2, 0, 0), (3, 0, 0)])]
         assert (out.data, out.early) == ([], 3)
-        assert _states(store) == [(1, 1, 1), (2, 1, 1), (3, 1, 1)]
+        # SS_SENT is held in memory (SS_INIT on disk) until HOLD_MS or a
+        # reason to write it; the next claim skips the held rows.
+        assert _states(store) == [(1, 0, 0), (2, 0, 0), (3, 0, 0)]
+        assert a.counts()["outbox"] == {"SS_INIT": 0, "SS_SENT": 3}
         assert a.claim(10, early=early).early == 0  # nothing left: not called
         assert len(seen) == 1
+        _write(a)
+        assert _states(store) == [(1, 1, 1), (2, 1, 1), (3, 1, 1)]
     finally:
         a.close()
 
@@ -92,7 +103,9 @@ def test_a_commit_that_fails_after_the_frames_left_loses_nothing(tmp_path: Path)
         a.handle([_acks(Kind.ACK_FWD, P, [1, 2])])
         assert _states(store) == [(1, 0, 0), (2, 0, 0)]
         again = a.claim(10)
-        assert len(again.data) == 2 and _states(store) == [(1, 1, 1), (2, 1, 1)]
+        assert len(again.data) == 2 and set(a._held_sent) == {1, 2}
+        _write(a)
+        assert _states(store) == [(1, 1, 1), (2, 1, 1)]
         # ... the receiver's ACK2 (of either copy, same LK0) confirms them.
         out = a.handle([_acks(Kind.ACK2, Endpoint.org(B), [1, 2])])
         assert _states(store) == []  # SS_ACK2: confirmed end to end and cleaned up
@@ -154,27 +167,28 @@ def test_an_ack2_soon_after_the_ack_fwd_deletes_a_row_never_written_forwarded(
     try:
         out = a.handle([_acks(Kind.ACK_FWD, P, [1, 2, 3])])
         assert out.settled == 3  # window credit at the platform's ack, as before
-        assert [r[1] for r in _full(store)] == [1, 1, 1]  # still SS_SENT on disk
+        assert [r[1] for r in _full(store)] == [0, 0, 0]  # still SS_INIT on disk (SS_SENT held too)
         # ... and counted where it is, by status and the metrics.
         from semq.ops.metrics import node_snapshot
 
-        assert a.counts()["outbox"] == {"SS_SENT": 0, "SS_ACK_FWD": 3}
-        assert a.held() and len(a._held_fwd) == 3 and not a._held_in
+        assert a.counts()["outbox"] == {"SS_INIT": 0, "SS_SENT": 0, "SS_ACK_FWD": 3}
+        assert a.held() and len(a._held_fwd) == 3 and len(a._held_sent) == 3 and not a._held_in
         msgs = node_snapshot(a, 3600)["messages"]
-        assert (msgs[("outbox", "SS_SENT")], msgs[("outbox", "SS_ACK_FWD")]) == (0, 3)
+        assert (msgs[("outbox", "SS_INIT")], msgs[("outbox", "SS_SENT")], msgs[("outbox", "SS_ACK_FWD")]) == (0, 0, 3)
         node_clock.t += 200
         out = a.handle([_acks(Kind.ACK2, Endpoint.org(B), [1, 2])])
         assert out.settled == 0  # no second credit: the held state counts
         assert len(out.data) == 1  # REACK2 for both
-        assert [r[:2] for r in _full(store)] == [(3, 1)]
-        assert a._held_fwd == {3: (1_000_000, 0)}
-        # Past HOLD_MS the next batch writes the held state, with the
-        # time of the ACK_FWD and the inquiry schedule it would have had.
+        assert [r[:2] for r in _full(store)] == [(3, 0)]
+        assert a._held_fwd == {3: (1_000_000, 0)} and a._held_sent == {3: (1_000_000, 1)}
+        # Past HOLD_MS the next batch writes the held states, SS_SENT first,
+        # with the time of the ACK_FWD and the inquiry schedule it would have had.
         node_clock.t += 1000
         a.handle([])
         (rid, state, state_ms, due_ms), = _full(store)
         assert (rid, state, state_ms) == (3, 2, 1_000_000) and due_ms == 1_000_000 + a.inquiry_ms
-        assert a._held_fwd == {}
+        assert _states(store) == [(3, 2, 1)]
+        assert a._held_fwd == {} and a._held_sent == {}
         out = a.handle([_acks(Kind.ACK2, Endpoint.org(B), [3])])
         assert _full(store) == [] and out.settled == 0
     finally:
@@ -196,11 +210,15 @@ def test_every_step_sees_the_held_state(tmp_path: Path, node_clock: NodeClock) -
         with a._tx():
             a._origin_apply([(2, OriginEvent.TARGET_LACKS)], 1_000_000, Output(), [], {})
             a._origin_apply([(3, OriginEvent.NACK)], 1_000_000, Output(), [], {}, code=7, detail="refused")
-        assert set(a._held_fwd) == {1}
-        assert [r[:2] for r in _full(store)] == [(1, 1), (2, int(SendState.SS_INIT)), (3, int(SendState.SS_FAILED)),
-                                                 (4, 1)]
+        assert set(a._held_fwd) == {1} and set(a._held_sent) == {1, 4}
+        # Rows 2 and 3 got their new state written with the held send (attempt 1).
+        assert _states(store) == [(1, 0, 0), (2, int(SendState.SS_INIT), 1), (3, int(SendState.SS_FAILED), 1),
+                                  (4, 0, 0)]
         a.handle([_acks(Kind.ACK_FWD, P, [4]), _acks(Kind.ACK2, Endpoint.org(B), [4])])
-        assert 4 not in a._held_fwd and [r[0] for r in _full(store)] == [1, 2, 3]
+        assert 4 not in a._held_fwd and 4 not in a._held_sent and [r[0] for r in _full(store)] == [1, 2, 3]
+        # Row 2, SS_INIT again and not held, is claimed again; row 1 (held) is not.
+        out = a.claim(10)
+        assert len(out.data) == 1 and a._held_sent[2][1] == 2
     finally:
         a.close()
 
@@ -250,5 +268,127 @@ def test_a_held_state_lost_in_a_crash_is_asked_for_again(tmp_path: Path, node_cl
         a.handle([_raw(resp)])
         a.reconnected()
         assert [r[1] for r in _full(store)] == [2]
+    finally:
+        a.close()
+
+
+# ------------------------------------------------------- SS_SENT held in memory
+
+
+def _sent_cols(path: Path) -> list[tuple[int, ...]]:
+    c = sqlite3.connect(path)
+    try:
+        return c.execute("SELECT id, state, attempts, sent_ms, state_ms, last_inquiry_ms, due_ms FROM outbox"
+                         " ORDER BY id").fetchall()
+    finally:
+        c.close()
+
+
+def test_a_claimed_row_is_written_sent_as_the_claim_wrote_it(tmp_path: Path, node_clock: NodeClock) -> None:
+    """Past HOLD_MS, a claimed row not yet acked gets what the claim's UPDATE
+    gave it before the hold: SS_SENT, the attempt, the send time and the
+    first inquiry one interval later (doubled per earlier attempt)."""
+    from semq.node.engine import OriginEvent
+
+    a, store = _claimed(tmp_path, 2)
+    try:
+        t0 = node_clock.t
+        assert [r[1:3] for r in _sent_cols(store)] == [(0, 0), (0, 0)]
+        node_clock.t += 500
+        a.handle([])  # younger than HOLD_MS: nothing written
+        assert [r[1:3] for r in _sent_cols(store)] == [(0, 0), (0, 0)]
+        node_clock.t += 500
+        a.handle([])
+        assert _sent_cols(store) == [(i, 1, 1, t0, t0, t0, t0 + a.inquiry_ms) for i in (1, 2)]
+        assert a._held_sent == {}
+        # The platform lacks row 1: SS_INIT, sent again (attempt 2, held),
+        # and written with the doubled first inquiry.
+        from semq.node.core import Output
+
+        with a._tx():
+            a._origin_apply([(1, OriginEvent.PLATFORM_LACKS)], node_clock.t, Output(), [], {})
+        t1 = node_clock.t
+        assert len(a.claim(10).data) == 1 and a._held_sent == {1: (t1, 2)}
+        node_clock.t += 1000
+        a.handle([])
+        assert _sent_cols(store)[0] == (1, 1, 2, t1, t1, t1, t1 + 2 * a.inquiry_ms)
+    finally:
+        a.close()
+
+
+def test_claims_keep_the_send_order_around_held_rows(tmp_path: Path, node_clock: NodeClock) -> None:
+    """Held rows are skipped, not reordered: a later document of higher
+    priority goes first; the rest follow in acceptance order; the limit
+    counts rows sent, not rows skipped."""
+    store = tmp_path / "node.sqlite"
+    a = NodeCore(store, A, create=True, platform=P)
+    try:
+        a.accept([NewDocument(target=B, app_data=b"doc %d" % i) for i in range(5)])  # ids 1-5
+        assert len(a.claim(2).data) == 2 and set(a._held_sent) == {1, 2}
+        a.accept([NewDocument(target=B, app_data=b"urgent", priority=5)])  # id 6
+        a.accept([NewDocument(target=B, app_data=b"doc 6")])  # id 7
+        assert len(a.claim(2).data) == 2 and list(a._held_sent) == [1, 2, 6, 3]
+        assert len(a.claim(10).data) == 3 and list(a._held_sent) == [1, 2, 6, 3, 4, 5, 7]
+        assert a.claim(10).data == [] and a.pending_count() == 0
+    finally:
+        a.close()
+
+
+def test_an_ack_save_writes_the_held_send_with_the_new_state(tmp_path: Path, node_clock: NodeClock) -> None:
+    """The target is offline: ACK_SAVE comes instead of ACK_FWD, and the row's
+    held SS_SENT goes with SS_ACK in one UPDATE (attempt and send time kept)."""
+    a, store = _claimed(tmp_path, 2)
+    try:
+        t0 = node_clock.t
+        node_clock.t += 100
+        a.handle([_acks(Kind.ACK_SAVE, P, [1, 2])])
+        assert a._held_sent == {}
+        assert [r[:5] for r in _sent_cols(store)] == [(i, 3, 1, t0, t0 + 100) for i in (1, 2)]
+    finally:
+        a.close()
+
+
+def test_fail_target_and_the_attempt_limit_leave_rows_in_flight_alone(
+        tmp_path: Path, node_clock: NodeClock) -> None:
+    """Rows whose SS_SENT is held are SS_INIT on disk, yet in flight: making
+    the unsent documents of a target dead letters, or applying the attempt
+    limit, writes the held states first and so leaves them alone."""
+    from semq.node import dead
+    from semq.node.engine import SendState
+    from semq.umxt_protocol import ResultCode
+
+    a, store = _claimed(tmp_path, 2)
+    try:
+        a.accept([NewDocument(target=B, app_data=b"not sent")])  # id 3
+        assert a.fail_target(Endpoint.org(B), ResultCode.UNKNOWN_TARGET, "gone") == 1
+        assert [r[1] for r in _sent_cols(store)] == [1, 1, int(SendState.SS_FAILED)]
+        # Row 1 is sent again (SS_INIT with 1 attempt on disk, then claimed
+        # and held): in flight, not a dead letter at a limit of 1 attempt.
+        from semq.node.core import Output
+        from semq.node.engine import OriginEvent
+
+        with a._tx():
+            a._origin_apply([(1, OriginEvent.PLATFORM_LACKS)], node_clock.t, Output(), [], {})
+        assert len(a.claim(10).data) == 1 and a._held_sent[1][1] == 2
+        assert _sent_cols(store)[0][1:3] == (0, 1)
+        assert dead.sweep(a, max_attempts=1) == 0
+        assert [r[1:3] for r in _sent_cols(store)] == [(1, 2), (1, 1), (int(SendState.SS_FAILED), 0)]
+    finally:
+        a.close()
+
+
+def test_a_held_send_lost_in_a_crash_sends_the_row_again(tmp_path: Path, node_clock: NodeClock) -> None:
+    """Killed before the held SS_SENT was written: the row is SS_INIT, is
+    claimed again after the restart, and the ACK2 of either copy confirms it
+    (the receiver's duplicate suppression keeps the delivery single)."""
+    a, store = _claimed(tmp_path, 1)
+    a._held_sent.clear()  # as a kill -9 would
+    a.close()
+    a = NodeCore(store, A, platform=P)
+    try:
+        assert [r[1:3] for r in _sent_cols(store)] == [(0, 0)]
+        assert len(a.claim(10).data) == 1
+        out = a.handle([_acks(Kind.ACK2, Endpoint.org(B), [1])])
+        assert _sent_cols(store) == [] and len(out.data) == 1
     finally:
         a.close()

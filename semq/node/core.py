@@ -144,12 +144,14 @@ _EVENT_NAMES: Final = {ev: _EVENT_NAME.get(ev, "ack2") for ev in OriginEvent} | 
 # origin_step per (state, event, save_fwd, ack2) of a row: pure, so computed
 # once per combination (a dict look-up instead of lru_cache's keyword key).
 _STEPS: dict[tuple[int, OriginEvent, int, int], Any] = {}
+_SS_INIT: Final = int(SendState.SS_INIT)
 _SS_SENT: Final = int(SendState.SS_SENT)
 _SS_ACK_FWD: Final = int(SendState.SS_ACK_FWD)
-# How long two writes wait in memory for the frame that usually makes them
-# moot within a fraction of a second: a row's SS_ACK_FWD (for its ACK2;
-# NodeCore._origin_apply says why) and a new pending-ack row (for REACK2 and
-# REACK; NodeCore._receive). Then NodeCore.write_held writes them.
+# How long three writes wait in memory for the frame that usually makes them
+# moot within a fraction of a second: a claimed row's SS_SENT (NodeCore.claim
+# says why) and its SS_ACK_FWD (for its ACK2; NodeCore._origin_apply), and a
+# new pending-ack row (for REACK2 and REACK; NodeCore._receive). Then
+# NodeCore.write_held writes them.
 HOLD_MS: Final = 1000
 _INBOUND_INSERT: Final = (
     "INSERT OR IGNORE INTO inbound (id, origin_type, origin_id, semq_id, semq_db_id, record_id,"
@@ -212,6 +214,9 @@ class NodeCore:
         self.inquiry_ms = int(inquiry_interval * 1000)
         self._inbound_sweep = 0  # the pending-ack id after which the next inquiry round reads
         self.log = EventLog(events_dir, f"org:{org}", "origin") if events_dir else None
+        # Claimed rows whose SS_SENT is not written yet (SS_INIT on disk):
+        # id -> (time of the claim, attempts with this one), oldest first.
+        self._held_sent: dict[int, tuple[int, int]] = {}
         # Rows whose ACK_FWD came and whose SS_ACK_FWD is not written yet:
         # id -> (time of the ACK_FWD, code), oldest first (_origin_apply).
         self._held_fwd: dict[int, tuple[int, int]] = {}
@@ -223,12 +228,13 @@ class NodeCore:
 
     def close(self) -> None:
         try:
-            if self._held_fwd or self._held_in:
+            if self.held():
                 with self._tx():
                     self.write_held()
         except STORE_ERRORS:
-            # Lost as in a crash: the rows stay SS_SENT (the platform is asked
-            # and says "forwarded"); the pending-ack rows' documents are in
+            # Lost as in a crash: the rows stay SS_INIT (sent again; the
+            # receiver's duplicate suppression) or SS_SENT (the platform is
+            # asked and says "forwarded"); the pending-ack rows' documents are in
             # the inbox and dedup, which answer the inquiries of their
             # origin and platform.
             pass
@@ -238,9 +244,20 @@ class NodeCore:
 
     def write_held(self, before_ms: int | None = None) -> None:
         """Write what is held in memory (all of it, or what was held at or
-        before ``before_ms``), inside the caller's transaction: SS_ACK_FWD
-        states of rows still SS_SENT on disk, and pending-ack rows with the
-        confirmations they have got so far."""
+        before ``before_ms``), inside the caller's transaction: SS_SENT states
+        of rows still SS_INIT on disk, then SS_ACK_FWD states of rows SS_SENT
+        on disk (a row's ACK_FWD is never held longer than its SS_SENT), and
+        pending-ack rows with the confirmations they have got so far."""
+        sent = _take_held(self._held_sent, before_ms, 0) if self._held_sent else []
+        if sent:
+            # As claim() wrote it before: the first inquiry one interval after
+            # the send, doubled per earlier attempt.
+            inq = self.inquiry_ms
+            self.conn.executemany(
+                "UPDATE outbox SET state=1, attempts=?, sent_ms=?, state_ms=?, last_inquiry_ms=?, due_ms=?"
+                " WHERE id=? AND state=0",
+                [(a, t, t, t, t + min(MAX_INQUIRY_BACKOFF_MS, inq * (1 << min(a - 1, 6))), rid)
+                 for rid, (t, a) in sent])
         items = _take_held(self._held_fwd, before_ms, 0) if self._held_fwd else []
         if items:
             # The row is still SS_SENT on disk; any other state was written since.
@@ -270,6 +287,7 @@ class NodeCore:
             # writes (rows received in it, states written from memory): drop
             # them all, as a crash would. The store is the truth, and what it
             # lacks the inquiries recover (docs/architecture.md).
+            self._held_sent.clear()
             self._held_fwd.clear()
             self._held_in.clear()
             self._held_in_keys.clear()
@@ -340,8 +358,8 @@ class NodeCore:
     def claim(self, limit: int, skip_targets: frozenset[str] = frozenset(),
               early: Callable[[list[bytes]], None] | None = None) -> Output:
         """SPEC A.2: take up to ``limit`` SS_INIT rows (priority first, then
-        acceptance order), mark them SS_SENT, commit, and return their DATA
-        frames. Expired rows fail with EXPIRED instead; best-effort rows
+        acceptance order), mark them SS_SENT (held in memory first, see
+        write_held), commit, and return their DATA frames. Expired rows fail with EXPIRED instead; best-effort rows
         are deleted as they go (never retried). With security, the batch is
         signed under one signature (each document still verifies alone) and
         sealed to the target's certificates; rows whose target certificate is
@@ -359,19 +377,31 @@ class NodeCore:
         out = Output()
         ts = now_ms()
         events: list[dict[str, Any]] = []
+        held = self._held_sent
         with self._tx():
+            if held:
+                self.write_held(ts - HOLD_MS)
             skip = sorted(skip_targets)
-            rows = self.conn.execute(
-                f"SELECT {_OUT_COLS}, encrypt, session_key, app_data FROM outbox WHERE state=0"
-                f" AND target_id NOT IN ({','.join('?' * len(skip))})"
-                " ORDER BY priority DESC, id LIMIT ?",
-                (*skip, limit),
-            ).fetchall()
+            where = f"state=0 AND target_id NOT IN ({','.join('?' * len(skip))})" if skip else "state=0"
+            if held:
+                # Rows claimed before and still held are SS_INIT on disk: the
+                # ids in send order first (the index alone), without those.
+                ids = [i for (i,) in self.conn.execute(
+                    f"SELECT id FROM outbox WHERE {where} ORDER BY priority DESC, id LIMIT ?",
+                    (*skip, limit + len(held))) if i not in held][:limit]
+                found = {r[0]: r for r in rows_by_id(
+                    self.conn, f"SELECT {_OUT_COLS}, encrypt, session_key, app_data FROM outbox", ids)}
+                rows = [found[i] for i in ids]
+            else:
+                rows = self.conn.execute(
+                    f"SELECT {_OUT_COLS}, encrypt, session_key, app_data FROM outbox WHERE {where}"
+                    " ORDER BY priority DESC, id LIMIT ?",
+                    (*skip, limit),
+                ).fetchall()
             if not rows:
                 return out
             rows = self._protect(rows, out)
             targets: dict[str, Endpoint] = {}
-            sent: list[int] = []  # ids now SS_SENT
             gone: list[int] = []  # best-effort ids: sent, nothing to wait for
             expired: list[tuple[int, ...]] = []
             me, me_id = self.me, self.me.node_id
@@ -392,14 +422,21 @@ class NodeCore:
                 ))
                 events.append({"ts": ts, "role": "origin", "event": "sent", "lk0": f"{me_id}/1/1/{r[0]}",
                                "source": me_id, "target": r[2], "attempt": r[14] + 1})
-                (sent if r[6] else gone).append(r[0])
+                if r[6]:
+                    # SS_SENT held in memory, not written: the ACK2 that
+                    # follows within a fraction of a second deletes the row,
+                    # and the UPDATE of a row with its 1 KiB document cost ~6
+                    # us of an origin's ~30 per document, its WAL pages more
+                    # at the fsync. Nothing we send depends on it: lost in a
+                    # crash, the row is SS_INIT and goes again (the platform
+                    # and the receiver suppress the duplicate). Written after
+                    # HOLD_MS (write_held); every step reads it from memory
+                    # meanwhile, and the claims skip it.
+                    held[r[0]] = (ts, r[14] + 1)
+                else:
+                    gone.append(r[0])
             # (The digest a document was signed with goes to ``receipts`` below;
             # outbox.digest, schema v2, is no longer written: nothing reads it.)
-            self.conn.executemany(
-                "UPDATE outbox SET state=1, attempts=attempts+1, sent_ms=?, state_ms=?,"
-                " last_inquiry_ms=?, due_ms=?+min(?, ?*(1 << min(attempts, 6))) WHERE id=?",
-                [(ts, ts, ts, ts, MAX_INQUIRY_BACKOFF_MS, self.inquiry_ms, rid) for rid in sent],
-            )
             self.conn.executemany("DELETE FROM outbox WHERE id=?", [(rid,) for rid in gone])
             if self.sec is not None:
                 # The digest each document was signed with, kept apart from the
@@ -470,6 +507,7 @@ class NodeCore:
         SS_FAILED with ``code``). Returns how many."""
         ts = now_ms()
         with self._tx():
+            self.write_held()  # rows in flight are not "not yet sent"
             rows = self.conn.execute(
                 f"SELECT {_OUT_COLS} FROM outbox WHERE state=0 AND target_type=? AND target_id=?",
                 (int(target.node_type), target.node_id)).fetchall()
@@ -481,7 +519,7 @@ class NodeCore:
 
     def pending_count(self) -> int:
         row = self.conn.execute("SELECT count(*) FROM outbox WHERE state=0").fetchone()
-        return int(row[0])
+        return int(row[0]) - len(self._held_sent)  # held rows were sent
 
     # ------------------------------------------------------------ receiving
 
@@ -808,20 +846,26 @@ class NodeCore:
         rows: dict[int, Any] = {r[0]: r for r in rows_by_id(
             self.conn, "SELECT id, target_id, state, save_fwd, ack2, attempts FROM outbox", ids)}
         updates, deletes = [], []
+        sent_updates = []  # rows whose held SS_SENT is written with their new state
         # Only the document's own target may confirm, refuse or ask about it:
         # an ACK2 from a third organization is ignored (answered NO_RECORD).
         only = peer.node_id if peer is not None and peer.node_type is not NodeType.PLATFORM else None
         reack2: list[AckEntry] | None = None
         me = self.me.node_id
         steps = _STEPS
-        held = self._held_fwd
+        held, held_sent = self._held_fwd, self._held_sent
         for it in items:
             rid, event = it[0], it[1]
             r = rows.get(rid)
             if r is None or (only is not None and only != r[1]):
                 answers.append((rid, InquiryResult.NO_RECORD))
                 continue
-            state_no = r[2]
+            state_no, attempts = r[2], r[5]
+            sent_at = held_sent.get(rid) if held_sent else None
+            if sent_at is not None:
+                attempts = sent_at[1]
+                if state_no == _SS_INIT:
+                    state_no = _SS_SENT  # claimed; SS_INIT on disk
             held_at = held.pop(rid, None) if held else None
             if held_at is not None and state_no == _SS_SENT:
                 state_no = _SS_ACK_FWD  # its ACK_FWD came; the row on disk says SS_SENT
@@ -840,7 +884,7 @@ class NodeCore:
                     held[rid] = held_at
                 continue
             new_state = o.state
-            rows[rid] = (*r[:2], int(new_state), *r[3:])
+            rows[rid] = (*r[:2], int(new_state), r[3], r[4], attempts)
             lk0 = f"{me}/1/1/{rid}"
             if new_state is SendState.SS_FAILED:
                 row_code, row_detail = code, detail
@@ -849,17 +893,19 @@ class NodeCore:
                     row_code = int(ResultCode.TARGET_OFFLINE_DROPPED)
                     row_detail = "forwarded but not received by the target"
                 events.append({"ts": ts, "role": "origin", "event": "nack", "lk0": lk0, "source": me,
-                               "target": r[1], "attempt": r[5], "code": row_code, "detail": row_detail})
+                               "target": r[1], "attempt": attempts, "code": row_code, "detail": row_detail})
             else:
                 row_code = code
                 events.append({"ts": ts, "role": "origin", "event": _EVENT_NAMES[event], "lk0": lk0,
-                               "source": me, "target": r[1], "attempt": r[5]})
+                               "source": me, "target": r[1], "attempt": attempts})
             if state_no == _SS_SENT:
                 out.settled += 1  # no longer in flight: window credit
             if o.clean:
                 deletes.append((rid,))
+                if sent_at is not None:
+                    del held_sent[rid]
                 events.append({"ts": ts, "role": "origin", "event": "cleaned", "lk0": lk0, "source": me,
-                               "target": r[1], "attempt": r[5]})
+                               "target": r[1], "attempt": attempts})
             elif new_state is SendState.SS_ACK_FWD and state_no == _SS_SENT:
                 # Held in memory, not written: the ACK2 that follows within
                 # a fraction of a second deletes the row, and the UPDATE of
@@ -871,6 +917,12 @@ class NodeCore:
                 # close and the operator's commands); every step here
                 # reads it from memory meanwhile.
                 held[rid] = (ts, row_code)
+            elif sent_at is not None:
+                # Its held SS_SENT goes with the new state: one UPDATE.
+                del held_sent[rid]
+                sent_updates.append((int(new_state), ts, row_code, ts, ts + min(
+                    MAX_INQUIRY_BACKOFF_MS, self.inquiry_ms * (1 << min(max(attempts - 1, 0), 6))),
+                    attempts, sent_at[0], rid))
             else:
                 updates.append((int(new_state), ts, row_code, rid))
         # SPEC A.3: a new state sets the inquiry time to now and starts a new
@@ -883,6 +935,9 @@ class NodeCore:
                               " due_ms=?+min(?, ?*(1 << min(max(attempts-1, 0), 6))) WHERE id=?",
                               [(st, t, c, t, t, MAX_INQUIRY_BACKOFF_MS, self.inquiry_ms, rid)
                                for st, t, c, rid in updates])
+        if sent_updates:
+            self.conn.executemany("UPDATE outbox SET state=?, state_ms=?, code=?, inquiries=0, last_inquiry_ms=?,"
+                                  " due_ms=?, attempts=?, sent_ms=? WHERE id=?", sent_updates)
         self.conn.executemany("DELETE FROM outbox WHERE id=?", deletes)
         return answers
 
@@ -1139,14 +1194,18 @@ class NodeCore:
 
     def held(self) -> bool:
         """Whether anything is held in memory (write_held would write)."""
-        return bool(self._held_fwd or self._held_in)
+        return bool(self._held_sent or self._held_fwd or self._held_in)
 
     def state_counts(self) -> dict[str, int]:
         """Pending-send rows per state name (an unknown state by its
-        number), held SS_ACK_FWD states counted where they are."""
+        number), held SS_SENT and SS_ACK_FWD states counted where they are."""
         states: dict[str, int] = {}
         for s, n in self.conn.execute("SELECT state, count(*) FROM outbox GROUP BY state"):
             states[_SEND_STATES[s].name if s in _SEND_STATES else str(s)] = n
+        if self._held_sent:  # SS_INIT on disk, SS_SENT in memory
+            moved = min(len(self._held_sent), states.get("SS_INIT", 0))
+            states["SS_INIT"] = states.get("SS_INIT", 0) - moved
+            states["SS_SENT"] = states.get("SS_SENT", 0) + moved
         if self._held_fwd:  # SS_SENT on disk, SS_ACK_FWD in memory
             moved = min(len(self._held_fwd), states.get("SS_SENT", 0))
             states["SS_SENT"] = states.get("SS_SENT", 0) - moved

@@ -198,6 +198,7 @@ def sweep(node: NodeClient | NodeCore, max_attempts: int) -> int:
     ts = now_ms()
     code = int(ResultCode.TOO_MANY_ATTEMPTS)
     with write_tx(core) as conn:
+        core.write_held()  # the daemon's claimed rows are in flight, not SS_INIT
         rows = conn.execute("SELECT id, target_id, attempts FROM outbox WHERE state=0 AND attempts >= ?",
                             (max_attempts,)).fetchall()
         conn.executemany(f"UPDATE outbox SET state={_FAILED}, code=?, state_ms=? WHERE id=? AND state=0",
@@ -217,6 +218,7 @@ def fail_target(node: NodeClient | NodeCore, target: str, code: int = int(Result
     core = core_of(node)
     ts = now_ms()
     with write_tx(core) as conn:
+        core.write_held()  # the daemon's claimed rows are in flight, not SS_INIT
         rows = conn.execute("SELECT id, attempts FROM outbox WHERE state=0 AND target_id=?", (target,)).fetchall()
         conn.executemany(f"UPDATE outbox SET state={_FAILED}, code=?, state_ms=? WHERE id=? AND state=0",
                          [(code, ts, r[0]) for r in rows])
