@@ -392,3 +392,60 @@ def test_a_held_send_lost_in_a_crash_sends_the_row_again(tmp_path: Path, node_cl
         assert _sent_cols(store) == [] and len(out.data) == 1
     finally:
         a.close()
+
+
+def test_claims_read_past_held_rows_and_miss_no_row_put_back(tmp_path: Path, node_clock: NodeClock) -> None:
+    """The claims read the send order after the held rows (``_claim_after``),
+    yet a row that becomes SS_INIT below that point is claimed: put back by a
+    resend at once, by another process (a requeue) after the next inquiry
+    round, and a row left out for want of a certificate stops the point."""
+    from semq.node.core import Output
+    from semq.node.engine import OriginEvent
+
+    a, store = _claimed(tmp_path, 4)
+    try:
+        assert a._claim_after == {0: 4}
+        a.accept([NewDocument(target=B, app_data=b"doc 4")])  # id 5
+        assert len(a.claim(10).data) == 1 and a._claim_after == {0: 5}
+        # Another process puts row 2 back (held here: SS_INIT on disk already,
+        # so take one written and failed instead).
+        _write(a)
+        c = sqlite3.connect(store)
+        c.execute("UPDATE outbox SET state=5 WHERE id=2")
+        c.commit()
+        a.accept([NewDocument(target=B, app_data=b"doc 5")])  # id 6
+        assert len(a.claim(10).data) == 1 and a._claim_after == {0: 6}
+        c.execute("UPDATE outbox SET state=0 WHERE id=2")  # requeued by another process
+        c.commit()
+        c.close()
+        a.accept([NewDocument(target=B, app_data=b"doc 6")])  # id 7
+        assert len(a.claim(10).data) == 1 and 2 not in a._held_sent  # not seen yet ...
+        a.inquiries()
+        assert len(a.claim(10).data) == 1 and 2 in a._held_sent  # ... after the next round
+        # A resend puts a held row back: the next claim takes it at once.
+        with a._tx():
+            a._origin_apply([(7, OriginEvent.PLATFORM_LACKS)], node_clock.t, Output(), [], {})
+        assert a._claim_after == {} and len(a.claim(10).data) == 1 and a._held_sent[7][1] == 2
+    finally:
+        a.close()
+
+
+def test_a_row_left_out_of_a_claim_is_claimed_later(tmp_path: Path, node_clock: NodeClock,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """With security, a row whose target certificate is unknown stays SS_INIT
+    (NodeCore._protect leaves it out): the point the claims read from stops
+    before it, so it goes once the certificate is there."""
+    store = tmp_path / "node.sqlite"
+    a = NodeCore(store, A, create=True, platform=P)
+    try:
+        a.accept([NewDocument(target=B, app_data=b"doc %d" % i) for i in range(4)])
+        real = NodeCore._protect
+        monkeypatch.setattr(NodeCore, "_protect", lambda self, rows, out: [r for r in rows if r[0] != 2])
+        assert len(a.claim(10).data) == 3 and set(a._held_sent) == {1, 3, 4}
+        assert a._claim_after == {0: 1}
+        a.accept([NewDocument(target=B, app_data=b"doc 4")])  # id 5
+        assert len(a.claim(10).data) == 1 and a._claim_after == {0: 1}
+        monkeypatch.setattr(NodeCore, "_protect", real)
+        assert len(a.claim(10).data) == 1 and 2 in a._held_sent and a._claim_after == {0: 5}
+    finally:
+        a.close()

@@ -73,6 +73,7 @@ def write_tx(core: NodeCore) -> Iterator[sqlite3.Connection]:
     core.log = held if real is not None else None
     try:
         with core.db.atomic("IMMEDIATE"):
+            core.reread_send_order()  # a requeued dead letter is SS_INIT again
             yield core.conn
     except (sqlite3.Error, DatabaseError) as e:
         raise translate(e, core.path, "node store") from e
