@@ -9,7 +9,7 @@ import sqlite3
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from semq._db import rows_by_id
+from semq._db import delete_by_id, rows_by_id
 
 
 def _table() -> sqlite3.Connection:
@@ -42,3 +42,26 @@ def test_dense_ids_read_one_range_sparse_ids_in_lists() -> None:
     assert len(seen) == 2 and all(" IN (" in s for s in seen)  # 500 + 100
     seen.clear()
     assert rows_by_id(c, "SELECT id FROM t", []) == [] and seen == []
+
+
+@settings(max_examples=200, deadline=None)
+@given(ids=st.lists(st.integers(min_value=-5, max_value=3100), max_size=1200) | st.builds(
+    lambda lo, n: list(range(lo, lo + n)), st.integers(min_value=-5, max_value=3000), st.integers(0, 400)))
+def test_delete_by_id_deletes_exactly_the_ids(ids: list[int]) -> None:
+    """One range DELETE when the ids are exactly lo..hi, a statement per id
+    otherwise: the same rows go either way, and no other row."""
+    c = _table()
+    before = {r[0] for r in c.execute("SELECT id FROM t")}
+    delete_by_id(c, "t", ids)
+    assert {r[0] for r in c.execute("SELECT id FROM t")} == before - set(ids)
+
+
+def test_delete_by_id_uses_one_range_for_a_dense_run() -> None:
+    c = _table()
+    seen: list[str] = []
+    c.set_trace_callback(seen.append)
+    delete_by_id(c, "t", list(range(10, 20)))
+    assert seen == ["DELETE FROM t WHERE id BETWEEN 10 AND 19"]
+    seen.clear()
+    delete_by_id(c, "t", [30, 32])  # a gap: not a range, rows between must stay
+    assert len(seen) == 2 and c.execute("SELECT count(*) FROM t WHERE id=31").fetchone()[0] == 1

@@ -20,7 +20,7 @@ from typing import Any, Final
 
 from peewee import SqliteDatabase
 
-from semq._db import STORE_ERRORS, StoreError, next_row_id, rows_by_id, translate
+from semq._db import STORE_ERRORS, StoreError, delete_by_id, next_row_id, rows_by_id, translate
 from semq.crypto import (
     CryptoError,
     ack_entry_lk0,
@@ -902,7 +902,8 @@ class NodeCore:
         # (id, target_id, state, save_fwd, ack2, attempts): all a step needs.
         rows: dict[int, Any] = {r[0]: r for r in rows_by_id(
             self.conn, "SELECT id, target_id, state, save_fwd, ack2, attempts FROM outbox", ids)}
-        updates, deletes = [], []
+        updates: list[tuple[int, int, int, int]] = []
+        deletes: list[int] = []
         sent_updates = []  # rows whose held SS_SENT is written with their new state
         # Only the document's own target may confirm, refuse or ask about it:
         # an ACK2 from a third organization is ignored (answered NO_RECORD).
@@ -960,7 +961,7 @@ class NodeCore:
             if state_no == _SS_SENT:
                 out.settled += 1  # no longer in flight: window credit
             if o.clean:
-                deletes.append((rid,))
+                deletes.append(rid)
                 if sent_at is not None:
                     del held_sent[rid]
                 events.append({"ts": ts, "role": "origin", "event": "cleaned", "lk0": lk0, "source": me,
@@ -997,7 +998,7 @@ class NodeCore:
         if sent_updates:
             self.conn.executemany("UPDATE outbox SET state=?, state_ms=?, code=?, inquiries=0, last_inquiry_ms=?,"
                                   " due_ms=?, attempts=?, sent_ms=? WHERE id=?", sent_updates)
-        self.conn.executemany("DELETE FROM outbox WHERE id=?", deletes)
+        delete_by_id(self.conn, "outbox", deletes)
         return answers
 
     def _inbound_ack(self, col: str, ids: Sequence[int], ts: int, events: list[dict[str, Any]]) -> None:

@@ -17,7 +17,7 @@ from typing import Any, Final, NamedTuple
 
 from peewee import SqliteDatabase
 
-from semq._db import STORE_ERRORS, next_row_id, rows_by_id, translate
+from semq._db import STORE_ERRORS, delete_by_id, next_row_id, rows_by_id, translate
 from semq.events import EventLog, now_ms
 from semq.umxt_protocol import (
     HEADER_SIZE,
@@ -490,7 +490,7 @@ class PlatformCore:
         found: dict[int, tuple[Any, ...]] = {row[0]: row for row in rows_by_id(
             self.conn, "SELECT id, state, origin_id, semq_id, semq_db_id, record_id FROM stored", ids,
             where="+kind=1 AND +target_type=? AND +target_id=?", params=(int(sender.node_type), sender.node_id))}
-        deletes: list[tuple[int]] = []
+        deletes: list[int] = []
         updates: list[tuple[int, int]] = []
         for rid in ids:
             row = found.pop(rid, None)  # an id twice in one batch: applied once
@@ -503,14 +503,14 @@ class PlatformCore:
             lk0 = f"{row[2]}/{row[3]}/{row[4]}/{row[5]}"
             base = {"ts": ts, "lk0": lk0, "source": row[2], "target": sender.node_id, "lk1": f"1/1/{rid}"}
             if nxt is StoredState.SS_ACK:
-                deletes.append((rid,))
+                deletes.append(rid)
                 events.append({**base, "event": "acked"})
                 events.append({**base, "event": "cleaned"})
                 settled += state is StoredState.SS_SENT
             else:
                 updates.append((int(nxt), rid))
                 settled += state is StoredState.SS_SENT and nxt is StoredState.SS_INIT
-        self.conn.executemany("DELETE FROM stored WHERE id=?", deletes)
+        delete_by_id(self.conn, "stored", deletes)
         self.conn.executemany("UPDATE stored SET state=? WHERE id=?", updates)
         return settled
 
