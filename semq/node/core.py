@@ -367,12 +367,13 @@ class NodeCore:
               early: Callable[[list[bytes]], None] | None = None) -> Output:
         """SPEC A.2: take up to ``limit`` SS_INIT rows (priority first, then
         acceptance order), mark them SS_SENT (held in memory first, see
-        write_held), commit, and return their DATA frames. Expired rows fail with EXPIRED instead; best-effort rows
-        are deleted as they go (never retried). With security, the batch is
-        signed under one signature (each document still verifies alone) and
-        sealed to the target's certificates; rows whose target certificate is
-        not known yet stay SS_INIT and their target is in ``out.missing``
-        (``skip_targets``: targets already asked for).
+        write_held), commit, and return their DATA frames. Expired rows fail
+        with EXPIRED instead; best-effort rows are deleted as they go (never
+        retried). With security, the batch is signed under one signature
+        (each document still verifies alone) and sealed to the target's
+        certificates; rows whose target certificate is not known yet stay
+        SS_INIT and their target is in ``out.missing`` (``skip_targets``:
+        targets already asked for).
 
         ``early``, when given, gets the DATA frames just before the commit
         instead of ``out.data`` (``out.early`` counts them), so they travel
