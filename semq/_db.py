@@ -12,14 +12,14 @@ import os
 import shutil
 import sqlite3
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Container, Sequence
 from pathlib import Path
 from typing import Any, Final
 
 from peewee import SQL, DatabaseError, Model, OperationalError, SqliteDatabase
 
-__all__ = ["SQLITE_MAGIC", "STORE_ERRORS", "StoreError", "backup_store", "create_tables", "delete_by_id",
-           "open_store", "rows_by_id", "translate"]
+__all__ = ["SQLITE_MAGIC", "STORE_ERRORS", "SendOrder", "StoreError", "backup_store", "create_tables",
+           "delete_by_id", "open_store", "rows_by_id", "translate"]
 
 SQLITE_MAGIC: Final = b"SQLite format 3\x00"
 SYNCHRONOUS_MODES: Final = ("OFF", "NORMAL", "FULL", "EXTRA")
@@ -111,6 +111,72 @@ def rows_by_id(conn: sqlite3.Connection, select: str, ids: Sequence[int], where:
         out += conn.execute(f"{select} WHERE {key} IN ({','.join('?' * len(chunk))}){extra}",
                             (*chunk, *params)).fetchall()
     return out
+
+
+class SendOrder:
+    """Claims in send order (priority first, then acceptance: an index on
+    ``(..., state, priority DESC, id)``) that skip the rows held sent in
+    memory, which are still SS_INIT on disk (the node's outbox, the
+    platform's stored copies: docs/architecture.md, "States held in memory
+    for up to a second"). Per scope (the node: its outbox; the platform: one
+    target) and priority, ``after`` is an id up to which every SS_INIT row
+    is held, so a claim reads the index from there instead of reading the
+    ~5,000 rows in flight at full load again. ``forget`` whenever a row may
+    have become SS_INIT below it."""
+
+    def __init__(self, table: str) -> None:
+        self.table = table
+        self.after: dict[tuple[object, int], int] = {}
+
+    def forget(self) -> None:
+        self.after.clear()
+
+    def ids(self, conn: sqlite3.Connection, where: str, params: Sequence[object], limit: int,
+            held: Collection[int], scope: object = None) -> tuple[list[int], list[tuple[int, list[int]]]]:
+        """The ids of the next ``limit`` rows (``where`` selects the SS_INIT
+        rows of the scope) that are not ``held``, in send order, and per
+        priority the ids read in order (for ``advance``)."""
+        ids: list[int] = []
+        levels: list[tuple[int, list[int]]] = []
+        below = 1 << 31  # the next priority is below this one
+        over = len(held)
+        while len(ids) < limit:
+            r = conn.execute(f"SELECT priority FROM {self.table} WHERE {where} AND priority < ?"
+                             " ORDER BY priority DESC LIMIT 1", (*params, below)).fetchone()
+            if r is None:
+                break
+            below = r[0]
+            need = limit - len(ids)
+            read = [i for (i,) in conn.execute(
+                f"SELECT id FROM {self.table} WHERE {where} AND priority=? AND id>? ORDER BY id LIMIT ?",
+                (*params, below, self.after.get((scope, below), 0), need + over))]
+            levels.append((below, read))
+            ids += [i for i in read if i not in held][:need]
+        return ids, levels
+
+    @staticmethod
+    def levels(rows: Sequence[Sequence[Any]], prio_at: int) -> list[tuple[int, list[int]]]:
+        """``levels`` of rows read in send order (id first) by a plain query."""
+        out: list[tuple[int, list[int]]] = []
+        for r in rows:
+            if not out or out[-1][0] != r[prio_at]:
+                out.append((r[prio_at], []))
+            out[-1][1].append(r[0])
+        return out
+
+    def advance(self, levels: list[tuple[int, list[int]]], held: Container[int], done: Container[int],
+                scope: object = None) -> None:
+        """After a claim: per priority, the last id read up to which every row
+        is held now or ``done`` (gone from SS_INIT: expired, deleted); a row
+        left out (its target's certificate not known yet) stops it."""
+        for prio, read in levels:
+            last = 0
+            for i in read:
+                if i not in held and i not in done:
+                    break
+                last = i
+            if last:
+                self.after[(scope, prio)] = last
 
 
 def delete_by_id(conn: sqlite3.Connection, table: str, ids: Sequence[int]) -> None:

@@ -395,7 +395,7 @@ def test_a_held_send_lost_in_a_crash_sends_the_row_again(tmp_path: Path, node_cl
 
 
 def test_claims_read_past_held_rows_and_miss_no_row_put_back(tmp_path: Path, node_clock: NodeClock) -> None:
-    """The claims read the send order after the held rows (``_claim_after``),
+    """The claims read the send order after the held rows (``SendOrder``),
     yet a row that becomes SS_INIT below that point is claimed: put back by a
     resend at once, by another process (a requeue) after the next inquiry
     round, and a row left out for want of a certificate stops the point."""
@@ -404,9 +404,9 @@ def test_claims_read_past_held_rows_and_miss_no_row_put_back(tmp_path: Path, nod
 
     a, store = _claimed(tmp_path, 4)
     try:
-        assert a._claim_after == {0: 4}
+        assert a._order.after == {(None, 0): 4}
         a.accept([NewDocument(target=B, app_data=b"doc 4")])  # id 5
-        assert len(a.claim(10).data) == 1 and a._claim_after == {0: 5}
+        assert len(a.claim(10).data) == 1 and a._order.after == {(None, 0): 5}
         # Another process puts row 2 back (held here: SS_INIT on disk already,
         # so take one written and failed instead).
         _write(a)
@@ -414,7 +414,7 @@ def test_claims_read_past_held_rows_and_miss_no_row_put_back(tmp_path: Path, nod
         c.execute("UPDATE outbox SET state=5 WHERE id=2")
         c.commit()
         a.accept([NewDocument(target=B, app_data=b"doc 5")])  # id 6
-        assert len(a.claim(10).data) == 1 and a._claim_after == {0: 6}
+        assert len(a.claim(10).data) == 1 and a._order.after == {(None, 0): 6}
         c.execute("UPDATE outbox SET state=0 WHERE id=2")  # requeued by another process
         c.commit()
         c.close()
@@ -425,7 +425,7 @@ def test_claims_read_past_held_rows_and_miss_no_row_put_back(tmp_path: Path, nod
         # A resend puts a held row back: the next claim takes it at once.
         with a._tx():
             a._origin_apply([(7, OriginEvent.PLATFORM_LACKS)], node_clock.t, Output(), [], {})
-        assert a._claim_after == {} and len(a.claim(10).data) == 1 and a._held_sent[7][1] == 2
+        assert a._order.after == {} and len(a.claim(10).data) == 1 and a._held_sent[7][1] == 2
     finally:
         a.close()
 
@@ -442,10 +442,10 @@ def test_a_row_left_out_of_a_claim_is_claimed_later(tmp_path: Path, node_clock: 
         real = NodeCore._protect
         monkeypatch.setattr(NodeCore, "_protect", lambda self, rows, out: [r for r in rows if r[0] != 2])
         assert len(a.claim(10).data) == 3 and set(a._held_sent) == {1, 3, 4}
-        assert a._claim_after == {0: 1}
+        assert a._order.after == {(None, 0): 1}
         a.accept([NewDocument(target=B, app_data=b"doc 4")])  # id 5
-        assert len(a.claim(10).data) == 1 and a._claim_after == {0: 1}
+        assert len(a.claim(10).data) == 1 and a._order.after == {(None, 0): 1}
         monkeypatch.setattr(NodeCore, "_protect", real)
-        assert len(a.claim(10).data) == 1 and 2 in a._held_sent and a._claim_after == {0: 5}
+        assert len(a.claim(10).data) == 1 and 2 in a._held_sent and a._order.after == {(None, 0): 5}
     finally:
         a.close()

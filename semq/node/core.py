@@ -20,7 +20,15 @@ from typing import Any, Final
 
 from peewee import SqliteDatabase
 
-from semq._db import STORE_ERRORS, StoreError, delete_by_id, next_row_id, rows_by_id, translate
+from semq._db import (
+    STORE_ERRORS,
+    SendOrder,
+    StoreError,
+    delete_by_id,
+    next_row_id,
+    rows_by_id,
+    translate,
+)
 from semq.crypto import (
     CryptoError,
     ack_entry_lk0,
@@ -217,11 +225,10 @@ class NodeCore:
         # Claimed rows whose SS_SENT is not written yet (SS_INIT on disk):
         # id -> (time of the claim, attempts with this one), oldest first.
         self._held_sent: dict[int, tuple[int, int]] = {}
-        # Per priority, an id up to which every SS_INIT row on disk is held
-        # (claims read the index after it); cleared whenever a row may have
-        # become SS_INIT below it (a resend, the operator, another process:
-        # every inquiry round, so within a second).
-        self._claim_after: dict[int, int] = {}
+        # Where the claims read the send order from: after the held rows.
+        # Forgotten whenever a row may have become SS_INIT below that point (a
+        # resend, the operator, another process: every inquiry round).
+        self._order = SendOrder("outbox")
         # Rows whose ACK_FWD came and whose SS_ACK_FWD is not written yet:
         # id -> (time of the ACK_FWD, code), oldest first (_origin_apply).
         self._held_fwd: dict[int, tuple[int, int]] = {}
@@ -295,7 +302,7 @@ class NodeCore:
             # them all, as a crash would. The store is the truth, and what it
             # lacks the inquiries recover (docs/architecture.md).
             self._held_sent.clear()
-            self._claim_after.clear()
+            self._order.forget()
             self._held_fwd.clear()
             self._held_in.clear()
             self._held_in_keys.clear()
@@ -393,22 +400,18 @@ class NodeCore:
             skip = sorted(skip_targets)
             where = f"state=0 AND target_id NOT IN ({','.join('?' * len(skip))})" if skip else "state=0"
             if held:
-                ids, levels = self._unheld_ids(where, skip, limit)
+                ids, levels = self._order.ids(self.conn, where, skip, limit, held)
                 found = {r[0]: r for r in rows_by_id(
                     self.conn, f"SELECT {_OUT_COLS}, encrypt, session_key, app_data FROM outbox", ids)}
                 rows = [found[i] for i in ids]
             else:
-                self._claim_after.clear()
+                self._order.forget()
                 rows = self.conn.execute(
                     f"SELECT {_OUT_COLS}, encrypt, session_key, app_data FROM outbox WHERE {where}"
                     " ORDER BY priority DESC, id LIMIT ?",
                     (*skip, limit),
                 ).fetchall()
-                levels = []
-                for r in rows:
-                    if not levels or levels[-1][0] != r[7]:
-                        levels.append((r[7], []))
-                    levels[-1][1].append(r[0])
+                levels = SendOrder.levels(rows, 7)
             if not rows:
                 return out
             rows = self._protect(rows, out)
@@ -462,8 +465,8 @@ class NodeCore:
                 " WHERE id=?",
                 expired,
             )
-            if not skip:
-                self._advance_claim_after(levels, {*gone, *(e[0] for e in expired)})
+            if not skip:  # (rows of skipped targets were not read: they would be jumped)
+                self._order.advance(levels, held, {*gone, *(e[0] for e in expired)})
             if early is not None and out.data:
                 out.early = len(out.data)
                 early(out.data)
@@ -474,47 +477,8 @@ class NodeCore:
     def reread_send_order(self) -> None:
         """Rows may have become SS_INIT other than by being accepted (a
         resend, a requeued dead letter): the next claim reads the whole
-        send order again instead of from ``_claim_after``."""
-        self._claim_after.clear()
-
-    def _unheld_ids(self, where: str, skip: Sequence[str], limit: int) -> tuple[list[int], list[tuple[int, list[int]]]]:
-        """The ids of the next ``limit`` rows to send, in send order, without
-        the rows whose SS_SENT is held (SS_INIT on disk), read from the index
-        one priority at a time from ``_claim_after`` on (below it every
-        SS_INIT row of that priority is held; without it the ~5,000 rows in
-        flight at full load were read again by every claim). Returns the ids
-        and, per priority, the ids read in order."""
-        held, after = self._held_sent, self._claim_after
-        ids: list[int] = []
-        levels: list[tuple[int, list[int]]] = []
-        below = 1 << 31  # the next priority is below this one
-        while len(ids) < limit:
-            r = self.conn.execute(f"SELECT priority FROM outbox WHERE {where} AND priority < ?"
-                                  " ORDER BY priority DESC LIMIT 1", (*skip, below)).fetchone()
-            if r is None:
-                break
-            below = r[0]
-            need = limit - len(ids)
-            read = [i for (i,) in self.conn.execute(
-                f"SELECT id FROM outbox WHERE {where} AND priority=? AND id>? ORDER BY id LIMIT ?",
-                (*skip, below, after.get(below, 0), need + len(held)))]
-            levels.append((below, read))
-            ids += [i for i in read if i not in held][:need]
-        return ids, levels
-
-    def _advance_claim_after(self, levels: list[tuple[int, list[int]]], done: set[int]) -> None:
-        """After a claim: per priority, the last id read up to which every row
-        is held now (or left SS_INIT for good: expired, best effort); a row
-        left out (no certificate yet) stops it."""
-        held, after = self._held_sent, self._claim_after
-        for prio, read in levels:
-            last = 0
-            for i in read:
-                if i not in held and i not in done:
-                    break
-                last = i
-            if last:
-                after[prio] = last
+        send order again, not only after the held rows."""
+        self._order.forget()
 
     def _protect(self, rows: list[Any], out: Output) -> list[Any]:
         """Sign and seal a claimed batch (security on). Rows come back with
