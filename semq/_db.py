@@ -18,8 +18,8 @@ from typing import Any, Final
 
 from peewee import SQL, DatabaseError, Model, OperationalError, SqliteDatabase
 
-__all__ = ["SQLITE_MAGIC", "STORE_ERRORS", "SendOrder", "StoreError", "backup_store", "create_tables",
-           "delete_by_id", "open_store", "rows_by_id", "translate"]
+__all__ = ["HOLD_MS", "SQLITE_MAGIC", "STORE_ERRORS", "SendOrder", "StoreError", "backup_store", "create_tables",
+           "delete_by_id", "open_store", "rows_by_id", "take_held", "translate"]
 
 SQLITE_MAGIC: Final = b"SQLite format 3\x00"
 SYNCHRONOUS_MODES: Final = ("OFF", "NORMAL", "FULL", "EXTRA")
@@ -111,6 +111,32 @@ def rows_by_id(conn: sqlite3.Connection, select: str, ids: Sequence[int], where:
         out += conn.execute(f"{select} WHERE {key} IN ({','.join('?' * len(chunk))}){extra}",
                             (*chunk, *params)).fetchall()
     return out
+
+
+# How long a write that promises nothing waits in memory for the frame that
+# usually makes it moot within a fraction of a second (docs/architecture.md,
+# "States held in memory for up to a second"): the node's SS_SENT and
+# SS_ACK_FWD and its new pending-ack rows, the platform's SS_SENT.
+HOLD_MS: Final = 1000
+
+
+def take_held(held: dict[int, tuple[Any, ...]], before_ms: int | None, at: int) -> list[tuple[int, Any]]:
+    """Remove and return the entries of ``held`` whose time (``value[at]``)
+    is at or before ``before_ms`` (all when None). The dict is in the order
+    the entries were held, oldest first, so the look stops at the first
+    younger one."""
+    if before_ms is None:
+        items = list(held.items())
+        held.clear()
+        return items
+    items = []
+    for k, v in held.items():
+        if v[at] > before_ms:
+            break
+        items.append((k, v))
+    for k, _ in items:
+        del held[k]
+    return items
 
 
 class SendOrder:

@@ -7,10 +7,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from semq.platform.core import PlatformCore
 from semq.umxt_protocol import (
     LK0,
     AckBatch,
+    AckEntry,
+    AckFlag,
     Data,
     Endpoint,
     Frame,
@@ -97,5 +101,138 @@ def test_a_batch_of_stored_documents_gets_one_lk1_each_in_two_statements(tmp_pat
         out = core.handle(a, _raw(_data(a, c, 2)), lambda ep: False)
         (copy,) = _saved(out.sends[a])
         assert copy[0] == 2 and copy[1] != lk1[2]
+    finally:
+        core.close()
+
+
+# ------------------------------------------- a delivered copy's SS_SENT held in memory
+
+
+def _clock(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    import semq.platform.core as core_mod
+
+    t = [1_000_000]
+    monkeypatch.setattr(core_mod, "now_ms", lambda: t[0])
+    return t
+
+
+def _acks(b: Endpoint, lk1_ids: list[int]) -> list[RawFrame]:
+    entries = tuple(AckEntry(1, 1, 500 + i, 1, 1, i, int(AckFlag.PLATFORM), 0) for i in lk1_ids)
+    return _raw(Frame(kind=Kind.ACK_BATCH, source=b, target=Endpoint.platform(),
+                      body=AckBatch(ack_kind=Kind.ACK, entries=entries)))
+
+
+def _stored(core: PlatformCore) -> list[tuple[int, int, int, int | None]]:
+    return core.conn.execute("SELECT id, state, attempts, last_sent_ms FROM stored ORDER BY id").fetchall()
+
+
+def test_a_delivered_copy_acked_soon_is_never_written_sent(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The target's ACK deletes a delivered copy within a fraction of a
+    second: its SS_SENT waits in memory and is not written. The next claim
+    skips the copies in flight; one still unacked after HOLD_MS is written
+    as the claim wrote it before (SS_SENT, attempt, time); the metrics and
+    the window credit count held copies as delivered."""
+    from semq.ops.metrics import platform_snapshot
+
+    t = _clock(monkeypatch)
+    core = PlatformCore(tmp_path / "p.sqlite", create=True, synchronous="OFF")
+    try:
+        core.register([A, B])
+        a, b = Endpoint.org(A), Endpoint.org(B)
+        core.handle(a, _raw(*(_data(a, b, i) for i in range(1, 5))), lambda ep: False)  # stored: ids 1-4
+        assert core.claim_stored(b, 3)[1] == 3 and core.held_count() == 3
+        assert [r[1:3] for r in _stored(core)] == [(0, 0)] * 4  # SS_INIT on disk
+        msgs = platform_snapshot(core, 3600)["messages"]
+        assert (msgs[("stored", "SS_INIT")], msgs[("stored", "SS_SENT")]) == (1, 3)
+        assert core.claim_stored(b, 10)[1] == 1  # only id 4: the held ones are skipped
+        assert core.claim_stored(b, 10)[1] == 0
+        t[0] += 200
+        out = core.handle(b, _acks(b, [1, 2]), lambda ep: True)
+        assert out.credit[b] == 2  # window credit as for SS_SENT
+        assert [r[0] for r in _stored(core)] == [3, 4] and core.held_count() == 2
+        t[0] += 1000
+        core.handle(b, [], lambda ep: True)
+        assert _stored(core) == [(3, 1, 1, 1_000_000), (4, 1, 1, 1_000_000)] and not core.held()
+        out = core.handle(b, _acks(b, [3, 4]), lambda ep: True)
+        assert out.credit[b] == 2 and _stored(core) == []
+    finally:
+        core.close()
+
+
+def test_held_copies_go_again_after_a_reconnect_or_a_failed_commit(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A reconnect writes the held deliveries (their attempts count) and puts
+    them back to SS_INIT; a transaction that does not commit drops what is
+    held, as a crash would: the copies are SS_INIT on disk and go again."""
+    import sqlite3
+
+    _clock(monkeypatch)
+    core = PlatformCore(tmp_path / "p.sqlite", create=True, synchronous="OFF")
+    try:
+        core.register([A, B, C])
+        a, b, c = Endpoint.org(A), Endpoint.org(B), Endpoint.org(C)
+        core.handle(a, _raw(_data(a, b, 1), _data(a, b, 2), _data(a, c, 3)), lambda ep: False)
+        assert core.claim_stored(b, 10)[1] == 2 and core.claim_stored(c, 10)[1] == 1
+        assert core.connected(b)  # B's copies go again; C's stays delivered (written)
+        assert [r[:3] for r in _stored(core)] == [(1, 0, 1), (2, 0, 1), (3, 1, 1)] and not core.held()
+        assert core.claim_stored(b, 10)[1] == 2 and core.claim_stored(c, 10)[1] == 0
+        assert core._held_sent[1][1] == 2  # the second attempt
+
+        def fail(*_a: object) -> None:
+            raise sqlite3.OperationalError("disk I/O error")
+
+        monkeypatch.setattr(core, "_flush_seen", fail)
+        with pytest.raises(sqlite3.OperationalError):
+            core.handle(a, _raw(_data(a, b, 9)), lambda ep: False)
+        monkeypatch.delattr(core, "_flush_seen")
+        assert not core.held()
+        assert core.claim_stored(b, 10)[1] == 2 and core.claim_stored(c, 10)[1] == 0
+    finally:
+        core.close()
+    # close() wrote what was held.
+    core = PlatformCore(tmp_path / "p.sqlite")
+    try:
+        assert [r[:3] for r in _stored(core)] == [(1, 1, 2), (2, 1, 2), (3, 1, 1)]
+    finally:
+        core.close()
+
+
+def test_a_copy_the_target_lacks_is_delivered_again_past_the_held_ones(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Claims read each target's send order after its held copies; a copy
+    that becomes SS_INIT below that point (the target's inquiry answer says
+    it lacks it, or an OVER_WINDOW refusal) is read again at once."""
+    from semq.platform.engine import StoredEvent
+
+    t = _clock(monkeypatch)
+    core = PlatformCore(tmp_path / "p.sqlite", create=True, synchronous="OFF")
+    try:
+        core.register([A, B, C])
+        a, b, c = Endpoint.org(A), Endpoint.org(B), Endpoint.org(C)
+        core.handle(a, _raw(*(_data(a, b, i) for i in range(1, 4)), _data(a, c, 4)), lambda ep: False)
+        assert core.claim_stored(b, 10)[1] == 3 and core._order.after == {(b, 0): 3}
+        assert core.claim_stored(c, 10)[1] == 1 and core._order.after == {(b, 0): 3, (c, 0): 4}
+        with core._tx():
+            assert core._settle([2], StoredEvent.TARGET_LACKS, b, t[0], []) == 1
+        assert core._order.after == {} and 2 not in core._held_sent
+        assert core.claim_stored(b, 10)[1] == 1 and core._held_sent[2][1] == 2
+    finally:
+        core.close()
+
+
+def test_an_inquiry_round_writes_held_copies_and_asks_about_them(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An inquiry round writes what is held longer than half the interval, so
+    a delivered copy still unacked is asked about, not missed."""
+    t = _clock(monkeypatch)
+    core = PlatformCore(tmp_path / "p.sqlite", create=True, synchronous="OFF", inquiry_interval=0.2)
+    try:
+        core.register([A, B])
+        a, b = Endpoint.org(A), Endpoint.org(B)
+        core.handle(a, _raw(_data(a, b, 1)), lambda ep: False)
+        assert core.claim_stored(b, 10)[1] == 1 and core.held()
+        t[0] += 250
+        sends = core.inquiries(lambda ep: True)
+        assert not core.held() and _stored(core)[0][1] == 1 and len(sends[b]) == 1
     finally:
         core.close()

@@ -21,12 +21,14 @@ from typing import Any, Final
 from peewee import SqliteDatabase
 
 from semq._db import (
+    HOLD_MS,
     STORE_ERRORS,
     SendOrder,
     StoreError,
     delete_by_id,
     next_row_id,
     rows_by_id,
+    take_held,
     translate,
 )
 from semq.crypto import (
@@ -159,8 +161,7 @@ _SS_ACK_FWD: Final = int(SendState.SS_ACK_FWD)
 # moot within a fraction of a second: a claimed row's SS_SENT (NodeCore.claim
 # says why) and its SS_ACK_FWD (for its ACK2; NodeCore._origin_apply), and a
 # new pending-ack row (for REACK2 and REACK; NodeCore._receive). Then
-# NodeCore.write_held writes them.
-HOLD_MS: Final = 1000
+# NodeCore.write_held writes them. (HOLD_MS: semq._db, shared with the platform.)
 _INBOUND_INSERT: Final = (
     "INSERT OR IGNORE INTO inbound (id, origin_type, origin_id, semq_id, semq_db_id, record_id,"
     " lk1_semq_id, lk1_semq_db_id, lk1_record_id, platform_type, platform_id, p_ack, s_ack,"
@@ -173,25 +174,6 @@ _DELIVERY: Final = int(AckFlag.DELIVERY)
 _DECISIONS: dict[tuple[bool, bool, bool, bool], Any] = {}
 # receiver_may_clean over the stored (p_ack, s_ack) integers.
 _MAY_CLEAN: Final = {(int(p), int(q)): receiver_may_clean(p, q) for p in AckStatus for q in AckStatus}
-
-
-def _take_held(held: dict[int, tuple[Any, ...]], before_ms: int | None, at: int) -> list[tuple[int, Any]]:
-    """Remove and return the entries of ``held`` whose time (``value[at]``)
-    is at or before ``before_ms`` (all when None). The dict is in the order
-    the entries were held, oldest first, so the look stops at the first
-    younger one."""
-    if before_ms is None:
-        items = list(held.items())
-        held.clear()
-        return items
-    items = []
-    for k, v in held.items():
-        if v[at] > before_ms:
-            break
-        items.append((k, v))
-    for k, _ in items:
-        del held[k]
-    return items
 
 
 class NodeCore:
@@ -262,7 +244,7 @@ class NodeCore:
         pending-ack rows with the confirmations they have got so far."""
         if before_ms is None:
             self.reread_send_order()  # the operator's commands, close, reconnect, dead letters
-        sent = _take_held(self._held_sent, before_ms, 0) if self._held_sent else []
+        sent = take_held(self._held_sent, before_ms, 0) if self._held_sent else []
         if sent:
             # As claim() wrote it before: the first inquiry one interval after
             # the send, doubled per earlier attempt.
@@ -272,14 +254,14 @@ class NodeCore:
                 " WHERE id=? AND state=0",
                 [(a, t, t, t, t + min(MAX_INQUIRY_BACKOFF_MS, inq * (1 << min(a - 1, 6))), rid)
                  for rid, (t, a) in sent])
-        items = _take_held(self._held_fwd, before_ms, 0) if self._held_fwd else []
+        items = take_held(self._held_fwd, before_ms, 0) if self._held_fwd else []
         if items:
             # The row is still SS_SENT on disk; any other state was written since.
             self.conn.executemany(
                 f"UPDATE outbox SET state={_SS_ACK_FWD}, state_ms=?, code=?, inquiries=0, last_inquiry_ms=?,"
                 " due_ms=?+min(?, ?*(1 << min(max(attempts-1, 0), 6))) WHERE id=? AND state=1",
                 [(t, c, t, t, MAX_INQUIRY_BACKOFF_MS, self.inquiry_ms, rid) for rid, (t, c) in items])
-        rows = [row for _, row in _take_held(self._held_in, before_ms, 13)] if self._held_in else []
+        rows = [row for _, row in take_held(self._held_in, before_ms, 13)] if self._held_in else []
         if rows:  # (a batch that finds nothing old enough costs no statement)
             keys = self._held_in_keys
             for row in rows:

@@ -319,6 +319,15 @@ def _node_event(core: Any, row: dict[str, Any], event: str, ts: int, detail: str
     }
 
 
+def _write_held_of(core: Any) -> None:
+    """On the store thread: the states a node or the platform holds in
+    memory for up to a second (docs/architecture.md) are written first, so
+    that what the operator reads is what the store knows."""
+    if core.held():
+        with core.db.atomic("IMMEDIATE"):
+            core.write_held()
+
+
 def node_handlers(
     daemon: Any,
     core: Any,
@@ -337,12 +346,7 @@ def node_handlers(
     handlers = _common("node", org, drain, reload)
 
     def _write_held() -> None:
-        """On the store thread: the states a node holds in memory for up to
-        a second (docs/architecture.md) are written first, so that what the
-        operator reads is what the node knows."""
-        if core.held():
-            with core.db.atomic("IMMEDIATE"):
-                core.write_held()
+        _write_held_of(core)
 
     def _snapshot() -> dict[str, Any]:
         _write_held()
@@ -607,6 +611,7 @@ def platform_handlers(
         return {ep.node_id for ep in list(daemon.sessions)}
 
     def _snapshot() -> dict[str, Any]:
+        _write_held_of(core)
         c = core.conn
         counts = core.counts()
         queues = [
@@ -666,6 +671,7 @@ def platform_handlers(
             params.append(str(args["origin"]))
 
         def q() -> list[dict[str, Any]]:
+            _write_held_of(core)
             return [_stored_row(r) for r in core.conn.execute(
                 f"SELECT {_STORED_COLS} FROM stored{_sql_where(clauses)} ORDER BY id LIMIT ?", (*params, limit))]
 
@@ -682,6 +688,7 @@ def platform_handlers(
             raise AdminCommandError("show needs an id (LK1 record id) or an lk0")
 
         def q() -> dict[str, Any]:
+            _write_held_of(core)
             c = core.conn
             if rid is not None:
                 rows = c.execute(f"SELECT {_STORED_COLS} FROM stored WHERE id=?", (rid,)).fetchall()
@@ -716,6 +723,7 @@ def platform_handlers(
         limit = _limit(args)
 
         def q() -> tuple[list[dict[str, Any]], int, int]:
+            _write_held_of(core)
             cutoff = now_ms() - int(older * 1000)
             c = core.conn
             rows = [_stored_row(r) for r in c.execute(
@@ -753,6 +761,7 @@ def platform_handlers(
         def work() -> dict[str, Any]:
             ts = now_ms()
             with core.db.atomic("IMMEDIATE"):
+                core.write_held()  # the states the operator selects by are on disk
                 rows = [_stored_row(r) for r in core.conn.execute(
                     f"SELECT {_STORED_COLS} FROM stored{_sql_where(clauses)} ORDER BY id LIMIT ?",
                     (*params, MAX_SELECT + 1))]

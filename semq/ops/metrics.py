@@ -365,6 +365,10 @@ def platform_snapshot(core: Any, stuck_after: float) -> dict[str, Any]:
                 msgs[("stored", str(s))] = n
         else:
             msgs[("relayed", "waiting")] += n
+    # Delivered copies whose SS_SENT is held in memory (docs/architecture.md).
+    moved = min(core.held_count(), msgs[("stored", "SS_INIT")])
+    msgs[("stored", "SS_INIT")] -= moved
+    msgs[("stored", "SS_SENT")] += moved
     oldest = c.execute("SELECT min(stored_ms) FROM stored WHERE kind=1").fetchone()[0]
     stuck = c.execute("SELECT count(*) FROM stored WHERE stored_ms < ?", (cutoff,)).fetchone()[0]
     nodes = {i: ls for i, ls, rv in c.execute("SELECT node_id, last_seen_ms, revoked FROM nodes") if not rv}
