@@ -12,14 +12,15 @@ import os
 import shutil
 import sqlite3
 import time
-from collections.abc import Callable, Collection, Container, Sequence
+from collections.abc import Callable, Collection, Container, Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Final
 
 from peewee import SQL, DatabaseError, Model, OperationalError, SqliteDatabase
 
 __all__ = ["HOLD_MS", "SQLITE_MAGIC", "STORE_ERRORS", "SendOrder", "StoreError", "backup_store", "create_tables",
-           "delete_by_id", "open_store", "rows_by_id", "take_held", "translate"]
+           "delete_by_id", "held_tx", "open_store", "rows_by_id", "take_held", "translate"]
 
 SQLITE_MAGIC: Final = b"SQLite format 3\x00"
 SYNCHRONOUS_MODES: Final = ("OFF", "NORMAL", "FULL", "EXTRA")
@@ -137,6 +138,22 @@ def take_held(held: dict[int, tuple[Any, ...]], before_ms: int | None, at: int) 
     for k, _ in items:
         del held[k]
     return items
+
+
+@contextmanager
+def held_tx(db: SqliteDatabase, drop: Callable[[], None]) -> Iterator[None]:
+    """One IMMEDIATE transaction (the write lock taken at BEGIN, so the busy
+    timeout applies: a deferred read-then-write transaction fails at once
+    with "database is locked" when another process wrote in between). If it
+    does not commit, ``drop()`` forgets the writes held in memory, as a
+    crash would: the store is the truth, and what it lacks the inquiries
+    recover (docs/architecture.md)."""
+    try:
+        with db.atomic("IMMEDIATE"):
+            yield
+    except BaseException:
+        drop()
+        raise
 
 
 class SendOrder:

@@ -12,8 +12,8 @@ from __future__ import annotations
 import sqlite3
 import struct
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Iterable, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
@@ -26,6 +26,7 @@ from semq._db import (
     SendOrder,
     StoreError,
     delete_by_id,
+    held_tx,
     next_row_id,
     rows_by_id,
     take_held,
@@ -270,25 +271,17 @@ class NodeCore:
 
     # ------------------------------------------------------------ helpers
 
-    @contextmanager
-    def _tx(self) -> Iterator[None]:
-        # IMMEDIATE: take the write lock at BEGIN, so the busy timeout applies
-        # (a deferred read-then-write transaction fails at once with "database
-        # is locked" when an application process wrote in between).
-        try:
-            with self.db.atomic("IMMEDIATE"):
-                yield
-        except BaseException:
-            # A transaction that did not commit may have changed the held
-            # writes (rows received in it, states written from memory): drop
-            # them all, as a crash would. The store is the truth, and what it
-            # lacks the inquiries recover (docs/architecture.md).
-            self._held_sent.clear()
-            self._order.forget()
-            self._held_fwd.clear()
-            self._held_in.clear()
-            self._held_in_keys.clear()
-            raise
+    def _tx(self) -> AbstractContextManager[None]:
+        return held_tx(self.db, self._drop_held)
+
+    def _drop_held(self) -> None:
+        # A transaction that did not commit may have changed the held writes
+        # (rows received in it, states written from memory): all dropped.
+        self._held_sent.clear()
+        self._order.forget()
+        self._held_fwd.clear()
+        self._held_in.clear()
+        self._held_in_keys.clear()
 
     def _emit(self, records: list[dict[str, Any]]) -> None:
         if self.log and records:

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import sqlite3
 from collections import defaultdict
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final, NamedTuple
@@ -23,6 +23,7 @@ from semq._db import (
     STORE_ERRORS,
     SendOrder,
     delete_by_id,
+    held_tx,
     next_row_id,
     rows_by_id,
     take_held,
@@ -169,17 +170,13 @@ class PlatformCore:
             self.log.close()
         self.db.close()
 
-    @contextmanager
-    def _tx(self) -> Iterator[None]:
-        """One IMMEDIATE transaction; one that does not commit drops what is
-        held in memory, as a crash would (the copies go again)."""
-        try:
-            with self.db.atomic("IMMEDIATE"):
-                yield
-        except BaseException:
-            self._held_sent.clear()
-            self._order.forget()
-            raise
+    def _tx(self) -> AbstractContextManager[None]:
+        return held_tx(self.db, self._drop_held)
+
+    def _drop_held(self) -> None:
+        # A transaction that did not commit: the copies held go again.
+        self._held_sent.clear()
+        self._order.forget()
 
     def held(self) -> bool:
         """Whether anything is held in memory (write_held would write)."""
