@@ -19,8 +19,21 @@ from typing import Any, Final
 
 from peewee import SQL, DatabaseError, Model, OperationalError, SqliteDatabase
 
-__all__ = ["HOLD_MS", "SQLITE_MAGIC", "STORE_ERRORS", "SendOrder", "StoreError", "backup_store", "create_tables",
-           "delete_by_id", "held_tx", "open_store", "rows_by_id", "take_held", "translate"]
+__all__ = [
+    "HOLD_MS",
+    "SQLITE_MAGIC",
+    "STORE_ERRORS",
+    "HeldWrites",
+    "SendOrder",
+    "StoreError",
+    "backup_store",
+    "create_tables",
+    "delete_by_id",
+    "open_store",
+    "rows_by_id",
+    "take_held",
+    "translate",
+]
 
 SQLITE_MAGIC: Final = b"SQLite format 3\x00"
 SYNCHRONOUS_MODES: Final = ("OFF", "NORMAL", "FULL", "EXTRA")
@@ -140,20 +153,45 @@ def take_held(held: dict[int, tuple[Any, ...]], before_ms: int | None, at: int) 
     return items
 
 
-@contextmanager
-def held_tx(db: SqliteDatabase, drop: Callable[[], None]) -> Iterator[None]:
-    """One IMMEDIATE transaction (the write lock taken at BEGIN, so the busy
-    timeout applies: a deferred read-then-write transaction fails at once
-    with "database is locked" when another process wrote in between). If it
-    does not commit, ``drop()`` forgets the writes held in memory, as a
-    crash would: the store is the truth, and what it lacks the inquiries
-    recover (docs/architecture.md)."""
-    try:
-        with db.atomic("IMMEDIATE"):
-            yield
-    except BaseException:
-        drop()
-        raise
+class HeldWrites:
+    """What a core that holds writes in memory (the node's, the platform's)
+    shares: its transactions, and writing everything held at once. The core
+    says what it holds (``held``), writes it (``write_held``) and forgets
+    it (``_drop_held``)."""
+
+    db: SqliteDatabase
+
+    def held(self) -> bool:
+        raise NotImplementedError
+
+    def write_held(self, before_ms: int | None = None) -> None:
+        raise NotImplementedError
+
+    def _drop_held(self) -> None:
+        raise NotImplementedError
+
+    @contextmanager
+    def _tx(self) -> Iterator[None]:
+        """One IMMEDIATE transaction (the write lock taken at BEGIN, so the
+        busy timeout applies: a deferred read-then-write transaction fails at
+        once with "database is locked" when another process wrote in
+        between). If it does not commit, what is held in memory is dropped,
+        as a crash would drop it: it may have changed in the transaction, the
+        store is the truth, and what it lacks the inquiries recover
+        (docs/architecture.md)."""
+        try:
+            with self.db.atomic("IMMEDIATE"):
+                yield
+        except BaseException:
+            self._drop_held()
+            raise
+
+    def write_held_now(self) -> None:
+        """Everything held, written in a transaction of its own (close, and
+        the operator's commands: what they read is what the store knows)."""
+        if self.held():
+            with self._tx():
+                self.write_held()
 
 
 class SendOrder:

@@ -13,7 +13,6 @@ import sqlite3
 import struct
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Sequence
-from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
@@ -23,10 +22,10 @@ from peewee import SqliteDatabase
 from semq._db import (
     HOLD_MS,
     STORE_ERRORS,
+    HeldWrites,
     SendOrder,
     StoreError,
     delete_by_id,
-    held_tx,
     next_row_id,
     rows_by_id,
     take_held,
@@ -158,11 +157,11 @@ _STEPS: dict[tuple[int, OriginEvent, int, int], Any] = {}
 _SS_INIT: Final = int(SendState.SS_INIT)
 _SS_SENT: Final = int(SendState.SS_SENT)
 _SS_ACK_FWD: Final = int(SendState.SS_ACK_FWD)
-# How long three writes wait in memory for the frame that usually makes them
-# moot within a fraction of a second: a claimed row's SS_SENT (NodeCore.claim
-# says why) and its SS_ACK_FWD (for its ACK2; NodeCore._origin_apply), and a
-# new pending-ack row (for REACK2 and REACK; NodeCore._receive). Then
-# NodeCore.write_held writes them. (HOLD_MS: semq._db, shared with the platform.)
+# Three writes wait in memory for up to HOLD_MS (semq._db) for the frame that
+# usually makes them moot within a fraction of a second: a claimed row's
+# SS_SENT (NodeCore.claim says why) and its SS_ACK_FWD (for its ACK2;
+# NodeCore._origin_apply), and a new pending-ack row (for REACK2 and REACK;
+# NodeCore._receive). Then NodeCore.write_held writes them.
 _INBOUND_INSERT: Final = (
     "INSERT OR IGNORE INTO inbound (id, origin_type, origin_id, semq_id, semq_db_id, record_id,"
     " lk1_semq_id, lk1_semq_db_id, lk1_record_id, platform_type, platform_id, p_ack, s_ack,"
@@ -177,7 +176,7 @@ _DECISIONS: dict[tuple[bool, bool, bool, bool], Any] = {}
 _MAY_CLEAN: Final = {(int(p), int(q)): receiver_may_clean(p, q) for p in AckStatus for q in AckStatus}
 
 
-class NodeCore:
+class NodeCore(HeldWrites):
     """One organization's store and SEMQ rules. Not thread-safe: one caller
     at a time (the daemon's store gate)."""
 
@@ -223,9 +222,7 @@ class NodeCore:
 
     def close(self) -> None:
         try:
-            if self.held():
-                with self._tx():
-                    self.write_held()
+            self.write_held_now()
         except STORE_ERRORS:
             # Lost as in a crash: the rows stay SS_INIT (sent again; the
             # receiver's duplicate suppression) or SS_SENT (the platform is
@@ -246,15 +243,11 @@ class NodeCore:
         if before_ms is None:
             self.reread_send_order()  # the operator's commands, close, reconnect, dead letters
         sent = take_held(self._held_sent, before_ms, 0) if self._held_sent else []
-        if sent:
-            # As claim() wrote it before: the first inquiry one interval after
-            # the send, doubled per earlier attempt.
-            inq = self.inquiry_ms
+        if sent:  # as claim() wrote it before the hold
             self.conn.executemany(
                 "UPDATE outbox SET state=1, attempts=?, sent_ms=?, state_ms=?, last_inquiry_ms=?, due_ms=?"
                 " WHERE id=? AND state=0",
-                [(a, t, t, t, t + min(MAX_INQUIRY_BACKOFF_MS, inq * (1 << min(a - 1, 6))), rid)
-                 for rid, (t, a) in sent])
+                [(a, t, t, t, self._first_inquiry(t, a), rid) for rid, (t, a) in sent])
         items = take_held(self._held_fwd, before_ms, 0) if self._held_fwd else []
         if items:
             # The row is still SS_SENT on disk; any other state was written since.
@@ -271,8 +264,11 @@ class NodeCore:
 
     # ------------------------------------------------------------ helpers
 
-    def _tx(self) -> AbstractContextManager[None]:
-        return held_tx(self.db, self._drop_held)
+    def _first_inquiry(self, ts: int, attempts: int) -> int:
+        """When a row in a new state (at ``ts``, after ``attempts`` sends)
+        asks first: one interval later, doubled per resend (SPEC A.3; the
+        SQL of _origin_apply computes the same from the row's attempts)."""
+        return ts + min(MAX_INQUIRY_BACKOFF_MS, self.inquiry_ms * (1 << min(max(attempts - 1, 0), 6)))
 
     def _drop_held(self) -> None:
         # A transaction that did not commit may have changed the held writes
@@ -371,7 +367,7 @@ class NodeCore:
         held = self._held_sent
         with self._tx():
             if held:
-                self.write_held(ts - HOLD_MS)
+                self.write_held(ts - HOLD_MS)  # (may empty it)
             skip = sorted(skip_targets)
             where = f"state=0 AND target_id NOT IN ({','.join('?' * len(skip))})" if skip else "state=0"
             if held:
@@ -426,7 +422,7 @@ class NodeCore:
                     gone.append(r[0])
             # (The digest a document was signed with goes to ``receipts`` below;
             # outbox.digest, schema v2, is no longer written: nothing reads it.)
-            self.conn.executemany("DELETE FROM outbox WHERE id=?", [(rid,) for rid in gone])
+            delete_by_id(self.conn, "outbox", gone)
             if self.sec is not None:
                 # The digest each document was signed with, kept apart from the
                 # pending-send row: a receipt may arrive after an inquiry answer
@@ -920,9 +916,8 @@ class NodeCore:
             elif sent_at is not None:
                 # Its held SS_SENT goes with the new state: one UPDATE.
                 del held_sent[rid]
-                sent_updates.append((int(new_state), ts, row_code, ts, ts + min(
-                    MAX_INQUIRY_BACKOFF_MS, self.inquiry_ms * (1 << min(max(attempts - 1, 0), 6))),
-                    attempts, sent_at[0], rid))
+                sent_updates.append((int(new_state), ts, row_code, ts, self._first_inquiry(ts, attempts),
+                                     attempts, sent_at[0], rid))
             else:
                 updates.append((int(new_state), ts, row_code, rid))
         # SPEC A.3: a new state sets the inquiry time to now and starts a new

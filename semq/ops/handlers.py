@@ -319,15 +319,6 @@ def _node_event(core: Any, row: dict[str, Any], event: str, ts: int, detail: str
     }
 
 
-def _write_held_of(core: Any) -> None:
-    """On the store thread: the states a node or the platform holds in
-    memory for up to a second (docs/architecture.md) are written first, so
-    that what the operator reads is what the store knows."""
-    if core.held():
-        with core.db.atomic("IMMEDIATE"):
-            core.write_held()
-
-
 def node_handlers(
     daemon: Any,
     core: Any,
@@ -345,11 +336,8 @@ def node_handlers(
     org = core.me.node_id
     handlers = _common("node", org, drain, reload)
 
-    def _write_held() -> None:
-        _write_held_of(core)
-
     def _snapshot() -> dict[str, Any]:
-        _write_held()
+        core.write_held_now()
         c = core.conn
         counts = core.counts()
         queues = [
@@ -379,7 +367,7 @@ def node_handlers(
         older = _seconds(args, "older_than")
         if table == "inbound":
             def q_in() -> list[dict[str, Any]]:
-                _write_held()
+                core.write_held_now()
                 clauses: list[str] = ["id > ?"]
                 params: list[Any] = [after]
                 if older is not None:
@@ -399,7 +387,7 @@ def node_handlers(
         target = args.get("target") or None
 
         def q() -> list[dict[str, Any]]:
-            _write_held()
+            core.write_held_now()
             clauses: list[str] = ["id > ?"]
             params: list[Any] = [after]
             _where(clauses, params, state_col="state", states=states, target=target, time_col="created_ms",
@@ -422,7 +410,7 @@ def node_handlers(
         table = str(args.get("table") or "outbox")
 
         def q() -> dict[str, Any] | None:
-            _write_held()
+            core.write_held_now()
             if table == "inbound":
                 r = core.conn.execute(f"SELECT {_INBOUND_COLS} FROM inbound WHERE id=?", (rid,)).fetchone()
                 return None if r is None else _inbound_row(r)
@@ -449,7 +437,7 @@ def node_handlers(
         limit = _limit(args)
 
         def q() -> dict[str, Any]:
-            _write_held()
+            core.write_held_now()
             cutoff = now_ms() - int(older * 1000)
             c = core.conn
             by_place: dict[str, int] = {}
@@ -489,7 +477,7 @@ def node_handlers(
         def work() -> dict[str, Any]:
             ts = now_ms()
             with core.db.atomic("IMMEDIATE"):
-                core.write_held()  # the states the operator selects by are on disk (as _write_held)
+                core.write_held()  # the states the operator selects by are on disk
                 rows = [_node_row(r, org) for r in core.conn.execute(
                     f"SELECT {_NODE_COLS} FROM outbox{_sql_where(clauses)} ORDER BY id LIMIT ?",
                     (*params, MAX_SELECT + 1))]
@@ -611,7 +599,7 @@ def platform_handlers(
         return {ep.node_id for ep in list(daemon.sessions)}
 
     def _snapshot() -> dict[str, Any]:
-        _write_held_of(core)
+        core.write_held_now()
         c = core.conn
         counts = core.counts()
         queues = [
@@ -671,7 +659,7 @@ def platform_handlers(
             params.append(str(args["origin"]))
 
         def q() -> list[dict[str, Any]]:
-            _write_held_of(core)
+            core.write_held_now()
             return [_stored_row(r) for r in core.conn.execute(
                 f"SELECT {_STORED_COLS} FROM stored{_sql_where(clauses)} ORDER BY id LIMIT ?", (*params, limit))]
 
@@ -688,7 +676,7 @@ def platform_handlers(
             raise AdminCommandError("show needs an id (LK1 record id) or an lk0")
 
         def q() -> dict[str, Any]:
-            _write_held_of(core)
+            core.write_held_now()
             c = core.conn
             if rid is not None:
                 rows = c.execute(f"SELECT {_STORED_COLS} FROM stored WHERE id=?", (rid,)).fetchall()
@@ -723,7 +711,7 @@ def platform_handlers(
         limit = _limit(args)
 
         def q() -> tuple[list[dict[str, Any]], int, int]:
-            _write_held_of(core)
+            core.write_held_now()
             cutoff = now_ms() - int(older * 1000)
             c = core.conn
             rows = [_stored_row(r) for r in c.execute(

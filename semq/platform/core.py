@@ -11,7 +11,6 @@ from __future__ import annotations
 import sqlite3
 from collections import defaultdict
 from collections.abc import Callable, Sequence
-from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final, NamedTuple
@@ -21,9 +20,9 @@ from peewee import SqliteDatabase
 from semq._db import (
     HOLD_MS,
     STORE_ERRORS,
+    HeldWrites,
     SendOrder,
     delete_by_id,
-    held_tx,
     next_row_id,
     rows_by_id,
     take_held,
@@ -124,7 +123,7 @@ def _app_key(raw: RawFrame) -> dict[str, str]:
     return out
 
 
-class PlatformCore:
+class PlatformCore(HeldWrites):
     def __init__(
         self,
         store_path: Path,
@@ -161,17 +160,12 @@ class PlatformCore:
 
     def close(self) -> None:
         try:
-            if self._held_sent:
-                with self._tx():
-                    self.write_held()
+            self.write_held_now()
         except STORE_ERRORS:
             pass  # lost as in a crash: the copies are SS_INIT and go again (the target deduplicates)
         if self.log:
             self.log.close()
         self.db.close()
-
-    def _tx(self) -> AbstractContextManager[None]:
-        return held_tx(self.db, self._drop_held)
 
     def _drop_held(self) -> None:
         # A transaction that did not commit: the copies held go again.
@@ -597,7 +591,7 @@ class PlatformCore:
         where, params = "target_type=? AND target_id=? AND state=0", (int(target.node_type), target.node_id)
         with self._tx():
             if held:
-                self.write_held(ts - HOLD_MS)
+                self.write_held(ts - HOLD_MS)  # (may empty it)
             if held:
                 ids, levels = self._order.ids(self.conn, where, params, limit, held, scope=target)
                 found = {r[0]: r for r in rows_by_id(self.conn, f"SELECT {cols} FROM stored", ids)}
