@@ -30,6 +30,7 @@ from semq.crypto import (
     make_csr,
     make_receipt,
     open_document,
+    open_documents,
     protect_document,
     protect_documents,
     receipt_proofs,
@@ -305,6 +306,119 @@ def test_protect_documents_batch(w: World) -> None:
         got = open_document(p.app_data, p.session_key, aad=aad, keys=opener,
                             signer_certs=certs(w.a), cache=cache)
         assert got.body == body and got.batch_size == 4
+
+
+def _outcome(fn: object, *args: object, **kw: object) -> object:
+    """What a check gives: its result, or the class and words of its error."""
+    try:
+        return fn(*args, **kw)  # type: ignore[operator]
+    except (BadSignature, UnknownCertificate, DecryptError) as e:
+        return (type(e), str(e))
+
+
+@settings(max_examples=150, deadline=None)
+@given(n=st.integers(1, 40), data=st.data())
+def test_open_documents_is_open_document_for_each(w: World, n: int, data: st.DataObject) -> None:
+    """A receiver opens the DATA of a received batch at once: documents of
+    one batch signature are checked together (the tree built from their
+    leaves, every path compared with it), whatever part of the batch is at
+    hand. Each answer must be exactly open_document's, class and words:
+    with a document changed anywhere (path, position, size, body, salt, key
+    id), repeated, left out, or another's path in its place; sealed or not;
+    with a cache, warm or cold, or none."""
+    sealed = data.draw(st.booleans(), label="sealed")
+    items = [(w.aad(record=i + 1), b"doc %d" % i, certs(w.b) if sealed else None) for i in range(n)]
+    prot = protect_documents(items, signing_key=w.a.keys.signing_key)
+    containers = [p.app_data for p in prot]
+    chosen = data.draw(st.lists(st.integers(0, n - 1), max_size=n + 3), label="chosen")
+    if data.draw(st.booleans(), label="whole batch"):
+        chosen = [*range(n), *chosen]
+    batch = []
+    for i in chosen:
+        aad, _, _ = items[i]
+        app = containers[i]
+        change = data.draw(st.sampled_from(["none"] * 4 + ["path", "index", "size", "body", "salt",
+                                                          "kid", "other path", "short path"]), label="change")
+        if not sealed and change != "none":
+            m = app[109] if app[4] == 2 else 0
+            if change == "path" and m:
+                app = _flip(app, 110 + data.draw(st.integers(0, 32 * m - 1), label="byte"))
+            elif change == "index" and m:
+                app = app[:105] + data.draw(st.integers(0, n), label="to").to_bytes(4, "big") + app[109:]
+            elif change == "size" and m:
+                app = app[:101] + data.draw(st.integers(2, n + 2), label="n").to_bytes(4, "big") + app[105:]
+            elif change == "body":
+                app = app[:-1] + bytes((app[-1] ^ 1,))
+            elif change == "salt":
+                app = _flip(app, 21)
+            elif change == "kid":
+                app = _flip(app, 5)
+            elif change == "other path" and m:
+                j = data.draw(st.integers(0, n - 1), label="from")
+                other = containers[j]
+                if other[109] == m:
+                    app = app[:110] + other[110:110 + 32 * m] + app[110 + 32 * m:]
+            elif change == "short path" and m:
+                app = app[:109] + bytes((m - 1,)) + app[110:110 + 32 * (m - 1)] + app[110 + 32 * m:]
+        elif sealed and change == "body":
+            app = _flip(app, len(app) - 1)  # the ciphertext: DECRYPT_FAILED
+        batch.append((app, prot[i].session_key, aad, certs(w.a)))
+    keys = Opener([w.b.keys.encryption_key])
+    cache_kind = data.draw(st.sampled_from(["none", "cold", "warm"]), label="cache")
+    cache = None if cache_kind == "none" else SignatureCache()
+    if cache is not None and cache_kind == "warm" and batch:
+        open_documents(batch[: len(batch) // 2], keys=keys, cache=cache)
+    expected = [_outcome(open_document, a, k, aad=aad, keys=keys, signer_certs=c) for a, k, aad, c in batch]
+    got = open_documents(batch, keys=keys, cache=cache)
+    assert [g if not isinstance(g, Exception) else (type(g), str(g)) for g in got] == expected
+
+
+def test_open_documents_checks_a_batch_with_one_tree(w: World) -> None:
+    """The 512 documents of a signed batch, received in two parts: none is
+    checked on its own, about one inner-node hash per document, one
+    signature check for both parts."""
+    items = [(w.aad(record=i + 1), b"doc %d" % i, certs(w.b)) for i in range(512)]
+    prot = protect_documents(items, signing_key=w.a.keys.signing_key)
+    batch = [(p.app_data, p.session_key, aad, certs(w.a)) for p, (aad, _, _) in zip(prot, items, strict=True)]
+    keys, cache = Opener([w.b.keys.encryption_key]), SignatureCache()
+    from semq.crypto import _document, _signing
+    hashes, alone = 0, 0
+    real_hash, real_verify = _signing._sha256, _document._verify
+
+    def counting(data: bytes = b"") -> object:
+        nonlocal hashes
+        hashes += 1
+        return real_hash(data)
+
+    def verify_alone(*args: object) -> object:
+        nonlocal alone
+        alone += 1
+        return real_verify(*args)  # type: ignore[arg-type]
+
+    _signing._sha256, _document._verify = counting, verify_alone  # type: ignore[assignment]
+    try:
+        got = open_documents(batch[:300], keys=keys, cache=cache) + open_documents(batch[300:], keys=keys, cache=cache)
+    finally:
+        _signing._sha256, _document._verify = real_hash, real_verify  # type: ignore[assignment]
+    assert [g.body for g in got] == [body for _, body, _ in items]  # type: ignore[union-attr]
+    assert alone == 0
+    assert hashes < 2 * 512 + 2 * 9  # a leaf and ~one inner node each, a path's worth per part
+    assert len(cache._seen) == 1
+
+
+@pytest.mark.parametrize("part", [range(8), range(3), range(1, 6)])
+def test_open_documents_refuses_a_path_it_does_not_need(w: World, part: range) -> None:
+    """A path hash the batch check never uses (its sibling is at hand) still
+    has to be right: that document is refused, as open_document refuses it,
+    and the others of the batch are not."""
+    items = [(w.aad(record=i + 1), b"doc %d" % i) for i in range(8)]
+    containers = [s.container for s in sign_documents(items, signing_key=w.a.keys.signing_key)]
+    first = part[0]
+    bad = _flip(containers[first], 110)  # its first path hash: the sibling leaf's
+    batch = [(bad if i == first else containers[i], b"", items[i][0], certs(w.a)) for i in part]
+    got = open_documents(batch, keys=[w.b.keys.encryption_key], cache=SignatureCache())
+    assert isinstance(got[0], BadSignature)
+    assert [g.body for g in got[1:]] == [items[i][1] for i in part[1:]]  # type: ignore[union-attr]
 
 
 # ---------------------------------------------------------------- receipts

@@ -30,7 +30,13 @@ from ._aad import (
     raw_frame_aad,
 )
 from ._directory import MAX_CERTS_PER_ORG, CertificateDirectory
-from ._document import ProtectedDocument, open_document, protect_document, protect_documents
+from ._document import (
+    ProtectedDocument,
+    open_document,
+    open_documents,
+    protect_document,
+    protect_documents,
+)
 from ._envelope import (
     BLOB_HEADER_SIZE,
     BLOB_MAGIC,
@@ -180,6 +186,7 @@ __all__ = [
     "make_receipt",
     "open_",
     "open_document",
+    "open_documents",
     "parse_document_aad",
     "peer_certificate",
     "peer_organization",

@@ -402,6 +402,127 @@ def _verify(container: bytes, aad: bytes, signer_certs: Sequence[NodeCertificate
     return VerifiedDocument(body, digest, cert, n, encrypted)
 
 
+
+# One pending document of _verify_batches: (leaf index, caller's position,
+# digest, joined path, body, signer certificate, sealed).
+_Member = tuple[int, int, bytes, bytes, bytes, NodeCertificate, bool]
+
+
+def _verify_batches(docs: Sequence[tuple[int, bytes, bytes, Sequence[NodeCertificate], bool]],
+                    cache: SignatureCache | None) -> dict[int, VerifiedDocument]:
+    """Verify together the documents of each batch signature whose every
+    member is in ``docs`` (``(position, container, aad, signer_certs,
+    sealed)``): their leaves build the signed tree once (n - 1 hashes for n
+    documents instead of a walk up each path), one signature check, and each
+    document's inclusion path must be the tree's. Returns the verified ones
+    by position, each exactly what ``_verify`` returns for it. Anything else
+    — a single signature, a batch not all here, a container or path that is
+    off, a signature that does not verify — is left out: the caller checks
+    those one by one with ``_verify``, which says what is wrong."""
+    groups: dict[tuple[bytes, bytes, int], list[_Member]] = {}
+    for pos, container, aad, certs, sealed in docs:
+        p = _parse_fast(container)
+        if p is None or p[0] != MODE_BATCH:
+            continue
+        _, kid, salt, signature, n, index, path, body = p
+        for cert in certs:
+            if cert.signing_key_id == kid:
+                break
+        else:
+            continue
+        try:
+            if cert.org != aad_source_id(aad):
+                continue
+        except WireError:
+            continue
+        member = (index, pos, document_digest(aad, body, salt), path, body, cert, sealed)
+        key = (cert.signing_key_raw, signature, n)
+        group = groups.get(key)
+        if group is None:
+            groups[key] = [member]
+        else:
+            group.append(member)
+    done: dict[int, VerifiedDocument] = {}
+    for (raw, signature, n), members in groups.items():
+        root = _members_root(n, members)
+        if root is None:
+            continue
+        message = _SIG_BATCH + U32.pack(n) + root
+        public = members[0][5].signing_public_key  # (every member's: the same raw key)
+        try:
+            if cache is not None:
+                cache._verify(public, raw, signature, message)
+            else:
+                public.verify(signature, message)
+        except InvalidSignature:
+            continue
+        for _, pos, digest, _, body, cert, sealed in members:
+            done[pos] = VerifiedDocument(body, digest, cert, n, sealed)
+    return done
+
+
+def _members_root(n: int, members: list[_Member]) -> bytes | None:
+    """The root of a batch of ``n`` from the members at hand (any subset of
+    its leaves), each node hashed once: level by level, a node's sibling is
+    the node computed from other members or, where no member lies under it,
+    the hash a member's inclusion path gives for it. Then every member's
+    path must be exactly the siblings of its way up — so each member's own
+    walk up its path (``root_from_path``) gives this root too. None when
+    they disagree (two leaves at one position, a path too short, a path
+    that is not its way up): the caller checks those one by one."""
+    sha256 = _sha256
+    level: dict[int, bytes] = {}
+    way: dict[int, tuple[bytes, int]] = {}  # a member's path under each node, hashes used so far
+    for index, _, digest, path, *_rest in members:
+        leaf = sha256(b"\x00" + digest).digest()  # leaf_hash
+        if level.setdefault(index, leaf) != leaf:
+            return None
+        way[index] = (path, 0)
+    if len(level) == n:  # the whole batch: its tree, built level by level
+        tree = MerkleTree([level[i] for i in range(n)])
+        paths = tree.joined_paths()
+        if any(m[3] != paths[m[0]] for m in members):
+            return None
+        return tree.root
+    siblings: list[tuple[list[int], dict[int, bytes]]] = []  # per level: its nodes, their siblings
+    size = n
+    while size > 1:
+        up: dict[int, bytes] = {}
+        up_way: dict[int, tuple[bytes, int]] = {}
+        sib_of: dict[int, bytes] = {}
+        nodes = sorted(level)
+        for pos in nodes:
+            h = level[pos]
+            parent = pos >> 1
+            sib = pos ^ 1
+            path, k = way[pos]
+            if sib >= size:  # the last node of an odd level moves up unchanged
+                up[parent], up_way[parent] = h, (path, k)
+                continue
+            s = level.get(sib)
+            if s is None:
+                s = path[k * HASH_SIZE:(k + 1) * HASH_SIZE]
+                if len(s) != HASH_SIZE:
+                    return None
+            sib_of[pos] = s
+            if parent not in up:
+                up[parent] = sha256(b"\x01" + (s + h if pos & 1 else h + s)).digest()
+                up_way[parent] = (path, k + 1)
+        siblings.append((nodes, sib_of))
+        level, way = up, up_way
+        size = (size + 1) >> 1
+    # Each node's expected path up (its siblings' hashes joined), top down;
+    # a node without a sibling adds nothing to it.
+    above: dict[int, bytes] = {0: b""}
+    for nodes, sib_of in reversed(siblings):
+        get = sib_of.get
+        above = {pos: get(pos, b"") + above[pos >> 1] for pos in nodes}
+    for index, _, _, path, *_rest in members:
+        if above.get(index) != path:
+            return None
+    return level[0]
+
+
 _sha256 = hashlib.sha256
 
 

@@ -36,7 +36,7 @@ from semq.crypto import (
     ack_entry_lk0,
     document_aad_fields,
     make_batch_receipt,
-    open_document,
+    open_documents,
     protect_documents,
     raw_frame_aad,
     receipt_proofs,
@@ -526,6 +526,7 @@ class NodeCore(HeldWrites):
         self._digests: dict[Endpoint, list[tuple[LK0, bytes]]] = defaultdict(list)
         self._batch_certs: dict[Endpoint, Any] = {}  # one directory look-up per origin per batch
         self._queued_acks: tuple[list[int], list[int]] = ([], [])
+        self._opened = self._open_batch(frames)
         with self._tx():
             self.write_held(ts - HOLD_MS)
             self._begin_receive(frames)
@@ -556,6 +557,36 @@ class NodeCore(HeldWrites):
         self._emit(events)
         return out
 
+    def _open_batch(self, frames: Sequence[RawFrame]) -> dict[int, tuple[Frame, Any]]:
+        """Open and verify the batch's DATA for us at once (security on;
+        open_documents checks each batch signature's documents together):
+        by ``id(raw)``, the decoded frame and its VerifiedDocument or the
+        CryptoError that refuses it. A DATA whose origin's certificate is
+        not known, or that does not decode (``_handle_one`` says why), is
+        not here."""
+        if self.sec is None:
+            return {}
+        found: list[tuple[RawFrame, Frame]] = []
+        items = []
+        for raw in frames:
+            if raw.kind is not Kind.DATA or raw.target != self.me:
+                continue
+            try:
+                frame = raw.frame()
+            except RemoteProtocolError:
+                continue
+            certs = self._batch_certs.get(frame.origin)
+            if certs is None:
+                certs = self._batch_certs[frame.origin] = self.sec.certs(frame.origin)
+            if not certs:
+                continue
+            body = frame.body
+            assert isinstance(body, Data)
+            found.append((raw, frame))
+            items.append((body.app_data, body.session_key, raw_frame_aad(raw), certs))
+        got = open_documents(items, keys=self.sec.opener, cache=self.sec.cache)
+        return {id(raw): (frame, g) for (raw, frame), g in zip(found, got, strict=True)}
+
     def _handle_one(
         self, raw: RawFrame, ts: int, out: Output, events: list[dict[str, Any]],
         acks: dict[tuple[Kind, Endpoint], list[AckEntry]],
@@ -563,25 +594,21 @@ class NodeCore(HeldWrites):
         kind = raw.kind
         if raw.target != self.me:
             raise RemoteProtocolError(f"{kind.name} for {raw.target} reached {self.me}", ResultCode.UNEXPECTED_FRAME)
-        frame = raw.frame()
+        opened = self._opened.pop(id(raw), None)
+        frame = raw.frame() if opened is None else opened[0]
         body = frame.body
         if isinstance(body, Data):
             if self.sec is None:
                 self._receive(frame, body, ts, out, events, acks, body.app_data, None, "")
                 return
-            certs = self._batch_certs.get(frame.origin)
-            if certs is None:
-                certs = self._batch_certs[frame.origin] = self.sec.certs(frame.origin)
-            if not certs:
+            if opened is None:  # (not opened with the batch: its origin's certificate is missing)
                 out.deferred.append(raw)
                 out.missing.add(frame.origin)
                 return
-            try:
-                got = open_document(body.app_data, body.session_key, aad=raw_frame_aad(raw),
-                                    keys=self.sec.opener, signer_certs=certs, cache=self.sec.cache)
-            except CryptoError as e:
+            got = opened[1]
+            if isinstance(got, CryptoError):
                 # Never delivered; the origin sees it (its row fails with the code).
-                code = getattr(e, "code", ResultCode.BAD_SIGNATURE)
+                e, code = got, getattr(got, "code", ResultCode.BAD_SIGNATURE)
                 events.append({"ts": ts, "role": "receiver", "event": "refused", "lk0": str(body.lk0),
                                "source": frame.origin.node_id, "target": self.me.node_id,
                                "code": int(code), "detail": str(e)[:200]})
