@@ -402,7 +402,6 @@ def _verify(container: bytes, aad: bytes, signer_certs: Sequence[NodeCertificate
     return VerifiedDocument(body, digest, cert, n, encrypted)
 
 
-
 # One pending document of _verify_batches: (leaf index, caller's position,
 # digest, joined path, body, signer certificate, sealed).
 _Member = tuple[int, int, bytes, bytes, bytes, NodeCertificate, bool]
@@ -410,15 +409,15 @@ _Member = tuple[int, int, bytes, bytes, bytes, NodeCertificate, bool]
 
 def _verify_batches(docs: Sequence[tuple[int, bytes, bytes, Sequence[NodeCertificate], bool]],
                     cache: SignatureCache | None) -> dict[int, VerifiedDocument]:
-    """Verify together the documents of each batch signature whose every
-    member is in ``docs`` (``(position, container, aad, signer_certs,
-    sealed)``): their leaves build the signed tree once (n - 1 hashes for n
-    documents instead of a walk up each path), one signature check, and each
-    document's inclusion path must be the tree's. Returns the verified ones
-    by position, each exactly what ``_verify`` returns for it. Anything else
-    — a single signature, a batch not all here, a container or path that is
-    off, a signature that does not verify — is left out: the caller checks
-    those one by one with ``_verify``, which says what is wrong."""
+    """Verify together the documents of each batch signature in ``docs``
+    (``(position, container, aad, signer_certs, sealed)``), the whole batch
+    or part of it: the tree's nodes above them hashed once
+    (``_members_root``), one signature check (cached). Returns the verified
+    ones by position, each exactly what ``_verify`` returns for it.
+    Anything else — a single signature, a container that does not parse, a
+    signer that is not known or not the source, a path that disagrees, a
+    signature that does not verify — is left out: the caller checks those
+    one by one with ``_verify``, which says what is wrong."""
     groups: dict[tuple[bytes, bytes, int], list[_Member]] = {}
     for pos, container, aad, certs, sealed in docs:
         p = _parse_fast(container)
