@@ -26,6 +26,7 @@ from semq.crypto import (
     ack_entry_lk0,
     document_aad,
     document_digest,
+    document_salt,
     make_batch_receipt,
     make_csr,
     make_receipt,
@@ -103,6 +104,31 @@ def test_sign_and_verify(w: World) -> None:
     assert doc.batch_size == 1 and not doc.encrypted
     salt = signed.container[21:37]
     assert doc.digest == document_digest(w.aad(), b"<order/>", salt)
+
+
+
+def test_given_salts_make_the_same_digest_again(w: World) -> None:
+    """A node signs each document with document_salt(its key, the AAD): a
+    resend, signed again in another batch, has the same digest. The salt
+    depends on the key and the header; a salt of the wrong size is refused."""
+    key, other = b"k" * 32, b"o" * 32
+    items = [(w.aad(record=i + 1), b"doc %d" % i) for i in range(3)]
+    salts = [document_salt(key, aad) for aad, _ in items]
+    assert len(set(salts)) == 3 and all(len(x) == 16 for x in salts)
+    assert document_salt(other, items[0][0]) != salts[0]
+    batch = sign_documents(items, signing_key=w.a.keys.signing_key, salts=salts)
+    alone = sign_documents(items[1:2], signing_key=w.a.keys.signing_key, salts=salts[1:2])
+    assert alone[0].digest == batch[1].digest and alone[0].container != batch[1].container
+    assert [d.digest for d in batch] == [document_digest(aad, body, x) for (aad, body), x in zip(items, salts, strict=True)]
+    for (aad, body), d in zip(items, batch, strict=True):
+        assert verify_document(d.container, aad=aad, signer_certs=certs(w.a)).body == body
+    random = sign_documents(items, signing_key=w.a.keys.signing_key)
+    assert all(r.digest != d.digest for r, d in zip(random, batch, strict=True))
+    with pytest.raises(ValueError, match="salt of 15 bytes is not 16"):
+        sign_document(b"x", aad=items[0][0], signing_key=w.a.keys.signing_key, salt=b"s" * 15)
+    with pytest.raises(ValueError, match="2 salts for 3 documents"):
+        protect_documents([(aad, body, None) for aad, body in items], signing_key=w.a.keys.signing_key,
+                          salts=salts[:2])
 
 
 def test_tampered_container_refused(w: World) -> None:

@@ -349,6 +349,50 @@ def test_batch_receipt_kept_once_and_each_document_proves_alone(tmp_path: Path) 
         b.close()
 
 
+@pytest.mark.parametrize("late", ["the resent copies' receipt", "the first copies' receipt, late"])
+def test_a_resent_document_keeps_its_digest_and_its_receipt_verifies(tmp_path: Path, late: str) -> None:
+    """A resend signs a document again, in another batch. Its salt, and so
+    its digest, are those of the first copy — also after A restarts — so
+    the receiver's receipt verifies whichever copy it is about. (Before,
+    each copy had a random salt and A kept the first digest: a receipt for
+    a resent copy did not verify, and with it the whole batch's proof was
+    lost.)"""
+    from semq.umxt_protocol import relay_bytes
+
+    def relayed(chunks: list[bytes]) -> list:  # type: ignore[type-arg]
+        dec = FrameDecoder()
+        dec.receive_data(b"".join(chunks))
+        out = FrameDecoder()
+        out.receive_data(b"".join(relay_bytes(r, Endpoint.platform()) for r in dec))
+        return list(out)
+
+    sa, sb = _pki(tmp_path)
+    a = NodeCore(tmp_path / "a.sqlite", A, create=True, synchronous="OFF", security=sa)
+    b = NodeCore(tmp_path / "b.sqlite", B, create=True, synchronous="OFF", security=sb)
+    try:
+        lk0s = a.accept([NewDocument(target=B, app_data=f"order {i}".encode(), encrypt=True) for i in range(3)])
+        first = a.claim(10).data
+        digests = a.conn.execute("SELECT digest FROM receipts ORDER BY record_id").fetchall()
+        out_first = b.handle(relayed(first))  # its ACK2 is held up (lost, or late)
+        assert out_first.delivered == 3
+        a.close()  # A restarts; the rows go again (as if the platform lacked them)
+        a = NodeCore(tmp_path / "a.sqlite", A, synchronous="OFF", security=sa)
+        a.conn.execute("UPDATE outbox SET state=0")
+        again = a.claim(10).data
+        assert len(again) == 3 and again != first
+        out_again = b.handle(relayed(again))
+        assert out_again.delivered == 0  # duplicates: acknowledged, not delivered twice
+        a.handle(relayed(out_again.data if late.startswith("the resent") else out_first.data))
+        assert a.conn.execute("SELECT digest FROM receipts ORDER BY record_id").fetchall() == digests
+        assert a.conn.execute("SELECT verified FROM receipts").fetchall() == [(1,)] * 3
+        for lk0 in lk0s:
+            proof = a.receipt_proof(lk0.record_id)
+            assert proof is not None and proof[0] == B
+    finally:
+        a.close()
+        b.close()
+
+
 def test_certificate_rollover_overlap(tmp_path: Path) -> None:
     """B rolls over. A document sealed to B's old certificate (A's directory
     was not refreshed yet) and one sealed to the new one are both readable;

@@ -86,12 +86,14 @@ def protect_documents(
     *,
     signing_key: ed25519.Ed25519PrivateKey,
     sealer: Sealer | None = None,
+    salts: Sequence[bytes] | None = None,
 ) -> list[ProtectedDocument]:
     """``protect_document`` for many ``(aad, body, recipients)`` at once with
     one batch signature (sign_documents); each result still verifies alone.
     Documents to the same recipients (the same sequence object: a node looks
-    the target's certificates up once per batch) are sealed together."""
-    signed = _sign_many([(aad, body) for aad, body, _ in items], signing_key)
+    the target's certificates up once per batch) are sealed together.
+    ``salts``: as sign_documents."""
+    signed = _sign_many([(aad, body) for aad, body, _ in items], signing_key, salts)
     out = [ProtectedDocument(c, b"", d) for c, d in signed]
     groups: dict[int, list[int]] = {}
     for i, (aad, _, recipients) in enumerate(items):

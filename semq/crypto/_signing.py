@@ -41,6 +41,7 @@ each document still verifiable on its own with its path; a
 from __future__ import annotations
 
 import hashlib
+import hmac
 import os
 import struct
 import threading
@@ -65,6 +66,7 @@ __all__ = [
     "SignedDocument",
     "VerifiedDocument",
     "document_digest",
+    "document_salt",
     "sign_document",
     "sign_documents",
     "verify_document",
@@ -80,6 +82,7 @@ MAX_SIGN_BATCH: Final = 65_536  # documents under one batch signature: paths of 
 _DIGEST_PREFIX: Final = b"SEMQ-DOC-v1\x00"
 _SIG_DOC: Final = b"SEMQ-SIG-DOC-v1\x00"
 _SIG_BATCH: Final = b"SEMQ-SIG-BATCH-v1\x00"
+_SALT_PREFIX: Final = b"SEMQ-SALT-v1\x00"
 
 
 def document_digest(aad: bytes, body: bytes, salt: bytes) -> bytes:
@@ -125,10 +128,28 @@ def _container(mode: int, kid: bytes, salt: bytes, signature: bytes, extra: byte
                      U32.pack(len(body)), body))
 
 
-def sign_document(body: bytes, *, aad: bytes, signing_key: ed25519.Ed25519PrivateKey
-                  ) -> SignedDocument:
-    """Sign one document: the container (mode 1) and its digest."""
-    salt = os.urandom(SALT_SIZE)
+def document_salt(key: bytes, aad: bytes) -> bytes:
+    """The salt a node gives the document whose header is ``aad``:
+    HMAC-SHA256 under the node's own secret ``key``, so every copy of one
+    document it sends (a resend signs it again) has the same salt and so the
+    same digest — a receipt for any copy names the digest the origin keeps —
+    while nobody without the key can predict it (what the salt is for)."""
+    return hmac.digest(key, _SALT_PREFIX + aad, "sha256")[:SALT_SIZE]
+
+
+def _salt(salt: bytes | None) -> bytes:
+    if salt is None:
+        return os.urandom(SALT_SIZE)
+    if len(salt) != SALT_SIZE:
+        raise ValueError(f"salt of {len(salt)} bytes is not {SALT_SIZE}")
+    return bytes(salt)
+
+
+def sign_document(body: bytes, *, aad: bytes, signing_key: ed25519.Ed25519PrivateKey,
+                  salt: bytes | None = None) -> SignedDocument:
+    """Sign one document: the container (mode 1) and its digest. ``salt``:
+    16 bytes (``document_salt``), random when not given."""
+    salt = _salt(salt)
     digest = document_digest(aad, body, salt)
     sig = signing_key.sign(_SIG_DOC + digest)
     kid = key_id(signing_key.public_key())
@@ -136,28 +157,35 @@ def sign_document(body: bytes, *, aad: bytes, signing_key: ed25519.Ed25519Privat
 
 
 def sign_documents(items: Sequence[tuple[bytes, bytes]], *,
-                   signing_key: ed25519.Ed25519PrivateKey) -> list[SignedDocument]:
+                   signing_key: ed25519.Ed25519PrivateKey,
+                   salts: Sequence[bytes] | None = None) -> list[SignedDocument]:
     """Sign many documents, given as ``(aad, body)`` pairs, with one Ed25519
     signature over the Merkle root of their digests (mode 2; a single item
     gets mode 1). Returns one SignedDocument per item, in order; each verifies
-    on its own. Raises ValueError for more than MAX_SIGN_BATCH items."""
-    return [SignedDocument(c, d) for c, d in _sign_many(items, signing_key)]
+    on its own. ``salts``: one per item (``document_salt``), random when not
+    given. Raises ValueError for more than MAX_SIGN_BATCH items."""
+    return [SignedDocument(c, d) for c, d in _sign_many(items, signing_key, salts)]
 
 
-def _sign_many(items: Sequence[tuple[bytes, bytes]], signing_key: ed25519.Ed25519PrivateKey
-               ) -> list[tuple[bytes, bytes]]:
+def _sign_many(items: Sequence[tuple[bytes, bytes]], signing_key: ed25519.Ed25519PrivateKey,
+               salts: Sequence[bytes] | None = None) -> list[tuple[bytes, bytes]]:
     """sign_documents as (container, digest) pairs."""
     if len(items) > MAX_SIGN_BATCH:
         raise ValueError(f"batch of {len(items)} documents exceeds the {MAX_SIGN_BATCH} limit")
+    if salts is not None and len(salts) != len(items):
+        raise ValueError(f"{len(salts)} salts for {len(items)} documents")
     if len(items) == 1:
         aad, body = items[0]
-        one = sign_document(body, aad=aad, signing_key=signing_key)
+        one = sign_document(body, aad=aad, signing_key=signing_key, salt=salts[0] if salts else None)
         return [(one.container, one.digest)]
     if not items:
         return []
     n = len(items)
-    rnd = os.urandom(SALT_SIZE * n)  # one read for the batch: n independent salts
-    salts = [rnd[i:i + SALT_SIZE] for i in range(0, SALT_SIZE * n, SALT_SIZE)]
+    if salts is None:
+        rnd = os.urandom(SALT_SIZE * n)  # one read for the batch: n independent salts
+        salts = [rnd[i:i + SALT_SIZE] for i in range(0, SALT_SIZE * n, SALT_SIZE)]
+    else:
+        salts = [_salt(x) for x in salts]
     digests = [document_digest(aad, body, s) for (aad, body), s in zip(items, salts, strict=True)]
     sha256 = hashlib.sha256
     tree = MerkleTree([sha256(b"\x00" + d).digest() for d in digests])  # leaf_hash

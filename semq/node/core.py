@@ -9,6 +9,7 @@ worker thread per store (semq.node.daemon).
 
 from __future__ import annotations
 
+import os
 import sqlite3
 import struct
 from collections import defaultdict
@@ -35,6 +36,7 @@ from semq.crypto import (
     CryptoError,
     ack_entry_lk0,
     document_aad_fields,
+    document_salt,
     make_batch_receipt,
     open_documents,
     protect_documents,
@@ -219,6 +221,22 @@ class NodeCore(HeldWrites):
         self._held_in: dict[int, tuple[Any, ...]] = {}
         self._held_in_keys: dict[tuple[Any, ...], int] = {}
         self._inbound_floor = 0  # no pending-ack id below this is given out again
+        self._salt_key: bytes | None = None  # (security) read by the first claim: _document_salts
+
+    def _document_salts(self) -> bytes:
+        """The key the salts of our signed documents are made with
+        (crypto.document_salt): every copy of a document gets the same salt,
+        so the same digest, whichever copy the receiver's receipt is about.
+        Made once and kept in the store's ``meta`` table, in a transaction
+        of its own: a resend after a restart, or after the signing key
+        rolled over, still has its first copy's digest."""
+        if self._salt_key is None:
+            with self.db.atomic():
+                self.conn.execute("INSERT OR IGNORE INTO meta (key, value) VALUES ('document_salt_key', ?)",
+                                  (os.urandom(32).hex(),))
+                row = self.conn.execute("SELECT value FROM meta WHERE key='document_salt_key'").fetchone()
+            self._salt_key = bytes.fromhex(row[0])
+        return self._salt_key
 
     def close(self) -> None:
         try:
@@ -365,6 +383,8 @@ class NodeCore(HeldWrites):
         ts = now_ms()
         events: list[dict[str, Any]] = []
         held = self._held_sent
+        if self.sec is not None:
+            self._document_salts()
         with self._tx():
             if held:
                 self.write_held(ts - HOLD_MS)  # (may empty it)
@@ -485,7 +505,9 @@ class NodeCore(HeldWrites):
             items.append((aad, r[18], certs))
         if not items:
             return keep
-        docs = iter(protect_documents(items, signing_key=self.sec.identity.keys.signing_key, sealer=self.sec.sealer))
+        key = self._document_salts()
+        docs = iter(protect_documents(items, signing_key=self.sec.identity.keys.signing_key, sealer=self.sec.sealer,
+                                      salts=[document_salt(key, aad) for aad, _, _ in items]))
         result = []
         for r in keep:
             if r[13] is not None and r[13] <= ts:
