@@ -38,6 +38,7 @@ from semq.umxt_protocol import (
     Nack,
     ResultCode,
     encode_frame,
+    relay_bytes,
 )
 from tests._procs import Cluster, wait_until
 
@@ -242,6 +243,15 @@ def _raw(frame: Frame) -> list:  # type: ignore[type-arg]
     return list(dec)
 
 
+def _relayed(chunks: list[bytes]) -> list:  # type: ignore[type-arg]
+    """A node's frames as the platform passes them on (``relay_bytes``)."""
+    dec = FrameDecoder()
+    dec.receive_data(b"".join(chunks))
+    out = FrameDecoder()
+    out.receive_data(b"".join(relay_bytes(r, Endpoint.platform()) for r in dec))
+    return list(out)
+
+
 def test_replayed_moved_and_redirected_documents_never_reach_an_inbox(tmp_path: Path) -> None:
     sa, sb = _pki(tmp_path)
     a = NodeCore(tmp_path / "a.sqlite", A, create=True, synchronous="OFF", security=sa)
@@ -311,7 +321,6 @@ def test_batch_receipt_kept_once_and_each_document_proves_alone(tmp_path: Path) 
     each verifies alone against B's certificate, and a proof written by an
     older version (form 3 in the row) is still served as it is."""
     from semq.crypto import verify_receipt
-    from semq.umxt_protocol import FrameDecoder, relay_bytes
 
     sa, sb = _pki(tmp_path)
     a = NodeCore(tmp_path / "a.sqlite", A, create=True, synchronous="OFF", security=sa)
@@ -319,16 +328,9 @@ def test_batch_receipt_kept_once_and_each_document_proves_alone(tmp_path: Path) 
     try:
         lk0s = a.accept([NewDocument(target=B, app_data=f"order {i}".encode(), encrypt=True) for i in range(7)])
 
-        def relayed(chunks: list[bytes]) -> list:  # type: ignore[type-arg]
-            dec = FrameDecoder()
-            dec.receive_data(b"".join(chunks))
-            out = FrameDecoder()
-            out.receive_data(b"".join(relay_bytes(r, Endpoint.platform()) for r in dec))
-            return list(out)
-
-        out_b = b.handle(relayed(a.claim(10).data))
+        out_b = b.handle(_relayed(a.claim(10).data))
         assert out_b.delivered == 7
-        a.handle(relayed(out_b.data))
+        a.handle(_relayed(out_b.data))
         assert a.conn.execute("SELECT count(*) FROM receipt_batches").fetchone() == (1,)
         rows = a.conn.execute("SELECT verified, length(receipt), batch_index FROM receipts ORDER BY record_id").fetchall()
         assert rows == [(1, 0, i) for i in range(7)]
@@ -357,15 +359,6 @@ def test_a_resent_document_keeps_its_digest_and_its_receipt_verifies(tmp_path: P
     each copy had a random salt and A kept the first digest: a receipt for
     a resent copy did not verify, and with it the whole batch's proof was
     lost.)"""
-    from semq.umxt_protocol import relay_bytes
-
-    def relayed(chunks: list[bytes]) -> list:  # type: ignore[type-arg]
-        dec = FrameDecoder()
-        dec.receive_data(b"".join(chunks))
-        out = FrameDecoder()
-        out.receive_data(b"".join(relay_bytes(r, Endpoint.platform()) for r in dec))
-        return list(out)
-
     sa, sb = _pki(tmp_path)
     a = NodeCore(tmp_path / "a.sqlite", A, create=True, synchronous="OFF", security=sa)
     b = NodeCore(tmp_path / "b.sqlite", B, create=True, synchronous="OFF", security=sb)
@@ -373,16 +366,16 @@ def test_a_resent_document_keeps_its_digest_and_its_receipt_verifies(tmp_path: P
         lk0s = a.accept([NewDocument(target=B, app_data=f"order {i}".encode(), encrypt=True) for i in range(3)])
         first = a.claim(10).data
         digests = a.conn.execute("SELECT digest FROM receipts ORDER BY record_id").fetchall()
-        out_first = b.handle(relayed(first))  # its ACK2 is held up (lost, or late)
+        out_first = b.handle(_relayed(first))  # its ACK2 is held up (lost, or late)
         assert out_first.delivered == 3
         a.close()  # A restarts; the rows go again (as if the platform lacked them)
         a = NodeCore(tmp_path / "a.sqlite", A, synchronous="OFF", security=sa)
         a.conn.execute("UPDATE outbox SET state=0")
         again = a.claim(10).data
         assert len(again) == 3 and again != first
-        out_again = b.handle(relayed(again))
+        out_again = b.handle(_relayed(again))
         assert out_again.delivered == 0  # duplicates: acknowledged, not delivered twice
-        a.handle(relayed(out_again.data if late.startswith("the resent") else out_first.data))
+        a.handle(_relayed(out_again.data if late.startswith("the resent") else out_first.data))
         assert a.conn.execute("SELECT digest FROM receipts ORDER BY record_id").fetchall() == digests
         assert a.conn.execute("SELECT verified FROM receipts").fetchall() == [(1,)] * 3
         for lk0 in lk0s:
