@@ -169,7 +169,7 @@ def open_documents(
         except CryptoError as e:
             out[pos] = e
             continue
-        opened.append((pos, bytes(container), aad, signer_certs, bool(session_key)))
+        opened.append((pos, container, aad, signer_certs, bool(session_key)))
     done = _verify_batches(opened, cache)
     for pos, container, aad, signer_certs, sealed in opened:
         got: VerifiedDocument | CryptoError | None = done.get(pos)

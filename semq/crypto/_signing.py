@@ -11,9 +11,11 @@ Document digest (what a signature and a receipt are about)::
 
     digest = SHA-256("SEMQ-DOC-v1" 0x00 || len(aad) u32 || aad || salt || SHA-256(body))
 
-``salt`` is 16 random bytes chosen by the origin and carried only inside the
+``salt`` is 16 bytes chosen by the origin and carried only inside the
 container, so a digest seen in a receipt or a batch path reveals nothing about
-a guessable body.
+a guessable body: a node makes it with ``document_salt`` (HMAC under a key
+of its own: every copy of a document it sends has the same digest), the
+library draws random ones when not given salts.
 
 Signed container (docs/security.md "Signed container")::
 
@@ -345,6 +347,14 @@ def _lk0_text(aad: bytes) -> str:
         return "(unparsable header)"
 
 
+def _signer_cert(certs: Sequence[NodeCertificate], kid: bytes) -> NodeCertificate | None:
+    """The first of ``certs`` whose signing key id is ``kid``."""
+    for cert in certs:
+        if cert.signing_key_id == kid:
+            return cert
+    return None
+
+
 def verify_document(
     container: bytes,
     *,
@@ -376,10 +386,8 @@ def _verify(container: bytes, aad: bytes, signer_certs: Sequence[NodeCertificate
     except WireError as e:
         raise BadSignature(f"document is not verifiable: {e}") from None
     mode, kid, salt, signature, n, index, path, body = parsed
-    for cert in signer_certs:
-        if cert.signing_key_id == kid:
-            break
-    else:
+    cert = _signer_cert(signer_certs, kid)
+    if cert is None:
         known = ", ".join(f"{c.org}:{c.signing_key_id.hex()}" for c in signer_certs) or "none"
         raise UnknownCertificate(
             f"document from org {source} is signed by key {kid.hex()}, which is not among"
@@ -452,10 +460,8 @@ def _verify_batches(docs: Sequence[tuple[int, bytes, bytes, Sequence[NodeCertifi
         if p is None or p[0] != MODE_BATCH:
             continue
         _, kid, salt, signature, n, index, path, body = p
-        for cert in certs:
-            if cert.signing_key_id == kid:
-                break
-        else:
+        cert = _signer_cert(certs, kid)
+        if cert is None:
             continue
         try:
             if cert.org != aad_source_id(aad):

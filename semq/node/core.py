@@ -221,9 +221,9 @@ class NodeCore(HeldWrites):
         self._held_in: dict[int, tuple[Any, ...]] = {}
         self._held_in_keys: dict[tuple[Any, ...], int] = {}
         self._inbound_floor = 0  # no pending-ack id below this is given out again
-        self._salt_key: bytes | None = None  # (security) read by the first claim: _document_salts
+        self._salt_key: bytes | None = None  # (security) read by the first claim: _document_salt_key
 
-    def _document_salts(self) -> bytes:
+    def _document_salt_key(self) -> bytes:
         """The key the salts of our signed documents are made with
         (crypto.document_salt): every copy of a document gets the same salt,
         so the same digest, whichever copy the receiver's receipt is about.
@@ -384,7 +384,7 @@ class NodeCore(HeldWrites):
         events: list[dict[str, Any]] = []
         held = self._held_sent
         if self.sec is not None:
-            self._document_salts()
+            self._document_salt_key()
         with self._tx():
             if held:
                 self.write_held(ts - HOLD_MS)  # (may empty it)
@@ -505,7 +505,7 @@ class NodeCore(HeldWrites):
             items.append((aad, r[18], certs))
         if not items:
             return keep
-        key = self._document_salts()
+        key = self._document_salt_key()
         docs = iter(protect_documents(items, signing_key=self.sec.identity.keys.signing_key, sealer=self.sec.sealer,
                                       salts=[document_salt(key, aad) for aad, _, _ in items]))
         result = []
