@@ -29,6 +29,8 @@ class EventLog:
         self._day = ""
         self._file: IO[bytes] | None = None
         self._tail = b',"v":1,"logger":' + orjson.dumps(logger) + b"}\n"
+        # ... with the default role, for records that do not name one.
+        self._role_tail = b',"role":' + orjson.dumps(role_default) + self._tail
         self.dropped = 0
 
     def _open(self, ts: int) -> IO[bytes]:
@@ -62,12 +64,13 @@ class EventLog:
 
     def _write(self, records: list[dict[str, Any]]) -> None:
         f = self._open(records[0]["ts"])
-        # The constant tail (format version, logger) is spliced onto each
-        # serialized record instead of being added to its dict: adding keys
-        # to a full dict resizes it, 4x the cost of the serialization itself.
-        tail, role, dumps = self._tail, self.role, orjson.dumps
+        # The constant tail (format version, logger; the role when the record
+        # has none) is spliced onto each serialized record instead of being
+        # added to its dict: adding keys to a full dict resizes it (or copies
+        # it), more than the serialization itself costs.
+        tail, role_tail, dumps = self._tail, self._role_tail, orjson.dumps
         f.write(b"".join([
-            dumps(r if "role" in r else {"role": role, **r})[:-1] + tail for r in records
+            dumps(r)[:-1] + (tail if "role" in r else role_tail) for r in records
         ]))
         f.flush()
 

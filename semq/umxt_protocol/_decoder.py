@@ -5,7 +5,6 @@ waiting for the body, wait for the whole frame, then parse)."""
 from __future__ import annotations
 
 import struct
-import zlib
 from collections.abc import Iterator
 from typing import Any, Final
 
@@ -21,6 +20,7 @@ from ._frames import (
     FLAGS_KNOWN,
     HEADER_SIZE,
     Frame,
+    crc32,
     decode_body,
     frame_from_wire,
 )
@@ -192,7 +192,7 @@ def relay_frame_bytes(b: bytes, source: Endpoint, lk1: LK1 | None = None) -> byt
         pre[12:24] = lk1.semq_id.to_bytes(2, "big") + lk1.semq_db_id.to_bytes(2, "big") + lk1.record_id.to_bytes(8, "big")
         body = bytes(pre) + body[_DATA_PREFIX.size :]
     out = b"".join((head, src, b[HEADER_SIZE + sl : ids_end], body))
-    return out + _CRC.pack(zlib.crc32(out))
+    return out + _CRC.pack(crc32(out))
 
 
 class FrameDecoder:
@@ -259,7 +259,7 @@ class FrameDecoder:
         end = pos + total
         raw = bytes(buf[pos:end])
         self._pos = end
-        if zlib.crc32(memoryview(raw)[:-4]) != _CRC.unpack_from(raw, total - 4)[0]:
+        if crc32(memoryview(raw)[:-4]) != _CRC.unpack_from(raw, total - 4)[0]:
             raise self._fail(f"CRC32 mismatch on a {total}-byte {k.name} frame", ResultCode.BAD_CHECKSUM)
         ids_end = HEADER_SIZE + sl + tl + ol
         try:
