@@ -220,7 +220,6 @@ class SendOrder:
         ids: list[int] = []
         levels: list[tuple[int, list[int]]] = []
         below = 1 << 31  # the next priority is below this one
-        over = len(held)
         while len(ids) < limit:
             r = conn.execute(f"SELECT priority FROM {self.table} WHERE {where} AND priority < ?"
                              " ORDER BY priority DESC LIMIT 1", (*params, below)).fetchone()
@@ -228,11 +227,25 @@ class SendOrder:
                 break
             below = r[0]
             need = limit - len(ids)
-            read = [i for (i,) in conn.execute(
-                f"SELECT id FROM {self.table} WHERE {where} AND priority=? AND id>? ORDER BY id LIMIT ?",
-                (*params, below, self.after.get((scope, below), 0), need + over))]
+            # Past ``after`` the rows are rarely held (a claim just took the
+            # ones before it), so read a little more than needed and go on
+            # reading, twice as much each time, only while held rows take
+            # the places: reading ``need`` + every held id at once made
+            # each claim fetch and filter ~4,000 ids it did not want.
+            read: list[int] = []
+            start, want = self.after.get((scope, below), 0), need + 64
+            while True:
+                chunk = [i for (i,) in conn.execute(
+                    f"SELECT id FROM {self.table} WHERE {where} AND priority=? AND id>? ORDER BY id LIMIT ?",
+                    (*params, below, start, want))]
+                read += chunk
+                fresh = [i for i in chunk if i not in held][:need]
+                ids += fresh
+                need -= len(fresh)
+                if not need or len(chunk) < want:
+                    break
+                start, want = chunk[-1], 2 * want
             levels.append((below, read))
-            ids += [i for i in read if i not in held][:need]
         return ids, levels
 
     @staticmethod

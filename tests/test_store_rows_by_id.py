@@ -4,12 +4,13 @@ the same rows either way, and the plan it promises."""
 
 from __future__ import annotations
 
+import random
 import sqlite3
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from semq._db import delete_by_id, rows_by_id
+from semq._db import SendOrder, delete_by_id, rows_by_id
 
 
 def _table() -> sqlite3.Connection:
@@ -65,3 +66,29 @@ def test_delete_by_id_uses_one_range_for_a_dense_run() -> None:
     seen.clear()
     delete_by_id(c, "t", [30, 32])  # a gap: not a range, rows between must stay
     assert len(seen) == 2 and c.execute("SELECT count(*) FROM t WHERE id=31").fetchone()[0] == 1
+
+
+@settings(max_examples=150, deadline=None)
+@given(n=st.integers(0, 1500), seed=st.integers(0, 2**32), prios=st.integers(1, 4),
+       held_every=st.integers(1, 5), held_run=st.integers(0, 700), limit=st.integers(1, 300),
+       claims=st.integers(1, 4))
+def test_send_order_claims_the_next_rows_that_are_not_held(
+        n: int, seed: int, prios: int, held_every: int, held_run: int, limit: int, claims: int) -> None:
+    """SendOrder.ids gives exactly the first ``limit`` SS_INIT rows in send
+    order (priority first, then id) that are not held, however many held
+    rows come first (it reads on in growing chunks), claim after claim."""
+    rnd = random.Random(seed)
+    rows = [(i, rnd.choice((0, 0, 0, 1, 5)), rnd.randrange(prios)) for i in range(1, n + 1)]
+    c = sqlite3.connect(":memory:")
+    c.execute("CREATE TABLE q (id INTEGER PRIMARY KEY, state INTEGER, priority INTEGER)")
+    c.executemany("INSERT INTO q VALUES (?,?,?)", rows)
+    init = sorted((-p, i) for i, s, p in rows if s == 0)
+    # Held: a long run at the front of the send order, then every n-th row.
+    held = {i for k, (_, i) in enumerate(init) if k < held_run or k % held_every == 0}
+    order = SendOrder("q")
+    for _ in range(claims):
+        want = [i for _, i in init if i not in held][:limit]
+        ids, levels = order.ids(c, "state=0", (), limit, held)
+        assert ids == want
+        held |= set(ids)  # claimed: held sent from now on
+        order.advance(levels, held, set())
