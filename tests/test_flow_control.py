@@ -169,6 +169,45 @@ def test_node_over_its_window_refuses_the_excess_with_over_window(plain_cluster:
     assert "stored copies beyond our window of 8" in (c.root / f"{B}.log").read_text()
 
 
+def test_node_window_counts_stored_copies_not_forwarded_documents(plain_cluster: Cluster) -> None:
+    """The node's window bounds stored copies (DATA with an LK1) only: a
+    read of forwarded documents longer than the window is taken whole, and
+    in a read that mixes both only the copies beyond the window are refused."""
+    c = plain_cluster
+    d = c.add_org(B)
+    cfg = d / "semq.toml"
+    cfg.write_text(re.sub(r"window = \d+", "window = 8", cfg.read_text()))
+    p, me, a = Endpoint.platform(), Endpoint.org(B), Endpoint.org(A)
+
+    def doc(i: int, stored: bool) -> bytes:  # forwarded (no LK1) or a stored copy
+        return encode_frame(Frame(kind=Kind.DATA, source=p, target=me, origin=a, ack2=False,
+                                  body=Data(lk0=LK0(endpoint=a, record_id=i),
+                                            lk1=LK1(record_id=100 + i) if stored else None,
+                                            app_data=f"doc {i}".encode())))
+
+    with socket.create_server(("127.0.0.1", c.port)) as srv:
+        srv.settimeout(20)
+        c.start_node(B)
+        conn, _ = srv.accept()
+        with conn:
+            dec, got = FrameDecoder(), list[Frame]()
+            _read_until(conn, dec, got, lambda: any(f.kind is Kind.HELLO for f in got))
+            conn.sendall(encode_frame(Frame(kind=Kind.WELCOME, source=p, target=me, body=Welcome(window=4096)))
+                         + b"".join(doc(i, False) for i in range(1, 31)))  # 30 forwarded at once
+            wait_until(lambda: len(c.inbox(B)) == 30, 10, "all 30 forwarded documents in the inbox")
+            # 20 forwarded and 12 copies in one read: 4 copies over the window of 8.
+            conn.sendall(b"".join(doc(i, i % 3 == 0) for i in range(31, 67)))
+
+            def nacked() -> list[Nack]:
+                return [f.body for f in got if isinstance(f.body, Nack)]
+
+            _read_until(conn, dec, got, lambda: len(nacked()) >= 4)
+            wait_until(lambda: len(c.inbox(B)) == 30 + 24 + 8, 10, "the forwarded and 8 copies in the inbox")
+            assert {n.code for n in nacked()} == {ResultCode.OVER_WINDOW}
+            assert sorted(n.lk0.record_id for n in nacked()) == [57, 60, 63, 66]  # the copies after the 8th
+    assert "4 stored copies beyond our window of 8" in (c.root / f"{B}.log").read_text()
+
+
 def test_platform_takes_back_a_copy_the_node_refused_over_its_window(tmp_path: Path) -> None:
     from semq.platform.core import PlatformCore
     from semq.umxt_protocol import FrameDecoder as Dec

@@ -97,9 +97,11 @@ def assert_remote_error(data: bytes, max_frame_size: int = DEFAULT_MAX_FRAME) ->
     try:
         for raw in dec:
             if raw.kind is Kind.DATA:
+                lk1_id = raw.lk1_record_id()  # unchecked, never raises (0 for a short body)
                 ids = raw.data_ids()  # unchecked, but only a short body may raise
-                lk0 = raw.data_prefix()[0]
+                lk0, lk1, _, _ = raw.data_prefix()
                 assert ids == (lk0.semq_id, lk0.semq_db_id, lk0.record_id)
+                assert lk1_id == (lk1.record_id if lk1 is not None else 0)
             assert_valid_value(raw.frame())
     except RemoteProtocolError as e:
         assert isinstance(e.code, ResultCode)

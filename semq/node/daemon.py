@@ -277,6 +277,12 @@ class NodeDaemon:
         limit = self.told_window
         if sum(m.kind is Kind.DATA for m in batch) <= limit:
             return batch, b""  # the common case: no prefix parsed
+        # A long read of forwarded documents (an origin sending faster than
+        # we store): count the LK1s before parsing every prefix. Every copy
+        # counted below is counted here too, so within the limit here is
+        # within it below.
+        if sum(1 for m in batch if m.kind is Kind.DATA and m.lk1_record_id()) <= limit:
+            return batch, b""
         copies = []
         for m in batch:
             if m.kind is Kind.DATA:

@@ -28,6 +28,8 @@ from ._schema import MAGIC, VERSION
 from ._types import LK0, LK1, MAX_NODE_ID, MAX_PRIORITY, Endpoint, Kind, NodeType
 
 _DATA_IDS: Final = struct.Struct(_DATA_PREFIX.format[:4])  # LK0's semq_id, semq_db_id, record_id
+_LK1_RECORD: Final = struct.Struct(">Q")
+_LK1_RECORD_AT: Final = struct.calcsize(_DATA_PREFIX.format[:6])  # after LK0 and LK1's semq ids
 
 __all__ = ["DEFAULT_MAX_FRAME", "HEADER_SIZE", "FrameDecoder", "RawFrame", "relay_bytes", "relay_frame_bytes"]
 
@@ -144,6 +146,15 @@ class RawFrame:
             return _DATA_IDS.unpack_from(self.raw, self._body_start)
         except struct.error as e:
             raise RemoteProtocolError(f"DATA prefix: {e}", ResultCode.MALFORMED_FRAME) from e
+
+    def lk1_record_id(self) -> int:
+        """A DATA frame's LK1 record id (0: no LK1, a forwarded document),
+        unchecked and 0 for a body too short to hold it: for counting a
+        read's stored copies before each frame is decoded (and validated)."""
+        try:
+            return int(_LK1_RECORD.unpack_from(self.raw, self._body_start + _LK1_RECORD_AT)[0])
+        except struct.error:
+            return 0
 
     def frame(self) -> Frame:
         """Parse the body; the full, validated Frame. Raises RemoteProtocolError."""
