@@ -27,6 +27,7 @@ from semq.crypto import (
     document_aad,
     document_digest,
     document_salt,
+    document_salts,
     make_batch_receipt,
     make_csr,
     make_receipt,
@@ -115,6 +116,8 @@ def test_given_salts_make_the_same_digest_again(w: World) -> None:
     items = [(w.aad(record=i + 1), b"doc %d" % i) for i in range(3)]
     salts = [document_salt(key, aad) for aad, _ in items]
     assert len(set(salts)) == 3 and all(len(x) == 16 for x in salts)
+    assert document_salts(key, [aad for aad, _ in items]) == salts  # the batch form: the same salts
+    assert document_salts(key, []) == []
     assert document_salt(other, items[0][0]) != salts[0]
     batch = sign_documents(items, signing_key=w.a.keys.signing_key, salts=salts)
     alone = sign_documents(items[1:2], signing_key=w.a.keys.signing_key, salts=salts[1:2])

@@ -36,7 +36,7 @@ from semq.crypto import (
     CryptoError,
     ack_entry_lk0,
     document_aad_fields,
-    document_salt,
+    document_salts,
     make_batch_receipt,
     open_documents,
     protect_documents,
@@ -507,7 +507,7 @@ class NodeCore(HeldWrites):
             return keep
         key = self._document_salt_key()
         docs = iter(protect_documents(items, signing_key=self.sec.identity.keys.signing_key, sealer=self.sec.sealer,
-                                      salts=[document_salt(key, aad) for aad, _, _ in items]))
+                                      salts=document_salts(key, [aad for aad, _, _ in items])))
         result = []
         for r in keep:
             if r[13] is not None and r[13] <= ts:
