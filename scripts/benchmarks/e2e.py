@@ -65,8 +65,10 @@ from pathlib import Path
 from typing import Any, Final
 
 if __package__:
+    from ._proc import cpu_seconds
     from ._table import print_table
 else:  # run as a file: python scripts/benchmarks/e2e.py
+    from _proc import cpu_seconds  # type: ignore[no-redef]
     from _table import print_table  # type: ignore[no-redef]
 
 DEFAULT_COUNT: Final = 20_000
@@ -116,17 +118,6 @@ def peak_rss_mib(pid: int) -> float | None:
     except OSError:
         return None
     return None
-
-
-def cpu_seconds(pid: int) -> float | None:
-    """User + system CPU time of a live process so far, s (/proc/PID/stat)."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    # Fields after the command (which may hold spaces) start after its ")".
-    fields = stat[stat.rindex(")") + 2:].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def security_supported() -> bool:

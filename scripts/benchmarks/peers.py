@@ -18,6 +18,10 @@ Per peer three figures:
 - drain: the subscriber reconnects and receives (and acks) all N:
   msgs/s = N / (connect -> last received).
 
+CPU per message (online, store, drain): user + system CPU of the broker (from
+/proc) and of the publisher and subscriber (their own clocks, from connected
+to done), divided by N.
+
 Publisher and subscriber run as separate processes (each its own GIL, like a
 SEMQ node A and node B); timestamps are CLOCK_MONOTONIC, which is system-wide on
 Linux, so publish->receive latency can be taken across the two processes.
@@ -60,6 +64,11 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, Final
+
+if __package__:
+    from ._proc import cpu_seconds
+else:  # run as a file (the workers: python peers.py --worker ...)
+    from _proc import cpu_seconds  # type: ignore[no-redef]
 
 __all__ = ["PEERS", "ack_promise", "main", "measure_peers", "render_table"]
 
@@ -431,7 +440,11 @@ def _sleep_until_ns(when_ns: int) -> None:
         time.sleep(wait)
 
 
+_READY_CPU: list[float] = []  # this worker's CPU time when it said READY
+
+
 def _ready() -> None:
+    _READY_CPU.append(time.process_time())
     print("READY", flush=True)
 
 
@@ -667,6 +680,8 @@ def _worker_main(argv: Sequence[str]) -> int:
             out = asyncio.run(coro)
     except Exception as exc:  # reported to the parent as one JSON line
         out = {"error": f"{type(exc).__name__}: {exc}"}
+    # CPU of all its threads from READY (connected) to the end: the work measured.
+    out["cpu_s"] = time.process_time() - (_READY_CPU[0] if _READY_CPU else 0.0)
     print(json.dumps(out), flush=True)
     return 0
 
@@ -702,9 +717,20 @@ def _measure_once(
                 "--name", f"semq-bench-{topic}", "--timeout", t, *extra,
             )  # fmt: skip
 
-        def online(topic: str, n: int, rate: float) -> tuple[dict[str, Any], dict[str, Any]]:
+        def broker_cpu() -> float:
+            got = cpu_seconds(broker.proc.pid)
+            if got is None:
+                raise RuntimeError(f"{peer} exited: {broker.log_tail()}")
+            return got
+
+        def cpu_us(n: int, broker_s: float, *workers: dict[str, Any]) -> float:
+            """CPU us per message of the broker and the workers (all processes)."""
+            return (broker_s + sum(w["cpu_s"] for w in workers)) * 1e6 / n
+
+        def online(topic: str, n: int, rate: float) -> tuple[dict[str, Any], dict[str, Any], float]:
             # Subscriber connected first, then the publisher sends n with window W.
             t = budget()
+            b0 = broker_cpu()
             sub = worker("sub", "online", topic, n, t)
             sub.wait_ready(t)
             pub = worker("pub", "publish", topic, n, t, "--rate", rate)
@@ -712,9 +738,9 @@ def _measure_once(
             p, s = pub.result(t + 5), sub.result(t + 5)
             if s["received"] < n:
                 raise RuntimeError(f"{topic}: received {s['received']} of {n} within {t:.0f} s")
-            return p, s
+            return p, s, cpu_us(n, broker_cpu() - b0, p, s)
 
-        p, s = online("online", count, 0.0)
+        p, s, out["online_cpu_us"] = online("online", count, 0.0)
         out["online_msgs_s"] = _rate(count, p["start_ns"], s["last_ns"])
         out["p50_ms"], out["p99_ms"] = s["p50_ms"], s["p99_ms"]
         out["online_duplicates"] = s["duplicates"]
@@ -723,26 +749,30 @@ def _measure_once(
         half_n = max(1, count // 2)
         if out["online_msgs_s"]:
             half_rate = out["online_msgs_s"] / 2
-            p, s = online("half", half_n, half_rate)
+            p, s, _ = online("half", half_n, half_rate)
             out["half_rate_msgs_s"] = half_rate
             out["half_p50_ms"], out["half_p99_ms"] = s["p50_ms"], s["p99_ms"]
         # store: create the persistent session / durable consumer, leave, publish N.
         t = budget()
         worker("sub", "prepare", "store", count, t).result(t)
+        b0 = broker_cpu()
         pub = worker("pub", "publish", "store", count, t)
         pub.wait_ready(t)
         p = pub.result(t + 5)
         if p["acked"] < count:
             raise RuntimeError(f"store: {p['acked']} of {count} acked within {t:.0f} s")
         out["store_msgs_s"] = _rate(count, p["start_ns"], p["last_ack_ns"])
+        out["store_cpu_us"] = cpu_us(count, broker_cpu() - b0, p)
         # drain: the subscriber comes back and takes everything.
         t = budget()
+        b0 = broker_cpu()
         sub = worker("sub", "drain", "store", count, t)
         sub.wait_ready(t)
         s = sub.result(t + 5)
         if s["received"] < count:
             raise RuntimeError(f"drain: received {s['received']} of {count} within {t:.0f} s")
         out["drain_msgs_s"] = _rate(count, s["start_ns"], s["last_ns"])
+        out["drain_cpu_us"] = cpu_us(count, broker_cpu() - b0, s)
         out["drain_duplicates"] = s["duplicates"]
     return out
 
@@ -756,6 +786,9 @@ _FIGURES: Final = (
     "half_p99_ms",
     "store_msgs_s",
     "drain_msgs_s",
+    "online_cpu_us",
+    "store_cpu_us",
+    "drain_cpu_us",
 )
 
 
@@ -854,16 +887,19 @@ def render_table(rows: list[dict[str, Any]], *, count: int, repeat: int, window:
         f"clients paho-mqtt {f['paho-mqtt']}, nats-py {f['nats-py']}",
         "",
         "| peer | online msgs/s | p50 ms | p99 ms | store msgs/s | drain msgs/s "
-        "| p50 / p99 ms at half load |",
-        "|---|---:|---:|---:|---:|---:|---:|",
+        "| p50 / p99 ms at half load | CPU us/msg online / store / drain |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for row in rows:
         lines.append(
             f"| {row['label']} | {_fmt(row['online_msgs_s'])} | {_fmt(row['p50_ms'], 1)} "
             f"| {_fmt(row['p99_ms'], 1)} | {_fmt(row['store_msgs_s'])} | {_fmt(row['drain_msgs_s'])} "
-            f"| {_fmt(row['half_p50_ms'], 1)} / {_fmt(row['half_p99_ms'], 1)} |"
+            f"| {_fmt(row['half_p50_ms'], 1)} / {_fmt(row['half_p99_ms'], 1)} "
+            f"| {_fmt(row['online_cpu_us'])} / {_fmt(row['store_cpu_us'])} / {_fmt(row['drain_cpu_us'])} |"
         )
     lines.append("")
+    lines.append("CPU us/msg = user + system CPU time of the broker, the publisher and the subscriber processes"
+                 " (from /proc and each client's own clock, from connected to done) / messages.")
     lines.append("What an ack promises:")
     lines.extend(f"- {row['ack_promise']}" for row in rows)
     lines.extend(f"installed on demand: {what}" for what in _INSTALLED)

@@ -553,13 +553,25 @@ def report(a: argparse.Namespace, res: Results) -> tuple[list[str], list[list[st
     loop_rate = _median([x["rate"] for x in res.loopback])
     labels = {"online": "online, full load", "half": "online, half load", "store": "store (receiver offline)",
               "drain": "drain (receiver connects)"}
-    headers = ["system / phase", "docs/s", "p50 ms", "p99 ms", "RSS relay", "RSS sender", "RSS receiver",
-               "x NATS", "x mosquitto", "of SQLite", "of loopback"]
+    headers = ["system / phase", "docs/s", "CPU us/doc", "p50 ms", "p99 ms", "RSS relay", "RSS sender",
+               "RSS receiver", "x NATS", "x mosquitto", "of SQLite", "of loopback"]
     rows: list[list[str]] = []
 
     def rss(vals: list[float | None]) -> str:
         m = _median(vals)
         return "-" if m is None else f"{m:.0f}"
+
+    def semq_cpu(runs: list[dict[str, Any]]) -> float | None:
+        """Median over runs of the CPU per document of every SEMQ process that ran."""
+        sums = []
+        for x in runs:
+            vals = [v for v in (x.get("cpu") or {}).values() if v is not None]
+            sums.append(sum(vals) if vals else None)
+        return _median(sums)
+
+    semq_cpu_of = {(s, k): semq_cpu(res.semq[s][k]) for s in (False, True) for k in PHASES}
+    peer_cpu_of = {(p, k): _median([x.get(f"{k}_cpu_us") for x in res.peers[p]])
+                   for p in peers.PEERS for k in ("online", "store", "drain")}
 
     for secure in (False, True):
         for k in PHASES:
@@ -568,7 +580,7 @@ def report(a: argparse.Namespace, res: Results) -> tuple[list[str], list[list[st
             lat = k in ("online", "half")
             full = k != "half"
             rows.append([
-                f"SEMQ {labels[k]}, security {'on' if secure else 'off'}", _f(rate),
+                f"SEMQ {labels[k]}, security {'on' if secure else 'off'}", _f(rate), _f(semq_cpu_of[(secure, k)]),
                 _f(_median([x["p50"] for x in runs]), ".0f") if lat else "-",
                 _f(_median([x["p99"] for x in runs]), ".0f") if lat else "-",
                 rss([x["rss"].get("P") for x in runs]), rss([x["rss"].get("A") for x in runs]),
@@ -581,7 +593,7 @@ def report(a: argparse.Namespace, res: Results) -> tuple[list[str], list[list[st
             th = res.target_half
             rows.insert(PHASES.index("half") + 1, [  # right under the half-load row
                 f"SEMQ online, {TARGET_HALF_RATE:,}/s (half of the 15,000/s target), security off",
-                _f(_median([x["rate"] for x in th])), _f(_median([x["p50"] for x in th]), ".0f"),
+                _f(_median([x["rate"] for x in th])), _f(semq_cpu(th)), _f(_median([x["p50"] for x in th]), ".0f"),
                 _f(_median([x["p99"] for x in th]), ".0f"), rss([x["rss"].get("P") for x in th]),
                 rss([x["rss"].get("A") for x in th]), rss([x["rss"].get("B") for x in th]), "-", "-", "-", "-"])
     for peer in ("nats", "mosquitto"):
@@ -593,7 +605,7 @@ def report(a: argparse.Namespace, res: Results) -> tuple[list[str], list[list[st
             p99 = {"online": "p99_ms", "half": "half_p99_ms"}.get(k)
             full = k != "half"
             rows.append([
-                f"{PEER_NAMES[peer]} {labels[k]}", _f(rate),
+                f"{PEER_NAMES[peer]} {labels[k]}", _f(rate), _f(peer_cpu_of.get((peer, k))),
                 _f(_median([x.get(p50) for x in runs]), ".1f") if p50 else "-",
                 _f(_median([x.get(p99) for x in runs]), ".1f") if p99 else "-",
                 rss([x["broker"] for x in prss]),
@@ -602,10 +614,10 @@ def report(a: argparse.Namespace, res: Results) -> tuple[list[str], list[list[st
                 "-", "-", _pct(rate, sqlite_rate) if full else "-", _pct(rate, loop_rate) if full else "-",
             ])
     rows.append([f"limit: SQLite insert, WAL, synchronous={a.synchronous}, {BATCH} rows/txn", _f(sqlite_rate),
-                 "-", "-", "-", rss([x["rss"] for x in res.sqlite]), "-", "-", "-", "-", "-"])
+                 "-", "-", "-", "-", rss([x["rss"] for x in res.sqlite]), "-", "-", "-", "-", "-"])
     frame_bytes = res.loopback[0]["frame_bytes"] if res.loopback else 1227
     rows.append([f"limit: loopback TCP, {frame_bytes:,} B frames, {BATCH}/sendall", _f(loop_rate), "-", "-", "-",
-                 rss([x["rss_send"] for x in res.loopback]), rss([x["rss_recv"] for x in res.loopback]),
+                 "-", rss([x["rss_send"] for x in res.loopback]), rss([x["rss_recv"] for x in res.loopback]),
                  "-", "-", "-", "-"])
 
     n_runs = max([len(res.semq[False]["online"]), len(res.peers["nats"]), len(res.sqlite)], default=0)
@@ -624,7 +636,17 @@ def report(a: argparse.Namespace, res: Results) -> tuple[list[str], list[list[st
         "subscriber (peak VmHWM; peers' processes sampled every 0.25 s).",
         "Peers: the same phases, publish window 256, p50/p99 = publish -> receive; no TLS. x NATS / x mosquitto = "
         "SEMQ docs/s / the peer's in the same phase; of SQLite / of loopback = docs/s / the limit's rate.",
+        "CPU us/doc = user + system CPU time of every process of the system in the phase (SEMQ: platform, A and B "
+        "from /proc, the phase's poll waits included; peers: broker from /proc, publisher and subscriber from "
+        "their own clocks, connected to done) / documents. It moves less with the neighbours than docs/s (busy "
+        "neighbours still raise it: caches, shared cores); at a paced load it includes the daemons' idle ticks.",
     ]
+    for k in ("online", "store", "drain"):
+        mine = semq_cpu_of[(False, k)]
+        theirs = [(PEER_NAMES[p], peer_cpu_of[(p, k)]) for p in ("nats", "mosquitto")]
+        if mine and all(v for _, v in theirs):
+            notes.append(f"CPU per document, {k}, security off: SEMQ {mine:,.0f} us; " + "; ".join(
+                f"{name} {v:,.0f} us (SEMQ uses {mine / v:.2f}x)" for name, v in theirs if v) + ".")
     # Targets.
     on = semq_rate[(False, "online")]
     for k in ("online", "store", "drain"):
