@@ -9,6 +9,7 @@ import re
 import socket
 import time
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -119,53 +120,67 @@ def _read_until(sock: socket.socket, dec: FrameDecoder, got: list[Frame], done: 
         got += [r.frame() for r in dec]
 
 
-def test_node_over_its_window_refuses_the_excess_with_over_window(plain_cluster: Cluster) -> None:
-    """The other direction: a platform that sends a node more DATA at once
-    than the window the node announced gets OVER_WINDOW for the excess; the
-    node stores only what is within its window, and takes the rest later."""
-    c = plain_cluster
+def _delivered(i: int, stored: bool = True) -> bytes:
+    """A's document i as the platform delivers it to B: a stored copy (with
+    an LK1) or forwarded (none)."""
+    p, me, a = Endpoint.platform(), Endpoint.org(B), Endpoint.org(A)
+    return encode_frame(Frame(kind=Kind.DATA, source=p, target=me, origin=a, ack2=False,
+                              body=Data(lk0=LK0(endpoint=a, record_id=i),
+                                        lk1=LK1(record_id=100 + i) if stored else None,
+                                        app_data=f"doc {i}".encode())))
+
+
+@contextmanager
+def _node_behind_a_fake_platform(c: Cluster, window: int) -> Iterator[tuple[socket.socket, FrameDecoder,
+                                                                            list[Frame]]]:
+    """Node B with ``window`` connected to a platform that ignores windows
+    (this test): the connection, its decoder and the frames read, after
+    B's HELLO."""
     d = c.add_org(B)
     cfg = d / "semq.toml"
-    cfg.write_text(re.sub(r"window = \d+", "window = 8", cfg.read_text()))
-    p, me, a = Endpoint.platform(), Endpoint.org(B), Endpoint.org(A)
-
-    def copy(i: int) -> bytes:  # a stored copy of A's document i, as the platform delivers it
-        return encode_frame(Frame(kind=Kind.DATA, source=p, target=me, origin=a, ack2=False,
-                                  body=Data(lk0=LK0(endpoint=a, record_id=i), lk1=LK1(record_id=100 + i),
-                                            app_data=f"doc {i}".encode())))
-
-    with socket.create_server(("127.0.0.1", c.port)) as srv:  # a platform that ignores windows
+    cfg.write_text(re.sub(r"window = \d+", f"window = {window}", cfg.read_text()))
+    with socket.create_server(("127.0.0.1", c.port)) as srv:
         srv.settimeout(20)
         c.start_node(B)
         conn, _ = srv.accept()
         with conn:
             dec, got = FrameDecoder(), list[Frame]()
             _read_until(conn, dec, got, lambda: any(f.kind is Kind.HELLO for f in got))
-            hello = next(f.body for f in got if isinstance(f.body, Hello))
-            assert hello.window == 8
-            conn.sendall(encode_frame(Frame(kind=Kind.WELCOME, source=p, target=me, body=Welcome(window=4096)))
-                         + b"".join(copy(i) for i in range(1, 21)))  # 20 at once
+            yield conn, dec, got
 
-            def nacked() -> list[Nack]:
-                return [f.body for f in got if isinstance(f.body, Nack)]
 
-            def acked() -> set[int]:
-                return {e.dest_ref_id for f in got if isinstance(f.body, AckBatch)
-                        for e in f.body.entries}
+def test_node_over_its_window_refuses_the_excess_with_over_window(plain_cluster: Cluster) -> None:
+    """The other direction: a platform that sends a node more DATA at once
+    than the window the node announced gets OVER_WINDOW for the excess; the
+    node stores only what is within its window, and takes the rest later."""
+    c = plain_cluster
+    p, me = Endpoint.platform(), Endpoint.org(B)
+    with _node_behind_a_fake_platform(c, 8) as (conn, dec, got):
+        hello = next(f.body for f in got if isinstance(f.body, Hello))
+        assert hello.window == 8
+        conn.sendall(encode_frame(Frame(kind=Kind.WELCOME, source=p, target=me, body=Welcome(window=4096)))
+                     + b"".join(_delivered(i) for i in range(1, 21)))  # 20 at once
 
-            _read_until(conn, dec, got, lambda: len(nacked()) >= 12 and len(acked()) >= 8)
-            assert {n.code for n in nacked()} == {ResultCode.OVER_WINDOW}
-            assert sorted(n.lk0.record_id for n in nacked()) == list(range(9, 21))
-            assert all(f.target == p for f in got if f.kind is Kind.NACK)
-            assert acked() == {100 + i for i in range(1, 9)}  # ACKs name our LK1
-            wait_until(lambda: len(c.inbox(B)) == 8, 10, "8 within the window in the inbox")
-            # Sent again within the window: taken, each once.
-            conn.sendall(b"".join(copy(i) for i in range(9, 17)))
-            _read_until(conn, dec, got, lambda: len(acked()) >= 16)
-            conn.sendall(b"".join(copy(i) for i in range(17, 21)) + copy(1))  # and a duplicate
-            _read_until(conn, dec, got, lambda: len(acked()) >= 20)
-            wait_until(lambda: len(c.inbox(B)) == 20, 10, "all 20 in the inbox")
-            assert len(nacked()) == 12
+        def nacked() -> list[Nack]:
+            return [f.body for f in got if isinstance(f.body, Nack)]
+
+        def acked() -> set[int]:
+            return {e.dest_ref_id for f in got if isinstance(f.body, AckBatch)
+                    for e in f.body.entries}
+
+        _read_until(conn, dec, got, lambda: len(nacked()) >= 12 and len(acked()) >= 8)
+        assert {n.code for n in nacked()} == {ResultCode.OVER_WINDOW}
+        assert sorted(n.lk0.record_id for n in nacked()) == list(range(9, 21))
+        assert all(f.target == p for f in got if f.kind is Kind.NACK)
+        assert acked() == {100 + i for i in range(1, 9)}  # ACKs name our LK1
+        wait_until(lambda: len(c.inbox(B)) == 8, 10, "8 within the window in the inbox")
+        # Sent again within the window: taken, each once.
+        conn.sendall(b"".join(_delivered(i) for i in range(9, 17)))
+        _read_until(conn, dec, got, lambda: len(acked()) >= 16)
+        conn.sendall(b"".join(_delivered(i) for i in range(17, 21)) + _delivered(1))  # and a duplicate
+        _read_until(conn, dec, got, lambda: len(acked()) >= 20)
+        wait_until(lambda: len(c.inbox(B)) == 20, 10, "all 20 in the inbox")
+        assert len(nacked()) == 12
     assert "stored copies beyond our window of 8" in (c.root / f"{B}.log").read_text()
 
 
@@ -174,37 +189,21 @@ def test_node_window_counts_stored_copies_not_forwarded_documents(plain_cluster:
     read of forwarded documents longer than the window is taken whole, and
     in a read that mixes both only the copies beyond the window are refused."""
     c = plain_cluster
-    d = c.add_org(B)
-    cfg = d / "semq.toml"
-    cfg.write_text(re.sub(r"window = \d+", "window = 8", cfg.read_text()))
-    p, me, a = Endpoint.platform(), Endpoint.org(B), Endpoint.org(A)
+    p, me = Endpoint.platform(), Endpoint.org(B)
+    with _node_behind_a_fake_platform(c, 8) as (conn, dec, got):
+        conn.sendall(encode_frame(Frame(kind=Kind.WELCOME, source=p, target=me, body=Welcome(window=4096)))
+                     + b"".join(_delivered(i, stored=False) for i in range(1, 31)))  # 30 forwarded at once
+        wait_until(lambda: len(c.inbox(B)) == 30, 10, "all 30 forwarded documents in the inbox")
+        # 24 forwarded and 12 copies in one read: 4 copies over the window of 8.
+        conn.sendall(b"".join(_delivered(i, stored=i % 3 == 0) for i in range(31, 67)))
 
-    def doc(i: int, stored: bool) -> bytes:  # forwarded (no LK1) or a stored copy
-        return encode_frame(Frame(kind=Kind.DATA, source=p, target=me, origin=a, ack2=False,
-                                  body=Data(lk0=LK0(endpoint=a, record_id=i),
-                                            lk1=LK1(record_id=100 + i) if stored else None,
-                                            app_data=f"doc {i}".encode())))
+        def nacked() -> list[Nack]:
+            return [f.body for f in got if isinstance(f.body, Nack)]
 
-    with socket.create_server(("127.0.0.1", c.port)) as srv:
-        srv.settimeout(20)
-        c.start_node(B)
-        conn, _ = srv.accept()
-        with conn:
-            dec, got = FrameDecoder(), list[Frame]()
-            _read_until(conn, dec, got, lambda: any(f.kind is Kind.HELLO for f in got))
-            conn.sendall(encode_frame(Frame(kind=Kind.WELCOME, source=p, target=me, body=Welcome(window=4096)))
-                         + b"".join(doc(i, False) for i in range(1, 31)))  # 30 forwarded at once
-            wait_until(lambda: len(c.inbox(B)) == 30, 10, "all 30 forwarded documents in the inbox")
-            # 20 forwarded and 12 copies in one read: 4 copies over the window of 8.
-            conn.sendall(b"".join(doc(i, i % 3 == 0) for i in range(31, 67)))
-
-            def nacked() -> list[Nack]:
-                return [f.body for f in got if isinstance(f.body, Nack)]
-
-            _read_until(conn, dec, got, lambda: len(nacked()) >= 4)
-            wait_until(lambda: len(c.inbox(B)) == 30 + 24 + 8, 10, "the forwarded and 8 copies in the inbox")
-            assert {n.code for n in nacked()} == {ResultCode.OVER_WINDOW}
-            assert sorted(n.lk0.record_id for n in nacked()) == [57, 60, 63, 66]  # the copies after the 8th
+        _read_until(conn, dec, got, lambda: len(nacked()) >= 4)
+        wait_until(lambda: len(c.inbox(B)) == 30 + 24 + 8, 10, "the forwarded and 8 copies in the inbox")
+        assert {n.code for n in nacked()} == {ResultCode.OVER_WINDOW}
+        assert sorted(n.lk0.record_id for n in nacked()) == [57, 60, 63, 66]  # the copies after the 8th
     assert "4 stored copies beyond our window of 8" in (c.root / f"{B}.log").read_text()
 
 
