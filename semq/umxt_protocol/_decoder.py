@@ -29,6 +29,7 @@ from ._types import LK0, LK1, MAX_NODE_ID, MAX_PRIORITY, Endpoint, Kind, NodeTyp
 
 _DATA_IDS: Final = struct.Struct(_DATA_PREFIX.format[:4])  # LK0's semq_id, semq_db_id, record_id
 _LK1_RECORD: Final = struct.Struct(">Q")
+_LK1_WIRE: Final = struct.Struct(">HHQ")  # LK1 in the DATA prefix: semq_id, semq_db_id, record_id
 _LK1_RECORD_AT: Final = struct.calcsize(_DATA_PREFIX.format[:6])  # after LK0 and LK1's semq ids
 
 __all__ = ["DEFAULT_MAX_FRAME", "HEADER_SIZE", "FrameDecoder", "RawFrame", "relay_bytes", "relay_frame_bytes"]
@@ -195,15 +196,23 @@ def relay_frame_bytes(b: bytes, source: Endpoint, lk1: LK1 | None = None) -> byt
     head = _HEADER.pack(
         MAGIC, VERSION, kind, flags, sf, prio, source.node_type, tt, ot, len(src), tl, ol, 0, body_len
     )
-    body = b[ids_end:-4]
-    if lk1 is not None:
-        if kind != Kind.DATA:
-            raise LocalProtocolError(f"LK1 on a frame of kind {kind}")
-        pre = bytearray(body[: _DATA_PREFIX.size])
-        pre[12:24] = lk1.semq_id.to_bytes(2, "big") + lk1.semq_db_id.to_bytes(2, "big") + lk1.record_id.to_bytes(8, "big")
-        body = bytes(pre) + body[_DATA_PREFIX.size :]
-    out = b"".join((head, src, b[HEADER_SIZE + sl : ids_end], body))
-    return out + _CRC.pack(crc32(out))
+    if lk1 is None:  # target and origin ids and the body: one slice
+        out = b"".join((head, src, b[HEADER_SIZE + sl : -4]))
+        return out + _CRC.pack(crc32(out))
+    if kind != Kind.DATA:
+        raise LocalProtocolError(f"LK1 on a frame of kind {kind}")
+    # The LK1 spliced between views of ``b``, the CRC run over the parts in
+    # turn: the ~1 KiB body is copied once (a stored copy's delivery sliced,
+    # spliced, joined and appended to it: 2.2 -> 1.8 us).
+    m = memoryview(b)
+    lk1_at = ids_end + 12  # after LK0's semq_id, semq_db_id and record_id
+    parts: list[bytes | memoryview] = [head, src, m[HEADER_SIZE + sl : lk1_at],
+             _LK1_WIRE.pack(lk1.semq_id, lk1.semq_db_id, lk1.record_id), m[lk1_at + 12 : -4]]
+    crc = 0
+    for part in parts:
+        crc = crc32(part, crc)
+    parts.append(_CRC.pack(crc))
+    return b"".join(parts)
 
 
 class FrameDecoder:
