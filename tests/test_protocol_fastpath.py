@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -55,3 +56,20 @@ def test_frame_crc32_is_zlibs(data: bytes, start: int) -> None:
     assert crc32(data) == zlib.crc32(data)
     assert crc32(memoryview(data)[1:]) == zlib.crc32(data[1:])
     assert crc32(data, start) == zlib.crc32(data, start)
+
+
+@settings(max_examples=200, derandomize=True, deadline=None)
+@given(semq=st.integers(0, 65535), db=st.integers(0, 65535), rec=st.integers(0, 2**64 - 1))
+def test_lk1_from_wire_is_the_validated_lk1(semq: int, db: int, rec: int) -> None:
+    """The hot paths' LK1 (the platform names each delivered copy with one)
+    equals the public constructor's, and refuses what it refuses (zeros)."""
+    from semq.umxt_protocol import LK1, ProtocolError, lk1_from_wire
+
+    try:
+        want = LK1(semq_id=semq, semq_db_id=db, record_id=rec)
+    except ProtocolError as e:
+        with pytest.raises(ProtocolError) as info:
+            lk1_from_wire(semq, db, rec)
+        assert type(info.value) is type(e) and str(info.value) == str(e)
+    else:
+        assert lk1_from_wire(semq, db, rec) == want

@@ -32,7 +32,6 @@ from semq.events import EventLog, now_ms
 from semq.umxt_protocol import (
     HEADER_SIZE,
     LK0,
-    LK1,
     Ack,
     AckBatch,
     AckEntry,
@@ -53,6 +52,7 @@ from semq.umxt_protocol import (
     RemoteProtocolError,
     ResultCode,
     encode_frame,
+    lk1_from_wire,
     relay_bytes,
     relay_frame_bytes,
 )
@@ -618,7 +618,7 @@ class PlatformCore(HeldWrites):
                     events.append({"ts": ts, "event": "expired", "lk0": lk0, "source": oid,
                                    "target": target.node_id, "code": int(ResultCode.EXPIRED)})
                     continue
-                out.append(relay_frame_bytes(blob, self.me, LK1(record_id=rid)))
+                out.append(relay_frame_bytes(blob, self.me, lk1_from_wire(1, 1, rid)))
                 # SS_SENT held in memory, not written: the target's ACK
                 # deletes the copy a fraction of a second later, and the
                 # UPDATE of a row with its 1 KiB frame was the largest part

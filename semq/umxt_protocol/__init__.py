@@ -36,6 +36,7 @@ from ._frames import (
     encode_frame,
     encode_frames,
     lk0_from_wire,
+    lk1_from_wire,
 )
 from ._types import (
     LK0,
@@ -104,6 +105,7 @@ __all__ = [
     "encode_frame",
     "encode_frames",
     "lk0_from_wire",
+    "lk1_from_wire",
     "relay_bytes",
     "relay_frame_bytes",
 ]

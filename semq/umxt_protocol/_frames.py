@@ -880,7 +880,7 @@ lk0_from_wire = _lk0_wire
 
 
 def _lk1_wire(semq: int, db: int, rec: int) -> LK1:
-    if not (semq and db):  # rec is non-zero: a zero record id means "no LK1"
+    if not (semq and db and rec):  # (off the wire rec is non-zero: zero means "no LK1")
         return LK1(semq_id=semq, semq_db_id=db, record_id=rec)  # raises
     lk1 = _new(LK1)
     s = _LK1_SET
@@ -888,6 +888,11 @@ def _lk1_wire(semq: int, db: int, rec: int) -> LK1:
     s[1](lk1, semq)
     s[2](lk1, db)
     return lk1
+
+
+# Public like lk0_from_wire: an LK1 of values that can only be out of range
+# by being zero (a platform's delivery names its stored row by id).
+lk1_from_wire = _lk1_wire
 
 
 def _decode_data(buf: bytes, origin: Endpoint, encrypt: bool) -> Data:
