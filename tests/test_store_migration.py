@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from semq._db import StoreError, open_store
+from semq._db import PAGE_SIZE, StoreError, open_store
 from semq.node.core import NewDocument, NodeCore
 from semq.node.store import MIGRATIONS, open_node_store
 
@@ -70,3 +70,29 @@ def test_v1_platform_store_upgrades_to_the_delivery_index(tmp_path: Path) -> Non
     finally:
         core.close()
     assert (tmp_path / "platform.sqlite.bak-v1").exists()
+
+
+def test_new_stores_take_the_page_size_and_old_ones_keep_theirs(tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    new = tmp_path / "new.sqlite"
+    open_node_store(new, create=True).close()
+    core = NodeCore(new, "10008")
+    try:
+        assert core.conn.execute("PRAGMA page_size").fetchone()[0] == PAGE_SIZE == 16384
+        assert core.conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+    finally:
+        core.close()
+    # A store made with SQLite's default pages (every store before the change)
+    # opens, keeps them, and works: WAL mode cannot change the size.
+    old = tmp_path / "old.sqlite"
+    with monkeypatch.context() as m:
+        m.setattr("semq._db.PAGE_SIZE", 4096)
+        open_node_store(old, create=True).close()
+    core = NodeCore(old, "10008")
+    try:
+        assert core.conn.execute("PRAGMA page_size").fetchone()[0] == 4096
+        (lk0,) = core.accept([NewDocument(target="56001", app_data=b"x" * 1024)])
+        row = core.conn.execute("SELECT app_data FROM outbox WHERE id=?", (lk0.record_id,)).fetchone()
+        assert row == (b"x" * 1024,)
+    finally:
+        core.close()
