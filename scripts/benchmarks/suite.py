@@ -16,8 +16,8 @@ documents and only 127.0.0.1:
   (``apt-get install mosquitto nats-server``, ``pip install paho-mqtt
   nats-py`` into this interpreter's environment).
 - **limits**: this machine's SQLite group-commit insert rate (WAL,
-  ``synchronous`` as the SEMQ stores, 512 rows per transaction like a node's
-  claim batch, 1 KiB rows, one process) and its loopback frame rate (a real
+  ``synchronous`` and page size as the SEMQ stores, 512 rows per transaction
+  like a node's claim batch, 1 KiB rows, one process) and its loopback frame rate (a real
   1,227-byte UMX-T DATA frame, 512 frames joined per ``sendall`` like the
   daemons' send of a claimed batch, from one process to another over a
   127.0.0.1 TCP socket; the receiver only counts bytes).
@@ -242,9 +242,13 @@ class RssSampler:
 
 
 def _worker_sqlite(path: str, rows: int, batch: int, synchronous: str) -> dict[str, Any]:
-    """Insert ``rows`` 1 KiB rows, ``batch`` per transaction, WAL, ``synchronous``."""
+    """Insert ``rows`` 1 KiB rows, ``batch`` per transaction, WAL, ``synchronous``,
+    the page size of SEMQ's stores."""
+    from semq._db import PAGE_SIZE
+
     con = sqlite3.connect(path, isolation_level=None)
     try:
+        con.execute(f"PRAGMA page_size={PAGE_SIZE}")  # as semq._db (before WAL)
         con.execute("PRAGMA journal_mode=wal")
         con.execute(f"PRAGMA synchronous={synchronous}")
         con.execute("PRAGMA cache_size=-16000")  # as semq._db
