@@ -180,7 +180,7 @@ def test_an_ack2_soon_after_the_ack_fwd_deletes_a_row_never_written_forwarded(
         assert out.settled == 0  # no second credit: the held state counts
         assert len(out.data) == 1  # REACK2 for both
         assert [r[:2] for r in _full(store)] == [(3, 0)]
-        assert a._held_fwd == {3: (1_000_000, 0)} and a._held_sent == {3: (1_000_000, 1)}
+        assert a._held_fwd == {3: (1_000_000, 0)} and a._held_sent == {3: (1_000_000, 1, B, 3, 1)}
         # Past HOLD_MS the next batch writes the held states, SS_SENT first,
         # with the time of the ACK_FWD and the inquiry schedule it would have had.
         node_clock.t += 1000
@@ -308,7 +308,7 @@ def test_a_claimed_row_is_written_sent_as_the_claim_wrote_it(tmp_path: Path, nod
         with a._tx():
             a._origin_apply([(1, OriginEvent.PLATFORM_LACKS)], node_clock.t, Output(), [], {})
         t1 = node_clock.t
-        assert len(a.claim(10).data) == 1 and a._held_sent == {1: (t1, 2)}
+        assert len(a.claim(10).data) == 1 and {k: v[:2] for k, v in a._held_sent.items()} == {1: (t1, 2)}
         node_clock.t += 1000
         a.handle([])
         assert _sent_cols(store)[0] == (1, 1, 2, t1, t1, t1, t1 + 2 * a.inquiry_ms)
@@ -449,3 +449,61 @@ def test_a_row_left_out_of_a_claim_is_claimed_later(tmp_path: Path, node_clock: 
         assert len(a.claim(10).data) == 1 and 2 in a._held_sent and a._order.after == {(None, 0): 5}
     finally:
         a.close()
+
+
+def test_acks_of_claimed_rows_are_applied_from_memory_as_from_the_rows(
+        tmp_path: Path, node_clock: NodeClock) -> None:
+    """The acks of a row whose SS_SENT is held take its target, SaveFwd and
+    Ack2 from what the claim kept, without reading the row: every answer,
+    state, credit and event is what the same acks give rows read from disk
+    (the same claims with their states written first)."""
+    from semq.umxt_protocol import SaveFwd
+
+    C = "56002"
+    docs = [NewDocument(target=t, app_data=b"doc %d" % i, save_fwd=sf, ack2=ack2)
+            for i, (t, sf, ack2) in enumerate([(B, SaveFwd.MUST_DELIVER, True), (B, SaveFwd.STORE, True),
+                                                (C, SaveFwd.MUST_DELIVER, True), (B, SaveFwd.MUST_DELIVER, False),
+                                                (C, SaveFwd.STORE, False), (B, SaveFwd.MUST_DELIVER, True)])]
+    acks = [
+        [_acks(Kind.ACK_FWD, P, [1, 2, 3, 4])],
+        [_acks(Kind.ACK_SAVE, P, [5, 6])],
+        [_acks(Kind.ACK2, Endpoint.org(C), [1, 3])],  # row 1 is B's: not C's to confirm
+        [_acks(Kind.ACK2, Endpoint.org(B), [1, 4, 6])],  # row 2 stays forwarded, unconfirmed
+    ]
+    seen = {}
+    for way in ("memory", "disk"):
+        store = tmp_path / way / "node.sqlite"
+        store.parent.mkdir()
+        node_clock.t = 1_000_000
+        a = NodeCore(store, A, create=True, platform=P, events_dir=tmp_path / way / "events")
+        try:
+            a.accept(docs)
+            assert len(a.claim(10).data) == 6
+            if way == "disk":
+                _write(a)
+            assert len(a._held_sent) == (6 if way == "memory" else 0)
+            statements: list[str] = []
+            a.conn.set_trace_callback(statements.append)
+            results = []
+            for batch in acks:
+                out = a.handle(batch)
+                results.append((out.settled, sorted(out.data)))
+            a.conn.set_trace_callback(None)
+            reads = [s for s in statements if s.startswith("SELECT id, target_id, state")]
+            if way == "memory":  # only row 6, written SS_ACK_SAVE by its ACK_SAVE, is read (for its ACK2)
+                assert [s.split(" WHERE ")[1] for s in reads] == ["id BETWEEN 6 AND 6"]
+            else:
+                assert len(reads) == len(acks)
+            _write(a)
+            rows = a.conn.execute("SELECT id, state, code, attempts FROM outbox ORDER BY id").fetchall()
+            events = [{k: v for k, v in e.items() if k != "ts"}
+                      for f in sorted((tmp_path / way / "events").glob("*.jsonl"))
+                      for e in map(__import__("json").loads, f.read_text().splitlines())]
+            seen[way] = (results, rows, [e for e in events if e["event"] != "queued"])
+        finally:
+            a.close()
+    assert seen["memory"] == seen["disk"]
+    results, rows, events = seen["memory"]
+    assert [r[:2] for r in rows] == [(2, 2)]  # SS_ACK_FWD; the rest confirmed and cleaned
+    assert [e["lk0"] for e in events if e["event"] == "cleaned"] == [f"{A}/1/1/{i}" for i in (5, 3, 1, 4, 6)]
+    assert {e["event"] for e in events} >= {"ack_fwd", "ack_save", "ack2", "cleaned"}

@@ -207,8 +207,10 @@ class NodeCore(HeldWrites):
         self._inbound_sweep = 0  # the pending-ack id after which the next inquiry round reads
         self.log = EventLog(events_dir, f"org:{org}", "origin") if events_dir else None
         # Claimed rows whose SS_SENT is not written yet (SS_INIT on disk):
-        # id -> (time of the claim, attempts with this one), oldest first.
-        self._held_sent: dict[int, tuple[int, int]] = {}
+        # id -> (time of the claim, attempts with this one, and the row's
+        # target_id, save_fwd, ack2: what _origin_apply needs of a row, so
+        # the acks of a claimed row do not read it again), oldest first.
+        self._held_sent: dict[int, tuple[int, int, str, int, int]] = {}
         # Where the claims read the send order from: after the held rows.
         # Forgotten whenever a row may have become SS_INIT below that point (a
         # resend, the operator, another process: every inquiry round).
@@ -265,7 +267,7 @@ class NodeCore(HeldWrites):
             self.conn.executemany(
                 "UPDATE outbox SET state=1, attempts=?, sent_ms=?, state_ms=?, last_inquiry_ms=?, due_ms=?"
                 " WHERE id=? AND state=0",
-                [(a, t, t, t, self._first_inquiry(t, a), rid) for rid, (t, a) in sent])
+                [(a, t, t, t, self._first_inquiry(t, a), rid) for rid, (t, a, *_) in sent])
         items = take_held(self._held_fwd, before_ms, 0) if self._held_fwd else []
         if items:
             # The row is still SS_SENT on disk; any other state was written since.
@@ -437,7 +439,7 @@ class NodeCore(HeldWrites):
                     # and the receiver suppress the duplicate). Written after
                     # HOLD_MS (write_held); every step reads it from memory
                     # meanwhile, and the claims skip it.
-                    held[r[0]] = (ts, r[14] + 1)
+                    held[r[0]] = (ts, r[14] + 1, r[2], r[4], r[5])
                 else:
                     gone.append(r[0])
             # (The digest a document was signed with goes to ``receipts`` below;
@@ -884,9 +886,25 @@ class NodeCore(HeldWrites):
         rows, a cached table step and two dicts for the event log per row."""
         answers: list[tuple[int, InquiryResult]] = []
         ids = [it[0] for it in items]
+        held, held_sent = self._held_fwd, self._held_sent
         # (id, target_id, state, save_fwd, ack2, attempts): all a step needs.
-        rows: dict[int, Any] = {r[0]: r for r in rows_by_id(
-            self.conn, "SELECT id, target_id, state, save_fwd, ack2, attempts FROM outbox", ids)}
+        # A claimed row whose SS_SENT is held is SS_INIT on disk and its
+        # other columns never change: from memory (an ACK_FWD and an ACK2
+        # per document; reading them was ~1.1 us a row, scripts/bench
+        # pipeline). The rest are read.
+        rows: dict[int, Any] = {}
+        if held_sent:
+            unheld = []
+            for rid in ids:
+                h = held_sent.get(rid)
+                if h is None:
+                    unheld.append(rid)
+                else:
+                    rows[rid] = (rid, h[2], _SS_INIT, h[3], h[4], h[1] - 1)
+            ids = unheld
+        if ids:
+            rows.update((r[0], r) for r in rows_by_id(
+                self.conn, "SELECT id, target_id, state, save_fwd, ack2, attempts FROM outbox", ids))
         updates: list[tuple[int, int, int, int]] = []
         deletes: list[int] = []
         sent_updates = []  # rows whose held SS_SENT is written with their new state
@@ -896,7 +914,6 @@ class NodeCore(HeldWrites):
         reack2: list[AckEntry] | None = None
         me = self.me.node_id
         steps = _STEPS
-        held, held_sent = self._held_fwd, self._held_sent
         for it in items:
             rid, event = it[0], it[1]
             r = rows.get(rid)
