@@ -236,3 +236,54 @@ def test_an_inquiry_round_writes_held_copies_and_asks_about_them(
         assert not core.held() and _stored(core)[0][1] == 1 and len(sends[b]) == 1
     finally:
         core.close()
+
+
+def test_acks_of_held_copies_are_settled_from_memory_as_from_the_rows(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A target's ack of a copy whose delivery is held takes the copy's LK0
+    and target from what the claim kept, without reading the row: the
+    credit, the rows left and the events are what the same acks give copies
+    read from disk (the same deliveries written first); an ack from another
+    organization settles nothing of the target's, either way."""
+    import json
+
+    t = _clock(monkeypatch)
+    seen = {}
+    for way in ("memory", "disk"):
+        t[0] = 1_000_000
+        (tmp_path / way).mkdir()
+        core = PlatformCore(tmp_path / way / "p.sqlite", create=True, synchronous="OFF",
+                            events_dir=tmp_path / way / "events")
+        try:
+            core.register([A, B, C])
+            a, b, c = Endpoint.org(A), Endpoint.org(B), Endpoint.org(C)
+            core.handle(a, _raw(*(_data(a, b, i) for i in range(1, 5))), lambda ep: False)  # ids 1-4 for B
+            core.handle(a, _raw(*(_data(a, c, i) for i in range(5, 7))), lambda ep: False)  # ids 5-6 for C
+            assert core.claim_stored(b, 3)[1] == 3 and core.claim_stored(c, 10)[1] == 2
+            if way == "disk":
+                with core._tx():
+                    core.write_held()
+            assert core.held_count() == (5 if way == "memory" else 0)
+            sql: list[str] = []
+            core.conn.set_trace_callback(sql.append)
+            t[0] += 200
+            credit = [core.handle(c, _acks(c, [1, 5]), lambda ep: True).credit.get(c, 0),  # 1 is B's
+                      core.handle(b, _acks(b, [1, 2, 2, 4]), lambda ep: True).credit.get(b, 0)]  # 4: not delivered (yet it has it)
+            core.conn.set_trace_callback(None)
+            reads = [s.split(" WHERE ")[1] for s in sql if s.startswith("SELECT id, state, origin_id")]
+            if way == "memory":
+                assert reads == ["id BETWEEN 4 AND 4 AND +kind=1 AND +target_type=1 AND +target_id='56001'"]
+            else:
+                assert len(reads) == 2
+            with core._tx():
+                core.write_held()
+            events = [{k: v for k, v in e.items() if k != "ts"}
+                      for f in sorted((tmp_path / way / "events").glob("*.jsonl"))
+                      for e in map(json.loads, f.read_text().splitlines())]
+            seen[way] = (credit, _stored(core), events)
+        finally:
+            core.close()
+    assert seen["memory"] == seen["disk"]
+    credit, rows, events = seen["memory"]
+    assert credit == [1, 2] and [r[:2] for r in rows] == [(3, 1), (6, 1)]
+    assert [e["lk0"] for e in events if e["event"] == "cleaned"] == [f"{A}/1/1/{i}" for i in (5, 1, 2, 4)]

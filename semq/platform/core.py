@@ -105,6 +105,7 @@ class PlatformOutput:
 
 
 _STORED_STATES: Final = {int(s): s for s in StoredState}
+_SS_INIT: Final = int(StoredState.SS_INIT)
 _SAVE_FWD_AT: Final = 5  # header byte: magic (2), version, kind, flags, save_fwd (docs/protocol.md)
 
 
@@ -146,10 +147,12 @@ class PlatformCore(HeldWrites):
         self.log = EventLog(events_dir, f"platform:{platform_id}", "platform") if events_dir else None
         self._seen: list[tuple[Any, ...]] = []
         # Stored copies delivered whose SS_SENT is not written yet (SS_INIT
-        # on disk): id -> (time of the delivery, attempts with this one),
-        # oldest first (claim_stored says why); and where each target's
-        # claims read its send order from (after those).
-        self._held_sent: dict[int, tuple[int, int]] = {}
+        # on disk): id -> (time of the delivery, attempts with this one, and
+        # the row's target_type, target_id, origin_id, semq_id, semq_db_id,
+        # record_id: what _settle needs of it, so the target's ack does not
+        # read the row again), oldest first (claim_stored says why); and
+        # where each target's claims read its send order from (after those).
+        self._held_sent: dict[int, tuple[int, int, int, str, str, int, int, int]] = {}
         self._order = SendOrder("stored")
         # DATA of this batch to store, written by _flush_stores in one go.
         self._stores: list[_Store] = []
@@ -189,7 +192,7 @@ class PlatformCore(HeldWrites):
         items = take_held(self._held_sent, before_ms, 0)
         if items:
             self.conn.executemany("UPDATE stored SET state=1, attempts=?, last_sent_ms=? WHERE id=? AND state=0",
-                                  [(a, t, rid) for rid, (t, a) in items])
+                                  [(a, t, rid) for rid, (t, a, *_) in items])
 
     def _emit(self, records: list[dict[str, Any]]) -> None:
         if self.log and records:
@@ -533,15 +536,32 @@ class PlatformCore(HeldWrites):
         """Apply an event to stored DATA rows of ``sender``; SS_ACK rows are
         deleted (SPEC P.2). Returns how many in-flight rows were settled."""
         settled = 0
-        # By row id: the unary + keeps SQLite off the delivery index on
+        held = self._held_sent
+        # A delivered copy whose SS_SENT is held is SS_INIT on disk, and
+        # the rest of what is needed never changes: from memory, if it is
+        # the sender's (a stored DATA row, like the SELECT's). The rest are
+        # read by row id: the unary + keeps SQLite off the delivery index on
         # target (a walk over every stored copy of the target).
-        found: dict[int, tuple[Any, ...]] = {row[0]: row for row in rows_by_id(
-            self.conn, "SELECT id, state, origin_id, semq_id, semq_db_id, record_id FROM stored", ids,
-            where="+kind=1 AND +target_type=? AND +target_id=?", params=(int(sender.node_type), sender.node_id))}
+        found: dict[int, tuple[Any, ...]] = {}
+        if held:
+            unheld = []
+            tt, tid = int(sender.node_type), sender.node_id
+            for rid in ids:
+                h = held.get(rid)
+                if h is None:
+                    unheld.append(rid)
+                elif h[2] == tt and h[3] == tid:
+                    found[rid] = (rid, _SS_INIT, *h[4:])
+            ids_read: Sequence[int] = unheld
+        else:
+            ids_read = ids
+        if ids_read:
+            found.update((row[0], row) for row in rows_by_id(
+                self.conn, "SELECT id, state, origin_id, semq_id, semq_db_id, record_id FROM stored", ids_read,
+                where="+kind=1 AND +target_type=? AND +target_id=?", params=(int(sender.node_type), sender.node_id)))
         deletes: list[int] = []
         updates: list[tuple[int, int]] = []
         sent_updates: list[tuple[int, int, int, int]] = []
-        held = self._held_sent
         for rid in ids:
             row = found.pop(rid, None)  # an id twice in one batch: applied once
             if row is None:
@@ -588,7 +608,8 @@ class PlatformCore(HeldWrites):
         n_data = 0
         held = self._held_sent
         cols = "id, kind, frame, expires_ms, attempts, origin_id, semq_id, semq_db_id, record_id, priority"
-        where, params = "target_type=? AND target_id=? AND state=0", (int(target.node_type), target.node_id)
+        target_type = int(target.node_type)
+        where, params = "target_type=? AND target_id=? AND state=0", (target_type, target.node_id)
         with self._tx():
             if held:
                 self.write_held(ts - HOLD_MS)  # (may empty it)
@@ -627,7 +648,7 @@ class PlatformCore(HeldWrites):
                 # SS_INIT and goes again (the target deduplicates). Written
                 # after HOLD_MS (write_held: by handle, claims, inquiries, a
                 # reconnect, the operator's commands and close).
-                held[rid] = (ts, attempts + 1)
+                held[rid] = (ts, attempts + 1, target_type, target.node_id, oid, s, d, r)
                 n_data += 1
                 events.append({"ts": ts, "event": "delivered", "lk0": lk0, "source": oid,
                                "target": target.node_id, "lk1": f"1/1/{rid}", "attempt": attempts + 1,
