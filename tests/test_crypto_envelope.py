@@ -18,6 +18,7 @@ from semq.crypto import (
     blob_key_ids,
     document_aad,
     document_aad_fields,
+    document_aad_template,
     frame_aad,
     key_id,
     open_,
@@ -69,10 +70,18 @@ def test_aad_from_fields_is_the_same_bytes(lk0: LK0, source: Endpoint, target: E
                                            save_fwd: SaveFwd) -> None:
     """The origin's claim path builds the AAD from the row's fields: it must be
     byte for byte document_aad, or nothing it sends would open or verify."""
+    want = document_aad(lk0, source, target, app_key, save_fwd)
     assert document_aad_fields(
         lk0.endpoint, lk0.semq_id, lk0.semq_db_id, lk0.record_id, source, target, app_key.domain,
         app_key.data_type, app_key.subtype, app_key.key, int(save_fwd),
-    ) == document_aad(lk0, source, target, app_key, save_fwd)
+    ) == want
+    # ... and so does a batch's template, for this LK0 and for the next one.
+    template = document_aad_template(lk0.endpoint, source, target, app_key.domain, app_key.data_type,
+                                     app_key.subtype, app_key.key, int(save_fwd))
+    assert template(lk0.semq_id, lk0.semq_db_id, lk0.record_id) == want
+    nxt = LK0(endpoint=lk0.endpoint, semq_id=lk0.semq_id, semq_db_id=lk0.semq_db_id,
+              record_id=lk0.record_id % (2**63) + 1)
+    assert template(nxt.semq_id, nxt.semq_db_id, nxt.record_id) == document_aad(nxt, source, target, app_key, save_fwd)
 
 
 def test_aad_is_canonical_and_parses_back() -> None:

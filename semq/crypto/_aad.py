@@ -18,6 +18,7 @@ Layout (docs/security.md, "Associated data"), all big-endian::
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Final
 
@@ -31,6 +32,7 @@ __all__ = [
     "aad_source_id",
     "document_aad",
     "document_aad_fields",
+    "document_aad_template",
     "frame_aad",
     "parse_document_aad",
     "raw_frame_aad",
@@ -73,6 +75,31 @@ def document_aad(lk0: LK0, source: Endpoint, target: Endpoint, app_key: AppKey,
     ))
 
 
+def document_aad_template(lk0_endpoint: Endpoint, source: Endpoint, target: Endpoint, domain: str,
+                          data_type: str, subtype: str, key: str, save_fwd: int) -> Callable[[int, int, int], bytes]:
+    """``document_aad_fields`` with all but the LK0's three ids fixed: a
+    function of (semq_id, semq_db_id, record_id) giving the same bytes. The
+    documents an origin claims for one target under one AppKey differ only
+    in those 12 bytes, so a batch builds the rest once (~0.3 us a document
+    instead of ~1.1). Raises struct.error for a value out of range (the
+    returned function too, for its ids)."""
+    sf = _SAVE_FWD.get(save_fwd)
+    if sf is None:
+        sf = bytes((int(SaveFwd(save_fwd)),))
+    d, t, st, k = (domain.encode(), data_type.encode(), subtype.encode(), key.encode())
+    head = AAD_PREFIX + encode_endpoint(lk0_endpoint)
+    tail = b"".join((
+        encode_endpoint(source), encode_endpoint(target),
+        U8.pack(len(d)), d, U8.pack(len(t)), t, U8.pack(len(st)), st, U8.pack(len(k)), k, sf,
+    ))
+    pack = _LK0_TAIL.pack
+
+    def aad(semq_id: int, semq_db_id: int, record_id: int) -> bytes:
+        return head + pack(semq_id, semq_db_id, record_id) + tail
+
+    return aad
+
+
 def document_aad_fields(lk0_endpoint: Endpoint, semq_id: int, semq_db_id: int, record_id: int,
                         source: Endpoint, target: Endpoint, domain: str, data_type: str,
                         subtype: str, key: str, save_fwd: int) -> bytes:
@@ -80,15 +107,8 @@ def document_aad_fields(lk0_endpoint: Endpoint, semq_id: int, semq_db_id: int, r
     origin claiming a batch of rows computes per document, without building
     an LK0 and an AppKey for each (their validation happened when the
     document was accepted). Raises struct.error for a value out of range."""
-    sf = _SAVE_FWD.get(save_fwd)
-    if sf is None:
-        sf = bytes((int(SaveFwd(save_fwd)),))
-    d, t, st, k = (domain.encode(), data_type.encode(), subtype.encode(), key.encode())
-    return b"".join((
-        AAD_PREFIX, encode_endpoint(lk0_endpoint), _LK0_TAIL.pack(semq_id, semq_db_id, record_id),
-        encode_endpoint(source), encode_endpoint(target),
-        U8.pack(len(d)), d, U8.pack(len(t)), t, U8.pack(len(st)), st, U8.pack(len(k)), k, sf,
-    ))
+    return document_aad_template(lk0_endpoint, source, target, domain, data_type, subtype, key,
+                                 save_fwd)(semq_id, semq_db_id, record_id)
 
 
 def frame_aad(frame: Frame) -> bytes:

@@ -35,7 +35,7 @@ from semq._db import (
 from semq.crypto import (
     CryptoError,
     ack_entry_lk0,
-    document_aad_fields,
+    document_aad_template,
     document_salts,
     make_batch_receipt,
     open_documents,
@@ -483,9 +483,11 @@ class NodeCore(HeldWrites):
         me = self.me
         keep, items = [], []
         # One Endpoint and one directory look-up per target per batch; the
-        # AAD from the row's fields (validated when the document was accepted).
+        # AAD from the row's fields (validated when the document was
+        # accepted), all but its LK0 ids built once per target and AppKey.
         targets: dict[tuple[int, str], Endpoint] = {}
         batch_certs: dict[tuple[int, str], Any] = {}
+        aads: dict[tuple[Any, ...], Callable[[int, int, int], bytes]] = {}  # per target, AppKey, SaveFwd
         for r in rows:
             if r[13] is not None and r[13] <= ts:
                 keep.append(r)  # expires in claim(); nothing to protect
@@ -502,7 +504,11 @@ class NodeCore(HeldWrites):
                 if not certs:
                     out.missing.add(target)
                     continue
-            aad = document_aad_fields(me, 1, 1, r[0], me, target, r[8], r[9], r[10], r[11], r[4])
+            ak = (tk, r[8], r[9], r[10], r[11], r[4])
+            aad_of = aads.get(ak)
+            if aad_of is None:
+                aad_of = aads[ak] = document_aad_template(me, me, target, r[8], r[9], r[10], r[11], r[4])
+            aad = aad_of(1, 1, r[0])
             keep.append(r)
             items.append((aad, r[18], certs))
         if not items:
