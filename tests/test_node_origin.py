@@ -180,7 +180,7 @@ def test_an_ack2_soon_after_the_ack_fwd_deletes_a_row_never_written_forwarded(
         assert out.settled == 0  # no second credit: the held state counts
         assert len(out.data) == 1  # REACK2 for both
         assert [r[:2] for r in _full(store)] == [(3, 0)]
-        assert a._held_fwd == {3: (1_000_000, 0)} and a._held_sent == {3: (1_000_000, 1, B, 3, 1)}
+        assert a._held_fwd == {3: (1_000_000, 0)} and a._held_sent == {3: (1_000_000, 1, B, 3, 1, None)}
         # Past HOLD_MS the next batch writes the held states, SS_SENT first,
         # with the time of the ACK_FWD and the inquiry schedule it would have had.
         node_clock.t += 1000

@@ -303,6 +303,7 @@ def test_forged_receipt_is_kept_unverified(tmp_path: Path, capsys: pytest.Captur
     a = NodeCore(tmp_path / "a.sqlite", A, create=True, synchronous="OFF", security=sa)
     [lk0] = a.accept([NewDocument(target=B, app_data=b"order", encrypt=True)])
     [data] = _frames(b"".join(a.claim(10).data))
+    a.write_held_now()  # (the digest is held with the claimed row until then)
     digest = a.conn.execute("SELECT digest FROM receipts WHERE record_id=?", (lk0.record_id,)).fetchone()[0]
     forger = NodeKeys.generate()  # not B's key
     entry = AckEntry(1, 1, 1, 1, 1, lk0.record_id, int(AckFlag.DELIVERY), 0)
@@ -365,6 +366,7 @@ def test_a_resent_document_keeps_its_digest_and_its_receipt_verifies(tmp_path: P
     try:
         lk0s = a.accept([NewDocument(target=B, app_data=f"order {i}".encode(), encrypt=True) for i in range(3)])
         first = a.claim(10).data
+        a.write_held_now()  # (the digests are held with the claimed rows until then)
         digests = a.conn.execute("SELECT digest FROM receipts ORDER BY record_id").fetchall()
         out_first = b.handle(_relayed(first))  # its ACK2 is held up (lost, or late)
         assert out_first.delivered == 3
@@ -381,6 +383,81 @@ def test_a_resent_document_keeps_its_digest_and_its_receipt_verifies(tmp_path: P
         for lk0 in lk0s:
             proof = a.receipt_proof(lk0.record_id)
             assert proof is not None and proof[0] == B
+    finally:
+        a.close()
+        b.close()
+
+
+def test_a_receipt_row_is_written_once_with_its_receipt(tmp_path: Path) -> None:
+    """The digest a document was signed with stays in memory with its held
+    SS_SENT: the claim writes no receipts row, and the ACK2 that brings the
+    receipt writes each document's row once, digest and receipt together,
+    without reading a digest back."""
+    sa, sb = _pki(tmp_path)
+    a = NodeCore(tmp_path / "a.sqlite", A, create=True, synchronous="OFF", security=sa)
+    b = NodeCore(tmp_path / "b.sqlite", B, create=True, synchronous="OFF", security=sb)
+    try:
+        lk0s = a.accept([NewDocument(target=B, app_data=f"order {i}".encode(), encrypt=True) for i in range(4)])
+        sql: list[str] = []
+        a.conn.set_trace_callback(sql.append)
+        data = a.claim(10).data
+        assert a.conn.execute("SELECT count(*) FROM receipts").fetchone() == (0,)
+        out_b = b.handle(_relayed(data))
+        a.handle(_relayed(out_b.data))
+        a.conn.set_trace_callback(None)
+        receipts = [q.split(" (")[0] for q in sql if " receipts" in q and "count(*)" not in q]
+        assert receipts == ["INSERT INTO receipts"] * 4  # (executemany traces each row): no SELECT, no UPDATE
+        rows = a.conn.execute("SELECT record_id, verified, batch_index, length(digest) FROM receipts"
+                              " ORDER BY record_id").fetchall()
+        assert rows == [(lk.record_id, 1, i, 32) for i, lk in enumerate(lk0s)]
+        assert a.conn.execute("SELECT count(*) FROM outbox").fetchone() == (0,)
+        assert all(a.receipt_proof(lk.record_id) is not None for lk in lk0s)
+    finally:
+        a.close()
+        b.close()
+
+
+def test_a_digest_outlives_its_row_and_a_crash(tmp_path: Path) -> None:
+    """A row confirmed without a receipt (an ACK2 that carries none) is
+    cleaned and its digest written then, so a receipt that comes later
+    still verifies; and when a crash loses the digests held with rows still
+    pending, a receipt that comes before they are sent again verifies
+    against the digests made again from the rows (deterministic salts)."""
+    from semq.umxt_protocol import AckBatch
+
+    sa, sb = _pki(tmp_path)
+    a = NodeCore(tmp_path / "a.sqlite", A, create=True, synchronous="OFF", security=sa)
+    b = NodeCore(tmp_path / "b.sqlite", B, create=True, synchronous="OFF", security=sb)
+    try:
+        first = a.accept([NewDocument(target=B, app_data=f"order {i}".encode(), encrypt=True) for i in range(3)])
+        ack2 = _relayed(b.handle(_relayed(a.claim(10).data)).data)
+        bare = []  # the same ACK2 with its receipt stripped
+        for raw in ack2:
+            f = raw.frame()
+            if isinstance(f.body, AckBatch) and f.body.receipt:
+                f = Frame(kind=f.kind, source=f.source, target=f.target, origin=f.origin,
+                          body=AckBatch(ack_kind=f.body.ack_kind, entries=f.body.entries))
+            bare += _raw(f)
+        a.handle(bare)
+        assert a.conn.execute("SELECT count(*) FROM outbox").fetchone() == (0,)  # confirmed, cleaned
+        assert a.conn.execute("SELECT count(*), sum(verified) FROM receipts").fetchone() == (3, 0)
+        a.handle(ack2)  # the receipt, late
+        assert a.conn.execute("SELECT verified FROM receipts ORDER BY record_id").fetchall() == [(1,)] * 3
+        assert all(a.receipt_proof(lk.record_id) is not None for lk in first)
+
+        later = a.accept([NewDocument(target=B, app_data=f"invoice {i}".encode(), encrypt=True) for i in range(2)])
+        ack2 = _relayed(b.handle(_relayed(a.claim(10).data)).data)
+        a.log.close() if a.log else None
+        a.db.close()  # a crash: the held SS_SENT and digests are gone, the rows SS_INIT on disk
+        a = NodeCore(tmp_path / "a.sqlite", A, synchronous="OFF", security=sa)
+        assert a.conn.execute("SELECT count(*) FROM receipts").fetchone() == (3,)
+        assert a.conn.execute("SELECT state FROM outbox").fetchall() == [(0,), (0,)]
+        a.handle(ack2)  # before the rows went again
+        assert a.conn.execute("SELECT count(*) FROM outbox").fetchone() == (0,)
+        rows = a.conn.execute("SELECT record_id, verified FROM receipts WHERE record_id > ?"
+                              " ORDER BY record_id", (first[-1].record_id,)).fetchall()
+        assert rows == [(lk.record_id, 1) for lk in later]
+        assert all(a.receipt_proof(lk.record_id) is not None for lk in later)
     finally:
         a.close()
         b.close()

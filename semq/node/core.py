@@ -36,6 +36,7 @@ from semq.crypto import (
     CryptoError,
     ack_entry_lk0,
     document_aad_template,
+    document_digest,
     document_salts,
     make_batch_receipt,
     open_documents,
@@ -207,10 +208,13 @@ class NodeCore(HeldWrites):
         self._inbound_sweep = 0  # the pending-ack id after which the next inquiry round reads
         self.log = EventLog(events_dir, f"org:{org}", "origin") if events_dir else None
         # Claimed rows whose SS_SENT is not written yet (SS_INIT on disk):
-        # id -> (time of the claim, attempts with this one, and the row's
+        # id -> (time of the claim, attempts with this one, the row's
         # target_id, save_fwd, ack2: what _origin_apply needs of a row, so
-        # the acks of a claimed row do not read it again), oldest first.
-        self._held_sent: dict[int, tuple[int, int, str, int, int]] = {}
+        # the acks of a claimed row do not read it again; and with security
+        # the digest it was signed with, or None once it is written),
+        # oldest first. A digest is written (``receipts``) with the receipt
+        # that names it, or when its SS_SENT leaves memory any other way.
+        self._held_sent: dict[int, tuple[int, int, str, int, int, bytes | None]] = {}
         # Where the claims read the send order from: after the held rows.
         # Forgotten whenever a row may have become SS_INIT below that point (a
         # resend, the operator, another process: every inquiry round).
@@ -268,6 +272,7 @@ class NodeCore(HeldWrites):
                 "UPDATE outbox SET state=1, attempts=?, sent_ms=?, state_ms=?, last_inquiry_ms=?, due_ms=?"
                 " WHERE id=? AND state=0",
                 [(a, t, t, t, self._first_inquiry(t, a), rid) for rid, (t, a, *_) in sent])
+            self._write_digests([(rid, h[2], h[5]) for rid, h in sent if h[5] is not None])
         items = take_held(self._held_fwd, before_ms, 0) if self._held_fwd else []
         if items:
             # The row is still SS_SENT on disk; any other state was written since.
@@ -283,6 +288,15 @@ class NodeCore(HeldWrites):
             self.conn.executemany(_INBOUND_INSERT, rows)
 
     # ------------------------------------------------------------ helpers
+
+    def _write_digests(self, rows: Sequence[tuple[int, str, bytes]]) -> None:
+        """The digests (record id, target, digest) our documents were signed
+        with, kept apart from the pending-send rows: a receipt may come
+        after an inquiry answer has cleaned the row. A copy's digest is
+        its first's (deterministic salts), so an existing row stays."""
+        self.conn.executemany(
+            "INSERT OR IGNORE INTO receipts (record_id, target_id, digest, receipt, verified, received_ms)"
+            " VALUES (?, ?, ?, x'', 0, 0)", rows)
 
     def _first_inquiry(self, ts: int, attempts: int) -> int:
         """When a row in a new state (at ``ts``, after ``attempts`` sends)
@@ -439,20 +453,18 @@ class NodeCore(HeldWrites):
                     # and the receiver suppress the duplicate). Written after
                     # HOLD_MS (write_held); every step reads it from memory
                     # meanwhile, and the claims skip it.
-                    held[r[0]] = (ts, r[14] + 1, r[2], r[4], r[5])
+                    held[r[0]] = (ts, r[14] + 1, r[2], r[4], r[5], r[19] if len(r) > 19 else None)
                 else:
                     gone.append(r[0])
-            # (The digest a document was signed with goes to ``receipts`` below;
-            # outbox.digest, schema v2, is no longer written: nothing reads it.)
+            # The digest a document was signed with stays with its held
+            # SS_SENT (the receipt that names it usually comes with the
+            # ACK2, and the row is written once, with it: _keep_receipts);
+            # a best-effort document gets no receipt. Lost in a crash with
+            # the held SS_SENT, the row is SS_INIT and signed again with
+            # the same digest, and a receipt that comes first finds the
+            # digest from the row (_digests_of). outbox.digest (schema v2)
+            # is no longer written: nothing reads it.
             delete_by_id(self.conn, "outbox", gone)
-            if self.sec is not None:
-                # The digest each document was signed with, kept apart from the
-                # pending-send row: a receipt may arrive after an inquiry answer
-                # has already confirmed and cleaned the row.
-                self.conn.executemany(
-                    "INSERT OR IGNORE INTO receipts (record_id, target_id, digest, receipt, verified, received_ms)"
-                    " VALUES (?, ?, ?, x'', 0, 0)",
-                    [(r[0], r[2], r[19]) for r in rows if len(r) > 19])
             self.conn.executemany(
                 f"UPDATE outbox SET state={int(SendState.SS_FAILED)}, code={int(ResultCode.EXPIRED)}"
                 " WHERE id=?",
@@ -830,8 +842,7 @@ class NodeCore(HeldWrites):
         A receipt that does not verify is kept marked unverified."""
         assert self.sec is not None
         ids = [e.dest_ref_id for e in entries]
-        digests: dict[int, bytes] = dict(rows_by_id(self.conn, "SELECT record_id, digest FROM receipts", ids,
-                                                    key="record_id"))
+        digests = self._digests_of(ids)
         if len(digests) != len(ids):
             return  # not documents we signed (or past the receipts' retention)
         manifest = [(ack_entry_lk0(e, self.me), digests[e.dest_ref_id]) for e in entries]
@@ -851,11 +862,47 @@ class NodeCore(HeldWrites):
             (receiver.node_id, receipt,
              b"".join([_LK0_REF.pack(lk.semq_id, lk.semq_db_id, lk.record_id) for lk, _ in manifest]), ts))
         batch_id = int(cur.lastrowid or 0)
+        # One write per document: a new row for a digest held in memory, the
+        # row's receipt columns for one written before (its digest kept).
         self.conn.executemany(
-            "UPDATE receipts SET target_id=?, receipt=x'', verified=?, received_ms=?, batch_id=?, batch_index=?"
-            " WHERE record_id=?",
-            [(receiver.node_id, verified, ts, batch_id, i, lk.record_id) for i, (lk, _) in enumerate(manifest)],
+            "INSERT INTO receipts (record_id, target_id, digest, receipt, verified, received_ms, batch_id,"
+            " batch_index) VALUES (?, ?, ?, x'', ?, ?, ?, ?) ON CONFLICT (record_id) DO UPDATE SET"
+            " target_id=excluded.target_id, receipt=x'', verified=excluded.verified,"
+            " received_ms=excluded.received_ms, batch_id=excluded.batch_id, batch_index=excluded.batch_index",
+            [(lk.record_id, receiver.node_id, d, verified, ts, batch_id, i) for i, (lk, d) in enumerate(manifest)],
         )
+        held = self._held_sent
+        for rid in ids:  # written: nothing left to write when the SS_SENT leaves memory
+            h = held.get(rid)
+            if h is not None and h[5] is not None:
+                held[rid] = (*h[:5], None)
+
+    def _digests_of(self, ids: Sequence[int]) -> dict[int, bytes]:
+        """The digests our documents ``ids`` were signed with: held with
+        their SS_SENT, else from ``receipts``, else (a crash lost the held
+        digest of a row still pending) made again from the row: its salt
+        is deterministic, so it is the digest the document was signed with."""
+        held = self._held_sent
+        out: dict[int, bytes] = {}
+        rest = []
+        for rid in ids:
+            h = held.get(rid)
+            if h is not None and h[5] is not None:
+                out[rid] = h[5]
+            else:
+                rest.append(rid)
+        if rest:
+            out.update(rows_by_id(self.conn, "SELECT record_id, digest FROM receipts", rest, key="record_id"))
+        missing = [rid for rid in rest if rid not in out]
+        if missing:
+            key = self.conn.execute("SELECT value FROM meta WHERE key='document_salt_key'").fetchone()
+            rows = rows_by_id(self.conn, "SELECT id, target_type, target_id, save_fwd, domain, data_type, subtype,"
+                                         " key, app_data FROM outbox", missing) if key else []
+            for rid, tt, tid, sf, dom, dt, sub, k, body in rows:
+                aad = document_aad_template(self.me, self.me, Endpoint(node_type=tt, node_id=tid), dom, dt, sub, k,
+                                            sf)(1, 1, rid)
+                out[rid] = document_digest(aad, body, document_salts(bytes.fromhex(key[0]), [aad])[0])
+        return out
 
     def receipt_proof(self, record_id: int) -> tuple[str, bytes, bytes, int] | None:
         """(receiver, digest, self-standing receipt, received_ms) of one of our
@@ -914,6 +961,7 @@ class NodeCore(HeldWrites):
         updates: list[tuple[int, int, int, int]] = []
         deletes: list[int] = []
         sent_updates = []  # rows whose held SS_SENT is written with their new state
+        digests: list[tuple[int, str, bytes]] = []  # ... and their digests not written yet
         # Only the document's own target may confirm, refuse or ask about it:
         # an ACK2 from a third organization is ignored (answered NO_RECORD).
         only = peer.node_id if peer is not None and peer.node_type is not NodeType.PLATFORM else None
@@ -972,6 +1020,8 @@ class NodeCore(HeldWrites):
                 deletes.append(rid)
                 if sent_at is not None:
                     del held_sent[rid]
+                    if sent_at[5] is not None:
+                        digests.append((rid, sent_at[2], sent_at[5]))
                 events.append({"ts": ts, "role": "origin", "event": "cleaned", "lk0": lk0, "source": me,
                                "target": r[1], "attempt": attempts})
             elif new_state is SendState.SS_ACK_FWD and state_no == _SS_SENT:
@@ -988,6 +1038,8 @@ class NodeCore(HeldWrites):
             elif sent_at is not None:
                 # Its held SS_SENT goes with the new state: one UPDATE.
                 del held_sent[rid]
+                if sent_at[5] is not None:
+                    digests.append((rid, sent_at[2], sent_at[5]))
                 sent_updates.append((int(new_state), ts, row_code, ts, self._first_inquiry(ts, attempts),
                                      attempts, sent_at[0], rid))
             else:
@@ -1006,6 +1058,8 @@ class NodeCore(HeldWrites):
             self.conn.executemany("UPDATE outbox SET state=?, state_ms=?, code=?, inquiries=0, last_inquiry_ms=?,"
                                   " due_ms=?, attempts=?, sent_ms=? WHERE id=?", sent_updates)
         delete_by_id(self.conn, "outbox", deletes)
+        if digests:
+            self._write_digests(digests)
         return answers
 
     def _inbound_ack(self, col: str, ids: Sequence[int], ts: int, events: list[dict[str, Any]]) -> None:
