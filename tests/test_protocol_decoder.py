@@ -387,6 +387,32 @@ def test_bad_endpoint_bytes_are_a_remote_error() -> None:
     assert read_error(dec) is err
 
 
+@pytest.mark.parametrize(("field", "at"), [("LK0 semq_id", 0), ("LK0 record_id", 4), ("LK1 semq_id", 12)])
+def test_a_zero_id_in_the_data_prefix_is_refused_as_the_frame_refuses_it(field: str, at: int) -> None:
+    """data_prefix (the platform's routing) builds LK0 and LK1 with the
+    codec's constructors for values off the wire; a zero id is refused the
+    way LK0 / LK1 refuse it, and the full parse refuses the frame too."""
+    frame = data_frame(8)
+    assert isinstance(frame.body, Data)
+    frame = replace(frame, body=replace(frame.body, lk1=LK1(record_id=9)))
+    raw = bytearray(encode_frame(frame))
+    dec = FrameDecoder()
+    dec.receive_data(encode_frame(frame))
+    start = drain(dec)[0]._body_start
+    width = 8 if field.endswith("record_id") else 2
+    raw[start + at:start + at + width] = bytes(width)
+    dec = FrameDecoder()
+    dec.receive_data(with_crc(raw[:-4]))
+    [bad] = drain(dec)
+    with pytest.raises(RemoteProtocolError) as prefix:
+        bad.data_prefix()
+    with pytest.raises(RemoteProtocolError) as full:
+        bad.frame()
+    assert prefix.value.code is full.value.code is ResultCode.INVALID_FIELD
+    name = field.split()[1]
+    assert str(prefix.value) == f"DATA prefix: {name} 0 is outside 1..{'65535' if width == 2 else '2**64-1'}"
+
+
 def test_non_data_frame_has_no_data_prefix() -> None:
     dec = FrameDecoder()
     dec.receive_data(encode_frame(ping_frame()))

@@ -23,6 +23,8 @@ from ._frames import (
     crc32,
     decode_body,
     frame_from_wire,
+    lk0_from_wire,
+    lk1_from_wire,
 )
 from ._schema import MAGIC, VERSION
 from ._types import LK0, LK1, MAX_NODE_ID, MAX_PRIORITY, Endpoint, Kind, NodeType
@@ -129,8 +131,10 @@ class RawFrame:
             raise LocalProtocolError(f"data_prefix() on a {self.kind.name} frame")
         try:
             s, d, r, ls, ld, lr, created, expires = _DATA_PREFIX.unpack_from(self.raw, self._body_start)
-            lk0 = LK0(endpoint=self.origin, semq_id=s, semq_db_id=d, record_id=r)
-            lk1 = LK1(semq_id=ls, semq_db_id=ld, record_id=lr) if lr else None
+            # (The codec's constructors for values off the wire: only a zero
+            # id can be out of range, and they refuse it as LK0/LK1 do.)
+            lk0 = lk0_from_wire(self.origin, s, d, r)
+            lk1 = lk1_from_wire(ls, ld, lr) if lr else None
         except ProtocolError as e:
             raise RemoteProtocolError(f"DATA prefix: {e}", e.code) from e
         except Exception as e:
