@@ -116,6 +116,11 @@ CASES: list[tuple[str, Callable[[], object], list[str]]] = [
     ("batch entry semq id out of range", lambda: AckBatch(
         ack_kind=Kind.ACK, entries=(AckEntry.of(1, AckFlag.PLATFORM, src_semq_id=70_000),)),
      ["src_semq_id", "70000", "65535"]),
+    ("batch entry not an int", lambda: AckBatch(
+        ack_kind=Kind.ACK, entries=(AckEntry.of("7", AckFlag.PLATFORM),)),  # type: ignore[arg-type]
+     ["dest_ref_id", "'7'"]),
+    ("batch entry flag out of a byte", lambda: AckBatch(
+        ack_kind=Kind.ACK, entries=(AckEntry(1, 1, 0, 1, 1, 1, 257, 0),)), ["ACK", "ack_flag 257"]),
     ("batch of a non-ack kind", lambda: AckBatch(ack_kind=Kind.DATA, entries=()), ["DATA"]),
     ("empty inquiry", lambda: Inquiry(topic=InquiryTopic.RECEIVED, items=()), ["0", "1..10000"]),
     ("empty inquiry answer", lambda: InquiryResp(topic=InquiryTopic.STATE, answers=()),

@@ -13,6 +13,7 @@ from __future__ import annotations
 import struct
 from dataclasses import dataclass, field
 from functools import partial
+from itertools import starmap
 from typing import Any, Final, NamedTuple
 
 from construct import ConstructError
@@ -301,6 +302,9 @@ class AckBatch:
     ack_kind: Kind
     entries: tuple[AckEntry, ...]
     receipt: bytes = b""
+    # The entries as the wire carries them (26 bytes each), made while
+    # checking them; the encoder sends these bytes. Not part of the value.
+    _packed: bytes | None = field(default=None, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         kind = _enum(Kind, "ack_kind", self.ack_kind)
@@ -309,11 +313,28 @@ class AckBatch:
         object.__setattr__(self, "ack_kind", kind)
         if not isinstance(self.entries, tuple):
             object.__setattr__(self, "entries", tuple(AckEntry(*e) for e in self.entries))
-        if len(self.entries) > MAX_ACK_BATCH:
+        n = len(self.entries)
+        if n > MAX_ACK_BATCH:
             raise _invalid(
-                f"ACK_BATCH of {len(self.entries)} entries exceeds the {MAX_ACK_BATCH} limit"
+                f"ACK_BATCH of {n} entries exceeds the {MAX_ACK_BATCH} limit"
             )
         ack_flag, flag = _ACK_RULES[kind]
+        # Packing checks every id's range and type (struct refuses the rest);
+        # the two flag bytes of every entry are then counted in the packed
+        # bytes (offsets 24 and 25 of 26), as the decoder does. Only a batch
+        # that fails is checked entry by entry, to say what is wrong.
+        try:
+            packed: bytes | None = b"".join(starmap(_ACK_ENTRY.pack, self.entries))
+        except struct.error:
+            packed = None
+        if (packed is not None and packed[24::_ACK_ENTRY.size].count(ack_flag) == n
+                and packed[25::_ACK_ENTRY.size].count(flag) == n):
+            object.__setattr__(self, "_packed", packed)
+        else:
+            self._check_entries(kind, ack_flag, flag)
+        _check_bytes("receipt", self.receipt, MAX_RECEIPT)
+
+    def _check_entries(self, kind: Kind, ack_flag: int, flag: int) -> None:
         for e in self.entries:
             if e[6] != ack_flag or e[7] != flag:
                 raise _invalid(
@@ -332,7 +353,6 @@ class AckBatch:
             if not ok:
                 for i, name in enumerate(AckEntry._fields[:6]):
                     _check_int(f"ACK_BATCH entry {name}", e[i], 0, _MAX_U64 if i in (2, 5) else 0xFFFF)
-        _check_bytes("receipt", self.receipt, MAX_RECEIPT)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -667,12 +687,12 @@ def _encode_ack(a: Ack) -> bytes:
 
 
 def _encode_ack_batch(b: AckBatch) -> bytes:
-    pack = _ACK_ENTRY.pack
+    packed = b._packed
     return b"".join(
         (
             _U8.pack(b.ack_kind),
             _U32.pack(len(b.entries)),
-            b"".join([pack(*e) for e in b.entries]),
+            packed if packed is not None else b"".join(starmap(_ACK_ENTRY.pack, b.entries)),
             _U16.pack(len(b.receipt)),
             b.receipt,
         )
@@ -815,7 +835,7 @@ _ACK_SET: Final = _slot_setters(
     Ack, "dest_ref_id", "ack_flag", "src_ref_id", "src_semq_id", "src_semq_db_id",
     "dest_semq_id", "dest_semq_db_id", "flag", "app_key", "receipt",
 )
-_BATCH_SET: Final = _slot_setters(AckBatch, "ack_kind", "entries", "receipt")
+_BATCH_SET: Final = _slot_setters(AckBatch, "ack_kind", "entries", "receipt", "_packed")
 _FRAME_SET: Final = _slot_setters(
     Frame, "kind", "source", "target", "body", "origin", "reliable", "save_fwd", "ack2", "priority"
 )
@@ -993,6 +1013,7 @@ def _decode_ack_batch(buf: bytes) -> AckBatch:
             s[0](batch, kind)
             s[1](batch, entries)
             s[2](batch, receipt)
+            s[3](batch, packed)
             return batch
     return AckBatch(ack_kind=buf[0], entries=entries, receipt=receipt)  # type: ignore[arg-type]  # raises
 
