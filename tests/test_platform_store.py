@@ -8,6 +8,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from semq.platform.core import PlatformCore
 from semq.umxt_protocol import (
@@ -25,6 +27,7 @@ from semq.umxt_protocol import (
     RawFrame,
     encode_frame,
 )
+from tests.test_protocol_strategies import PROTOCOL_SETTINGS, frames_of
 
 A, B, C = "10008", "56001", "56002"
 
@@ -287,3 +290,21 @@ def test_acks_of_held_copies_are_settled_from_memory_as_from_the_rows(
     credit, rows, events = seen["memory"]
     assert credit == [1, 2] and [r[:2] for r in rows] == [(3, 1), (6, 1)]
     assert [e["lk0"] for e in events if e["event"] == "cleaned"] == [f"{A}/1/1/{i}" for i in (5, 1, 2, 4)]
+
+
+@PROTOCOL_SETTINGS
+@given(frame=frames_of(Kind.DATA), cut=st.integers(min_value=0, max_value=300))
+def test_the_received_events_app_key_is_read_from_the_bytes_as_the_frame_has_it(frame: Frame, cut: int) -> None:
+    """The platform logs a DATA's AppKey from its bytes without parsing the
+    body (``_app_key``): the parsed frame's four parts; for a frame cut
+    short inside them, nothing (never bytes from past the body's end)."""
+    from semq.platform.core import _app_key
+
+    assert isinstance(frame.body, Data)
+    [raw] = _raw(frame)
+    ak = frame.body.app_key
+    assert _app_key(raw) == (ak.domain, ak.data_type, ak.subtype, ak.key)
+    parts = sum(1 + len(s.encode()) for s in (ak.domain, ak.data_type, ak.subtype, ak.key))
+    short = RawFrame.__new__(RawFrame)
+    short.raw, short._body_start = raw.raw[:raw._body_start + 40 + min(cut, parts - 1)], raw._body_start
+    assert _app_key(short) is None

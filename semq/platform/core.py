@@ -109,19 +109,28 @@ _SS_INIT: Final = int(StoredState.SS_INIT)
 _SAVE_FWD_AT: Final = 5  # header byte: magic (2), version, kind, flags, save_fwd (docs/protocol.md)
 
 
-def _app_key(raw: RawFrame) -> dict[str, str]:
-    """AppKey of a DATA frame straight from its bytes (after the 40-byte prefix)."""
+def _app_key(raw: RawFrame) -> tuple[str, str, str, str] | None:
+    """AppKey (domain, data_type, subtype, key) of a DATA frame straight
+    from its bytes (after the 40-byte prefix), the four u8-prefixed parts
+    unrolled; None if the body is too short to hold them (the frame itself
+    is refused when it is parsed)."""
     b = raw.raw
-    pos = raw._body_start + 40
-    out = {}
+    a = raw._body_start + 41
     try:
-        for name in ("domain", "data_type", "subtype", "key"):
-            n = b[pos]
-            out[name] = b[pos + 1 : pos + 1 + n].decode("utf-8", "replace")
-            pos += 1 + n
+        c = a + b[a - 1] + 1
+        e = c + b[c - 1] + 1
+        g = e + b[e - 1] + 1
+        end = g + b[g - 1]
     except IndexError:
-        pass
-    return out
+        return None
+    if end > len(b):
+        return None
+    return (b[a:c - 1].decode("utf-8", "replace"), b[c:e - 1].decode("utf-8", "replace"),
+            b[e:g - 1].decode("utf-8", "replace"), b[g:end].decode("utf-8", "replace"))
+
+
+# route() by its inputs (a handful of combinations): one look-up per DATA.
+_ROUTES: dict[tuple[bool, bool, int, bool, bool], tuple[Route, ResultCode]] = {}
 
 
 class PlatformCore(HeldWrites):
@@ -384,11 +393,15 @@ class PlatformCore(HeldWrites):
     @staticmethod
     def _received(raw: RawFrame, lk0_text: str, source: str, target: str, created: int, ts: int) -> dict[str, Any]:
         """The ``received`` event: with the message's attributes, logged once (docs/events.md)."""
-        ev = {"ts": ts, "event": "received", "lk0": lk0_text, "source": source, "target": target,
-              "save_fwd": raw.save_fwd, "ack2": raw.ack2, "reliable": raw.reliable,
-              "priority": raw.priority, "created_ms": created, "size": len(raw.raw)}
-        ev.update(_app_key(raw))
-        return ev
+        ak = _app_key(raw)
+        if ak is None:
+            return {"ts": ts, "event": "received", "lk0": lk0_text, "source": source, "target": target,
+                    "save_fwd": raw.save_fwd, "ack2": raw.ack2, "reliable": raw.reliable,
+                    "priority": raw.priority, "created_ms": created, "size": len(raw.raw)}
+        return {"ts": ts, "event": "received", "lk0": lk0_text, "source": source, "target": target,
+                "save_fwd": raw.save_fwd, "ack2": raw.ack2, "reliable": raw.reliable,
+                "priority": raw.priority, "created_ms": created, "size": len(raw.raw),
+                "domain": ak[0], "data_type": ak[1], "subtype": ak[2], "key": ak[3]}
 
     def _data(
         self, sender: Endpoint, raw: RawFrame, ts: int, out: PlatformOutput, events: list[dict[str, Any]],
@@ -397,10 +410,13 @@ class PlatformCore(HeldWrites):
         lk0, _lk1, created, expires = raw.data_prefix()
         target = raw.target
         reliable = raw.reliable
-        where, code = route(
-            known=self.is_known(target), online=online(target), save_fwd=raw.save_fwd,
-            reliable=reliable, expired=expires is not None and expires <= ts,
-        )
+        rk = (self.is_known(target), online(target), raw.save_fwd, reliable,
+              expires is not None and expires <= ts)
+        decided = _ROUTES.get(rk)
+        if decided is None:
+            decided = _ROUTES[rk] = route(known=rk[0], online=rk[1], save_fwd=rk[2], reliable=rk[3],
+                                          expired=rk[4])
+        where, code = decided
         origin = lk0.endpoint
         key = (int(origin.node_type), origin.node_id, lk0.semq_id, lk0.semq_db_id, lk0.record_id)
         lk0_text = str(lk0)
