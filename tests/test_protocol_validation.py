@@ -11,6 +11,7 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
 
 from semq.umxt_protocol import (
     LK0,
@@ -42,6 +43,7 @@ from semq.umxt_protocol import (
     WindowUpdate,
     encode_frame,
 )
+from tests import test_protocol_strategies as _strategies
 
 A = Endpoint.org("10008")
 B = Endpoint.org("56001")
@@ -216,6 +218,31 @@ def test_importing_semq_does_not_import_pyspark() -> None:
     mods = _modules_after("import semq")
     assert "semq" in mods
     assert not {m for m in mods if m == "pyspark" or m.startswith("pyspark.")}
+
+
+@settings(max_examples=300, deadline=None)
+@given(a=_strategies.endpoints, b=_strategies.endpoints)
+def test_endpoint_equality_is_by_type_and_id(a: Endpoint, b: Endpoint) -> None:
+    """Endpoint's own __eq__ (identity and hash first) answers as the
+    dataclass's did: equal type and id, nothing else."""
+    same = (a.node_type, a.node_id) == (b.node_type, b.node_id)
+    twin = Endpoint(node_type=a.node_type, node_id=a.node_id)
+    assert (a == b) is same and (a != b) is (not same) and (b == a) is same
+    assert a == twin and twin == a and not (a != twin) and a == a
+    assert a != (a.node_type, a.node_id) and a != a.node_id and not (a == None)  # noqa: E711
+
+
+def test_the_decoder_names_one_endpoint_with_one_object() -> None:
+    """Frames with different endpoint triples name the same organization
+    with the same object (the relay compares them with its connection's
+    endpoint: ``is`` first)."""
+    from semq.umxt_protocol import FrameDecoder
+
+    dec = FrameDecoder()
+    dec.receive_data(encode_frame(Frame(kind=Kind.PING, source=A, target=P, body=Ping()))
+                     + encode_frame(data_frame()) + encode_frame(ack()))
+    ping, doc, ack2 = list(dec)
+    assert ping.source is doc.source is doc.origin and doc.target is ack2.source and ack2.target is doc.source
 
 
 def test_endpoint_hash_is_cached_yet_safe_across_processes() -> None:

@@ -64,11 +64,24 @@ _VALID_HEAD: Final = _valid_heads()
 _endpoints_cache: dict[tuple[bytes, bytes], tuple[Endpoint, Endpoint, Endpoint]] = {}
 
 
+_endpoint_cache: dict[tuple[int, bytes], Endpoint] = {}
+
+
 def _endpoint(node_type: int, raw: bytes) -> Endpoint:
-    try:
-        return Endpoint(node_type=NodeType(node_type), node_id=raw.decode("ascii"))
-    except (ProtocolError, UnicodeDecodeError, ValueError) as e:
-        raise RemoteProtocolError(f"bad endpoint: {e}", ResultCode.INVALID_FIELD) from e
+    """One Endpoint object per endpoint (bounded cache): frames of one
+    organization name it with the same object whatever their other
+    endpoints, so comparing them starts with ``is``."""
+    key = (node_type, raw)
+    ep = _endpoint_cache.get(key)
+    if ep is None:
+        try:
+            ep = Endpoint(node_type=NodeType(node_type), node_id=raw.decode("ascii"))
+        except (ProtocolError, UnicodeDecodeError, ValueError) as e:
+            raise RemoteProtocolError(f"bad endpoint: {e}", ResultCode.INVALID_FIELD) from e
+        if len(_endpoint_cache) >= _CACHE_LIMIT:
+            _endpoint_cache.clear()
+        _endpoint_cache[key] = ep
+    return ep
 
 
 def _endpoints(types_lens: bytes, ids: bytes) -> tuple[Endpoint, Endpoint, Endpoint]:

@@ -187,6 +187,17 @@ class Endpoint:
     def __hash__(self) -> int:
         return self._hash
 
+    def __eq__(self, other: object) -> bool:
+        # The generated __eq__ builds and compares two tuples; the relay
+        # compares every frame's endpoints with its connection's and its
+        # own. The same object (the decoder hands out one per endpoint), then
+        # the cached hashes, tell most cases apart first.
+        if self is other:
+            return True
+        if other.__class__ is not Endpoint:
+            return NotImplemented
+        return self._hash == other._hash and self.node_id == other.node_id and self.node_type == other.node_type
+
     def __reduce__(self) -> tuple[Any, ...]:
         # Rebuilt by the constructor: a str's hash differs between processes.
         return (_make_endpoint, (int(self.node_type), self.node_id))
