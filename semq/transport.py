@@ -41,7 +41,7 @@ class FrameStream:
         """Every complete frame available after one read (at least one).
         Raises ConnectionClosed on EOF and RemoteProtocolError on bad bytes."""
         while True:
-            frames = list(self.decoder)
+            frames = self.decoder.frames()
             if frames:
                 return frames
             try:

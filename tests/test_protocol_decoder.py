@@ -91,7 +91,26 @@ def decode_stream(chunks: list[bytes], max_frame_size: int = DEFAULT_MAX_FRAME) 
 
 def assert_remote_error(data: bytes, max_frame_size: int = DEFAULT_MAX_FRAME) -> None:
     """Feed ``data``; it may give frames; anything raised must be a
-    RemoteProtocolError with a ResultCode, and the decoder then stays broken."""
+    RemoteProtocolError with a ResultCode, and the decoder then stays broken.
+    ``frames()`` takes the same frames and fails the same way."""
+    one, batch = FrameDecoder(max_frame_size), FrameDecoder(max_frame_size)
+    one.receive_data(data)
+    batch.receive_data(data)
+    raws, one_error = [], None
+    try:
+        while (r := one.next_frame()) is not None:
+            raws.append(r.raw)
+    except RemoteProtocolError as e:
+        one_error = e
+    try:
+        taken = [r.raw for r in batch.frames()]
+    except RemoteProtocolError as e:
+        assert one_error is not None and (e.code, str(e)) == (one_error.code, str(one_error))
+        with pytest.raises(RemoteProtocolError) as again:
+            batch.frames()
+        assert again.value is e  # sticky
+    else:
+        assert one_error is None and taken == raws
     dec = FrameDecoder(max_frame_size)
     dec.receive_data(data)
     try:
@@ -127,6 +146,13 @@ def test_any_split_gives_the_same_frames(fs: list[Frame], data: st.DataObject) -
     cuts = sorted(data.draw(st.lists(st.integers(0, len(stream)), max_size=12)))
     chunks = [stream[a:b] for a, b in zip([0, *cuts], [*cuts, len(stream)], strict=True)]
     assert decode_stream(chunks) == fs
+    # frames() (a read's frames in one call, what the transport uses) gives
+    # the same frames, each once, whatever the split.
+    dec, got = FrameDecoder(), []
+    for chunk in chunks:
+        dec.receive_data(chunk)
+        got += [(r.raw, r.frame()) for r in dec.frames()]
+    assert [f for _, f in got] == fs and b"".join(raw for raw, _ in got) == stream and dec.buffered == 0
 
 
 @PROTOCOL_SETTINGS

@@ -258,8 +258,8 @@ class FrameDecoder:
         self._buf += data
 
     def __iter__(self) -> Iterator[RawFrame]:
-        while (f := self.next_frame()) is not None:
-            yield f
+        while got := self._take(1):
+            yield got[0]
 
     def _fail(self, message: str, code: ResultCode) -> RemoteProtocolError:
         self._error = RemoteProtocolError(message, code)
@@ -268,57 +268,82 @@ class FrameDecoder:
     def next_frame(self) -> RawFrame | None:
         """The next complete, CRC-checked frame, or None until more bytes
         arrive. Raises RemoteProtocolError (then on every later call too)."""
+        got = self._take(1)
+        return got[0] if got else None
+
+    def frames(self) -> list[RawFrame]:
+        """Every complete frame buffered, in order (``list(self)`` in one
+        call: a read's frames decoded in one loop). Raises
+        RemoteProtocolError at the first bad frame, as ``list(self)`` does."""
+        return self._take(-1)
+
+    def _take(self, limit: int) -> list[RawFrame]:
+        """Up to ``limit`` complete frames (all when negative)."""
         if self._error is not None:
             raise self._error
+        out: list[RawFrame] = []
         buf, pos = self._buf, self._pos
-        if len(buf) - pos < HEADER_SIZE:
-            if len(buf) - pos >= 2 and buf[pos : pos + 2] != MAGIC:
-                raise self._fail(f"bad magic {bytes(buf[pos:pos + 2])!r}, expected {MAGIC!r}", ResultCode.MALFORMED_FRAME)
-            return None
-        head = _HEADER.unpack_from(buf, pos)
-        (magic, version, kind, flags, save_fwd, prio, st, tt, ot, sl, tl, ol, reserved, body_len) = head
-        total = HEADER_SIZE + sl + tl + ol + body_len + 4
-        # Hot path: one table look-up validates kind, flags (known bits,
-        # LAYER_MASK, Encrypt only on DATA) and SaveFwd together; the rest is
-        # one fused comparison. Only when it fails does _header_error run the
-        # checks one by one to name the first broken rule and its code.
-        k = _VALID_HEAD.get((kind, flags, save_fwd))
-        if not (
-            k is not None and magic == MAGIC and version == VERSION and not reserved
-            and total <= self.max_frame_size and prio <= MAX_PRIORITY
-            and st in _NODE_TYPES and tt in _NODE_TYPES and ot in _NODE_TYPES
-            and 1 <= sl <= MAX_NODE_ID and 1 <= tl <= MAX_NODE_ID and 1 <= ol <= MAX_NODE_ID
-        ):
-            raise self._header_error(head, total)
-        assert k is not None
-        if len(buf) - pos < total:
-            return None
-        end = pos + total
-        raw = bytes(buf[pos:end])
-        self._pos = end
-        if crc32(memoryview(raw)[:-4]) != _CRC.unpack_from(raw, total - 4)[0]:
-            raise self._fail(f"CRC32 mismatch on a {total}-byte {k.name} frame", ResultCode.BAD_CHECKSUM)
-        ids_end = HEADER_SIZE + sl + tl + ol
+        size = len(buf)
+        unpack, valid, max_size = _HEADER.unpack_from, _VALID_HEAD, self.max_frame_size
+        crc_at = _CRC.unpack_from
         try:
-            source, target, origin = _endpoints(raw[7:13], raw[HEADER_SIZE:ids_end])
-        except RemoteProtocolError as e:
-            self._error = e
-            raise
-        if end == len(buf):
-            buf.clear()
-            self._pos = 0
-        # RawFrame's keyword __init__ costs more than these plain slot stores.
-        rf = _new_raw(RawFrame)
-        rf.kind = k
-        rf.flags = flags
-        rf.save_fwd = save_fwd
-        rf.priority = prio
-        rf.source = source
-        rf.target = target
-        rf.origin = origin
-        rf.raw = raw
-        rf._body_start = ids_end
-        return rf
+            while limit:
+                if size - pos < HEADER_SIZE:
+                    if size - pos >= 2 and buf[pos : pos + 2] != MAGIC:
+                        raise self._fail(f"bad magic {bytes(buf[pos:pos + 2])!r}, expected {MAGIC!r}",
+                                         ResultCode.MALFORMED_FRAME)
+                    break
+                head = unpack(buf, pos)
+                (magic, version, kind, flags, save_fwd, prio, st, tt, ot, sl, tl, ol, reserved, body_len) = head
+                total = HEADER_SIZE + sl + tl + ol + body_len + 4
+                # Hot path: one table look-up validates kind, flags (known
+                # bits, LAYER_MASK, Encrypt only on DATA) and SaveFwd
+                # together; the rest is one fused comparison. Only when it
+                # fails does _header_error run the checks one by one to
+                # name the first broken rule and its code.
+                k = valid.get((kind, flags, save_fwd))
+                if not (
+                    k is not None and magic == MAGIC and version == VERSION and not reserved
+                    and total <= max_size and prio <= MAX_PRIORITY
+                    and st in _NODE_TYPES and tt in _NODE_TYPES and ot in _NODE_TYPES
+                    and 1 <= sl <= MAX_NODE_ID and 1 <= tl <= MAX_NODE_ID and 1 <= ol <= MAX_NODE_ID
+                ):
+                    raise self._header_error(head, total)
+                assert k is not None
+                if size - pos < total:
+                    break
+                end = pos + total
+                raw = bytes(buf[pos:end])
+                pos = end
+                if crc32(memoryview(raw)[:-4]) != crc_at(raw, total - 4)[0]:
+                    raise self._fail(f"CRC32 mismatch on a {total}-byte {k.name} frame", ResultCode.BAD_CHECKSUM)
+                ids_end = HEADER_SIZE + sl + tl + ol
+                try:
+                    source, target, origin = _endpoints(raw[7:13], raw[HEADER_SIZE:ids_end])
+                except RemoteProtocolError as e:
+                    self._error = e
+                    raise
+                # RawFrame's keyword __init__ costs more than these plain slot stores.
+                rf = _new_raw(RawFrame)
+                rf.kind = k
+                rf.flags = flags
+                rf.save_fwd = save_fwd
+                rf.priority = prio
+                rf.source = source
+                rf.target = target
+                rf.origin = origin
+                rf.raw = raw
+                rf._body_start = ids_end
+                out.append(rf)
+                limit -= 1
+        finally:
+            # What was taken is consumed, also when a later frame is bad.
+            if pos == size:
+                buf.clear()
+                self._pos = 0
+            else:
+                self._pos = pos
+        return out
 
     def _header_error(self, head: tuple[Any, ...], total: int) -> RemoteProtocolError:
         """The first rule the header breaks, in the documented order
