@@ -31,6 +31,7 @@ __all__ = [
     "delete_by_id",
     "open_store",
     "rows_by_id",
+    "split_held",
     "take_held",
     "translate",
 ]
@@ -140,6 +141,21 @@ def rows_by_id(conn: sqlite3.Connection, select: str, ids: Sequence[int], where:
 # "States held in memory for up to a second"): the node's SS_SENT and
 # SS_ACK_FWD and its new pending-ack rows, the platform's SS_SENT.
 HOLD_MS: Final = 1000
+
+
+def split_held(ids: Sequence[int], held: dict[int, Any]) -> tuple[list[tuple[int, Any]], list[int]]:
+    """The entries ``held`` has for ``ids`` as (id, value), in order, and
+    the ids it has none for: what a step takes from memory and what it
+    reads from the store."""
+    hits: list[tuple[int, Any]] = []
+    misses: list[int] = []
+    for rid in ids:
+        h = held.get(rid)
+        if h is None:
+            misses.append(rid)
+        else:
+            hits.append((rid, h))
+    return hits, misses
 
 
 def take_held(held: dict[int, tuple[Any, ...]], before_ms: int | None, at: int) -> list[tuple[int, Any]]:

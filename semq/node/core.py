@@ -29,6 +29,7 @@ from semq._db import (
     delete_by_id,
     next_row_id,
     rows_by_id,
+    split_held,
     take_held,
     translate,
 )
@@ -882,12 +883,10 @@ class NodeCore(HeldWrites):
         their SS_SENT, else from ``receipts``, else (a crash lost the held
         digest of a row still pending) made again from the row: its salt
         is deterministic, so it is the digest the document was signed with."""
-        held = self._held_sent
+        hits, rest = split_held(ids, self._held_sent)
         out: dict[int, bytes] = {}
-        rest = []
-        for rid in ids:
-            h = held.get(rid)
-            if h is not None and h[5] is not None:
+        for rid, h in hits:
+            if h[5] is not None:
                 out[rid] = h[5]
             else:
                 rest.append(rid)
@@ -947,14 +946,9 @@ class NodeCore(HeldWrites):
         # pipeline). The rest are read.
         rows: dict[int, Any] = {}
         if held_sent:
-            unheld = []
-            for rid in ids:
-                h = held_sent.get(rid)
-                if h is None:
-                    unheld.append(rid)
-                else:
-                    rows[rid] = (rid, h[2], _SS_INIT, h[3], h[4], h[1] - 1)
-            ids = unheld
+            hits, ids = split_held(ids, held_sent)
+            for rid, h in hits:
+                rows[rid] = (rid, h[2], _SS_INIT, h[3], h[4], h[1] - 1)
         if ids:
             rows.update((r[0], r) for r in rows_by_id(
                 self.conn, "SELECT id, target_id, state, save_fwd, ack2, attempts FROM outbox", ids))
@@ -1086,14 +1080,8 @@ class NodeCore(HeldWrites):
         held = self._held_in
         rows: list[Any] = []
         if held:  # rows still in memory: confirmed there, never written if complete
-            on_disk = []
-            for rid in ids:
-                h = held.get(rid)
-                if h is None:
-                    on_disk.append(rid)
-                else:
-                    rows.append((rid, h[2], h[3], h[4], h[5], h[11], h[12]))
-            ids = on_disk
+            hits, ids = split_held(ids, held)
+            rows += [(rid, h[2], h[3], h[4], h[5], h[11], h[12]) for rid, h in hits]
         if ids:
             rows += rows_by_id(
                 self.conn, "SELECT id, origin_id, semq_id, semq_db_id, record_id, p_ack, s_ack FROM inbound", ids)

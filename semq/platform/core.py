@@ -25,6 +25,7 @@ from semq._db import (
     delete_by_id,
     next_row_id,
     rows_by_id,
+    split_held,
     take_held,
     translate,
 )
@@ -559,18 +560,13 @@ class PlatformCore(HeldWrites):
         # read by row id: the unary + keeps SQLite off the delivery index on
         # target (a walk over every stored copy of the target).
         found: dict[int, tuple[Any, ...]] = {}
+        ids_read: Sequence[int] = ids
         if held:
-            unheld = []
+            hits, ids_read = split_held(ids, held)
             tt, tid = int(sender.node_type), sender.node_id
-            for rid in ids:
-                h = held.get(rid)
-                if h is None:
-                    unheld.append(rid)
-                elif h[2] == tt and h[3] == tid:
+            for rid, h in hits:
+                if h[2] == tt and h[3] == tid:
                     found[rid] = (rid, _SS_INIT, *h[4:])
-            ids_read: Sequence[int] = unheld
-        else:
-            ids_read = ids
         if ids_read:
             found.update((row[0], row) for row in rows_by_id(
                 self.conn, "SELECT id, state, origin_id, semq_id, semq_db_id, record_id FROM stored", ids_read,
