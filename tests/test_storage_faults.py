@@ -291,12 +291,14 @@ def test_read_only_store_error_says_read_only(cluster: Cluster, mounts: Mounts) 
 # ---------------------------------------------------------------- (b) corrupt files
 
 
-def _root_page(db: Path, table: str) -> int:
+def _root_page(db: Path, table: str) -> tuple[int, int]:
+    """(the table's root page number, the store's page size)."""
     # Read-write on purpose: a read-only connection to a WAL store leaves -wal
     # and -shm behind (it may not delete them), which would not be ours to leave.
     c = sqlite3.connect(str(db))
     try:
-        return int(c.execute("SELECT rootpage FROM sqlite_master WHERE name=?", (table,)).fetchone()[0])
+        return (int(c.execute("SELECT rootpage FROM sqlite_master WHERE name=?", (table,)).fetchone()[0]),
+                int(c.execute("PRAGMA page_size").fetchone()[0]))
     finally:
         c.close()
 
@@ -305,13 +307,13 @@ def _corrupt(db: Path, how: str, table: str) -> None:
     size = db.stat().st_size
     # Ask SQLite first, with no descriptor of ours open on the file: closing
     # one would drop SQLite's locks and leave its journal files behind.
-    page = _root_page(db, table) if how == "page" else 0
+    page, page_size = _root_page(db, table) if how == "page" else (0, 0)
     with db.open("r+b") as f:
         if how == "header":
             f.write(b"this is not SQLite at all")
         elif how == "page":  # the table's b-tree root page: valid header, broken table
-            f.seek((page - 1) * 4096)
-            f.write(b"\xff" * 4096)
+            f.seek((page - 1) * page_size)
+            f.write(b"\xff" * page_size)
         elif how == "truncated":
             f.truncate(size // 2)
         elif how == "empty":
