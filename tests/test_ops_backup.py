@@ -242,3 +242,47 @@ def test_keys_only_when_asked(tmp_path: Path, capsys: pytest.CaptureFixture[str]
         names = set(t.getnames())
     assert {"ca/ca.pem", "ca/crl.pem", "tls/server.pem", "platform.sqlite"} <= names
     assert "ca/ca.key.pem" not in names and "tls/server.key.pem" not in names
+
+
+def test_compact_gives_an_old_store_this_versions_pages_and_refuses_a_running_one(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """A store made with 4 KiB pages (before 2026-11-26; WAL mode cannot
+    change them in place) is rewritten with 16 KiB pages, every row kept,
+    the old file kept beside it; refused, untouched, while a daemon runs."""
+    from semq.ops.backup import compact
+
+    src = tmp_path / "A"
+    with monkeypatch.context() as m:
+        m.setattr("semq._db.PAGE_SIZE", 4096)  # as the store was made
+        init_node(src)
+        core = NodeCore(src / "node.sqlite", "10008")
+        core.accept([NewDocument(target="56001", app_data=b"doc %d " % i + b"x" * 1000) for i in range(300)])
+        core.conn.execute("DELETE FROM outbox WHERE id % 3 = 0")  # free pages to drop
+        core.close()
+    with sqlite3.connect(str(src / "node.sqlite")) as c:
+        assert c.execute("PRAGMA page_size").fetchone()[0] == 4096
+    want = ids(src / "node.sqlite")
+    p = Proc("node", ["node", "run", "--dir", str(src)], tmp_path / "node.log", "running")
+    try:
+        before = (src / "node.sqlite").read_bytes()
+        with pytest.raises(RestoreRefused, match=r"refusing to compact .*stop it first"):
+            compact(src)
+        assert (src / "node.sqlite").read_bytes() == before
+        assert not list(src.glob("node.sqlite.before-compact-*"))
+    finally:
+        p.kill()
+    assert ops_main(["compact", "--dir", str(src)]) == 0
+    out = capsys.readouterr().out
+    assert "pages 4,096 -> 16,384 bytes" in out and "kept as" in out
+    with sqlite3.connect(str(src / "node.sqlite")) as c:
+        assert c.execute("PRAGMA page_size").fetchone()[0] == 16384
+        assert c.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+        assert c.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+    assert ids(src / "node.sqlite") == want and len(want) == 200
+    [kept] = [k for k in src.glob("node.sqlite.before-compact-*") if not k.name.endswith(("-wal", "-shm"))]
+    with sqlite3.connect(str(kept)) as c:  # the store as it was still opens
+        assert c.execute("PRAGMA page_size").fetchone()[0] == 4096
+        assert [r[0] for r in c.execute("SELECT id FROM outbox ORDER BY id")] == want
+    # the compacted store runs: the daemon's own start-up check passes
+    assert semq_main(["status", "--dir", str(src), "--json"]) == 0
+    NodeCore(src / "node.sqlite", "10008").close()

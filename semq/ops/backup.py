@@ -59,9 +59,11 @@ __all__ = [
     "MANIFEST_NAME",
     "BackupError",
     "BackupInfo",
+    "CompactInfo",
     "RestoreInfo",
     "RestoreRefused",
     "backup",
+    "compact",
     "restore",
     "snapshot_store",
     "store_in_use",
@@ -103,6 +105,15 @@ class RestoreInfo:
     files: list[str]
     replaced: list[str] = field(default_factory=list)  # moved aside as *.before-restore-<time>
     warnings: list[str] = field(default_factory=list)
+
+
+@dataclass
+class CompactInfo:
+    store: Path
+    role: str
+    page_size: tuple[int, int]  # before, after
+    bytes: tuple[int, int]  # the store with its WAL, before; the rewritten store, after
+    kept: Path  # the store as it was (with its -wal/-shm), beside it
 
 
 # ---------------------------------------------------------------- helpers
@@ -333,6 +344,70 @@ def store_in_use(directory: Path) -> str | None:
 
 
 # ---------------------------------------------------------------- restore
+
+
+def _store_bytes(store: Path) -> int:
+    return sum(p.stat().st_size for p in (store, Path(f"{store}-wal")) if p.exists())
+
+
+def compact(directory: Path) -> CompactInfo:
+    """Rewrite the store of ``directory`` (its daemon stopped): a copy taken
+    with the online backup API, rewritten by VACUUM with this software's page
+    size (semq._db.PAGE_SIZE: a store made before 2026-11-26 has 4 KiB pages,
+    and WAL mode cannot change them in place) and its free pages dropped,
+    checked, then put in the store's place. The store as it was is kept
+    beside it as ``<name>.before-compact-<time>`` (with its -wal/-shm, so it
+    still opens). Refuses (RestoreRefused, nothing changed) while the store
+    is in use; raises BackupError for a store that cannot be read or
+    rewritten (nothing changed either)."""
+    from semq._db import PAGE_SIZE
+    from semq.config import load_config
+
+    directory = Path(directory).resolve()
+    cfg = load_config(directory)
+    store = cfg.store_path
+    if not store.is_file():
+        raise BackupError(f"no {cfg.role} store at {store}")
+    why = store_in_use(directory)
+    if why:
+        raise RestoreRefused(f"refusing to compact {store}: {why}; stop it first"
+                             " ('semq admin drain --wait' or 'systemctl stop ...')")
+    before = _store_bytes(store)
+    with tempfile.TemporaryDirectory(prefix=".compact-", dir=directory) as tmpd:
+        tmp = Path(tmpd) / store.name
+        with _wal_index_lock(store) as free:
+            if not free:
+                raise RestoreRefused(f"refusing to compact {store}: another process just opened it")
+            snap = snapshot_store(store, tmp)
+            if snap["role"] != cfg.role:
+                raise BackupError(f"{store} holds a {snap['role']} store but the config says {cfg.role}")
+            conn = sqlite3.connect(str(tmp), isolation_level=None)
+            try:
+                old_page = int(conn.execute("PRAGMA page_size").fetchone()[0])
+                for q in (f"PRAGMA page_size={PAGE_SIZE}", "VACUUM", "PRAGMA journal_mode=WAL"):
+                    conn.execute(q).fetchall()
+                new_page = int(conn.execute("PRAGMA page_size").fetchone()[0])
+                check = conn.execute("PRAGMA quick_check").fetchone()[0]
+                tables = _tables(conn)
+            except sqlite3.Error as e:
+                raise BackupError(f"rewriting a copy of {store} failed: {e} (the store is unchanged)") from e
+            finally:
+                conn.close()
+            if check != "ok" or tables != snap["tables"]:
+                raise BackupError(f"the rewritten copy of {store} fails its check ({check}; rows {tables} against"
+                                  f" {snap['tables']}); the store is unchanged")
+            for sfx in ("-wal", "-shm"):  # the copy's WAL is empty and closed
+                Path(f"{tmp}{sfx}").unlink(missing_ok=True)
+            kept = store.with_name(f"{store.name}.before-compact-{time.strftime('%Y%m%dT%H%M%S')}")
+            os.replace(store, kept)
+            for sfx in ("-wal", "-shm"):  # the old WAL belongs to the old file, never to the new one
+                side = Path(f"{store}{sfx}")
+                if side.exists():
+                    os.replace(side, Path(f"{kept}{sfx}"))
+            os.chmod(tmp, 0o600)
+            os.replace(tmp, store)
+    return CompactInfo(store=store, role=cfg.role, page_size=(old_page, new_page),
+                       bytes=(before, store.stat().st_size), kept=kept)
 
 
 def _member_ok(name: str) -> str:

@@ -336,6 +336,19 @@ def cmd_restore(args: argparse.Namespace) -> int:
     return 0
 
 
+@_cli_errors
+def cmd_compact(args: argparse.Namespace) -> int:
+    from .backup import compact
+
+    d = _dir(args)
+    print(f"compacting the store in {d} (a checked copy is rewritten; about as long as copying the file) ...",
+          file=sys.stderr, flush=True)
+    info = compact(d)
+    print(f"compacted the {info.role} store {info.store}: pages {info.page_size[0]:,} -> {info.page_size[1]:,}"
+          f" bytes, {_size(info.bytes[0])} -> {_size(info.bytes[1])}; the store as it was is kept as {info.kept}")
+    return 0
+
+
 # ---------------------------------------------------------------- parser
 
 
@@ -346,7 +359,7 @@ def _common() -> argparse.ArgumentParser:
 
 
 def register(sub: Any) -> None:
-    """Add ``admin``, ``service``, ``backup`` and ``restore`` to the
+    """Add ``admin``, ``service``, ``backup``, ``compact`` and ``restore`` to the
     subparsers ``sub`` of the ``semq`` parser."""
     common = _common()
     out = argparse.ArgumentParser(add_help=False)
@@ -409,6 +422,10 @@ def register(sub: Any) -> None:
     x.add_argument("--out", required=True, metavar="FILE", help="FILE.tar, FILE.tar.gz, or FILE.sqlite (store only)")
     x.add_argument("--include-keys", action="store_true", help="also the private keys (keep the file safe!)")
     x.set_defaults(func=cmd_backup)
+
+    x = sub.add_parser("compact", parents=[common],
+                       help="rewrite the stopped store: this version's page size, free pages dropped")
+    x.set_defaults(func=cmd_compact)
 
     x = sub.add_parser("restore", parents=[common], help="restore a backup (refuses a running store)")
     x.add_argument("file")
