@@ -286,3 +286,10 @@ def test_compact_gives_an_old_store_this_versions_pages_and_refuses_a_running_on
     # the compacted store runs: the daemon's own start-up check passes
     assert semq_main(["status", "--dir", str(src), "--json"]) == 0
     NodeCore(src / "node.sqlite", "10008").close()
+    # twice in one second: the first store kept is never overwritten
+    monkeypatch.setattr("semq.ops.backup.time.strftime", lambda fmt, *a: "20261126T000000")
+    compact(src)
+    compact(src)
+    kept_now = sorted(k.name for k in src.glob("node.sqlite.before-compact-20261126T000000*")
+                      if not k.name.endswith(("-wal", "-shm")))
+    assert kept_now == ["node.sqlite.before-compact-20261126T000000", "node.sqlite.before-compact-20261126T000000-2"]

@@ -398,7 +398,12 @@ def compact(directory: Path) -> CompactInfo:
                                   f" {snap['tables']}); the store is unchanged")
             for sfx in ("-wal", "-shm"):  # the copy's WAL is empty and closed
                 Path(f"{tmp}{sfx}").unlink(missing_ok=True)
-            kept = store.with_name(f"{store.name}.before-compact-{time.strftime('%Y%m%dT%H%M%S')}")
+            stamp = time.strftime("%Y%m%dT%H%M%S")
+            kept = store.with_name(f"{store.name}.before-compact-{stamp}")
+            n = 1
+            while kept.exists():  # never over an earlier one (two in one second)
+                n += 1
+                kept = store.with_name(f"{store.name}.before-compact-{stamp}-{n}")
             os.replace(store, kept)
             for sfx in ("-wal", "-shm"):  # the old WAL belongs to the old file, never to the new one
                 side = Path(f"{store}{sfx}")
