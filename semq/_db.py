@@ -54,7 +54,7 @@ BUSY_TIMEOUT_S: Final = 5.0  # how long a statement waits for another process's 
 # B-tree pages. scripts/bench e2e, alternated with 4,096: the daemons' CPU per
 # document online 81/92/82 -> 79/75/74 us, 22.0/21.3/22.1k -> 23.5/24.3/24.5k
 # documents/s (docs/benchmarks.md). A store keeps the size it was made with
-# (WAL mode cannot change it; a VACUUM out of WAL would).
+# (WAL mode cannot change it): ``semq compact`` rewrites a stopped one.
 PAGE_SIZE: Final = 16384
 _BEGIN_POLL_S: Final = 0.0005
 

@@ -346,6 +346,15 @@ def store_in_use(directory: Path) -> str | None:
 # ---------------------------------------------------------------- restore
 
 
+def _move_store(store: Path, to: Path) -> None:
+    """Rename a store with its -wal and -shm (so it still opens as it was)."""
+    os.replace(store, to)
+    for sfx in ("-wal", "-shm"):
+        side = Path(f"{store}{sfx}")
+        if side.exists():
+            os.replace(side, Path(f"{to}{sfx}"))
+
+
 def _store_bytes(store: Path) -> int:
     return sum(p.stat().st_size for p in (store, Path(f"{store}-wal")) if p.exists())
 
@@ -404,11 +413,7 @@ def compact(directory: Path) -> CompactInfo:
             while kept.exists():  # never over an earlier one (two in one second)
                 n += 1
                 kept = store.with_name(f"{store.name}.before-compact-{stamp}-{n}")
-            os.replace(store, kept)
-            for sfx in ("-wal", "-shm"):  # the old WAL belongs to the old file, never to the new one
-                side = Path(f"{store}{sfx}")
-                if side.exists():
-                    os.replace(side, Path(f"{kept}{sfx}"))
+            _move_store(store, kept)  # the old WAL belongs to the old file, never to the new one
             os.chmod(tmp, 0o600)
             os.replace(tmp, store)
     return CompactInfo(store=store, role=cfg.role, page_size=(old_page, new_page),
@@ -532,14 +537,11 @@ def restore(archive: Path, directory: Path, *, force: bool = False) -> RestoreIn
             for rel in existing:
                 dst = directory / rel
                 aside = dst.with_name(f"{dst.name}.before-restore-{stamp}")
-                os.replace(dst, aside)
-                info.replaced.append(aside.relative_to(directory).as_posix())
                 if rel == store_name:
-                    # Its WAL belongs to it, never to the restored file.
-                    for sfx in ("-wal", "-shm"):
-                        side = Path(f"{dst}{sfx}")
-                        if side.exists():
-                            os.replace(side, Path(f"{aside}{sfx}"))
+                    _move_store(dst, aside)  # its WAL belongs to it, never to the restored file
+                else:
+                    os.replace(dst, aside)
+                info.replaced.append(aside.relative_to(directory).as_posix())
             for sfx in ("-wal", "-shm"):  # a stale WAL would be replayed onto the restored store
                 Path(f"{target_store}{sfx}").unlink(missing_ok=True)
             for rel in sorted(files):

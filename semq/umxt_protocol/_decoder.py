@@ -29,9 +29,9 @@ from ._frames import (
 from ._schema import MAGIC, VERSION
 from ._types import LK0, LK1, MAX_NODE_ID, MAX_PRIORITY, Endpoint, Kind, NodeType
 
-_DATA_IDS: Final = struct.Struct(_DATA_PREFIX.format[:4])  # LK0's semq_id, semq_db_id, record_id
+# The DATA prefix begins with LK0 and then LK1, each semq_id, semq_db_id, record_id.
+_DATA_IDS: Final = struct.Struct(_DATA_PREFIX.format[:4])
 _LK1_RECORD: Final = struct.Struct(">Q")
-_LK1_WIRE: Final = struct.Struct(">HHQ")  # LK1 in the DATA prefix: semq_id, semq_db_id, record_id
 _LK1_RECORD_AT: Final = struct.calcsize(_DATA_PREFIX.format[:6])  # after LK0 and LK1's semq ids
 
 __all__ = ["DEFAULT_MAX_FRAME", "HEADER_SIZE", "FrameDecoder", "RawFrame", "relay_bytes", "relay_frame_bytes"]
@@ -110,20 +110,20 @@ class RawFrame:
     ``relay_bytes``) without ever parsing the body."""
 
     __slots__ = ("_body_start", "flags", "kind", "origin", "priority", "raw", "save_fwd", "source", "target")
+    kind: Kind
+    flags: int
+    save_fwd: int
+    priority: int
+    source: Endpoint
+    target: Endpoint
+    origin: Endpoint
+    raw: bytes
+    _body_start: int
 
-    def __init__(
-        self, *, kind: Kind, flags: int, save_fwd: int, priority: int, source: Endpoint,
-        target: Endpoint, origin: Endpoint, raw: bytes, body_start: int,
-    ) -> None:
-        self.kind = kind
-        self.flags = flags
-        self.save_fwd = save_fwd
-        self.priority = priority
-        self.source = source
-        self.target = target
-        self.origin = origin
-        self.raw = raw
-        self._body_start = body_start
+    def __init__(self) -> None:
+        # Only FrameDecoder makes them (its slot stores, without __init__):
+        # a RawFrame is a frame whose header and CRC were checked.
+        raise TypeError("RawFrame is made by FrameDecoder from checked bytes, not constructed")
 
     @property
     def body(self) -> bytes:
@@ -222,9 +222,9 @@ def relay_frame_bytes(b: bytes, source: Endpoint, lk1: LK1 | None = None) -> byt
     # turn: the ~1 KiB body is copied once (a stored copy's delivery sliced,
     # spliced, joined and appended to it: 2.2 -> 1.8 us).
     m = memoryview(b)
-    lk1_at = ids_end + 12  # after LK0's semq_id, semq_db_id and record_id
+    lk1_at = ids_end + _DATA_IDS.size  # after LK0's ids
     parts: list[bytes | memoryview] = [head, src, m[HEADER_SIZE + sl : lk1_at],
-             _LK1_WIRE.pack(lk1.semq_id, lk1.semq_db_id, lk1.record_id), m[lk1_at + 12 : -4]]
+             _DATA_IDS.pack(lk1.semq_id, lk1.semq_db_id, lk1.record_id), m[lk1_at + _DATA_IDS.size : -4]]
     crc = 0
     for part in parts:
         crc = crc32(part, crc)

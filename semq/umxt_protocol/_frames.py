@@ -294,6 +294,13 @@ _ACK_RULES: Final[dict[Kind, tuple[AckFlag, ForwardFlag]]] = {
 }
 
 
+def _flags_fit(packed: bytes, n: int, ack_flag: int, flag: int) -> bool:
+    """Whether every one of the ``n`` packed ack entries (26 bytes each) has
+    ``ack_flag`` and ``flag``: their two flag bytes sit at offsets 24 and 25,
+    so the check counts bytes in two strided slices instead of looping."""
+    return packed[24::_ACK_ENTRY.size].count(ack_flag) == n and packed[25::_ACK_ENTRY.size].count(flag) == n
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class AckBatch:
     """Many acks of one kind in one frame (kind ACK_BATCH). ``receipt`` may
@@ -327,8 +334,7 @@ class AckBatch:
             packed: bytes | None = b"".join(starmap(_ACK_ENTRY.pack, self.entries))
         except struct.error:
             packed = None
-        if (packed is not None and packed[24::_ACK_ENTRY.size].count(ack_flag) == n
-                and packed[25::_ACK_ENTRY.size].count(flag) == n):
+        if packed is not None and _flags_fit(packed, n, ack_flag, flag):
             object.__setattr__(self, "_packed", packed)
         else:
             self._check_entries(kind, ack_flag, flag)
@@ -1002,12 +1008,9 @@ def _decode_ack_batch(buf: bytes) -> AckBatch:
     entries = tuple(map(_make_entry, _ACK_ENTRY.iter_unpack(packed)))
     receipt = buf[end + 2 :]
     if kind is not None and count <= MAX_ACK_BATCH and r_len <= MAX_RECEIPT:
-        # AckBatch checks each entry's ack_flag and flag against the kind in
-        # a Python loop; here the same check runs over the packed bytes: every
-        # entry's two flag bytes sit at offsets 24 and 25 of its 26 bytes.
+        # The kind's flags checked over the packed bytes, as AckBatch does.
         ack_flag, flag = _ACK_RULES[kind]
-        if (packed[24::_ACK_ENTRY_SIZE].count(ack_flag) == count
-                and packed[25::_ACK_ENTRY_SIZE].count(flag) == count):
+        if _flags_fit(packed, count, ack_flag, flag):
             batch = _new(AckBatch)
             s = _BATCH_SET
             s[0](batch, kind)
