@@ -543,6 +543,52 @@ def _pct(a: float | None, b: float | None) -> str:
     return f"{share:.0%}" if share >= 0.1 else f"{share:.1%}" if share >= 0.01 else f"{share:.2%}"
 
 
+def _cpu_medians(runs: list[dict[str, Any]]) -> dict[str, float]:
+    """Median CPU us per document of each SEMQ daemon (P, A, B) over runs."""
+    out = {}
+    for k in ("P", "A", "B"):
+        m = _median([(x.get("cpu") or {}).get(k) for x in runs])
+        if m is not None:
+            out[k] = m
+    return out
+
+
+def _ceiling_notes(res: Results, semq_rate: dict[tuple[bool, str], float | None],
+                   peer_rate: dict[tuple[str, str], float | None]) -> list[str]:
+    """What the CPU each document cost allows (security off): with C cores,
+    at most C / (the three daemons' CPU per document) documents/s, and at
+    most 1 / (the busiest daemon's) — each daemon's Python runs under one
+    interpreter lock. Printed beside each rate target that is not met, with
+    the CPU per document the target would need: the figure that says how
+    far a target is, whatever the neighbours did to docs/s."""
+    cores = len(os.sched_getaffinity(0))
+    wanted: list[tuple[str, str, float]] = []
+    for k in ("online", "store", "drain"):
+        v = semq_rate[(False, k)]
+        if v is not None and v < TARGET_RATE[k]:
+            wanted.append((k, f"{TARGET_RATE[k]:,}/s", TARGET_RATE[k]))
+    for peer in ("nats", "mosquitto"):
+        on, pv = semq_rate[(False, "online")], peer_rate[(peer, "online")]
+        if on and pv and on < TARGET_X[peer] * pv:
+            wanted.append(("online", f"{TARGET_X[peer]:g}x {PEER_NAMES[peer]} = {TARGET_X[peer] * pv:,.0f}/s",
+                           TARGET_X[peer] * pv))
+    notes = []
+    for k, label, rate in wanted:
+        cpu = _cpu_medians(res.semq[False][k])
+        if len(cpu) < (2 if k == "store" else 3):
+            continue
+        total = sum(cpu.values())
+        role, top = max(cpu.items(), key=lambda kv: kv[1])
+        need = cores * 1e6 / rate
+        notes.append(
+            f"CPU ceiling, {k} (security off): the daemons used {total:,.0f} us per document ("
+            + ", ".join(f"{r} {v:,.0f}" for r, v in cpu.items())
+            + f"), so {cores} cores allow at most {cores * 1e6 / total:,.0f}/s and {role}'s one interpreter about"
+            f" {1e6 / top:,.0f}/s; {label} needs <= {need:,.0f} us in all ({1 - need / total:.0%} less) and"
+            f" <= {1e6 / rate:,.0f} us in each daemon.")
+    return notes
+
+
 def _met(ok: bool) -> str:
     return "met" if ok else "NOT met"
 
@@ -675,6 +721,7 @@ def report(a: argparse.Namespace, res: Results) -> tuple[list[str], list[list[st
                  ("not measured" if tp99 is None else
                   f"{tp99:.0f} ms at {_median([x['rate'] for x in res.target_half]) or 0:,.0f}/s, "
                   f"{_met(tp99 <= TARGET_P99_HALF_MS)}."))
+    notes.extend(_ceiling_notes(res, semq_rate, peer_rate))
     son = semq_rate[(True, "online")]
     notes.append(f"target security on >= {TARGET_SECURE_SHARE:.0%} of plain (online): " +
                  ("not measured" if not on or not son else
