@@ -580,11 +580,13 @@ def _ceiling_notes(res: Results, semq_rate: dict[tuple[bool, str], float | None]
         total = sum(cpu.values())
         role, top = max(cpu.items(), key=lambda kv: kv[1])
         need = cores * 1e6 / rate
+        cut = (f"{1 - need / total:.0%} less" if total > need else
+               "the CPU already allows it: the rest is the daemons waiting on each other")
         notes.append(
             f"CPU ceiling, {k} (security off): the daemons used {total:,.0f} us per document ("
             + ", ".join(f"{r} {v:,.0f}" for r, v in cpu.items())
             + f"), so {cores} cores allow at most {cores * 1e6 / total:,.0f}/s and {role}'s one interpreter about"
-            f" {1e6 / top:,.0f}/s; {label} needs <= {need:,.0f} us in all ({1 - need / total:.0%} less) and"
+            f" {1e6 / top:,.0f}/s; {label} needs <= {need:,.0f} us in all ({cut}) and"
             f" <= {1e6 / rate:,.0f} us in each daemon.")
     return notes
 
