@@ -128,6 +128,21 @@ def test_restore_refuses_a_running_daemon_and_existing_store(tmp_path: Path) -> 
         assert c.execute("PRAGMA quick_check").fetchone()[0] == "ok"
 
 
+def test_two_restores_in_one_second_keep_both_replaced_stores(tmp_path: Path,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    src = tmp_path / "A"
+    init_node(src)
+    backup(src, tmp_path / "a.tar")
+    monkeypatch.setattr("semq.ops.backup.time.strftime", lambda fmt, *a: "20261126T000000")
+    first = restore(tmp_path / "a.tar", src, force=True)
+    second = restore(tmp_path / "a.tar", src, force=True)
+    assert "node.sqlite.before-restore-20261126T000000" in first.replaced
+    assert "node.sqlite.before-restore-20261126T000000-2" in second.replaced
+    for name in ("node.sqlite.before-restore-20261126T000000", "node.sqlite.before-restore-20261126T000000-2"):
+        with sqlite3.connect(str(src / name)) as c:  # each replaced store is there and opens
+            assert c.execute("PRAGMA quick_check").fetchone()[0] == "ok"
+
+
 def test_restore_refuses_a_store_another_process_has_open(tmp_path: Path) -> None:
     """An application (or a hung daemon) with the store open: SQLite's own
     WAL-index lock tells, with no cooperation from that process."""
@@ -273,7 +288,7 @@ def test_compact_gives_an_old_store_this_versions_pages_and_refuses_a_running_on
         p.kill()
     assert ops_main(["compact", "--dir", str(src)]) == 0
     out = capsys.readouterr().out
-    assert "pages 4,096 -> 16,384 bytes" in out and "kept as" in out
+    assert "page size 4,096 -> 16,384 bytes" in out and "kept as" in out
     with sqlite3.connect(str(src / "node.sqlite")) as c:
         assert c.execute("PRAGMA page_size").fetchone()[0] == 16384
         assert c.execute("PRAGMA journal_mode").fetchone()[0] == "wal"

@@ -308,3 +308,13 @@ def test_the_received_events_app_key_is_read_from_the_bytes_as_the_frame_has_it(
     short = RawFrame.__new__(RawFrame)
     short.raw, short._body_start = raw.raw[:raw._body_start + 40 + min(cut, parts - 1)], raw._body_start
     assert _app_key(short) is None
+    # The `received` event carries the four parts, and none for the cut frame.
+    from semq.platform.core import PlatformCore
+
+    ev = PlatformCore._received(raw, "x", "a", "b", 1, 2)
+    assert [ev[k] for k in ("domain", "data_type", "subtype", "key")] == [ak.domain, ak.data_type, ak.subtype, ak.key]
+    short.save_fwd, short.priority, short.flags = raw.save_fwd, raw.priority, raw.flags
+    cut_ev = PlatformCore._received(short, "x", "a", "b", 1, 2)
+    assert not {"domain", "data_type", "subtype", "key"} & cut_ev.keys()
+    assert {k: v for k, v in ev.items() if k not in ("domain", "data_type", "subtype", "key", "size")} == \
+        {k: v for k, v in cut_ev.items() if k != "size"}

@@ -36,8 +36,10 @@ from semq._db import (
 from semq.crypto import (
     CryptoError,
     ack_entry_lk0,
+    document_aad_fields,
     document_aad_template,
     document_digest,
+    document_salt,
     document_salts,
     make_batch_receipt,
     open_documents,
@@ -894,13 +896,19 @@ class NodeCore(HeldWrites):
             out.update(rows_by_id(self.conn, "SELECT record_id, digest FROM receipts", rest, key="record_id"))
         missing = [rid for rid in rest if rid not in out]
         if missing:
-            key = self.conn.execute("SELECT value FROM meta WHERE key='document_salt_key'").fetchone()
-            rows = rows_by_id(self.conn, "SELECT id, target_type, target_id, save_fwd, domain, data_type, subtype,"
-                                         " key, app_data FROM outbox", missing) if key else []
-            for rid, tt, tid, sf, dom, dt, sub, k, body in rows:
-                aad = document_aad_template(self.me, self.me, Endpoint(node_type=tt, node_id=tid), dom, dt, sub, k,
-                                            sf)(1, 1, rid)
-                out[rid] = document_digest(aad, body, document_salts(bytes.fromhex(key[0]), [aad])[0])
+            # The store's salt key as it is (never made here: without one,
+            # no document of ours was signed with a deterministic salt).
+            salt_key = self._salt_key
+            if salt_key is None:
+                row = self.conn.execute("SELECT value FROM meta WHERE key='document_salt_key'").fetchone()
+                salt_key = bytes.fromhex(row[0]) if row else None
+            if salt_key is not None:
+                for rid, tt, tid, sf, dom, dt, sub, k, body in rows_by_id(
+                        self.conn, "SELECT id, target_type, target_id, save_fwd, domain, data_type, subtype, key,"
+                                   " app_data FROM outbox", missing):
+                    aad = document_aad_fields(self.me, 1, 1, rid, self.me, Endpoint(node_type=tt, node_id=tid),
+                                              dom, dt, sub, k, sf)
+                    out[rid] = document_digest(aad, body, document_salt(salt_key, aad))
         return out
 
     def receipt_proof(self, record_id: int) -> tuple[str, bytes, bytes, int] | None:

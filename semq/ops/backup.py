@@ -355,6 +355,18 @@ def _move_store(store: Path, to: Path) -> None:
             os.replace(side, Path(f"{to}{sfx}"))
 
 
+def _aside(path: Path, label: str, stamp: str) -> Path:
+    """A free name beside ``path`` to keep it under: ``<name>.<label>-<stamp>``,
+    numbered ``-2``, ``-3``... when one is there already (two in one
+    second), so nothing kept earlier is overwritten."""
+    aside = path.with_name(f"{path.name}.{label}-{stamp}")
+    n = 1
+    while aside.exists():
+        n += 1
+        aside = path.with_name(f"{path.name}.{label}-{stamp}-{n}")
+    return aside
+
+
 def _store_bytes(store: Path) -> int:
     return sum(p.stat().st_size for p in (store, Path(f"{store}-wal")) if p.exists())
 
@@ -407,12 +419,7 @@ def compact(directory: Path) -> CompactInfo:
                                   f" {snap['tables']}); the store is unchanged")
             for sfx in ("-wal", "-shm"):  # the copy's WAL is empty and closed
                 Path(f"{tmp}{sfx}").unlink(missing_ok=True)
-            stamp = time.strftime("%Y%m%dT%H%M%S")
-            kept = store.with_name(f"{store.name}.before-compact-{stamp}")
-            n = 1
-            while kept.exists():  # never over an earlier one (two in one second)
-                n += 1
-                kept = store.with_name(f"{store.name}.before-compact-{stamp}-{n}")
+            kept = _aside(store, "before-compact", time.strftime("%Y%m%dT%H%M%S"))
             _move_store(store, kept)  # the old WAL belongs to the old file, never to the new one
             os.chmod(tmp, 0o600)
             os.replace(tmp, store)
@@ -536,7 +543,7 @@ def restore(archive: Path, directory: Path, *, force: bool = False) -> RestoreIn
                 raise RestoreRefused(f"refusing to restore: {target_store} was just opened by another process")
             for rel in existing:
                 dst = directory / rel
-                aside = dst.with_name(f"{dst.name}.before-restore-{stamp}")
+                aside = _aside(dst, "before-restore", stamp)
                 if rel == store_name:
                     _move_store(dst, aside)  # its WAL belongs to it, never to the restored file
                 else:

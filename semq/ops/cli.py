@@ -344,7 +344,7 @@ def cmd_compact(args: argparse.Namespace) -> int:
     print(f"compacting the store in {d} (a checked copy is rewritten; about as long as copying the file) ...",
           file=sys.stderr, flush=True)
     info = compact(d)
-    print(f"compacted the {info.role} store {info.store}: pages {info.page_size[0]:,} -> {info.page_size[1]:,}"
+    print(f"compacted the {info.role} store {info.store}: page size {info.page_size[0]:,} -> {info.page_size[1]:,}"
           f" bytes, {_size(info.bytes[0])} -> {_size(info.bytes[1])}; the store as it was is kept as {info.kept}")
     return 0
 

@@ -130,6 +130,9 @@ def _app_key(raw: RawFrame) -> tuple[str, str, str, str] | None:
             b[e:g - 1].decode("utf-8", "replace"), b[g:end].decode("utf-8", "replace"))
 
 
+_APP_KEY_FIELDS: Final = ("domain", "data_type", "subtype", "key")
+_NO_APP_KEY: Final = ("", "", "", "")
+
 # route() by its inputs (a handful of combinations): one look-up per DATA.
 _ROUTES: dict[tuple[bool, bool, int, bool, bool], tuple[Route, ResultCode]] = {}
 
@@ -395,14 +398,15 @@ class PlatformCore(HeldWrites):
     def _received(raw: RawFrame, lk0_text: str, source: str, target: str, created: int, ts: int) -> dict[str, Any]:
         """The ``received`` event: with the message's attributes, logged once (docs/events.md)."""
         ak = _app_key(raw)
-        if ak is None:
-            return {"ts": ts, "event": "received", "lk0": lk0_text, "source": source, "target": target,
-                    "save_fwd": raw.save_fwd, "ack2": raw.ack2, "reliable": raw.reliable,
-                    "priority": raw.priority, "created_ms": created, "size": len(raw.raw)}
-        return {"ts": ts, "event": "received", "lk0": lk0_text, "source": source, "target": target,
-                "save_fwd": raw.save_fwd, "ack2": raw.ack2, "reliable": raw.reliable,
-                "priority": raw.priority, "created_ms": created, "size": len(raw.raw),
-                "domain": ak[0], "data_type": ak[1], "subtype": ak[2], "key": ak[3]}
+        domain, data_type, subtype, key = ak or _NO_APP_KEY
+        ev = {"ts": ts, "event": "received", "lk0": lk0_text, "source": source, "target": target,
+              "save_fwd": raw.save_fwd, "ack2": raw.ack2, "reliable": raw.reliable,
+              "priority": raw.priority, "created_ms": created, "size": len(raw.raw),
+              "domain": domain, "data_type": data_type, "subtype": subtype, "key": key}
+        if ak is None:  # a body too short to hold its AppKey: logged without one (rare; a del never resizes)
+            for name in _APP_KEY_FIELDS:
+                del ev[name]
+        return ev
 
     def _data(
         self, sender: Endpoint, raw: RawFrame, ts: int, out: PlatformOutput, events: list[dict[str, Any]],

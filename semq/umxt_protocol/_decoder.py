@@ -323,7 +323,7 @@ class FrameDecoder:
                 except RemoteProtocolError as e:
                     self._error = e
                     raise
-                # RawFrame's keyword __init__ costs more than these plain slot stores.
+                # (RawFrame has no __init__ to call: its slots are stored here.)
                 rf = _new_raw(RawFrame)
                 rf.kind = k
                 rf.flags = flags
