@@ -36,19 +36,24 @@ class ResultCode(IntEnum):
     CERT_REVOKED = 204  # the peer's certificate is on the revocation list
     HANDSHAKE_TIMEOUT = 205  # HELLO did not arrive in time
     IDLE_TIMEOUT = 206  # no traffic (not even PING) within the idle limit
+    TOO_MANY_CONNECTIONS = 207  # the organization already holds as many connections as it may
     # 3xx: routing (SPEC "The flow", platform step 1)
     UNKNOWN_TARGET = 300  # the target endpoint is not known to the platform
     TARGET_OFFLINE_DROPPED = 301  # SaveFwd=1 and the target is offline: discarded
     OVER_WINDOW = 302  # sender exceeded the flow-control window (seed 004)
     EXPIRED = 303  # the document's expiry passed before delivery
     TOO_MANY_ATTEMPTS = 304  # resend limit reached; moved to the dead letters
+    STALE = 305  # created outside the receiver's duplicate-suppression window (a possible replay): refused
     # 4xx: storage
     STORE_FULL = 400  # disk full: refused, nothing accepted
     STORE_ERROR = 401  # the store failed (read-only, corrupt, locked)
+    QUOTA_EXCEEDED = 402  # the origin's storage quota at the platform is used up: it keeps the document, retries later
     # 5xx: security
     BAD_SIGNATURE = 500  # document signature did not verify
     DECRYPT_FAILED = 501  # payload could not be decrypted / authenticated
     UNKNOWN_CERTIFICATE = 502  # no certificate is known for the endpoint
+    CERT_NOT_TRUSTED = 503  # a certificate the node has not pinned for that organization (nor accepted)
+    BAD_RECEIPT = 504  # an ACK2 whose signed receipt is missing or does not verify: the document stays open
     # 6xx: application
     REJECTED_BY_APPLICATION = 600  # the receiving application refused the document
     # 9xx: server
