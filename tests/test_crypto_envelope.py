@@ -65,23 +65,28 @@ def bkey() -> x25519.X25519PrivateKey:
 
 @settings(max_examples=300, deadline=None)
 @given(lk0=_strategies.lk0s(), source=_strategies.endpoints, target=_strategies.endpoints,
-       app_key=_strategies.app_keys, save_fwd=st.sampled_from(list(SaveFwd)))
+       app_key=_strategies.app_keys, save_fwd=st.sampled_from(list(SaveFwd)), flags=st.integers(0, 255),
+       priority=_strategies.priorities, created=_strategies.times_ms, expires=_strategies.expiries)
 def test_aad_from_fields_is_the_same_bytes(lk0: LK0, source: Endpoint, target: Endpoint, app_key: AppKey,
-                                           save_fwd: SaveFwd) -> None:
+                                           save_fwd: SaveFwd, flags: int, priority: int, created: int,
+                                           expires: int | None) -> None:
     """The origin's claim path builds the AAD from the row's fields: it must be
     byte for byte document_aad, or nothing it sends would open or verify."""
-    want = document_aad(lk0, source, target, app_key, save_fwd)
+    want = document_aad(lk0, source, target, app_key, save_fwd, flags=flags, priority=priority,
+                        created_ms=created, expires_ms=expires)
     assert document_aad_fields(
         lk0.endpoint, lk0.semq_id, lk0.semq_db_id, lk0.record_id, source, target, app_key.domain,
-        app_key.data_type, app_key.subtype, app_key.key, int(save_fwd),
+        app_key.data_type, app_key.subtype, app_key.key, int(save_fwd), flags, priority, created, expires,
     ) == want
     # ... and so does a batch's template, for this LK0 and for the next one.
     template = document_aad_template(lk0.endpoint, source, target, app_key.domain, app_key.data_type,
-                                     app_key.subtype, app_key.key, int(save_fwd))
-    assert template(lk0.semq_id, lk0.semq_db_id, lk0.record_id) == want
+                                     app_key.subtype, app_key.key, int(save_fwd), flags, priority)
+    assert template(lk0.semq_id, lk0.semq_db_id, lk0.record_id, created, expires) == want
     nxt = LK0(endpoint=lk0.endpoint, semq_id=lk0.semq_id, semq_db_id=lk0.semq_db_id,
               record_id=lk0.record_id % (2**63) + 1)
-    assert template(nxt.semq_id, nxt.semq_db_id, nxt.record_id) == document_aad(nxt, source, target, app_key, save_fwd)
+    assert template(nxt.semq_id, nxt.semq_db_id, nxt.record_id, created, expires) == document_aad(
+        nxt, source, target, app_key, save_fwd, flags=flags, priority=priority, created_ms=created,
+        expires_ms=expires)
 
 
 def test_aad_is_canonical_and_parses_back() -> None:
@@ -90,13 +95,25 @@ def test_aad_is_canonical_and_parses_back() -> None:
     h = parse_document_aad(a)
     assert h.lk0 == LK0(endpoint=A, record_id=7)
     assert (h.source, h.target, h.app_key, h.save_fwd) == (A, B, KEY, SaveFwd.MUST_DELIVER)
+    timed = document_aad(LK0(endpoint=A, record_id=7), A, B, KEY, SaveFwd.MUST_DELIVER, flags=0x0E,
+                         priority=5, created_ms=1_700_000_000_000, expires_ms=1_700_000_060_000)
+    h = parse_document_aad(timed)
+    assert (h.flags, h.priority, h.created_ms, h.expires_ms) == (0x0E, 5, 1_700_000_000_000, 1_700_000_060_000)
+
+    def header(**kw: int) -> bytes:
+        base = {"flags": 0x0E, "priority": 5, "created_ms": 1_700_000_000_000, "expires_ms": 1_700_000_060_000}
+        return document_aad(LK0(endpoint=A, record_id=7), A, B, KEY, SaveFwd.MUST_DELIVER, **{**base, **kw})
+
     variants = {
         aad(record=8), aad(target=C), aad(source=C), aad(save_fwd=SaveFwd.STORE),
         aad(app_key=AppKey(domain="trade", data_type="ORDER", subtype="PO", key="S0002")),
         # moving a byte between AppKey fields must change the bytes too
         aad(app_key=AppKey(domain="trad", data_type="eORDER", subtype="PO", key="S0001")),
+        # every header field the relay could change is bound (not LK1, not the transport source)
+        header(flags=0x0A), header(flags=0x0C), header(flags=0x1E), header(priority=0),
+        header(created_ms=1_600_000_000_000), header(expires_ms=1), header(expires_ms=0), timed,
     }
-    assert a not in variants and len(variants) == 6
+    assert a not in variants and len(variants) == 14
     with pytest.raises(ValueError):
         parse_document_aad(a + b"x")
     with pytest.raises(ValueError):
@@ -108,7 +125,8 @@ def test_frame_aad_uses_origin_not_relay() -> None:
                 session_key=b"k", app_data=b"x")
     direct = Frame(kind=Kind.DATA, source=A, target=B, body=data)
     relayed = Frame(kind=Kind.DATA, source=Endpoint.platform(), target=B, body=data)
-    assert frame_aad(direct) == frame_aad(relayed) == aad()
+    assert frame_aad(direct) == frame_aad(relayed) == document_aad(
+        LK0(endpoint=A, record_id=7), A, B, KEY, SaveFwd.MUST_DELIVER, flags=direct.flags)
     ping = Frame(kind=Kind.PING, source=A, target=B, body=Ping())
     with pytest.raises(TypeError):
         frame_aad(ping)
@@ -338,7 +356,9 @@ def test_suites_one_and_two(bkey: x25519.X25519PrivateKey) -> None:
 
 def test_sealed_document_travels_in_a_data_frame(bkey: x25519.X25519PrivateKey) -> None:
     lk0 = LK0(endpoint=A, record_id=42)
-    header = Data(lk0=lk0, app_key=KEY)
+    # The AAD binds the header as sent, Encrypt flag included (the session
+    # key's bytes are not in it).
+    header = Data(lk0=lk0, app_key=KEY, encrypt=True, session_key=b"to be made")
     plain = Frame(kind=Kind.DATA, source=A, target=B, body=header)
     a = frame_aad(plain)
     blob, ct = seal(b"<order/>", recipient_enc_public_keys=[bkey.public_key()], aad=a)
@@ -360,3 +380,15 @@ def test_sealed_document_travels_in_a_data_frame(bkey: x25519.X25519PrivateKey) 
     moved = Frame(kind=Kind.DATA, source=Endpoint.platform(), target=C, origin=A, body=got.body)
     with pytest.raises(DecryptError):
         open_(blob, ct, recipient_enc_private_keys=[bkey], aad=frame_aad(moved))
+    # ... or changes a header field it could reach: expiry, creation time, priority, Ack2
+    body = got.body
+    for changed in (
+        Frame(kind=Kind.DATA, source=Endpoint.platform(), target=B, origin=A,
+              body=Data(lk0=lk0, app_key=KEY, encrypt=True, session_key=blob, app_data=ct, expires_ms=1)),
+        Frame(kind=Kind.DATA, source=Endpoint.platform(), target=B, origin=A,
+              body=Data(lk0=lk0, app_key=KEY, encrypt=True, session_key=blob, app_data=ct, created_ms=1)),
+        Frame(kind=Kind.DATA, source=Endpoint.platform(), target=B, origin=A, body=body, priority=9),
+        Frame(kind=Kind.DATA, source=Endpoint.platform(), target=B, origin=A, body=body, ack2=True),
+    ):
+        with pytest.raises(DecryptError):
+            open_(blob, ct, recipient_enc_private_keys=[bkey], aad=frame_aad(changed))

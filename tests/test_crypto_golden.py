@@ -41,6 +41,7 @@ from semq.crypto import (
     verify_document,
     verify_receipt,
 )
+from semq.crypto._wire import encode_app_key, encode_endpoint, encode_lk0
 from semq.umxt_protocol import LK0, AppKey, Endpoint, NodeType, SaveFwd
 
 A, B = Endpoint.org("ORG-A"), Endpoint.org("ORG-B")
@@ -92,9 +93,22 @@ def _pin_randomness(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(_envelope, "x25519", fake_x)
 
 
-def _aad(i: int, key: AppKey | None = None, save_fwd: SaveFwd = SaveFwd.MUST_DELIVER) -> bytes:
-    return document_aad(LK0(endpoint=A, record_id=i + 1, semq_id=2, semq_db_id=3), A, B,
-                        key or KEYS[i % len(KEYS)], save_fwd)
+def _aad(i: int) -> bytes:
+    """The associated data the signature and seal vectors were made over:
+    the AAD's first layout ("SEMQ-AAD-v1": LK0, source, target, AppKey,
+    SaveFwd), kept as fixed input bytes. Containers, envelopes and receipts
+    take the AAD as an opaque input, so these vectors still freeze their
+    formats; today's AAD layout is frozen by the "aad" vectors."""
+    lk0 = LK0(endpoint=A, record_id=i + 1, semq_id=2, semq_db_id=3)
+    return b"SEMQ-AAD-v1\x00" + encode_lk0(lk0) + encode_endpoint(A) + encode_endpoint(B) + encode_app_key(
+        KEYS[i % len(KEYS)]) + bytes((int(SaveFwd.MUST_DELIVER),))
+
+
+def _aad_now(i: int) -> bytes:
+    """Today's layout ("SEMQ-AAD-v2"), with every bound header field set."""
+    return document_aad(LK0(endpoint=A, record_id=i + 1, semq_id=2, semq_db_id=3), A, B, KEYS[i % len(KEYS)],
+                        SaveFwd.MUST_DELIVER, flags=0x0E, priority=i, created_ms=TIME_MS + i,
+                        expires_ms=TIME_MS + 60_000 if i else None)
 
 
 def _body(i: int) -> bytes:
@@ -104,10 +118,11 @@ def _body(i: int) -> bytes:
 def generate() -> dict[str, Any]:
     """Every vector, made by the code under test (randomness pinned)."""
     v: dict[str, Any] = {}
-    v["aad"] = [_aad(i).hex() for i in range(3)]
+    v["aad"] = [_aad_now(i).hex() for i in range(3)]
     v["aad_unicode"] = document_aad(
         LK0(endpoint=Endpoint(node_type=NodeType.USER, node_id="user@ORG-A"), record_id=2**63 - 1), A, B,
-        AppKey(domain="dömain", data_type="", subtype="x" * 10, key="ключ"), SaveFwd.DISCARD).hex()
+        AppKey(domain="dömain", data_type="", subtype="x" * 10, key="ключ"), SaveFwd.DISCARD,
+        flags=0x1E, priority=9, created_ms=2**63 - 1, expires_ms=2**63 - 1).hex()
     single = sign_document(_body(0), aad=_aad(0), signing_key=SIGN)
     v["single"] = [single.container.hex(), single.digest.hex()]
     batch = sign_documents([(_aad(i), _body(i)) for i in range(5)], signing_key=SIGN)
@@ -201,10 +216,10 @@ def test_frozen_receipts_verify() -> None:
             assert (info.lk0, info.digest, info.batch_size) == (lk0, d, 5)
 
 
-GOLDEN: dict[str, Any] = {'aad': ['53454d512d4141442d76310001054f52472d4100020003000000000000000101054f52472d4101054f52472d42057472616465054f5244455202504f05533030303003',
-         '53454d512d4141442d76310001054f52472d4100020003000000000000000201054f52472d4101054f52472d42057472616465054f5244455202504f05533030303103',
-         '53454d512d4141442d76310001054f52472d4100020003000000000000000301054f52472d4101054f52472d42057472616465054f5244455202504f05533030303203'],
- 'aad_unicode': '53454d512d4141442d763100030a75736572404f52472d41000100017fffffffffffffff01054f52472d4101054f52472d420764c3b66d61696e000a7878787878787878787808d0bad0bbd18ed18701',
+GOLDEN: dict[str, Any] = {'aad': ['53454d512d4141442d76320001054f52472d4100020003000000000000000101054f52472d4101054f52472d42057472616465054f5244455202504f055330303030030e00000001a0c4506c7b0000000000000000',
+         '53454d512d4141442d76320001054f52472d4100020003000000000000000201054f52472d4101054f52472d42057472616465054f5244455202504f055330303031030e01000001a0c4506c7c000001a0c45156db',
+         '53454d512d4141442d76320001054f52472d4100020003000000000000000301054f52472d4101054f52472d42057472616465054f5244455202504f055330303032030e02000001a0c4506c7d000001a0c45156db'],
+ 'aad_unicode': '53454d512d4141442d763200030a75736572404f52472d41000100017fffffffffffffff01054f52472d4101054f52472d420764c3b66d61696e000a7878787878787878787808d0bad0bbd18ed187011e097fffffffffffffff7fffffffffffffff',
  'batch': [['535144310256475aa75463474c0285df5dbf2bcab793035cefbc9dbec45481df664778d16f45123300827d57488bbe84ae210c7502ad5ea6f6f344227ab90161553e98d15e69d3654ffc3264c7016502ea08475788bd3f2750c1250ca48bfe7e5a0d2f5c050000000500000000030fad1bc00d0053d9576bba230c60db4510091c5f21323b01b6b2b015764fa326b715d291ad6090f8c69b37ed1c186951c868cd8c6eaa281775101bbcc35a894a4a69de08803081013fda6a542cbf9008287f43ce80f9ad9d6d47743d3e5b741700000007626f6479203020',
             '4caa67af0353cc24d61deb18038f0a31c48ec42123183c6fce05f7de99cbd449'],
            ['535144310256475aa75463474c0285df5dbf2bcab7a65e708bf319065a6e3e2635aae0259645123300827d57488bbe84ae210c7502ad5ea6f6f344227ab90161553e98d15e69d3654ffc3264c7016502ea08475788bd3f2750c1250ca48bfe7e5a0d2f5c0500000005000000010346ca287188b6248ab02aaff7d046e15a89f88b01f58e946e9bc0ef830dc91b11b715d291ad6090f8c69b37ed1c186951c868cd8c6eaa281775101bbcc35a894a4a69de08803081013fda6a542cbf9008287f43ce80f9ad9d6d47743d3e5b74170000000e626f6479203120626f6479203120',

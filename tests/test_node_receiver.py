@@ -19,16 +19,16 @@ def test_reack_then_reack2_logs_both_and_cleans_once(tmp_path: Path) -> None:
             # 1: a stored copy awaiting REACK and REACK2; 2: forwarded, awaiting REACK2 only.
             b.conn.execute(f"INSERT INTO inbound ({cols}) VALUES (1, 1, '10008', 1, 1, 7, 1, 1, 70, 0, '', 0, 0, 1, 1)")
             b.conn.execute(f"INSERT INTO inbound ({cols}) VALUES (2, 1, '10008', 1, 1, 8, 0, 0, 0, 0, '', 1, 0, 1, 1)")
-            b._inbound_ack("p_ack", [1], 5, events := list[dict[str, Any]]())  # REACK for the stored copy
+            b._inbound_ack("p_ack", [1], "platform", 5, events := list[dict[str, Any]]())  # REACK for the stored copy
         assert [e["event"] for e in events] == ["reack"]
         assert b.conn.execute("SELECT id, p_ack, s_ack FROM inbound ORDER BY id").fetchall() == [(1, 1, 0), (2, 1, 0)]
         with b.db.atomic():
-            b._inbound_ack("s_ack", [1, 2], 6, events := list[dict[str, Any]]())  # REACK2 for both
+            b._inbound_ack("s_ack", [1, 2], "10008", 6, events := list[dict[str, Any]]())  # REACK2 for both
         assert [(e["event"], e["lk0"]) for e in events] == [
             ("reack2", "10008/1/1/7"), ("cleaned", "10008/1/1/7"), ("reack2", "10008/1/1/8"), ("cleaned", "10008/1/1/8")]
         assert b.conn.execute("SELECT count(*) FROM inbound").fetchone() == (0,)
         with b.db.atomic():
-            b._inbound_ack("s_ack", [1], 7, events := list[dict[str, Any]]())  # a repeated REACK2: nothing left to confirm
+            b._inbound_ack("s_ack", [1], "10008", 7, events := list[dict[str, Any]]())  # a repeated REACK2: nothing left to confirm
         assert events == []
     finally:
         b.close()

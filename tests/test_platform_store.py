@@ -312,6 +312,9 @@ def test_the_received_events_app_key_is_read_from_the_bytes_as_the_frame_has_it(
     from semq.platform.core import PlatformCore
 
     ev = PlatformCore._received(raw, "x", "a", "b", 1, 2)
+    if frame.body.key_sealed:  # the AppKey is inside the sealed document: the relay logs none
+        assert not {"domain", "data_type", "subtype", "key"} & ev.keys()
+        return
     assert [ev[k] for k in ("domain", "data_type", "subtype", "key")] == [ak.domain, ak.data_type, ak.subtype, ak.key]
     short.save_fwd, short.priority, short.flags = raw.save_fwd, raw.priority, raw.flags
     cut_ev = PlatformCore._received(short, "x", "a", "b", 1, 2)

@@ -157,10 +157,12 @@ def data_bodies(draw: st.DrawFn, origin: Endpoint | None = None) -> Data:
         if encrypt
         else b""
     )
+    key_sealed = encrypt and draw(st.booleans())  # the AppKey inside the sealed AppData
     return Data(
         lk0=draw(lk0s(origin)),
         app_data=draw(st.one_of(st.binary(max_size=64), st.binary(max_size=4096))),
-        app_key=draw(app_keys),
+        app_key=AppKey() if key_sealed else draw(app_keys),
+        key_sealed=key_sealed,
         lk1=draw(st.one_of(st.none(), lk1s)),
         created_ms=draw(times_ms),
         expires_ms=draw(expiries),
@@ -222,7 +224,8 @@ inquiry_resp_bodies = st.builds(
     flag=st.sampled_from(list(InquiryFlag)),
 )
 result_codes = st.sampled_from(list(ResultCode))
-nack_bodies = st.builds(Nack, lk0=lk0s(), code=result_codes, message=texts)
+nack_bodies = st.builds(Nack, lk0=lk0s(), code=result_codes, message=texts,
+                        proof=st.one_of(st.just(b""), st.binary(max_size=200)))
 hello_bodies = st.builds(
     Hello,
     semq_id=semq_ids,

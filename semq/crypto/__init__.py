@@ -22,6 +22,7 @@ Receiver::
 
 from ._aad import (
     AAD_PREFIX,
+    BOUND_FLAGS,
     DocumentHeader,
     document_aad,
     document_aad_fields,
@@ -33,10 +34,12 @@ from ._aad import (
 from ._directory import MAX_CERTS_PER_ORG, CertificateDirectory
 from ._document import (
     ProtectedDocument,
+    enclose_app_key,
     open_document,
     open_documents,
     protect_document,
     protect_documents,
+    split_app_key,
 )
 from ._envelope import (
     BLOB_HEADER_SIZE,
@@ -102,12 +105,15 @@ from ._receipts import (
     MAX_RECEIPT_BATCH,
     ReceiptForm,
     ReceiptInfo,
+    RefusalInfo,
     ack_entry_lk0,
     make_batch_receipt,
     make_receipt,
+    make_refusal,
     receipt_proofs,
     verify_batch_receipt,
     verify_receipt,
+    verify_refusal,
 )
 from ._signing import (
     MAX_SIGN_BATCH,
@@ -127,6 +133,7 @@ __all__ = [
     "AAD_PREFIX",
     "BLOB_HEADER_SIZE",
     "BLOB_MAGIC",
+    "BOUND_FLAGS",
     "CLOCK_SKEW",
     "DEFAULT_CA_DAYS",
     "DEFAULT_CRL_DAYS",
@@ -160,6 +167,7 @@ __all__ = [
     "ProtectedDocument",
     "ReceiptForm",
     "ReceiptInfo",
+    "RefusalInfo",
     "Sealer",
     "SignatureCache",
     "SignedDocument",
@@ -176,6 +184,7 @@ __all__ = [
     "document_digest",
     "document_salt",
     "document_salts",
+    "enclose_app_key",
     "ensure_private_directory",
     "expiring_within",
     "fingerprint",
@@ -190,6 +199,7 @@ __all__ = [
     "make_batch_receipt",
     "make_csr",
     "make_receipt",
+    "make_refusal",
     "open_",
     "open_document",
     "open_documents",
@@ -209,9 +219,11 @@ __all__ = [
     "server_ssl_context",
     "sign_document",
     "sign_documents",
+    "split_app_key",
     "verify_batch_receipt",
     "verify_crl",
     "verify_document",
     "verify_node_certificate",
     "verify_receipt",
+    "verify_refusal",
 ]

@@ -16,8 +16,10 @@ from typing import NamedTuple
 
 from cryptography.hazmat.primitives.asymmetric import ed25519, x25519
 
+from semq.umxt_protocol import AppKey, ProtocolError
+
 from ._envelope import Opener, Sealer, open_, seal
-from ._errors import CryptoError, DecryptError
+from ._errors import BadSignature, CryptoError, DecryptError
 from ._pki import NodeCertificate
 from ._signing import (
     SignatureCache,
@@ -31,10 +33,12 @@ from ._signing import (
 
 __all__ = [
     "ProtectedDocument",
+    "enclose_app_key",
     "open_document",
     "open_documents",
     "protect_document",
     "protect_documents",
+    "split_app_key",
 ]
 
 
@@ -50,6 +54,37 @@ class ProtectedDocument(NamedTuple):
     @property
     def encrypt(self) -> bool:
         return bool(self.session_key)
+
+
+def enclose_app_key(domain: str, data_type: str, subtype: str, key: str, body: bytes) -> bytes:
+    """The body a document is signed and sealed with when its AppKey travels
+    inside it (DATA flag "AppKey sealed"): the four parts, each u8 length +
+    UTF-8 (as in the DATA header), then the application's document. The
+    relay routes without the AppKey; only the two organizations read it."""
+    parts = []
+    for text in (domain, data_type, subtype, key):
+        b = text.encode("utf-8")
+        parts.append(bytes((len(b),)))
+        parts.append(b)
+    parts.append(body)
+    return b"".join(parts)
+
+
+def split_app_key(body: bytes) -> tuple[AppKey, bytes]:
+    """The AppKey and the document of a body made by ``enclose_app_key``
+    (after it verified). Raises BadSignature for bytes that are not: the
+    origin signed something else than it said in its header."""
+    pos, got = 0, []
+    try:
+        for _ in range(4):
+            n = body[pos]
+            got.append(bytes(body[pos + 1:pos + 1 + n]).decode("utf-8"))
+            if pos + 1 + n > len(body):
+                raise ValueError("runs past the end")
+            pos += 1 + n
+        return AppKey(domain=got[0], data_type=got[1], subtype=got[2], key=got[3]), bytes(body[pos:])
+    except (IndexError, ValueError, ProtocolError) as e:
+        raise BadSignature(f"the sealed AppKey of the document is malformed: {e}") from None
 
 
 def _seal(signed: SignedDocument, aad: bytes, recipients: Sequence[NodeCertificate] | None,

@@ -23,6 +23,19 @@ root``, the root of the Merkle tree with leaves ``LK0 || digest`` in the
 order of the AckBatch entries. A form-3 receipt is a form-2 receipt plus
 one leaf and its path: it verifies on its own, years later, with the
 receiver's certificate.
+
+A **refusal** is the opposite statement, carried by the NACK a target sends
+when a document does not reach its inbox (expired, stale, does not open or
+verify): the target's signature over the LK0 and the result code, so that
+neither the relay nor anyone else can make an origin believe its document
+was refused, nor hide which code the target gave::
+
+    "SQF1"          4   magic
+    signer key id   16
+    time_ms         8   u64
+    signature       64  over "SEMQ-REFUSAL-v1" 0x00 || key id || time_ms || code u16 || LK0
+    code            2   u16, the ResultCode
+    LK0
 """
 
 from __future__ import annotations
@@ -37,25 +50,29 @@ from typing import Final
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric import ed25519
 
-from semq.umxt_protocol import LK0, MAX_ACK_BATCH, AckEntry, Endpoint, lk0_from_wire
+from semq.umxt_protocol import LK0, MAX_ACK_BATCH, AckEntry, Endpoint, ResultCode, lk0_from_wire
 
 from ._errors import BadSignature, UnknownCertificate
 from ._merkle import HASH_SIZE, MerkleTree, leaf_hash, root_from_path
 from ._pki import KEY_ID_SIZE, NodeCertificate, key_id
-from ._wire import U32, U64, Reader, WireError, encode_lk0
+from ._wire import U16, U32, U64, Reader, WireError, encode_lk0
 
 __all__ = [
     "MAX_RECEIPT",
     "MAX_RECEIPT_BATCH",
     "RECEIPT_MAGIC",
+    "REFUSAL_MAGIC",
     "ReceiptForm",
     "ReceiptInfo",
+    "RefusalInfo",
     "ack_entry_lk0",
     "make_batch_receipt",
     "make_receipt",
+    "make_refusal",
     "receipt_proofs",
     "verify_batch_receipt",
     "verify_receipt",
+    "verify_refusal",
 ]
 
 RECEIPT_MAGIC: Final = b"SQR1"
@@ -63,6 +80,8 @@ MAX_RECEIPT: Final = 4096  # Ack.receipt / AckBatch.receipt limit (umxt_protocol
 MAX_RECEIPT_BATCH: Final = MAX_ACK_BATCH  # entries under one batch receipt
 _SIG_ONE: Final = b"SEMQ-RECEIPT-v1\x00"
 _SIG_BATCH: Final = b"SEMQ-RECEIPT-BATCH-v1\x00"
+REFUSAL_MAGIC: Final = b"SQF1"
+_SIG_REFUSAL: Final = b"SEMQ-REFUSAL-v1\x00"
 _DIGEST_SIZE: Final = 32
 _SIGNATURE_SIZE: Final = 64
 
@@ -327,3 +346,58 @@ def receipt_proofs(batch_receipt: bytes, entries: Sequence[tuple[LK0, bytes]]) -
                       bytes((len(path) // HASH_SIZE,)), path))
             for i, ((lk0, digest), path) in enumerate(zip(entries, tree.joined_paths(),
                                                            strict=True))]
+
+
+@dataclass(frozen=True, slots=True)
+class RefusalInfo:
+    """A refusal that verified: the target ``signer`` refused ``lk0`` with
+    ``code`` at its clock's ``time_ms``."""
+
+    signer: NodeCertificate
+    time_ms: int
+    lk0: LK0
+    code: ResultCode
+
+    @property
+    def org(self) -> str:
+        return self.signer.org
+
+
+def _refusal_message(kid: bytes, time_ms: int, code: int, lk0: LK0) -> bytes:
+    return _SIG_REFUSAL + kid + U64.pack(time_ms) + U16.pack(code) + encode_lk0(lk0)
+
+
+def make_refusal(lk0: LK0, code: ResultCode, receiver_signing_key: ed25519.Ed25519PrivateKey, *,
+                 time_ms: int | None = None) -> bytes:
+    """The target's signed statement that the document ``lk0`` did not reach
+    its inbox, and why (``code``): at most 183 bytes, for Nack.proof."""
+    t = _now_ms() if time_ms is None else time_ms
+    kid = key_id(receiver_signing_key.public_key())
+    sig = receiver_signing_key.sign(_refusal_message(kid, t, int(code), lk0))
+    return REFUSAL_MAGIC + kid + U64.pack(t) + sig + U16.pack(int(code)) + encode_lk0(lk0)
+
+
+def verify_refusal(proof: bytes, *, lk0: LK0, code: ResultCode,
+                   receiver_certs: Sequence[NodeCertificate]) -> RefusalInfo:
+    """Check a NACK's signed refusal: it names ``lk0`` and ``code`` and is
+    signed by one of ``receiver_certs`` (the target's). Raises BadSignature
+    if it is missing, malformed, about another document or code, or forged;
+    UnknownCertificate if the signer key is not among ``receiver_certs``."""
+    try:
+        r = Reader(bytes(proof))
+        if r.take(4, "refusal magic") != REFUSAL_MAGIC:
+            raise WireError(f"{len(proof)} bytes are not a SEMQ refusal (SQF1)")
+        kid = r.take(KEY_ID_SIZE, "signer key id")
+        t = r.u64("time")
+        sig = r.take(_SIGNATURE_SIZE, "signature")
+        got_code = r.u16("code")
+        got_lk0 = r.lk0("refusal LK0")
+        r.end("refusal")
+    except WireError as e:
+        raise BadSignature(f"refusal of {lk0} is not verifiable: {e}") from None
+    if got_lk0 != lk0 or got_code != int(code):
+        raise BadSignature(f"refusal names {got_lk0} with code {got_code}, not {lk0} with {int(code)}")
+    cert = _signer(_Parsed(ReceiptForm.SINGLE, kid, t, sig), receiver_certs)
+    _verify_sig(_Parsed(ReceiptForm.SINGLE, kid, t, sig), cert, _refusal_message(kid, t, got_code, lk0),
+                f"refusal of {lk0}")
+    return RefusalInfo(cert, t, lk0, ResultCode(got_code))

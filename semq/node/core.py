@@ -41,16 +41,24 @@ from semq.crypto import (
     document_digest,
     document_salt,
     document_salts,
+    enclose_app_key,
     make_batch_receipt,
+    make_refusal,
     open_documents,
     protect_documents,
     raw_frame_aad,
     receipt_proofs,
+    split_app_key,
     verify_batch_receipt,
+    verify_refusal,
 )
 from semq.events import EventLog, now_ms
 from semq.security import NodeSecurity
 from semq.umxt_protocol import (
+    FLAG_ACK2,
+    FLAG_ENCRYPT,
+    FLAG_KEY_SEALED,
+    FLAG_RELIABLE,
     LK0,
     LK1,
     Ack,
@@ -100,12 +108,25 @@ INQUIRY_BATCH: Final = 1000
 # time would cost every received document an index entry and its removal.
 INBOUND_SWEEP: Final = 20_000
 DEDUP_RETENTION_MS: Final = 30 * 24 * 3600 * 1000  # docs/exactly-once.md
+# How far a sender's clock may be off ours. A document is refused (STALE)
+# when its signed creation time lies more than this in the future, or
+# further in the past than DEDUP_RETENTION_MS minus this: its dedup row
+# could be gone, and a copy replayed then would be delivered twice
+# (docs/exactly-once.md). Configurable (``clock_skew`` in semq.toml).
+DEFAULT_CLOCK_SKEW_MS: Final = 10 * 60 * 1000
 FAILED_RETENTION_MS: Final = 7 * 24 * 3600 * 1000
 RECEIPT_RETENTION_MS: Final = 400 * 24 * 3600 * 1000  # proofs of delivery: over a year
 _LK0_REF: Final = struct.Struct(">HHQ")  # semq_id, semq_db_id, record_id of a batch receipt's entry
 
 
 _NO_KEY: Final = AppKey()
+_NO_KEY_PARTS: Final = ("", "", "", "")
+
+
+def document_flags(reliable: bool, ack2: bool, encrypt: bool, key_sealed: bool) -> int:
+    """The DATA header flags a document is sent with (its AAD binds them)."""
+    return ((FLAG_RELIABLE if reliable else 0) | (FLAG_ACK2 if ack2 else 0)
+            | (FLAG_ENCRYPT if encrypt else 0) | (FLAG_KEY_SEALED if key_sealed else 0))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -123,6 +144,10 @@ class NewDocument:
     encrypt: bool = False
     session_key: bytes = b""
     created_ms: int | None = None
+    # The AppKey travels sealed inside the document (the relay routes
+    # without it) unless the application asks for it in clear; without
+    # encryption it is in clear anyway.
+    clear_app_key: bool = False
 
 
 @dataclass
@@ -137,6 +162,11 @@ class Output:
     deferred: list[RawFrame] = field(default_factory=list)  # DATA waiting for its origin's certificate
     settled: int = 0  # outbox rows that got their platform ack / NACK (window credit)
     early: int = 0  # DATA frames handed to ``claim(early=...)`` before the commit
+    # Security: ACK2 entries whose receipt was missing or did not verify, and
+    # refusals (NACK from a target) whose signature did not: each left its
+    # row open (the origin asks the target again).
+    bad_receipts: int = 0
+    bad_refusals: int = 0
     errors: list[tuple[ResultCode, str]] = field(default_factory=list)
 
     def add(self, frame: Frame) -> None:
@@ -147,6 +177,11 @@ _OUT_COLS: Final = (
     "id, target_type, target_id, state, save_fwd, ack2, reliable, priority, domain, data_type,"
     " subtype, key, created_ms, expires_ms, attempts, length(app_data)"
 )
+# What a claim reads of a row: _OUT_COLS, then [16] encrypt, [17] session_key,
+# [18] app_data, [19] clear_key. With security, _protect replaces [17] and
+# [18] by the sealed document and [19] by whether its AppKey is sealed inside,
+# and appends [20] the digest it was signed with.
+_CLAIM_COLS: Final = f"{_OUT_COLS}, encrypt, session_key, app_data, clear_key"
 
 
 _EVENT_NAME: Final = {OriginEvent.ACK_FWD: "ack_fwd", OriginEvent.ACK_SAVE: "ack_save",
@@ -198,8 +233,10 @@ class NodeCore(HeldWrites):
         platform: Endpoint | None = None,
         security: NodeSecurity | None = None,
         check: bool = False,
+        clock_skew: float = DEFAULT_CLOCK_SKEW_MS / 1000,
     ) -> None:
         self.path = Path(store_path)
+        self.skew_ms = int(clock_skew * 1000)
         # With security, DATA is signed (and sealed unless the sender asked
         # --no-encrypt) when it is sent, and verified before the inbox.
         self.sec = security
@@ -348,7 +385,7 @@ class NodeCore(HeldWrites):
                 int(target.node_type), target.node_id, int(SendState.SS_INIT), int(d.save_fwd),
                 int(d.ack2), int(d.reliable), d.priority, d.app_key.domain, d.app_key.data_type,
                 d.app_key.subtype, d.app_key.key, d.created_ms or ts, d.expires_ms, int(d.encrypt),
-                d.session_key, d.app_data, ts,
+                d.session_key, d.app_data, ts, int(d.clear_app_key),
             ))
         ids: list[int] = []
         try:
@@ -356,7 +393,7 @@ class NodeCore(HeldWrites):
                 self.conn.executemany(
                     "INSERT INTO outbox (target_type, target_id, state, save_fwd, ack2, reliable,"
                     " priority, domain, data_type, subtype, key, created_ms, expires_ms, encrypt,"
-                    " session_key, app_data, state_ms) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+                    " session_key, app_data, state_ms, clear_key) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
                     rows,
                 )
                 if rows:
@@ -412,12 +449,12 @@ class NodeCore(HeldWrites):
             if held:
                 ids, levels = self._order.ids(self.conn, where, skip, limit, held)
                 found = {r[0]: r for r in rows_by_id(
-                    self.conn, f"SELECT {_OUT_COLS}, encrypt, session_key, app_data FROM outbox", ids)}
+                    self.conn, f"SELECT {_CLAIM_COLS} FROM outbox", ids)}
                 rows = [found[i] for i in ids]
             else:
                 self._order.forget()
                 rows = self.conn.execute(
-                    f"SELECT {_OUT_COLS}, encrypt, session_key, app_data FROM outbox WHERE {where}"
+                    f"SELECT {_CLAIM_COLS} FROM outbox WHERE {where}"
                     " ORDER BY priority DESC, id LIMIT ?",
                     (*skip, limit),
                 ).fetchall()
@@ -430,6 +467,7 @@ class NodeCore(HeldWrites):
             expired: list[tuple[int, ...]] = []
             me, me_id = self.me, self.me.node_id
             data = out.data
+            secure = self.sec is not None
             for r in rows:
                 if r[13] is not None and r[13] <= ts:
                     expired.append((r[0],))
@@ -439,10 +477,12 @@ class NodeCore(HeldWrites):
                 target = targets.get(r[2])
                 if target is None:
                     target = targets[r[2]] = Endpoint(node_type=r[1], node_id=r[2])
+                sealed = secure and r[19]  # (without security: the clear_key column, unused)
                 data.append(encode_data(
-                    source=me, target=target, record_id=r[0], app_key=(r[8], r[9], r[10], r[11]),
+                    source=me, target=target, record_id=r[0],
+                    app_key=_NO_KEY_PARTS if sealed else (r[8], r[9], r[10], r[11]),
                     created_ms=r[12], expires_ms=r[13], save_fwd=r[4], ack2=bool(r[5]),
-                    reliable=bool(r[6]), priority=r[7], session_key=r[17], app_data=r[18],
+                    reliable=bool(r[6]), priority=r[7], session_key=r[17], app_data=r[18], key_sealed=sealed,
                 ))
                 events.append({"ts": ts, "role": "origin", "event": "sent", "lk0": f"{me_id}/1/1/{r[0]}",
                                "source": me_id, "target": r[2], "attempt": r[14] + 1})
@@ -456,7 +496,7 @@ class NodeCore(HeldWrites):
                     # and the receiver suppress the duplicate). Written after
                     # HOLD_MS (write_held); every step reads it from memory
                     # meanwhile, and the claims skip it.
-                    held[r[0]] = (ts, r[14] + 1, r[2], r[4], r[5], r[19] if len(r) > 19 else None)
+                    held[r[0]] = (ts, r[14] + 1, r[2], r[4], r[5], r[20] if secure else None)
                 else:
                     gone.append(r[0])
             # The digest a document was signed with stays with its held
@@ -490,8 +530,9 @@ class NodeCore(HeldWrites):
 
     def _protect(self, rows: list[Any], out: Output) -> list[Any]:
         """Sign and seal a claimed batch (security on). Rows come back with
-        (session_key, app_data) replaced and the digest appended; rows whose
-        target certificate is unknown are left out (they stay SS_INIT)."""
+        (session_key, app_data) replaced, [19] saying whether the AppKey is
+        sealed inside, and the digest appended; rows whose target
+        certificate is unknown are left out (they stay SS_INIT)."""
         if self.sec is None:
             return rows
         ts = now_ms()
@@ -502,7 +543,8 @@ class NodeCore(HeldWrites):
         # accepted), all but its LK0 ids built once per target and AppKey.
         targets: dict[tuple[int, str], Endpoint] = {}
         batch_certs: dict[tuple[int, str], Any] = {}
-        aads: dict[tuple[Any, ...], Callable[[int, int, int], bytes]] = {}  # per target, AppKey, SaveFwd
+        # per target, AppKey, SaveFwd, flags, priority
+        aads: dict[tuple[Any, ...], Callable[[int, int, int, int, int | None], bytes]] = {}
         for r in rows:
             if r[13] is not None and r[13] <= ts:
                 keep.append(r)  # expires in claim(); nothing to protect
@@ -519,13 +561,17 @@ class NodeCore(HeldWrites):
                 if not certs:
                     out.missing.add(target)
                     continue
-            ak = (tk, r[8], r[9], r[10], r[11], r[4])
+            sealed = bool(r[16]) and not r[19]
+            flags = document_flags(bool(r[6]), bool(r[5]), bool(r[16]), sealed)
+            ak = (tk, r[8], r[9], r[10], r[11], r[4], flags, r[7])
             aad_of = aads.get(ak)
             if aad_of is None:
-                aad_of = aads[ak] = document_aad_template(me, me, target, r[8], r[9], r[10], r[11], r[4])
-            aad = aad_of(1, 1, r[0])
+                aad_of = aads[ak] = (
+                    document_aad_template(me, me, target, "", "", "", "", r[4], flags, r[7]) if sealed
+                    else document_aad_template(me, me, target, r[8], r[9], r[10], r[11], r[4], flags, r[7]))
+            aad = aad_of(1, 1, r[0], r[12], r[13])
             keep.append(r)
-            items.append((aad, r[18], certs))
+            items.append((aad, enclose_app_key(r[8], r[9], r[10], r[11], r[18]) if sealed else r[18], certs))
         if not items:
             return keep
         key = self._document_salt_key()
@@ -537,7 +583,7 @@ class NodeCore(HeldWrites):
                 result.append(r)
                 continue
             app_data, session_key, digest = next(docs)
-            result.append((*r[:17], session_key, app_data, digest))
+            result.append((*r[:17], session_key, app_data, bool(session_key) and not r[19], digest))
         return result
 
     def fail_target(self, target: Endpoint, code: ResultCode, detail: str) -> int:
@@ -570,7 +616,10 @@ class NodeCore(HeldWrites):
         acks: dict[tuple[Kind, Endpoint], list[AckEntry]] = defaultdict(list)
         self._digests: dict[Endpoint, list[tuple[LK0, bytes]]] = defaultdict(list)
         self._batch_certs: dict[Endpoint, Any] = {}  # one directory look-up per origin per batch
-        self._queued_acks: tuple[list[int], list[int]] = ([], [])
+        # Confirmations of pending-ack rows found in this batch: REACK ids
+        # (from the platform), REACK2 (id, the sender's org: checked against
+        # the row's origin).
+        self._queued_acks: tuple[list[int], list[tuple[int, str]]] = ([], [])
         self._opened = self._open_batch(frames)
         with self._tx():
             self.write_held(ts - HOLD_MS)
@@ -644,24 +693,27 @@ class NodeCore(HeldWrites):
         body = frame.body
         if isinstance(body, Data):
             if self.sec is None:
-                self._receive(frame, body, ts, out, events, acks, body.app_data, None, "")
+                self._receive(frame, body, ts, out, events, acks, body.app_data, None, "", body.app_key)
                 return
             if opened is None:  # (not opened with the batch: its origin's certificate is missing)
                 out.deferred.append(raw)
                 out.missing.add(frame.origin)
                 return
             got = opened[1]
+            app_key = body.app_key
+            if not isinstance(got, CryptoError):
+                doc = got.body
+                if body.key_sealed:  # the AppKey travels inside the document
+                    try:
+                        app_key, doc = split_app_key(doc)
+                    except CryptoError as e:
+                        got = e
             if isinstance(got, CryptoError):
                 # Never delivered; the origin sees it (its row fails with the code).
-                e, code = got, getattr(got, "code", ResultCode.BAD_SIGNATURE)
-                events.append({"ts": ts, "role": "receiver", "event": "refused", "lk0": str(body.lk0),
-                               "source": frame.origin.node_id, "target": self.me.node_id,
-                               "code": int(code), "detail": str(e)[:200]})
-                out.errors.append((code, f"document {body.lk0} refused: {e}"))
-                out.add(Frame(kind=Kind.NACK, source=self.me, target=frame.origin,
-                              body=Nack(lk0=body.lk0, code=code, message=str(e)[:1000])))
+                self._refuse(frame, body, getattr(got, "code", ResultCode.BAD_SIGNATURE), str(got), ts, out,
+                             events, acks)
                 return
-            self._receive(frame, body, ts, out, events, acks, got.body, got.digest, got.signer.org)
+            self._receive(frame, body, ts, out, events, acks, doc, got.digest, got.signer.org, app_key)
         elif isinstance(body, AckBatch):
             self._acks(body.ack_kind, body.entries, frame.origin, ts, out, events, acks, receipt=body.receipt)
         elif isinstance(body, Ack):
@@ -672,8 +724,24 @@ class NodeCore(HeldWrites):
             self._origin_apply([(body.lk0.record_id, OriginEvent.PLATFORM_LACKS)], ts, out, events, acks,
                                peer=frame.origin)
         elif isinstance(body, Nack):
+            peer = frame.origin
+            if body.lk0.endpoint != self.me:
+                raise RemoteProtocolError(f"NACK from {peer} names {body.lk0}, not one of our documents",
+                                          ResultCode.UNEXPECTED_FRAME)
+            if peer.node_type is not NodeType.PLATFORM and self.sec is not None:
+                # A target's refusal counts only signed by the target: the
+                # relay could otherwise make us give up a document it dropped.
+                if not self._refusal_verifies(peer, body, ts, out, events):
+                    return
+                answers = self._origin_apply([(body.lk0.record_id, OriginEvent.NACK)], ts, out, events, acks,
+                                             peer=peer, code=int(body.code), detail=body.message)
+                if answers and answers[0][1] is not InquiryResult.NO_RECORD:
+                    self.conn.execute("INSERT OR REPLACE INTO refusals (record_id, target_id, code, proof,"
+                                      " received_ms) VALUES (?,?,?,?,?)",
+                                      (body.lk0.record_id, peer.node_id, int(body.code), body.proof, ts))
+                return
             self._origin_apply([(body.lk0.record_id, OriginEvent.NACK)], ts, out, events, acks,
-                               peer=frame.origin, code=int(body.code), detail=body.message)
+                               peer=peer, code=int(body.code), detail=body.message)
         elif isinstance(body, Inquiry):
             self._answer(frame, body, ts, out, events)
         elif isinstance(body, InquiryResp):
@@ -730,7 +798,7 @@ class NodeCore(HeldWrites):
         if p["dedup"]:
             self.conn.executemany(
                 "INSERT OR IGNORE INTO dedup (origin_type, origin_id, semq_id, semq_db_id, record_id,"
-                " received_ms) VALUES (?,?,?,?,?,?)", p["dedup"])
+                " received_ms, digest) VALUES (?,?,?,?,?,?,?)", p["dedup"])
         if p["inbox"]:
             self.conn.executemany(
                 "INSERT INTO inbox (origin_type, origin_id, semq_id, semq_db_id, record_id, domain,"
@@ -739,17 +807,56 @@ class NodeCore(HeldWrites):
         for v in p.values():
             v.clear()
 
+    def _refuse(
+        self, frame: Frame, d: Data, code: ResultCode, detail: str, ts: int, out: Output,
+        events: list[dict[str, Any]], acks: dict[tuple[Kind, Endpoint], list[AckEntry]],
+    ) -> None:
+        """A document that does not reach the inbox (it does not open or
+        verify, it expired, it is stale): no dedup row, no ACK2, no receipt.
+        A stored copy is settled at the platform (ACK: it has left its
+        store; redelivering it would be refused again), and the origin gets
+        a NACK with the code, signed with security (``make_refusal``: the
+        relay can neither forge nor hide it). A later copy that does
+        verify, in time, is still delivered."""
+        lk0, lk1 = d.lk0, d.lk1
+        events.append({"ts": ts, "role": "receiver", "event": "refused", "lk0": str(lk0),
+                       "source": frame.origin.node_id, "target": self.me.node_id,
+                       "code": int(code), "detail": detail[:200]})
+        out.errors.append((code, f"document {lk0} refused: {detail}"))
+        if not frame.reliable:
+            return  # best effort: never acked, never answered
+        if lk1 is not None:
+            acks[(Kind.ACK, frame.source)].append(AckEntry(
+                1, 1, 0, lk1.semq_id, lk1.semq_db_id, lk1.record_id, int(AckFlag.PLATFORM), 0))
+        proof = b"" if self.sec is None else make_refusal(lk0, code, self.sec.identity.keys.signing_key)
+        out.add(Frame(kind=Kind.NACK, source=self.me, target=frame.origin,
+                      body=Nack(lk0=lk0, code=code, message=detail[:1000], proof=proof)))
+
     def _receive(
         self, frame: Frame, d: Data, ts: int, out: Output, events: list[dict[str, Any]],
         acks: dict[tuple[Kind, Endpoint], list[AckEntry]], body: bytes, digest: bytes | None,
-        signer: str,
+        signer: str, ak: AppKey,
     ) -> None:
         lk0, lk1 = d.lk0, d.lk1
         key = (int(lk0.endpoint.node_type), lk0.endpoint.node_id, lk0.semq_id, lk0.semq_db_id, lk0.record_id)
         duplicate = key in self._known
         if not duplicate:
+            # A copy already in the inbox is acked again whatever its age;
+            # a new one must still be in time, and young enough that a
+            # replay could not outlive its dedup row (signed times, with
+            # security: docs/exactly-once.md).
+            if d.expires_ms is not None and d.expires_ms <= ts:
+                self._refuse(frame, d, ResultCode.EXPIRED, f"the document expired at {d.expires_ms}, before it"
+                             f" reached the inbox at {ts}", ts, out, events, acks)
+                return
+            created = d.created_ms
+            if created and (created > ts + self.skew_ms or created < ts - DEDUP_RETENTION_MS + self.skew_ms):
+                self._refuse(frame, d, ResultCode.STALE, f"created at {created}, outside this receiver's window"
+                             f" of {DEDUP_RETENTION_MS // 86_400_000} days (clock skew"
+                             f" {self.skew_ms // 1000} s): a replay cannot be told apart", ts, out, events, acks)
+                return
             self._known.add(key)
-            self._pending["dedup"].append((*key, ts))
+            self._pending["dedup"].append((*key, ts, digest))
         ack2, reliable = frame.ack2, frame.reliable
         dkey = (duplicate, lk1 is not None, ack2, reliable)
         dec = _DECISIONS.get(dkey)
@@ -757,7 +864,6 @@ class NodeCore(HeldWrites):
             dec = _DECISIONS[dkey] = receive_decision(duplicate=duplicate, has_lk1=lk1 is not None, ack2=ack2,
                                                       reliable=reliable)
         lk0_text, source, me = str(lk0), lk0.endpoint.node_id, self.me.node_id
-        ak = d.app_key
         full = {
             "ts": ts, "role": "receiver", "lk0": lk0_text, "source": source, "target": me,
             "event": "received", "domain": ak.domain, "data_type": ak.data_type,
@@ -771,17 +877,13 @@ class NodeCore(HeldWrites):
         if duplicate:
             events.append({"ts": ts, "role": "receiver", "lk0": lk0_text, "source": source, "target": me,
                            "event": "duplicate"})
-        expired = d.expires_ms is not None and d.expires_ms <= ts
-        if dec.deliver and not expired:
+        if dec.deliver:
             self._pending["inbox"].append(
                 (*key, ak.domain, ak.data_type, ak.subtype, ak.key,
                  int(frame.save_fwd), frame.priority, d.created_ms, ts, int(d.encrypt), body, signer))
             out.delivered += 1
             events.append({"ts": ts, "role": "receiver", "lk0": lk0_text, "source": source, "target": me,
                            "event": "inbox"})
-        elif expired and not duplicate:
-            events.append({"ts": ts, "role": "receiver", "lk0": lk0_text, "source": source, "target": me,
-                           "event": "expired", "code": int(ResultCode.EXPIRED)})
         inbound_id = 0
         if dec.keep_row:
             # Held in memory, not written: the confirmations (REACK2, and
@@ -821,43 +923,94 @@ class NodeCore(HeldWrites):
             events.append({"ts": ts, "role": "receiver", "lk0": lk0_text, "source": source, "target": me,
                            "event": "ack2_sent"})
 
+    def _refusal_verifies(self, target: Endpoint, nack: Nack, ts: int, out: Output,
+                          events: list[dict[str, Any]]) -> bool:
+        """Whether a target's NACK carries its signed refusal of the document
+        with that code (security on). One that does not changes nothing:
+        logged, counted, the row stays open and is asked about again."""
+        assert self.sec is not None
+        certs = self.sec.certs(target)
+        try:
+            if not certs:
+                raise CryptoError(f"no certificate of {target} to check it with yet")
+            verify_refusal(nack.proof, lk0=nack.lk0, code=nack.code, receiver_certs=certs)
+            return True
+        except CryptoError as e:
+            if not certs:
+                out.missing.add(target)
+            out.bad_refusals += 1
+            events.append({"ts": ts, "role": "origin", "event": "bad_refusal", "lk0": str(nack.lk0),
+                           "source": self.me.node_id, "target": target.node_id, "code": int(nack.code),
+                           "detail": str(e)[:200]})
+            out.errors.append((ResultCode.BAD_SIGNATURE, f"refusal of {nack.lk0} from {target} ignored: {e}"))
+            return False
+
     def _acks(
         self, kind: Kind, entries: Sequence[AckEntry], origin: Endpoint, ts: int, out: Output,
         events: list[dict[str, Any]], acks: dict[tuple[Kind, Endpoint], list[AckEntry]],
         receipt: bytes = b"",
     ) -> None:
-        if kind is Kind.ACK2 and receipt and self.sec is not None:
-            self._keep_receipts(entries, origin, receipt, ts)
+        if kind is Kind.ACK2 and self.sec is not None:
+            # With security a delivery is confirmed only by the receiver's
+            # signed receipt for exactly these documents and digests
+            # (SPEC "What a receipt proves"): entries it does not cover
+            # change nothing; their rows ask the target again.
+            proven = self._keep_receipts(entries, origin, receipt, ts, out) if receipt else set()
+            if len(proven) < len(entries):
+                bad = [e for e in entries if e.dest_ref_id not in proven]
+                out.bad_receipts += len(bad)
+                events.extend({"ts": ts, "role": "origin", "event": "bad_receipt",
+                               "lk0": f"{self.me.node_id}/{e.dest_semq_id}/{e.dest_semq_db_id}/{e.dest_ref_id}",
+                               "source": self.me.node_id, "target": origin.node_id,
+                               "code": int(ResultCode.BAD_RECEIPT)} for e in bad[:100])
+                out.errors.append((ResultCode.BAD_RECEIPT,
+                                   f"ACK2 from {origin} for {len(bad)} document(s) without a receipt that"
+                                   " verifies: left open"))
+                entries = [e for e in entries if e.dest_ref_id in proven]
+                if not entries:
+                    return
         if kind in (Kind.ACK_FWD, Kind.ACK_SAVE, Kind.ACK2):
             ev = {Kind.ACK_FWD: OriginEvent.ACK_FWD, Kind.ACK_SAVE: OriginEvent.ACK_SAVE,
                   Kind.ACK2: OriginEvent.ACK2}[kind]
             self._origin_apply([(e.dest_ref_id, ev, e) for e in entries], ts, out, events, acks,
                                peer=origin)
-        elif kind in (Kind.REACK, Kind.REACK2):
-            col = "p_ack" if kind is Kind.REACK else "s_ack"
-            self._queue_inbound_acks(col, [e.dest_ref_id for e in entries if e.dest_ref_id])
+        elif kind is Kind.REACK:
+            if origin.node_type is NodeType.PLATFORM:  # the platform's hop: from the platform only
+                self._queued_acks[0].extend([e.dest_ref_id for e in entries if e.dest_ref_id])
+        elif kind is Kind.REACK2:
+            # From the document's origin only (checked against each row).
+            peer = origin.node_id
+            self._queued_acks[1].extend([(e.dest_ref_id, peer) for e in entries if e.dest_ref_id])
         # ACK from a node is for the platform only; a node ignores it.
 
-    def _keep_receipts(self, entries: Sequence[AckEntry], receiver: Endpoint, receipt: bytes, ts: int) -> None:
+    def _keep_receipts(self, entries: Sequence[AckEntry], receiver: Endpoint, receipt: bytes, ts: int,
+                       out: Output) -> set[int]:
         """Verify a batch receipt against the digests we signed and keep it
         once for the batch; each document's self-standing proof is derived
         from it on request (``receipt_proof``, ``semq messages --receipt``).
-        A receipt that does not verify is kept marked unverified."""
+        Returns the record ids it proves delivered: all of the batch's, or
+        none. A receipt that does not verify (but is one for these
+        documents) is kept marked unverified, and proves nothing."""
         assert self.sec is not None
         ids = [e.dest_ref_id for e in entries]
+        if any(e.dest_semq_id != 1 or e.dest_semq_db_id != 1 for e in entries):
+            return set()  # not records of this store
         digests = self._digests_of(ids)
-        if len(digests) != len(ids):
-            return  # not documents we signed (or past the receipts' retention)
+        if len(digests) != len(set(ids)):
+            return set()  # not documents we signed (or past the receipts' retention)
         manifest = [(ack_entry_lk0(e, self.me), digests[e.dest_ref_id]) for e in entries]
         verified = 0
+        certs = self.sec.certs(receiver)
+        if not certs:
+            out.missing.add(receiver)  # asked for; the target's next answer verifies
         try:
-            verify_batch_receipt(receipt, entries=manifest, receiver_certs=self.sec.certs(receiver))
+            verify_batch_receipt(receipt, entries=manifest, receiver_certs=certs)
             verified = 1
         except CryptoError:
             try:  # kept unverified only if it is at least a receipt for these documents
                 receipt_proofs(receipt, manifest)
             except (CryptoError, ValueError):
-                return
+                return set()
         # Once per batch: the signed root and the LK0s in order; each
         # document's row points at it (its proof is derived when asked for).
         cur = self.conn.execute(
@@ -871,7 +1024,8 @@ class NodeCore(HeldWrites):
             "INSERT INTO receipts (record_id, target_id, digest, receipt, verified, received_ms, batch_id,"
             " batch_index) VALUES (?, ?, ?, x'', ?, ?, ?, ?) ON CONFLICT (record_id) DO UPDATE SET"
             " target_id=excluded.target_id, receipt=x'', verified=excluded.verified,"
-            " received_ms=excluded.received_ms, batch_id=excluded.batch_id, batch_index=excluded.batch_index",
+            " received_ms=excluded.received_ms, batch_id=excluded.batch_id, batch_index=excluded.batch_index"
+            " WHERE receipts.verified <= excluded.verified",  # (an unverified receipt never replaces a proof)
             [(lk.record_id, receiver.node_id, d, verified, ts, batch_id, i) for i, (lk, d) in enumerate(manifest)],
         )
         held = self._held_sent
@@ -879,6 +1033,7 @@ class NodeCore(HeldWrites):
             h = held.get(rid)
             if h is not None and h[5] is not None:
                 held[rid] = (*h[:5], None)
+        return set(ids) if verified else set()
 
     def _digests_of(self, ids: Sequence[int]) -> dict[int, bytes]:
         """The digests our documents ``ids`` were signed with: held with
@@ -903,13 +1058,30 @@ class NodeCore(HeldWrites):
                 row = self.conn.execute("SELECT value FROM meta WHERE key='document_salt_key'").fetchone()
                 salt_key = bytes.fromhex(row[0]) if row else None
             if salt_key is not None:
-                for rid, tt, tid, sf, dom, dt, sub, k, body in rows_by_id(
-                        self.conn, "SELECT id, target_type, target_id, save_fwd, domain, data_type, subtype, key,"
-                                   " app_data FROM outbox", missing):
-                    aad = document_aad_fields(self.me, 1, 1, rid, self.me, Endpoint(node_type=tt, node_id=tid),
-                                              dom, dt, sub, k, sf)
-                    out[rid] = document_digest(aad, body, document_salt(salt_key, aad))
+                for row in rows_by_id(
+                        self.conn, "SELECT id, target_type, target_id, save_fwd, ack2, reliable, priority, domain,"
+                                   " data_type, subtype, key, created_ms, expires_ms, encrypt, clear_key, app_data"
+                                   " FROM outbox", missing):
+                    aad, body = self._signed_form(*row)
+                    out[row[0]] = document_digest(aad, body, document_salt(salt_key, aad))
         return out
+
+    def _signed_form(self, rid: int, target_type: int, target_id: str, save_fwd: int, ack2: int, reliable: int,
+                     priority: int, domain: str, data_type: str, subtype: str, key: str, created_ms: int,
+                     expires_ms: int | None, encrypt: int, clear_key: int, body: bytes) -> tuple[bytes, bytes]:
+        """(AAD, signed body) of one of our documents, from its pending-send
+        row, as ``_protect`` made them when it was sent (with security, an
+        ``encrypt`` row is sent sealed, its AppKey inside unless
+        ``clear_key``): with the salt, its digest."""
+        sealed = bool(encrypt) and not clear_key
+        flags = document_flags(bool(reliable), bool(ack2), bool(encrypt), sealed)
+        target = Endpoint(node_type=NodeType(target_type), node_id=target_id)
+        if sealed:
+            aad = document_aad_fields(self.me, 1, 1, rid, self.me, target, "", "", "", "", save_fwd, flags, priority,
+                                      created_ms, expires_ms)
+            return aad, enclose_app_key(domain, data_type, subtype, key, body)
+        return document_aad_fields(self.me, 1, 1, rid, self.me, target, domain, data_type, subtype, key, save_fwd,
+                                   flags, priority, created_ms, expires_ms), body
 
     def receipt_proof(self, record_id: int) -> tuple[str, bytes, bytes, int] | None:
         """(receiver, digest, self-standing receipt, received_ms) of one of our
@@ -1064,24 +1236,30 @@ class NodeCore(HeldWrites):
             self._write_digests(digests)
         return answers
 
-    def _inbound_ack(self, col: str, ids: Sequence[int], ts: int, events: list[dict[str, Any]]) -> None:
-        """Mark a confirmation (REACK: ``p_ack``, REACK2: ``s_ack``) on pending-ack
-        rows now (``_inbound_acks`` with one kind)."""
-        self._inbound_acks(ids if col == "p_ack" else (), ids if col == "s_ack" else (), ts, events)
+    def _inbound_ack(self, col: str, ids: Sequence[int], peer: str, ts: int, events: list[dict[str, Any]]) -> None:
+        """Mark a confirmation (REACK: ``p_ack``, REACK2: ``s_ack`` from the
+        origin ``peer``) on pending-ack rows now (``_inbound_acks`` with one
+        kind)."""
+        if col == "p_ack":
+            self._inbound_acks(ids, (), ts, events)
+        else:
+            self._inbound_acks((), [(i, peer) for i in ids], ts, events)
 
-    def _inbound_acks(self, p_ids: Sequence[int], s_ids: Sequence[int], ts: int,
+    def _inbound_acks(self, p_ids: Sequence[int], s_acks: Sequence[tuple[int, str]], ts: int,
                       events: list[dict[str, Any]]) -> None:
         """Apply the confirmations of a batch to pending-ack rows: REACK sets
-        ``p_ack`` (``p_ids``), REACK2 ``s_ack`` (``s_ids``); a row with every
-        confirmation it needs is deleted instead of updated (SPEC B.2). Each
-        confirmation is logged, the clean-up too. Both kinds at once: a
-        drained copy's REACK (from the platform) and REACK2 (from the origin)
-        often arrive in the same read, and the row then goes in one DELETE
-        instead of an UPDATE and a DELETE."""
-        if not p_ids and not s_ids:
+        ``p_ack`` (``p_ids``: the platform's), REACK2 ``s_ack`` (``s_acks``:
+        (id, sender org); only the row's origin confirms it, anything else
+        changes nothing); a row with every confirmation it needs is deleted
+        instead of updated (SPEC B.2). Each confirmation is logged, the
+        clean-up too. Both kinds at once: a drained copy's REACK (from the
+        platform) and REACK2 (from the origin) often arrive in the same read,
+        and the row then goes in one DELETE instead of an UPDATE and a
+        DELETE."""
+        if not p_ids and not s_acks:
             return
-        got_p, got_s = set(p_ids), set(s_ids)
-        ids = list(dict.fromkeys([*p_ids, *s_ids]))
+        got_p, got_s = set(p_ids), dict(s_acks)
+        ids = list(dict.fromkeys([*p_ids, *got_s]))
         acked = int(AckStatus.AS_ACK)
         me = self.me.node_id
         done, marked = [], []
@@ -1095,11 +1273,14 @@ class NodeCore(HeldWrites):
                 self.conn, "SELECT id, origin_id, semq_id, semq_db_id, record_id, p_ack, s_ack FROM inbound", ids)
         for rid, origin, sid, did, rec, p_ack, s_ack in rows:
             lk0 = f"{origin}/{sid}/{did}/{rec}"
-            if rid in got_p:
+            by_p, by_s = rid in got_p, got_s.get(rid) == origin
+            if not (by_p or by_s):
+                continue  # a REACK2 from someone else than the document's origin
+            if by_p:
                 p_ack = acked
                 events.append({"ts": ts, "role": "receiver", "event": "reack", "lk0": lk0,
                                "source": origin, "target": me})
-            if rid in got_s:
+            if by_s:
                 s_ack = acked
                 events.append({"ts": ts, "role": "receiver", "event": "reack2", "lk0": lk0,
                                "source": origin, "target": me})
@@ -1119,13 +1300,10 @@ class NodeCore(HeldWrites):
         self.conn.executemany("UPDATE inbound SET p_ack=?, s_ack=? WHERE id=?", marked)
         self.conn.executemany("DELETE FROM inbound WHERE id=?", done)
 
-    def _queue_inbound_acks(self, col: str, ids: Sequence[int]) -> None:
-        """Confirmations found while handling a batch: applied together by
-        ``_flush_inbound_acks`` (before any frame of another kind, and at the
-        end of the batch)."""
-        self._queued_acks[0 if col == "p_ack" else 1].extend(ids)
-
     def _flush_inbound_acks(self, ts: int, events: list[dict[str, Any]]) -> None:
+        """Confirmations found while handling a batch (``_acks``): applied
+        together, before any frame of another kind, and at the end of the
+        batch."""
         p_ids, s_ids = self._queued_acks
         if p_ids or s_ids:
             self._queued_acks = ([], [])
@@ -1137,21 +1315,66 @@ class NodeCore(HeldWrites):
         """SPEC B.3 / A.5: answer "did you receive" from the dedup table, and
         "what is the state of your record" from the pending-send table."""
         answers: list[InquiryAnswer] = []
+        asker = frame.origin
         if q.topic is InquiryTopic.RECEIVED:
+            # Only the document's origin (and the platform, about the copies
+            # it delivered) learns whether it arrived: metadata stays
+            # between the two parties. Anyone else hears NO_RECORD.
+            platform = asker.node_type is NodeType.PLATFORM
+            proven: list[tuple[LK0, bytes]] = []
             for lk in q.items:
+                if not platform and lk.endpoint != asker:
+                    answers.append(InquiryAnswer(lk, InquiryResult.NO_RECORD))
+                    continue
                 row = self.conn.execute(
-                    "SELECT 1 FROM dedup WHERE origin_type=? AND origin_id=? AND semq_id=? AND"
+                    "SELECT digest FROM dedup WHERE origin_type=? AND origin_id=? AND semq_id=? AND"
                     " semq_db_id=? AND record_id=?",
                     (int(lk.endpoint.node_type), lk.endpoint.node_id, lk.semq_id, lk.semq_db_id, lk.record_id),
                 ).fetchone()
                 answers.append(InquiryAnswer(lk, InquiryResult.RECEIVED if row else InquiryResult.NOT_RECEIVED))
+                if row and row[0] and not platform and self.sec is not None:
+                    proven.append((lk, row[0]))
+            if proven:
+                # The origin confirms only by a receipt: "received" comes as
+                # an ACK2 with one, from the digest kept with the dedup row.
+                assert self.sec is not None
+                key = self.sec.identity.keys.signing_key
+                for i in range(0, len(proven), 10_000):
+                    part = proven[i:i + 10_000]
+                    entries = tuple(AckEntry(1, 1, 0, lk.semq_id, lk.semq_db_id, lk.record_id, _DELIVERY, 0)
+                                    for lk, _ in part)
+                    out.add(Frame(kind=Kind.ACK_BATCH, source=self.me, target=asker,
+                                  body=AckBatch(ack_kind=Kind.ACK2, entries=entries,
+                                                receipt=make_batch_receipt(part, key))))
         else:
             mine = [lk for lk in q.items if lk.endpoint == self.me]
-            res = dict(self._origin_apply([(lk.record_id, OriginEvent.TARGET_ASKS) for lk in mine],
-                                          ts, out, events, defaultdict(list), peer=frame.origin))
+            if self.sec is None:
+                res = dict(self._origin_apply([(lk.record_id, OriginEvent.TARGET_ASKS) for lk in mine],
+                                              ts, out, events, defaultdict(list), peer=asker))
+            else:
+                # With security the target's word settles nothing (a relay
+                # could speak in its name): only its receipt does, which
+                # our own inquiry fetches. Answered, so it stops asking.
+                res = self._peek_answers([lk.record_id for lk in mine], asker)
             answers = [InquiryAnswer(lk, res.get(lk.record_id, InquiryResult.NO_RECORD)) for lk in q.items]
-        out.add(Frame(kind=Kind.INQUIRY_RESP, source=self.me, target=frame.origin,
+        out.add(Frame(kind=Kind.INQUIRY_RESP, source=self.me, target=asker,
                       body=InquiryResp(topic=q.topic, answers=tuple(answers))))
+
+    def _peek_answers(self, ids: Sequence[int], peer: Endpoint) -> dict[int, InquiryResult]:
+        """What a STATE inquiry about our records ``ids`` from their target
+        ``peer`` is answered, without changing them: ALREADY_ACKED for a
+        confirmed row, MARKED_ACKED ("noted") for an open one, NO_RECORD for
+        one that is gone or not the asker's."""
+        hits, rest = split_held(list(ids), self._held_sent)
+        targets = {rid: (h[2], _SS_INIT) for rid, h in hits}
+        if rest:
+            targets.update((r[0], (r[1], r[2])) for r in rows_by_id(
+                self.conn, "SELECT id, target_id, state FROM outbox", rest))
+        out = {}
+        for rid, (target, state) in targets.items():
+            if target == peer.node_id:
+                out[rid] = _ANSWER_ACKED if state == _SS_ACK2 else _ANSWER_MARKED
+        return out
 
     def _answers(self, frame: Frame, r: InquiryResp, ts: int, out: Output, events: list[dict[str, Any]]) -> None:
         from_platform = frame.origin.node_type is NodeType.PLATFORM
@@ -1165,6 +1388,10 @@ class NodeCore(HeldWrites):
                     # The platform's answer stands for the ack that was lost.
                     ev = {InquiryResult.FORWARDED: OriginEvent.ACK_FWD, InquiryResult.STORED: OriginEvent.ACK_SAVE,
                           InquiryResult.RECEIVED: OriginEvent.PLATFORM_HAS}.get(result, OriginEvent.PLATFORM_LACKS)
+                elif has and self.sec is not None:
+                    continue  # proven by the ACK2 with a receipt that comes with it, or not at all
+                elif result is InquiryResult.NO_RECORD:
+                    continue  # not an answer about a document the target received or lacks
                 else:
                     ev = OriginEvent.TARGET_HAS if has else OriginEvent.TARGET_LACKS
                 items.append((lk.record_id, ev))
@@ -1183,6 +1410,8 @@ class NodeCore(HeldWrites):
                         " AND lk1_semq_id=? AND lk1_semq_db_id=? AND platform_id=?",
                         (lk.record_id, lk.semq_id, lk.semq_db_id, frame.origin.node_id),
                     ).fetchone()
+                elif lk.endpoint != frame.origin:
+                    continue  # only a document's origin answers for it
                 else:
                     row = self.conn.execute(
                         "SELECT id FROM inbound WHERE origin_type=? AND origin_id=? AND semq_id=? AND"
@@ -1191,7 +1420,7 @@ class NodeCore(HeldWrites):
                     ).fetchone()
                 if row:
                     ids.append(int(row[0]))
-            self._inbound_ack(col, ids, ts, events)
+            self._inbound_ack(col, ids, frame.origin.node_id, ts, events)
 
     def inquiries(self, *, platform_online: bool = True) -> Output:
         """SPEC A.5 and B.2: the inquiries that are due now, as frames, with

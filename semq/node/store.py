@@ -335,7 +335,26 @@ def _v7(db: SqliteDatabase) -> None:
     db.execute_sql("DROP INDEX IF EXISTS inbound_p_ack_s_ack")
 
 
-MIGRATIONS = [_v1, _v2, _v3, _v4, _v5, _v6, _v7]
+def _v8(db: SqliteDatabase) -> None:
+    """Trust. ``outbox.clear_key``: the application asked for its AppKey in
+    clear (by default it travels sealed inside the document). ``dedup.digest``:
+    the digest of each document received with security, kept for the
+    retention, so that the origin's inquiry is answered with a signed
+    receipt (the origin confirms only by one), not an unsigned "received".
+    ``refusals``: the signed refusals targets sent us (a document that did
+    not reach their inbox), kept as long as receipts."""
+    cols = {r[1] for r in db.execute_sql("PRAGMA table_info(outbox)").fetchall()}
+    if "clear_key" not in cols:
+        db.execute_sql("ALTER TABLE outbox ADD COLUMN clear_key INTEGER NOT NULL DEFAULT 0")
+    cols = {r[1] for r in db.execute_sql("PRAGMA table_info(dedup)").fetchall()}
+    if "digest" not in cols:
+        db.execute_sql("ALTER TABLE dedup ADD COLUMN digest BLOB")
+    db.execute_sql(
+        "CREATE TABLE IF NOT EXISTS refusals (record_id INTEGER PRIMARY KEY, target_id TEXT NOT NULL,"
+        " code INTEGER NOT NULL, proof BLOB NOT NULL, received_ms INTEGER NOT NULL)")
+
+
+MIGRATIONS = [_v1, _v2, _v3, _v4, _v5, _v6, _v7, _v8]
 
 
 def open_node_store(path: Path, *, create: bool = False, synchronous: str = "FULL",

@@ -31,6 +31,7 @@ from semq._db import (
 )
 from semq.events import EventLog, now_ms
 from semq.umxt_protocol import (
+    FLAG_KEY_SEALED,
     HEADER_SIZE,
     LK0,
     Ack,
@@ -403,7 +404,9 @@ class PlatformCore(HeldWrites):
               "save_fwd": raw.save_fwd, "ack2": raw.ack2, "reliable": raw.reliable,
               "priority": raw.priority, "created_ms": created, "size": len(raw.raw),
               "domain": domain, "data_type": data_type, "subtype": subtype, "key": key}
-        if ak is None:  # a body too short to hold its AppKey: logged without one (rare; a del never resizes)
+        if ak is None or raw.flags & FLAG_KEY_SEALED:
+            # A body too short to hold its AppKey, or (the default) one whose
+            # AppKey is sealed inside: logged without one (a del never resizes).
             for name in _APP_KEY_FIELDS:
                 del ev[name]
         return ev
@@ -513,6 +516,11 @@ class PlatformCore(HeldWrites):
                 # waits here for delivery; RECEIVED: stored, delivered, and the
                 # target ACKed its copy (so only the target has it now).
                 for lk in body.items:
+                    if lk.endpoint != sender:
+                        # Only a document's origin learns its fate here
+                        # (metadata stays between the two parties).
+                        answers.append(InquiryAnswer(lk, InquiryResult.NO_RECORD))
+                        continue
                     row = self.conn.execute(
                         "SELECT action, lk1 FROM seen WHERE origin_type=? AND origin_id=? AND semq_id=? AND"
                         " semq_db_id=? AND record_id=?",
@@ -527,7 +535,10 @@ class PlatformCore(HeldWrites):
                     answers.append(InquiryAnswer(lk, result))
             else:
                 for lk in body.items:
-                    row = self.conn.execute("SELECT state FROM stored WHERE id=? AND kind=1", (lk.record_id,)).fetchone()
+                    # Only the copy's target asks about it (by its LK1).
+                    row = self.conn.execute("SELECT state FROM stored WHERE id=? AND kind=1 AND target_type=?"
+                                            " AND target_id=?",
+                                            (lk.record_id, int(sender.node_type), sender.node_id)).fetchone()
                     answers.append(InquiryAnswer(lk, state_answer(StoredState(row[0]) if row else None)))
                 gone = self._settle([lk.record_id for lk in body.items], StoredEvent.TARGET_ASKS, sender, ts, events)
                 out.credit[sender] += gone

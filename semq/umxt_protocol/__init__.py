@@ -11,6 +11,10 @@ from ._decoder import (
 )
 from ._errors import LocalProtocolError, ProtocolError, RemoteProtocolError, ResultCode
 from ._frames import (
+    FLAG_ACK2,
+    FLAG_ENCRYPT,
+    FLAG_KEY_SEALED,
+    FLAG_RELIABLE,
     MAX_ACK_BATCH,
     MAX_SESSION_KEY,
     Ack,
@@ -58,6 +62,10 @@ from ._types import (
 
 __all__ = [
     "DEFAULT_MAX_FRAME",
+    "FLAG_ACK2",
+    "FLAG_ENCRYPT",
+    "FLAG_KEY_SEALED",
+    "FLAG_RELIABLE",
     "HEADER_SIZE",
     "LK0",
     "LK1",

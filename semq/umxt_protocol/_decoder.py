@@ -15,6 +15,7 @@ from ._frames import (
     _HEADER,
     FLAG_ACK2,
     FLAG_ENCRYPT,
+    FLAG_KEY_SEALED,
     FLAG_LAYER,
     FLAG_RELIABLE,
     FLAGS_KNOWN,
@@ -54,6 +55,8 @@ def _valid_heads() -> dict[tuple[int, int, int], Kind]:
             if bool(flags & FLAG_LAYER) != (k is not Kind.DATA):
                 continue
             if flags & FLAG_ENCRYPT and k is not Kind.DATA:
+                continue
+            if flags & FLAG_KEY_SEALED and not flags & FLAG_ENCRYPT:
                 continue
             for sf in (1, 2, 3) if k.is_message else (0,):
                 table[(int(k), flags, sf)] = k
@@ -136,6 +139,11 @@ class RawFrame:
     @property
     def ack2(self) -> bool:
         return bool(self.flags & FLAG_ACK2)
+
+    @property
+    def key_sealed(self) -> bool:
+        """DATA whose AppKey is inside the sealed AppData (the header's is empty)."""
+        return bool(self.flags & FLAG_KEY_SEALED)
 
     def data_prefix(self) -> tuple[LK0, LK1 | None, int, int | None]:
         """(LK0, LK1, created_ms, expires_ms) of a DATA frame, from its fixed
@@ -367,6 +375,8 @@ class FrameDecoder:
             return self._fail(f"LAYER_MASK {flags & FLAG_LAYER} does not fit kind {k.name}", ResultCode.INVALID_FIELD)
         if flags & FLAG_ENCRYPT and k is not Kind.DATA:
             return self._fail(f"Encrypt=1 on a {k.name} frame", ResultCode.INVALID_FIELD)
+        if flags & FLAG_KEY_SEALED and not flags & FLAG_ENCRYPT:
+            return self._fail("a sealed AppKey without Encrypt=1", ResultCode.INVALID_FIELD)
         if k.is_message != (1 <= save_fwd <= 3) or save_fwd > 3:
             return self._fail(f"SaveFwd {save_fwd} is not valid on a {k.name} frame (1..3 for messages, 0 for session)", ResultCode.INVALID_FIELD)
         if prio > MAX_PRIORITY:

@@ -57,6 +57,7 @@ from ._types import (
 __all__ = [
     "FLAG_ACK2",
     "FLAG_ENCRYPT",
+    "FLAG_KEY_SEALED",
     "FLAG_LAYER",
     "FLAG_RELIABLE",
     "MAX_ACK_BATCH",
@@ -93,11 +94,16 @@ FLAG_LAYER: Final = 0x01  # LAYER_MASK: 0 application packet (DATA), 1 transport
 FLAG_RELIABLE: Final = 0x02  # Reliable=1
 FLAG_ACK2: Final = 0x04  # Ack2=1: the receiver must send an end-to-end confirmation
 FLAG_ENCRYPT: Final = 0x08  # Encrypt=1: AppData is sealed with the wrapped SessionKey
-FLAGS_KNOWN: Final = 0x0F
+# The AppKey travels inside the sealed AppData, not in the header (which then
+# carries an empty one): the relay routes without it and must not read it.
+# DATA with Encrypt=1 only.
+FLAG_KEY_SEALED: Final = 0x10
+FLAGS_KNOWN: Final = 0x1F
 
 MAX_SESSION_KEY: Final = 4096  # bytes of a wrapped session key
 MAX_RECEIPT: Final = 4096  # bytes of a signed receipt on ACK2
 MAX_TEXT: Final = 1024  # characters of an error message / reason
+MAX_PROOF: Final = 4096  # bytes of a signed refusal on a NACK
 MAX_ACK_BATCH: Final = 100_000  # acks in one ACK_BATCH frame
 MAX_INQUIRY_ITEMS: Final = 10_000  # records in one INQUIRY / INQUIRY_RESP
 MAX_CERTIFICATES: Final = 8  # certificates in one CERT_RESPONSE (rollover: old + new + chain)
@@ -169,7 +175,8 @@ class Data:
     """A document (kind DATA). ``lk0`` names it at its origin; ``lk1`` is set
     by the platform on stored copies it delivers; times are ms since the epoch;
     ``expires_ms`` None means never. ``encrypt`` says AppData is sealed with a
-    session key, wrapped for the receiver in ``session_key``."""
+    session key, wrapped for the receiver in ``session_key``; ``key_sealed``
+    that the AppKey is inside the sealed AppData (the header's is empty)."""
 
     lk0: LK0
     app_data: bytes = b""
@@ -179,6 +186,7 @@ class Data:
     expires_ms: int | None = None
     encrypt: bool = False
     session_key: bytes = b""
+    key_sealed: bool = False
 
     def __post_init__(self) -> None:
         if not isinstance(self.lk0, LK0):
@@ -192,6 +200,8 @@ class Data:
             raise _invalid("Encrypt=1 but the session key is empty")
         if not self.encrypt and self.session_key:
             raise _invalid(f"Encrypt=0 but a {len(self.session_key)}-byte session key is set")
+        if self.key_sealed and (not self.encrypt or self.app_key != _NO_APP_KEY):
+            raise _invalid("a sealed AppKey needs Encrypt=1 and an empty AppKey in the header")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -407,15 +417,19 @@ class InquiryResp:
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Nack:
-    """Platform -> origin: the message ``lk0`` was neither forwarded nor stored."""
+    """The message ``lk0`` was not taken: the platform neither forwarded nor
+    stored it, or its target refused it. ``proof``: a target's signed refusal
+    (semq.crypto, docs/security.md "Refusals"); empty from the platform."""
 
     lk0: LK0
     code: ResultCode
     message: str = ""
+    proof: bytes = b""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "code", _enum(ResultCode, "code", self.code))
         _check_text("message", self.message)
+        _check_bytes("proof", self.proof, MAX_PROOF)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -646,8 +660,11 @@ class Frame:
             f |= FLAG_RELIABLE
         if self.ack2:
             f |= FLAG_ACK2
-        if isinstance(self.body, Data) and self.body.encrypt:
-            f |= FLAG_ENCRYPT
+        if isinstance(self.body, Data):
+            if self.body.encrypt:
+                f |= FLAG_ENCRYPT
+            if self.body.key_sealed:
+                f |= FLAG_KEY_SEALED
         return f
 
 
@@ -714,7 +731,7 @@ def _body_container(body: Body) -> dict[str, Any]:
         return {"flag": body.flag, "topic": body.topic, "count": len(body.answers),
                 "items": [{**_lk(a.lk0), "result": int(a.result)} for a in body.answers]}
     if isinstance(body, Nack):
-        return {**_lk(body.lk0), "code": int(body.code), "message": body.message}
+        return {**_lk(body.lk0), "code": int(body.code), "message": body.message, "proof": body.proof}
     if isinstance(body, Hello | Welcome | Ping | Pong | WindowUpdate):
         return {f: getattr(body, f) for f in body.__dataclass_fields__}
     if isinstance(body, Error):
@@ -782,12 +799,14 @@ def encode_data(
     app_data: bytes = b"",
     semq_id: int = 1,
     semq_db_id: int = 1,
+    key_sealed: bool = False,
 ) -> bytes:
     """Exactly ``encode_frame(Frame(kind=DATA, source=..., body=Data(lk0=LK0(
     endpoint=source, ...))))``, without building the values: the origin's
     send path encodes rows it validated when it accepted them (NodeCore.accept
     builds the Frame once), so re-validating per send would only cost time.
-    ``source`` is also the origin. Encrypt=1 iff ``session_key``."""
+    ``source`` is also the origin. Encrypt=1 iff ``session_key``;
+    ``key_sealed``: the AppKey is inside AppData (``app_key`` is then empty)."""
     parts = [_DATA_PREFIX.pack(semq_id, semq_db_id, record_id, 0, 0, 0, created_ms, expires_ms or 0)]
     for s in app_key:
         b = s.encode("utf-8")
@@ -797,7 +816,8 @@ def encode_data(
     body = b"".join(parts)
     src = source.node_id.encode("ascii")
     dst = target.node_id.encode("ascii")
-    flags = (FLAG_RELIABLE if reliable else 0) | (FLAG_ACK2 if ack2 else 0) | (FLAG_ENCRYPT if session_key else 0)
+    flags = ((FLAG_RELIABLE if reliable else 0) | (FLAG_ACK2 if ack2 else 0) | (FLAG_ENCRYPT if session_key else 0)
+             | (FLAG_KEY_SEALED if key_sealed else 0))
     head = _HEADER.pack(
         MAGIC, VERSION, 1, flags, save_fwd, priority, source.node_type, target.node_type, source.node_type,
         len(src), len(dst), len(src), 0, len(body),
@@ -835,7 +855,7 @@ _AK_SET: Final = _slot_setters(AppKey, "domain", "data_type", "subtype", "key")
 _LK0_SET: Final = _slot_setters(LK0, "endpoint", "record_id", "semq_id", "semq_db_id")
 _LK1_SET: Final = _slot_setters(LK1, "record_id", "semq_id", "semq_db_id")
 _DATA_SET: Final = _slot_setters(
-    Data, "lk0", "app_data", "app_key", "lk1", "created_ms", "expires_ms", "encrypt", "session_key"
+    Data, "lk0", "app_data", "app_key", "lk1", "created_ms", "expires_ms", "encrypt", "session_key", "key_sealed"
 )
 _ACK_SET: Final = _slot_setters(
     Ack, "dest_ref_id", "ack_flag", "src_ref_id", "src_semq_id", "src_semq_db_id",
@@ -921,7 +941,7 @@ def _lk1_wire(semq: int, db: int, rec: int) -> LK1:
 lk1_from_wire = _lk1_wire
 
 
-def _decode_data(buf: bytes, origin: Endpoint, encrypt: bool) -> Data:
+def _decode_data(buf: bytes, origin: Endpoint, encrypt: bool, key_sealed: bool = False) -> Data:
     if len(buf) < _DATA_PREFIX_SIZE + 4 + 2 + 4:
         raise RemoteProtocolError(f"DATA body of {len(buf)} bytes is too short", ResultCode.MALFORMED_FRAME)
     semq, db, rec, l1s, l1d, l1r, created, expires = _DATA_PREFIX.unpack_from(buf)
@@ -944,9 +964,10 @@ def _decode_data(buf: bytes, origin: Endpoint, encrypt: bool) -> Data:
     # What Data.__post_init__ checks that the layout leaves open: times above
     # the signed range, a session key over the limit, Encrypt vs the key.
     if not (created <= _MAX_MS and expires <= _MAX_MS and sk_len <= MAX_SESSION_KEY
-            and encrypt == (sk_len > 0)):
+            and encrypt == (sk_len > 0) and (not key_sealed or (encrypt and app_key == _NO_APP_KEY))):
         return Data(lk0=lk0, lk1=lk1, created_ms=created, expires_ms=expires or None,  # raises
-                    app_key=app_key, encrypt=encrypt, session_key=session_key, app_data=buf[pos:])
+                    app_key=app_key, encrypt=encrypt, session_key=session_key, app_data=buf[pos:],
+                    key_sealed=key_sealed)
     d = _new(Data)
     s = _DATA_SET
     s[0](d, lk0)
@@ -957,6 +978,7 @@ def _decode_data(buf: bytes, origin: Endpoint, encrypt: bool) -> Data:
     s[5](d, expires or None)
     s[6](d, encrypt)
     s[7](d, session_key)
+    s[8](d, key_sealed)
     return d
 
 
@@ -1066,7 +1088,7 @@ def _decode_by_schema(kind: Kind, buf: bytes) -> Body:
             answers=tuple(InquiryAnswer(_loc(i), i.result) for i in c["items"]),
         )
     if kind is Kind.NACK:
-        return Nack(lk0=_loc(c), code=c.code, message=c.message)
+        return Nack(lk0=_loc(c), code=c.code, message=c.message, proof=c.proof)
     if kind is Kind.HELLO:
         return Hello(semq_id=c.semq_id, semq_db_id=c.semq_db_id, window=c.window,
                      software=c.software, token=c.token)
@@ -1094,7 +1116,7 @@ def decode_body(kind: Kind, buf: bytes, origin: Endpoint, flags: int) -> Body:
     """Parse one body. Raises RemoteProtocolError (never construct's errors)."""
     try:
         if kind is Kind.DATA:
-            return _decode_data(buf, origin, bool(flags & FLAG_ENCRYPT))
+            return _decode_data(buf, origin, bool(flags & FLAG_ENCRYPT), bool(flags & FLAG_KEY_SEALED))
         if kind in _ACK_KINDS:
             return _decode_ack(kind, buf)
         if kind is Kind.ACK_BATCH:

@@ -67,7 +67,8 @@ MAGIC: Final = b"UX"
 VERSION: Final = 1
 
 #: Fixed frame header. ``flags``: bit0 LAYER_MASK (1 = transport packet),
-#: bit1 Reliable, bit2 Ack2, bit3 Encrypt; bits 4..7 are zero in version 1.
+#: bit1 Reliable, bit2 Ack2, bit3 Encrypt, bit4 AppKey sealed; bits 5..7 are
+#: zero in version 1.
 HEADER = Struct(
     "magic" / Const(MAGIC),
     "version" / Int8ub,
@@ -170,6 +171,7 @@ NACK_BODY = Struct(
     *_LOCATOR,
     "code" / Int16ub,
     "message" / PascalString(Int16ub, "utf8"),
+    "proof" / Prefixed(Int16ub, GreedyBytes),
     Terminated,
 )
 
