@@ -268,9 +268,14 @@ def _run_daemon(cfg: Config, make: Callable[[], Any], status: Callable[[Any], di
     return 0
 
 
-def cmd_platform_run(args: argparse.Namespace) -> int:
+def cmd_platform_run(args: argparse.Namespace, daemon_class: Any = None) -> int:
+    """``semq platform run``. ``daemon_class`` (default PlatformDaemon)
+    lets a test tool run the same relay with its own daemon subclass
+    (semq.testing.dishonest)."""
     from semq.platform.core import PlatformCore
     from semq.platform.daemon import PlatformDaemon, PlatformSettings
+
+    daemon_class = daemon_class or PlatformDaemon
 
     cfg = _cfg(args, "platform")
     host, port = parse_hostport(args.listen or cfg.listen)
@@ -292,7 +297,7 @@ def cmd_platform_run(args: argparse.Namespace) -> int:
     ops = OpsRuntime("platform", cfg.directory, core, ops_options(args))
     try:
         return _run_daemon(
-            cfg, lambda: PlatformDaemon(core, settings),
+            cfg, lambda: daemon_class(core, settings),
             lambda d: {"role": "platform", "listen": f"{host}:{d.port}",
                        "online": sorted(ep.node_id for ep in d.sessions), **d.stats},
             lambda port_: f"platform {cfg.platform_id} listening on {host}:{port_}",
@@ -405,7 +410,7 @@ def cmd_send(args: argparse.Namespace) -> int:
         lk0 = node.send(
             args.to, data, data_type=args.type, domain=args.domain, subtype=args.subtype, key=args.key,
             save_fwd=args.save_fwd, ack2=args.ack2, priority=args.priority, expires_in=args.expires_in,
-            reliable=not args.best_effort, encrypt=not args.no_encrypt,
+            reliable=not args.best_effort, encrypt=not args.no_encrypt, clear_app_key=args.clear_app_key,
         )
         secure = node.config.security
     print(lk0)
@@ -645,6 +650,9 @@ def build_parser() -> argparse.ArgumentParser:
     x.add_argument("--priority", type=int, default=0)
     x.add_argument("--expires-in", type=float, help="seconds until the document expires")
     x.add_argument("--best-effort", action="store_true", help="Reliable=0: never stored, acked or retried")
+    x.add_argument("--clear-app-key", action="store_true",
+                   help="send the AppKey readable in the header (by default it travels sealed inside the"
+                        " document: the relay routes without it)")
     x.add_argument("--no-encrypt", action="store_true",
                    help="signed but NOT end-to-end private: the platform operator can read it")
     x.add_argument("--transactional", action="store_true",

@@ -37,11 +37,12 @@ def wait_until(pred: Callable[[], Any], timeout: float, what: str, interval: flo
 
 
 class Proc:
-    def __init__(self, name: str, args: list[str], log: Path, ready: str, timeout: float = 20) -> None:
+    def __init__(self, name: str, args: list[str], log: Path, ready: str, timeout: float = 20,
+                 module: list[str] | None = None) -> None:
         self.name = name
         self.log = log
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-        self.p = subprocess.Popen([sys.executable, "-m", "semq", *args], stdout=log.open("ab"),
+        self.p = subprocess.Popen([sys.executable, "-m", *(module or ["semq"]), *args], stdout=log.open("ab"),
                                   stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env)
         wait_until(lambda: ready in log.read_text(errors="replace") or self.p.poll() is not None,
                    timeout, f"{name} to start")
@@ -78,10 +79,13 @@ class Cluster:
                           f"127.0.0.1:{self.port}", "--enroll-from", str(self.root / "P")]) == 0
         return d
 
-    def start_platform(self) -> Proc:
+    def start_platform(self, plan: Path | None = None) -> Proc:
+        """The platform; with ``plan``, the dishonest relay of
+        semq.testing.dishonest (the same platform, cheating as the plan says)."""
         p = Proc("platform", ["platform", "run", "--dir", str(self.root / "P"), "--listen",
                               f"127.0.0.1:{self.port}", "--inquiry-interval", self.iq],
-                 self.root / "platform.log", "listening on")
+                 self.root / "platform.log", "listening on",
+                 module=["semq.testing.dishonest", "--plan", str(plan)] if plan else None)
         self.procs["P"] = p
         return p
 

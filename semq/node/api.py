@@ -83,14 +83,18 @@ class NodeClient:
         self, to: str, data: bytes, *, data_type: str = "", domain: str = "", subtype: str = "",
         key: str = "", save_fwd: int = 3, ack2: bool = True, priority: int = 0,
         expires_in: float | None = None, reliable: bool = True, encrypt: bool = True,
+        clear_app_key: bool = False,
     ) -> LK0:
         """Accept one document; durable when this returns. With security on
-        (the default) it is signed and sealed for the target when it is sent;
+        (the default) it is signed and sealed for the target when it is sent,
+        its AppKey sealed inside it (the relay routes without it;
+        ``clear_app_key=True`` leaves it readable in the header);
         ``encrypt=False`` sends it signed but **not end-to-end private**.
         Raises LocalProtocolError for an invalid field, StoreError for the store."""
         return self.send_many([dict(to=to, data=data, data_type=data_type, domain=domain, subtype=subtype,
                                     key=key, save_fwd=save_fwd, ack2=ack2, priority=priority,
-                                    expires_in=expires_in, reliable=reliable, encrypt=encrypt)])[0]
+                                    expires_in=expires_in, reliable=reliable, encrypt=encrypt,
+                                    clear_app_key=clear_app_key)])[0]
 
     def send_many(self, docs: list[dict[str, Any]]) -> list[LK0]:
         """Accept several documents in one transaction (much faster)."""
@@ -108,6 +112,7 @@ class NodeClient:
                 priority=d.get("priority", 0),
                 expires_ms=now + int(exp * 1000) if exp else None, created_ms=now,
                 encrypt=self.config.security and bool(d.get("encrypt", True)),
+                clear_app_key=bool(d.get("clear_app_key", False)),
             ))
         return self.core.accept(news)
 

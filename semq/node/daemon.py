@@ -254,6 +254,11 @@ class NodeDaemon:
                     self.stats["refused"] += 1
                     log.warning("frame refused (%s): %s", code.name, text)
                 self.stats["delivered"] += out.delivered
+                if out.bad_receipts or out.bad_refusals:
+                    # An ACK2 or a refusal the target did not sign: the
+                    # documents stay open (counted; the frames are logged above).
+                    self.stats["bad_receipts"] = self.stats.get("bad_receipts", 0) + out.bad_receipts
+                    self.stats["bad_refusals"] = self.stats.get("bad_refusals", 0) + out.bad_refusals
                 self.in_flight = max(0, self.in_flight - out.settled)
                 if out.over_window:
                     # Multiplicative decrease; _sender grows it back slowly.

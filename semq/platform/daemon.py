@@ -273,6 +273,7 @@ class PlatformDaemon:
             batch = []
             if not msgs:
                 continue
+            msgs = self._incoming(session, msgs)
             msgs = self._over_window(session, msgs)
             if not msgs:
                 continue
@@ -297,6 +298,12 @@ class PlatformDaemon:
                     await fs.send(b"".join([*session.queue, *errors]))
                 return
             session.enqueue(errors)
+
+    def _incoming(self, session: Session, msgs: list[RawFrame]) -> list[RawFrame]:
+        """The message frames a node sent, before they are handled. Here,
+        all of them; a test tool's dishonest relay (semq.testing.dishonest)
+        drops, alters and forges here, as a relay operator could."""
+        return msgs
 
     def _over_window(self, session: Session, msgs: list[RawFrame]) -> list[RawFrame]:
         """Seed 004 flow control: a node may have at most ``window`` DATA
