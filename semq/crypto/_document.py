@@ -12,11 +12,11 @@ signed digest still names the first receiver).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import NamedTuple
+from typing import Final, NamedTuple
 
 from cryptography.hazmat.primitives.asymmetric import ed25519, x25519
 
-from semq.umxt_protocol import AppKey, ProtocolError
+from semq.umxt_protocol import AppKey, ProtocolError, read_app_key
 
 from ._envelope import Opener, Sealer, open_, seal
 from ._errors import BadSignature, CryptoError, DecryptError
@@ -60,31 +60,26 @@ def enclose_app_key(domain: str, data_type: str, subtype: str, key: str, body: b
     """The body a document is signed and sealed with when its AppKey travels
     inside it (DATA flag "AppKey sealed"): the four parts, each u8 length +
     UTF-8 (as in the DATA header), then the application's document. The
-    relay routes without the AppKey; only the two organizations read it."""
-    parts = []
-    for text in (domain, data_type, subtype, key):
-        b = text.encode("utf-8")
-        parts.append(bytes((len(b),)))
-        parts.append(b)
-    parts.append(body)
-    return b"".join(parts)
+    relay routes without the AppKey; only the two organizations read it.
+    The parts are at most 255 bytes each (AppKey checks it when a document
+    is accepted; IndexError otherwise)."""
+    d, t, s, k = domain.encode(), data_type.encode(), subtype.encode(), key.encode()
+    n = _BYTE
+    return b"".join((n[len(d)], d, n[len(t)], t, n[len(s)], s, n[len(k)], k, body))
+
+
+_BYTE: Final = tuple(bytes((i,)) for i in range(256))
 
 
 def split_app_key(body: bytes) -> tuple[AppKey, bytes]:
     """The AppKey and the document of a body made by ``enclose_app_key``
     (after it verified). Raises BadSignature for bytes that are not: the
-    origin signed something else than it said in its header."""
-    pos, got = 0, []
+    origin signed something else than its header says."""
     try:
-        for _ in range(4):
-            n = body[pos]
-            got.append(bytes(body[pos + 1:pos + 1 + n]).decode("utf-8"))
-            if pos + 1 + n > len(body):
-                raise ValueError("runs past the end")
-            pos += 1 + n
-        return AppKey(domain=got[0], data_type=got[1], subtype=got[2], key=got[3]), bytes(body[pos:])
-    except (IndexError, ValueError, ProtocolError) as e:
+        app_key, pos = read_app_key(body, 0)
+    except (IndexError, ProtocolError) as e:
         raise BadSignature(f"the sealed AppKey of the document is malformed: {e}") from None
+    return app_key, body[pos:]
 
 
 def _seal(signed: SignedDocument, aad: bytes, recipients: Sequence[NodeCertificate] | None,

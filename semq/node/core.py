@@ -620,6 +620,9 @@ class NodeCore(HeldWrites):
         # (from the platform), REACK2 (id, the sender's org: checked against
         # the row's origin).
         self._queued_acks: tuple[list[int], list[tuple[int, str]]] = ([], [])
+        # The creation times a new document may have (_receive): not in the
+        # future, not older than the duplicate suppression remembers.
+        self._window = (ts - DEDUP_RETENTION_MS + self.skew_ms, ts + self.skew_ms)
         self._opened = self._open_batch(frames)
         with self._tx():
             self.write_held(ts - HOLD_MS)
@@ -850,7 +853,7 @@ class NodeCore(HeldWrites):
                              f" reached the inbox at {ts}", ts, out, events, acks)
                 return
             created = d.created_ms
-            if created and (created > ts + self.skew_ms or created < ts - DEDUP_RETENTION_MS + self.skew_ms):
+            if created and not self._window[0] <= created <= self._window[1]:
                 self._refuse(frame, d, ResultCode.STALE, f"created at {created}, outside this receiver's window"
                              f" of {DEDUP_RETENTION_MS // 86_400_000} days (clock skew"
                              f" {self.skew_ms // 1000} s): a replay cannot be told apart", ts, out, events, acks)

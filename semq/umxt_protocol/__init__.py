@@ -41,6 +41,7 @@ from ._frames import (
     encode_frames,
     lk0_from_wire,
     lk1_from_wire,
+    read_app_key,
 )
 from ._types import (
     LK0,
@@ -114,6 +115,7 @@ __all__ = [
     "encode_frames",
     "lk0_from_wire",
     "lk1_from_wire",
+    "read_app_key",
     "relay_bytes",
     "relay_frame_bytes",
 ]

@@ -88,6 +88,7 @@ __all__ = [
     "encode_frame",
     "encode_frames",
     "frame_from_wire",
+    "read_app_key",
 ]
 
 FLAG_LAYER: Final = 0x01  # LAYER_MASK: 0 application packet (DATA), 1 transport packet
@@ -900,6 +901,14 @@ def _read_app_key(buf: bytes, pos: int) -> tuple[AppKey, int]:
     except UnicodeDecodeError as exc:
         raise RemoteProtocolError(f"AppKey is not UTF-8: {exc}", ResultCode.INVALID_FIELD) from exc
     return app_key, end
+
+
+def read_app_key(buf: bytes, pos: int = 0) -> tuple[AppKey, int]:
+    """An AppKey encoded as in the DATA header (four u8-prefixed UTF-8
+    parts) at ``pos`` in ``buf``, and the position after it: how a receiver
+    reads the AppKey that travelled sealed inside a document. Raises
+    RemoteProtocolError (or IndexError for bytes that end inside a length)."""
+    return _read_app_key(buf, pos)
 
 
 _DATA_PREFIX_SIZE: Final = _DATA_PREFIX.size
