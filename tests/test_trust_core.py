@@ -73,7 +73,7 @@ def test_a_refusal_verifies_only_for_its_document_code_and_signer(tmp_path: Path
     proof = make_refusal(lk0, ResultCode.EXPIRED, sb.identity.keys.signing_key)
     info = verify_refusal(proof, lk0=lk0, code=ResultCode.EXPIRED, receiver_certs=sb.certs(B))
     assert (info.org, info.lk0, info.code) == (B, lk0, ResultCode.EXPIRED)
-    with pytest.raises(BadSignature, match="not 10008/1/1/42 with 303|with code 303"):
+    with pytest.raises(BadSignature, match="with code 303, not"):
         verify_refusal(proof, lk0=lk0, code=ResultCode.DECRYPT_FAILED, receiver_certs=sb.certs(B))
     with pytest.raises(BadSignature):
         verify_refusal(proof, lk0=LK0(endpoint=Endpoint.org(A), record_id=43), code=ResultCode.EXPIRED,
