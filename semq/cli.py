@@ -491,12 +491,14 @@ def cmd_messages(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps([{"lk0": str(r.lk0), "target": r.target, "state": r.state.name,
                            "app_key": str(r.app_key), "save_fwd": r.save_fwd, "ack2": r.ack2,
-                           "attempts": r.attempts, "code": r.code, "created_ms": r.created_ms} for r in rows]))
+                           "attempts": r.attempts, "code": r.code, "note": r.note, "created_ms": r.created_ms}
+                          for r in rows]))
         return 0
     print(f"{'LK0':<22} {'TO':<10} {'STATE':<10} {'SF':>2} {'ACK2':>4} {'TRIES':>5} {'CODE':>4}  {'AGE':>5}  APPKEY")
     for r in rows:
+        note = f"  ({r.note})" if r.note else ""
         print(f"{r.lk0!s:<22} {r.target:<10} {r.state.name:<10} {r.save_fwd:>2} {int(r.ack2):>4} {r.attempts:>5}"
-              f" {r.code:>4}  {format_age(r.created_ms):>5}  {r.app_key}")
+              f" {r.code:>4}  {format_age(r.created_ms):>5}  {r.app_key}{note}")
     print(f"{len(rows)} message(s) pending or failed (confirmed ones are cleaned up)", file=sys.stderr)
     return 0
 

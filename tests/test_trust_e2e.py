@@ -74,7 +74,8 @@ def start(c: Cluster, *orgs: str, rules: tuple[dict[str, Any], ...] = (), offlin
         c.start_node(o)
 
 
-def test_a_relay_that_changes_the_expiry_gets_a_signed_refusal_not_a_receipt(cluster: Cluster) -> None:
+def test_a_relay_that_changes_the_expiry_gets_a_signed_refusal_not_a_receipt(
+        cluster: Cluster, capsys: pytest.CaptureFixture[str]) -> None:
     """The expiry is bound to the document: moved by the relay, the target
     refuses it, signs the refusal, and the origin shows it; no receipt
     exists for a document no application saw."""
@@ -88,6 +89,9 @@ def test_a_relay_that_changes_the_expiry_gets_a_signed_refusal_not_a_receipt(clu
     assert cluster.count(B, "SELECT count(*) FROM inbox") == 0
     assert cluster.count(B, "SELECT count(*) FROM dedup") == 0
     assert semq_main(["messages", "--dir", str(cluster.root / A), "--receipt", str(lk0)]) != 0
+    capsys.readouterr()
+    assert semq_main(["messages", "--dir", str(cluster.root / A)]) == 0
+    assert f"refused by {B} (signed): DECRYPT_FAILED" in capsys.readouterr().out
 
 
 def test_a_refusal_the_target_did_not_sign_changes_nothing(cluster: Cluster) -> None:

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from semq.config import Config, ConfigError, load_config
-from semq.umxt_protocol import LK0, AppKey, Endpoint, NodeType, SaveFwd
+from semq.umxt_protocol import LK0, AppKey, Endpoint, NodeType, ResultCode, SaveFwd
 
 from .core import NewDocument, NodeCore
 from .engine import SendState
@@ -56,6 +56,21 @@ class OutboxRow:
     inquiries: int
     code: int
     size: int
+    # Why a failed row failed, in words: the result code's name, and for a
+    # target's signed refusal, who refused it (verified when it came).
+    note: str = ""
+
+
+def _note(state: int, code: int, refused_by: str | None) -> str:
+    if not code:
+        return ""
+    try:
+        name = ResultCode(code).name
+    except ValueError:
+        name = str(code)
+    if refused_by:
+        return f"refused by {refused_by} (signed): {name}"
+    return name if state == SendState.SS_FAILED else f"last: {name}"
 
 
 class NodeClient:
@@ -166,12 +181,13 @@ class NodeClient:
 
     def messages(self, *, limit: int = 1000) -> list[OutboxRow]:
         rows = self.core.conn.execute(
-            "SELECT id, target_id, state, domain, data_type, subtype, key, save_fwd, ack2, priority,"
-            " created_ms, attempts, inquiries, code, length(app_data) FROM outbox ORDER BY id LIMIT ?", (limit,))
+            "SELECT o.id, o.target_id, o.state, domain, data_type, subtype, key, save_fwd, ack2, priority,"
+            " created_ms, attempts, inquiries, o.code, length(app_data), f.target_id FROM outbox o"
+            " LEFT JOIN refusals f ON f.record_id = o.id AND o.state = 9 ORDER BY o.id LIMIT ?", (limit,))
         return [OutboxRow(lk0=LK0(endpoint=self.core.me, record_id=r[0]), target=r[1], state=SendState(r[2]),
                           app_key=AppKey(domain=r[3], data_type=r[4], subtype=r[5], key=r[6]), save_fwd=r[7],
                           ack2=bool(r[8]), priority=r[9], created_ms=r[10], attempts=r[11], inquiries=r[12],
-                          code=r[13], size=r[14]) for r in rows]
+                          code=r[13], size=r[14], note=_note(r[2], r[13], r[15])) for r in rows]
 
     def status(self) -> dict[str, Any]:
         return self.core.counts()
