@@ -7,7 +7,7 @@
     DIR/date=YYYY-MM-DD/_messages/facts/part-*.parquet  what the report's first small job needs of them
     DIR/date=YYYY-MM-DD/_messages/closed/part-*.parquet their partial rows
     DIR/date=YYYY-MM-DD/_messages/open/part-*.parquet   partial rows of the other messages
-    DIR/date=YYYY-MM-DD/_messages/_COMPLETE_V3.<run>    written once all of those are there
+    DIR/date=YYYY-MM-DD/_messages/_COMPLETE_V4.<run>    written once all of those are there
 
 The events are the log lines, unchanged (docs/events.md). The partial rows
 are the first aggregation of the report's per-message step over the events
@@ -71,8 +71,10 @@ __all__ = [
 PARTIALS_DIR: Final = "_messages"
 # The version in the name: a reader that knows another layout of the partial
 # rows finds no marker and reads the events of the date instead. The marker's
-# full name is ``_COMPLETE_V3.<run>`` (see the module docstring).
-PARTIALS_MARKER: Final = "_COMPLETE_V3"
+# full name is ``_COMPLETE_V4.<run>`` (see the module docstring). V4: the
+# event codes of the partial rows count the origin's bad_receipt and
+# bad_refusal events (codes are numbered over the sorted event names).
+PARTIALS_MARKER: Final = "_COMPLETE_V4"
 # The subdirectories of ``_messages`` (see the module docstring).
 PARTIAL_SETS: Final = ("final", "facts", "closed", "open")
 _DATE_DIR_RE: Final = re.compile(r"^date=(\d{4}-\d{2}-\d{2})$")

@@ -71,7 +71,7 @@ ROLES: Final = ("origin", "platform", "receiver")
 EVENTS_BY_ROLE: Final[dict[str, frozenset[str]]] = {
     "origin": frozenset(
         {"queued", "sent", "ack_fwd", "ack_save", "nack", "inquiry", "resend", "ack2",
-         "cleaned", "expired", "dead"}
+         "cleaned", "expired", "dead", "bad_receipt", "bad_refusal"}
     ),
     "platform": frozenset(
         {"received", "forwarded", "stored", "dropped", "refused", "delivered", "acked",
