@@ -289,9 +289,11 @@ def cmd_platform_run(args: argparse.Namespace, daemon_class: Any = None) -> int:
                         check=True,
                         inquiry_interval=args.inquiry_interval or cfg.inquiry_interval,
                         # With certificates, only enrolled organizations are known.
-                        auto_register=cfg.auto_register and not cfg.security)
+                        auto_register=cfg.auto_register and not cfg.security,
+                        quota_bytes=max(0, cfg.quota_mib) << 20)
     settings = PlatformSettings(host=host, port=port, window=cfg.window, security=security,
-                                high_water=max(1, cfg.queue_mib) << 20)
+                                high_water=max(1, cfg.queue_mib) << 20,
+                                max_connections_per_org=cfg.max_connections_per_org)
     from semq.ops.runtime import OpsRuntime, ops_options
 
     ops = OpsRuntime("platform", cfg.directory, core, ops_options(args))
@@ -356,7 +358,8 @@ def cmd_node_run(args: argparse.Namespace) -> int:
         if security.expiring(30):
             logging.getLogger("semq").warning("certificate expires in %.0f days", security.expires_in_days())
     core = NodeCore(cfg.store_path, cfg.org, events_dir=cfg.events_dir, synchronous=cfg.synchronous, check=True,
-                    inquiry_interval=args.inquiry_interval or cfg.inquiry_interval, security=security)
+                    inquiry_interval=args.inquiry_interval or cfg.inquiry_interval, security=security,
+                    clock_skew=cfg.clock_skew)
     settings = NodeSettings(host=host, port=port, window=cfg.window,
                             ssl_context=security.ssl_context() if security else None)
     from semq.ops.runtime import OpsRuntime, ops_options

@@ -34,6 +34,9 @@ class Config:
     window: int = 4096
     queue_mib: int = 16  # platform: MiB queued for one slow node before its documents are stored instead
     auto_register: bool = True  # platform: accept nodes it does not know yet
+    quota_mib: int = 4096  # platform: MiB of stored documents one organization may have (0: no limit)
+    max_connections_per_org: int = 4  # platform: connections one organization may hold at once
+    clock_skew: float = 600.0  # node: s the organizations' clocks may disagree (a document's creation time)
     security: bool = True  # mutual TLS, end-to-end encryption and signatures (docs/security.md)
 
     @property

@@ -89,12 +89,16 @@ class FramePump:
     the consumer works on the previous batch; ``take`` returns everything that
     arrived meanwhile. Without it, a TLS stream (one 16 KiB record per read)
     would make every batch, and so every store transaction, ~20x smaller.
-    At most ``max_frames`` wait (then the pump stops reading: TCP pushes back)."""
+    At most ``max_frames`` frames, or ``max_bytes`` of them, wait (then the
+    pump stops reading: TCP pushes back): a peer sending large frames faster
+    than they are stored cannot fill the reader's memory."""
 
-    def __init__(self, fs: FrameStream, max_frames: int = 16_384) -> None:
+    def __init__(self, fs: FrameStream, max_frames: int = 16_384, max_bytes: int = 16 * 1024 * 1024) -> None:
         self.fs = fs
         self.max_frames = max_frames
+        self.max_bytes = max_bytes
         self._buf: list[RawFrame] = []
+        self._bytes = 0
         self._ready = trio.Event()
         self._room = trio.Event()
 
@@ -102,13 +106,14 @@ class FramePump:
         """Read until the stream ends (raises ConnectionClosed /
         RemoteProtocolError, like FrameStream.receive_batch)."""
         while True:
-            while len(self._buf) >= self.max_frames:
+            while len(self._buf) >= self.max_frames or self._bytes >= self.max_bytes:
                 self._room = trio.Event()
                 await self._room.wait()
             frames = await self.fs.receive_batch()
             # (Not ``self._buf.extend(await ...)``: that binds the list before
             # the await, and take() may have swapped it meanwhile.)
             self._buf.extend(frames)
+            self._bytes += sum(len(f.raw) for f in frames)
             self._ready.set()
 
     async def take(self) -> list[RawFrame]:
@@ -116,6 +121,7 @@ class FramePump:
             self._ready = trio.Event()
             await self._ready.wait()
         out, self._buf = self._buf, []
+        self._bytes = 0
         self._room.set()
         return out
 

@@ -22,10 +22,13 @@ from semq.cli import main as semq_main
 from semq.node.api import NodeClient
 from semq.node.core import NewDocument, NodeCore
 from semq.umxt_protocol import (
+    LK0,
     AckBatch,
     AckEntry,
     AckFlag,
+    Data,
     Endpoint,
+    Error,
     Frame,
     Hello,
     Inquiry,
@@ -246,3 +249,61 @@ def test_the_relay_routes_without_the_app_key(cluster: Cluster) -> None:
     assert b"INV-SECRET-0042" in origin_logs  # the organizations' own logs keep it
 
 
+
+
+# ---------------------------------------------------------------- bounded memory
+
+
+def test_before_hello_a_large_frame_is_refused_at_its_header(cluster: Cluster) -> None:
+    """A peer that has not said who it is cannot make the relay wait for,
+    and buffer, a 64 MiB frame: the header is refused at once."""
+    cluster.add_org(A)
+    cluster.start_platform()
+    big = encode_frame(Frame(kind=Kind.DATA, source=Endpoint.org(A), target=Endpoint.org(B),
+                             body=Data(lk0=LK0(endpoint=Endpoint.org(A), record_id=1), app_data=bytes(1 << 20))))
+    with _tls_socket(cluster, A) as s:
+        s.sendall(big[:200])  # the header of a 1 MiB frame, no body
+        frames = _read_frames(s, timeout=5)
+    errors = [f.body for f in frames if isinstance(f.body, Error)]
+    assert errors and errors[0].code is ResultCode.FRAME_TOO_LARGE and "65536" in errors[0].message
+
+
+def test_an_organization_holds_at_most_its_connections(cluster: Cluster) -> None:
+    cluster.add_org(A)
+    cluster.start_platform()
+    socks = [_tls_socket(cluster, A) for _ in range(4)]  # the most it may (max_connections_per_org)
+    try:
+        with _tls_socket(cluster, A) as fifth:
+            frames = _read_frames(fifth, timeout=5)
+        errors = [f.body for f in frames if isinstance(f.body, Error)]
+        assert errors and errors[0].code is ResultCode.TOO_MANY_CONNECTIONS
+    finally:
+        for s in socks:
+            s.close()
+    # Closed ones no longer count: a node connects as usual.
+    cluster.start_node(A)
+    wait_until(lambda: status(cluster, A).get("connected"), 20, "A connected")
+
+
+def test_documents_past_the_storage_quota_wait_at_their_origin(cluster: Cluster,
+                                                              capsys: pytest.CaptureFixture[str]) -> None:
+    for o in (A, B):
+        cluster.add_org(o)
+    cfg = cluster.root / "P" / "semq.toml"
+    cfg.write_text(cfg.read_text().replace("quota_mib = 4096", "quota_mib = 1"))
+    cluster.start_platform()
+    cluster.start_node(A)
+    with NodeClient(cluster.root / A) as node:
+        sent = [node.send(B, bytes([i]) * 400_000, data_type="DRAWING") for i in range(3)]
+    wait_until(lambda: cluster.count("P", "SELECT count(*) FROM stored WHERE kind=1") == 2, 30, "two stored")
+    rows = wait_until(lambda: [r for r in outbox(cluster, A) if r[2] == int(ResultCode.QUOTA_EXCEEDED)], 30,
+                      "the third to wait at A")
+    assert [r[1] for r in rows] == [0]  # SS_INIT: kept, sent again later
+    assert cluster.count("P", "SELECT sum(length(frame)) FROM stored") <= 1 << 20
+    capsys.readouterr()
+    assert semq_main(["messages", "--dir", str(cluster.root / A)]) == 0
+    assert "QUOTA_EXCEEDED" in capsys.readouterr().out
+    cluster.start_node(B)
+    wait_until(lambda: cluster.count(B, "SELECT count(*) FROM inbox") == 3, 60, "all three delivered")
+    wait_until(lambda: cluster.settled([A, B]), 60, "cleanup")
+    assert sorted(cluster.inbox(B)) == sorted(f"{A}/{lk.record_id}" for lk in sent)

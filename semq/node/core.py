@@ -167,6 +167,9 @@ class Output:
     # row open (the origin asks the target again).
     bad_receipts: int = 0
     bad_refusals: int = 0
+    # Targets whose documents the platform would not store now: our quota
+    # there is used up (QUOTA_EXCEEDED); the rows went back to SS_INIT.
+    over_quota: set[str] = field(default_factory=set)
     errors: list[tuple[ResultCode, str]] = field(default_factory=list)
 
     def add(self, frame: Frame) -> None:
@@ -726,6 +729,19 @@ class NodeCore(HeldWrites):
             out.over_window += 1
             self._origin_apply([(body.lk0.record_id, OriginEvent.PLATFORM_LACKS)], ts, out, events, acks,
                                peer=frame.origin)
+        elif (isinstance(body, Nack) and body.code is ResultCode.QUOTA_EXCEEDED
+              and frame.origin.node_type is NodeType.PLATFORM):
+            # Our storage quota at the platform is used up: not taken; we keep
+            # it (SS_INIT, its code says why) and the daemon sends to that
+            # target again after a pause.
+            rid = body.lk0.record_id
+            h = self._held_sent.get(rid)
+            row = (h[2],) if h is not None else self.conn.execute(
+                "SELECT target_id FROM outbox WHERE id=?", (rid,)).fetchone()
+            if row is not None:
+                out.over_quota.add(row[0])
+            self._origin_apply([(rid, OriginEvent.PLATFORM_LACKS)], ts, out, events, acks, peer=frame.origin,
+                               code=int(ResultCode.QUOTA_EXCEEDED), detail=body.message)
         elif isinstance(body, Nack):
             peer = frame.origin
             if body.lk0.endpoint != self.me:

@@ -50,6 +50,9 @@ __all__ = ["NodeDaemon", "NodeSettings"]
 
 log = logging.getLogger("semq.node")
 
+QUOTA_PAUSE = 2.0  # s before documents to a target go again after QUOTA_EXCEEDED
+QUOTA_PAUSE_MAX = 60.0
+
 
 @dataclass
 class NodeSettings:
@@ -95,6 +98,10 @@ class NodeDaemon:
         self.granted = self.window = self.platform_window = settings.window
         self.told_window = settings.window  # the window our HELLO announced
         self.asked: dict[Endpoint, float] = {}  # certificate look-ups in flight: endpoint -> when
+        # Targets whose documents the platform refused for our storage quota:
+        # target -> (resume at, the pause that led there); the pause doubles
+        # while the quota stays used up, up to QUOTA_PAUSE_MAX.
+        self.over_quota: dict[str, tuple[float, float]] = {}
         self.deferred: list[RawFrame] = []  # DATA waiting for its origin's certificate
         # claim(early=...) of the current session: DATA leaves before the commit.
         self._early: Callable[[list[bytes]], None] | None = None
@@ -266,6 +273,14 @@ class NodeDaemon:
                     log.warning("platform says over the window: window now %d", self.window)
                 if out.settled:
                     self._wake.set()
+                if out.over_quota:
+                    now = trio.current_time()
+                    for target in out.over_quota:
+                        _, pause = self.over_quota.get(target, (0.0, QUOTA_PAUSE / 2))
+                        pause = min(QUOTA_PAUSE_MAX, pause * 2)
+                        self.over_quota[target] = (now + pause, pause)
+                    log.warning("the platform's storage quota for our documents is used up: documents to %s"
+                                " wait and go again later", ", ".join(sorted(out.over_quota)))
                 # Bounded: beyond it the origin's inquiry brings them again.
                 self.deferred = (self.deferred + out.deferred)[-10_000:]
                 await fs.send(b"".join(out.data) + self._ask(out.missing))
@@ -319,6 +334,10 @@ class NodeDaemon:
             if room > 0:
                 now = trio.current_time()
                 skip = frozenset(ep.node_id for ep, t in self.asked.items() if now - t < self.s.cert_retry)
+                if self.over_quota:
+                    # (Remembered one pause past its end: a refusal then doubles it.)
+                    self.over_quota = {t: v for t, v in self.over_quota.items() if v[0] + v[1] > now}
+                    skip |= {t for t, (until, _) in self.over_quota.items() if until > now}
                 out = await self.gate.run(self.core.claim, min(self.s.batch, room), skip, self._early)
                 ask = self._ask(out.missing)
                 if ask:

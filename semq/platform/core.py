@@ -9,6 +9,7 @@ header and forwards the bytes (MEASUREMENTS: "a relay only needs to route")."""
 from __future__ import annotations
 
 import sqlite3
+import time
 from collections import defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -72,6 +73,7 @@ _PLATFORM_FLAG: Final = int(AckFlag.PLATFORM)
 _FORWARDED_FLAG: Final = int(ForwardFlag.FORWARDED)
 _STORED_FLAG: Final = int(ForwardFlag.STORED)
 _LOOKUP_CHUNK: Final = 1000  # documents per look-up of earlier copies (5 parameters each)
+_QUOTA_RECOUNT_S: Final = 2.0  # how often an organization at its quota is counted again
 
 
 class _Store(NamedTuple):
@@ -150,9 +152,20 @@ class PlatformCore(HeldWrites):
         inquiry_interval: float = 15.0,
         auto_register: bool = True,
         check: bool = False,
+        quota_bytes: int = 0,
     ) -> None:
         self.path = Path(store_path)
         self.me = Endpoint.platform(platform_id)
+        # Bytes of stored documents one organization may have here at once
+        # (0: no limit). A DATA to store past it is refused QUOTA_EXCEEDED;
+        # its origin keeps it and sends it again later.
+        self.quota_bytes = quota_bytes
+        # origin -> [an upper bound of its stored bytes, time it was counted
+        # (monotonic s)]: counted from the table when a document would take it
+        # over the quota and the count is older than _QUOTA_RECOUNT_S, and
+        # raised by every document stored since. Deletions only lower the
+        # truth, so the bound never lets an organization past its quota.
+        self._usage: dict[tuple[int, str], list[float]] = {}
         self.db: SqliteDatabase = open_platform_store(self.path, create=create, synchronous=synchronous,
                                                       check=check)
         self.conn: sqlite3.Connection = self.db.connection()
@@ -440,6 +453,13 @@ class PlatformCore(HeldWrites):
             events.append({"ts": ts, "event": "forwarded", "lk0": lk0_text, "source": origin.node_id,
                            "target": target.node_id})
         elif where is Route.STORE:  # written, acked and logged by _flush_stores
+            if self.quota_bytes and not self._quota_allows(key[0], key[1], len(raw.raw)):
+                text = (f"organization {origin.node_id} has {self.quota_bytes >> 20} MiB of documents stored here,"
+                        " its quota: kept by the origin, sent again later")
+                out.add(sender, Frame(kind=Kind.NACK, source=self.me, target=sender,
+                                      body=Nack(lk0=lk0, code=ResultCode.QUOTA_EXCEEDED, message=text)))
+                events.append(self._event(raw, lk0, ts, "refused", code=int(ResultCode.QUOTA_EXCEEDED)))
+                return
             self._stores.append(_Store(raw, sender, lk0, key, expires, ts))
         elif where in (Route.DROP, Route.REFUSE):
             self._seen.append((*key, _DROPPED, 0, ts))
@@ -452,6 +472,23 @@ class PlatformCore(HeldWrites):
                                       code=int(code)))
         else:  # DISCARD: best effort, never acked (SPEC: Reliable=0)
             events.append(self._event(raw, lk0, ts, "dropped", code=int(code)))
+
+    def _quota_allows(self, origin_type: int, origin_id: str, size: int) -> bool:
+        """Whether ``size`` more bytes of ``origin_id``'s documents fit its
+        quota (and count them if so)."""
+        key = (origin_type, origin_id)
+        u = self._usage.get(key)
+        now = time.monotonic()
+        if u is None or (u[0] + size > self.quota_bytes and now - u[1] >= _QUOTA_RECOUNT_S):
+            stored = self.conn.execute(
+                "SELECT coalesce(sum(length(frame)), 0) FROM stored WHERE origin_type=? AND origin_id=? AND kind=1",
+                key).fetchone()[0]
+            pending = sum(len(st.raw.raw) for st in self._stores if st.key[0] == origin_type and st.key[1] == origin_id)
+            u = self._usage[key] = [stored + pending, now]
+        if u[0] + size > self.quota_bytes:
+            return False
+        u[0] += size
+        return True
 
     def _relay(self, raw: RawFrame, ts: int, out: PlatformOutput, events: list[dict[str, Any]],
                online: Callable[[Endpoint], bool]) -> None:
@@ -624,11 +661,13 @@ class PlatformCore(HeldWrites):
 
     # ------------------------------------------------------------ delivery
 
-    def claim_stored(self, target: Endpoint, limit: int) -> tuple[list[bytes], int]:
+    def claim_stored(self, target: Endpoint, limit: int, max_bytes: int = 8 << 20) -> tuple[list[bytes], int]:
         """SPEC P.2: up to ``limit`` stored frames for ``target`` (priority
-        first, then acceptance order) with LK1 set, marked SS_SENT and
-        committed. Relayed acks/inquiries are deleted as they go (their ends
-        ask again if they are lost). Returns (frames, DATA count)."""
+        first, then acceptance order), and no more than ``max_bytes`` of them
+        (but at least one), with LK1 set, marked SS_SENT and committed.
+        Relayed acks/inquiries are deleted as they go (their ends ask again
+        if they are lost). Returns (frames, DATA count). The byte bound keeps
+        a batch of large documents from being read into memory at once."""
         ts = now_ms()
         events: list[dict[str, Any]] = []
         out: list[bytes] = []
@@ -642,13 +681,26 @@ class PlatformCore(HeldWrites):
                 self.write_held(ts - HOLD_MS)  # (may empty it)
             if held:
                 ids, levels = self._order.ids(self.conn, where, params, limit, held, scope=target)
+                # The sizes first (length() reads no blob), then only the
+                # frames within the bound.
+                sizes = dict(rows_by_id(self.conn, "SELECT id, length(frame) FROM stored", ids))
+                total, n = 0, 0
+                while n < len(ids) and (n == 0 or total + sizes[ids[n]] <= max_bytes):
+                    total += sizes[ids[n]]
+                    n += 1
+                ids = ids[:n]
                 found = {r[0]: r for r in rows_by_id(self.conn, f"SELECT {cols} FROM stored", ids)}
                 rows = [found[i] for i in ids]
             else:
                 self._order.forget()
-                rows = self.conn.execute(
-                    f"SELECT {cols} FROM stored WHERE {where} ORDER BY priority DESC, id LIMIT ?",
-                    (*params, limit)).fetchall()
+                rows, total = [], 0
+                for r in self.conn.execute(  # row by row: a blob past the bound is never read
+                        f"SELECT {cols} FROM stored WHERE {where} ORDER BY priority DESC, id LIMIT ?",
+                        (*params, limit)):
+                    rows.append(r)
+                    total += len(r[2])
+                    if total >= max_bytes:
+                        break
                 levels = SendOrder.levels(rows, 9)
             if not rows:
                 return out, 0

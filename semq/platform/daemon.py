@@ -22,6 +22,7 @@ from semq.security import PlatformSecurity
 from semq.transport import ConnectionClosed, FramePump, FrameStream
 from semq.umxt_protocol import (
     DEFAULT_MAX_FRAME,
+    HELLO_MAX_FRAME,
     CertRequest,
     CertResponse,
     Endpoint,
@@ -62,6 +63,11 @@ class PlatformSettings:
     hello_timeout: float = 10.0
     idle_timeout: float = 60.0
     max_frame: int = DEFAULT_MAX_FRAME
+    # Connections one organization may hold at once (its certificate's, from
+    # the TLS handshake on; without security, from HELLO): each may buffer a
+    # frame of max_frame, so this bounds what one organization costs the
+    # relay's memory. A node needs one; more while it reconnects.
+    max_connections_per_org: int = 4
     housekeeping_interval: float = 3600.0
     # Mutual TLS 1.3 and the certificate directory (semq.security); None = plain TCP.
     security: PlatformSecurity | None = None
@@ -103,6 +109,7 @@ class PlatformDaemon:
         self.s = settings
         self.gate = StoreGate()
         self.sessions: dict[Endpoint, Session] = {}
+        self.connections: dict[str, int] = {}  # organization -> connections open (max_connections_per_org)
         self.port: int | None = None
         self.stats = {"connections": 0, "frames_in": 0, "refused": 0, "tls_refused": 0}
         self.ssl_context = settings.security.ssl_context() if settings.security else None
@@ -164,7 +171,37 @@ class PlatformDaemon:
             if res is None:
                 return
             stream, bound = res
-        fs = FrameStream(stream, max_frame=self.s.max_frame)
+        # Until its HELLO is accepted, a peer gets no more than a small frame.
+        fs = FrameStream(stream, max_frame=min(HELLO_MAX_FRAME, self.s.max_frame))
+        counted = bound
+        if counted is not None and not self._count_connection(counted):
+            await fs.send_error(self.core.me, Endpoint.org(counted), ResultCode.TOO_MANY_CONNECTIONS,
+                                f"organization {counted} already holds {self.s.max_connections_per_org}"
+                                " connections, the most it may")
+            return
+        try:
+            await self._serve(fs, bound)
+        finally:
+            if counted is not None:
+                self._uncount_connection(counted)
+
+    def _count_connection(self, org: str) -> bool:
+        n = self.connections.get(org, 0)
+        if n >= self.s.max_connections_per_org:
+            self.stats["connections_refused"] = self.stats.get("connections_refused", 0) + 1
+            log.warning("organization %s already holds %d connections: one more refused", org, n)
+            return False
+        self.connections[org] = n + 1
+        return True
+
+    def _uncount_connection(self, org: str) -> None:
+        n = self.connections.get(org, 0) - 1
+        if n > 0:
+            self.connections[org] = n
+        else:
+            self.connections.pop(org, None)
+
+    async def _serve(self, fs: FrameStream, bound: str | None) -> None:
         try:
             with trio.fail_after(self.s.hello_timeout):
                 first = await fs.receive_batch()
@@ -193,6 +230,21 @@ class PlatformDaemon:
             await fs.send_error(self.core.me, ep, ResultCode.AUTH_FAILED,
                                 f"only organizations connect here, not a {ep.node_type.name.lower()} ({ep})")
             return
+        if bound is None:  # without TLS the organization is known from here on
+            if not self._count_connection(ep.node_id):
+                await fs.send_error(self.core.me, ep, ResultCode.TOO_MANY_CONNECTIONS,
+                                    f"organization {ep.node_id} already holds {self.s.max_connections_per_org}"
+                                    " connections, the most it may")
+                return
+            try:
+                await self._session(fs, ep, hello, body, first, bound)
+            finally:
+                self._uncount_connection(ep.node_id)
+            return
+        await self._session(fs, ep, hello, body, first, bound)
+
+    async def _session(self, fs: FrameStream, ep: Endpoint, hello: RawFrame, body: Hello, first: list[RawFrame],
+                       bound: str | None) -> None:
         if bound is not None and ep != Endpoint.org(bound):
             # An organization can only speak as itself (SPEC "Security").
             log.warning("certificate of %s used to claim %s: refused", bound, ep)
@@ -211,6 +263,7 @@ class PlatformDaemon:
             old.cancel_scope.cancel()
         session = Session(ep, fs, min(self.s.window, body.window))
         self.sessions[ep] = session
+        fs.decoder.max_frame_size = self.s.max_frame  # an accepted session: documents up to the frame limit
         log.info("%s online", ep)
         try:
             await fs.send(encode_frame(Frame(kind=Kind.WELCOME, source=self.core.me, target=ep,
@@ -396,7 +449,8 @@ class PlatformDaemon:
             if self.drain is not None and self.drain.requested:
                 room = 0  # draining: deliver no more stored copies; acks still come in
             if session.pending and room > 0 and session.queued < self.s.high_water // 2:
-                frames, n = await self.gate.run(self.core.claim_stored, session.endpoint, min(self.s.batch, room))
+                frames, n = await self.gate.run(self.core.claim_stored, session.endpoint, min(self.s.batch, room),
+                                                self.s.high_water // 2)
                 if frames:
                     session.in_flight += n
                     session.enqueue(frames)

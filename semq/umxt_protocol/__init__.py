@@ -4,6 +4,7 @@ sockets (SPEC "The pieces"; STYLE 1). See docs/protocol.md for the layout."""
 from ._decoder import (
     DEFAULT_MAX_FRAME,
     HEADER_SIZE,
+    HELLO_MAX_FRAME,
     FrameDecoder,
     RawFrame,
     relay_bytes,
@@ -68,6 +69,7 @@ __all__ = [
     "FLAG_KEY_SEALED",
     "FLAG_RELIABLE",
     "HEADER_SIZE",
+    "HELLO_MAX_FRAME",
     "LK0",
     "LK1",
     "MAX_ACK_BATCH",

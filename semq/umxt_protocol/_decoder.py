@@ -35,9 +35,13 @@ _DATA_IDS: Final = struct.Struct(_DATA_PREFIX.format[:4])
 _LK1_RECORD: Final = struct.Struct(">Q")
 _LK1_RECORD_AT: Final = struct.calcsize(_DATA_PREFIX.format[:6])  # after LK0 and LK1's semq ids
 
-__all__ = ["DEFAULT_MAX_FRAME", "HEADER_SIZE", "FrameDecoder", "RawFrame", "relay_bytes", "relay_frame_bytes"]
+__all__ = ["DEFAULT_MAX_FRAME", "HEADER_SIZE", "HELLO_MAX_FRAME", "FrameDecoder", "RawFrame", "relay_bytes", "relay_frame_bytes"]
 
 DEFAULT_MAX_FRAME: Final = 64 * 1024 * 1024  # bytes, whole frame (SPEC/issue default 64 MiB)
+# Before a connection's HELLO is accepted, no frame may be larger than this:
+# a peer that has not said who it is cannot make the relay buffer 64 MiB
+# (HELLO itself is a few hundred bytes, its token at most 4 KiB).
+HELLO_MAX_FRAME: Final = 64 * 1024
 _KINDS: Final = {int(k): k for k in Kind}
 _NODE_TYPES: Final = {int(t) for t in NodeType}
 _CACHE_LIMIT: Final = 4096
