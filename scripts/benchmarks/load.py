@@ -39,6 +39,19 @@ is bounded.
     empty. ``--rss-limit`` (default 300 MiB, issue 7) is the bound the
     platform's peak is judged against.
 
+``scripts/bench load frames [--connections 8] [--frames 3]``
+    The relay's memory under hostile input. ``--connections`` enrolled
+    organizations (one connection each) say HELLO and send ``--frames``
+    frames of the maximum size (64 MiB) each, all at once, to an
+    organization the platform does not know (each is read whole, then
+    refused). Before that, each organization opens one connection more than
+    it may hold (``max_connections_per_org``) and sends, before its HELLO,
+    the header of a maximum-size frame: both are refused at once. Reported:
+    the platform's RSS idle and its peak (sampled every 0.2 s, and VmHWM),
+    against the bound SEMQ promises: idle + connections x 3 x the frame
+    limit (the frame being read, its copy, and the one being handled) +
+    16 MiB per connection for the reader's queue.
+
 Exit 0 when everything completed and checked, 1 on a failure (a time cap,
 a lost or duplicated document, a process that died), 2 on a usage error.
 The machine has 2 cores shared with other work: figures move by +-20-30 %.
@@ -47,6 +60,7 @@ Usage: scripts/bench load nodes [--nodes N] [--docs-per-node D] [--pair-docs K] 
                                 [--concurrency C] [--trickle S] [--security on|off] [--time-cap S] [--keep]
        scripts/bench load backlog [--docs N] [--security on|off] [--rss-limit MIB] [--time-cap S]
                                   [--restart-platform] [--keep]
+       scripts/bench load frames [--connections N] [--frames F] [--security on|off] [--keep]
 """
 
 from __future__ import annotations
@@ -717,6 +731,162 @@ def run_backlog(a: argparse.Namespace, tmp: Path) -> tuple[list[list[str]], list
     return rows, notes, ok and limit_ok
 
 
+# ---------------------------------------------------------------- frames
+
+
+def _frame_client(c: Cluster, org: str, secure: bool) -> socket.socket:
+    import ssl
+
+    raw = socket.create_connection(("127.0.0.1", c.port), timeout=30)
+    if not secure:
+        return raw
+    d = c.root / org
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    ctx.minimum_version = ssl.TLSVersion.TLSv1_3
+    ctx.load_verify_locations(d / "ca.pem")
+    ctx.load_cert_chain(d / "node.pem", d / "keys" / "sign.key.pem")
+    return ctx.wrap_socket(raw, server_hostname="127.0.0.1")
+
+
+def _read_codes(s: socket.socket, timeout: float) -> list[int]:
+    """Result codes of the ERROR / NACK frames that arrive within ``timeout``."""
+    from semq.umxt_protocol import Error, FrameDecoder, Nack
+
+    dec = FrameDecoder()
+    s.settimeout(timeout)
+    codes: list[int] = []
+    try:
+        while chunk := s.recv(1 << 20):
+            dec.receive_data(chunk)
+            for raw in dec.frames():
+                body = raw.frame().body
+                if isinstance(body, Error | Nack):
+                    codes.append(int(body.code))
+            if codes and timeout < 1:
+                break
+    except OSError:
+        pass
+    return codes
+
+
+def run_frames(a: argparse.Namespace, tmp: Path) -> tuple[list[list[str]], list[str], bool]:
+    from semq.umxt_protocol import (
+        DEFAULT_MAX_FRAME,
+        HELLO_MAX_FRAME,
+        LK0,
+        Data,
+        Endpoint,
+        Frame,
+        Hello,
+        Kind,
+        ResultCode,
+        encode_frame,
+    )
+
+    secure = a.security == "on"
+    c = Cluster(tmp, secure)
+    orgs = [str(70001 + i) for i in range(a.connections)]
+    for org in orgs:
+        if secure:
+            c.cli("node", "init", "--dir", org, "--org", org, "--platform", f"127.0.0.1:{c.port}", "--enroll-from", "P")
+    if not secure:
+        c.cli("platform", "register", "--dir", "P", *orgs)
+    cap = 4  # max_connections_per_org, the default
+    sampler: Sampler | None = None
+    problems: list[str] = []
+    try:
+        c.start("P")
+        sampler = Sampler(c, interval=0.2)
+        time.sleep(1)
+        sampler.sample()
+        idle = sampler.last["P"].rss_mib
+        # 1. One connection more than an organization may hold; a large frame before HELLO.
+        over = [_frame_client(c, orgs[0], secure) for _ in range(cap)]
+        extra = _frame_client(c, orgs[0], secure)
+        capped = ResultCode.TOO_MANY_CONNECTIONS in _read_codes(extra, 5) if secure else None
+        for s in (*over, extra):
+            s.close()
+        big_head = encode_frame(Frame(kind=Kind.DATA, source=Endpoint.org(orgs[0]), target=Endpoint.org("99999"),
+                                      body=Data(lk0=LK0(endpoint=Endpoint.org(orgs[0]), record_id=1),
+                                                app_data=bytes(1 << 20))))[:200]
+        early = []
+        for org in orgs:
+            s = _frame_client(c, org, secure)
+            s.sendall(big_head)
+            early.append(ResultCode.FRAME_TOO_LARGE in _read_codes(s, 5))
+            s.close()
+        # 2. Every connection sends maximum-size frames at once.
+        overhead = 200
+        size = DEFAULT_MAX_FRAME - overhead
+        sampler.phase = "frames"
+        refused = [0] * len(orgs)
+        sent_bytes = [0] * len(orgs)
+        errors: list[str] = []
+
+        def client(i: int, org: str) -> None:
+            try:
+                s = _frame_client(c, org, secure)
+                me = Endpoint.org(org)
+                s.sendall(encode_frame(Frame(kind=Kind.HELLO, source=me, target=Endpoint.platform(),
+                                             body=Hello(window=1024))))
+                frame = encode_frame(Frame(kind=Kind.DATA, source=me, target=Endpoint.org("99999"),
+                                           body=Data(lk0=LK0(endpoint=me, record_id=1), app_data=bytes(size))))
+                assert len(frame) <= DEFAULT_MAX_FRAME
+                for _ in range(a.frames):
+                    s.sendall(frame)
+                    sent_bytes[i] += len(frame)
+                refused[i] = _read_codes(s, 60).count(int(ResultCode.UNKNOWN_TARGET))
+                s.close()
+            except (OSError, AssertionError) as e:
+                errors.append(f"{org}: {e}")
+
+        t0 = time.monotonic()
+        threads = [threading.Thread(target=client, args=(i, org)) for i, org in enumerate(orgs)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=600)
+        took = time.monotonic() - t0
+        sampler.sample()
+        pid = c.pid("P")
+        from semq.testing.loadgen import proc_info
+
+        info = proc_info(pid) if pid else None
+        peak = max(sampler.peak("frames", "P") or 0.0, info.hwm_mib if info else 0.0)
+        bound = idle + len(orgs) * (3 * DEFAULT_MAX_FRAME / MIB + 16)
+        problems += errors
+        if sum(refused) != len(orgs) * a.frames:
+            problems.append(f"{sum(refused)} of {len(orgs) * a.frames} frames were answered UNKNOWN_TARGET")
+        if capped is False:
+            problems.append(f"a connection beyond {cap} for one organization was not refused")
+        if not all(early):
+            problems.append("a large frame before HELLO was not refused at its header")
+        if peak > bound:
+            problems.append(f"peak RSS {peak:.0f} MiB is over the bound {bound:.0f} MiB")
+    finally:
+        if sampler is not None:
+            sampler.close()
+        c.stop_all()
+    rows = [
+        ["connections (one per organization) x frames each", f"{len(orgs)} x {a.frames}"],
+        ["frame size / limit before HELLO", f"{_mib(size / MIB)} / {HELLO_MAX_FRAME // 1024} KiB"],
+        ["sent in", f"{_s(took)} ({sum(sent_bytes) / MIB / max(took, 1e-9):,.0f} MiB/s)"],
+        ["platform RSS idle, MiB", _mib(idle)],
+        ["platform RSS peak (sampled, VmHWM), MiB", _mib(peak)],
+        ["bound: idle + connections x (3 x frame limit + 16 MiB), MiB", _mib(bound)],
+        ["one connection over the cap of 4 per organization refused", "n/a (no TLS)" if capped is None else
+         "yes" if capped else "NO"],
+        ["maximum-size frame header before HELLO refused at once", f"{sum(early)} of {len(early)}"],
+    ]
+    notes = [f"security {a.security}; frames to an organization the platform does not know: each is read whole,"
+             " then refused (UNKNOWN_TARGET).",
+             "per connection the relay holds at most the frame being read, its copy, and the frame being"
+             " handled, plus the reader's queue (16 MiB); an organization holds at most 4 connections.",
+             "2 vCPUs shared with other work: figures move by +-20-30 %."]
+    notes += [f"FAILED: {p}" for p in problems]
+    return rows, notes, not problems
+
+
 # ---------------------------------------------------------------- main
 
 
@@ -761,6 +931,9 @@ def main(argv: list[str] | None = None) -> int:
     b.add_argument("--restart-platform", action="store_true",
                    help="restart the platform with the backlog stored before B connects")
     b.add_argument("--time-cap", type=float, default=3600.0, help="fail if the run takes longer (default 3600 s)")
+    f = sub.add_parser("frames", parents=[common], help="the relay's memory with maximum-size frames")
+    f.add_argument("--connections", type=int, default=8, help="organizations sending at once (default 8)")
+    f.add_argument("--frames", type=int, default=3, help="maximum-size frames per connection (default 3)")
     try:
         a = p.parse_args(sys.argv[1:] if argv is None else argv)
     except SystemExit as e:
@@ -778,7 +951,8 @@ def main(argv: list[str] | None = None) -> int:
     tmp = Path(tempfile.mkdtemp(prefix=f"semq-bench-load-{a.what}-"))
     t0 = time.monotonic()
     try:
-        rows, notes, ok = (run_nodes if a.what == "nodes" else run_backlog)(a, tmp)
+        run = {"nodes": run_nodes, "backlog": run_backlog, "frames": run_frames}[a.what]
+        rows, notes, ok = run(a, tmp)
     except (BenchError, StoreError, LoadGenError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
@@ -795,7 +969,8 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps({"rows": rows, "notes": notes, "ok": ok}, indent=1))
     else:
         title = (f"SEMQ load: {a.nodes:,} nodes connected at once to one platform" if a.what == "nodes"
-                 else f"SEMQ load: a backlog of {a.docs:,} documents for one offline node")
+                 else f"SEMQ load: a backlog of {a.docs:,} documents for one offline node" if a.what == "backlog"
+                 else f"SEMQ load: {a.connections} connections sending maximum-size frames")
         print_table(title, ["", "measured"], rows, notes)
     return 0 if ok else 1
 

@@ -45,6 +45,7 @@ HELLO_MAX_FRAME: Final = 64 * 1024
 _KINDS: Final = {int(k): k for k in Kind}
 _NODE_TYPES: Final = {int(t) for t in NodeType}
 _CACHE_LIMIT: Final = 4096
+_VIEW_COPY: Final = 1 << 20  # frames of this size and more leave the buffer through a memoryview
 _new_raw: Final = object.__new__
 
 
@@ -325,7 +326,10 @@ class FrameDecoder:
                 if size - pos < total:
                     break
                 end = pos + total
-                raw = bytes(buf[pos:end])
+                # A large frame is copied out once, through a view (slicing
+                # the bytearray first would hold a third copy at the peak);
+                # a small one by the slice, which is faster.
+                raw = bytes(buf[pos:end]) if total < _VIEW_COPY else bytes(memoryview(buf)[pos:end])
                 pos = end
                 if crc32(memoryview(raw)[:-4]) != crc_at(raw, total - 4)[0]:
                     raise self._fail(f"CRC32 mismatch on a {total}-byte {k.name} frame", ResultCode.BAD_CHECKSUM)
