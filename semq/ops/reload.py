@@ -88,6 +88,9 @@ def node_reloader(daemon: Any, core: Any, directory: Path) -> Callable[[], Await
             daemon.s.ssl_context = ctx
             changed["certificate"] = (f"serial {sec.identity.certificate.serial:x}, expires in"
                                       f" {sec.expires_in_days():.0f} days (from the next connection)")
+        if cfg.clock_skew != old.clock_skew:
+            await daemon.gate.run(_set, core, "skew_ms", int(cfg.clock_skew * 1000))
+            changed["clock_skew"] = cfg.clock_skew
         state["cfg"], state["certs"] = cfg, certs
         unchanged = [k for k in ("security", "synchronous", "org") if getattr(cfg, k) != getattr(old, k)]
         if unchanged:
@@ -112,6 +115,12 @@ def platform_reloader(daemon: Any, core: Any, directory: Path) -> Callable[[], A
         if cfg.window != old.window:
             daemon.s.window = cfg.window
             changed["window"] = f"{cfg.window} (new sessions)"
+        if cfg.quota_mib != old.quota_mib:
+            await daemon.gate.run(_set, core, "quota_bytes", max(0, cfg.quota_mib) << 20)
+            changed["quota_mib"] = cfg.quota_mib
+        if cfg.max_connections_per_org != old.max_connections_per_org:
+            daemon.s.max_connections_per_org = cfg.max_connections_per_org
+            changed["max_connections_per_org"] = f"{cfg.max_connections_per_org} (new connections)"
         if cfg.auto_register != old.auto_register and not cfg.security:
             await daemon.gate.run(_set, core, "auto_register", cfg.auto_register)
             changed["auto_register"] = cfg.auto_register
