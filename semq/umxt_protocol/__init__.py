@@ -12,6 +12,7 @@ from ._decoder import (
 from ._errors import LocalProtocolError, ProtocolError, RemoteProtocolError, ResultCode
 from ._frames import (
     MAX_ACK_BATCH,
+    MAX_CRL,
     MAX_SESSION_KEY,
     Ack,
     AckBatch,
@@ -20,6 +21,7 @@ from ._frames import (
     Bye,
     CertRequest,
     CertResponse,
+    Crl,
     Data,
     Error,
     Frame,
@@ -63,6 +65,7 @@ __all__ = [
     "LK1",
     "MAX_ACK_BATCH",
     "MAX_APPKEY_FIELD",
+    "MAX_CRL",
     "MAX_NODE_ID",
     "MAX_PRIORITY",
     "MAX_SESSION_KEY",
@@ -75,6 +78,7 @@ __all__ = [
     "Bye",
     "CertRequest",
     "CertResponse",
+    "Crl",
     "Data",
     "Endpoint",
     "Error",
