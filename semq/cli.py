@@ -572,7 +572,7 @@ def _cert_status(cfg: Config) -> None:
 
     try:
         sec = NodeSecurity(cfg.directory)
-    except (SecurityError, CryptoError, OSError) as e:
+    except (SecurityError, CryptoError, OSError, ValueError) as e:
         print(f"  security: PROBLEM: {e}")
         return
     days = sec.expires_in_days()

@@ -13,6 +13,8 @@ sealed it to (docs/security.md, "Session key blob")."""
 
 from __future__ import annotations
 
+import dataclasses
+import datetime as dt
 import json
 import os
 import signal
@@ -22,23 +24,37 @@ from pathlib import Path
 
 import pytest
 from cryptography import x509
+from cryptography.hazmat.primitives.serialization import Encoding
 
 from semq.cli import main as semq_main
 from semq.crypto import (
     CertificateAuthority,
+    CertificateError,
+    NodeCertificate,
     NodeKeys,
     blob_key_ids,
     certificate_org,
+    endorse_rollover,
     fingerprint,
     load_certificate,
     make_csr,
     save_certificate,
     save_csr,
+    verify_node_certificate,
 )
 from semq.crypto._pki import _parse_node_certificate
 from semq.node.api import NodeClient
-from semq.security import enroll
-from semq.umxt_protocol import Data, FrameDecoder, ResultCode
+from semq.security import (
+    NodeSecurity,
+    PlatformSecurity,
+    enroll,
+    import_certificate,
+    init_node_keys,
+    init_platform_pki,
+    revoke,
+)
+from semq.trust import PinStore, TrustError
+from semq.umxt_protocol import Data, Endpoint, FrameDecoder, ResultCode
 from tests._procs import Cluster, wait_until
 
 A, B = "10008", "56001"
@@ -257,6 +273,7 @@ def test_a_revoked_certificate_is_no_longer_sealed_to_within_a_minute(cluster: C
     assert semq_main(["platform", "revoke", "--dir", str(cluster.root / "P"),
                       "--serial", f"{old_cert.serial_number:x}"]) == 0
     took = send_until_sealed_to(cluster, {new}, 60, "A to stop sealing to the revoked certificate")
+    print(f"sealed to the new key only {took:.1f} s after the revocation")
     assert took < 60
     assert (cluster.root / A / "crl.pem").exists()  # kept for the next start
     assert cluster.procs[A].p.poll() is None  # the same process throughout
@@ -330,3 +347,125 @@ def test_a_document_to_an_organization_enrolled_while_the_platform_runs_waits_no
                "the document to be stored (or fail)")
     assert cluster.q(A, "SELECT state, code FROM outbox WHERE id=?", rid) == [(3, 0)]  # SS_ACK: stored
     assert stored_key_ids(cluster) == [{_enc_id(load_certificate(cluster.root / "b.pem"))}]
+
+
+# ---------------------------------------------------------------- the parts, without processes
+
+
+def _gen(ca: CertificateAuthority, org: str, endorser: NodeKeys | None = None) -> tuple[NodeKeys, NodeCertificate]:
+    keys = NodeKeys.generate()
+    e = endorse_rollover(endorser.signing_key, org, keys) if endorser is not None else None
+    cert = ca.issue_node_certificate(make_csr(keys, org, endorsement=e), org=org)
+    return keys, verify_node_certificate(cert, ca=ca.certificate, crl=ca.crl())
+
+
+def test_pins_first_use_rollover_chain_refusal_and_the_operator(tmp_path: Path) -> None:
+    ca = CertificateAuthority.create("Pins CA")
+    k1, c1 = _gen(ca, B)
+    store = PinStore(tmp_path)
+    adm = store.admit(B, [c1])
+    assert adm.accepted == [c1] and [h for _, h in adm.pinned] == ["first use"] and not adm.pinned_before
+    assert stat.S_IMODE(os.stat(tmp_path / "pins.json").st_mode) == 0o600
+    before = (tmp_path / "pins.json").stat().st_mtime_ns
+    assert store.admit(B, [c1]).accepted == [c1]  # nothing new: nothing written
+    assert (tmp_path / "pins.json").stat().st_mtime_ns == before
+    # A rollover endorsed by the pinned key, and a chain of two in one answer.
+    k2, c2 = _gen(ca, B, k1)
+    k3, c3 = _gen(ca, B, k2)
+    _, c4 = _gen(ca, B, k3)
+    adm = store.admit(B, [c4, c3])
+    assert adm.refused and not adm.accepted  # c3's endorser (k2) is not pinned, nor in the answer
+    adm = store.admit(B, [c4, c3, c2])
+    assert {c.fingerprint for c in adm.accepted} == {c2.fingerprint, c3.fingerprint, c4.fingerprint}
+    assert dict((c.fingerprint, h) for c, h in adm.pinned)[c2.fingerprint] == f"rollover endorsed by {c1.fingerprint}"
+    assert store.refusals(B) == []  # refused before, pinned now
+    # A certificate the CA issued with other keys: refused, and said once.
+    _, evil = _gen(ca, B)
+    adm = store.admit(B, [evil, c4])
+    assert adm.accepted == [c4] and [c.fingerprint for c, _ in adm.new_refusals] == [evil.fingerprint]
+    assert not store.admit(B, [evil, c4]).new_refusals
+    # Endorsed by a key that is not pinned: refused too.
+    stranger, _ = _gen(ca, "77000")
+    _, forged = _gen_endorsed_elsewhere(ca, stranger)
+    assert "not a pinned one" in store.admit(B, [forged]).refused[0][1]
+    # The operator (another process: its own PinStore) accepts evil by a prefix.
+    other = PinStore(tmp_path)
+    with pytest.raises(TrustError, match="at least 8"):
+        other.trust(B, "abc")
+    with pytest.raises(TrustError, match="no refused certificate"):
+        other.trust(B, "0" * 12)
+    pin = other.trust(B, evil.fingerprint[:12])
+    assert pin.fingerprint == evil.fingerprint and pin.how == "operator"
+    assert store.changed()
+    store.reload()
+    assert evil.fingerprint in store.snapshot()[B]
+    assert store.admit(B, [evil, c4]).accepted == [evil, c4]
+    # Pinned ahead of first use, then forgotten.
+    _, later = _gen(ca, "88000")
+    assert other.trust("88000", later.fingerprint).how == "operator, before first use"
+    store.reload()
+    assert store.admit("88000", [later]).accepted == [later]  # not "first use": it was expected
+    assert other.forget(B, evil.fingerprint[:10]).fingerprint == evil.fingerprint
+    with pytest.raises(TrustError):
+        other.forget(B, evil.fingerprint)
+    # A damaged file is refused, never read as "nothing pinned".
+    (tmp_path / "pins.json").write_text("{")
+    with pytest.raises(TrustError, match="not readable"):
+        PinStore(tmp_path)
+
+
+def _gen_endorsed_elsewhere(ca: CertificateAuthority, stranger: NodeKeys) -> tuple[NodeKeys, NodeCertificate]:
+    """A certificate of B whose endorsement is by a key that is not B's (a
+    CA that copies anything could issue it; ours refuses: see test_crypto_pki)."""
+    keys = NodeKeys.generate()
+    e = endorse_rollover(stranger.signing_key, B, keys)
+    cert = ca.issue_node_certificate(make_csr(keys, B), org=B)  # without the endorsement ...
+    info = verify_node_certificate(cert, ca=ca.certificate, crl=None)
+    return keys, dataclasses.replace(info, endorsement=e)  # ... carrying one as a forger would
+
+
+def test_a_node_applies_only_newer_revocation_lists_and_keeps_them(tmp_path: Path) -> None:
+    init_platform_pki(tmp_path / "P", "platform", [])
+    csr = init_node_keys(tmp_path / A, A)
+    _, cert = enroll(tmp_path / "P", csr, A, tmp_path / A / "issued.pem")
+    import_certificate(tmp_path / A, cert, tmp_path / "P" / "ca" / "ca.pem")
+    sec = NodeSecurity(tmp_path / A)
+    ca = CertificateAuthority.load(tmp_path / "P" / "ca")
+    now = dt.datetime.now(dt.UTC)
+    older, newer = ca.crl(now=now), ca.crl(now=now + dt.timedelta(seconds=1))
+    assert sec.apply_crl(newer.public_bytes(Encoding.DER))
+    assert (tmp_path / A / "crl.pem").exists()
+    assert not sec.apply_crl(older.public_bytes(Encoding.DER))  # the relay cannot bring back an older list
+    assert not sec.apply_crl(newer.public_bytes(Encoding.DER))
+    foreign = CertificateAuthority.create("Other CA").crl()
+    with pytest.raises(CertificateError, match="not by the platform CA"):
+        sec.apply_crl(foreign.public_bytes(Encoding.DER))
+    stale = ca.crl(now=now - dt.timedelta(days=40))
+    with pytest.raises(CertificateError, match="expired"):
+        sec.apply_crl(stale.public_bytes(Encoding.DER))
+    with pytest.raises(CertificateError, match="not DER"):
+        sec.apply_crl(b"0\x82nonsense")
+    assert NodeSecurity(tmp_path / A).directory.crl is not None  # loaded at the next start
+
+
+def test_the_platform_tells_an_unknown_organization_from_one_without_a_certificate(tmp_path: Path) -> None:
+    init_platform_pki(tmp_path / "P", "platform", [])
+    csr = init_node_keys(tmp_path / B, B)
+    enroll(tmp_path / "P", csr, B, tmp_path / "b.pem")
+    sec = PlatformSecurity(tmp_path / "P")
+    ok = sec.cert_response(Endpoint.org(B))
+    assert ok is not None and ok.code is ResultCode.OK and len(ok.certificates) == 1
+    assert sec.cert_response(Endpoint.org("99999")) is None  # the caller answers UNKNOWN_TARGET
+    assert not sec.changed()
+    ca = CertificateAuthority.load(tmp_path / "P" / "ca")
+    ca.issue_node_certificate(make_csr(NodeKeys.generate(), "77000"), org="77000",
+                              not_before=dt.datetime(2020, 1, 1, tzinfo=dt.UTC), days=30)
+    ca.save(tmp_path / "P" / "ca")
+    revoke(tmp_path / "P", B)
+    assert sec.changed()
+    sec.reload()
+    revoked = sec.cert_response(Endpoint.org(B))
+    assert revoked is not None and revoked.code is ResultCode.CERT_REVOKED
+    expired = sec.cert_response(Endpoint.org("77000"))
+    assert expired is not None and expired.code is ResultCode.AUTH_FAILED
+    assert sec.revoked_orgs() == {B}

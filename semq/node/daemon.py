@@ -448,7 +448,13 @@ class NodeDaemon:
         held = ep.node_type is NodeType.ORGANIZATION and bool(sec.directory.certificates(ep))
         if not (held or ep in self.asked or ep in self.waiting):
             return False  # a push about an organization we have nothing to do with
-        answer = await trio.to_thread.run_sync(sec.accept_response, body, limiter=self._certs_limiter)
+        try:
+            answer = await trio.to_thread.run_sync(sec.accept_response, body, limiter=self._certs_limiter)
+        except (OSError, ValueError) as e:
+            # pins.json cannot be written (disk full) or read (damaged): use
+            # nothing we could not pin; asked again later.
+            log.error("certificates of %s not applied: %s", ep, e)
+            return False
         self._log_answer(answer)
         if answer.code is not ResultCode.OK:
             await self._no_certificate(ep, answer)

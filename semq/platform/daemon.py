@@ -475,7 +475,13 @@ class PlatformDaemon:
             if not sec.changed():
                 return
             before, crl_before = dict(sec.fingerprints), sec.crl_der
-            await trio.to_thread.run_sync(sec.reload)
+            try:
+                await trio.to_thread.run_sync(sec.reload)
+            except (OSError, CryptoError) as e:
+                # e.g. a file half-restored by hand, a full disk: keep serving
+                # with what we hold, look again at the next check.
+                log.error("cannot reload the CA state: %s", e)
+                return
             self.ssl_context = sec.ssl_context()
             after = sec.fingerprints
             changed = sorted(o for o in before.keys() | after.keys() if before.get(o) != after.get(o))
