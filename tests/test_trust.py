@@ -219,8 +219,8 @@ def test_a_second_certificate_from_the_ca_is_refused_until_the_operator_trusts_i
 
 @pytest.mark.e2e
 def test_a_rollover_endorsed_by_the_pinned_key_is_accepted_without_the_operator(cluster: Cluster) -> None:
-    """B rolls over (semq node rollover --enroll-from: new keys, endorsed by
-    the current key, issued and imported). A, which pinned B's first
+    """B rolls over (semq node rollover: new keys endorsed by the current key;
+    semq platform enroll --rollover; semq node import). A, which pinned B's first
     certificate, gets the new one from the platform, checks the endorsement
     against its pin and pins it: its next documents are sealed to both.
     B, started afterwards, opens all of them."""
@@ -234,8 +234,13 @@ def test_a_rollover_endorsed_by_the_pinned_key_is_accepted_without_the_operator(
     wait_until(lambda: len(stored_key_ids(cluster)) == 1, 30, "the first document stored for B")
     assert stored_key_ids(cluster) == [{first}]
 
-    assert semq_main(["node", "rollover", "--dir", str(cluster.root / B), "--enroll-from",
-                      str(cluster.root / "P")]) == 0
+    # Across machines: new keys and an endorsed request at B, issued by the
+    # platform operator as a rollover, imported at B.
+    assert semq_main(["node", "rollover", "--dir", str(cluster.root / B)]) == 0
+    assert semq_main(["platform", "enroll", "--dir", str(cluster.root / "P"), "--rollover",
+                      str(cluster.root / B / "next" / "node.csr.pem"), "--out", str(cluster.root / "b2.pem")]) == 0
+    assert semq_main(["node", "import", "--dir", str(cluster.root / B), "--cert", str(cluster.root / "b2.pem"),
+                      "--ca", str(cluster.root / "P" / "ca" / "ca.pem")]) == 0
     second_cert = load_certificate(cluster.root / B / "node.pem")
     second = _enc_id(second_cert)
     assert second != first
