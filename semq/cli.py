@@ -184,7 +184,8 @@ def cmd_node_rollover(args: argparse.Namespace) -> int:
         _, cert = enroll(pdir, csr, cfg.org, cfg.directory / "next" / "issued.pem", rollover=True)
         ident = import_certificate(cfg.directory, cert, pdir / "ca" / "ca.pem")
         print(f"rolled over: now {ident.certificate.describe()}; the previous certificate stays usable"
-              " for documents sealed to it until it expires (restart the daemon to use the new one)")
+              " for documents sealed to it until it expires (restart the daemon to use the new one)"
+              f"\nfingerprint: {ident.certificate.fingerprint}")
         return 0
     print(f"new keys and request {csr}\nnext: the platform operator runs 'semq platform enroll --rollover"
           f" {csr.name} --out {cfg.org}-new.pem', then here: 'semq node import --cert {cfg.org}-new.pem --ca ca.pem'")
@@ -242,7 +243,7 @@ def cmd_node_import(args: argparse.Namespace) -> int:
     ident = import_certificate(cfg.directory, Path(args.cert), Path(args.ca))
     if ident.org != cfg.org:
         raise UsageError(f"certificate is for organization {ident.org}, this node is {cfg.org}")
-    print(f"installed: {ident.certificate.describe()}")
+    print(f"installed: {ident.certificate.describe()}\nfingerprint: {ident.certificate.fingerprint}")
     return 0
 
 
@@ -578,6 +579,8 @@ def _cert_status(cfg: Config) -> None:
     days = sec.expires_in_days()
     warn = "  WARNING: renew it (semq node init a new key, enroll, import)" if days < 30 else ""
     print(f"  certificate: serial {sec.identity.certificate.serial:x}, expires in {days:.0f} days{warn}")
+    print(f"  fingerprint: {sec.identity.certificate.fingerprint}  (others compare it with what they pinned:"
+          f" semq node trust {cfg.org})")
     _ = load_certificate
 
 
