@@ -22,7 +22,7 @@ from semq.config import Config, ConfigError, data_dir, load_config, write_config
 from semq.crypto import CryptoError
 from semq.ops.cli import register as register_ops
 from semq.ops.runtime import add_run_options
-from semq.security import SecurityError
+from semq.security import AlreadyEnrolled, SecurityError
 from semq.transport import parse_hostport
 from semq.umxt_protocol import ProtocolError, SaveFwd
 
@@ -92,6 +92,10 @@ def cmd_node_init(args: argparse.Namespace) -> int:
         raise UsageError(f"{d} already holds a configuration; refusing to overwrite it")
     Endpoint.org(args.org)
     parse_hostport(args.platform)
+    if args.enroll_from and not args.no_security:
+        from semq.security import check_not_enrolled
+
+        check_not_enrolled(data_dir(args.enroll_from), args.org)  # before anything is written
     cfg = Config(role="node", directory=d, org=args.org, platform=args.platform, security=not args.no_security)
     write_config(cfg)
     NodeCore(cfg.store_path, cfg.org, create=True).close()
@@ -130,7 +134,8 @@ def cmd_platform_enroll(args: argparse.Namespace) -> int:
     from semq.security import enroll
 
     cfg = _cfg(args, "platform")
-    org, path = enroll(cfg.directory, Path(args.csr), args.org, Path(args.out) if args.out else None)
+    org, path = enroll(cfg.directory, Path(args.csr), args.org, Path(args.out) if args.out else None,
+                       rollover=args.rollover)
     _register(cfg.directory, [org])
     print(f"issued a certificate for organization {org}: {path}\n"
           f"give it and {cfg.directory / 'ca' / 'ca.pem'} to the organization:"
@@ -173,16 +178,61 @@ def cmd_node_rollover(args: argparse.Namespace) -> int:
     cfg = _cfg(args, "node")
     if not cfg.security:
         raise UsageError("security is off for this node: there is no certificate to roll over")
-    csr = rollover_keys(cfg.directory, cfg.org)
+    csr = rollover_keys(cfg.directory, cfg.org, endorse=not args.no_endorse)
     if args.enroll_from:
         pdir = data_dir(args.enroll_from)
-        _, cert = enroll(pdir, csr, cfg.org, cfg.directory / "next" / "issued.pem")
+        _, cert = enroll(pdir, csr, cfg.org, cfg.directory / "next" / "issued.pem", rollover=True)
         ident = import_certificate(cfg.directory, cert, pdir / "ca" / "ca.pem")
         print(f"rolled over: now {ident.certificate.describe()}; the previous certificate stays usable"
-              " for documents sealed to it until it expires (restart the daemon to use the new one)")
+              " for documents sealed to it until it expires (restart the daemon to use the new one)"
+              f"\nfingerprint: {ident.certificate.fingerprint}")
         return 0
-    print(f"new keys and request {csr}\nnext: the platform operator runs 'semq platform enroll {csr.name}"
-          f" --out {cfg.org}-new.pem', then here: 'semq node import --cert {cfg.org}-new.pem --ca ca.pem'")
+    print(f"new keys and request {csr}\nnext: the platform operator runs 'semq platform enroll --rollover"
+          f" {csr.name} --out {cfg.org}-new.pem', then here: 'semq node import --cert {cfg.org}-new.pem --ca ca.pem'")
+    return 0
+
+
+def cmd_node_trust(args: argparse.Namespace) -> int:
+    """The certificates of another organization this node trusts (pinned on
+    first use; semq.trust), and the ones it refused; accept one, or forget one."""
+    from semq.trust import PinStore
+
+    cfg = _cfg(args, "node")
+    if not cfg.security:
+        raise UsageError("security is off for this node: it pins no certificates")
+    from semq.umxt_protocol import Endpoint
+
+    Endpoint.org(args.org)
+    store = PinStore(cfg.directory)
+    if args.forget:
+        pin = store.forget(args.org, args.forget)
+        print(f"no longer trusted for organization {args.org}: {pin.fingerprint}; a running daemon stops using it"
+              " within seconds")
+        return 0
+    if args.fingerprint:
+        pin = store.trust(args.org, args.fingerprint)
+        print(f"trusted for organization {args.org}: {pin.fingerprint} ({pin.how}); a running daemon uses it"
+              " within seconds")
+        return 0
+    pins, refused = store.pins(args.org), store.refusals(args.org)
+    if args.json:
+        from dataclasses import asdict
+
+        print(json.dumps({"org": args.org, "pinned": [asdict(p) for p in pins],
+                          "refused": [asdict(r) for r in refused]}))
+        return 0
+    if not pins and not refused:
+        print(f"organization {args.org}: nothing pinned yet (its certificates are pinned when first used)")
+        return 0
+    print(f"organization {args.org}:")
+    for p in pins:
+        print(f"  pinned   {p.fingerprint}  serial {p.serial or '?'}  since {p.first_seen or 'not seen yet'}"
+              f"  ({p.how})")
+    for r in refused:
+        print(f"  REFUSED  {r.fingerprint}  serial {r.serial}  since {r.first_seen}  ({r.why})")
+    if refused:
+        print(f"compare a refused fingerprint with {args.org} out of band; to accept it:"
+              f" semq node trust {args.org} FINGERPRINT")
     return 0
 
 
@@ -193,7 +243,7 @@ def cmd_node_import(args: argparse.Namespace) -> int:
     ident = import_certificate(cfg.directory, Path(args.cert), Path(args.ca))
     if ident.org != cfg.org:
         raise UsageError(f"certificate is for organization {ident.org}, this node is {cfg.org}")
-    print(f"installed: {ident.certificate.describe()}")
+    print(f"installed: {ident.certificate.describe()}\nfingerprint: {ident.certificate.fingerprint}")
     return 0
 
 
@@ -489,19 +539,28 @@ def cmd_messages(args: argparse.Namespace) -> int:
             for k, v in info.items():
                 print(f"{k}: {v}")
         return 0 if info.get("verified") else 1
+    from semq.node.engine import SendState
+    from semq.security import waiting_reason
+
     with _client(args) as node:
         rows = node.messages(limit=args.limit)
+
+    def reason(r: Any) -> str:
+        # A document to a known organization without a usable certificate
+        # waits (SS_INIT) with the reason in its code.
+        return waiting_reason(r.target, r.code) if r.state is SendState.SS_INIT and r.code else ""
+
     if args.json:
         print(json.dumps([{"lk0": str(r.lk0), "target": r.target, "state": r.state.name,
                            "app_key": str(r.app_key), "save_fwd": r.save_fwd, "ack2": r.ack2,
-                           "attempts": r.attempts, "code": r.code, "note": r.note, "created_ms": r.created_ms}
-                          for r in rows]))
+                           "attempts": r.attempts, "code": r.code, "created_ms": r.created_ms,
+                           "reason": reason(r), "note": r.note} for r in rows]))
         return 0
     print(f"{'LK0':<22} {'TO':<10} {'STATE':<10} {'SF':>2} {'ACK2':>4} {'TRIES':>5} {'CODE':>4}  {'AGE':>5}  APPKEY")
     for r in rows:
-        note = f"  ({r.note})" if r.note else ""
+        why = reason(r) or (f"({r.note})" if r.note else "")
         print(f"{r.lk0!s:<22} {r.target:<10} {r.state.name:<10} {r.save_fwd:>2} {int(r.ack2):>4} {r.attempts:>5}"
-              f" {r.code:>4}  {format_age(r.created_ms):>5}  {r.app_key}{note}")
+              f" {r.code:>4}  {format_age(r.created_ms):>5}  {r.app_key}" + (f"  {why}" if why else ""))
     print(f"{len(rows)} message(s) pending or failed (confirmed ones are cleaned up)", file=sys.stderr)
     return 0
 
@@ -522,12 +581,14 @@ def _cert_status(cfg: Config) -> None:
 
     try:
         sec = NodeSecurity(cfg.directory)
-    except (SecurityError, CryptoError, OSError) as e:
+    except (SecurityError, CryptoError, OSError, ValueError) as e:
         print(f"  security: PROBLEM: {e}")
         return
     days = sec.expires_in_days()
     warn = "  WARNING: renew it (semq node init a new key, enroll, import)" if days < 30 else ""
     print(f"  certificate: serial {sec.identity.certificate.serial:x}, expires in {days:.0f} days{warn}")
+    print(f"  fingerprint: {sec.identity.certificate.fingerprint}  (others compare it with what they pinned:"
+          f" semq node trust {cfg.org})")
     _ = load_certificate
 
 
@@ -613,6 +674,8 @@ def build_parser() -> argparse.ArgumentParser:
     x = plat.add_parser("enroll", parents=[common], help="issue a certificate from a node's request")
     x.add_argument("csr", help="the node's node.csr.pem")
     x.add_argument("--org", help="organization the request must name")
+    x.add_argument("--rollover", action="store_true",
+                   help="the organization already holds a valid certificate: issue a second one (key rollover)")
     x.add_argument("--out", help="certificate file to write (default ORG.pem)")
     x.set_defaults(func=cmd_platform_enroll)
     x = plat.add_parser("revoke", parents=[common], help="revoke an organization's certificates")
@@ -633,7 +696,18 @@ def build_parser() -> argparse.ArgumentParser:
     x.set_defaults(func=cmd_node_init)
     x = node.add_parser("rollover", parents=[common], help="new keys and certificate; the old one overlaps")
     x.add_argument("--enroll-from", metavar="PLATFORM_DIR", help="enroll at once with a platform on this host")
+    x.add_argument("--no-endorse", action="store_true",
+                   help="the current key is lost or revoked: no endorsement by it (nodes that pinned the current"
+                        " certificate then need their operator's 'semq node trust')")
     x.set_defaults(func=cmd_node_rollover)
+    x = node.add_parser("trust", parents=[common],
+                        help="another organization's certificates this node trusts (pinned, refused); accept one")
+    x.add_argument("org", help="the organization")
+    x.add_argument("fingerprint", nargs="?", help="accept this certificate (SHA-256 fingerprint, or a unique"
+                                                  " prefix of a refused one)")
+    x.add_argument("--forget", metavar="FINGERPRINT", help="no longer trust this pinned certificate")
+    x.add_argument("--json", action="store_true")
+    x.set_defaults(func=cmd_node_trust)
     x = node.add_parser("import", parents=[common], help="install the certificate the platform issued")
     x.add_argument("--cert", required=True)
     x.add_argument("--ca", required=True, help="the platform's ca.pem")
@@ -716,7 +790,7 @@ def run_command(args: argparse.Namespace) -> int:
     try:
         rc: int = args.func(args)
         return rc
-    except (UsageError, ConfigError, ValueError) as e:
+    except (UsageError, ConfigError, ValueError, AlreadyEnrolled) as e:
         if args.verbose:
             raise
         print(f"error: {e}", file=sys.stderr)

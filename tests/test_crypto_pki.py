@@ -25,6 +25,7 @@ from semq.crypto import (
     UnknownCertificate,
     certificate_org,
     check_private_key_permissions,
+    endorse_rollover,
     expiring_within,
     load_certificate,
     load_crl,
@@ -38,7 +39,7 @@ from semq.crypto import (
     verify_crl,
     verify_node_certificate,
 )
-from semq.crypto._pki import SEMQ_X25519_OID
+from semq.crypto._pki import SEMQ_ROLLOVER_OID, SEMQ_X25519_OID
 from semq.umxt_protocol import CertResponse, Endpoint, NodeType, ResultCode
 
 NOW = dt.datetime.now(dt.UTC)
@@ -408,3 +409,54 @@ def test_cert_response_round_trip() -> None:
                              certificates=(der(fake),))
     with pytest.raises(CertificateError, match="does not verify"):
         node.apply_cert_response(fake_resp)
+
+
+# ---------------------------------------------------------------- rollover endorsements
+
+
+def test_rollover_endorsement_is_checked_by_the_ca_and_copied() -> None:
+    """semq node rollover: the current key signs the next keys; the CA issues
+    only if a current certificate of the organization holds that key, and
+    copies the endorsement into the new certificate, where it verifies under
+    the old key (what a node that pinned the old certificate checks)."""
+    ca = CertificateAuthority.create("Rollover CA")
+    old_keys, old = enroll(ca, "56001")
+    new_keys = NodeKeys.generate()
+    e = endorse_rollover(old_keys.signing_key, "56001", new_keys)
+    assert e.signer_key_id == old_keys.signing_key_id and len(e.encode()) == 81
+    cert = ca.issue_node_certificate(make_csr(new_keys, "56001", endorsement=e), org="56001")
+    info = verify_node_certificate(cert, ca=ca.certificate, crl=ca.crl())
+    assert info.endorsement == e
+    assert info.endorsed_by(old_keys.signing_key.public_key())
+    assert not info.endorsed_by(new_keys.signing_key.public_key())
+    assert verify_node_certificate(old, ca=ca.certificate, crl=None).endorsement is None
+    ext = cert.extensions.get_extension_for_oid(SEMQ_ROLLOVER_OID)
+    assert not ext.critical
+    # Another organization's key, or keys other than the request's: refused.
+    other_keys, _ = enroll(ca, "77000")
+    forged = endorse_rollover(other_keys.signing_key, "56001", new_keys)
+    with pytest.raises(CertificateError, match="does not verify under any current certificate of org 56001"):
+        ca.issue_node_certificate(make_csr(new_keys, "56001", endorsement=forged))
+    elsewhere = endorse_rollover(old_keys.signing_key, "56001", NodeKeys.generate())
+    with pytest.raises(CertificateError, match="rollover endorsement"):
+        ca.issue_node_certificate(make_csr(new_keys, "56001", endorsement=elsewhere))
+    # An endorsement is bound to its organization.
+    assert not e.verifies(old_keys.signing_key.public_key(), "56002",
+                                         info.signing_key_raw, info.encryption_key_raw)
+    # A revoked key vouches for nothing (the new certificate is the one current).
+    ca.revoke(old.serial_number)
+    again = NodeKeys.generate()
+    with pytest.raises(CertificateError, match=r"\(1 current\)"):
+        ca.issue_node_certificate(make_csr(again, "56001",
+                                           endorsement=endorse_rollover(old_keys.signing_key, "56001", again)))
+
+
+def test_current_certificates_leave_out_revoked_and_expired() -> None:
+    ca = CertificateAuthority.create("Current CA")
+    _, expired = enroll(ca, "56001", not_before=NOW - dt.timedelta(days=400), days=30)
+    _, revoked = enroll(ca, "56001")
+    _, good = enroll(ca, "56001")
+    ca.revoke(revoked.serial_number)
+    assert [c.serial_number for c in ca.current_certificates("56001")] == [good.serial_number]
+    assert ca.current_certificates("99999") == []
+    assert expired.serial_number in {c.serial_number for c in ca.certificates_of("56001")}

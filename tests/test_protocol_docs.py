@@ -23,6 +23,7 @@ from semq.umxt_protocol import (
     Bye,
     CertRequest,
     CertResponse,
+    Crl,
     Data,
     Endpoint,
     Error,
@@ -132,6 +133,7 @@ GOLDEN: Final[dict[str, Frame]] = {
                            body=CertResponse(endpoint=B, certificates=(b"0\x82DER...",))),
     "bye": Frame(kind=Kind.BYE, source=A, target=P,
                  body=Bye(code=ResultCode.SHUTTING_DOWN, reason="node stopping")),
+    "crl": Frame(kind=Kind.CRL, source=P, target=A, body=Crl(der=b"0\x82CRL...")),
 }
 
 
@@ -268,7 +270,7 @@ _LAYOUTS: Final = [
     "HEADER", "DATA_BODY", "ACK_BODY", "ACK_BATCH_BODY", "ACK_ENTRY", "INQUIRY_BODY",
     "INQUIRY_BODY.items", "INQUIRY_RESP_BODY", "INQUIRY_RESP_BODY.items", "NACK_BODY",
     "HELLO_BODY", "WELCOME_BODY", "PING_BODY", "ERROR_BODY", "WINDOW_BODY",
-    "CERT_REQUEST_BODY", "CERT_RESPONSE_BODY", "BYE_BODY",
+    "CERT_REQUEST_BODY", "CERT_RESPONSE_BODY", "BYE_BODY", "CRL_BODY",
 ]
 
 

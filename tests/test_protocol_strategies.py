@@ -38,6 +38,7 @@ from semq.umxt_protocol import (
     Bye,
     CertRequest,
     CertResponse,
+    Crl,
     Data,
     Endpoint,
     Error,
@@ -248,6 +249,7 @@ cert_response_bodies = st.builds(
     certificates=st.lists(st.binary(max_size=300), max_size=8).map(tuple),
 )
 bye_bodies = st.builds(Bye, code=result_codes, reason=texts)
+crl_bodies = st.builds(Crl, der=st.binary(min_size=1, max_size=600))
 
 SESSION_BODIES: Final[dict[Kind, st.SearchStrategy[Any]]] = {
     Kind.HELLO: hello_bodies,
@@ -259,6 +261,7 @@ SESSION_BODIES: Final[dict[Kind, st.SearchStrategy[Any]]] = {
     Kind.CERT_REQUEST: cert_request_bodies,
     Kind.CERT_RESPONSE: cert_response_bodies,
     Kind.BYE: bye_bodies,
+    Kind.CRL: crl_bodies,
 }
 
 

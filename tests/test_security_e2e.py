@@ -154,7 +154,11 @@ def test_revoked_organization_is_disconnected(cluster: Cluster) -> None:
 
 
 @pytest.mark.e2e
-def test_document_to_an_organization_without_certificate_fails_with_a_code(cluster: Cluster) -> None:
+def test_document_to_an_unknown_organization_fails_with_unknown_target(cluster: Cluster) -> None:
+    """An organization the platform does not know (never enrolled nor
+    registered): the platform's CERT_RESPONSE says UNKNOWN_TARGET, not
+    "no certificate", and the document fails with it (was 502 before: the
+    same code as a known organization without a certificate yet)."""
     cluster.add_org(A)
     cluster.start_platform()
     cluster.start_node(A)
@@ -162,7 +166,7 @@ def test_document_to_an_organization_without_certificate_fails_with_a_code(clust
         node.send("99999", b"to nobody", data_type="ORDER")
     rows = wait_until(lambda: cluster.q(A, "SELECT state, code FROM outbox WHERE state=9"), 20,
                       "the document to fail")
-    assert rows == [(9, int(ResultCode.UNKNOWN_CERTIFICATE))]
+    assert rows == [(9, int(ResultCode.UNKNOWN_TARGET))]
 
 
 def test_key_file_readable_by_others_is_refused(cluster: Cluster, capsys: pytest.CaptureFixture[str]) -> None:
@@ -476,7 +480,7 @@ def test_certificate_rollover_overlap(tmp_path: Path) -> None:
     a.accept([NewDocument(target=B, app_data=b"sealed to the old key", encrypt=True)])
     to_old = a.claim(10).data  # A knows only B's first certificate
     csr = rollover_keys(tmp_path / B, B)
-    _, cert = enroll(tmp_path / "P", csr, B, tmp_path / B / "new.pem")
+    _, cert = enroll(tmp_path / "P", csr, B, tmp_path / B / "new.pem", rollover=True)
     import_certificate(tmp_path / B, cert, tmp_path / "P" / "ca" / "ca.pem")
     sb = NodeSecurity(tmp_path / B)  # the daemon restarted with the new identity
     assert sb.identity.certificate.serial != sb_old.identity.certificate.serial

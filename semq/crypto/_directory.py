@@ -118,6 +118,54 @@ class CertificateDirectory:
         with self._lock:
             self.crl = crl
 
+    def verify_response(self, response: CertResponse) -> tuple[list[NodeCertificate], list[CertificateError]]:
+        """The certificates of the platform's answer that verify (CA, CRL,
+        validity) and name ``response.endpoint``'s organization, newest
+        first, and the errors of the others. Changes nothing (a node filters
+        them through its pins first: semq.trust). Raises UnknownCertificate
+        for an answer with an error code."""
+        org = _org_of(response.endpoint)
+        if response.code is not ResultCode.OK:
+            raise UnknownCertificate(
+                f"platform has no certificate for {response.endpoint}: {response.code.name}",
+                response.code,
+            )
+        good: list[NodeCertificate] = []
+        errors: list[CertificateError] = []
+        for der in response.certificates:
+            try:
+                info = verify_node_certificate(der, ca=self.ca, crl=self.crl, at=self._clock())
+                if info.org != org:
+                    raise CertificateError(
+                        f"directory answer for org {org} holds a certificate for org {info.org}"
+                    )
+                good.append(info)
+            except CertificateError as e:
+                errors.append(e)
+        good.sort(key=lambda c: (c.not_before, c.serial), reverse=True)
+        return good, errors
+
+    def replace(self, org: str, certs: Iterable[NodeCertificate]) -> None:
+        """What we know of ``org`` becomes ``certs`` (already verified;
+        newest first is kept). An empty list forgets the organization."""
+        keep = sorted(certs, key=lambda c: (c.not_before, c.serial), reverse=True)[:MAX_CERTS_PER_ORG]
+        with self._lock:
+            if keep:
+                self._certs[org] = keep
+            else:
+                self._certs.pop(org, None)
+
+    def fingerprints(self) -> dict[str, tuple[str, ...]]:
+        """org -> the fingerprints of its usable certificates now (what the
+        platform compares before and after a CA change)."""
+        out: dict[str, tuple[str, ...]] = {}
+        for org in self.orgs():
+            try:
+                out[org] = tuple(c.fingerprint for c in self.lookup(org))
+            except CertificateError:
+                continue
+        return out
+
     def apply_cert_response(self, response: CertResponse) -> list[NodeCertificate]:
         """Replace what we know of ``response.endpoint`` by the certificates
         of the platform's answer that verify and name that organization.

@@ -38,6 +38,7 @@ __all__ = [
     "save_crl",
     "save_csr",
     "save_private_key",
+    "write_private_file",
     "write_public_file",
 ]
 
@@ -172,6 +173,14 @@ def load_private_key(
             f"key file {p} holds a {type(key).__name__}; SEMQ uses Ed25519, X25519 and EC P-256"
         )
     return key
+
+
+def write_private_file(path: StrPath, data: bytes) -> Path:
+    """Write an owner-only file (0600; its directory created 0700 if new)
+    atomically: never seen half-written, never readable by others."""
+    p = Path(path)
+    _atomic_write(p, data, PRIVATE_FILE_MODE)
+    return p
 
 
 def write_public_file(path: StrPath, data: bytes) -> Path:

@@ -61,12 +61,17 @@ __all__ = [
     "DEFAULT_SERVER_DAYS",
     "KEY_ID_SIZE",
     "ORG_URI_PREFIX",
+    "ROLLOVER_PREFIX",
+    "SEMQ_ROLLOVER_OID",
     "SEMQ_X25519_OID",
     "CertificateAuthority",
+    "Endorsement",
     "NodeCertificate",
     "NodeIdentity",
     "NodeKeys",
     "certificate_org",
+    "csr_org",
+    "endorse_rollover",
     "expiring_within",
     "fingerprint",
     "format_time",
@@ -87,6 +92,12 @@ KEY_ID_SIZE: Final = 16  # bytes of a key id: SHA-256(raw public key)[:16]
 # UUID 16f24f17-dc47-408a-bb2d-06bc7d4b5fab allocated for SEMQ; .1 = X25519 key.
 SEMQ_ARC: Final = "2.25.30501155947812844484512975407939280811"
 SEMQ_X25519_OID: Final = x509.ObjectIdentifier(SEMQ_ARC + ".1")
+# .2 = a rollover endorsement: the organization's previous signing key vouches
+# for the keys of its next certificate (docs/security.md, "Pinning").
+SEMQ_ROLLOVER_OID: Final = x509.ObjectIdentifier(SEMQ_ARC + ".2")
+ROLLOVER_PREFIX: Final = b"SEMQ-ROLLOVER-v1\x00"
+_ENDORSEMENT_VERSION: Final = 1
+_ENDORSEMENT_SIZE: Final = 1 + 16 + 64  # version, signer key id, Ed25519 signature
 ORG_URI_PREFIX: Final = "semq:org:"
 PLATFORM_URI_PREFIX: Final = "semq:platform:"
 
@@ -171,6 +182,83 @@ def _read_x25519(extensions: x509.Extensions, what: str) -> x25519.X25519PublicK
     return x25519.X25519PublicKey.from_public_bytes(raw[2:])
 
 
+@dataclass(frozen=True, slots=True)
+class Endorsement:
+    """A rollover endorsement: the organization's current Ed25519 key (named
+    by ``signer_key_id``) signs the public keys of its next certificate,
+
+        "SEMQ-ROLLOVER-v1" 0x00 || len(org) u8 || org || new Ed25519 key (32) || new X25519 key (32)
+
+    The CSR of ``semq node rollover`` carries it, the CA checks it against
+    the organization's current certificate and copies it into the new one
+    (non-critical extension SEMQ_ROLLOVER_OID, a DER OCTET STRING of
+    version 1 (1) || signer key id (16) || signature (64)), and a node that
+    pinned the old certificate accepts the new one on its strength."""
+
+    signer_key_id: bytes
+    signature: bytes
+
+    def __post_init__(self) -> None:
+        if len(self.signer_key_id) != KEY_ID_SIZE or len(self.signature) != 64:
+            raise CertificateError(
+                f"rollover endorsement with a {len(self.signer_key_id)}-byte key id and a"
+                f" {len(self.signature)}-byte signature (want {KEY_ID_SIZE} and 64)"
+            )
+
+    def encode(self) -> bytes:
+        return bytes((_ENDORSEMENT_VERSION,)) + self.signer_key_id + self.signature
+
+    @classmethod
+    def decode(cls, raw: bytes, what: str) -> Endorsement:
+        if len(raw) != _ENDORSEMENT_SIZE or raw[0] != _ENDORSEMENT_VERSION:
+            raise CertificateError(
+                f"{what} has a malformed rollover endorsement of {len(raw)} bytes"
+                f" (want {_ENDORSEMENT_SIZE}, version {_ENDORSEMENT_VERSION})"
+            )
+        return cls(raw[1:17], raw[17:])
+
+    def extension(self) -> x509.UnrecognizedExtension:
+        return x509.UnrecognizedExtension(SEMQ_ROLLOVER_OID, _der_octet_string(self.encode()))
+
+    def verifies(self, endorser: ed25519.Ed25519PublicKey, org: str, signing_key_raw: bytes,
+                 encryption_key_raw: bytes) -> bool:
+        """True if ``endorser`` (whose key id must be ``signer_key_id``)
+        signed these next keys of ``org``."""
+        if key_id(endorser) != self.signer_key_id:
+            return False
+        try:
+            endorser.verify(self.signature, rollover_message(org, signing_key_raw, encryption_key_raw))
+        except InvalidSignature:
+            return False
+        return True
+
+
+def rollover_message(org: str, signing_key_raw: bytes, encryption_key_raw: bytes) -> bytes:
+    """What a rollover endorsement signs (see Endorsement)."""
+    o = _check_org(org).encode("ascii")
+    return ROLLOVER_PREFIX + bytes((len(o),)) + o + signing_key_raw + encryption_key_raw
+
+
+def endorse_rollover(current: ed25519.Ed25519PrivateKey, org: str, new: NodeKeys) -> Endorsement:
+    """``semq node rollover``: the current signing key of ``org`` vouches for
+    the keys of its next generation ``new``."""
+    msg = rollover_message(org, new.signing_key.public_key().public_bytes_raw(),
+                           new.encryption_key.public_key().public_bytes_raw())
+    return Endorsement(key_id(current.public_key()), current.sign(msg))
+
+
+def _read_endorsement(extensions: x509.Extensions, what: str) -> Endorsement | None:
+    try:
+        ext = extensions.get_extension_for_oid(SEMQ_ROLLOVER_OID)
+    except x509.ExtensionNotFound:
+        return None
+    value = ext.value
+    raw = value.value if isinstance(value, x509.UnrecognizedExtension) else b""
+    if len(raw) < 2 or raw[0] != 0x04 or raw[1] != len(raw) - 2:
+        raise CertificateError(f"{what} has a rollover endorsement that is not a DER OCTET STRING")
+    return Endorsement.decode(raw[2:], what)
+
+
 def _org_from(name: x509.Name, extensions: x509.Extensions, what: str) -> str:
     try:
         san = extensions.get_extension_for_class(x509.SubjectAlternativeName).value
@@ -188,6 +276,11 @@ def _org_from(name: x509.Name, extensions: x509.Extensions, what: str) -> str:
     if cns != [org]:
         raise CertificateError(f"{what} has subject CN {cns!r} but SAN URI names org {org!r}")
     return _check_org(org)
+
+
+def csr_org(csr: x509.CertificateSigningRequest) -> str:
+    """The organization a certificate request names (not verified)."""
+    return _org_from(csr.subject, csr.extensions, "certificate request")
 
 
 def certificate_org(cert: x509.Certificate) -> str:
@@ -251,10 +344,12 @@ class NodeKeys:
         return cls(sk, ek)
 
 
-def make_csr(keys: NodeKeys, org: str) -> x509.CertificateSigningRequest:
+def make_csr(keys: NodeKeys, org: str, *,
+             endorsement: Endorsement | None = None) -> x509.CertificateSigningRequest:
     """A certificate signing request for organization ``org``: subject CN=ORG,
     SAN URI ``semq:org:ORG``, the X25519 key in the SEMQ extension, signed by
-    the Ed25519 key (proof that the requester holds it)."""
+    the Ed25519 key (proof that the requester holds it); for a rollover, the
+    current key's ``endorsement`` of these keys (endorse_rollover)."""
     _check_org(org)
     builder = (
         x509.CertificateSigningRequestBuilder()
@@ -265,6 +360,8 @@ def make_csr(keys: NodeKeys, org: str) -> x509.CertificateSigningRequest:
         )
         .add_extension(_x25519_extension(keys.encryption_key.public_key()), critical=False)
     )
+    if endorsement is not None:
+        builder = builder.add_extension(endorsement.extension(), critical=False)
     return builder.sign(keys.signing_key, None)
 
 
@@ -286,11 +383,24 @@ class NodeCertificate:
     signing_key_id: bytes
     encryption_key_id: bytes
     certificate: x509.Certificate
+    # A rollover endorsement by the organization's previous key, if any.
+    endorsement: Endorsement | None = None
     # signing_public_key's raw 32 bytes, read once (signature caches key on them)
     signing_key_raw: bytes = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "signing_key_raw", self.signing_public_key.public_bytes_raw())
+
+    @property
+    def encryption_key_raw(self) -> bytes:
+        return self.encryption_public_key.public_bytes_raw()
+
+    def endorsed_by(self, endorser: ed25519.Ed25519PublicKey) -> bool:
+        """True if this certificate's endorsement (a rollover) was signed by
+        ``endorser`` over this certificate's organization and keys."""
+        e = self.endorsement
+        return e is not None and e.verifies(endorser, self.org, self.signing_key_raw,
+                                            self.encryption_key_raw)
 
     @property
     def der(self) -> bytes:
@@ -335,6 +445,7 @@ def _parse_node_certificate(cert: x509.Certificate) -> NodeCertificate:
         signing_key_id=key_id(spk),
         encryption_key_id=key_id(epk),
         certificate=cert,
+        endorsement=_read_endorsement(cert.extensions, what),
     )
 
 
@@ -641,8 +752,11 @@ class CertificateAuthority:
         if org is not None and csr_org != org:
             raise CertificateError(f"{what} is for org {csr_org!r}, not {org!r}")
         epk = _read_x25519(csr.extensions, f"{what} for org {csr_org}")
+        endorsement = _read_endorsement(csr.extensions, f"{what} for org {csr_org}")
+        if endorsement is not None:
+            self._check_endorsement(endorsement, csr_org, spk, epk, now)
         nb, na = self._validity(days, not_before, now)
-        cert = (
+        builder = (
             self._builder(
                 x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, csr_org)]), spk, nb, na
             )
@@ -662,10 +776,38 @@ class CertificateAuthority:
             )
             .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.CLIENT_AUTH]), critical=False)
             .add_extension(_x25519_extension(epk), critical=False)
-            .sign(self.key, hashes.SHA256())
         )
+        if endorsement is not None:
+            builder = builder.add_extension(endorsement.extension(), critical=False)
+        cert = builder.sign(self.key, hashes.SHA256())
         self.issued[cert.serial_number] = cert
         return cert
+
+    def _check_endorsement(self, endorsement: Endorsement, org: str, spk: ed25519.Ed25519PublicKey,
+                           epk: x25519.X25519PublicKey, now: dt.datetime | None) -> None:
+        """A request that carries a rollover endorsement is issued only if a
+        current certificate of ``org`` holds the key that signed it: the CA
+        never vouches for an endorsement nodes would then trust."""
+        current = self.current_certificates(org, now=now)
+        for c in current:
+            pub = c.public_key()
+            if isinstance(pub, ed25519.Ed25519PublicKey) and endorsement.verifies(
+                    pub, org, spk.public_bytes_raw(), epk.public_bytes_raw()):
+                return
+        raise CertificateError(
+            f"certificate request for org {org} carries a rollover endorsement by key"
+            f" {endorsement.signer_key_id.hex()} that does not verify under any current certificate"
+            f" of org {org} ({len(current)} current); make a request without it"
+            " ('semq node rollover --no-endorse')"
+        )
+
+    def current_certificates(self, org: str, *, now: dt.datetime | None = None) -> list[x509.Certificate]:
+        """Node certificates of ``org`` usable at ``now``: not revoked, within
+        their validity. Newest first. (An organization holds one identity;
+        a second certificate is a rollover: semq.security.enroll.)"""
+        t = _aware(now) if now is not None else _now()
+        return [c for c in self.certificates_of(org) if c.serial_number not in self.revoked
+                and c.not_valid_before_utc <= t <= c.not_valid_after_utc]
 
     def certificates_of(self, org: str) -> list[x509.Certificate]:
         """Node certificates issued to ``org``, newest (latest notBefore) first."""

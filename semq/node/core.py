@@ -13,7 +13,7 @@ import os
 import sqlite3
 import struct
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
@@ -589,20 +589,38 @@ class NodeCore(HeldWrites):
             result.append((*r[:17], session_key, app_data, bool(session_key) and not r[19], digest))
         return result
 
-    def fail_target(self, target: Endpoint, code: ResultCode, detail: str) -> int:
+    def fail_target(self, target: Endpoint, code: ResultCode, detail: str, *,
+                    save_fwd: int | None = None) -> int:
         """Fail every not-yet-sent document to ``target`` (SS_INIT ->
-        SS_FAILED with ``code``). Returns how many."""
+        SS_FAILED with ``code``), or only those with ``save_fwd``. Returns
+        how many."""
         ts = now_ms()
         with self._tx():
             self.write_held()  # rows in flight are not "not yet sent"
+            only = "" if save_fwd is None else f" AND save_fwd={int(save_fwd)}"
             rows = self.conn.execute(
-                f"SELECT {_OUT_COLS} FROM outbox WHERE state=0 AND target_type=? AND target_id=?",
+                f"SELECT {_OUT_COLS} FROM outbox WHERE state=0 AND target_type=? AND target_id=?{only}",
                 (int(target.node_type), target.node_id)).fetchall()
             self.conn.executemany(
                 "UPDATE outbox SET state=?, state_ms=?, code=? WHERE id=?",
                 [(int(SendState.SS_FAILED), ts, int(code), r[0]) for r in rows])
         self._emit([self._origin_event(r, "nack", ts, code=int(code), detail=detail) for r in rows])
         return len(rows)
+
+    def wait_target(self, target: Endpoint, code: ResultCode | int, waiting: Collection[int]) -> int:
+        """The not-yet-sent documents to ``target`` wait for a certificate:
+        they stay SS_INIT and carry ``code`` (one of ``waiting``), why they
+        wait, for ``semq messages`` and ``semq admin stuck``; ``code`` 0 (a
+        certificate came) clears it. Rows held in flight are SS_INIT on disk
+        too: the code goes with them and their next state replaces it.
+        Returns how many rows changed."""
+        codes = sorted({0, *map(int, waiting)})
+        with self._tx():
+            cur = self.conn.execute(
+                f"UPDATE outbox SET code=? WHERE state=0 AND target_type=? AND target_id=?"
+                f" AND code IN ({','.join('?' * len(codes))}) AND code<>?",
+                (int(code), int(target.node_type), target.node_id, *codes, int(code)))
+        return cur.rowcount
 
     def pending_count(self) -> int:
         row = self.conn.execute("SELECT count(*) FROM outbox WHERE state=0").fetchone()

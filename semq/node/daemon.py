@@ -25,12 +25,14 @@ from semq.transport import ConnectionClosed, FramePump, FrameStream
 from semq.umxt_protocol import (
     CertRequest,
     CertResponse,
+    Crl,
     Endpoint,
     Error,
     Frame,
     Hello,
     Kind,
     Nack,
+    NodeType,
     Ping,
     Pong,
     RawFrame,
@@ -45,6 +47,7 @@ from .core import NodeCore
 if TYPE_CHECKING:  # semq.ops (and prometheus-client) load only when the CLI runs the daemon
     from semq.ops.admin import DrainControl
     from semq.ops.metrics import Metrics
+    from semq.security import CertAnswer
 
 __all__ = ["NodeDaemon", "NodeSettings"]
 
@@ -77,7 +80,13 @@ class NodeSettings:
     connect: Callable[[], Awaitable[trio.abc.Stream]] | None = None
     # Mutual TLS 1.3 (semq.security.NodeSecurity.ssl_context()); None = plain TCP.
     ssl_context: ssl.SSLContext | None = None
-    cert_retry: float = 5.0  # s between look-ups of a certificate the platform did not have
+    # Certificates (security on). A document to an organization without a
+    # usable, trusted certificate waits: asked again after cert_retry s,
+    # doubling up to cert_retry_max (the platform also pushes a new one).
+    cert_retry: float = 5.0
+    cert_retry_max: float = 300.0
+    cert_refresh: float = 300.0  # s between look-ups of every organization held (besides the pushes)
+    pins_check: float = 1.0  # s between looks at pins.json ('semq node trust' from another process)
     # s between looks at the store's data_version while idle: a document an
     # application writes into the store (another process) is claimed within
     # this, not within poll_interval. 0 = off.
@@ -102,6 +111,9 @@ class NodeDaemon:
         # target -> (resume at, the pause that led there); the pause doubles
         # while the quota stays used up, up to QUOTA_PAUSE_MAX.
         self.over_quota: dict[str, tuple[float, float]] = {}
+        self.retry: dict[Endpoint, float] = {}  # s until an organization without a usable certificate is asked again
+        self.waiting: dict[Endpoint, ResultCode] = {}  # organizations our documents wait for, and why
+        self._certs_limiter = trio.CapacityLimiter(1)  # certificate and pin work, off the event loop
         self.deferred: list[RawFrame] = []  # DATA waiting for its origin's certificate
         # claim(early=...) of the current session: DATA leaves before the commit.
         self._early: Callable[[list[bytes]], None] | None = None
@@ -200,6 +212,7 @@ class NodeDaemon:
             self.connected = True
             self.in_flight = 0
             self.asked.clear()
+            self.retry.clear()  # a new session: ask at once again
             self.sessions += 1
             log.info("connected to %s at %s:%s", welcome.source, self.s.host, self.s.port)
             self.last_rx = trio.current_time()
@@ -209,6 +222,8 @@ class NodeDaemon:
                 nursery.start_soon(self._sender, fs)
                 nursery.start_soon(self._inquirer, fs)
                 nursery.start_soon(self._pinger, fs, nursery.cancel_scope)
+                if self.core.sec is not None:
+                    nursery.start_soon(self._refresher, fs)
         finally:
             await fs.aclose()
 
@@ -246,10 +261,10 @@ class NodeDaemon:
                 elif raw.kind is Kind.BYE:
                     raise ConnectionClosed("platform said BYE")
                 elif raw.kind is Kind.CERT_RESPONSE:
-                    if self._certificates(raw):
+                    if await self._certificates(raw):
                         msgs, self.deferred = self.deferred + msgs, []
-                    else:
-                        await self._no_certificate(raw)
+                elif raw.kind is Kind.CRL:
+                    await self._crl(raw)
             batch = []
             if msgs:
                 self.stats["received"] += len(msgs)
@@ -333,7 +348,7 @@ class NodeDaemon:
             drained = False  # the table had nothing to claim: watch it for new rows
             if room > 0:
                 now = trio.current_time()
-                skip = frozenset(ep.node_id for ep, t in self.asked.items() if now - t < self.s.cert_retry)
+                skip = frozenset(ep.node_id for ep, t in self.asked.items() if now - t < self._retry_after(ep))
                 if self.over_quota:
                     # (Remembered one pause past its end: a refusal then doubles it.)
                     self.over_quota = {t: v for t, v in self.over_quota.items() if v[0] + v[1] > now}
@@ -422,52 +437,168 @@ class NodeDaemon:
                 pass  # the session is over; the rows go again in the next one
         token.run_sync_soon(start)
 
+    def _retry_after(self, ep: Endpoint) -> float:
+        return self.retry.get(ep, self.s.cert_retry)
+
     def _ask(self, missing: set[Endpoint]) -> bytes:
-        """CERT_REQUEST frames for certificates not asked for recently."""
+        """CERT_REQUEST frames for certificates not asked for recently (an
+        organization that had none usable is asked again with backoff)."""
         now = trio.current_time()
         frames = []
         for ep in missing:
-            if now - self.asked.get(ep, -1e9) >= self.s.cert_retry:
+            if now - self.asked.get(ep, -1e9) >= self._retry_after(ep):
                 self.asked[ep] = now
-                frames.append(encode_frame(Frame(kind=Kind.CERT_REQUEST, source=self.core.me,
-                                                 target=self.core.platform, body=CertRequest(endpoint=ep))))
+                frames.append(self._request(ep))
         return b"".join(frames)
 
-    def _certificates(self, raw: RawFrame) -> bool:
-        """Apply a CERT_RESPONSE to the directory (each certificate is
-        verified against the CA first). True if it added something."""
+    def _request(self, ep: Endpoint) -> bytes:
+        return encode_frame(Frame(kind=Kind.CERT_REQUEST, source=self.core.me, target=self.core.platform,
+                                  body=CertRequest(endpoint=ep)))
+
+    async def _certificates(self, raw: RawFrame) -> bool:
+        """Apply a CERT_RESPONSE (asked for, or pushed by the platform after
+        a rollover, an enrollment or a revocation): every certificate is
+        verified against the CA and the revocation list and filtered
+        through the pins (NodeSecurity.accept_response, in a worker
+        thread). True if the organization now has usable certificates;
+        otherwise our documents to it wait, or fail if the platform does
+        not know it (_no_certificate)."""
         body = raw.frame().body
         assert isinstance(body, CertResponse)
         sec = self.core.sec
         if sec is None:
             return False
+        ep = body.endpoint
+        held = ep.node_type is NodeType.ORGANIZATION and bool(sec.directory.certificates(ep))
+        if not (held or ep in self.asked or ep in self.waiting):
+            return False  # a push about an organization we have nothing to do with
         try:
-            sec.directory.apply_cert_response(body)
-        except CryptoError as e:
-            log.warning("no usable certificate for %s: %s", body.endpoint, e)
+            answer = await trio.to_thread.run_sync(sec.accept_response, body, limiter=self._certs_limiter)
+        except (OSError, ValueError) as e:
+            # pins.json cannot be written (disk full) or read (damaged): use
+            # nothing we could not pin; asked again later.
+            log.error("certificates of %s not applied: %s", ep, e)
             return False
-        self.asked.pop(body.endpoint, None)
-        sec.remember(body.endpoint.node_id)
+        self._log_answer(answer)
+        if answer.code is not ResultCode.OK:
+            await self._no_certificate(ep, answer)
+            return False
+        self.asked.pop(ep, None)
+        self.retry.pop(ep, None)
+        if self.waiting.pop(ep, None) is not None:
+            from semq.security import WAITING_CODES
+
+            await self.gate.run(self.core.wait_target, ep, ResultCode.OK, WAITING_CODES)
+            log.info("%s has a usable certificate again: its documents go", ep)
         self._wake.set()
         return True
 
-    async def _no_certificate(self, raw: RawFrame) -> None:
-        """The platform has no usable certificate for an organization: our
-        documents to it fail with the platform's code (like UNKNOWN_TARGET
-        without security; 'semq dead requeue' sends them again later), and
-        documents from it cannot be verified: dropped, its inquiries bring
-        them again."""
-        body = raw.frame().body
-        assert isinstance(body, CertResponse)
-        ep = body.endpoint
-        code = body.code if body.code is not ResultCode.OK else ResultCode.UNKNOWN_CERTIFICATE
-        n = await self.gate.run(self.core.fail_target, ep, code,
-                                f"the platform has no usable certificate for {ep}")
+    def _log_answer(self, answer: CertAnswer) -> None:
+        adm = answer.admission
+        if adm is None:
+            return
+        org = answer.endpoint.node_id
+        for c, how in adm.pinned:
+            if adm.pinned_before:
+                log.warning("new certificate of organization %s accepted and pinned: fingerprint %s (serial"
+                            " 0x%x), %s", org, c.fingerprint, c.serial, how)
+            else:
+                log.info("certificate of organization %s pinned on first use: fingerprint %s (serial 0x%x)",
+                         org, c.fingerprint, c.serial)
+        for c, why in adm.new_refusals:
+            log.warning("certificate of organization %s NOT TRUSTED (%s): fingerprint %s (serial 0x%x) is %s;"
+                        " it is not used (pinned: %s). If %s really has new keys, compare this fingerprint"
+                        " with them out of band, then run: semq node trust %s %s",
+                        org, ResultCode.CERT_NOT_TRUSTED.name, c.fingerprint, c.serial, why,
+                        ", ".join(adm.pinned_before) or "none", org, org, c.fingerprint)
+
+    async def _no_certificate(self, ep: Endpoint, answer: CertAnswer) -> None:
+        """No usable, trusted certificate of ``ep``. An organization the
+        platform does not know (UNKNOWN_TARGET): our documents to it fail,
+        like UNKNOWN_TARGET without security. A known one (no certificate
+        yet, revoked without a successor, expired, not trusted here): a
+        passing condition — our SaveFwd 2/3 documents to it stay SS_INIT
+        with the reason as their code and are retried with backoff;
+        SaveFwd 1 ones fail as they would offline. Documents from it
+        cannot be verified: dropped; its inquiries bring them again."""
+        from semq.security import WAITING_CODES
+
+        code = answer.code
+        detail = answer.detail or f"no usable certificate for {ep}"
+        if code is ResultCode.UNKNOWN_TARGET:
+            n = await self.gate.run(self.core.fail_target, ep, code, detail)
+            waiting = 0
+            self.waiting.pop(ep, None)
+        else:
+            if int(code) not in WAITING_CODES:
+                code = ResultCode.UNKNOWN_CERTIFICATE
+            n = await self.gate.run(partial(self.core.fail_target, ep, code, detail, save_fwd=1))
+            waiting = await self.gate.run(self.core.wait_target, ep, code, WAITING_CODES)
+            delay = min(self.s.cert_retry_max, 2 * self.retry[ep]) if ep in self.retry else self.s.cert_retry
+            self.retry[ep] = delay
+            self.asked[ep] = trio.current_time()
+            if self.waiting.get(ep) is not code:
+                log.warning("documents to %s wait for a certificate: %s (%s); asking again in %.0f s, then"
+                            " less often", ep, code.name, detail, delay)
+            self.waiting[ep] = code
         before = len(self.deferred)
         self.deferred = [d for d in self.deferred if d.origin != ep]
-        if n or before != len(self.deferred):
-            log.warning("no certificate for %s (%s): %d document(s) to it failed, %d from it dropped",
-                        ep, code.name, n, before - len(self.deferred))
+        if n or waiting or before != len(self.deferred):
+            log.warning("no certificate for %s (%s): %d document(s) to it failed, %d marked waiting, %d from it"
+                        " dropped", ep, code.name, n, waiting, before - len(self.deferred))
+
+    async def _crl(self, raw: RawFrame) -> None:
+        """The platform's revocation list: checked against the CA and applied
+        if newer than ours (then kept for the next start). Senders stop
+        sealing to a revoked certificate at the next claim."""
+        sec = self.core.sec
+        if sec is None:
+            return
+        body = raw.frame().body
+        assert isinstance(body, Crl)
+        try:
+            applied = await trio.to_thread.run_sync(sec.apply_crl, body.der, limiter=self._certs_limiter)
+        except (CryptoError, OSError) as e:
+            log.warning("revocation list from the platform not applied: %s", e)
+            return
+        if applied:
+            crl = sec.directory.crl
+            log.info("revocation list applied (%d revoked certificate(s))", len(list(crl)) if crl else 0)
+            self._wake.set()
+
+    async def _refresher(self, fs: FrameStream) -> None:
+        """The pull side of certificate updates (the platform pushes them
+        too): every cert_refresh s, from the start of a session, ask for the
+        certificates of every organization held; and when pins.json changes
+        (``semq node trust`` in another process) read it again and ask for
+        the organizations whose pins changed."""
+        sec = self.core.sec
+        assert sec is not None
+        me = self.core.me.node_id
+        last = -1e18
+        while True:
+            now = trio.current_time()
+            if now - last >= self.s.cert_refresh:
+                last = now
+                orgs = [Endpoint.org(o) for o in sec.directory.orgs() if o != me]
+                if orgs:
+                    await fs.send(b"".join(self._request(ep) for ep in orgs))
+            if sec.pins.changed():
+                before = sec.pins.snapshot()
+                try:
+                    await trio.to_thread.run_sync(sec.pins.reload, limiter=self._certs_limiter)
+                except (ValueError, OSError) as e:
+                    log.error("%s", e)
+                else:
+                    after = sec.pins.snapshot()
+                    changed = sorted(o for o in before.keys() | after.keys() if before.get(o) != after.get(o))
+                    if changed:
+                        log.info("pins changed for %s: asking for their certificates again", ", ".join(changed))
+                        eps = [Endpoint.org(o) for o in changed]
+                        for ep in eps:
+                            self.retry.pop(ep, None)
+                        await fs.send(b"".join(self._request(ep) for ep in eps))
+            await trio.sleep(self.s.pins_check)
 
     async def _inquirer(self, fs: FrameStream) -> None:
         step = max(0.05, min(1.0, self.core.inquiry_ms / 3000))

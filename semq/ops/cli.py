@@ -154,7 +154,7 @@ def _print_rows(rows: list[dict[str, Any]]) -> None:
               "  PLACE/APPKEY")
         for r in rows:
             k = r.get("app_key", {})
-            extra = r.get("place") or "/".join(x for x in (k.get("domain"), k.get("data_type"), k.get("subtype"),
+            extra = r.get("reason") or r.get("place") or "/".join(x for x in (k.get("domain"), k.get("data_type"), k.get("subtype"),
                                                             k.get("key")) if x)
             print(f"{r['id']:>8}  {r['target']:<10} {r['state']:<11} {r['save_fwd']:>2} {r['attempts']:>5}"
                   f" {r['code']:>4} {r['size']:>8} {_age(r['created_ms']):>6}  {extra}")

@@ -38,6 +38,7 @@ from typing import Any, Final
 from semq.events import now_ms
 from semq.node.engine import SendState
 from semq.platform.engine import StoredState
+from semq.security import WAITING_CODES, waiting_reason
 
 from .admin import AdminCommandError, AfterReply, DrainControl, Handler
 
@@ -67,7 +68,10 @@ _OPEN_STATES: Final = (int(SendState.SS_INIT), int(SendState.SS_SENT), int(SendS
                        int(SendState.SS_ACK))
 _UNCONFIRMED: Final = (int(SendState.SS_SENT), int(SendState.SS_ACK_FWD), int(SendState.SS_ACK))
 
-#: Where a pending-send row is, by state (the analytics report's "place").
+#: Where a pending-send row is, by state (the analytics report's "place");
+#: an SS_INIT row that carries a certificate code is waiting for one.
+_WAITING_PLACE: Final = "waiting_for_certificate"
+_SS_INIT: Final = int(SendState.SS_INIT)
 _NODE_PLACE: Final = {
     SendState.SS_INIT: "at_origin_not_sent",
     SendState.SS_SENT: "sent_platform_ack_missing",
@@ -441,16 +445,22 @@ def node_handlers(
             cutoff = now_ms() - int(older * 1000)
             c = core.conn
             by_place: dict[str, int] = {}
-            for s, n in c.execute(
-                f"SELECT state, count(*) FROM outbox WHERE reliable=1 AND state IN ({','.join('?' * 4)})"
-                " AND created_ms < ? GROUP BY state", (*_OPEN_STATES, cutoff)):
-                by_place[_NODE_PLACE[SendState(s)]] = n
+            for s, code, n in c.execute(
+                f"SELECT state, code, count(*) FROM outbox WHERE reliable=1 AND state IN ({','.join('?' * 4)})"
+                " AND created_ms < ? GROUP BY state, code", (*_OPEN_STATES, cutoff)):
+                place = _WAITING_PLACE if s == _SS_INIT and code in WAITING_CODES else _NODE_PLACE[SendState(s)]
+                by_place[place] = by_place.get(place, 0) + n
             rows = []
             for r in c.execute(
                 f"SELECT {_NODE_COLS} FROM outbox WHERE reliable=1 AND state IN ({','.join('?' * 4)})"
                 " AND created_ms < ? ORDER BY created_ms, id LIMIT ?", (*_OPEN_STATES, cutoff, limit)):
                 row = _node_row(r, org)
                 row["place"] = _NODE_PLACE[SendState(r[3])]
+                if r[3] == _SS_INIT and r[19] in WAITING_CODES:
+                    # A known organization without a usable certificate:
+                    # the document waits for one (semq.security).
+                    row["place"] = _WAITING_PLACE
+                    row["reason"] = waiting_reason(r[2], r[19])
                 row["age_s"] = round((now_ms() - r[12]) / 1000, 1)
                 rows.append(row)
             # Received here, but a confirmation of our ACK/ACK2 is missing.

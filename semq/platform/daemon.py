@@ -25,6 +25,7 @@ from semq.umxt_protocol import (
     HELLO_MAX_FRAME,
     CertRequest,
     CertResponse,
+    Crl,
     Endpoint,
     Error,
     Frame,
@@ -113,6 +114,7 @@ class PlatformDaemon:
         self.port: int | None = None
         self.stats = {"connections": 0, "frames_in": 0, "refused": 0, "tls_refused": 0}
         self.ssl_context = settings.security.ssl_context() if settings.security else None
+        self._ca_lock = trio.Lock()  # one reload of the CA state at a time (_ca_check)
         # semq.ops sets these when the daemon runs from the CLI.
         self.drain: DrainControl | None = None  # 'semq admin drain': no new sessions or deliveries
         self.metrics: Metrics | None = None
@@ -269,6 +271,9 @@ class PlatformDaemon:
             await fs.send(encode_frame(Frame(kind=Kind.WELCOME, source=self.core.me, target=ep,
                                              body=Welcome(window=self.s.window, server_time_ms=now_ms(),
                                                           session_id=self.stats["connections"]))))
+            if self.s.security is not None:
+                # The node applies revocations that happened while it was away.
+                session.enqueue([self._crl_frame(ep)])
             with session.cancel_scope:
                 async with trio.open_nursery() as nursery:
                     nursery.start_soon(self._writer, session, nursery.cancel_scope)
@@ -322,7 +327,7 @@ class PlatformDaemon:
                 elif raw.kind is Kind.CERT_REQUEST:
                     req = raw.frame().body
                     assert isinstance(req, CertRequest)
-                    session.enqueue([self._cert_response(ep, req.endpoint)])
+                    session.enqueue([await self._cert_response(ep, req.endpoint)])
             batch = []
             if not msgs:
                 continue
@@ -481,26 +486,68 @@ class PlatformDaemon:
                 if s is not None:
                     s.enqueue(data)
 
-    def _cert_response(self, to: Endpoint, about: Endpoint) -> bytes:
-        if self.s.security is None:
+    async def _cert_response(self, to: Endpoint, about: Endpoint) -> bytes:
+        """The answer to a CERT_REQUEST: the usable certificates the CA
+        issued; or, for an organization without one, why: CERT_REVOKED,
+        AUTH_FAILED (expired), UNKNOWN_CERTIFICATE (known here, none
+        issued yet) — the node's documents to it wait — or UNKNOWN_TARGET
+        (the platform does not know it: they fail)."""
+        sec = self.s.security
+        body: CertResponse | None
+        if sec is None:
             body = CertResponse(endpoint=about, code=ResultCode.UNKNOWN_CERTIFICATE)
         else:
-            body = self.s.security.directory.cert_response(about)
+            body = sec.cert_response(about)
+            if body is None:
+                # Perhaps enrolled a moment ago by another process (semq
+                # platform enroll, node init --enroll-from): the CA issued
+                # it, so it is served from then on, not from our next look.
+                await self._ca_check()
+                body = sec.cert_response(about)
+            if body is None:
+                known = about.node_type is NodeType.ORGANIZATION and await self.gate.run(self.core.is_known, about)
+                body = CertResponse(endpoint=about,
+                                    code=ResultCode.UNKNOWN_CERTIFICATE if known else ResultCode.UNKNOWN_TARGET)
         return encode_frame(Frame(kind=Kind.CERT_RESPONSE, source=self.core.me, target=to, body=body))
+
+    def _crl_frame(self, to: Endpoint) -> bytes:
+        assert self.s.security is not None
+        return encode_frame(Frame(kind=Kind.CRL, source=self.core.me, target=to,
+                                  body=Crl(der=self.s.security.crl_der)))
 
     async def _watch_crl(self) -> None:
         """``semq platform revoke`` / ``enroll`` rewrite the CA files; pick
-        them up without a restart: new TLS context, new directory, and the
-        sessions of revoked organizations are closed."""
-        sec = self.s.security
-        assert sec is not None
+        them up without a restart (_ca_check)."""
         while True:
             await trio.sleep(self.s.crl_check_interval)
+            await self._ca_check()
+
+    async def _ca_check(self) -> None:
+        """If the CA's state changed (two stats; or its revocation list is
+        due for re-signing): reload it — new TLS context, new directory —
+        and tell every connected node: the new revocation list (CRL frame)
+        and, for each organization whose usable certificates changed (a
+        rollover, an enrollment, a revocation), its new CERT_RESPONSE, so
+        senders stop sealing to a revoked key and pick up a new one within
+        seconds. Sessions of revoked organizations are closed."""
+        sec = self.s.security
+        assert sec is not None
+        async with self._ca_lock:
             if not sec.changed():
-                continue
-            await trio.to_thread.run_sync(sec.reload)
+                return
+            before, crl_before = dict(sec.fingerprints), sec.crl_der
+            try:
+                await trio.to_thread.run_sync(sec.reload)
+            except (OSError, CryptoError) as e:
+                # e.g. a file half-restored by hand, a full disk: keep serving
+                # with what we hold, look again at the next check.
+                log.error("cannot reload the CA state: %s", e)
+                return
             self.ssl_context = sec.ssl_context()
+            after = sec.fingerprints
+            changed = sorted(o for o in before.keys() | after.keys() if before.get(o) != after.get(o))
             revoked = sec.revoked_orgs()
+            answers = [sec.cert_response(Endpoint.org(o)) for o in changed]
             for ep, session in list(self.sessions.items()):
                 if ep.node_id in revoked:
                     log.warning("%s is revoked: closing its session", ep)
@@ -508,7 +555,13 @@ class PlatformDaemon:
                                                         body=Error(code=ResultCode.CERT_REVOKED,
                                                                    message="certificate revoked")))])
                     session.cancel_scope.deadline = trio.current_time() + 1
-            log.info("CA state reloaded (%d revoked organizations)", len(revoked))
+                    continue
+                push = [self._crl_frame(ep)] if sec.crl_der != crl_before else []
+                push += [encode_frame(Frame(kind=Kind.CERT_RESPONSE, source=self.core.me, target=ep, body=a))
+                         for a in answers if a is not None]
+                session.enqueue(push)
+            log.info("CA state reloaded (%d revoked organizations; certificates changed for %s)", len(revoked),
+                     ", ".join(changed) or "none")
 
     async def _housekeeping(self) -> None:
         while True:

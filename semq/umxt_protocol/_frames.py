@@ -62,6 +62,7 @@ __all__ = [
     "FLAG_RELIABLE",
     "MAX_ACK_BATCH",
     "MAX_CERTIFICATES",
+    "MAX_CRL",
     "MAX_SESSION_KEY",
     "MAX_TEXT",
     "Ack",
@@ -71,6 +72,7 @@ __all__ = [
     "Bye",
     "CertRequest",
     "CertResponse",
+    "Crl",
     "Data",
     "Error",
     "Frame",
@@ -109,6 +111,7 @@ MAX_ACK_BATCH: Final = 100_000  # acks in one ACK_BATCH frame
 MAX_INQUIRY_ITEMS: Final = 10_000  # records in one INQUIRY / INQUIRY_RESP
 MAX_CERTIFICATES: Final = 8  # certificates in one CERT_RESPONSE (rollover: old + new + chain)
 MAX_TOKEN: Final = 4096  # bytes of a HELLO token
+MAX_CRL: Final = 4 << 20  # bytes of a CRL frame's revocation list (~100,000 revoked certificates)
 _MAX_U32: Final = 0xFFFF_FFFF
 _MAX_U64: Final = 0xFFFF_FFFF_FFFF_FFFF
 _MAX_MS: Final = 0x7FFF_FFFF_FFFF_FFFF
@@ -535,6 +538,19 @@ class CertResponse:
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
+class Crl:
+    """The platform CA's certificate revocation list, DER as the CA signed
+    it (the node checks the signature; the relay cannot forge one)."""
+
+    der: bytes
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "der", bytes(self.der))
+        if not 1 <= len(self.der) <= MAX_CRL:
+            raise _invalid(f"revocation list of {len(self.der)} bytes is outside 1..{MAX_CRL}")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
 class Bye:
     code: ResultCode = ResultCode.OK
     reason: str = ""
@@ -546,7 +562,7 @@ class Bye:
 
 Body = (
     Data | Ack | AckBatch | Inquiry | InquiryResp | Nack | Hello | Welcome | Ping | Pong
-    | Error | WindowUpdate | CertRequest | CertResponse | Bye
+    | Error | WindowUpdate | CertRequest | CertResponse | Bye | Crl
 )
 
 _MESSAGE_KINDS: Final = frozenset(k for k in Kind if k.is_message)
@@ -567,6 +583,7 @@ _BODY_TYPE: Final[dict[Kind, type]] = {
     Kind.CERT_REQUEST: CertRequest,
     Kind.CERT_RESPONSE: CertResponse,
     Kind.BYE: Bye,
+    Kind.CRL: Crl,
 }
 
 
@@ -739,6 +756,8 @@ def _body_container(body: Body) -> dict[str, Any]:
         return {"code": int(body.code), "message": body.message}
     if isinstance(body, Bye):
         return {"code": int(body.code), "reason": body.reason}
+    if isinstance(body, Crl):
+        return {"crl": body.der}
     if isinstance(body, CertRequest):
         return {"node_type": int(body.endpoint.node_type), "node_id": body.endpoint.node_id}
     if isinstance(body, CertResponse):
@@ -1118,6 +1137,8 @@ def _decode_by_schema(kind: Kind, buf: bytes) -> Body:
                             code=c.code, certificates=tuple(c.certificates))
     if kind is Kind.BYE:
         return Bye(code=c.code, reason=c.reason)
+    if kind is Kind.CRL:
+        return Crl(der=c.crl)
     raise RemoteProtocolError(f"no decoder for {kind.name}", ResultCode.UNKNOWN_KIND)  # pragma: no cover
 
 

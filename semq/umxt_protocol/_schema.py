@@ -47,6 +47,7 @@ __all__ = [
     "BYE_BODY",
     "CERT_REQUEST_BODY",
     "CERT_RESPONSE_BODY",
+    "CRL_BODY",
     "DATA_BODY",
     "DATA_PREFIX",
     "ERROR_BODY",
@@ -216,6 +217,11 @@ CERT_RESPONSE_BODY = Struct(
     Terminated,
 )
 
+CRL_BODY = Struct(
+    "crl" / Prefixed(Int32ub, GreedyBytes),
+    Terminated,
+)
+
 BYE_BODY = Struct(
     "code" / Int16ub,
     "reason" / PascalString(Int16ub, "utf8"),
@@ -245,6 +251,7 @@ BODY_SCHEMAS: Final[dict[int, Construct]] = {
     38: CERT_REQUEST_BODY,
     39: CERT_RESPONSE_BODY,
     40: BYE_BODY,
+    41: CRL_BODY,
 }
 
 

@@ -75,6 +75,7 @@ class Kind(IntEnum):
     CERT_REQUEST = 38  # session: ask the platform's directory for an endpoint's certificates
     CERT_RESPONSE = 39  # session: the certificates (DER), or a result code
     BYE = 40  # session: orderly close with a reason
+    CRL = 41  # session: platform -> node, the CA's signed certificate revocation list (DER)
 
     @property
     def is_message(self) -> bool:
