@@ -470,8 +470,11 @@ def test_idle_and_slow_loris_connections_are_timed_out_and_do_not_block_others(r
             s.sendall(h[:5])  # five bytes of a header, then nothing
             socks.append(("partial header", s))
             s = connect(port)
-            s.sendall(with_body_len(h, 1_000_000)[:HEADER_SIZE + 100])  # promises 1 MB, sends 100 bytes
+            s.sendall(with_body_len(h, 60_000)[:HEADER_SIZE + 100])  # promises 60 kB, sends 100 bytes
             socks.append(("promised body", s))
+            s = connect(port)
+            s.sendall(with_body_len(h, 1_000_000)[:HEADER_SIZE + 100])  # promises 1 MB before HELLO
+            socks.append(("too large before HELLO", s))
         start = time.monotonic()
         # Meanwhile the other nodes are served at normal speed.
         with Flow(relay, batches=5, per_batch=40, pause=0.05) as flow:
@@ -480,7 +483,9 @@ def test_idle_and_slow_loris_connections_are_timed_out_and_do_not_block_others(r
         for what, s in socks:
             r = read_reply(s, HELLO_TIMEOUT + 10 - (time.monotonic() - start))
             assert r.closed, f"{what}: still open after {time.monotonic() - start:.1f} s"
-            assert r.errors == [ResultCode.HANDSHAKE_TIMEOUT], f"{what}: {r.kinds()} {r.errors}"
+            # A frame over the 64 KiB allowed before HELLO is refused at its header.
+            want = ResultCode.FRAME_TOO_LARGE if what == "too large before HELLO" else ResultCode.HANDSHAKE_TIMEOUT
+            assert r.errors == [want], f"{what}: {r.kinds()} {r.errors}"
     finally:
         for _, s in socks:
             s.close()
