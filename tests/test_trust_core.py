@@ -259,3 +259,44 @@ def test_a_header_the_relay_changed_is_refused(cores: tuple[NodeCore, NodeCore])
     assert out.delivered == 0
     codes = sorted(f.body.code for f in _frames(out) if isinstance(f.body, Nack))
     assert codes == [ResultCode.DECRYPT_FAILED] * 4  # best effort (Reliable=0) is never answered
+
+
+def test_a_document_signed_by_a_key_not_held_yet_waits_for_its_certificate(tmp_path: Path) -> None:
+    """B rolled over and signs with its new key; A holds only B's first
+    certificate. A asks for B's certificates instead of refusing, delivers
+    once it has them; a key still unknown when it comes again is refused."""
+    from semq.security import NodeSecurity, enroll, import_certificate, rollover_keys
+
+    sa, _ = _pki(tmp_path)
+    csr = rollover_keys(tmp_path / B, B)
+    _, cert = enroll(tmp_path / "P", csr, B, tmp_path / B / "new.pem", rollover=True)
+    import_certificate(tmp_path / B, cert, tmp_path / "P" / "ca" / "ca.pem")
+    sb = NodeSecurity(tmp_path / B)
+    sb.directory.add(sa.identity.certificate.der)
+    a = NodeCore(tmp_path / "a.sqlite", A, create=True, synchronous="OFF", security=sa)
+    b = NodeCore(tmp_path / "b.sqlite", B, create=True, synchronous="OFF", security=sb)
+    try:
+        b.accept([NewDocument(target=A, app_data=f"signed with the new key {i}".encode(), encrypt=True)
+                  for i in range(2)])
+        first, second = (_relayed([d]) for d in b.claim(10).data)
+        out = a.handle(first)
+        assert out.deferred == first and out.missing == {Endpoint.org(B)} and not out.data
+        sa.directory.add(sb.identity.certificate.der)  # the platform's answer came
+        assert a.handle(out.deferred).delivered == 1
+        sa.directory.remove(B)
+        sa.directory.add(_pki_first_cert(tmp_path))  # B's first certificate only, again
+        out = a.handle(second)  # within the minute: refused, not asked for again
+        assert not out.deferred and [f.body.code for f in _frames(out) if isinstance(f.body, Nack)] == [
+            ResultCode.UNKNOWN_CERTIFICATE]
+    finally:
+        a.close()
+        b.close()
+
+
+def _pki_first_cert(tmp: Path) -> bytes:
+    from cryptography.hazmat.primitives.serialization import Encoding
+
+    from semq.crypto import load_certificate
+
+    old = next((tmp / B / "old").glob("*/node.pem"))
+    return load_certificate(old).public_bytes(Encoding.DER)

@@ -35,6 +35,7 @@ from semq._db import (
 )
 from semq.crypto import (
     CryptoError,
+    UnknownCertificate,
     ack_entry_lk0,
     document_aad_fields,
     document_aad_template,
@@ -271,6 +272,7 @@ class NodeCore(HeldWrites):
         self._held_in_keys: dict[tuple[Any, ...], int] = {}
         self._inbound_floor = 0  # no pending-ack id below this is given out again
         self._salt_key: bytes | None = None  # (security) read by the first claim: _document_salt_key
+        self._unknown_key_at: dict[Endpoint, int] = {}  # origin -> when a document of it waited for its key
 
     def _document_salt_key(self) -> bytes:
         """The key the salts of our signed documents are made with
@@ -732,6 +734,15 @@ class NodeCore(HeldWrites):
                         app_key, doc = split_app_key(doc)
                     except CryptoError as e:
                         got = e
+            if isinstance(got, UnknownCertificate) and self._first_unknown_key(frame.origin, ts):
+                # Signed by a key of the origin we do not hold yet (it rolled
+                # over, and the platform's push has not reached us): ask for
+                # its certificates and handle it again when they come. Only
+                # once a minute per origin: if the key is still unknown after
+                # that, it is refused.
+                out.deferred.append(raw)
+                out.missing.add(frame.origin)
+                return
             if isinstance(got, CryptoError):
                 # Never delivered; the origin sees it (its row fails with the code).
                 self._refuse(frame, body, getattr(got, "code", ResultCode.BAD_SIGNATURE), str(got), ts, out,
@@ -843,6 +854,15 @@ class NodeCore(HeldWrites):
                 " app_data, signer) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)", p["inbox"])
         for v in p.values():
             v.clear()
+
+    def _first_unknown_key(self, origin: Endpoint, ts: int) -> bool:
+        """Whether a document of ``origin`` signed by a key we do not know
+        may wait for its certificates (once a minute per origin)."""
+        last = self._unknown_key_at.get(origin)
+        if last is not None and ts - last < 60_000:
+            return False
+        self._unknown_key_at[origin] = ts
+        return True
 
     def _refuse(
         self, frame: Frame, d: Data, code: ResultCode, detail: str, ts: int, out: Output,
