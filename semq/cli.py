@@ -18,7 +18,16 @@ from typing import Any
 
 from semq import __version__
 from semq._db import StoreError
-from semq.config import Config, ConfigError, data_dir, load_config, write_config
+from semq.config import (
+    Config,
+    ConfigError,
+    check_option,
+    check_org,
+    check_private_paths,
+    data_dir,
+    load_config,
+    write_config,
+)
 from semq.crypto import CryptoError
 from semq.ops.cli import register as register_ops
 from semq.ops.runtime import add_run_options
@@ -65,6 +74,8 @@ def cmd_platform_init(args: argparse.Namespace) -> int:
     d = _dir(args)
     if (d / "semq.toml").exists():
         raise UsageError(f"{d} already holds a configuration; refusing to overwrite it")
+    check_option("listen", args.listen, "--listen")
+    check_option("platform_id", args.id, "--id")
     host, _ = parse_hostport(args.listen)
     cfg = Config(role="platform", directory=d, listen=args.listen, platform_id=args.id,
                  security=not args.no_security)
@@ -85,13 +96,12 @@ def cmd_platform_init(args: argparse.Namespace) -> int:
 
 def cmd_node_init(args: argparse.Namespace) -> int:
     from semq.node.core import NodeCore
-    from semq.umxt_protocol import Endpoint
 
     d = _dir(args)
     if (d / "semq.toml").exists():
         raise UsageError(f"{d} already holds a configuration; refusing to overwrite it")
-    Endpoint.org(args.org)
-    parse_hostport(args.platform)
+    check_org(args.org, "--org")
+    check_option("platform", args.platform, "--platform")
     cfg = Config(role="node", directory=d, org=args.org, platform=args.platform, security=not args.no_security)
     write_config(cfg)
     NodeCore(cfg.store_path, cfg.org, create=True).close()
@@ -268,12 +278,25 @@ def _run_daemon(cfg: Config, make: Callable[[], Any], status: Callable[[Any], di
     return 0
 
 
+def _inquiry_interval(args: argparse.Namespace, cfg: Config) -> float:
+    """``--inquiry-interval``, checked like the configuration's key, else
+    the configuration's; also checks ``--listen`` / ``--platform``."""
+    for name in ("listen", "platform"):
+        if getattr(args, name, None) is not None:
+            check_option(name, getattr(args, name), f"--{name}")
+    if args.inquiry_interval is None:
+        return cfg.inquiry_interval
+    return float(check_option("inquiry_interval", args.inquiry_interval, "--inquiry-interval"))
+
+
 def cmd_platform_run(args: argparse.Namespace) -> int:
     from semq.platform.core import PlatformCore
     from semq.platform.daemon import PlatformDaemon, PlatformSettings
 
     cfg = _cfg(args, "platform")
+    inquiry_interval = _inquiry_interval(args, cfg)
     host, port = parse_hostport(args.listen or cfg.listen)
+    check_private_paths(cfg)  # like the keys: a store others can read is refused
     _raise_fd_limit()
     security = None
     if cfg.security:
@@ -282,7 +305,7 @@ def cmd_platform_run(args: argparse.Namespace) -> int:
         security = PlatformSecurity(cfg.directory)
     core = PlatformCore(cfg.store_path, cfg.platform_id, events_dir=cfg.events_dir, synchronous=cfg.synchronous,
                         check=True,
-                        inquiry_interval=args.inquiry_interval or cfg.inquiry_interval,
+                        inquiry_interval=inquiry_interval,
                         # With certificates, only enrolled organizations are known.
                         auto_register=cfg.auto_register and not cfg.security)
     settings = PlatformSettings(host=host, port=port, window=cfg.window, security=security,
@@ -342,7 +365,9 @@ def cmd_node_run(args: argparse.Namespace) -> int:
     from semq.node.daemon import NodeDaemon, NodeSettings
 
     cfg = _cfg(args, "node")
+    inquiry_interval = _inquiry_interval(args, cfg)
     host, port = parse_hostport(args.platform or cfg.platform)
+    check_private_paths(cfg)  # before the keys (NodeSecurity checks those) and the store
     security = None
     if cfg.security:
         from semq.security import NodeSecurity
@@ -351,7 +376,7 @@ def cmd_node_run(args: argparse.Namespace) -> int:
         if security.expiring(30):
             logging.getLogger("semq").warning("certificate expires in %.0f days", security.expires_in_days())
     core = NodeCore(cfg.store_path, cfg.org, events_dir=cfg.events_dir, synchronous=cfg.synchronous, check=True,
-                    inquiry_interval=args.inquiry_interval or cfg.inquiry_interval, security=security)
+                    inquiry_interval=inquiry_interval, security=security)
     settings = NodeSettings(host=host, port=port, window=cfg.window,
                             ssl_context=security.ssl_context() if security else None)
     from semq.ops.runtime import OpsRuntime, ops_options
@@ -594,7 +619,7 @@ def build_parser() -> argparse.ArgumentParser:
     x.set_defaults(func=cmd_platform_init)
     x = plat.add_parser("run", parents=[common], help="run the relay")
     x.add_argument("--listen", help="HOST:PORT (port 0 = any free port)")
-    x.add_argument("--inquiry-interval", type=float)
+    x.add_argument("--inquiry-interval", metavar="SECONDS", help="default: the configuration's (15)")
     add_run_options(x)
     x.set_defaults(func=cmd_platform_run)
     x = plat.add_parser("register", parents=[common], help="make organizations known")
@@ -630,7 +655,7 @@ def build_parser() -> argparse.ArgumentParser:
     x.set_defaults(func=cmd_node_import)
     x = node.add_parser("run", parents=[common], help="run the node daemon")
     x.add_argument("--platform", help="HOST:PORT of the platform")
-    x.add_argument("--inquiry-interval", type=float)
+    x.add_argument("--inquiry-interval", metavar="SECONDS", help="default: the configuration's (15)")
     add_run_options(x)
     x.set_defaults(func=cmd_node_run)
 

@@ -277,9 +277,11 @@ def test_missing_file(root: Path, capsys: pytest.CaptureFixture[str]) -> None:
 
 
 @pytest.mark.parametrize("argv, fragment", [
-    (["node", "init", "--dir", "X", "--org", "a b"], "node id 'a b' has characters outside"),
-    (["node", "init", "--dir", "X", "--org", ""], "node id '' is empty"),
-    (["node", "init", "--dir", "X", "--org", "x" * 65], "node id of 65 characters exceeds the 64 limit"),
+    (["node", "init", "--dir", "X", "--org", "a b"], '--org "a b" is not an organization id; allowed: an'
+                                                      " organization id: a number of 1 to 64 digits"),
+    (["node", "init", "--dir", "X", "--org", ""], '--org "" is not an organization id'),
+    (["node", "init", "--dir", "X", "--org", "1" * 65], f'--org "{"1" * 65}" is not an organization id'),
+    (["node", "init", "--dir", "X", "--org", "ACME"], '--org "ACME" is not an organization id'),
     (["send", "--dir", A, "--to", "bad id!", "--type", "ORDER", "semq.toml"], "node id 'bad id!'"),
     (["platform", "register", "--dir", "P", "ok1", "no way"], "node id 'no way'"),
 ])

@@ -338,9 +338,12 @@ def cmd_restore(args: argparse.Namespace) -> int:
 
 @_cli_errors
 def cmd_compact(args: argparse.Namespace) -> int:
+    from semq.config import load_config
+
     from .backup import compact
 
     d = _dir(args)
+    load_config(d)  # a wrong --dir or semq.toml: one line, before the note below
     print(f"compacting the store in {d} (a checked copy is rewritten; about as long as copying the file) ...",
           file=sys.stderr, flush=True)
     info = compact(d)
