@@ -95,7 +95,7 @@ def cmd_platform_init(args: argparse.Namespace) -> int:
 
 
 def cmd_node_init(args: argparse.Namespace) -> int:
-    from semq.node.core import NodeCore
+    from semq.node.store import open_node_store
 
     d = _dir(args)
     if (d / "semq.toml").exists():
@@ -104,7 +104,9 @@ def cmd_node_init(args: argparse.Namespace) -> int:
     check_option("platform", args.platform, "--platform")
     cfg = Config(role="node", directory=d, org=args.org, platform=args.platform, security=not args.no_security)
     write_config(cfg)
-    NodeCore(cfg.store_path, cfg.org, create=True).close()
+    # A new incarnation: its record ids start at its creation time, above
+    # any an earlier store of this organization sent (docs/exactly-once.md).
+    open_node_store(cfg.store_path, create=True, incarnation="init").close()
     print(f"node {cfg.org} initialised in {d} (platform {cfg.platform})")
     if not cfg.security:
         print("security OFF: plain TCP, no end-to-end encryption or signatures")
@@ -459,9 +461,9 @@ def cmd_inbox(args: argparse.Namespace) -> int:
                                    "received_ms": i.received_ms, "consumed": i.consumed_ms is not None}
                                   for i in items]))
                 return 0
-            print(f"{'ID':>6}  {'FROM':<10} {'LK0':<22} {'APPKEY':<32} {'SIZE':>7}  AGE")
+            print(f"{'ID':>6}  {'FROM':<10} {'LK0':<28} {'APPKEY':<32} {'SIZE':>7}  AGE")
             for i in items:
-                print(f"{i.id:>6}  {i.lk0.endpoint.node_id:<10} {i.lk0!s:<22} {i.app_key!s:<32}"
+                print(f"{i.id:>6}  {i.lk0.endpoint.node_id:<10} {i.lk0!s:<28} {i.app_key!s:<32}"
                       f" {len(i.app_data):>7}  {format_age(i.received_ms)}")
             print(f"{len(items)} document(s)", file=sys.stderr)
             return 0
@@ -513,9 +515,9 @@ def cmd_messages(args: argparse.Namespace) -> int:
                            "app_key": str(r.app_key), "save_fwd": r.save_fwd, "ack2": r.ack2,
                            "attempts": r.attempts, "code": r.code, "created_ms": r.created_ms} for r in rows]))
         return 0
-    print(f"{'LK0':<22} {'TO':<10} {'STATE':<10} {'SF':>2} {'ACK2':>4} {'TRIES':>5} {'CODE':>4}  {'AGE':>5}  APPKEY")
+    print(f"{'LK0':<28} {'TO':<10} {'STATE':<10} {'SF':>2} {'ACK2':>4} {'TRIES':>5} {'CODE':>4}  {'AGE':>5}  APPKEY")
     for r in rows:
-        print(f"{r.lk0!s:<22} {r.target:<10} {r.state.name:<10} {r.save_fwd:>2} {int(r.ack2):>4} {r.attempts:>5}"
+        print(f"{r.lk0!s:<28} {r.target:<10} {r.state.name:<10} {r.save_fwd:>2} {int(r.ack2):>4} {r.attempts:>5}"
               f" {r.code:>4}  {format_age(r.created_ms):>5}  {r.app_key}")
     print(f"{len(rows)} message(s) pending or failed (confirmed ones are cleaned up)", file=sys.stderr)
     return 0
