@@ -405,30 +405,48 @@ def _client(args: argparse.Namespace) -> Any:
     return NodeClient(_dir(args), config=_cfg(args, "node"))
 
 
+def _unknown_target_warning(known: bool, org: str) -> None:
+    """A target the node had not heard of is accepted (it may be new), but
+    said, once the document is accepted: a mistyped organization id would
+    otherwise only show as a NACK later. Shown with -q too: -q silences
+    notes, not warnings."""
+    if not known:
+        print(f"warning: organization {org} is not known to this node yet; the platform decides whether it exists",
+              file=sys.stderr)
+
+
 def cmd_send(args: argparse.Namespace) -> int:
-    _cfg(args, "node")  # a missing configuration is said before waiting for stdin
+    from semq.node.limits import check_document_size, check_target
+
+    cfg = _cfg(args, "node")  # a missing configuration is said before waiting for stdin
+    check_target(args.to, cfg.org, "--to")  # what cannot be sent is refused at once (exit 2)
     if args.file == "-":
         data = sys.stdin.buffer.read()
     else:
         p = Path(args.file)
         if not p.is_file():
             raise UsageError(f"no such file: {args.file}")
+        check_document_size(p.stat().st_size)  # before reading it
         data = p.read_bytes()
+    check_document_size(len(data))
     if args.transactional:
         # Seed 002: a half message, sent only after 'semq tx commit ID'.
         from semq.node.txn import Transactions
 
         with _client(args) as node:
+            known = node.knows(args.to)
             half = Transactions(node).send(
                 args.to, data, data_type=args.type, domain=args.domain, subtype=args.subtype, key=args.key,
                 save_fwd=args.save_fwd, ack2=args.ack2, priority=args.priority, expires_in=args.expires_in,
                 reliable=not args.best_effort, encrypt=not args.no_encrypt)
         print(half.id)
+        _unknown_target_warning(known, args.to)
         if not args.quiet:
             print(f"half message {half.id} stored, NOT sent: 'semq tx commit {half.id}' sends it,"
                   f" 'semq tx rollback {half.id}' discards it", file=sys.stderr)
         return 0
     with _client(args) as node:
+        known = node.knows(args.to)
         lk0 = node.send(
             args.to, data, data_type=args.type, domain=args.domain, subtype=args.subtype, key=args.key,
             save_fwd=args.save_fwd, ack2=args.ack2, priority=args.priority, expires_in=args.expires_in,
@@ -436,6 +454,7 @@ def cmd_send(args: argparse.Namespace) -> int:
         )
         secure = node.config.security
     print(lk0)
+    _unknown_target_warning(known, args.to)
     if not args.quiet:
         how = ("signed; NOT end-to-end private (--no-encrypt): the relay can read it" if secure and args.no_encrypt
                else "signed and end-to-end encrypted when sent" if secure
@@ -642,7 +661,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     node = sub.add_parser("node", help="an organization's node").add_subparsers(dest="sub", required=True)
     x = node.add_parser("init", parents=[common], help="create the node's config and store")
-    x.add_argument("--org", required=True)
+    x.add_argument("--org", required=True, help="the organization id: a number, e.g. 10008")
     x.add_argument("--platform", default="127.0.0.1:7410")
     x.add_argument("--no-security", action="store_true", help="plain TCP, no keys (testing only)")
     x.add_argument("--enroll-from", metavar="PLATFORM_DIR",
@@ -662,7 +681,7 @@ def build_parser() -> argparse.ArgumentParser:
     x.set_defaults(func=cmd_node_run)
 
     x = sub.add_parser("send", parents=[common], help="hand a document to the node")
-    x.add_argument("--to", required=True, help="target organization id")
+    x.add_argument("--to", required=True, help="target organization id (a number, e.g. 56001)")
     x.add_argument("--type", required=True, help="AppKey data type, e.g. ORDER")
     x.add_argument("--domain", default="")
     x.add_argument("--subtype", default="")
@@ -676,7 +695,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="signed but NOT end-to-end private: the platform operator can read it")
     x.add_argument("--transactional", action="store_true",
                    help="store a half message; it is sent only after 'semq tx commit ID' (seed 002)")
-    x.add_argument("-q", "--quiet", action="store_true")
+    x.add_argument("-q", "--quiet", action="store_true", help="no note on stderr (warnings still show)")
     x.add_argument("file", help="file to send, or - for stdin")
     x.set_defaults(func=cmd_send)
 
