@@ -313,11 +313,12 @@ def run(demo: Demo, keep: bool) -> None:
     demo.wait(lambda: A in demo.online(), "A to connect to the platform")
 
     say("3. A sends the order S0001, an invoice, a receipt and a price update (SaveFwd 3, 2, 2, 1)")
+    lk0s = []
     for i, doc in enumerate(DOCUMENTS):
         (root / doc.file).write_bytes(doc.content)
         # The first one without -q: what send says on stderr.
-        demo.semq("send", "--dir", "A", "--to", B, *doc.options(), *(["-q"] if i else []), doc.file,
-                  stderr=not i)
+        lk0s.append(demo.semq("send", "--dir", "A", "--to", B, *doc.options(), *(["-q"] if i else []), doc.file,
+                              stderr=not i).strip())
 
     say("4. P stores the SaveFwd 2|3 documents for B (ACK_SAVE to A) and drops the SaveFwd=1 one, telling A (NACK 301)")
     demo.wait(lambda: demo.q("P", "SELECT count(*) FROM stored WHERE kind=1")[0][0] == STORED,
@@ -366,7 +367,7 @@ def run(demo: Demo, keep: bool) -> None:
     show("(A keeps the failed row for 7 days so its user can see it; dedup rows stay 30 days: docs/exactly-once.md)")
     if secure:
         show("A keeps B's signed delivery receipt for the order:")
-        demo.semq("messages", "--dir", "A", "--receipt", f"{A}/1/1/1")
+        demo.semq("messages", "--dir", "A", "--receipt", lk0s[0])
 
     # Exactly once: every document B's inbox holds is distinct and byte-identical.
     got = demo.q("B", "SELECT key, app_data, count(*) FROM inbox GROUP BY origin_id, record_id")

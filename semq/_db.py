@@ -354,7 +354,7 @@ def open_store(
     elif not create:
         raise StoreError(f"no {kind} at {path}; run 'semq ... init' first")
     else:
-        path.parent.mkdir(parents=True, exist_ok=True)
+        _create_private(path)
     db = _StoreDatabase(
         None,
         check_same_thread=False,
@@ -408,6 +408,21 @@ def open_store(
     return db
 
 
+def _create_private(path: Path) -> None:
+    """Make a new, empty store file readable by its owner only (0600; its
+    directory 0700 if made here): a node's store holds its documents in
+    plaintext. SQLite gives the -wal and -shm files the mode of the store
+    file, so they are owner-only too; the daemons refuse a store others can
+    read (semq.config.check_private_paths)."""
+    if not path.parent.is_dir():
+        path.parent.mkdir(parents=True, mode=0o700)
+        os.chmod(path.parent, 0o700)  # mkdir's mode is filtered by the umask
+    # O_EXCL with an explicit mode: never, even for an instant, readable by
+    # others (the umask can only remove bits). Nothing has the new file open,
+    # so closing this descriptor drops no SQLite lock (see open_store).
+    os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o600))
+
+
 def _drop_new_journals(journals: list[Path], had: list[bool]) -> None:
     """Leave a refused store as we found it: remove the (empty) -wal/-shm
     files that looking at it created."""
@@ -445,6 +460,7 @@ def backup_store(db: SqliteDatabase, dest: Path) -> Path:
     """A consistent copy of a live store (SQLite online backup API)."""
     dest = Path(dest)
     tmp = dest.with_name(dest.name + f".tmp{int(time.time() * 1000)}")
+    _create_private(tmp)  # a copy of the store: its documents, owner-only like the store
     target = sqlite3.connect(str(tmp))
     try:
         db.connection().backup(target)

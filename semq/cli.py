@@ -18,7 +18,16 @@ from typing import Any
 
 from semq import __version__
 from semq._db import StoreError
-from semq.config import Config, ConfigError, data_dir, load_config, write_config
+from semq.config import (
+    Config,
+    ConfigError,
+    check_option,
+    check_org,
+    check_private_paths,
+    data_dir,
+    load_config,
+    write_config,
+)
 from semq.crypto import CryptoError
 from semq.ops.cli import register as register_ops
 from semq.ops.runtime import add_run_options
@@ -65,6 +74,8 @@ def cmd_platform_init(args: argparse.Namespace) -> int:
     d = _dir(args)
     if (d / "semq.toml").exists():
         raise UsageError(f"{d} already holds a configuration; refusing to overwrite it")
+    check_option("listen", args.listen, "--listen")
+    check_option("platform_id", args.id, "--id")
     host, _ = parse_hostport(args.listen)
     cfg = Config(role="platform", directory=d, listen=args.listen, platform_id=args.id,
                  security=not args.no_security)
@@ -84,21 +95,22 @@ def cmd_platform_init(args: argparse.Namespace) -> int:
 
 
 def cmd_node_init(args: argparse.Namespace) -> int:
-    from semq.node.core import NodeCore
-    from semq.umxt_protocol import Endpoint
+    from semq.node.store import open_node_store
 
     d = _dir(args)
     if (d / "semq.toml").exists():
         raise UsageError(f"{d} already holds a configuration; refusing to overwrite it")
-    Endpoint.org(args.org)
-    parse_hostport(args.platform)
+    check_org(args.org, "--org")
+    check_option("platform", args.platform, "--platform")
     if args.enroll_from and not args.no_security:
         from semq.security import check_not_enrolled
 
         check_not_enrolled(data_dir(args.enroll_from), args.org)  # before anything is written
     cfg = Config(role="node", directory=d, org=args.org, platform=args.platform, security=not args.no_security)
     write_config(cfg)
-    NodeCore(cfg.store_path, cfg.org, create=True).close()
+    # A new incarnation: its record ids start at its creation time, above
+    # any an earlier store of this organization sent (docs/exactly-once.md).
+    open_node_store(cfg.store_path, create=True, incarnation="init").close()
     print(f"node {cfg.org} initialised in {d} (platform {cfg.platform})")
     if not cfg.security:
         print("security OFF: plain TCP, no end-to-end encryption or signatures")
@@ -318,6 +330,17 @@ def _run_daemon(cfg: Config, make: Callable[[], Any], status: Callable[[Any], di
     return 0
 
 
+def _inquiry_interval(args: argparse.Namespace, cfg: Config) -> float:
+    """``--inquiry-interval``, checked like the configuration's key, else
+    the configuration's; also checks ``--listen`` / ``--platform``."""
+    for name in ("listen", "platform"):
+        if getattr(args, name, None) is not None:
+            check_option(name, getattr(args, name), f"--{name}")
+    if args.inquiry_interval is None:
+        return cfg.inquiry_interval
+    return float(check_option("inquiry_interval", args.inquiry_interval, "--inquiry-interval"))
+
+
 def cmd_platform_run(args: argparse.Namespace, daemon_class: Any = None) -> int:
     """``semq platform run``. ``daemon_class`` (default PlatformDaemon)
     lets a test tool run the same relay with its own daemon subclass
@@ -328,7 +351,9 @@ def cmd_platform_run(args: argparse.Namespace, daemon_class: Any = None) -> int:
     daemon_class = daemon_class or PlatformDaemon
 
     cfg = _cfg(args, "platform")
+    inquiry_interval = _inquiry_interval(args, cfg)
     host, port = parse_hostport(args.listen or cfg.listen)
+    check_private_paths(cfg)  # like the keys: a store others can read is refused
     _raise_fd_limit()
     security = None
     if cfg.security:
@@ -337,7 +362,7 @@ def cmd_platform_run(args: argparse.Namespace, daemon_class: Any = None) -> int:
         security = PlatformSecurity(cfg.directory)
     core = PlatformCore(cfg.store_path, cfg.platform_id, events_dir=cfg.events_dir, synchronous=cfg.synchronous,
                         check=True,
-                        inquiry_interval=args.inquiry_interval or cfg.inquiry_interval,
+                        inquiry_interval=inquiry_interval,
                         # With certificates, only enrolled organizations are known.
                         auto_register=cfg.auto_register and not cfg.security,
                         quota_bytes=max(0, cfg.quota_mib) << 20)
@@ -399,7 +424,9 @@ def cmd_node_run(args: argparse.Namespace) -> int:
     from semq.node.daemon import NodeDaemon, NodeSettings
 
     cfg = _cfg(args, "node")
+    inquiry_interval = _inquiry_interval(args, cfg)
     host, port = parse_hostport(args.platform or cfg.platform)
+    check_private_paths(cfg)  # before the keys (NodeSecurity checks those) and the store
     security = None
     if cfg.security:
         from semq.security import NodeSecurity
@@ -408,8 +435,7 @@ def cmd_node_run(args: argparse.Namespace) -> int:
         if security.expiring(30):
             logging.getLogger("semq").warning("certificate expires in %.0f days", security.expires_in_days())
     core = NodeCore(cfg.store_path, cfg.org, events_dir=cfg.events_dir, synchronous=cfg.synchronous, check=True,
-                    inquiry_interval=args.inquiry_interval or cfg.inquiry_interval, security=security,
-                    clock_skew=cfg.clock_skew)
+                    inquiry_interval=inquiry_interval, security=security, clock_skew=cfg.clock_skew)
     settings = NodeSettings(host=host, port=port, window=cfg.window,
                             ssl_context=security.ssl_context() if security else None)
     from semq.ops.runtime import OpsRuntime, ops_options
@@ -436,30 +462,48 @@ def _client(args: argparse.Namespace) -> Any:
     return NodeClient(_dir(args), config=_cfg(args, "node"))
 
 
+def _unknown_target_warning(known: bool, org: str) -> None:
+    """A target the node had not heard of is accepted (it may be new), but
+    said, once the document is accepted: a mistyped organization id would
+    otherwise only show as a NACK later. Shown with -q too: -q silences
+    notes, not warnings."""
+    if not known:
+        print(f"warning: organization {org} is not known to this node yet; the platform decides whether it exists",
+              file=sys.stderr)
+
+
 def cmd_send(args: argparse.Namespace) -> int:
-    _cfg(args, "node")  # a missing configuration is said before waiting for stdin
+    from semq.node.limits import check_document_size, check_target
+
+    cfg = _cfg(args, "node")  # a missing configuration is said before waiting for stdin
+    check_target(args.to, cfg.org, "--to")  # what cannot be sent is refused at once (exit 2)
     if args.file == "-":
         data = sys.stdin.buffer.read()
     else:
         p = Path(args.file)
         if not p.is_file():
             raise UsageError(f"no such file: {args.file}")
+        check_document_size(p.stat().st_size)  # before reading it
         data = p.read_bytes()
+    check_document_size(len(data))
     if args.transactional:
         # Seed 002: a half message, sent only after 'semq tx commit ID'.
         from semq.node.txn import Transactions
 
         with _client(args) as node:
+            known = node.knows(args.to)
             half = Transactions(node).send(
                 args.to, data, data_type=args.type, domain=args.domain, subtype=args.subtype, key=args.key,
                 save_fwd=args.save_fwd, ack2=args.ack2, priority=args.priority, expires_in=args.expires_in,
                 reliable=not args.best_effort, encrypt=not args.no_encrypt)
         print(half.id)
+        _unknown_target_warning(known, args.to)
         if not args.quiet:
             print(f"half message {half.id} stored, NOT sent: 'semq tx commit {half.id}' sends it,"
                   f" 'semq tx rollback {half.id}' discards it", file=sys.stderr)
         return 0
     with _client(args) as node:
+        known = node.knows(args.to)
         lk0 = node.send(
             args.to, data, data_type=args.type, domain=args.domain, subtype=args.subtype, key=args.key,
             save_fwd=args.save_fwd, ack2=args.ack2, priority=args.priority, expires_in=args.expires_in,
@@ -467,6 +511,7 @@ def cmd_send(args: argparse.Namespace) -> int:
         )
         secure = node.config.security
     print(lk0)
+    _unknown_target_warning(known, args.to)
     if not args.quiet:
         how = ("signed; NOT end-to-end private (--no-encrypt): the relay can read it" if secure and args.no_encrypt
                else "signed and end-to-end encrypted when sent" if secure
@@ -492,9 +537,9 @@ def cmd_inbox(args: argparse.Namespace) -> int:
                                    "received_ms": i.received_ms, "consumed": i.consumed_ms is not None}
                                   for i in items]))
                 return 0
-            print(f"{'ID':>6}  {'FROM':<10} {'LK0':<22} {'APPKEY':<32} {'SIZE':>7}  AGE")
+            print(f"{'ID':>6}  {'FROM':<10} {'LK0':<28} {'APPKEY':<32} {'SIZE':>7}  AGE")
             for i in items:
-                print(f"{i.id:>6}  {i.lk0.endpoint.node_id:<10} {i.lk0!s:<22} {i.app_key!s:<32}"
+                print(f"{i.id:>6}  {i.lk0.endpoint.node_id:<10} {i.lk0!s:<28} {i.app_key!s:<32}"
                       f" {len(i.app_data):>7}  {format_age(i.received_ms)}")
             print(f"{len(items)} document(s)", file=sys.stderr)
             return 0
@@ -556,10 +601,10 @@ def cmd_messages(args: argparse.Namespace) -> int:
                            "attempts": r.attempts, "code": r.code, "created_ms": r.created_ms,
                            "reason": reason(r), "note": r.note} for r in rows]))
         return 0
-    print(f"{'LK0':<22} {'TO':<10} {'STATE':<10} {'SF':>2} {'ACK2':>4} {'TRIES':>5} {'CODE':>4}  {'AGE':>5}  APPKEY")
+    print(f"{'LK0':<28} {'TO':<10} {'STATE':<10} {'SF':>2} {'ACK2':>4} {'TRIES':>5} {'CODE':>4}  {'AGE':>5}  APPKEY")
     for r in rows:
         why = reason(r) or (f"({r.note})" if r.note else "")
-        print(f"{r.lk0!s:<22} {r.target:<10} {r.state.name:<10} {r.save_fwd:>2} {int(r.ack2):>4} {r.attempts:>5}"
+        print(f"{r.lk0!s:<28} {r.target:<10} {r.state.name:<10} {r.save_fwd:>2} {int(r.ack2):>4} {r.attempts:>5}"
               f" {r.code:>4}  {format_age(r.created_ms):>5}  {r.app_key}" + (f"  {why}" if why else ""))
     print(f"{len(rows)} message(s) pending or failed (confirmed ones are cleaned up)", file=sys.stderr)
     return 0
@@ -665,7 +710,7 @@ def build_parser() -> argparse.ArgumentParser:
     x.set_defaults(func=cmd_platform_init)
     x = plat.add_parser("run", parents=[common], help="run the relay")
     x.add_argument("--listen", help="HOST:PORT (port 0 = any free port)")
-    x.add_argument("--inquiry-interval", type=float)
+    x.add_argument("--inquiry-interval", metavar="SECONDS", help="default: the configuration's (15)")
     add_run_options(x)
     x.set_defaults(func=cmd_platform_run)
     x = plat.add_parser("register", parents=[common], help="make organizations known")
@@ -688,7 +733,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     node = sub.add_parser("node", help="an organization's node").add_subparsers(dest="sub", required=True)
     x = node.add_parser("init", parents=[common], help="create the node's config and store")
-    x.add_argument("--org", required=True)
+    x.add_argument("--org", required=True, help="the organization id: a number, e.g. 10008")
     x.add_argument("--platform", default="127.0.0.1:7410")
     x.add_argument("--no-security", action="store_true", help="plain TCP, no keys (testing only)")
     x.add_argument("--enroll-from", metavar="PLATFORM_DIR",
@@ -714,12 +759,12 @@ def build_parser() -> argparse.ArgumentParser:
     x.set_defaults(func=cmd_node_import)
     x = node.add_parser("run", parents=[common], help="run the node daemon")
     x.add_argument("--platform", help="HOST:PORT of the platform")
-    x.add_argument("--inquiry-interval", type=float)
+    x.add_argument("--inquiry-interval", metavar="SECONDS", help="default: the configuration's (15)")
     add_run_options(x)
     x.set_defaults(func=cmd_node_run)
 
     x = sub.add_parser("send", parents=[common], help="hand a document to the node")
-    x.add_argument("--to", required=True, help="target organization id")
+    x.add_argument("--to", required=True, help="target organization id (a number, e.g. 56001)")
     x.add_argument("--type", required=True, help="AppKey data type, e.g. ORDER")
     x.add_argument("--domain", default="")
     x.add_argument("--subtype", default="")
@@ -736,7 +781,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="signed but NOT end-to-end private: the platform operator can read it")
     x.add_argument("--transactional", action="store_true",
                    help="store a half message; it is sent only after 'semq tx commit ID' (seed 002)")
-    x.add_argument("-q", "--quiet", action="store_true")
+    x.add_argument("-q", "--quiet", action="store_true", help="no note on stderr (warnings still show)")
     x.add_argument("file", help="file to send, or - for stdin")
     x.set_defaults(func=cmd_send)
 

@@ -1,43 +1,238 @@
 """Configuration: one TOML file per data directory (``semq.toml``).
 
-The directory is ``--dir``, else ``$SEMQ_DIR``, else ``./semq-data``."""
+The directory is ``--dir``, else ``$SEMQ_DIR``, else ``./semq-data``.
+
+Every key is declared once, on its ``Config`` field, with a ``Rule``: its
+TOML type, the values allowed (in words, for the error and the docs) and the
+check. ``load_config`` enforces the rules, and the command-line overrides go
+through the same ones (``check_option``), so a wrong value stops a command
+at start with one line naming the key, the value and what is allowed,
+instead of a daemon that starts and dies later with a traceback.
+docs/operations.md lists the keys from ``SETTINGS`` (a test compares them).
+
+The data directory and the private files in it (stores with their -wal and
+-shm, keys, event logs) are owner-only; ``check_private_paths`` is what a
+daemon runs at start (the keys have their own check in semq.crypto).
+"""
 
 from __future__ import annotations
 
+import ipaddress
+import json
+import math
 import os
+import re
+import stat
 import tomllib
-from dataclasses import asdict, dataclass
+from collections.abc import Callable, Iterator
+from dataclasses import MISSING, asdict, dataclass, field, fields
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 import tomli_w
 
-__all__ = ["CONFIG_NAME", "Config", "ConfigError", "data_dir", "load_config", "write_config"]
+__all__ = [
+    "CONFIG_NAME",
+    "ORG_ID_ALLOWED",
+    "PRIVATE_DIR_MODE",
+    "PRIVATE_FILE_MODE",
+    "SETTINGS",
+    "Config",
+    "ConfigError",
+    "Rule",
+    "UnsafePermissions",
+    "check_option",
+    "check_org",
+    "check_private_paths",
+    "data_dir",
+    "load_config",
+    "org_id_problem",
+    "parse_hostport",
+    "private_paths",
+    "settings_table",
+    "write_config",
+]
 
-CONFIG_NAME = "semq.toml"
+CONFIG_NAME: Final = "semq.toml"
+PRIVATE_DIR_MODE: Final = 0o700  # the data directory and the directories in it
+PRIVATE_FILE_MODE: Final = 0o600  # stores (and their -wal/-shm), keys, event logs
+DEFAULT_PORT: Final = 7410
 
 
 class ConfigError(Exception):
-    pass
+    """A configuration (or a command-line override of it) the user must fix:
+    one line naming the key, the value and what is allowed (exit status 2)."""
+
+
+class UnsafePermissions(ConfigError):
+    """The data directory or a private file in it is open to group/others."""
+
+
+# ---------------------------------------------------------------- value rules
+
+
+def parse_hostport(text: str, default_port: int = DEFAULT_PORT) -> tuple[str, int]:
+    """``HOST:PORT`` / ``[::1]:PORT`` / ``HOST`` -> (host, port). Raises
+    ValueError naming the address and what is wrong with it."""
+    text = text.strip()
+    if text.startswith("["):
+        host, _, rest = text[1:].partition("]")
+        port = rest.lstrip(":")
+    elif text.count(":") == 1:
+        host, port = text.split(":")
+    else:
+        host, port = text, ""
+    if not host:
+        raise ValueError(f"address {text!r} has no host")
+    try:
+        p = int(port) if port else default_port
+    except ValueError:
+        raise ValueError(f"address {text!r}: port {port!r} is not a number") from None
+    if not 0 <= p <= 65535:
+        raise ValueError(f"address {text!r}: port {p} is outside 0..65535")
+    return host, p
+
+
+_HOST_RE: Final = re.compile(r"[A-Za-z0-9]([A-Za-z0-9.-]*[A-Za-z0-9])?")
+# Organization ids in this network are numbers, as the seed's 10008 and
+# 56001: digits only, no leading zero (010008 would be another organization
+# than 10008 on the wire while reading as the same number), at most the
+# protocol's 64 characters of a node id.
+_ORG_RE: Final = re.compile(r"[1-9][0-9]{0,63}")
+ORG_ID_ALLOWED: Final = "an organization id: a number of 1 to 64 digits without a leading zero, e.g. 10008"
+# A platform's endpoint id: the protocol's node id (semq.umxt_protocol.Endpoint).
+_ENDPOINT_RE: Final = re.compile(r"[A-Za-z0-9._:@-]{1,64}")
+
+
+def org_id_problem(text: object) -> str | None:
+    """Why ``text`` is not an organization id (None when it is one)."""
+    if not isinstance(text, str):
+        return "is not a string"
+    if not _ORG_RE.fullmatch(text):
+        return "is not an organization id"
+    return None
+
+
+def _address_problem(text: str, min_port: int) -> str | None:
+    try:
+        host, port = parse_hostport(text)
+    except ValueError as e:
+        return f"is not an address ({str(e).removeprefix(f'address {text.strip()!r}').lstrip(': ')})"
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        if not _HOST_RE.fullmatch(host) or len(host) > 253:
+            return f"is not an address (host {host!r} is not a host name or an IP address)"
+    if port < min_port:
+        return f"is not an address (port {port} is outside {min_port}..65535)"
+    return None
+
+
+@dataclass(frozen=True)
+class Rule:
+    """What one ``semq.toml`` key may hold. ``kind`` is its TOML type
+    (string, integer, number, boolean); ``allowed`` says in words what is
+    allowed (the errors and docs/operations.md print it); ``check`` returns
+    None for a good value of the right type, else the reason (``is out of
+    range``, ``is not an organization id``...)."""
+
+    kind: str
+    allowed: str
+    check: Callable[[Any], str | None] = lambda _v: None
+    doc: str = ""
+
+    def problem(self, value: Any) -> str | None:
+        """Why ``value`` is not allowed (None when it is)."""
+        if self.kind == "boolean":
+            ok = isinstance(value, bool)
+        elif self.kind == "integer":
+            ok = isinstance(value, int) and not isinstance(value, bool)
+        elif self.kind == "number":
+            ok = isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+        else:
+            ok = isinstance(value, str)
+        if not ok:
+            return f"is not {'an' if self.kind[0] in 'aeiou' else 'a'} {self.kind}"
+        return self.check(value)
+
+    def parse(self, text: str) -> Any:
+        """A command-line value of this key's type (ConfigError-free: a
+        value that does not parse is returned as the text, which ``problem``
+        then refuses with the type's words)."""
+        try:
+            if self.kind == "integer":
+                return int(text)
+            if self.kind == "number":
+                return float(text)
+        except ValueError:
+            return text
+        return text
+
+
+def _between(lo: float, hi: float) -> Callable[[Any], str | None]:
+    return lambda v: None if lo <= v <= hi else "is out of range"
+
+
+def _one_of(*values: str) -> Callable[[Any], str | None]:
+    return lambda v: None if v.upper() in values else "is not allowed"
+
+
+def _setting(default: Any, rule: Rule) -> Any:
+    return field(default=default, metadata={"rule": rule})
+
+
+_ADDRESS_WORDS: Final = "HOST:PORT with PORT {lo}..65535{zero}, e.g. 127.0.0.1:7410 or [::1]:7410"
 
 
 @dataclass
 class Config:
-    role: str  # "node" or "platform"
-    directory: Path
-    org: str = ""  # node: its organization id
-    platform: str = "127.0.0.1:7410"  # node: the platform address
-    platform_id: str = "platform"  # platform: its endpoint id
-    listen: str = "127.0.0.1:7410"  # platform: listen address
-    inquiry_interval: float = 15.0  # s (SPEC default)
-    synchronous: str = "FULL"  # SQLite synchronous mode
-    window: int = 4096
-    queue_mib: int = 16  # platform: MiB queued for one slow node before its documents are stored instead
-    auto_register: bool = True  # platform: accept nodes it does not know yet
-    quota_mib: int = 4096  # platform: MiB of stored documents one organization may have (0: no limit)
-    max_connections_per_org: int = 4  # platform: connections one organization may hold at once
-    clock_skew: float = 600.0  # node: s the organizations' clocks may disagree (a document's creation time)
-    security: bool = True  # mutual TLS, end-to-end encryption and signatures (docs/security.md)
+    """A data directory's ``semq.toml``. Each field's ``Rule`` (its metadata)
+    is the one definition of what the key may hold."""
+
+    role: str = field(metadata={"rule": Rule("string", '"node" or "platform"',
+                                             lambda v: None if v in ("node", "platform") else "is not allowed",
+                                             "what the directory holds; set by init")})
+    directory: Path = field(metadata={"rule": None})  # not in the file: where it was read
+    org: str = _setting("", Rule(
+        "string", ORG_ID_ALLOWED, lambda v: None if v == "" else org_id_problem(v),
+        'node: its organization id (a platform has "")'))
+    platform: str = _setting(f"127.0.0.1:{DEFAULT_PORT}", Rule(
+        "string", _ADDRESS_WORDS.format(lo=1, zero=""), lambda v: _address_problem(v, 1),
+        "node: the platform's address"))
+    platform_id: str = _setting("platform", Rule(
+        "string", "1 to 64 characters of A-Z a-z 0-9 . _ : @ -",
+        lambda v: None if _ENDPOINT_RE.fullmatch(v) else "is not an endpoint id",
+        "platform: its endpoint id"))
+    listen: str = _setting(f"127.0.0.1:{DEFAULT_PORT}", Rule(
+        "string", _ADDRESS_WORDS.format(lo=0, zero=" (0: any free port)"), lambda v: _address_problem(v, 0),
+        "platform: the address it listens on"))
+    inquiry_interval: float = _setting(15.0, Rule(
+        "number", "a number of seconds 0.01..86400", _between(0.01, 86400),
+        "seconds before an unconfirmed document is asked about (SPEC default 15)"))
+    synchronous: str = _setting("FULL", Rule(
+        "string", 'one of "OFF", "NORMAL", "FULL", "EXTRA" (any case)', _one_of("OFF", "NORMAL", "FULL", "EXTRA"),
+        "SQLite synchronous mode of the store: FULL makes every commit durable before its ack"))
+    window: int = _setting(4096, Rule(
+        "integer", "an integer 1..1000000", _between(1, 1_000_000),
+        "documents in flight without the platform's ack (node) / granted to a node (platform)"))
+    queue_mib: int = _setting(16, Rule(
+        "integer", "an integer 1..65536", _between(1, 65536),
+        "platform: MiB queued in memory for one slow node before its documents are stored instead"))
+    auto_register: bool = _setting(True, Rule(
+        "boolean", "true or false", doc="platform without security: accept nodes it does not know yet"))
+    quota_mib: int = _setting(4096, Rule(
+        "integer", "an integer 0..1048576 (0: no limit)", _between(0, 1 << 20),
+        "platform: MiB of documents one organization may have stored here at once; past it QUOTA_EXCEEDED"))
+    max_connections_per_org: int = _setting(4, Rule(
+        "integer", "an integer 1..1024", _between(1, 1024),
+        "platform: connections one organization may hold at once (each may buffer a 64 MiB frame)"))
+    clock_skew: float = _setting(600.0, Rule(
+        "number", "a number of seconds 0..86400", _between(0, 86400),
+        "node: how far the organizations' clocks may disagree; documents created further ahead, or older"
+        " than the 30-day duplicate suppression minus this, are refused STALE"))
+    security: bool = _setting(True, Rule(
+        "boolean", "true or false",
+        doc="mutual TLS, end-to-end encryption and signatures (docs/security.md); set by init"))
 
     @property
     def store_path(self) -> Path:
@@ -51,12 +246,80 @@ class Config:
     def status_path(self) -> Path:
         return self.directory / "status.json"
 
+    def check(self, source: str = CONFIG_NAME) -> Config:
+        """Every key against its rule, and the rules between keys (a node
+        needs an organization id). Raises ConfigError naming ``source``, the
+        first bad key, its value and what is allowed. Returns self."""
+        for name, rule in SETTINGS.items():
+            _refuse(rule, getattr(self, name), f"{source}: {name} =")
+        if self.role == "node" and not self.org:
+            raise ConfigError(f'{source}: org = "" is not allowed for a node; allowed: {ORG_ID_ALLOWED}')
+        return self
+
+
+SETTINGS: Final[dict[str, Rule]] = {f.name: f.metadata["rule"] for f in fields(Config)
+                                    if f.metadata.get("rule") is not None}
+
+
+def _toml(value: Any) -> str:
+    """A value as it is written in TOML (for the errors)."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int | float):
+        return repr(value)
+    return json.dumps(value, ensure_ascii=False, default=str)
+
+
+def _refuse(rule: Rule, value: Any, label: str) -> None:
+    why = rule.problem(value)
+    if why is not None:
+        raise ConfigError(f"{label} {_toml(value)} {why}; allowed: {rule.allowed}")
+
+
+def settings_table() -> str:
+    """The keys of ``semq.toml`` as a Markdown table, from the rules
+    (docs/operations.md holds this output; a test compares them)."""
+    rows = ["| key | type | allowed | default | what |", "|---|---|---|---|---|"]
+    for f in fields(Config):
+        rule = f.metadata.get("rule")
+        if rule is None:
+            continue
+        default = "(required)" if f.default is MISSING else f"`{_toml(f.default)}`"
+        rows.append(f"| `{f.name}` | {rule.kind} | {rule.allowed} | {default} | {rule.doc} |")
+    return "\n".join(rows) + "\n"
+
+
+def check_org(text: str, option: str) -> str:
+    """An organization id given on the command line (``--org``, ``--to``).
+    Returns it; raises ConfigError naming ``option``, the value and what an
+    organization id is."""
+    why = org_id_problem(text)
+    if why is not None:
+        raise ConfigError(f"{option} {json.dumps(text, ensure_ascii=False)} {why}; allowed: {ORG_ID_ALLOWED}")
+    return text
+
+
+def check_option(name: str, text: str, option: str) -> Any:
+    """A command-line override of the key ``name`` (``--inquiry-interval
+    -1``): parsed to the key's type and checked by the key's rule. Returns
+    the value; raises ConfigError naming ``option``, the value and what is
+    allowed."""
+    rule = SETTINGS[name]
+    value = rule.parse(text)
+    why = rule.problem(value)
+    if why is not None:
+        shown = json.dumps(text, ensure_ascii=False) if rule.kind == "string" else text
+        raise ConfigError(f"{option} {shown} {why}; allowed: {rule.allowed}")
+    return value
+
 
 def data_dir(explicit: str | None) -> Path:
     return Path(explicit or os.environ.get("SEMQ_DIR") or "semq-data").resolve()
 
 
 def load_config(directory: Path) -> Config:
+    """Read ``directory/semq.toml``. Raises ConfigError (one line): no file,
+    not TOML, an unknown key, or a value its rule does not allow."""
     path = directory / CONFIG_NAME
     if not path.exists():
         raise ConfigError(f"no configuration at {path}; run 'semq node init' or 'semq platform init' (or set SEMQ_DIR)")
@@ -64,19 +327,75 @@ def load_config(directory: Path) -> Config:
         raw: dict[str, Any] = tomllib.loads(path.read_text("utf-8"))
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
         raise ConfigError(f"configuration {path} is not valid TOML: {e}") from e
-    fields = set(Config.__dataclass_fields__) - {"directory"}
-    unknown = set(raw) - fields
+    unknown = set(raw) - set(SETTINGS)
     if unknown:
-        raise ConfigError(f"configuration {path} has unknown keys: {', '.join(sorted(unknown))}")
-    if raw.get("role") not in ("node", "platform"):
-        raise ConfigError(f"configuration {path}: role {raw.get('role')!r} is not 'node' or 'platform'")
-    return Config(directory=directory, **raw)
+        raise ConfigError(f"configuration {path} has unknown keys: {', '.join(sorted(unknown))}"
+                          f" (known: {', '.join(SETTINGS)})")
+    if "role" not in raw:
+        raise ConfigError(f'{path}: role is missing; allowed: {SETTINGS["role"].allowed}')
+    for name, value in raw.items():
+        _refuse(SETTINGS[name], value, f"{path}: {name} =")
+    if isinstance(raw.get("inquiry_interval"), int):
+        raw["inquiry_interval"] = float(raw["inquiry_interval"])
+    return Config(directory=directory, **raw).check(str(path))
 
 
 def write_config(cfg: Config) -> Path:
-    cfg.directory.mkdir(parents=True, exist_ok=True)
-    os.chmod(cfg.directory, 0o700)
+    """Write ``cfg`` (checked first: nothing is written for a bad value) into
+    its directory, which is created owner-only."""
+    cfg.check()
+    cfg.directory.mkdir(parents=True, exist_ok=True, mode=PRIVATE_DIR_MODE)
+    os.chmod(cfg.directory, PRIVATE_DIR_MODE)
     data = {k: v for k, v in asdict(cfg).items() if k != "directory"}
     path = cfg.directory / CONFIG_NAME
     path.write_text(tomli_w.dumps(data), "utf-8")
     return path
+
+
+# ---------------------------------------------------------------- permissions
+
+
+def private_paths(cfg: Config) -> Iterator[tuple[Path, int]]:
+    """The data directory and the private files in it that exist, each with
+    the mode it must not exceed: the store with its -wal and -shm, and the
+    delivery event logs. (Keys are checked by semq.crypto when loaded.)"""
+    yield cfg.directory, PRIVATE_DIR_MODE
+    for sfx in ("", "-wal", "-shm"):
+        p = Path(f"{cfg.store_path}{sfx}")
+        if p.exists():
+            yield p, PRIVATE_FILE_MODE
+    if cfg.events_dir.is_dir():
+        for p in sorted(cfg.events_dir.glob("*.jsonl")):
+            yield p, PRIVATE_FILE_MODE
+
+
+def check_private_paths(cfg: Config) -> None:
+    """Refuse a data directory or a private file (see ``private_paths``) that
+    group or others may access: a node's store holds its documents in
+    plaintext, the event logs who exchanged what with whom. Raises
+    UnsafePermissions, one line naming the first such path, its mode and
+    the chmod that fixes every one found. No-op on Windows, where POSIX modes
+    do not apply."""
+    if os.name == "nt":  # pragma: no cover
+        return
+    bad: list[tuple[Path, int, int]] = []
+    for p, allowed in private_paths(cfg):
+        try:
+            mode = stat.S_IMODE(p.stat().st_mode)
+        except FileNotFoundError:  # a -shm removed as we looked
+            continue
+        if mode & 0o077:
+            bad.append((p, mode, allowed))
+    if not bad:
+        return
+    p, mode, _ = bad[0]
+    what = "data directory" if p == cfg.directory else "file"
+    cmds = [f"chmod {PRIVATE_DIR_MODE:o} {q}" for q, _, a in bad if a == PRIVATE_DIR_MODE]
+    files = [str(q) for q, _, a in bad if a == PRIVATE_FILE_MODE and q.parent != cfg.events_dir]
+    logs = [q for q, _, a in bad if q.parent == cfg.events_dir]
+    files += [str(cfg.events_dir / "*.jsonl")] if len(logs) > 1 else [str(q) for q in logs]
+    if files:
+        cmds.append(f"chmod {PRIVATE_FILE_MODE:o} {' '.join(files)}")
+    more = f" (and {len(bad) - 1} more)" if len(bad) > 1 else ""
+    raise UnsafePermissions(f"{what} {p} is accessible by group/others (mode {mode:04o}){more};"
+                            f" run {' && '.join(cmds)}")

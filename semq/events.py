@@ -6,6 +6,7 @@ the log never claims more than the store holds."""
 from __future__ import annotations
 
 import logging
+import os
 import time
 from pathlib import Path
 from typing import IO, Any
@@ -38,8 +39,13 @@ class EventLog:
         if day != self._day or self._file is None:
             if self._file is not None:
                 self._file.close()
-            self.directory.mkdir(parents=True, exist_ok=True)
-            self._file = (self.directory / f"events-{day}.jsonl").open("ab")
+            if not self.directory.is_dir():
+                self.directory.mkdir(parents=True, mode=0o700)
+            # Owner-only (0600, like the store): the log says who exchanged
+            # what with whom. The daemons refuse logs others can read
+            # (semq.config.check_private_paths).
+            fd = os.open(self.directory / f"events-{day}.jsonl", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+            self._file = os.fdopen(fd, "ab")
             self._day = day
         return self._file
 

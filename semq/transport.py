@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import trio
 
+from semq.config import parse_hostport  # one definition, also used to check semq.toml
 from semq.umxt_protocol import (
     DEFAULT_MAX_FRAME,
     Endpoint,
@@ -124,27 +125,6 @@ class FramePump:
         self._bytes = 0
         self._room.set()
         return out
-
-
-def parse_hostport(text: str, default_port: int = 7410) -> tuple[str, int]:
-    """``HOST:PORT`` / ``[::1]:PORT`` / ``HOST`` -> (host, port)."""
-    text = text.strip()
-    if text.startswith("["):
-        host, _, rest = text[1:].partition("]")
-        port = rest.lstrip(":")
-    elif text.count(":") == 1:
-        host, port = text.split(":")
-    else:
-        host, port = text, ""
-    if not host:
-        raise ValueError(f"address {text!r} has no host")
-    try:
-        p = int(port) if port else default_port
-    except ValueError:
-        raise ValueError(f"address {text!r}: port {port!r} is not a number") from None
-    if not 0 <= p <= 65535:
-        raise ValueError(f"address {text!r}: port {p} is outside 0..65535")
-    return host, p
 
 
 _ = RemoteProtocolError

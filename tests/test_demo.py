@@ -23,7 +23,7 @@ def test_demo_runs_to_the_end(tmp_path: Path) -> None:
     out = r.stdout
     for line in (
         "$ semq send --dir A --to 56001 --type ORDER --domain trade --subtype PO --key S0001",
-        "10008/1/1/1",
+        "10008/1/1/",  # the order's LK0: its record id starts at the store's creation time
         "stored for: 56001=3",
         "SS_FAILED   1    0     1  301",  # the SaveFwd=1 document: dropped, and A was told
         "trade/ORDER/PO/S0001",

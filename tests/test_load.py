@@ -45,10 +45,13 @@ def _online(root: Path) -> set[str]:
         return set()
 
 
-def _send(directory: Path, n: int, batch: int = 1000) -> None:
+def _send(directory: Path, n: int, batch: int = 1000) -> list[int]:
+    """Send ``n`` documents; their record ids, in order."""
+    ids: list[int] = []
     with NodeClient(directory) as node:
         for i in range(0, n, batch):
-            node.send_many(_docs(i, min(batch, n - i)))
+            ids += [lk.record_id for lk in node.send_many(_docs(i, min(batch, n - i)))]
+    return ids
 
 
 def test_200_tls_nodes_connected_while_a_real_pair_exchanges(cluster: Cluster, tmp_path: Path) -> None:
@@ -123,7 +126,7 @@ def test_backlog_for_an_offline_node_drained_on_reconnect(cluster: Cluster, tmp_
     sampler = threading.Thread(target=sample, daemon=True)
     sampler.start()
     try:
-        _send(tmp_path / A, BACKLOG)
+        ids = _send(tmp_path / A, BACKLOG)
         cluster.start_node(A)
         wait_until(lambda: cluster.count(A, "SELECT count(*) FROM outbox WHERE state=3") == BACKLOG, 60,
                    f"{BACKLOG} documents ACK_SAVE'd at A", 0.2)
@@ -140,9 +143,9 @@ def test_backlog_for_an_offline_node_drained_on_reconnect(cluster: Cluster, tmp_
         sampler.join(timeout=5)
     inbox = cluster.inbox(B)  # asserts each LK0 once
     assert len(inbox) == BACKLOG
-    assert set(inbox) == {f"{A}/{i}" for i in range(1, BACKLOG + 1)}
-    assert inbox[f"{A}/1"] == _docs(0, 1)[0]["data"]
-    assert inbox[f"{A}/{BACKLOG}"] == _docs(BACKLOG - 1, 1)[0]["data"]
+    assert set(inbox) == {f"{A}/{i}" for i in ids}
+    assert inbox[f"{A}/{ids[0]}"] == _docs(0, 1)[0]["data"]
+    assert inbox[f"{A}/{ids[-1]}"] == _docs(BACKLOG - 1, 1)[0]["data"]
     assert max(info.hwm_mib, peak[0]) < RSS_BOUND_MIB, (info, peak)
     assert plat.p.poll() is None
     # The platform owns delivery of what it stored: the origin sends nothing

@@ -186,7 +186,7 @@ def test_sqlite_only_backup_and_bad_archives(tmp_path: Path) -> None:
     src = tmp_path / "A"
     init_node(src)
     core = NodeCore(src / "node.sqlite", "10008")
-    core.accept([NewDocument(target="56001", app_data=b"x")])
+    (lk0,) = core.accept([NewDocument(target="56001", app_data=b"x")])
     core.close()
     info = backup(src, tmp_path / "store.sqlite")
     assert info.files == ["node.sqlite"]
@@ -194,8 +194,8 @@ def test_sqlite_only_backup_and_bad_archives(tmp_path: Path) -> None:
         restore(tmp_path / "store.sqlite", tmp_path / "empty")
     dst = tmp_path / "B"
     init_node(dst)
-    restore(tmp_path / "store.sqlite", dst, force=True)
-    assert ids(dst / "node.sqlite") == [1]
+    res = restore(tmp_path / "store.sqlite", dst, force=True)
+    assert ids(dst / "node.sqlite") == [lk0.record_id] and res.id_floor > lk0.record_id
 
     evil = tmp_path / "evil.tar"
     with tarfile.open(evil, "w") as t:
@@ -223,7 +223,7 @@ def test_sqlite_only_backup_and_bad_archives(tmp_path: Path) -> None:
             t_out.addfile(m, io.BytesIO(blob))
     with pytest.raises(BackupError, match="checksum"):
         restore(damaged, dst, force=True)
-    assert ids(dst / "node.sqlite") == [1]
+    assert ids(dst / "node.sqlite") == [lk0.record_id]  # unchanged
 
 
 def test_keys_only_when_asked(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -17,15 +17,18 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 from semq.config import Config, ConfigError, load_config
 from semq.umxt_protocol import LK0, AppKey, Endpoint, NodeType, ResultCode, SaveFwd
 
 from .core import NewDocument, NodeCore
 from .engine import SendState
+from .limits import MAX_DOCUMENT_SIZE, BadTarget, DocumentTooLarge, check_target
 
-__all__ = ["InboxItem", "NodeClient", "OutboxRow"]
+__all__ = ["MAX_DOCUMENT_SIZE", "BadTarget", "DocumentTooLarge", "InboxItem", "NodeClient", "OutboxRow"]
+
+KNOWS_ROWS: Final = 10_000  # newest rows of an unindexed table NodeClient.knows reads
 
 
 @dataclass(frozen=True)
@@ -105,14 +108,21 @@ class NodeClient:
         its AppKey sealed inside it (the relay routes without it;
         ``clear_app_key=True`` leaves it readable in the header);
         ``encrypt=False`` sends it signed but **not end-to-end private**.
-        Raises LocalProtocolError for an invalid field, StoreError for the store."""
+        Raises DocumentTooLarge (a document over ``MAX_DOCUMENT_SIZE``, which
+        no frame can carry), BadTarget (``to`` is not an organization id, or
+        is this node), both LocalProtocolError like any other invalid field;
+        StoreError for the store. A target the node has not heard of is
+        accepted (``knows`` tells): the platform decides whether it exists."""
         return self.send_many([dict(to=to, data=data, data_type=data_type, domain=domain, subtype=subtype,
                                     key=key, save_fwd=save_fwd, ack2=ack2, priority=priority,
                                     expires_in=expires_in, reliable=reliable, encrypt=encrypt,
                                     clear_app_key=clear_app_key)])[0]
 
     def send_many(self, docs: list[dict[str, Any]]) -> list[LK0]:
-        """Accept several documents in one transaction (much faster)."""
+        """Accept several documents in one transaction (much faster); the
+        errors of ``send``, and then nothing of the call is accepted."""
+        for to in {d["to"] for d in docs}:  # once per target, not per document
+            check_target(to, self.config.org)
         now = int(time.time() * 1000)
         news = []
         for d in docs:
@@ -130,6 +140,27 @@ class NodeClient:
                 clear_app_key=bool(d.get("clear_app_key", False)),
             ))
         return self.core.accept(news)
+
+    def knows(self, org: str) -> bool:
+        """Whether this node has heard of organization ``org``: it holds its
+        certificate (``certs/``), or has documents from it (dedup: the last
+        30 days; the inbox) or for it (pending-send rows, delivery receipts).
+        The tables without an index on the organization are read from their
+        newest ``KNOWS_ROWS`` rows only, so this stays cheap on a big store.
+        A node that does not know an organization cannot tell whether it
+        exists: the platform decides (``semq send`` warns)."""
+        if (self.config.directory / "certs" / f"{org}.pem").exists():
+            return True
+        q = self.core.conn.execute
+        if q("SELECT 1 FROM dedup WHERE origin_type=? AND origin_id=? LIMIT 1",
+             (int(NodeType.ORGANIZATION), org)).fetchone():
+            return True
+        for table, id_col, col in (("outbox", "id", "target_id"), ("inbox", "id", "origin_id"),
+                                   ("receipts", "record_id", "target_id")):
+            if q(f"SELECT 1 FROM (SELECT {col} AS o FROM {table} ORDER BY {id_col} DESC LIMIT ?) WHERE o=? LIMIT 1",
+                 (KNOWS_ROWS, org)).fetchone():
+                return True
+        return False
 
     def inbox(self, *, unread: bool = True, limit: int = 1000, after_id: int = 0) -> list[InboxItem]:
         q = ("SELECT id, origin_type, origin_id, semq_id, semq_db_id, record_id, domain, data_type, subtype,"

@@ -96,6 +96,7 @@ from .engine import (
     receive_decision,
     receiver_may_clean,
 )
+from .limits import MAX_DOCUMENT_SIZE, DocumentTooLarge
 from .store import open_node_store
 
 __all__ = ["NewDocument", "NodeCore", "Output"]
@@ -373,10 +374,14 @@ class NodeCore(HeldWrites):
     def accept(self, docs: Iterable[NewDocument]) -> list[LK0]:
         """Write documents to the pending-send table (SS_INIT). Durable when
         this returns. Raises StoreError (disk full, read-only) with nothing
-        accepted, or LocalProtocolError for an invalid document."""
+        accepted, or LocalProtocolError for an invalid document (its
+        subclass DocumentTooLarge for one no frame can carry: it could never
+        be sent; semq.node.limits)."""
         ts = now_ms()
         rows = []
         for d in docs:
+            if len(d.app_data) > MAX_DOCUMENT_SIZE:
+                raise DocumentTooLarge(len(d.app_data))
             target = Endpoint.org(d.target)  # validates the id
             # Validate every field by building the DATA value once.
             # (``encrypt`` asks for sealing at send time; the plaintext stays

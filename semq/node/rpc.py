@@ -4,7 +4,7 @@ A request and its reply are two ordinary documents; nothing new on the
 wire. They are told apart and correlated by their AppKey:
 
     request  semq.rpc / TYPE / request / <the requester's own key, may be "">
-    reply    semq.rpc / TYPE / reply   / <the request's LK0, e.g. 10008/1/1/42>
+    reply    semq.rpc / TYPE / reply   / <the request's LK0, e.g. 10008/1/1/1795329835412042>
 
 The request's LK0 names it uniquely at its origin, so it is the
 correlation id. The requester records each request it sends

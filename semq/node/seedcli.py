@@ -297,9 +297,9 @@ def cmd_requests(args: argparse.Namespace) -> int:
                            "type": it.app_key.data_type, "key": it.app_key.key, "size": len(it.app_data),
                            "received_ms": it.received_ms, "reply": str(r) if r else None} for it, r in rows]))
         return 0
-    print(f"{'ID':>6}  {'FROM':<10} {'REQUEST LK0':<22} {'TYPE':<14} {'SIZE':>7}  {'AGE':>5}  REPLY")
+    print(f"{'ID':>6}  {'FROM':<10} {'REQUEST LK0':<28} {'TYPE':<14} {'SIZE':>7}  {'AGE':>5}  REPLY")
     for it, r in rows:
-        print(f"{it.id:>6}  {it.lk0.endpoint.node_id:<10} {it.lk0!s:<22} {it.app_key.data_type:<14}"
+        print(f"{it.id:>6}  {it.lk0.endpoint.node_id:<10} {it.lk0!s:<28} {it.app_key.data_type:<14}"
               f" {len(it.app_data):>7}  {format_age(it.received_ms):>5}  {r or '-'}")
     print(f"{len(rows)} request(s); answer with: semq reply --to-request ID FILE", file=sys.stderr)
     return 0
@@ -333,10 +333,10 @@ def cmd_replies(args: argparse.Namespace) -> int:
             "unmatched": [{"id": it.id, "lk0": str(it.lk0), "from": it.lk0.endpoint.node_id, "key": it.app_key.key,
                            "why": why} for it, why in stray]}))
         return 0
-    print(f"{'REQUEST LK0':<22} {'TO':<10} {'TYPE':<14} {'STATE':<8} {'AGE':>5}  REPLY")
+    print(f"{'REQUEST LK0':<28} {'TO':<10} {'TYPE':<14} {'STATE':<8} {'AGE':>5}  REPLY")
     for r in rows:
         rep = f"{replies[r.reply_inbox_id]} (inbox {r.reply_inbox_id})" if r.reply_inbox_id else "-"
-        print(f"{r.lk0!s:<22} {r.target:<10} {r.data_type:<14} {r.state:<8} {format_age(r.sent_ms):>5}  {rep}")
+        print(f"{r.lk0!s:<28} {r.target:<10} {r.data_type:<14} {r.state:<8} {format_age(r.sent_ms):>5}  {rep}")
     for it, why in stray:
         print(f"unmatched reply {it.lk0} (inbox {it.id}) from {it.lk0.endpoint.node_id}: {why}")
     print(f"{len(rows)} request(s); take a reply with: semq replies --take REQUEST_LK0", file=sys.stderr)
@@ -364,9 +364,9 @@ def cmd_dead_list(args: argparse.Namespace) -> int:
                            "app_key": str(d.app_key), "attempts": d.attempts, "created_ms": d.created_ms,
                            "failed_ms": d.failed_ms, "expires_ms": d.expires_ms, "size": d.size} for d in rows]))
         return 0
-    print(f"{'LK0':<22} {'TO':<10} {'CODE':>4}  {'REASON':<36} {'TRIES':>5} {'AGE':>5}  APPKEY")
+    print(f"{'LK0':<28} {'TO':<10} {'CODE':>4}  {'REASON':<36} {'TRIES':>5} {'AGE':>5}  APPKEY")
     for d in rows:
-        print(f"{d.lk0!s:<22} {d.target:<10} {d.code:>4}  {d.reason:<36} {d.attempts:>5} {format_age(d.created_ms):>5}"
+        print(f"{d.lk0!s:<28} {d.target:<10} {d.code:>4}  {d.reason:<36} {d.attempts:>5} {format_age(d.created_ms):>5}"
               f"  {d.app_key}")
     print(f"{len(rows)} dead letter(s); semq dead requeue|purge ID...|--all", file=sys.stderr)
     return 0

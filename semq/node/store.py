@@ -4,7 +4,11 @@ building SQL through the ORM costs ~95 us per query here — MEASUREMENTS)."""
 
 from __future__ import annotations
 
+import json
+import sqlite3
+import time
 from pathlib import Path
+from typing import Any, Final
 
 from peewee import (
     BigIntegerField,
@@ -18,9 +22,11 @@ from peewee import (
 )
 from playhouse.sqlite_ext import AutoIncrementField
 
-from semq._db import create_tables, open_store
+from semq._db import StoreError, create_tables, next_row_id, open_store
 
 __all__ = [
+    "ID_RATE",
+    "INCARNATION_REASONS",
     "MIGRATIONS",
     "MODELS",
     "SEED_MODELS",
@@ -34,6 +40,9 @@ __all__ = [
     "RpcAnswer",
     "RpcRequest",
     "TxHalf",
+    "begin_incarnation",
+    "id_floor",
+    "incarnation",
     "open_node_store",
 ]
 
@@ -367,6 +376,76 @@ def _v9(db: SqliteDatabase) -> None:
 MIGRATIONS = [_v1, _v2, _v3, _v4, _v5, _v6, _v7, _v8, _v9]
 
 
+# A store incarnation's record ids start at its creation time in microsecond
+# units: ``now_ms * 1000`` (docs/exactly-once.md, "Why a record id is never
+# reused"). An incarnation made later numbers above anything an earlier one
+# of the same organization could have reached, unless that one averaged more
+# than ID_RATE documents per second over its whole life.
+ID_RATE: Final = 1_000_000  # record ids per second of a store's life the floor allows
+INCARNATION_TABLES: Final = ("outbox", "inbound")  # LK0 record ids; pending-ack ids that acks name
+INCARNATION_REASONS: Final = ("init", "restore")
+
+
+def id_floor(now_ms: int) -> int:
+    """The record-id floor of a store incarnation begun at ``now_ms``."""
+    return now_ms * (ID_RATE // 1000)
+
+
+def begin_incarnation(conn: sqlite3.Connection, reason: str, now_ms: int | None = None) -> int:
+    """Start a new incarnation of the node store on ``conn`` (a connection
+    in autocommit mode; this runs its own transaction): the AUTOINCREMENT
+    sequences of ``outbox`` (LK0 record ids) and ``inbound`` (the pending-ack
+    ids that ACK/ACK2 name) go to ``max(current, id_floor(now_ms))``, and
+    the incarnation (time, reason, floor) is recorded in ``meta``
+    (``incarnation``, and appended to the list ``incarnations``).
+
+    ``reason`` is "init" (``semq node init``: a new store, perhaps for an
+    organization that had one before) or "restore" (``semq restore``: a
+    copy that may be older than ids already sent). Either way receivers
+    remember the LK0s the previous incarnation sent (their dedup table), and
+    a reused id would be suppressed as a duplicate: a document lost.
+    Returns the floor."""
+    if reason not in INCARNATION_REASONS:
+        raise ValueError(f"incarnation reason {reason!r} is not one of {', '.join(INCARNATION_REASONS)}")
+    ts = int(time.time() * 1000) if now_ms is None else now_ms
+    floor = id_floor(ts)
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        for table in INCARNATION_TABLES:
+            cur = next_row_id(conn, table) - 1
+            seq = max(cur, floor)
+            if not conn.execute("UPDATE sqlite_sequence SET seq=? WHERE name=?", (seq, table)).rowcount:
+                conn.execute("INSERT INTO sqlite_sequence (name, seq) VALUES (?, ?)", (table, seq))
+        row = conn.execute("SELECT value FROM meta WHERE key='incarnations'").fetchone()
+        history = json.loads(row[0]) if row else []
+        this = {"reason": reason, "time_ms": ts, "floor": floor}
+        history.append(this)
+        conn.executemany("INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)",
+                         [("incarnation", json.dumps(this)), ("incarnations", json.dumps(history))])
+        conn.execute("COMMIT")
+    except BaseException:
+        conn.execute("ROLLBACK")
+        raise
+    return floor
+
+
+def incarnation(conn: sqlite3.Connection) -> dict[str, Any] | None:
+    """The store's current incarnation (reason, time_ms, floor), or None for
+    a store made before incarnations were recorded."""
+    row = conn.execute("SELECT value FROM meta WHERE key='incarnation'").fetchone()
+    return json.loads(row[0]) if row else None
+
+
 def open_node_store(path: Path, *, create: bool = False, synchronous: str = "FULL",
-                    check: bool = False) -> SqliteDatabase:
-    return open_store(path, MIGRATIONS, create=create, synchronous=synchronous, kind="node store", check=check)
+                    check: bool = False, incarnation: str | None = None) -> SqliteDatabase:
+    """Open (``create``: make) a node store. ``incarnation`` ("init", for
+    ``semq node init``) begins an incarnation: record ids from now on start
+    at the store's creation time (begin_incarnation)."""
+    db = open_store(path, MIGRATIONS, create=create, synchronous=synchronous, kind="node store", check=check)
+    if incarnation is not None:
+        try:
+            begin_incarnation(db.connection(), incarnation)
+        except sqlite3.Error as e:
+            db.close()
+            raise StoreError(f"node store {path} cannot be initialised: {e}") from e
+    return db

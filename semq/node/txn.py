@@ -49,6 +49,7 @@ from semq.umxt_protocol import LK0, AppKey, Data, Endpoint, Frame, Kind, Protoco
 
 from ._seedbase import core_of, node_dir, write_tx
 from .core import NewDocument, NodeCore
+from .limits import check_document_size
 from .seedconf import CAPABILITIES_NAME, TxSettings, load_capabilities
 
 if TYPE_CHECKING:
@@ -186,6 +187,7 @@ class Transactions:
 
     def _validate(self, doc: NewDocument, ts: int) -> None:
         # The checks NodeCore.accept makes (it makes them again at commit).
+        check_document_size(len(doc.app_data))
         target = Endpoint.org(doc.target)
         lk0 = LK0(endpoint=self.core.me, record_id=1)
         Data(lk0=lk0, app_data=doc.app_data, app_key=doc.app_key, created_ms=ts, expires_ms=doc.expires_ms)

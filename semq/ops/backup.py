@@ -105,6 +105,7 @@ class RestoreInfo:
     files: list[str]
     replaced: list[str] = field(default_factory=list)  # moved aside as *.before-restore-<time>
     warnings: list[str] = field(default_factory=list)
+    id_floor: int = 0  # node: record ids of the restored store continue above this (a new incarnation)
 
 
 @dataclass
@@ -490,6 +491,27 @@ def _read_archive(archive: Path, stage: Path) -> tuple[dict[str, Any], list[str]
     return manifest, files
 
 
+def _new_incarnation(store: Path, archive: Path) -> int:
+    """Begin a new incarnation of the staged node store ``store`` (before it
+    is put in place): its record ids continue at the restore time, above
+    every id the store may have sent after the backup was taken — receivers
+    remember those LK0s and would suppress a reused one as a duplicate
+    (semq.node.store.begin_incarnation). Returns the floor."""
+    from semq.node.store import begin_incarnation
+
+    conn = sqlite3.connect(str(store), isolation_level=None)
+    try:
+        floor = begin_incarnation(conn, "restore")
+        conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()
+    except sqlite3.Error as e:
+        raise BackupError(f"{archive}: the restored store cannot be written: {e}") from e
+    finally:
+        conn.close()
+    for sfx in ("-wal", "-shm"):
+        Path(f"{store}{sfx}").unlink(missing_ok=True)
+    return floor
+
+
 def restore(archive: Path, directory: Path, *, force: bool = False) -> RestoreInfo:
     """Restore the backup ``archive`` into the data directory ``directory``.
 
@@ -499,7 +521,9 @@ def restore(archive: Path, directory: Path, *, force: bool = False) -> RestoreIn
     given, when the archive is not a semq backup or its store does not match
     its checksum or fails SQLite's check. With ``force``, replaced files are
     kept as ``<name>.before-restore-<time>`` (a store with its -wal/-shm, so
-    it still opens)."""
+    it still opens). A node store begins a new incarnation: its record ids
+    continue above the restore time (``RestoreInfo.id_floor``), never below
+    one its organization may have used since the backup."""
     archive, directory = Path(archive), Path(directory).resolve()
     if not archive.is_file():
         raise BackupError(f"no backup at {archive}")
@@ -536,6 +560,8 @@ def restore(archive: Path, directory: Path, *, force: bool = False) -> RestoreIn
             shown = ", ".join(existing[:4]) + (" ..." if len(existing) > 4 else "")
             raise RestoreRefused(f"{directory} already holds {shown}; use --force to replace"
                               " (the replaced files are kept as *.before-restore-<time>)")
+        if role == "node":
+            info.id_floor = _new_incarnation(staged_store, archive)
         stamp = time.strftime("%Y%m%dT%H%M%S")
         target_store = directory / store_name
         with _wal_index_lock(target_store) as free:

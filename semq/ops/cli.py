@@ -150,25 +150,27 @@ def _print_rows(rows: list[dict[str, Any]]) -> None:
     if not rows:
         return
     if "save_fwd" in rows[0]:  # node outbox
-        print(f"{'ID':>8}  {'TO':<10} {'STATE':<11} {'SF':>2} {'TRIES':>5} {'CODE':>4} {'SIZE':>8} {'AGE':>6}"
+        # Record ids start at the store's creation time in microseconds:
+        # 16 digits (docs/exactly-once.md).
+        print(f"{'ID':>16}  {'TO':<10} {'STATE':<11} {'SF':>2} {'TRIES':>5} {'CODE':>4} {'SIZE':>8} {'AGE':>6}"
               "  PLACE/APPKEY")
         for r in rows:
             k = r.get("app_key", {})
             extra = r.get("reason") or r.get("place") or "/".join(x for x in (k.get("domain"), k.get("data_type"), k.get("subtype"),
                                                             k.get("key")) if x)
-            print(f"{r['id']:>8}  {r['target']:<10} {r['state']:<11} {r['save_fwd']:>2} {r['attempts']:>5}"
+            print(f"{r['id']:>16}  {r['target']:<10} {r['state']:<11} {r['save_fwd']:>2} {r['attempts']:>5}"
                   f" {r['code']:>4} {r['size']:>8} {_age(r['created_ms']):>6}  {extra}")
     elif "p_ack" in rows[0] or "s_ack" in rows[0]:  # node inbound
-        print(f"{'ID':>8}  {'LK0':<24} {'P_ACK':<7} {'S_ACK':<7} {'ASKED':>5} {'AGE':>6}  PLACE")
+        print(f"{'ID':>16}  {'LK0':<28} {'P_ACK':<7} {'S_ACK':<7} {'ASKED':>5} {'AGE':>6}  PLACE")
         for r in rows:
-            print(f"{r['id']:>8}  {r['lk0']:<24} {r['p_ack']:<7} {r['s_ack']:<7} {r['inquiries']:>5}"
+            print(f"{r['id']:>16}  {r['lk0']:<28} {r['p_ack']:<7} {r['s_ack']:<7} {r['inquiries']:>5}"
                   f" {_age(r['received_ms']):>6}  {r.get('place', '')}")
     else:  # platform stored
-        print(f"{'ID':>8}  {'TO':<10} {'KIND':<12} {'LK0':<24} {'STATE':<8} {'TRIES':>5} {'SIZE':>8} {'AGE':>6}"
+        print(f"{'ID':>8}  {'TO':<10} {'KIND':<12} {'LK0':<28} {'STATE':<8} {'TRIES':>5} {'SIZE':>8} {'AGE':>6}"
               "  PLACE")
         for r in rows:
             place = r.get("place") or ("online" if r.get("target_online") else "offline")
-            print(f"{r['id']:>8}  {r['target']:<10} {r['kind']:<12} {r['lk0'] or '-':<24} {r['state']:<8}"
+            print(f"{r['id']:>8}  {r['target']:<10} {r['kind']:<12} {r['lk0'] or '-':<28} {r['state']:<8}"
                   f" {r['attempts']:>5} {r['size']:>8} {_age(r['stored_ms']):>6}  {place}")
 
 
@@ -329,6 +331,9 @@ def cmd_restore(args: argparse.Namespace) -> int:
 
     info = restore(Path(args.file), _dir(args), force=args.force)
     print(f"restored the {info.role} store into {info.directory} ({len(info.files)} files)")
+    if info.id_floor:
+        print(f"  new record ids start above {info.id_floor} (the restore time), never reusing one sent"
+              " since the backup")
     for r in info.replaced:
         print(f"  kept the replaced {r}")
     for w in info.warnings:
@@ -338,9 +343,12 @@ def cmd_restore(args: argparse.Namespace) -> int:
 
 @_cli_errors
 def cmd_compact(args: argparse.Namespace) -> int:
+    from semq.config import load_config
+
     from .backup import compact
 
     d = _dir(args)
+    load_config(d)  # a wrong --dir or semq.toml: one line, before the note below
     print(f"compacting the store in {d} (a checked copy is rewritten; about as long as copying the file) ...",
           file=sys.stderr, flush=True)
     info = compact(d)
