@@ -220,7 +220,8 @@ def test_a_node_knows_organizations_from_certificates_and_documents(node: Path) 
         (node / A / "certs" / "77000.pem").write_text("")
         assert n.knows("77000")
         assert not n.knows("77001")
-        n.core.conn.execute("INSERT INTO dedup VALUES (1, '77001', 1, 1, 5, 0)")
+        n.core.conn.execute("INSERT INTO dedup (origin_type, origin_id, semq_id, semq_db_id, record_id, received_ms)"
+                            " VALUES (1, '77001', 1, 1, 5, 0)")
         assert n.knows("77001")
 
 
