@@ -172,32 +172,15 @@ class CertificateDirectory:
         Returns them, newest first. Raises UnknownCertificate for an answer
         with an error code, or the first error when none verifies (then the
         old entries are kept)."""
-        org = _org_of(response.endpoint)
-        if response.code is not ResultCode.OK:
-            raise UnknownCertificate(
-                f"platform has no certificate for {response.endpoint}: {response.code.name}",
-                response.code,
-            )
-        good: list[NodeCertificate] = []
-        first_error: CertificateError | None = None
-        for der in response.certificates:
-            try:
-                info = verify_node_certificate(der, ca=self.ca, crl=self.crl, at=self._clock())
-                if info.org != org:
-                    raise CertificateError(
-                        f"directory answer for org {org} holds a certificate for org {info.org}"
-                    )
-                good.append(info)
-            except CertificateError as e:
-                first_error = first_error or e
+        good, errors = self.verify_response(response)
         if not good:
-            if first_error is not None:
-                raise first_error
-            raise UnknownCertificate(f"platform answered no certificate for org {org}")
-        good.sort(key=lambda c: (c.not_before, c.serial), reverse=True)
+            if errors:
+                raise errors[0]
+            raise UnknownCertificate(f"platform answered no certificate for org {_org_of(response.endpoint)}")
+        org = good[0].org
+        self.replace(org, good)
         with self._lock:
-            self._certs[org] = good[:MAX_CERTS_PER_ORG]
-        return list(self._certs[org])
+            return list(self._certs[org])
 
     # ---------------------------------------------------------------- queries
 
