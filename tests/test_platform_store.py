@@ -375,3 +375,41 @@ def _from_bytes(data: list[bytes]) -> list[RawFrame]:
     d = FrameDecoder()
     d.receive_data(b"".join(data))
     return list(d)
+
+
+def test_a_best_effort_document_is_sent_once_and_never_stored_acked_or_retried(tmp_path: Path) -> None:
+    """Reliable=0 (docs/reliability.md, "The guarantees"): the origin's row
+    is gone once the document is sent, nobody asks about it; the platform
+    discards it for an offline target (no copy, no answer) and forwards it
+    to an online one; the receiver delivers it and acks nothing."""
+    import time
+
+    from semq.node.core import NewDocument, NodeCore
+    from semq.umxt_protocol import SaveFwd
+
+    a_ep, b_ep = Endpoint.org(A), Endpoint.org(B)
+    a = NodeCore(tmp_path / "a.sqlite", A, create=True, synchronous="OFF", inquiry_interval=0.01)
+    b = NodeCore(tmp_path / "b.sqlite", B, create=True, synchronous="OFF")
+    p = PlatformCore(tmp_path / "p.sqlite", create=True, synchronous="OFF")
+    try:
+        p.register([A, B])
+
+        def best_effort(body: bytes) -> list[RawFrame]:
+            a.accept([NewDocument(target=B, app_data=body, reliable=False, save_fwd=SaveFwd.DISCARD, ack2=False)])
+            frames = a.claim(10).data
+            assert len(frames) == 1 and a.conn.execute("SELECT count(*) FROM outbox").fetchone() == (0,)
+            return _from_bytes(frames)
+
+        out = p.handle(a_ep, best_effort(b"while B is offline"), lambda ep: False)
+        assert not out.sends and p.conn.execute("SELECT count(*) FROM stored").fetchone() == (0,)
+        out = p.handle(a_ep, best_effort(b"while B is online"), lambda ep: True)
+        assert list(out.sends) == [b_ep]  # forwarded; nothing back to A
+        got = b.handle(_from_bytes(out.sends[b_ep]))
+        assert got.delivered == 1 and got.data == []  # no ACK, no ACK2
+        assert b.conn.execute("SELECT app_data FROM inbox").fetchall() == [(b"while B is online",)]
+        assert b.conn.execute("SELECT count(*) FROM inbound").fetchone() == (0,)
+        time.sleep(0.05)  # many inquiry intervals
+        assert a.claim(10).data == [] and a.inquiries().data == []  # never retried, never asked about
+    finally:
+        for core in (a, b, p):
+            core.close()
