@@ -68,6 +68,17 @@ def test_origin_spec_flow() -> None:
     assert set(ORIGIN_TABLE) <= set(itertools.product(SendState, OriginEvent))
 
 
+@pytest.mark.parametrize(("save_fwd", "ack2"), list(itertools.product((1, 2, 3), (False, True))))
+def test_origin_cleanup_waits_for_the_confirmation_it_needs(save_fwd: int, ack2: bool) -> None:
+    """SPEC A.6 (docs/architecture.md, "Cleanup"): a row goes at SS_ACK2, at
+    SS_ACK when no Ack2 was asked (the platform stored it and owns delivery),
+    and never while it is only forwarded (SS_ACK_FWD: the platform kept no
+    copy, so the target must confirm it, whatever the SaveFwd) or not yet
+    answered. Failed rows are kept for the user (housekeeping removes them)."""
+    clean = {s for s in SendState if origin_may_clean(s, save_fwd, ack2)}
+    assert clean == ({S.SS_ACK2} if ack2 else {S.SS_ACK2, S.SS_ACK})
+
+
 @pytest.mark.parametrize(
     ("duplicate", "has_lk1", "ack2", "reliable"), list(itertools.product((False, True), repeat=4))
 )

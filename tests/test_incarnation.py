@@ -169,3 +169,36 @@ def test_restore_begins_an_incarnation_above_what_the_store_sent_since(tmp_path:
         assert core.conn.execute("SELECT count(*) FROM outbox").fetchone()[0] == 1  # the backup had none
     finally:
         core.close()
+
+
+def test_a_record_id_is_never_handed_out_again_once_its_row_is_cleaned(tmp_path: Path) -> None:
+    """Within one store: the pending-send table's ids are AUTOINCREMENT, so a
+    document accepted after every earlier row was confirmed and deleted
+    (the highest id too) gets a new id, never the cleaned one's, which its
+    receiver still remembers (docs/exactly-once.md)."""
+    from semq.umxt_protocol import (
+        AckBatch,
+        AckEntry,
+        AckFlag,
+        Endpoint,
+        Frame,
+        FrameDecoder,
+        Kind,
+        encode_frame,
+    )
+
+    core = NodeCore(tmp_path / "n.sqlite", A, create=True, synchronous="OFF")
+    try:
+        first = core.accept([NewDocument(target=B, app_data=b"%d" % i) for i in range(3)])
+        assert len(core.claim(10).data) == 3
+        ack2 = Frame(kind=Kind.ACK_BATCH, source=Endpoint.platform(), origin=Endpoint.org(B), target=Endpoint.org(A),
+                     body=AckBatch(ack_kind=Kind.ACK2, entries=tuple(
+                         AckEntry(1, 1, 0, 1, 1, lk.record_id, int(AckFlag.DELIVERY), 0) for lk in first)))
+        dec = FrameDecoder()
+        dec.receive_data(encode_frame(ack2))
+        core.handle(list(dec))
+        assert core.conn.execute("SELECT count(*) FROM outbox").fetchone() == (0,)  # confirmed, cleaned up
+        (later,) = core.accept([NewDocument(target=B, app_data=b"later")])
+        assert later.record_id > max(lk.record_id for lk in first)
+    finally:
+        core.close()

@@ -507,3 +507,35 @@ def test_acks_of_claimed_rows_are_applied_from_memory_as_from_the_rows(
     assert [r[:2] for r in rows] == [(2, 2)]  # SS_ACK_FWD; the rest confirmed and cleaned
     assert [e["lk0"] for e in events if e["event"] == "cleaned"] == [f"{A}/1/1/{i}" for i in (5, 3, 1, 4, 6)]
     assert {e["event"] for e in events} >= {"ack_fwd", "ack_save", "ack2", "cleaned"}
+
+
+def test_events_are_logged_only_after_their_commit(tmp_path: Path) -> None:
+    """docs/events.md: a line is appended after the state change it tells of
+    is committed, so the log never shows what the store does not have. A
+    claim whose commit fails logs no ``sent``; one that commits logs them
+    after the commit, not while it is pending."""
+    import json
+
+    store = tmp_path / "node.sqlite"
+    a = NodeCore(store, A, create=True, platform=P, events_dir=tmp_path / "events")
+
+    def logged() -> list[str]:
+        return [json.loads(line)["event"] for f in sorted((tmp_path / "events").glob("*.jsonl"))
+                for line in f.read_text().splitlines()]
+
+    try:
+        a.accept([NewDocument(target=B, app_data=b"doc %d" % i) for i in range(2)])
+        assert logged() == ["queued", "queued"]
+
+        def early_then_fail(frames: list[bytes]) -> None:
+            raise sqlite3.OperationalError("disk I/O error")  # as a failed COMMIT would
+
+        with pytest.raises(sqlite3.OperationalError):
+            a.claim(10, early=early_then_fail)
+        assert logged() == ["queued", "queued"]  # nothing of a claim that did not commit
+        during: list[list[str]] = []
+        a.claim(10, early=lambda frames: during.append(logged()))
+        assert during == [["queued", "queued"]]  # the commit was still pending
+        assert logged() == ["queued", "queued", "sent", "sent"]
+    finally:
+        a.close()

@@ -321,3 +321,95 @@ def test_the_received_events_app_key_is_read_from_the_bytes_as_the_frame_has_it(
     assert not {"domain", "data_type", "subtype", "key"} & cut_ev.keys()
     assert {k: v for k, v in ev.items() if k not in ("domain", "data_type", "subtype", "key", "size")} == \
         {k: v for k, v in cut_ev.items() if k != "size"}
+
+
+def test_a_commit_that_fails_after_the_platform_forwarded_loses_nothing(tmp_path: Path) -> None:
+    """docs/architecture.md, "Batching and group commit": the platform hands
+    documents for online targets to their queues just before its commit. If
+    that commit fails, the origin hears no ACK_FWD; its inquiry finds
+    nothing at the platform and it sends the document again, and the
+    target's duplicate suppression keeps it to one delivery."""
+    import sqlite3
+
+    from semq.node.core import NewDocument, NodeCore
+
+    a_ep, b_ep = Endpoint.org(A), Endpoint.org(B)
+    a = NodeCore(tmp_path / "a.sqlite", A, create=True, synchronous="OFF")
+    b = NodeCore(tmp_path / "b.sqlite", B, create=True, synchronous="OFF")
+    p = PlatformCore(tmp_path / "p.sqlite", create=True, synchronous="OFF")
+    try:
+        p.register([A, B])
+        a.accept([NewDocument(target=B, app_data=b"<order/>")])
+        first = a.claim(10).data
+        forwarded: list[bytes] = []
+
+        def forward_then_fail(sends: dict[Endpoint, list[bytes]]) -> None:
+            forwarded.extend(sends[b_ep])
+            raise sqlite3.OperationalError("disk I/O error")  # as a failed COMMIT would
+
+        with pytest.raises(sqlite3.OperationalError):
+            p.handle(a_ep, _from_bytes(first), lambda ep: True, forward=forward_then_fail)
+        assert len(forwarded) == 1 and p.conn.execute("SELECT count(*) FROM seen").fetchone() == (0,)
+        assert b.handle(_from_bytes(forwarded)).delivered == 1  # the copy that left reached B
+
+        # A heard nothing (the ACK_FWD waited for the commit): on its next
+        # session it asks the platform, which has no record of the document.
+        a.reconnected()
+        asked = p.handle(a_ep, _from_bytes(a.inquiries().data), lambda ep: True)
+        a.handle(_from_bytes(asked.sends[a_ep]))
+        assert a.conn.execute("SELECT state FROM outbox").fetchall() == [(0,)]  # SS_INIT: sent again
+        again = p.handle(a_ep, _from_bytes(a.claim(10).data), lambda ep: True)
+        a.handle(_from_bytes(again.sends[a_ep]))  # ACK_FWD
+        out_b = b.handle(_from_bytes(again.sends[b_ep]))
+        assert out_b.delivered == 0  # a duplicate: acked again, not delivered twice
+        relayed = p.handle(b_ep, _from_bytes(out_b.data), lambda ep: True)
+        a.handle(_from_bytes(relayed.sends[a_ep]))  # B's ACK2
+        assert a.conn.execute("SELECT count(*) FROM outbox").fetchone() == (0,)  # confirmed, cleaned up
+        assert b.conn.execute("SELECT app_data FROM inbox").fetchall() == [(b"<order/>",)]
+    finally:
+        for core in (a, b, p):
+            core.close()
+
+
+def _from_bytes(data: list[bytes]) -> list[RawFrame]:
+    d = FrameDecoder()
+    d.receive_data(b"".join(data))
+    return list(d)
+
+
+def test_a_best_effort_document_is_sent_once_and_never_stored_acked_or_retried(tmp_path: Path) -> None:
+    """Reliable=0 (docs/reliability.md, "The guarantees"): the origin's row
+    is gone once the document is sent, nobody asks about it; the platform
+    discards it for an offline target (no copy, no answer) and forwards it
+    to an online one; the receiver delivers it and acks nothing."""
+    import time
+
+    from semq.node.core import NewDocument, NodeCore
+    from semq.umxt_protocol import SaveFwd
+
+    a_ep, b_ep = Endpoint.org(A), Endpoint.org(B)
+    a = NodeCore(tmp_path / "a.sqlite", A, create=True, synchronous="OFF", inquiry_interval=0.01)
+    b = NodeCore(tmp_path / "b.sqlite", B, create=True, synchronous="OFF")
+    p = PlatformCore(tmp_path / "p.sqlite", create=True, synchronous="OFF")
+    try:
+        p.register([A, B])
+
+        def best_effort(body: bytes) -> list[RawFrame]:
+            a.accept([NewDocument(target=B, app_data=body, reliable=False, save_fwd=SaveFwd.DISCARD, ack2=False)])
+            frames = a.claim(10).data
+            assert len(frames) == 1 and a.conn.execute("SELECT count(*) FROM outbox").fetchone() == (0,)
+            return _from_bytes(frames)
+
+        out = p.handle(a_ep, best_effort(b"while B is offline"), lambda ep: False)
+        assert not out.sends and p.conn.execute("SELECT count(*) FROM stored").fetchone() == (0,)
+        out = p.handle(a_ep, best_effort(b"while B is online"), lambda ep: True)
+        assert list(out.sends) == [b_ep]  # forwarded; nothing back to A
+        got = b.handle(_from_bytes(out.sends[b_ep]))
+        assert got.delivered == 1 and got.data == []  # no ACK, no ACK2
+        assert b.conn.execute("SELECT app_data FROM inbox").fetchall() == [(b"while B is online",)]
+        assert b.conn.execute("SELECT count(*) FROM inbound").fetchone() == (0,)
+        time.sleep(0.05)  # many inquiry intervals
+        assert a.claim(10).data == [] and a.inquiries().data == []  # never retried, never asked about
+    finally:
+        for core in (a, b, p):
+            core.close()
