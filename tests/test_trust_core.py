@@ -300,3 +300,17 @@ def _pki_first_cert(tmp: Path) -> bytes:
 
     old = next((tmp / B / "old").glob("*/node.pem"))
     return load_certificate(old).public_bytes(Encoding.DER)
+
+
+def test_a_document_that_expires_before_it_is_sent_fails_now(tmp_path: Path, node_clock: NodeClock) -> None:
+    """Its failed row is kept the failed rows' 7 days from when it failed,
+    not from when it was accepted (housekeeping reads state_ms)."""
+    a = NodeCore(tmp_path / "a.sqlite", A, create=True, synchronous="OFF")
+    try:
+        a.accept([NewDocument(target=B, app_data=b"too late", expires_ms=node_clock.t + 1000)])
+        node_clock.t += 3 * 86_400_000  # sent three days later
+        assert a.claim(10).data == []
+        assert a.conn.execute("SELECT state, code, state_ms FROM outbox").fetchall() == [
+            (9, int(ResultCode.EXPIRED), node_clock.t)]
+    finally:
+        a.close()

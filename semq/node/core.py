@@ -518,10 +518,11 @@ class NodeCore(HeldWrites):
             # digest from the row (_digests_of). outbox.digest (schema v2)
             # is no longer written: nothing reads it.
             delete_by_id(self.conn, "outbox", gone)
+            # (state_ms: the failed row's 7 days count from now.)
             self.conn.executemany(
-                f"UPDATE outbox SET state={int(SendState.SS_FAILED)}, code={int(ResultCode.EXPIRED)}"
+                f"UPDATE outbox SET state={int(SendState.SS_FAILED)}, code={int(ResultCode.EXPIRED)}, state_ms=?"
                 " WHERE id=?",
-                expired,
+                [(ts, rid) for (rid,) in expired],
             )
             if not skip:  # (rows of skipped targets were not read: they would be jumped)
                 self._order.advance(levels, held, {*gone, *(e[0] for e in expired)})
