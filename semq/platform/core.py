@@ -679,28 +679,26 @@ class PlatformCore(HeldWrites):
         with self._tx():
             if held:
                 self.write_held(ts - HOLD_MS)  # (may empty it)
+            # The ids in send order with their frames' sizes first (length()
+            # reads no blob), then only the frames within the byte bound.
             if held:
                 ids, levels = self._order.ids(self.conn, where, params, limit, held, scope=target)
-                # The sizes first (length() reads no blob), then only the
-                # frames within the bound.
                 sizes = dict(rows_by_id(self.conn, "SELECT id, length(frame) FROM stored", ids))
-                total, n = 0, 0
-                while n < len(ids) and (n == 0 or total + sizes[ids[n]] <= max_bytes):
-                    total += sizes[ids[n]]
-                    n += 1
-                ids = ids[:n]
-                found = {r[0]: r for r in rows_by_id(self.conn, f"SELECT {cols} FROM stored", ids)}
-                rows = [found[i] for i in ids]
             else:
                 self._order.forget()
-                rows, total = [], 0
-                for r in self.conn.execute(  # row by row: a blob past the bound is never read
-                        f"SELECT {cols} FROM stored WHERE {where} ORDER BY priority DESC, id LIMIT ?",
-                        (*params, limit)):
-                    rows.append(r)
-                    total += len(r[2])
-                    if total >= max_bytes:
-                        break
+                order = self.conn.execute(
+                    f"SELECT id, length(frame) FROM stored WHERE {where} ORDER BY priority DESC, id LIMIT ?",
+                    (*params, limit)).fetchall()
+                ids, sizes = [i for i, _ in order], dict(order)
+                levels = []
+            total, n = 0, 0
+            while n < len(ids) and (n == 0 or total + sizes[ids[n]] <= max_bytes):
+                total += sizes[ids[n]]
+                n += 1
+            ids = ids[:n]
+            found = {r[0]: r for r in rows_by_id(self.conn, f"SELECT {cols} FROM stored", ids)}
+            rows = [found[i] for i in ids]
+            if not held:
                 levels = SendOrder.levels(rows, 9)
             if not rows:
                 return out, 0
