@@ -14,7 +14,18 @@ import trio.testing
 
 from semq.platform.core import PlatformCore, PlatformOutput
 from semq.transport import FramePump, FrameStream
-from semq.umxt_protocol import LK0, Data, Endpoint, Frame, FrameDecoder, Kind, Nack, RawFrame, ResultCode, encode_frame
+from semq.umxt_protocol import (
+    LK0,
+    Data,
+    Endpoint,
+    Frame,
+    FrameDecoder,
+    Kind,
+    Nack,
+    RawFrame,
+    ResultCode,
+    encode_frame,
+)
 
 A, B = Endpoint.org("10008"), Endpoint.org("56001")
 
