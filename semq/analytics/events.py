@@ -4,7 +4,7 @@ Pure Python: importing this module never imports pyspark. :func:`spark_schema`
 builds the Spark ``StructType`` on demand, inside the call.
 
 The reports read the log with an explicit schema (one pass less than schema
-inference, see issue 5) built from :data:`FIELDS`, so a field the daemons add
+inference, see docs/analytics.md) built from :data:`FIELDS`, so a field the daemons add
 later is ignored rather than breaking the report; a field that changes type
 reads as null and is counted as malformed by :func:`validate_event`.
 """

@@ -1,6 +1,6 @@
 """The Spark side of the reports: read the logs, join each message's events, aggregate.
 
-Shape of the work (issue 5; what costs what is measured by ``scripts/bench report``):
+Shape of the work (docs/analytics.md; what costs what is measured by ``scripts/bench report``):
 
 1. **One shuffle of the events by LK0**, then two hash aggregations in the same
    tasks: first by (message, identity of a counted event), which drops exact
@@ -333,7 +333,7 @@ def load_events(spark: Any, inputs: Inputs, since_ms: int | None = None,
     lo, hi = _window(since_ms, until_ms)
     frames = []
     if inputs.json_files:
-        # The explicit schema saves Spark a full pass to infer one (issue 5).
+        # The explicit schema saves Spark a full pass to infer one (docs/analytics.md).
         frames.append(spark.read.schema(spark_schema()).json(inputs.json_files))
     for d in inputs.parquet_dirs:
         # The log schema given, as for JSON: Spark then reads no Parquet footers

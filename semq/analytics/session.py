@@ -1,6 +1,6 @@
 """Start a quiet Spark session for the reports (local by default, any master).
 
-Choices measured on the project's 2-core machine (issue 5): the parallel GC
+Choices measured on the project's 2-core machine (docs/analytics.md): the parallel GC
 is 13-17% faster than G1 here; a handful of shuffle partitions instead of 200
 took the job from 97 s to 57 s; 1-2 GiB of driver memory is enough. The UI is
 off, and the JVM logs only errors, to stderr, so `--format text` output on
@@ -352,7 +352,7 @@ def start_session(master: str | None = None, *, app_name: str = "semq-report",
             os.environ[key] = value
         else:
             os.environ.pop(key, None)
-    # Python workers run `python3` from PATH unless told otherwise (issue 5).
+    # Python workers run `python3` from PATH unless told otherwise.
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     master = master or "local[*]"
     local = master.startswith("local")

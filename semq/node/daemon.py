@@ -21,6 +21,7 @@ from semq._db import STORE_ERRORS
 from semq._gate import StoreGate
 from semq.crypto import CryptoError
 from semq.events import now_ms
+from semq.ports import BatchObserver, DrainSignal
 from semq.transport import ConnectionClosed, FramePump, FrameStream
 from semq.umxt_protocol import (
     CertRequest,
@@ -44,9 +45,7 @@ from semq.umxt_protocol import (
 
 from .core import NodeCore
 
-if TYPE_CHECKING:  # semq.ops (and prometheus-client) load only when the CLI runs the daemon
-    from semq.ops.admin import DrainControl
-    from semq.ops.metrics import Metrics
+if TYPE_CHECKING:
     from semq.security import CertAnswer
 
 __all__ = ["NodeDaemon", "NodeSettings"]
@@ -120,8 +119,8 @@ class NodeDaemon:
         self._watch: sqlite3.Connection | None = None  # see _wait_for_work
         self._watch_every = settings.watch_interval
         # semq.ops sets these when the daemon runs from the CLI.
-        self.drain: DrainControl | None = None  # 'semq admin drain': claim nothing new
-        self.metrics: Metrics | None = None
+        self.drain: DrainSignal | None = None  # 'semq admin drain': claim nothing new
+        self.metrics: BatchObserver | None = None
 
     def set_window(self, window: int) -> None:
         """A new configured window (reload): applies to the current session
@@ -148,12 +147,12 @@ class NodeDaemon:
         delay = 0.1
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self._housekeeping)
-            # Transactional check-backs, dead-letter sweep (semq.node.seedtasks):
+            # Transactional check-backs, dead-letter sweep (semq.node.background):
             # through this daemon's own core and store gate, never a second
             # connection to the same store.
-            from .seedtasks import run_seed_tasks
+            from .background import run_background_tasks
 
-            nursery.start_soon(partial(run_seed_tasks, self.core, gate=self.gate))
+            nursery.start_soon(partial(run_background_tasks, self.core, gate=self.gate))
             while True:
                 try:
                     await self._session()

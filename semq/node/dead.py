@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any, Final
 from semq.events import now_ms
 from semq.umxt_protocol import LK0, AppKey, ResultCode
 
-from ._seedbase import core_of, log_events, write_tx
+from ._access import core_of, log_events, write_tx
 from .engine import SendState
 
 if TYPE_CHECKING:

@@ -126,7 +126,7 @@ def origin_may_clean(state: SendState, save_fwd: int, ack2: bool) -> bool:
     A forwarded (SS_ACK_FWD) row has only been handed to the connection to B,
     which may break: the platform kept no copy, so the origin confirms with B
     before it lets go — for SaveFwd 2|3 to resend, for SaveFwd 1 to report it
-    dropped (issue 6: "when not delivered, reported dropped")."""
+    dropped (docs/reliability.md: "when not delivered, reported dropped")."""
     if state in (S.SS_ACK2, S.SS_FAILED):
         return state is S.SS_ACK2
     if state is S.SS_ACK:

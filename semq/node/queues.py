@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 from semq.events import now_ms
 
-from ._seedbase import core_of, write_tx
+from ._access import core_of, write_tx
 
 if TYPE_CHECKING:
     from .api import NodeClient

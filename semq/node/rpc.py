@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any, Final
 from semq.events import now_ms
 from semq.umxt_protocol import LK0, NodeType
 
-from ._seedbase import core_of, write_tx
+from ._access import core_of, write_tx
 
 if TYPE_CHECKING:
     import trio

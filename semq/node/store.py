@@ -279,7 +279,7 @@ SEED_MODELS = [TxHalf, RpcRequest, RpcAnswer, QueueName, QueueItem]  # schema ve
 
 
 def _v3(db: SqliteDatabase) -> None:
-    """The other seeds' capabilities (issue 8): half messages, request/reply
+    """The other seeds' capabilities (docs/seed-capabilities.md): half messages, request/reply
     correlation, local queues. New tables only; v1/v2 tables unchanged."""
     create_tables(db, SEED_MODELS)
     # Replies are looked up by their correlation key while a requester waits;

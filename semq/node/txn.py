@@ -47,10 +47,10 @@ from typing import TYPE_CHECKING, Any, Final, Protocol, TypeVar
 from semq.events import now_ms
 from semq.umxt_protocol import LK0, AppKey, Data, Endpoint, Frame, Kind, ProtocolError, SaveFwd
 
-from ._seedbase import core_of, node_dir, write_tx
+from ._access import core_of, node_dir, write_tx
+from .capabilities import CAPABILITIES_NAME, TxSettings, load_capabilities
 from .core import NewDocument, NodeCore
 from .limits import check_document_size
-from .seedconf import CAPABILITIES_NAME, TxSettings, load_capabilities
 
 if TYPE_CHECKING:
     from .api import NodeClient
@@ -553,7 +553,7 @@ _crash_hooks: dict[str, Callable[[], None]] = {}
 
 
 def _crash_point(name: str) -> None:
-    """Tests simulate a crash here (tests/test_seed_tx.py kills the process)."""
+    """Tests simulate a crash here (tests/test_transactions.py kills the process)."""
     hook = _crash_hooks.get(name)
     if hook is not None:
         hook()

@@ -10,7 +10,6 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
-from typing import TYPE_CHECKING
 
 import trio
 
@@ -18,6 +17,7 @@ from semq._db import STORE_ERRORS
 from semq._gate import StoreGate
 from semq.crypto import CryptoError
 from semq.events import now_ms
+from semq.ports import BatchObserver, DrainSignal
 from semq.security import PlatformSecurity
 from semq.transport import ConnectionClosed, FramePump, FrameStream
 from semq.umxt_protocol import (
@@ -44,10 +44,6 @@ from semq.umxt_protocol import (
 )
 
 from .core import PlatformCore, PlatformOutput
-
-if TYPE_CHECKING:  # semq.ops (and prometheus-client) load only when the CLI runs the daemon
-    from semq.ops.admin import DrainControl
-    from semq.ops.metrics import Metrics
 
 __all__ = ["PlatformDaemon", "PlatformSettings", "Session"]
 
@@ -116,8 +112,8 @@ class PlatformDaemon:
         self.ssl_context = settings.security.ssl_context() if settings.security else None
         self._ca_lock = trio.Lock()  # one reload of the CA state at a time (_ca_check)
         # semq.ops sets these when the daemon runs from the CLI.
-        self.drain: DrainControl | None = None  # 'semq admin drain': no new sessions or deliveries
-        self.metrics: Metrics | None = None
+        self.drain: DrainSignal | None = None  # 'semq admin drain': no new sessions or deliveries
+        self.metrics: BatchObserver | None = None
 
     def online(self, ep: Endpoint) -> bool:
         s = self.sessions.get(ep)

@@ -1,4 +1,4 @@
-"""Test tooling for SEMQ: the seeded TCP fault proxy (issue 6).
+"""Test tooling for SEMQ: the seeded TCP fault proxy, the dishonest relay, the load generator.
 
 Exports are resolved lazily: ``python -m semq.testing.faultproxy`` must not find
 the module already imported by this package (runpy warns about that), and

@@ -1,4 +1,4 @@
-"""A seeded, byte-level TCP fault proxy for reliability tests (issue 6).
+"""A seeded, byte-level TCP fault proxy for reliability tests (docs/reliability.md).
 
 It sits between clients (nodes) and an upstream (the platform) and, driven by a
 :class:`FaultPlan`, delays and stalls chunks, cuts connections at chosen byte

@@ -1,4 +1,4 @@
-"""Simulated organization nodes for load tests (issue 6, "Load").
+"""Simulated organization nodes for load tests (scripts/bench load).
 
 One process holds many real connections to a running platform. Each
 simulated node does on the wire what ``semq node run`` does

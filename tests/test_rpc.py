@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 import trio
 
+from semq.cli.features import main as seed
 from semq.node import rpc
 from semq.node.api import NodeClient
-from semq.node.seedcli import main as seed
 from tests._procs import Cluster, wait_until
 
 pytestmark = pytest.mark.e2e

@@ -804,9 +804,9 @@ def build_parser() -> argparse.ArgumentParser:
     x.set_defaults(func=cmd_status)
 
     register_ops(sub)
-    from semq.node.seedcli import register as register_seed
+    from semq.cli.features import register as register_features
 
-    register_seed(sub)  # tx, request/reply, dead letters, local queues (docs/seed-capabilities.md)  # admin, service, backup, restore
+    register_features(sub)  # tx, request/reply, dead letters, local queues (docs/seed-capabilities.md)  # admin, service, backup, restore
 
     try:
         from semq.analytics.cli import register as register_report
@@ -831,7 +831,7 @@ def main(argv: list[str] | None = None) -> int:
 def run_command(args: argparse.Namespace) -> int:
     """Run a parsed command with the CLI's error contract: one ``error:``
     line, exit 2 for a user's mistake, 1 for a runtime failure; tracebacks
-    only with ``--verbose``. (Also used by ``python -m semq.node.seedcli``.)"""
+    only with ``--verbose``. (Also used by ``python -m semq.cli.features``.)"""
     try:
         rc: int = args.func(args)
         return rc

@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 
 from semq.cli import main as semq_main
+from semq.cli.features import main as seed
 from semq.node.api import NodeClient
 from semq.node.dead import DeadLetterError, DeadLetters, reason, sweep
-from semq.node.seedcli import main as seed
 from tests._procs import Cluster, wait_until
 
 A, B = "10008", "56001"
@@ -132,7 +132,7 @@ def test_cli_dead_list_requeue_purge_sweep_and_errors(node: Path, capsys: pytest
 
 
 def test_maintenance_runs_the_configured_sweep(node: Path) -> None:
-    from semq.node.seedtasks import maintain
+    from semq.node.background import maintain
 
     assert seed(["dead", "config", "--dir", str(node), "--max-attempts", "2"]) == 0
     with NodeClient(node) as n:

@@ -1,8 +1,8 @@
-"""The node daemon's task for the seed capabilities: check-backs of
-transactional messages, the dead-letter max-attempts rule, and retention
-of the seed tables. One call for the daemon to start::
+"""The node daemon's background work for its features: check-backs of
+transactional messages, the dead-letter max-attempts rule, and the
+retention of the transaction and request/reply tables. One call for the daemon to start::
 
-    nursery.start_soon(partial(run_seed_tasks, self.core, gate=self.gate))
+    nursery.start_soon(partial(run_background_tasks, self.core, gate=self.gate))
 
 Its store work runs through the daemon's store gate on the daemon's own
 connection (short transactions; a check-back command runs on a thread of
@@ -18,16 +18,16 @@ from functools import partial
 from typing import TYPE_CHECKING, Final
 
 from . import dead, rpc
-from .seedconf import load_capabilities
+from .capabilities import load_capabilities
 from .txn import Checkback, StoreRunner, Transactions, open_node, run_checkbacks
 
 if TYPE_CHECKING:
     from .api import NodeClient
     from .core import NodeCore
 
-__all__ = ["maintain", "run_seed_tasks"]
+__all__ = ["maintain", "run_background_tasks"]
 
-log = logging.getLogger("semq.seed")
+log = logging.getLogger("semq.features")
 
 RETENTION_EVERY: Final = 3600.0  # s between retention passes
 
@@ -36,7 +36,7 @@ def maintain(node: NodeClient | NodeCore, *, retention: bool = True) -> dict[str
     """One maintenance pass (sync): the max-attempts sweep when
     ``[dead] max_attempts`` is set, and with ``retention`` the purge of
     decided half messages (7 days) and old request/reply records (30 days)."""
-    from ._seedbase import node_dir
+    from ._access import node_dir
 
     caps = load_capabilities(node_dir(node))
     out = {"dead": dead.sweep(node, caps.dead.max_attempts)}
@@ -46,13 +46,13 @@ def maintain(node: NodeClient | NodeCore, *, retention: bool = True) -> dict[str
     return out
 
 
-async def run_seed_tasks(
+async def run_background_tasks(
     node: NodeClient | NodeCore | str | os.PathLike[str], *, gate: StoreRunner | None = None,
     interval: float = 1.0, maintenance_interval: float = 60.0, checkback: Checkback | None = None,
 ) -> None:
     """Run until cancelled: check-backs every ``interval`` seconds, the
     dead-letter sweep every ``maintenance_interval``, retention hourly.
-    In the node daemon: ``run_seed_tasks(self.core, gate=self.gate)`` —
+    In the node daemon: ``run_background_tasks(self.core, gate=self.gate)`` —
     the store work goes through the daemon's gate, check-back commands run
     on threads of their own. With a directory: a connection of its own."""
     import trio
@@ -74,9 +74,9 @@ async def run_seed_tasks(
                     if retention:
                         last_retention = now
                     if any(done.values()):
-                        log.info("seed maintenance: %s", done)
+                        log.info("background maintenance: %s", done)
                 except Exception:  # keep the daemon; try again next time
-                    log.exception("seed maintenance failed")
+                    log.exception("background maintenance failed")
                 await trio.sleep(maintenance_interval)
     finally:
         if own:

@@ -17,9 +17,9 @@ import pytest
 import trio
 
 from semq.cli import main as semq_main
+from semq.cli.features import main as seed
 from semq.node.api import NodeClient
-from semq.node.seedcli import main as seed
-from semq.node.seedconf import TxSettings
+from semq.node.capabilities import TxSettings
 from semq.node.txn import (
     Decision,
     HalfMessage,
@@ -354,7 +354,7 @@ def test_e2e_commit_delivers_rollback_never_and_checkback_decides(cluster: Clust
         ids = {k: Transactions(n).send(B, k.encode(), data_type="ORDER", key=k).id for k in ("C7", "R7", "U7")}
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     log = (tmp_path / "watch.log").open("wb")
-    w = subprocess.Popen([sys.executable, "-m", "semq.node.seedcli", "tx", "watch", "--dir", str(da),
+    w = subprocess.Popen([sys.executable, "-m", "semq.cli.features", "tx", "watch", "--dir", str(da),
                           "--interval", "0.1"], stdout=log, stderr=subprocess.STDOUT, env=env)
     try:
         # Running (its SIGTERM handler in place) before anything can end the
@@ -376,11 +376,11 @@ def test_e2e_commit_delivers_rollback_never_and_checkback_decides(cluster: Clust
 def _daemon_runs_seed_tasks() -> bool:
     import semq.node
 
-    return "run_seed_tasks" in (Path(semq.node.__file__).parent / "daemon.py").read_text()
+    return "run_background_tasks" in (Path(semq.node.__file__).parent / "daemon.py").read_text()
 
 
 @pytest.mark.e2e
-@pytest.mark.skipif(not _daemon_runs_seed_tasks(), reason="the node daemon does not start run_seed_tasks yet")
+@pytest.mark.skipif(not _daemon_runs_seed_tasks(), reason="the node daemon does not start run_background_tasks yet")
 def test_e2e_node_daemon_runs_the_checkbacks(cluster: Cluster, tmp_path: Path) -> None:
     for o in (A, B):
         cluster.add_org(o)

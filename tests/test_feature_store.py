@@ -15,11 +15,11 @@ from semq._db import open_store
 from semq._gate import StoreGate
 from semq.cli import build_parser
 from semq.cli import main as semq_main
-from semq.node._seedbase import write_tx
+from semq.node._access import write_tx
 from semq.node.api import NodeClient
+from semq.node.background import run_background_tasks
+from semq.node.capabilities import TxSettings
 from semq.node.core import NewDocument, NodeCore
-from semq.node.seedconf import TxSettings
-from semq.node.seedtasks import run_seed_tasks
 from semq.node.store import MIGRATIONS, SEED_MODELS
 from semq.node.txn import Transactions, TxState
 
@@ -73,7 +73,7 @@ def test_write_tx_joins_accept_and_holds_log_records_until_commit(tmp_path: Path
         core.close()
 
 
-async def test_run_seed_tasks_checks_back_and_sweeps(tmp_path: Path) -> None:
+async def test_run_background_tasks_checks_back_and_sweeps(tmp_path: Path) -> None:
     d = tmp_path / A
     assert semq_main(["node", "init", "--dir", str(d), "--org", A, "--no-security"]) == 0
     (d / "capabilities.toml").write_text("[tx]\ncheckback = 'echo rollback'\nfirst_check = 0\n"
@@ -95,7 +95,7 @@ async def test_run_seed_tasks_checks_back_and_sweeps(tmp_path: Path) -> None:
 
     try:
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(partial(run_seed_tasks, core, gate=gate, interval=0.05, maintenance_interval=0.05))
+            nursery.start_soon(partial(run_background_tasks, core, gate=gate, interval=0.05, maintenance_interval=0.05))
             with trio.fail_after(20):
                 while not await gate.run(done):
                     await trio.sleep(0.05)
@@ -127,7 +127,7 @@ def _registered() -> bool:
     return "tx" in sub.choices
 
 
-@pytest.mark.skipif(not _registered(), reason="semq/cli.py does not call semq.node.seedcli.register yet")
+@pytest.mark.skipif(not _registered(), reason="semq/cli.py does not call semq.cli.features.register yet")
 def test_semq_cli_has_the_seed_commands(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     d = tmp_path / A
     assert semq_main(["node", "init", "--dir", str(d), "--org", A, "--no-security"]) == 0

@@ -1,5 +1,6 @@
-"""The seed capabilities' commands (docs/seed-capabilities.md), added to
-``semq`` by ``register(subparsers)``:
+"""Commands for transactional messages, request/reply, dead letters and
+local queues (the capabilities the seeds 000, 001, 002 and 004 describe:
+docs/seed-capabilities.md), added to ``semq`` by ``register(subparsers)``:
 
     semq tx send|commit|rollback|list|show|check|watch|config
     semq request / semq reply / semq requests / semq replies
@@ -33,7 +34,7 @@ __all__ = ["EXIT_NOTHING", "main", "register"]
 EXIT_NOTHING: Final = 3  # no reply within the timeout / nothing in the queue
 
 
-class SeedUsageError(ValueError):
+class FeatureUsageError(ValueError):
     """Bad arguments: exit 2 through semq.cli.main."""
 
 
@@ -58,7 +59,7 @@ def _read(file: str) -> bytes:
         return sys.stdin.buffer.read()
     p = Path(file)
     if not p.is_file():
-        raise SeedUsageError(f"no such file: {file}")
+        raise FeatureUsageError(f"no such file: {file}")
     return p.read_bytes()
 
 
@@ -229,7 +230,7 @@ def cmd_tx_watch(args: argparse.Namespace) -> int:
 
 
 def cmd_tx_config(args: argparse.Namespace) -> int:
-    from semq.node.seedconf import load_capabilities, update_capabilities
+    from semq.node.capabilities import load_capabilities, update_capabilities
 
     d = load_config(_dir(args)).directory
     changes = {k: v for k, v in (("checkback", args.checkback), ("first_check", args.first_check),
@@ -348,9 +349,9 @@ def cmd_replies(args: argparse.Namespace) -> int:
 
 def _ids(args: argparse.Namespace, what: str) -> list[str] | None:
     if args.all and args.ids:
-        raise SeedUsageError(f"dead {what}: give IDs or --all, not both")
+        raise FeatureUsageError(f"dead {what}: give IDs or --all, not both")
     if not args.all and not args.ids:
-        raise SeedUsageError(f"dead {what} needs document IDs (record id or LK0) or --all")
+        raise FeatureUsageError(f"dead {what} needs document IDs (record id or LK0) or --all")
     return None if args.all else list(args.ids)
 
 
@@ -377,7 +378,7 @@ def cmd_dead_requeue(args: argparse.Namespace) -> int:
 
     refs = _ids(args, "requeue")
     if args.expires_in is not None and args.no_expiry:
-        raise SeedUsageError("dead requeue: --expires-in and --no-expiry exclude each other")
+        raise FeatureUsageError("dead requeue: --expires-in and --no-expiry exclude each other")
     with _client(args) as node:
         res = DeadLetters(node).requeue(refs, expires_in=args.expires_in, no_expiry=args.no_expiry)
     for lk in res.requeued:
@@ -400,21 +401,21 @@ def cmd_dead_purge(args: argparse.Namespace) -> int:
 
 
 def cmd_dead_sweep(args: argparse.Namespace) -> int:
+    from semq.node.capabilities import load_capabilities
     from semq.node.dead import sweep
-    from semq.node.seedconf import load_capabilities
 
     with _client(args) as node:
         limit = args.max_attempts if args.max_attempts is not None else \
             load_capabilities(node.config.directory).dead.max_attempts
         if limit <= 0:
-            raise SeedUsageError("dead sweep needs --max-attempts N (or [dead] max_attempts in capabilities.toml)")
+            raise FeatureUsageError("dead sweep needs --max-attempts N (or [dead] max_attempts in capabilities.toml)")
         n = sweep(node, limit)
     print(f"{n} document(s) with {limit} or more attempts moved to the dead letters")
     return 0
 
 
 def cmd_dead_config(args: argparse.Namespace) -> int:
-    from semq.node.seedconf import load_capabilities, update_capabilities
+    from semq.node.capabilities import load_capabilities, update_capabilities
 
     d = load_config(_dir(args)).directory
     caps = (update_capabilities(d, dead={"max_attempts": args.max_attempts}) if args.max_attempts is not None
@@ -481,7 +482,7 @@ def _queue_action(args: argparse.Namespace, q: Any) -> int:
         print(f"released {len(args.ids)}")
     elif act == "recover":
         if bool(args.all) == bool(args.name):
-            raise SeedUsageError("queue recover needs a queue NAME or --all")
+            raise FeatureUsageError("queue recover needs a queue NAME or --all")
         n = q.recover(None if args.all else args.name)
         print(f"recovered {n} in-flight item(s)")
     elif act == "list":
@@ -643,7 +644,7 @@ def register(sub: Any) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     """``semq`` with these commands registered, also before semq.cli
-    registers them itself (``python -m semq.node.seedcli tx watch ...``);
+    registers them itself (``python -m semq.cli.features tx watch ...``);
     the same exit codes and one-line errors as ``semq.cli.main``."""
     from semq import cli
 

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from semq.cli import main as semq_main
+from semq.cli.features import main as seed
 from semq.node.queues import LocalQueues, QueueError
-from semq.node.seedcli import main as seed
 
 A = "10008"
 
