@@ -296,18 +296,16 @@ def test_acks_of_held_copies_are_settled_from_memory_as_from_the_rows(
 @given(frame=frames_of(Kind.DATA), cut=st.integers(min_value=0, max_value=300))
 def test_the_received_events_app_key_is_read_from_the_bytes_as_the_frame_has_it(frame: Frame, cut: int) -> None:
     """The platform logs a DATA's AppKey from its bytes without parsing the
-    body (``_app_key``): the parsed frame's four parts; for a frame cut
+    body (``RawFrame.app_key_parts``): the parsed frame's four parts; for a frame cut
     short inside them, nothing (never bytes from past the body's end)."""
-    from semq.platform.core import _app_key
-
     assert isinstance(frame.body, Data)
     [raw] = _raw(frame)
     ak = frame.body.app_key
-    assert _app_key(raw) == (ak.domain, ak.data_type, ak.subtype, ak.key)
+    assert raw.app_key_parts() == (ak.domain, ak.data_type, ak.subtype, ak.key)
     parts = sum(1 + len(s.encode()) for s in (ak.domain, ak.data_type, ak.subtype, ak.key))
     short = RawFrame.__new__(RawFrame)
     short.raw, short._body_start = raw.raw[:raw._body_start + 40 + min(cut, parts - 1)], raw._body_start
-    assert _app_key(short) is None
+    assert short.app_key_parts() is None
     # The `received` event carries the four parts, and none for the cut frame.
     from semq.platform.core import PlatformCore
 

@@ -159,29 +159,21 @@ def frame_aad(frame: Frame) -> bytes:
                         expires_ms=body.expires_ms)
 
 
-_LK0_WIRE: Final = 12  # semq_id u16, semq_db_id u16, record_id u64: the DATA prefix's first bytes
-_TIMES_AT: Final = 24  # created_ms u64, expires_ms u64 in the DATA prefix
-_APP_KEY_AT: Final = 40  # the DATA body's AppKey, after its fixed prefix
 
 
 def raw_frame_aad(raw: RawFrame) -> bytes:
-    """``frame_aad`` of a decoded DATA frame, assembled from its bytes: the
-    LK0 tail is the first 12 bytes of the DATA prefix, the times its last
-    16, and the body's AppKey has the AAD's encoding (four u8-prefixed
-    parts). The same bytes as ``frame_aad(raw.frame())`` (property-tested)
+    """``frame_aad`` of a decoded DATA frame, assembled from its bytes
+    (``RawFrame.aad_parts``: the LK0's ids, the times and the header's
+    AppKey have the AAD's encoding). The same bytes as ``frame_aad(raw.frame())`` (property-tested)
     without building them from the parsed values — a receiver computes one
     per document. The frame must have been checked (``raw.frame()`` did not
     raise)."""
     if raw.kind is not Kind.DATA:
         raise TypeError(f"{raw.kind.name} frame carries no document; only DATA has an AAD")
-    b, at = raw.raw, raw._body_start
-    end = pos = at + _APP_KEY_AT
-    for _ in range(4):
-        end += 1 + b[end]
+    ids, app_key, times = raw.aad_parts()
     origin = encode_endpoint(raw.origin)
-    return b"".join((AAD_PREFIX, origin, b[at:at + _LK0_WIRE], origin, encode_endpoint(raw.target),
-                     b[pos:end], bytes((raw.save_fwd, raw.flags & BOUND_FLAGS, raw.priority)),
-                     b[at + _TIMES_AT:at + _APP_KEY_AT]))
+    return b"".join((AAD_PREFIX, origin, ids, origin, encode_endpoint(raw.target), app_key,
+                     bytes((raw.save_fwd, raw.flags & BOUND_FLAGS, raw.priority)), times))
 
 
 def parse_document_aad(aad: bytes) -> DocumentHeader:

@@ -55,6 +55,7 @@ from semq.umxt_protocol import (
     RemoteProtocolError,
     ResultCode,
     encode_frame,
+    frame_save_fwd,
     lk1_from_wire,
     relay_bytes,
     relay_frame_bytes,
@@ -110,27 +111,6 @@ class PlatformOutput:
 
 _STORED_STATES: Final = {int(s): s for s in StoredState}
 _SS_INIT: Final = int(StoredState.SS_INIT)
-_SAVE_FWD_AT: Final = 5  # header byte: magic (2), version, kind, flags, save_fwd (docs/protocol.md)
-
-
-def _app_key(raw: RawFrame) -> tuple[str, str, str, str] | None:
-    """AppKey (domain, data_type, subtype, key) of a DATA frame straight
-    from its bytes (after the 40-byte prefix), the four u8-prefixed parts
-    unrolled; None if the body is too short to hold them (the frame itself
-    is refused when it is parsed)."""
-    b = raw.raw
-    a = raw._body_start + 41
-    try:
-        c = a + b[a - 1] + 1
-        e = c + b[c - 1] + 1
-        g = e + b[e - 1] + 1
-        end = g + b[g - 1]
-    except IndexError:
-        return None
-    if end > len(b):
-        return None
-    return (b[a:c - 1].decode("utf-8", "replace"), b[c:e - 1].decode("utf-8", "replace"),
-            b[e:g - 1].decode("utf-8", "replace"), b[g:end].decode("utf-8", "replace"))
 
 
 _APP_KEY_FIELDS: Final = ("domain", "data_type", "subtype", "key")
@@ -411,7 +391,7 @@ class PlatformCore(HeldWrites):
     @staticmethod
     def _received(raw: RawFrame, lk0_text: str, source: str, target: str, created: int, ts: int) -> dict[str, Any]:
         """The ``received`` event: with the message's attributes, logged once (docs/events.md)."""
-        ak = _app_key(raw)
+        ak = raw.app_key_parts()
         domain, data_type, subtype, key = ak or _NO_APP_KEY
         ev = {"ts": ts, "event": "received", "lk0": lk0_text, "source": source, "target": target,
               "save_fwd": raw.save_fwd, "ack2": raw.ack2, "reliable": raw.reliable,
@@ -729,7 +709,7 @@ class PlatformCore(HeldWrites):
                 n_data += 1
                 events.append({"ts": ts, "event": "delivered", "lk0": lk0, "source": oid,
                                "target": target.node_id, "lk1": f"1/1/{rid}", "attempt": attempts + 1,
-                               "save_fwd": blob[_SAVE_FWD_AT], "size": len(blob)})
+                               "save_fwd": frame_save_fwd(blob), "size": len(blob)})
             delete_by_id(self.conn, "stored", gone)
             self._order.advance(levels, held, set(gone), scope=target)
         self._emit(events)

@@ -46,10 +46,10 @@ Run it as a process in place of ``semq platform run``::
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import logging
 import os
-import struct
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -66,6 +66,7 @@ from semq.umxt_protocol import (
     AckBatch,
     AckEntry,
     AckFlag,
+    Data,
     Endpoint,
     Frame,
     FrameDecoder,
@@ -83,6 +84,7 @@ from semq.umxt_protocol import (
     ResultCode,
     encode_frame,
     relay_bytes,
+    rewrite_header,
 )
 
 __all__ = ["DishonestPlatform", "Plan", "Rule", "main", "patch_data"]
@@ -91,8 +93,6 @@ log = logging.getLogger("semq.testing.dishonest")
 
 ACTIONS: Final = frozenset({"drop", "alter", "delay", "replay", "forge_ack2", "forge_nack", "answer_received",
                             "ask_state"})
-_U64: Final = struct.Struct(">Q")
-_CRC: Final = struct.Struct(">I")
 
 
 @dataclass
@@ -136,34 +136,31 @@ class Plan:
 
 def patch_data(raw: RawFrame, changes: dict[str, int]) -> RawFrame:
     """A DATA frame with header fields changed (``expires_ms``, ``created_ms``,
-    ``priority``, ``ack2``, ``reliable``) and its CRC made again: well-formed
+    ``priority``, ``ack2``, ``reliable``): the times by encoding the frame
+    again (canonical: every other byte stays), the flags and priority in
+    the header (umxt_protocol.rewrite_header, valid or not), CRC made again:
     bytes a relay could send."""
-    b = bytearray(raw.raw)
-    at = raw._body_start
-    for name, value in changes.items():
-        if name == "expires_ms":
-            b[at + 32:at + 40] = _U64.pack(value)
-        elif name == "created_ms":
-            b[at + 24:at + 32] = _U64.pack(value)
-        elif name == "priority":
-            b[6] = value
-        elif name in ("ack2", "reliable"):
-            bit = FLAG_ACK2 if name == "ack2" else FLAG_RELIABLE
-            b[4] = (b[4] | bit) if value else (b[4] & ~bit)
-        else:
-            raise ValueError(f"cannot alter {name!r}")
-    b[-4:] = _CRC.pack(_crc32(bytes(b[:-4])))
+    unknown = set(changes) - {"expires_ms", "created_ms", "priority", "ack2", "reliable"}
+    if unknown:
+        raise ValueError(f"cannot alter {sorted(unknown)}")
+    b = raw.raw
+    if "expires_ms" in changes or "created_ms" in changes:
+        frame = raw.frame()
+        body = frame.body
+        assert isinstance(body, Data)
+        body = dataclasses.replace(body, created_ms=changes.get("created_ms", body.created_ms),
+                                   expires_ms=changes.get("expires_ms", body.expires_ms or 0) or None)
+        b = encode_frame(dataclasses.replace(frame, body=body))
+    flags = raw.flags
+    for name, bit in (("ack2", FLAG_ACK2), ("reliable", FLAG_RELIABLE)):
+        if name in changes:
+            flags = (flags | bit) if changes[name] else (flags & ~bit)
+    b = rewrite_header(b, flags=flags, priority=changes.get("priority"))
     dec = FrameDecoder()
-    dec.receive_data(bytes(b))
+    dec.receive_data(b)
     got = dec.next_frame()
     assert got is not None
     return got
-
-
-def _crc32(data: bytes) -> int:
-    from zlib import crc32
-
-    return crc32(data)
 
 
 def _kind_name(raw: RawFrame) -> str:

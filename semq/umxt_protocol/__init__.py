@@ -7,8 +7,10 @@ from ._decoder import (
     HELLO_MAX_FRAME,
     FrameDecoder,
     RawFrame,
+    frame_save_fwd,
     relay_bytes,
     relay_frame_bytes,
+    rewrite_header,
 )
 from ._errors import LocalProtocolError, ProtocolError, RemoteProtocolError, ResultCode
 from ._frames import (
@@ -119,9 +121,11 @@ __all__ = [
     "encode_data",
     "encode_frame",
     "encode_frames",
+    "frame_save_fwd",
     "lk0_from_wire",
     "lk1_from_wire",
     "read_app_key",
     "relay_bytes",
     "relay_frame_bytes",
+    "rewrite_header",
 ]

@@ -35,7 +35,7 @@ _DATA_IDS: Final = struct.Struct(_DATA_PREFIX.format[:4])
 _LK1_RECORD: Final = struct.Struct(">Q")
 _LK1_RECORD_AT: Final = struct.calcsize(_DATA_PREFIX.format[:6])  # after LK0 and LK1's semq ids
 
-__all__ = ["DEFAULT_MAX_FRAME", "HEADER_SIZE", "HELLO_MAX_FRAME", "FrameDecoder", "RawFrame", "relay_bytes", "relay_frame_bytes"]
+__all__ = ["DEFAULT_MAX_FRAME", "HEADER_SIZE", "HELLO_MAX_FRAME", "FrameDecoder", "RawFrame", "frame_save_fwd", "relay_bytes", "relay_frame_bytes"]
 
 DEFAULT_MAX_FRAME: Final = 64 * 1024 * 1024  # bytes, whole frame (SPEC/issue default 64 MiB)
 # Before a connection's HELLO is accepted, no frame may be larger than this:
@@ -46,6 +46,31 @@ _KINDS: Final = {int(k): k for k in Kind}
 _NODE_TYPES: Final = {int(t) for t in NodeType}
 _CACHE_LIMIT: Final = 4096
 _VIEW_COPY: Final = 1 << 20  # frames of this size and more leave the buffer through a memoryview
+_TIMES_AT: Final = 24  # created_ms u64, expires_ms u64 in the DATA prefix (docs/protocol.md)
+_APP_KEY_AT: Final = 40  # the DATA body's AppKey, after its fixed prefix
+_FLAGS_AT: Final = 4  # header bytes: magic (2), version, kind, flags, save_fwd, priority
+_SAVE_FWD_AT: Final = 5
+_PRIORITY_AT: Final = 6
+
+
+def rewrite_header(b: bytes, *, flags: int | None = None, priority: int | None = None) -> bytes:
+    """The whole frame ``b`` with its flags or priority byte replaced and
+    its CRC made again. A relay never does this (the AAD binds both on a
+    document); a test tool playing a dishonest relay does
+    (semq.testing.dishonest), valid or not."""
+    out = bytearray(b)
+    if flags is not None:
+        out[_FLAGS_AT] = flags
+    if priority is not None:
+        out[_PRIORITY_AT] = priority
+    out[-4:] = _CRC.pack(crc32(memoryview(out)[:-4]))
+    return bytes(out)
+
+
+def frame_save_fwd(b: bytes) -> int:
+    """SaveFwd of the whole frame ``b`` (one this process checked before,
+    e.g. one it stored), from its header."""
+    return b[_SAVE_FWD_AT]
 _new_raw: Final = object.__new__
 
 
@@ -177,6 +202,38 @@ class RawFrame:
             return _DATA_IDS.unpack_from(self.raw, self._body_start)
         except struct.error as e:
             raise RemoteProtocolError(f"DATA prefix: {e}", ResultCode.MALFORMED_FRAME) from e
+
+    def app_key_parts(self) -> tuple[str, str, str, str] | None:
+        """The AppKey (domain, data_type, subtype, key) in a DATA frame's
+        header, straight from its bytes (after the 40-byte prefix, the four
+        u8-prefixed parts unrolled), without parsing the rest; None if the
+        body is too short to hold them (the frame itself is refused when it
+        is parsed). A relay logs it for documents sent with it in clear."""
+        b = self.raw
+        a = self._body_start + _APP_KEY_AT + 1
+        try:
+            c = a + b[a - 1] + 1
+            e = c + b[c - 1] + 1
+            g = e + b[e - 1] + 1
+            end = g + b[g - 1]
+        except IndexError:
+            return None
+        if end > len(b):
+            return None
+        return (b[a:c - 1].decode("utf-8", "replace"), b[c:e - 1].decode("utf-8", "replace"),
+                b[e:g - 1].decode("utf-8", "replace"), b[g:end].decode("utf-8", "replace"))
+
+    def aad_parts(self) -> tuple[bytes, bytes, bytes]:
+        """The bytes of a checked DATA frame that its associated data takes
+        as they are (semq.crypto.raw_frame_aad): LK0's three ids (12 bytes),
+        the AppKey as the header encodes it (four u8-prefixed parts), and the
+        creation time and expiry (16 bytes). The frame must have been
+        checked (``frame()`` did not raise)."""
+        b, at = self.raw, self._body_start
+        end = pos = at + _APP_KEY_AT
+        for _ in range(4):
+            end += 1 + b[end]
+        return b[at:at + _DATA_IDS.size], b[pos:end], b[at + _TIMES_AT:pos]
 
     def lk1_record_id(self) -> int:
         """A DATA frame's LK1 record id (0: no LK1, a forwarded document),
