@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable, Collection, Container, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Final
+from typing import Any, Final, TypeVar
 
 from peewee import SQL, DatabaseError, Model, OperationalError, SqliteDatabase
 
@@ -158,7 +158,10 @@ def split_held(ids: Sequence[int], held: dict[int, Any]) -> tuple[list[tuple[int
     return hits, misses
 
 
-def take_held(held: dict[int, tuple[Any, ...]], before_ms: int | None, at: int) -> list[tuple[int, Any]]:
+_Held = TypeVar("_Held", bound=tuple[Any, ...])
+
+
+def take_held(held: dict[int, _Held], before_ms: int | None, at: int) -> list[tuple[int, _Held]]:
     """Remove and return the entries of ``held`` whose time (``value[at]``)
     is at or before ``before_ms`` (all when None). The dict is in the order
     the entries were held, oldest first, so the look stops at the first

@@ -29,7 +29,7 @@ def plain_cluster(tmp_path: Path) -> Iterator[Cluster]:
 
 
 class NodeClock:
-    """The clock of semq.node.core (``now_ms``), in ms, moved by the test."""
+    """The clock of the node core (``semq.node.batch.now_ms``), in ms, moved by the test."""
 
     def __init__(self, t: int) -> None:
         self.t = t
@@ -37,8 +37,8 @@ class NodeClock:
 
 @pytest.fixture
 def node_clock(monkeypatch: pytest.MonkeyPatch) -> NodeClock:
-    """semq.node.core reads this clock instead of the real one (starts at 1,000,000 ms)."""
-    import semq.node.core as core_mod
+    """The node core reads this clock instead of the real one (starts at 1,000,000 ms)."""
+    import semq.node.batch as core_mod
 
     clock = NodeClock(1_000_000)
     monkeypatch.setattr(core_mod, "now_ms", lambda: clock.t)

@@ -5,6 +5,7 @@ rows in batches, applies every ack, runs inquiries, answers them."""
 from __future__ import annotations
 
 import logging
+import math
 import random
 import sqlite3
 import ssl
@@ -93,6 +94,31 @@ class NodeSettings:
     watch_max: float = 0.05  # ... stretched up to this while nothing changes
 
 
+class EarlySends:
+    """The claims' FramePort (semq.ports) for one session: the DATA frames
+    a claim hands over on the store thread, just before its commit, are
+    passed to the event loop as data and written by the session's
+    ``_early_sender``. A session that is over drops them: the rows go again
+    in the next one."""
+
+    def __init__(self, token: trio.lowlevel.TrioToken, chunks: trio.MemorySendChannel[bytes]) -> None:
+        self._token = token
+        self._chunks = chunks
+
+    def put(self, frames: list[bytes]) -> None:
+        chunk = b"".join(frames)
+        try:
+            self._token.run_sync_soon(self._queue, chunk)
+        except trio.RunFinishedError:
+            pass
+
+    def _queue(self, chunk: bytes) -> None:
+        try:
+            self._chunks.send_nowait(chunk)
+        except (trio.ClosedResourceError, trio.BrokenResourceError):
+            pass  # the session is over
+
+
 class NodeDaemon:
     def __init__(self, core: NodeCore, settings: NodeSettings) -> None:
         self.core = core
@@ -114,8 +140,8 @@ class NodeDaemon:
         self.waiting: dict[Endpoint, ResultCode] = {}  # organizations our documents wait for, and why
         self._certs_limiter = trio.CapacityLimiter(1)  # certificate and pin work, off the event loop
         self.deferred: list[RawFrame] = []  # DATA waiting for its origin's certificate
-        # claim(early=...) of the current session: DATA leaves before the commit.
-        self._early: Callable[[list[bytes]], None] | None = None
+        # The claims' FramePort of the current session: DATA leaves before the commit.
+        self._early: EarlySends | None = None
         self._watch: sqlite3.Connection | None = None  # see _wait_for_work
         self._watch_every = settings.watch_interval
         # semq.ops sets these when the daemon runs from the CLI.
@@ -215,8 +241,10 @@ class NodeDaemon:
             self.sessions += 1
             log.info("connected to %s at %s:%s", welcome.source, self.s.host, self.s.port)
             self.last_rx = trio.current_time()
-            async with trio.open_nursery() as nursery:
-                self._early = partial(self._send_early, trio.lowlevel.current_trio_token(), nursery, fs)
+            early_send, early_receive = trio.open_memory_channel[bytes](math.inf)  # bounded by the window
+            async with early_send, early_receive, trio.open_nursery() as nursery:
+                self._early = EarlySends(trio.lowlevel.current_trio_token(), early_send)
+                nursery.start_soon(self._early_sender, fs, early_receive)
                 nursery.start_soon(self._reader, fs, first[1:], nursery.cancel_scope)
                 nursery.start_soon(self._sender, fs)
                 nursery.start_soon(self._inquirer, fs)
@@ -422,19 +450,13 @@ class NodeDaemon:
                 return None
         return self._watch
 
-    def _send_early(self, token: trio.lowlevel.TrioToken, nursery: trio.Nursery, fs: FrameStream,
-                    data: list[bytes]) -> None:
-        """Called on the store thread just before a claim's commit: the DATA
-        frames go to the platform now, from the event loop, while the commit
-        waits for the disk (NodeCore.claim says why that is safe)."""
-        chunk = b"".join(data)
-
-        def start() -> None:
-            try:
-                nursery.start_soon(fs.send, chunk)
-            except RuntimeError:
-                pass  # the session is over; the rows go again in the next one
-        token.run_sync_soon(start)
+    @staticmethod
+    async def _early_sender(fs: FrameStream, chunks: trio.MemoryReceiveChannel[bytes]) -> None:
+        """Writes the DATA the claims handed to ``EarlySends`` on the store
+        thread, in order, while their commits wait for the disk
+        (NodeCore.claim says why that is safe)."""
+        async for chunk in chunks:
+            await fs.send(chunk)
 
     def _retry_after(self, ep: Endpoint) -> float:
         return self.retry.get(ep, self.s.cert_retry)

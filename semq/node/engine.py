@@ -16,6 +16,8 @@ from typing import Final
 
 __all__ = [
     "ORIGIN_TABLE",
+    "PENDING_ACK_TABLE",
+    "AckEvent",
     "AckStatus",
     "OriginEvent",
     "OriginOutcome",
@@ -23,6 +25,7 @@ __all__ = [
     "SendState",
     "origin_may_clean",
     "origin_step",
+    "pending_ack_step",
     "receive_decision",
     "receiver_may_clean",
 ]
@@ -64,6 +67,8 @@ class OriginEvent(Enum):
     TARGET_HAS = "target_has"  # inquiry to B: RECEIVED
     TARGET_LACKS = "target_lacks"  # inquiry to B: NOT_RECEIVED
     TARGET_ASKS = "target_asks"  # B asks about our record: it has the message
+    EXPIRED = "expired"  # its expiry passed before it could be sent (SPEC A.2)
+    CANNOT_SEND = "cannot_send"  # no way to the target (unknown to the platform, no certificate): given up
 
 
 S = SendState
@@ -76,6 +81,8 @@ ORIGIN_TABLE: Final[dict[tuple[SendState, OriginEvent], tuple[SendState, bool]]]
     (S.SS_INIT, E.ACK2): (S.SS_ACK2, True),
     (S.SS_INIT, E.TARGET_HAS): (S.SS_ACK2, True),
     (S.SS_INIT, E.TARGET_ASKS): (S.SS_ACK2, False),
+    (S.SS_INIT, E.EXPIRED): (S.SS_FAILED, False),
+    (S.SS_INIT, E.CANNOT_SEND): (S.SS_FAILED, False),
     (S.SS_SENT, E.SENT): (S.SS_SENT, False),
     (S.SS_SENT, E.ACK_FWD): (S.SS_ACK_FWD, False),
     (S.SS_SENT, E.ACK_SAVE): (S.SS_ACK, False),
@@ -182,3 +189,30 @@ def receiver_may_clean(p_ack: AckStatus, s_ack: AckStatus) -> bool:
     """SPEC B.2: delete the row once every confirmation it needs is AS_ACK
     (a confirmation not needed is stored as AS_ACK from the start)."""
     return p_ack is AckStatus.AS_ACK and s_ack is AckStatus.AS_ACK
+
+
+class AckEvent(Enum):
+    """What confirms a pending-ack row (SPEC B.2): the platform's REACK (or
+    its answer to our STATE inquiry) for a stored copy's ACK, the origin's
+    REACK2 (or its answer) for our ACK2."""
+
+    __hash__ = object.__hash__
+
+    PLATFORM_CONFIRMS = "platform_confirms"  # P_ACK_STATUS -> AS_ACK
+    ORIGIN_CONFIRMS = "origin_confirms"  # S_ACK_STATUS -> AS_ACK
+
+
+A = AckStatus
+
+#: ((P_ACK_STATUS, S_ACK_STATUS), event) -> the pair after it. Every pair is
+#: here: a confirmation is idempotent (a second REACK changes nothing).
+PENDING_ACK_TABLE: Final[dict[tuple[tuple[AckStatus, AckStatus], AckEvent], tuple[AckStatus, AckStatus]]] = {
+    **{((p, s), AckEvent.PLATFORM_CONFIRMS): (A.AS_ACK, s) for p in AckStatus for s in AckStatus},
+    **{((p, s), AckEvent.ORIGIN_CONFIRMS): (p, A.AS_ACK) for p in AckStatus for s in AckStatus},
+}
+
+
+def pending_ack_step(p_ack: AckStatus, s_ack: AckStatus, event: AckEvent) -> tuple[AckStatus, AckStatus]:
+    """The confirmations of a pending-ack row after ``event``; the row goes
+    once ``receiver_may_clean`` says so."""
+    return PENDING_ACK_TABLE[((p_ack, s_ack), event)]

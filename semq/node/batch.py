@@ -1,0 +1,112 @@
+"""What the node core's roles share: the store and identity (``NodeContext``),
+one batch's working state (``Batch``) and what a batch produced (``Output``).
+
+The roles (semq.node.origin, receiver, receipts, inquiries, housekeeping)
+hold no per-batch state of their own: a batch's dedup look-ups, rows to
+insert, acks to send and confirmations found travel in its ``Batch``, made
+by the facade (semq.node.core) for one transaction and dropped after it.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from peewee import SqliteDatabase
+
+from semq.events import EventLog, now_ms
+from semq.security import NodeSecurity
+from semq.umxt_protocol import AckEntry, Endpoint, Frame, Kind, RawFrame, ResultCode, encode_frame
+
+from .writebehind import WriteBehind
+
+__all__ = ["Batch", "Events", "NodeContext", "Output"]
+
+Events = list[dict[str, Any]]
+
+
+@dataclass
+class Output:
+    """What a batch produced: bytes to send (after the commit, which has
+    happened when the method returns) and counters for the caller."""
+
+    data: list[bytes] = field(default_factory=list)
+    delivered: int = 0  # new inbox documents
+    missing: set[Endpoint] = field(default_factory=set)  # certificates to ask the platform for
+    over_window: int = 0  # documents the platform refused with OVER_WINDOW
+    deferred: list[RawFrame] = field(default_factory=list)  # DATA waiting for its origin's certificate
+    settled: int = 0  # outbox rows that got their platform ack / NACK (window credit)
+    early: int = 0  # DATA frames that left through the claim's port before the commit
+    # Security: ACK2 entries whose receipt was missing or did not verify, and
+    # refusals (NACK from a target) whose signature did not: each left its
+    # row open (the origin asks the target again).
+    bad_receipts: int = 0
+    bad_refusals: int = 0
+    # Targets whose documents the platform would not store now: our quota
+    # there is used up (QUOTA_EXCEEDED); the rows went back to SS_INIT.
+    over_quota: set[str] = field(default_factory=set)
+    errors: list[tuple[ResultCode, str]] = field(default_factory=list)
+
+    def add(self, frame: Frame) -> None:
+        self.data.append(encode_frame(frame))
+
+
+@dataclass
+class NodeContext:
+    """The store and identity every role of the node core works with.
+    ``inquiry_ms``, ``skew_ms``, ``platform`` and ``log`` change at run
+    time (a reload, the platform's WELCOME, the API's held log)."""
+
+    path: Path
+    db: SqliteDatabase
+    conn: sqlite3.Connection
+    me: Endpoint
+    platform: Endpoint
+    sec: NodeSecurity | None
+    log: EventLog | None
+    held: WriteBehind
+    inquiry_ms: int
+    skew_ms: int
+
+    @staticmethod
+    def now() -> int:
+        """The node's clock, in ms (tests move it: ``semq.node.batch.now_ms``)."""
+        return now_ms()
+
+    def emit(self, records: Events) -> None:
+        if self.log and records:
+            self.log.write(records)
+
+
+@dataclass
+class Batch:
+    """One batch of frames from the platform, handled in one transaction."""
+
+    ts: int
+    out: Output = field(default_factory=Output)
+    events: Events = field(default_factory=list)
+    # Acks to send after the commit, per (kind, peer): ACK to the platform,
+    # ACK2 to origins, REACK2 to receivers.
+    acks: defaultdict[tuple[Kind, Endpoint], list[AckEntry]] = field(default_factory=lambda: defaultdict(list))
+    # Per origin, (LK0, digest) of the documents our ACK2s confirm: the
+    # batch receipt signs them.
+    digests: defaultdict[Endpoint, list[tuple[Any, bytes]]] = field(default_factory=lambda: defaultdict(list))
+    certs: dict[Endpoint, Any] = field(default_factory=dict)  # one directory look-up per origin per batch
+    # Confirmations of pending-ack rows found in this batch: REACK ids (from
+    # the platform), REACK2 (id, the sender's org: checked against the
+    # row's origin). Applied together before a frame of another kind.
+    reacks: list[int] = field(default_factory=list)
+    reack2s: list[tuple[int, str]] = field(default_factory=list)
+    # The creation times a new document may have: not in the future, not
+    # older than the duplicate suppression remembers.
+    window: tuple[int, int] = (0, 0)
+    # DATA for us opened and verified together (security on), by id(raw).
+    opened: dict[int, tuple[Frame, Any]] = field(default_factory=dict)
+    # The receiver's dedup look-up of the batch's DATA, and its rows to insert.
+    known: set[tuple[Any, ...]] = field(default_factory=set)
+    new_dedup: list[tuple[Any, ...]] = field(default_factory=list)
+    new_inbox: list[tuple[Any, ...]] = field(default_factory=list)
+    next_inbound: int = 0  # the next pending-ack id to give out (0: not read yet)

@@ -1,0 +1,477 @@
+"""The receiver role of a node: the inbox, the dedup table and the
+pending-ack table (seed tb_0030).
+
+A DATA for us is checked (signature, seal, expiry, creation time), its LK0
+looked up in the dedup table, and, the first time, put in the inbox; its
+acks (ACK to the platform for a stored copy, ACK2 with a receipt to the
+origin) leave after the commit (SPEC B.1, B.4). A pending-ack row waits for
+their confirmations, REACK and REACK2, through ``PENDING_ACK_TABLE``
+(semq.node.engine), and asks for them when they are late (B.2).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Sequence
+from typing import Any, Final
+
+from semq._db import next_row_id, rows_by_id, split_held
+from semq.crypto import (
+    CryptoError,
+    UnknownCertificate,
+    make_refusal,
+    open_documents,
+    raw_frame_aad,
+    split_app_key,
+)
+from semq.umxt_protocol import (
+    LK0,
+    AckEntry,
+    AckFlag,
+    AppKey,
+    Data,
+    Endpoint,
+    Frame,
+    Kind,
+    Nack,
+    NodeType,
+    RawFrame,
+    RemoteProtocolError,
+    ResultCode,
+)
+
+from .batch import Batch, NodeContext
+from .engine import AckEvent, AckStatus, pending_ack_step, receive_decision, receiver_may_clean
+from .writebehind import MAX_INQUIRY_BACKOFF_MS, ConfirmRow, PendingAckRow, columns
+
+__all__ = ["DEDUP_RETENTION_MS", "Receiver"]
+
+DEDUP_RETENTION_MS: Final = 30 * 24 * 3600 * 1000  # docs/exactly-once.md
+_CONFIRM_COLS: Final = columns(ConfirmRow)
+_PENDING_COLS: Final = columns(PendingAckRow)
+_AS_INIT: Final = int(AckStatus.AS_INIT)
+_AS_ACK: Final = int(AckStatus.AS_ACK)
+# receive_decision per (duplicate, has_lk1, ack2, reliable): pure, computed once.
+_DECISIONS: dict[tuple[bool, bool, bool, bool], Any] = {}
+# Per stored (p_ack, s_ack) and who confirmed (platform, origin): the pair
+# after it and whether the row may go (PENDING_ACK_TABLE, receiver_may_clean).
+_CONFIRMED: Final[dict[tuple[int, int, bool, bool], tuple[int, int, bool]]] = {}
+for _p in AckStatus:
+    for _s in AckStatus:
+        for _by_p in (False, True):
+            for _by_s in (False, True):
+                _pair = (_p, _s)
+                if _by_p:
+                    _pair = pending_ack_step(*_pair, AckEvent.PLATFORM_CONFIRMS)
+                if _by_s:
+                    _pair = pending_ack_step(*_pair, AckEvent.ORIGIN_CONFIRMS)
+                _CONFIRMED[(int(_p), int(_s), _by_p, _by_s)] = (int(_pair[0]), int(_pair[1]),
+                                                               receiver_may_clean(*_pair))
+
+
+class Receiver:
+    """Documents arriving for us, and the confirmations of our acks."""
+
+    def __init__(self, ctx: NodeContext) -> None:
+        self.ctx = ctx
+        self._inbound_floor = 0  # no pending-ack id below this is given out again
+        self._inbound_sweep = 0  # the pending-ack id after which the next inquiry round reads
+        self._unknown_key_at: dict[Endpoint, int] = {}  # origin -> when a document of it waited for its key
+
+    # ------------------------------------------------------------ a batch
+
+    def open_batch(self, b: Batch, frames: Sequence[RawFrame]) -> None:
+        """Open and verify the batch's DATA for us at once (security on;
+        open_documents checks each batch signature's documents together)
+        into ``b.opened``: by ``id(raw)``, the decoded frame and its
+        VerifiedDocument or the CryptoError that refuses it. A DATA whose
+        origin's certificate is not known, or that does not decode
+        (``data`` says why), is not there."""
+        sec = self.ctx.sec
+        if sec is None:
+            return
+        me = self.ctx.me
+        found: list[tuple[RawFrame, Frame]] = []
+        items = []
+        for raw in frames:
+            if raw.kind is not Kind.DATA or raw.target != me:
+                continue
+            try:
+                frame = raw.frame()
+            except RemoteProtocolError:
+                continue
+            certs = b.certs.get(frame.origin)
+            if certs is None:
+                certs = b.certs[frame.origin] = sec.certs(frame.origin)
+            if not certs:
+                continue
+            body = frame.body
+            assert isinstance(body, Data)
+            found.append((raw, frame))
+            items.append((body.app_data, body.session_key, raw_frame_aad(raw), certs))
+        got = open_documents(items, keys=sec.opener, cache=sec.cache)
+        b.opened = {id(raw): (frame, g) for (raw, frame), g in zip(found, got, strict=True)}
+
+    def begin(self, b: Batch, frames: Sequence[RawFrame]) -> None:
+        """One look-up of the dedup table for the batch's DATA (MEASUREMENTS:
+        per-row statements cost ~15 us each)."""
+        groups: dict[tuple[int, str, int, int], list[int]] = defaultdict(list)
+        for raw in frames:
+            if raw.kind is Kind.DATA:
+                try:
+                    semq_id, db_id, rid = raw.data_ids()
+                except RemoteProtocolError:
+                    continue  # reported when the frame itself is handled
+                origin = raw.origin  # LK0's endpoint (checked when the frame is decoded)
+                groups[(int(origin.node_type), origin.node_id, semq_id, db_id)].append(rid)
+        for g, rids in groups.items():
+            for (rid,) in rows_by_id(self.ctx.conn, "SELECT record_id FROM dedup", rids, key="record_id",
+                                     where="origin_type=? AND origin_id=? AND semq_id=? AND semq_db_id=?",
+                                     params=g):
+                b.known.add((*g, rid))
+
+    def data(self, b: Batch, raw: RawFrame) -> None:
+        """A DATA for us: opened with the batch (security), then received or refused."""
+        opened = b.opened.pop(id(raw), None)
+        frame = raw.frame() if opened is None else opened[0]
+        body = frame.body
+        assert isinstance(body, Data)
+        if self.ctx.sec is None:
+            self._receive(b, frame, body, body.app_data, None, "", body.app_key)
+            return
+        out = b.out
+        if opened is None:  # (not opened with the batch: its origin's certificate is missing)
+            out.deferred.append(raw)
+            out.missing.add(frame.origin)
+            return
+        got = opened[1]
+        app_key = body.app_key
+        if not isinstance(got, CryptoError):
+            doc = got.body
+            if body.key_sealed:  # the AppKey travels inside the document
+                try:
+                    app_key, doc = split_app_key(doc)
+                except CryptoError as e:
+                    got = e
+        if isinstance(got, UnknownCertificate) and self._first_unknown_key(frame.origin, b.ts):
+            # Signed by a key of the origin we do not hold yet (it rolled
+            # over, and the platform's push has not reached us): ask for its
+            # certificates and handle it again when they come. Only once a
+            # minute per origin: if the key is still unknown after that, it
+            # is refused.
+            out.deferred.append(raw)
+            out.missing.add(frame.origin)
+            return
+        if isinstance(got, CryptoError):
+            # Never delivered; the origin sees it (its row fails with the code).
+            self._refuse(b, frame, body, getattr(got, "code", ResultCode.BAD_SIGNATURE), str(got))
+            return
+        self._receive(b, frame, body, doc, got.digest, got.signer.org, app_key)
+
+    def _first_unknown_key(self, origin: Endpoint, ts: int) -> bool:
+        """Whether a document of ``origin`` signed by a key we do not know
+        may wait for its certificates (once a minute per origin)."""
+        last = self._unknown_key_at.get(origin)
+        if last is not None and ts - last < 60_000:
+            return False
+        self._unknown_key_at[origin] = ts
+        return True
+
+    def _refuse(self, b: Batch, frame: Frame, d: Data, code: ResultCode, detail: str) -> None:
+        """A document that does not reach the inbox (it does not open or
+        verify, it expired, it is stale): no dedup row, no ACK2, no receipt.
+        A stored copy is settled at the platform (ACK: it has left its
+        store; redelivering it would be refused again), and the origin gets
+        a NACK with the code, signed with security (``make_refusal``: the
+        relay can neither forge nor hide it). A later copy that does
+        verify, in time, is still delivered."""
+        lk0, lk1 = d.lk0, d.lk1
+        b.events.append({"ts": b.ts, "role": "receiver", "event": "refused", "lk0": str(lk0),
+                         "source": frame.origin.node_id, "target": self.ctx.me.node_id,
+                         "code": int(code), "detail": detail[:200]})
+        b.out.errors.append((code, f"document {lk0} refused: {detail}"))
+        if not frame.reliable:
+            return  # best effort: never acked, never answered
+        if lk1 is not None:
+            b.acks[(Kind.ACK, frame.source)].append(AckEntry(
+                1, 1, 0, lk1.semq_id, lk1.semq_db_id, lk1.record_id, int(AckFlag.PLATFORM), 0))
+        sec = self.ctx.sec
+        proof = b"" if sec is None else make_refusal(lk0, code, sec.identity.keys.signing_key)
+        b.out.add(Frame(kind=Kind.NACK, source=self.ctx.me, target=frame.origin,
+                        body=Nack(lk0=lk0, code=code, message=detail[:1000], proof=proof)))
+
+    def _receive(self, b: Batch, frame: Frame, d: Data, body: bytes, digest: bytes | None, signer: str,
+                 ak: AppKey) -> None:
+        ts, out, events = b.ts, b.out, b.events
+        lk0, lk1 = d.lk0, d.lk1
+        key = (int(lk0.endpoint.node_type), lk0.endpoint.node_id, lk0.semq_id, lk0.semq_db_id, lk0.record_id)
+        duplicate = key in b.known
+        if not duplicate:
+            # A copy already in the inbox is acked again whatever its age;
+            # a new one must still be in time, and young enough that a
+            # replay could not outlive its dedup row (signed times, with
+            # security: docs/exactly-once.md).
+            if d.expires_ms is not None and d.expires_ms <= ts:
+                self._refuse(b, frame, d, ResultCode.EXPIRED, f"the document expired at {d.expires_ms}, before"
+                             f" it reached the inbox at {ts}")
+                return
+            created = d.created_ms
+            if created and not b.window[0] <= created <= b.window[1]:
+                self._refuse(b, frame, d, ResultCode.STALE, f"created at {created}, outside this receiver's"
+                             f" window of {DEDUP_RETENTION_MS // 86_400_000} days (clock skew"
+                             f" {self.ctx.skew_ms // 1000} s): a replay cannot be told apart")
+                return
+            b.known.add(key)
+            b.new_dedup.append((*key, ts, digest))
+        ack2, reliable = frame.ack2, frame.reliable
+        dkey = (duplicate, lk1 is not None, ack2, reliable)
+        dec = _DECISIONS.get(dkey)
+        if dec is None:
+            dec = _DECISIONS[dkey] = receive_decision(duplicate=duplicate, has_lk1=lk1 is not None, ack2=ack2,
+                                                      reliable=reliable)
+        lk0_text, source, me = str(lk0), lk0.endpoint.node_id, self.ctx.me.node_id
+        full = {
+            "ts": ts, "role": "receiver", "lk0": lk0_text, "source": source, "target": me,
+            "event": "received", "domain": ak.domain, "data_type": ak.data_type,
+            "subtype": ak.subtype, "key": ak.key, "save_fwd": int(frame.save_fwd),
+            "ack2": ack2, "reliable": reliable, "priority": frame.priority,
+            "size": len(d.app_data), "created_ms": d.created_ms,
+        }
+        if lk1 is not None:
+            full["lk1"] = f"{lk1.semq_id}/{lk1.semq_db_id}/{lk1.record_id}"
+        events.append(full)
+        if duplicate:
+            events.append({"ts": ts, "role": "receiver", "lk0": lk0_text, "source": source, "target": me,
+                           "event": "duplicate"})
+        if dec.deliver:
+            b.new_inbox.append(
+                (*key, ak.domain, ak.data_type, ak.subtype, ak.key,
+                 int(frame.save_fwd), frame.priority, d.created_ms, ts, int(d.encrypt), body, signer))
+            out.delivered += 1
+            events.append({"ts": ts, "role": "receiver", "lk0": lk0_text, "source": source, "target": me,
+                           "event": "inbox"})
+        inbound_id = 0
+        wb = self.ctx.held
+        if dec.keep_row:
+            # Held in memory, not written: the confirmations (REACK2, and
+            # REACK for a stored copy) usually come within a fraction of a
+            # second and end the row, so its INSERT and DELETE (~8% of a
+            # receiver's time, py-spy) are not made. Nothing we sent
+            # depends on it: the document is in the inbox and the dedup
+            # table before the ACK/ACK2 leave, and those answer the
+            # inquiries of an origin or platform that missed an ack. Lost
+            # in a crash, only our own asking about confirmations is lost
+            # (semq.node.writebehind).
+            inbound_id = self._inbound_id(b)
+            wb.hold_inbound(PendingAckRow(
+                inbound_id, *key, lk1.semq_id if lk1 else 0, lk1.semq_db_id if lk1 else 0,
+                lk1.record_id if lk1 else 0, int(frame.source.node_type), frame.source.node_id,
+                _AS_INIT if dec.send_ack else _AS_ACK, _AS_INIT if dec.send_ack2 else _AS_ACK, ts, ts))
+        elif duplicate and (dec.send_ack or dec.send_ack2):
+            inbound_id = wb.inbound_keys.get(key, 0)
+            if not inbound_id:
+                self.flush(b)
+                row = self.ctx.conn.execute(
+                    "SELECT id FROM inbound WHERE origin_type=? AND origin_id=? AND semq_id=? AND"
+                    " semq_db_id=? AND record_id=?", key,
+                ).fetchone()
+                inbound_id = int(row[0]) if row else 0
+        if dec.send_ack and lk1 is not None:
+            b.acks[(Kind.ACK, frame.source)].append(AckEntry(
+                1, 1, inbound_id, lk1.semq_id, lk1.semq_db_id, lk1.record_id, int(AckFlag.PLATFORM), 0))
+        if dec.send_ack2:
+            b.acks[(Kind.ACK2, lk0.endpoint)].append(AckEntry(
+                1, 1, inbound_id, lk0.semq_id, lk0.semq_db_id, lk0.record_id, int(AckFlag.DELIVERY), 0))
+            if digest is not None:
+                b.digests[lk0.endpoint].append((lk0, digest))
+            events.append({"ts": ts, "role": "receiver", "lk0": lk0_text, "source": source, "target": me,
+                           "event": "ack2_sent"})
+
+    # Row ids of the pending-ack table are assigned here, inside the
+    # IMMEDIATE transaction (we are the only writer), so acks can name them
+    # before the rows are written.
+
+    def _inbound_id(self, b: Batch) -> int:
+        if not b.next_inbound:
+            b.next_inbound = max(next_row_id(self.ctx.conn, "inbound"), self._inbound_floor)
+        rid = b.next_inbound
+        b.next_inbound += 1
+        self._inbound_floor = b.next_inbound
+        return rid
+
+    def reserve_ids(self, b: Batch) -> None:
+        """The ids given out in this batch are never given out again, even
+        after a crash that loses the held rows (a late confirmation naming
+        one must not confirm another row): AUTOINCREMENT's sequence,
+        updated in the batch's transaction."""
+        if not b.next_inbound:
+            return
+        hi = self._inbound_floor - 1
+        if hi <= 0:
+            return
+        conn = self.ctx.conn
+        if not conn.execute("UPDATE sqlite_sequence SET seq=? WHERE name='inbound' AND seq<?", (hi, hi)).rowcount:
+            conn.execute("INSERT INTO sqlite_sequence (name, seq) SELECT 'inbound', ?"
+                         " WHERE NOT EXISTS (SELECT 1 FROM sqlite_sequence WHERE name='inbound')", (hi,))
+
+    def flush(self, b: Batch) -> None:
+        """Write the batch's new dedup and inbox rows (one executemany each)."""
+        conn = self.ctx.conn
+        if b.new_dedup:
+            conn.executemany(
+                "INSERT OR IGNORE INTO dedup (origin_type, origin_id, semq_id, semq_db_id, record_id,"
+                " received_ms, digest) VALUES (?,?,?,?,?,?,?)", b.new_dedup)
+            b.new_dedup.clear()
+        if b.new_inbox:
+            conn.executemany(
+                "INSERT INTO inbox (origin_type, origin_id, semq_id, semq_db_id, record_id, domain,"
+                " data_type, subtype, key, save_fwd, priority, created_ms, received_ms, encrypt,"
+                " app_data, signer) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)", b.new_inbox)
+            b.new_inbox.clear()
+
+    # ------------------------------------------------------------ confirmations
+
+    def queue_confirmations(self, b: Batch, kind: Kind, entries: Sequence[AckEntry], peer: Endpoint,
+                            from_platform: bool) -> None:
+        """REACK (from the platform only) and REACK2 (from the document's
+        origin only: checked against each row), applied together before a
+        frame of another kind (``flush_confirmations``)."""
+        if kind is Kind.REACK:
+            if from_platform:
+                b.reacks.extend([e.dest_ref_id for e in entries if e.dest_ref_id])
+        else:
+            b.reack2s.extend([(e.dest_ref_id, peer.node_id) for e in entries if e.dest_ref_id])
+
+    def flush_confirmations(self, b: Batch) -> None:
+        if b.reacks or b.reack2s:
+            p_ids, s_acks = b.reacks, b.reack2s
+            b.reacks, b.reack2s = [], []
+            self.confirm(p_ids, s_acks, b.ts, b.events)
+
+    def confirm(self, p_ids: Sequence[int], s_acks: Sequence[tuple[int, str]], ts: int,
+                events: list[dict[str, Any]]) -> None:
+        """Apply confirmations to pending-ack rows: the platform's
+        (``p_ids``) and the origins' (``s_acks``: (id, sender org); only the
+        row's origin confirms it, anything else changes nothing), through
+        PENDING_ACK_TABLE; a row with every confirmation it needs is deleted
+        instead of updated (SPEC B.2). Each confirmation is logged, the
+        clean-up too. Both kinds at once: a drained copy's REACK (from the
+        platform) and REACK2 (from the origin) often arrive in the same
+        read, and the row then goes in one DELETE instead of an UPDATE and
+        a DELETE."""
+        if not p_ids and not s_acks:
+            return
+        got_p, got_s = set(p_ids), dict(s_acks)
+        ids = list(dict.fromkeys([*p_ids, *got_s]))
+        me = self.ctx.me.node_id
+        done, marked = [], []
+        wb = self.ctx.held
+        held = wb.inbound
+        rows: list[ConfirmRow] = []
+        if held:  # rows still in memory: confirmed there, never written if complete
+            hits, ids = split_held(ids, held)
+            rows += wb.held_confirm_rows(hits)
+        if ids:
+            rows += map(ConfirmRow._make, rows_by_id(self.ctx.conn, f"SELECT {_CONFIRM_COLS} FROM inbound", ids))
+        for r in rows:
+            rid, origin = r.id, r.origin_id
+            lk0 = f"{origin}/{r.semq_id}/{r.semq_db_id}/{r.record_id}"
+            by_p, by_s = rid in got_p, got_s.get(rid) == origin
+            if not (by_p or by_s):
+                continue  # a REACK2 from someone else than the document's origin
+            if by_p:
+                events.append({"ts": ts, "role": "receiver", "event": "reack", "lk0": lk0,
+                               "source": origin, "target": me})
+            if by_s:
+                events.append({"ts": ts, "role": "receiver", "event": "reack2", "lk0": lk0,
+                               "source": origin, "target": me})
+            p_ack, s_ack, clean = _CONFIRMED[(r.p_ack, r.s_ack, by_p, by_s)]
+            in_memory = held and rid in held
+            if clean:
+                if in_memory:
+                    wb.forget_inbound(rid)
+                else:
+                    done.append((rid,))
+                events.append({"ts": ts, "role": "receiver", "event": "cleaned", "lk0": lk0,
+                               "source": origin, "target": me})
+            elif in_memory:
+                wb.confirm_held(rid, p_ack, s_ack)
+            else:
+                marked.append((p_ack, s_ack, rid))
+        self.ctx.conn.executemany("UPDATE inbound SET p_ack=?, s_ack=? WHERE id=?", marked)
+        self.ctx.conn.executemany("DELETE FROM inbound WHERE id=?", done)
+
+    def rows_answered(self, answers: Sequence[LK0], peer: Endpoint, from_platform: bool) -> list[int]:
+        """The pending-ack rows a STATE answer from ``peer`` is about (every
+        answer — marked, already acked, no record — confirms: SPEC B.2). The
+        held rows must be written first."""
+        conn = self.ctx.conn
+        ids = []
+        for lk in answers:
+            if from_platform:
+                row = conn.execute(
+                    "SELECT id FROM inbound INDEXED BY inbound_lk1 WHERE lk1_record_id=? AND lk1_record_id != 0"
+                    " AND lk1_semq_id=? AND lk1_semq_db_id=? AND platform_id=?",
+                    (lk.record_id, lk.semq_id, lk.semq_db_id, peer.node_id),
+                ).fetchone()
+            elif lk.endpoint != peer:
+                continue  # only a document's origin answers for it
+            else:
+                row = conn.execute(
+                    "SELECT id FROM inbound WHERE origin_type=? AND origin_id=? AND semq_id=? AND"
+                    " semq_db_id=? AND record_id=?",
+                    (int(lk.endpoint.node_type), lk.endpoint.node_id, lk.semq_id, lk.semq_db_id, lk.record_id),
+                ).fetchone()
+            if row:
+                ids.append(int(row[0]))
+        return ids
+
+    def received_digest(self, lk: LK0) -> tuple[bool, bytes | None]:
+        """Whether the document ``lk`` reached our inbox (its dedup row),
+        and the digest it was signed with (for a receipt)."""
+        row = self.ctx.conn.execute(
+            "SELECT digest FROM dedup WHERE origin_type=? AND origin_id=? AND semq_id=? AND"
+            " semq_db_id=? AND record_id=?",
+            (int(lk.endpoint.node_type), lk.endpoint.node_id, lk.semq_id, lk.semq_db_id, lk.record_id),
+        ).fetchone()
+        return (row is not None, row[0] if row else None)
+
+    # ------------------------------------------------------------ inquiries
+
+    def due_inquiries(self, ts: int, limit: int, sweep: int) -> tuple[dict[Endpoint, list[LK0]],
+                                                                       dict[Endpoint, list[LK0]]]:
+        """SPEC B.2: pending-ack rows whose confirmation is late ask the
+        platform (P_ACK) and the origin (S_ACK), with their inquiry time
+        set. At most ``sweep`` rows per round, in id order from where the
+        last round stopped, so a huge table is asked about over several
+        rounds (a row waits at most size/sweep rounds more)."""
+        conn = self.ctx.conn
+        start = self._inbound_sweep
+        edge = conn.execute("SELECT id FROM inbound WHERE id > ? ORDER BY id LIMIT 1 OFFSET ?",
+                            (start, sweep - 1)).fetchone()
+        end = int(edge[0]) if edge else 1 << 62
+        inb = [PendingAckRow._make(r) for r in conn.execute(
+            f"SELECT {_PENDING_COLS} FROM inbound"
+            f" WHERE id > ? AND id <= ? AND (p_ack={_AS_INIT} OR s_ack={_AS_INIT})"
+            f" AND last_inquiry_ms + min(?, ? * (1 << min(inquiries, 6))) <= ? ORDER BY id LIMIT ?",
+            (start, end, MAX_INQUIRY_BACKOFF_MS, self.ctx.inquiry_ms, ts, limit))]
+        # Resume after the last row read: the rest of this window when the
+        # LIMIT cut it, the next window, or from the start after the end.
+        if len(inb) == limit:
+            self._inbound_sweep = inb[-1].id
+        else:
+            self._inbound_sweep = end if edge else 0
+        to_p: dict[Endpoint, list[LK0]] = defaultdict(list)
+        to_o: dict[Endpoint, list[LK0]] = defaultdict(list)
+        for r in inb:
+            if r.p_ack == _AS_INIT and r.lk1_record_id:
+                pe = Endpoint(node_type=NodeType(r.platform_type), node_id=r.platform_id)
+                to_p[pe].append(LK0(endpoint=pe, semq_id=r.lk1_semq_id, semq_db_id=r.lk1_semq_db_id,
+                                    record_id=r.lk1_record_id))
+            if r.s_ack == _AS_INIT:
+                oe = Endpoint(node_type=NodeType(r.origin_type), node_id=r.origin_id)
+                to_o[oe].append(LK0(endpoint=oe, semq_id=r.semq_id, semq_db_id=r.semq_db_id,
+                                    record_id=r.record_id))
+        conn.executemany("UPDATE inbound SET last_inquiry_ms=?, inquiries=inquiries+1 WHERE id=?",
+                         [(ts, r.id) for r in inb])
+        return to_p, to_o
