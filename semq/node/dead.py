@@ -11,9 +11,15 @@ expired copy either, so an expired document is never delivered anywhere.
 
 ``requeue`` puts a row back to SS_INIT (code 0, attempts 0): it is sent
 again under the **same LK0**, so a receiver that did get it earlier
-suppresses the duplicate. An expired row needs a new expiry (or none).
-``purge`` deletes. Failed rows are also removed by the node's housekeeping
-after 7 days (core.FAILED_RETENTION_MS).
+suppresses the duplicate (SPEC B.4). An expired row needs a new expiry (or
+none). ``purge`` deletes. Failed rows are also removed by the node's
+housekeeping after 7 days (core.FAILED_RETENTION_MS). This is seed 001's
+"cleanup of messages that can never be processed".
+
+Which rows each of these takes and the state it leaves them in is
+semq.node.engine.OPERATOR_TABLE's to say (REQUEUE, PURGE_DEAD, and
+DEAD_LETTER for ``sweep`` and ``fail_target``); the SQL here is built from
+it and names no state by number.
 """
 
 from __future__ import annotations

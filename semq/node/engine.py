@@ -223,11 +223,11 @@ class OperatorAction(Enum):
 
     __hash__ = object.__hash__  # a dict key, as OriginEvent
 
-    REQUEUE = "requeue"  # a failed row (a dead letter) goes again, same LK0: admin requeue, `semq node dead requeue`
+    REQUEUE = "requeue"  # a failed row (a dead letter) goes again, same LK0: admin requeue, `semq dead requeue`
     RESEND = "resend"  # an unconfirmed row goes again now (receivers suppress duplicates, SPEC B.4)
     PURGE = "purge"  # the admin console deletes the row, whatever its state
     DEAD_LETTER = "dead letter"  # an unsent row will never go: attempt limit (304), unknown target (300)
-    PURGE_DEAD = "dead-letter purge"  # `semq node dead purge`: deletes dead letters only
+    PURGE_DEAD = "dead-letter purge"  # `semq dead purge`: deletes dead letters only
 
 
 _A = OperatorAction

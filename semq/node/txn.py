@@ -29,6 +29,9 @@ reads the state; SQLite serializes them across processes):
 The check-back runs outside any transaction (it may take seconds); its
 answer is applied with the same commit / rollback, so a person deciding at
 the same moment wins or loses cleanly, never both.
+
+The half message's states and what moves them are semq.node.engine's
+TxState and TX_TABLE (re-exported here); the SQL is built from the table.
 """
 
 from __future__ import annotations
