@@ -136,7 +136,7 @@ SCANNED = sorted([*ROOT.glob("ops/*.py"), *(ROOT / "node" / n for n in ("dead.py
 STATE_COLS = r"(?:state|p_ack|s_ack|p_ack_status|s_ack_status)"
 # A state column compared with, or set to, a bare number: state=0, p_ack != 1,
 # state IN (1, 2), state BETWEEN 1 AND 3, state<>9.
-BARE = re.compile(rf"\b{STATE_COLS}\s*(?:=|==|!=|<>|<=|>=|<|>|\s+IN\s*\(\s*|\s+NOT\s+IN\s*\(\s*|\s+BETWEEN\s+)\d",
+BARE = re.compile(rf"\b{STATE_COLS}\s*(?:=|==|!=|<>|<=|>=|<|>|\s+IN\s*\(|\s+NOT\s+IN\s*\(|\s+BETWEEN\s)\s*\d",
                   re.IGNORECASE)
 INSERT = re.compile(r"INSERT\s+(?:OR\s+\w+\s+)?INTO\s+\w+\s*\(([^)]*)\)\s*VALUES\s*\(([^)]*)\)", re.IGNORECASE)
 
