@@ -204,3 +204,47 @@ def test_e2e_unknown_target_is_a_dead_letter_with_its_reason(cluster: Cluster,
     assert seed(["dead", "--dir", str(cluster.root / A)]) == 0
     line = capsys.readouterr().out.splitlines()[1]
     assert line.split()[:4] == [str(lk), "99999", "300", "unknown"]
+
+
+def test_dead_letter_actions_follow_the_operator_table_in_every_state(node: Path) -> None:
+    """One row in each SendState: requeue and purge by id take only the
+    states OPERATOR_TABLE gives them (the others: "is not a dead letter"),
+    ``refs=None`` takes all of those; sweep and fail_target make dead
+    letters only of the states DEAD_LETTER applies to."""
+    from semq.node.dead import fail_target
+    from semq.node.engine import OPERATOR_TABLE, OperatorAction, SendState
+
+    states = list(SendState)
+
+    def reset() -> None:
+        sql(node, "DELETE FROM outbox")
+        for s in states:
+            sql(node, "INSERT INTO outbox (target_type, target_id, state, save_fwd, ack2, reliable, priority,"
+                      " domain, data_type, subtype, key, created_ms, expires_ms, attempts, inquiries, state_ms,"
+                      " code, encrypt, app_data) VALUES (1, ?, ?, 3, 1, 1, 0, '', 'ORDER', '', '', ?, NULL, 5,"
+                      " 0, ?, 7, 0, x'00')", B, int(s), int(time.time() * 1000), int(time.time() * 1000))
+
+    def ids() -> dict[SendState, int]:
+        return {SendState(s): i for i, s in sql(node, "SELECT id, state FROM outbox")}
+
+    with NodeClient(node) as n:
+        dl = DeadLetters(n)
+        for action, run in ((OperatorAction.REQUEUE, dl.requeue), (OperatorAction.PURGE_DEAD, dl.purge)):
+            reset()
+            by_state = ids()
+            for s in states:
+                if (s, action) in OPERATOR_TABLE:
+                    continue
+                with pytest.raises(DeadLetterError, match=f"is not a dead letter: it is {s.name}"):
+                    run([by_state[s]])
+            run(None)  # all it applies to
+            after = {SendState(s) for (s,) in sql(node, "SELECT state FROM outbox")}
+            expect = {OPERATOR_TABLE.get((s, action), s) for s in states} - {None}
+            assert after == expect
+        for rule in (lambda: sweep(n, 1), lambda: fail_target(n, B)):
+            reset()
+            before = ids()
+            assert rule() == sum(1 for s in states if (s, OperatorAction.DEAD_LETTER) in OPERATOR_TABLE)
+            after_states = dict(sql(node, "SELECT id, state FROM outbox"))
+            for s, rid in before.items():
+                assert after_states[rid] == int(OPERATOR_TABLE.get((s, OperatorAction.DEAD_LETTER), s) or 0)

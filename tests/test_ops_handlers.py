@@ -314,3 +314,63 @@ async def test_node_commands_see_the_states_held_in_memory(tmp_path: Path) -> No
         assert (await h["show"]({"id": 1}))["state"] == "SS_ACK_FWD"
     finally:
         core.close()
+
+
+@pytest.mark.parametrize("verb", ["requeue", "resend", "purge"])
+async def test_node_commands_follow_the_operator_table_in_every_state(tmp_path: Path, verb: str) -> None:
+    """One row in each SendState, the command asked of all of them by id:
+    what changes, to what, and what is skipped is OPERATOR_TABLE's word."""
+    from semq.node.engine import OPERATOR_TABLE, OperatorAction, SendState
+
+    action = OperatorAction(verb)
+    states = list(SendState)
+    core = make_node(tmp_path, len(states))
+    d = NodeStandIn()
+    for rid, s in enumerate(states, start=1):
+        sql(core.path, "UPDATE outbox SET state=?, attempts=2, code=7 WHERE id=?", int(s), rid)
+    h = node_handlers(d, core, reload=lambda: None, drain=DrainControl())
+    try:
+        r = await h[verb]({"ids": list(range(1, len(states) + 1))})
+        moved = {rid for rid, s in enumerate(states, start=1) if (s, action) in OPERATOR_TABLE}
+        assert r["ids"] == sorted(moved) and r["changed"] == len(moved)
+        assert r["skipped"] == [{"id": rid, "state": s.name} for rid, s in enumerate(states, start=1)
+                                if rid not in moved]
+        after = dict(sql(core.path, "SELECT id, state FROM outbox"))
+        reset = action is OperatorAction.REQUEUE
+        for rid, s in enumerate(states, start=1):
+            if rid not in moved:
+                assert after[rid] == int(s)
+            elif (nxt := OPERATOR_TABLE[(s, action)]) is None:
+                assert rid not in after
+            else:
+                assert after[rid] == int(nxt)
+                assert sql(core.path, "SELECT attempts, code FROM outbox WHERE id=?", rid) == (
+                    [(0, 0)] if reset else [(2, 7)])
+    finally:
+        core.close()
+
+
+@pytest.mark.parametrize("verb", ["requeue", "resend", "purge"])
+async def test_platform_commands_follow_the_stored_operator_table_in_every_state(tmp_path: Path,
+                                                                                 verb: str) -> None:
+    from semq.node.engine import STORED_OPERATOR_TABLE, OperatorAction
+    from semq.platform.engine import StoredState
+
+    action = OperatorAction(verb)
+    states = list(StoredState)
+    core = platform_with_stored(tmp_path, len(states))
+    d = PlatformStandIn()
+    db = tmp_path / "platform.sqlite"
+    for rid, s in enumerate(states, start=1):
+        sql(db, "UPDATE stored SET state=? WHERE id=?", int(s), rid)
+    h = platform_handlers(d, core, reload=lambda: None, drain=DrainControl())
+    try:
+        r = await h[verb]({"ids": list(range(1, len(states) + 1))})
+        moved = {rid for rid, s in enumerate(states, start=1) if (s, action) in STORED_OPERATOR_TABLE}
+        assert r["ids"] == sorted(moved) and len(r["skipped"]) == len(states) - len(moved)
+        after = dict(sql(db, "SELECT id, state FROM stored"))
+        for rid, s in enumerate(states, start=1):
+            nxt = STORED_OPERATOR_TABLE.get((s, action), s)
+            assert after.get(rid) == (None if nxt is None else int(nxt))
+    finally:
+        core.close()

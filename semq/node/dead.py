@@ -11,9 +11,15 @@ expired copy either, so an expired document is never delivered anywhere.
 
 ``requeue`` puts a row back to SS_INIT (code 0, attempts 0): it is sent
 again under the **same LK0**, so a receiver that did get it earlier
-suppresses the duplicate. An expired row needs a new expiry (or none).
-``purge`` deletes. Failed rows are also removed by the node's housekeeping
-after 7 days (core.FAILED_RETENTION_MS).
+suppresses the duplicate (SPEC B.4). An expired row needs a new expiry (or
+none). ``purge`` deletes. Failed rows are also removed by the node's
+housekeeping after 7 days (core.FAILED_RETENTION_MS). This is seed 001's
+"cleanup of messages that can never be processed".
+
+Which rows each of these takes and the state it leaves them in is
+semq.node.engine.OPERATOR_TABLE's to say (REQUEUE, PURGE_DEAD, and
+DEAD_LETTER for ``sweep`` and ``fail_target``); the SQL here is built from
+it and names no state by number.
 """
 
 from __future__ import annotations
@@ -28,7 +34,15 @@ from semq.events import now_ms
 from semq.umxt_protocol import LK0, AppKey, ResultCode
 
 from ._access import core_of, log_events, write_tx
-from .engine import SendState
+from .engine import (
+    OperatorAction,
+    SendState,
+    TransitionRefused,
+    operator_result,
+    operator_states,
+    operator_step,
+    sql_in,
+)
 
 if TYPE_CHECKING:
     from .api import NodeClient
@@ -37,7 +51,27 @@ if TYPE_CHECKING:
 __all__ = ["REASONS", "DeadLetter", "DeadLetterError", "DeadLetters", "RequeueResult", "fail_target",
            "reason", "sweep"]
 
-_FAILED: Final = int(SendState.SS_FAILED)
+_FAILED: Final = int(SendState.SS_FAILED)  # a dead letter's state: what ``list`` shows
+
+
+def _from(action: OperatorAction) -> str:
+    """``IN (...)`` text: the states ``action`` takes rows from."""
+    return f"IN ({sql_in(operator_states(action))})"
+
+
+def _to(action: OperatorAction) -> int:
+    nxt = operator_result(action)
+    assert nxt is not None, f"{action.value} deletes rows"
+    return int(nxt)
+
+
+# Which rows each action takes, and the state it leaves them in, come from
+# semq.node.engine.OPERATOR_TABLE; the SQL below is built from it.
+_REQUEUE_FROM: Final = _from(OperatorAction.REQUEUE)  # SS_FAILED
+_REQUEUE_TO: Final = _to(OperatorAction.REQUEUE)  # SS_INIT
+_PURGE_FROM: Final = _from(OperatorAction.PURGE_DEAD)  # SS_FAILED
+_DYING: Final = _from(OperatorAction.DEAD_LETTER)  # SS_INIT: waiting to be sent
+_DEAD: Final = _to(OperatorAction.DEAD_LETTER)  # SS_FAILED
 
 #: Result code -> the reason a person reads in ``semq dead``.
 REASONS: Final[dict[int, str]] = {
@@ -119,10 +153,13 @@ class DeadLetters:
             return ref.record_id
         return int(ref)
 
-    def _select(self, conn: Any, refs: Iterable[int | str | LK0] | None) -> builtins.list[DeadLetter]:
+    def _select(self, conn: Any, refs: Iterable[int | str | LK0] | None,
+                action: OperatorAction) -> builtins.list[DeadLetter]:
+        """The rows ``action`` takes: every one it applies to (``refs`` None),
+        or these, each of which must be one (DeadLetterError otherwise)."""
         if refs is None:
-            return [self._letter(r) for r in conn.execute(f"SELECT {_COLS} FROM outbox WHERE state=? ORDER BY id",
-                                                          (_FAILED,))]
+            return [self._letter(r) for r in conn.execute(
+                f"SELECT {_COLS} FROM outbox WHERE state {_from(action)} ORDER BY id")]
         out = []
         for ref in refs:
             rid = self.record_id(ref)
@@ -131,8 +168,12 @@ class DeadLetters:
             if r is None:
                 raise DeadLetterError(f"no document {lk0} in the pending-send table (delivered and cleaned"
                                       " up, or purged)")
-            if r[-1] != _FAILED:
-                raise DeadLetterError(f"{lk0} is not a dead letter: it is {SendState(r[-1]).name}")
+            try:
+                operator_step(SendState(r[-1]), action, record=rid)
+            except TransitionRefused as e:
+                raise DeadLetterError(f"{lk0} is not a dead letter: it is {e.state}") from None
+            except ValueError:  # a state this module does not know (a newer schema)
+                raise DeadLetterError(f"{lk0} is not a dead letter: it is in state {r[-1]}") from None
             out.append(self._letter(r[:-1]))
         return out
 
@@ -147,7 +188,7 @@ class DeadLetters:
         result = RequeueResult()
         ts = now_ms()
         with write_tx(self.core) as conn:
-            letters = self._select(conn, refs)
+            letters = self._select(conn, refs, OperatorAction.REQUEUE)
             updates, events = [], []
             for d in letters:
                 expiry = d.expires_ms
@@ -165,8 +206,8 @@ class DeadLetters:
                 result.requeued.append(d.lk0)
                 events.append(self._event(d, "resend", ts, detail=f"requeued from the dead letters ({d.reason})"))
             conn.executemany(
-                "UPDATE outbox SET state=0, code=0, attempts=0, inquiries=0, sent_ms=NULL, last_inquiry_ms=NULL,"
-                f" state_ms=?, expires_ms=? WHERE id=? AND state={_FAILED}", updates)
+                f"UPDATE outbox SET state={_REQUEUE_TO}, code=0, attempts=0, inquiries=0, sent_ms=NULL,"
+                f" last_inquiry_ms=NULL, state_ms=?, expires_ms=? WHERE id=? AND state {_REQUEUE_FROM}", updates)
             log_events(self.core, events)
         return result
 
@@ -174,8 +215,8 @@ class DeadLetters:
         """Delete these dead letters (``refs=None``: all). Returns how many."""
         ts = now_ms()
         with write_tx(self.core) as conn:
-            letters = self._select(conn, refs)
-            conn.executemany(f"DELETE FROM outbox WHERE id=? AND state={_FAILED}",
+            letters = self._select(conn, refs, OperatorAction.PURGE_DEAD)
+            conn.executemany(f"DELETE FROM outbox WHERE id=? AND state {_PURGE_FROM}",
                              [(d.lk0.record_id,) for d in letters])
             log_events(self.core, [self._event(d, "cleaned", ts, detail="purged from the dead letters")
                                    for d in letters])
@@ -199,9 +240,9 @@ def sweep(node: NodeClient | NodeCore, max_attempts: int) -> int:
     code = int(ResultCode.TOO_MANY_ATTEMPTS)
     with write_tx(core) as conn:
         core.write_held()  # the daemon's claimed rows are in flight, not SS_INIT
-        rows = conn.execute("SELECT id, target_id, attempts FROM outbox WHERE state=0 AND attempts >= ?",
+        rows = conn.execute(f"SELECT id, target_id, attempts FROM outbox WHERE state {_DYING} AND attempts >= ?",
                             (max_attempts,)).fetchall()
-        conn.executemany(f"UPDATE outbox SET state={_FAILED}, code=?, state_ms=? WHERE id=? AND state=0",
+        conn.executemany(f"UPDATE outbox SET state={_DEAD}, code=?, state_ms=? WHERE id=? AND state {_DYING}",
                          [(code, ts, r[0]) for r in rows])
         log_events(core, [{"ts": ts, "role": "origin", "event": "dead", "lk0": f"{core.me.node_id}/1/1/{r[0]}",
                            "source": core.me.node_id, "target": r[1], "attempt": r[2], "code": code,
@@ -219,8 +260,9 @@ def fail_target(node: NodeClient | NodeCore, target: str, code: int = int(Result
     ts = now_ms()
     with write_tx(core) as conn:
         core.write_held()  # the daemon's claimed rows are in flight, not SS_INIT
-        rows = conn.execute("SELECT id, attempts FROM outbox WHERE state=0 AND target_id=?", (target,)).fetchall()
-        conn.executemany(f"UPDATE outbox SET state={_FAILED}, code=?, state_ms=? WHERE id=? AND state=0",
+        rows = conn.execute(f"SELECT id, attempts FROM outbox WHERE state {_DYING} AND target_id=?",
+                            (target,)).fetchall()
+        conn.executemany(f"UPDATE outbox SET state={_DEAD}, code=?, state_ms=? WHERE id=? AND state {_DYING}",
                          [(code, ts, r[0]) for r in rows])
         log_events(core, [{"ts": ts, "role": "origin", "event": "dead", "lk0": f"{core.me.node_id}/1/1/{r[0]}",
                            "source": core.me.node_id, "target": target, "attempt": r[1], "code": code,

@@ -9,25 +9,44 @@ apply an outcome to the store and send what it says only after the commit.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from enum import Enum, IntEnum
 from functools import lru_cache
-from typing import Final
+from typing import Any, Final
+
+from semq.platform.engine import StoredState  # the same layer: the engines
 
 __all__ = [
+    "OPERATOR_TABLE",
     "ORIGIN_TABLE",
     "PENDING_ACK_TABLE",
+    "STORED_OPERATOR_TABLE",
+    "TX_TABLE",
     "AckEvent",
     "AckStatus",
+    "OperatorAction",
     "OriginEvent",
     "OriginOutcome",
     "ReceiveDecision",
     "SendState",
+    "TransitionRefused",
+    "TxAction",
+    "TxState",
+    "operator_result",
+    "operator_states",
+    "operator_step",
     "origin_may_clean",
     "origin_step",
     "pending_ack_step",
     "receive_decision",
     "receiver_may_clean",
+    "sql_in",
+    "stored_operator_states",
+    "stored_operator_step",
+    "tx_result",
+    "tx_states",
+    "tx_step",
 ]
 
 
@@ -216,3 +235,193 @@ def pending_ack_step(p_ack: AckStatus, s_ack: AckStatus, event: AckEvent) -> tup
     """The confirmations of a pending-ack row after ``event``; the row goes
     once ``receiver_may_clean`` says so."""
     return PENDING_ACK_TABLE[((p_ack, s_ack), event)]
+
+
+# ---------------------------------------------------------------- actions outside the protocol
+#
+# The tables above are the protocol's: frames move the rows. Rows also move
+# because a person or a feature of the node says so: the admin console's
+# requeue / resend / purge (docs/operations.md), the dead letters' requeue and
+# purge and their two rules (attempt limit, unknown target; SPEC "What the
+# other seeds add", 001: cleanup of messages that can never be processed),
+# and the transactional half messages (seed 002). Those transitions are
+# decided here too, each by one table, and the modules that apply them build
+# their SQL from it (the states an action applies to, the state it leaves).
+
+
+class OperatorAction(Enum):
+    """What a person or a node feature does to a pending-send row (or to one
+    of the platform's stored copies); the value is how an error names it."""
+
+    __hash__ = object.__hash__  # a dict key, as OriginEvent
+
+    REQUEUE = "requeue"  # a failed row (a dead letter) goes again, same LK0: admin requeue, `semq dead requeue`
+    RESEND = "resend"  # an unconfirmed row goes again now (receivers suppress duplicates, SPEC B.4)
+    PURGE = "purge"  # the admin console deletes the row, whatever its state
+    DEAD_LETTER = "dead letter"  # an unsent row will never go: attempt limit (304), unknown target (300)
+    PURGE_DEAD = "dead-letter purge"  # `semq dead purge`: deletes dead letters only
+
+
+_A = OperatorAction
+
+#: (state, action) -> next state, None: the row is deleted. Anything else is
+#: refused (the row is left as it is and the caller says so).
+OPERATOR_TABLE: Final[dict[tuple[SendState, OperatorAction], SendState | None]] = {
+    # Attempts, code and inquiries are reset too: a fresh start under the same LK0.
+    (S.SS_FAILED, _A.REQUEUE): S.SS_INIT,
+    # Only rows handed on and not confirmed end to end: an SS_INIT row goes
+    # anyway, an SS_ACK2 row is delivered, an SS_FAILED one is a requeue.
+    (S.SS_SENT, _A.RESEND): S.SS_INIT,
+    (S.SS_ACK_FWD, _A.RESEND): S.SS_INIT,
+    (S.SS_ACK, _A.RESEND): S.SS_INIT,
+    # A document already handed on may still arrive; an unsent one never.
+    (S.SS_INIT, _A.PURGE): None,
+    (S.SS_SENT, _A.PURGE): None,
+    (S.SS_ACK_FWD, _A.PURGE): None,
+    (S.SS_ACK, _A.PURGE): None,
+    (S.SS_ACK2, _A.PURGE): None,
+    (S.SS_FAILED, _A.PURGE): None,
+    # Only rows waiting to be sent: a row in flight keeps its window credit
+    # and its answer (semq.node.dead.sweep, fail_target).
+    (S.SS_INIT, _A.DEAD_LETTER): S.SS_FAILED,
+    (S.SS_FAILED, _A.PURGE_DEAD): None,
+}
+
+#: The platform's stored copies (SPEC P.2, P.3): requeue and resend are one
+#: (it has no failed state): a copy delivered and not acked goes again; purge
+#: deletes any copy (the origin of a SaveFwd 3 document still asks for it).
+STORED_OPERATOR_TABLE: Final[dict[tuple[StoredState, OperatorAction], StoredState | None]] = {
+    (StoredState.SS_SENT, _A.REQUEUE): StoredState.SS_INIT,
+    (StoredState.SS_ACK, _A.REQUEUE): StoredState.SS_INIT,
+    (StoredState.SS_SENT, _A.RESEND): StoredState.SS_INIT,
+    (StoredState.SS_ACK, _A.RESEND): StoredState.SS_INIT,
+    (StoredState.SS_INIT, _A.PURGE): None,
+    (StoredState.SS_SENT, _A.PURGE): None,
+    (StoredState.SS_ACK, _A.PURGE): None,
+}
+
+
+class TransitionRefused(ValueError):
+    """An action asked of a row whose state does not allow it; the message
+    names the action, the row and its state (STYLE 3)."""
+
+    def __init__(self, action: str, what: str, ident: int | None, state: str) -> None:
+        self.action, self.ident, self.state = action, ident, state
+        row = f"{what} {ident}" if ident is not None else f"a {what}"
+        super().__init__(f"{action} of {row} which is in state {state}")
+
+
+def operator_step(state: SendState, action: OperatorAction, *, record: int | None = None) -> SendState | None:
+    """The next state of a pending-send row after ``action`` (None: delete
+    it). Raises TransitionRefused for a state the action does not apply to:
+    ``requeue of record 42 which is in state SS_ACK2``."""
+    try:
+        return OPERATOR_TABLE[(state, action)]
+    except KeyError:
+        raise TransitionRefused(action.value, "record", record, _name(state)) from None
+
+
+def stored_operator_step(state: StoredState, action: OperatorAction, *,
+                         record: int | None = None) -> StoredState | None:
+    """operator_step for the platform's stored copies (STORED_OPERATOR_TABLE)."""
+    try:
+        return STORED_OPERATOR_TABLE[(state, action)]
+    except KeyError:
+        raise TransitionRefused(action.value, "stored copy", record, _name(state)) from None
+
+
+def operator_states(action: OperatorAction) -> tuple[SendState, ...]:
+    """The pending-send states ``action`` applies to, in state order (for
+    ``WHERE state IN (...)``)."""
+    return tuple(sorted(s for (s, a) in OPERATOR_TABLE if a is action))
+
+
+def stored_operator_states(action: OperatorAction) -> tuple[StoredState, ...]:
+    """The stored-copy states ``action`` applies to, in state order."""
+    return tuple(sorted(s for (s, a) in STORED_OPERATOR_TABLE if a is action))
+
+
+def operator_result(action: OperatorAction) -> SendState | None:
+    """The one state ``action`` leaves a pending-send row in, whichever
+    state it came from (None: deleted), for ``SET state=...`` over a set of
+    rows. Raises ValueError for an action without one such state."""
+    return _one_result(action.value, {v for (_s, a), v in OPERATOR_TABLE.items() if a is action})
+
+
+def _one_result(name: str, results: set[Any]) -> Any:
+    if len(results) != 1:
+        raise ValueError(f"{name} leaves rows in {len(results)} different states: name the row's state")
+    return next(iter(results))
+
+
+def _name(state: int) -> str:
+    return state.name if isinstance(state, Enum) else str(state)
+
+
+# -- transactional half messages (seed 002; semq.node.txn)
+
+
+class TxState(IntEnum):
+    """States of a half message (docs/seed-capabilities.md); semq.node.txn
+    re-exports it."""
+
+    HALF = 0  # stored, not sent; waiting for commit / rollback / check-back
+    COMMITTED = 1  # in the pending-send table (``lk0``); final
+    ROLLED_BACK = 2  # will never be sent; final
+    NEEDS_ATTENTION = 3  # check-backs exhausted or commit impossible: a person decides
+
+
+class TxAction(Enum):
+    """What moves a half message; the value is how an error names it."""
+
+    __hash__ = object.__hash__
+
+    COMMIT = "commit"  # the producer, a person or a check-back: into the pending-send table (as SS_INIT)
+    ROLLBACK = "rollback"  # the producer, a person or a check-back: never sent
+    FLAG = "flag"  # check-backs exhausted, or the commit refused: a person decides
+    PURGE = "purge"  # housekeeping: a decided row, kept a week, is deleted (the document lives on in the outbox)
+
+
+_T = TxState
+_TA = TxAction
+
+#: (state, action) -> next state, None: deleted. COMMITTED and ROLLED_BACK
+#: are final and exclude each other; anything else is refused (semq.node.txn
+#: answers a repeated commit / rollback with the earlier result: idempotent).
+TX_TABLE: Final[dict[tuple[TxState, TxAction], TxState | None]] = {
+    (_T.HALF, _TA.COMMIT): _T.COMMITTED,
+    (_T.NEEDS_ATTENTION, _TA.COMMIT): _T.COMMITTED,
+    (_T.HALF, _TA.ROLLBACK): _T.ROLLED_BACK,
+    (_T.NEEDS_ATTENTION, _TA.ROLLBACK): _T.ROLLED_BACK,
+    # A person's message is not flagged again (it already waits for one).
+    (_T.HALF, _TA.FLAG): _T.NEEDS_ATTENTION,
+    (_T.COMMITTED, _TA.PURGE): None,
+    (_T.ROLLED_BACK, _TA.PURGE): None,
+}
+
+
+def tx_step(state: TxState, action: TxAction, *, tx_id: int | None = None) -> TxState | None:
+    """The next state of a half message after ``action`` (None: delete it).
+    Raises TransitionRefused: ``commit of transaction 7 which is in state
+    ROLLED_BACK``."""
+    try:
+        return TX_TABLE[(state, action)]
+    except KeyError:
+        raise TransitionRefused(action.value, "transaction", tx_id, _name(state)) from None
+
+
+def tx_states(action: TxAction) -> tuple[TxState, ...]:
+    """The half-message states ``action`` applies to, in state order."""
+    return tuple(sorted(s for (s, a) in TX_TABLE if a is action))
+
+
+def tx_result(action: TxAction) -> TxState | None:
+    """The one state ``action`` leaves a half message in (None: deleted)."""
+    return _one_result(action.value, {v for (_s, a), v in TX_TABLE.items() if a is action})
+
+
+def sql_in(states: Iterable[int]) -> str:
+    """``0,3`` for ``state IN (...)``: the IntEnums' values written into the
+    SQL text (what a partial index's condition is matched against), never
+    typed by hand."""
+    return ",".join(str(int(s)) for s in states)

@@ -29,6 +29,9 @@ reads the state; SQLite serializes them across processes):
 The check-back runs outside any transaction (it may take seconds); its
 answer is applied with the same commit / rollback, so a person deciding at
 the same moment wins or loses cleanly, never both.
+
+The half message's states and what moves them are semq.node.engine's
+TxState and TX_TABLE (re-exported here); the SQL is built from the table.
 """
 
 from __future__ import annotations
@@ -40,7 +43,7 @@ import signal
 import subprocess
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from enum import Enum, IntEnum
+from enum import Enum
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final, Protocol, TypeVar
 
@@ -50,6 +53,7 @@ from semq.umxt_protocol import LK0, AppKey, Data, Endpoint, Frame, Kind, Protoco
 from ._access import core_of, node_dir, write_tx
 from .capabilities import CAPABILITIES_NAME, TxSettings, load_capabilities
 from .core import NewDocument, NodeCore
+from .engine import TransitionRefused, TxAction, TxState, sql_in, tx_result, tx_states, tx_step
 from .limits import check_document_size
 
 if TYPE_CHECKING:
@@ -75,13 +79,20 @@ DECIDED_RETENTION_MS: Final = 7 * 24 * 3600 * 1000  # committed / rolled back ro
 CHECK_BATCH: Final = 100  # half messages asked per round
 
 
-class TxState(IntEnum):
-    """States of a half message (docs/seed-capabilities.md)."""
+# TxState (the half message's states) and what moves them (TX_TABLE) live in
+# semq.node.engine with the node's other state tables; the SQL here is built
+# from the table: the states an action takes rows from, the state it leaves.
+_HALF: Final = int(TxState.HALF)  # undecided: what the check-backs ask about
 
-    HALF = 0  # stored, not sent; waiting for commit / rollback / check-back
-    COMMITTED = 1  # in the pending-send table (``lk0``); final
-    ROLLED_BACK = 2  # will never be sent; final
-    NEEDS_ATTENTION = 3  # check-backs exhausted or commit impossible: a person decides
+
+def _from(action: TxAction) -> str:
+    return f"IN ({sql_in(tx_states(action))})"
+
+
+def _to(action: TxAction) -> int:
+    nxt = tx_result(action)
+    assert nxt is not None, f"{action.value} deletes rows"
+    return int(nxt)
 
 
 class Decision(Enum):
@@ -177,8 +188,8 @@ class Transactions:
             cur = conn.execute(
                 "INSERT INTO tx_half (state, target_id, save_fwd, ack2, reliable, priority, domain, data_type,"
                 " subtype, key, expires_ms, encrypt, app_data, created_ms, state_ms, next_check_ms)"
-                " VALUES (0,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
-                (doc.target, int(doc.save_fwd), int(doc.ack2), int(doc.reliable), doc.priority,
+                " VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+                (_HALF, doc.target, int(doc.save_fwd), int(doc.ack2), int(doc.reliable), doc.priority,
                  doc.app_key.domain, doc.app_key.data_type, doc.app_key.subtype, doc.app_key.key,
                  doc.expires_ms, int(doc.encrypt), doc.app_data, ts, ts, first),
             )
@@ -201,12 +212,16 @@ class Transactions:
         rolled back), LocalProtocolError, StoreError."""
         with write_tx(self.core) as conn:
             m = self._get(conn, tx_id)
-            if m.state is TxState.COMMITTED:
+            if m.state is tx_result(TxAction.COMMIT):  # idempotent: the same LK0 again
                 assert m.lk0 is not None
                 return m.lk0
-            if m.state is TxState.ROLLED_BACK:
-                raise TxError(f"transaction {tx_id} was rolled back ({m.decided_by}"
-                              f"{': ' + m.note if m.note else ''}); it cannot be committed")
+            try:
+                tx_step(m.state, TxAction.COMMIT, tx_id=tx_id)
+            except TransitionRefused as e:
+                if m.state is TxState.ROLLED_BACK:
+                    raise TxError(f"transaction {tx_id} was rolled back ({m.decided_by}"
+                                  f"{': ' + m.note if m.note else ''}); it cannot be committed") from None
+                raise TxError(str(e)) from None
             [lk0] = self.core.accept([NewDocument(
                 target=m.target, app_data=m.app_data, app_key=m.app_key, save_fwd=SaveFwd(m.save_fwd),
                 ack2=m.ack2, reliable=m.reliable, priority=m.priority, expires_ms=m.expires_ms,
@@ -214,8 +229,8 @@ class Transactions:
             )])
             _crash_point("after-accept")
             conn.execute(
-                "UPDATE tx_half SET state=1, outbox_id=?, state_ms=?, next_check_ms=NULL, decided_by=?"
-                " WHERE id=? AND state IN (0, 3)",
+                f"UPDATE tx_half SET state={_to(TxAction.COMMIT)}, outbox_id=?, state_ms=?, next_check_ms=NULL,"
+                f" decided_by=? WHERE id=? AND state {_from(TxAction.COMMIT)}",
                 (lk0.record_id, now_ms(), by, tx_id),
             )
         return lk0
@@ -225,13 +240,17 @@ class Transactions:
         rolled-back one is a no-op. Raises TxError (unknown id, committed)."""
         with write_tx(self.core) as conn:
             m = self._get(conn, tx_id)
-            if m.state is TxState.COMMITTED:
-                raise TxError(f"transaction {tx_id} was committed as {m.lk0} ({m.decided_by});"
-                              " it cannot be rolled back")
-            if m.state is not TxState.ROLLED_BACK:
+            if m.state is not tx_result(TxAction.ROLLBACK):  # else idempotent: nothing to do
+                try:
+                    tx_step(m.state, TxAction.ROLLBACK, tx_id=tx_id)
+                except TransitionRefused as e:
+                    if m.state is TxState.COMMITTED:
+                        raise TxError(f"transaction {tx_id} was committed as {m.lk0} ({m.decided_by});"
+                                      " it cannot be rolled back") from None
+                    raise TxError(str(e)) from None
                 conn.execute(
-                    "UPDATE tx_half SET state=2, state_ms=?, next_check_ms=NULL, decided_by=?, note=?"
-                    " WHERE id=? AND state IN (0, 3)",
+                    f"UPDATE tx_half SET state={_to(TxAction.ROLLBACK)}, state_ms=?, next_check_ms=NULL,"
+                    f" decided_by=?, note=? WHERE id=? AND state {_from(TxAction.ROLLBACK)}",
                     (now_ms(), by, note or m.note, tx_id),
                 )
         return self.get(tx_id)
@@ -287,7 +306,7 @@ class Transactions:
         """Delete committed / rolled-back rows decided more than
         ``older_than_ms`` ago (the document itself lives on in the outbox)."""
         with write_tx(self.core) as conn:
-            return int(conn.execute("DELETE FROM tx_half WHERE state IN (1, 2) AND state_ms < ?",
+            return int(conn.execute(f"DELETE FROM tx_half WHERE state {_from(TxAction.PURGE)} AND state_ms < ?",
                                     (now_ms() - older_than_ms,)).rowcount)
 
 
@@ -415,15 +434,16 @@ class TxChecker:
         ts = now_ms() if now_ms_ is None else now_ms_
         core = self.txs.core
         # Idle rounds only read (no write lock taken every second).
-        if core.conn.execute("SELECT 1 FROM tx_half WHERE state=0 AND next_check_ms <= ? LIMIT 1",
+        if core.conn.execute(f"SELECT 1 FROM tx_half WHERE state={_HALF} AND next_check_ms <= ? LIMIT 1",
                              (ts,)).fetchone() is None:
             return []
         interval = int(self.settings.check_interval * 1000)
         with write_tx(core) as conn:
             ids = [r[0] for r in conn.execute(
-                "SELECT id FROM tx_half WHERE state=0 AND next_check_ms <= ? ORDER BY next_check_ms, id LIMIT ?",
+                f"SELECT id FROM tx_half WHERE state={_HALF} AND next_check_ms <= ? ORDER BY next_check_ms, id"
+                " LIMIT ?",
                 (ts, self.batch))]
-            conn.executemany("UPDATE tx_half SET checks=checks+1, next_check_ms=? WHERE id=? AND state=0",
+            conn.executemany(f"UPDATE tx_half SET checks=checks+1, next_check_ms=? WHERE id=? AND state={_HALF}",
                              [(ts + interval, i) for i in ids])
             return [self.txs._get(conn, i) for i in ids]
 
@@ -479,13 +499,14 @@ class TxChecker:
                 report.skipped.append(msg.id)
             return
         with write_tx(self.txs.core) as conn:
-            n = conn.execute("UPDATE tx_half SET note=? WHERE id=? AND state=0", (note, msg.id)).rowcount
+            n = conn.execute(f"UPDATE tx_half SET note=? WHERE id=? AND state={_HALF}", (note, msg.id)).rowcount
         (report.unknown if n else report.skipped).append(msg.id)
 
     def _flag(self, tx_id: int, note: str) -> bool:
         with write_tx(self.txs.core) as conn:
             return bool(conn.execute(
-                "UPDATE tx_half SET state=3, state_ms=?, next_check_ms=NULL, note=? WHERE id=? AND state=0",
+                f"UPDATE tx_half SET state={_to(TxAction.FLAG)}, state_ms=?, next_check_ms=NULL, note=?"
+                f" WHERE id=? AND state {_from(TxAction.FLAG)}",
                 (now_ms(), note, tx_id)).rowcount)
 
 

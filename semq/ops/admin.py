@@ -1,4 +1,4 @@
-"""The admin console: a control socket in the data directory.
+"""The admin console (seed 004): a control socket in the data directory.
 
 Protocol (one JSON object per line, UTF-8, both ways; a connection may
 carry several requests, answered in order)::

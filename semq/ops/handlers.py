@@ -24,6 +24,10 @@ Commands (``args`` in parentheses; every command answers JSON):
 - ``reload`` — the callback the daemon passes (certificates, configuration).
 
 Documents' contents and keys are never returned: rows carry sizes only.
+Which rows requeue / resend / purge take, and the state they leave them in,
+is decided by semq.node.engine.OPERATOR_TABLE (a node's pending-send rows)
+and STORED_OPERATOR_TABLE (the platform's stored copies); rows in any other
+state are reported ``skipped``.
 """
 
 from __future__ import annotations
@@ -36,7 +40,14 @@ from pathlib import Path
 from typing import Any, Final
 
 from semq.events import now_ms
-from semq.node.engine import SendState
+from semq.node.engine import (
+    AckStatus,
+    OperatorAction,
+    SendState,
+    TransitionRefused,
+    operator_step,
+    stored_operator_step,
+)
 from semq.platform.engine import StoredState
 from semq.security import WAITING_CODES, waiting_reason
 
@@ -64,9 +75,9 @@ DEFAULT_STUCK_AFTER: Final = 3600.0  # s, as `semq report latency --stuck-after`
 ReloadCallback = Callable[[], Any]
 
 _DATA_KIND: Final = 1  # umxt Kind.DATA in the platform's stored.kind
-_OPEN_STATES: Final = (int(SendState.SS_INIT), int(SendState.SS_SENT), int(SendState.SS_ACK_FWD),
-                       int(SendState.SS_ACK))
-_UNCONFIRMED: Final = (int(SendState.SS_SENT), int(SendState.SS_ACK_FWD), int(SendState.SS_ACK))
+#: Not yet confirmed end to end (SPEC A.5: what the inquiries are about):
+#: what ``stuck`` counts, as the metrics' "oldest unconfirmed".
+_OPEN: Final = tuple(int(s) for s in (SendState.SS_INIT, SendState.SS_SENT, SendState.SS_ACK_FWD, SendState.SS_ACK))
 
 #: Where a pending-send row is, by state (the analytics report's "place");
 #: an SS_INIT row that carries a certificate code is waiting for one.
@@ -294,6 +305,11 @@ def _send_state(v: int) -> str:
         return str(v)
 
 
+def _ack_status(v: int) -> str:
+    # Any value but AS_INIT reads as confirmed, as the receiver treats it.
+    return AckStatus.AS_INIT.name if v == AckStatus.AS_INIT else AckStatus.AS_ACK.name
+
+
 def _node_row(r: Sequence[Any], org: str) -> dict[str, Any]:
     return {
         "id": r[0], "lk0": f"{org}/1/1/{r[0]}", "target": r[2], "state": _send_state(r[3]),
@@ -307,7 +323,7 @@ def _node_row(r: Sequence[Any], org: str) -> dict[str, Any]:
 def _inbound_row(r: Sequence[Any]) -> dict[str, Any]:
     return {
         "id": r[0], "lk0": f"{r[1]}/{r[2]}/{r[3]}/{r[4]}", "origin": r[1], "lk1_record_id": r[5] or None,
-        "platform": r[6], "p_ack": "AS_ACK" if r[7] else "AS_INIT", "s_ack": "AS_ACK" if r[8] else "AS_INIT",
+        "platform": r[6], "p_ack": _ack_status(r[7]), "s_ack": _ack_status(r[8]),
         "received_ms": r[9], "last_inquiry_ms": r[10], "inquiries": r[11],
     }
 
@@ -446,14 +462,14 @@ def node_handlers(
             c = core.conn
             by_place: dict[str, int] = {}
             for s, code, n in c.execute(
-                f"SELECT state, code, count(*) FROM outbox WHERE reliable=1 AND state IN ({','.join('?' * 4)})"
-                " AND created_ms < ? GROUP BY state, code", (*_OPEN_STATES, cutoff)):
+                f"SELECT state, code, count(*) FROM outbox WHERE reliable=1 AND state IN ({','.join('?' * len(_OPEN))})"
+                " AND created_ms < ? GROUP BY state, code", (*_OPEN, cutoff)):
                 place = _WAITING_PLACE if s == _SS_INIT and code in WAITING_CODES else _NODE_PLACE[SendState(s)]
                 by_place[place] = by_place.get(place, 0) + n
             rows = []
             for r in c.execute(
-                f"SELECT {_NODE_COLS} FROM outbox WHERE reliable=1 AND state IN ({','.join('?' * 4)})"
-                " AND created_ms < ? ORDER BY created_ms, id LIMIT ?", (*_OPEN_STATES, cutoff, limit)):
+                f"SELECT {_NODE_COLS} FROM outbox WHERE reliable=1 AND state IN ({','.join('?' * len(_OPEN))})"
+                " AND created_ms < ? ORDER BY created_ms, id LIMIT ?", (*_OPEN, cutoff, limit)):
                 row = _node_row(r, org)
                 row["place"] = _NODE_PLACE[SendState(r[3])]
                 if r[3] == _SS_INIT and r[19] in WAITING_CODES:
@@ -480,7 +496,11 @@ def node_handlers(
         res["connected"] = bool(daemon.connected)
         return res
 
-    async def run_apply(args: dict[str, Any], verb: str, allowed: Sequence[int]) -> dict[str, Any]:
+    async def run_apply(args: dict[str, Any], action: OperatorAction) -> dict[str, Any]:
+        """Apply ``action`` to the selected rows whose state allows it
+        (semq.node.engine.OPERATOR_TABLE decides which and to what); the
+        others are reported ``skipped``."""
+        verb = action.value
         clauses, params, _explicit = _selection(args, SendState, state_col="state", time_col="created_ms")
         dry = bool(args.get("dry_run"))
 
@@ -493,27 +513,36 @@ def node_handlers(
                     (*params, MAX_SELECT + 1))]
                 more = len(rows) > MAX_SELECT
                 rows = rows[:MAX_SELECT]
-                ok = [r for r in rows if r["state"] in SendState.__members__
-                      and int(SendState[r["state"]]) in allowed]
-                if not dry and ok:
-                    ids = [(r["id"],) for r in ok]
-                    if verb == "purge":
-                        core.conn.executemany("DELETE FROM outbox WHERE id=?", ids)
+                ok, deletes, moves = [], [], []
+                for r in rows:
+                    try:
+                        state = SendState[r["state"]]
+                        nxt = operator_step(state, action, record=r["id"])
+                    except (KeyError, TransitionRefused):  # KeyError: a state this module does not know
+                        continue
+                    ok.append(r)
+                    if nxt is None:
+                        deletes.append((r["id"], int(state)))
                     else:
-                        reset = ", attempts=0, code=0" if verb == "requeue" else ""
-                        core.conn.executemany(
-                            f"UPDATE outbox SET state=0, state_ms=?, last_inquiry_ms=NULL, inquiries=0{reset}"
-                            " WHERE id=?", [(ts, i) for (i,) in ids])
+                        moves.append((int(nxt), ts, r["id"], int(state)))
+                if not dry:
+                    # The state read above is the one the table was asked about.
+                    core.conn.executemany("DELETE FROM outbox WHERE id=? AND state=?", deletes)
+                    # A requeued (failed) row starts afresh: attempts and its code reset.
+                    reset = ", attempts=0, code=0" if action is OperatorAction.REQUEUE else ""
+                    core.conn.executemany(
+                        f"UPDATE outbox SET state=?, state_ms=?, last_inquiry_ms=NULL, inquiries=0{reset}"
+                        " WHERE id=? AND state=?", moves)
             if not dry and ok:
-                if verb == "purge":
+                if action is OperatorAction.PURGE:
                     # A live row given up is a failure ("dead"); a failed row
                     # (a dead letter already) is only cleaned up (semq.node.dead).
-                    recs = [_node_event(core, r, "cleaned" if r["state"] == "SS_FAILED" else "dead", ts,
+                    recs = [_node_event(core, r, "cleaned" if r["state"] == SendState.SS_FAILED.name else "dead", ts,
                                         "purged by the operator") for r in ok]
                 else:
                     recs = [_node_event(core, r, "resend", ts, f"{verb} by the operator") for r in ok]
                 _log(core, recs)
-            return _result(verb, dry, rows, ok, more, sum(1 for r in ok if r["state"] == "SS_SENT"))
+            return _result(verb, dry, rows, ok, more, sum(1 for r in ok if r["state"] == SendState.SS_SENT.name))
 
         res = await daemon.gate.run(work)
         was_sent = res.pop("_was_sent")
@@ -528,20 +557,22 @@ def node_handlers(
         return res
 
     async def requeue(args: dict[str, Any]) -> dict[str, Any]:
-        """Failed rows (SS_FAILED: NACKed, expired, refused) back to SS_INIT
-        with their attempts and code reset: they are sent again."""
-        return await run_apply(args, "requeue", (int(SendState.SS_FAILED),))
+        """Failed rows (NACKed, expired, refused) sent again with their
+        attempts and code reset (OperatorAction.REQUEUE: SS_FAILED -> SS_INIT)."""
+        return await run_apply(args, OperatorAction.REQUEUE)
 
     async def resend(args: dict[str, Any]) -> dict[str, Any]:
-        """Unconfirmed rows (SS_SENT, SS_ACK_FWD, SS_ACK) back to SS_INIT:
-        sent again now (receivers suppress duplicates, SPEC B.4)."""
-        return await run_apply(args, "resend", _UNCONFIRMED)
+        """Rows handed on but not confirmed end to end sent again now
+        (OperatorAction.RESEND: SS_SENT, SS_ACK_FWD, SS_ACK -> SS_INIT;
+        receivers suppress duplicates, SPEC B.4)."""
+        return await run_apply(args, OperatorAction.RESEND)
 
     async def purge(args: dict[str, Any]) -> dict[str, Any]:
-        """Delete pending-send rows in any state (logged as ``dead``;
-        SS_FAILED rows, dead letters already, as ``cleaned``). A document
-        already handed on may still arrive; an unsent one never."""
-        return await run_apply(args, "purge", (*_OPEN_STATES, int(SendState.SS_FAILED), int(SendState.SS_ACK2)))
+        """Delete pending-send rows in any state (OperatorAction.PURGE;
+        logged as ``dead``, SS_FAILED rows, dead letters already, as
+        ``cleaned``). A document already handed on may still arrive; an
+        unsent one never."""
+        return await run_apply(args, OperatorAction.PURGE)
 
     handlers.update({"status": status, "list": list_, "show": show, "stuck": stuck, "requeue": requeue,
                      "resend": resend, "purge": purge})
@@ -738,7 +769,7 @@ def platform_handlers(
             online = r["target"] in on
             if r["kind"] != "DATA":
                 place = "relayed_waiting_target_offline" if not online else "relayed_waiting"
-            elif r["state"] == "SS_SENT":
+            elif r["state"] == StoredState.SS_SENT.name:
                 place = "delivered_not_acked"
             else:
                 place = "stored_target_offline" if not online else "stored_waiting_delivery"
@@ -748,10 +779,13 @@ def platform_handlers(
         return {"older_than_s": older, "count": n_data + n_rel, "data": n_data, "relayed": n_rel,
                 "by_place_listed": by_place, "rows": rows}
 
-    async def run_apply(args: dict[str, Any], verb: str) -> dict[str, Any]:
+    async def run_apply(args: dict[str, Any], action: OperatorAction) -> dict[str, Any]:
+        """Apply ``action`` to the selected stored rows whose state allows it
+        (semq.node.engine.STORED_OPERATOR_TABLE); the others are ``skipped``."""
+        verb = action.value
         clauses, params, _explicit = _selection(args, StoredState, state_col="state", time_col="stored_ms")
-        if verb != "purge":
-            clauses.append("kind=1")  # relayed acks/inquiries are sent once; their ends ask again
+        if action is not OperatorAction.PURGE:
+            clauses.append(f"kind={_DATA_KIND}")  # relayed acks/inquiries are sent once; their ends ask again
         elif args.get("kind"):
             _kind_clause(args, clauses)
         dry = bool(args.get("dry_run"))
@@ -765,20 +799,28 @@ def platform_handlers(
                     (*params, MAX_SELECT + 1))]
                 more = len(rows) > MAX_SELECT
                 rows = rows[:MAX_SELECT]
-                ok = rows if verb == "purge" else [r for r in rows if r["state"] != "SS_INIT"]
-                if not dry and ok:
-                    ids = [(r["id"],) for r in ok]
-                    if verb == "purge":
-                        core.conn.executemany("DELETE FROM stored WHERE id=?", ids)
+                ok, deletes, moves = [], [], []
+                for r in rows:
+                    try:
+                        state = StoredState[r["state"]]
+                        nxt = stored_operator_step(state, action, record=r["id"])
+                    except (KeyError, TransitionRefused):  # KeyError: a state this module does not know
+                        continue
+                    ok.append(r)
+                    if nxt is None:
+                        deletes.append((r["id"], int(state)))
                     else:
-                        core.conn.executemany("UPDATE stored SET state=0, inquiries=0 WHERE id=?", ids)
-            if not dry and ok and verb == "purge":
+                        moves.append((int(nxt), r["id"], int(state)))
+                if not dry:
+                    core.conn.executemany("DELETE FROM stored WHERE id=? AND state=?", deletes)
+                    core.conn.executemany("UPDATE stored SET state=?, inquiries=0 WHERE id=? AND state=?", moves)
+            if not dry and ok and action is OperatorAction.PURGE:
                 _log(core, [{"ts": ts, "event": "dropped", "lk0": r["lk0"], "source": r["origin"],
                              "target": r["target"], "lk1": r["lk1"], "code": 0,
                              "detail": "purged by the operator"} for r in ok if r["kind"] == "DATA"])
             credit: dict[str, int] = {}
             for r in ok:
-                if r["kind"] == "DATA" and r["state"] == "SS_SENT":
+                if r["kind"] == "DATA" and r["state"] == StoredState.SS_SENT.name:
                     credit[r["target"]] = credit.get(r["target"], 0) + 1
             return {**_result(verb, dry, rows, ok, more, 0), "_credit": credit,
                     "_targets": sorted({r["target"] for r in ok})}
@@ -798,19 +840,20 @@ def platform_handlers(
         return res
 
     async def requeue(args: dict[str, Any]) -> dict[str, Any]:
-        """Stored copies delivered but not acked (SS_SENT) back to SS_INIT:
-        delivered again while the target is online, else when it connects."""
-        return await run_apply(args, "requeue")
+        """Stored copies delivered but not acked back to SS_INIT
+        (STORED_OPERATOR_TABLE): delivered again while the target is
+        online, else when it connects."""
+        return await run_apply(args, OperatorAction.REQUEUE)
 
     async def resend(args: dict[str, Any]) -> dict[str, Any]:
         """The platform has no failed state: the same as requeue."""
-        return await run_apply(args, "resend")
+        return await run_apply(args, OperatorAction.RESEND)
 
     async def purge(args: dict[str, Any]) -> dict[str, Any]:
         """Delete stored rows (logged as ``dropped``). For SaveFwd 3 the
         origin still asks the target and sends the document again: purge it
         at the origin too to drop it for good."""
-        return await run_apply(args, "purge")
+        return await run_apply(args, OperatorAction.PURGE)
 
     handlers.update({"status": status, "list": list_, "show": show, "stuck": stuck, "requeue": requeue,
                      "resend": resend, "purge": purge})
