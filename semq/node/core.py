@@ -2,7 +2,7 @@
 
 A small facade over the node's roles — ``Origin`` (pending-send table),
 ``Receiver`` (inbox, dedup, pending-ack table), ``Receipts`` (proofs),
-``Inquiries`` and ``Housekeeping`` — that share one store (``NodeContext``)
+``Inquiries``, ``Housekeeping`` and the ``Operator``'s actions — that share one store (``NodeContext``)
 and one write-behind (semq.node.writebehind). The facade owns the
 transaction and dispatches each frame through a table by kind.
 
@@ -44,6 +44,7 @@ from .batch import Batch, NodeContext, Output
 from .engine import OriginEvent
 from .housekeeping import FAILED_RETENTION_MS, Housekeeping
 from .inquiries import RECEIPT_BATCH, Inquiries
+from .operator import Operator
 from .origin import NewDocument, Origin, document_flags
 from .receipts import RECEIPT_RETENTION_MS, Receipts
 from .receiver import DEDUP_RETENTION_MS, Receiver
@@ -107,6 +108,7 @@ class NodeCore(HeldWrites):
         self.receiver = Receiver(ctx)
         self.inquiry = Inquiries(ctx, self.origin, self.receiver)
         self.house = Housekeeping(ctx)
+        self.operator = Operator(ctx)  # the operator's and the features' transitions (semq.node.dead, semq.ops)
         # How each frame kind is handled within a batch (frames for another
         # endpoint are refused before this; kinds not here are ignored).
         self._dispatch: dict[Kind, Callable[[Batch, RawFrame], None]] = {

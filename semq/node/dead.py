@@ -67,11 +67,8 @@ def _to(action: OperatorAction) -> int:
 
 # Which rows each action takes, and the state it leaves them in, come from
 # semq.node.engine.OPERATOR_TABLE; the SQL below is built from it.
-_REQUEUE_FROM: Final = _from(OperatorAction.REQUEUE)  # SS_FAILED
-_REQUEUE_TO: Final = _to(OperatorAction.REQUEUE)  # SS_INIT
-_PURGE_FROM: Final = _from(OperatorAction.PURGE_DEAD)  # SS_FAILED
 _DYING: Final = _from(OperatorAction.DEAD_LETTER)  # SS_INIT: waiting to be sent
-_DEAD: Final = _to(OperatorAction.DEAD_LETTER)  # SS_FAILED
+_WAITING: Final = int(SendState.SS_INIT)
 
 #: Result code -> the reason a person reads in ``semq dead``.
 REASONS: Final[dict[int, str]] = {
@@ -189,7 +186,8 @@ class DeadLetters:
         ts = now_ms()
         with write_tx(self.core) as conn:
             letters = self._select(conn, refs, OperatorAction.REQUEUE)
-            updates, events = [], []
+            updates: dict[int, int | None] = {}
+            events = []
             for d in letters:
                 expiry = d.expires_ms
                 if expires_in is not None:
@@ -202,12 +200,11 @@ class DeadLetters:
                             f"{d.lk0} expired; requeue it with a new expiry (--expires-in SECONDS) or --no-expiry")
                     result.skipped_expired.append(d.lk0)
                     continue
-                updates.append((ts, expiry, d.lk0.record_id))
+                updates[d.lk0.record_id] = expiry
                 result.requeued.append(d.lk0)
                 events.append(self._event(d, "resend", ts, detail=f"requeued from the dead letters ({d.reason})"))
-            conn.executemany(
-                f"UPDATE outbox SET state={_REQUEUE_TO}, code=0, attempts=0, inquiries=0, sent_ms=NULL,"
-                f" last_inquiry_ms=NULL, state_ms=?, expires_ms=? WHERE id=? AND state {_REQUEUE_FROM}", updates)
+            self.core.operator.apply(OperatorAction.REQUEUE, [(rid, _FAILED) for rid in updates], ts,
+                                     expires=updates)
             log_events(self.core, events)
         return result
 
@@ -216,8 +213,7 @@ class DeadLetters:
         ts = now_ms()
         with write_tx(self.core) as conn:
             letters = self._select(conn, refs, OperatorAction.PURGE_DEAD)
-            conn.executemany(f"DELETE FROM outbox WHERE id=? AND state {_PURGE_FROM}",
-                             [(d.lk0.record_id,) for d in letters])
+            self.core.operator.apply(OperatorAction.PURGE_DEAD, [(d.lk0.record_id, _FAILED) for d in letters], ts)
             log_events(self.core, [self._event(d, "cleaned", ts, detail="purged from the dead letters")
                                    for d in letters])
         return len(letters)
@@ -242,8 +238,7 @@ def sweep(node: NodeClient | NodeCore, max_attempts: int) -> int:
         core.write_held()  # the daemon's claimed rows are in flight, not SS_INIT
         rows = conn.execute(f"SELECT id, target_id, attempts FROM outbox WHERE state {_DYING} AND attempts >= ?",
                             (max_attempts,)).fetchall()
-        conn.executemany(f"UPDATE outbox SET state={_DEAD}, code=?, state_ms=? WHERE id=? AND state {_DYING}",
-                         [(code, ts, r[0]) for r in rows])
+        core.operator.apply(OperatorAction.DEAD_LETTER, [(r[0], _WAITING) for r in rows], ts, code=code)
         log_events(core, [{"ts": ts, "role": "origin", "event": "dead", "lk0": f"{core.me.node_id}/1/1/{r[0]}",
                            "source": core.me.node_id, "target": r[1], "attempt": r[2], "code": code,
                            "detail": f"{r[2]} attempts (limit {max_attempts})"} for r in rows])
@@ -262,8 +257,7 @@ def fail_target(node: NodeClient | NodeCore, target: str, code: int = int(Result
         core.write_held()  # the daemon's claimed rows are in flight, not SS_INIT
         rows = conn.execute(f"SELECT id, attempts FROM outbox WHERE state {_DYING} AND target_id=?",
                             (target,)).fetchall()
-        conn.executemany(f"UPDATE outbox SET state={_DEAD}, code=?, state_ms=? WHERE id=? AND state {_DYING}",
-                         [(code, ts, r[0]) for r in rows])
+        core.operator.apply(OperatorAction.DEAD_LETTER, [(r[0], _WAITING) for r in rows], ts, code=code)
         log_events(core, [{"ts": ts, "role": "origin", "event": "dead", "lk0": f"{core.me.node_id}/1/1/{r[0]}",
                            "source": core.me.node_id, "target": target, "attempt": r[1], "code": code,
                            "detail": detail or reason(code)} for r in rows])

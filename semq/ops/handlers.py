@@ -513,26 +513,16 @@ def node_handlers(
                     (*params, MAX_SELECT + 1))]
                 more = len(rows) > MAX_SELECT
                 rows = rows[:MAX_SELECT]
-                ok, deletes, moves = [], [], []
+                ok = []
                 for r in rows:
                     try:
-                        state = SendState[r["state"]]
-                        nxt = operator_step(state, action, record=r["id"])
+                        operator_step(SendState[r["state"]], action, record=r["id"])
                     except (KeyError, TransitionRefused):  # KeyError: a state this module does not know
                         continue
                     ok.append(r)
-                    if nxt is None:
-                        deletes.append((r["id"], int(state)))
-                    else:
-                        moves.append((int(nxt), ts, r["id"], int(state)))
                 if not dry:
                     # The state read above is the one the table was asked about.
-                    core.conn.executemany("DELETE FROM outbox WHERE id=? AND state=?", deletes)
-                    # A requeued (failed) row starts afresh: attempts and its code reset.
-                    reset = ", attempts=0, code=0" if action is OperatorAction.REQUEUE else ""
-                    core.conn.executemany(
-                        f"UPDATE outbox SET state=?, state_ms=?, last_inquiry_ms=NULL, inquiries=0{reset}"
-                        " WHERE id=? AND state=?", moves)
+                    core.operator.apply(action, [(r["id"], int(SendState[r["state"]])) for r in ok], ts)
             if not dry and ok:
                 if action is OperatorAction.PURGE:
                     # A live row given up is a failure ("dead"); a failed row

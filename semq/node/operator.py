@@ -1,0 +1,66 @@
+"""The operator's and the node features' transitions of pending-send rows,
+applied to the store: the admin console's requeue / resend / purge
+(docs/operations.md) and the dead letters' requeue, purge and rules
+(semq.node.dead). What each action may do to which state is decided by
+``OPERATOR_TABLE`` (semq.node.engine); this role only writes it."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Final
+
+from .batch import NodeContext
+from .engine import OperatorAction, SendState, TransitionRefused, operator_step
+
+__all__ = ["Operator"]
+
+_STATES: Final = {int(s): s for s in SendState}
+# What else an action resets on a row it moves: a requeued (failed) row
+# starts afresh under the same LK0; a resent one starts a new inquiry
+# schedule; a dead letter carries why.
+_RESETS: Final = {
+    OperatorAction.REQUEUE: ", code=0, attempts=0, inquiries=0, sent_ms=NULL, last_inquiry_ms=NULL",
+    OperatorAction.RESEND: ", inquiries=0, last_inquiry_ms=NULL",
+    OperatorAction.DEAD_LETTER: ", code=:code",
+}
+
+
+class Operator:
+    def __init__(self, ctx: NodeContext) -> None:
+        self.ctx = ctx
+
+    def apply(self, action: OperatorAction, rows: Sequence[tuple[int, int]], ts: int, *, code: int = 0,
+              expires: Mapping[int, int | None] | None = None) -> list[int]:
+        """Apply ``action`` to ``rows`` ((id, state as read in the caller's
+        transaction)) where OPERATOR_TABLE allows it; returns the ids it
+        applied to (a row in a state the action does not apply to is left
+        as it is). ``expires``: a requeued row's new expiry, per id. Inside
+        the caller's transaction, with the held writes written."""
+        deletes: list[tuple[int, int]] = []
+        moves: list[dict[str, object]] = []
+        done: list[int] = []
+        for rid, state_no in rows:
+            state = _STATES.get(state_no)
+            if state is None:
+                continue  # a state this version does not know: left alone
+            try:
+                nxt = operator_step(state, action, record=rid)
+            except TransitionRefused:
+                continue
+            done.append(rid)
+            if nxt is None:
+                deletes.append((rid, state_no))
+            else:
+                move: dict[str, object] = {"id": rid, "old": state_no, "new": int(nxt), "ts": ts, "code": code}
+                if expires is not None:
+                    move["expires"] = expires.get(rid)
+                moves.append(move)
+        conn = self.ctx.conn
+        conn.executemany("DELETE FROM outbox WHERE id=? AND state=?", deletes)
+        if moves:
+            expiry = ", expires_ms=:expires" if expires is not None else ""
+            conn.executemany(f"UPDATE outbox SET state=:new, state_ms=:ts{_RESETS.get(action, '')}{expiry}"
+                             " WHERE id=:id AND state=:old", moves)
+            if any(m["new"] == int(SendState.SS_INIT) for m in moves):
+                self.ctx.held.order.forget()  # to be sent again: the claims must read it
+        return done
