@@ -159,7 +159,7 @@ class Dedup(Model):
 class Receipt(Model):
     """Signed delivery receipts (ACK2 with the receiver's signature over the
     document's digest), kept after the pending-send row is cleaned up: the
-    origin's proof of delivery (security issue; like an AS2 MDN)."""
+    origin's proof of delivery (docs/security.md; like an AS2 MDN)."""
 
     record_id = BigIntegerField(primary_key=True)  # LK0 record id at this origin
     target_id = TextField()
