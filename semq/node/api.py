@@ -25,10 +25,21 @@ from semq.umxt_protocol import LK0, AppKey, Endpoint, NodeType, ResultCode, Save
 from .core import NewDocument, NodeCore
 from .engine import SendState
 from .limits import MAX_DOCUMENT_SIZE, BadTarget, DocumentTooLarge, check_target
+from .writebehind import InboxRow, MessageRow, columns
 
 __all__ = ["MAX_DOCUMENT_SIZE", "BadTarget", "DocumentTooLarge", "InboxItem", "NodeClient", "OutboxRow"]
 
 KNOWS_ROWS: Final = 10_000  # newest rows of an unindexed table NodeClient.knows reads
+
+# The rows read here by name (semq.node.writebehind): the SELECT lists are
+# made from the named rows' fields.
+_INBOX_COLS: Final = columns(InboxRow)
+# A failed row refused by its target (SS_FAILED with a signed refusal) says
+# who refused it: the join's column is named ``refused_by`` in a derived
+# table, so the outer SELECT list is still the row's fields.
+_MESSAGES: Final = (
+    f"SELECT {columns(MessageRow)} FROM (SELECT o.*, f.target_id AS refused_by FROM outbox o"
+    f" LEFT JOIN refusals f ON f.record_id = o.id AND o.state = {int(SendState.SS_FAILED)}) ORDER BY id LIMIT ?")
 
 
 @dataclass(frozen=True)
@@ -163,28 +174,25 @@ class NodeClient:
         return False
 
     def inbox(self, *, unread: bool = True, limit: int = 1000, after_id: int = 0) -> list[InboxItem]:
-        q = ("SELECT id, origin_type, origin_id, semq_id, semq_db_id, record_id, domain, data_type, subtype,"
-             " key, save_fwd, priority, created_ms, received_ms, encrypt, app_data, consumed_ms FROM inbox"
-             " WHERE id > ?" + (" AND consumed_ms IS NULL" if unread else "") + " ORDER BY id LIMIT ?")
-        return [self._item(r) for r in self.core.conn.execute(q, (after_id, limit))]
+        q = (f"SELECT {_INBOX_COLS} FROM inbox WHERE id > ?" + (" AND consumed_ms IS NULL" if unread else "")
+             + " ORDER BY id LIMIT ?")
+        item = self._item
+        return [item(r) for r in map(InboxRow._make, self.core.conn.execute(q, (after_id, limit)))]
 
     def get(self, item_id: int) -> InboxItem:
-        r = self.core.conn.execute(
-            "SELECT id, origin_type, origin_id, semq_id, semq_db_id, record_id, domain, data_type, subtype,"
-            " key, save_fwd, priority, created_ms, received_ms, encrypt, app_data, consumed_ms FROM inbox"
-            " WHERE id=?", (item_id,)).fetchone()
+        r = self.core.conn.execute(f"SELECT {_INBOX_COLS} FROM inbox WHERE id=?", (item_id,)).fetchone()
         if r is None:
             raise KeyError(f"no inbox document {item_id}")
-        return self._item(r)
+        return self._item(InboxRow._make(r))
 
     @staticmethod
-    def _item(r: Any) -> InboxItem:
+    def _item(r: InboxRow) -> InboxItem:
         return InboxItem(
-            id=r[0], lk0=LK0(endpoint=Endpoint(node_type=NodeType(r[1]), node_id=r[2]), semq_id=r[3],
-                             semq_db_id=r[4], record_id=r[5]),
-            app_key=AppKey(domain=r[6], data_type=r[7], subtype=r[8], key=r[9]), save_fwd=r[10],
-            priority=r[11], created_ms=r[12], received_ms=r[13], encrypted=bool(r[14]), app_data=r[15],
-            consumed_ms=r[16],
+            id=r.id, lk0=LK0(endpoint=Endpoint(node_type=NodeType(r.origin_type), node_id=r.origin_id),
+                             semq_id=r.semq_id, semq_db_id=r.semq_db_id, record_id=r.record_id),
+            app_key=AppKey(domain=r.domain, data_type=r.data_type, subtype=r.subtype, key=r.key),
+            save_fwd=r.save_fwd, priority=r.priority, created_ms=r.created_ms, received_ms=r.received_ms,
+            encrypted=bool(r.encrypt), app_data=r.app_data, consumed_ms=r.consumed_ms,
         )
 
     def acknowledge(self, ids: list[int]) -> int:
@@ -211,14 +219,13 @@ class NodeClient:
                 time.sleep(poll)
 
     def messages(self, *, limit: int = 1000) -> list[OutboxRow]:
-        rows = self.core.conn.execute(
-            "SELECT o.id, o.target_id, o.state, domain, data_type, subtype, key, save_fwd, ack2, priority,"
-            " created_ms, attempts, inquiries, o.code, length(app_data), f.target_id FROM outbox o"
-            " LEFT JOIN refusals f ON f.record_id = o.id AND o.state = 9 ORDER BY o.id LIMIT ?", (limit,))
-        return [OutboxRow(lk0=LK0(endpoint=self.core.me, record_id=r[0]), target=r[1], state=SendState(r[2]),
-                          app_key=AppKey(domain=r[3], data_type=r[4], subtype=r[5], key=r[6]), save_fwd=r[7],
-                          ack2=bool(r[8]), priority=r[9], created_ms=r[10], attempts=r[11], inquiries=r[12],
-                          code=r[13], size=r[14], note=_note(r[2], r[13], r[15])) for r in rows]
+        me = self.core.me
+        return [OutboxRow(lk0=LK0(endpoint=me, record_id=r.id), target=r.target_id, state=SendState(r.state),
+                          app_key=AppKey(domain=r.domain, data_type=r.data_type, subtype=r.subtype, key=r.key),
+                          save_fwd=r.save_fwd, ack2=bool(r.ack2), priority=r.priority, created_ms=r.created_ms,
+                          attempts=r.attempts, inquiries=r.inquiries, code=r.code, size=r.size,
+                          note=_note(r.state, r.code, r.refused_by))
+                for r in map(MessageRow._make, self.core.conn.execute(_MESSAGES, (limit,)))]
 
     def status(self) -> dict[str, Any]:
         return self.core.counts()

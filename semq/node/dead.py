@@ -43,6 +43,7 @@ from .engine import (
     operator_step,
     sql_in,
 )
+from .writebehind import DeadLetterRow, columns
 
 if TYPE_CHECKING:
     from .api import NodeClient
@@ -119,8 +120,7 @@ class RequeueResult:
     skipped_expired: list[LK0] = field(default_factory=list)  # --all without a new expiry
 
 
-_COLS: Final = ("id, target_id, code, domain, data_type, subtype, key, save_fwd, priority, attempts, created_ms,"
-                " state_ms, expires_ms, length(app_data)")
+_COLS: Final = columns(DeadLetterRow)
 
 
 class DeadLetters:
@@ -129,16 +129,17 @@ class DeadLetters:
     def __init__(self, node: NodeClient | NodeCore) -> None:
         self.core = core_of(node)
 
-    def _letter(self, r: Any) -> DeadLetter:
-        return DeadLetter(lk0=LK0(endpoint=self.core.me, record_id=r[0]), target=r[1], code=r[2], reason=reason(r[2]),
-                          app_key=AppKey(domain=r[3], data_type=r[4], subtype=r[5], key=r[6]), save_fwd=r[7],
-                          priority=r[8], attempts=r[9], created_ms=r[10], failed_ms=r[11], expires_ms=r[12],
-                          size=r[13])
+    def _letter(self, r: DeadLetterRow) -> DeadLetter:
+        return DeadLetter(lk0=LK0(endpoint=self.core.me, record_id=r.id), target=r.target_id, code=r.code,
+                          reason=reason(r.code),
+                          app_key=AppKey(domain=r.domain, data_type=r.data_type, subtype=r.subtype, key=r.key),
+                          save_fwd=r.save_fwd, priority=r.priority, attempts=r.attempts, created_ms=r.created_ms,
+                          failed_ms=r.state_ms, expires_ms=r.expires_ms, size=r.size)
 
     def list(self, *, limit: int = 1000) -> list[DeadLetter]:
         rows = self.core.conn.execute(f"SELECT {_COLS} FROM outbox WHERE state=? ORDER BY id LIMIT ?",
                                       (_FAILED, limit))
-        return [self._letter(r) for r in rows]
+        return [self._letter(r) for r in map(DeadLetterRow._make, rows)]
 
     def record_id(self, ref: int | str | LK0) -> int:
         """A record id from an id, ``NODE/1/1/ID`` text or an LK0 of ours."""
@@ -155,23 +156,24 @@ class DeadLetters:
         """The rows ``action`` takes: every one it applies to (``refs`` None),
         or these, each of which must be one (DeadLetterError otherwise)."""
         if refs is None:
-            return [self._letter(r) for r in conn.execute(
-                f"SELECT {_COLS} FROM outbox WHERE state {_from(action)} ORDER BY id")]
+            return [self._letter(r) for r in map(DeadLetterRow._make, conn.execute(
+                f"SELECT {_COLS} FROM outbox WHERE state {_from(action)} ORDER BY id"))]
         out = []
         for ref in refs:
             rid = self.record_id(ref)
-            r = conn.execute(f"SELECT {_COLS}, state FROM outbox WHERE id=?", (rid,)).fetchone()
+            got = conn.execute(f"SELECT {_COLS} FROM outbox WHERE id=?", (rid,)).fetchone()
             lk0 = LK0(endpoint=self.core.me, record_id=rid)
-            if r is None:
+            if got is None:
                 raise DeadLetterError(f"no document {lk0} in the pending-send table (delivered and cleaned"
                                       " up, or purged)")
+            r = DeadLetterRow._make(got)
             try:
-                operator_step(SendState(r[-1]), action, record=rid)
+                operator_step(SendState(r.state), action, record=rid)
             except TransitionRefused as e:
                 raise DeadLetterError(f"{lk0} is not a dead letter: it is {e.state}") from None
             except ValueError:  # a state this module does not know (a newer schema)
-                raise DeadLetterError(f"{lk0} is not a dead letter: it is in state {r[-1]}") from None
-            out.append(self._letter(r[:-1]))
+                raise DeadLetterError(f"{lk0} is not a dead letter: it is in state {r.state}") from None
+            out.append(self._letter(r))
         return out
 
     def requeue(self, refs: Iterable[int | str | LK0] | None = None, *, expires_in: float | None = None,
@@ -238,10 +240,11 @@ def sweep(node: NodeClient | NodeCore, max_attempts: int) -> int:
         core.write_held()  # the daemon's claimed rows are in flight, not SS_INIT
         rows = conn.execute(f"SELECT id, target_id, attempts FROM outbox WHERE state {_DYING} AND attempts >= ?",
                             (max_attempts,)).fetchall()
-        core.operator.apply(OperatorAction.DEAD_LETTER, [(r[0], _WAITING) for r in rows], ts, code=code)
-        log_events(core, [{"ts": ts, "role": "origin", "event": "dead", "lk0": f"{core.me.node_id}/1/1/{r[0]}",
-                           "source": core.me.node_id, "target": r[1], "attempt": r[2], "code": code,
-                           "detail": f"{r[2]} attempts (limit {max_attempts})"} for r in rows])
+        core.operator.apply(OperatorAction.DEAD_LETTER, [(rid, _WAITING) for rid, _t, _a in rows], ts, code=code)
+        log_events(core, [{"ts": ts, "role": "origin", "event": "dead", "lk0": f"{core.me.node_id}/1/1/{rid}",
+                           "source": core.me.node_id, "target": target, "attempt": attempts, "code": code,
+                           "detail": f"{attempts} attempts (limit {max_attempts})"}
+                          for rid, target, attempts in rows])
     return len(rows)
 
 
@@ -257,8 +260,8 @@ def fail_target(node: NodeClient | NodeCore, target: str, code: int = int(Result
         core.write_held()  # the daemon's claimed rows are in flight, not SS_INIT
         rows = conn.execute(f"SELECT id, attempts FROM outbox WHERE state {_DYING} AND target_id=?",
                             (target,)).fetchall()
-        core.operator.apply(OperatorAction.DEAD_LETTER, [(r[0], _WAITING) for r in rows], ts, code=code)
-        log_events(core, [{"ts": ts, "role": "origin", "event": "dead", "lk0": f"{core.me.node_id}/1/1/{r[0]}",
-                           "source": core.me.node_id, "target": target, "attempt": r[1], "code": code,
-                           "detail": detail or reason(code)} for r in rows])
+        core.operator.apply(OperatorAction.DEAD_LETTER, [(rid, _WAITING) for rid, _a in rows], ts, code=code)
+        log_events(core, [{"ts": ts, "role": "origin", "event": "dead", "lk0": f"{core.me.node_id}/1/1/{rid}",
+                           "source": core.me.node_id, "target": target, "attempt": attempts, "code": code,
+                           "detail": detail or reason(code)} for rid, attempts in rows])
     return len(rows)

@@ -41,6 +41,7 @@ from typing import TYPE_CHECKING, Any, Final
 from semq.events import now_ms
 
 from ._access import core_of, write_tx
+from .writebehind import QueueItemRow, QueueStatsRow, columns
 
 if TYPE_CHECKING:
     from .api import NodeClient
@@ -51,6 +52,22 @@ __all__ = ["MAX_ITEM_BYTES", "LocalQueues", "QueueError", "QueueItem", "QueueSta
 NAME_RE: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:/-]{0,127}")
 MAX_ITEM_BYTES: Final = 64 * 1024 * 1024  # the frame limit: an item can always be sent on as a document
 DEFAULT_LEASE: Final = 30.0  # s
+
+# The rows read by name (semq.node.writebehind); the SELECT lists are made
+# from their fields.
+_ITEM_COLS: Final = columns(QueueItemRow)
+# A queue's counts are expressions, each named by its field (the two ``?``
+# are the time the leases are judged at); a renamed field is a KeyError here.
+_STATS_EXPRS: Final = {
+    "name": "q.name",
+    "created_ms": "q.created_ms",
+    "ready": "count(i.id) FILTER (WHERE i.lease_until_ms IS NULL)",
+    "in_flight": "count(i.id) FILTER (WHERE i.lease_until_ms > ?)",
+    "expired_leases": "count(i.id) FILTER (WHERE i.lease_until_ms <= ?)",
+    "oldest_ms": "min(i.enqueued_ms)",
+    "max_delivery": "coalesce(max(i.deliveries), 0)",
+}
+_STATS_COLS: Final = ", ".join(f"{_STATS_EXPRS[f]} AS {f}" for f in QueueStatsRow._fields)
 
 
 class QueueError(ValueError):
@@ -146,7 +163,7 @@ class LocalQueues:
         return n
 
     def names(self) -> list[str]:
-        return [r[0] for r in self.core.conn.execute("SELECT name FROM queues ORDER BY name")]
+        return [n for (n,) in self.core.conn.execute("SELECT name FROM queues ORDER BY name")]
 
     # ------------------------------------------------------------ items
 
@@ -181,16 +198,18 @@ class LocalQueues:
                 " ORDER BY id LIMIT 1", (name, ts)).fetchone()
             if row is None:
                 return None
+            (item_id,) = row
             conn.execute("UPDATE queue_items SET lease_until_ms=?, deliveries=deliveries+1 WHERE id=?",
-                         (ts + ms, row[0]))
-            return self._item(conn, name, row[0])
+                         (ts + ms, item_id))
+            return self._item(conn, name, item_id)
 
     def _item(self, conn: Any, name: str, item_id: int) -> QueueItem:
-        r = conn.execute("SELECT id, data, enqueued_ms, deliveries, lease_until_ms FROM queue_items"
-                         " WHERE queue=? AND id=?", (name, item_id)).fetchone()
-        if r is None:
+        got = conn.execute(f"SELECT {_ITEM_COLS} FROM queue_items WHERE queue=? AND id=?", (name, item_id)).fetchone()
+        if got is None:
             raise QueueError(f"no item {item_id} in queue {name!r} (acknowledged already?)")
-        return QueueItem(queue=name, id=r[0], data=r[1], enqueued_ms=r[2], delivery=r[3], lease_until_ms=r[4])
+        r = QueueItemRow._make(got)
+        return QueueItem(queue=name, id=r.id, data=r.data, enqueued_ms=r.enqueued_ms, delivery=r.deliveries,
+                         lease_until_ms=r.lease_until_ms)
 
     def ack(self, name: str, item_id: int, *, delivery: int | None = None) -> None:
         """Done with a dequeued item: delete it. QueueError if it is not in
@@ -230,7 +249,7 @@ class LocalQueues:
         """Items in order, without leasing them."""
         self._exists(self.core.conn, name)
         rows = self.core.conn.execute("SELECT id FROM queue_items WHERE queue=? ORDER BY id LIMIT ?", (name, limit))
-        return [self._item(self.core.conn, name, r[0]) for r in rows.fetchall()]
+        return [self._item(self.core.conn, name, i) for (i,) in rows.fetchall()]
 
     def stats(self, name: str | None = None, *, now_ms_: int | None = None) -> list[QueueStats]:
         """Counts per queue (one queue, or all by name)."""
@@ -238,16 +257,10 @@ class LocalQueues:
         if name is not None:
             self._exists(self.core.conn, name)
         rows = self.core.conn.execute(
-            "SELECT q.name, q.created_ms,"
-            " count(i.id) FILTER (WHERE i.lease_until_ms IS NULL),"
-            " count(i.id) FILTER (WHERE i.lease_until_ms > ?),"
-            " count(i.id) FILTER (WHERE i.lease_until_ms <= ?),"
-            " min(i.enqueued_ms), coalesce(max(i.deliveries), 0)"
-            " FROM queues q LEFT JOIN queue_items i ON i.queue = q.name"
+            f"SELECT {_STATS_COLS} FROM queues q LEFT JOIN queue_items i ON i.queue = q.name"
             + (" WHERE q.name=?" if name is not None else "")
             + " GROUP BY q.name ORDER BY q.name",
             (ts, ts, *((name,) if name is not None else ())),
         )
-        return [QueueStats(name=r[0], created_ms=r[1], ready=r[2], in_flight=r[3], expired_leases=r[4],
-                           oldest_ms=r[5], max_delivery=r[6]) for r in rows]
+        return [QueueStats(**r._asdict()) for r in map(QueueStatsRow._make, rows)]
 

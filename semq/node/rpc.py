@@ -35,6 +35,7 @@ from semq.events import now_ms
 from semq.umxt_protocol import LK0, NodeType
 
 from ._access import core_of, write_tx
+from .writebehind import RpcRequestRow, columns
 
 if TYPE_CHECKING:
     import trio
@@ -171,7 +172,8 @@ def poll_reply(node: NodeClient, request: LK0 | int | str, *, take: bool = True)
                             (rid,)).fetchone()
     if row is None:
         raise RpcError(f"no request {lk0} recorded here (sent with 'semq request'?)")
-    target, inbox_id, taken = row
+    target, matched, taken = row
+    inbox_id = matched
     if inbox_id is None:
         # Literal domain/subtype: the partial index inbox_rpc_reply applies.
         cand = core.conn.execute(
@@ -180,8 +182,8 @@ def poll_reply(node: NodeClient, request: LK0 | int | str, *, take: bool = True)
         ).fetchone()
         if cand is None:
             return None
-        inbox_id = int(cand[0])
-    if (take and not taken) or row[1] is None:
+        (inbox_id,) = cand
+    if (take and not taken) or matched is None:
         ts = now_ms()
         with write_tx(core) as conn:
             conn.execute("UPDATE rpc_requests SET reply_inbox_id=?, replied_ms=? WHERE record_id=?"
@@ -206,8 +208,9 @@ def wait_reply(node: NodeClient, request: LK0 | int | str, timeout: float = 10.0
         if left <= 0:
             core = core_of(node)
             rid = _record_id(core, request)
-            target = core.conn.execute("SELECT target_id FROM rpc_requests WHERE record_id=?", (rid,)).fetchone()
-            raise ReplyTimeout(LK0(endpoint=core.me, record_id=rid), target[0] if target else "?", timeout)
+            got = core.conn.execute("SELECT target_id FROM rpc_requests WHERE record_id=?", (rid,)).fetchone()
+            (target,) = got if got is not None else ("?",)
+            raise ReplyTimeout(LK0(endpoint=core.me, record_id=rid), target, timeout)
         time.sleep(min(poll, left))
 
 
@@ -265,11 +268,12 @@ def replies(node: NodeClient, *, include_taken: bool = False, limit: int = 1000)
     core = core_of(node)
     for (rid,) in core.conn.execute("SELECT record_id FROM rpc_requests WHERE reply_inbox_id IS NULL").fetchall():
         poll_reply(node, int(rid), take=False)
-    q = ("SELECT record_id, target_id, data_type, sent_ms, timeout_ms, reply_inbox_id, replied_ms, taken_ms"
-         " FROM rpc_requests" + ("" if include_taken else " WHERE taken_ms IS NULL") + " ORDER BY record_id LIMIT ?")
-    return [RequestInfo(lk0=LK0(endpoint=core.me, record_id=r[0]), target=r[1], data_type=r[2], sent_ms=r[3],
-                        timeout_ms=r[4], reply_inbox_id=r[5], replied_ms=r[6], taken_ms=r[7])
-            for r in core.conn.execute(q, (limit,))]
+    q = (f"SELECT {columns(RpcRequestRow)} FROM rpc_requests" + ("" if include_taken else " WHERE taken_ms IS NULL")
+         + " ORDER BY record_id LIMIT ?")
+    return [RequestInfo(lk0=LK0(endpoint=core.me, record_id=r.record_id), target=r.target_id, data_type=r.data_type,
+                        sent_ms=r.sent_ms, timeout_ms=r.timeout_ms, reply_inbox_id=r.reply_inbox_id,
+                        replied_ms=r.replied_ms, taken_ms=r.taken_ms)
+            for r in map(RpcRequestRow._make, core.conn.execute(q, (limit,)))]
 
 
 def unmatched_replies(node: NodeClient) -> list[tuple[InboxItem, str]]:
@@ -292,10 +296,12 @@ def unmatched_replies(node: NodeClient) -> list[tuple[InboxItem, str]]:
                                 (rid,)).fetchone()
         if row is None:
             why = f"no request {item.app_key.key} is recorded here (purged, or not sent with 'semq request')"
-        elif row[0] != item.lk0.endpoint.node_id:
-            why = f"request {item.app_key.key} went to {row[0]}, not to {item.lk0.endpoint.node_id}"
         else:
-            why = f"request {item.app_key.key} already has its reply (inbox {row[1]})"
+            asked, answer = row
+            if asked != item.lk0.endpoint.node_id:
+                why = f"request {item.app_key.key} went to {asked}, not to {item.lk0.endpoint.node_id}"
+            else:
+                why = f"request {item.app_key.key} already has its reply (inbox {answer})"
         out.append((item, why))
     return out
 
@@ -342,8 +348,9 @@ def reply(
         prev = conn.execute("SELECT reply_record_id FROM rpc_answers WHERE request_inbox_id=?",
                             (item.id,)).fetchone()
         if prev is not None:
+            (answered_by,) = prev
             raise RpcError(f"request {request_id} ({item.lk0}) was already answered by"
-                           f" {LK0(endpoint=core.me, record_id=prev[0])}")
+                           f" {LK0(endpoint=core.me, record_id=answered_by)}")
         [lk0] = node.send_many([dict(
             to=origin.node_id, data=data, domain=RPC_DOMAIN,
             data_type=item.app_key.data_type if data_type is None else data_type, subtype=REPLY,

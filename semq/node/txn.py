@@ -55,6 +55,7 @@ from .capabilities import CAPABILITIES_NAME, TxSettings, load_capabilities
 from .core import NewDocument, NodeCore
 from .engine import TransitionRefused, TxAction, TxState, sql_in, tx_result, tx_states, tx_step
 from .limits import check_document_size
+from .writebehind import HalfMessageRow, columns
 
 if TYPE_CHECKING:
     from .api import NodeClient
@@ -136,11 +137,7 @@ Checkback = Callable[[HalfMessage], "Decision | str | bool | None"]
 
 T = TypeVar("T")
 
-_COLS: Final = (
-    "id, state, target_id, domain, data_type, subtype, key, save_fwd, ack2, reliable, priority,"
-    " expires_ms, encrypt, app_data, created_ms, state_ms, checks, next_check_ms, outbox_id,"
-    " decided_by, note"
-)
+_COLS: Final = columns(HalfMessageRow)
 
 
 class Transactions:
@@ -279,15 +276,17 @@ class Transactions:
         row = conn.execute(f"SELECT {_COLS} FROM tx_half WHERE id=?", (int(tx_id),)).fetchone()
         if row is None:
             raise TxError(f"no transaction {tx_id} (see 'semq tx list --all')")
-        return self._msg(row)
+        return self._msg(HalfMessageRow._make(row))
 
-    def _msg(self, r: Any) -> HalfMessage:
+    def _msg(self, r: HalfMessageRow) -> HalfMessage:
         return HalfMessage(
-            id=r[0], state=TxState(r[1]), target=r[2],
-            app_key=AppKey(domain=r[3], data_type=r[4], subtype=r[5], key=r[6]), save_fwd=r[7],
-            ack2=bool(r[8]), reliable=bool(r[9]), priority=r[10], expires_ms=r[11], encrypt=bool(r[12]),
-            app_data=r[13], created_ms=r[14], state_ms=r[15], checks=r[16], next_check_ms=r[17],
-            lk0=LK0(endpoint=self.core.me, record_id=r[18]) if r[18] else None, decided_by=r[19], note=r[20],
+            id=r.id, state=TxState(r.state), target=r.target_id,
+            app_key=AppKey(domain=r.domain, data_type=r.data_type, subtype=r.subtype, key=r.key),
+            save_fwd=r.save_fwd, ack2=bool(r.ack2), reliable=bool(r.reliable), priority=r.priority,
+            expires_ms=r.expires_ms, encrypt=bool(r.encrypt), app_data=r.app_data, created_ms=r.created_ms,
+            state_ms=r.state_ms, checks=r.checks, next_check_ms=r.next_check_ms,
+            lk0=LK0(endpoint=self.core.me, record_id=r.outbox_id) if r.outbox_id else None,
+            decided_by=r.decided_by, note=r.note,
         )
 
     def list(self, *, states: Iterable[TxState] | None = (TxState.HALF, TxState.NEEDS_ATTENTION),
@@ -300,7 +299,7 @@ class Transactions:
             st = [int(s) for s in states]
             q = f"SELECT {_COLS} FROM tx_half WHERE state IN ({','.join('?' * len(st))}) ORDER BY id LIMIT ?"
             args = (*st, limit)
-        return [self._msg(r) for r in self.core.conn.execute(q, args)]
+        return [self._msg(r) for r in map(HalfMessageRow._make, self.core.conn.execute(q, args))]
 
     def purge(self, older_than_ms: int = DECIDED_RETENTION_MS) -> int:
         """Delete committed / rolled-back rows decided more than
@@ -439,7 +438,7 @@ class TxChecker:
             return []
         interval = int(self.settings.check_interval * 1000)
         with write_tx(core) as conn:
-            ids = [r[0] for r in conn.execute(
+            ids = [i for (i,) in conn.execute(
                 f"SELECT id FROM tx_half WHERE state={_HALF} AND next_check_ms <= ? ORDER BY next_check_ms, id"
                 " LIMIT ?",
                 (ts, self.batch))]

@@ -33,11 +33,20 @@ __all__ = [
     "MAX_INQUIRY_BACKOFF_MS",
     "ClaimRow",
     "ConfirmRow",
+    "DeadLetterRow",
+    "HalfMessageRow",
     "HeldFwd",
     "HeldSent",
+    "InboundAdminRow",
+    "InboxRow",
+    "MessageRow",
     "OriginRow",
+    "OutboxAdminRow",
     "OutboxRow",
     "PendingAckRow",
+    "QueueItemRow",
+    "QueueStatsRow",
+    "RpcRequestRow",
     "WriteBehind",
     "columns",
 ]
@@ -301,3 +310,178 @@ class WriteBehind:
         """Rows not yet sent: SS_INIT on disk less those held sent."""
         return on_disk_init - len(self.sent)
 
+
+
+# ---------------------------------------------------------------- the rows the API, the features and ops read
+# (the same rule: the fields name the columns, the SELECT list is made from them)
+
+
+class InboxRow(NamedTuple):
+    """An inbox row as an application reads it (``NodeClient.inbox``)."""
+
+    id: int
+    origin_type: int
+    origin_id: str
+    semq_id: int
+    semq_db_id: int
+    record_id: int
+    domain: str
+    data_type: str
+    subtype: str
+    key: str
+    save_fwd: int
+    priority: int
+    created_ms: int
+    received_ms: int
+    encrypt: int
+    app_data: bytes
+    consumed_ms: int | None
+
+
+class MessageRow(NamedTuple):
+    """A pending-send row as ``NodeClient.messages`` lists it, with who
+    refused it (a target's signed refusal; None otherwise)."""
+
+    id: int
+    target_id: str
+    state: int
+    domain: str
+    data_type: str
+    subtype: str
+    key: str
+    save_fwd: int
+    ack2: int
+    priority: int
+    created_ms: int
+    attempts: int
+    inquiries: int
+    code: int
+    size: int
+    refused_by: str | None
+
+
+class DeadLetterRow(NamedTuple):
+    """A pending-send row as the dead letters read it (``state_ms`` is when
+    it failed)."""
+
+    id: int
+    target_id: str
+    code: int
+    domain: str
+    data_type: str
+    subtype: str
+    key: str
+    save_fwd: int
+    priority: int
+    attempts: int
+    created_ms: int
+    state_ms: int
+    expires_ms: int | None
+    size: int
+    state: int
+
+
+class OutboxAdminRow(NamedTuple):
+    """A pending-send row as the admin console shows it (no contents)."""
+
+    id: int
+    target_type: int
+    target_id: str
+    state: int
+    save_fwd: int
+    ack2: int
+    reliable: int
+    priority: int
+    domain: str
+    data_type: str
+    subtype: str
+    key: str
+    created_ms: int
+    expires_ms: int | None
+    attempts: int
+    inquiries: int
+    sent_ms: int | None
+    state_ms: int | None
+    last_inquiry_ms: int | None
+    code: int
+    encrypt: int
+    size: int
+
+
+class InboundAdminRow(NamedTuple):
+    """A pending-ack row (seed tb_0030) as the admin console shows it."""
+
+    id: int
+    origin_id: str
+    semq_id: int
+    semq_db_id: int
+    record_id: int
+    lk1_record_id: int
+    platform_id: str
+    p_ack: int
+    s_ack: int
+    received_ms: int
+    last_inquiry_ms: int
+    inquiries: int
+
+
+class HalfMessageRow(NamedTuple):
+    """A half message (``tx_half``, seed 002) as the transactions read it."""
+
+    id: int
+    state: int
+    target_id: str
+    domain: str
+    data_type: str
+    subtype: str
+    key: str
+    save_fwd: int
+    ack2: int
+    reliable: int
+    priority: int
+    expires_ms: int | None
+    encrypt: int
+    app_data: bytes
+    created_ms: int
+    state_ms: int
+    checks: int
+    next_check_ms: int | None
+    outbox_id: int | None  # the pending-send row once committed
+    decided_by: str
+    note: str
+
+
+class RpcRequestRow(NamedTuple):
+    """A request this node sent (``rpc_requests``) and its reply, if matched."""
+
+    record_id: int
+    target_id: str
+    data_type: str
+    sent_ms: int
+    timeout_ms: int
+    reply_inbox_id: int | None
+    replied_ms: int | None
+    taken_ms: int | None
+
+
+class QueueItemRow(NamedTuple):
+    """An item of a local queue (``queue_items``, seed 004)."""
+
+    id: int
+    data: bytes
+    enqueued_ms: int
+    deliveries: int
+    lease_until_ms: int | None
+
+
+class QueueStatsRow(NamedTuple):
+    """One local queue's counts (``queues`` joined with its items): the
+    fields name the SELECT's expressions, not columns."""
+
+    name: str
+    created_ms: int
+    ready: int
+    in_flight: int
+    expired_leases: int
+    oldest_ms: int | None
+    max_delivery: int

@@ -35,9 +35,9 @@ from __future__ import annotations
 import inspect
 import os
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
-from typing import Any, Final
+from typing import Any, Final, NamedTuple
 
 from semq.events import now_ms
 from semq.node.engine import (
@@ -48,6 +48,7 @@ from semq.node.engine import (
     operator_step,
     stored_operator_step,
 )
+from semq.node.writebehind import InboundAdminRow, OutboxAdminRow, columns
 from semq.platform.engine import StoredState
 from semq.security import WAITING_CODES, waiting_reason
 
@@ -287,15 +288,10 @@ def node_busy(daemon: Any) -> int:
     return int(daemon.in_flight)
 
 
-_NODE_COLS: Final = (
-    "id, target_type, target_id, state, save_fwd, ack2, reliable, priority, domain, data_type, subtype, key,"
-    " created_ms, expires_ms, attempts, inquiries, sent_ms, state_ms, last_inquiry_ms, code, encrypt,"
-    " length(app_data)"
-)
-_INBOUND_COLS: Final = (
-    "id, origin_id, semq_id, semq_db_id, record_id, lk1_record_id, platform_id, p_ack, s_ack, received_ms,"
-    " last_inquiry_ms, inquiries"
-)
+# The node's rows as the console reads them, by name (semq.node.writebehind):
+# the SELECT lists are made from the rows' fields.
+_NODE_COLS: Final = columns(OutboxAdminRow)
+_INBOUND_COLS: Final = columns(InboundAdminRow)
 
 
 def _send_state(v: int) -> str:
@@ -310,22 +306,34 @@ def _ack_status(v: int) -> str:
     return AckStatus.AS_INIT.name if v == AckStatus.AS_INIT else AckStatus.AS_ACK.name
 
 
-def _node_row(r: Sequence[Any], org: str) -> dict[str, Any]:
+def _node_row(r: OutboxAdminRow, org: str) -> dict[str, Any]:
+    """A pending-send row as the console answers it (JSON keys of docs/operations.md)."""
     return {
-        "id": r[0], "lk0": f"{org}/1/1/{r[0]}", "target": r[2], "state": _send_state(r[3]),
-        "save_fwd": r[4], "ack2": bool(r[5]), "reliable": bool(r[6]), "priority": r[7],
-        "app_key": {"domain": r[8], "data_type": r[9], "subtype": r[10], "key": r[11]},
-        "created_ms": r[12], "expires_ms": r[13], "attempts": r[14], "inquiries": r[15], "sent_ms": r[16],
-        "state_ms": r[17], "last_inquiry_ms": r[18], "code": r[19], "encrypt": bool(r[20]), "size": r[21],
+        "id": r.id, "lk0": f"{org}/1/1/{r.id}", "target": r.target_id, "state": _send_state(r.state),
+        "save_fwd": r.save_fwd, "ack2": bool(r.ack2), "reliable": bool(r.reliable), "priority": r.priority,
+        "app_key": {"domain": r.domain, "data_type": r.data_type, "subtype": r.subtype, "key": r.key},
+        "created_ms": r.created_ms, "expires_ms": r.expires_ms, "attempts": r.attempts, "inquiries": r.inquiries,
+        "sent_ms": r.sent_ms, "state_ms": r.state_ms, "last_inquiry_ms": r.last_inquiry_ms, "code": r.code,
+        "encrypt": bool(r.encrypt), "size": r.size,
     }
 
 
-def _inbound_row(r: Sequence[Any]) -> dict[str, Any]:
+def _inbound_row(r: InboundAdminRow) -> dict[str, Any]:
+    """A pending-ack row as the console answers it."""
     return {
-        "id": r[0], "lk0": f"{r[1]}/{r[2]}/{r[3]}/{r[4]}", "origin": r[1], "lk1_record_id": r[5] or None,
-        "platform": r[6], "p_ack": _ack_status(r[7]), "s_ack": _ack_status(r[8]),
-        "received_ms": r[9], "last_inquiry_ms": r[10], "inquiries": r[11],
+        "id": r.id, "lk0": f"{r.origin_id}/{r.semq_id}/{r.semq_db_id}/{r.record_id}", "origin": r.origin_id,
+        "lk1_record_id": r.lk1_record_id or None, "platform": r.platform_id, "p_ack": _ack_status(r.p_ack),
+        "s_ack": _ack_status(r.s_ack), "received_ms": r.received_ms, "last_inquiry_ms": r.last_inquiry_ms,
+        "inquiries": r.inquiries,
     }
+
+
+def _outbox_rows(rows: Iterable[Sequence[Any]]) -> Iterator[OutboxAdminRow]:
+    return map(OutboxAdminRow._make, rows)
+
+
+def _inbound_rows(rows: Iterable[Sequence[Any]]) -> Iterator[InboundAdminRow]:
+    return map(InboundAdminRow._make, rows)
 
 
 def _node_event(core: Any, row: dict[str, Any], event: str, ts: int, detail: str) -> dict[str, Any]:
@@ -396,9 +404,9 @@ def node_handlers(
                 if args.get("origin"):
                     clauses.append("origin_id=?")
                     params.append(str(args["origin"]))
-                return [_inbound_row(r) for r in core.conn.execute(
+                return [_inbound_row(r) for r in _inbound_rows(core.conn.execute(
                     f"SELECT {_INBOUND_COLS} FROM inbound{_sql_where(clauses)} ORDER BY id LIMIT ?",
-                    (*params, limit))]
+                    (*params, limit)))]
             rows = await daemon.gate.run(q_in)
             return {"table": "inbound", "count": len(rows), "rows": rows}
         if table != "outbox":
@@ -412,8 +420,8 @@ def node_handlers(
             params: list[Any] = [after]
             _where(clauses, params, state_col="state", states=states, target=target, time_col="created_ms",
                    older_than=older)
-            return [_node_row(r, org) for r in core.conn.execute(
-                f"SELECT {_NODE_COLS} FROM outbox{_sql_where(clauses)} ORDER BY id LIMIT ?", (*params, limit))]
+            return [_node_row(r, org) for r in _outbox_rows(core.conn.execute(
+                f"SELECT {_NODE_COLS} FROM outbox{_sql_where(clauses)} ORDER BY id LIMIT ?", (*params, limit)))]
 
         rows = await daemon.gate.run(q)
         return {"table": "outbox", "count": len(rows), "rows": rows}
@@ -432,18 +440,22 @@ def node_handlers(
         def q() -> dict[str, Any] | None:
             core.write_held_now()
             if table == "inbound":
-                r = core.conn.execute(f"SELECT {_INBOUND_COLS} FROM inbound WHERE id=?", (rid,)).fetchone()
-                return None if r is None else _inbound_row(r)
-            r = core.conn.execute(f"SELECT {_NODE_COLS} FROM outbox WHERE id=?", (rid,)).fetchone()
-            if r is None:
+                got = core.conn.execute(f"SELECT {_INBOUND_COLS} FROM inbound WHERE id=?", (rid,)).fetchone()
+                return None if got is None else _inbound_row(InboundAdminRow._make(got))
+            got = core.conn.execute(f"SELECT {_NODE_COLS} FROM outbox WHERE id=?", (rid,)).fetchone()
+            if got is None:
                 return None
-            row = _node_row(r, org)
+            row = _node_row(OutboxAdminRow._make(got), org)
             try:
                 rc = core.conn.execute("SELECT verified, received_ms FROM receipts WHERE record_id=?",
                                        (rid,)).fetchone()
             except Exception:  # schema v1: no receipts table
                 rc = None
-            row["receipt"] = None if rc is None else {"verified": bool(rc[0]), "received_ms": rc[1]}
+            if rc is None:
+                row["receipt"] = None
+            else:
+                verified, received_ms = rc
+                row["receipt"] = {"verified": bool(verified), "received_ms": received_ms}
             return row
 
         row = await daemon.gate.run(q)
@@ -467,27 +479,27 @@ def node_handlers(
                 place = _WAITING_PLACE if s == _SS_INIT and code in WAITING_CODES else _NODE_PLACE[SendState(s)]
                 by_place[place] = by_place.get(place, 0) + n
             rows = []
-            for r in c.execute(
+            for r in _outbox_rows(c.execute(
                 f"SELECT {_NODE_COLS} FROM outbox WHERE reliable=1 AND state IN ({','.join('?' * len(_OPEN))})"
-                " AND created_ms < ? ORDER BY created_ms, id LIMIT ?", (*_OPEN, cutoff, limit)):
+                " AND created_ms < ? ORDER BY created_ms, id LIMIT ?", (*_OPEN, cutoff, limit))):
                 row = _node_row(r, org)
-                row["place"] = _NODE_PLACE[SendState(r[3])]
-                if r[3] == _SS_INIT and r[19] in WAITING_CODES:
+                row["place"] = _NODE_PLACE[SendState(r.state)]
+                if r.state == _SS_INIT and r.code in WAITING_CODES:
                     # A known organization without a usable certificate:
                     # the document waits for one (semq.security).
                     row["place"] = _WAITING_PLACE
-                    row["reason"] = waiting_reason(r[2], r[19])
-                row["age_s"] = round((now_ms() - r[12]) / 1000, 1)
+                    row["reason"] = waiting_reason(r.target_id, r.code)
+                row["age_s"] = round((now_ms() - r.created_ms) / 1000, 1)
                 rows.append(row)
             # Received here, but a confirmation of our ACK/ACK2 is missing.
             n_in = c.execute("SELECT count(*) FROM inbound WHERE received_ms < ?", (cutoff,)).fetchone()[0]
             if n_in:
                 by_place["received_confirmation_missing"] = n_in
-            for r in c.execute(f"SELECT {_INBOUND_COLS} FROM inbound WHERE received_ms < ? ORDER BY"
-                               " received_ms LIMIT ?", (cutoff, max(0, limit - len(rows)))):
-                row = _inbound_row(r)
+            for a in _inbound_rows(c.execute(f"SELECT {_INBOUND_COLS} FROM inbound WHERE received_ms < ? ORDER BY"
+                                             " received_ms LIMIT ?", (cutoff, max(0, limit - len(rows))))):
+                row = _inbound_row(a)
                 row["place"] = "received_confirmation_missing"
-                row["age_s"] = round((now_ms() - r[9]) / 1000, 1)
+                row["age_s"] = round((now_ms() - a.received_ms) / 1000, 1)
                 rows.append(row)
             return {"older_than_s": older, "count": sum(by_place.values()), "by_place": by_place,
                     "rows": rows}
@@ -508,9 +520,9 @@ def node_handlers(
             ts = now_ms()
             with core.db.atomic("IMMEDIATE"):
                 core.write_held()  # the states the operator selects by are on disk
-                rows = [_node_row(r, org) for r in core.conn.execute(
+                rows = [_node_row(r, org) for r in _outbox_rows(core.conn.execute(
                     f"SELECT {_NODE_COLS} FROM outbox{_sql_where(clauses)} ORDER BY id LIMIT ?",
-                    (*params, MAX_SELECT + 1))]
+                    (*params, MAX_SELECT + 1)))]
                 more = len(rows) > MAX_SELECT
                 rows = rows[:MAX_SELECT]
                 ok = []
@@ -578,10 +590,34 @@ def platform_busy(daemon: Any) -> int:
     return sum(int(s.queued) + int(s.in_flight) for s in list(daemon.sessions.values()))
 
 
-_STORED_COLS: Final = (
-    "id, target_id, kind, origin_id, semq_id, semq_db_id, record_id, state, priority, expires_ms, stored_ms,"
-    " attempts, last_sent_ms, inquiries, length(frame)"
-)
+class StoredAdminRow(NamedTuple):
+    """A platform's stored copy (``stored``: its pending-send table) as the
+    console shows it: no frame, its size. ``origin_id`` .. ``record_id`` are
+    the LK0 of a DATA copy (zero for a relayed ack or inquiry)."""
+
+    id: int
+    target_id: str
+    kind: int
+    origin_id: str
+    semq_id: int
+    semq_db_id: int
+    record_id: int
+    state: int
+    priority: int
+    expires_ms: int | None
+    stored_ms: int
+    attempts: int
+    last_sent_ms: int | None
+    inquiries: int
+    size: int
+
+    @property
+    def lk0_key(self) -> tuple[str, int, int, int]:
+        return (self.origin_id, self.semq_id, self.semq_db_id, self.record_id)
+
+
+# The SELECT list from the fields; a stored copy's size is its frame's.
+_STORED_COLS: Final = ", ".join("length(frame)" if f == "size" else f for f in StoredAdminRow._fields)
 
 
 def _kind_name(kind: int) -> str:
@@ -600,14 +636,20 @@ def _stored_state(v: int) -> str:
         return str(v)
 
 
-def _stored_row(r: Sequence[Any]) -> dict[str, Any]:
+def _stored_row(r: StoredAdminRow) -> dict[str, Any]:
+    """A stored copy as the console answers it."""
     return {
-        "id": r[0], "lk1": f"1/1/{r[0]}" if r[2] == _DATA_KIND else None, "target": r[1],
-        "kind": _kind_name(r[2]), "origin": r[3], "lk0": f"{r[3]}/{r[4]}/{r[5]}/{r[6]}" if r[6] else None,
-        "state": _stored_state(r[7]),
-        "priority": r[8], "expires_ms": r[9], "stored_ms": r[10], "attempts": r[11], "last_sent_ms": r[12],
-        "inquiries": r[13], "size": r[14],
+        "id": r.id, "lk1": f"1/1/{r.id}" if r.kind == _DATA_KIND else None, "target": r.target_id,
+        "kind": _kind_name(r.kind), "origin": r.origin_id,
+        "lk0": f"{r.origin_id}/{r.semq_id}/{r.semq_db_id}/{r.record_id}" if r.record_id else None,
+        "state": _stored_state(r.state), "priority": r.priority, "expires_ms": r.expires_ms,
+        "stored_ms": r.stored_ms, "attempts": r.attempts, "last_sent_ms": r.last_sent_ms,
+        "inquiries": r.inquiries, "size": r.size,
     }
+
+
+def _stored_rows(rows: Iterable[Sequence[Any]]) -> Iterator[StoredAdminRow]:
+    return map(StoredAdminRow._make, rows)
 
 
 def platform_handlers(
@@ -691,8 +733,8 @@ def platform_handlers(
 
         def q() -> list[dict[str, Any]]:
             core.write_held_now()
-            return [_stored_row(r) for r in core.conn.execute(
-                f"SELECT {_STORED_COLS} FROM stored{_sql_where(clauses)} ORDER BY id LIMIT ?", (*params, limit))]
+            return [_stored_row(r) for r in _stored_rows(core.conn.execute(
+                f"SELECT {_STORED_COLS} FROM stored{_sql_where(clauses)} ORDER BY id LIMIT ?", (*params, limit)))]
 
         rows = await daemon.gate.run(q)
         on = online_ids()
@@ -710,19 +752,21 @@ def platform_handlers(
             core.write_held_now()
             c = core.conn
             if rid is not None:
-                rows = c.execute(f"SELECT {_STORED_COLS} FROM stored WHERE id=?", (rid,)).fetchall()
+                rows = list(_stored_rows(c.execute(f"SELECT {_STORED_COLS} FROM stored WHERE id=?", (rid,))))
             else:
                 assert lk0 is not None
-                rows = c.execute(f"SELECT {_STORED_COLS} FROM stored WHERE origin_id=? AND semq_id=? AND"
-                                 " semq_db_id=? AND record_id=? AND kind=1 ORDER BY id", lk0).fetchall()
+                rows = list(_stored_rows(c.execute(
+                    f"SELECT {_STORED_COLS} FROM stored WHERE origin_id=? AND semq_id=? AND"
+                    " semq_db_id=? AND record_id=? AND kind=1 ORDER BY id", lk0)))
             seen = None
-            key = lk0 if lk0 is not None else (tuple(rows[0][3:7]) if rows else None)
+            key = lk0 if lk0 is not None else (rows[0].lk0_key if rows else None)
             if key is not None:
                 s = c.execute("SELECT action, lk1, seen_ms FROM seen WHERE origin_id=? AND semq_id=? AND"
                               " semq_db_id=? AND record_id=?", key).fetchone()
                 if s is not None:
-                    seen = {"action": {1: "forwarded", 2: "stored", 3: "dropped"}.get(s[0], str(s[0])),
-                            "lk1": s[1] or None, "seen_ms": s[2]}
+                    action, lk1, seen_ms = s
+                    seen = {"action": {1: "forwarded", 2: "stored", 3: "dropped"}.get(action, str(action)),
+                            "lk1": lk1 or None, "seen_ms": seen_ms}
             return {"rows": [_stored_row(r) for r in rows], "seen": seen}
 
         res: dict[str, Any] = await daemon.gate.run(q)
@@ -745,9 +789,9 @@ def platform_handlers(
             core.write_held_now()
             cutoff = now_ms() - int(older * 1000)
             c = core.conn
-            rows = [_stored_row(r) for r in c.execute(
+            rows = [_stored_row(r) for r in _stored_rows(c.execute(
                 f"SELECT {_STORED_COLS} FROM stored WHERE stored_ms < ? ORDER BY stored_ms, id LIMIT ?",
-                (cutoff, limit))]
+                (cutoff, limit)))]
             n_data = c.execute("SELECT count(*) FROM stored WHERE kind=1 AND stored_ms < ?", (cutoff,)).fetchone()[0]
             n_rel = c.execute("SELECT count(*) FROM stored WHERE kind!=1 AND stored_ms < ?", (cutoff,)).fetchone()[0]
             return rows, n_data, n_rel
@@ -784,9 +828,9 @@ def platform_handlers(
             ts = now_ms()
             with core.db.atomic("IMMEDIATE"):
                 core.write_held()  # the states the operator selects by are on disk
-                rows = [_stored_row(r) for r in core.conn.execute(
+                rows = [_stored_row(r) for r in _stored_rows(core.conn.execute(
                     f"SELECT {_STORED_COLS} FROM stored{_sql_where(clauses)} ORDER BY id LIMIT ?",
-                    (*params, MAX_SELECT + 1))]
+                    (*params, MAX_SELECT + 1)))]
                 more = len(rows) > MAX_SELECT
                 rows = rows[:MAX_SELECT]
                 ok, deletes, moves = [], [], []
