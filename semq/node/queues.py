@@ -36,12 +36,12 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Any, Final, NamedTuple
 
 from semq.events import now_ms
 
 from ._access import core_of, write_tx
-from .writebehind import QueueItemRow, QueueStatsRow, columns
+from .writebehind import QueueItemRow, columns
 
 if TYPE_CHECKING:
     from .api import NodeClient
@@ -56,8 +56,22 @@ DEFAULT_LEASE: Final = 30.0  # s
 # The rows read by name (semq.node.writebehind); the SELECT lists are made
 # from their fields.
 _ITEM_COLS: Final = columns(QueueItemRow)
-# A queue's counts are expressions, each named by its field (the two ``?``
-# are the time the leases are judged at); a renamed field is a KeyError here.
+
+
+class _QueueCounts(NamedTuple):
+    """One queue's counts as ``stats`` reads them (``QueueStats``'s fields)."""
+
+    name: str
+    created_ms: int
+    ready: int
+    in_flight: int
+    expired_leases: int
+    oldest_ms: int | None
+    max_delivery: int
+
+
+# Each count is an expression named by its field (the two ``?`` are the time
+# the leases are judged at); a renamed field is a KeyError here.
 _STATS_EXPRS: Final = {
     "name": "q.name",
     "created_ms": "q.created_ms",
@@ -67,7 +81,7 @@ _STATS_EXPRS: Final = {
     "oldest_ms": "min(i.enqueued_ms)",
     "max_delivery": "coalesce(max(i.deliveries), 0)",
 }
-_STATS_COLS: Final = ", ".join(f"{_STATS_EXPRS[f]} AS {f}" for f in QueueStatsRow._fields)
+_STATS_COLS: Final = ", ".join(f"{_STATS_EXPRS[f]} AS {f}" for f in _QueueCounts._fields)
 
 
 class QueueError(ValueError):
@@ -262,5 +276,5 @@ class LocalQueues:
             + " GROUP BY q.name ORDER BY q.name",
             (ts, ts, *((name,) if name is not None else ())),
         )
-        return [QueueStats(**r._asdict()) for r in map(QueueStatsRow._make, rows)]
+        return [QueueStats(**r._asdict()) for r in map(_QueueCounts._make, rows)]
 

@@ -45,7 +45,6 @@ __all__ = [
     "OutboxRow",
     "PendingAckRow",
     "QueueItemRow",
-    "QueueStatsRow",
     "RpcRequestRow",
     "WriteBehind",
     "columns",
@@ -473,15 +472,3 @@ class QueueItemRow(NamedTuple):
     deliveries: int
     lease_until_ms: int | None
 
-
-class QueueStatsRow(NamedTuple):
-    """One local queue's counts (``queues`` joined with its items): the
-    fields name the SELECT's expressions, not columns."""
-
-    name: str
-    created_ms: int
-    ready: int
-    in_flight: int
-    expired_leases: int
-    oldest_ms: int | None
-    max_delivery: int

@@ -288,10 +288,33 @@ def node_busy(daemon: Any) -> int:
     return int(daemon.in_flight)
 
 
+def _select(row: type[tuple[Any, ...]], exprs: dict[str, str]) -> str:
+    """The SELECT list of a named row whose fields are not all columns of
+    the same name: ``exprs`` gives those fields' expressions (an aggregate,
+    a computed value), each named by its field."""
+    fields = row._fields  # type: ignore[attr-defined]
+    unknown = set(exprs) - set(fields)
+    if unknown:
+        raise ValueError(f"{row.__name__} has no field {sorted(unknown)}")
+    return ", ".join(f"{exprs[f]} AS {f}" if f in exprs else f for f in fields)
+
+
 # The node's rows as the console reads them, by name (semq.node.writebehind):
 # the SELECT lists are made from the rows' fields.
 _NODE_COLS: Final = columns(OutboxAdminRow)
 _INBOUND_COLS: Final = columns(InboundAdminRow)
+
+
+class _OutboxDepth(NamedTuple):
+    """``status``: pending-send rows per target and state."""
+
+    target_id: str
+    state: int
+    rows: int  # count(*) (``count`` is a tuple's method)
+    oldest_ms: int
+
+
+_OUTBOX_DEPTH_COLS: Final = _select(_OutboxDepth, {"rows": "count(*)", "oldest_ms": "min(created_ms)"})
 
 
 def _send_state(v: int) -> str:
@@ -369,10 +392,9 @@ def node_handlers(
         c = core.conn
         counts = core.counts()
         queues = [
-            {"target": t, "state": _send_state(s), "count": n, "oldest_ms": o}
-            for t, s, n, o in c.execute(
-                "SELECT target_id, state, count(*), min(created_ms) FROM outbox GROUP BY target_id, state"
-                " ORDER BY target_id, state")
+            {"target": q.target_id, "state": _send_state(q.state), "count": q.rows, "oldest_ms": q.oldest_ms}
+            for q in map(_OutboxDepth._make, c.execute(
+                f"SELECT {_OUTBOX_DEPTH_COLS} FROM outbox GROUP BY target_id, state ORDER BY target_id, state"))
         ]
         return {**counts, "queues": queues}
 
@@ -617,7 +639,21 @@ class StoredAdminRow(NamedTuple):
 
 
 # The SELECT list from the fields; a stored copy's size is its frame's.
-_STORED_COLS: Final = ", ".join("length(frame)" if f == "size" else f for f in StoredAdminRow._fields)
+_STORED_COLS: Final = _select(StoredAdminRow, {"size": "length(frame)"})
+
+
+class _StoredDepth(NamedTuple):
+    """``status``: stored copies per target, kind (DATA or relayed) and state."""
+
+    target_id: str
+    is_data: int
+    state: int
+    rows: int  # count(*) (``count`` is a tuple's method)
+    oldest_ms: int
+
+
+_STORED_DEPTH_COLS: Final = _select(_StoredDepth, {"is_data": "kind=1", "rows": "count(*)",
+                                                   "oldest_ms": "min(stored_ms)"})
 
 
 def _kind_name(kind: int) -> str:
@@ -676,11 +712,11 @@ def platform_handlers(
         c = core.conn
         counts = core.counts()
         queues = [
-            {"target": t, "kind": "DATA" if is_data else "relayed", "state": _stored_state(st), "count": n,
-             "oldest_ms": o}
-            for t, is_data, st, n, o in c.execute(
-                "SELECT target_id, kind=1, state, count(*), min(stored_ms) FROM stored"
-                " GROUP BY target_id, kind=1, state ORDER BY target_id, kind=1 DESC, state")
+            {"target": q.target_id, "kind": "DATA" if q.is_data else "relayed", "state": _stored_state(q.state),
+             "count": q.rows, "oldest_ms": q.oldest_ms}
+            for q in map(_StoredDepth._make, c.execute(
+                f"SELECT {_STORED_DEPTH_COLS} FROM stored"
+                " GROUP BY target_id, kind=1, state ORDER BY target_id, kind=1 DESC, state"))
         ]
         nodes = [{"node": i, "last_seen_ms": ls, "revoked": bool(rv)}
                  for i, ls, rv in c.execute("SELECT node_id, last_seen_ms, revoked FROM nodes ORDER BY node_id")]
