@@ -4,71 +4,16 @@ cut) without sockets; backoff and intervals take no real time."""
 
 from __future__ import annotations
 
-import sqlite3
 from pathlib import Path
 
 import trio
 import trio.testing
 
-from semq.node.core import NewDocument, NodeCore
+from semq.node.core import NewDocument
 from semq.node.daemon import NodeDaemon, NodeSettings
-from semq.platform.core import PlatformCore
 from semq.platform.daemon import PlatformDaemon, PlatformSettings
 from semq.umxt_protocol import AppKey, SaveFwd
-
-
-class Wire:
-    """Connects node daemons to the platform daemon through memory streams
-    and can cut every connection."""
-
-    def __init__(self, platform: PlatformDaemon, nursery: trio.Nursery) -> None:
-        self.platform = platform
-        self.nursery = nursery
-        self.ends: list[trio.abc.Stream] = []
-        self.up = True
-
-    async def connect(self) -> trio.abc.Stream:
-        if not self.up:
-            raise OSError("platform unreachable")
-        client, server = trio.testing.memory_stream_pair()
-        self.ends += [client, server]
-        self.nursery.start_soon(self.platform._handle, server)  # type: ignore[arg-type]
-        return client
-
-    async def cut(self) -> None:
-        for e in self.ends:
-            await e.aclose()
-        self.ends.clear()
-
-
-async def wait_for(pred: object, what: str, timeout: float = 600) -> None:
-    with trio.fail_after(timeout):  # fake seconds
-        while not pred():  # type: ignore[operator]
-            await trio.sleep(0.05)
-
-
-def count(core: NodeCore | PlatformCore, sql: str) -> int:
-    """Read through a connection of our own, as an application would (the
-    daemon's connection belongs to its store thread)."""
-    with sqlite3.connect(str(core.path)) as c:
-        return int(c.execute(sql).fetchone()[0])
-
-
-def accept(core: NodeCore, docs: list[NewDocument]) -> None:
-    app = NodeCore(core.path, core.me.node_id, synchronous="OFF")  # the application's own handle
-    try:
-        app.accept(docs)
-    finally:
-        app.close()
-
-
-def cores(tmp_path: Path) -> tuple[PlatformCore, NodeCore, NodeCore]:
-    """The platform (with 10008 and 56001 registered) and the two nodes' cores."""
-    pcore = PlatformCore(tmp_path / "p.sqlite", create=True, synchronous="OFF", inquiry_interval=15)
-    pcore.register(["10008", "56001"])
-    a = NodeCore(tmp_path / "a.sqlite", "10008", create=True, synchronous="OFF", inquiry_interval=15)
-    b = NodeCore(tmp_path / "b.sqlite", "56001", create=True, synchronous="OFF", inquiry_interval=15)
-    return pcore, a, b
+from tests._memwire import Wire, accept, cores, count, wait_for
 
 
 async def test_flow_over_memory_streams(tmp_path: Path, autojump_clock: trio.testing.MockClock) -> None:
