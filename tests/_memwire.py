@@ -30,6 +30,7 @@ import sqlite3
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -86,16 +87,18 @@ class _Tap(trio.abc.Stream):
     both ways (one decoder per direction per connection: a cut mid-frame
     leaves only its own decoder with half a frame)."""
 
-    def __init__(self, inner: trio.abc.Stream, sent: list[Seen], received: list[Seen]) -> None:
+    def __init__(self, inner: trio.abc.Stream, sent: list[Seen], received: list[Seen],
+                 after: Callable[[], None]) -> None:
         self.inner = inner
         self._out, self._in = FrameDecoder(), FrameDecoder()
         self._sent, self._received = sent, received
+        self._after = after
 
-    @staticmethod
-    def _feed(dec: FrameDecoder, data: bytes, into: list[Seen]) -> None:
+    def _feed(self, dec: FrameDecoder, data: bytes, into: list[Seen]) -> None:
         dec.receive_data(bytes(data))
         now = trio.current_time()
         into.extend(Seen(now, next(_SEQ), raw) for raw in dec)
+        self._after()
 
     async def send_all(self, data: bytes | bytearray | memoryview) -> None:
         self._feed(self._out, bytes(data), self._sent)
@@ -138,6 +141,8 @@ class Wire:
         self.connects: dict[str, int] = {}
         self.sent: dict[str, list[Seen]] = {}
         self.received: dict[str, list[Seen]] = {}
+        self._cut_when: dict[str, tuple[Callable[[], bool], trio.Event]] = {}
+        self._stay_down: set[str] = set()
 
     def connector(self, node_id: str) -> Callable[[], Any]:
         async def connect() -> trio.abc.Stream:
@@ -157,7 +162,33 @@ class Wire:
         self.nursery.start_soon(self.platform._handle, server)  # type: ignore[arg-type]
         if not self.tap:
             return client
-        return _Tap(client, self.sent.setdefault(node_id, []), self.received.setdefault(node_id, []))
+        return _Tap(client, self.sent.setdefault(node_id, []), self.received.setdefault(node_id, []),
+                    partial(self._check, node_id))
+
+    def cut_when(self, node_id: str, cond: Callable[[], bool], *, stay_down: bool = False) -> trio.Event:
+        """Cut ``node_id``'s link as soon as ``cond()`` holds, checked at every
+        frame recorded on it (so mid-stream, at an exact point, even when the
+        whole stream passes at one fake instant); ``stay_down``: and keep the
+        node from reconnecting (until the test removes it from ``down``).
+        The event is set once cut."""
+        done = trio.Event()
+        self._cut_when[node_id] = (cond, done)
+        if stay_down:
+            self._stay_down.add(node_id)
+        return done
+
+    def _check(self, node_id: str) -> None:
+        when = self._cut_when.get(node_id)
+        if when is not None and when[0]():
+            del self._cut_when[node_id]
+            if node_id in self._stay_down:
+                self._stay_down.discard(node_id)
+                self.down.add(node_id)
+            self.nursery.start_soon(self._cut_and_tell, node_id, when[1])
+
+    async def _cut_and_tell(self, node_id: str, done: trio.Event) -> None:
+        await self.cut(node_id)
+        done.set()
 
     def node(self, core: NodeCore, **settings: Any) -> NodeDaemon:
         """A node daemon for ``core`` that connects through this wire."""

@@ -214,3 +214,155 @@ async def test_node_window_counts_stored_copies_not_forwarded_documents(
     assert {n.code for n in _nacked(fake)} == {ResultCode.OVER_WINDOW}
     assert sorted(n.lk0.record_id for n in _nacked(fake)) == [57, 60, 63, 66]  # the copies after the 8th
     b.close()
+
+
+# -- priority (seed 001) -----------------------------------------------------
+
+
+def _mixed(a: object, n: int, seed: str) -> list[tuple[int, int]]:
+    """n documents to B of random priorities 0-9 in one transaction:
+    (record id, priority) in acceptance order."""
+    rng = random.Random(seed)
+    prios = [rng.randint(0, 9) for _ in range(n)]
+    ids = accept(a, [NewDocument(target=B, app_data=f"{seed} {i}".encode(), priority=p)  # type: ignore[arg-type]
+                     for i, p in enumerate(prios)])
+    return list(zip(ids, prios, strict=True))
+
+
+def _in_priority_order(sent: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    return sorted(sent, key=lambda rp: (-rp[1], rp[0]))
+
+
+async def test_stored_queue_delivers_higher_priority_first_then_acceptance_order(
+        tmp_path: Path, clock: trio.testing.MockClock) -> None:
+    """B offline: two batches are stored one after the other; when B
+    connects, the second batch's high-priority documents overtake the
+    first's low-priority ones, and equal priorities keep acceptance order."""
+    pcore, a, b = platform_core(tmp_path), node_core(tmp_path, A), node_core(tmp_path, B)
+    async with trio.open_nursery() as nursery:
+        wire = Wire(platform(pcore), nursery)
+        await wire.start(a)
+        first = _mixed(a, 30, "first")
+        await wait_for(lambda: count(pcore, "SELECT count(*) FROM stored WHERE kind=1") == 30, "batch 1 stored")
+        second = _mixed(a, 30, "second")
+        await wait_for(lambda: count(pcore, "SELECT count(*) FROM stored WHERE kind=1") == 60, "batch 2 stored")
+        await wire.start(b)
+        await wait_for(lambda: count(b, "SELECT count(*) FROM inbox") == 60, "all 60 at B")
+        nursery.cancel_scope.cancel()
+    assert {p for _, p in first} & {p for _, p in second}, "the seeds give shared priorities"
+    assert rows(b, "SELECT record_id, priority FROM inbox ORDER BY id") == _in_priority_order(first + second)
+    # The order on B's link is the platform's delivery order.
+    got = [s.frame.body.lk0.record_id for s in wire.frames(B, Kind.DATA, direction="received")]  # type: ignore[union-attr]
+    assert got == [r for r, _ in _in_priority_order(first + second)]
+    for c in (a, b, pcore):
+        c.close()
+
+
+async def test_origin_sends_highest_priority_first_once_the_platform_is_reachable(
+        tmp_path: Path, clock: trio.testing.MockClock) -> None:
+    """The platform unreachable: documents wait SS_INIT at A. Once it is
+    reachable, A writes them highest priority first (seen on A's link and
+    in the platform's stored order), and B receives them in that order."""
+    pcore, a, b = platform_core(tmp_path), node_core(tmp_path, A), node_core(tmp_path, B)
+    async with trio.open_nursery() as nursery:
+        wire = Wire(platform(pcore), nursery)
+        wire.up = False
+        await wire.start(a)
+        sent = _mixed(a, 20, "low-first") + _mixed(a, 20, "then-high")
+        await trio.sleep(30)
+        assert rows(a, "SELECT DISTINCT state FROM outbox") == [(0,)]
+        assert wire.connects.get(A, 0) == 0
+        wire.up = True
+        await wait_for(lambda: count(pcore, "SELECT count(*) FROM stored WHERE kind=1") == 40, "40 stored")
+        order = [s.frame.body.lk0.record_id for s in wire.frames(A, Kind.DATA)]  # type: ignore[union-attr]
+        assert order == [r for r, _ in _in_priority_order(sent)]
+        assert rows(pcore, "SELECT record_id, priority FROM stored WHERE kind=1 ORDER BY id") == \
+            _in_priority_order(sent)
+        await wire.start(b)
+        await wait_for(lambda: count(b, "SELECT count(*) FROM inbox") == 40, "all 40 at B")
+        nursery.cancel_scope.cancel()
+    assert rows(b, "SELECT record_id, priority FROM inbox ORDER BY id") == _in_priority_order(sent)
+    for c in (a, b, pcore):
+        c.close()
+
+
+# -- a cut link ----------------------------------------------------------------
+
+
+async def test_cutting_one_nodes_link_mid_delivery_loses_and_duplicates_nothing(
+        tmp_path: Path, clock: trio.testing.MockClock) -> None:
+    """B drains a backlog of 150 stored copies 16 at a time; its link (only
+    its) is cut after its 40th copy and it stays away 20 s. A keeps its one
+    session and goes on sending (stored for B meanwhile); once B is back,
+    the copies delivered but unacknowledged before the cut come again, and B
+    ends with every document once."""
+    pcore, a, b = platform_core(tmp_path), node_core(tmp_path, A), node_core(tmp_path, B)
+    accept(a, docs(150))
+    async with trio.open_nursery() as nursery:
+        wire = Wire(platform(pcore), nursery)
+        da = await wire.start(a)
+        await wait_for(lambda: count(pcore, "SELECT count(*) FROM stored WHERE kind=1") == 150, "150 stored")
+        cut = wire.cut_when(B, lambda: len(wire.frames(B, Kind.DATA, direction="received")) >= 40, stay_down=True)
+        db = await wire.start(b, window=16)
+        await cut.wait()
+        got = count(b, "SELECT count(*) FROM inbox")
+        assert 40 <= got < 150
+        accept(a, docs(10, tag="during the cut"))
+        await trio.sleep(20)
+        assert not db.connected and da.connected
+        assert count(b, "SELECT count(*) FROM inbox") == got
+        # What B stored but could not ack before the cut (at most its window) is still stored too.
+        assert 160 - got <= count(pcore, "SELECT count(*) FROM stored WHERE kind=1") <= 160 - got + 16
+        wire.down.discard(B)
+        await wait_for(lambda: count(b, "SELECT count(*) FROM inbox") == 160, "all 160 at B")
+        await wait_for(lambda: count(pcore, "SELECT count(*) FROM stored") == 0
+                       and count(a, "SELECT count(*) FROM outbox") == 0, "cleanup")
+        nursery.cancel_scope.cancel()
+    assert wire.connects[A] == 1 and da.sessions == 1  # A's link was never touched
+    assert wire.connects[B] == 2 and db.sessions == 2
+    received = [s.frame.body.lk0.record_id for s in wire.frames(B, Kind.DATA, direction="received")]  # type: ignore[union-attr]
+    assert len(received) > 160  # some came twice over the wire ...
+    assert no_duplicates(b)  # ... and are in the inbox once
+    for c in (a, b, pcore):
+        c.close()
+
+
+async def test_sent_rows_ask_at_once_after_a_cut_and_go_again_if_not_received(
+        tmp_path: Path, clock: trio.testing.MockClock) -> None:
+    """A writes 5 DATA frames and the link is cut before any ack: they stay
+    SS_SENT. On the next session A asks the platform about them at once
+    (not an inquiry interval later: 15 s here) and sends again the ones the
+    platform did not receive."""
+    a = node_core(tmp_path, A)
+    ids = accept(a, docs(5))
+    fake = FakePlatform()
+    me = Endpoint.org(A)
+    da = fake.node(a)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(da.run)
+        await fake.read_until(lambda: bool(fake.frames(Kind.HELLO)))
+        await fake.send(Frame(kind=Kind.WELCOME, source=P, target=me, body=Welcome()))
+        await fake.read_until(lambda: len(fake.frames(Kind.DATA)) == 5)
+        await fake.cut()
+        await wait_for(lambda: fake.connects == 2 and fake.end is not None, "A connects again", 10)
+        t0 = trio.current_time()
+        await fake.read_until(lambda: len(fake.frames(Kind.HELLO)) == 2)
+        await fake.send(Frame(kind=Kind.WELCOME, source=P, target=me, body=Welcome()))
+        await fake.read_until(lambda: bool(fake.frames(Kind.INQUIRY)))
+        assert rows(a, "SELECT DISTINCT state FROM outbox") == [(1,)]  # SS_SENT, none went again unasked
+        assert len(fake.frames(Kind.DATA)) == 5
+        asked = fake.frames(Kind.INQUIRY)[0]
+        assert asked.at - t0 < 2.0  # at once, not after the 15 s interval
+        body = asked.frame.body
+        assert isinstance(body, Inquiry) and sorted(lk.record_id for lk in body.items) == ids
+        from semq.umxt_protocol import InquiryAnswer, InquiryResp, InquiryResult, InquiryTopic
+
+        answers = tuple(InquiryAnswer(lk, InquiryResult.RECEIVED if lk.record_id in ids[:2]
+                                      else InquiryResult.NOT_RECEIVED) for lk in body.items)
+        await fake.send(Frame(kind=Kind.INQUIRY_RESP, source=P, target=me, origin=P,
+                              body=InquiryResp(topic=InquiryTopic.RECEIVED, answers=answers)))
+        await fake.read_until(lambda: len(fake.frames(Kind.DATA)) == 5 + 3)
+        nursery.cancel_scope.cancel()
+    again = sorted(s.frame.body.lk0.record_id for s in fake.frames(Kind.DATA)[5:])  # type: ignore[union-attr]
+    assert again == ids[2:]
+    a.close()
