@@ -281,12 +281,14 @@ class FakePlatform(Peer):
         return d
 
 
-async def wait_for(pred: Callable[[], object], what: str, timeout: float = 600) -> None:
-    """Until ``pred()`` holds; fails after ``timeout`` fake seconds naming ``what``."""
+async def wait_for(pred: Callable[[], object], what: str, timeout: float = 600, every: float = 0.05) -> None:
+    """Until ``pred()`` holds, looking every ``every`` fake seconds (a long
+    wait looks less often: each look is a turn of the event loop); fails
+    after ``timeout`` fake seconds naming ``what``."""
     try:
         with trio.fail_after(timeout):  # fake seconds
             while not pred():
-                await trio.sleep(0.05)
+                await trio.sleep(every)
     except trio.TooSlowError:
         raise AssertionError(f"timed out after {timeout} fake s waiting for {what}") from None
 

@@ -24,6 +24,7 @@ from semq.umxt_protocol import (
     AckBatch,
     Data,
     Endpoint,
+    Error,
     Frame,
     Hello,
     Inquiry,
@@ -366,3 +367,213 @@ async def test_sent_rows_ask_at_once_after_a_cut_and_go_again_if_not_received(
     again = sorted(s.frame.body.lk0.record_id for s in fake.frames(Kind.DATA)[5:])  # type: ignore[union-attr]
     assert again == ids[2:]
     a.close()
+
+
+# -- inquiry timing ------------------------------------------------------------
+
+
+async def test_an_unconfirmed_document_is_asked_about_at_doubling_intervals(
+        tmp_path: Path, clock: trio.testing.MockClock, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A's document waits at the platform for offline B (SS_ACK, no ACK2):
+    A's daemon asks about it one inquiry interval (2 s here) after its last
+    change, then at a doubling interval up to its cap (64 intervals), as
+    the fake clock runs; once B comes, it is delivered and settles."""
+    couple_clocks(monkeypatch, clock)
+    pcore = platform_core(tmp_path, inquiry_interval=2)
+    a, b = node_core(tmp_path, A, inquiry_interval=2), node_core(tmp_path, B, inquiry_interval=2)
+    [rid] = accept(a, docs(1))
+    quiet = dict(poll_interval=600.0, watch_max=5.0)  # few idle looks: the inquiries are what runs
+    async with trio.open_nursery() as nursery:
+        wire = Wire(platform(pcore), nursery)
+        await wire.start(a, **quiet)
+        await wait_for(lambda: rows(a, "SELECT state FROM outbox") == [(3,)], "A at SS_ACK")
+        acked = trio.current_time()
+        await wait_for(lambda: len(wire.frames(A, Kind.INQUIRY)) >= 9, "9 inquiries", 1000, every=5)
+        await wire.start(b, **quiet)
+        await wait_for(lambda: count(b, "SELECT count(*) FROM inbox") == 1
+                       and count(a, "SELECT count(*) FROM outbox") == 0, "delivered and settled", 300, every=1)
+        nursery.cancel_scope.cancel()
+    asked = wire.frames(A, Kind.INQUIRY)[:9]
+    assert all(isinstance(body := s.frame.body, Inquiry) and [lk.record_id for lk in body.items] == [rid]
+               for s in asked)
+    times = [acked] + [s.at for s in asked]
+    gaps = [t1 - t0 for t0, t1 in zip(times, times[1:], strict=False)]
+    step = 2 / 3  # the inquirer looks every interval/3 (at most 1 s)
+    for gap, due in zip(gaps, [2, 4, 8, 16, 32, 64, 128, 128, 128], strict=True):
+        assert due - 0.1 <= gap <= due + step + 0.1, (gaps, due)
+    for c in (a, b, pcore):
+        c.close()
+
+
+# -- the storage quota ---------------------------------------------------------
+
+
+async def test_a_target_refused_for_the_quota_is_paused_with_doubling_pauses(
+        tmp_path: Path, clock: trio.testing.MockClock, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The platform stores at most ~4 KiB of A's documents: A's documents to
+    offline B beyond that are refused QUOTA_EXCEEDED and wait at A (SS_INIT,
+    the code kept). A pauses B only — 2 s, then doubling while the refusals
+    go on — and its documents to online C still go at once. Once B is back,
+    everything reaches B once."""
+    couple_clocks(monkeypatch, clock)  # the quota's recount runs in fake time too
+    pcore = platform_core(tmp_path, orgs=(A, B, C), quota_bytes=4500)
+    a, b, c = node_core(tmp_path, A), node_core(tmp_path, B), node_core(tmp_path, C)
+    to_b = accept(a, [NewDocument(target=B, app_data=bytes([i]) * 1000) for i in range(10)])
+    async with trio.open_nursery() as nursery:
+        wire = Wire(platform(pcore), nursery)
+        await wire.start(c)
+        await wire.start(a)
+        await wait_for(lambda: count(a, "SELECT count(*) FROM outbox WHERE code=?",
+                                     int(ResultCode.QUOTA_EXCEEDED)) == 6, "6 refused for the quota")
+        assert count(pcore, "SELECT count(*) FROM stored WHERE kind=1") == 4
+        assert count(a, "SELECT count(*) FROM outbox WHERE code=? AND state=0", int(ResultCode.QUOTA_EXCEEDED)) == 6
+        t0 = trio.current_time()
+        accept(a, docs(3, to=C))
+        await wait_for(lambda: count(c, "SELECT count(*) FROM inbox") == 3, "C's documents", 1)
+        assert trio.current_time() - t0 < QUOTA_PAUSE  # C is not paused
+        await trio.sleep(20)  # refused again and again meanwhile
+        await wire.start(b)
+        await wait_for(lambda: count(b, "SELECT count(*) FROM inbox") == 10, "all 10 at B", 120)
+        nursery.cancel_scope.cancel()
+    # A's tries to B on the wire: the first at once, then after pauses of
+    # 2 s, doubling (the last try, B online, succeeds).
+    tries = sorted({round(s.at, 3) for s in wire.frames(A, Kind.DATA) if s.raw.target.node_id == B})
+    pauses = [t1 - t0 for t0, t1 in zip(tries, tries[1:], strict=False)]
+    assert len(pauses) >= 4, tries
+    for i, p in enumerate(pauses[:4]):
+        assert QUOTA_PAUSE * 2 ** i <= p <= QUOTA_PAUSE * 2 ** i + 1.1, pauses
+    assert sorted(r for (r,) in rows(b, "SELECT record_id FROM inbox")) == to_b and no_duplicates(b)
+    for core in (a, b, c, pcore):
+        core.close()
+
+
+# -- expiry and refusals: dead letters the daemons make -------------------------
+
+
+async def test_a_document_expired_while_waiting_at_its_origin_is_never_sent(
+        tmp_path: Path, clock: trio.testing.MockClock, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The platform unreachable: a document expiring in 0.3 s waits at A and
+    expires. When the platform is back it never goes on the wire; it fails
+    with EXPIRED (a dead letter) and the unexpired one arrives."""
+    now = couple_clocks(monkeypatch, clock)
+    pcore, a, b = platform_core(tmp_path), node_core(tmp_path, A), node_core(tmp_path, B)
+    stale, kept = accept(a, [NewDocument(target=B, app_data=b"stale", expires_ms=now() + 300),
+                             NewDocument(target=B, app_data=b"kept", expires_ms=now() + 600_000)])
+    async with trio.open_nursery() as nursery:
+        wire = Wire(platform(pcore), nursery)
+        wire.up = False
+        await wire.start(a)
+        await wire.start(b)
+        await trio.sleep(1)
+        wire.up = True
+        await wait_for(lambda: inbox(b) == [b"kept"], "the unexpired document")
+        await wait_for(lambda: rows(a, "SELECT state, code FROM outbox WHERE id=?", stale) == [(9, 303)],
+                       "the expired row failed with EXPIRED", 60)
+        nursery.cancel_scope.cancel()
+    assert [s.frame.body.lk0.record_id for s in wire.frames(A, Kind.DATA)] == [kept]  # type: ignore[union-attr]
+    for c in (a, b, pcore):
+        c.close()
+
+
+async def test_a_document_expired_while_stored_at_the_platform_is_never_delivered(
+        tmp_path: Path, clock: trio.testing.MockClock, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Stored at the platform for offline B, a document expires there: B,
+    once connected, never receives it (not on its link either), a later
+    document still arrives, and A learns by its inquiry that the document
+    was not delivered and fails it as EXPIRED."""
+    now = couple_clocks(monkeypatch, clock)
+    pcore, a, b = platform_core(tmp_path), node_core(tmp_path, A), node_core(tmp_path, B)
+    async with trio.open_nursery() as nursery:
+        wire = Wire(platform(pcore), nursery)
+        await wire.start(a)
+        [stale] = accept(a, [NewDocument(target=B, app_data=b"stale", expires_ms=now() + 4000)])
+        await wait_for(lambda: count(pcore, "SELECT count(*) FROM stored WHERE kind=1") == 1, "stored at P")
+        await trio.sleep(5)
+        await wire.start(b)
+        accept(a, [NewDocument(target=B, app_data=b"sentinel")])
+        await wait_for(lambda: inbox(b) == [b"sentinel"], "the later document")
+        await wait_for(lambda: rows(a, "SELECT state, code FROM outbox WHERE id=?", stale) == [(9, 303)],
+                       "A learned it was not delivered and failed it as expired", 120, every=0.5)
+        nursery.cancel_scope.cancel()
+    assert b"stale" not in inbox(b)
+    assert all(s.frame.body.lk0.record_id != stale  # type: ignore[union-attr]
+               for s in wire.frames(B, Kind.DATA, direction="received"))
+    for c in (a, b, pcore):
+        c.close()
+
+
+async def test_a_document_to_an_unknown_organization_fails_with_its_reason(
+        tmp_path: Path, clock: trio.testing.MockClock) -> None:
+    """The platform refuses a document to an organization it does not know
+    (NACK UNKNOWN_TARGET): A fails it (a dead letter, code 300) at once,
+    and its documents to known organizations go on."""
+    pcore, a, b = platform_core(tmp_path), node_core(tmp_path, A), node_core(tmp_path, B)
+    lost, fine = accept(a, [NewDocument(target="99999", app_data=b"x"), NewDocument(target=B, app_data=b"y")])
+    async with trio.open_nursery() as nursery:
+        wire = Wire(platform(pcore), nursery)
+        await wire.start(a)
+        await wire.start(b)
+        await wait_for(lambda: rows(a, "SELECT state, code FROM outbox WHERE id=?", lost) == [(9, 300)],
+                       "UNKNOWN_TARGET", 10)
+        await wait_for(lambda: inbox(b) == [b"y"], "the document to B", 10)
+        nursery.cancel_scope.cancel()
+    [nack] = [s.frame.body for s in wire.frames(A, Kind.NACK, direction="received")]
+    assert isinstance(nack, Nack) and (nack.lk0.record_id, nack.code) == (lost, ResultCode.UNKNOWN_TARGET)
+    assert fine != lost
+    for c in (a, b, pcore):
+        c.close()
+
+
+# -- silence ---------------------------------------------------------------------
+
+
+async def test_a_node_reconnects_after_the_platform_falls_silent(
+        tmp_path: Path, clock: trio.testing.MockClock) -> None:
+    """A platform that says WELCOME and then nothing: the node pings it
+    every 10 s and, 45 s without traffic, drops the session and connects
+    again (a half-open TCP connection ends the same way)."""
+    a = node_core(tmp_path, A)
+    fake = FakePlatform()
+    da = fake.node(a)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(da.run)
+        await fake.read_until(lambda: bool(fake.frames(Kind.HELLO)))
+        await fake.send(Frame(kind=Kind.WELCOME, source=P, target=Endpoint.org(A), body=Welcome()))
+        t0 = trio.current_time()
+        with pytest.raises(AssertionError, match="closed"):
+            await fake.read_until(lambda: False, timeout=120)  # until the node closes the link
+        dropped = trio.current_time() - t0
+        await wait_for(lambda: fake.connects == 2, "a new connection", 10)
+        nursery.cancel_scope.cancel()
+    pings = [s.at - t0 for s in fake.frames(Kind.PING)]
+    assert [round(p) for p in pings] == [10, 20, 30, 40]
+    assert 45 <= dropped <= 50 + 0.1  # at the first look after 45 s of silence
+    assert da.sessions == 1
+    a.close()
+
+
+async def test_the_platform_drops_a_node_that_falls_silent(tmp_path: Path, clock: trio.testing.MockClock) -> None:
+    """A node that says HELLO and then nothing is told ERROR IDLE_TIMEOUT
+    after the platform's idle timeout (60 s) and counts as offline again:
+    documents to it are stored."""
+    pcore, a = platform_core(tmp_path), node_core(tmp_path, A)
+    async with trio.open_nursery() as nursery:
+        wire = Wire(platform(pcore), nursery)
+        silent = Peer()
+        nursery.start_soon(wire.platform._handle, silent.pair())
+        me = Endpoint.org(B)
+        await silent.send(Frame(kind=Kind.HELLO, source=me, target=P, body=Hello()))
+        await silent.read_until(lambda: bool(silent.frames(Kind.WELCOME)))
+        t0 = trio.current_time()
+        assert wire.platform.online(me)
+        await silent.read_until(lambda: bool(silent.frames(Kind.ERROR)), timeout=120)
+        assert 60 <= trio.current_time() - t0 <= 61
+        await wait_for(lambda: not wire.platform.online(me), "B offline", 5)
+        await wire.start(a)
+        accept(a, docs(1))
+        await wait_for(lambda: count(pcore, "SELECT count(*) FROM stored WHERE kind=1") == 1, "stored for B", 10)
+        nursery.cancel_scope.cancel()
+    err = silent.frames(Kind.ERROR)[0].frame.body
+    assert isinstance(err, Error) and err.code is ResultCode.IDLE_TIMEOUT
+    for c in (a, pcore):
+        c.close()
