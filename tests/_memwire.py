@@ -43,12 +43,27 @@ from semq.node.core import NewDocument, NodeCore
 from semq.node.daemon import NodeDaemon, NodeSettings
 from semq.platform.core import PlatformCore
 from semq.platform.daemon import PlatformDaemon, PlatformSettings
-from semq.umxt_protocol import Endpoint, Frame, FrameDecoder, Kind, RawFrame, encode_frame
+from semq.umxt_protocol import Frame, FrameDecoder, Kind, RawFrame, encode_frame
 
 __all__ = [
+    "A",
+    "B",
+    "C",
+    "FakePlatform",
+    "InlineGate",
+    "Peer",
+    "Seen",
+    "Wire",
+    "accept",
+    "cores",
+    "count",
+    "couple_clocks",
+    "fake_now_ms",
+    "node_core",
     "platform",
-    "A", "B", "C", "FakePlatform", "InlineGate", "Peer", "Seen", "Wire", "accept", "cores", "count", "couple_clocks", "node_core",
-    "platform_core", "rows", "wait_for",
+    "platform_core",
+    "rows",
+    "wait_for",
 ]
 
 A, B, C = "10008", "56001", "77002"
@@ -69,6 +84,11 @@ class Seen:
     @property
     def frame(self) -> Frame:
         return self.raw.frame()
+
+    @property
+    def record_id(self) -> int:
+        """The LK0 record id of a DATA frame."""
+        return self.raw.data_prefix()[0].record_id
 
 
 class InlineGate(StoreGate):
@@ -159,7 +179,7 @@ class Wire:
         client, server = trio.testing.memory_stream_pair()
         self.links.setdefault(node_id, []).extend([client, server])
         self.connects[node_id] = self.connects.get(node_id, 0) + 1
-        self.nursery.start_soon(self.platform._handle, server)  # type: ignore[arg-type]
+        self.nursery.start_soon(self.platform._handle, server)
         if not self.tap:
             return client
         return _Tap(client, self.sent.setdefault(node_id, []), self.received.setdefault(node_id, []),
@@ -347,8 +367,16 @@ class _Monotonic:
         return getattr(self.real, name)
 
 
+START_MS = 1_800_000_000_000  # the cores' time (ms) at fake time 0 once coupled
+
+
+def fake_now_ms() -> int:
+    """The cores' clock once coupled (``couple_clocks``), read in a trio task."""
+    return START_MS + int(trio.current_time() * 1000)
+
+
 def couple_clocks(monkeypatch: pytest.MonkeyPatch, clock: trio.testing.MockClock,
-                  start_ms: int = 1_800_000_000_000) -> Callable[[], int]:
+                  start_ms: int = START_MS) -> Callable[[], int]:
     """The node and platform cores' clocks (ms) follow the fake clock from
     ``start_ms`` on: inquiry schedules, expiry and the quota's recount run
     in fake time. Returns that clock. (``MockClock.current_time`` is safe

@@ -9,6 +9,7 @@ test_e2e_flow.py, test_dead_letters.py, test_trust_e2e.py)."""
 
 from __future__ import annotations
 
+import itertools
 import random
 from pathlib import Path
 
@@ -16,7 +17,7 @@ import pytest
 import trio
 import trio.testing
 
-from semq.node.core import NewDocument
+from semq.node.core import NewDocument, NodeCore
 from semq.node.daemon import QUOTA_PAUSE
 from semq.umxt_protocol import (
     LK0,
@@ -31,7 +32,6 @@ from semq.umxt_protocol import (
     Kind,
     Nack,
     ResultCode,
-    SaveFwd,
     Welcome,
     encode_frame,
 )
@@ -46,6 +46,7 @@ from tests._memwire import (
     accept,
     count,
     couple_clocks,
+    fake_now_ms,
     node_core,
     platform,
     platform_core,
@@ -57,23 +58,29 @@ P = Endpoint.platform()
 
 
 @pytest.fixture
-def clock(autojump_clock: trio.testing.MockClock) -> trio.testing.MockClock:
-    """Store calls run on the event loop (InlineGate), so the clock may jump
-    the moment every task waits."""
+def clock(autojump_clock: trio.testing.MockClock, monkeypatch: pytest.MonkeyPatch) -> trio.testing.MockClock:
+    """The fake clock, made the only clock: store calls run on the event
+    loop (InlineGate), so it may jump the moment every task waits; the
+    cores' clocks follow it (couple_clocks); the reconnect jitter is seeded.
+    A run is then the same every time, however loaded the machine."""
+    import semq.node.daemon
+
     autojump_clock.autojump_threshold = 0
+    couple_clocks(monkeypatch, autojump_clock)
+    monkeypatch.setattr(semq.node.daemon, "random", random.Random(0))
     return autojump_clock
 
 
-def docs(n: int, to: str = B, tag: str = "doc", **kw: object) -> list[NewDocument]:
-    return [NewDocument(target=to, app_data=f"{tag} {i}".encode(), **kw) for i in range(n)]  # type: ignore[arg-type]
+def docs(n: int, to: str = B, tag: str = "doc") -> list[NewDocument]:
+    return [NewDocument(target=to, app_data=f"{tag} {i}".encode()) for i in range(n)]
 
 
-def inbox(core: object) -> list[bytes]:
-    return [d for (d,) in rows(core, "SELECT app_data FROM inbox ORDER BY id")]  # type: ignore[arg-type]
+def inbox(core: NodeCore) -> list[bytes]:
+    return [d for (d,) in rows(core, "SELECT app_data FROM inbox ORDER BY id")]
 
 
-def no_duplicates(core: object) -> bool:
-    return count(core, "SELECT count(*) FROM (SELECT 1 FROM inbox GROUP BY origin_id, record_id"  # type: ignore[arg-type]
+def no_duplicates(core: NodeCore) -> bool:
+    return count(core, "SELECT count(*) FROM (SELECT 1 FROM inbox GROUP BY origin_id, record_id"
                        " HAVING count(*) > 1)") == 0
 
 
@@ -220,12 +227,12 @@ async def test_node_window_counts_stored_copies_not_forwarded_documents(
 # -- priority (seed 001) -----------------------------------------------------
 
 
-def _mixed(a: object, n: int, seed: str) -> list[tuple[int, int]]:
+def _mixed(a: NodeCore, n: int, seed: str) -> list[tuple[int, int]]:
     """n documents to B of random priorities 0-9 in one transaction:
     (record id, priority) in acceptance order."""
     rng = random.Random(seed)
     prios = [rng.randint(0, 9) for _ in range(n)]
-    ids = accept(a, [NewDocument(target=B, app_data=f"{seed} {i}".encode(), priority=p)  # type: ignore[arg-type]
+    ids = accept(a, [NewDocument(target=B, app_data=f"{seed} {i}".encode(), priority=p)
                      for i, p in enumerate(prios)])
     return list(zip(ids, prios, strict=True))
 
@@ -253,7 +260,7 @@ async def test_stored_queue_delivers_higher_priority_first_then_acceptance_order
     assert {p for _, p in first} & {p for _, p in second}, "the seeds give shared priorities"
     assert rows(b, "SELECT record_id, priority FROM inbox ORDER BY id") == _in_priority_order(first + second)
     # The order on B's link is the platform's delivery order.
-    got = [s.frame.body.lk0.record_id for s in wire.frames(B, Kind.DATA, direction="received")]  # type: ignore[union-attr]
+    got = [s.record_id for s in wire.frames(B, Kind.DATA, direction="received")]
     assert got == [r for r, _ in _in_priority_order(first + second)]
     for c in (a, b, pcore):
         c.close()
@@ -275,7 +282,7 @@ async def test_origin_sends_highest_priority_first_once_the_platform_is_reachabl
         assert wire.connects.get(A, 0) == 0
         wire.up = True
         await wait_for(lambda: count(pcore, "SELECT count(*) FROM stored WHERE kind=1") == 40, "40 stored")
-        order = [s.frame.body.lk0.record_id for s in wire.frames(A, Kind.DATA)]  # type: ignore[union-attr]
+        order = [s.record_id for s in wire.frames(A, Kind.DATA)]
         assert order == [r for r, _ in _in_priority_order(sent)]
         assert rows(pcore, "SELECT record_id, priority FROM stored WHERE kind=1 ORDER BY id") == \
             _in_priority_order(sent)
@@ -321,7 +328,7 @@ async def test_cutting_one_nodes_link_mid_delivery_loses_and_duplicates_nothing(
         nursery.cancel_scope.cancel()
     assert wire.connects[A] == 1 and da.sessions == 1  # A's link was never touched
     assert wire.connects[B] == 2 and db.sessions == 2
-    received = [s.frame.body.lk0.record_id for s in wire.frames(B, Kind.DATA, direction="received")]  # type: ignore[union-attr]
+    received = [s.record_id for s in wire.frames(B, Kind.DATA, direction="received")]
     assert len(received) > 160  # some came twice over the wire ...
     assert no_duplicates(b)  # ... and are in the inbox once
     for c in (a, b, pcore):
@@ -364,7 +371,7 @@ async def test_sent_rows_ask_at_once_after_a_cut_and_go_again_if_not_received(
                               body=InquiryResp(topic=InquiryTopic.RECEIVED, answers=answers)))
         await fake.read_until(lambda: len(fake.frames(Kind.DATA)) == 5 + 3)
         nursery.cancel_scope.cancel()
-    again = sorted(s.frame.body.lk0.record_id for s in fake.frames(Kind.DATA)[5:])  # type: ignore[union-attr]
+    again = sorted(s.record_id for s in fake.frames(Kind.DATA)[5:])
     assert again == ids[2:]
     a.close()
 
@@ -373,12 +380,11 @@ async def test_sent_rows_ask_at_once_after_a_cut_and_go_again_if_not_received(
 
 
 async def test_an_unconfirmed_document_is_asked_about_at_doubling_intervals(
-        tmp_path: Path, clock: trio.testing.MockClock, monkeypatch: pytest.MonkeyPatch) -> None:
+        tmp_path: Path, clock: trio.testing.MockClock) -> None:
     """A's document waits at the platform for offline B (SS_ACK, no ACK2):
     A's daemon asks about it one inquiry interval (2 s here) after its last
     change, then at a doubling interval up to its cap (64 intervals), as
     the fake clock runs; once B comes, it is delivered and settles."""
-    couple_clocks(monkeypatch, clock)
     pcore = platform_core(tmp_path, inquiry_interval=2)
     a, b = node_core(tmp_path, A, inquiry_interval=2), node_core(tmp_path, B, inquiry_interval=2)
     [rid] = accept(a, docs(1))
@@ -397,7 +403,7 @@ async def test_an_unconfirmed_document_is_asked_about_at_doubling_intervals(
     assert all(isinstance(body := s.frame.body, Inquiry) and [lk.record_id for lk in body.items] == [rid]
                for s in asked)
     times = [acked] + [s.at for s in asked]
-    gaps = [t1 - t0 for t0, t1 in zip(times, times[1:], strict=False)]
+    gaps = [t1 - t0 for t0, t1 in itertools.pairwise(times)]
     step = 2 / 3  # the inquirer looks every interval/3 (at most 1 s)
     for gap, due in zip(gaps, [2, 4, 8, 16, 32, 64, 128, 128, 128], strict=True):
         assert due - 0.1 <= gap <= due + step + 0.1, (gaps, due)
@@ -409,13 +415,12 @@ async def test_an_unconfirmed_document_is_asked_about_at_doubling_intervals(
 
 
 async def test_a_target_refused_for_the_quota_is_paused_with_doubling_pauses(
-        tmp_path: Path, clock: trio.testing.MockClock, monkeypatch: pytest.MonkeyPatch) -> None:
+        tmp_path: Path, clock: trio.testing.MockClock) -> None:
     """The platform stores at most ~4 KiB of A's documents: A's documents to
     offline B beyond that are refused QUOTA_EXCEEDED and wait at A (SS_INIT,
     the code kept). A pauses B only — 2 s, then doubling while the refusals
     go on — and its documents to online C still go at once. Once B is back,
     everything reaches B once."""
-    couple_clocks(monkeypatch, clock)  # the quota's recount runs in fake time too
     pcore = platform_core(tmp_path, orgs=(A, B, C), quota_bytes=4500)
     a, b, c = node_core(tmp_path, A), node_core(tmp_path, B), node_core(tmp_path, C)
     to_b = accept(a, [NewDocument(target=B, app_data=bytes([i]) * 1000) for i in range(10)])
@@ -438,7 +443,7 @@ async def test_a_target_refused_for_the_quota_is_paused_with_doubling_pauses(
     # A's tries to B on the wire: the first at once, then after pauses of
     # 2 s, doubling (the last try, B online, succeeds).
     tries = sorted({round(s.at, 3) for s in wire.frames(A, Kind.DATA) if s.raw.target.node_id == B})
-    pauses = [t1 - t0 for t0, t1 in zip(tries, tries[1:], strict=False)]
+    pauses = [t1 - t0 for t0, t1 in itertools.pairwise(tries)]
     assert len(pauses) >= 4, tries
     for i, p in enumerate(pauses[:4]):
         assert QUOTA_PAUSE * 2 ** i <= p <= QUOTA_PAUSE * 2 ** i + 1.1, pauses
@@ -451,11 +456,11 @@ async def test_a_target_refused_for_the_quota_is_paused_with_doubling_pauses(
 
 
 async def test_a_document_expired_while_waiting_at_its_origin_is_never_sent(
-        tmp_path: Path, clock: trio.testing.MockClock, monkeypatch: pytest.MonkeyPatch) -> None:
+        tmp_path: Path, clock: trio.testing.MockClock) -> None:
     """The platform unreachable: a document expiring in 0.3 s waits at A and
     expires. When the platform is back it never goes on the wire; it fails
     with EXPIRED (a dead letter) and the unexpired one arrives."""
-    now = couple_clocks(monkeypatch, clock)
+    now = fake_now_ms
     pcore, a, b = platform_core(tmp_path), node_core(tmp_path, A), node_core(tmp_path, B)
     stale, kept = accept(a, [NewDocument(target=B, app_data=b"stale", expires_ms=now() + 300),
                              NewDocument(target=B, app_data=b"kept", expires_ms=now() + 600_000)])
@@ -470,18 +475,18 @@ async def test_a_document_expired_while_waiting_at_its_origin_is_never_sent(
         await wait_for(lambda: rows(a, "SELECT state, code FROM outbox WHERE id=?", stale) == [(9, 303)],
                        "the expired row failed with EXPIRED", 60)
         nursery.cancel_scope.cancel()
-    assert [s.frame.body.lk0.record_id for s in wire.frames(A, Kind.DATA)] == [kept]  # type: ignore[union-attr]
+    assert [s.record_id for s in wire.frames(A, Kind.DATA)] == [kept]
     for c in (a, b, pcore):
         c.close()
 
 
 async def test_a_document_expired_while_stored_at_the_platform_is_never_delivered(
-        tmp_path: Path, clock: trio.testing.MockClock, monkeypatch: pytest.MonkeyPatch) -> None:
+        tmp_path: Path, clock: trio.testing.MockClock) -> None:
     """Stored at the platform for offline B, a document expires there: B,
     once connected, never receives it (not on its link either), a later
     document still arrives, and A learns by its inquiry that the document
     was not delivered and fails it as EXPIRED."""
-    now = couple_clocks(monkeypatch, clock)
+    now = fake_now_ms
     pcore, a, b = platform_core(tmp_path), node_core(tmp_path, A), node_core(tmp_path, B)
     async with trio.open_nursery() as nursery:
         wire = Wire(platform(pcore), nursery)
@@ -496,7 +501,7 @@ async def test_a_document_expired_while_stored_at_the_platform_is_never_delivere
                        "A learned it was not delivered and failed it as expired", 120, every=0.5)
         nursery.cancel_scope.cancel()
     assert b"stale" not in inbox(b)
-    assert all(s.frame.body.lk0.record_id != stale  # type: ignore[union-attr]
+    assert all(s.record_id != stale
                for s in wire.frames(B, Kind.DATA, direction="received"))
     for c in (a, b, pcore):
         c.close()
