@@ -2,9 +2,9 @@
 (store while offline, deliver on connect, ACK2, cleanup, reconnect after a
 cut) without sockets; backoff and intervals take no real time. The harness
 is tests/_memwire.py; the daemons' finer rules over it are in
-tests/test_daemon_logic.py. The first test keeps the store calls on the
-daemons' worker threads (as in production); the others run them on the
-event loop (``InlineGate``), so the fake clock may jump at once."""
+tests/test_daemon_logic.py. Store calls run on the event loop
+(``InlineGate``), so the fake clock may jump at once; the worker threads of
+production run in the end-to-end tests with real processes."""
 
 from __future__ import annotations
 
@@ -15,7 +15,6 @@ import trio
 import trio.testing
 
 from semq.node.core import NewDocument, NodeCore
-from semq.node.daemon import NodeDaemon, NodeSettings
 from semq.platform.daemon import PlatformDaemon, PlatformSettings
 from semq.umxt_protocol import AppKey, SaveFwd
 from tests._memwire import Wire, accept, cores, count, wait_for
@@ -26,13 +25,13 @@ def _inbox_has(core: NodeCore, n: int) -> bool:
 
 
 async def test_flow_over_memory_streams(tmp_path: Path, autojump_clock: trio.testing.MockClock) -> None:
-    autojump_clock.autojump_threshold = 0.02  # store calls run on a worker thread
+    autojump_clock.autojump_threshold = 0  # store calls run on the event loop (InlineGate)
     pcore, a, b = cores(tmp_path)
     platform = PlatformDaemon(pcore, PlatformSettings())
     async with trio.open_nursery() as nursery:
-        wire = Wire(platform, nursery, inline=False)
-        da = NodeDaemon(a, NodeSettings(connect=wire.connect))
-        db = NodeDaemon(b, NodeSettings(connect=wire.connect))
+        wire = Wire(platform, nursery)
+        da = wire.node(a)
+        db = wire.node(b)
         accept(a, [NewDocument(target="56001", app_data=f"order {i}".encode(), save_fwd=SaveFwd.MUST_DELIVER,
                               app_key=AppKey(domain="trade", data_type="ORDER", key=f"S{i:04d}"))
                   for i in range(25)])
