@@ -59,6 +59,7 @@ __all__ = [
     "count",
     "couple_clocks",
     "fake_now_ms",
+    "inline_threads",
     "node_core",
     "platform",
     "platform_core",
@@ -153,6 +154,11 @@ class Wire:
         self.inline = inline
         if inline:
             platform.gate = InlineGate()
+        # What PlatformDaemon.run starts besides its listeners: the inquiries
+        # about delivered, unacknowledged copies and the CA watch.
+        nursery.start_soon(platform._inquirer)
+        if platform.s.security is not None:
+            nursery.start_soon(platform._watch_crl)
         self.nursery = nursery
         self.tap = tap
         self.links: dict[str, list[trio.abc.Stream]] = {}
@@ -373,6 +379,17 @@ START_MS = 1_800_000_000_000  # the cores' time (ms) at fake time 0 once coupled
 def fake_now_ms() -> int:
     """The cores' clock once coupled (``couple_clocks``), read in a trio task."""
     return START_MS + int(trio.current_time() * 1000)
+
+
+async def _inline_to_thread(fn: Callable[..., T], *args: Any, **_: Any) -> T:
+    await trio.lowlevel.checkpoint()
+    return fn(*args)
+
+
+def inline_threads(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``trio.to_thread.run_sync`` (the daemons' certificate work) on the
+    event loop too, for the reason of ``InlineGate``."""
+    monkeypatch.setattr(trio.to_thread, "run_sync", _inline_to_thread)
 
 
 def couple_clocks(monkeypatch: pytest.MonkeyPatch, clock: trio.testing.MockClock,

@@ -47,6 +47,7 @@ from tests._memwire import (
     count,
     couple_clocks,
     fake_now_ms,
+    inline_threads,
     node_core,
     platform,
     platform_core,
@@ -583,3 +584,55 @@ async def test_the_platform_drops_a_node_that_falls_silent(tmp_path: Path, clock
     assert isinstance(err, Error) and err.code is ResultCode.IDLE_TIMEOUT
     for c in (a, pcore):
         c.close()
+
+
+# -- waiting for a certificate (security on: mutual TLS over the memory streams) --
+
+
+async def test_a_document_waits_for_its_targets_certificate_and_goes_once_it_is_enrolled(
+        tmp_path: Path, clock: trio.testing.MockClock, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Security on. C is known to the platform but not enrolled: A's sealed
+    document to C waits at A (SS_INIT, UNKNOWN_CERTIFICATE) while A asks
+    again less and less often; its document to B is sealed and stored
+    meanwhile. C is enrolled while the platform runs: the platform sees it
+    within its CA check (2 s) and pushes C's certificate to A, which seals
+    the document to it at once, without waiting for its own next ask; C,
+    once connected, opens it."""
+    from semq.security import NodeSecurity, PlatformSecurity, enroll, import_certificate, init_node_keys, \
+        init_platform_pki
+
+    inline_threads(monkeypatch)
+    pdir = tmp_path / "P"
+    init_platform_pki(pdir, "platform", [])
+    csr = {org: init_node_keys(tmp_path / org, org) for org in (A, B, C)}
+    for org in (A, B):
+        _, cert = enroll(pdir, csr[org], org, tmp_path / org / "issued.pem")
+        import_certificate(tmp_path / org, cert, pdir / "ca" / "ca.pem")
+    pcore = platform_core(tmp_path, orgs=(A, B, C), auto_register=False)
+    sec_a = NodeSecurity(tmp_path / A)
+    a = node_core(tmp_path, A, security=sec_a)
+    to_c, to_b = accept(a, [NewDocument(target=C, app_data=b"for C", encrypt=True),
+                            NewDocument(target=B, app_data=b"for B", encrypt=True)])
+    async with trio.open_nursery() as nursery:
+        wire = Wire(platform(pcore, security=PlatformSecurity(pdir)), nursery, tap=False)
+        da = await wire.start(a, ssl_context=sec_a.ssl_context(), cert_retry=5.0)
+        await wait_for(lambda: rows(a, "SELECT state FROM outbox WHERE id=?", to_b) == [(3,)], "B's stored")
+        await wait_for(lambda: rows(a, "SELECT state, code FROM outbox WHERE id=?", to_c)
+                       == [(0, int(ResultCode.UNKNOWN_CERTIFICATE))], "C's waiting", 10)
+        await trio.sleep(30)
+        assert rows(a, "SELECT state FROM outbox WHERE id=?", to_c) == [(0,)]  # still waiting, not failed
+        assert da.waiting == {Endpoint.org(C): ResultCode.UNKNOWN_CERTIFICATE}
+        assert 20 <= da.retry[Endpoint.org(C)] <= 40  # asked after 5, 10, 20 s ...
+        _, cert = enroll(pdir, csr[C], C, tmp_path / C / "issued.pem")
+        t0 = trio.current_time()
+        await wait_for(lambda: rows(a, "SELECT state, code FROM outbox WHERE id=?", to_c) == [(3, 0)],
+                       "C's document sealed and stored", 20)
+        assert trio.current_time() - t0 <= 2 + 0.5  # the CA check's push, not A's next ask
+        import_certificate(tmp_path / C, cert, pdir / "ca" / "ca.pem")
+        sec_c = NodeSecurity(tmp_path / C)
+        c = node_core(tmp_path, C, security=sec_c)
+        await wire.start(c, ssl_context=sec_c.ssl_context())
+        await wait_for(lambda: inbox(c) == [b"for C"], "C opened it", 30)
+        nursery.cancel_scope.cancel()
+    for core in (a, c, pcore):
+        core.close()
