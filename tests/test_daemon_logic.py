@@ -598,8 +598,14 @@ async def test_a_document_waits_for_its_targets_certificate_and_goes_once_it_is_
     within its CA check (2 s) and pushes C's certificate to A, which seals
     the document to it at once, without waiting for its own next ask; C,
     once connected, opens it."""
-    from semq.security import NodeSecurity, PlatformSecurity, enroll, import_certificate, init_node_keys, \
-        init_platform_pki
+    from semq.security import (
+        NodeSecurity,
+        PlatformSecurity,
+        enroll,
+        import_certificate,
+        init_node_keys,
+        init_platform_pki,
+    )
 
     inline_threads(monkeypatch)
     pdir = tmp_path / "P"
