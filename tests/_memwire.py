@@ -3,21 +3,25 @@ platform daemon through ``trio.testing.memory_stream_pair()``, under the
 fake clock of pytest-trio's ``autojump_clock`` (docs/STYLE: "Test the
 daemons over memory streams with a fake clock").
 
-- ``Wire`` connects any number of node daemons to one platform daemon; each
-  node's link can be cut alone (``cut("56001")``) or every link at once, and
-  a node can be kept from reconnecting (``down``). Every frame a node writes
-  and reads is recorded (``sent`` / ``received``) with the fake time it
-  passed, so a test can check what went over the wire and when.
-- ``FakePlatform`` is the other end of one node's link held by the test, to
-  send it frames no honest platform would (more than its window) or none.
-- ``couple_clocks`` makes the cores' millisecond clocks (inquiry schedules,
-  expiry, the quota's recount) follow the fake clock, so backoffs of minutes
-  take no real time.
+- ``Wire`` connects any number of node daemons to one platform daemon (and
+  runs the platform's inquiry and CA-watch tasks, which
+  ``PlatformDaemon.run`` starts beside its listeners). Each node's link can
+  be cut alone (``cut("56001")``), at an exact frame (``cut_when``), or
+  every link at once; a node in ``down`` (everyone while ``up`` is false)
+  cannot reconnect. Every frame a node writes and reads is recorded
+  (``sent`` / ``received``, ``link``) with the fake time it passed.
+- ``FakePlatform`` holds the platform's end of one node's link, to send the
+  node what no honest platform would (more than its window) or nothing;
+  ``Peer`` is the same for a hand-made node talking to the real platform.
 - ``InlineGate`` runs each store call on the event loop instead of a
-  worker thread (the daemons' ``gate``; ``Wire`` sets it unless told not
-  to): the fake clock then jumps only when every task truly waits, so
-  ``autojump_threshold = 0`` is safe and a run is the same every time.
-  Worker threads are what the end-to-end tests with real processes run.
+  worker thread (``Wire`` and ``FakePlatform`` set it; ``inline_threads``
+  does the same for the certificate work): the fake clock then jumps only
+  when every task truly waits, so ``autojump_threshold = 0`` is safe and no
+  wait depends on how loaded the machine is. The worker threads run in the
+  end-to-end tests with real processes.
+- ``couple_clocks`` makes the cores' millisecond clocks (inquiry schedules,
+  expiry, the quota's recount) follow the fake clock, so backoffs of
+  minutes take no real time.
 - Stores are read through a sqlite connection of the test's own, as an
   application would (the daemon's connection belongs to its store thread).
 
