@@ -1,84 +1,37 @@
 """The trio daemons over in-memory streams with a fake clock: the whole flow
 (store while offline, deliver on connect, ACK2, cleanup, reconnect after a
-cut) without sockets; backoff and intervals take no real time."""
+cut) without sockets; backoff and intervals take no real time. The harness
+is tests/_memwire.py; the daemons' finer rules over it are in
+tests/test_daemon_logic.py. Store calls run on the event loop
+(``InlineGate``), so the fake clock may jump at once; the worker threads of
+production run in the end-to-end tests with real processes."""
 
 from __future__ import annotations
 
-import sqlite3
+from functools import partial
 from pathlib import Path
 
 import trio
 import trio.testing
 
 from semq.node.core import NewDocument, NodeCore
-from semq.node.daemon import NodeDaemon, NodeSettings
-from semq.platform.core import PlatformCore
 from semq.platform.daemon import PlatformDaemon, PlatformSettings
 from semq.umxt_protocol import AppKey, SaveFwd
+from tests._memwire import Wire, accept, cores, count, wait_for
 
 
-class Wire:
-    """Connects node daemons to the platform daemon through memory streams
-    and can cut every connection."""
-
-    def __init__(self, platform: PlatformDaemon, nursery: trio.Nursery) -> None:
-        self.platform = platform
-        self.nursery = nursery
-        self.ends: list[trio.abc.Stream] = []
-        self.up = True
-
-    async def connect(self) -> trio.abc.Stream:
-        if not self.up:
-            raise OSError("platform unreachable")
-        client, server = trio.testing.memory_stream_pair()
-        self.ends += [client, server]
-        self.nursery.start_soon(self.platform._handle, server)  # type: ignore[arg-type]
-        return client
-
-    async def cut(self) -> None:
-        for e in self.ends:
-            await e.aclose()
-        self.ends.clear()
-
-
-async def wait_for(pred: object, what: str, timeout: float = 600) -> None:
-    with trio.fail_after(timeout):  # fake seconds
-        while not pred():  # type: ignore[operator]
-            await trio.sleep(0.05)
-
-
-def count(core: NodeCore | PlatformCore, sql: str) -> int:
-    """Read through a connection of our own, as an application would (the
-    daemon's connection belongs to its store thread)."""
-    with sqlite3.connect(str(core.path)) as c:
-        return int(c.execute(sql).fetchone()[0])
-
-
-def accept(core: NodeCore, docs: list[NewDocument]) -> None:
-    app = NodeCore(core.path, core.me.node_id, synchronous="OFF")  # the application's own handle
-    try:
-        app.accept(docs)
-    finally:
-        app.close()
-
-
-def cores(tmp_path: Path) -> tuple[PlatformCore, NodeCore, NodeCore]:
-    """The platform (with 10008 and 56001 registered) and the two nodes' cores."""
-    pcore = PlatformCore(tmp_path / "p.sqlite", create=True, synchronous="OFF", inquiry_interval=15)
-    pcore.register(["10008", "56001"])
-    a = NodeCore(tmp_path / "a.sqlite", "10008", create=True, synchronous="OFF", inquiry_interval=15)
-    b = NodeCore(tmp_path / "b.sqlite", "56001", create=True, synchronous="OFF", inquiry_interval=15)
-    return pcore, a, b
+def _inbox_has(core: NodeCore, n: int) -> bool:
+    return count(core, "SELECT count(*) FROM inbox") == n
 
 
 async def test_flow_over_memory_streams(tmp_path: Path, autojump_clock: trio.testing.MockClock) -> None:
-    autojump_clock.autojump_threshold = 0.02  # store calls run on a worker thread
+    autojump_clock.autojump_threshold = 0  # store calls run on the event loop (InlineGate)
     pcore, a, b = cores(tmp_path)
     platform = PlatformDaemon(pcore, PlatformSettings())
     async with trio.open_nursery() as nursery:
         wire = Wire(platform, nursery)
-        da = NodeDaemon(a, NodeSettings(connect=wire.connect))
-        db = NodeDaemon(b, NodeSettings(connect=wire.connect))
+        da = wire.node(a)
+        db = wire.node(b)
         accept(a, [NewDocument(target="56001", app_data=f"order {i}".encode(), save_fwd=SaveFwd.MUST_DELIVER,
                               app_key=AppKey(domain="trade", data_type="ORDER", key=f"S{i:04d}"))
                   for i in range(25)])
@@ -117,20 +70,20 @@ async def test_a_document_written_by_another_process_leaves_at_once(
     """An application writes into the store of an idle node (another
     connection): the daemon sees the store's data_version change and claims
     it within its watch interval, not its poll interval (30 s here)."""
-    autojump_clock.autojump_threshold = 0.02  # store calls run on a worker thread
+    autojump_clock.autojump_threshold = 0  # store calls run on the event loop (InlineGate)
     pcore, a, b = cores(tmp_path)
     platform = PlatformDaemon(pcore, PlatformSettings())
     async with trio.open_nursery() as nursery:
         wire = Wire(platform, nursery)
-        da = NodeDaemon(a, NodeSettings(connect=wire.connect, poll_interval=30.0))
-        db = NodeDaemon(b, NodeSettings(connect=wire.connect, poll_interval=30.0))
+        da = wire.node(a, poll_interval=30.0)
+        db = wire.node(b, poll_interval=30.0)
         await nursery.start(da.run)
         await nursery.start(db.run)
         await trio.sleep(2)  # idle: the watch interval has stretched to its cap
         for i in range(3):
             t0 = trio.current_time()
             accept(a, [NewDocument(target="56001", app_data=b"doc %d" % i)])
-            await wait_for(lambda i=i: count(b, "SELECT count(*) FROM inbox") == i + 1, "delivery", timeout=60)
+            await wait_for(partial(_inbox_has, b, i + 1), "delivery", timeout=60)
             assert trio.current_time() - t0 < 1.0  # fake seconds; the poll interval is 30
             await trio.sleep(1)
         nursery.cancel_scope.cancel()
@@ -145,13 +98,13 @@ async def test_draining_daemons_take_no_new_work(tmp_path: Path, autojump_clock:
     sent once the daemons run again undrained."""
     from semq.ops.admin import DrainControl
 
-    autojump_clock.autojump_threshold = 0.02  # store calls run on a worker thread
+    autojump_clock.autojump_threshold = 0  # store calls run on the event loop (InlineGate)
     pcore, a, b = cores(tmp_path)
     platform = PlatformDaemon(pcore, PlatformSettings())
     async with trio.open_nursery() as nursery:
         wire = Wire(platform, nursery)
-        da = NodeDaemon(a, NodeSettings(connect=wire.connect))
-        db = NodeDaemon(b, NodeSettings(connect=wire.connect))
+        da = wire.node(a)
+        db = wire.node(b)
         accept(a, [NewDocument(target="56001", app_data=b"order %d" % i) for i in range(5)])
         await nursery.start(da.run)
         await wait_for(lambda: count(pcore, "SELECT count(*) FROM stored WHERE kind=1") == 5, "stored for B")
@@ -173,7 +126,7 @@ async def test_draining_daemons_take_no_new_work(tmp_path: Path, autojump_clock:
     async with trio.open_nursery() as nursery:
         wire = Wire(platform, nursery)
         for core in (a, b):
-            await nursery.start(NodeDaemon(core, NodeSettings(connect=wire.connect)).run)
+            await nursery.start(wire.node(core).run)
         await wait_for(lambda: count(b, "SELECT count(*) FROM inbox") == 6, "every document at B")
         nursery.cancel_scope.cancel()
     assert count(b, "SELECT count(DISTINCT record_id) FROM inbox") == 6

@@ -1,6 +1,9 @@
 """Seed 004 flow control: a window of unacknowledged DATA frames per
 connection. A sender over the window gets OVER_WINDOW for the excess (nothing
-stored, nothing lost) and slows down; a well-behaved node never exceeds it."""
+stored, nothing lost) and slows down; a well-behaved node never exceeds it.
+Real processes here; the same rules over memory streams with a fake clock,
+among them that the node's window counts stored copies only, are in
+tests/test_daemon_logic.py."""
 
 from __future__ import annotations
 
@@ -182,29 +185,6 @@ def test_node_over_its_window_refuses_the_excess_with_over_window(plain_cluster:
         wait_until(lambda: len(c.inbox(B)) == 20, 10, "all 20 in the inbox")
         assert len(nacked()) == 12
     assert "stored copies beyond our window of 8" in (c.root / f"{B}.log").read_text()
-
-
-def test_node_window_counts_stored_copies_not_forwarded_documents(plain_cluster: Cluster) -> None:
-    """The node's window bounds stored copies (DATA with an LK1) only: a
-    read of forwarded documents longer than the window is taken whole, and
-    in a read that mixes both only the copies beyond the window are refused."""
-    c = plain_cluster
-    p, me = Endpoint.platform(), Endpoint.org(B)
-    with _node_behind_a_fake_platform(c, 8) as (conn, dec, got):
-        conn.sendall(encode_frame(Frame(kind=Kind.WELCOME, source=p, target=me, body=Welcome(window=4096)))
-                     + b"".join(_delivered(i, stored=False) for i in range(1, 31)))  # 30 forwarded at once
-        wait_until(lambda: len(c.inbox(B)) == 30, 10, "all 30 forwarded documents in the inbox")
-        # 24 forwarded and 12 copies in one read: 4 copies over the window of 8.
-        conn.sendall(b"".join(_delivered(i, stored=i % 3 == 0) for i in range(31, 67)))
-
-        def nacked() -> list[Nack]:
-            return [f.body for f in got if isinstance(f.body, Nack)]
-
-        _read_until(conn, dec, got, lambda: len(nacked()) >= 4)
-        wait_until(lambda: len(c.inbox(B)) == 30 + 24 + 8, 10, "the forwarded and 8 copies in the inbox")
-        assert {n.code for n in nacked()} == {ResultCode.OVER_WINDOW}
-        assert sorted(n.lk0.record_id for n in nacked()) == [57, 60, 63, 66]  # the copies after the 8th
-    assert "4 stored copies beyond our window of 8" in (c.root / f"{B}.log").read_text()
 
 
 def test_platform_takes_back_a_copy_the_node_refused_over_its_window(tmp_path: Path) -> None:
