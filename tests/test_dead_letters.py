@@ -167,29 +167,6 @@ def test_e2e_expired_is_never_delivered_and_is_a_dead_letter(cluster: Cluster) -
 
 
 @pytest.mark.e2e
-def test_e2e_expired_while_stored_at_the_platform_is_never_delivered(cluster: Cluster) -> None:
-    for o in (A, B):
-        cluster.add_org(o)
-    cluster.start_platform()
-    cluster.start_node(A)
-    # Long enough for A to send it on a loaded machine (an expiry that
-    # passes before A's daemon claims it fails it at A, untested here).
-    with NodeClient(cluster.root / A) as n:
-        stale = n.send(B, b"stale", data_type="QUOTE", expires_in=4.0)
-    sent_at = time.monotonic()
-    wait_until(lambda: cluster.count("P", "SELECT count(*) FROM stored WHERE kind=1") == 1, 20, "stored at P")
-    time.sleep(max(0.0, sent_at + 4.2 - time.monotonic()))
-    cluster.start_node(B)
-    with NodeClient(cluster.root / A) as n:
-        n.send(B, b"sentinel", data_type="QUOTE")
-    wait_until(lambda: b"sentinel" in cluster.inbox(B).values(), 30, "a later document")
-    wait_until(lambda: cluster.q(A, "SELECT state, code FROM outbox WHERE id=?", stale.record_id) == [(9, 303)],
-               30, "A learned it was not delivered and failed it as expired")
-    assert b"stale" not in cluster.inbox(B).values()
-    assert seed(["dead", "--dir", str(cluster.root / A), "--json"]) == 0
-
-
-@pytest.mark.e2e
 def test_e2e_unknown_target_is_a_dead_letter_with_its_reason(cluster: Cluster,
                                                              capsys: pytest.CaptureFixture[str]) -> None:
     cluster.add_org(A)

@@ -5,7 +5,6 @@ processes: B's inbox order (inbox id) is what its applications see."""
 from __future__ import annotations
 
 import random
-import time
 
 import pytest
 
@@ -54,26 +53,6 @@ def test_stored_queue_delivers_higher_priority_first_then_acceptance_order(clust
     wait_until(lambda: len(inbox_order(cluster)) == 60, 30, "all 60 in B's inbox")
     assert inbox_order(cluster) == expected(sent)
     assert cluster.q(B, "SELECT DISTINCT priority FROM inbox ORDER BY 1") == [(p,) for p in sorted({p for _, p in sent})]
-
-
-def test_origin_send_queue_is_priority_ordered_while_the_platform_is_down(cluster: Cluster) -> None:
-    """The platform down: documents wait SS_INIT at A. When it comes up, A
-    sends them highest priority first (the order they are stored in at P
-    shows A's sending order), and B receives them in that order."""
-    for o in (A, B):
-        cluster.add_org(o)
-    cluster.start_node(A)  # no platform yet
-    sent = send_mixed(cluster, 20, "low-first")
-    sent += send_mixed(cluster, 20, "then-high")
-    time.sleep(1.0)
-    assert cluster.q(A, "SELECT DISTINCT state FROM outbox") == [(0,)]
-    cluster.start_platform()
-    wait_until(lambda: cluster.count("P", "SELECT count(*) FROM stored WHERE kind=1") == 40, 30, "40 stored at P")
-    at_p = [(r, p) for r, p in cluster.q("P", "SELECT record_id, priority FROM stored WHERE kind=1 ORDER BY id")]
-    assert at_p == expected(sent)  # the order A sent them in
-    cluster.start_node(B)
-    wait_until(lambda: len(inbox_order(cluster)) == 40, 30, "all 40 in B's inbox")
-    assert inbox_order(cluster) == expected(sent)
 
 
 def test_priority_out_of_range_is_refused_at_send(cluster: Cluster) -> None:
