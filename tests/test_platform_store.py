@@ -5,6 +5,7 @@ resend whose ACK_SAVE was lost and to a copy repeated in the batch."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 
 import pytest
@@ -30,6 +31,10 @@ from semq.umxt_protocol import (
 from tests.test_protocol_strategies import PROTOCOL_SETTINGS, frames_of
 
 A, B, C = "10008", "56001", "56002"
+# Snapshots of the targets' room (semq.platform.core.Room): none online, or
+# a target with room for anything these tests send.
+OFFLINE: dict[Endpoint, int] = {}
+ONLINE = 1 << 30
 
 
 def _raw(*frames: Frame) -> list[RawFrame]:
@@ -68,7 +73,7 @@ def test_a_batch_of_stored_documents_gets_one_lk1_each_in_two_statements(tmp_pat
         inquiry = Frame(kind=Kind.INQUIRY, source=a, target=b,
                         body=Inquiry(topic=InquiryTopic.RECEIVED, items=(LK0(endpoint=a, record_id=99),)))
         frames = [_data(a, b, 1), _data(a, c, 2), inquiry, *(_data(a, b, r) for r in range(3, 51)), _data(a, b, 1)]
-        out = core.handle(a, _raw(*frames), lambda ep: False)
+        out = core.handle(a, _raw(*frames), OFFLINE)
         core.conn.set_trace_callback(None)
         assert out.errors == []
         saved = _saved(out.sends[a])
@@ -91,7 +96,7 @@ def test_a_batch_of_stored_documents_gets_one_lk1_each_in_two_statements(tmp_pat
         assert len(per_doc) <= 50 + 3, per_doc
 
         # A resend of documents 2 and 7 (their ACK_SAVE lost) and a new one.
-        out = core.handle(a, _raw(_data(a, c, 2), _data(a, b, 7), _data(a, b, 51)), lambda ep: False)
+        out = core.handle(a, _raw(_data(a, c, 2), _data(a, b, 7), _data(a, b, 51)), OFFLINE)
         again = _saved(out.sends[a])
         assert again[:2] == [(2, lk1[2]), (7, lk1[7])]
         assert again[2][1] > max(r[0] for r in rows)  # never an id used before
@@ -101,7 +106,7 @@ def test_a_batch_of_stored_documents_gets_one_lk1_each_in_two_statements(tmp_pat
         # resend then is a new copy, as before (the receiver drops the repeat).
         _, n = core.claim_stored(c, 10)
         assert n == 1
-        out = core.handle(a, _raw(_data(a, c, 2)), lambda ep: False)
+        out = core.handle(a, _raw(_data(a, c, 2)), OFFLINE)
         (copy,) = _saved(out.sends[a])
         assert copy[0] == 2 and copy[1] != lk1[2]
     finally:
@@ -142,7 +147,7 @@ def test_a_delivered_copy_acked_soon_is_never_written_sent(tmp_path: Path, monke
     try:
         core.register([A, B])
         a, b = Endpoint.org(A), Endpoint.org(B)
-        core.handle(a, _raw(*(_data(a, b, i) for i in range(1, 5))), lambda ep: False)  # stored: ids 1-4
+        core.handle(a, _raw(*(_data(a, b, i) for i in range(1, 5))), OFFLINE)  # stored: ids 1-4
         assert core.claim_stored(b, 3)[1] == 3 and core.held_count() == 3
         assert [r[1:3] for r in _stored(core)] == [(0, 0)] * 4  # SS_INIT on disk
         msgs = platform_snapshot(core, 3600)["messages"]
@@ -150,13 +155,13 @@ def test_a_delivered_copy_acked_soon_is_never_written_sent(tmp_path: Path, monke
         assert core.claim_stored(b, 10)[1] == 1  # only id 4: the held ones are skipped
         assert core.claim_stored(b, 10)[1] == 0
         t[0] += 200
-        out = core.handle(b, _acks(b, [1, 2]), lambda ep: True)
+        out = core.handle(b, _acks(b, [1, 2]), {b: ONLINE})
         assert out.credit[b] == 2  # window credit as for SS_SENT
         assert [r[0] for r in _stored(core)] == [3, 4] and core.held_count() == 2
         t[0] += 1000
-        core.handle(b, [], lambda ep: True)
+        core.handle(b, [], {b: ONLINE})
         assert _stored(core) == [(3, 1, 1, 1_000_000), (4, 1, 1, 1_000_000)] and not core.held()
-        out = core.handle(b, _acks(b, [3, 4]), lambda ep: True)
+        out = core.handle(b, _acks(b, [3, 4]), {b: ONLINE})
         assert out.credit[b] == 2 and _stored(core) == []
     finally:
         core.close()
@@ -174,7 +179,7 @@ def test_held_copies_go_again_after_a_reconnect_or_a_failed_commit(
     try:
         core.register([A, B, C])
         a, b, c = Endpoint.org(A), Endpoint.org(B), Endpoint.org(C)
-        core.handle(a, _raw(_data(a, b, 1), _data(a, b, 2), _data(a, c, 3)), lambda ep: False)
+        core.handle(a, _raw(_data(a, b, 1), _data(a, b, 2), _data(a, c, 3)), OFFLINE)
         assert core.claim_stored(b, 10)[1] == 2 and core.claim_stored(c, 10)[1] == 1
         assert core.connected(b)  # B's copies go again; C's stays delivered (written)
         assert [r[:3] for r in _stored(core)] == [(1, 0, 1), (2, 0, 1), (3, 1, 1)] and not core.held()
@@ -186,7 +191,7 @@ def test_held_copies_go_again_after_a_reconnect_or_a_failed_commit(
 
         monkeypatch.setattr(core, "_flush_seen", fail)
         with pytest.raises(sqlite3.OperationalError):
-            core.handle(a, _raw(_data(a, b, 9)), lambda ep: False)
+            core.handle(a, _raw(_data(a, b, 9)), OFFLINE)
         monkeypatch.delattr(core, "_flush_seen")
         assert not core.held()
         assert core.claim_stored(b, 10)[1] == 2 and core.claim_stored(c, 10)[1] == 0
@@ -212,7 +217,7 @@ def test_a_copy_the_target_lacks_is_delivered_again_past_the_held_ones(
     try:
         core.register([A, B, C])
         a, b, c = Endpoint.org(A), Endpoint.org(B), Endpoint.org(C)
-        core.handle(a, _raw(*(_data(a, b, i) for i in range(1, 4)), _data(a, c, 4)), lambda ep: False)
+        core.handle(a, _raw(*(_data(a, b, i) for i in range(1, 4)), _data(a, c, 4)), OFFLINE)
         assert core.claim_stored(b, 10)[1] == 3 and core._order.after == {(b, 0): 3}
         assert core.claim_stored(c, 10)[1] == 1 and core._order.after == {(b, 0): 3, (c, 0): 4}
         with core._tx():
@@ -232,10 +237,10 @@ def test_an_inquiry_round_writes_held_copies_and_asks_about_them(
     try:
         core.register([A, B])
         a, b = Endpoint.org(A), Endpoint.org(B)
-        core.handle(a, _raw(_data(a, b, 1)), lambda ep: False)
+        core.handle(a, _raw(_data(a, b, 1)), OFFLINE)
         assert core.claim_stored(b, 10)[1] == 1 and core.held()
         t[0] += 250
-        sends = core.inquiries(lambda ep: True)
+        sends = core.inquiries({b: ONLINE})
         assert not core.held() and _stored(core)[0][1] == 1 and len(sends[b]) == 1
     finally:
         core.close()
@@ -260,8 +265,8 @@ def test_acks_of_held_copies_are_settled_from_memory_as_from_the_rows(
         try:
             core.register([A, B, C])
             a, b, c = Endpoint.org(A), Endpoint.org(B), Endpoint.org(C)
-            core.handle(a, _raw(*(_data(a, b, i) for i in range(1, 5))), lambda ep: False)  # ids 1-4 for B
-            core.handle(a, _raw(*(_data(a, c, i) for i in range(5, 7))), lambda ep: False)  # ids 5-6 for C
+            core.handle(a, _raw(*(_data(a, b, i) for i in range(1, 5))), OFFLINE)  # ids 1-4 for B
+            core.handle(a, _raw(*(_data(a, c, i) for i in range(5, 7))), OFFLINE)  # ids 5-6 for C
             assert core.claim_stored(b, 3)[1] == 3 and core.claim_stored(c, 10)[1] == 2
             if way == "disk":
                 with core._tx():
@@ -270,8 +275,8 @@ def test_acks_of_held_copies_are_settled_from_memory_as_from_the_rows(
             sql: list[str] = []
             core.conn.set_trace_callback(sql.append)
             t[0] += 200
-            credit = [core.handle(c, _acks(c, [1, 5]), lambda ep: True).credit.get(c, 0),  # 1 is B's
-                      core.handle(b, _acks(b, [1, 2, 2, 4]), lambda ep: True).credit.get(b, 0)]  # 4: not delivered (yet it has it)
+            credit = [core.handle(c, _acks(c, [1, 5]), {b: ONLINE, c: ONLINE}).credit.get(c, 0),  # 1 is B's
+                      core.handle(b, _acks(b, [1, 2, 2, 4]), {b: ONLINE, c: ONLINE}).credit.get(b, 0)]  # 4: not delivered (yet it has it)
             core.conn.set_trace_callback(None)
             reads = [s.split(" WHERE ")[1] for s in sql if s.startswith("SELECT id, state, origin_id")]
             if way == "memory":
@@ -341,26 +346,27 @@ def test_a_commit_that_fails_after_the_platform_forwarded_loses_nothing(tmp_path
         first = a.claim(10).data
         forwarded: list[bytes] = []
 
-        def forward_then_fail(sends: dict[Endpoint, list[bytes]]) -> None:
-            forwarded.extend(sends[b_ep])
-            raise sqlite3.OperationalError("disk I/O error")  # as a failed COMMIT would
+        class PortThenFail:
+            def put(self, frames: Mapping[Endpoint, list[bytes]]) -> None:
+                forwarded.extend(frames[b_ep])
+                raise sqlite3.OperationalError("disk I/O error")  # as a failed COMMIT would
 
         with pytest.raises(sqlite3.OperationalError):
-            p.handle(a_ep, _from_bytes(first), lambda ep: True, forward=forward_then_fail)
+            p.handle(a_ep, _from_bytes(first), {b_ep: 1 << 20}, port=PortThenFail())
         assert len(forwarded) == 1 and p.conn.execute("SELECT count(*) FROM seen").fetchone() == (0,)
         assert b.handle(_from_bytes(forwarded)).delivered == 1  # the copy that left reached B
 
         # A heard nothing (the ACK_FWD waited for the commit): on its next
         # session it asks the platform, which has no record of the document.
         a.reconnected()
-        asked = p.handle(a_ep, _from_bytes(a.inquiries().data), lambda ep: True)
+        asked = p.handle(a_ep, _from_bytes(a.inquiries().data), {a_ep: ONLINE, b_ep: ONLINE})
         a.handle(_from_bytes(asked.sends[a_ep]))
         assert a.conn.execute("SELECT state FROM outbox").fetchall() == [(0,)]  # SS_INIT: sent again
-        again = p.handle(a_ep, _from_bytes(a.claim(10).data), lambda ep: True)
+        again = p.handle(a_ep, _from_bytes(a.claim(10).data), {a_ep: ONLINE, b_ep: ONLINE})
         a.handle(_from_bytes(again.sends[a_ep]))  # ACK_FWD
         out_b = b.handle(_from_bytes(again.sends[b_ep]))
         assert out_b.delivered == 0  # a duplicate: acked again, not delivered twice
-        relayed = p.handle(b_ep, _from_bytes(out_b.data), lambda ep: True)
+        relayed = p.handle(b_ep, _from_bytes(out_b.data), {a_ep: ONLINE, b_ep: ONLINE})
         a.handle(_from_bytes(relayed.sends[a_ep]))  # B's ACK2
         assert a.conn.execute("SELECT count(*) FROM outbox").fetchone() == (0,)  # confirmed, cleaned up
         assert b.conn.execute("SELECT app_data FROM inbox").fetchall() == [(b"<order/>",)]
@@ -398,9 +404,9 @@ def test_a_best_effort_document_is_sent_once_and_never_stored_acked_or_retried(t
             assert len(frames) == 1 and a.conn.execute("SELECT count(*) FROM outbox").fetchone() == (0,)
             return _from_bytes(frames)
 
-        out = p.handle(a_ep, best_effort(b"while B is offline"), lambda ep: False)
+        out = p.handle(a_ep, best_effort(b"while B is offline"), OFFLINE)
         assert not out.sends and p.conn.execute("SELECT count(*) FROM stored").fetchone() == (0,)
-        out = p.handle(a_ep, best_effort(b"while B is online"), lambda ep: True)
+        out = p.handle(a_ep, best_effort(b"while B is online"), {b_ep: ONLINE})
         assert list(out.sends) == [b_ep]  # forwarded; nothing back to A
         got = b.handle(_from_bytes(out.sends[b_ep]))
         assert got.delivered == 1 and got.data == []  # no ACK, no ACK2

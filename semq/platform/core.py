@@ -3,6 +3,13 @@ inquiries, one transaction per batch. The trio daemon (semq.platform.daemon)
 owns the connections and calls this on its one store thread; every frame
 in an Output may be sent because the method has committed when it returns.
 
+Only data crosses into the store thread: which targets are online is a
+snapshot (``Room``) taken on the event loop before the call, and the frames
+that may leave before the commit go out through a ``FramePort`` (STYLE,
+"data crosses the thread boundary, not closures"). A stored copy changes
+state only as ``STORED_TABLE`` says (semq.platform.engine), and the SQL
+names states and kinds through their IntEnums.
+
 The relay never parses a DATA body beyond its fixed prefix: it routes on the
 header and forwards the bytes (MEASUREMENTS: "a relay only needs to route")."""
 
@@ -11,10 +18,10 @@ from __future__ import annotations
 import sqlite3
 import time
 from collections import defaultdict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Final, NamedTuple
+from typing import Any, Final, NamedTuple, Protocol, cast
 
 from peewee import SqliteDatabase
 
@@ -61,10 +68,26 @@ from semq.umxt_protocol import (
     relay_frame_bytes,
 )
 
-from .engine import Route, StoredEvent, StoredState, route, state_answer, stored_step
-from .store import open_platform_store
+from .engine import STORED_TABLE, Route, StoredEvent, StoredState, route, state_answer, stored_step
+from .store import SENT_COPIES, open_platform_store
 
-__all__ = ["PlatformCore", "PlatformOutput"]
+__all__ = ["FramePort", "PlatformCore", "PlatformOutput", "Room"]
+
+Room = Mapping[Endpoint, int]
+"""Which targets are online, as data: for each connected target, the bytes
+its outgoing queue may still take before its high-water mark (zero or less:
+full, so offline for routing: flow control stores, never buffers). A target
+absent is offline. The daemon takes it on the event loop just before a store
+call; ``handle`` subtracts what its own batch forwards."""
+
+
+class FramePort(Protocol):
+    """Where ``handle`` puts the frames for online targets before its
+    commit: documents and relayed frames, which promise nothing on our side
+    (the acks that do wait for the commit). Called on the store thread; must
+    not block on the event loop."""
+
+    def put(self, frames: Mapping[Endpoint, list[bytes]]) -> None: ...
 
 SEEN_RETENTION_MS: Final = 30 * 24 * 3600 * 1000
 MAX_INQUIRY_BACKOFF_MS: Final = 15 * 60 * 1000
@@ -110,7 +133,57 @@ class PlatformOutput:
 
 
 _STORED_STATES: Final = {int(s): s for s in StoredState}
-_SS_INIT: Final = int(StoredState.SS_INIT)
+_DATA: Final = int(Kind.DATA)
+_SS_INIT: Final = int(StoredState.SS_INIT)  # a new copy's state, and a waiting one's
+
+# The state changes written by SQL, decided by STORED_TABLE once, here.
+# DELIVERED: a waiting copy handed to its target (claim_stored holds the
+# change in memory, write_held writes it).
+_UNDELIVERED: Final = StoredState.SS_INIT
+_DELIVERED: Final = stored_step(_UNDELIVERED, StoredEvent.DELIVERED)
+# RECONNECTED: (from, to) of every state the target's new session moves.
+_ON_RECONNECT: Final = tuple((int(s), int(n)) for (s, e), n in STORED_TABLE.items()
+                             if e is StoredEvent.RECONNECTED and n is not s)
+
+_WRITE_DELIVERED: Final = (f"UPDATE stored SET state={int(_DELIVERED)}, attempts=?, last_sent_ms=?"
+                           f" WHERE id=? AND state={int(_UNDELIVERED)}")
+_WAITING: Final = f"kind={_DATA} AND state={_SS_INIT}"  # stored documents not delivered
+
+
+class _Held(NamedTuple):
+    """A delivered copy whose DELIVERED is held in memory (SS_INIT on disk):
+    when, the attempts with this one, and what ``_settle`` needs of its row,
+    so the target's ack does not read it again."""
+
+    sent_ms: int
+    attempts: int
+    target_type: int
+    target_id: str
+    origin_id: str
+    semq_id: int
+    semq_db_id: int
+    record_id: int
+
+
+class _Claimed(NamedTuple):
+    """A row claim_stored reads to deliver."""
+
+    id: int
+    kind: int
+    frame: bytes
+    expires_ms: int | None
+    attempts: int
+    origin_id: str
+    semq_id: int
+    semq_db_id: int
+    record_id: int
+    priority: int
+
+
+_HELD_SENT_MS: Final = _Held._fields.index("sent_ms")
+_CLAIM_SELECT: Final = f"SELECT {', '.join(_Claimed._fields)} FROM stored"
+_CLAIMED_PRIORITY: Final = _Claimed._fields.index("priority")
+_CLAIM_WHERE: Final = f"target_type=? AND target_id=? AND state={_SS_INIT}"  # a target's frames waiting
 
 
 _APP_KEY_FIELDS: Final = ("domain", "data_type", "subtype", "key")
@@ -118,6 +191,17 @@ _NO_APP_KEY: Final = ("", "", "", "")
 
 # route() by its inputs (a handful of combinations): one look-up per DATA.
 _ROUTES: dict[tuple[bool, bool, int, bool, bool], tuple[Route, ResultCode]] = {}
+
+
+def _reach(room: Room, forwarded: Mapping[Endpoint, int]) -> Callable[[Endpoint], bool]:
+    """``online`` over a snapshot, for one call on the store thread: a
+    target with room left after what the call forwarded to it so far."""
+    get, sent = room.get, forwarded.get
+
+    def online(ep: Endpoint) -> bool:
+        r = get(ep)
+        return r is not None and sent(ep, 0) < r
+    return online
 
 
 class PlatformCore(HeldWrites):
@@ -154,12 +238,9 @@ class PlatformCore(HeldWrites):
         self.log = EventLog(events_dir, f"platform:{platform_id}", "platform") if events_dir else None
         self._seen: list[tuple[Any, ...]] = []
         # Stored copies delivered whose SS_SENT is not written yet (SS_INIT
-        # on disk): id -> (time of the delivery, attempts with this one, and
-        # the row's target_type, target_id, origin_id, semq_id, semq_db_id,
-        # record_id: what _settle needs of it, so the target's ack does not
-        # read the row again), oldest first (claim_stored says why); and
-        # where each target's claims read its send order from (after those).
-        self._held_sent: dict[int, tuple[int, int, int, str, str, int, int, int]] = {}
+        # on disk), by id, oldest first (claim_stored says why); and where
+        # each target's claims read its send order from (after those).
+        self._held_sent: dict[int, _Held] = {}
         self._order = SendOrder("stored")
         # DATA of this batch to store, written by _flush_stores in one go.
         self._stores: list[_Store] = []
@@ -196,10 +277,10 @@ class PlatformCore(HeldWrites):
         ``before_ms``), as claim_stored wrote it before the hold."""
         if before_ms is None:
             self._order.forget()
-        items = take_held(self._held_sent, before_ms, 0)
+        held = cast("dict[int, tuple[Any, ...]]", self._held_sent)  # (take_held is for any held tuples)
+        items: list[tuple[int, _Held]] = take_held(held, before_ms, _HELD_SENT_MS)
         if items:
-            self.conn.executemany("UPDATE stored SET state=1, attempts=?, last_sent_ms=? WHERE id=? AND state=0",
-                                  [(a, t, rid) for rid, (t, a, *_) in items])
+            self.conn.executemany(_WRITE_DELIVERED, [(h.attempts, h.sent_ms, rid) for rid, h in items])
 
     def _emit(self, records: list[dict[str, Any]]) -> None:
         if self.log and records:
@@ -253,10 +334,9 @@ class PlatformCore(HeldWrites):
                 "UPDATE nodes SET last_seen_ms=? WHERE node_type=? AND node_id=?",
                 (ts, int(ep.node_type), ep.node_id),
             )
-            self.conn.execute(
-                "UPDATE stored SET state=? WHERE target_type=? AND target_id=? AND state=?",
-                (int(StoredState.SS_INIT), int(ep.node_type), ep.node_id, int(StoredState.SS_SENT)),
-            )
+            for was, now in _ON_RECONNECT:  # (no chains in the table: one UPDATE each)
+                self.conn.execute("UPDATE stored SET state=? WHERE target_type=? AND target_id=? AND state=?",
+                                  (now, int(ep.node_type), ep.node_id, was))
         self._emit([{"ts": ts, "event": "node_online", "node": ep.node_id}])
         return True
 
@@ -265,18 +345,21 @@ class PlatformCore(HeldWrites):
 
     # ------------------------------------------------------------ frames
 
-    def handle(self, sender: Endpoint, frames: Sequence[RawFrame], online: Callable[[Endpoint], bool],
-               out: PlatformOutput | None = None,
-               forward: Callable[[dict[Endpoint, list[bytes]]], None] | None = None) -> PlatformOutput:
+    def handle(self, sender: Endpoint, frames: Sequence[RawFrame], online: Room | Callable[[Endpoint], bool],
+               out: PlatformOutput | None = None, port: FramePort | None = None) -> PlatformOutput:
         """Route and apply a batch of frames from ``sender`` (one transaction).
-        ``out`` may be given so that ``online`` can read ``out.forward_bytes``.
-        ``forward``, when given, is called with the frames for online targets
-        before the commit, so they travel while it waits for the disk: a
-        forwarded document is no promise of ours (ACK_FWD, which is, waits for
-        the commit); if the commit fails, the origin's inquiry and the
-        receiver's duplicate suppression make it whole. Without it, they are
-        in ``out.sends``."""
+        ``online`` is the daemon's snapshot (``Room``); what this batch
+        forwards to a target counts against its room. (A predicate is taken
+        too, from callers on the store's own thread: tests, benchmarks.)
+        ``port``, when given, gets the frames for online targets before the
+        commit, so they travel while it waits for the disk: a forwarded
+        document is no promise of ours (ACK_FWD, which is, waits for the
+        commit); if the commit fails, the origin's inquiry and the receiver's
+        duplicate suppression make it whole. Without it, they are in
+        ``out.sends``."""
         out = PlatformOutput() if out is None else out
+        if not callable(online):
+            online = _reach(online, out.forward_bytes)
         ts = now_ms()
         events: list[dict[str, Any]] = []
         acks: dict[tuple[Kind, Endpoint], list[AckEntry]] = defaultdict(list)
@@ -315,8 +398,8 @@ class PlatformCore(HeldWrites):
             self._flush_stores(*store_ctx)
             self._flush_seen()
             if out.forwards:
-                if forward is not None:
-                    forward(out.forwards)
+                if port is not None:
+                    port.put(out.forwards)
                 else:
                     for target, data in out.forwards.items():
                         out.sends[target].extend(data)
@@ -347,12 +430,12 @@ class PlatformCore(HeldWrites):
                 "WITH k(t, o, s, d, r) AS (VALUES " + ",".join(["(?,?,?,?,?)"] * len(chunk)) + ")"
                 " SELECT id, origin_type, origin_id, semq_id, semq_db_id, record_id, target_type, target_id"
                 " FROM k CROSS JOIN stored ON origin_type=k.t AND origin_id=k.o AND semq_id=k.s"
-                " AND semq_db_id=k.d AND record_id=k.r WHERE state=0 AND kind=1",
+                f" AND semq_db_id=k.d AND record_id=k.r WHERE {_WAITING}",
                 [v for st in chunk for v in st.key],
             ).fetchall()
-            for r in rows:
-                if r[0] not in self._held_sent:  # delivered (SS_SENT held in memory): a new copy, as for SS_SENT
-                    found.setdefault(tuple(r[1:]), int(r[0]))
+            for rid, *copy_key in rows:
+                if rid not in self._held_sent:  # delivered (SS_SENT held in memory): a new copy, as for SS_SENT
+                    found.setdefault(tuple(copy_key), int(rid))
         next_id = 0
         new_rows: list[tuple[Any, ...]] = []
         for st in stores:
@@ -376,7 +459,7 @@ class PlatformCore(HeldWrites):
             self.conn.executemany(
                 "INSERT INTO stored (id, target_type, target_id, kind, origin_type, origin_id, semq_id,"
                 " semq_db_id, record_id, state, priority, expires_ms, stored_ms, frame)"
-                " VALUES (?,?,?,1,?,?,?,?,?,0,?,?,?,?)", new_rows)
+                f" VALUES (?,?,?,{_DATA},?,?,?,?,?,{_SS_INIT},?,?,?,?)", new_rows)
 
     def _flush_seen(self) -> None:
         if self._seen:
@@ -460,9 +543,9 @@ class PlatformCore(HeldWrites):
         u = self._usage.get(key)
         now = time.monotonic()
         if u is None or (u[0] + size > self.quota_bytes and now - u[1] >= _QUOTA_RECOUNT_S):
-            stored = self.conn.execute(
-                "SELECT coalesce(sum(length(frame)), 0) FROM stored WHERE origin_type=? AND origin_id=? AND kind=1",
-                key).fetchone()[0]
+            (stored,) = self.conn.execute(
+                "SELECT coalesce(sum(length(frame)), 0) FROM stored WHERE origin_type=? AND origin_id=?"
+                f" AND kind={_DATA}", key).fetchone()
             pending = sum(len(st.raw.raw) for st in self._stores if st.key[0] == origin_type and st.key[1] == origin_id)
             u = self._usage[key] = [stored + pending, now]
         if u[0] + size > self.quota_bytes:
@@ -483,7 +566,7 @@ class PlatformCore(HeldWrites):
             out.stored_for.add(target)
             self.conn.execute(
                 "INSERT INTO stored (target_type, target_id, kind, origin_type, origin_id, state, priority,"
-                " stored_ms, frame) VALUES (?,?,?,?,?,0,?,?,?)",
+                f" stored_ms, frame) VALUES (?,?,?,?,?,{_SS_INIT},?,?,?)",
                 (int(target.node_type), target.node_id, int(raw.kind), int(raw.origin.node_type),
                  raw.origin.node_id, raw.priority, ts, raw.raw),
             )
@@ -517,7 +600,7 @@ class PlatformCore(HeldWrites):
             lk = body.lk0
             ids = [rid for (rid,) in self.conn.execute(
                 "SELECT id FROM stored WHERE origin_type=? AND origin_id=? AND semq_id=? AND semq_db_id=?"
-                " AND record_id=? AND kind=1 AND target_type=? AND target_id=?",
+                f" AND record_id=? AND kind={_DATA} AND target_type=? AND target_id=?",
                 (int(lk.endpoint.node_type), lk.endpoint.node_id, lk.semq_id, lk.semq_db_id, lk.record_id,
                  int(sender.node_type), sender.node_id),
             )]
@@ -543,20 +626,22 @@ class PlatformCore(HeldWrites):
                         " semq_db_id=? AND record_id=?",
                         (int(lk.endpoint.node_type), lk.endpoint.node_id, lk.semq_id, lk.semq_db_id, lk.record_id),
                     ).fetchone()
+                    action, lk1 = row or (None, 0)
                     result = InquiryResult.NOT_RECEIVED
-                    if row and row[0] == _FORWARDED:
+                    if action == _FORWARDED:
                         result = InquiryResult.FORWARDED
-                    elif row and row[0] == _STORED:
-                        held = self.conn.execute("SELECT 1 FROM stored WHERE id=? AND kind=1", (row[1],)).fetchone()
+                    elif action == _STORED:
+                        held = self.conn.execute(f"SELECT 1 FROM stored WHERE id=? AND kind={_DATA}",
+                                                 (lk1,)).fetchone()
                         result = InquiryResult.STORED if held else InquiryResult.RECEIVED
                     answers.append(InquiryAnswer(lk, result))
             else:
                 for lk in body.items:
                     # Only the copy's target asks about it (by its LK1).
-                    row = self.conn.execute("SELECT state FROM stored WHERE id=? AND kind=1 AND target_type=?"
-                                            " AND target_id=?",
-                                            (lk.record_id, int(sender.node_type), sender.node_id)).fetchone()
-                    answers.append(InquiryAnswer(lk, state_answer(StoredState(row[0]) if row else None)))
+                    state = next((_STORED_STATES[n] for (n,) in self.conn.execute(
+                        f"SELECT state FROM stored WHERE id=? AND kind={_DATA} AND target_type=? AND target_id=?",
+                        (lk.record_id, int(sender.node_type), sender.node_id))), None)
+                    answers.append(InquiryAnswer(lk, state_answer(state)))
                 gone = self._settle([lk.record_id for lk in body.items], StoredEvent.TARGET_ASKS, sender, ts, events)
                 out.credit[sender] += gone
             out.add(sender, Frame(kind=Kind.INQUIRY_RESP, source=self.me, target=sender,
@@ -569,7 +654,7 @@ class PlatformCore(HeldWrites):
             for lk, result in body.answers:
                 for (rid,) in self.conn.execute(
                     "SELECT id FROM stored WHERE origin_type=? AND origin_id=? AND semq_id=? AND semq_db_id=?"
-                    " AND record_id=? AND kind=1 AND target_type=? AND target_id=?",
+                    f" AND record_id=? AND kind={_DATA} AND target_type=? AND target_id=?",
                     (int(lk.endpoint.node_type), lk.endpoint.node_id, lk.semq_id, lk.semq_db_id, lk.record_id,
                      int(sender.node_type), sender.node_id),
                 ).fetchall():
@@ -591,18 +676,20 @@ class PlatformCore(HeldWrites):
         # the sender's (a stored DATA row, like the SELECT's). The rest are
         # read by row id: the unary + keeps SQLite off the delivery index on
         # target (a walk over every stored copy of the target).
-        found: dict[int, tuple[Any, ...]] = {}
+        # id -> (state, origin_id, semq_id, semq_db_id, record_id)
+        found: dict[int, tuple[int, str, int, int, int]] = {}
         ids_read: Sequence[int] = ids
         if held:
             hits, ids_read = split_held(ids, held)
             tt, tid = int(sender.node_type), sender.node_id
             for rid, h in hits:
-                if h[2] == tt and h[3] == tid:
-                    found[rid] = (rid, _SS_INIT, *h[4:])
+                if h.target_type == tt and h.target_id == tid:
+                    found[rid] = (_SS_INIT, h.origin_id, h.semq_id, h.semq_db_id, h.record_id)
         if ids_read:
-            found.update((row[0], row) for row in rows_by_id(
+            found.update({rid: (state, oid, s, d, r) for rid, state, oid, s, d, r in rows_by_id(
                 self.conn, "SELECT id, state, origin_id, semq_id, semq_db_id, record_id FROM stored", ids_read,
-                where="+kind=1 AND +target_type=? AND +target_id=?", params=(int(sender.node_type), sender.node_id)))
+                where=f"+kind={_DATA} AND +target_type=? AND +target_id=?",
+                params=(int(sender.node_type), sender.node_id))})
         deletes: list[int] = []
         updates: list[tuple[int, int]] = []
         sent_updates: list[tuple[int, int, int, int]] = []
@@ -610,10 +697,11 @@ class PlatformCore(HeldWrites):
             row = found.pop(rid, None)  # an id twice in one batch: applied once
             if row is None:
                 continue
+            state_no, oid, s, d, r = row
             sent_at = held.pop(rid, None) if held else None
-            state = _STORED_STATES[row[1]]
-            if sent_at is not None and state is StoredState.SS_INIT:
-                state = StoredState.SS_SENT  # delivered; SS_INIT on disk
+            state = _STORED_STATES[state_no]
+            if sent_at is not None and state is _UNDELIVERED:
+                state = _DELIVERED  # its DELIVERED held in memory, not written
             nxt = stored_step(state, event)
             if nxt is state:
                 if sent_at is not None:
@@ -621,7 +709,7 @@ class PlatformCore(HeldWrites):
                 continue
             if nxt is StoredState.SS_INIT:
                 self._order.forget()  # to be delivered again: the claims must read it
-            lk0, lk1, src, tgt = f"{row[2]}/{row[3]}/{row[4]}/{row[5]}", f"1/1/{rid}", row[2], sender.node_id
+            lk0, lk1, src, tgt = f"{oid}/{s}/{d}/{r}", f"1/1/{rid}", oid, sender.node_id
             if nxt is StoredState.SS_ACK:
                 deletes.append(rid)
                 # (Literals: merging a shared dict into each costs twice as much.)
@@ -630,7 +718,7 @@ class PlatformCore(HeldWrites):
                 settled += state is StoredState.SS_SENT
             else:
                 if sent_at is not None:  # its held delivery is written with the new state
-                    sent_updates.append((int(nxt), sent_at[1], sent_at[0], rid))
+                    sent_updates.append((int(nxt), sent_at.attempts, sent_at.sent_ms, rid))
                 else:
                     updates.append((int(nxt), rid))
                 settled += state is StoredState.SS_SENT and nxt is StoredState.SS_INIT
@@ -653,9 +741,8 @@ class PlatformCore(HeldWrites):
         out: list[bytes] = []
         n_data = 0
         held = self._held_sent
-        cols = "id, kind, frame, expires_ms, attempts, origin_id, semq_id, semq_db_id, record_id, priority"
         target_type = int(target.node_type)
-        where, params = "target_type=? AND target_id=? AND state=0", (target_type, target.node_id)
+        where, params = _CLAIM_WHERE, (target_type, target.node_id)
         with self._tx():
             if held:
                 self.write_held(ts - HOLD_MS)  # (may empty it)
@@ -676,10 +763,10 @@ class PlatformCore(HeldWrites):
                 total += sizes[ids[n]]
                 n += 1
             ids = ids[:n]
-            found = {r[0]: r for r in rows_by_id(self.conn, f"SELECT {cols} FROM stored", ids)}
+            found = {r.id: r for r in map(_Claimed._make, rows_by_id(self.conn, _CLAIM_SELECT, ids))}
             rows = [found[i] for i in ids]
             if not held:
-                levels = SendOrder.levels(rows, 9)
+                levels = SendOrder.levels(rows, _CLAIMED_PRIORITY)
             if not rows:
                 return out, 0
             # The blobs were decoded and checked when they came in: spliced
@@ -705,7 +792,7 @@ class PlatformCore(HeldWrites):
                 # SS_INIT and goes again (the target deduplicates). Written
                 # after HOLD_MS (write_held: by handle, claims, inquiries, a
                 # reconnect, the operator's commands and close).
-                held[rid] = (ts, attempts + 1, target_type, target.node_id, oid, s, d, r)
+                held[rid] = _Held(ts, attempts + 1, target_type, target.node_id, oid, s, d, r)
                 n_data += 1
                 events.append({"ts": ts, "event": "delivered", "lk0": lk0, "source": oid,
                                "target": target.node_id, "lk1": f"1/1/{rid}", "attempt": attempts + 1,
@@ -715,10 +802,13 @@ class PlatformCore(HeldWrites):
         self._emit(events)
         return out, n_data
 
-    def inquiries(self, online: Callable[[Endpoint], bool]) -> dict[Endpoint, list[bytes]]:
-        """SPEC P.3: ask targets about stored copies delivered but not acked
-        after the interval (doubling per unanswered inquiry, max 15 min)."""
+    def inquiries(self, online: Room | Callable[[Endpoint], bool]) -> dict[Endpoint, list[bytes]]:
+        """SPEC P.3: ask online targets (``Room``; or a predicate, on the
+        store's own thread) about stored copies delivered but not acked after
+        the interval (doubling per unanswered inquiry, max 15 min)."""
         ts = now_ms()
+        if not callable(online):
+            online = _reach(online, {})
         sends: dict[Endpoint, list[bytes]] = defaultdict(list)
         with self._tx():
             # A held copy must not be missed by an inquiry due now.
@@ -726,7 +816,7 @@ class PlatformCore(HeldWrites):
             self._order.forget()  # copies another process put back to SS_INIT
             rows = self.conn.execute(
                 "SELECT id, target_type, target_id, origin_type, origin_id, semq_id, semq_db_id, record_id"
-                " FROM stored INDEXED BY stored_sent WHERE kind=1 AND state=1 AND"
+                f" FROM stored INDEXED BY stored_sent WHERE {SENT_COPIES} AND"
                 " last_sent_ms + min(?, ? * (1 << min(inquiries, 6))) <= ? LIMIT 4000",
                 (MAX_INQUIRY_BACKOFF_MS, self.inquiry_ms, ts),
             ).fetchall()
@@ -757,16 +847,18 @@ class PlatformCore(HeldWrites):
 
     def counts(self) -> dict[str, Any]:
         c = self.conn
+        (relayed,) = c.execute(f"SELECT count(*) FROM stored WHERE kind!={_DATA}").fetchone()
+        (seen,) = c.execute("SELECT count(*) FROM seen").fetchone()
         per_target = {
             f"{tid}": {"stored": n, "oldest_ms": oldest}
             for tid, n, oldest in c.execute(
-                "SELECT target_id, count(*), min(stored_ms) FROM stored WHERE kind=1 GROUP BY target_id")
+                f"SELECT target_id, count(*), min(stored_ms) FROM stored WHERE kind={_DATA} GROUP BY target_id")
         }
         return {
             "known_nodes": sorted(ep.node_id for ep in self.known),
             "stored": per_target,
-            "relayed_waiting": c.execute("SELECT count(*) FROM stored WHERE kind!=1").fetchone()[0],
-            "seen": c.execute("SELECT count(*) FROM seen").fetchone()[0],
+            "relayed_waiting": relayed,
+            "seen": seen,
         }
 
 

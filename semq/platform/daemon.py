@@ -1,15 +1,21 @@
 """``semq platform run``: the relay, a thin trio shell around PlatformCore.
 Knows who is online, forwards, stores, delivers stored copies when their
 target connects, relays end-to-end acks and inquiries, asks about stored
-copies delivered but not acked."""
+copies delivered but not acked.
+
+What crosses into the store thread is data: a snapshot of the targets'
+room (``_room``) and, for the frames that leave before a commit, the
+daemon's one ``ForwardPort`` (STYLE, "data crosses the thread boundary, not
+closures")."""
 
 from __future__ import annotations
 
 import logging
+import math
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from functools import partial
+from types import MappingProxyType
 
 import trio
 
@@ -43,9 +49,9 @@ from semq.umxt_protocol import (
     encode_frame,
 )
 
-from .core import PlatformCore, PlatformOutput
+from .core import PlatformCore, PlatformOutput, Room
 
-__all__ = ["PlatformDaemon", "PlatformSettings", "Session"]
+__all__ = ["ForwardPort", "PlatformDaemon", "PlatformSettings", "Session"]
 
 log = logging.getLogger("semq.platform")
 
@@ -100,6 +106,38 @@ class Session:
             self.wake_writer.set()
 
 
+Forwards = Mapping[Endpoint, list[bytes]]
+
+
+class ForwardPort:
+    """The daemon's FramePort (semq.platform.core): the store thread puts
+    the frames for online targets here before its batch's commit; they go
+    into a memory channel that the sessions drain on the event loop
+    (``PlatformDaemon._drain_forwards``). It holds a trio token and the
+    channel's send end, nothing of the daemon. ``put`` does not wait for the
+    event loop (``run_sync_soon``, not ``from_thread.run_sync``): the commit
+    goes on while the frames travel."""
+
+    def __init__(self, token: trio.lowlevel.TrioToken, channel: trio.MemorySendChannel[Forwards]) -> None:
+        self._token = token
+        self._channel = channel
+
+    def put(self, frames: Forwards) -> None:
+        """On the store thread."""
+        try:
+            self._token.run_sync_soon(self._send, frames)
+        except trio.RunFinishedError:
+            pass  # the relay has stopped: lost as on a broken connection
+
+    def _send(self, frames: Forwards) -> None:
+        # On the event loop, outside any task: it must not raise (the
+        # channel's buffer is unbounded; each item is one batch's frames).
+        try:
+            self._channel.send_nowait(frames)
+        except (trio.ClosedResourceError, trio.BrokenResourceError):
+            pass
+
+
 class PlatformDaemon:
     def __init__(self, core: PlatformCore, settings: PlatformSettings) -> None:
         self.core = core
@@ -114,20 +152,50 @@ class PlatformDaemon:
         # semq.ops sets these when the daemon runs from the CLI.
         self.drain: DrainSignal | None = None  # 'semq admin drain': no new sessions or deliveries
         self.metrics: BatchObserver | None = None
+        # The frames the store thread forwards before a commit (_forwarder).
+        self._forward_port: ForwardPort | None = None
+        self._forwards_in: trio.MemoryReceiveChannel[Forwards] | None = None
+        self._drain_lock = trio.Lock()
 
-    def online(self, ep: Endpoint) -> bool:
-        s = self.sessions.get(ep)
-        return s is not None and s.queued < self.s.high_water
+    def _room(self, msgs: Sequence[RawFrame] = ()) -> Room:
+        """The snapshot a store call routes by (core.Room): each connected
+        target's room below the high-water mark, taken now, on the event
+        loop. With more sessions than frames, only the targets of ``msgs``
+        (the sessions' count must not cost every batch). Taken before the
+        call waits for the gate, it may be a few batches old by the time the
+        call runs: a target's queue may pass its high-water mark by what the
+        batches waiting for the gate forward, each bounded by its reader."""
+        sessions, hw = self.sessions, self.s.high_water
+        if msgs and len(sessions) > len(msgs):
+            targets = {m.target for m in msgs}
+            return MappingProxyType({t: hw - s.queued for t in targets if (s := sessions.get(t)) is not None})
+        return MappingProxyType({ep: hw - s.queued for ep, s in sessions.items()})
 
-    def _online_for(self, out: PlatformOutput) -> Callable[[Endpoint], bool]:
-        """``online`` for one batch: what the batch already forwards to a
-        target counts against its high-water mark too."""
-        forwarded = out.forward_bytes
+    def _online_for(self, out: PlatformOutput) -> Room:
+        """The snapshot for one batch (``out`` is not needed any more: the
+        core counts what the batch forwards). For subclasses that call
+        ``core.handle`` themselves (semq.testing.dishonest)."""
+        return self._room()
 
-        def online(ep: Endpoint) -> bool:
-            s = self.sessions.get(ep)
-            return s is not None and s.queued + forwarded.get(ep, 0) < self.s.high_water
-        return online
+    def _forwarder(self) -> ForwardPort:
+        """The daemon's one ForwardPort, made on first use (it needs the
+        running event loop's token)."""
+        if self._forward_port is None:
+            send, self._forwards_in = trio.open_memory_channel[Forwards](math.inf)
+            self._forward_port = ForwardPort(trio.lowlevel.current_trio_token(), send)
+        return self._forward_port
+
+    async def _drain_forwards(self) -> None:
+        """Every session runs this; one at a time holds the lock and hands
+        the port's frames to their targets' queues, so batches keep their
+        order, and frames are drained whenever any session is connected
+        (only a session's batch puts any). A session that ends hands over
+        to the next: an item is taken whole or left in the channel."""
+        self._forwarder()
+        assert self._forwards_in is not None
+        async with self._drain_lock:
+            async for forwards in self._forwards_in:
+                self._enqueue_forwards(forwards)
 
     async def run(self, *, task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED) -> None:
         """Listen and serve until cancelled; ``task_status`` gets the bound port."""
@@ -274,6 +342,7 @@ class PlatformDaemon:
                 async with trio.open_nursery() as nursery:
                     nursery.start_soon(self._writer, session, nursery.cancel_scope)
                     nursery.start_soon(self._deliverer, session)
+                    nursery.start_soon(self._drain_forwards)
                     pump = FramePump(fs)
                     nursery.start_soon(pump.run)
                     await self._reader(session, pump, first[1:])
@@ -333,9 +402,7 @@ class PlatformDaemon:
                 continue
             self.stats["frames_in"] += len(msgs)
             t0 = time.perf_counter()
-            out = PlatformOutput()
-            out = await self.gate.run(self.core.handle, ep, msgs, self._online_for(out), out,
-                                      partial(self._forward_early, trio.lowlevel.current_trio_token()))
+            out = await self.gate.run(self.core.handle, ep, msgs, self._room(msgs), None, self._forwarder())
             if self.metrics is not None:
                 self.metrics.observe_batch(len(msgs), time.perf_counter() - t0)
             self._dispatch(out)
@@ -382,13 +449,7 @@ class PlatformDaemon:
         session.enqueue(nacks)
         return [m for m in msgs if id(m) not in over]
 
-    def _forward_early(self, token: trio.lowlevel.TrioToken, forwards: dict[Endpoint, list[bytes]]) -> None:
-        """Called on the store thread before a batch's commit: the forwarded
-        frames go to their targets' queues now (on the event loop, without
-        waiting for it)."""
-        token.run_sync_soon(self._enqueue_forwards, forwards)
-
-    def _enqueue_forwards(self, forwards: dict[Endpoint, list[bytes]]) -> None:
+    def _enqueue_forwards(self, forwards: Forwards) -> None:
         for target, data in forwards.items():
             s = self.sessions.get(target)
             if s is not None:
@@ -471,7 +532,7 @@ class PlatformDaemon:
         while True:
             await trio.sleep(step)
             try:
-                sends = await self.gate.run(self.core.inquiries, self.online)
+                sends = await self.gate.run(self.core.inquiries, self._room())
             except STORE_ERRORS as e:
                 # Disk full, corrupt page: keep relaying what can be; retry later.
                 log.error("inquiries: store error, retrying: %s", e)

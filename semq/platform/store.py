@@ -5,6 +5,7 @@ organizations."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Final
 
 from peewee import (
     BigIntegerField,
@@ -18,8 +19,19 @@ from peewee import (
 from playhouse.sqlite_ext import AutoIncrementField
 
 from semq._db import create_tables, open_store
+from semq.umxt_protocol import Kind
 
-__all__ = ["MODELS", "Node", "Seen", "Stored", "open_platform_store"]
+from .engine import StoredEvent, StoredState, stored_step
+
+__all__ = ["MODELS", "SENT_COPIES", "Node", "Seen", "Stored", "open_platform_store"]
+
+# Stored copies delivered whose ACK is outstanding: the state a delivery
+# leaves a waiting copy in (STORED_TABLE). The partial index ``stored_sent``
+# and the inquiry round that reads through it (``INDEXED BY``) share this
+# text: SQLite uses a partial index only for a query whose WHERE implies the
+# index's, and literals (not parameters) are what it can compare.
+SENT_COPIES: Final = (f"kind={int(Kind.DATA)}"
+                      f" AND state={int(stored_step(StoredState.SS_INIT, StoredEvent.DELIVERED))}")
 
 
 class Stored(Model):
@@ -36,7 +48,7 @@ class Stored(Model):
     semq_id = IntegerField(default=0)
     semq_db_id = IntegerField(default=0)
     record_id = BigIntegerField(default=0)  # LK0 record id on DATA rows
-    state = IntegerField(default=0)  # StoredState
+    state = IntegerField(default=int(StoredState.SS_INIT))  # StoredState
     priority = IntegerField(default=0)
     expires_ms = BigIntegerField(null=True)
     stored_ms = BigIntegerField()
@@ -107,7 +119,7 @@ def _v3(db: SqliteDatabase) -> None:
     """Copies delivered but not yet ACKed (SS_SENT: at most a window per
     node), indexed: the inquiry loop reads those instead of scanning every
     stored row (with its blob) per tick — a 1 GB table at a million stored."""
-    db.execute_sql("CREATE INDEX IF NOT EXISTS stored_sent ON stored (last_sent_ms) WHERE kind=1 AND state=1")
+    db.execute_sql(f"CREATE INDEX IF NOT EXISTS stored_sent ON stored (last_sent_ms) WHERE {SENT_COPIES}")
 
 
 MIGRATIONS = [_v1, _v2, _v3]
