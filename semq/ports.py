@@ -1,6 +1,7 @@
 """The narrow interfaces between layers, as protocols: what the daemons
 need of the operations layer (semq.ops), and the one way frames leave a
-core's store thread for the wire (``FramePort``).
+core's store thread for the wire (``FramePort`` for a node's documents,
+``RelayPort`` for the frames a relay forwards).
 
 The daemons sit below ops (ops starts them, reads their state and drives
 them); they know ops only through these narrow interfaces, which the ops
@@ -9,9 +10,13 @@ semq.ops.metrics.Metrics). tests/test_layering.py keeps it so."""
 
 from __future__ import annotations
 
-from typing import Protocol
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Protocol
 
-__all__ = ["BatchObserver", "DrainSignal", "FramePort"]
+if TYPE_CHECKING:
+    from semq.umxt_protocol import Endpoint
+
+__all__ = ["BatchObserver", "DrainSignal", "FramePort", "RelayPort"]
 
 
 class DrainSignal(Protocol):
@@ -34,3 +39,12 @@ class FramePort(Protocol):
     as data; the core holds no nursery and no daemon closure."""
 
     def put(self, frames: list[bytes]) -> None: ...
+
+
+class RelayPort(Protocol):
+    """Where a relay core puts the frames for online targets before its
+    commit: documents and relayed frames, which promise nothing on its side
+    (the acks that do wait for the commit). Called on the store thread;
+    must not block on the event loop."""
+
+    def put(self, frames: Mapping[Endpoint, list[bytes]]) -> None: ...

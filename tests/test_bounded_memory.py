@@ -63,7 +63,7 @@ def test_a_delivery_claim_reads_no_more_than_its_byte_bound(tmp_path: Path, held
     core = PlatformCore(tmp_path / "p.sqlite", create=True, synchronous="OFF")
     try:
         core.register([A.node_id, B.node_id])
-        core.handle(A, _raw([_data(i, 100_000) for i in range(1, 11)]), lambda ep: False)
+        core.handle(A, _raw([_data(i, 100_000) for i in range(1, 11)]), {})
         if held_first:  # a claim with copies in flight reads the send order past them
             frames, _ = core.claim_stored(B, 1)
             assert len(frames) == 1
@@ -79,7 +79,7 @@ def test_the_quota_counts_an_organizations_stored_bytes(tmp_path: Path) -> None:
     core = PlatformCore(tmp_path / "p.sqlite", create=True, synchronous="OFF", quota_bytes=350_000)
     try:
         core.register([A.node_id, B.node_id])
-        out = core.handle(A, _raw([_data(i, 100_000) for i in range(1, 6)]), lambda ep: False, PlatformOutput())
+        out = core.handle(A, _raw([_data(i, 100_000) for i in range(1, 6)]), {}, PlatformOutput())
         nacks = [f.frame().body for f in _raw(out.sends[A]) if f.kind is Kind.NACK]
         assert [n.code for n in nacks if isinstance(n, Nack)] == [ResultCode.QUOTA_EXCEEDED] * 2
         assert core.conn.execute("SELECT count(*) FROM stored").fetchone() == (3,)

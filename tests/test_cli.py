@@ -81,7 +81,7 @@ def relay_to_offline_target(root: Path) -> int:
     p = PlatformCore(root / "P" / "platform.sqlite")
     try:
         sent = a.claim(100).data
-        out = p.handle(Endpoint.org(A), _frames(sent), online=lambda ep: False)
+        out = p.handle(Endpoint.org(A), _frames(sent), {})  # nobody online
         assert not out.errors, out.errors
         a.handle(_frames(out.sends[Endpoint.org(A)]))
         return len(sent)

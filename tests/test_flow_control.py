@@ -202,12 +202,12 @@ def test_platform_takes_back_a_copy_the_node_refused_over_its_window(tmp_path: P
         a, b, p = Endpoint.org(A), Endpoint.org(B), Endpoint.platform()
         lk0 = LK0(endpoint=a, record_id=7)
         core.handle(a, raw(Frame(kind=Kind.DATA, source=a, target=b, body=Data(lk0=lk0, app_data=b"x"))),
-                    lambda ep: False)  # B offline: stored
+                    {})  # B offline: stored
         _, n = core.claim_stored(b, 10)
         # SS_SENT, held in memory for up to a second (SS_INIT on disk).
         assert n == 1 and core.conn.execute("SELECT state FROM stored").fetchone() == (0,) and core.held()
         out = core.handle(b, raw(Frame(kind=Kind.NACK, source=b, target=p,
-                                       body=Nack(lk0=lk0, code=ResultCode.OVER_WINDOW))), lambda ep: True)
+                                       body=Nack(lk0=lk0, code=ResultCode.OVER_WINDOW))), {a: 1 << 40, b: 1 << 40})
         assert out.credit[b] == 1 and out.over_window[b] == 1 and b in out.stored_for
         # SS_INIT: goes again (written with the attempt it had).
         assert core.conn.execute("SELECT state, attempts FROM stored").fetchone() == (0, 1) and not core.held()

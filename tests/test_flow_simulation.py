@@ -32,8 +32,9 @@ class World:
         self.net: list[tuple[str, str, bytes]] = []  # (direction: "up"/"down", org, bytes)
         self.sent: dict[str, tuple[str, bytes, int]] = {}
 
-    def is_online(self, ep: Endpoint) -> bool:
-        return ep.node_id in self.online
+    def room(self) -> dict[Endpoint, int]:
+        """Who is online, as the platform daemon tells its core (a snapshot)."""
+        return {Endpoint.org(org): 1 << 40 for org in self.online}
 
     def connect(self, org: str) -> None:
         if org in self.online:
@@ -66,7 +67,7 @@ class World:
             return True
         frames = self._frames(data)
         if direction == "up":
-            out = self.p.handle(Endpoint.org(org), frames, self.is_online)
+            out = self.p.handle(Endpoint.org(org), frames, self.room())
             assert not out.errors, out.errors
             for target, chunks in out.sends.items():
                 for c in chunks:
@@ -86,7 +87,7 @@ class World:
         frames, _ = self.p.claim_stored(Endpoint.org(org), 8)
         for c in frames:
             self.net.append(("down", org, c))
-        for target, chunks in self.p.inquiries(self.is_online).items():
+        for target, chunks in self.p.inquiries(self.room()).items():
             for c in chunks:
                 self.net.append(("down", target.node_id, c))
 

@@ -173,12 +173,13 @@ def test_platform_inquiry_round_does_not_scan_the_stored_table(tmp_path: Path) -
     it): with 1,000,000 stored copies (2 GiB) 2.5-4 s per round, which held
     storing and delivery back (the first 1M backlog run, docs/reliability.md)."""
     from semq.platform.core import PlatformCore
+    from semq.umxt_protocol import Endpoint
 
     core = PlatformCore(tmp_path / "platform.sqlite", create=True)
     try:
         sql: list[str] = []
         core.conn.set_trace_callback(sql.append)
-        core.inquiries(lambda _ep: True)
+        core.inquiries({Endpoint.org(B): 1 << 40})
         core.conn.set_trace_callback(None)
         selects = [s for s in sql if s.lstrip().upper().startswith("SELECT") and " stored " in s]
         assert selects, sql
@@ -296,7 +297,7 @@ def test_platform_settles_acks_by_record_id(tmp_path: Path) -> None:
                                             body=AckBatch(ack_kind=Kind.ACK, entries=entries))))
         sql: list[str] = []
         core.conn.set_trace_callback(sql.append)
-        out = core.handle(b, list(dec), lambda _ep: True)
+        out = core.handle(b, list(dec), {b: 1 << 40})
         core.conn.set_trace_callback(None)
         assert not out.errors
         # By an IN list, or by one id range when the ids are dense (rows_by_id).

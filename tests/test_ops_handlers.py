@@ -205,7 +205,7 @@ def platform_with_stored(tmp: Path, n: int = 4) -> PlatformCore:
     core.register([A, B])
     dec = FrameDecoder()
     dec.receive_data(b"".join(frames))
-    out = core.handle(Endpoint.org(A), list(dec), lambda ep: False)  # B offline: stored
+    out = core.handle(Endpoint.org(A), list(dec), {})  # B offline: stored
     assert not out.errors
     return core
 

@@ -1,6 +1,6 @@
 """PlatformCore driven as the daemon drives it, without processes or
 sockets: a snapshot of the targets' room (``Room``) and a fake
-``FramePort`` are all that crosses into the store thread. A DATA for an
+``RelayPort`` are all that crosses into the store thread. A DATA for an
 online target leaves through the port before the commit, its ACK_FWD after
 it; one for an offline target is stored; the stored copies' states change
 as ``STORED_TABLE`` says; and no SQL in semq/platform names a state or a
@@ -37,7 +37,7 @@ PLATFORM_DIR = Path(__file__).resolve().parent.parent / "semq" / "platform"
 
 
 class FakePort:
-    """A FramePort that records what it was given and whether the batch's
+    """A RelayPort that records what it was given and whether the batch's
     transaction was still open then (the frames left before the commit)."""
 
     def __init__(self, core: PlatformCore) -> None:

@@ -36,6 +36,7 @@ from typing import Any
 from ._table import print_table
 
 A, B = "10008", "56001"
+ROOM = 1 << 40  # an online target's room, as the platform daemon gives its core
 BATCH = 512
 SEMQ = [sys.executable, "-m", "semq"]
 
@@ -128,7 +129,7 @@ def run_once(root: Path, n: int, secure: bool, synchronous: str, profile: str | 
                 continue
             if not out.data:
                 break
-            pout = p.handle(ea, frames(out.data), lambda e: e != eb)
+            pout = p.handle(ea, frames(out.data), {ea: ROOM})
             a.handle(frames(pout.sends.get(ea, [])))
         b_online = True
         p.connected(eb)
@@ -152,7 +153,7 @@ def run_once(root: Path, n: int, secure: bool, synchronous: str, profile: str | 
         for src, ep in (("P<-A", ea), ("P<-B", eb)):
             if to[src]:
                 raw, to[src] = frames(to[src]), []
-                pout = roles["P"].run(p.handle, ep, raw, lambda e: b_online or e != eb)
+                pout = roles["P"].run(p.handle, ep, raw, {ea: ROOM, eb: ROOM} if b_online else {ea: ROOM})
                 to["A"] += pout.sends.get(ea, [])
                 to["B"] += pout.sends.get(eb, [])
                 moved = True

@@ -5,7 +5,7 @@ in an Output may be sent because the method has committed when it returns.
 
 Only data crosses into the store thread: which targets are online is a
 snapshot (``Room``) taken on the event loop before the call, and the frames
-that may leave before the commit go out through a ``FramePort`` (STYLE,
+that may leave before the commit go out through a ``RelayPort`` (STYLE,
 "data crosses the thread boundary, not closures"). A stored copy changes
 state only as ``STORED_TABLE`` says (semq.platform.engine), and the SQL
 names states and kinds through their IntEnums.
@@ -21,7 +21,7 @@ from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Final, NamedTuple, Protocol, cast
+from typing import Any, Final, NamedTuple
 
 from peewee import SqliteDatabase
 
@@ -38,6 +38,7 @@ from semq._db import (
     translate,
 )
 from semq.events import EventLog, now_ms
+from semq.ports import RelayPort
 from semq.umxt_protocol import (
     FLAG_KEY_SEALED,
     HEADER_SIZE,
@@ -71,7 +72,7 @@ from semq.umxt_protocol import (
 from .engine import STORED_TABLE, Route, StoredEvent, StoredState, route, state_answer, stored_step
 from .store import SENT_COPIES, open_platform_store
 
-__all__ = ["FramePort", "PlatformCore", "PlatformOutput", "Room"]
+__all__ = ["PlatformCore", "PlatformOutput", "Room"]
 
 Room = Mapping[Endpoint, int]
 """Which targets are online, as data: for each connected target, the bytes
@@ -80,14 +81,6 @@ full, so offline for routing: flow control stores, never buffers). A target
 absent is offline. The daemon takes it on the event loop just before a store
 call; ``handle`` subtracts what its own batch forwards."""
 
-
-class FramePort(Protocol):
-    """Where ``handle`` puts the frames for online targets before its
-    commit: documents and relayed frames, which promise nothing on our side
-    (the acks that do wait for the commit). Called on the store thread; must
-    not block on the event loop."""
-
-    def put(self, frames: Mapping[Endpoint, list[bytes]]) -> None: ...
 
 SEEN_RETENTION_MS: Final = 30 * 24 * 3600 * 1000
 MAX_INQUIRY_BACKOFF_MS: Final = 15 * 60 * 1000
@@ -277,8 +270,7 @@ class PlatformCore(HeldWrites):
         ``before_ms``), as claim_stored wrote it before the hold."""
         if before_ms is None:
             self._order.forget()
-        held = cast("dict[int, tuple[Any, ...]]", self._held_sent)  # (take_held is for any held tuples)
-        items: list[tuple[int, _Held]] = take_held(held, before_ms, _HELD_SENT_MS)
+        items = take_held(self._held_sent, before_ms, _HELD_SENT_MS)
         if items:
             self.conn.executemany(_WRITE_DELIVERED, [(h.attempts, h.sent_ms, rid) for rid, h in items])
 
@@ -345,12 +337,11 @@ class PlatformCore(HeldWrites):
 
     # ------------------------------------------------------------ frames
 
-    def handle(self, sender: Endpoint, frames: Sequence[RawFrame], online: Room | Callable[[Endpoint], bool],
-               out: PlatformOutput | None = None, port: FramePort | None = None) -> PlatformOutput:
+    def handle(self, sender: Endpoint, frames: Sequence[RawFrame], room: Room,
+               out: PlatformOutput | None = None, port: RelayPort | None = None) -> PlatformOutput:
         """Route and apply a batch of frames from ``sender`` (one transaction).
-        ``online`` is the daemon's snapshot (``Room``); what this batch
-        forwards to a target counts against its room. (A predicate is taken
-        too, from callers on the store's own thread: tests, benchmarks.)
+        ``room`` is the daemon's snapshot of who is online; what this batch
+        forwards to a target counts against its room.
         ``port``, when given, gets the frames for online targets before the
         commit, so they travel while it waits for the disk: a forwarded
         document is no promise of ours (ACK_FWD, which is, waits for the
@@ -358,8 +349,7 @@ class PlatformCore(HeldWrites):
         duplicate suppression make it whole. Without it, they are in
         ``out.sends``."""
         out = PlatformOutput() if out is None else out
-        if not callable(online):
-            online = _reach(online, out.forward_bytes)
+        online = _reach(room, out.forward_bytes)
         ts = now_ms()
         events: list[dict[str, Any]] = []
         acks: dict[tuple[Kind, Endpoint], list[AckEntry]] = defaultdict(list)
@@ -802,13 +792,12 @@ class PlatformCore(HeldWrites):
         self._emit(events)
         return out, n_data
 
-    def inquiries(self, online: Room | Callable[[Endpoint], bool]) -> dict[Endpoint, list[bytes]]:
-        """SPEC P.3: ask online targets (``Room``; or a predicate, on the
-        store's own thread) about stored copies delivered but not acked after
+    def inquiries(self, room: Room) -> dict[Endpoint, list[bytes]]:
+        """SPEC P.3: ask online targets (``room``: who is online) about
+        stored copies delivered but not acked after
         the interval (doubling per unanswered inquiry, max 15 min)."""
         ts = now_ms()
-        if not callable(online):
-            online = _reach(online, {})
+        online = _reach(room, {})
         sends: dict[Endpoint, list[bytes]] = defaultdict(list)
         with self._tx():
             # A held copy must not be missed by an inquiry due now.

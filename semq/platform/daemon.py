@@ -110,7 +110,7 @@ Forwards = Mapping[Endpoint, list[bytes]]
 
 
 class ForwardPort:
-    """The daemon's FramePort (semq.platform.core): the store thread puts
+    """The daemon's RelayPort (semq.ports): the store thread puts
     the frames for online targets here before its batch's commit; they go
     into a memory channel that the sessions drain on the event loop
     (``PlatformDaemon._drain_forwards``). It holds a trio token and the
@@ -170,12 +170,6 @@ class PlatformDaemon:
             targets = {m.target for m in msgs}
             return MappingProxyType({t: hw - s.queued for t in targets if (s := sessions.get(t)) is not None})
         return MappingProxyType({ep: hw - s.queued for ep, s in sessions.items()})
-
-    def _online_for(self, out: PlatformOutput) -> Room:
-        """The snapshot for one batch (``out`` is not needed any more: the
-        core counts what the batch forwards). For subclasses that call
-        ``core.handle`` themselves (semq.testing.dishonest)."""
-        return self._room()
 
     def _forwarder(self) -> ForwardPort:
         """The daemon's one ForwardPort, made on first use (it needs the

@@ -225,7 +225,7 @@ class DishonestPlatform(PlatformDaemon):
         async def later() -> None:
             await trio.sleep(after)
             out = PlatformOutput()
-            out = await self.gate.run(self.core.handle, session.endpoint, raws, self._online_for(out), out)
+            out = await self.gate.run(self.core.handle, session.endpoint, raws, self._room(raws), out)
             self._dispatch(out)
 
         if self._nursery is not None:
