@@ -869,21 +869,15 @@ def platform_handlers(
                     (*params, MAX_SELECT + 1)))]
                 more = len(rows) > MAX_SELECT
                 rows = rows[:MAX_SELECT]
-                ok, deletes, moves = [], [], []
+                ok = []
                 for r in rows:
                     try:
-                        state = StoredState[r["state"]]
-                        nxt = stored_operator_step(state, action, record=r["id"])
+                        stored_operator_step(StoredState[r["state"]], action, record=r["id"])
                     except (KeyError, TransitionRefused):  # KeyError: a state this module does not know
                         continue
                     ok.append(r)
-                    if nxt is None:
-                        deletes.append((r["id"], int(state)))
-                    else:
-                        moves.append((int(nxt), r["id"], int(state)))
                 if not dry:
-                    core.conn.executemany("DELETE FROM stored WHERE id=? AND state=?", deletes)
-                    core.conn.executemany("UPDATE stored SET state=?, inquiries=0 WHERE id=? AND state=?", moves)
+                    core.operator_apply(action, [(r["id"], int(StoredState[r["state"]])) for r in ok])
             if not dry and ok and action is OperatorAction.PURGE:
                 _log(core, [{"ts": ts, "event": "dropped", "lk0": r["lk0"], "source": r["origin"],
                              "target": r["target"], "lk1": r["lk1"], "code": 0,

@@ -38,6 +38,7 @@ from semq._db import (
     translate,
 )
 from semq.events import EventLog, now_ms
+from semq.node.engine import OperatorAction, TransitionRefused, stored_operator_step
 from semq.ports import RelayPort
 from semq.umxt_protocol import (
     FLAG_KEY_SEALED,
@@ -826,6 +827,29 @@ class PlatformCore(HeldWrites):
                     body=Inquiry(topic=InquiryTopic.RECEIVED, items=tuple(lks[i:i + 1000]),
                                  flag=InquiryFlag.FROM_PLATFORM))))
         return sends
+
+    def operator_apply(self, action: OperatorAction, rows: Sequence[tuple[int, int]]) -> list[int]:
+        """The operator's requeue / resend / purge of stored copies (``rows``:
+        (id, state as read in the caller's transaction, with the held
+        writes written)), as STORED_OPERATOR_TABLE says; a copy in a state
+        the action does not apply to is left as it is. Returns the ids it
+        applied to."""
+        deletes, moves, done = [], [], []
+        for rid, state_no in rows:
+            try:
+                nxt = stored_operator_step(StoredState(state_no), action, record=rid)
+            except (ValueError, TransitionRefused):  # ValueError: a state this version does not know
+                continue
+            done.append(rid)
+            if nxt is None:
+                deletes.append((rid, state_no))
+            else:
+                moves.append((int(nxt), rid, state_no))
+        self.conn.executemany("DELETE FROM stored WHERE id=? AND state=?", deletes)
+        self.conn.executemany("UPDATE stored SET state=?, inquiries=0 WHERE id=? AND state=?", moves)
+        if moves:
+            self._order.forget()  # copies to be delivered again: the claims must read them
+        return done
 
     def housekeeping(self) -> int:
         ts = now_ms()
