@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import Any, Final
 
 from semq._db import STORE_ERRORS, SendOrder, delete_by_id, rows_by_id, split_held, translate
@@ -62,8 +63,12 @@ _GIVEN_UP_TO: Final = int(ORIGIN_TABLE[(S.SS_INIT, OriginEvent.CANNOT_SEND)][0])
 _OUT_COLS: Final = columns(OutboxRow)
 _CLAIM_COLS: Final = columns(ClaimRow)
 _STEP_COLS: Final = columns(OriginRow)
-_make_claim = ClaimRow._make
-_make_step_row = OriginRow._make
+# Named rows made without the Python frame of their __new__ or _make (the
+# hot path makes several per document): the SELECT lists come from the same
+# fields (``columns``), so a row read has exactly them, in their order.
+_new: Final = tuple.__new__
+_make_claim = partial(_new, ClaimRow)
+_make_step_row = partial(_new, OriginRow)
 
 _EVENT_NAME: Final = {OriginEvent.ACK_FWD: "ack_fwd", OriginEvent.ACK_SAVE: "ack_save",
                       OriginEvent.NACK: "nack", OriginEvent.PLATFORM_LACKS: "resend",
@@ -202,24 +207,25 @@ class Origin:
         data = out.data
         secure = ctx.sec is not None
         for r in rows:
-            if r.expires_ms is not None and r.expires_ms <= ts:
-                expired.append((ts, r.id))
+            rid, expires, target_id, attempt = r.id, r.expires_ms, r.target_id, r.attempts + 1
+            if expires is not None and expires <= ts:
+                expired.append((ts, rid))
                 events.append(self.event(r, "expired", ts, code=int(ResultCode.EXPIRED)))
                 continue
             # Validated when accepted: encode straight from the row.
-            target = targets.get(r.target_id)
+            target = targets.get(target_id)
             if target is None:
-                target = targets[r.target_id] = Endpoint(node_type=NodeType(r.target_type), node_id=r.target_id)
-            sealed = secure and r.key_sealed
+                target = targets[target_id] = Endpoint(node_type=NodeType(r.target_type), node_id=target_id)
+            sealed = secure and bool(r.key_sealed)
             data.append(encode_data(
-                source=me, target=target, record_id=r.id,
+                source=me, target=target, record_id=rid,
                 app_key=_NO_KEY_PARTS if sealed else (r.domain, r.data_type, r.subtype, r.key),
-                created_ms=r.created_ms, expires_ms=r.expires_ms, save_fwd=r.save_fwd, ack2=bool(r.ack2),
+                created_ms=r.created_ms, expires_ms=expires, save_fwd=r.save_fwd, ack2=bool(r.ack2),
                 reliable=bool(r.reliable), priority=r.priority, session_key=r.session_key, app_data=r.app_data,
-                key_sealed=bool(sealed),
+                key_sealed=sealed,
             ))
-            events.append({"ts": ts, "role": "origin", "event": "sent", "lk0": f"{me_id}/1/1/{r.id}",
-                           "source": me_id, "target": r.target_id, "attempt": r.attempts + 1})
+            events.append({"ts": ts, "role": "origin", "event": "sent", "lk0": f"{me_id}/1/1/{rid}",
+                           "source": me_id, "target": target_id, "attempt": attempt})
             if r.reliable:
                 # SS_SENT held in memory, not written: the ACK2 that follows
                 # within a fraction of a second deletes the row, and the
@@ -233,10 +239,10 @@ class Origin:
                 # was signed with stays with it (the receipt that names it
                 # usually comes with the ACK2, and the row is written once,
                 # with it); a best-effort document gets no receipt.
-                held[r.id] = HeldSent(ts, r.attempts + 1, r.target_id, r.save_fwd, r.ack2,
-                                      r.digest if secure else None)
+                held[rid] = _new(HeldSent, (ts, attempt, target_id, r.save_fwd, r.ack2,
+                                            r.digest if secure else None))
             else:
-                gone.append(r.id)
+                gone.append(rid)
         delete_by_id(conn, "outbox", gone)
         # (state_ms: the failed row's 7 days count from now.)
         conn.executemany(f"UPDATE outbox SET state={_EXPIRED_TO}, code={int(ResultCode.EXPIRED)}, state_ms=?"
@@ -364,7 +370,7 @@ class Origin:
         if held_sent:
             hits, ids = split_held(ids, held_sent)
             for rid, h in hits:
-                rows[rid] = OriginRow(rid, h.target_id, _SS_INIT, h.save_fwd, h.ack2, h.attempts - 1)
+                rows[rid] = _new(OriginRow, (rid, h.target_id, _SS_INIT, h.save_fwd, h.ack2, h.attempts - 1))
         if ids:
             rows.update((r.id, r) for r in map(_make_step_row,
                                                rows_by_id(conn, f"SELECT {_STEP_COLS} FROM outbox", ids)))
@@ -411,7 +417,7 @@ class Origin:
             new_state = o.state
             if new_state is SendState.SS_INIT:
                 wb.order.forget()  # to be sent again: the claims must read it
-            rows[rid] = r._replace(state=int(new_state), attempts=attempts)
+            rows[rid] = _new(OriginRow, (rid, r.target_id, int(new_state), r.save_fwd, r.ack2, attempts))
             lk0 = f"{me}/1/1/{rid}"
             if new_state is SendState.SS_FAILED:
                 row_code, row_detail = code, detail
@@ -442,7 +448,7 @@ class Origin:
                 # (py-spy, scripts/bench e2e). Nothing we send depends on
                 # it: lost in a crash, the row is SS_SENT, asks the platform
                 # and hears "forwarded" again (semq.node.writebehind).
-                held[rid] = HeldFwd(ts, row_code)
+                held[rid] = _new(HeldFwd, (ts, row_code))
             elif sent_at is not None:
                 # Its held SS_SENT goes with the new state: one UPDATE.
                 del held_sent[rid]

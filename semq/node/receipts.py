@@ -133,7 +133,7 @@ class Receipts:
         for rid in ids:  # written: nothing left to write when the SS_SENT leaves memory
             h = held.get(rid)
             if h is not None and h.digest is not None:
-                held[rid] = h._replace(digest=None)
+                held[rid] = h.written()
         return set(ids) if verified else set()
 
     def digests_of(self, ids: Sequence[int]) -> dict[int, bytes]:

@@ -51,6 +51,7 @@ _CONFIRM_COLS: Final = columns(ConfirmRow)
 _PENDING_COLS: Final = columns(PendingAckRow)
 _AS_INIT: Final = int(AckStatus.AS_INIT)
 _AS_ACK: Final = int(AckStatus.AS_ACK)
+_new: Final = tuple.__new__  # a named row without the Python frame of its __new__ (one per document)
 # receive_decision per (duplicate, has_lk1, ack2, reliable): pure, computed once.
 _DECISIONS: dict[tuple[bool, bool, bool, bool], Any] = {}
 # Per stored (p_ack, s_ack) and who confirmed (platform, origin): the pair
@@ -263,10 +264,10 @@ class Receiver:
             # in a crash, only our own asking about confirmations is lost
             # (semq.node.writebehind).
             inbound_id = self._inbound_id(b)
-            wb.hold_inbound(PendingAckRow(
+            wb.hold_inbound(key, _new(PendingAckRow, (
                 inbound_id, *key, lk1.semq_id if lk1 else 0, lk1.semq_db_id if lk1 else 0,
                 lk1.record_id if lk1 else 0, int(frame.source.node_type), frame.source.node_id,
-                _AS_INIT if dec.send_ack else _AS_ACK, _AS_INIT if dec.send_ack2 else _AS_ACK, ts, ts))
+                _AS_INIT if dec.send_ack else _AS_ACK, _AS_INIT if dec.send_ack2 else _AS_ACK, ts, ts)))
         elif duplicate and (dec.send_ack or dec.send_ack2):
             inbound_id = wb.inbound_keys.get(key, 0)
             if not inbound_id:

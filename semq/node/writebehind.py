@@ -166,6 +166,10 @@ class HeldSent(NamedTuple):
     ack2: int
     digest: bytes | None
 
+    def written(self) -> HeldSent:
+        """The same, its digest written to ``receipts`` (nothing left to write)."""
+        return tuple.__new__(HeldSent, (*self[:5], None))
+
 
 class HeldFwd(NamedTuple):
     """A row whose ACK_FWD came and whose SS_ACK_FWD is not written yet."""
@@ -274,9 +278,10 @@ class WriteBehind:
         self.inbound.clear()
         self.inbound_keys.clear()
 
-    def hold_inbound(self, row: PendingAckRow) -> None:
+    def hold_inbound(self, key: tuple[int, str, int, int, int], row: PendingAckRow) -> None:
+        """Hold a new pending-ack row; ``key`` is its LK0 (``row.lk0_key``)."""
         self.inbound[row.id] = row
-        self.inbound_keys[row.lk0_key] = row.id
+        self.inbound_keys[key] = row.id
 
     def forget_inbound(self, rid: int) -> None:
         row = self.inbound.pop(rid)
@@ -286,7 +291,8 @@ class WriteBehind:
         self.inbound[rid] = self.inbound[rid]._replace(p_ack=p_ack, s_ack=s_ack)
 
     def held_confirm_rows(self, hits: Sequence[tuple[int, PendingAckRow]]) -> list[ConfirmRow]:
-        return [ConfirmRow(rid, h.origin_id, h.semq_id, h.semq_db_id, h.record_id, h.p_ack, h.s_ack)
+        new = tuple.__new__
+        return [new(ConfirmRow, (rid, h.origin_id, h.semq_id, h.semq_db_id, h.record_id, h.p_ack, h.s_ack))
                 for rid, h in hits]
 
     def state_counts(self, on_disk: dict[str, int]) -> dict[str, int]:
