@@ -8,24 +8,16 @@ import struct
 from collections.abc import Iterator
 from typing import Any, Final
 
+from ._codec import _CRC, _DATA_PREFIX, _HEADER, HEADER_SIZE, crc32, lk0_from_wire, lk1_from_wire
 from ._errors import LocalProtocolError, ProtocolError, RemoteProtocolError, ResultCode
-from ._frames import (
-    _CRC,
-    _DATA_PREFIX,
-    _HEADER,
+from ._frames import Frame, decode_body, frame_from_wire
+from ._limits import (
     FLAG_ACK2,
     FLAG_ENCRYPT,
     FLAG_KEY_SEALED,
     FLAG_LAYER,
     FLAG_RELIABLE,
     FLAGS_KNOWN,
-    HEADER_SIZE,
-    Frame,
-    crc32,
-    decode_body,
-    frame_from_wire,
-    lk0_from_wire,
-    lk1_from_wire,
 )
 from ._schema import MAGIC, VERSION
 from ._types import LK0, LK1, MAX_NODE_ID, MAX_PRIORITY, Endpoint, Kind, NodeType
