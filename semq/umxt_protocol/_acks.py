@@ -1,7 +1,8 @@
 """Acknowledgements: ACK, REACK, ACK2, REACK2, ACK_FWD, ACK_SAVE (the
-seed's 810 parameters) and ACK_BATCH, many acks of one kind in one frame
-(SPEC "The flow" and "States": which ack moves which state; docs/protocol.md
-"Acks" and "ACK_BATCH").
+seed's code 810 and its parameters, SPEC "UMX-T frames") and ACK_BATCH, many
+acks of one kind in one frame (docs/protocol.md "Acknowledgements, seed code
+810" and "ACK_BATCH"; which ack moves which state: SPEC "States" and "The
+flow").
 
 The ``Ack``, ``AckEntry`` and ``AckBatch`` values, which ack_flag and flag each
 ack kind carries, and their encoders and decoders. A batch of 100,000 entries
@@ -48,7 +49,7 @@ class Ack:
     """The 810 parameters of ACK, REACK, ACK2, REACK2, ACK_FWD, ACK_SAVE.
     ``src_*``: the record of the side that sends the ack (0 = none);
     ``dest_*``: the record being acked. ``receipt``: on ACK2, the receiver's
-    signature over the document's digest (security issue)."""
+    signature over the document's digest (docs/security.md "Receipts (ACK2)")."""
 
     dest_ref_id: int
     ack_flag: AckFlag

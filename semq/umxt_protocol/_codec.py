@@ -1,11 +1,12 @@
 """The pieces of the wire format that every frame kind shares.
 
 The fixed layouts of _schema.py as plain ``struct`` objects (the header, the
-DATA prefix, the 26-byte ack entry; docs/protocol.md "Header", "DATA",
-"Acks"), the CRC32 trailer, the AppKey's four length-prefixed parts (SPEC
-"AppKey"), and the building of values straight off the wire: the slot-setting
-construction that the decoders of _data, _acks and _frames use, explained
-once below, and the LK0 / LK1 builders other layers' hot paths use too.
+DATA prefix, the 26-byte ack entry; docs/protocol.md "Frame", "Header",
+"Bodies"), the CRC32 trailer, the AppKey's four length-prefixed parts (SPEC
+"Identifiers"), and the building of values straight off the wire: the
+slot-setting construction that the decoders of _data, _acks and _frames use,
+explained once below, and the LK0 / LK1 builders other layers' hot paths use
+too.
 """
 
 from __future__ import annotations

@@ -1,7 +1,9 @@
 """The bodies that are neither documents nor acks: INQUIRY and INQUIRY_RESP
-(the seed's 809 and 809-Confirmation; SPEC "Inquiries"), NACK, and the
-session's frames HELLO, WELCOME, PING, PONG, ERROR, WINDOW, CERT_REQUEST,
-CERT_RESPONSE, CRL and BYE (docs/protocol.md "Session frames").
+(the seed's code 809 and its confirmation; SPEC "UMX-T frames", what an
+answer does: "The flow"), NACK, and the session's frames HELLO, WELCOME,
+PING, PONG, ERROR, WINDOW, CERT_REQUEST, CERT_RESPONSE, CRL and BYE
+(docs/protocol.md "INQUIRY and INQUIRY_RESP, seed code 809", "NACK (kind
+11)", "Session kinds (32..41)").
 
 Few of these travel per document, so they are built and parsed through the
 compiled construct schemas of _schema.py (``_COMPILED``) rather than

@@ -1,5 +1,5 @@
-"""DATA: the document frame (SPEC "The flow": what LK0 names, SaveFwd, Ack2;
-docs/protocol.md "DATA").
+"""DATA: the document frame (SPEC "UMX-T frames" and "Identifiers": its
+attributes, LK0, LK1, AppKey; docs/protocol.md "DATA (kind 1)").
 
 The ``Data`` body value, its encoder and its decoder, and ``encode_data``,
 the origin's direct encoder of a whole DATA frame from a stored row. Both

@@ -29,7 +29,7 @@ _LK1_RECORD_AT: Final = struct.calcsize(_DATA_PREFIX.format[:6])  # after LK0 an
 
 __all__ = ["DEFAULT_MAX_FRAME", "HEADER_SIZE", "HELLO_MAX_FRAME", "FrameDecoder", "RawFrame", "frame_save_fwd", "relay_bytes", "relay_frame_bytes"]
 
-DEFAULT_MAX_FRAME: Final = 64 * 1024 * 1024  # bytes, whole frame (SPEC/issue default 64 MiB)
+DEFAULT_MAX_FRAME: Final = 64 * 1024 * 1024  # bytes, whole frame (docs/protocol.md "Limits")
 # Before a connection's HELLO is accepted, no frame may be larger than this:
 # a peer that has not said who it is cannot make the relay buffer 64 MiB
 # (HELLO itself is a few hundred bytes, its token at most 4 KiB).

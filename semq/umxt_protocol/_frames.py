@@ -1,7 +1,7 @@
 """UMX-T frames as strict values, and their encoding.
 
 A ``Frame`` is the header attributes (kind, endpoints, Reliable, SaveFwd,
-Ack2, priority; SPEC "Frame attributes", docs/protocol.md "Header") plus one
+Ack2, priority; SPEC "UMX-T frames", docs/protocol.md "Header") plus one
 body value whose type matches the kind. Every body class is a frozen
 keyword-only dataclass that validates in its constructor (LocalProtocolError,
 ResultCode.INVALID_FIELD), defined beside its codec:
@@ -16,8 +16,8 @@ This module holds what spans the kinds: the ``Frame`` and which body each
 kind carries, ``encode_frame`` (a Frame to bytes, CRC32 trailer included),
 and ``decode_body`` and ``frame_from_wire``, which the stream decoder
 (_decoder.RawFrame) uses to turn a body and a checked header back into a
-Frame, raising RemoteProtocolError. The names of the modules above are
-re-exported here as before.
+Frame, raising RemoteProtocolError. It also re-exports the names of the
+modules above: every frame value and codec can be imported from here.
 """
 
 from __future__ import annotations

@@ -1,12 +1,12 @@
 """The limits of the UMX-T wire format and the checks the frame values share.
 
-Flag bits of the header's flags byte (docs/protocol.md "Header"; SPEC
-"Frame attributes": Reliable, Ack2; the Encrypt and sealed-AppKey bits of
-docs/security.md), the size limits every body field is held to (docs/protocol.md
-"Limits"), and the range, type and enum checks the frozen dataclasses of
-_data, _acks and _control run in their constructors. A check that fails raises
-LocalProtocolError with ResultCode.INVALID_FIELD, naming the value and the
-limit (STYLE 3).
+Flag bits of the header's flags byte (docs/protocol.md "Flags"; SPEC "UMX-T
+frames": LAYER_MASK, Reliable, Ack2, Encrypt; the sealed AppKey of
+docs/security.md "The AppKey travels sealed"), the size limits every body
+field is held to (docs/protocol.md "Limits"), and the range, type and enum
+checks the frozen dataclasses of _data, _acks and _control run in their
+constructors. A check that fails raises LocalProtocolError with
+ResultCode.INVALID_FIELD, naming the value and the limit (STYLE 3).
 """
 
 from __future__ import annotations
