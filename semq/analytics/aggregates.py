@@ -17,14 +17,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 from .legs import _CROSS_LEGS, LEG_NAMES, OUTCOMES, PERCENTILES
 from .permessage import PARTIAL_STRINGS
-from .report_tables import (
-    _SPARK_TO_TABLE,
-    _aggregate_table,
-    _format_day,
-    _format_hour,
-    _legs_table,
-    _name,
-)
+from .report_tables import _aggregate_table, _legs_table, _MessageRows
 from .sparkutil import DAY_MS, _t
 from .tables import Table
 
@@ -277,37 +270,6 @@ def _stuck_and_failed_rows(detail: Any) -> tuple[list[Any], list[Any]]:
     failed = sorted((r for r in rows if r.outcome == "failed"),
                     key=lambda r: (r.failed_at is None, r.failed_at or 0, r.lk0))
     return stuck, failed
-
-
-@dataclass(kw_only=True)
-class _MessageRows:
-    """Every message with its legs, collected (tests and small logs)."""
-
-    fields: list[Any]
-    rows: list[Any]
-
-    def table(self, names: dict[int, str]) -> Table:
-        columns, types = [], []
-        for f in self.fields:
-            if f.name.endswith("_h") or f.name in ("hour", "day"):
-                columns.append(f.name.removesuffix("_h"))
-                types.append("string")
-            else:
-                columns.append(f.name)
-                types.append(_SPARK_TO_TABLE.get(f.dataType.simpleString(), "string"))
-        out = []
-        for r in self.rows:
-            row = []
-            for f, v in zip(self.fields, r, strict=True):
-                if f.name.endswith("_h"):
-                    v = None if v is None else _name(names, v)
-                elif f.name == "hour":
-                    v = _format_hour(v)
-                elif f.name == "day":
-                    v = _format_day(v)
-                row.append(v)
-            out.append(tuple(row))
-        return Table(name="messages", title="Per message", columns=columns, types=types, rows=out)
 
 
 def _message_rows(detail: Any) -> _MessageRows:

@@ -8,6 +8,7 @@ each table gets its columns, types, title and description (what
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, Final
 
@@ -152,6 +153,37 @@ def _stuck_and_failed(stuck: list[Any], failed: list[Any], stuck_after_ms: int,
             rows=[(*who(r), r.failure, r.code, when(r.failed_at), r.evidence) for r in failed],
         ),
     )
+
+
+@dataclass(kw_only=True)
+class _MessageRows:
+    """Every message with its legs, collected (tests and small logs)."""
+
+    fields: list[Any]
+    rows: list[Any]
+
+    def table(self, names: dict[int, str]) -> Table:
+        columns, types = [], []
+        for f in self.fields:
+            if f.name.endswith("_h") or f.name in ("hour", "day"):
+                columns.append(f.name.removesuffix("_h"))
+                types.append("string")
+            else:
+                columns.append(f.name)
+                types.append(_SPARK_TO_TABLE.get(f.dataType.simpleString(), "string"))
+        out = []
+        for r in self.rows:
+            row = []
+            for f, v in zip(self.fields, r, strict=True):
+                if f.name.endswith("_h"):
+                    v = None if v is None else _name(names, v)
+                elif f.name == "hour":
+                    v = _format_hour(v)
+                elif f.name == "day":
+                    v = _format_day(v)
+                row.append(v)
+            out.append(tuple(row))
+        return Table(name="messages", title="Per message", columns=columns, types=types, rows=out)
 
 
 def _skew_table(offsets: dict[str, ClockOffset], bounds: list[OrderBound]) -> Table:

@@ -18,13 +18,10 @@ from functools import partial
 from itertools import starmap
 from typing import Final, NamedTuple
 
+from . import _codec
 from ._codec import (
-    _ACK_ENTRY,
     _ACK_ENTRY_SIZE,
     _NO_APP_KEY,
-    _U8,
-    _U16,
-    _U32,
     _ak,
     _new,
     _read_app_key,
@@ -42,6 +39,12 @@ from ._limits import (
 from ._types import AckFlag, AppKey, ForwardFlag, Kind, _invalid
 
 __all__ = ["Ack", "AckBatch", "AckEntry"]
+
+# Bound by assignment, not imported: see _codec, above its layouts.
+_ACK_ENTRY: Final = _codec._ACK_ENTRY
+_U8: Final = _codec._U8
+_U16: Final = _codec._U16
+_U32: Final = _codec._U32
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

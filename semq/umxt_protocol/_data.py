@@ -14,15 +14,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Final
 
+from . import _codec
 from ._codec import (
-    _CRC,
-    _DATA_PREFIX,
     _DATA_PREFIX_SIZE,
-    _HEADER,
     _NO_APP_KEY,
-    _U8,
-    _U16,
-    _U32,
     _ak,
     _lk0_wire,
     _lk1_wire,
@@ -47,6 +42,14 @@ from ._schema import MAGIC, VERSION
 from ._types import LK0, LK1, AppKey, Endpoint, _invalid
 
 __all__ = ["Data", "encode_data"]
+
+# Bound by assignment, not imported: see _codec, above its layouts.
+_CRC: Final = _codec._CRC
+_DATA_PREFIX: Final = _codec._DATA_PREFIX
+_HEADER: Final = _codec._HEADER
+_U8: Final = _codec._U8
+_U16: Final = _codec._U16
+_U32: Final = _codec._U32
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -28,6 +28,7 @@ from typing import Final
 
 from construct import ConstructError
 
+from . import _codec
 from ._acks import (
     _ACK_RULES,
     Ack,
@@ -39,8 +40,6 @@ from ._acks import (
     _encode_ack_batch,
 )
 from ._codec import (
-    _CRC,
-    _HEADER,
     HEADER_SIZE,
     _new,
     _slot_setters,
@@ -133,6 +132,10 @@ __all__ = [
     "lk1_from_wire",
     "read_app_key",
 ]
+
+# Bound by assignment, not imported: see _codec, above its layouts.
+_CRC: Final = _codec._CRC
+_HEADER: Final = _codec._HEADER
 
 
 Body = (
