@@ -214,7 +214,6 @@ class AckBatch:
                     _check_int(f"ACK_BATCH entry {name}", e[i], 0, _MAX_U64 if i in (2, 5) else 0xFFFF)
 
 
-
 def _encode_ack(a: Ack) -> bytes:
     return b"".join(
         (_ACK_ENTRY.pack(*a.entry), _ak(a.app_key), _U16.pack(len(a.receipt)), a.receipt)
@@ -232,7 +231,6 @@ def _encode_ack_batch(b: AckBatch) -> bytes:
             b.receipt,
         )
     )
-
 
 
 _ACK_SET: Final = _slot_setters(

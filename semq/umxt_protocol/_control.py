@@ -246,7 +246,6 @@ class Bye:
         _check_text("reason", self.reason)
 
 
-
 def _lk(lk: LK0) -> dict[str, Any]:
     return {
         "node_type": int(lk.endpoint.node_type),

@@ -86,7 +86,6 @@ class Data:
             raise _invalid("a sealed AppKey needs Encrypt=1 and an empty AppKey in the header")
 
 
-
 def _encode_data(d: Data) -> bytes:
     lk0, lk1 = d.lk0, d.lk1
     prefix = _DATA_PREFIX.pack(
@@ -98,7 +97,6 @@ def _encode_data(d: Data) -> bytes:
         (prefix, _ak(d.app_key), _U16.pack(len(d.session_key)), d.session_key,
          _U32.pack(len(d.app_data)), d.app_data)
     )
-
 
 
 def encode_data(

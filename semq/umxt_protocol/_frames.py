@@ -165,7 +165,6 @@ _BODY_TYPE: Final[dict[Kind, type]] = {
 }
 
 
-
 # ---------------------------------------------------------------- frame
 
 
@@ -265,7 +264,6 @@ class Frame:
         return f
 
 
-
 # ---------------------------------------------------------------- encoding
 
 
@@ -300,7 +298,6 @@ def encode_frame(frame: Frame) -> bytes:
     )
     out = b"".join((head, src, dst, org, body))
     return out + _CRC.pack(crc32(out))
-
 
 
 def encode_frames(frames: list[Frame]) -> bytes:
@@ -339,7 +336,6 @@ def frame_from_wire(
     s[8](f, priority)
     f._check_attributes(kind)
     return f
-
 
 
 def decode_body(kind: Kind, buf: bytes, origin: Endpoint, flags: int) -> Body:
