@@ -22,9 +22,8 @@ if TYPE_CHECKING:
 
 __all__ = ["LEGS", "LEG_NAMES", "OUTCOMES", "PERCENTILES", "PLACES", "Leg"]
 
+# The percentiles of every leg a report gives (p50, p90, p99; docs/analytics.md "Aggregates").
 PERCENTILES: Final = (0.5, 0.9, 0.99)
-
-
 OUTCOMES: Final = ("confirmed", "delivered", "failed", "best_effort", "in_flight", "stuck")
 PLACES: Final = ("at_origin", "forwarded_not_received", "stored_at_platform", "delivered_unconfirmed")
 
