@@ -1,4 +1,4 @@
-"""Chaos run (issue 6): a platform and K organization nodes as real processes
+"""Chaos run: a platform and K organization nodes as real processes
 on 127.0.0.1, each node behind its own seeded FaultProxy; N documents in all
 directions with every SaveFwd mode, Ack2 on and off, some best effort; while
 they flow, processes are SIGKILLed and restarted at seeded moments, proxies
@@ -627,7 +627,7 @@ class _Run:
                 bad("unknown", key, f"in {[h for h, _ in got]}'s inbox, not a document of this run")
         r.by_mode = {m: dict(c) for m, c in sorted(modes.items())}
 
-        # The guarantees (SPEC "The flow", issue 6).
+        # The guarantees (SPEC "The flow").
         if r.lost:
             r.violations.append(f"{r.lost} SaveFwd 2|3 document(s) lost: {examples['lost']}")
         if r.duplicates:

@@ -1,4 +1,4 @@
-"""Shared helpers of the reliability tests (issue 6): the chaos machinery of
+"""Shared helpers of the reliability tests: the chaos machinery of
 scripts/chaos.py (loaded from its file: scripts/ is not a package), and small
 readers of the stores and event logs."""
 

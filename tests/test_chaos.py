@@ -1,4 +1,4 @@
-"""Chaos (issue 6): a short, bounded version of ``scripts/chaos`` with fixed
+"""Chaos: a short, bounded version of ``scripts/chaos`` with fixed
 seeds, and deterministic reproductions of what the chaos runs found.
 
 The chaos runs assert invariants only (exactly once, nothing lost, nothing

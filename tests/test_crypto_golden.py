@@ -1,6 +1,6 @@
 """Golden vectors: the exact bytes of AADs, signed containers, sealed
 documents and receipts, frozen from the implementation as of commit ecbb3fd
-(before the per-document CPU work of issue 7/4). With the randomness pinned,
+(before the per-document CPU work on the hot path). With the randomness pinned,
 today's code must produce the same bytes (what it seals, the old code opens)
 and must open and verify the frozen bytes (what the old code sealed, it
 opens). Regenerate only for a deliberate, versioned format change:

@@ -1,4 +1,4 @@
-"""Bad input over the wire (issue 6): a real ``semq platform run`` process gets
+"""Bad input over the wire: a real ``semq platform run`` process gets
 hand-made and seeded-random broken frames on 127.0.0.1 while two real nodes
 exchange documents through it.
 

@@ -1,4 +1,4 @@
-"""Load (issue 6), small enough for CI: many simulated TLS nodes connected to a
+"""Load, small enough for CI: many simulated TLS nodes connected to a
 real platform while a real node pair exchanges documents, and a backlog for an
 offline node drained on reconnect with bounded platform memory. Real ``semq``
 processes on 127.0.0.1 (security on), every wait bounded. The full-size runs

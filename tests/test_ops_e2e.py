@@ -1,4 +1,4 @@
-"""Operations against real processes (issue 9): ``semq admin`` commands
+"""Operations against real processes: ``semq admin`` commands
 against a running platform and nodes, Prometheus counters moving during
 traffic, a backup of the running platform restored with every stored
 message, SIGHUP reload, drain and stop ending the processes with status 0.

@@ -50,7 +50,7 @@ def test_frame_crc32_is_zlibs(data: bytes, start: int) -> None:
     and on the memoryviews the decoder passes, from any starting value."""
     import zlib
 
-    from semq.umxt_protocol._frames import crc32
+    from semq.umxt_protocol._codec import crc32
 
     assert crc32.__module__ == "isal.isal_zlib"  # the declared dependency, not the fallback
     assert crc32(data) == zlib.crc32(data)

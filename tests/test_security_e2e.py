@@ -1,4 +1,4 @@
-"""Security with real processes and on the cores (SPEC "Security"; issue 4):
+"""Security with real processes and on the cores (SPEC "Security"):
 mutual TLS refusals, an organization speaks only as itself, key files,
 ciphertext-only relay, tampering refused and reported, signed receipts."""
 

@@ -1,4 +1,4 @@
-"""Storage faults (issue 6), with real ``semq`` processes on 127.0.0.1:
+"""Storage faults, with real ``semq`` processes on 127.0.0.1:
 
 - a full or read-only store: the node refuses new documents with one clear
   line (path and reason), keeps everything it has and recovers when space

@@ -5,7 +5,7 @@ among K organizations over D days, about 11.6 events per message), compacts
 them to Parquet with `semq report compact`, then times `semq report latency`
 on each input in a fresh process (JVM start included, as a user runs it) and
 prints a table. Generated data is kept under --cache and reused while the
-parameters are the same. Issue 5's aim: <= 30 s for 1 M messages from Parquet.
+parameters are the same. The aim: <= 30 s for 1 M messages from Parquet.
 
 Beside each wall time: the CPU time of the report's JVM (all its threads, read
 from /proc just before the session stops) and the 1-minute load average
@@ -215,7 +215,7 @@ def main(argv: list[str]) -> int:
             f"JSON {size_json / 2**30:.2f} GiB, Parquet {size_pq / 2**20:.0f} MiB (events and "
             "per-message partials); seconds = wall time of a fresh process, JVM start included",
             "load: 1-minute load average before -> after; code: this tree or --baseline",
-            "issue 5 aim: <= 30 s for 1,000,000 messages from Parquet",
+            "aim: <= 30 s for 1,000,000 messages from Parquet",
         ],
     )
     return 0

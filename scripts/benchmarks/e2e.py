@@ -79,7 +79,7 @@ FEED_TICK: Final = 0.02  # s between the half-load feeder's batches
 A, B = "10008", "56001"
 SEMQ: Final = [sys.executable, "-m", "semq"]
 
-# Issue 7 targets (2 cores, security off).
+# Performance targets (2 cores, security off).
 TARGETS: Final = {"online": 15_000, "store": 20_000, "drain": 45_000}
 P99_TARGET_HALF_MS: Final = 20.0
 
@@ -539,15 +539,15 @@ def main(argv: list[str] | None = None) -> int:
         for k in ("online", "store", "drain"):
             v = _med(results[False][k], "rate") or 0
             t = TARGETS[k]
-            notes.append(f"issue 7 target {k} >= {t:,}/s (security off): {v:,.0f}/s = {v / t:.0%} of it, "
+            notes.append(f"target {k} >= {t:,}/s (security off): {v:,.0f}/s = {v / t:.0%} of it, "
                          f"{'met' if v >= t else 'NOT met'}.")
         hp99 = _med(results[False]["half"], "p99")
         if hp99 is not None:
-            notes.append(f"issue 7 target p99 <= {P99_TARGET_HALF_MS:.0f} ms at half load: {hp99:.0f} ms, "
+            notes.append(f"target p99 <= {P99_TARGET_HALF_MS:.0f} ms at half load: {hp99:.0f} ms, "
                          f"{'met' if hp99 <= P99_TARGET_HALF_MS else 'NOT met'} (at half of *our* rate).")
     if len(results) == 2:
         on, off = (_med(results[x]["online"], "rate") or 0 for x in (True, False))
-        notes.append(f"issue 7 target security on >= 60% of plain (online): {on / off:.0%}, "
+        notes.append(f"target security on >= 60% of plain (online): {on / off:.0%}, "
                      f"{'met' if on >= 0.6 * off else 'NOT met'}.")
     print_table(
         "SEMQ end to end: A -> platform -> B, real processes on 127.0.0.1",

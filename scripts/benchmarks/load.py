@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """SEMQ under load: 1,000 nodes connected at once; a 1,000,000-document backlog drained on reconnect.
 
-Two benchmarks (issue 6, "Load"; issue 7, relay memory), each with real
+Two benchmarks (load; relay memory), each with real
 ``semq`` processes on 127.0.0.1 in a fresh temporary directory, security on
 by default (mutual TLS 1.3, sealed and signed documents), SQLite
 ``synchronous=FULL``. Every process is started and stopped by PID; every wait
@@ -36,7 +36,7 @@ is bounded.
     VmHWM; store and event-log sizes on disk; resends. Checked: B's inbox
     holds exactly the accepted LK0s, each once (and sampled bodies are
     byte-identical), A's outbox and the platform's ``stored`` table are
-    empty. ``--rss-limit`` (default 300 MiB, issue 7) is the bound the
+    empty. ``--rss-limit`` (default 300 MiB) is the bound the
     platform's peak is judged against.
 
 ``scripts/bench load frames [--connections 8] [--frames 3]``
@@ -702,7 +702,7 @@ def run_backlog(a: argparse.Namespace, tmp: Path) -> tuple[list[list[str]], list
     rows += [
         ["platform RSS peak while draining (sampled 0.5 s)", f"{_mib(peak_drain)} MiB"],
         ["platform VmHWM at the end (whole run)", f"{drained_info.hwm_mib:,.0f} MiB"],
-        [f"  bound {a.rss_limit:g} MiB (issue 7)", "met" if limit_ok else "NOT met"],
+        [f"  bound {a.rss_limit:g} MiB", "met" if limit_ok else "NOT met"],
         ["A / B VmHWM", f"{_mib(hwm_a)} / {_mib(hwm_b)} MiB"],
         ["platform store with the backlog (+ event log)", f"{_size(disk_stored['store'])} (+ {_size(disk_stored['events'])})"],
         ["A's store with the backlog", _size(disk_a["store"])],

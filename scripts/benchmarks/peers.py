@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Peer brokers benchmark: mosquitto and NATS JetStream on this machine (issue 7).
+"""Peer brokers benchmark: mosquitto and NATS JetStream on this machine .
 
 What SEMQ is compared with, measured the way SEMQ is measured: 1 KiB messages,
 durable settings, Python clients, everything on 127.0.0.1.
@@ -745,7 +745,7 @@ def _measure_once(
         out["p50_ms"], out["p99_ms"] = s["p50_ms"], s["p99_ms"]
         out["online_duplicates"] = s["duplicates"]
         # The same at half the rate just measured: latency when not saturated
-        # (issue 7 asks SEMQ for p99 at half load, so the peers get it too).
+        # (the targets ask SEMQ for p99 at half load, so the peers get it too).
         half_n = max(1, count // 2)
         if out["online_msgs_s"]:
             half_rate = out["online_msgs_s"] / 2

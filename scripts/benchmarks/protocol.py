@@ -62,7 +62,7 @@ from semq.umxt_protocol._schema import (
     VERSION,
 )
 
-AIM = 2.5  # issue 2: decode within 2.5x of the struct version
+AIM = 2.5  # the aim: decode within 2.5x of the struct version
 
 ORG_A = Endpoint.org("10008")
 ORG_B = Endpoint.org("56001")

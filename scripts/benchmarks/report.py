@@ -1,4 +1,4 @@
-"""`scripts/bench report`: the name issue 5 gives the Spark report benchmark
+"""`scripts/bench report`: the Spark report benchmark
 (the same run as `scripts/bench analytics`)."""
 
 from __future__ import annotations

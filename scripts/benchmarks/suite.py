@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Issue 7 in one run: SEMQ end to end, mosquitto, NATS JetStream and this machine's limits, one table.
+"""The performance targets in one run: SEMQ end to end, mosquitto, NATS JetStream and this machine's limits, one table.
 
 Everything is measured in the same run, on this machine, with 1 KiB
 documents and only 127.0.0.1:
@@ -82,7 +82,7 @@ WORKER_TIMEOUT: Final = 120.0
 PHASES: Final = ("online", "half", "store", "drain")
 PEER_NAMES: Final = {"nats": "NATS JetStream", "mosquitto": "mosquitto"}
 
-# Issue 7 targets (2 cores; security off unless stated).
+# Performance targets (2 cores; security off unless stated).
 TARGET_RATE: Final = {"online": 15_000, "store": 20_000, "drain": 45_000}
 TARGET_X: Final = {"nats": 1.1, "mosquitto": 2.0}
 TARGET_P99_HALF_MS: Final = 20.0
@@ -815,7 +815,7 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(res.as_json(), indent=1))
     else:
         headers, rows, notes = report(a, res)
-        print_table("Issue 7: SEMQ, its peers and this machine's limits, one run, 1 KiB documents",
+        print_table("Performance: SEMQ, its peers and this machine's limits, one run, 1 KiB documents",
                     headers, rows, notes)
     return 1 if res.errors or res.skipped else 0
 

@@ -1,8 +1,8 @@
 """Delivery analytics: the event log schema, synthetic logs, and the Spark reports.
 
 Importing this package never imports pyspark (STYLE.md: heavy extras are
-lazy); :mod:`.jobs` and :mod:`.session` import it inside the functions that
-need it. Entry points: ``semq report latency|compact`` (:mod:`.cli`), or
+lazy); the report's modules (:mod:`.jobs` names them) and :mod:`.session`
+import it inside the functions that need it. Entry points: ``semq report latency|compact`` (:mod:`.cli`), or
 :func:`.jobs.build_report` with a session from :func:`.session.start_session`.
 See docs/analytics.md.
 """

@@ -11,7 +11,7 @@
 
 The events are the log lines, unchanged (docs/events.md). The partial rows
 are the first aggregation of the report's per-message step over the events
-of that date (:func:`.jobs.message_partials`): one row per message and
+of that date (:func:`.permessage.message_partials`): one row per message and
 counted event, which a report merges with the rows of the message's other
 dates, compaction runs and inputs instead of shuffling every event again;
 with the AppKey subtype and key of each message and one row per distinct
@@ -22,9 +22,9 @@ One compaction run computes the partials of all the dates it writes
 together (``<run>``, a random id, names the run in the marker). A message
 whose events in that run all lie in one date is *closed* in that date: its
 partial rows go to ``closed/`` and its finished per-message row (the
-report's second aggregation, :func:`.jobs.final_columns`) to ``final/``,
+report's second aggregation, :func:`.permessage.final_columns`) to ``final/``,
 with the facts the report's first small job takes from them (causal bounds
-between clocks, counts per logger: :func:`.jobs.message_facts`, a few
+between clocks, counts per logger: :func:`.facts.message_facts`, a few
 thousand rows) to ``facts/``.
 Every other message's partial rows (events on several dates of the run)
 go to ``open/``; rows that are not messages (names of parties, loggers,

@@ -4,7 +4,7 @@ A path may be a JSON-lines file, a directory holding logs at any depth (a
 node's data directory, a folder of collected logs), a glob, a Parquet dataset
 written by ``semq report compact``, or a URL Spark reads (``hdfs://``,
 ``s3a://``...). Local paths are checked here so a typo costs no JVM start; URLs
-are listed later through Spark's own file systems (:func:`jobs.load_events`).
+are listed later through Spark's own file systems (:func:`.reading.load_events`).
 """
 
 from __future__ import annotations

@@ -8,24 +8,16 @@ import struct
 from collections.abc import Iterator
 from typing import Any, Final
 
+from ._codec import _CRC, _DATA_PREFIX, _HEADER, HEADER_SIZE, crc32, lk0_from_wire, lk1_from_wire
 from ._errors import LocalProtocolError, ProtocolError, RemoteProtocolError, ResultCode
-from ._frames import (
-    _CRC,
-    _DATA_PREFIX,
-    _HEADER,
+from ._frames import Frame, decode_body, frame_from_wire
+from ._limits import (
     FLAG_ACK2,
     FLAG_ENCRYPT,
     FLAG_KEY_SEALED,
     FLAG_LAYER,
     FLAG_RELIABLE,
     FLAGS_KNOWN,
-    HEADER_SIZE,
-    Frame,
-    crc32,
-    decode_body,
-    frame_from_wire,
-    lk0_from_wire,
-    lk1_from_wire,
 )
 from ._schema import MAGIC, VERSION
 from ._types import LK0, LK1, MAX_NODE_ID, MAX_PRIORITY, Endpoint, Kind, NodeType
@@ -37,7 +29,7 @@ _LK1_RECORD_AT: Final = struct.calcsize(_DATA_PREFIX.format[:6])  # after LK0 an
 
 __all__ = ["DEFAULT_MAX_FRAME", "HEADER_SIZE", "HELLO_MAX_FRAME", "FrameDecoder", "RawFrame", "frame_save_fwd", "relay_bytes", "relay_frame_bytes"]
 
-DEFAULT_MAX_FRAME: Final = 64 * 1024 * 1024  # bytes, whole frame (SPEC/issue default 64 MiB)
+DEFAULT_MAX_FRAME: Final = 64 * 1024 * 1024  # bytes, whole frame (docs/protocol.md "Limits")
 # Before a connection's HELLO is accepted, no frame may be larger than this:
 # a peer that has not said who it is cannot make the relay buffer 64 MiB
 # (HELLO itself is a few hundred bytes, its token at most 4 KiB).

@@ -1,0 +1,333 @@
+"""The bodies that are neither documents nor acks: INQUIRY and INQUIRY_RESP
+(the seed's code 809 and its confirmation; SPEC "UMX-T frames", what an
+answer does: "The flow"), NACK, and the session's frames HELLO, WELCOME,
+PING, PONG, ERROR, WINDOW, CERT_REQUEST, CERT_RESPONSE, CRL and BYE
+(docs/protocol.md "INQUIRY and INQUIRY_RESP, seed code 809", "NACK (kind
+11)", "Session kinds (32..41)").
+
+Few of these travel per document, so they are built and parsed through the
+compiled construct schemas of _schema.py (``_COMPILED``) rather than
+hand-written code; the values still validate in their constructors.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Final, NamedTuple
+
+from ._errors import LocalProtocolError, RemoteProtocolError, ResultCode
+from ._limits import (
+    _MAX_MS,
+    _MAX_U32,
+    _MAX_U64,
+    MAX_CERTIFICATES,
+    MAX_CRL,
+    MAX_INQUIRY_ITEMS,
+    MAX_PROOF,
+    MAX_TOKEN,
+    _check_bytes,
+    _check_int,
+    _check_text,
+    _enum,
+)
+from ._schema import BODY_SCHEMAS
+from ._types import (
+    LK0,
+    Endpoint,
+    InquiryFlag,
+    InquiryResult,
+    InquiryTopic,
+    Kind,
+    _invalid,
+)
+
+if TYPE_CHECKING:
+    from ._frames import Body
+
+__all__ = [
+    "Bye",
+    "CertRequest",
+    "CertResponse",
+    "Crl",
+    "Error",
+    "Hello",
+    "Inquiry",
+    "InquiryAnswer",
+    "InquiryResp",
+    "Nack",
+    "Ping",
+    "Pong",
+    "Welcome",
+    "WindowUpdate",
+]
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Inquiry:
+    """809: ``items`` name records by full locator (LK0 form). Topic RECEIVED:
+    "did you receive these messages?"; STATE: "what is the state of these
+    records of yours?"."""
+
+    topic: InquiryTopic
+    items: tuple[LK0, ...]
+    flag: InquiryFlag = InquiryFlag.FROM_PEER
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "topic", _enum(InquiryTopic, "topic", self.topic))
+        object.__setattr__(self, "flag", _enum(InquiryFlag, "flag", self.flag))
+        object.__setattr__(self, "items", tuple(self.items))
+        if not self.items or len(self.items) > MAX_INQUIRY_ITEMS:
+            raise _invalid(f"INQUIRY of {len(self.items)} items is outside 1..{MAX_INQUIRY_ITEMS}")
+
+
+class InquiryAnswer(NamedTuple):
+    lk0: LK0
+    result: InquiryResult
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class InquiryResp:
+    """809-Confirmation: one answer per asked record."""
+
+    topic: InquiryTopic
+    answers: tuple[InquiryAnswer, ...]
+    flag: InquiryFlag = InquiryFlag.FROM_PEER
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "topic", _enum(InquiryTopic, "topic", self.topic))
+        object.__setattr__(self, "flag", _enum(InquiryFlag, "flag", self.flag))
+        answers = tuple(
+            InquiryAnswer(a[0], _enum(InquiryResult, "result", a[1])) for a in self.answers
+        )
+        object.__setattr__(self, "answers", answers)
+        if not answers or len(answers) > MAX_INQUIRY_ITEMS:
+            raise _invalid(
+                f"INQUIRY_RESP of {len(answers)} answers is outside 1..{MAX_INQUIRY_ITEMS}"
+            )
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Nack:
+    """The message ``lk0`` was not taken: the platform neither forwarded nor
+    stored it, or its target refused it. ``proof``: a target's signed refusal
+    (semq.crypto, docs/security.md "Refusals"); empty from the platform."""
+
+    lk0: LK0
+    code: ResultCode
+    message: str = ""
+    proof: bytes = b""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "code", _enum(ResultCode, "code", self.code))
+        _check_text("message", self.message)
+        _check_bytes("proof", self.proof, MAX_PROOF)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Hello:
+    """First frame of a node on a connection. ``window``: how many unacked
+    message frames the node accepts; ``token``: authentication material."""
+
+    semq_id: int = 1
+    semq_db_id: int = 1
+    window: int = 1024
+    software: str = "semq"
+    token: bytes = b""
+
+    def __post_init__(self) -> None:
+        _check_int("semq_id", self.semq_id, 1, 0xFFFF)
+        _check_int("semq_db_id", self.semq_db_id, 1, 0xFFFF)
+        _check_int("window", self.window, 1, _MAX_U32)
+        _check_text("software", self.software)
+        try:
+            size = len(self.software.encode("utf-8"))
+        except UnicodeEncodeError:
+            raise _invalid(f"software {self.software!r} is not valid UTF-8") from None
+        if size > 255:
+            raise _invalid(f"software name of {size} bytes exceeds the 255-byte limit")
+        _check_bytes("token", self.token, MAX_TOKEN)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Welcome:
+    window: int = 1024
+    server_time_ms: int = 0
+    session_id: int = 0
+
+    def __post_init__(self) -> None:
+        _check_int("window", self.window, 1, _MAX_U32)
+        _check_int("server_time_ms", self.server_time_ms, 0, _MAX_MS)
+        _check_int("session_id", self.session_id, 0, _MAX_U64)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Ping:
+    nonce: int = 0
+    time_ms: int = 0
+
+    def __post_init__(self) -> None:
+        _check_int("nonce", self.nonce, 0, _MAX_U64)
+        _check_int("time_ms", self.time_ms, 0, _MAX_MS)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Pong:
+    nonce: int = 0
+    time_ms: int = 0
+
+    def __post_init__(self) -> None:
+        _check_int("nonce", self.nonce, 0, _MAX_U64)
+        _check_int("time_ms", self.time_ms, 0, _MAX_MS)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Error:
+    """A result code and one line; the sender may close the connection."""
+
+    code: ResultCode
+    message: str = ""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "code", _enum(ResultCode, "code", self.code))
+        _check_text("message", self.message)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class WindowUpdate:
+    """Flow-control credit: the receiver accepts ``credit`` more frames."""
+
+    credit: int
+
+    def __post_init__(self) -> None:
+        _check_int("credit", self.credit, 0, _MAX_U32)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class CertRequest:
+    endpoint: Endpoint
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class CertResponse:
+    """The endpoint's certificates (DER, newest first), or a result code."""
+
+    endpoint: Endpoint
+    code: ResultCode = ResultCode.OK
+    certificates: tuple[bytes, ...] = ()
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "code", _enum(ResultCode, "code", self.code))
+        object.__setattr__(self, "certificates", tuple(bytes(c) for c in self.certificates))
+        if len(self.certificates) > MAX_CERTIFICATES:
+            raise _invalid(
+                f"{len(self.certificates)} certificates exceed the {MAX_CERTIFICATES} limit"
+            )
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Crl:
+    """The platform CA's certificate revocation list, DER as the CA signed
+    it (the node checks the signature; the relay cannot forge one)."""
+
+    der: bytes
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "der", bytes(self.der))
+        if not 1 <= len(self.der) <= MAX_CRL:
+            raise _invalid(f"revocation list of {len(self.der)} bytes is outside 1..{MAX_CRL}")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Bye:
+    code: ResultCode = ResultCode.OK
+    reason: str = ""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "code", _enum(ResultCode, "code", self.code))
+        _check_text("reason", self.reason)
+
+
+def _lk(lk: LK0) -> dict[str, Any]:
+    return {
+        "node_type": int(lk.endpoint.node_type),
+        "node_id": lk.endpoint.node_id,
+        "semq_id": lk.semq_id,
+        "semq_db_id": lk.semq_db_id,
+        "record_id": lk.record_id,
+    }
+
+
+def _body_container(body: Body) -> dict[str, Any]:
+    """The construct container for the kinds encoded by schema (not hot)."""
+    if isinstance(body, Inquiry):
+        return {"flag": body.flag, "topic": body.topic, "count": len(body.items),
+                "items": [_lk(i) for i in body.items]}
+    if isinstance(body, InquiryResp):
+        return {"flag": body.flag, "topic": body.topic, "count": len(body.answers),
+                "items": [{**_lk(a.lk0), "result": int(a.result)} for a in body.answers]}
+    if isinstance(body, Nack):
+        return {**_lk(body.lk0), "code": int(body.code), "message": body.message, "proof": body.proof}
+    if isinstance(body, Hello | Welcome | Ping | Pong | WindowUpdate):
+        return {f: getattr(body, f) for f in body.__dataclass_fields__}
+    if isinstance(body, Error):
+        return {"code": int(body.code), "message": body.message}
+    if isinstance(body, Bye):
+        return {"code": int(body.code), "reason": body.reason}
+    if isinstance(body, Crl):
+        return {"crl": body.der}
+    if isinstance(body, CertRequest):
+        return {"node_type": int(body.endpoint.node_type), "node_id": body.endpoint.node_id}
+    if isinstance(body, CertResponse):
+        return {"node_type": int(body.endpoint.node_type), "node_id": body.endpoint.node_id,
+                "code": int(body.code), "count": len(body.certificates),
+                "certificates": list(body.certificates)}
+    raise LocalProtocolError(f"no encoder for {type(body).__name__}")  # pragma: no cover
+
+
+_COMPILED: Final = {k: s.compile() for k, s in BODY_SCHEMAS.items()}
+
+
+def _loc(c: Any) -> LK0:
+    return LK0(
+        endpoint=Endpoint(node_type=c.node_type, node_id=c.node_id),
+        semq_id=c.semq_id,
+        semq_db_id=c.semq_db_id,
+        record_id=c.record_id,
+    )
+
+
+def _decode_by_schema(kind: Kind, buf: bytes) -> Body:
+    c = _COMPILED[kind].parse(buf)
+    if kind is Kind.INQUIRY:
+        return Inquiry(flag=c.flag, topic=c.topic, items=tuple(_loc(i) for i in c["items"]))
+    if kind is Kind.INQUIRY_RESP:
+        return InquiryResp(
+            flag=c.flag,
+            topic=c.topic,
+            answers=tuple(InquiryAnswer(_loc(i), i.result) for i in c["items"]),
+        )
+    if kind is Kind.NACK:
+        return Nack(lk0=_loc(c), code=c.code, message=c.message, proof=c.proof)
+    if kind is Kind.HELLO:
+        return Hello(semq_id=c.semq_id, semq_db_id=c.semq_db_id, window=c.window,
+                     software=c.software, token=c.token)
+    if kind is Kind.WELCOME:
+        return Welcome(window=c.window, server_time_ms=c.server_time_ms, session_id=c.session_id)
+    if kind is Kind.PING:
+        return Ping(nonce=c.nonce, time_ms=c.time_ms)
+    if kind is Kind.PONG:
+        return Pong(nonce=c.nonce, time_ms=c.time_ms)
+    if kind is Kind.ERROR:
+        return Error(code=c.code, message=c.message)
+    if kind is Kind.WINDOW:
+        return WindowUpdate(credit=c.credit)
+    if kind is Kind.CERT_REQUEST:
+        return CertRequest(endpoint=Endpoint(node_type=c.node_type, node_id=c.node_id))
+    if kind is Kind.CERT_RESPONSE:
+        return CertResponse(endpoint=Endpoint(node_type=c.node_type, node_id=c.node_id),
+                            code=c.code, certificates=tuple(c.certificates))
+    if kind is Kind.BYE:
+        return Bye(code=c.code, reason=c.reason)
+    if kind is Kind.CRL:
+        return Crl(der=c.crl)
+    raise RemoteProtocolError(f"no decoder for {kind.name}", ResultCode.UNKNOWN_KIND)  # pragma: no cover
+
