@@ -16,7 +16,7 @@ polled until they are quiet (bounded), and the invariants are checked:
   dedup/seen rows (retention-bound) and log sizes are reported.
 
 ``scripts/chaos --seed S --docs N --minutes M --orgs K`` prints the table;
-tests/test_chaos.py calls :func:`run_chaos` with a short configuration.
+tests/e2e/test_chaos.py calls :func:`run_chaos` with a short configuration.
 Deterministic given the seed as far as timing allows: the documents, the fault
 plans and the schedule of kills come from the seed; what each fault hits
 depends on the timing of real processes.
@@ -235,7 +235,7 @@ class Net:
         rows, the platform's stored rows. Empty dict = settled. SaveFwd 1
         rows waiting at SS_ACK_FWD are counted apart (``*.outbox_sf1_fwd``):
         when the forwarded copy died with a connection they never move
-        (tests/test_chaos.py pins that as a known bug)."""
+        (tests/e2e/test_chaos.py pins that as a known bug)."""
         out: dict[str, int] = {}
         for o in self.orgs:
             for sf1_fwd, n in self.q(o, f"SELECT save_fwd=1 AND state={SS_ACK_FWD}, count(*) FROM outbox"
@@ -644,7 +644,7 @@ class _Run:
             r.violations.append(f"not settled within {self.cfg.quiet_timeout:.0f} s: {r.left_over}")
         # SaveFwd 1 that vanished after ACK_FWD (the bytes died with a cut
         # connection) is neither delivered nor reported dropped: a gap in the
-        # promise, reported here and pinned by an xfail test (tests/test_chaos.py).
+        # promise, reported here and pinned by an xfail test (tests/e2e/test_chaos.py).
         if r.sf1_lost_unreported:
             r.notes.append(f"{r.sf1_lost_unreported} SaveFwd 1 document(s) not delivered and not reported"
                            f" dropped (forwarded, then lost with the connection): {examples['sf1 unreported']}")

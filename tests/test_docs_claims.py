@@ -7,7 +7,7 @@ import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-_REF = re.compile(r"tests/(test_\w+\.py)::(test_\w+)")
+_REF = re.compile(r"tests/((?:\w+/)?test_\w+\.py)::(test_\w+)")
 
 
 def _references() -> list[tuple[str, str, str]]:

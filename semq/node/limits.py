@@ -23,7 +23,7 @@ batch it is signed in, and a document accepted is one that can be sent:
   Merkle path of up to 16 hashes for a batch of up to 65,536 documents, the
   4-byte body length: 626 bytes).
 
-``tests/test_document_limits.py`` builds a real frame at exactly the limit
+``tests/node/test_document_limits.py`` builds a real frame at exactly the limit
 and one byte over, and checks the crypto overheads against real sealed and
 signed documents.
 """

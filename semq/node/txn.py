@@ -573,7 +573,7 @@ _crash_hooks: dict[str, Callable[[], None]] = {}
 
 
 def _crash_point(name: str) -> None:
-    """Tests simulate a crash here (tests/test_transactions.py kills the process)."""
+    """Tests simulate a crash here (tests/node/test_transactions.py kills the process)."""
     hook = _crash_hooks.get(name)
     if hook is not None:
         hook()

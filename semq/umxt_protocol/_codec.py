@@ -75,7 +75,7 @@ def _ak(app_key: AppKey) -> bytes:
 # their descriptors, after checking exactly what the wire layout leaves open
 # (an unsigned u16 cannot exceed 65535, but it can be 0). When a fast check
 # fails they call the public constructor, which raises naming the value and the
-# limit, so error messages have one source. tests/test_protocol_decoder.py
+# limit, so error messages have one source. tests/protocol/test_protocol_decoder.py
 # rebuilds every decoded value through the public constructors to prove the
 # two paths accept the same values.
 

@@ -6,7 +6,7 @@ the origin's direct encoder of a whole DATA frame from a stored row. Both
 directions are hot: every document is encoded once at its origin and decoded
 at the platform (header and prefix only) and at its target, so they are
 hand-written ``struct`` code, tested byte for byte against the construct
-schema (tests/test_protocol_roundtrip.py, tests/test_protocol_fastpath.py).
+schema (tests/protocol/test_protocol_roundtrip.py, tests/protocol/test_protocol_fastpath.py).
 """
 
 from __future__ import annotations
