@@ -5,7 +5,8 @@ For every (state, event) pair of the origin — every table entry and every
 pair the table leaves unchanged — a pending-send row is put in that state,
 the frame (or call) that carries the event goes through ``NodeCore``, and
 the row ends where ``origin_step`` says: the core decides nothing itself.
-The same for the receiver's pending-ack confirmations (PENDING_ACK_TABLE).
+The same for the receiver's pending-ack confirmations (PENDING_ACK_TABLE)
+and the platform's stored copies (STORED_TABLE, through ``PlatformCore``).
 And no module outside the cores and the write-behind writes a state
 column in SQL.
 """
@@ -32,11 +33,14 @@ from semq.node.engine import (
     pending_ack_step,
     receiver_may_clean,
 )
+from semq.platform.core import PlatformCore
+from semq.platform.engine import StoredEvent, StoredState, stored_step
 from semq.umxt_protocol import (
     LK0,
     AckBatch,
     AckEntry,
     AckFlag,
+    Data,
     Endpoint,
     ForwardFlag,
     Frame,
@@ -197,3 +201,56 @@ def test_no_module_outside_the_cores_writes_a_state_column() -> None:
             line = path.read_text()[:m.start()].count("\n") + 1
             offenders.append(f"{rel}:{line}: {m.group(0)[:60]}")
     assert offenders == []
+
+
+# ------------------------------------------------------------ the platform's stored copies
+
+
+def _stored_frames(event: StoredEvent, b: Endpoint) -> list[RawFrame]:
+    """The frame from target ``b`` that carries ``event`` about stored copy 1
+    (the document ME/1)."""
+    lk0 = LK0(endpoint=ME, record_id=1)
+    if event is StoredEvent.ACK:
+        body: object = AckBatch(ack_kind=Kind.ACK, entries=(AckEntry(1, 1, 0, 1, 1, 1, int(AckFlag.PLATFORM), 0),))
+        kind = Kind.ACK_BATCH
+    elif event is StoredEvent.TARGET_ASKS:
+        body, kind = Inquiry(topic=InquiryTopic.STATE, items=(LK0(endpoint=P, record_id=1),)), Kind.INQUIRY
+    else:
+        result = InquiryResult.RECEIVED if event is StoredEvent.TARGET_HAS else InquiryResult.NOT_RECEIVED
+        body = InquiryResp(topic=InquiryTopic.RECEIVED, answers=(InquiryAnswer(lk0, result),))
+        kind = Kind.INQUIRY_RESP
+    return [_raw(Frame(kind=kind, source=b, target=P, origin=b, body=body))]  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(("state", "event"), [
+    (s, e) for s, e in itertools.product(StoredState, StoredEvent)
+    # A claim only ever sees undelivered copies (it selects them).
+    if e is not StoredEvent.DELIVERED or s is StoredState.SS_INIT
+])
+def test_each_stored_copy_pair_goes_where_the_table_says(tmp_path: Path, state: StoredState,
+                                                         event: StoredEvent) -> None:
+    """Every (state, event) pair of a platform's stored copy, through
+    ``PlatformCore``: the claim (DELIVERED), a target's reconnect, its ACK,
+    its inquiry answers and its own inquiry. Acked copies are deleted at
+    once (SPEC P.2)."""
+    store = tmp_path / "platform.sqlite"
+    p = PlatformCore(store, create=True, synchronous="OFF")
+    try:
+        p.register([A, B])
+        p.handle(ME, [_raw(Frame(kind=Kind.DATA, source=ME, target=TARGET,
+                                 body=Data(lk0=LK0(endpoint=ME, record_id=1), app_data=b"order")))], {})
+        with p._tx():
+            p.conn.execute("UPDATE stored SET state=? WHERE id=1", (int(state),))
+        if event is StoredEvent.DELIVERED:
+            p.claim_stored(TARGET, 10)
+        elif event is StoredEvent.RECONNECTED:
+            p.connected(TARGET)
+        else:
+            p.handle(TARGET, _stored_frames(event, TARGET), {TARGET: 1 << 40})
+        p.write_held_now()
+        nxt = stored_step(state, event)
+        row = p.conn.execute("SELECT state FROM stored WHERE id=1").fetchone()
+        expected = (int(state),) if nxt is state else None if nxt is StoredState.SS_ACK else (int(nxt),)
+        assert row == expected, (state, event, nxt)
+    finally:
+        p.close()
