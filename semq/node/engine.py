@@ -9,11 +9,11 @@ apply an outcome to the store and send what it says only after the commit.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from enum import Enum, IntEnum
 from functools import lru_cache
-from typing import Any, Final
+from typing import Final, Generic, TypeVar
 
 from semq.platform.engine import StoredState  # the same layer: the engines
 
@@ -301,6 +301,10 @@ STORED_OPERATOR_TABLE: Final[dict[tuple[StoredState, OperatorAction], StoredStat
 }
 
 
+_St = TypeVar("_St", bound=IntEnum)
+_Act = TypeVar("_Act", bound=Enum)
+
+
 class TransitionRefused(ValueError):
     """An action asked of a row whose state does not allow it; the message
     names the action, the row and its state (STYLE 3)."""
@@ -311,47 +315,62 @@ class TransitionRefused(ValueError):
         super().__init__(f"{action} of {row} which is in state {state}")
 
 
+class ActionTable(Generic[_St, _Act]):
+    """One table of ``(state, action) -> next state`` (None: the row is
+    deleted), and what is asked of it: the step for one row, the states an
+    action applies to (for ``WHERE state IN (...)``), the one state it
+    leaves rows in (for ``SET state=...`` over a set of rows)."""
+
+    def __init__(self, table: Mapping[tuple[_St, _Act], _St | None], what: str) -> None:
+        self.table, self.what = table, what
+
+    def step(self, state: _St, action: _Act, ident: int | None = None) -> _St | None:
+        """Raises TransitionRefused for a state the action does not apply
+        to: ``requeue of record 42 which is in state SS_ACK2``."""
+        try:
+            return self.table[(state, action)]
+        except KeyError:
+            raise TransitionRefused(str(action.value), self.what, ident, _name(state)) from None
+
+    def states(self, action: _Act) -> tuple[_St, ...]:
+        return tuple(sorted((s for (s, a) in self.table if a is action), key=int))
+
+    def result(self, action: _Act) -> _St | None:
+        """Raises ValueError for an action that leaves rows in more than one state."""
+        results = {v for (_s, a), v in self.table.items() if a is action}
+        if len(results) != 1:
+            raise ValueError(f"{action.value} leaves rows in {len(results)} different states: name the row's state")
+        return next(iter(results))
+
+
+OPERATOR: Final = ActionTable(OPERATOR_TABLE, "record")
+STORED_OPERATOR: Final = ActionTable(STORED_OPERATOR_TABLE, "stored copy")
+
+
 def operator_step(state: SendState, action: OperatorAction, *, record: int | None = None) -> SendState | None:
-    """The next state of a pending-send row after ``action`` (None: delete
-    it). Raises TransitionRefused for a state the action does not apply to:
-    ``requeue of record 42 which is in state SS_ACK2``."""
-    try:
-        return OPERATOR_TABLE[(state, action)]
-    except KeyError:
-        raise TransitionRefused(action.value, "record", record, _name(state)) from None
+    """The next state of a pending-send row after ``action`` (None: delete it)."""
+    return OPERATOR.step(state, action, record)
 
 
 def stored_operator_step(state: StoredState, action: OperatorAction, *,
                          record: int | None = None) -> StoredState | None:
     """operator_step for the platform's stored copies (STORED_OPERATOR_TABLE)."""
-    try:
-        return STORED_OPERATOR_TABLE[(state, action)]
-    except KeyError:
-        raise TransitionRefused(action.value, "stored copy", record, _name(state)) from None
+    return STORED_OPERATOR.step(state, action, record)
 
 
 def operator_states(action: OperatorAction) -> tuple[SendState, ...]:
-    """The pending-send states ``action`` applies to, in state order (for
-    ``WHERE state IN (...)``)."""
-    return tuple(sorted(s for (s, a) in OPERATOR_TABLE if a is action))
+    """The pending-send states ``action`` applies to, in state order."""
+    return OPERATOR.states(action)
 
 
 def stored_operator_states(action: OperatorAction) -> tuple[StoredState, ...]:
     """The stored-copy states ``action`` applies to, in state order."""
-    return tuple(sorted(s for (s, a) in STORED_OPERATOR_TABLE if a is action))
+    return STORED_OPERATOR.states(action)
 
 
 def operator_result(action: OperatorAction) -> SendState | None:
-    """The one state ``action`` leaves a pending-send row in, whichever
-    state it came from (None: deleted), for ``SET state=...`` over a set of
-    rows. Raises ValueError for an action without one such state."""
-    return _one_result(action.value, {v for (_s, a), v in OPERATOR_TABLE.items() if a is action})
-
-
-def _one_result(name: str, results: set[Any]) -> Any:
-    if len(results) != 1:
-        raise ValueError(f"{name} leaves rows in {len(results)} different states: name the row's state")
-    return next(iter(results))
+    """The one state ``action`` leaves a pending-send row in (None: deleted)."""
+    return OPERATOR.result(action)
 
 
 def _name(state: int) -> str:
@@ -400,24 +419,23 @@ TX_TABLE: Final[dict[tuple[TxState, TxAction], TxState | None]] = {
 }
 
 
+TX: Final = ActionTable(TX_TABLE, "transaction")
+
+
 def tx_step(state: TxState, action: TxAction, *, tx_id: int | None = None) -> TxState | None:
-    """The next state of a half message after ``action`` (None: delete it).
-    Raises TransitionRefused: ``commit of transaction 7 which is in state
-    ROLLED_BACK``."""
-    try:
-        return TX_TABLE[(state, action)]
-    except KeyError:
-        raise TransitionRefused(action.value, "transaction", tx_id, _name(state)) from None
+    """The next state of a half message after ``action`` (None: delete it):
+    ``commit of transaction 7 which is in state ROLLED_BACK``."""
+    return TX.step(state, action, tx_id)
 
 
 def tx_states(action: TxAction) -> tuple[TxState, ...]:
     """The half-message states ``action`` applies to, in state order."""
-    return tuple(sorted(s for (s, a) in TX_TABLE if a is action))
+    return TX.states(action)
 
 
 def tx_result(action: TxAction) -> TxState | None:
     """The one state ``action`` leaves a half message in (None: deleted)."""
-    return _one_result(action.value, {v for (_s, a), v in TX_TABLE.items() if a is action})
+    return TX.result(action)
 
 
 def sql_in(states: Iterable[int]) -> str:
