@@ -18,13 +18,17 @@ from typing import Final, Generic, TypeVar
 from semq.platform.engine import StoredState  # the same layer: the engines
 
 __all__ = [
+    "OPERATOR",
     "OPERATOR_TABLE",
     "ORIGIN_TABLE",
     "PENDING_ACK_TABLE",
+    "STORED_OPERATOR",
     "STORED_OPERATOR_TABLE",
+    "TX",
     "TX_TABLE",
     "AckEvent",
     "AckStatus",
+    "ActionTable",
     "OperatorAction",
     "OriginEvent",
     "OriginOutcome",

@@ -36,17 +36,19 @@ import inspect
 import os
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from enum import IntEnum
 from pathlib import Path
 from typing import Any, Final, NamedTuple
 
 from semq.events import now_ms
 from semq.node.engine import (
+    OPERATOR,
+    STORED_OPERATOR,
     AckStatus,
+    ActionTable,
     OperatorAction,
     SendState,
     TransitionRefused,
-    operator_step,
-    stored_operator_step,
 )
 from semq.node.writebehind import InboundAdminRow, OutboxAdminRow, columns
 from semq.platform.engine import StoredState
@@ -212,6 +214,23 @@ def _selection(args: dict[str, Any], enum: type[SendState] | type[StoredState], 
         raise AdminCommandError("name record ids, or filters (state, target, older_than), or all=true")
     return clauses, params, bool(ids)
 
+
+
+def _applicable(rows: list[dict[str, Any]], table: ActionTable[Any, Any], states: type[IntEnum],
+                action: OperatorAction) -> tuple[list[dict[str, Any]], bool, list[dict[str, Any]]]:
+    """The rows selected (at most MAX_SELECT), whether there were more, and
+    those whose state ``action`` applies to (the table says; the others are
+    reported skipped, a state this version does not know too)."""
+    more = len(rows) > MAX_SELECT
+    rows = rows[:MAX_SELECT]
+    ok = []
+    for r in rows:
+        try:
+            table.step(states[r["state"]], action, r["id"])
+        except (KeyError, TransitionRefused):
+            continue
+        ok.append(r)
+    return rows, more, ok
 
 def _sql_where(clauses: Iterable[str]) -> str:
     c = list(clauses)
@@ -545,15 +564,7 @@ def node_handlers(
                 rows = [_node_row(r, org) for r in _outbox_rows(core.conn.execute(
                     f"SELECT {_NODE_COLS} FROM outbox{_sql_where(clauses)} ORDER BY id LIMIT ?",
                     (*params, MAX_SELECT + 1)))]
-                more = len(rows) > MAX_SELECT
-                rows = rows[:MAX_SELECT]
-                ok = []
-                for r in rows:
-                    try:
-                        operator_step(SendState[r["state"]], action, record=r["id"])
-                    except (KeyError, TransitionRefused):  # KeyError: a state this module does not know
-                        continue
-                    ok.append(r)
+                rows, more, ok = _applicable(rows, OPERATOR, SendState, action)
                 if not dry:
                     # The state read above is the one the table was asked about.
                     core.operator.apply(action, [(r["id"], int(SendState[r["state"]])) for r in ok], ts)
@@ -867,15 +878,7 @@ def platform_handlers(
                 rows = [_stored_row(r) for r in _stored_rows(core.conn.execute(
                     f"SELECT {_STORED_COLS} FROM stored{_sql_where(clauses)} ORDER BY id LIMIT ?",
                     (*params, MAX_SELECT + 1)))]
-                more = len(rows) > MAX_SELECT
-                rows = rows[:MAX_SELECT]
-                ok = []
-                for r in rows:
-                    try:
-                        stored_operator_step(StoredState[r["state"]], action, record=r["id"])
-                    except (KeyError, TransitionRefused):  # KeyError: a state this module does not know
-                        continue
-                    ok.append(r)
+                rows, more, ok = _applicable(rows, STORED_OPERATOR, StoredState, action)
                 if not dry:
                     core.operator_apply(action, [(r["id"], int(StoredState[r["state"]])) for r in ok])
             if not dry and ok and action is OperatorAction.PURGE:
