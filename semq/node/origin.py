@@ -43,7 +43,7 @@ from .writebehind import (
     HeldFwd,
     HeldSent,
     OriginRow,
-    OutboxRow,
+    PendingSendRow,
     columns,
 )
 
@@ -60,7 +60,7 @@ _SS_ACK2: Final = int(S.SS_ACK2)
 # The states the table gives an expired and a given-up row.
 _EXPIRED_TO: Final = int(ORIGIN_TABLE[(S.SS_INIT, OriginEvent.EXPIRED)][0])
 _GIVEN_UP_TO: Final = int(ORIGIN_TABLE[(S.SS_INIT, OriginEvent.CANNOT_SEND)][0])
-_OUT_COLS: Final = columns(OutboxRow)
+_OUT_COLS: Final = columns(PendingSendRow)
 _CLAIM_COLS: Final = columns(ClaimRow)
 _STEP_COLS: Final = columns(OriginRow)
 # Named rows made without the Python frame of their __new__ or _make (the
@@ -115,7 +115,7 @@ class Origin:
         self.ctx = ctx
         self.receipts = receipts
 
-    def event(self, row: OutboxRow | ClaimRow, event: str, ts: int, **extra: Any) -> dict[str, Any]:
+    def event(self, row: PendingSendRow | ClaimRow, event: str, ts: int, **extra: Any) -> dict[str, Any]:
         # The message's attributes were logged with "queued"; later events
         # name it and say what happened (docs/events.md).
         return {"ts": ts, "role": "origin", "event": event, "lk0": f"{self.ctx.me.node_id}/1/1/{row.id}",
@@ -323,7 +323,7 @@ class Origin:
         inside the caller's transaction, with the held writes written."""
         ts = self.ctx.now()
         only = "" if save_fwd is None else f" AND save_fwd={int(save_fwd)}"
-        rows = [OutboxRow._make(r) for r in self.ctx.conn.execute(
+        rows = [PendingSendRow._make(r) for r in self.ctx.conn.execute(
             f"SELECT {_OUT_COLS} FROM outbox WHERE state={_SS_INIT} AND target_type=? AND target_id=?{only}",
             (int(target.node_type), target.node_id))]
         self.ctx.conn.executemany(
@@ -544,7 +544,7 @@ class Origin:
         me = ctx.me
         # Through the partial index outbox_due (its condition is
         # ``state BETWEEN 1 AND 3``, SS_SENT to SS_ACK): only the rows due now.
-        rows = [OutboxRow._make(r) for r in ctx.conn.execute(
+        rows = [PendingSendRow._make(r) for r in ctx.conn.execute(
             f"SELECT {_OUT_COLS} FROM outbox INDEXED BY outbox_due WHERE reliable=1"
             f" AND state BETWEEN {_SS_SENT} AND {_SS_ACK} AND due_ms <= ?"
             f" AND (state IN ({_SS_SENT}, {_SS_ACK_FWD}) OR save_fwd={int(SaveFwd.MUST_DELIVER)} OR ack2=1)"

@@ -42,8 +42,8 @@ __all__ = [
     "MessageRow",
     "OriginRow",
     "OutboxAdminRow",
-    "OutboxRow",
     "PendingAckRow",
+    "PendingSendRow",
     "QueueItemRow",
     "RpcRequestRow",
     "WriteBehind",
@@ -53,30 +53,19 @@ __all__ = [
 MAX_INQUIRY_BACKOFF_MS: Final = 15 * 60 * 1000  # long-offline targets: ask at most every 15 min
 
 
-class OutboxRow(NamedTuple):
+class PendingSendRow(NamedTuple):
     """A pending-send row as failures, inquiries and the event log read it."""
 
     id: int
     target_type: int
     target_id: str
     state: int
-    save_fwd: int
-    ack2: int
-    reliable: int
-    priority: int
-    domain: str
-    data_type: str
-    subtype: str
-    key: str
-    created_ms: int
-    expires_ms: int | None
     attempts: int
-    size: int
 
 
 class ClaimRow(NamedTuple):
-    """A pending-send row as a claim reads it (``OutboxRow``'s fields, then
-    the document). With security ``protected`` gives the sealed document,
+    """A pending-send row as a claim reads it: what the DATA frame carries,
+    and the document. With security ``protected`` gives the sealed document,
     whether its AppKey travels inside it, and the digest it was signed with."""
 
     id: int
