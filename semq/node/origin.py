@@ -70,6 +70,8 @@ _new: Final = tuple.__new__
 _make_claim = partial(_new, ClaimRow)
 _make_step_row = partial(_new, OriginRow)
 
+# (session key, sealed document, AppKey sealed inside, digest) of a claimed row.
+_Sealed = tuple[bytes, bytes, bool, bytes | None]
 _EVENT_NAME: Final = {OriginEvent.ACK_FWD: "ack_fwd", OriginEvent.ACK_SAVE: "ack_save",
                       OriginEvent.NACK: "nack", OriginEvent.PLATFORM_LACKS: "resend",
                       OriginEvent.TARGET_LACKS: "resend", OriginEvent.EXPIRED: "expired",
@@ -199,7 +201,7 @@ class Origin:
             levels = SendOrder.levels(rows, ClaimRow._fields.index("priority"))
         if not rows:
             return
-        rows = self._protect(rows, out)
+        rows, sealed_docs = self._protect(rows, out)
         targets: dict[str, Endpoint] = {}
         gone: list[int] = []  # best-effort ids: sent, nothing to wait for
         expired: list[tuple[int, int]] = []
@@ -216,12 +218,15 @@ class Origin:
             target = targets.get(target_id)
             if target is None:
                 target = targets[target_id] = Endpoint(node_type=NodeType(r.target_type), node_id=target_id)
-            sealed = secure and bool(r.key_sealed)
+            if secure:
+                session_key, app_data, sealed, digest = sealed_docs[rid]
+            else:
+                session_key, app_data, sealed, digest = r.session_key, r.app_data, False, None
             data.append(encode_data(
                 source=me, target=target, record_id=rid,
                 app_key=_NO_KEY_PARTS if sealed else (r.domain, r.data_type, r.subtype, r.key),
                 created_ms=r.created_ms, expires_ms=expires, save_fwd=r.save_fwd, ack2=bool(r.ack2),
-                reliable=bool(r.reliable), priority=r.priority, session_key=r.session_key, app_data=r.app_data,
+                reliable=bool(r.reliable), priority=r.priority, session_key=session_key, app_data=app_data,
                 key_sealed=sealed,
             ))
             events.append({"ts": ts, "role": "origin", "event": "sent", "lk0": f"{me_id}/1/1/{rid}",
@@ -239,8 +244,7 @@ class Origin:
                 # was signed with stays with it (the receipt that names it
                 # usually comes with the ACK2, and the row is written once,
                 # with it); a best-effort document gets no receipt.
-                held[rid] = _new(HeldSent, (ts, attempt, target_id, r.save_fwd, r.ack2,
-                                            r.digest if secure else None))
+                held[rid] = _new(HeldSent, (ts, attempt, target_id, r.save_fwd, r.ack2, digest))
             else:
                 gone.append(rid)
         delete_by_id(conn, "outbox", gone)
@@ -257,14 +261,14 @@ class Origin:
             port.put(out.data)
             out.data = []
 
-    def _protect(self, rows: list[ClaimRow], out: Output) -> list[ClaimRow]:
-        """Sign and seal a claimed batch (security on). Rows come back with
-        the sealed document, whether its AppKey is sealed inside, and its
-        digest; rows whose target certificate is unknown are left out (they
-        stay SS_INIT)."""
+    def _protect(self, rows: list[ClaimRow], out: Output) -> tuple[list[ClaimRow], dict[int, _Sealed]]:
+        """Sign and seal a claimed batch (security on): the rows to send
+        (those whose target certificate is unknown are left out: they stay
+        SS_INIT) and, by record id, each one's sealed document, whether its
+        AppKey is sealed inside, and the digest it was signed with."""
         sec = self.ctx.sec
         if sec is None:
-            return rows
+            return rows, {}
         ts = self.ctx.now()
         me = self.ctx.me
         keep, items = [], []
@@ -305,18 +309,16 @@ class Origin:
             items.append((aad, enclose_app_key(r.domain, r.data_type, r.subtype, r.key, r.app_data) if sealed
                           else r.app_data, certs))
         if not items:
-            return keep
+            return keep, {}
         key = self.receipts.salt_key()
         docs = iter(protect_documents(items, signing_key=sec.identity.keys.signing_key, sealer=sec.sealer,
                                       salts=document_salts(key, [aad for aad, _, _ in items])))
-        result = []
+        protected: dict[int, _Sealed] = {}
         for r in keep:
-            if r.expires_ms is not None and r.expires_ms <= ts:
-                result.append(r)
-                continue
-            app_data, session_key, digest = next(docs)
-            result.append(r.protected(session_key, app_data, bool(session_key) and not r.clear_key, digest))
-        return result
+            if r.expires_ms is None or r.expires_ms > ts:
+                app_data, session_key, digest = next(docs)
+                protected[r.id] = (session_key, app_data, bool(session_key) and not r.clear_key, digest)
+        return keep, protected
 
     def fail_target(self, target: Endpoint, code: ResultCode, detail: str, save_fwd: int | None) -> Events:
         """Give up every not-yet-sent document to ``target`` (CANNOT_SEND),
@@ -366,14 +368,15 @@ class Origin:
         # other columns never change: from memory (an ACK_FWD and an ACK2
         # per document; reading them was ~1.1 us a row, scripts/bench
         # pipeline). The rest are read.
-        rows: dict[int, OriginRow] = {}
+        # Per row: (target, state, SaveFwd, Ack2, attempts), all a step needs.
+        rows: dict[int, tuple[str, int, int, int, int]] = {}
         if held_sent:
             hits, ids = split_held(ids, held_sent)
             for rid, h in hits:
-                rows[rid] = _new(OriginRow, (rid, h.target_id, _SS_INIT, h.save_fwd, h.ack2, h.attempts - 1))
+                rows[rid] = (h.target_id, _SS_INIT, h.save_fwd, h.ack2, h.attempts - 1)
         if ids:
-            rows.update((r.id, r) for r in map(_make_step_row,
-                                               rows_by_id(conn, f"SELECT {_STEP_COLS} FROM outbox", ids)))
+            for r in map(_make_step_row, rows_by_id(conn, f"SELECT {_STEP_COLS} FROM outbox", ids)):
+                rows[r.id] = (r.target_id, r.state, r.save_fwd, r.ack2, r.attempts)
         updates: list[tuple[int, int, int, int]] = []
         deletes: list[int] = []
         sent_updates = []  # rows whose held SS_SENT is written with their new state
@@ -387,11 +390,14 @@ class Origin:
         first_inquiry = wb.first_inquiry
         for it in items:
             rid, event = it[0], it[1]
-            r = rows.get(rid)
-            if r is None or (only is not None and only != r.target_id):
+            got = rows.get(rid)
+            if got is None:
                 answers.append((rid, InquiryResult.NO_RECORD))
                 continue
-            state_no, attempts = r.state, r.attempts
+            target_id, state_no, save_fwd, ack2, attempts = got
+            if only is not None and only != target_id:
+                answers.append((rid, InquiryResult.NO_RECORD))
+                continue
             sent_at = held_sent.get(rid) if held_sent else None
             if sent_at is not None:
                 attempts = sent_at.attempts
@@ -400,10 +406,10 @@ class Origin:
             held_at = held.pop(rid, None) if held else None
             if held_at is not None and state_no == _SS_SENT:
                 state_no = _SS_ACK_FWD  # its ACK_FWD came; the row on disk says SS_SENT
-            key = (state_no, event, r.save_fwd, r.ack2)
+            key = (state_no, event, save_fwd, ack2)
             o = steps.get(key)
             if o is None:
-                o = steps[key] = origin_step(_SEND_STATES[state_no], event, save_fwd=r.save_fwd, ack2=bool(r.ack2))
+                o = steps[key] = origin_step(_SEND_STATES[state_no], event, save_fwd=save_fwd, ack2=bool(ack2))
             answers.append((rid, _ANSWER_ACKED if state_no == _SS_ACK2 else _ANSWER_MARKED))
             if o.reack2 and peer is not None and len(it) > 2 and acks is not None:
                 e: AckEntry = it[2]
@@ -417,7 +423,7 @@ class Origin:
             new_state = o.state
             if new_state is SendState.SS_INIT:
                 wb.order.forget()  # to be sent again: the claims must read it
-            rows[rid] = _new(OriginRow, (rid, r.target_id, int(new_state), r.save_fwd, r.ack2, attempts))
+            rows[rid] = (target_id, int(new_state), save_fwd, ack2, attempts)
             lk0 = f"{me}/1/1/{rid}"
             if new_state is SendState.SS_FAILED:
                 row_code, row_detail = code, detail
@@ -426,11 +432,11 @@ class Origin:
                     row_code = int(ResultCode.TARGET_OFFLINE_DROPPED)
                     row_detail = "forwarded but not received by the target"
                 events.append({"ts": ts, "role": "origin", "event": "nack", "lk0": lk0, "source": me,
-                               "target": r.target_id, "attempt": attempts, "code": row_code, "detail": row_detail})
+                               "target": target_id, "attempt": attempts, "code": row_code, "detail": row_detail})
             else:
                 row_code = code
                 events.append({"ts": ts, "role": "origin", "event": _EVENT_NAMES[event], "lk0": lk0,
-                               "source": me, "target": r.target_id, "attempt": attempts})
+                               "source": me, "target": target_id, "attempt": attempts})
             if state_no == _SS_SENT:
                 out.settled += 1  # no longer in flight: window credit
             if o.clean:
@@ -440,7 +446,7 @@ class Origin:
                     if sent_at.digest is not None:
                         digests.append((rid, sent_at.target_id, sent_at.digest))
                 events.append({"ts": ts, "role": "origin", "event": "cleaned", "lk0": lk0, "source": me,
-                               "target": r.target_id, "attempt": attempts})
+                               "target": target_id, "attempt": attempts})
             elif new_state is SendState.SS_ACK_FWD and state_no == _SS_SENT:
                 # Held in memory, not written: the ACK2 that follows within
                 # a fraction of a second deletes the row, and the UPDATE of

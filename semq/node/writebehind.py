@@ -65,8 +65,7 @@ class PendingSendRow(NamedTuple):
 
 class ClaimRow(NamedTuple):
     """A pending-send row as a claim reads it: what the DATA frame carries,
-    and the document. With security ``protected`` gives the sealed document,
-    whether its AppKey travels inside it, and the digest it was signed with."""
+    and the document (with security the claim seals and signs it)."""
 
     id: int
     target_type: int
@@ -88,11 +87,6 @@ class ClaimRow(NamedTuple):
     session_key: bytes
     app_data: bytes
     clear_key: int
-    key_sealed: int  # the AppKey is sealed inside app_data (set by ``protected``)
-    digest: bytes | None  # what the document was signed with (set by ``protected``)
-
-    def protected(self, session_key: bytes, app_data: bytes, key_sealed: bool, digest: bytes) -> ClaimRow:
-        return tuple.__new__(ClaimRow, (*self[:17], session_key, app_data, self.clear_key, key_sealed, digest))
 
 
 class OriginRow(NamedTuple):
@@ -168,7 +162,7 @@ class HeldFwd(NamedTuple):
 
 
 # Fields that are not a column of the same name.
-_COMPUTED: Final = {"size": "length(app_data)", "key_sealed": "0", "digest": "NULL"}
+_COMPUTED: Final = {"size": "length(app_data)"}
 
 
 def columns(row: type[tuple[Any, ...]]) -> str:

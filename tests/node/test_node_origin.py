@@ -450,7 +450,7 @@ def test_a_row_left_out_of_a_claim_is_claimed_later(tmp_path: Path, node_clock: 
         from semq.node.origin import Origin
 
         real = Origin._protect
-        monkeypatch.setattr(Origin, "_protect", lambda self, rows, out: [r for r in rows if r.id != 2])
+        monkeypatch.setattr(Origin, "_protect", lambda self, rows, out: ([r for r in rows if r.id != 2], {}))
         assert len(a.claim(10).data) == 3 and set(a.held_rows.sent) == {1, 3, 4}
         assert a.held_rows.order.after == {(None, 0): 1}
         a.accept([NewDocument(target=B, app_data=b"doc 4")])  # id 5
