@@ -368,10 +368,11 @@ class Receiver:
         done, marked = [], []
         wb = self.ctx.held
         held = wb.inbound
-        rows: list[ConfirmRow] = []
+        # A held PendingAckRow has every field of a ConfirmRow, by the same names.
+        rows: list[ConfirmRow | PendingAckRow] = []
         if held:  # rows still in memory: confirmed there, never written if complete
             hits, ids = split_held(ids, held)
-            rows += wb.held_confirm_rows(hits)
+            rows += [h for _, h in hits]
         if ids:
             rows += map(ConfirmRow._make, rows_by_id(self.ctx.conn, f"SELECT {_CONFIRM_COLS} FROM inbound", ids))
         for r in rows:

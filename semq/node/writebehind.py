@@ -21,7 +21,7 @@ Two things live here, and nowhere else:
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from typing import Any, Final, NamedTuple
 
 from semq._db import HOLD_MS, SendOrder, take_held
@@ -121,7 +121,14 @@ class PendingAckRow(NamedTuple):
 
     @property
     def lk0_key(self) -> tuple[int, str, int, int, int]:
-        return (self.origin_type, self.origin_id, self.semq_id, self.semq_db_id, self.record_id)
+        """(origin_type, origin_id, semq_id, semq_db_id, record_id): its LK0."""
+        return self[_LK0_KEY]  # type: ignore[return-value]
+
+
+# PendingAckRow's LK0 fields, in their order (a slice is what the hot path
+# can afford: one per received document).
+_LK0_KEY: Final = slice(PendingAckRow._fields.index("origin_type"), PendingAckRow._fields.index("record_id") + 1)
+_CONFIRMED_AT: Final = slice(PendingAckRow._fields.index("p_ack"), PendingAckRow._fields.index("s_ack") + 1)
 
 
 class ConfirmRow(NamedTuple):
@@ -271,12 +278,9 @@ class WriteBehind:
         self.inbound_keys.pop(row.lk0_key, None)
 
     def confirm_held(self, rid: int, p_ack: int, s_ack: int) -> None:
-        self.inbound[rid] = self.inbound[rid]._replace(p_ack=p_ack, s_ack=s_ack)
-
-    def held_confirm_rows(self, hits: Sequence[tuple[int, PendingAckRow]]) -> list[ConfirmRow]:
-        new = tuple.__new__
-        return [new(ConfirmRow, (rid, h.origin_id, h.semq_id, h.semq_db_id, h.record_id, h.p_ack, h.s_ack))
-                for rid, h in hits]
+        row = self.inbound[rid]
+        self.inbound[rid] = tuple.__new__(PendingAckRow, (*row[:_CONFIRMED_AT.start], p_ack, s_ack,
+                                                          *row[_CONFIRMED_AT.stop:]))
 
     def state_counts(self, on_disk: dict[str, int]) -> dict[str, int]:
         """Pending-send rows per state name with the held states counted
