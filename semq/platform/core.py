@@ -20,6 +20,7 @@ import time
 from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any, Final, NamedTuple
 
@@ -177,6 +178,10 @@ class _Claimed(NamedTuple):
 _HELD_SENT_MS: Final = _Held._fields.index("sent_ms")
 _CLAIM_SELECT: Final = f"SELECT {', '.join(_Claimed._fields)} FROM stored"
 _CLAIMED_PRIORITY: Final = _Claimed._fields.index("priority")
+# Named rows made without the Python frame of their __new__ or _make (one of
+# each per delivered copy); _CLAIM_SELECT reads exactly _Claimed's fields.
+_new: Final = tuple.__new__
+_make_claimed: Final = partial(_new, _Claimed)
 _CLAIM_WHERE: Final = f"target_type=? AND target_id=? AND state={_SS_INIT}"  # a target's frames waiting
 
 
@@ -754,7 +759,7 @@ class PlatformCore(HeldWrites):
                 total += sizes[ids[n]]
                 n += 1
             ids = ids[:n]
-            found = {r.id: r for r in map(_Claimed._make, rows_by_id(self.conn, _CLAIM_SELECT, ids))}
+            found = {r.id: r for r in map(_make_claimed, rows_by_id(self.conn, _CLAIM_SELECT, ids))}
             rows = [found[i] for i in ids]
             if not held:
                 levels = SendOrder.levels(rows, _CLAIMED_PRIORITY)
@@ -783,7 +788,7 @@ class PlatformCore(HeldWrites):
                 # SS_INIT and goes again (the target deduplicates). Written
                 # after HOLD_MS (write_held: by handle, claims, inquiries, a
                 # reconnect, the operator's commands and close).
-                held[rid] = _Held(ts, attempts + 1, target_type, target.node_id, oid, s, d, r)
+                held[rid] = _new(_Held, (ts, attempts + 1, target_type, target.node_id, oid, s, d, r))
                 n_data += 1
                 events.append({"ts": ts, "event": "delivered", "lk0": lk0, "source": oid,
                                "target": target.node_id, "lk1": f"1/1/{rid}", "attempt": attempts + 1,
