@@ -137,7 +137,7 @@ def rows_by_id(conn: sqlite3.Connection, select: str, ids: Sequence[int], where:
 
 
 # How long a write that promises nothing waits in memory for the frame that
-# usually makes it moot within a fraction of a second (docs/architecture.md,
+# usually makes it moot within a fraction of a second (docs/design.md,
 # "States held in memory for up to a second"): the node's SS_SENT and
 # SS_ACK_FWD and its new pending-ack rows, the platform's SS_SENT.
 HOLD_MS: Final = 1000
@@ -205,7 +205,7 @@ class HeldWrites:
         between). If it does not commit, what is held in memory is dropped,
         as a crash would drop it: it may have changed in the transaction, the
         store is the truth, and what it lacks the inquiries recover
-        (docs/architecture.md)."""
+        (docs/design.md)."""
         try:
             with self.db.atomic("IMMEDIATE"):
                 yield
@@ -225,7 +225,7 @@ class SendOrder:
     """Claims in send order (priority first, then acceptance: an index on
     ``(..., state, priority DESC, id)``) that skip the rows held sent in
     memory, which are still SS_INIT on disk (the node's outbox, the
-    platform's stored copies: docs/architecture.md, "States held in memory
+    platform's stored copies: docs/design.md, "States held in memory
     for up to a second"). Per scope (the node: its outbox; the platform: one
     target) and priority, ``after`` is an id up to which every SS_INIT row
     is held, so a claim reads the index from there instead of reading the

@@ -6,7 +6,7 @@ Two things live here, and nowhere else:
   ``NamedTuple`` whose fields name the columns, and the SELECT list is made
   from those fields (``columns``): a moved or renamed column fails loudly
   (SQLite: "no such column"), never silently as a shifted index would.
-- **The write-behind** (docs/architecture.md, "States held in memory for up
+- **The write-behind** (docs/design.md, "States held in memory for up
   to a second"): three writes wait in memory for up to ``HOLD_MS`` for the
   frame that usually makes them moot within a fraction of a second — a
   claimed row's SS_SENT, its SS_ACK_FWD (for its ACK2), and a new pending-ack

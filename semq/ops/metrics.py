@@ -339,7 +339,7 @@ def node_snapshot(core: Any, stuck_after: float) -> dict[str, Any]:
     c = core.conn
     cutoff = int(time.time() * 1000 - stuck_after * 1000)
     msgs: dict[tuple[str, str], int] = {("outbox", s.name): 0 for s in SendState}
-    # Both count what the node holds in memory for up to 1 s (docs/architecture.md).
+    # Both count what the node holds in memory for up to 1 s (docs/design.md).
     for name, n in core.state_counts().items():
         msgs[("outbox", name)] = n
     msgs[("inbound", "pending_ack")] = core.pending_ack_count()
@@ -367,7 +367,7 @@ def platform_snapshot(core: Any, stuck_after: float) -> dict[str, Any]:
                 msgs[("stored", str(s))] = n
         else:
             msgs[("relayed", "waiting")] += n
-    # Delivered copies whose SS_SENT is held in memory (docs/architecture.md).
+    # Delivered copies whose SS_SENT is held in memory (docs/design.md).
     moved = min(core.held_count(), msgs[("stored", "SS_INIT")])
     msgs[("stored", "SS_INIT")] -= moved
     msgs[("stored", "SS_SENT")] += moved

@@ -70,7 +70,7 @@ def test_origin_spec_flow() -> None:
 
 @pytest.mark.parametrize(("save_fwd", "ack2"), list(itertools.product((1, 2, 3), (False, True))))
 def test_origin_cleanup_waits_for_the_confirmation_it_needs(save_fwd: int, ack2: bool) -> None:
-    """SPEC A.6 (docs/architecture.md, "Cleanup"): a row goes at SS_ACK2, at
+    """SPEC A.6 (docs/design.md, "Cleanup"): a row goes at SS_ACK2, at
     SS_ACK when no Ack2 was asked (the platform stored it and owns delivery),
     and never while it is only forwarded (SS_ACK_FWD: the platform kept no
     copy, so the target must confirm it, whatever the SaveFwd) or not yet

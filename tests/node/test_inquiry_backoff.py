@@ -1,4 +1,4 @@
-"""Inquiries back off (docs/architecture.md, "Inquiries and their backoff"):
+"""Inquiries back off (docs/design.md, "Inquiries and their backoff"):
 a row nobody confirms is asked about one interval after its last change,
 then at a doubling interval, never less often than every 15 minutes, so a
 long-offline target is asked rarely; an SS_SENT row asks at once on a new

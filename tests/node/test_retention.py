@@ -1,6 +1,6 @@
 """What the stores keep, and for how long: the node's and the platform's
 hourly housekeeping delete each kind of row once its retention has passed,
-and not a moment before (docs/exactly-once.md, docs/architecture.md,
+and not a moment before (docs/exactly-once.md, docs/design.md,
 docs/cli.md, docs/seed-capabilities.md, docs/security.md "Receipts").
 
 - the dedup table remembers every LK0 for 30 days; a copy arriving after

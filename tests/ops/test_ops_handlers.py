@@ -279,7 +279,7 @@ async def test_async_reload_and_errors(tmp_path: Path) -> None:
 
 async def test_node_commands_see_the_states_held_in_memory(tmp_path: Path) -> None:
     """A forwarded row's SS_ACK_FWD waits in memory for up to a second
-    (docs/architecture.md); the operator's commands write it first, so
+    (docs/design.md); the operator's commands write it first, so
     status, list and show say what the node knows."""
     from semq.umxt_protocol import (
         AckBatch,

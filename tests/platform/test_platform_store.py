@@ -327,7 +327,7 @@ def test_the_received_events_app_key_is_read_from_the_bytes_as_the_frame_has_it(
 
 
 def test_a_commit_that_fails_after_the_platform_forwarded_loses_nothing(tmp_path: Path) -> None:
-    """docs/architecture.md, "Batching and group commit": the platform hands
+    """docs/design.md, "Batching and group commit": the platform hands
     documents for online targets to their queues just before its commit. If
     that commit fails, the origin hears no ACK_FWD; its inquiry finds
     nothing at the platform and it sends the document again, and the
