@@ -30,9 +30,8 @@ from semq.umxt_protocol import (
     FrameDecoder,
     Inquiry,
     Kind,
-    RawFrame,
-    encode_frame,
 )
+from tests._frames import raws
 from tests.conftest import NodeClock
 from tests.node.test_node_receiver import _doc
 from tests.node.test_node_receiver import _frames as _received
@@ -44,10 +43,7 @@ S = 1000
 SCHEDULE = [15 * S, 30 * S, 60 * S, 120 * S, 240 * S, 480 * S, 900 * S, 900 * S, 900 * S]
 
 
-def _raw(frame: Frame) -> list[RawFrame]:
-    dec = FrameDecoder()
-    dec.receive_data(encode_frame(frame))
-    return list(dec)
+_raw = raws  # (one frame, as the list a batch is)
 
 
 def _asked(data: list[bytes]) -> list[tuple[str, list[int]]]:

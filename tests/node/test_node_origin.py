@@ -17,23 +17,17 @@ from semq.umxt_protocol import (
     Endpoint,
     ForwardFlag,
     Frame,
-    FrameDecoder,
     Kind,
     RawFrame,
-    encode_frame,
 )
+from tests._frames import raw
 from tests.conftest import NodeClock
 
 A, B = "10008", "56001"
 P = Endpoint.platform()
 
 
-def _raw(frame: Frame) -> RawFrame:
-    dec = FrameDecoder()
-    dec.receive_data(encode_frame(frame))
-    raw = dec.next_frame()
-    assert raw is not None
-    return raw
+_raw = raw
 
 
 def _acks(kind: Kind, source: Endpoint, ids: list[int]) -> RawFrame:

@@ -28,13 +28,11 @@ from semq.umxt_protocol import (
     Data,
     Endpoint,
     Frame,
-    FrameDecoder,
     Kind,
     Nack,
-    RawFrame,
     ResultCode,
-    encode_frame,
 )
+from tests._frames import decoded, raws
 from tests.conftest import NodeClock
 
 A, B = "10008", "56001"
@@ -43,16 +41,7 @@ MINUTE = 60_000
 DAY = 86_400_000
 
 
-def _raw(*frames: Frame) -> list[RawFrame]:
-    dec = FrameDecoder()
-    dec.receive_data(b"".join(encode_frame(f) for f in frames))
-    return list(dec)
-
-
-def _raw_bytes(data: list[bytes]) -> list[RawFrame]:
-    dec = FrameDecoder()
-    dec.receive_data(b"".join(data))
-    return list(dec)
+_raw, _raw_bytes = raws, decoded
 
 
 def _copy(record_id: int, created_ms: int) -> Frame:

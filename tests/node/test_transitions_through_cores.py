@@ -44,7 +44,6 @@ from semq.umxt_protocol import (
     Endpoint,
     ForwardFlag,
     Frame,
-    FrameDecoder,
     Inquiry,
     InquiryAnswer,
     InquiryResp,
@@ -55,8 +54,8 @@ from semq.umxt_protocol import (
     RawFrame,
     ResultCode,
     SaveFwd,
-    encode_frame,
 )
+from tests._frames import raw
 
 A, B = "10008", "56001"
 P = Endpoint.platform()
@@ -64,12 +63,7 @@ ME, TARGET = Endpoint.org(A), Endpoint.org(B)
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _raw(frame: Frame) -> RawFrame:
-    dec = FrameDecoder()
-    dec.receive_data(encode_frame(frame))
-    raw = dec.next_frame()
-    assert raw is not None
-    return raw
+_raw = raw
 
 
 def _ack(kind: Kind, source: Endpoint) -> RawFrame:

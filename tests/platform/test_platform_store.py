@@ -28,6 +28,7 @@ from semq.umxt_protocol import (
     RawFrame,
     encode_frame,
 )
+from tests._frames import raws
 from tests.protocol.test_protocol_strategies import PROTOCOL_SETTINGS, frames_of
 
 A, B, C = "10008", "56001", "56002"
@@ -37,10 +38,7 @@ OFFLINE: dict[Endpoint, int] = {}
 ONLINE = 1 << 30
 
 
-def _raw(*frames: Frame) -> list[RawFrame]:
-    d = FrameDecoder()
-    d.receive_data(b"".join(encode_frame(f) for f in frames))
-    return list(d)
+_raw = raws
 
 
 def _data(src: Endpoint, dst: Endpoint, record_id: int) -> Frame:
