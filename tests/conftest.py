@@ -2,6 +2,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -43,3 +44,30 @@ def node_clock(monkeypatch: pytest.MonkeyPatch) -> NodeClock:
     clock = NodeClock(1_000_000)
     monkeypatch.setattr(core_mod, "now_ms", lambda: clock.t)
     return clock
+
+
+@pytest.fixture(scope="session")
+def pg_server() -> Iterator[Any]:
+    """A PostgreSQL server for the session: the one at SEMQ_TEST_PG (a URL)
+    when set (then None here), else a throwaway cluster of our own (initdb
+    in a temporary directory outside pytest's, whose root pytest keeps
+    private to root while the server runs as the postgres user; a free
+    port of 127.0.0.1), stopped and removed at the end."""
+    import os
+
+    from semq.testing.pgserver import ENV_URL, throwaway_pg
+
+    if os.environ.get(ENV_URL):
+        yield None
+        return
+    with throwaway_pg() as server:
+        yield server
+
+
+@pytest.fixture
+def pg_url(pg_server: Any) -> Iterator[str]:
+    """The URL of a new, empty PostgreSQL database, dropped after the test."""
+    from semq.testing.pgserver import pg_database
+
+    with pg_database(pg_server) as url:
+        yield url

@@ -15,7 +15,6 @@ header and forwards the bytes (MEASUREMENTS: "a relay only needs to route")."""
 
 from __future__ import annotations
 
-import sqlite3
 import time
 from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
@@ -38,6 +37,7 @@ from semq._db import (
     take_held,
     translate,
 )
+from semq._pg import PgConn, PgDatabase, is_pg_url, redact
 from semq.events import EventLog, now_ms
 from semq.node.engine import OperatorAction, TransitionRefused, stored_operator_step
 from semq.ports import RelayPort
@@ -71,6 +71,7 @@ from semq.umxt_protocol import (
     relay_frame_bytes,
 )
 
+from .cluster import Presence
 from .engine import STORED_TABLE, Route, StoredEvent, StoredState, route, state_answer, stored_step
 from .store import SENT_COPIES, open_platform_store
 
@@ -206,7 +207,7 @@ def _reach(room: Room, forwarded: Mapping[Endpoint, int]) -> Callable[[Endpoint]
 class PlatformCore(HeldWrites):
     def __init__(
         self,
-        store_path: Path,
+        store_path: Path | str,
         platform_id: str = "platform",
         *,
         events_dir: Path | None = None,
@@ -216,8 +217,12 @@ class PlatformCore(HeldWrites):
         auto_register: bool = True,
         check: bool = False,
         quota_bytes: int = 0,
+        instance: str = "",
     ) -> None:
-        self.path = Path(store_path)
+        # The store: an SQLite file, or a PostgreSQL database (a URL) that
+        # several instances of this platform share (semq.platform.cluster).
+        self.pg = is_pg_url(store_path)
+        self.path: Path | str = redact(str(store_path)) if self.pg else Path(store_path)
         self.me = Endpoint.platform(platform_id)
         # Bytes of stored documents one organization may have here at once
         # (0: no limit). A DATA to store past it is refused QUOTA_EXCEEDED;
@@ -229,9 +234,17 @@ class PlatformCore(HeldWrites):
         # raised by every document stored since. Deletions only lower the
         # truth, so the bound never lets an organization past its quota.
         self._usage: dict[tuple[int, str], list[float]] = {}
-        self.db: SqliteDatabase = open_platform_store(self.path, create=create, synchronous=synchronous,
-                                                      check=check)
-        self.conn: sqlite3.Connection = self.db.connection()
+        self.db: SqliteDatabase | PgDatabase = open_platform_store(
+            store_path, create=create, synchronous=synchronous, check=check)
+        self.conn: Any = PgConn(self.db) if isinstance(self.db, PgDatabase) else self.db.connection()
+        # Several instances on one PostgreSQL store: who holds which
+        # organization's connection (None on SQLite: one process).
+        self.presence: Presence | None = Presence(self.conn, instance) if self.pg and instance else None
+        # SQLite's scalar min() is PostgreSQL's LEAST().
+        self._least = "LEAST" if self.pg else "min"
+        # Rows a claim reads are locked, skipping those another instance's
+        # claim holds (PostgreSQL; SQLite has one writer).
+        self._claim_lock = "TRUE FOR UPDATE SKIP LOCKED" if self.pg else ""
         self.inquiry_ms = int(inquiry_interval * 1000)
         self.auto_register = auto_register
         self.log = EventLog(events_dir, f"platform:{platform_id}", "platform") if events_dir else None
@@ -335,11 +348,47 @@ class PlatformCore(HeldWrites):
             for was, now in _ON_RECONNECT:  # (no chains in the table: one UPDATE each)
                 self.conn.execute("UPDATE stored SET state=? WHERE target_type=? AND target_id=? AND state=?",
                                   (now, int(ep.node_type), ep.node_id, was))
+            if self.presence is not None:
+                self.presence.attach(ep)  # this instance holds it now (fencing any other)
         self._emit([{"ts": ts, "event": "node_online", "node": ep.node_id}])
         return True
 
     def disconnected(self, ep: Endpoint) -> None:
+        if self.presence is not None:
+            # Its copies delivered from here whose SS_SENT is held are
+            # SS_INIT on disk: they go again wherever it reconnects.
+            tt = int(ep.node_type)
+            for rid in [r for r, h in self._held_sent.items() if h.target_type == tt and h.target_id == ep.node_id]:
+                del self._held_sent[rid]
+            self._order.forget()
+            with self._tx():
+                self.presence.detach(ep)
         self._emit([{"ts": now_ms(), "event": "node_offline", "node": ep.node_id}])
+
+    # ------------------------------------------------------------ instances
+
+    def join_cluster(self, address: str) -> None:
+        """This instance starts serving at ``address`` (PostgreSQL store)."""
+        if self.presence is not None:
+            with self._tx():
+                self.presence.register(address)
+
+    def leave_cluster(self) -> None:
+        if self.presence is not None:
+            with self._tx():
+                self.presence.leave()
+
+    def cluster_tick(self) -> tuple[list[Endpoint], list[Endpoint]]:
+        """The heartbeat and the sweep (every SWEEP_S): the organizations
+        held here with frames waiting in the store, and those held here
+        whose presence a newer connection elsewhere has taken (to close)."""
+        if self.presence is None:
+            return [], []
+        with self._tx():
+            self.presence.heartbeat()
+            waiting = self.presence.waiting()
+            fenced = [ep for ep in list(self.presence.epochs) if not self.presence.holds(ep)]
+        return waiting, fenced
 
     # ------------------------------------------------------------ frames
 
@@ -393,6 +442,8 @@ class PlatformCore(HeldWrites):
                     out.errors.append((e.code, str(e)))
             self._flush_stores(*store_ctx)
             self._flush_seen()
+            if self.presence is not None and out.stored_for:
+                self.presence.wake(out.stored_for)  # targets held by another instance: NOTIFY at commit
             if out.forwards:
                 if port is not None:
                     port.put(out.forwards)
@@ -432,23 +483,23 @@ class PlatformCore(HeldWrites):
             for rid, *copy_key in rows:
                 if rid not in self._held_sent:  # delivered (SS_SENT held in memory): a new copy, as for SS_SENT
                     found.setdefault(tuple(copy_key), int(rid))
-        next_id = 0
+        new_ids: list[int] = []
         new_rows: list[tuple[Any, ...]] = []
         for st in stores:
             raw, target, key = st.raw, st.raw.target, st.key
             copy_key = (*key, int(target.node_type), target.node_id)
             lk1_id = found.get(copy_key, 0)
             if not lk1_id:
-                if not next_id:
-                    next_id = next_row_id(self.conn, "stored")
-                lk1_id = found[copy_key] = next_id
-                next_id += 1
+                if not new_ids:
+                    new_ids = self._new_ids(len(stores))
+                lk1_id = found[copy_key] = new_ids.pop()
                 new_rows.append((lk1_id, int(target.node_type), target.node_id, *key, raw.priority, st.expires,
                                  st.ts, raw.raw))
             self._seen.append((*key, _STORED, lk1_id, st.ts))
             lk0 = st.lk0
-            acks[(Kind.ACK_SAVE, st.sender)].append(AckEntry(
-                1, 1, lk1_id, lk0.semq_id, lk0.semq_db_id, lk0.record_id, _PLATFORM_FLAG, _STORED_FLAG))
+            if raw.reliable:  # (best effort to another instance's target: stored, never acked)
+                acks[(Kind.ACK_SAVE, st.sender)].append(AckEntry(
+                    1, 1, lk1_id, lk0.semq_id, lk0.semq_db_id, lk0.record_id, _PLATFORM_FLAG, _STORED_FLAG))
             out.stored_for.add(target)
             events.append(self._event(raw, lk0, st.ts, "stored", lk1=f"1/1/{lk1_id}"))
         if new_rows:
@@ -456,6 +507,18 @@ class PlatformCore(HeldWrites):
                 "INSERT INTO stored (id, target_type, target_id, kind, origin_type, origin_id, semq_id,"
                 " semq_db_id, record_id, state, priority, expires_ms, stored_ms, frame)"
                 f" VALUES (?,?,?,{_DATA},?,?,?,?,?,{_SS_INIT},?,?,?,?)", new_rows)
+
+    def _new_ids(self, n: int) -> list[int]:
+        """``n`` ids for new stored copies (LK1), inside the caller's
+        transaction, to be taken with ``pop()``: on SQLite the next ones of
+        the table (this process is its one writer), on PostgreSQL from the
+        table's sequence (shared by every instance; gaps are harmless)."""
+        if self.pg:
+            got = [int(i) for (i,) in self.conn.execute(
+                "SELECT nextval('stored_id_seq') FROM generate_series(1, ?)", (n,)).fetchall()]
+            return sorted(got, reverse=True)
+        first = next_row_id(self.conn, "stored")
+        return list(range(first + n - 1, first - 1, -1))
 
     def _flush_seen(self) -> None:
         if self._seen:
@@ -490,8 +553,13 @@ class PlatformCore(HeldWrites):
         lk0, _lk1, created, expires = raw.data_prefix()
         target = raw.target
         reliable = raw.reliable
-        rk = (self.is_known(target), online(target), raw.save_fwd, reliable,
-              expires is not None and expires <= ts)
+        save_fwd = raw.save_fwd
+        on = online(target)
+        if not on and self.presence is not None and self.presence.elsewhere(target) is not None:
+            # Held by another instance: to it through the store (woken at
+            # commit), whatever the SaveFwd (semq.platform.cluster).
+            save_fwd, reliable = 3, True
+        rk = (self.is_known(target), on, save_fwd, reliable, expires is not None and expires <= ts)
         decided = _ROUTES.get(rk)
         if decided is None:
             decided = _ROUTES[rk] = route(known=rk[0], online=rk[1], save_fwd=rk[2], reliable=rk[3],
@@ -740,6 +808,8 @@ class PlatformCore(HeldWrites):
         target_type = int(target.node_type)
         where, params = _CLAIM_WHERE, (target_type, target.node_id)
         with self._tx():
+            if self.presence is not None and not self.presence.holds(target):
+                return out, 0  # a newer connection elsewhere holds it (fenced)
             if held:
                 self.write_held(ts - HOLD_MS)  # (may empty it)
             # The ids in send order with their frames' sizes first (length()
@@ -759,8 +829,9 @@ class PlatformCore(HeldWrites):
                 total += sizes[ids[n]]
                 n += 1
             ids = ids[:n]
-            found = {r.id: r for r in map(_make_claimed, rows_by_id(self.conn, _CLAIM_SELECT, ids))}
-            rows = [found[i] for i in ids]
+            found = {r.id: r for r in map(_make_claimed, rows_by_id(self.conn, _CLAIM_SELECT, ids,
+                                                                     where=self._claim_lock))}
+            rows = [found[i] for i in ids if i in found]
             if not held:
                 levels = SendOrder.levels(rows, _CLAIMED_PRIORITY)
             if not rows:
@@ -809,11 +880,16 @@ class PlatformCore(HeldWrites):
             # A held copy must not be missed by an inquiry due now.
             self.write_held(ts - min(HOLD_MS, self.inquiry_ms // 2))
             self._order.forget()  # copies another process put back to SS_INIT
+            mine, mine_params = "", ()
+            if self.presence is not None:  # only about the organizations this instance holds
+                mine = (" AND (target_type, target_id) IN"
+                        " (SELECT node_type, node_id FROM presence WHERE instance=?)")
+                mine_params = (self.presence.instance,)
             rows = self.conn.execute(
                 "SELECT id, target_type, target_id, origin_type, origin_id, semq_id, semq_db_id, record_id"
                 f" FROM stored INDEXED BY stored_sent WHERE {SENT_COPIES} AND"
-                " last_sent_ms + min(?, ? * (1 << min(inquiries, 6))) <= ? LIMIT 4000",
-                (MAX_INQUIRY_BACKOFF_MS, self.inquiry_ms, ts),
+                f" last_sent_ms + {self._least}(?, ? * (1 << {self._least}(inquiries, 6))) <= ?{mine} LIMIT 4000",
+                (MAX_INQUIRY_BACKOFF_MS, self.inquiry_ms, ts, *mine_params),
             ).fetchall()
             groups: dict[Endpoint, list[LK0]] = defaultdict(list)
             asked = []

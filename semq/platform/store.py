@@ -18,12 +18,13 @@ from peewee import (
 )
 from playhouse.sqlite_ext import AutoIncrementField
 
-from semq._db import create_tables, open_store
+from semq._db import StoreError, create_tables, open_store
+from semq._pg import CONNECT_TIMEOUT_S, PgDatabase, is_pg_url, redact
 from semq.umxt_protocol import Kind
 
 from .engine import StoredEvent, StoredState, stored_step
 
-__all__ = ["MODELS", "SENT_COPIES", "Node", "Seen", "Stored", "open_platform_store"]
+__all__ = ["MODELS", "PG_MIGRATIONS", "SENT_COPIES", "Node", "Seen", "Stored", "open_platform_store"]
 
 # Stored copies delivered whose ACK is outstanding: the state a delivery
 # leaves a waiting copy in (STORED_TABLE). The partial index ``stored_sent``
@@ -125,7 +126,91 @@ def _v3(db: SqliteDatabase) -> None:
 MIGRATIONS = [_v1, _v2, _v3]
 
 
-def open_platform_store(path: Path, *, create: bool = False, synchronous: str = "FULL",
-                        check: bool = False) -> SqliteDatabase:
-    return open_store(path, MIGRATIONS, create=create, synchronous=synchronous, kind="platform store",
+# The same tables on PostgreSQL (shared by every instance of one platform),
+# plus what only several instances need: ``instances`` (each running
+# instance and its heartbeat) and ``presence`` (which instance holds which
+# organization's connection, with an epoch from one sequence: a newer
+# connection elsewhere fences the older instance's claims and its removal
+# of the row). Frames are sealed or compressed already: stored EXTERNAL
+# (out of line, not compressed again).
+_PG_V1: Final = (
+    """CREATE TABLE stored (
+        id BIGSERIAL PRIMARY KEY, target_type INTEGER NOT NULL, target_id TEXT NOT NULL,
+        kind INTEGER NOT NULL, origin_type INTEGER NOT NULL, origin_id TEXT NOT NULL,
+        semq_id INTEGER NOT NULL DEFAULT 0, semq_db_id INTEGER NOT NULL DEFAULT 0,
+        record_id BIGINT NOT NULL DEFAULT 0, state INTEGER NOT NULL DEFAULT 0,
+        priority INTEGER NOT NULL DEFAULT 0, expires_ms BIGINT, stored_ms BIGINT NOT NULL,
+        attempts INTEGER NOT NULL DEFAULT 0, last_sent_ms BIGINT, inquiries INTEGER NOT NULL DEFAULT 0,
+        frame BYTEA NOT NULL)""",
+    "ALTER TABLE stored ALTER COLUMN frame SET STORAGE EXTERNAL",
+    "CREATE INDEX stored_delivery ON stored (target_type, target_id, state, priority DESC, id)",
+    "CREATE INDEX stored_origin ON stored (origin_type, origin_id, semq_id, semq_db_id, record_id)",
+    f"CREATE INDEX stored_sent ON stored (last_sent_ms) WHERE {SENT_COPIES}",
+    """CREATE TABLE seen (
+        origin_type INTEGER NOT NULL, origin_id TEXT NOT NULL, semq_id INTEGER NOT NULL,
+        semq_db_id INTEGER NOT NULL, record_id BIGINT NOT NULL, action INTEGER NOT NULL,
+        lk1 BIGINT NOT NULL DEFAULT 0, seen_ms BIGINT NOT NULL,
+        PRIMARY KEY (origin_type, origin_id, semq_id, semq_db_id, record_id))""",
+    "CREATE INDEX seen_seen_ms ON seen (seen_ms)",
+    """CREATE TABLE nodes (
+        node_type INTEGER NOT NULL, node_id TEXT NOT NULL, registered_ms BIGINT NOT NULL,
+        last_seen_ms BIGINT, revoked INTEGER NOT NULL DEFAULT 0, PRIMARY KEY (node_type, node_id))""",
+    """CREATE TABLE instances (
+        id TEXT PRIMARY KEY, address TEXT NOT NULL, pid INTEGER NOT NULL, started_ms BIGINT NOT NULL,
+        heartbeat_ms BIGINT NOT NULL)""",
+    """CREATE TABLE presence (
+        node_type INTEGER NOT NULL, node_id TEXT NOT NULL, instance TEXT NOT NULL, epoch BIGINT NOT NULL,
+        since_ms BIGINT NOT NULL, PRIMARY KEY (node_type, node_id))""",
+    "CREATE INDEX presence_instance ON presence (instance)",
+    "CREATE SEQUENCE presence_epoch",
+)
+PG_MIGRATIONS: Final = [_PG_V1]
+
+
+def open_platform_store(store: Path | str, *, create: bool = False, synchronous: str = "FULL",
+                        check: bool = False) -> SqliteDatabase | PgDatabase:
+    """The platform's store: an SQLite file (the default), or a PostgreSQL
+    database named by a ``postgresql://`` URL that several instances share."""
+    if is_pg_url(store):
+        return open_pg_store(str(store), create=create)
+    return open_store(Path(store), MIGRATIONS, create=create, synchronous=synchronous, kind="platform store",
                       check=check)
+
+
+def open_pg_store(url: str, *, create: bool = False) -> PgDatabase:
+    """Connect to the platform's PostgreSQL database and bring its schema to
+    the current version (``create``: make the tables in an empty database).
+    Raises StoreError with one line: the server cannot be reached, the
+    database holds no platform store (run ``semq platform init``), or a newer
+    schema than this software."""
+    db = PgDatabase(None)
+    db.init(url, connect_timeout=CONNECT_TIMEOUT_S)
+    where = redact(url)
+    try:
+        db.connect()
+    except Exception as e:
+        raise StoreError(f"platform store {where} cannot be reached: {' '.join(str(e).split())}") from e
+    try:
+        with db.atomic():
+            # One instance at a time migrates (the others wait here).
+            db.execute_sql("SELECT pg_advisory_xact_lock(7410)")
+            db.execute_sql("CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)")
+            row = db.execute_sql("SELECT value FROM meta WHERE key='schema_version'").fetchone()
+            version = int(row[0]) if row else 0
+            if version == 0 and not create:
+                raise StoreError(f"no platform store in {where}; run 'semq platform init --store {where}' first")
+            if version > len(PG_MIGRATIONS):
+                raise StoreError(f"platform store {where} has schema version {version},"
+                                 f" newer than this software's {len(PG_MIGRATIONS)}")
+            for v in range(version, len(PG_MIGRATIONS)):
+                for stmt in PG_MIGRATIONS[v]:
+                    db.execute_sql(stmt)
+                db.execute_sql("INSERT INTO meta (key, value) VALUES ('schema_version', %s)"
+                               " ON CONFLICT (key) DO UPDATE SET value=EXCLUDED.value", (str(v + 1),))
+    except StoreError:
+        db.close()
+        raise
+    except Exception as e:
+        db.close()
+        raise StoreError(f"platform store {where} cannot be opened: {' '.join(str(e).split())}") from e
+    return db

@@ -1,0 +1,212 @@
+"""Several platform instances on one PostgreSQL store (docs/operations.md,
+"Several platform instances"): which instance holds which organization's
+connection, and how a document for an organization connected to another
+instance reaches it.
+
+The choice, measured in docs/scaling.md: **store and wake**, not a hop
+between instances. A DATA for a target held by another instance is stored
+(the origin gets ACK_SAVE: the copy is durable in the shared store, which
+is more than an ACK_FWD promises), and the holding instance is woken by a
+``NOTIFY`` sent in the same transaction (PostgreSQL delivers it at commit,
+never before). The notification is a hint: each instance also sweeps every
+``SWEEP_S`` for stored copies of the organizations it holds, so a lost
+notification (a listener reconnecting) delays a document, never loses it.
+No instance needs to reach another's address, and a dead instance is
+nobody's problem: its organizations reconnect elsewhere.
+
+Fencing: every connection an instance accepts takes a new epoch from one
+sequence and writes it to the organization's ``presence`` row. An instance
+claims stored copies for an organization only while the row still holds
+its epoch (checked in the claim's transaction), and removes the row only
+if it does: an instance that lost a node's connection to another instance
+without noticing (a half-open TCP connection, a pause) can neither deliver
+to it nor make it look offline."""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import time
+import uuid
+from typing import Any, Final
+
+from semq.events import now_ms
+from semq.umxt_protocol import Endpoint
+
+from .engine import StoredState
+
+__all__ = ["LIVE_MS", "SWEEP_S", "Presence", "WakeListener", "new_instance_id"]
+
+log = logging.getLogger("semq.platform")
+
+SWEEP_S: Final = 1.0  # how often an instance looks for stored copies of the organizations it holds
+HEARTBEAT_S: Final = 1.0
+LIVE_MS: Final = 5000  # an instance whose heartbeat is older is taken as gone
+_CACHE_S: Final = 0.5  # how long a presence look-up is reused by the router
+_CHANNEL_PREFIX: Final = "semq_wake_"
+
+
+def new_instance_id() -> str:
+    """An id for one run of one instance (host, process, a random part)."""
+    host = socket.gethostname().split(".")[0][:20]
+    return f"{host}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+
+
+def channel(instance: str) -> str:
+    """The NOTIFY channel an instance listens on (an identifier: quoted)."""
+    return f'"{_CHANNEL_PREFIX}{instance}"'[:64]
+
+
+class Presence:
+    """One instance's view of the presence table, on the core's connection
+    and inside the core's transactions (the store thread)."""
+
+    def __init__(self, conn: Any, instance: str) -> None:
+        self.conn = conn
+        self.instance = instance
+        self.epochs: dict[Endpoint, int] = {}  # the organizations this instance holds, by epoch
+        self.fenced: set[Endpoint] = set()  # held here, but taken by a newer connection elsewhere
+        self._where: dict[Endpoint, tuple[str | None, float]] = {}
+        self._last_beat = 0.0
+
+    def register(self, address: str) -> None:
+        """This instance is running (at ``address``): in the instances table."""
+        ts = now_ms()
+        self.conn.execute(
+            "INSERT INTO instances (id, address, pid, started_ms, heartbeat_ms) VALUES (?,?,?,?,?)"
+            " ON CONFLICT (id) DO UPDATE SET address=EXCLUDED.address, heartbeat_ms=EXCLUDED.heartbeat_ms",
+            (self.instance, address, os.getpid(), ts, ts))
+
+    def heartbeat(self) -> None:
+        self.conn.execute("UPDATE instances SET heartbeat_ms=? WHERE id=?", (now_ms(), self.instance))
+        self._last_beat = time.monotonic()
+
+    def leave(self) -> None:
+        """A clean stop: this instance holds nobody now."""
+        self.conn.execute("DELETE FROM presence WHERE instance=?", (self.instance,))
+        self.conn.execute("DELETE FROM instances WHERE id=?", (self.instance,))
+        self.epochs.clear()
+
+    def attach(self, ep: Endpoint) -> int:
+        """``ep`` connected here: a new epoch, written to its presence row
+        (whichever instance held it before)."""
+        (epoch,) = self.conn.execute(
+            "INSERT INTO presence (node_type, node_id, instance, epoch, since_ms)"
+            " VALUES (?, ?, ?, nextval('presence_epoch'), ?)"
+            " ON CONFLICT (node_type, node_id) DO UPDATE SET instance=EXCLUDED.instance,"
+            " epoch=EXCLUDED.epoch, since_ms=EXCLUDED.since_ms RETURNING epoch",
+            (int(ep.node_type), ep.node_id, self.instance, now_ms())).fetchone()
+        self.epochs[ep] = int(epoch)
+        self.fenced.discard(ep)
+        self._where.pop(ep, None)
+        return int(epoch)
+
+    def detach(self, ep: Endpoint) -> None:
+        """``ep``'s connection here ended: its row goes, unless a newer
+        connection (elsewhere) owns it by now."""
+        epoch = self.epochs.pop(ep, None)
+        self.fenced.discard(ep)
+        if epoch is not None:
+            self.conn.execute("DELETE FROM presence WHERE node_type=? AND node_id=? AND epoch=?",
+                              (int(ep.node_type), ep.node_id, epoch))
+
+    def holds(self, ep: Endpoint) -> bool:
+        """Whether ``ep``'s presence row still holds this instance's epoch
+        (the fence a claim checks in its transaction)."""
+        epoch = self.epochs.get(ep)
+        if epoch is None:
+            return False
+        row = self.conn.execute("SELECT 1 FROM presence WHERE node_type=? AND node_id=? AND epoch=?",
+                                (int(ep.node_type), ep.node_id, epoch)).fetchone()
+        if row is None:
+            self.fenced.add(ep)
+            self._where.pop(ep, None)  # held elsewhere now: the router must look again
+            return False
+        return True
+
+    def elsewhere(self, ep: Endpoint) -> str | None:
+        """The live instance (other than this one) holding ``ep``'s
+        connection, or None. Reused for ``_CACHE_S``: the router asks per
+        document, and a stale answer only chooses between storing (always
+        safe) and waking."""
+        now = time.monotonic()
+        hit = self._where.get(ep)
+        if hit is not None and now - hit[1] < _CACHE_S:
+            return hit[0]
+        row = self.conn.execute(
+            "SELECT p.instance FROM presence p JOIN instances i ON i.id = p.instance"
+            " WHERE p.node_type=? AND p.node_id=? AND p.instance<>? AND i.heartbeat_ms>=?",
+            (int(ep.node_type), ep.node_id, self.instance, now_ms() - LIVE_MS)).fetchone()
+        where = row[0] if row else None
+        if len(self._where) > 100_000:
+            self._where.clear()
+        self._where[ep] = (where, now)
+        return where
+
+    def wake(self, targets: set[Endpoint]) -> None:
+        """Inside the transaction that stored copies for ``targets``: wake
+        the instances holding them (delivered when it commits)."""
+        by_instance: dict[str, list[str]] = {}
+        for t in targets:
+            where = self.elsewhere(t)
+            if where is not None:
+                by_instance.setdefault(where, []).append(f"{int(t.node_type)} {t.node_id}")
+        for inst, payloads in by_instance.items():
+            for i in range(0, len(payloads), 200):  # a payload is at most 8,000 bytes
+                self.conn.execute("SELECT pg_notify(?, ?)",
+                                  (channel(inst).strip('"'), "\n".join(payloads[i:i + 200])))
+
+    def waiting(self) -> list[Endpoint]:
+        """The sweep: organizations held here with stored copies or relayed
+        frames waiting."""
+        return [Endpoint(node_type=t, node_id=i) for t, i in self.conn.execute(
+            "SELECT p.node_type, p.node_id FROM presence p WHERE p.instance=? AND EXISTS"
+            " (SELECT 1 FROM stored s WHERE s.target_type=p.node_type AND s.target_id=p.node_id"
+            f" AND s.state={int(StoredState.SS_INIT)})",
+            (self.instance,)).fetchall()]
+
+
+class WakeListener:
+    """The instance's own connection that LISTENs on its channel; ``wait``
+    blocks (on a worker thread) until notifications arrive or ``timeout``
+    passes, and returns the organizations to wake. A lost connection is
+    opened again on the next call (the sweep covers the gap)."""
+
+    def __init__(self, url: str, instance: str) -> None:
+        self.url = url
+        self.instance = instance
+        self._conn: Any = None
+
+    def _connect(self) -> Any:
+        import psycopg
+
+        conn = psycopg.connect(self.url, autocommit=True, connect_timeout=5)
+        conn.execute(f"LISTEN {channel(self.instance)}")
+        return conn
+
+    def wait(self, timeout: float) -> list[Endpoint]:
+        import psycopg
+
+        try:
+            if self._conn is None or self._conn.closed:
+                self._conn = self._connect()
+            out: list[Endpoint] = []
+            for n in self._conn.notifies(timeout=timeout, stop_after=64):
+                for line in n.payload.splitlines():
+                    t, _, nid = line.partition(" ")
+                    out.append(Endpoint(node_type=int(t), node_id=nid))
+            return out
+        except psycopg.Error as e:
+            log.warning("cluster wake-ups: %s; the sweep covers the gap", " ".join(str(e).split()))
+            self.close()
+            time.sleep(min(timeout, 1.0))
+            return []
+
+    def close(self) -> None:
+        if self._conn is not None:
+            try:
+                self._conn.close()
+            except Exception:
+                pass
+            self._conn = None

@@ -1,0 +1,173 @@
+"""The platform core on PostgreSQL (a real server: SEMQ_TEST_PG, or a
+throwaway cluster the session starts): the same routing, storing, claiming
+and acking as on SQLite, the SQL rewritten for PostgreSQL, and what only
+several instances on one store need: presence with epochs that fence a
+stale instance, and the wake-up of the instance holding a target."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import replace
+
+import pytest
+
+from semq._db import StoreError
+from semq._pg import translate_sql
+from semq.platform.cluster import WakeListener
+from semq.platform.core import PlatformCore
+from semq.platform.engine import StoredState
+from semq.umxt_protocol import Ack, AckFlag, Endpoint, Frame, Kind, SaveFwd
+from tests._frames import decoded, raws
+from tests.platform.test_platform_store import _acks, _data, _saved
+
+A, B, C = "10008", "56001", "56002"
+a, b, c = Endpoint.org(A), Endpoint.org(B), Endpoint.org(C)
+
+
+@pytest.fixture
+def pair(pg_url: str) -> Iterator[tuple[PlatformCore, PlatformCore]]:
+    """Two instances of one platform on one PostgreSQL store."""
+    one = PlatformCore(pg_url, create=True, instance="one")
+    two = PlatformCore(pg_url, instance="two")
+    one.register([A, B, C])
+    one.join_cluster("127.0.0.1:1")
+    two.join_cluster("127.0.0.1:2")
+    yield one, two
+    one.close()
+    two.close()
+
+
+def _rows(core: PlatformCore) -> list[tuple[int, int, int]]:
+    return [tuple(r) for r in core.conn.execute("SELECT id, kind, state FROM stored ORDER BY id").fetchall()]
+
+
+def test_sqlite_statements_are_rewritten_for_postgresql() -> None:
+    assert translate_sql("SELECT id FROM stored WHERE id=? AND +target_id=?") == \
+        "SELECT id FROM stored WHERE id=%s AND target_id=%s"
+    assert translate_sql("INSERT OR IGNORE INTO nodes (a) VALUES (?)").endswith("ON CONFLICT DO NOTHING")
+    assert "ON CONFLICT (origin_type, origin_id, semq_id, semq_db_id, record_id) DO UPDATE" in \
+        translate_sql("INSERT OR REPLACE INTO seen VALUES (?,?)")
+    assert "INDEXED BY" not in translate_sql("SELECT 1 FROM stored INDEXED BY stored_sent WHERE x LIKE '5%'")
+    assert "'5%%'" in translate_sql("SELECT 1 FROM t WHERE x LIKE '5%'")
+
+
+def test_an_uninitialized_database_is_refused_with_the_command_to_run(pg_url: str) -> None:
+    with pytest.raises(StoreError, match=r"no platform store in .*semq platform init --store"):
+        PlatformCore(pg_url)
+
+
+def test_an_unreachable_server_is_one_line() -> None:
+    with pytest.raises(StoreError, match="cannot be reached"):
+        PlatformCore("postgresql://nobody:secret@127.0.0.1:9/none")
+
+
+def test_store_deliver_ack_on_postgresql(pg_url: str) -> None:
+    core = PlatformCore(pg_url, create=True)
+    core.register([A, B])
+    try:
+        out = core.handle(a, raws(_data(a, b, 1), _data(a, b, 2), _data(a, b, 1)), {})
+        saved = _saved(out.sends[a])
+        assert [r for r, _ in saved] == [1, 2, 1]
+        assert saved[0][1] == saved[2][1]  # a resend in the batch: the same LK1
+        lk1s = sorted({lk1 for _, lk1 in saved})
+        assert [(i, s) for i, _, s in _rows(core)] == [(lk1s[0], 0), (lk1s[1], 0)]
+        assert core.connected(b)
+        frames, n = core.claim_stored(b, 10)
+        assert n == 2 and len(frames) == 2
+        core.handle(b, _acks(b, lk1s), {})
+        assert _rows(core) == []
+        # the inquiry about it: stored, delivered, acked -> RECEIVED (from `seen`)
+        row = core.conn.execute("SELECT action, lk1 FROM seen WHERE record_id=?", (1,)).fetchone()
+        assert tuple(row) == (2, lk1s[0])
+        assert core.housekeeping() == 0
+        assert core.counts()["stored"] == {}
+    finally:
+        core.close()
+
+
+def test_a_document_for_a_target_held_by_another_instance_is_stored_and_wakes_it(
+        pair: tuple[PlatformCore, PlatformCore], pg_url: str) -> None:
+    one, two = pair
+    listener = WakeListener(pg_url, "two")
+    try:
+        assert listener.wait(0.05) == []  # LISTEN before anything is sent
+        assert two.connected(b)  # B is connected to instance two
+        # A (on instance one) sends with SaveFwd 1: B is not here, but is
+        # held by a live instance: stored for it, ACK_SAVE, and two is woken.
+        out = one.handle(a, raws(_data(a, b, 7)), {})
+        assert [r for r, _ in _saved(out.sends[a])] == [7]
+        assert listener.wait(5.0) == [b]
+        _, n = two.claim_stored(b, 10)
+        assert n == 1
+        # instance one may not claim B's copies: two holds B
+        assert one.claim_stored(b, 10) == ([], 0)
+    finally:
+        listener.close()
+
+
+def test_a_newer_connection_elsewhere_fences_the_older_instance(pair: tuple[PlatformCore, PlatformCore]) -> None:
+    one, two = pair
+    assert one.connected(b)
+    one.handle(a, raws(_data(a, c, 1)), {})  # (C offline: stored)
+    one.handle(a, raws(_data(a, b, 2), _data(a, b, 3)), {})  # B held by one but not in its room: stored
+    assert two.connected(b)  # B reconnects to instance two; one has not noticed
+    assert one.claim_stored(b, 10) == ([], 0)  # fenced: one delivers nothing more to B
+    waiting, fenced = one.cluster_tick()
+    assert fenced == [b] and b not in waiting
+    waiting, fenced = two.cluster_tick()
+    assert waiting == [b] and fenced == []
+    _, n = two.claim_stored(b, 10)
+    assert n == 2
+    # one's late disconnect does not remove two's presence
+    one.disconnected(b)
+    assert two.presence is not None and two.presence.holds(b)
+    assert one.presence is not None and one.presence.elsewhere(b) == "two"
+
+
+def test_a_dead_instance_holds_nobody(pair: tuple[PlatformCore, PlatformCore]) -> None:
+    one, two = pair
+    assert two.connected(b)
+    two.conn.execute("UPDATE instances SET heartbeat_ms=0 WHERE id='two'")  # its heartbeat stopped
+    assert one.presence is not None
+    one.presence._where.clear()
+    # SaveFwd 1 to a target whose instance is gone: offline, dropped (NACK) as on one platform
+    out = one.handle(a, raws(replace(_data(a, b, 9), save_fwd=SaveFwd(1))), {})
+    assert _saved(out.sends[a]) == [] and _kinds(out.sends[a]) == [Kind.NACK]
+    assert one.presence.elsewhere(b) is None
+
+
+def test_claims_skip_rows_another_transaction_holds(pair: tuple[PlatformCore, PlatformCore], pg_url: str) -> None:
+    import psycopg
+
+    one, _two = pair
+    one.handle(a, raws(_data(a, b, 1), _data(a, b, 2)), {})
+    assert one.connected(b)
+    first = _rows(one)[0][0]
+    with psycopg.connect(pg_url) as other:  # another instance's claim, in flight
+        other.execute("SELECT id FROM stored WHERE id=%s FOR UPDATE", (first,))
+        _, n = one.claim_stored(b, 10)
+        assert n == 1  # the locked one is skipped, not waited for
+        other.rollback()
+    one.write_held_now()
+    states = {i: s for i, _, s in _rows(one)}
+    assert states[first] == StoredState.SS_INIT and StoredState.SS_SENT in states.values()
+
+
+def test_relayed_frames_to_another_instances_target_wake_it(
+        pair: tuple[PlatformCore, PlatformCore], pg_url: str) -> None:
+    one, two = pair
+    listener = WakeListener(pg_url, "two")
+    try:
+        listener.wait(0.05)
+        assert two.connected(a)
+        ack2 = Frame(kind=Kind.ACK2, source=b, target=a, body=Ack(dest_ref_id=5, ack_flag=AckFlag.DELIVERY))
+        one.handle(b, raws(ack2), {})
+        assert listener.wait(5.0) == [a]
+        frames, n = two.claim_stored(a, 10)
+        assert len(frames) == 1 and n == 0
+    finally:
+        listener.close()
+
+
+def _kinds(data: list[bytes]) -> list[Kind]:
+    return [r.kind for r in decoded(data)]
