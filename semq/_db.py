@@ -186,7 +186,7 @@ class HeldWrites:
     says what it holds (``held``), writes it (``write_held``) and forgets
     it (``_drop_held``)."""
 
-    db: SqliteDatabase
+    db: Any  # SqliteDatabase, or the platform's PgDatabase
 
     def held(self) -> bool:
         raise NotImplementedError
@@ -476,7 +476,7 @@ def backup_store(db: SqliteDatabase, dest: Path) -> Path:
 STORE_ERRORS: Final = (sqlite3.Error, DatabaseError, OperationalError)
 
 
-def translate(e: BaseException, path: Path, kind: str = "store") -> StoreError:
+def translate(e: BaseException, path: Path | str, kind: str = "store") -> StoreError:
     """One line for a driver error on a running store (disk full, read-only).
     Looks through the exception chain: when a COMMIT fails with SQLITE_FULL,
     SQLite rolls back by itself and peewee's ROLLBACK then fails with "cannot

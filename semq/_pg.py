@@ -55,7 +55,7 @@ class PgDatabase(PostgresqlDatabase):
         super().begin(None)
 
     def _connect(self) -> Any:
-        conn = super()._connect()
+        conn = super()._connect()  # type: ignore[misc]
         conn.execute("SET synchronous_commit = on")
         return conn
 

@@ -206,6 +206,10 @@ class Config:
     listen: str = _setting(f"127.0.0.1:{DEFAULT_PORT}", Rule(
         "string", _ADDRESS_WORDS.format(lo=0, zero=" (0: any free port)"), lambda v: _address_problem(v, 0),
         "platform: the address it listens on"))
+    store: str = _setting("", Rule(
+        "string", 'empty (the SQLite file platform.sqlite here) or postgresql://USER@HOST:PORT/DB',
+        lambda v: None if v == "" or v.startswith(("postgresql://", "postgres://")) else "is not a postgresql:// URL",
+        "platform: its store; several instances sharing one PostgreSQL store form one platform; set by init"))
     inquiry_interval: float = _setting(15.0, Rule(
         "number", "a number of seconds 0.01..86400", _between(0.01, 86400),
         "seconds before an unconfirmed document is asked about (SPEC default 15)"))
@@ -237,6 +241,11 @@ class Config:
     @property
     def store_path(self) -> Path:
         return self.directory / ("platform.sqlite" if self.role == "platform" else "node.sqlite")
+
+    @property
+    def platform_store(self) -> Path | str:
+        """The platform's store: its PostgreSQL URL, or the SQLite file."""
+        return self.store or self.store_path
 
     @property
     def events_dir(self) -> Path:

@@ -4,6 +4,7 @@ bounded; every process is killed at teardown."""
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import socket
 import sqlite3
@@ -55,38 +56,72 @@ class Proc:
         return self.p.wait(timeout=20)
 
 
+class _PgQuery:
+    """The platform's PostgreSQL store, asked as the tests ask SQLite ones."""
+
+    def __init__(self, url: str) -> None:
+        import psycopg
+
+        self.c = psycopg.connect(url, autocommit=True)
+
+    def execute(self, sql: str, args: Any = ()) -> Any:
+        from semq._pg import translate_sql
+
+        return self.c.execute(translate_sql(sql), args or None)
+
+    def close(self) -> None:
+        self.c.close()
+
+
 class Cluster:
     """A platform and organizations in one temporary directory."""
 
-    def __init__(self, root: Path, *, inquiry_interval: float = 0.5, security: bool = True) -> None:
+    def __init__(self, root: Path, *, inquiry_interval: float = 0.5, security: bool = True,
+                 store: str = "", platforms: int = 1) -> None:
+        """``store``: the platform's PostgreSQL URL (else its SQLite file);
+        ``platforms``: instances of the platform on it, each from its own
+        copy of the platform's directory (P, P2, P3...), on its own port.
+        Nodes get every instance's address."""
         self.root = root
-        self.port = free_port()
+        self.ports = [free_port() for _ in range(platforms)]
+        self.port = self.ports[0]
         self.iq = str(inquiry_interval)
         self.security = security
+        self.store = store
         self.procs: dict[str, Proc] = {}
         plain = [] if security else ["--no-security"]
-        assert semq_main(["platform", "init", "--dir", str(root / "P"), *plain]) == 0
+        on = ["--store", store] if store else []
+        assert semq_main(["platform", "init", "--dir", str(root / "P"), *plain, *on]) == 0
+        for i in range(2, platforms + 1):
+            shutil.copytree(root / "P", root / f"P{i}", ignore=shutil.ignore_patterns("events", "status.json"))
 
-    def add_org(self, org: str) -> Path:
+    def addresses(self, instance: int | None = None) -> str:
+        """The platform's addresses a node is given: every instance's, or one's."""
+        ports = self.ports if instance is None else [self.ports[instance - 1]]
+        return ",".join(f"127.0.0.1:{p}" for p in ports)
+
+    def add_org(self, org: str, instance: int | None = None) -> Path:
+        """An organization whose node knows every instance of the platform, or ``instance`` only."""
         d = self.root / org
         if not self.security:
             assert semq_main(["node", "init", "--dir", str(d), "--org", org, "--platform",
-                              f"127.0.0.1:{self.port}", "--no-security"]) == 0
+                              self.addresses(instance), "--no-security"]) == 0
             assert semq_main(["platform", "register", "--dir", str(self.root / "P"), org]) == 0
             return d
         # Secure by default: keys, certificate issued by the platform's CA.
         assert semq_main(["node", "init", "--dir", str(d), "--org", org, "--platform",
-                          f"127.0.0.1:{self.port}", "--enroll-from", str(self.root / "P")]) == 0
+                          self.addresses(instance), "--enroll-from", str(self.root / "P")]) == 0
         return d
 
-    def start_platform(self, plan: Path | None = None) -> Proc:
-        """The platform; with ``plan``, the dishonest relay of
+    def start_platform(self, plan: Path | None = None, instance: int = 1) -> Proc:
+        """The platform (its ``instance``: 1, 2...); with ``plan``, the dishonest relay of
         semq.testing.dishonest (the same platform, cheating as the plan says)."""
-        p = Proc("platform", ["platform", "run", "--dir", str(self.root / "P"), "--listen",
-                              f"127.0.0.1:{self.port}", "--inquiry-interval", self.iq],
-                 self.root / "platform.log", "listening on",
+        name = "P" if instance == 1 else f"P{instance}"
+        p = Proc("platform", ["platform", "run", "--dir", str(self.root / name), "--listen",
+                              f"127.0.0.1:{self.ports[instance - 1]}", "--inquiry-interval", self.iq],
+                 self.root / f"platform{'' if instance == 1 else instance}.log", "listening on",
                  module=["semq.testing.dishonest", "--plan", str(plan)] if plan else None)
-        self.procs["P"] = p
+        self.procs[name] = p
         return p
 
     def start_node(self, org: str) -> Proc:
@@ -102,7 +137,9 @@ class Cluster:
         for name in list(self.procs):
             self.kill(name)
 
-    def db(self, name: str) -> sqlite3.Connection:
+    def db(self, name: str) -> Any:
+        if name == "P" and self.store:
+            return _PgQuery(self.store)
         f = "platform.sqlite" if name == "P" else "node.sqlite"
         c = sqlite3.connect(str(self.root / name / f), timeout=10)
         return c

@@ -77,10 +77,14 @@ def cmd_platform_init(args: argparse.Namespace) -> int:
     check_option("listen", args.listen, "--listen")
     check_option("platform_id", args.id, "--id")
     host, _ = parse_hostport(args.listen)
+    if args.store:
+        check_option("store", args.store, "--store")
     cfg = Config(role="platform", directory=d, listen=args.listen, platform_id=args.id,
-                 security=not args.no_security)
+                 security=not args.no_security, store=args.store or "")
+    if cfg.store:  # a database it cannot reach leaves no configuration behind
+        PlatformCore(cfg.platform_store, cfg.platform_id, create=True).close()
     write_config(cfg)
-    PlatformCore(cfg.store_path, cfg.platform_id, create=True).close()
+    PlatformCore(cfg.platform_store, cfg.platform_id, create=True).close()
     if cfg.security:
         from semq.security import init_platform_pki
 
@@ -135,9 +139,10 @@ def _register(pdir: Path, orgs: list[str]) -> None:
     from semq.platform.core import PlatformCore
 
     cfg = load_config(pdir)
-    core = PlatformCore(cfg.store_path, cfg.platform_id)
+    core = PlatformCore(cfg.platform_store, cfg.platform_id)
     try:
         core.register(orgs)
+        core.share_ca(pdir / "ca")  # (PostgreSQL store: every instance gets the new certificate)
     finally:
         core.close()
 
@@ -166,17 +171,19 @@ def cmd_platform_revoke(args: argparse.Namespace) -> int:
         target: str | int = int(args.serial, 16) if args.serial else args.org
     except ValueError:
         raise UsageError(f"serial {args.serial!r} is not hexadecimal") from None
+    core = PlatformCore(cfg.platform_store, cfg.platform_id)
     try:
-        serials = revoke(cfg.directory, target)
-    except CryptoError as e:
-        raise UsageError(str(e)) from None
-    if not args.serial:
-        core = PlatformCore(cfg.store_path, cfg.platform_id)
+        core.share_ca(cfg.directory / "ca")  # (PostgreSQL store: revoke on the newest list of every instance)
         try:
+            serials = revoke(cfg.directory, target)
+        except CryptoError as e:
+            raise UsageError(str(e)) from None
+        if not args.serial:
             with core.db.atomic("IMMEDIATE"):
                 core.conn.execute("UPDATE nodes SET revoked=1 WHERE node_id=?", (args.org,))
-        finally:
-            core.close()
+        core.share_ca(cfg.directory / "ca")
+    finally:
+        core.close()
     print(f"revoked {len(serials)} certificate(s) ({', '.join(f'{s:x}' for s in serials)});"
           " a running platform picks the new revocation list up within seconds")
     return 0
@@ -263,7 +270,7 @@ def cmd_platform_register(args: argparse.Namespace) -> int:
     from semq.platform.core import PlatformCore
 
     cfg = _cfg(args, "platform")
-    core = PlatformCore(cfg.store_path, cfg.platform_id)
+    core = PlatformCore(cfg.platform_store, cfg.platform_id)
     try:
         core.register(args.orgs)
     finally:
@@ -360,8 +367,13 @@ def cmd_platform_run(args: argparse.Namespace, daemon_class: Any = None) -> int:
         from semq.security import PlatformSecurity
 
         security = PlatformSecurity(cfg.directory)
-    core = PlatformCore(cfg.store_path, cfg.platform_id, events_dir=cfg.events_dir, synchronous=cfg.synchronous,
-                        check=True,
+    instance = ""
+    if cfg.store:  # one of several instances on one PostgreSQL store
+        from semq.platform.cluster import new_instance_id
+
+        instance = new_instance_id()
+    core = PlatformCore(cfg.platform_store, cfg.platform_id, events_dir=cfg.events_dir, synchronous=cfg.synchronous,
+                        check=True, instance=instance,
                         inquiry_interval=inquiry_interval,
                         # With certificates, only enrolled organizations are known.
                         auto_register=cfg.auto_register and not cfg.security,
@@ -669,7 +681,7 @@ def cmd_status(args: argparse.Namespace) -> int:
         return 0
     from semq.platform.core import PlatformCore
 
-    pcore = PlatformCore(cfg.store_path, cfg.platform_id)
+    pcore = PlatformCore(cfg.platform_store, cfg.platform_id)
     try:
         counts = pcore.counts()
     finally:
@@ -707,6 +719,10 @@ def build_parser() -> argparse.ArgumentParser:
     x.add_argument("--id", default="platform")
     x.add_argument("--name", action="append", default=[], help="extra DNS name / IP for the TLS certificate")
     x.add_argument("--no-security", action="store_true", help="plain TCP, no CA (testing only)")
+    x.add_argument("--store", metavar="URL",
+                   help="keep the store in PostgreSQL (postgresql://USER@HOST:PORT/DB) instead of the SQLite file"
+                        " platform.sqlite: several 'semq platform run' on copies of this directory then form one"
+                        " platform")
     x.set_defaults(func=cmd_platform_init)
     x = plat.add_parser("run", parents=[common], help="run the relay")
     x.add_argument("--listen", help="HOST:PORT (port 0 = any free port)")

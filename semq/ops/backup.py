@@ -222,6 +222,16 @@ def _private_file(path: Path) -> io.BufferedWriter:
 # ---------------------------------------------------------------- backup
 
 
+def _refuse_pg(cfg: Any, what: str) -> None:
+    """These commands work on SQLite stores; PostgreSQL has its own tools."""
+    if getattr(cfg, "store", ""):
+        from semq._pg import redact
+
+        raise BackupError(f"the platform's store is the PostgreSQL database {redact(cfg.store)}: {what} it with"
+                          " PostgreSQL's own tools (pg_dump, pg_basebackup, VACUUM FULL); the CA and"
+                          " configuration in this directory are plain files")
+
+
 def backup(directory: Path, out: Path, *, include_keys: bool = False) -> BackupInfo:
     """Back up the data directory ``directory`` (node or platform, running
     or not) to ``out``. Written to a temporary file and renamed, mode 0600.
@@ -230,6 +240,7 @@ def backup(directory: Path, out: Path, *, include_keys: bool = False) -> BackupI
 
     directory, out = Path(directory).resolve(), Path(out)
     cfg = load_config(directory)
+    _refuse_pg(cfg, "back up")
     store_name = STORE_NAMES[cfg.role]
     out.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix=".semq-backup-", dir=out.parent) as tmpd:
@@ -387,6 +398,7 @@ def compact(directory: Path) -> CompactInfo:
 
     directory = Path(directory).resolve()
     cfg = load_config(directory)
+    _refuse_pg(cfg, "compact")
     store = cfg.store_path
     if not store.is_file():
         raise BackupError(f"no {cfg.role} store at {store}")

@@ -29,14 +29,15 @@ import os
 import socket
 import time
 import uuid
+from pathlib import Path
 from typing import Any, Final
 
 from semq.events import now_ms
-from semq.umxt_protocol import Endpoint
+from semq.umxt_protocol import Endpoint, NodeType
 
 from .engine import StoredState
 
-__all__ = ["LIVE_MS", "SWEEP_S", "Presence", "WakeListener", "new_instance_id"]
+__all__ = ["LIVE_MS", "SWEEP_S", "Presence", "WakeListener", "new_instance_id", "share_ca"]
 
 log = logging.getLogger("semq.platform")
 
@@ -160,7 +161,7 @@ class Presence:
     def waiting(self) -> list[Endpoint]:
         """The sweep: organizations held here with stored copies or relayed
         frames waiting."""
-        return [Endpoint(node_type=t, node_id=i) for t, i in self.conn.execute(
+        return [Endpoint(node_type=NodeType(t), node_id=i) for t, i in self.conn.execute(
             "SELECT p.node_type, p.node_id FROM presence p WHERE p.instance=? AND EXISTS"
             " (SELECT 1 FROM stored s WHERE s.target_type=p.node_type AND s.target_id=p.node_id"
             f" AND s.state={int(StoredState.SS_INIT)})",
@@ -195,7 +196,7 @@ class WakeListener:
             for n in self._conn.notifies(timeout=timeout, stop_after=64):
                 for line in n.payload.splitlines():
                     t, _, nid = line.partition(" ")
-                    out.append(Endpoint(node_type=int(t), node_id=nid))
+                    out.append(Endpoint(node_type=NodeType(int(t)), node_id=nid))
             return out
         except psycopg.Error as e:
             log.warning("cluster wake-ups: %s; the sweep covers the gap", " ".join(str(e).split()))
@@ -210,3 +211,59 @@ class WakeListener:
             except Exception:
                 pass
             self._conn = None
+
+
+def _crl_number(data: bytes) -> int:
+    from cryptography import x509
+
+    try:
+        crl = x509.load_pem_x509_crl(data)
+        return int(crl.extensions.get_extension_for_class(x509.CRLNumber).value.crl_number)
+    except (ValueError, x509.ExtensionNotFound):
+        return -1
+
+
+def write_public_file(path: Path, data: bytes) -> None:
+    """Atomically (a temporary file renamed over it), mode 0644: public."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    with os.fdopen(fd, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def share_ca(conn: Any, ca_dir: Path) -> list[str]:
+    """The CA's public state, the same in every instance's directory: the
+    certificates it issued (``issued/*.pem``: the union of what each
+    instance's directory and the store hold) and its revocation list
+    (``crl.pem``: the one with the highest CRL number). Runs inside a
+    transaction of the caller's; pushes what the store lacks, writes what
+    the directory lacks (atomically; the daemon's CA watch then reloads
+    it). The CA's private key is never in the store: each instance's
+    directory holds its copy. Returns the names written here."""
+    ca_dir = Path(ca_dir)
+    local = {f"issued/{p.name}": p for p in sorted((ca_dir / "issued").glob("*.pem"))}
+    stored = {name: bytes(data) for name, data in conn.execute(
+        "SELECT name, data FROM ca_files WHERE name LIKE 'issued/%'").fetchall()}
+    for name in local.keys() - stored.keys():
+        conn.execute("INSERT INTO ca_files (name, data) VALUES (?, ?) ON CONFLICT (name) DO NOTHING",
+                     (name, local[name].read_bytes()))
+    wrote = []
+    for name in sorted(stored.keys() - local.keys()):
+        write_public_file(ca_dir / name, stored[name])
+        wrote.append(name)
+    crl_file = ca_dir / "crl.pem"
+    mine = crl_file.read_bytes() if crl_file.exists() else b""
+    n_mine = _crl_number(mine) if mine else -1
+    row = conn.execute("SELECT data, crl_number FROM ca_files WHERE name='crl.pem'").fetchone()
+    if row is not None and int(row[1]) > n_mine:
+        write_public_file(crl_file, bytes(row[0]))
+        wrote.append("crl.pem")
+    elif mine and (row is None or int(row[1]) < n_mine):
+        conn.execute("INSERT INTO ca_files (name, data, crl_number) VALUES ('crl.pem', ?, ?)"
+                     " ON CONFLICT (name) DO UPDATE SET data=EXCLUDED.data, crl_number=EXCLUDED.crl_number"
+                     " WHERE ca_files.crl_number < EXCLUDED.crl_number", (mine, n_mine))
+    return wrote

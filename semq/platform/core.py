@@ -222,6 +222,7 @@ class PlatformCore(HeldWrites):
         # The store: an SQLite file, or a PostgreSQL database (a URL) that
         # several instances of this platform share (semq.platform.cluster).
         self.pg = is_pg_url(store_path)
+        self.store_url = str(store_path) if self.pg else ""
         self.path: Path | str = redact(str(store_path)) if self.pg else Path(store_path)
         self.me = Endpoint.platform(platform_id)
         # Bytes of stored documents one organization may have here at once
@@ -377,6 +378,17 @@ class PlatformCore(HeldWrites):
         if self.presence is not None:
             with self._tx():
                 self.presence.leave()
+
+    def share_ca(self, ca_dir: Path) -> list[str]:
+        """PostgreSQL store: the CA's public files made the same here and
+        in the store (semq.platform.cluster.share_ca). Returns the names
+        written into ``ca_dir``."""
+        if not self.pg:
+            return []
+        from .cluster import share_ca
+
+        with self._tx():
+            return share_ca(self.conn, ca_dir)
 
     def cluster_tick(self) -> tuple[list[Endpoint], list[Endpoint]]:
         """The heartbeat and the sweep (every SWEEP_S): the organizations
@@ -880,7 +892,8 @@ class PlatformCore(HeldWrites):
             # A held copy must not be missed by an inquiry due now.
             self.write_held(ts - min(HOLD_MS, self.inquiry_ms // 2))
             self._order.forget()  # copies another process put back to SS_INIT
-            mine, mine_params = "", ()
+            mine: str = ""
+            mine_params: tuple[str, ...] = ()
             if self.presence is not None:  # only about the organizations this instance holds
                 mine = (" AND (target_type, target_id) IN"
                         " (SELECT node_type, node_id FROM presence WHERE instance=?)")

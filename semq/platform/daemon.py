@@ -196,13 +196,29 @@ class PlatformDaemon:
         listeners = await trio.open_tcp_listeners(self.s.port, host=self.s.host)
         self.port = listeners[0].socket.getsockname()[1]
         log.info("platform %s listening on %s:%s", self.core.me, self.s.host, self.port)
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(self._inquirer)
-            nursery.start_soon(self._housekeeping)
-            if self.s.security is not None:
-                nursery.start_soon(self._watch_crl)
-            await nursery.start(trio.serve_listeners, self._handle, listeners)
-            task_status.started(self.port)
+        try:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self._inquirer)
+                nursery.start_soon(self._housekeeping)
+                if self.s.security is not None:
+                    nursery.start_soon(self._watch_crl)
+                if self.core.presence is not None:
+                    await self.gate.run(self.core.join_cluster, f"{self.s.host}:{self.port}")
+                    if self.s.security is not None:
+                        await self.gate.run(self.core.share_ca, self.s.security.pdir / "ca")
+                        await self._ca_check()
+                    nursery.start_soon(self._sweeper)
+                    nursery.start_soon(self._wake_listener)
+                await nursery.start(trio.serve_listeners, self._handle, listeners)
+                task_status.started(self.port)
+        finally:
+            if self.core.presence is not None:
+                with trio.CancelScope(shield=True), trio.move_on_after(5):
+                    try:
+                        await self.gate.run(self.core.leave_cluster)
+                    except STORE_ERRORS as e:
+                        log.warning("leaving the cluster: %s (the others take this instance as gone"
+                                    " when its heartbeat stops)", e)
 
     async def _tls(self, stream: trio.abc.Stream) -> tuple[trio.abc.Stream, str] | None:
         """Mutual TLS 1.3: a certificate not issued by our CA, expired or
@@ -521,6 +537,49 @@ class PlatformDaemon:
                 continue
             session.pending = True
 
+    def _wake(self, targets: Sequence[Endpoint]) -> None:
+        """Stored frames wait for these targets (held here): deliver."""
+        for ep in targets:
+            s = self.sessions.get(ep)
+            if s is not None:
+                s.pending = True
+                s.wake_deliver.set()
+
+    async def _sweeper(self) -> None:
+        """Several instances on one store (semq.platform.cluster): every
+        SWEEP_S the heartbeat, the look for frames stored for the
+        organizations held here (the guarantee behind the wake-ups), and the
+        end of sessions a newer connection at another instance took over."""
+        from .cluster import SWEEP_S
+
+        while True:
+            await trio.sleep(SWEEP_S)
+            try:
+                waiting, fenced = await self.gate.run(self.core.cluster_tick)
+            except STORE_ERRORS as e:
+                log.error("cluster heartbeat: store error, retrying: %s", e)
+                continue
+            self._wake(waiting)
+            for ep in fenced:
+                s = self.sessions.get(ep)
+                if s is not None:
+                    log.info("%s connected to another instance; closing its session here", ep)
+                    s.cancel_scope.cancel()
+
+    async def _wake_listener(self) -> None:
+        """Wake-ups from other instances that stored frames for organizations
+        held here (LISTEN on the instance's own connection)."""
+        from .cluster import WakeListener
+
+        assert self.core.presence is not None
+        listener = WakeListener(self.core.store_url, self.core.presence.instance)
+        try:
+            while True:
+                targets = await trio.to_thread.run_sync(listener.wait, 1.0, abandon_on_cancel=True)
+                self._wake(targets)
+        finally:
+            listener.close()
+
     async def _inquirer(self) -> None:
         step = max(0.05, min(1.0, self.core.inquiry_ms / 3000))
         while True:
@@ -571,6 +630,11 @@ class PlatformDaemon:
         them up without a restart (_ca_check)."""
         while True:
             await trio.sleep(self.s.crl_check_interval)
+            if self.core.pg:  # another instance's enrollments and revocations, through the store
+                try:
+                    await self.gate.run(self.core.share_ca, self.s.security.pdir / "ca")  # type: ignore[union-attr]
+                except (*STORE_ERRORS, OSError) as e:
+                    log.error("sharing the CA state through the store: %s", e)
             await self._ca_check()
 
     async def _ca_check(self) -> None:

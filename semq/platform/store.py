@@ -163,6 +163,10 @@ _PG_V1: Final = (
         since_ms BIGINT NOT NULL, PRIMARY KEY (node_type, node_id))""",
     "CREATE INDEX presence_instance ON presence (instance)",
     "CREATE SEQUENCE presence_epoch",
+    # The CA's public state, shared by the instances (semq.platform.cluster.share_ca):
+    # issued/<serial>.pem certificates and crl.pem (with its CRL number).
+    """CREATE TABLE ca_files (
+        name TEXT PRIMARY KEY, data BYTEA NOT NULL, crl_number BIGINT NOT NULL DEFAULT 0)""",
 )
 PG_MIGRATIONS: Final = [_PG_V1]
 

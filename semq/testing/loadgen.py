@@ -172,7 +172,7 @@ def issue_identities(platform_dir: Path, count: int, out: Path, *, first: int = 
         ids = [SimIdentity(org) for org in orgs]
         ca_file = None
     cfg = load_config(platform_dir)
-    core = PlatformCore(cfg.store_path, cfg.platform_id)
+    core = PlatformCore(cfg.platform_store, cfg.platform_id)
     try:
         core.register(orgs)
     finally:

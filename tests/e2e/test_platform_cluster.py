@@ -1,0 +1,51 @@
+"""Several platform instances on one PostgreSQL store, as real processes
+on 127.0.0.1 (a real PostgreSQL server: SEMQ_TEST_PG, or a throwaway
+cluster of the test session's own)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests._procs import Cluster, wait_until
+from tests.e2e.test_e2e_flow import send
+
+pytestmark = pytest.mark.e2e
+
+A, B, C = "10008", "56001", "77000"
+
+
+def _pg_cluster(tmp_path: Path, url: str, platforms: int = 2, **kw: object) -> Cluster:
+    return Cluster(tmp_path, store=url, platforms=platforms, **kw)  # type: ignore[arg-type]
+
+
+def test_two_instances_on_one_store_deliver_across_each_other(tmp_path: Path, pg_url: str) -> None:
+    c = _pg_cluster(tmp_path, pg_url)
+    try:
+        c.add_org(A, instance=1)
+        c.add_org(B, instance=2)
+        c.add_org(C, instance=2)
+        c.start_platform(instance=1)
+        c.start_platform(instance=2)
+        c.start_node(A)
+        c.start_node(B)
+        # A (on instance 1) to B (on instance 2): stored, 2 woken, delivered;
+        # SaveFwd 1 too (B is online, though not on A's instance).
+        sent = send(c, A, B, 40)
+        sent |= send(c, A, B, 10, save_fwd=1, key_prefix="F")
+        # and back, with B's answers on instance 2 to A on instance 1
+        back = send(c, B, A, 20, key_prefix="R")
+        wait_until(lambda: len(c.inbox(B)) == 50 and len(c.inbox(A)) == 20, 30, "every document delivered")
+        assert c.inbox(B) == sent and c.inbox(A) == back
+        # C is offline: stored in the shared store, delivered when it connects to instance 2
+        later = send(c, A, C, 15)
+        wait_until(lambda: c.count("P", "SELECT count(*) FROM stored WHERE target_id=?", C) == 15, 20, "stored for C")
+        c.start_node(C)
+        wait_until(lambda: len(c.inbox(C)) == 15, 30, "C's inbox")
+        assert c.inbox(C) == later
+        wait_until(lambda: c.settled([A, B, C]), 30, "every table cleaned up")
+        presence = c.q("P", "SELECT node_id, instance FROM presence ORDER BY node_id")
+        assert [n for n, _ in presence] == [A, B, C] and len({i for _, i in presence}) == 2
+    finally:
+        c.stop_all()
