@@ -75,15 +75,30 @@ def _list_remote(spark: Any, url: str) -> tuple[list[str], list[str]]:
     return json_files, []
 
 
+def _local_uri(path: str) -> str:
+    """A local absolute path as a ``file://`` URI; anything else as it is.
+
+    Spark resolves a path without a scheme against the cluster's default file
+    system, which is HDFS on YARN: ``/mnt/logs`` would be read from HDFS there
+    although :func:`.inputs.resolve_inputs` found it on the local disk. As a
+    ``file://`` URI every executor reads it from its own file system (the
+    same files where that is a shared mount). Not percent-encoded: Hadoop's
+    ``Path`` takes the characters as they are.
+    """
+    return f"file://{path}" if path.startswith("/") else path
+
+
 def _expand(spark: Any, inputs: Inputs) -> Inputs:
-    """`inputs` with its URLs listed into JSON files and Parquet datasets.
+    """`inputs` with local paths as ``file://`` URIs (:func:`_local_uri`) and
+    its URLs listed into JSON files and Parquet datasets.
 
     Raises :class:`ReportError` when a URL holds no logs.
     """
+    json_files = [_local_uri(p) for p in inputs.json_files]
+    parquet_dirs = [_local_uri(p) for p in inputs.parquet_dirs]
     if not inputs.remote:
-        return inputs
-    json_files = list(inputs.json_files)
-    parquet_dirs = list(inputs.parquet_dirs)
+        return Inputs(json_files=json_files, parquet_dirs=parquet_dirs,
+                      skipped_by_date=inputs.skipped_by_date)
     for url in inputs.remote:
         j, p = _list_remote(spark, url)
         if not (j or p):

@@ -168,6 +168,24 @@ def test_resolve_inputs_finds_logs_and_skips_days(tmp_path: Path) -> None:
         resolve_inputs([str(tmp_path / "org-A")], last_day_ms=parse_time("2026-11-01"))
 
 
+def test_local_inputs_reach_spark_as_file_uris(tmp_path: Path) -> None:
+    """A local path is read from the local file system of every executor, not
+    from the cluster's default one (HDFS on YARN); URLs stay as given. Spark is
+    not needed while no URL must be listed."""
+    from semq.analytics.inputs import Inputs
+    from semq.analytics.reading import _expand
+
+    (tmp_path / "a b").mkdir()
+    (tmp_path / "a b" / "events-2026-11-22.jsonl").write_text("")
+    found = resolve_inputs([str(tmp_path)])
+    expanded = _expand(None, found)
+    assert expanded.json_files == [f"file://{tmp_path.resolve()}/a b/events-2026-11-22.jsonl"]
+    assert _expand(None, expanded).json_files == expanded.json_files  # read twice per report
+    urls = Inputs(json_files=["hdfs://nn/logs/x.jsonl"], parquet_dirs=["s3a://bucket/pq"])
+    assert (_expand(None, urls).json_files, _expand(None, urls).parquet_dirs) == (
+        ["hdfs://nn/logs/x.jsonl"], ["s3a://bucket/pq"])
+
+
 # ---------------------------------------------------------------- CLI errors (no JVM)
 
 

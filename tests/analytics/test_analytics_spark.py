@@ -31,6 +31,7 @@ from semq.analytics.jobs import LEG_NAMES, OUTCOMES, ReportOptions, build_report
 from semq.analytics.report import render_html, render_text
 from semq.analytics.synth import SynthConfig, generate
 from semq.analytics.tables import ReportData
+from tests.analytics._runs import FORWARDED, STORED, real_run_logs
 
 pytestmark = pytest.mark.spark
 
@@ -625,36 +626,16 @@ def test_report_on_the_logs_of_a_real_run(spark: Any, tmp_path: Path) -> None:
     documents forwarded at once, some stored while the target was offline.
     The report joins the three logs: every document confirmed, no leg
     negative, the stored ones with a platform dwell."""
-    from semq.node.api import NodeClient
-    from tests._procs import Cluster, wait_until
-
-    c = Cluster(tmp_path / "run")
-    try:
-        for o in ("10008", "56001"):
-            c.add_org(o)
-        c.start_platform()
-        c.start_node("10008")
-        with NodeClient(c.root / "10008") as node:  # B offline: stored at the platform
-            node.send_many([dict(to="56001", data=b"<order/>", data_type="ORDER", domain="trade",
-                                 key=f"S{i}") for i in range(20)])
-        wait_until(lambda: c.count("P", "SELECT count(*) FROM stored WHERE kind=1") == 20, 30, "stored")
-        c.start_node("56001")
-        with NodeClient(c.root / "10008") as node:  # B online: forwarded at once
-            node.send_many([dict(to="56001", data=b"<invoice/>", data_type="INVOICE", domain="trade",
-                                 key=f"I{i}") for i in range(30)])
-        wait_until(lambda: c.settled(["10008", "56001"]), 60, "everything confirmed and cleaned up")
-    finally:
-        c.stop_all()
-    logs = [str(c.root / d / "events") for d in ("P", "10008", "56001")]
+    logs = [str(d) for d in real_run_logs(tmp_path / "run")]
     report = build_report(spark, resolve_inputs(logs), ReportOptions(with_messages=True))
     msgs = report["messages"].dicts()
-    assert len(msgs) == 50
+    assert len(msgs) == STORED + FORWARDED
     assert {m["outcome"] for m in msgs} == {"confirmed"}
     for m in msgs:
         for leg in LEG_NAMES:
             assert m.get(leg) is None or m[leg] >= 0, (m["lk0"], leg, m[leg])
     stored = [m for m in msgs if m["dwell_ms"] is not None]
-    assert len(stored) == 20  # the documents that waited for B at the platform
+    assert len(stored) == STORED  # the documents that waited for B at the platform
     assert report["stuck"].dicts() == []
 
 
