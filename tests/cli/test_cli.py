@@ -370,7 +370,7 @@ def test_corrupt_store_is_refused_and_left_untouched(root: Path, capsys: pytest.
     (["platform", "init", "--dir", "P2", "--listen", ":7410"], "has no host"),
     (["platform", "run", "--dir", "P", "--listen", "127.0.0.1:99999"], "port 99999 is outside 0..65535"),
     (["node", "init", "--dir", "N2", "--org", "1", "--platform", "h:x"], "port 'x' is not a number"),
-    (["node", "run", "--dir", A, "--platform", "127.0.0.1:-1"], "outside 0..65535"),
+    (["node", "run", "--dir", A, "--platform", "127.0.0.1:-1"], "port -1 is outside 1..65535"),
 ])
 def test_bad_address(root: Path, capsys: pytest.CaptureFixture[str], argv: list[str], fragment: str) -> None:
     rc, out, err = run(capsys, *argv)
