@@ -119,6 +119,21 @@ class NodeSettings:
         return self.addresses[0].port
 
 
+def _jitter(delay: float) -> float:
+    """``delay`` times 0.5..1.5: nodes cut off together do not all come
+    back at the same instant."""
+    return delay * (0.5 + random.random())
+
+
+def _first(eg: BaseExceptionGroup[BaseException]) -> BaseException:
+    """The first exception in ``eg``, out of any nested groups (the
+    session's nurseries nest them)."""
+    e: BaseException = eg
+    while isinstance(e, BaseExceptionGroup):
+        e = e.exceptions[0]
+    return e
+
+
 class EarlySends:
     """The claims' FramePort (semq.ports) for one session: the DATA frames
     a claim hands over on the store thread, just before its commit, are
@@ -230,25 +245,26 @@ class NodeDaemon:
             except* trio.TooSlowError:
                 why = "no answer in time"  # connect_timeout or hello_timeout
             except* (OSError, ConnectionClosed) as eg:
-                why = eg.exceptions[0]
+                why = str(_first(eg)) or "the connection closed"
             except* STORE_ERRORS as eg:
                 # Disk full, read-only, locked: keep everything, retry later.
-                log.error("store error, retrying: %s", eg.exceptions[0])
+                log.error("store error, retrying: %s", _first(eg))
                 store_failed = True
             except* RemoteProtocolError as eg:
-                e = eg.exceptions[0]
+                e = _first(eg)
                 assert isinstance(e, RemoteProtocolError)
                 log.warning("protocol error from platform %s (code %d): %s", here, e.code, e)
                 why = e
             self.connected = False
             self.address = None
-            welcomed, wait = self._welcomed_at, delay
+            welcomed = self._welcomed_at
             if store_failed:
+                wait = _jitter(delay)
                 delay = min(self.s.backoff_max, delay * 2)
             elif welcomed is not None and trio.current_time() - welcomed >= self.s.steady_after:
-                log.info("platform %s gone: %s; reconnecting", here, why)
-                wait = delay = INITIAL_DELAY
-                failed = 0
+                delay, failed = INITIAL_DELAY, 0
+                wait = _jitter(delay)
+                log.info("platform %s gone: %s; reconnecting in %.2f s", here, why, wait)
             else:
                 failed += 1
                 nxt = addresses[(addresses.index(here) + 1) % len(addresses)]
@@ -258,11 +274,12 @@ class NodeDaemon:
                     log.info("platform %s %s: %s; trying %s", here, what, why, nxt)
                     here = nxt
                     continue
-                whole = f" (none of its {len(addresses)} addresses answered)" if len(addresses) > 1 else ""
-                log.info("platform %s %s: %s; trying %s in %.1f s%s", here, what, why, nxt, wait, whole)
+                wait = _jitter(delay)
+                whole = f" (a round of all {len(addresses)} addresses failed)" if len(addresses) > 1 else ""
+                log.info("platform %s %s: %s; trying %s in %.2f s%s", here, what, why, nxt, wait, whole)
                 here, failed = nxt, 0
                 delay = min(self.s.backoff_max, delay * 2)
-            await trio.sleep(wait * (0.5 + random.random()))
+            await trio.sleep(wait)
 
     async def _session(self, address: Address) -> None:
         with trio.fail_after(self.s.connect_timeout):

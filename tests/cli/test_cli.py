@@ -214,6 +214,21 @@ def test_status_shows_a_live_daemon_from_its_status_file(root: Path, capsys: pyt
     assert "daemon: not running" in out
 
 
+def test_status_shows_the_platform_address_connected_now(root: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A node with several platform addresses says which one it is connected
+    to (the daemon writes it), or every one it is trying."""
+    status = {"pid": os.getpid(), "time_ms": int(time.time() * 1000), "role": "node", "connected": True,
+              "platform": "127.0.0.1:7412", "platforms": ["127.0.0.1:7411", "127.0.0.1:7412"]}
+    (root / A / "status.json").write_text(json.dumps(status))
+    rc, out, _ = run(capsys, "status", "--dir", A)
+    assert rc == 0 and "daemon: running, connected to 127.0.0.1:7412" in out
+    rc, out, _ = run(capsys, "status", "--dir", A, "--json")
+    assert json.loads(out)["daemon"]["platform"] == "127.0.0.1:7412"
+    (root / A / "status.json").write_text(json.dumps({**status, "connected": False, "platform": None}))
+    rc, out, _ = run(capsys, "status", "--dir", A)
+    assert "daemon: running, NOT connected to 127.0.0.1:7411,127.0.0.1:7412" in out
+
+
 def test_inbox_list_show_save_ack(root: Path, capsys: pytest.CaptureFixture[str]) -> None:
     (root / "order.xml").write_bytes(ORDER)
     lk0 = lk0_line(run(capsys, "send", "--dir", A, "--to", B, "--type", "ORDER", "--domain", "trade",
