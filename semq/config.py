@@ -27,7 +27,7 @@ import tomllib
 from collections.abc import Callable, Iterator
 from dataclasses import MISSING, asdict, dataclass, field, fields
 from pathlib import Path
-from typing import Any, Final
+from typing import Any, Final, NamedTuple
 
 import tomli_w
 
@@ -37,6 +37,7 @@ __all__ = [
     "PRIVATE_DIR_MODE",
     "PRIVATE_FILE_MODE",
     "SETTINGS",
+    "Address",
     "Config",
     "ConfigError",
     "Rule",
@@ -48,6 +49,7 @@ __all__ = [
     "load_config",
     "org_id_problem",
     "parse_hostport",
+    "parse_platform_addresses",
     "private_paths",
     "settings_table",
     "write_config",
@@ -74,6 +76,14 @@ class UnsafePermissions(ConfigError):
 def parse_hostport(text: str, default_port: int = DEFAULT_PORT) -> tuple[str, int]:
     """``HOST:PORT`` / ``[::1]:PORT`` / ``HOST`` -> (host, port). Raises
     ValueError naming the address and what is wrong with it."""
+    host, p = _split_hostport(text, default_port)
+    if not 0 <= p <= 65535:
+        raise ValueError(f"address {text.strip()!r}: port {p} is outside 0..65535")
+    return host, p
+
+
+def _split_hostport(text: str, default_port: int) -> tuple[str, int]:
+    """``parse_hostport`` without the port's range check."""
     text = text.strip()
     if text.startswith("["):
         host, _, rest = text[1:].partition("]")
@@ -88,8 +98,6 @@ def parse_hostport(text: str, default_port: int = DEFAULT_PORT) -> tuple[str, in
         p = int(port) if port else default_port
     except ValueError:
         raise ValueError(f"address {text!r}: port {port!r} is not a number") from None
-    if not 0 <= p <= 65535:
-        raise ValueError(f"address {text!r}: port {p} is outside 0..65535")
     return host, p
 
 
@@ -115,7 +123,7 @@ def org_id_problem(text: object) -> str | None:
 
 def _address_problem(text: str, min_port: int) -> str | None:
     try:
-        host, port = parse_hostport(text)
+        host, port = _split_hostport(text, DEFAULT_PORT)
     except ValueError as e:
         return f"is not an address ({str(e).removeprefix(f'address {text.strip()!r}').lstrip(': ')})"
     try:
@@ -123,9 +131,51 @@ def _address_problem(text: str, min_port: int) -> str | None:
     except ValueError:
         if not _HOST_RE.fullmatch(host) or len(host) > 253:
             return f"is not an address (host {host!r} is not a host name or an IP address)"
-    if port < min_port:
+    if not min_port <= port <= 65535:
         return f"is not an address (port {port} is outside {min_port}..65535)"
     return None
+
+
+class Address(NamedTuple):
+    """One platform address as dialled: ``str()`` writes it back as
+    ``HOST:PORT`` (``[::1]:PORT`` for an IPv6 address)."""
+
+    host: str
+    port: int
+
+    def __str__(self) -> str:
+        return f"[{self.host}]:{self.port}" if ":" in self.host else f"{self.host}:{self.port}"
+
+
+def _addresses_problem(text: str, min_port: int) -> str | None:
+    """Why ``text`` is not one address or a comma-separated list of them
+    (None when it is). A list names its first bad entry."""
+    entries = text.split(",")
+    if len(entries) == 1:
+        return _address_problem(text, min_port)
+    seen: set[tuple[str, int]] = set()
+    for n, entry in enumerate(entries, 1):
+        entry = entry.strip()
+        if not entry:
+            return f"has an empty entry (number {n})"
+        why = _address_problem(entry, min_port)
+        if why is not None:
+            return f"has {entry!r}, which {why}"
+        address = parse_hostport(entry)
+        if address in seen:
+            return f"has {entry!r} twice"
+        seen.add(address)
+    return None
+
+
+def parse_platform_addresses(text: str) -> list[Address]:
+    """The ``platform`` key (or ``--platform``): ``HOST:PORT``, or several
+    separated by commas (``p1:7410,p2:7410``), in the order a node tries
+    them. Raises ValueError naming the value and its first bad entry."""
+    why = _addresses_problem(text, 1)
+    if why is not None:
+        raise ValueError(f"platform {json.dumps(text, ensure_ascii=False)} {why}")
+    return [Address(*parse_hostport(entry)) for entry in text.split(",")]
 
 
 @dataclass(frozen=True)
@@ -197,8 +247,9 @@ class Config:
         "string", ORG_ID_ALLOWED, lambda v: None if v == "" else org_id_problem(v),
         'node: its organization id (a platform has "")'))
     platform: str = _setting(f"127.0.0.1:{DEFAULT_PORT}", Rule(
-        "string", _ADDRESS_WORDS.format(lo=1, zero=""), lambda v: _address_problem(v, 1),
-        "node: the platform's address"))
+        "string", _ADDRESS_WORDS.format(lo=1, zero="") + ", or several separated by commas",
+        lambda v: _addresses_problem(v, 1),
+        "node: the platform's address; several (p1:7410,p2:7410): tried in turn, the next when one fails"))
     platform_id: str = _setting("platform", Rule(
         "string", "1 to 64 characters of A-Z a-z 0-9 . _ : @ -",
         lambda v: None if _ENDPOINT_RE.fullmatch(v) else "is not an endpoint id",

@@ -43,6 +43,7 @@ import trio
 import trio.testing
 
 from semq._gate import StoreGate
+from semq.config import Address
 from semq.node.core import NewDocument, NodeCore
 from semq.node.daemon import NodeDaemon, NodeSettings
 from semq.platform.core import PlatformCore
@@ -174,12 +175,12 @@ class Wire:
         self._cut_when: dict[str, tuple[Callable[[], bool], trio.Event]] = {}
         self._stay_down: set[str] = set()
 
-    def connector(self, node_id: str) -> Callable[[], Any]:
-        async def connect() -> trio.abc.Stream:
+    def connector(self, node_id: str) -> Callable[[Address], Any]:
+        async def connect(_address: Address) -> trio.abc.Stream:
             return await self._connect(node_id)
         return connect
 
-    async def connect(self) -> trio.abc.Stream:
+    async def connect(self, _address: Address | None = None) -> trio.abc.Stream:
         """A connection not attributed to a node (``cut()`` still closes it)."""
         return await self._connect("")
 
@@ -302,7 +303,7 @@ class FakePlatform(Peer):
     the node what no honest platform would (more than its window) or
     nothing at all. ``node(core)`` makes the daemon that connects here."""
 
-    async def connect(self) -> trio.abc.Stream:
+    async def connect(self, _address: Address | None = None) -> trio.abc.Stream:
         return self.pair()
 
     def node(self, core: NodeCore, **settings: Any) -> NodeDaemon:

@@ -26,6 +26,7 @@ from semq.config import (
     check_private_paths,
     data_dir,
     load_config,
+    parse_platform_addresses,
     write_config,
 )
 from semq.crypto import CryptoError
@@ -437,7 +438,8 @@ def cmd_node_run(args: argparse.Namespace) -> int:
 
     cfg = _cfg(args, "node")
     inquiry_interval = _inquiry_interval(args, cfg)
-    host, port = parse_hostport(args.platform or cfg.platform)
+    platform = args.platform or cfg.platform
+    addresses = parse_platform_addresses(platform)  # checked by _inquiry_interval
     check_private_paths(cfg)  # before the keys (NodeSecurity checks those) and the store
     security = None
     if cfg.security:
@@ -448,7 +450,7 @@ def cmd_node_run(args: argparse.Namespace) -> int:
             logging.getLogger("semq").warning("certificate expires in %.0f days", security.expires_in_days())
     core = NodeCore(cfg.store_path, cfg.org, events_dir=cfg.events_dir, synchronous=cfg.synchronous, check=True,
                     inquiry_interval=inquiry_interval, security=security, clock_skew=cfg.clock_skew)
-    settings = NodeSettings(host=host, port=port, window=cfg.window,
+    settings = NodeSettings(addresses=addresses, window=cfg.window,
                             ssl_context=security.ssl_context() if security else None)
     from semq.ops.runtime import OpsRuntime, ops_options
 
@@ -456,9 +458,10 @@ def cmd_node_run(args: argparse.Namespace) -> int:
     try:
         return _run_daemon(
             cfg, lambda: NodeDaemon(core, settings),
-            lambda d: {"role": "node", "org": cfg.org, "platform": f"{host}:{port}", "connected": d.connected,
+            lambda d: {"role": "node", "org": cfg.org, "platform": str(d.address) if d.address else None,
+                       "platforms": [str(a) for a in d.s.addresses], "connected": d.connected,
                        "sessions": d.sessions, "in_flight": d.in_flight, **d.stats},
-            lambda _r: f"node {cfg.org} running (platform {host}:{port})",
+            lambda _r: f"node {cfg.org} running (platform {platform})",
             ops,
         )
     finally:
@@ -666,8 +669,12 @@ def cmd_status(args: argparse.Namespace) -> int:
         if args.json:
             print(json.dumps(data))
             return 0
-        conn = ("not running" if live is None else
-                f"running, {'connected' if live.get('connected') else 'NOT connected'} to {cfg.platform}")
+        if live is None:
+            conn = "not running"
+        elif live.get("connected"):
+            conn = f"running, connected to {live.get('platform') or cfg.platform}"
+        else:
+            conn = f"running, NOT connected to {','.join(live.get('platforms') or [cfg.platform])}"
         print(f"node {cfg.org} ({cfg.directory})\n  daemon: {conn}")
         states = counts["outbox"]
         print("  pending-send: " + (", ".join(f"{k}={v}" for k, v in states.items()) or "empty"))
@@ -750,7 +757,9 @@ def build_parser() -> argparse.ArgumentParser:
     node = sub.add_parser("node", help="an organization's node").add_subparsers(dest="sub", required=True)
     x = node.add_parser("init", parents=[common], help="create the node's config and store")
     x.add_argument("--org", required=True, help="the organization id: a number, e.g. 10008")
-    x.add_argument("--platform", default="127.0.0.1:7410")
+    x.add_argument("--platform", default="127.0.0.1:7410", metavar="HOST:PORT[,HOST:PORT...]",
+                   help="the platform's address; several: tried in turn, the next when one fails"
+                        " (default 127.0.0.1:7410)")
     x.add_argument("--no-security", action="store_true", help="plain TCP, no keys (testing only)")
     x.add_argument("--enroll-from", metavar="PLATFORM_DIR",
                    help="platform directory on this machine: enroll at once (demo, tests, one-host setups)")
@@ -774,7 +783,8 @@ def build_parser() -> argparse.ArgumentParser:
     x.add_argument("--ca", required=True, help="the platform's ca.pem")
     x.set_defaults(func=cmd_node_import)
     x = node.add_parser("run", parents=[common], help="run the node daemon")
-    x.add_argument("--platform", help="HOST:PORT of the platform")
+    x.add_argument("--platform", metavar="HOST:PORT[,HOST:PORT...]",
+                   help="the platform's address or addresses (default: the configuration's)")
     x.add_argument("--inquiry-interval", metavar="SECONDS", help="default: the configuration's (15)")
     add_run_options(x)
     x.set_defaults(func=cmd_node_run)

@@ -1,6 +1,10 @@
 """``semq node run``: the organization's daemon, a thin trio shell around
 NodeCore. Connects to the platform with reconnect and backoff, sends SS_INIT
-rows in batches, applies every ack, runs inquiries, answers them."""
+rows in batches, applies every ack, runs inquiries, answers them.
+
+The platform may be several identical instances (one shared store): the
+node is given their addresses and fails over between them
+(``NodeDaemon._connect_forever``)."""
 
 from __future__ import annotations
 
@@ -11,7 +15,7 @@ import sqlite3
 import ssl
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -20,6 +24,7 @@ import trio
 
 from semq._db import STORE_ERRORS
 from semq._gate import StoreGate
+from semq.config import Address
 from semq.crypto import CryptoError
 from semq.events import now_ms
 from semq.ports import BatchObserver, DrainSignal
@@ -57,10 +62,14 @@ QUOTA_PAUSE = 2.0  # s before documents to a target go again after QUOTA_EXCEEDE
 QUOTA_PAUSE_MAX = 60.0
 
 
+INITIAL_DELAY = 0.1  # s before reconnecting after a steady session; doubles each failed round
+
+
 @dataclass
 class NodeSettings:
-    host: str = "127.0.0.1"
-    port: int = 7410
+    # The platform's addresses (semq.config.parse_platform_addresses), tried
+    # in turn: the next one when connecting fails or a session ends early.
+    addresses: list[Address] = field(default_factory=lambda: [Address("127.0.0.1", 7410)])
     window: int = 4096  # DATA frames in flight without platform ack
     # Rows claimed per transaction. 1024 rather than 512: one claim commit
     # (fsync) and one ACK batch per 1,024 documents; scripts/bench e2e,
@@ -74,10 +83,15 @@ class NodeSettings:
     ping_interval: float = 10.0
     idle_timeout: float = 45.0
     backoff_max: float = 5.0
+    # A session that got WELCOME and lasted this long (s) proves its address:
+    # after it the node dials that address again first, after INITIAL_DELAY.
+    # A shorter one counts as a failed attempt, so a platform that welcomes
+    # and drops at once is not redialled ten times a second.
+    steady_after: float = 5.0
     housekeeping_interval: float = 3600.0
-    # How to reach the platform: None = TCP to host:port. Tests pass a
+    # How to reach the platform at an address: None = TCP. Tests pass a
     # function returning one end of trio.testing.memory_stream_pair().
-    connect: Callable[[], Awaitable[trio.abc.Stream]] | None = None
+    connect: Callable[[Address], Awaitable[trio.abc.Stream]] | None = None
     # Mutual TLS 1.3 (semq.security.NodeSecurity.ssl_context()); None = plain TCP.
     ssl_context: ssl.SSLContext | None = None
     # Certificates (security on). A document to an organization without a
@@ -92,6 +106,32 @@ class NodeSettings:
     # this, not within poll_interval. 0 = off.
     watch_interval: float = 0.002
     watch_max: float = 0.05  # ... stretched up to this while nothing changes
+
+    @property
+    def host(self) -> str:
+        """The first platform address's host (``NodeDaemon.address`` is the
+        one connected now)."""
+        return self.addresses[0].host
+
+    @property
+    def port(self) -> int:
+        """The first platform address's port."""
+        return self.addresses[0].port
+
+
+def _jitter(delay: float) -> float:
+    """``delay`` times 0.5..1.5: nodes cut off together do not all come
+    back at the same instant."""
+    return delay * (0.5 + random.random())
+
+
+def _first(eg: BaseExceptionGroup[BaseException]) -> BaseException:
+    """The first exception in ``eg``, out of any nested groups (the
+    session's nurseries nest them)."""
+    e: BaseException = eg
+    while isinstance(e, BaseExceptionGroup):
+        e = e.exceptions[0]
+    return e
 
 
 class EarlySends:
@@ -125,6 +165,8 @@ class NodeDaemon:
         self.s = settings
         self.gate = StoreGate()
         self.connected = False
+        self.address: Address | None = None  # the platform address connected now
+        self._welcomed_at: float | None = None  # when the current session got WELCOME
         self.in_flight = 0
         self._wake = trio.Event()
         self.sessions = 0
@@ -170,7 +212,6 @@ class NodeDaemon:
                 self._watch = None
 
     async def _run(self) -> None:
-        delay = 0.1
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self._housekeeping)
             # Transactional check-backs, dead-letter sweep (semq.node.background):
@@ -179,33 +220,78 @@ class NodeDaemon:
             from .background import run_background_tasks
 
             nursery.start_soon(partial(run_background_tasks, self.core, gate=self.gate))
-            while True:
-                try:
-                    await self._session()
-                    delay = 0.1
-                except* (OSError, ConnectionClosed, trio.TooSlowError) as eg:
-                    log.info("platform %s:%s unreachable or gone: %s", self.s.host, self.s.port,
-                             eg.exceptions[0])
-                except* STORE_ERRORS as eg:
-                    # Disk full, read-only, locked: keep everything, retry later.
-                    log.error("store error, retrying: %s", eg.exceptions[0])
-                except* RemoteProtocolError as eg:
-                    e = eg.exceptions[0]
-                    assert isinstance(e, RemoteProtocolError)
-                    log.warning("protocol error from platform (code %d): %s", e.code, e)
-                self.connected = False
-                await trio.sleep(delay * (0.5 + random.random()))
-                delay = min(self.s.backoff_max, delay * 2)
+            await self._connect_forever()
 
-    async def _session(self) -> None:
+    async def _connect_forever(self) -> None:
+        """Dial the platform's addresses in turn, for ever. A failed attempt
+        (no connection, no WELCOME, or a session shorter than steady_after)
+        moves on to the next address at once; after a whole round of
+        failures the node waits, jittered, INITIAL_DELAY doubling up to
+        backoff_max. After a steady session the next round starts at the
+        address that worked, after INITIAL_DELAY. A store error is not the
+        platform's fault: the same address again, after the backoff."""
+        delay = INITIAL_DELAY
+        here = self.s.addresses[0]
+        failed = 0  # failed attempts in this round
+        while True:
+            addresses = self.s.addresses  # a reload may change them
+            if here not in addresses:
+                here, failed = addresses[0], 0
+            self._welcomed_at = None
+            why: BaseException | str = "the session ended"
+            store_failed = False
+            try:
+                await self._session(here)
+            except* trio.TooSlowError:
+                why = "no answer in time"  # connect_timeout or hello_timeout
+            except* (OSError, ConnectionClosed) as eg:
+                why = str(_first(eg)) or "the connection closed"
+            except* STORE_ERRORS as eg:
+                # Disk full, read-only, locked: keep everything, retry later.
+                log.error("store error, retrying: %s", _first(eg))
+                store_failed = True
+            except* RemoteProtocolError as eg:
+                e = _first(eg)
+                assert isinstance(e, RemoteProtocolError)
+                log.warning("protocol error from platform %s (code %d): %s", here, e.code, e)
+                why = e
+            self.connected = False
+            self.address = None
+            welcomed = self._welcomed_at
+            if store_failed:
+                wait = _jitter(delay)
+                delay = min(self.s.backoff_max, delay * 2)
+            elif welcomed is not None and trio.current_time() - welcomed >= self.s.steady_after:
+                delay, failed = INITIAL_DELAY, 0
+                wait = _jitter(delay)
+                log.info("platform %s gone: %s; reconnecting in %.2f s", here, why, wait)
+            else:
+                failed += 1
+                nxt = addresses[(addresses.index(here) + 1) % len(addresses)]
+                what = ("unreachable" if welcomed is None
+                        else f"gone after {trio.current_time() - welcomed:.1f} s")
+                if failed < len(addresses):
+                    log.info("platform %s %s: %s; trying %s", here, what, why, nxt)
+                    here = nxt
+                    continue
+                wait = _jitter(delay)
+                whole = f" (a round of all {len(addresses)} addresses failed)" if len(addresses) > 1 else ""
+                log.info("platform %s %s: %s; trying %s in %.2f s%s", here, what, why, nxt, wait, whole)
+                here, failed = nxt, 0
+                delay = min(self.s.backoff_max, delay * 2)
+            await trio.sleep(wait)
+
+    async def _session(self, address: Address) -> None:
         with trio.fail_after(self.s.connect_timeout):
             stream: trio.abc.Stream
             if self.s.connect is not None:
-                stream = await self.s.connect()
+                stream = await self.s.connect(address)
             else:
-                stream = await trio.open_tcp_stream(self.s.host, self.s.port)
+                stream = await trio.open_tcp_stream(address.host, address.port)
             if self.s.ssl_context is not None:
-                tls = trio.SSLStream(stream, self.s.ssl_context, server_hostname=self.s.host)
+                # Checked against the address dialled: each platform
+                # instance's certificate names its own.
+                tls = trio.SSLStream(stream, self.s.ssl_context, server_hostname=address.host)
                 try:
                     await tls.do_handshake()
                 except trio.BrokenResourceError as e:
@@ -235,11 +321,13 @@ class NodeDaemon:
             self.window = self.granted
             await self.gate.run(self.core.reconnected)
             self.connected = True
+            self.address = address
+            self._welcomed_at = trio.current_time()
             self.in_flight = 0
             self.asked.clear()
             self.retry.clear()  # a new session: ask at once again
             self.sessions += 1
-            log.info("connected to %s at %s:%s", welcome.source, self.s.host, self.s.port)
+            log.info("connected to %s at %s", welcome.source, address)
             self.last_rx = trio.current_time()
             early_send, early_receive = trio.open_memory_channel[bytes](math.inf)  # bounded by the window
             async with early_send, early_receive, trio.open_nursery() as nursery:

@@ -108,8 +108,9 @@ def _print_status(r: dict[str, Any]) -> None:
     drain = r.get("drain") or {}
     draining = "  DRAINING" if drain.get("requested") else ""
     if r.get("role") == "node":
-        conn = "connected" if r.get("connected") else "NOT connected"
-        print(f"node {r['org']} (pid {r['pid']}): {conn} to the platform, sessions {r['sessions']},"
+        conn = (f"connected to the platform at {r['platform']}" if r.get("connected") and r.get("platform")
+                else "connected to the platform" if r.get("connected") else "NOT connected to the platform")
+        print(f"node {r['org']} (pid {r['pid']}): {conn}, sessions {r['sessions']},"
               f" in flight {r['in_flight']}{draining}")
         st = r.get("stats", {})
         print("  counters: " + (" ".join(f"{k}={v}" for k, v in st.items()) or "-"))

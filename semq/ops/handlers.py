@@ -399,8 +399,8 @@ def node_handlers(
     stuck_after: float = DEFAULT_STUCK_AFTER,
 ) -> dict[str, Handler]:
     """Admin commands of a running node. ``daemon`` is a
-    semq.node.daemon.NodeDaemon (uses ``gate``, ``connected``,
-    ``sessions``, ``in_flight``, ``stats``, ``wake()``); ``core`` its
+    semq.node.daemon.NodeDaemon (uses ``gate``, ``connected``, ``address``,
+    ``s.addresses``, ``sessions``, ``in_flight``, ``stats``, ``wake()``); ``core`` its
     NodeCore (``conn``/``db`` on the store thread only, ``me``, ``path``,
     ``log``); ``metrics`` an optional semq.ops.metrics.Metrics."""
     org = core.me.node_id
@@ -421,6 +421,8 @@ def node_handlers(
         snap = await daemon.gate.run(_snapshot)
         out: dict[str, Any] = {
             "role": "node", "org": org, "pid": os.getpid(), "connected": bool(daemon.connected),
+            "platform": str(daemon.address) if daemon.address else None,
+            "platforms": [str(a) for a in daemon.s.addresses],
             "sessions": daemon.sessions, "in_flight": daemon.in_flight, "stats": dict(daemon.stats),
             "store_calls": daemon.gate.calls, "store_bytes": store_bytes(core.path), "drain": drain.status(),
             **snap,

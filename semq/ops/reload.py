@@ -21,8 +21,7 @@ from typing import Any
 
 import trio
 
-from semq.config import Config, load_config
-from semq.transport import parse_hostport
+from semq.config import Config, load_config, parse_platform_addresses
 
 __all__ = ["node_reloader", "platform_reloader"]
 
@@ -76,7 +75,7 @@ def node_reloader(daemon: Any, core: Any, directory: Path) -> Callable[[], Await
                 daemon.s.window = cfg.window
             changed["window"] = cfg.window
         if cfg.platform != old.platform:
-            daemon.s.host, daemon.s.port = parse_hostport(cfg.platform)
+            daemon.s.addresses = parse_platform_addresses(cfg.platform)
             changed["platform"] = f"{cfg.platform} (from the next connection)"
         certs = _mtimes(directory, _NODE_CERT_FILES)
         if cfg.security and certs != state["certs"]:

@@ -214,6 +214,21 @@ def test_status_shows_a_live_daemon_from_its_status_file(root: Path, capsys: pyt
     assert "daemon: not running" in out
 
 
+def test_status_shows_the_platform_address_connected_now(root: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A node with several platform addresses says which one it is connected
+    to (the daemon writes it), or every one it is trying."""
+    status = {"pid": os.getpid(), "time_ms": int(time.time() * 1000), "role": "node", "connected": True,
+              "platform": "127.0.0.1:7412", "platforms": ["127.0.0.1:7411", "127.0.0.1:7412"]}
+    (root / A / "status.json").write_text(json.dumps(status))
+    rc, out, _ = run(capsys, "status", "--dir", A)
+    assert rc == 0 and "daemon: running, connected to 127.0.0.1:7412" in out
+    rc, out, _ = run(capsys, "status", "--dir", A, "--json")
+    assert json.loads(out)["daemon"]["platform"] == "127.0.0.1:7412"
+    (root / A / "status.json").write_text(json.dumps({**status, "connected": False, "platform": None}))
+    rc, out, _ = run(capsys, "status", "--dir", A)
+    assert "daemon: running, NOT connected to 127.0.0.1:7411,127.0.0.1:7412" in out
+
+
 def test_inbox_list_show_save_ack(root: Path, capsys: pytest.CaptureFixture[str]) -> None:
     (root / "order.xml").write_bytes(ORDER)
     lk0 = lk0_line(run(capsys, "send", "--dir", A, "--to", B, "--type", "ORDER", "--domain", "trade",
@@ -370,7 +385,7 @@ def test_corrupt_store_is_refused_and_left_untouched(root: Path, capsys: pytest.
     (["platform", "init", "--dir", "P2", "--listen", ":7410"], "has no host"),
     (["platform", "run", "--dir", "P", "--listen", "127.0.0.1:99999"], "port 99999 is outside 0..65535"),
     (["node", "init", "--dir", "N2", "--org", "1", "--platform", "h:x"], "port 'x' is not a number"),
-    (["node", "run", "--dir", A, "--platform", "127.0.0.1:-1"], "outside 0..65535"),
+    (["node", "run", "--dir", A, "--platform", "127.0.0.1:-1"], "port -1 is outside 1..65535"),
 ])
 def test_bad_address(root: Path, capsys: pytest.CaptureFixture[str], argv: list[str], fragment: str) -> None:
     rc, out, err = run(capsys, *argv)

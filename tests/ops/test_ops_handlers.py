@@ -15,7 +15,9 @@ import pytest
 import trio
 
 from semq._gate import StoreGate
+from semq.config import Address
 from semq.node.core import NewDocument, NodeCore
+from semq.node.daemon import NodeSettings
 from semq.ops.admin import AdminCommandError, DrainControl
 from semq.ops.handlers import node_busy, node_handlers, platform_busy, platform_handlers
 from semq.platform.core import PlatformCore
@@ -30,6 +32,8 @@ class NodeStandIn:
     def __init__(self) -> None:
         self.gate = StoreGate()
         self.connected = True
+        self.s = NodeSettings(addresses=[Address("127.0.0.1", 7411), Address("127.0.0.1", 7412)])
+        self.address: Address | None = self.s.addresses[1]
         self.sessions = 1
         self.in_flight = 0
         self.stats = {"sent": 0, "received": 0, "delivered": 0, "refused": 0}
@@ -91,6 +95,8 @@ async def test_node_status_list_show(tmp_path: Path) -> None:
     try:
         st = await h["status"]({})
         assert st["role"] == "node" and st["org"] == A and st["connected"] is True
+        # The address connected now, and every one the node may use.
+        assert st["platform"] == "127.0.0.1:7412" and st["platforms"] == ["127.0.0.1:7411", "127.0.0.1:7412"]
         assert st["outbox"] == {"SS_INIT": 3, "SS_SENT": 2}
         assert {(q["target"], q["state"], q["count"]) for q in st["queues"]} == {(B, "SS_INIT", 3), (B, "SS_SENT", 2)}
         assert st["oldest_unconfirmed_ms"] and st["store_bytes"] > 0 and st["in_flight"] == 2

@@ -54,6 +54,9 @@ async def test_a_node_reload_applies_what_changed_and_a_wrong_value_changes_noth
         assert (daemon.s.window, daemon.window) == (64, 64)  # the running session too
         assert core.skew_ms == 60_000 and (daemon.s.host, daemon.s.port) == ("127.0.0.1", 7999)
         assert core.inquiry_ms == 9000
+        set_keys(d, platform='"127.0.0.1:7999, [::1]:7998"')  # several: all of them, in order
+        assert (await reload())["changed"]["platform"].startswith("127.0.0.1:7999, [::1]:7998")
+        assert [str(a) for a in daemon.s.addresses] == ["127.0.0.1:7999", "[::1]:7998"]
 
         set_keys(d, inquiry_interval="2.0", synchronous='"NORMAL"')
         changed = (await reload())["changed"]

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from semq.cli import main
-from semq.config import Config, ConfigError, load_config
+from semq.config import Address, Config, ConfigError, load_config, parse_platform_addresses
 from tests._procs import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -91,6 +91,10 @@ BAD = [
     ("platform", '"127.0.0.1:x"', "is not an address (port 'x' is not a number)", "HOST:PORT"),
     ("platform", '"127.0.0.1:0"', "is not an address (port 0 is outside 1..65535", "HOST:PORT with PORT 1..65535"),
     ("platform", '":7410"', "is not an address (has no host)", "HOST:PORT"),
+    ("platform", '"127.0.0.1:7411,x:99999"', "has 'x:99999', which is not an address (port 99999 is outside 1..65535)",
+     "HOST:PORT with PORT 1..65535"),
+    ("platform", '"127.0.0.1:7411,,127.0.0.1:7412"', "has an empty entry (number 2)", "HOST:PORT"),
+    ("platform", '"127.0.0.1:7411,127.0.0.1:7411"', "has '127.0.0.1:7411' twice", "HOST:PORT"),
     ("org", '"abc"', "is not an organization id", "an organization id: a number of 1 to 64 digits"),
     ("org", '"010008"', "is not an organization id", "an organization id: a number of 1 to 64 digits"),
     ("org", "10008", "is not a string", "an organization id: a number of 1 to 64 digits"),
@@ -167,6 +171,10 @@ def test_every_command_that_loads_the_configuration_refuses_it(dirs: Path, capsy
     (["platform", "run", "--dir", "P", "--listen", "127.0.0.1:99999"],
      '--listen "127.0.0.1:99999" is not an address (port 99999 is outside 0..65535)'),
     (["node", "run", "--dir", A, "--platform", "127.0.0.1:0"], "port 0 is outside 1..65535"),
+    (["node", "run", "--dir", A, "--platform", "127.0.0.1:7411,x:99999"],
+     '--platform "127.0.0.1:7411,x:99999" has \'x:99999\', which is not an address (port 99999 is outside 1..65535)'),
+    (["node", "init", "--dir", "N2", "--org", "1", "--no-security", "--platform", "h:1,not a host:2"],
+     "has 'not a host:2', which is not an address (host 'not a host' is not a host name or an IP address)"),
     (["platform", "init", "--dir", "P2", "--id", "a b"], '--id "a b" is not an endpoint id'),
     (["node", "init", "--dir", "N2", "--org", "x1", "--no-security"], '--org "x1" is not an organization id'),
 ])
@@ -188,6 +196,45 @@ def test_a_good_configuration_round_trips(dirs: Path) -> None:
     assert cfg.inquiry_interval == 2.0 and isinstance(cfg.inquiry_interval, float)
     with pytest.raises(ConfigError, match="window = -3 is out of range"):
         Config(role="node", directory=dirs / "X", org=A, window=-3).check()
+
+
+# ---------------------------------------------------------------- platform addresses
+
+
+def test_platform_addresses_are_read_in_the_order_given() -> None:
+    """One address as always, or several separated by commas (spaces
+    around them allowed), IPv6 in brackets, the default port when none is
+    given; ``str`` writes each back as it is dialled."""
+    assert parse_platform_addresses("127.0.0.1:7410") == [Address("127.0.0.1", 7410)]
+    got = parse_platform_addresses("p1.example:7411, [::1]:7412 ,10.0.0.3")
+    assert got == [Address("p1.example", 7411), Address("::1", 7412), Address("10.0.0.3", 7410)]
+    assert [str(a) for a in got] == ["p1.example:7411", "[::1]:7412", "10.0.0.3:7410"]
+    assert got[1] == ("::1", 7412)  # still a (host, port) pair
+
+
+@pytest.mark.parametrize("text, message", [
+    ("x:99999", 'platform "x:99999" is not an address (port 99999 is outside 1..65535)'),
+    ("a:7410,x:99999", 'platform "a:7410,x:99999" has \'x:99999\', which is not an address'
+                       " (port 99999 is outside 1..65535)"),
+    ("a:7410,b:0", "has 'b:0', which is not an address (port 0 is outside 1..65535)"),
+    ("a:7410,[::1]:x", "has '[::1]:x', which is not an address (port 'x' is not a number)"),
+    ("a:7410,:7411", "has ':7411', which is not an address (has no host)"),
+    ("a:7410,", "has an empty entry (number 2)"),
+    ("a:7410,a", "has 'a' twice"),  # the default port: the same address
+])
+def test_a_bad_platform_address_is_named(text: str, message: str) -> None:
+    with pytest.raises(ValueError) as e:
+        parse_platform_addresses(text)
+    assert message in str(e.value) and "\n" not in str(e.value)
+
+
+def test_a_list_of_platform_addresses_is_configured_and_kept(dirs: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    rc, _, err = run(capsys, "node", "init", "--dir", str(dirs / "N2"), "--org", "77002", "--no-security",
+                     "--platform", "127.0.0.1:7411,[::1]:7412")
+    assert rc == 0, err
+    assert load_config(dirs / "N2").platform == "127.0.0.1:7411,[::1]:7412"
+    set_key(dirs / A, "platform", '"127.0.0.1:7411, 127.0.0.1:7412"')
+    assert load_config(dirs / A).platform == "127.0.0.1:7411, 127.0.0.1:7412"
 
 
 def test_real_daemon_with_a_bad_key_exits_2_with_one_line(dirs: Path) -> None:
