@@ -52,6 +52,12 @@ class PgDatabase(PostgresqlDatabase):
     what BEGIN IMMEDIATE does for the one SQLite writer."""
 
     def begin(self, isolation_level: Any = None) -> None:
+        # A connection the server ended (a restart, a failover of the
+        # server) is replaced here, between transactions: the daemons wait
+        # out an outage (their calls fail with a store error meanwhile) and
+        # resume without a restart of their own.
+        if not self.is_closed() and not self.in_transaction() and not self.is_connection_usable():
+            self.close()
         super().begin(None)
 
     def _connect(self) -> Any:

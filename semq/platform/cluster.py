@@ -112,6 +112,15 @@ class Presence:
             self.conn.execute("DELETE FROM presence WHERE node_type=? AND node_id=? AND epoch=?",
                               (int(ep.node_type), ep.node_id, epoch))
 
+    def forget_stale(self) -> None:
+        """Rows naming this instance for connections it no longer has (their
+        removal failed while the store was away): removed."""
+        mine = set(self.epochs.values())
+        stale = [(t, i, e) for t, i, e in self.conn.execute(
+            "SELECT node_type, node_id, epoch FROM presence WHERE instance=?", (self.instance,)).fetchall()
+            if int(e) not in mine]
+        self.conn.executemany("DELETE FROM presence WHERE node_type=? AND node_id=? AND epoch=?", stale)
+
     def holds(self, ep: Endpoint) -> bool:
         """Whether ``ep``'s presence row still holds this instance's epoch
         (the fence a claim checks in its transaction)."""

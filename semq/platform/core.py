@@ -362,8 +362,13 @@ class PlatformCore(HeldWrites):
             for rid in [r for r, h in self._held_sent.items() if h.target_type == tt and h.target_id == ep.node_id]:
                 del self._held_sent[rid]
             self._order.forget()
-            with self._tx():
-                self.presence.detach(ep)
+            try:
+                with self._tx():
+                    self.presence.detach(ep)
+            except STORE_ERRORS:
+                # The store is away: the row stays until a newer connection
+                # takes it over or this instance's sweep removes it.
+                pass
         self._emit([{"ts": now_ms(), "event": "node_offline", "node": ep.node_id}])
 
     # ------------------------------------------------------------ instances
@@ -398,6 +403,7 @@ class PlatformCore(HeldWrites):
             return [], []
         with self._tx():
             self.presence.heartbeat()
+            self.presence.forget_stale()
             waiting = self.presence.waiting()
             fenced = [ep for ep in list(self.presence.epochs) if not self.presence.holds(ep)]
         return waiting, fenced

@@ -327,7 +327,14 @@ class PlatformDaemon:
             await fs.send_error(self.core.me, ep, ResultCode.AUTH_FAILED,
                                 f"the TLS certificate names organization {bound}, not {ep}")
             return
-        if hello.origin != ep or not await self.gate.run(self.core.connected, ep):
+        try:
+            allowed = hello.origin == ep and await self.gate.run(self.core.connected, ep)
+        except STORE_ERRORS as e:
+            log.error("%s cannot be admitted now: store error: %s", ep, e)
+            await fs.send_error(self.core.me, ep, ResultCode.INTERNAL_ERROR,
+                                "the platform's store is unavailable; try again later")
+            return
+        if not allowed:
             await fs.send_error(self.core.me, ep, ResultCode.AUTH_FAILED, f"{ep} may not connect here")
             return
         if self.drain is not None and self.drain.requested:
