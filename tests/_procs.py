@@ -95,22 +95,26 @@ class Cluster:
         for i in range(2, platforms + 1):
             shutil.copytree(root / "P", root / f"P{i}", ignore=shutil.ignore_patterns("events", "status.json"))
 
-    def addresses(self, instance: int | None = None) -> str:
-        """The platform's addresses a node is given: every instance's, or one's."""
-        ports = self.ports if instance is None else [self.ports[instance - 1]]
+    def addresses(self, instance: int | None = None, prefer: int = 1) -> str:
+        """The platform's addresses a node is given: every instance's
+        (``prefer``'s first), or ``instance``'s only."""
+        ports = self.ports[prefer - 1:] + self.ports[:prefer - 1]
+        if instance is not None:
+            ports = [self.ports[instance - 1]]
         return ",".join(f"127.0.0.1:{p}" for p in ports)
 
-    def add_org(self, org: str, instance: int | None = None) -> Path:
-        """An organization whose node knows every instance of the platform, or ``instance`` only."""
+    def add_org(self, org: str, instance: int | None = None, prefer: int = 1) -> Path:
+        """An organization whose node knows every instance of the platform
+        (tried from ``prefer`` on), or ``instance`` only."""
         d = self.root / org
         if not self.security:
             assert semq_main(["node", "init", "--dir", str(d), "--org", org, "--platform",
-                              self.addresses(instance), "--no-security"]) == 0
+                              self.addresses(instance, prefer), "--no-security"]) == 0
             assert semq_main(["platform", "register", "--dir", str(self.root / "P"), org]) == 0
             return d
         # Secure by default: keys, certificate issued by the platform's CA.
         assert semq_main(["node", "init", "--dir", str(d), "--org", org, "--platform",
-                          self.addresses(instance), "--enroll-from", str(self.root / "P")]) == 0
+                          self.addresses(instance, prefer), "--enroll-from", str(self.root / "P")]) == 0
         return d
 
     def start_platform(self, plan: Path | None = None, instance: int = 1) -> Proc:
