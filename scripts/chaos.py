@@ -15,6 +15,12 @@ polled until they are quiet (bounded), and the invariants are checked:
   ``inbound`` (pending-ack) table are empty, outboxes hold only SS_FAILED rows;
   dedup/seen rows (retention-bound) and log sizes are reported.
 
+With ``--platforms N --store postgresql://...`` (or ``--store postgresql``:
+a throwaway PostgreSQL server of the run's own) the platform is N instances
+on one PostgreSQL store, each node knows every instance (one fault proxy
+per instance), kills hit one instance at a time, and with a server of the
+run's own the faults include restarts of PostgreSQL itself.
+
 ``scripts/chaos --seed S --docs N --minutes M --orgs K`` prints the table;
 tests/e2e/test_chaos.py calls :func:`run_chaos` with a short configuration.
 Deterministic given the seed as far as timing allows: the documents, the fault
@@ -153,10 +159,14 @@ class Net:
     has it). Nodes may be pointed at another address (a fault proxy) when
     started. Synchronous; every wait is bounded."""
 
-    def __init__(self, root: Path, *, security: bool | None = None, inquiry_interval: float = 0.5) -> None:
+    def __init__(self, root: Path, *, security: bool | None = None, inquiry_interval: float = 0.5,
+                 store: str = "", platforms: int = 1) -> None:
         self.root = Path(root)
         self.root.mkdir(parents=True, exist_ok=True)
-        self.port = free_port()
+        self.store = store
+        self.ports = [free_port() for _ in range(platforms)]
+        self.port = self.ports[0]
+        self.platforms = ["P" if i == 0 else f"P{i + 1}" for i in range(platforms)]
         self.iq = str(inquiry_interval)
         has = security_supported()
         if security and not has:
@@ -167,17 +177,22 @@ class Net:
         args = ["platform", "init", "--dir", str(self.pdir), "--listen", f"127.0.0.1:{self.port}"]
         if has and not self.security:
             args.append("--no-security")
+        if store:
+            args += ["--store", store]
         self._init(args)
-        self.procs["P"] = Proc("platform", ["platform", "run", "--dir", str(self.pdir), "--listen",
-                                            f"127.0.0.1:{self.port}", "--inquiry-interval", self.iq],
-                               self.root / "platform.log", "listening on")
+        for name, port in zip(self.platforms, self.ports, strict=True):
+            if name != "P":  # another instance: a copy of the platform's directory
+                shutil.copytree(self.pdir, self.dir(name), ignore=shutil.ignore_patterns("events", "status.json"))
+            self.procs[name] = Proc(name, ["platform", "run", "--dir", str(self.dir(name)), "--listen",
+                                           f"127.0.0.1:{port}", "--inquiry-interval", self.iq],
+                                    self.root / f"{name.replace('P', 'platform', 1)}.log", "listening on")
 
     @property
     def pdir(self) -> Path:
         return self.root / "P"
 
     def dir(self, name: str) -> Path:
-        return self.pdir if name == "P" else self.root / name
+        return self.root / name
 
     @staticmethod
     def _init(args: list[str]) -> None:
@@ -197,7 +212,8 @@ class Net:
         else:
             self._init([*args, "--no-security"] if security_supported() else args)
             self._init(["platform", "register", "--dir", str(self.pdir), org])
-        run = ["node", "run", "--dir", str(d), "--inquiry-interval", self.iq, "--platform", platform or addr]
+        run = ["node", "run", "--dir", str(d), "--inquiry-interval", self.iq, "--platform",
+               platform or ",".join(f"127.0.0.1:{p}" for p in self.ports)]
         self.procs[org] = Proc(org, run, self.root / f"{org}.log", "running")
         self.orgs.append(org)
         return d
@@ -221,6 +237,13 @@ class Net:
         return self.dir(name) / ("platform.sqlite" if name == "P" else "node.sqlite")
 
     def q(self, name: str, sql: str, *args: Any) -> list[tuple[Any, ...]]:
+        if name == "P" and self.store:
+            import psycopg
+
+            from semq._pg import translate_sql
+
+            with psycopg.connect(self.store, autocommit=True, connect_timeout=10) as pc:
+                return [tuple(r) for r in pc.execute(translate_sql(sql), args or None).fetchall()]
         c = sqlite3.connect(str(self.db_path(name)), timeout=30)
         try:
             return c.execute(sql, args).fetchall()
@@ -285,6 +308,10 @@ class ChaosConfig:
     root: Path | None = None  # None: a temporary directory, removed unless keep
     keep: bool = False
     log: Callable[[str], None] | None = None  # progress lines
+    platforms: int = 1  # instances of the platform (more than one: on a PostgreSQL store)
+    # The platform's store: "" (SQLite), a postgresql:// URL, or "postgresql":
+    # a throwaway server of the run's own, restarted among the faults.
+    store: str = ""
 
 
 @dataclass
@@ -304,6 +331,7 @@ class ChaosReport:
     kills: int = 0  # SIGKILLs
     stops: int = 0  # SIGTERM, restarted later (node offline for a while)
     partitions: int = 0  # proxy cut + refuse for a while
+    pg_restarts: int = 0  # restarts of the platform's PostgreSQL server
     cuts: int = 0  # connections cut by the proxies (planned offsets and cut_all)
     refusals: int = 0  # connections refused by the proxies
     elapsed: float = 0.0  # s, whole run
@@ -338,6 +366,7 @@ class ChaosReport:
             ("resends", self.resends), ("inquiries", self.inquiries),
             ("kills (SIGKILL)", self.kills), ("stops (SIGTERM, offline)", self.stops),
             ("partitions (cut + refuse)", self.partitions),
+            ("PostgreSQL restarts", self.pg_restarts),
             ("cuts", self.cuts), ("refused connections", self.refusals),
             ("settled / settle time", f"{self.settled} / {self.settle_time:.1f} s"),
             ("elapsed", f"{self.elapsed:.1f} s"),
@@ -414,7 +443,8 @@ class _Run:
         self.rng = random.Random(f"semq-chaos/{cfg.seed}/schedule")
         self.report = ChaosReport(seed=cfg.seed, orgs=len(orgs), security=net.security)
         self.docs: dict[tuple[str, int], _Doc] = {}
-        self.proxies: dict[str, FaultProxy] = {}
+        self.proxies: dict[str, list[FaultProxy]] = {}  # per node, one per platform instance
+        self.pg: Any = None  # the run's own PostgreSQL server (PgServer), when it has one
         self.down: set[str] = set()  # processes stopped by the schedule, restart pending
         self.lock = trio.Lock()  # one process start/kill at a time
         self.clients: dict[str, NodeClient] = {}
@@ -478,20 +508,29 @@ class _Run:
         rng = self.rng
         mean_gap = 60.0 / max(1e-9, self.cfg.kills_per_minute)
         # Every kind of fault early on (seeded order), then a weighted mix.
-        first = ["kill_node", "kill_platform", "cut", "partition", "stop_node"]
+        kinds = ["kill_node", "kill_platform", "cut", "partition", "stop_node"]
+        weights = [4, 2, 3, 2, 1]
+        if self.pg is not None:
+            kinds.append("restart_pg")
+            weights.append(1)
+        first = list(kinds)
         rng.shuffle(first)
         while True:
             gap = rng.uniform(0.3, 2 * mean_gap) * 0.6
-            what = first.pop() if first else rng.choices(
-                ["kill_node", "kill_platform", "cut", "partition", "stop_node"], [4, 2, 3, 2, 1])[0]
+            what = first.pop() if first else rng.choices(kinds, weights)[0]
             org = rng.choice(self.orgs)
             delay = rng.uniform(0.2, 2.0)
             offline = rng.uniform(1.0, 5.0)
             if trio.current_time() + gap >= deadline:
                 return
             await trio.sleep(gap)
-            if what in ("kill_node", "stop_node", "kill_platform"):
-                name = "P" if what == "kill_platform" else org
+            if what == "restart_pg":
+                down = rng.uniform(0.5, 3.0)
+                self.log(f"restart PostgreSQL, down {down:.1f} s")
+                await self._proc(self.pg.restart, down)
+                self.report.pg_restarts += 1
+            elif what in ("kill_node", "stop_node", "kill_platform"):
+                name = rng.choice(self.net.platforms) if what == "kill_platform" else org
                 if name in self.down:
                     continue
                 self.down.add(name)
@@ -504,12 +543,12 @@ class _Run:
                 self.log(f"{what} {name}, back in {delay if sig == signal.SIGKILL else offline:.1f} s")
                 nursery.start_soon(self.restart_later, name, delay if sig == signal.SIGKILL else offline)
             elif what == "cut":
-                n = self.proxies[org].cut_all()
+                n = sum(p.cut_all() for p in self.proxies[org])
                 self.log(f"cut {n} connection(s) of {org}")
             else:
-                proxy = self.proxies[org]
-                proxy.refuse_for(offline)
-                proxy.cut_all()
+                for proxy in self.proxies[org]:
+                    proxy.refuse_for(offline)
+                    proxy.cut_all()
                 self.report.partitions += 1
                 self.log(f"partition {org} for {offline:.1f} s")
 
@@ -520,7 +559,7 @@ class _Run:
         finding: record it, and start it again so the run goes on."""
         while True:
             await trio.sleep(0.5)
-            for name in ["P", *self.orgs]:
+            for name in [*self.net.platforms, *self.orgs]:
                 if name not in self.down and not self.net.running(name) and not self.lock.locked():
                     proc = self.net.procs[name]
                     rc = proc.p.returncode if proc.p is not None else None
@@ -530,7 +569,7 @@ class _Run:
                     await self._proc(self.net.start, name)
 
     async def settle(self) -> None:
-        for p in self.proxies.values():
+        for p in (p for ps in self.proxies.values() for p in ps):
             p.set_pass_through(True)
             p.refuse_for(0)
             p.stall_for(0)
@@ -664,7 +703,7 @@ class _Run:
         n = max(1, r.accepted)
         ev_total = 0
         events = 0
-        for name in ["P", *self.orgs]:
+        for name in [*net.platforms, *self.orgs]:
             ev, out = net.log_bytes(name)
             ev_total += ev
             r.log_bytes_per_doc[f"{name}.events"] = ev / n
@@ -694,18 +733,34 @@ async def run_chaos_async(cfg: ChaosConfig) -> ChaosReport:
     root = cfg.root or tmp
     assert root is not None
     orgs = [f"{10001 + i}" for i in range(cfg.orgs)]
-    net = Net(root, security=cfg.security, inquiry_interval=cfg.inquiry_interval)
+    stack = contextlib.ExitStack()
+    store = cfg.store
+    pg = None
+    if store == "postgresql":  # a server of the run's own: its restarts are among the faults
+        from semq.testing.pgserver import throwaway_pg
+
+        pg = stack.enter_context(throwaway_pg())
+        store = pg.create_database("semq")
+    net = Net(root, security=cfg.security, inquiry_interval=cfg.inquiry_interval, store=store,
+              platforms=cfg.platforms)
     run = _Run(cfg, net, orgs)
+    run.pg = pg
     run.report.root = str(root)
     try:
         async with trio.open_nursery() as nursery:
             for i, org in enumerate(orgs):
-                proxy = FaultProxy(_plan(cfg.seed, i) if cfg.faults else FaultPlan(seed=cfg.seed))
-                port = await nursery.start(proxy.serve, "127.0.0.1", 0, "127.0.0.1", net.port)
-                run.proxies[org] = proxy
-                net.add_org(org, platform=f"127.0.0.1:{port}")
+                ports = []
+                run.proxies[org] = []
+                for j, upstream in enumerate(net.ports):
+                    proxy = FaultProxy(_plan(cfg.seed * 10 + j, i) if cfg.faults else FaultPlan(seed=cfg.seed))
+                    ports.append(await nursery.start(proxy.serve, "127.0.0.1", 0, "127.0.0.1", upstream))
+                    run.proxies[org].append(proxy)
+                # Nodes spread over the instances: each starts from another one.
+                k = i % len(ports)
+                ports = ports[k:] + ports[:k]
+                net.add_org(org, platform=",".join(f"127.0.0.1:{p}" for p in ports))
                 run.clients[org] = NodeClient(net.dir(org))
-            for name in ["P", *orgs]:
+            for name in [*net.platforms, *orgs]:
                 await run._proc(net.start, name)
             run.log(f"started platform and {len(orgs)} nodes in {root}")
             nursery.start_soon(run.watchdog)
@@ -717,7 +772,7 @@ async def run_chaos_async(cfg: ChaosConfig) -> ChaosReport:
                     # Restarts scheduled by the chaos task finish inside this nursery.
             run.log(f"chaos phase over: {run.report.accepted} accepted; settling")
             await run.settle()
-            for p in run.proxies.values():
+            for p in (p for ps in run.proxies.values() for p in ps):
                 st = p.statistics()
                 run.report.cuts += st.cuts
                 run.report.refusals += st.refusals
@@ -727,6 +782,7 @@ async def run_chaos_async(cfg: ChaosConfig) -> ChaosReport:
         for c in run.clients.values():
             c.close()
         net.stop_all()
+        stack.close()
         run.report.elapsed = time.monotonic() - t0
         if tmp is not None and not cfg.keep:
             shutil.rmtree(tmp, ignore_errors=True)
@@ -752,6 +808,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--kills-per-minute", type=float, default=20.0)
     p.add_argument("--security", choices=["on", "off", "default"], default="default")
     p.add_argument("--no-faults", action="store_true", help="same traffic, no faults (baseline)")
+    p.add_argument("--platforms", type=int, default=1,
+                   help="instances of the platform (more than one needs --store postgresql...)")
+    p.add_argument("--store", default="",
+                   help="the platform's store: a postgresql:// URL, or 'postgresql' for a throwaway server of"
+                        " this run's own (whose restarts are then among the faults); default its SQLite file")
     p.add_argument("--dir", help="keep everything in this directory (must not exist)")
     p.add_argument("--keep", action="store_true", help="keep the temporary directory")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
@@ -759,6 +820,8 @@ def main(argv: list[str] | None = None) -> int:
     a = p.parse_args(argv)
     if a.orgs < 2:
         p.error("--orgs must be at least 2")
+    if a.platforms > 1 and not a.store:
+        p.error("--platforms above 1 needs a PostgreSQL store (--store postgresql or a URL)")
     if a.dir and Path(a.dir).exists():
         p.error(f"{a.dir} exists; give a new directory")
     t0 = time.monotonic()
@@ -771,6 +834,7 @@ def main(argv: list[str] | None = None) -> int:
         inquiry_interval=a.inquiry_interval, kills_per_minute=a.kills_per_minute,
         security={"on": True, "off": False, "default": None}[a.security], faults=not a.no_faults,
         root=Path(a.dir) if a.dir else None, keep=a.keep, log=None if a.quiet else progress,
+        platforms=a.platforms, store=a.store,
     )
     report = run_chaos(cfg)
     if a.json:
@@ -778,7 +842,8 @@ def main(argv: list[str] | None = None) -> int:
     else:
         print(report.table())
         print(f"command: scripts/chaos --seed {a.seed} --docs {a.docs} --minutes {a.minutes:g}"
-              f" --orgs {a.orgs}" + (f" --security {a.security}" if a.security != "default" else ""))
+              f" --orgs {a.orgs}" + (f" --security {a.security}" if a.security != "default" else "")
+              + (f" --platforms {a.platforms} --store {a.store}" if a.store else ""))
         if a.keep or a.dir:
             print(f"kept: {report.root}")
     return 0 if report.ok else 1

@@ -48,6 +48,22 @@ def test_chaos_run_delivers_reliable_documents_exactly_once(
     assert report.events_per_doc < 60, report.table()
 
 
+def test_chaos_with_two_platform_instances_on_postgresql(tmp_path: Path) -> None:
+    """The same faults with the platform as two instances on one PostgreSQL
+    store (a server of the run's own), nodes spread over them and knowing
+    both; kills hit one instance at a time, and PostgreSQL itself restarts."""
+    report = run_chaos(ChaosConfig(seed=3, docs=300, orgs=3, minutes=20 / 60, quiet_timeout=90,
+                                   kills_per_minute=24, platforms=2, store="postgresql",
+                                   root=tmp_path / "chaos", log=print))
+    print(report.table())
+    assert report.accepted == 300
+    assert report.kills >= 2 and report.pg_restarts >= 1, report.table()
+    assert report.lost == 0 and report.duplicates == 0, report.table()
+    assert report.corrupted == 0 and report.misdelivered == 0, report.table()
+    assert report.settled and report.tables["P.stored"] == 0, report.table()
+    assert report.ok, report.table()
+
+
 # ---------------------------------------------------------------- SaveFwd 1 after a cut
 
 
