@@ -131,7 +131,7 @@ class PgConn:
 
     def execute(self, sql: str, params: Sequence[Any] = ()) -> Any:
         try:
-            return self._conn().execute(self._tr(sql), params or None, prepare=False)
+            return self._conn().execute(self._tr(sql), params or None)
         except Exception as e:
             raise _peewee_error(e) from e
 

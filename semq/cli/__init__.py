@@ -706,6 +706,11 @@ def cmd_status(args: argparse.Namespace) -> int:
     print("  stored for: " + (", ".join(f"{t}={v['stored']} (oldest {format_age(v['oldest_ms'])})"
                                        for t, v in stored.items()) or "nothing"))
     print(f"  relayed acks/inquiries waiting: {counts['relayed_waiting']}")
+    if "instances" in counts:
+        print(f"  store: {counts['store']} (PostgreSQL); instances:")
+        for i in counts["instances"] or [{"address": "none running", "holds": 0, "alive": False, "pid": "-"}]:
+            state = "running" if i["alive"] else "gone (no heartbeat)"
+            print(f"    {i['address']:<22} {state}, pid {i['pid']}, holds {i['holds']} organization(s)")
     return 0
 
 

@@ -112,6 +112,9 @@ def _print_status(r: dict[str, Any]) -> None:
                 else "connected to the platform" if r.get("connected") else "NOT connected to the platform")
         print(f"node {r['org']} (pid {r['pid']}): {conn}, sessions {r['sessions']},"
               f" in flight {r['in_flight']}{draining}")
+        for i in r.get("instances", []):
+            state = "this instance" if i.get("this") else ("running" if i.get("alive") else "gone (no heartbeat)")
+            print(f"  instance {i['address']:<22} {state}, holds {i['holds']} organization(s)")
         st = r.get("stats", {})
         print("  counters: " + (" ".join(f"{k}={v}" for k, v in st.items()) or "-"))
         print("  pending-send: " + (", ".join(f"{k}={v}" for k, v in r.get("outbox", {}).items()) or "empty"))
@@ -131,6 +134,9 @@ def _print_status(r: dict[str, Any]) -> None:
             if not n.get("online"):
                 rev = " (revoked)" if n.get("revoked") else ""
                 print(f"  offline {n['node']:<12} last connected {_age(n.get('last_seen_ms'))} ago{rev}")
+        for i in r.get("instances", []):
+            state = "this instance" if i.get("this") else ("running" if i.get("alive") else "gone (no heartbeat)")
+            print(f"  instance {i['address']:<22} {state}, holds {i['holds']} organization(s)")
         st = r.get("stats", {})
         print("  counters: " + (" ".join(f"{k}={v}" for k, v in st.items()) or "-"))
         print(f"  relayed acks/inquiries waiting: {r.get('relayed_waiting', 0)};"

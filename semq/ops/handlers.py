@@ -237,8 +237,9 @@ def _sql_where(clauses: Iterable[str]) -> str:
     return (" WHERE " + " AND ".join(c)) if c else ""
 
 
-def store_bytes(path: Path) -> int:
-    """Bytes of a store on disk: the database, its WAL and WAL index."""
+def store_bytes(path: Path | str) -> int:
+    """Bytes of a store on disk: the database, its WAL and WAL index (0 for
+    a PostgreSQL store: the server's to tell)."""
     total = 0
     for suffix in ("", "-wal", "-shm"):
         try:

@@ -967,12 +967,29 @@ class PlatformCore(HeldWrites):
             for tid, n, oldest in c.execute(
                 f"SELECT target_id, count(*), min(stored_ms) FROM stored WHERE kind={_DATA} GROUP BY target_id")
         }
-        return {
+        out: dict[str, Any] = {
             "known_nodes": sorted(ep.node_id for ep in self.known),
             "stored": per_target,
             "relayed_waiting": relayed,
             "seen": seen,
         }
+        if self.pg:
+            out["store"] = str(self.path)  # (the URL without its password)
+            out["instances"] = self.instances()
+        return out
+
+    def instances(self) -> list[dict[str, Any]]:
+        """PostgreSQL store: the instances running on it (heartbeat within
+        LIVE_MS, else listed as gone) and how many organizations each holds."""
+        from .cluster import LIVE_MS
+
+        ts = now_ms()
+        return [{"id": i, "address": addr, "pid": pid, "heartbeat_ms": hb, "alive": ts - hb <= LIVE_MS,
+                 "holds": int(n), "this": self.presence is not None and i == self.presence.instance}
+                for i, addr, pid, hb, n in self.conn.execute(
+                    "SELECT i.id, i.address, i.pid, i.heartbeat_ms, count(p.node_id) FROM instances i"
+                    " LEFT JOIN presence p ON p.instance = i.id GROUP BY i.id, i.address, i.pid, i.heartbeat_ms"
+                    " ORDER BY i.address").fetchall()]
 
 
 _ = (HEADER_SIZE, NodeType)

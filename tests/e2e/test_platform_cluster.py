@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from semq.cli import main as semq_main
 from tests._procs import Cluster, wait_until
 from tests.e2e.test_e2e_flow import send
 
@@ -20,7 +21,8 @@ def _pg_cluster(tmp_path: Path, url: str, platforms: int = 2, **kw: object) -> C
     return Cluster(tmp_path, store=url, platforms=platforms, **kw)  # type: ignore[arg-type]
 
 
-def test_two_instances_on_one_store_deliver_across_each_other(tmp_path: Path, pg_url: str) -> None:
+def test_two_instances_on_one_store_deliver_across_each_other(tmp_path: Path, pg_url: str,
+                                                               capsys: pytest.CaptureFixture[str]) -> None:
     c = _pg_cluster(tmp_path, pg_url)
     try:
         c.add_org(A, instance=1)
@@ -47,6 +49,13 @@ def test_two_instances_on_one_store_deliver_across_each_other(tmp_path: Path, pg
         wait_until(lambda: c.settled([A, B, C]), 30, "every table cleaned up")
         presence = c.q("P", "SELECT node_id, instance FROM presence ORDER BY node_id")
         assert [n for n, _ in presence] == [A, B, C] and len({i for _, i in presence}) == 2
+        # the operator sees the instances and what each holds
+        capsys.readouterr()
+        assert semq_main(["status", "--dir", str(tmp_path / "P2")]) == 0
+        text = capsys.readouterr().out
+        assert "(PostgreSQL); instances:" in text and "password" not in text
+        p1, p2 = (f"127.0.0.1:{p}" for p in c.ports)
+        assert f"{p1:<22} running" in text and "holds 1 organization(s)" in text and "holds 2 organization(s)" in text
     finally:
         c.stop_all()
 
