@@ -530,7 +530,10 @@ class _Run:
                 await self._proc(self.pg.restart, down)
                 self.report.pg_restarts += 1
             elif what in ("kill_node", "stop_node", "kill_platform"):
-                name = rng.choice(self.net.platforms) if what == "kill_platform" else org
+                name = org
+                if what == "kill_platform":  # (one instance: no draw, so a seed's schedule stays as it was)
+                    plats = self.net.platforms
+                    name = rng.choice(plats) if len(plats) > 1 else plats[0]
                 if name in self.down:
                     continue
                 self.down.add(name)
