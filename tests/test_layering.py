@@ -27,6 +27,8 @@ LAYERS: dict[str, int] = {
     "semq.node": 4, "semq.platform": 4,
     "semq.node.daemon": 5, "semq.platform.daemon": 5, "semq.node.background": 5,
     "semq.ops": 6,
+    # an operation over a stopped platform, beside backup/restore (it reuses their in-use check)
+    "semq.platform.migrate": 6,
     "semq.cli": 7, "semq.testing": 7, "semq.__main__": 7,
 }
 BASE = "semq"  # the package's __init__: only the version, for anyone
