@@ -114,7 +114,7 @@ def cmd_platform_migrate(args: argparse.Namespace) -> int:
         raise UsageError(str(e)) from None
     rows = ", ".join(f"{t} {n}" for t, n in info.rows.items())
     ca = f"; CA files in the store: {info.ca_files}" if cfg.security else ""
-    print(f"migrated {info.sqlite} to {info.url} in {info.seconds:.1f} s: rows {rows}{ca};"
+    print(f"migrated {info.sqlite} to {info.url} in {info.seconds:.2f} s: rows {rows}{ca};"
           f" next stored copy id {info.next_id}")
     print(f'{info.config} now names store = "{redact(args.to)}"; {info.sqlite} is kept unchanged:'
           " delete it once the platform runs well on PostgreSQL")
