@@ -26,7 +26,7 @@ from __future__ import annotations
 import sqlite3
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Final
 
@@ -179,8 +179,7 @@ def migrate_to_pg(cfg: Config, url: str, *, progress: Progress | None = None,
                                      " meanwhile; stop the platform first")
             pg.commit()
             try:
-                cfg.store = url
-                config = write_config(cfg)
+                config = write_config(replace(cfg, store=url))
             except OSError as e:
                 raise MigrateError(f"the store was copied into {where}, but {cfg.directory}/semq.toml could not"
                                    f" be written ({e}); set store = \"{where}\" in it by hand") from e
