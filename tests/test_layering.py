@@ -21,12 +21,14 @@ ROOT = Path(__file__).resolve().parent.parent / "semq"
 LAYERS: dict[str, int] = {
     "semq.umxt_protocol": 0,
     "semq.crypto": 1,
-    "semq.trust": 2, "semq.security": 2, "semq.config": 2, "semq._db": 2, "semq._gate": 2, "semq.events": 2,
+    "semq.trust": 2, "semq.security": 2, "semq.config": 2, "semq._db": 2, "semq._pg": 2, "semq._gate": 2, "semq.events": 2,
     "semq.transport": 2, "semq.ports": 2,
     "semq.node.engine": 3, "semq.platform.engine": 3,
     "semq.node": 4, "semq.platform": 4,
     "semq.node.daemon": 5, "semq.platform.daemon": 5, "semq.node.background": 5,
     "semq.ops": 6,
+    # an operation over a stopped platform, beside backup/restore (it reuses their in-use check)
+    "semq.platform.migrate": 6,
     "semq.cli": 7, "semq.testing": 7, "semq.__main__": 7,
 }
 BASE = "semq"  # the package's __init__: only the version, for anyone

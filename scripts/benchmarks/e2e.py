@@ -49,6 +49,7 @@ Usage: scripts/bench e2e [--count N] [--repeat R] [--security off|on|both]
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
@@ -60,7 +61,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, Final
 
@@ -126,29 +127,51 @@ def security_supported() -> bool:
 
 
 class Cluster:
-    """A platform, A and B in one temporary directory; processes by PID."""
+    """A platform, A and B in one temporary directory; processes by PID.
 
-    def __init__(self, root: Path, synchronous: str, timeout: float, secure: bool) -> None:
+    With ``store`` (a PostgreSQL URL) the platform keeps its store there, and
+    ``platforms`` instances run on copies of its directory (P, P2, ...), each
+    on its own port (semq/platform/cluster.py). ``homes`` says which
+    instances each node is given, in order (default: A the first, B the
+    last, so with two instances every document crosses from one to the
+    other). ``pg_pid``: the PostgreSQL server's postmaster, whose CPU (with
+    its children's, the backends) is read as the daemons' is, as "PG"."""
+
+    def __init__(self, root: Path, synchronous: str, timeout: float, secure: bool, store: str = "",
+                 platforms: int = 1, homes: dict[str, Sequence[int]] | None = None, pg_pid: int | None = None,
+                 inquiry_interval: float | None = None) -> None:
         self.root = root
         self.timeout = timeout
-        self.port = _free_port()
+        self.store = store
+        self.ports = [_free_port() for _ in range(platforms)]
+        self.port = self.ports[0]
+        self.instances = ["P" if i == 1 else f"P{i}" for i in range(1, platforms + 1)]
+        self.pg_pid = pg_pid
+        self.inquiry = [] if inquiry_interval is None else ["--inquiry-interval", f"{inquiry_interval:g}"]
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
         self.env = {k: v for k, v in os.environ.items() if k != "SEMQ_DIR"}
         self.env["PYTHONUNBUFFERED"] = "1"
+        homes = homes or {A: [1], B: [platforms]}
         # With security in the CLI: on = CA, enrolment, mutual TLS, sealed and
         # signed documents; off = --no-security. Without it: plain, as ever.
         has_security = security_supported()
         if secure and not has_security:
             raise BenchError("this semq has no security in its daemons (no 'node init --enroll-from')")
         off = ["--no-security"] if has_security and not secure else []
-        self._cli("platform", "init", "--dir", "P", "--listen", f"127.0.0.1:{self.port}", *off)
+        on_pg = ["--store", store] if store else []
+        self._cli("platform", "init", "--dir", "P", "--listen", f"127.0.0.1:{self.port}", *off, *on_pg)
         for org, d in ((A, "A"), (B, "B")):
-            self._cli("node", "init", "--dir", d, "--org", org, "--platform", f"127.0.0.1:{self.port}", *off,
+            addresses = ",".join(f"127.0.0.1:{self.ports[i - 1]}" for i in homes[org])
+            self._cli("node", "init", "--dir", d, "--org", org, "--platform", addresses, *off,
                       *(["--enroll-from", "P"] if secure else []))
         if not secure:
             self._cli("platform", "register", "--dir", "P", A, B)
+        # Further instances: copies of the platform's directory (its CA and
+        # configuration; the store is the shared database), as docs/operations.md says.
+        for name in self.instances[1:]:
+            shutil.copytree(root / "P", root / name, ignore=shutil.ignore_patterns("events", "status.json"))
         if synchronous != "FULL":
-            for d in ("P", "A", "B"):
+            for d in ("A", "B", *self.instances):
                 cfg = root / d / "semq.toml"
                 cfg.write_text(cfg.read_text().replace('synchronous = "FULL"', f'synchronous = "{synchronous}"'))
 
@@ -158,25 +181,44 @@ class Cluster:
             raise BenchError(f"semq {' '.join(args)}: {r.stderr.decode(errors='replace').strip()}")
 
     def start(self, name: str) -> None:
-        args = (["platform", "run", "--dir", "P"] if name == "P" else ["node", "run", "--dir", name])
+        if name in self.instances:
+            i = self.instances.index(name)
+            args = ["platform", "run", "--dir", name, *self.inquiry]
+            if i:
+                args += ["--listen", f"127.0.0.1:{self.ports[i]}"]
+        else:
+            args = ["node", "run", "--dir", name, *self.inquiry]
         log = self.root / f"{name}.log"
         with log.open("ab") as f:
             p = subprocess.Popen([*SEMQ, *args], cwd=self.root, env=self.env, stdout=f,
                                  stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
         self.procs[name] = p
-        ready = "listening on" if name == "P" else "running"
+        ready = "listening on" if name in self.instances else "running"
         _wait(lambda: ready in log.read_text(errors="replace") or p.poll() is not None, self.timeout,
               f"{name} to start", 0.02)
         if p.poll() is not None:
             raise BenchError(f"{name} exited {p.returncode}: {log.read_text(errors='replace')[-1500:]}")
 
+    def start_platform(self) -> None:
+        """Every instance of the platform."""
+        for name in self.instances:
+            self.start(name)
+
     def rss(self, name: str) -> float | None:
         p = self.procs.get(name)
         return peak_rss_mib(p.pid) if p is not None and p.poll() is None else None
 
+    def rss_all(self) -> dict[str, float | None]:
+        """Peak RSS of the platform's instances, A and B (None: not running)."""
+        return {k: self.rss(k) for k in (*self.instances, "A", "B")}
+
     def cpu(self) -> dict[str, float | None]:
-        """CPU seconds used so far by each running daemon."""
-        return {k: cpu_seconds(p.pid) if p.poll() is None else None for k, p in self.procs.items()}
+        """CPU seconds used so far by each running daemon (and, as "PG", by
+        the PostgreSQL server: its postmaster and every child)."""
+        out = {k: cpu_seconds(p.pid) if p.poll() is None else None for k, p in self.procs.items()}
+        if self.pg_pid is not None:
+            out["PG"] = tree_cpu_seconds(self.pg_pid)
+        return out
 
     def stop(self, name: str) -> None:
         p = self.procs.pop(name, None)
@@ -188,6 +230,12 @@ class Cluster:
         except subprocess.TimeoutExpired:
             p.kill()
             p.wait(timeout=10)
+
+    def kill(self, name: str) -> None:
+        """SIGKILL, by PID: no clean-up, as a crash."""
+        p = self.procs.pop(name)
+        p.kill()
+        p.wait(timeout=10)
 
     def stop_all(self) -> None:
         for name in list(self.procs):
@@ -201,6 +249,14 @@ class Cluster:
 
     def count(self, who: str, sql: str) -> int:
         self.alive()
+        if who == "P" and self.store:
+            import psycopg
+
+            from semq._pg import translate_sql
+
+            with psycopg.connect(self.store, autocommit=True) as pc:
+                row = pc.execute(translate_sql(sql)).fetchone()
+            return int(row[0]) if row else 0
         name = "platform.sqlite" if who == "P" else "node.sqlite"
         c = sqlite3.connect(f"file:{self.root / who / name}?mode=ro", uri=True, timeout=10)
         try:
@@ -209,11 +265,45 @@ class Cluster:
             c.close()
 
     def online(self, org: str) -> bool:
+        """``org`` is connected to one of the platform's instances."""
+        for name in self.instances:
+            try:
+                st = json.loads((self.root / name / "status.json").read_text())
+            except (OSError, ValueError):
+                continue
+            if org in st.get("online", []):
+                return True
+        return False
+
+    def platform_events(self, wanted: Iterable[str]) -> dict[str, dict[str, int]]:
+        """``events`` of every instance of the platform, merged (the first of each)."""
+        out: dict[str, dict[str, int]] = {w: {} for w in wanted}
+        for name in self.instances:
+            for ev, got in events(self.root / name / "events", wanted).items():
+                for k, ts in got.items():
+                    out[ev][k] = min(ts, out[ev].get(k, ts))
+        return out
+
+
+def tree_cpu_seconds(pid: int) -> float | None:
+    """CPU seconds of a process and its live children so far (the
+    PostgreSQL postmaster and its backends and workers); None when the
+    process is gone. A backend that ended between two readings takes its
+    CPU with it: the platform's connections live as long as the phase."""
+    own = cpu_seconds(pid)
+    if own is None:
+        return None
+    total = own
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
         try:
-            st = json.loads((self.root / "P" / "status.json").read_text())
-        except (OSError, ValueError):
-            return False
-        return org in st.get("online", [])
+            stat = Path(f"/proc/{name}/stat").read_text()
+        except OSError:
+            continue
+        if int(stat[stat.rindex(")") + 2:].split()[1]) == pid:
+            total += cpu_seconds(int(name)) or 0.0
+    return total
 
 
 # ---------------------------------------------------------------- documents
@@ -304,10 +394,75 @@ def check_once(c: Cluster, n: int) -> None:
 # ---------------------------------------------------------------- phases
 
 
-def _cluster(tmp: Path, name: str, a: argparse.Namespace) -> Cluster:
+class PgStores:
+    """Where the platform's PostgreSQL stores are made: a fresh database per
+    phase on the server at ``base`` (a URL of its ``postgres`` database);
+    ``pid``: its postmaster's, when it runs on this machine (for its CPU)."""
+
+    def __init__(self, base: str, pid: int | None) -> None:
+        self.base = base
+        self.pid = pid
+        self._made: list[str] = []
+
+    def new_database(self) -> str:
+        import uuid
+
+        import psycopg
+
+        name = f"semq_bench_{uuid.uuid4().hex[:10]}"
+        with psycopg.connect(self.base, autocommit=True) as c:
+            c.execute(f'CREATE DATABASE "{name}"')
+        self._made.append(name)
+        return f"{self.base.rpartition('/')[0]}/{name}"
+
+    def drop(self, url: str) -> None:
+        """Drop a database made here (its phase's processes are stopped)."""
+        import psycopg
+
+        name = url.rpartition("/")[2]
+        if name in self._made:
+            with psycopg.connect(self.base, autocommit=True) as c:
+                c.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+            self._made.remove(name)
+
+
+@contextlib.contextmanager
+def open_pg_stores() -> Iterator[PgStores]:
+    """The PostgreSQL server the platform's stores go to: ``SEMQ_TEST_PG``
+    when set (its CPU is not read: it may be another machine's), else a
+    throwaway one (semq.testing.pgserver: initdb in a temporary directory, a
+    free port, fsync and synchronous_commit on), stopped and removed at the
+    end. Never the machine's own server."""
+    from semq.testing.pgserver import ENV_URL, throwaway_pg
+
+    if os.environ.get(ENV_URL):
+        yield PgStores(os.environ[ENV_URL], None)
+        return
+    with throwaway_pg() as server:
+        pid = int((server.data / "postmaster.pid").read_text().split()[0])
+        yield PgStores(server.url(), pid)
+
+
+def _cluster(tmp: Path, name: str, a: argparse.Namespace, **kw: Any) -> Cluster:
+    """The phase's processes; ``a.pg`` (a PgStores, absent or None: SQLite)
+    and ``a.platforms`` (instances, default 1) choose the platform's store."""
     root = tmp / name
     root.mkdir()
-    return Cluster(root, a.synchronous, a.phase_timeout, a.secure)
+    pg: PgStores | None = getattr(a, "pg", None)
+    if pg is None:
+        return Cluster(root, a.synchronous, a.phase_timeout, a.secure, **kw)
+    return Cluster(root, a.synchronous, a.phase_timeout, a.secure, store=pg.new_database(),
+                   platforms=getattr(a, "platforms", 1), pg_pid=pg.pid, **kw)
+
+
+def _finish(c: Cluster, a: argparse.Namespace) -> None:
+    """Stop the phase's processes; remove its directory and database unless ``--keep``."""
+    c.stop_all()
+    if not a.keep:
+        shutil.rmtree(c.root, ignore_errors=True)
+        pg: PgStores | None = getattr(a, "pg", None)
+        if pg is not None and c.store:
+            pg.drop(c.store)
 
 
 def phase_online(tmp: Path, n: int, a: argparse.Namespace, rate: float | None = None,
@@ -315,7 +470,7 @@ def phase_online(tmp: Path, n: int, a: argparse.Namespace, rate: float | None = 
     """Full load (rate None: pre-loaded) or paced at ``rate`` docs/s (in ``tmp/name``)."""
     c = _cluster(tmp, name or ("half" if rate else "online"), a)
     try:
-        c.start("P")
+        c.start_platform()
         c.start("B")
         _wait(lambda: c.online(B), a.phase_timeout, "B online")
         accept = None
@@ -332,24 +487,23 @@ def phase_online(tmp: Path, n: int, a: argparse.Namespace, rate: float | None = 
               f"{n} documents confirmed end to end at A")
         cpu = _cpu_per_doc(cpu0, c.cpu(), n)
         check_once(c, n)
-        rss = {k: c.rss(k) for k in ("P", "A", "B")}
+        rss = c.rss_all()
         c.stop_all()
         ev = events(c.root / "A" / "events", ["sent", "ack2", "ack_fwd", "ack_save"])
         secs = (max(ev["ack2"].values()) - min(ev["sent"].values())) / 1000
         return {"docs": n, "seconds": secs, "rate": n / secs, **latencies(c.root), "rss": rss, "cpu": cpu,
                 "accept": accept, "ack_fwd": len(ev["ack_fwd"]), "ack_save": len(ev["ack_save"])}
     finally:
-        c.stop_all()
-        if not a.keep:
-            shutil.rmtree(c.root, ignore_errors=True)
+        _finish(c, a)
 
 
 def _cpu_per_doc(before: dict[str, float | None], after: dict[str, float | None],
                  n: int) -> dict[str, float | None]:
     """CPU microseconds per document of each daemon between two readings
-    (the idle wait of the phase's poll loop included: a few us per doc)."""
+    (the idle wait of the phase's poll loop included: a few us per doc):
+    P, A and B always (None: not running), then any other (P2, PG)."""
     out: dict[str, float | None] = {}
-    for k in ("P", "A", "B"):
+    for k in dict.fromkeys(["P", "A", "B", *before, *after]):
         b, e = before.get(k), after.get(k)
         out[k] = None if b is None or e is None else (e - b) * 1e6 / n
     return out
@@ -358,7 +512,7 @@ def _cpu_per_doc(before: dict[str, float | None], after: dict[str, float | None]
 def phase_store_drain(tmp: Path, n: int, a: argparse.Namespace) -> tuple[dict[str, Any], dict[str, Any]]:
     c = _cluster(tmp, "store", a)
     try:
-        c.start("P")
+        c.start_platform()
         preload(c.root, n)
         c.start("A")
         cpu0 = c.cpu()
@@ -366,7 +520,7 @@ def phase_store_drain(tmp: Path, n: int, a: argparse.Namespace) -> tuple[dict[st
               f"{n} documents ACK_SAVE'd at A")
         cpu1 = c.cpu()
         store_cpu = _cpu_per_doc(cpu0, cpu1, n)
-        store_rss = {"P": c.rss("P"), "A": c.rss("A"), "B": None}
+        store_rss = c.rss_all()
         ev = events(c.root / "A" / "events", ["sent", "ack_save"])
         store_secs = (max(ev["ack_save"].values()) - min(ev["sent"].values())) / 1000
         c.start("B")
@@ -376,9 +530,9 @@ def phase_store_drain(tmp: Path, n: int, a: argparse.Namespace) -> tuple[dict[st
               f"{n} stored documents delivered and confirmed")
         drain_cpu = _cpu_per_doc(cpu1, c.cpu(), n)
         check_once(c, n)
-        drain_rss = {k: c.rss(k) for k in ("P", "A", "B")}
+        drain_rss = c.rss_all()
         c.stop_all()
-        pe = events(c.root / "P" / "events", ["node_online", "acked"])
+        pe = c.platform_events(["node_online", "acked"])
         ae = events(c.root / "A" / "events", ["ack2"])
         start = pe["node_online"][B]
         end = max(max(ae["ack2"].values()), max(pe["acked"].values()))
@@ -387,9 +541,7 @@ def phase_store_drain(tmp: Path, n: int, a: argparse.Namespace) -> tuple[dict[st
                 {"docs": n, "seconds": drain_secs, "rate": n / drain_secs, **latencies(c.root),
                  "rss": drain_rss, "cpu": drain_cpu})
     finally:
-        c.stop_all()
-        if not a.keep:
-            shutil.rmtree(c.root, ignore_errors=True)
+        _finish(c, a)
 
 
 def measure(a: argparse.Namespace, base: Path) -> dict[str, list[dict[str, Any]]]:
@@ -462,6 +614,11 @@ def main(argv: list[str] | None = None) -> int:
                    help="limit of each wait, s (default %(default)s)")
     p.add_argument("--security", default="off", choices=["off", "on", "both"],
                    help="TLS + end-to-end sealing and signatures (default off; needs security in the daemons)")
+    p.add_argument("--store", default="sqlite", choices=["sqlite", "postgresql"],
+                   help="the platform's store (default sqlite; postgresql: a throwaway server, or SEMQ_TEST_PG)")
+    p.add_argument("--platforms", type=int, default=1,
+                   help="instances of the platform on the PostgreSQL store; A on the first, B on the last"
+                        " (default 1)")
     p.add_argument("--keep", action="store_true", help="keep the stores and logs")
     p.add_argument("--json", action="store_true", help="print the runs as JSON instead of a table")
     try:
@@ -471,6 +628,9 @@ def main(argv: list[str] | None = None) -> int:
     if a.count < 2 or not 1 <= a.repeat <= 5:
         print("error: --count must be >= 2 and --repeat 1..5", file=sys.stderr)
         return 2
+    if (a.platforms != 1 and a.store != "postgresql") or not 1 <= a.platforms <= 4:
+        print("error: --platforms 2..4 needs --store postgresql (1..4 in all)", file=sys.stderr)
+        return 2
     from semq._db import StoreError
 
     t0 = time.monotonic()
@@ -478,15 +638,18 @@ def main(argv: list[str] | None = None) -> int:
     base = Path(tempfile.mkdtemp(prefix="semq-bench-e2e-"))
     results: dict[bool, dict[str, list[dict[str, Any]]]] = {}
     try:
-        for secure in modes:
-            a.secure = secure
-            results[secure] = measure(a, base)
+        with contextlib.ExitStack() as stack:
+            a.pg = stack.enter_context(open_pg_stores()) if a.store == "postgresql" else None
+            for secure in modes:
+                a.secure = secure
+                results[secure] = measure(a, base)
     except (BenchError, StoreError) as e:
         # StoreError: e.g. the store's schema changed under a running
         # benchmark (a working tree being edited).
         print(f"error: {e}", file=sys.stderr)
         return 1
-    except (OSError, sqlite3.Error, subprocess.SubprocessError) as e:
+    except (OSError, sqlite3.Error, subprocess.SubprocessError, RuntimeError) as e:
+        # RuntimeError: the throwaway PostgreSQL server did not start.
         print(f"error: {type(e).__name__}: {e}", file=sys.stderr)
         return 1
     finally:
@@ -530,6 +693,15 @@ def main(argv: list[str] | None = None) -> int:
         f"accept (NodeClient.send_many, 1000 per transaction, no daemon): {_f(_med(plain['online'], 'accept'))}"
         " docs/s.",
     ]
+    if a.store == "postgresql":
+        notes.append(f"platform store: PostgreSQL, {a.platforms} instance(s); A on the first, B on the last.")
+        for secure, runs in results.items():
+            for k in ("online", "half", "store", "drain"):
+                extra = [f"{who} {_med_cpu(runs[k], who)}" for who in ("P2", "P3", "P4", "PG")
+                         if _med_cpu(runs[k], who) != "-"]
+                if extra:
+                    notes.append(f"CPU us/doc, {k}{', security on' if secure else ''}: " + ", ".join(extra)
+                                 + " (PG = the PostgreSQL server: postmaster and backends).")
     for secure, runs in results.items():
         ack_save = _med(runs["online"], "ack_save") or 0
         if ack_save:

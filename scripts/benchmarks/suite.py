@@ -36,8 +36,16 @@ on the way out, also on errors, Ctrl-C and SIGTERM. Then the table is printed
 with what was measured, and notes saying which issue-7 targets are met in
 this run.
 
+``--store postgresql`` runs something else: the SEMQ phases (security off)
+on the SQLite platform, on one platform instance on PostgreSQL and on two
+(the sender's node on one, the receiver's on the other), and the failover
+gap, without the peers and limits (``scripts/bench pgplatform``; one repeat
+unless ``--repeat``). Without ``--store`` (or with ``--store sqlite``) the
+suite is as described above.
+
 Usage: scripts/bench suite [--repeat 3] [--count N] [--quick] [--synchronous MODE]
                            [--phase-timeout S] [--budget S] [--json]
+                           [--store sqlite|postgresql [--no-half] [--failover-count N] [--failover-rate R]]
 """
 
 from __future__ import annotations
@@ -62,11 +70,12 @@ from pathlib import Path
 from typing import Any, Final
 
 if __package__:
-    from . import e2e, peers
+    from . import e2e, peers, pgplatform
     from ._table import print_table
 else:  # run as a file: python scripts/benchmarks/suite.py
     import e2e  # type: ignore[no-redef]
     import peers  # type: ignore[no-redef]
+    import pgplatform  # type: ignore[no-redef]
     from _table import print_table  # type: ignore[no-redef]
 
 DEFAULT_COUNT: Final = 20_000
@@ -756,6 +765,28 @@ def _on_signal(signum: int, _frame: object) -> None:
     raise KeyboardInterrupt  # SIGTERM: every `finally` stops its processes
 
 
+def _store_comparison(a: argparse.Namespace) -> int:
+    """``--store postgresql``: the platform on SQLite, on PostgreSQL with one
+    and with two instances, and the failover gap (pgplatform.run)."""
+    a.repeat = a.repeat or 1
+    a.count = a.count or (QUICK_COUNT if a.quick else DEFAULT_COUNT)
+    a.budget = a.budget or pgplatform.DEFAULT_BUDGET
+    if a.count < 2 or not 1 <= a.repeat <= 5 or a.budget <= 0 or a.failover_count < 0 or a.failover_rate <= 0:
+        print("error: --count must be >= 2, --repeat 1..5, --budget > 0, --failover-count >= 0, "
+              "--failover-rate > 0", file=sys.stderr)
+        return 2
+    try:
+        res = pgplatform.run(a)
+    except RuntimeError as e:  # the throwaway server did not start
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    finally:
+        left = stop_leftovers()
+        if left:
+            _log(f"stopped {len(left)} leftover process(es) of this run: PIDs {left}")
+    return pgplatform.print_report(a, res)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Exit 0 when everything was measured, 1 when something failed or was
     skipped (the table shows the rest), 2 on a usage error, 130 on Ctrl-C."""
@@ -776,10 +807,15 @@ def main(argv: list[str] | None = None) -> int:
                    help=f"s; no step starts after it, everything stops {HARD_GRACE:.0f} s later "
                         f"(default {DEFAULT_BUDGET:.0f}, --quick {QUICK_BUDGET:.0f})")
     p.add_argument("--json", action="store_true", help="print every run as JSON instead of the table")
+    p.add_argument("--store", default="sqlite", choices=["sqlite", "postgresql"],
+                   help="postgresql: compare the platform's stores instead (scripts/bench pgplatform)")
+    pgplatform.add_arguments(p)
     try:
         a = p.parse_args(args)
     except SystemExit as e:
         return int(e.code or 0)
+    if a.store == "postgresql":
+        return _store_comparison(a)
     a.repeat = a.repeat or (1 if a.quick else 3)
     a.count = a.count or (QUICK_COUNT if a.quick else DEFAULT_COUNT)
     a.budget = a.budget or (QUICK_BUDGET if a.quick else DEFAULT_BUDGET)

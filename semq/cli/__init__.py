@@ -99,6 +99,29 @@ def cmd_platform_init(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_platform_migrate(args: argparse.Namespace) -> int:
+    from semq._pg import redact
+    from semq.platform.migrate import MigrateRefused, migrate_to_pg
+
+    check_option("store", args.to, "--to")
+    cfg = _cfg(args, "platform")
+
+    def progress(table: str, done: int, total: int) -> None:
+        print(f"{table}: {done}/{total} rows ({100 * done // max(total, 1)}%)", file=sys.stderr, flush=True)
+
+    try:
+        info = migrate_to_pg(cfg, args.to, progress=progress)
+    except MigrateRefused as e:
+        raise UsageError(str(e)) from None
+    rows = ", ".join(f"{t} {n}" for t, n in info.rows.items())
+    ca = f"; CA files in the store: {info.ca_files}" if cfg.security else ""
+    print(f"migrated {info.sqlite} to {info.url} in {info.seconds:.2f} s: rows {rows}{ca};"
+          f" next stored copy id {info.next_id}")
+    print(f'{info.config} now names store = "{redact(args.to)}"; {info.sqlite} is kept unchanged:'
+          " delete it once the platform runs well on PostgreSQL")
+    return 0
+
+
 def cmd_node_init(args: argparse.Namespace) -> int:
     from semq.node.store import open_node_store
 
@@ -736,6 +759,15 @@ def build_parser() -> argparse.ArgumentParser:
                         " platform.sqlite: several 'semq platform run' on copies of this directory then form one"
                         " platform")
     x.set_defaults(func=cmd_platform_init)
+    x = plat.add_parser(
+        "migrate", parents=[common], help="move a stopped platform's SQLite store into PostgreSQL",
+        description="Copy the stopped platform's store (platform.sqlite) into an empty PostgreSQL database in"
+                    " one transaction, check the row counts, then name the database in semq.toml."
+                    " platform.sqlite is kept as it was.")
+    x.add_argument("--to", required=True, metavar="URL",
+                   help="the PostgreSQL database to move the store into (postgresql://USER@HOST:PORT/DB): empty,"
+                        " or made by 'semq platform init --store' and never run")
+    x.set_defaults(func=cmd_platform_migrate)
     x = plat.add_parser("run", parents=[common], help="run the relay")
     x.add_argument("--listen", help="HOST:PORT (port 0 = any free port)")
     x.add_argument("--inquiry-interval", metavar="SECONDS", help="default: the configuration's (15)")

@@ -143,6 +143,11 @@ _PG_V1: Final = (
         attempts INTEGER NOT NULL DEFAULT 0, last_sent_ms BIGINT, inquiries INTEGER NOT NULL DEFAULT 0,
         frame BYTEA NOT NULL)""",
     "ALTER TABLE stored ALTER COLUMN frame SET STORAGE EXTERNAL",
+    # A queue: rows inserted and deleted within seconds. Vacuum and
+    # statistics follow it closely (the defaults wait for 20% / 10% of the
+    # table to change).
+    "ALTER TABLE stored SET (autovacuum_vacuum_scale_factor = 0.01, autovacuum_analyze_scale_factor = 0.01,"
+    " autovacuum_vacuum_cost_delay = 0)",
     "CREATE INDEX stored_delivery ON stored (target_type, target_id, state, priority DESC, id)",
     "CREATE INDEX stored_origin ON stored (origin_type, origin_id, semq_id, semq_db_id, record_id)",
     f"CREATE INDEX stored_sent ON stored (last_sent_ms) WHERE {SENT_COPIES}",
