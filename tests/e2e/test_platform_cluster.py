@@ -55,7 +55,7 @@ def test_two_instances_on_one_store_deliver_across_each_other(tmp_path: Path, pg
         text = capsys.readouterr().out
         assert "(PostgreSQL); instances:" in text and "password" not in text
         p1, p2 = (f"127.0.0.1:{p}" for p in c.ports)
-        assert f"{p1:<22} running" in text and "holds 1 organization(s)" in text and "holds 2 organization(s)" in text
+        assert f"{p1:<22} running" in text and f"{p2:<22} running" in text and "holds 1 organization(s)" in text and "holds 2 organization(s)" in text
     finally:
         c.stop_all()
 
