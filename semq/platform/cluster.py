@@ -202,10 +202,15 @@ class WakeListener:
             if self._conn is None or self._conn.closed:
                 self._conn = self._connect()
             out: list[Endpoint] = []
-            for n in self._conn.notifies(timeout=timeout, stop_after=64):
-                for line in n.payload.splitlines():
-                    t, _, nid = line.partition(" ")
-                    out.append(Endpoint(node_type=NodeType(int(t)), node_id=nid))
+            # Back with the first wake-up (the generator would otherwise wait
+            # out the whole timeout), and whatever else has arrived by then.
+            for timeout_s in (timeout, 0.0):
+                for n in self._conn.notifies(timeout=timeout_s, stop_after=1 if timeout_s else 1000):
+                    for line in n.payload.splitlines():
+                        t, _, nid = line.partition(" ")
+                        out.append(Endpoint(node_type=NodeType(int(t)), node_id=nid))
+                if not out:
+                    break
             return out
         except psycopg.Error as e:
             log.warning("cluster wake-ups: %s; the sweep covers the gap", " ".join(str(e).split()))
