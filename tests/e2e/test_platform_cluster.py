@@ -4,6 +4,7 @@ cluster of the test session's own)."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -21,17 +22,22 @@ def _pg_cluster(tmp_path: Path, url: str, platforms: int = 2, **kw: object) -> C
     return Cluster(tmp_path, store=url, platforms=platforms, **kw)  # type: ignore[arg-type]
 
 
+def _start(c: Cluster, *placed: tuple[str, int]) -> None:
+    """Both instances, and the nodes of (organization, its instance) pairs."""
+    for org, instance in placed:
+        c.add_org(org, instance=instance)
+    c.start_platform(instance=1)
+    c.start_platform(instance=2)
+    for org, _ in placed:
+        c.start_node(org)
+
+
 def test_two_instances_on_one_store_deliver_across_each_other(tmp_path: Path, pg_url: str,
                                                                capsys: pytest.CaptureFixture[str]) -> None:
     c = _pg_cluster(tmp_path, pg_url)
     try:
-        c.add_org(A, instance=1)
-        c.add_org(B, instance=2)
-        c.add_org(C, instance=2)
-        c.start_platform(instance=1)
-        c.start_platform(instance=2)
-        c.start_node(A)
-        c.start_node(B)
+        c.add_org(C, instance=2)  # (started later)
+        _start(c, (A, 1), (B, 2))
         # A (on instance 1) to B (on instance 2): stored, 2 woken, delivered;
         # SaveFwd 1 too (B is online, though not on A's instance).
         sent = send(c, A, B, 40)
@@ -43,6 +49,14 @@ def test_two_instances_on_one_store_deliver_across_each_other(tmp_path: Path, pg
         # C is offline: stored in the shared store, delivered when it connects to instance 2
         later = send(c, A, C, 15)
         wait_until(lambda: c.count("P", "SELECT count(*) FROM stored WHERE target_id=?", C) == 15, 20, "stored for C")
+        # the operator's console of either instance reads the shared store
+        capsys.readouterr()
+        assert semq_main(["admin", "list", "--dir", str(tmp_path / "P2"), "--target", C, "--json"]) == 0
+        listed = json.loads(capsys.readouterr().out)
+        assert listed["count"] == 15 and {r["target"] for r in listed["rows"]} == {C}
+        assert semq_main(["admin", "stuck", "--dir", str(tmp_path / "P"), "--older-than", "0s"]) == 0
+        assert semq_main(["admin", "status", "--dir", str(tmp_path / "P")]) == 0
+        assert "instance 127.0.0.1:" in capsys.readouterr().out
         c.start_node(C)
         wait_until(lambda: len(c.inbox(C)) == 15, 30, "C's inbox")
         assert c.inbox(C) == later
@@ -70,12 +84,7 @@ def test_a_postgresql_restart_mid_stream_loses_and_duplicates_nothing(tmp_path: 
         url = server.create_database("semq")
         c = _pg_cluster(tmp_path / "run", url)
         try:
-            c.add_org(A, instance=1)
-            c.add_org(B, instance=2)
-            c.start_platform(instance=1)
-            c.start_platform(instance=2)
-            c.start_node(A)
-            c.start_node(B)
+            _start(c, (A, 1), (B, 2))
             sent = send(c, A, B, 200)
             server.restart(down_s=2.0)
             sent |= send(c, A, B, 200, key_prefix="T")

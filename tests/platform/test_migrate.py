@@ -17,13 +17,13 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from semq.cli import main
 from semq.config import load_config
 from semq.platform.core import PlatformCore
 from semq.platform.engine import StoredState
 from semq.platform.store import open_pg_store
 from semq.umxt_protocol import Endpoint
 from tests._frames import decoded, raws
+from tests.cli.test_cli import one_error, run
 from tests.platform.test_platform_store import _acks, _data, _saved
 
 A, B, C = "10008", "56001", "56002"
@@ -35,20 +35,6 @@ TABLES = {
     "seen": "SELECT * FROM seen ORDER BY origin_type, origin_id, semq_id, semq_db_id, record_id",
     "nodes": "SELECT * FROM nodes ORDER BY node_type, node_id",
 }
-
-
-def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
-    rc = main(list(argv))
-    out, err = capsys.readouterr()
-    return rc, out, err
-
-
-def one_error(err: str, *fragments: str) -> str:
-    lines = err.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: "), err
-    for f in fragments:
-        assert f in lines[0], (f, lines[0])
-    return lines[0]
 
 
 def _files(d: Path) -> dict[str, str]:
