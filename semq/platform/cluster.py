@@ -3,15 +3,20 @@
 connection, and how a document for an organization connected to another
 instance reaches it.
 
-The choice, measured in docs/scaling.md: **store and wake**, not a hop
-between instances. A DATA for a target held by another instance is stored
-(the origin gets ACK_SAVE: the copy is durable in the shared store, which
-is more than an ACK_FWD promises), and the holding instance is woken by a
-``NOTIFY`` sent in the same transaction (PostgreSQL delivers it at commit,
-never before). The notification is a hint: each instance also sweeps every
+**One hop through PostgreSQL's notifications, the store behind it**
+(measured in docs/benchmarks.md). A frame for a target held by another
+instance is handed to that instance in a ``NOTIFY`` on its channel, sent in
+the batch's transaction: PostgreSQL delivers it when the transaction
+commits, never before, and it is not written to the WAL. The origin gets
+ACK_FWD, as for a target connected here; like a frame handed to a
+connection, it promises nothing durable: if the receiving instance cannot
+deliver it (the target left, its queue is full, the listener was
+reconnecting) the origin's inquiry and resend recover it. A frame too large
+for a notification (``HOP_MAX_FRAME``) is stored instead (ACK_SAVE), and the
+holding instance woken by a notification; each instance also sweeps every
 ``SWEEP_S`` for stored copies of the organizations it holds, so a lost
-notification (a listener reconnecting) delays a document, never loses it.
-No instance needs to reach another's address, and a dead instance is
+wake-up delays a stored document, never loses it. Instances never connect
+to each other: none needs another's address, and a dead instance is
 nobody's problem: its organizations reconnect elsewhere.
 
 Fencing: every connection an instance accepts takes a new epoch from one
@@ -24,6 +29,7 @@ to it nor make it look offline."""
 
 from __future__ import annotations
 
+import base64
 import logging
 import os
 import socket
@@ -37,7 +43,7 @@ from semq.umxt_protocol import Endpoint, NodeType
 
 from .engine import StoredState
 
-__all__ = ["LIVE_MS", "SWEEP_S", "Presence", "WakeListener", "new_instance_id", "share_ca"]
+__all__ = ["HOP_MAX_FRAME", "LIVE_MS", "SWEEP_S", "Presence", "WakeListener", "new_instance_id", "share_ca"]
 
 log = logging.getLogger("semq.platform")
 
@@ -46,6 +52,11 @@ HEARTBEAT_S: Final = 1.0
 LIVE_MS: Final = 5000  # an instance whose heartbeat is older is taken as gone
 _CACHE_S: Final = 0.5  # how long a presence look-up is reused by the router
 _CHANNEL_PREFIX: Final = "semq_wake_"
+# PostgreSQL's limit on a notification's payload is 8,000 bytes; a frame
+# travels in base64 (4/3) with a short header: frames up to this hop, larger
+# ones go through the store.
+_PAYLOAD_MAX: Final = 7900
+HOP_MAX_FRAME: Final = 5600
 
 
 def new_instance_id() -> str:
@@ -163,9 +174,30 @@ class Presence:
             if where is not None:
                 by_instance.setdefault(where, []).append(f"{int(t.node_type)} {t.node_id}")
         for inst, payloads in by_instance.items():
-            for i in range(0, len(payloads), 200):  # a payload is at most 8,000 bytes
-                self.conn.execute("SELECT pg_notify(?, ?)",
-                                  (channel(inst).strip('"'), "\n".join(payloads[i:i + 200])))
+            self._notify(inst, [f"W {p}" for p in payloads])
+
+    def hand_over(self, hops: dict[str, list[tuple[Endpoint, bytes]]]) -> None:
+        """Inside the batch's transaction: frames for targets held by other
+        instances, to those instances (delivered at commit)."""
+        for inst, items in hops.items():
+            self._notify(inst, [f"F {int(t.node_type)} {t.node_id} {base64.b64encode(b).decode()}"
+                                for t, b in items])
+
+    def _notify(self, inst: str, lines: list[str]) -> None:
+        """``lines`` to ``inst``'s channel, as few notifications as fit."""
+        payloads: list[tuple[str, str]] = []
+        chunk: list[str] = []
+        size = 0
+        name = channel(inst).strip('"')
+        for line in lines:
+            if chunk and size + len(line) + 1 > _PAYLOAD_MAX:
+                payloads.append((name, "\n".join(chunk)))
+                chunk, size = [], 0
+            chunk.append(line)
+            size += len(line) + 1
+        if chunk:
+            payloads.append((name, "\n".join(chunk)))
+        self.conn.executemany("SELECT pg_notify(?, ?)", payloads)
 
     def waiting(self) -> list[Endpoint]:
         """The sweep: organizations held here with stored copies or relayed
@@ -195,20 +227,21 @@ class WakeListener:
         conn.execute(f"LISTEN {channel(self.instance)}")
         return conn
 
-    def wait(self, timeout: float) -> list[Endpoint]:
+    def wait(self, timeout: float) -> list[tuple[Endpoint, bytes | None]]:
         import psycopg
 
         try:
             if self._conn is None or self._conn.closed:
                 self._conn = self._connect()
-            out: list[Endpoint] = []
-            # Back with the first wake-up (the generator would otherwise wait
-            # out the whole timeout), and whatever else has arrived by then.
+            out: list[tuple[Endpoint, bytes | None]] = []
+            # Back with the first notification (the generator would otherwise
+            # wait out the whole timeout), and whatever else has arrived by then.
             for timeout_s in (timeout, 0.0):
                 for n in self._conn.notifies(timeout=timeout_s, stop_after=1 if timeout_s else 1000):
                     for line in n.payload.splitlines():
-                        t, _, nid = line.partition(" ")
-                        out.append(Endpoint(node_type=NodeType(int(t)), node_id=nid))
+                        what, t, nid, *frame = line.split(" ", 3)
+                        ep = Endpoint(node_type=NodeType(int(t)), node_id=nid)
+                        out.append((ep, base64.b64decode(frame[0]) if what == "F" and frame else None))
                 if not out:
                     break
             return out

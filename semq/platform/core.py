@@ -71,7 +71,7 @@ from semq.umxt_protocol import (
     relay_frame_bytes,
 )
 
-from .cluster import Presence
+from .cluster import HOP_MAX_FRAME, Presence
 from .engine import STORED_TABLE, Route, StoredEvent, StoredState, route, state_answer, stored_step
 from .store import SENT_COPIES, open_platform_store
 
@@ -125,6 +125,9 @@ class PlatformOutput:
     # on our side (no ack depends on them), so they may leave before the
     # batch's commit (``handle(forward=...)``); otherwise they join ``sends``.
     forwards: dict[Endpoint, list[bytes]] = field(default_factory=lambda: defaultdict(list))
+    # Frames for targets held by another instance (PostgreSQL store), by
+    # instance: handed over one hop at the batch's commit (semq.platform.cluster).
+    hops: dict[str, list[tuple[Endpoint, bytes]]] = field(default_factory=lambda: defaultdict(list))
 
     def add(self, target: Endpoint, frame: Frame) -> None:
         self.sends[target].append(encode_frame(frame))
@@ -481,8 +484,12 @@ class PlatformCore(HeldWrites):
                     out.errors.append((e.code, str(e)))
             self._flush_stores(*store_ctx)
             self._flush_seen()
-            if self.presence is not None and out.stored_for:
-                self.presence.wake(out.stored_for)  # targets held by another instance: NOTIFY at commit
+            if self.presence is not None:
+                if out.stored_for:
+                    self.presence.wake(out.stored_for)  # targets held by another instance: NOTIFY at commit
+                if out.hops:
+                    self.presence.hand_over(out.hops)  # (delivered at commit, never before)
+                    out.hops = defaultdict(list)
             if out.forwards:
                 if port is not None:
                     port.put(out.forwards)
@@ -616,10 +623,18 @@ class PlatformCore(HeldWrites):
         reliable = raw.reliable
         save_fwd = raw.save_fwd
         on = online(target)
-        if not on and self.presence is not None and self.presence.elsewhere(target) is not None:
-            # Held by another instance: to it through the store (woken at
-            # commit), whatever the SaveFwd (semq.platform.cluster).
-            save_fwd, reliable = 3, True
+        hop = None
+        if not on and self.presence is not None:
+            hop = self.presence.elsewhere(target)
+            if hop is not None:
+                # Held by another instance (semq.platform.cluster): handed to
+                # it one hop at the commit, as to a connection of our own; a
+                # frame too large for a hop goes through the store (woken at
+                # commit), whatever its SaveFwd.
+                if len(raw.raw) <= HOP_MAX_FRAME:
+                    on = True
+                else:
+                    hop, save_fwd, reliable = None, 3, True
         rk = (self.is_known(target), on, save_fwd, reliable, expires is not None and expires <= ts)
         decided = _ROUTES.get(rk)
         if decided is None:
@@ -632,8 +647,11 @@ class PlatformCore(HeldWrites):
         events.append(self._received(raw, lk0_text, origin.node_id, target.node_id, created, ts))
         if where is Route.FORWARD:
             b = relay_frame_bytes(raw.raw, self.me)
-            out.forwards[target].append(b)
-            out.forward_bytes[target] += len(b)
+            if hop is not None:
+                out.hops[hop].append((target, b))
+            else:
+                out.forwards[target].append(b)
+                out.forward_bytes[target] += len(b)
             if reliable:
                 self._seen.append((*key, _FORWARDED, 0, ts))
                 acks[(Kind.ACK_FWD, sender)].append(AckEntry(
@@ -683,10 +701,14 @@ class PlatformCore(HeldWrites):
         """SPEC P.4: acks and inquiries between nodes travel like SaveFwd=3
         messages: forwarded, or stored while the target is offline."""
         target = raw.target
+        hop = None
         if online(target):
             b = relay_bytes(raw, self.me)
             out.forwards[target].append(b)
             out.forward_bytes[target] += len(b)
+        elif (self.presence is not None and len(raw.raw) <= HOP_MAX_FRAME
+              and (hop := self.presence.elsewhere(target)) is not None):
+            out.hops[hop].append((target, relay_bytes(raw, self.me)))
         elif self.is_known(target):
             out.stored_for.add(target)
             self.conn.execute(

@@ -582,10 +582,26 @@ class PlatformDaemon:
         listener = WakeListener(self.core.store_url, self.core.presence.instance)
         try:
             while True:
-                targets = await trio.to_thread.run_sync(listener.wait, 1.0, abandon_on_cancel=True)
-                self._wake(targets)
+                got = await trio.to_thread.run_sync(listener.wait, 1.0, abandon_on_cancel=True)
+                self._wake([ep for ep, frame in got if frame is None])
+                self._hopped([(ep, frame) for ep, frame in got if frame is not None])
         finally:
             listener.close()
+
+    def _hopped(self, frames: Sequence[tuple[Endpoint, bytes]]) -> None:
+        """Frames another instance handed over for organizations held here:
+        into their sessions' queues, like the frames this instance forwards.
+        One for a target no longer here, or whose queue is over its
+        high-water mark, is dropped: it promised nothing (its origin got
+        ACK_FWD), and the origin's inquiry finds the target lacks it."""
+        hw = self.s.high_water
+        for ep, frame in frames:
+            s = self.sessions.get(ep)
+            if s is not None and s.queued < hw:
+                s.enqueue([frame])
+                self.stats["hops_in"] = self.stats.get("hops_in", 0) + 1
+            else:
+                self.stats["hops_dropped"] = self.stats.get("hops_dropped", 0) + 1
 
     async def _inquirer(self) -> None:
         step = max(0.05, min(1.0, self.core.inquiry_ms / 3000))

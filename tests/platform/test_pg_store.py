@@ -13,10 +13,10 @@ import pytest
 
 from semq._db import StoreError
 from semq._pg import translate_sql
-from semq.platform.cluster import WakeListener
+from semq.platform.cluster import HOP_MAX_FRAME, WakeListener
 from semq.platform.core import PlatformCore
 from semq.platform.engine import StoredState
-from semq.umxt_protocol import Ack, AckFlag, Endpoint, Frame, Kind, SaveFwd
+from semq.umxt_protocol import LK0, Ack, AckFlag, Data, Endpoint, Frame, Kind, SaveFwd
 from tests._frames import decoded, raws
 from tests.platform.test_platform_store import _acks, _data, _saved
 
@@ -85,7 +85,7 @@ def test_store_deliver_ack_on_postgresql(pg_url: str) -> None:
         core.close()
 
 
-def test_a_document_for_a_target_held_by_another_instance_is_stored_and_wakes_it(
+def test_a_document_for_a_target_held_by_another_instance_is_handed_over_at_commit(
         pair: tuple[PlatformCore, PlatformCore], pg_url: str) -> None:
     one, two = pair
     listener = WakeListener(pg_url, "two")
@@ -93,14 +93,35 @@ def test_a_document_for_a_target_held_by_another_instance_is_stored_and_wakes_it
         assert listener.wait(0.05) == []  # LISTEN before anything is sent
         assert two.connected(b)  # B is connected to instance two
         # A (on instance one) sends with SaveFwd 1: B is not here, but is
-        # held by a live instance: stored for it, ACK_SAVE, and two is woken.
-        out = one.handle(a, raws(_data(a, b, 7)), {})
-        assert [r for r, _ in _saved(out.sends[a])] == [7]
-        assert listener.wait(5.0) == [b]
+        # held by a live instance: handed to it one hop, ACK_FWD as for a
+        # connection here, nothing stored.
+        out = one.handle(a, raws(replace(_data(a, b, 7), save_fwd=SaveFwd(1))), {})
+        assert _kinds(out.sends[a]) == [Kind.ACK_BATCH] and _saved(out.sends[a]) == []
+        got = listener.wait(5.0)
+        assert [ep for ep, _ in got] == [b]
+        (frame,) = decoded(got[0][1] or b"")
+        assert frame.kind is Kind.DATA and frame.source == one.me and frame.data_prefix()[0].record_id == 7
+        assert _rows(one) == []
+        assert one.conn.execute("SELECT action FROM seen WHERE record_id=7").fetchone()[0] == 1  # forwarded
+    finally:
+        listener.close()
+
+
+def test_a_frame_too_large_for_a_hop_is_stored_and_the_holder_woken(
+        pair: tuple[PlatformCore, PlatformCore], pg_url: str) -> None:
+    one, two = pair
+    listener = WakeListener(pg_url, "two")
+    try:
+        listener.wait(0.05)
+        assert two.connected(b)
+        big = Frame(kind=Kind.DATA, source=a, target=b,
+                    body=Data(lk0=LK0(endpoint=a, record_id=8), app_data=b"x" * (HOP_MAX_FRAME + 1)))
+        out = one.handle(a, raws(big), {})
+        assert [r for r, _ in _saved(out.sends[a])] == [8]  # ACK_SAVE
+        assert listener.wait(5.0) == [(b, None)]  # a wake-up, no frame
         _, n = two.claim_stored(b, 10)
         assert n == 1
-        # instance one may not claim B's copies: two holds B
-        assert one.claim_stored(b, 10) == ([], 0)
+        assert one.claim_stored(b, 10) == ([], 0)  # instance one may not claim B's copies: two holds B
     finally:
         listener.close()
 
@@ -153,7 +174,7 @@ def test_claims_skip_rows_another_transaction_holds(pair: tuple[PlatformCore, Pl
     assert states[first] == StoredState.SS_INIT and StoredState.SS_SENT in states.values()
 
 
-def test_relayed_frames_to_another_instances_target_wake_it(
+def test_relayed_frames_to_another_instances_target_are_handed_over(
         pair: tuple[PlatformCore, PlatformCore], pg_url: str) -> None:
     one, two = pair
     listener = WakeListener(pg_url, "two")
@@ -162,9 +183,9 @@ def test_relayed_frames_to_another_instances_target_wake_it(
         assert two.connected(a)
         ack2 = Frame(kind=Kind.ACK2, source=b, target=a, body=Ack(dest_ref_id=5, ack_flag=AckFlag.DELIVERY))
         one.handle(b, raws(ack2), {})
-        assert listener.wait(5.0) == [a]
-        frames, n = two.claim_stored(a, 10)
-        assert len(frames) == 1 and n == 0
+        ((ep, frame),) = listener.wait(5.0)  # handed over, not stored
+        assert ep == a and [r.kind for r in decoded(frame or b"")] == [Kind.ACK2]
+        assert _rows(one) == []
     finally:
         listener.close()
 
