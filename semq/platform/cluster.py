@@ -197,7 +197,9 @@ class Presence:
             size += len(line) + 1
         if chunk:
             payloads.append((name, "\n".join(chunk)))
-        self.conn.executemany("SELECT pg_notify(?, ?)", payloads)
+        if payloads:  # one statement for all of them
+            self.conn.execute("SELECT count(pg_notify(c, p)) FROM unnest(?::text[], ?::text[]) AS t(c, p)",
+                              [list(col) for col in zip(*payloads, strict=True)])
 
     def waiting(self) -> list[Endpoint]:
         """The sweep: organizations held here with stored copies or relayed
