@@ -192,3 +192,15 @@ def test_relayed_frames_to_another_instances_target_are_handed_over(
 
 def _kinds(data: list[bytes]) -> list[Kind]:
     return [r.kind for r in decoded(data)]
+
+
+async def test_frames_handed_over_go_to_their_sessions_or_are_dropped_and_counted() -> None:
+    """The receiving instance: into the target's queue like a forward of its
+    own; for a target no longer here or over its high-water mark, dropped
+    and counted (its origin's inquiry recovers it: ACK_FWD promised nothing)."""
+    from tests.platform.test_platform_core import _daemon
+
+    d = _daemon({a: 0, b: 2000}, high_water=1000)
+    d._hopped([(a, b"one"), (b, b"full"), (c, b"gone"), (a, b"two")])
+    assert d.sessions[a].queue == [b"one", b"two"] and d.sessions[b].queue == []
+    assert d.stats["hops_in"] == 2 and d.stats["hops_dropped"] == 2
