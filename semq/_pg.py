@@ -18,7 +18,6 @@ synchronous standby when the server is configured so)."""
 from __future__ import annotations
 
 import re
-import threading
 from collections.abc import Iterable, Sequence
 from typing import Any, Final
 from urllib.parse import urlsplit, urlunsplit
@@ -114,7 +113,6 @@ class PgConn:
     def __init__(self, db: PgDatabase) -> None:
         self.db = db
         self._sql: dict[str, str] = {}
-        self._lock = threading.Lock()
 
     def _conn(self) -> Any:
         if self.db.is_closed() or not self.db.is_connection_usable():

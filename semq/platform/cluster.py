@@ -67,7 +67,7 @@ def new_instance_id() -> str:
 
 def channel(instance: str) -> str:
     """The NOTIFY channel an instance listens on (an identifier: quoted)."""
-    return f'"{_CHANNEL_PREFIX}{instance}"'[:64]
+    return '"' + f"{_CHANNEL_PREFIX}{instance}"[:63] + '"'  # (identifiers: at most 63 bytes)
 
 
 class Presence:
