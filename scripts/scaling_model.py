@@ -12,9 +12,11 @@ second. Three designs:
 * **sqlite**: one ``semq platform run`` with its SQLite store. One process,
   so one core (the GIL): connections, pings and documents share it.
 * **pg**: ``k`` instances on one PostgreSQL store. Connections and relay
-  CPU spread over the instances; every document whose two ends are held by
-  different instances goes through the store (store and wake,
-  semq/platform/cluster.py), so the stored share grows with ``k``.
+  CPU spread over the instances; a document whose two ends are held by
+  different instances is handed over one hop in a PostgreSQL notification
+  (semq/platform/cluster.py): not stored, but it costs both instances and
+  the server more than a forward within one instance, and its share grows
+  with ``k``. Only documents to offline targets are stored.
 * **sharded**: ``S`` PostgreSQL stores (``semq_db_id`` 1..S), each with its
   instances, organizations spread over them by a directory. A document
   between organizations of different stores is written to the target's
@@ -51,6 +53,12 @@ class Costs:
     store_extra_cpu_s: float = 34e-6  # the core's CPU to store, claim and ack a copy over forwarding it (pgstore)
     pg_cpu_online_s: float = 10.5e-6  # PostgreSQL server CPU per forwarded document (its `seen` row)
     pg_cpu_stored_s: float = 80e-6  # ... per stored, delivered and acked document (71 + 9)
+    # A document handed over between two instances (and its ACK2 back):
+    # pgplatform, two instances with every document crossing against one
+    # (docs/benchmarks.md): PostgreSQL 20-23 against 5-9 us, the instances
+    # 44 (24 + 20) against 13-19 us per document.
+    pg_cpu_handover_s: float = 14e-6
+    handover_extra_cpu_s: float = 30e-6
     wal_online_b: float = 320.0  # WAL bytes per forwarded document
     wal_stored_b: float = 1_986.0  # WAL bytes per stored, delivered and acked document (1,861 + 125)
     stored_row_b: float = 1_490.0  # stored row + TOAST + indexes while a copy waits (1 KiB document)
@@ -123,15 +131,22 @@ def sqlite_design(t: Traffic, c: Costs, m: Machine) -> Verdict:
 
 
 def stored_share(t: Traffic, instances: int) -> float:
-    """Documents that go through the store with ``instances`` instances on it:
-    every one for an offline target, and every online one whose target is
-    held by another instance ((k-1)/k of them, organizations spread evenly)."""
-    return (1 - t.online) + t.online * (instances - 1) / instances
+    """Documents that go through the store: those for an offline target,
+    however many instances there are (one handed over between instances is
+    not stored)."""
+    return 1 - t.online
 
 
-def pg_needs(t: Traffic, c: Costs, docs_s: float, share: float) -> tuple[float, float]:
-    """(PostgreSQL cores, WAL MiB/s) for ``docs_s`` documents, ``share`` of them stored."""
-    cores = docs_s * (share * c.pg_cpu_stored_s + (1 - share) * c.pg_cpu_online_s)
+def crossing_share(t: Traffic, instances: int) -> float:
+    """Documents handed over between instances: the online ones whose target
+    is held by another instance ((k-1)/k of them, organizations spread evenly)."""
+    return t.online * (instances - 1) / instances
+
+
+def pg_needs(t: Traffic, c: Costs, docs_s: float, share: float, crossing: float = 0.0) -> tuple[float, float]:
+    """(PostgreSQL cores, WAL MiB/s) for ``docs_s`` documents, ``share`` of
+    them stored and ``crossing`` handed over between instances (notifications: no WAL)."""
+    cores = docs_s * (share * c.pg_cpu_stored_s + (1 - share) * c.pg_cpu_online_s + crossing * c.pg_cpu_handover_s)
     wal = docs_s * (share * c.wal_stored_b + (1 - share) * c.wal_online_b) / MIB
     return cores, wal
 
@@ -141,7 +156,8 @@ def instances_for(t: Traffic, c: Costs, m: Machine, orgs: int, docs_s: float) ->
     k = 1
     while k < 10_000:
         share = stored_share(t, k)
-        per = instance_load(t, c, math.ceil(orgs / k), docs_s / k, docs_s * share / k)
+        per = (instance_load(t, c, math.ceil(orgs / k), docs_s / k, docs_s * share / k)
+               + docs_s * crossing_share(t, k) / k * c.handover_extra_cpu_s)
         mem = math.ceil(orgs / k) * c.conn_rss_kib * KIB / GIB
         if per <= m.instance_cores * m.headroom and mem <= m.instance_mem_gib * m.headroom:
             return k
@@ -158,7 +174,8 @@ def disk_gib(c: Costs, docs_day: float, online: float) -> float:
 def pg_design(t: Traffic, c: Costs, m: Machine) -> Verdict:
     k = instances_for(t, c, m, t.orgs, t.peak_docs_s)
     share = stored_share(t, k)
-    cores, wal = pg_needs(t, c, t.peak_docs_s, share)
+    crossing = crossing_share(t, k)
+    cores, wal = pg_needs(t, c, t.peak_docs_s, share, crossing)
     limits = []
     disk = disk_gib(c, t.docs_day, t.online)
     if disk > m.pg_disk_gib * m.headroom:
@@ -170,7 +187,8 @@ def pg_design(t: Traffic, c: Costs, m: Machine) -> Verdict:
     if wal > m.pg_wal_mib_s * m.headroom:
         limits.append(f"WAL: {wal:.0f} of {m.pg_wal_mib_s:g} MiB/s")
     return Verdict(f"one PostgreSQL, {k} instance(s)", f"{k} inst.", f"{k} x 1 core",
-                   f"{cores:.1f} cores, {wal:.0f} MiB/s WAL, {disk:,.0f} GiB, {share:.0%} stored",
+                   f"{cores:.1f} cores, {wal:.0f} MiB/s WAL, {disk:,.0f} GiB, {share:.0%} stored,"
+                   f" {crossing:.0%} handed over",
                    "; ".join(limits) or "fits",
                    not limits)
 
@@ -183,10 +201,12 @@ def sharded_design(t: Traffic, c: Costs, m: Machine) -> Verdict:
         docs_s = t.peak_docs_s / s
         k = instances_for(t, c, m, orgs, docs_s)
         # Documents between stores are always stored (in the target's store):
-        # (s-1)/s of the online ones when organizations are spread evenly.
+        # (s-1)/s of the online ones when organizations are spread evenly;
+        # within a store, those between its instances are handed over.
         local = 1 / s
-        share = (1 - t.online) + t.online * (1 - local * (1 / k))
-        cores, wal = pg_needs(t, c, docs_s, share)
+        share = (1 - t.online) + t.online * (1 - local)
+        crossing = t.online * local * (k - 1) / k
+        cores, wal = pg_needs(t, c, docs_s, share, crossing)
         cores += docs_s * (1 - local) * c.pg_cpu_online_s  # the origin's `seen` row in its own store
         wal += docs_s * (1 - local) * c.wal_online_b / MIB
         disk = disk_gib(c, t.docs_day / s, t.online)

@@ -35,10 +35,13 @@ def test_one_process_saturates_on_idle_connections_before_100000_organizations()
     assert model.pg_design(t, c, m).fits
 
 
-def test_more_instances_send_more_documents_through_the_store() -> None:
+def test_more_instances_hand_more_documents_over_and_store_no_more() -> None:
     t = model.Traffic(orgs=1000, docs_per_org_day=100, online=0.7, peak=3)
-    assert abs(model.stored_share(t, 1) - 0.3) < 1e-9
-    assert model.stored_share(t, 4) > model.stored_share(t, 2) > model.stored_share(t, 1)
+    assert abs(model.stored_share(t, 1) - 0.3) < 1e-9 and model.stored_share(t, 4) == model.stored_share(t, 1)
+    assert model.crossing_share(t, 1) == 0
+    assert model.crossing_share(t, 4) > model.crossing_share(t, 2) > 0
+    c = model.Costs()
+    assert model.pg_needs(t, c, 1000, 0.3, 0.5)[0] > model.pg_needs(t, c, 1000, 0.3, 0.0)[0]
 
 
 def test_a_bad_argument_is_a_usage_error() -> None:
