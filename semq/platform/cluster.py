@@ -197,9 +197,10 @@ class Presence:
             size += len(line) + 1
         if chunk:
             payloads.append((name, "\n".join(chunk)))
-        if payloads:  # one statement for all of them
-            self.conn.execute("SELECT count(pg_notify(c, p)) FROM unnest(?::text[], ?::text[]) AS t(c, p)",
-                              [list(col) for col in zip(*payloads, strict=True)])
+        for i in range(0, len(payloads), 1000):  # one statement for many (each its two parameters)
+            some = payloads[i:i + 1000]
+            self.conn.execute("SELECT " + ", ".join(["pg_notify(?, ?)"] * len(some)),
+                              [v for pair in some for v in pair])
 
     def waiting(self) -> list[Endpoint]:
         """The sweep: organizations held here with stored copies or relayed
