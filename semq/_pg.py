@@ -24,7 +24,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 from peewee import InterfaceError, OperationalError, PostgresqlDatabase
 
-__all__ = ["PG_SCHEMES", "PgConn", "PgDatabase", "is_pg_url", "redact", "translate_sql"]
+__all__ = ["PG_SCHEMES", "PgConn", "PgDatabase", "is_pg_url", "pg_array", "redact", "translate_sql"]
 
 PG_SCHEMES: Final = ("postgresql://", "postgres://")
 CONNECT_TIMEOUT_S: Final = 5
@@ -32,6 +32,20 @@ CONNECT_TIMEOUT_S: Final = 5
 
 def is_pg_url(store: object) -> bool:
     return isinstance(store, str) and store.startswith(PG_SCHEMES)
+
+
+def pg_array(values: Sequence[Any]) -> str:
+    """A PostgreSQL array literal of integers or of strings, to pass as one
+    text parameter cast to its array type (``?::bigint[]``): joined in C,
+    where psycopg dumps a Python list element by element in Python (a tenth
+    of an instance's time on the batch's ``seen`` rows, py-spy)."""
+    if values and isinstance(values[0], str):
+        joined = '","'.join(values)
+        if joined.count('"') == 2 * (len(values) - 1) and "\\" not in joined:
+            return '{"' + joined + '"}'
+        escaped = (v.replace("\\", "\\\\").replace('"', '\\"') for v in values)
+        return '{"' + '","'.join(escaped) + '"}'
+    return "{" + ",".join(map(str, map(int, values))) + "}"
 
 
 def redact(url: str) -> str:

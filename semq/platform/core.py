@@ -37,7 +37,7 @@ from semq._db import (
     take_held,
     translate,
 )
-from semq._pg import PgConn, PgDatabase, is_pg_url, redact
+from semq._pg import PgConn, PgDatabase, is_pg_url, pg_array, redact
 from semq.events import EventLog, now_ms
 from semq.node.engine import OperatorAction, TransitionRefused, stored_operator_step
 from semq.ports import RelayPort
@@ -606,7 +606,7 @@ class PlatformCore(HeldWrites):
                 " ?::bigint[], ?::integer[], ?::bigint[], ?::bigint[])"
                 " ON CONFLICT (origin_type, origin_id, semq_id, semq_db_id, record_id) DO UPDATE"
                 " SET action=EXCLUDED.action, lk1=EXCLUDED.lk1, seen_ms=EXCLUDED.seen_ms",
-                [list(col) for col in zip(*rows, strict=True)])
+                [pg_array(col) for col in zip(*rows, strict=True)])
         else:
             self.conn.executemany("INSERT OR REPLACE INTO seen VALUES (?,?,?,?,?,?,?,?)", self._seen)
         self._seen = []

@@ -204,3 +204,14 @@ async def test_frames_handed_over_go_to_their_sessions_or_are_dropped_and_counte
     d._hopped([(a, b"one"), (b, b"full"), (c, b"gone"), (a, b"two")])
     assert d.sessions[a].queue == [b"one", b"two"] and d.sessions[b].queue == []
     assert d.stats["hops_in"] == 2 and d.stats["hops_dropped"] == 2
+
+
+def test_array_literals_round_trip_through_postgresql(pg_url: str) -> None:
+    import psycopg
+
+    from semq._pg import pg_array
+
+    odd = ["56001", 'a"b', "c\\d", "e,f", "{g}", ""]
+    with psycopg.connect(pg_url) as c:
+        assert c.execute("SELECT %s::text[]", (pg_array(odd),)).fetchone()[0] == odd
+        assert c.execute("SELECT %s::bigint[]", (pg_array([1, 2**40, -3]),)).fetchone()[0] == [1, 2**40, -3]
