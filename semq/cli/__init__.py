@@ -402,6 +402,12 @@ def cmd_platform_run(args: argparse.Namespace, daemon_class: Any = None) -> int:
                         # With certificates, only enrolled organizations are known.
                         auto_register=cfg.auto_register and not cfg.security,
                         quota_bytes=max(0, cfg.quota_mib) << 20)
+    if instance and cfg.security:  # before serving: the same CA as the other instances (one line if not)
+        try:
+            core.share_ca(cfg.directory / "ca")
+        except BaseException:
+            core.close()
+            raise
     settings = PlatformSettings(host=host, port=port, window=cfg.window, security=security,
                                 high_water=max(1, cfg.queue_mib) << 20,
                                 max_connections_per_org=cfg.max_connections_per_org)

@@ -30,6 +30,7 @@ to it nor make it look offline."""
 from __future__ import annotations
 
 import base64
+import hashlib
 import logging
 import os
 import socket
@@ -288,6 +289,23 @@ def write_public_file(path: Path, data: bytes) -> None:
     os.replace(tmp, path)
 
 
+def _same_ca(conn: Any, ca_dir: Path) -> None:
+    """The first instance to share records its CA certificate's digest; one
+    whose directory holds another CA (a directory made by a second ``semq
+    platform init`` instead of copied) is refused: it would mix certificates
+    of two authorities into every instance's directory."""
+    from semq._db import StoreError
+
+    mine = hashlib.sha256((ca_dir / "ca.pem").read_bytes()).hexdigest()
+    conn.execute("INSERT INTO ca_files (name, data) VALUES ('ca.sha256', ?) ON CONFLICT (name) DO NOTHING",
+                 (mine.encode(),))
+    (theirs,) = conn.execute("SELECT data FROM ca_files WHERE name='ca.sha256'").fetchone()
+    if bytes(theirs).decode() != mine:
+        raise StoreError(f"the certificate authority in {ca_dir} (sha256 {mine[:16]}...) is not this"
+                         f" platform's ({bytes(theirs).decode()[:16]}...): run every instance on a copy of the"
+                         " same platform directory")
+
+
 def share_ca(conn: Any, ca_dir: Path) -> list[str]:
     """The CA's public state, the same in every instance's directory: the
     certificates it issued (``issued/*.pem``: the union of what each
@@ -298,6 +316,7 @@ def share_ca(conn: Any, ca_dir: Path) -> list[str]:
     it). The CA's private key is never in the store: each instance's
     directory holds its copy. Returns the names written here."""
     ca_dir = Path(ca_dir)
+    _same_ca(conn, ca_dir)
     local = {f"issued/{p.name}": p for p in sorted((ca_dir / "issued").glob("*.pem"))}
     stored = {name: bytes(data) for name, data in conn.execute(
         "SELECT name, data FROM ca_files WHERE name LIKE 'issued/%'").fetchall()}

@@ -100,7 +100,8 @@ def test_a_stopped_platform_moves_to_postgresql_with_its_ids(
     assert load_config(d).store == pg_url
     with psycopg.connect(pg_url) as conn:
         names = {n for (n,) in conn.execute("SELECT name FROM ca_files")}
-    assert names == {"crl.pem", *(f"issued/{p.name}" for p in (d / "ca" / "issued").glob("*.pem"))}
+    # the CA's files, and its certificate's digest (the instances check theirs against it)
+    assert names == {"ca.sha256", "crl.pem", *(f"issued/{p.name}" for p in (d / "ca" / "issued").glob("*.pem"))}
 
     # the platform on PostgreSQL delivers B's copies (the ones delivered
     # before the move again, as to any reconnecting target) under their LK1s ...

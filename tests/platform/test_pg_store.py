@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
@@ -215,3 +216,27 @@ def test_array_literals_round_trip_through_postgresql(pg_url: str) -> None:
     with psycopg.connect(pg_url) as c:
         assert c.execute("SELECT %s::text[]", (pg_array(odd),)).fetchone()[0] == odd
         assert c.execute("SELECT %s::bigint[]", (pg_array([1, 2**40, -3]),)).fetchone()[0] == [1, 2**40, -3]
+
+
+def test_an_instance_with_another_certificate_authority_is_refused(
+        tmp_path: Path, pg_url: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """An operator's mistake: a second `semq platform init` on the same store
+    instead of a copy of the first directory. Its CA differs: refused with
+    one line before it serves, and the store keeps the first CA's files."""
+    from semq.cli import main as semq_main
+    from tests.cli.test_cli import one_error
+
+    assert semq_main(["platform", "init", "--dir", str(tmp_path / "P"), "--store", pg_url]) == 0
+    core = PlatformCore(pg_url)
+    try:
+        core.share_ca(tmp_path / "P" / "ca")  # the first directory's CA is the platform's
+    finally:
+        core.close()
+    # a second init on the store made by the first refuses nothing yet (an empty store is fine) ...
+    assert semq_main(["platform", "init", "--dir", str(tmp_path / "Q"), "--store", pg_url]) == 0
+    capsys.readouterr()
+    # ... but running it is refused, naming the cause
+    rc = semq_main(["platform", "run", "--dir", str(tmp_path / "Q"), "--listen", "127.0.0.1:0"])
+    err = capsys.readouterr().err
+    assert rc != 0
+    one_error(err, "is not this platform's", "copy of the same platform directory")
