@@ -9,9 +9,11 @@ instance is handed to that instance in a ``NOTIFY`` on its channel, sent in
 the batch's transaction: PostgreSQL delivers it when the transaction
 commits, never before, and it is not written to the WAL. The origin gets
 ACK_FWD, as for a target connected here; like a frame handed to a
-connection, it promises nothing durable: if the receiving instance cannot
-deliver it (the target left, its queue is full, the listener was
-reconnecting) the origin's inquiry and resend recover it. A frame too large
+connection, it promises nothing durable. The receiving instance stores a
+frame it cannot give to its target now (the target left, its queue is over
+its high-water mark: ``PlatformCore.store_handed_over``); one lost on the
+way (the receiving instance died) is recovered by the origin's inquiry and
+resend. A frame too large
 for a notification (``HOP_MAX_FRAME``) is stored instead (ACK_SAVE), and the
 holding instance woken by a notification; each instance also sweeps every
 ``SWEEP_S`` for stored copies of the organizations it holds, so a lost

@@ -52,6 +52,7 @@ from semq.umxt_protocol import (
     Endpoint,
     ForwardFlag,
     Frame,
+    FrameDecoder,
     Inquiry,
     InquiryAnswer,
     InquiryFlag,
@@ -102,7 +103,7 @@ class _Store(NamedTuple):
     """A DATA routed to STORE, waiting for _flush_stores."""
 
     raw: RawFrame
-    sender: Endpoint
+    sender: Endpoint | None  # None: handed over by another instance (its origin has its ACK_FWD)
     lk0: LK0
     key: tuple[int, str, int, int, int]
     expires: int | None
@@ -534,7 +535,7 @@ class PlatformCore(HeldWrites):
                                  st.ts, raw.raw))
             self._seen.append((*key, _STORED, lk1_id, st.ts))
             lk0 = st.lk0
-            if raw.reliable:  # (best effort to another instance's target: stored, never acked)
+            if raw.reliable and st.sender is not None:  # (best effort, or handed over: stored, not acked)
                 acks[(Kind.ACK_SAVE, st.sender)].append(AckEntry(
                     1, 1, lk1_id, lk0.semq_id, lk0.semq_db_id, lk0.record_id, _PLATFORM_FLAG, _STORED_FLAG))
             out.stored_for.add(target)
@@ -729,14 +730,53 @@ class PlatformCore(HeldWrites):
             out.hops[hop].append((target, relay_bytes(raw, self.me)))
         elif self.is_known(target):
             out.stored_for.add(target)
-            self.conn.execute(
-                "INSERT INTO stored (target_type, target_id, kind, origin_type, origin_id, state, priority,"
-                f" stored_ms, frame) VALUES (?,?,?,?,?,{_SS_INIT},?,?,?)",
-                (int(target.node_type), target.node_id, int(raw.kind), int(raw.origin.node_type),
-                 raw.origin.node_id, raw.priority, ts, raw.raw),
-            )
+            self._store_relayed(raw, ts)
         else:
             raise RemoteProtocolError(f"{raw.kind.name} for unknown target {target}", ResultCode.UNKNOWN_TARGET)
+
+    def _store_relayed(self, raw: RawFrame, ts: int) -> None:
+        """An ack or inquiry kept for its target (SPEC P.4)."""
+        target = raw.target
+        self.conn.execute(
+            "INSERT INTO stored (target_type, target_id, kind, origin_type, origin_id, state, priority,"
+            f" stored_ms, frame) VALUES (?,?,?,?,?,{_SS_INIT},?,?,?)",
+            (int(target.node_type), target.node_id, int(raw.kind), int(raw.origin.node_type),
+             raw.origin.node_id, raw.priority, ts, raw.raw),
+        )
+
+    def store_handed_over(self, frames: Sequence[bytes]) -> set[Endpoint]:
+        """Frames another instance handed over (semq.platform.cluster) that
+        this one cannot give to their targets now (the target left, or its
+        queue is over its high-water mark): stored for them, as a document
+        for an offline target is, in one transaction. The origin of a
+        document already has its ACK_FWD, so none gets an ACK_SAVE; its
+        ``seen`` row now says STORED with the copy's LK1, which is what its
+        inquiry learns. Returns the targets with new stored frames (woken
+        here, or at the instance that holds them now)."""
+        ts = now_ms()
+        out = PlatformOutput()
+        events: list[dict[str, Any]] = []
+        acks: dict[tuple[Kind, Endpoint], list[AckEntry]] = defaultdict(list)
+        self._seen = []
+        self._stores = []
+        dec = FrameDecoder()
+        dec.receive_data(b"".join(frames))
+        with self._tx():
+            for raw in dec:
+                if raw.kind is Kind.DATA:
+                    lk0, _lk1, _created, expires = raw.data_prefix()
+                    o = lk0.endpoint
+                    key = (int(o.node_type), o.node_id, lk0.semq_id, lk0.semq_db_id, lk0.record_id)
+                    self._stores.append(_Store(raw, None, lk0, key, expires, ts))
+                elif raw.kind in _RELAYED:
+                    out.stored_for.add(raw.target)
+                    self._store_relayed(raw, ts)
+            self._flush_stores(out, events, acks)
+            self._flush_seen()
+            if self.presence is not None and out.stored_for:
+                self.presence.wake(out.stored_for)  # (one that moved on to a third instance)
+        self._emit(events)
+        return out.stored_for
 
     def _for_me(
         self, sender: Endpoint, raw: RawFrame, ts: int, out: PlatformOutput, events: list[dict[str, Any]],

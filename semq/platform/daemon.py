@@ -584,24 +584,37 @@ class PlatformDaemon:
             while True:
                 got = await trio.to_thread.run_sync(listener.wait, 1.0, abandon_on_cancel=True)
                 self._wake([ep for ep, frame in got if frame is None])
-                self._hopped([(ep, frame) for ep, frame in got if frame is not None])
+                await self._hopped([(ep, frame) for ep, frame in got if frame is not None])
         finally:
             listener.close()
 
-    def _hopped(self, frames: Sequence[tuple[Endpoint, bytes]]) -> None:
+    async def _hopped(self, frames: Sequence[tuple[Endpoint, bytes]]) -> None:
         """Frames another instance handed over for organizations held here:
         into their sessions' queues, like the frames this instance forwards.
-        One for a target no longer here, or whose queue is over its
-        high-water mark, is dropped: it promised nothing (its origin got
-        ACK_FWD), and the origin's inquiry finds the target lacks it."""
+        Those for a target no longer here, or whose queue is over its
+        high-water mark, are stored for it instead (flow control stores,
+        never buffers), and it is woken wherever it is."""
         hw = self.s.high_water
+        later: list[bytes] = []
         for ep, frame in frames:
             s = self.sessions.get(ep)
             if s is not None and s.queued < hw:
                 s.enqueue([frame])
                 self.stats["hops_in"] = self.stats.get("hops_in", 0) + 1
             else:
-                self.stats["hops_dropped"] = self.stats.get("hops_dropped", 0) + 1
+                later.append(frame)
+        if not later:
+            return
+        try:
+            stored_for = await self.gate.run(self.core.store_handed_over, later)
+        except STORE_ERRORS as e:
+            # Lost as a frame handed to a connection that died: its origin's
+            # inquiry finds the target lacks it (ACK_FWD promised nothing).
+            self.stats["hops_dropped"] = self.stats.get("hops_dropped", 0) + len(later)
+            log.error("frames handed over by another instance: store error, %d dropped: %s", len(later), e)
+            return
+        self.stats["hops_stored"] = self.stats.get("hops_stored", 0) + len(later)
+        self._wake(list(stored_for))
 
     async def _inquirer(self) -> None:
         step = max(0.05, min(1.0, self.core.inquiry_ms / 3000))

@@ -195,16 +195,54 @@ def _kinds(data: list[bytes]) -> list[Kind]:
     return [r.kind for r in decoded(data)]
 
 
-async def test_frames_handed_over_go_to_their_sessions_or_are_dropped_and_counted() -> None:
+async def test_frames_handed_over_go_to_their_sessions_or_are_stored() -> None:
     """The receiving instance: into the target's queue like a forward of its
-    own; for a target no longer here or over its high-water mark, dropped
-    and counted (its origin's inquiry recovers it: ACK_FWD promised nothing)."""
+    own; for a target no longer here or over its high-water mark, stored (in
+    one call of its store thread) and the target woken."""
     from tests.platform.test_platform_core import _daemon
 
+    class Core:
+        calls: list[list[bytes]] = []
+
+        def store_handed_over(self, frames: list[bytes]) -> set[Endpoint]:
+            self.calls.append(list(frames))
+            return {b}
+
     d = _daemon({a: 0, b: 2000}, high_water=1000)
-    d._hopped([(a, b"one"), (b, b"full"), (c, b"gone"), (a, b"two")])
+    d.core = Core()  # type: ignore[assignment]
+    await d._hopped([(a, b"one"), (b, b"full"), (c, b"gone"), (a, b"two")])
     assert d.sessions[a].queue == [b"one", b"two"] and d.sessions[b].queue == []
-    assert d.stats["hops_in"] == 2 and d.stats["hops_dropped"] == 2
+    assert Core.calls == [[b"full", b"gone"]]
+    assert d.stats["hops_in"] == 2 and d.stats["hops_stored"] == 2 and "hops_dropped" not in d.stats
+    assert d.sessions[b].pending and d.sessions[b].wake_deliver.is_set()
+
+
+def test_frames_an_instance_cannot_deliver_are_stored_and_the_origin_learns_it(
+        pair: tuple[PlatformCore, PlatformCore], pg_url: str) -> None:
+    one, two = pair
+    listener = WakeListener(pg_url, "two")
+    try:
+        listener.wait(0.05)
+        assert two.connected(b)
+        ack2 = Frame(kind=Kind.ACK2, source=b, target=a, body=Ack(dest_ref_id=5, ack_flag=AckFlag.DELIVERY))
+        out = one.handle(a, raws(_data(a, b, 11)), {})
+        assert _saved(out.sends[a]) == []  # ACK_FWD: handed over
+        got = listener.wait(5.0)
+        # instance two cannot deliver it now (say B's queue is full): stored for B
+        stored_for = two.store_handed_over([f for _, f in got if f is not None])
+        assert stored_for == {b}
+        rows = _rows(two)
+        assert [(k, st) for _, k, st in rows] == [(int(Kind.DATA), int(StoredState.SS_INIT))]
+        lk1 = rows[0][0]
+        # the origin's inquiry now learns STORED with the copy's LK1
+        assert tuple(two.conn.execute("SELECT action, lk1 FROM seen WHERE record_id=11").fetchone()) == (2, lk1)
+        frames, n = two.claim_stored(b, 10)
+        assert n == 1 and decoded(frames)[0].data_prefix()[0].record_id == 11
+        # relayed frames too
+        assert two.store_handed_over([raws(ack2)[0].raw]) == {a}
+        assert [k for _, k, _ in _rows(two)][-1] == int(Kind.ACK2)
+    finally:
+        listener.close()
 
 
 def test_array_literals_round_trip_through_postgresql(pg_url: str) -> None:
