@@ -218,6 +218,21 @@ class Presence:
             (self.instance,)).fetchall()]
 
 
+def _parse(line: str) -> tuple[Endpoint, bytes | None] | None:
+    """One line of a notification: ``W type id`` (a wake-up) or ``F type id
+    base64`` (a frame handed over); None for anything else."""
+    parts = line.split(" ", 3)
+    try:
+        if parts[0] == "W" and len(parts) == 3:
+            return Endpoint(node_type=NodeType(int(parts[1])), node_id=parts[2]), None
+        if parts[0] == "F" and len(parts) == 4:
+            frame = base64.b64decode(parts[3], validate=True)
+            return Endpoint(node_type=NodeType(int(parts[1])), node_id=parts[2]), frame
+    except (ValueError, TypeError):  # (binascii.Error is a ValueError; so is a bad endpoint)
+        pass
+    return None
+
+
 class WakeListener:
     """The instance's own connection that LISTENs on its channel; ``wait``
     blocks (on a worker thread) until notifications arrive or ``timeout``
@@ -248,9 +263,13 @@ class WakeListener:
             for timeout_s in (timeout, 0.0):
                 for n in self._conn.notifies(timeout=timeout_s, stop_after=1 if timeout_s else 1000):
                     for line in n.payload.splitlines():
-                        what, t, nid, *frame = line.split(" ", 3)
-                        ep = Endpoint(node_type=NodeType(int(t)), node_id=nid)
-                        out.append((ep, base64.b64decode(frame[0]) if what == "F" and frame else None))
+                        got = _parse(line)
+                        if got is None:
+                            # Anything else on the channel (whoever may NOTIFY
+                            # in the database) is skipped, never fatal.
+                            log.warning("cluster wake-ups: a malformed notification skipped: %.80r", line)
+                        else:
+                            out.append(got)
                 if not out:
                     break
             return out

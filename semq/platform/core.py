@@ -761,8 +761,9 @@ class PlatformCore(HeldWrites):
         self._stores = []
         dec = FrameDecoder()
         dec.receive_data(b"".join(frames))
+        raws = list(dec)  # (bytes that are no frame raise here, before any transaction)
         with self._tx():
-            for raw in dec:
+            for raw in raws:
                 if raw.kind is Kind.DATA:
                     lk0, _lk1, _created, expires = raw.data_prefix()
                     o = lk0.endpoint

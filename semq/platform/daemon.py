@@ -607,11 +607,13 @@ class PlatformDaemon:
             return
         try:
             stored_for = await self.gate.run(self.core.store_handed_over, later)
-        except STORE_ERRORS as e:
+        except (*STORE_ERRORS, RemoteProtocolError) as e:
             # Lost as a frame handed to a connection that died: its origin's
             # inquiry finds the target lacks it (ACK_FWD promised nothing).
+            # Bytes that are no frame (written on the channel by something
+            # else) cost this batch, never the instance.
             self.stats["hops_dropped"] = self.stats.get("hops_dropped", 0) + len(later)
-            log.error("frames handed over by another instance: store error, %d dropped: %s", len(later), e)
+            log.error("frames handed over by another instance: %d not stored: %s", len(later), e)
             return
         self.stats["hops_stored"] = self.stats.get("hops_stored", 0) + len(later)
         self._wake(list(stored_for))

@@ -38,6 +38,15 @@ def pair(pg_url: str) -> Iterator[tuple[PlatformCore, PlatformCore]]:
     two.close()
 
 
+@pytest.fixture
+def listener(pg_url: str) -> Iterator[WakeListener]:
+    """Instance two's wake-up listener, listening before anything is sent."""
+    it = WakeListener(pg_url, "two")
+    assert it.wait(0.05) == []
+    yield it
+    it.close()
+
+
 def _rows(core: PlatformCore) -> list[tuple[int, int, int]]:
     return [tuple(r) for r in core.conn.execute("SELECT id, kind, state FROM stored ORDER BY id").fetchall()]
 
@@ -87,44 +96,34 @@ def test_store_deliver_ack_on_postgresql(pg_url: str) -> None:
 
 
 def test_a_document_for_a_target_held_by_another_instance_is_handed_over_at_commit(
-        pair: tuple[PlatformCore, PlatformCore], pg_url: str) -> None:
+        pair: tuple[PlatformCore, PlatformCore], listener: WakeListener) -> None:
     one, two = pair
-    listener = WakeListener(pg_url, "two")
-    try:
-        assert listener.wait(0.05) == []  # LISTEN before anything is sent
-        assert two.connected(b)  # B is connected to instance two
-        # A (on instance one) sends with SaveFwd 1: B is not here, but is
-        # held by a live instance: handed to it one hop, ACK_FWD as for a
-        # connection here, nothing stored.
-        out = one.handle(a, raws(replace(_data(a, b, 7), save_fwd=SaveFwd(1))), {})
-        assert _kinds(out.sends[a]) == [Kind.ACK_BATCH] and _saved(out.sends[a]) == []
-        got = listener.wait(5.0)
-        assert [ep for ep, _ in got] == [b]
-        (frame,) = decoded(got[0][1] or b"")
-        assert frame.kind is Kind.DATA and frame.source == one.me and frame.data_prefix()[0].record_id == 7
-        assert _rows(one) == []
-        assert one.conn.execute("SELECT action FROM seen WHERE record_id=7").fetchone()[0] == 1  # forwarded
-    finally:
-        listener.close()
+    assert two.connected(b)  # B is connected to instance two
+    # A (on instance one) sends with SaveFwd 1: B is not here, but is
+    # held by a live instance: handed to it one hop, ACK_FWD as for a
+    # connection here, nothing stored.
+    out = one.handle(a, raws(replace(_data(a, b, 7), save_fwd=SaveFwd(1))), {})
+    assert _kinds(out.sends[a]) == [Kind.ACK_BATCH] and _saved(out.sends[a]) == []
+    got = listener.wait(5.0)
+    assert [ep for ep, _ in got] == [b]
+    (frame,) = decoded(got[0][1] or b"")
+    assert frame.kind is Kind.DATA and frame.source == one.me and frame.data_prefix()[0].record_id == 7
+    assert _rows(one) == []
+    assert one.conn.execute("SELECT action FROM seen WHERE record_id=7").fetchone()[0] == 1  # forwarded
 
 
 def test_a_frame_too_large_for_a_hop_is_stored_and_the_holder_woken(
-        pair: tuple[PlatformCore, PlatformCore], pg_url: str) -> None:
+        pair: tuple[PlatformCore, PlatformCore], listener: WakeListener) -> None:
     one, two = pair
-    listener = WakeListener(pg_url, "two")
-    try:
-        listener.wait(0.05)
-        assert two.connected(b)
-        big = Frame(kind=Kind.DATA, source=a, target=b,
-                    body=Data(lk0=LK0(endpoint=a, record_id=8), app_data=b"x" * (HOP_MAX_FRAME + 1)))
-        out = one.handle(a, raws(big), {})
-        assert [r for r, _ in _saved(out.sends[a])] == [8]  # ACK_SAVE
-        assert listener.wait(5.0) == [(b, None)]  # a wake-up, no frame
-        _, n = two.claim_stored(b, 10)
-        assert n == 1
-        assert one.claim_stored(b, 10) == ([], 0)  # instance one may not claim B's copies: two holds B
-    finally:
-        listener.close()
+    assert two.connected(b)
+    big = Frame(kind=Kind.DATA, source=a, target=b,
+                body=Data(lk0=LK0(endpoint=a, record_id=8), app_data=b"x" * (HOP_MAX_FRAME + 1)))
+    out = one.handle(a, raws(big), {})
+    assert [r for r, _ in _saved(out.sends[a])] == [8]  # ACK_SAVE
+    assert listener.wait(5.0) == [(b, None)]  # a wake-up, no frame
+    _, n = two.claim_stored(b, 10)
+    assert n == 1
+    assert one.claim_stored(b, 10) == ([], 0)  # instance one may not claim B's copies: two holds B
 
 
 def test_a_newer_connection_elsewhere_fences_the_older_instance(pair: tuple[PlatformCore, PlatformCore]) -> None:
@@ -176,19 +175,14 @@ def test_claims_skip_rows_another_transaction_holds(pair: tuple[PlatformCore, Pl
 
 
 def test_relayed_frames_to_another_instances_target_are_handed_over(
-        pair: tuple[PlatformCore, PlatformCore], pg_url: str) -> None:
+        pair: tuple[PlatformCore, PlatformCore], listener: WakeListener) -> None:
     one, two = pair
-    listener = WakeListener(pg_url, "two")
-    try:
-        listener.wait(0.05)
-        assert two.connected(a)
-        ack2 = Frame(kind=Kind.ACK2, source=b, target=a, body=Ack(dest_ref_id=5, ack_flag=AckFlag.DELIVERY))
-        one.handle(b, raws(ack2), {})
-        ((ep, frame),) = listener.wait(5.0)  # handed over, not stored
-        assert ep == a and [r.kind for r in decoded(frame or b"")] == [Kind.ACK2]
-        assert _rows(one) == []
-    finally:
-        listener.close()
+    assert two.connected(a)
+    ack2 = Frame(kind=Kind.ACK2, source=b, target=a, body=Ack(dest_ref_id=5, ack_flag=AckFlag.DELIVERY))
+    one.handle(b, raws(ack2), {})
+    ((ep, frame),) = listener.wait(5.0)  # handed over, not stored
+    assert ep == a and [r.kind for r in decoded(frame or b"")] == [Kind.ACK2]
+    assert _rows(one) == []
 
 
 def _kinds(data: list[bytes]) -> list[Kind]:
@@ -218,31 +212,26 @@ async def test_frames_handed_over_go_to_their_sessions_or_are_stored() -> None:
 
 
 def test_frames_an_instance_cannot_deliver_are_stored_and_the_origin_learns_it(
-        pair: tuple[PlatformCore, PlatformCore], pg_url: str) -> None:
+        pair: tuple[PlatformCore, PlatformCore], listener: WakeListener) -> None:
     one, two = pair
-    listener = WakeListener(pg_url, "two")
-    try:
-        listener.wait(0.05)
-        assert two.connected(b)
-        ack2 = Frame(kind=Kind.ACK2, source=b, target=a, body=Ack(dest_ref_id=5, ack_flag=AckFlag.DELIVERY))
-        out = one.handle(a, raws(_data(a, b, 11)), {})
-        assert _saved(out.sends[a]) == []  # ACK_FWD: handed over
-        got = listener.wait(5.0)
-        # instance two cannot deliver it now (say B's queue is full): stored for B
-        stored_for = two.store_handed_over([f for _, f in got if f is not None])
-        assert stored_for == {b}
-        rows = _rows(two)
-        assert [(k, st) for _, k, st in rows] == [(int(Kind.DATA), int(StoredState.SS_INIT))]
-        lk1 = rows[0][0]
-        # the origin's inquiry now learns STORED with the copy's LK1
-        assert tuple(two.conn.execute("SELECT action, lk1 FROM seen WHERE record_id=11").fetchone()) == (2, lk1)
-        frames, n = two.claim_stored(b, 10)
-        assert n == 1 and decoded(frames)[0].data_prefix()[0].record_id == 11
-        # relayed frames too
-        assert two.store_handed_over([raws(ack2)[0].raw]) == {a}
-        assert [k for _, k, _ in _rows(two)][-1] == int(Kind.ACK2)
-    finally:
-        listener.close()
+    assert two.connected(b)
+    ack2 = Frame(kind=Kind.ACK2, source=b, target=a, body=Ack(dest_ref_id=5, ack_flag=AckFlag.DELIVERY))
+    out = one.handle(a, raws(_data(a, b, 11)), {})
+    assert _saved(out.sends[a]) == []  # ACK_FWD: handed over
+    got = listener.wait(5.0)
+    # instance two cannot deliver it now (say B's queue is full): stored for B
+    stored_for = two.store_handed_over([f for _, f in got if f is not None])
+    assert stored_for == {b}
+    rows = _rows(two)
+    assert [(k, st) for _, k, st in rows] == [(int(Kind.DATA), int(StoredState.SS_INIT))]
+    lk1 = rows[0][0]
+    # the origin's inquiry now learns STORED with the copy's LK1
+    assert tuple(two.conn.execute("SELECT action, lk1 FROM seen WHERE record_id=11").fetchone()) == (2, lk1)
+    frames, n = two.claim_stored(b, 10)
+    assert n == 1 and decoded(frames)[0].data_prefix()[0].record_id == 11
+    # relayed frames too
+    assert two.store_handed_over([raws(ack2)[0].raw]) == {a}
+    assert [k for _, k, _ in _rows(two)][-1] == int(Kind.ACK2)
 
 
 def test_array_literals_round_trip_through_postgresql(pg_url: str) -> None:
@@ -278,3 +267,33 @@ def test_an_instance_with_another_certificate_authority_is_refused(
     err = capsys.readouterr().err
     assert rc != 0
     one_error(err, "is not this platform's", "copy of the same platform directory")
+
+
+def test_whatever_else_is_notified_on_an_instances_channel_is_skipped(
+        pair: tuple[PlatformCore, PlatformCore], pg_url: str, listener: WakeListener) -> None:
+    """Anyone who may NOTIFY in the database can write on an instance's
+    channel: lines that are not a wake-up or a frame are skipped (the rest of
+    the notification still counts), never fatal to the listener."""
+    import psycopg
+
+    from semq.platform.cluster import channel
+
+    with psycopg.connect(pg_url, autocommit=True) as c:
+        junk = "\n".join(["X 1 56001", "F 1 56001 !!!notbase64", "W nine 56001", "F 99 56001 AAAA", "W 1",
+                          "W 1 56001"])
+        c.execute("SELECT pg_notify(%s, %s)", (channel("two").strip('"'), junk))
+    assert listener.wait(5.0) == [(b, None)]
+
+
+async def test_bytes_handed_over_that_are_no_frame_cost_the_batch_not_the_instance() -> None:
+    from semq.umxt_protocol import RemoteProtocolError, ResultCode
+    from tests.platform.test_platform_core import _daemon
+
+    class Core:
+        def store_handed_over(self, frames: list[bytes]) -> set[Endpoint]:
+            raise RemoteProtocolError("not a frame", ResultCode.MALFORMED_FRAME)
+
+    d = _daemon({}, high_water=1000)
+    d.core = Core()  # type: ignore[assignment]
+    await d._hopped([(b, b"garbage")])
+    assert d.stats["hops_dropped"] == 1
