@@ -23,6 +23,9 @@ from ._limits import (
     MAX_CERTIFICATES,
     MAX_CRL,
     MAX_INQUIRY_ITEMS,
+    MAX_PEER_ADDRESSES,
+    MAX_PEER_ALLOWED,
+    MAX_PEER_TTL,
     MAX_PROOF,
     MAX_TOKEN,
     _check_bytes,
@@ -55,6 +58,9 @@ __all__ = [
     "InquiryAnswer",
     "InquiryResp",
     "Nack",
+    "PeerAnnounce",
+    "PeerInfo",
+    "PeerLookup",
     "Ping",
     "Pong",
     "Welcome",
@@ -236,6 +242,71 @@ class Crl:
             raise _invalid(f"revocation list of {len(self.der)} bytes is outside 1..{MAX_CRL}")
 
 
+def _check_addresses(addresses: object) -> tuple[str, ...]:
+    """Direct-link addresses: HOST:PORT texts of at most 255 bytes, at most
+    MAX_PEER_ADDRESSES of them (their form is checked where they are used:
+    a relay passes them on, a node dials them)."""
+    out = tuple(str(a) for a in addresses)  # type: ignore[attr-defined]
+    if len(out) > MAX_PEER_ADDRESSES:
+        raise _invalid(f"{len(out)} addresses exceed the {MAX_PEER_ADDRESSES} limit")
+    for a in out:
+        _check_text("address", a)
+        if not a or len(a.encode("utf-8", "replace")) > 255 or not a.isprintable():
+            raise _invalid(f"address {a!r} is not 1..255 printable bytes")
+    return out
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class PeerAnnounce:
+    """A node listens for direct links at ``addresses`` (HOST:PORT) for
+    ``ttl_s`` seconds (0 withdraws). ``observe``: the platform puts in the
+    address it sees the node's connection come from, with each announced
+    port. ``allowed``: the organizations that may look it up and connect
+    (empty: every organization the platform admits)."""
+
+    ttl_s: int
+    addresses: tuple[str, ...] = ()
+    observe: bool = False
+    allowed: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        _check_int("ttl_s", self.ttl_s, 0, MAX_PEER_TTL)
+        object.__setattr__(self, "addresses", _check_addresses(self.addresses))
+        allowed = tuple(self.allowed)
+        if len(allowed) > MAX_PEER_ALLOWED:
+            raise _invalid(f"{len(allowed)} allowed organizations exceed the {MAX_PEER_ALLOWED} limit")
+        for org in allowed:
+            Endpoint.org(org)  # validates the id
+        object.__setattr__(self, "allowed", allowed)
+        object.__setattr__(self, "observe", bool(self.observe))
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class PeerLookup:
+    endpoint: Endpoint
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class PeerInfo:
+    """Where ``endpoint`` listens for direct links (until ``expires_ms``)
+    and the fingerprint of the certificate its platform connection
+    presented; or a result code (DIRECT_NOT_ALLOWED, NO_DIRECT_ADDRESS,
+    UNKNOWN_TARGET) and no addresses."""
+
+    endpoint: Endpoint
+    code: ResultCode = ResultCode.OK
+    expires_ms: int = 0
+    fingerprint: str = ""
+    addresses: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "code", _enum(ResultCode, "code", self.code))
+        _check_int("expires_ms", self.expires_ms, 0, _MAX_MS)
+        if len(self.fingerprint) > 255 or not self.fingerprint.isascii():
+            raise _invalid(f"fingerprint {self.fingerprint[:40]!r} is not up to 255 ASCII characters")
+        object.__setattr__(self, "addresses", _check_addresses(self.addresses))
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Bye:
     code: ResultCode = ResultCode.OK
@@ -274,6 +345,16 @@ def _body_container(body: Body) -> dict[str, Any]:
         return {"code": int(body.code), "reason": body.reason}
     if isinstance(body, Crl):
         return {"crl": body.der}
+    if isinstance(body, PeerAnnounce):
+        return {"ttl_s": body.ttl_s, "observe": int(body.observe), "count": len(body.addresses),
+                "addresses": list(body.addresses), "allowed_count": len(body.allowed),
+                "allowed": list(body.allowed)}
+    if isinstance(body, PeerLookup):
+        return {"node_type": int(body.endpoint.node_type), "node_id": body.endpoint.node_id}
+    if isinstance(body, PeerInfo):
+        return {"node_type": int(body.endpoint.node_type), "node_id": body.endpoint.node_id,
+                "code": int(body.code), "expires_ms": body.expires_ms, "fingerprint": body.fingerprint,
+                "count": len(body.addresses), "addresses": list(body.addresses)}
     if isinstance(body, CertRequest):
         return {"node_type": int(body.endpoint.node_type), "node_id": body.endpoint.node_id}
     if isinstance(body, CertResponse):
@@ -325,6 +406,14 @@ def _decode_by_schema(kind: Kind, buf: bytes) -> Body:
     if kind is Kind.CERT_RESPONSE:
         return CertResponse(endpoint=Endpoint(node_type=c.node_type, node_id=c.node_id),
                             code=c.code, certificates=tuple(c.certificates))
+    if kind is Kind.PEER_ANNOUNCE:
+        return PeerAnnounce(ttl_s=c.ttl_s, observe=bool(c.observe), addresses=tuple(c.addresses),
+                            allowed=tuple(c.allowed))
+    if kind is Kind.PEER_LOOKUP:
+        return PeerLookup(endpoint=Endpoint(node_type=c.node_type, node_id=c.node_id))
+    if kind is Kind.PEER_INFO:
+        return PeerInfo(endpoint=Endpoint(node_type=c.node_type, node_id=c.node_id), code=c.code,
+                        expires_ms=c.expires_ms, fingerprint=c.fingerprint, addresses=tuple(c.addresses))
     if kind is Kind.BYE:
         return Bye(code=c.code, reason=c.reason)
     if kind is Kind.CRL:

@@ -44,6 +44,8 @@ class ResultCode(IntEnum):
     EXPIRED = 303  # the document's expiry passed before delivery
     TOO_MANY_ATTEMPTS = 304  # resend limit reached; moved to the dead letters
     STALE = 305  # created outside the receiver's duplicate-suppression window (a possible replay): refused
+    DIRECT_NOT_ALLOWED = 306  # the target does not accept direct links from this organization
+    NO_DIRECT_ADDRESS = 307  # the target announced no address for direct links (or it expired)
     # 4xx: storage
     STORE_FULL = 400  # disk full: refused, nothing accepted
     STORE_ERROR = 401  # the store failed (read-only, corrupt, locked)

@@ -60,6 +60,9 @@ from ._control import (
     InquiryAnswer,
     InquiryResp,
     Nack,
+    PeerAnnounce,
+    PeerInfo,
+    PeerLookup,
     Ping,
     Pong,
     Welcome,
@@ -117,6 +120,9 @@ __all__ = [
     "InquiryAnswer",
     "InquiryResp",
     "Nack",
+    "PeerAnnounce",
+    "PeerInfo",
+    "PeerLookup",
     "Ping",
     "Pong",
     "Welcome",
@@ -140,7 +146,7 @@ _HEADER: Final = _codec._HEADER
 
 Body = (
     Data | Ack | AckBatch | Inquiry | InquiryResp | Nack | Hello | Welcome | Ping | Pong
-    | Error | WindowUpdate | CertRequest | CertResponse | Bye | Crl
+    | Error | WindowUpdate | CertRequest | CertResponse | Bye | Crl | PeerAnnounce | PeerLookup | PeerInfo
 )
 
 _MESSAGE_KINDS: Final = frozenset(k for k in Kind if k.is_message)
@@ -162,6 +168,9 @@ _BODY_TYPE: Final[dict[Kind, type]] = {
     Kind.CERT_RESPONSE: CertResponse,
     Kind.BYE: Bye,
     Kind.CRL: Crl,
+    Kind.PEER_ANNOUNCE: PeerAnnounce,
+    Kind.PEER_LOOKUP: PeerLookup,
+    Kind.PEER_INFO: PeerInfo,
 }
 
 

@@ -26,6 +26,9 @@ __all__ = [
     "MAX_CERTIFICATES",
     "MAX_CRL",
     "MAX_INQUIRY_ITEMS",
+    "MAX_PEER_ADDRESSES",
+    "MAX_PEER_ALLOWED",
+    "MAX_PEER_TTL",
     "MAX_PROOF",
     "MAX_RECEIPT",
     "MAX_SESSION_KEY",
@@ -51,6 +54,9 @@ MAX_ACK_BATCH: Final = 100_000  # acks in one ACK_BATCH frame
 MAX_INQUIRY_ITEMS: Final = 10_000  # records in one INQUIRY / INQUIRY_RESP
 MAX_CERTIFICATES: Final = 8  # certificates in one CERT_RESPONSE (rollover: old + new + chain)
 MAX_TOKEN: Final = 4096  # bytes of a HELLO token
+MAX_PEER_ADDRESSES: Final = 8  # addresses in one PEER_ANNOUNCE / PEER_INFO
+MAX_PEER_ALLOWED: Final = 1000  # organizations named in one PEER_ANNOUNCE's allow-list
+MAX_PEER_TTL: Final = 7 * 86400  # s an announcement may live
 MAX_CRL: Final = 4 << 20  # bytes of a CRL frame's revocation list (~100,000 revoked certificates)
 _MAX_U32: Final = 0xFFFF_FFFF
 _MAX_U64: Final = 0xFFFF_FFFF_FFFF_FFFF

@@ -57,6 +57,9 @@ __all__ = [
     "INQUIRY_RESP_BODY",
     "MAGIC",
     "NACK_BODY",
+    "PEER_ANNOUNCE_BODY",
+    "PEER_INFO_BODY",
+    "PEER_LOOKUP_BODY",
     "PING_BODY",
     "VERSION",
     "WELCOME_BODY",
@@ -222,6 +225,29 @@ CRL_BODY = Struct(
     Terminated,
 )
 
+PEER_ANNOUNCE_BODY = Struct(
+    "ttl_s" / Int32ub,
+    "observe" / Int8ub,
+    "count" / Int8ub,
+    "addresses" / Array(this.count, PascalString(Int8ub, "utf8")),
+    "allowed_count" / Int16ub,
+    "allowed" / Array(this.allowed_count, PascalString(Int8ub, "ascii")),
+    Terminated,
+)
+
+PEER_LOOKUP_BODY = CERT_REQUEST_BODY
+
+PEER_INFO_BODY = Struct(
+    "node_type" / Int8ub,
+    "node_id" / PascalString(Int8ub, "ascii"),
+    "code" / Int16ub,
+    "expires_ms" / Int64ub,
+    "fingerprint" / PascalString(Int8ub, "ascii"),
+    "count" / Int8ub,
+    "addresses" / Array(this.count, PascalString(Int8ub, "utf8")),
+    Terminated,
+)
+
 BYE_BODY = Struct(
     "code" / Int16ub,
     "reason" / PascalString(Int16ub, "utf8"),
@@ -252,6 +278,9 @@ BODY_SCHEMAS: Final[dict[int, Construct]] = {
     39: CERT_RESPONSE_BODY,
     40: BYE_BODY,
     41: CRL_BODY,
+    42: PEER_ANNOUNCE_BODY,
+    43: PEER_LOOKUP_BODY,
+    44: PEER_INFO_BODY,
 }
 
 

@@ -76,6 +76,9 @@ class Kind(IntEnum):
     CERT_RESPONSE = 39  # session: the certificates (DER), or a result code
     BYE = 40  # session: orderly close with a reason
     CRL = 41  # session: platform -> node, the CA's signed certificate revocation list (DER)
+    PEER_ANNOUNCE = 42  # session: node -> platform, "I listen for direct links here, for this long"
+    PEER_LOOKUP = 43  # session: node -> platform, "where does this organization listen?"
+    PEER_INFO = 44  # session: platform -> node, the answer: addresses and certificate fingerprint, or a code
 
     @property
     def is_message(self) -> bool:
