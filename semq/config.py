@@ -285,6 +285,24 @@ class Config:
         "number", "a number of seconds 0..86400", _between(0, 86400),
         "node: how far the organizations' clocks may disagree; documents created further ahead, or older"
         " than the 30-day duplicate suppression minus this, are refused STALE"))
+    direct_listen: str = _setting("", Rule(
+        "string", "empty (no listening) or " + _ADDRESS_WORDS.format(lo=0, zero=" (0: any free port)"),
+        lambda v: None if v == "" else _address_problem(v, 0),
+        "node: where it accepts direct links from other nodes (needs security); empty: it does not"))
+    direct_announce: str = _setting("", Rule(
+        "string", "empty or HOST:PORT addresses separated by commas",
+        lambda v: None if v == "" else _addresses_problem(v, 1),
+        "node: the addresses other nodes reach its listener at; empty: the listening address, and the"
+        " address the platform sees when listening on all interfaces"))
+    direct: str = _setting("prefer", Rule(
+        "string", '"prefer", "never" or "only"', lambda v: None if v in ("prefer", "never", "only") else "is not allowed",
+        "node: documents to an organization that listens go over a direct link when one works (prefer),"
+        " never, or only (else they wait)"))
+    direct_from: str = _setting("", Rule(
+        "string", "empty (every organization) or organization ids separated by commas",
+        lambda v: None if v == "" else next((f"names {x.strip()!r}, which {p}" for x in v.split(",")
+                                             if (p := org_id_problem(x.strip()))), None),
+        "node: the organizations that may look up its addresses and connect directly; empty: all"))
     security: bool = _setting(True, Rule(
         "boolean", "true or false",
         doc="mutual TLS, end-to-end encryption and signatures (docs/security.md); set by init"))

@@ -553,6 +553,19 @@ class NodeSecurity:
         return client_ssl_context(cert_file=self.ndir / "node.pem", key_file=self.ndir / "keys" / "sign.key.pem",
                                   ca_file=self.ndir / "ca.pem")
 
+    def direct_contexts(self) -> tuple[ssl.SSLContext, ssl.SSLContext]:
+        """TLS contexts for direct links between nodes, (listening, dialling):
+        both present this node's certificate and require the peer's, issued
+        by the CA. The peer's organization, revocation and (dialling) that
+        it is a certificate this node holds for the organization it meant
+        to reach are checked after the handshake (semq.node.direct): a node
+        certificate names an organization, not a host."""
+        cert, key, ca = self.ndir / "node.pem", self.ndir / "keys" / "sign.key.pem", self.ndir / "ca.pem"
+        server = server_ssl_context(cert_file=cert, key_file=key, ca_file=ca)
+        client = client_ssl_context(cert_file=cert, key_file=key, ca_file=ca)
+        client.check_hostname = False  # (verify_mode stays CERT_REQUIRED)
+        return server, client
+
     def expires_in_days(self) -> float:
         na = self.identity.certificate.not_after
         return (na - dt.datetime.now(dt.UTC)).total_seconds() / 86400

@@ -26,6 +26,7 @@ LAYERS: dict[str, int] = {
     "semq.node.engine": 3, "semq.platform.engine": 3,
     "semq.node": 4, "semq.platform": 4,
     "semq.node.daemon": 5, "semq.platform.daemon": 5, "semq.node.background": 5,
+    "semq.node.direct": 5,
     "semq.ops": 6,
     # an operation over a stopped platform, beside backup/restore (it reuses their in-use check)
     "semq.platform.migrate": 6,

@@ -19,6 +19,7 @@ from typing import Any
 from semq import __version__
 from semq._db import StoreError
 from semq.config import (
+    Address,
     Config,
     ConfigError,
     check_option,
@@ -130,16 +131,25 @@ def cmd_node_init(args: argparse.Namespace) -> int:
         raise UsageError(f"{d} already holds a configuration; refusing to overwrite it")
     check_org(args.org, "--org")
     check_option("platform", args.platform, "--platform")
+    direct = {"direct_listen": args.listen or "", "direct": args.direct, "direct_from": args.direct_from or "",
+              "direct_announce": args.announce or ""}
+    for key, flag in (("direct_listen", "--listen"), ("direct", "--direct"), ("direct_from", "--direct-from"),
+                      ("direct_announce", "--announce")):
+        check_option(key, direct[key], flag)
+    if args.listen and args.no_security:
+        raise UsageError("--listen needs security: direct links are mutual TLS between the nodes' certificates")
     if args.enroll_from and not args.no_security:
         from semq.security import check_not_enrolled
 
         check_not_enrolled(data_dir(args.enroll_from), args.org)  # before anything is written
-    cfg = Config(role="node", directory=d, org=args.org, platform=args.platform, security=not args.no_security)
+    cfg = Config(role="node", directory=d, org=args.org, platform=args.platform, security=not args.no_security,
+                 **direct)
     write_config(cfg)
     # A new incarnation: its record ids start at its creation time, above
     # any an earlier store of this organization sent (docs/exactly-once.md).
     open_node_store(cfg.store_path, create=True, incarnation="init").close()
-    print(f"node {cfg.org} initialised in {d} (platform {cfg.platform})")
+    print(f"node {cfg.org} initialised in {d} (platform {cfg.platform}"
+          f"{f'; direct links on {cfg.direct_listen}' if cfg.direct_listen else ''})")
     if not cfg.security:
         print("security OFF: plain TCP, no end-to-end encryption or signatures")
         return 0
@@ -461,6 +471,47 @@ def _raise_fd_limit() -> None:
                 "cannot raise the open-file limit from %s to %s: %s", soft, hard, e)
 
 
+def _direct_options(x: argparse.ArgumentParser, *, init: bool) -> None:
+    default = " (default: the configuration's)" if not init else ""
+    x.add_argument("--listen", metavar="HOST:PORT",
+                   help="accept direct links from other nodes here (port 0: any free port); off unless given"
+                        + default)
+    x.add_argument("--announce", metavar="HOST:PORT[,HOST:PORT...]",
+                   help="where other nodes reach this listener, if not the --listen address (NAT, a proxy)"
+                        + default)
+    x.add_argument("--direct", choices=["prefer", "never", "only"], default="prefer" if init else None,
+                   help="documents to an organization that listens: over a direct link when one works (prefer,"
+                        " the default), never, or only (else they wait)" + default)
+    x.add_argument("--direct-from", metavar="ORG[,ORG...]",
+                   help="only these organizations may look up this node's addresses and connect directly"
+                        " (default: all)" if init else "organizations allowed to connect directly" + default)
+
+
+def _direct_settings(args: argparse.Namespace, cfg: Config) -> Any:
+    """The node's direct-link settings: the configuration, overridden by
+    ``semq node run``'s options (checked like the keys)."""
+    from semq.node.direct import DirectSettings
+
+    values = {"direct_listen": args.listen if args.listen is not None else cfg.direct_listen,
+              "direct_announce": args.announce if args.announce is not None else cfg.direct_announce,
+              "direct": args.direct or cfg.direct,
+              "direct_from": args.direct_from if args.direct_from is not None else cfg.direct_from}
+    for key, flag in (("direct_listen", "--listen"), ("direct_announce", "--announce"), ("direct", "--direct"),
+                      ("direct_from", "--direct-from")):
+        check_option(key, values[key], flag)
+    listen = None
+    if values["direct_listen"]:
+        if not cfg.security:
+            raise UsageError(f"direct_listen = {values['direct_listen']!r} needs security: direct links are"
+                             " mutual TLS between the nodes' certificates")
+        host, port = parse_hostport(values["direct_listen"])
+        listen = Address(host, port)
+    return DirectSettings(
+        policy=values["direct"], listen=listen,
+        announce=[a.strip() for a in values["direct_announce"].split(",") if a.strip()],
+        allowed=tuple(o.strip() for o in values["direct_from"].split(",") if o.strip()))
+
+
 def cmd_node_run(args: argparse.Namespace) -> int:
     from semq.node.core import NodeCore
     from semq.node.daemon import NodeDaemon, NodeSettings
@@ -480,7 +531,8 @@ def cmd_node_run(args: argparse.Namespace) -> int:
     core = NodeCore(cfg.store_path, cfg.org, events_dir=cfg.events_dir, synchronous=cfg.synchronous, check=True,
                     inquiry_interval=inquiry_interval, security=security, clock_skew=cfg.clock_skew)
     settings = NodeSettings(addresses=addresses, window=cfg.window,
-                            ssl_context=security.ssl_context() if security else None)
+                            ssl_context=security.ssl_context() if security else None,
+                            direct=_direct_settings(args, cfg))
     from semq.ops.runtime import OpsRuntime, ops_options
 
     ops = OpsRuntime("node", cfg.directory, core, ops_options(args))
@@ -489,8 +541,10 @@ def cmd_node_run(args: argparse.Namespace) -> int:
             cfg, lambda: NodeDaemon(core, settings),
             lambda d: {"role": "node", "org": cfg.org, "platform": str(d.address) if d.address else None,
                        "platforms": [str(a) for a in d.s.addresses], "connected": d.connected,
+                       "direct": d.links.snapshot(),
                        "sessions": d.sessions, "in_flight": d.in_flight, **d.stats},
-            lambda _r: f"node {cfg.org} running (platform {platform})",
+            lambda bound: f"node {cfg.org} running (platform {platform})"
+                          + (f"; direct links on {bound}" if bound else ""),
             ops,
         )
     finally:
@@ -806,6 +860,7 @@ def build_parser() -> argparse.ArgumentParser:
     x.add_argument("--no-security", action="store_true", help="plain TCP, no keys (testing only)")
     x.add_argument("--enroll-from", metavar="PLATFORM_DIR",
                    help="platform directory on this machine: enroll at once (demo, tests, one-host setups)")
+    _direct_options(x, init=True)
     x.set_defaults(func=cmd_node_init)
     x = node.add_parser("rollover", parents=[common], help="new keys and certificate; the old one overlaps")
     x.add_argument("--enroll-from", metavar="PLATFORM_DIR", help="enroll at once with a platform on this host")
@@ -829,6 +884,7 @@ def build_parser() -> argparse.ArgumentParser:
     x.add_argument("--platform", metavar="HOST:PORT[,HOST:PORT...]",
                    help="the platform's address or addresses (default: the configuration's)")
     x.add_argument("--inquiry-interval", metavar="SECONDS", help="default: the configuration's (15)")
+    _direct_options(x, init=False)
     add_run_options(x)
     x.set_defaults(func=cmd_node_run)
 

@@ -39,6 +39,9 @@ class Output:
     over_window: int = 0  # documents the platform refused with OVER_WINDOW
     deferred: list[RawFrame] = field(default_factory=list)  # DATA waiting for its origin's certificate
     settled: int = 0  # outbox rows that got their platform ack / NACK (window credit)
+    settled_ids: list[int] = field(default_factory=list)  # ... their record ids
+    sent_ids: list[int] = field(default_factory=list)  # reliable rows a claim sent (their answers are awaited)
+    targets: set[str] = field(default_factory=set)  # organizations a claim sent to
     early: int = 0  # DATA frames that left through the claim's port before the commit
     # Security: ACK2 entries whose receipt was missing or did not verify, and
     # refusals (NACK from a target) whose signature did not: each left its

@@ -41,7 +41,7 @@ from semq.umxt_protocol import (
 )
 
 from .batch import Batch, NodeContext, Output
-from .engine import OriginEvent
+from .engine import OriginEvent, SendState
 from .housekeeping import FAILED_RETENTION_MS, Housekeeping
 from .inquiries import RECEIPT_BATCH, Inquiries
 from .operator import Operator
@@ -200,7 +200,8 @@ class NodeCore(HeldWrites):
         be sent; semq.node.limits)."""
         return self.origin.accept(docs, self._tx)
 
-    def claim(self, limit: int, skip_targets: frozenset[str] = frozenset(), port: FramePort | None = None) -> Output:
+    def claim(self, limit: int, skip_targets: frozenset[str] = frozenset(), port: FramePort | None = None, *,
+              only: str | None = None) -> Output:
         """SPEC A.2: take up to ``limit`` SS_INIT rows (priority first, then
         acceptance order), mark them SS_SENT (held in memory first:
         semq.node.writebehind), commit, and return their DATA frames. Expired
@@ -218,7 +219,10 @@ class NodeCore(HeldWrites):
         and go again; the receiver's duplicate suppression keeps the
         application's view exactly once, and acks of the first copy find the
         row SS_INIT (ACK2 confirms it; ACK_FWD / ACK_SAVE leave it to be sent
-        again: ORIGIN_TABLE)."""
+        again: ORIGIN_TABLE).
+
+        ``only``: the documents to that one organization, for a direct link
+        to it (their events say ``path: direct``)."""
         out = Output()
         ts = self.ctx.now()
         events: list[dict[str, Any]] = []
@@ -227,9 +231,31 @@ class NodeCore(HeldWrites):
         with self._tx():
             if self.ctx.held.sent:
                 self.write_held(ts - HOLD_MS)  # (may empty it)
-            self.origin.claim(limit, skip_targets, port, out, events, ts)
+            self.origin.claim(limit, skip_targets, port, out, events, ts, only=only,
+                              path="relay" if only is None else "direct")
         self.ctx.emit(events)
         return out
+
+    def pending_targets(self, limit: int = 1000) -> set[str]:
+        """Organizations with documents waiting to be sent (SS_INIT)."""
+        return {r[0] for r in self.conn.execute(
+            f"SELECT DISTINCT target_id FROM outbox WHERE state={int(SendState.SS_INIT)} LIMIT ?", (limit,))}
+
+    def send_again(self, ids: Collection[int]) -> int:
+        """Documents sent on a link that broke before their answer came:
+        those still SS_SENT go back to SS_INIT and are sent again, on
+        whichever path is up (the receiver suppresses a copy it already
+        has). Rows answered meanwhile are left as they are. Returns how
+        many went back."""
+        if not ids:
+            return 0
+        ts = self.ctx.now()
+        out = Output()
+        events: list[dict[str, Any]] = []
+        with self._tx():
+            self.origin.apply([(rid, OriginEvent.PLATFORM_LACKS) for rid in ids], ts, out, events, None)
+        self.ctx.emit(events)
+        return out.settled
 
     def fail_target(self, target: Endpoint, code: ResultCode, detail: str, *,
                     save_fwd: int | None = None) -> int:

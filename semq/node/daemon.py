@@ -40,6 +40,7 @@ from semq.umxt_protocol import (
     Kind,
     Nack,
     NodeType,
+    PeerInfo,
     Ping,
     Pong,
     RawFrame,
@@ -49,7 +50,9 @@ from semq.umxt_protocol import (
     encode_frame,
 )
 
+from .batch import Output
 from .core import NodeCore
+from .direct import DirectLinks, DirectSettings
 
 if TYPE_CHECKING:
     from semq.security import CertAnswer
@@ -99,6 +102,8 @@ class NodeSettings:
     # doubling up to cert_retry_max (the platform also pushes a new one).
     cert_retry: float = 5.0
     cert_retry_max: float = 300.0
+    # Direct links to other nodes (semq.node.direct): listening, policy, retries.
+    direct: DirectSettings = field(default_factory=DirectSettings)
     cert_refresh: float = 300.0  # s between look-ups of every organization held (besides the pushes)
     pins_check: float = 1.0  # s between looks at pins.json ('semq node trust' from another process)
     # s between looks at the store's data_version while idle: a document an
@@ -189,6 +194,8 @@ class NodeDaemon:
         # semq.ops sets these when the daemon runs from the CLI.
         self.drain: DrainSignal | None = None  # 'semq admin drain': claim nothing new
         self.metrics: BatchObserver | None = None
+        self.platform_fs: FrameStream | None = None  # the platform session's stream, while there is one
+        self.links = DirectLinks(self, settings.direct)
 
     def set_window(self, window: int) -> None:
         """A new configured window (reload): applies to the current session
@@ -200,12 +207,17 @@ class NodeDaemon:
 
     def wake(self) -> None:
         self._wake.set()
+        self.links.poke()
 
-    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        """Run until cancelled. Reconnects forever with jittered backoff."""
-        task_status.started()
+    async def run(self, *, task_status: trio.TaskStatus[Address | None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Run until cancelled. Reconnects forever with jittered backoff.
+        Started once the direct-link listener (if any) listens: its
+        address is the start value (None without one)."""
         try:
-            await self._run()
+            async with trio.open_nursery() as nursery:
+                await nursery.start(self.links.run)  # a port in use stops the start, with its address
+                task_status.started(self.links.bound)
+                await self._run()
         finally:
             if self._watch is not None:
                 self._watch.close()
@@ -329,9 +341,11 @@ class NodeDaemon:
             self.sessions += 1
             log.info("connected to %s at %s", welcome.source, address)
             self.last_rx = trio.current_time()
+            self.platform_fs = fs
             early_send, early_receive = trio.open_memory_channel[bytes](math.inf)  # bounded by the window
             async with early_send, early_receive, trio.open_nursery() as nursery:
                 self._early = EarlySends(trio.lowlevel.current_trio_token(), early_send)
+                nursery.start_soon(self._announcer, fs)
                 nursery.start_soon(self._early_sender, fs, early_receive)
                 nursery.start_soon(self._reader, fs, first[1:], nursery.cancel_scope)
                 nursery.start_soon(self._sender, fs)
@@ -340,7 +354,50 @@ class NodeDaemon:
                 if self.core.sec is not None:
                     nursery.start_soon(self._refresher, fs)
         finally:
+            self.platform_fs = None
             await fs.aclose()
+
+    async def _announcer(self, fs: FrameStream) -> None:
+        """Where our listener is, told to the platform at the start of each
+        session and renewed at a third of its lifetime."""
+        while True:
+            frame = self.links.announcement()
+            if frame is not None:
+                await fs.send(frame)
+            await trio.sleep(max(1.0, self.links.s.announce_ttl / 3))
+
+    async def ask_platform(self, missing: set[Endpoint]) -> None:
+        """Certificate requests for ``missing`` (from a direct link's batch),
+        through the platform session when there is one."""
+        frames = self._ask(missing)
+        fs = self.platform_fs
+        if frames and fs is not None:
+            try:
+                await fs.send(frames)
+            except ConnectionClosed:
+                pass
+
+    async def absorb(self, msgs: list[RawFrame]) -> Output:
+        """Apply message frames (from the platform or a direct link) in one
+        transaction; counts and logs what came of them. The caller sends
+        ``out.data`` back on the link they came on."""
+        self.stats["received"] += len(msgs)
+        t0 = time.perf_counter()
+        out = await self.gate.run(self.core.handle, msgs)
+        if self.metrics is not None:
+            self.metrics.observe_batch(len(msgs), time.perf_counter() - t0)
+        for code, text in out.errors:
+            self.stats["refused"] += 1
+            log.warning("frame refused (%s): %s", code.name, text)
+        self.stats["delivered"] += out.delivered
+        if out.bad_receipts or out.bad_refusals:
+            # An ACK2 or a refusal the target did not sign: the
+            # documents stay open (counted; the frames are logged above).
+            self.stats["bad_receipts"] = self.stats.get("bad_receipts", 0) + out.bad_receipts
+            self.stats["bad_refusals"] = self.stats.get("bad_refusals", 0) + out.bad_refusals
+        # Bounded: beyond it the origin's inquiry brings them again.
+        self.deferred = (self.deferred + out.deferred)[-10_000:]
+        return out
 
     async def _reader(self, fs: FrameStream, pending: list[RawFrame], scope: trio.CancelScope) -> None:
         try:
@@ -380,22 +437,13 @@ class NodeDaemon:
                         msgs, self.deferred = self.deferred + msgs, []
                 elif raw.kind is Kind.CRL:
                     await self._crl(raw)
+                elif raw.kind is Kind.PEER_INFO:
+                    info = raw.frame().body
+                    assert isinstance(info, PeerInfo)
+                    self.links.on_info(info)
             batch = []
             if msgs:
-                self.stats["received"] += len(msgs)
-                t0 = time.perf_counter()
-                out = await self.gate.run(self.core.handle, msgs)
-                if self.metrics is not None:
-                    self.metrics.observe_batch(len(msgs), time.perf_counter() - t0)
-                for code, text in out.errors:
-                    self.stats["refused"] += 1
-                    log.warning("frame refused (%s): %s", code.name, text)
-                self.stats["delivered"] += out.delivered
-                if out.bad_receipts or out.bad_refusals:
-                    # An ACK2 or a refusal the target did not sign: the
-                    # documents stay open (counted; the frames are logged above).
-                    self.stats["bad_receipts"] = self.stats.get("bad_receipts", 0) + out.bad_receipts
-                    self.stats["bad_refusals"] = self.stats.get("bad_refusals", 0) + out.bad_refusals
+                out = await self.absorb(msgs)
                 self.in_flight = max(0, self.in_flight - out.settled)
                 if out.over_window:
                     # Multiplicative decrease; _sender grows it back slowly.
@@ -411,8 +459,6 @@ class NodeDaemon:
                         self.over_quota[target] = (now + pause, pause)
                     log.warning("the platform's storage quota for our documents is used up: documents to %s"
                                 " wait and go again later", ", ".join(sorted(out.over_quota)))
-                # Bounded: beyond it the origin's inquiry brings them again.
-                self.deferred = (self.deferred + out.deferred)[-10_000:]
                 await fs.send(b"".join(out.data) + self._ask(out.missing))
 
     def _over_window(self, batch: list[RawFrame]) -> tuple[list[RawFrame], bytes]:
@@ -461,6 +507,9 @@ class NodeDaemon:
             if self.drain is not None and self.drain.requested:
                 room = 0  # draining: acks for what is in flight still come in
             drained = False  # the table had nothing to claim: watch it for new rows
+            if room > 0 and self.links.s.policy == "only" and self.links.enabled:
+                room = 0  # every document waits for a direct link: only watch for new ones
+                drained = True
             if room > 0:
                 now = trio.current_time()
                 skip = frozenset(ep.node_id for ep, t in self.asked.items() if now - t < self._retry_after(ep))
@@ -468,7 +517,10 @@ class NodeDaemon:
                     # (Remembered one pause past its end: a refusal then doubles it.)
                     self.over_quota = {t: v for t, v in self.over_quota.items() if v[0] + v[1] > now}
                     skip |= {t for t, (until, _) in self.over_quota.items() if until > now}
-                out = await self.gate.run(self.core.claim, min(self.s.batch, room), skip, self._early)
+                direct = self.links.up_targets()  # their documents go over their direct links
+                out = await self.gate.run(self.core.claim, min(self.s.batch, room), skip | direct, self._early)
+                if out.targets:
+                    self.links.consider(out.targets)
                 ask = self._ask(out.missing)
                 if ask:
                     await fs.send(ask)
@@ -513,6 +565,7 @@ class NodeDaemon:
                 break
             try:
                 if watch.execute("PRAGMA data_version").fetchone()[0] != seen:
+                    self.links.poke()  # new documents may be for a direct link
                     break
             except sqlite3.Error:
                 self._watch = None

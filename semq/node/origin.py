@@ -180,16 +180,20 @@ class Origin:
     # ------------------------------------------------------------ sending
 
     def claim(self, limit: int, skip_targets: frozenset[str], port: FramePort | None, out: Output,
-              events: Events, ts: int) -> None:
+              events: Events, ts: int, *, only: str | None = None, path: str = "relay") -> None:
         """SPEC A.2, inside the caller's transaction: see NodeCore.claim."""
         ctx = self.ctx
         conn = ctx.conn
         held = ctx.held.sent
         order = ctx.held.order
         skip = sorted(skip_targets)
-        where = (f"state={_SS_INIT} AND target_id NOT IN ({','.join('?' * len(skip))})" if skip
-                 else f"state={_SS_INIT}")
-        if held:
+        if only is not None:  # one target's documents (a direct link to it)
+            where, skip = f"state={_SS_INIT} AND target_id=?", [only]
+        elif skip:
+            where = f"state={_SS_INIT} AND target_id NOT IN ({','.join('?' * len(skip))})"
+        else:
+            where = f"state={_SS_INIT}"
+        if held and only is None:
             ids, levels = order.ids(conn, where, skip, limit, held)
             found = {r.id: r for r in map(_make_claim, rows_by_id(conn, f"SELECT {_CLAIM_COLS} FROM outbox", ids))}
             rows = [found[i] for i in ids]
@@ -230,7 +234,8 @@ class Origin:
                 key_sealed=sealed,
             ))
             events.append({"ts": ts, "role": "origin", "event": "sent", "lk0": f"{me_id}/1/1/{rid}",
-                           "source": me_id, "target": target_id, "attempt": attempt})
+                           "source": me_id, "target": target_id, "attempt": attempt, "path": path})
+            out.targets.add(target_id)
             if r.reliable:
                 # SS_SENT held in memory, not written: the ACK2 that follows
                 # within a fraction of a second deletes the row, and the
@@ -245,6 +250,7 @@ class Origin:
                 # usually comes with the ACK2, and the row is written once,
                 # with it); a best-effort document gets no receipt.
                 held[rid] = _new(HeldSent, (ts, attempt, target_id, r.save_fwd, r.ack2, digest))
+                out.sent_ids.append(rid)
             else:
                 gone.append(rid)
         delete_by_id(conn, "outbox", gone)
@@ -439,6 +445,7 @@ class Origin:
                                "source": me, "target": target_id, "attempt": attempts})
             if state_no == _SS_SENT:
                 out.settled += 1  # no longer in flight: window credit
+                out.settled_ids.append(rid)
             if o.clean:
                 deletes.append(rid)
                 if sent_at is not None:

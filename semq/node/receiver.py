@@ -224,7 +224,11 @@ class Receiver:
                 return
             b.known.add(key)
             b.new_dedup.append((*key, ts, digest))
-        ack2, reliable = frame.ack2, frame.reliable
+        # A copy that came straight from its origin (a direct link: the hop
+        # is the origin) is answered with ACK2 whatever it asked: on a
+        # direct link the end-to-end acknowledgement is also the transport's.
+        direct = frame.source.node_type is not NodeType.PLATFORM
+        ack2, reliable = frame.ack2 or direct, frame.reliable
         dkey = (duplicate, lk1 is not None, ack2, reliable)
         dec = _DECISIONS.get(dkey)
         if dec is None:
@@ -235,8 +239,8 @@ class Receiver:
             "ts": ts, "role": "receiver", "lk0": lk0_text, "source": source, "target": me,
             "event": "received", "domain": ak.domain, "data_type": ak.data_type,
             "subtype": ak.subtype, "key": ak.key, "save_fwd": int(frame.save_fwd),
-            "ack2": ack2, "reliable": reliable, "priority": frame.priority,
-            "size": len(d.app_data), "created_ms": d.created_ms,
+            "ack2": frame.ack2, "reliable": reliable, "priority": frame.priority,
+            "size": len(d.app_data), "created_ms": d.created_ms, "path": "direct" if direct else "relay",
         }
         if lk1 is not None:
             full["lk1"] = f"{lk1.semq_id}/{lk1.semq_db_id}/{lk1.record_id}"

@@ -425,6 +425,7 @@ def node_handlers(
             "platform": str(daemon.address) if daemon.address else None,
             "platforms": [str(a) for a in daemon.s.addresses],
             "sessions": daemon.sessions, "in_flight": daemon.in_flight, "stats": dict(daemon.stats),
+            "direct": daemon.links.snapshot(),
             "store_calls": daemon.gate.calls, "store_bytes": store_bytes(core.path), "drain": drain.status(),
             **snap,
         }

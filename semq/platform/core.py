@@ -62,6 +62,8 @@ from semq.umxt_protocol import (
     Kind,
     Nack,
     NodeType,
+    PeerAnnounce,
+    PeerInfo,
     RawFrame,
     RemoteProtocolError,
     ResultCode,
@@ -378,6 +380,28 @@ class PlatformCore(HeldWrites):
                 # takes it over or this instance's sweep removes it.
                 pass
         self._emit([{"ts": now_ms(), "event": "node_offline", "node": ep.node_id}])
+
+    # ------------------------------------------------------------ direct links
+
+    def announce_peer(self, ep: Endpoint, body: PeerAnnounce, observed_host: str | None, fingerprint: str) -> None:
+        """``ep`` listens for direct links (PEER_ANNOUNCE; ttl 0 withdraws):
+        recorded in the store, shared by every instance (semq.platform.peers)."""
+        from . import peers
+
+        ts = now_ms()
+        with self._tx():
+            if body.ttl_s == 0:
+                peers.withdraw(self.conn, ep)
+            else:
+                peers.announce(self.conn, ep, peers.observed_addresses(body, observed_host), body.allowed,
+                               fingerprint, ts + body.ttl_s * 1000, ts)
+        self._emit([{"ts": ts, "event": "peer_announced", "node": ep.node_id, "ttl_s": body.ttl_s}])
+
+    def lookup_peer(self, asker: Endpoint, about: Endpoint) -> PeerInfo:
+        """The answer to ``asker``'s PEER_LOOKUP about ``about``."""
+        from . import peers
+
+        return peers.lookup(self.conn, asker, about, now_ms(), self.is_known(about))
 
     # ------------------------------------------------------------ instances
 

@@ -10,6 +10,7 @@ closures")."""
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import math
 import time
@@ -39,6 +40,9 @@ from semq.umxt_protocol import (
     Kind,
     Nack,
     NodeType,
+    PeerAnnounce,
+    PeerInfo,
+    PeerLookup,
     Ping,
     Pong,
     ProtocolError,
@@ -81,6 +85,24 @@ _SLICE = 1 << 20  # bytes per write to a node
 _IDLE_LOOK = 30.0  # s: an idle session's safety look at the store
 
 
+@dataclass
+class _Seen:
+    """What the platform saw of a connection: the host it came from (a
+    direct-link announcement may ask for it) and the fingerprint of the
+    certificate it presented."""
+
+    host: str | None
+    fingerprint: str = ""
+
+
+def _peer_host(stream: trio.abc.Stream) -> str | None:
+    sock = getattr(stream, "socket", None)
+    try:
+        return str(sock.getpeername()[0]) if sock is not None else None
+    except (OSError, IndexError):
+        return None
+
+
 class Session:
     """One connected node: its outgoing queue (bounded by high_water: a slow
     node gets its documents stored, not buffered) and its delivery window."""
@@ -98,6 +120,7 @@ class Session:
         self.wake_writer = trio.Event()
         self.wake_deliver = trio.Event()
         self.cancel_scope = trio.CancelScope()
+        self.seen = _Seen(None)
 
     def enqueue(self, data: Sequence[bytes]) -> None:
         if data:
@@ -220,16 +243,19 @@ class PlatformDaemon:
                         log.warning("leaving the cluster: %s (the others take this instance as gone"
                                     " when its heartbeat stops)", e)
 
-    async def _tls(self, stream: trio.abc.Stream) -> tuple[trio.abc.Stream, str] | None:
+    async def _tls(self, stream: trio.abc.Stream) -> tuple[trio.abc.Stream, str, str] | None:
         """Mutual TLS 1.3: a certificate not issued by our CA, expired or
-        revoked is refused at the handshake. Returns the stream and the
-        organization the client certificate names, or None (closed)."""
+        revoked is refused at the handshake. Returns the stream, the
+        organization the client certificate names and its fingerprint, or
+        None (closed)."""
         assert self.ssl_context is not None and self.s.security is not None
         tls = trio.SSLStream(stream, self.ssl_context, server_side=True)
         try:
             with trio.fail_after(self.s.hello_timeout):
                 await tls.do_handshake()
-            org = self.s.security.peer_org(tls.getpeercert(binary_form=True))
+            der = tls.getpeercert(binary_form=True)
+            org = self.s.security.peer_org(der)
+            fp = hashlib.sha256(der).hexdigest() if der else ""
         except (trio.BrokenResourceError, trio.TooSlowError, CryptoError) as e:
             self.stats["tls_refused"] += 1
             log.warning("TLS handshake refused: %s", e.__cause__ or e)
@@ -237,16 +263,17 @@ class PlatformDaemon:
                 scope.shield = True
                 await stream.aclose()
             return None
-        return tls, org
+        return tls, org, fp
 
     async def _handle(self, stream: trio.abc.Stream) -> None:
         self.stats["connections"] += 1
         bound: str | None = None
+        seen = _Seen(_peer_host(stream))
         if self.ssl_context is not None:
             res = await self._tls(stream)
             if res is None:
                 return
-            stream, bound = res
+            stream, bound, seen.fingerprint = res
         # Until its HELLO is accepted, a peer gets no more than a small frame.
         fs = FrameStream(stream, max_frame=min(HELLO_MAX_FRAME, self.s.max_frame))
         counted = bound
@@ -256,7 +283,7 @@ class PlatformDaemon:
                                 " connections, the most it may")
             return
         try:
-            await self._serve(fs, bound)
+            await self._serve(fs, bound, seen)
         finally:
             if counted is not None:
                 self._uncount_connection(counted)
@@ -277,7 +304,7 @@ class PlatformDaemon:
         else:
             self.connections.pop(org, None)
 
-    async def _serve(self, fs: FrameStream, bound: str | None) -> None:
+    async def _serve(self, fs: FrameStream, bound: str | None, seen: _Seen) -> None:
         try:
             with trio.fail_after(self.s.hello_timeout):
                 first = await fs.receive_batch()
@@ -313,14 +340,14 @@ class PlatformDaemon:
                                     " connections, the most it may")
                 return
             try:
-                await self._session(fs, ep, hello, body, first, bound)
+                await self._session(fs, ep, hello, body, first, bound, seen)
             finally:
                 self._uncount_connection(ep.node_id)
             return
-        await self._session(fs, ep, hello, body, first, bound)
+        await self._session(fs, ep, hello, body, first, bound, seen)
 
     async def _session(self, fs: FrameStream, ep: Endpoint, hello: RawFrame, body: Hello, first: list[RawFrame],
-                       bound: str | None) -> None:
+                       bound: str | None, seen: _Seen) -> None:
         if bound is not None and ep != Endpoint.org(bound):
             # An organization can only speak as itself (SPEC "Security").
             log.warning("certificate of %s used to claim %s: refused", bound, ep)
@@ -345,6 +372,7 @@ class PlatformDaemon:
             log.info("%s connected again; closing its older session", ep)
             old.cancel_scope.cancel()
         session = Session(ep, fs, min(self.s.window, body.window))
+        session.seen = seen
         self.sessions[ep] = session
         fs.decoder.max_frame_size = self.s.max_frame  # an accepted session: documents up to the frame limit
         log.info("%s online", ep)
@@ -410,6 +438,24 @@ class PlatformDaemon:
                     req = raw.frame().body
                     assert isinstance(req, CertRequest)
                     session.enqueue([await self._cert_response(ep, req.endpoint)])
+                elif raw.kind is Kind.PEER_ANNOUNCE:
+                    ann = raw.frame().body
+                    assert isinstance(ann, PeerAnnounce)
+                    try:
+                        await self.gate.run(self.core.announce_peer, ep, ann, session.seen.host,
+                                            session.seen.fingerprint)
+                    except STORE_ERRORS as e:  # the node announces again within its lifetime
+                        log.error("direct-link addresses of %s not recorded: store error: %s", ep, e)
+                elif raw.kind is Kind.PEER_LOOKUP:
+                    look = raw.frame().body
+                    assert isinstance(look, PeerLookup)
+                    try:
+                        info = await self.gate.run(self.core.lookup_peer, ep, look.endpoint)
+                    except STORE_ERRORS as e:
+                        log.error("direct-link look-up of %s for %s failed: store error: %s", look.endpoint, ep, e)
+                        info = PeerInfo(endpoint=look.endpoint, code=ResultCode.STORE_ERROR)
+                    session.enqueue([encode_frame(Frame(kind=Kind.PEER_INFO, source=self.core.me, target=ep,
+                                                        body=info))])
             batch = []
             if not msgs:
                 continue

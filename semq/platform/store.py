@@ -123,7 +123,17 @@ def _v3(db: SqliteDatabase) -> None:
     db.execute_sql(f"CREATE INDEX IF NOT EXISTS stored_sent ON stored (last_sent_ms) WHERE {SENT_COPIES}")
 
 
-MIGRATIONS = [_v1, _v2, _v3]
+_PEERS: Final = (
+    "CREATE TABLE IF NOT EXISTS peers (node_id TEXT PRIMARY KEY, addresses TEXT NOT NULL, allowed TEXT NOT NULL,"
+    " fingerprint TEXT NOT NULL, expires_ms BIGINT NOT NULL, announced_ms BIGINT NOT NULL)")
+
+
+def _v4(db: SqliteDatabase) -> None:
+    """Where organizations listen for direct links (semq.platform.peers)."""
+    db.execute_sql(_PEERS)
+
+
+MIGRATIONS = [_v1, _v2, _v3, _v4]
 
 
 # The same tables on PostgreSQL (shared by every instance of one platform),
@@ -173,7 +183,7 @@ _PG_V1: Final = (
     """CREATE TABLE ca_files (
         name TEXT PRIMARY KEY, data BYTEA NOT NULL, crl_number BIGINT NOT NULL DEFAULT 0)""",
 )
-PG_MIGRATIONS: Final = [_PG_V1]
+PG_MIGRATIONS: Final = [_PG_V1, (_PEERS,)]
 
 
 def open_platform_store(store: Path | str, *, create: bool = False, synchronous: str = "FULL",

@@ -1,0 +1,587 @@
+"""Direct links between nodes, with the platform as directory and fallback.
+
+A node may listen (``direct_listen``). It announces where over its platform
+connection (PEER_ANNOUNCE, renewed within its lifetime), and the platform
+tells an origin that asks (PEER_LOOKUP, PEER_INFO) if the target allows it.
+The origin then dials the target with mutual TLS, both sides presenting the
+certificates the platform CA issued them, and speaks UMX-T as to the
+platform: HELLO, WELCOME, DATA, acks. What each side checks:
+
+- the listener: the dialler's certificate verifies against the CA and the
+  revocation list held, it names the organization the HELLO claims, the
+  organization is allowed (``direct_from``), and every frame on the link
+  comes from it (SOURCE_MISMATCH otherwise);
+- the dialler: the listener's certificate names the organization it meant
+  to reach and is one this node already holds and trusts for it (the
+  certificates its documents are sealed to): a relay that lied about the
+  address gets a connection that fails, never a document.
+
+Same frames, same states, same tables. The receiver answers every reliable
+document that came over a direct link with ACK2 (on a direct link the
+end-to-end acknowledgement is also the transport's, seed 2.2). Documents
+sent on a link that breaks before their ACK2 go back to SS_INIT and are
+sent again on whichever path is up; the receiver's duplicate suppression
+keeps the application's view exactly once. A link that cannot be made in
+``timeout`` (2 s) is tried again after ``retry`` s, doubling up to
+``retry_max``; meanwhile documents go through the platform (policy
+``prefer``), or wait (``only``). Links carry documents one way: from the
+dialler; the listener answers on them. A node sends its own documents to a
+node that dialled it over a link of its own, if that one listens.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import dataclass, field
+from functools import partial
+from typing import TYPE_CHECKING, Any
+
+import trio
+
+from semq._db import STORE_ERRORS
+from semq.config import Address, parse_hostport
+from semq.crypto import CryptoError, peer_certificate
+from semq.events import now_ms
+from semq.transport import ConnectionClosed, FramePump, FrameStream
+from semq.umxt_protocol import (
+    Endpoint,
+    Error,
+    Frame,
+    Hello,
+    Kind,
+    PeerAnnounce,
+    PeerInfo,
+    PeerLookup,
+    Ping,
+    Pong,
+    RawFrame,
+    RemoteProtocolError,
+    ResultCode,
+    Welcome,
+    encode_frame,
+)
+
+if TYPE_CHECKING:
+    from .daemon import NodeDaemon
+
+__all__ = ["DirectLinks", "DirectSettings", "LinkRefused"]
+
+log = logging.getLogger("semq.node.direct")
+
+_WILDCARDS = ("0.0.0.0", "::", "")
+
+
+@dataclass
+class DirectSettings:
+    policy: str = "prefer"  # prefer | never | only
+    listen: Address | None = None  # None: no listener
+    announce: list[str] = field(default_factory=list)  # addresses to announce; [] = the listening one
+    allowed: tuple[str, ...] = ()  # organizations that may connect; () = all
+    timeout: float = 2.0  # s for a look-up, or a connection up to WELCOME
+    retry: float = 10.0  # s before a target is tried again after a failure; doubles
+    retry_max: float = 120.0
+    steady_after: float = 5.0  # a link up this long was steady: after it breaks, tried again at once
+    announce_ttl: int = 300  # s an announcement lives at the platform; renewed at a third of it
+    idle_timeout: float = 45.0  # s without a frame before a link is given up (the dialler pings)
+
+
+class LinkRefused(Exception):
+    """A direct link that must not be used (the wrong organization, an
+    untrusted certificate, refused by the listener): one line saying why."""
+
+
+@dataclass
+class Link:
+    """One direct link, for ``semq status``."""
+
+    peer: str
+    direction: str  # "out" (we dial, our documents go) or "in" (it dialled us)
+    address: str
+    state: str = "connecting"
+    since_ms: int = field(default_factory=now_ms)
+    sent: int = 0
+    received: int = 0
+    error: str = ""
+    window: int = 0
+    in_flight: int = 0
+    ids: set[int] = field(default_factory=set)  # our documents sent on it, no answer yet
+    wake: trio.Event = field(default_factory=trio.Event)
+
+    def view(self) -> dict[str, Any]:
+        return {"peer": self.peer, "direction": self.direction, "address": self.address, "state": self.state,
+                "since_ms": self.since_ms, "sent": self.sent, "received": self.received, "error": self.error,
+                "in_flight": self.in_flight}
+
+
+class DirectLinks:
+    """The direct links of one node daemon: its listener, its announcement,
+    the links it dials to the targets of its documents, and the links
+    others dialled."""
+
+    def __init__(self, daemon: NodeDaemon, settings: DirectSettings) -> None:
+        self.d = daemon
+        self.s = settings
+        self.out: dict[str, Link] = {}  # target -> the link we dial (or try to)
+        self.inbound: list[Link] = []
+        self.failed: dict[str, tuple[float, float, str]] = {}  # target -> (retry at, delay, why)
+        self.wanted: set[str] = set()  # targets our documents went to (prefer) or wait for (only)
+        self.info: dict[str, PeerInfo] = {}
+        self._answers: dict[str, trio.Event] = {}
+        self.bound: Address | None = None  # where the listener listens (its port when 0 was asked)
+        self._poke = trio.Event()
+        self._manager_wake = trio.Event()
+        self.stats = {"links_out": 0, "links_in": 0, "refused_in": 0, "failed_out": 0, "sent_again": 0}
+        self._contexts: tuple[Any, Any] | None = None
+
+    # ------------------------------------------------------------ for the daemon
+
+    @property
+    def enabled(self) -> bool:
+        """Direct links need the node's certificate (mutual TLS)."""
+        return self.d.core.sec is not None
+
+    def up_targets(self) -> frozenset[str]:
+        """Targets with a direct link up: the platform path leaves their documents to it."""
+        return frozenset(t for t, link in self.out.items() if link.state == "up")
+
+    def consider(self, targets: set[str]) -> None:
+        """Targets our documents just went to (through the platform): worth a direct link."""
+        if self.s.policy == "never" or not self.enabled:
+            return
+        new = targets - self.wanted
+        if new:
+            self.wanted |= new
+            self._manager_wake.set()
+
+    def poke(self) -> None:
+        """Something changed (new documents, acks): the link senders look again."""
+        self._poke.set()
+        for link in self.out.values():
+            link.wake.set()
+
+    def on_info(self, info: PeerInfo) -> None:
+        org = info.endpoint.node_id
+        self.info[org] = info
+        ev = self._answers.pop(org, None)
+        if ev is not None:
+            ev.set()
+
+    def announcement(self) -> bytes | None:
+        """The PEER_ANNOUNCE for a platform session (None: not listening)."""
+        if self.bound is None:
+            return None
+        addresses = list(self.s.announce)
+        observe = not addresses or self.bound.host in _WILDCARDS
+        if not addresses and self.bound.host not in _WILDCARDS:
+            addresses = [str(self.bound)]
+        if not addresses:
+            addresses = [f"0.0.0.0:{self.bound.port}"]  # the platform fills in the host it sees
+        me = self.d.core.me
+        return encode_frame(Frame(kind=Kind.PEER_ANNOUNCE, source=me, target=self.d.core.platform,
+                                  body=PeerAnnounce(ttl_s=self.s.announce_ttl, addresses=tuple(addresses),
+                                                    observe=observe, allowed=self.s.allowed)))
+
+    def snapshot(self) -> dict[str, Any]:
+        try:
+            now = trio.current_time()
+        except RuntimeError:  # (outside the daemon's run)
+            now = 0.0
+        return {
+            "policy": self.s.policy,
+            "listening": str(self.bound) if self.bound else None,
+            "links": [link.view() for link in [*self.out.values(), *self.inbound]],
+            "waiting": {t: {"retry_in_s": round(max(0.0, at - now), 1), "why": why}
+                        for t, (at, _, why) in self.failed.items() if t not in self.up_targets()},
+            **self.stats,
+        }
+
+    # ------------------------------------------------------------ running
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        if not self.enabled:
+            task_status.started()
+            await trio.sleep_forever()
+        async with trio.open_nursery() as nursery:
+            if self.s.listen is not None:
+                await nursery.start(self._listen)
+            task_status.started()
+            if self.s.policy != "never":
+                nursery.start_soon(self._manager, nursery)
+                if self.s.policy == "only":
+                    nursery.start_soon(self._discover)
+
+    def _tls(self) -> tuple[Any, Any]:
+        if self._contexts is None:
+            sec = self.d.core.sec
+            assert sec is not None
+            self._contexts = sec.direct_contexts()
+        return self._contexts
+
+    async def _manager(self, nursery: trio.Nursery) -> None:
+        """Dial every wanted target that has no link and is not waiting to be tried again."""
+        while True:
+            now = trio.current_time()
+            for target in sorted(self.wanted):
+                if target in self.out:
+                    continue
+                if target in self.failed and self.failed[target][0] > now:
+                    continue
+                self.out[target] = Link(target, "out", "")
+                nursery.start_soon(self._dial, target)
+            self._manager_wake = trio.Event()
+            with trio.move_on_after(0.5):
+                await self._manager_wake.wait()
+
+    async def _discover(self) -> None:
+        """Policy ``only``: the platform path takes nothing, so the targets
+        waiting for a link are read from the store."""
+        while True:
+            try:
+                targets = await self.d.gate.run(self.d.core.pending_targets)
+            except STORE_ERRORS as e:
+                log.error("store error while looking for documents to send directly: %s", e)
+                targets = set()
+            self.consider(targets)
+            await trio.sleep(max(1.0, self.s.retry / 4))
+
+    def _fail(self, target: str, why: str, *, steady: bool = False) -> None:
+        _, delay, _ = self.failed.get(target, (0.0, self.s.retry / 2, ""))
+        delay = 1.0 if steady else min(self.s.retry_max, delay * 2)
+        self.failed[target] = (trio.current_time() + delay, delay, why)
+        link = self.out.pop(target, None)
+        if link is not None:
+            link.state = "down"
+        self._manager_wake.set()
+
+    async def _lookup(self, target: str) -> PeerInfo | None:
+        """Where ``target`` listens: from the platform (asked now when
+        connected, else what it said before, while it holds)."""
+        fs = self.d.platform_fs
+        if fs is not None:
+            ev = self._answers.setdefault(target, trio.Event())
+            me = self.d.core.me
+            try:
+                await fs.send(encode_frame(Frame(kind=Kind.PEER_LOOKUP, source=me, target=self.d.core.platform,
+                                                 body=PeerLookup(endpoint=Endpoint.org(target)))))
+            except ConnectionClosed:
+                pass
+            else:
+                with trio.move_on_after(self.s.timeout):
+                    await ev.wait()
+        info = self.info.get(target)
+        if info is not None and info.code is ResultCode.OK and info.expires_ms <= now_ms():
+            return None
+        return info
+
+    async def _dial(self, target: str) -> None:
+        link = self.out[target]
+        up_at: float | None = None
+        why = "no address"
+        try:
+            info = await self._lookup(target)
+            if info is None:
+                why = "the platform did not say where it listens (not connected, or no answer)"
+                return
+            if info.code is not ResultCode.OK:
+                why = {ResultCode.NO_DIRECT_ADDRESS: "it does not listen for direct links",
+                       ResultCode.DIRECT_NOT_ALLOWED: "it does not accept direct links from us",
+                       ResultCode.UNKNOWN_TARGET: "the platform does not know it"}.get(
+                    info.code, f"look-up answered {info.code.name}")
+                return
+            sec = self.d.core.sec
+            assert sec is not None
+            if not sec.certs(target):
+                why = "no certificate of it held yet"
+                return
+            errors = []
+            for address in info.addresses:
+                link.address = address
+                try:
+                    fs, rest, window = await self._connect(address, target)
+                except (OSError, ConnectionClosed, trio.TooSlowError, LinkRefused, CryptoError,
+                        RemoteProtocolError, trio.BrokenResourceError, ValueError) as e:
+                    text = "no answer in time" if isinstance(e, trio.TooSlowError) else str(e) or type(e).__name__
+                    errors.append(f"{address}: {text}")
+                    if isinstance(e, LinkRefused):
+                        log.warning("direct link to %s at %s refused: %s", target, address, e)
+                    continue
+                up_at = trio.current_time()
+                self.failed.pop(target, None)
+                self.stats["links_out"] += 1
+                link.state, link.since_ms, link.window, link.error = "up", now_ms(), window, ""
+                log.info("direct link to %s at %s up", target, address)
+                self.d.wake()
+                try:
+                    await self._outbound(link, fs, rest)
+                except* (ConnectionClosed, OSError, trio.BrokenResourceError) as eg:
+                    why = f"the link broke: {eg.exceptions[0]}"
+                except* RemoteProtocolError as eg:
+                    why = f"protocol error: {eg.exceptions[0]}"
+                except* trio.TooSlowError:
+                    why = f"nothing heard for {self.s.idle_timeout:.0f} s"
+                else:
+                    why = "the link closed"
+                finally:
+                    await fs.aclose()
+                return
+            why = "; ".join(errors) or "no address announced"
+        finally:
+            link.state = "down"
+            link.error = why
+            ids, link.ids = link.ids, set()
+            steady = up_at is not None and trio.current_time() - up_at >= self.s.steady_after
+            if up_at is None:
+                self.stats["failed_out"] += 1
+            self._fail(target, why, steady=steady)
+            if ids:
+                with trio.CancelScope(shield=True):
+                    try:
+                        n = await self.d.gate.run(self.d.core.send_again, ids)
+                    except STORE_ERRORS as e:  # they stay SS_SENT: their inquiries bring them again
+                        log.error("store error after the direct link to %s broke: %s", target, e)
+                        n = 0
+                self.stats["sent_again"] += n
+            if up_at is not None:
+                log.info("direct link to %s down (%s); %d document(s) in flight go again, through the"
+                         " platform until it is back", target, why, len(ids))
+            else:
+                log.info("no direct link to %s: %s; documents go through the platform%s", target, why,
+                         "" if self.s.policy == "prefer" else " (policy: they wait)")
+            self.d.wake()
+
+    async def _connect(self, address: str, target: str) -> tuple[FrameStream, list[RawFrame], int]:
+        host, port = parse_hostport(address)
+        _, client = self._tls()
+        sec = self.d.core.sec
+        assert sec is not None
+        me = self.d.core.me
+        with trio.fail_after(self.s.timeout):
+            stream = await trio.open_tcp_stream(host, port)
+            tls = trio.SSLStream(stream, client, server_hostname=None)
+            try:
+                await tls.do_handshake()
+            except trio.BrokenResourceError as e:
+                await stream.aclose()
+                raise OSError(f"TLS handshake failed: {e.__cause__ or e}") from e
+            fs = FrameStream(tls)
+            try:
+                cert = peer_certificate(tls.getpeercert(binary_form=True), ca=sec.ca, crl=sec.directory.crl)
+                if cert.org != target:
+                    raise LinkRefused(f"the listener presented organization {cert.org}'s certificate, not {target}'s")
+                if cert.fingerprint not in {c.fingerprint for c in sec.certs(target)}:
+                    raise LinkRefused(f"the listener's certificate {cert.fingerprint[:16]}... is not one this node"
+                                      f" holds for {target}")
+                await fs.send(encode_frame(Frame(kind=Kind.HELLO, source=me, target=Endpoint.org(target),
+                                                 body=Hello(window=self.d.s.window, software="semq-node"))))
+                first = await fs.receive_batch()
+            except BaseException:
+                await fs.aclose()
+                raise
+        welcome = first[0]
+        if welcome.kind is Kind.ERROR:
+            err = welcome.frame().body
+            assert isinstance(err, Error)
+            await fs.aclose()
+            raise LinkRefused(f"{err.code.name}: {err.message}")
+        if welcome.kind is not Kind.WELCOME or welcome.source != Endpoint.org(target):
+            await fs.aclose()
+            raise LinkRefused(f"expected WELCOME from {target}, got {welcome.kind.name} from {welcome.source}")
+        w = welcome.frame().body
+        assert isinstance(w, Welcome)
+        return fs, first[1:], min(self.d.s.window, w.window)
+
+    # ------------------------------------------------------------ a link we dialled
+
+    async def _outbound(self, link: Link, fs: FrameStream, first: list[RawFrame]) -> None:
+        peer = Endpoint.org(link.peer)
+        early_send, early_receive = trio.open_memory_channel[bytes](math.inf)
+        from .daemon import EarlySends
+
+        async with early_send, early_receive, trio.open_nursery() as nursery:
+            port = EarlySends(trio.lowlevel.current_trio_token(), early_send)
+            nursery.start_soon(self.d._early_sender, fs, early_receive)
+            nursery.start_soon(self._reader, link, peer, fs, first, nursery.cancel_scope)
+            nursery.start_soon(self._pinger, fs, peer)
+            await self._sender(link, fs, port)
+
+    async def _sender(self, link: Link, fs: FrameStream, port: Any) -> None:
+        d = self.d
+        while True:
+            room = link.window - link.in_flight
+            if d.drain is not None and d.drain.requested:
+                room = 0
+            if room > 0:
+                out = await d.gate.run(partial(d.core.claim, min(d.s.batch, room), frozenset(), port,
+                                               only=link.peer))
+                if out.missing:
+                    await d.ask_platform(out.missing)
+                n = out.early + len(out.data)
+                if n:
+                    link.ids.update(out.sent_ids)
+                    link.in_flight += n
+                    link.sent += n
+                    d.stats["sent"] += n
+                    d.stats["sent_direct"] = d.stats.get("sent_direct", 0) + n
+                    await fs.send(b"".join(out.data))
+                    continue
+            link.wake = trio.Event()
+            with trio.move_on_after(d.s.poll_interval):
+                await link.wake.wait()
+
+    async def _pinger(self, fs: FrameStream, peer: Endpoint) -> None:
+        nonce = 0
+        while True:
+            await trio.sleep(self.d.s.ping_interval)
+            nonce += 1
+            await fs.send(encode_frame(Frame(kind=Kind.PING, source=self.d.core.me, target=peer,
+                                             body=Ping(nonce=nonce, time_ms=now_ms()))))
+
+    async def _reader(self, link: Link, peer: Endpoint, fs: FrameStream, first: list[RawFrame],
+                      scope: trio.CancelScope) -> None:
+        """Frames from the peer of a link (either direction): each must come
+        from it; documents and acks are handled as from the platform, the
+        answers go back on the link."""
+        try:
+            pump = FramePump(fs)
+            async with trio.open_nursery() as reading:
+                reading.start_soon(pump.run)
+                batch = first
+                while True:
+                    if not batch:
+                        with trio.fail_after(self.s.idle_timeout):
+                            batch = await pump.take()
+                    msgs = []
+                    for raw in batch:
+                        if raw.source != peer:
+                            raise RemoteProtocolError(f"{raw.kind.name} claims source {raw.source} on the direct"
+                                                      f" link of {peer}", ResultCode.SOURCE_MISMATCH)
+                        if raw.kind.is_message:
+                            msgs.append(raw)
+                        elif raw.kind is Kind.PING:
+                            ping = raw.frame().body
+                            assert isinstance(ping, Ping)
+                            await fs.send(encode_frame(Frame(kind=Kind.PONG, source=self.d.core.me, target=peer,
+                                                             body=Pong(nonce=ping.nonce, time_ms=now_ms()))))
+                        elif raw.kind is Kind.ERROR:
+                            err = raw.frame().body
+                            assert isinstance(err, Error)
+                            log.warning("%s says on the direct link %s (%d): %s", peer, err.code.name, err.code,
+                                        err.message)
+                        elif raw.kind is Kind.BYE:
+                            raise ConnectionClosed(f"{peer} said BYE")
+                    batch = []
+                    if not msgs:
+                        continue
+                    link.received += len(msgs)
+                    out = await self.d.absorb(msgs)
+                    if out.settled_ids:
+                        link.ids.difference_update(out.settled_ids)
+                        link.in_flight = max(0, link.in_flight - out.settled)
+                        link.wake.set()
+                    await fs.send(b"".join(out.data))
+        except RemoteProtocolError as e:
+            if e.code is ResultCode.SOURCE_MISMATCH:
+                log.warning("direct link of %s closed: %s", peer, e)
+                await fs.send_error(self.d.core.me, peer, e.code, str(e))
+            raise
+        finally:
+            scope.cancel()
+
+    # ------------------------------------------------------------ our listener
+
+    async def _listen(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        listen = self.s.listen
+        assert listen is not None
+        host = None if listen.host in _WILDCARDS else listen.host
+        try:
+            listeners = await trio.open_tcp_listeners(listen.port, host=host)
+        except OSError as e:
+            raise OSError(f"cannot listen for direct links on {listen}: {e.strerror or e} (another node may"
+                          " be running there)") from e
+        port = listeners[0].socket.getsockname()[1]
+        self.bound = Address(listen.host, port)
+        log.info("listening for direct links on %s", self.bound)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(trio.serve_listeners, self._accept, listeners)
+            task_status.started()
+
+    async def _accept(self, stream: trio.SocketStream) -> None:
+        try:
+            await self._serve(stream)
+        except Exception:
+            # A bug must cost one link, never the node.
+            log.exception("direct link failed")
+            await _close(stream)
+
+    async def _serve(self, stream: trio.SocketStream) -> None:
+        try:
+            peer_host = str(stream.socket.getpeername()[0])
+        except OSError:
+            peer_host = "?"
+        server, _ = self._tls()
+        sec = self.d.core.sec
+        assert sec is not None
+        me = self.d.core.me
+        tls = trio.SSLStream(stream, server, server_side=True)
+        try:
+            with trio.fail_after(self.s.timeout * 5):
+                await tls.do_handshake()
+            cert = peer_certificate(tls.getpeercert(binary_form=True), ca=sec.ca, crl=sec.directory.crl)
+        except (trio.BrokenResourceError, trio.TooSlowError, CryptoError) as e:
+            self.stats["refused_in"] += 1
+            log.warning("direct link from %s refused at the TLS handshake: %s", peer_host, e.__cause__ or e)
+            await _close(stream)
+            return
+        fs = FrameStream(tls)
+        org = Endpoint.org(cert.org)
+        try:
+            with trio.fail_after(self.s.timeout * 5):
+                first = await fs.receive_batch()
+        except (trio.TooSlowError, ConnectionClosed, RemoteProtocolError) as e:
+            self.stats["refused_in"] += 1
+            log.warning("direct link from %s (%s) closed before its HELLO: %s", org, peer_host, e)
+            await fs.aclose()
+            return
+        hello = first[0]
+        refusal = None
+        if hello.kind is not Kind.HELLO:
+            refusal = (ResultCode.NOT_AUTHENTICATED, f"first frame must be HELLO, not {hello.kind.name}")
+        elif hello.source != org or hello.origin != org:
+            refusal = (ResultCode.AUTH_FAILED, f"the TLS certificate names organization {cert.org}, not"
+                                               f" {hello.source}")
+        elif hello.target != me:
+            refusal = (ResultCode.UNEXPECTED_FRAME, f"this is {me}, not {hello.target}")
+        elif self.s.allowed and cert.org not in self.s.allowed:
+            refusal = (ResultCode.DIRECT_NOT_ALLOWED, f"{me} does not accept direct links from {cert.org}")
+        if refusal is not None:
+            self.stats["refused_in"] += 1
+            log.warning("direct link from %s (%s) refused: %s", cert.org, peer_host, refusal[1])
+            await fs.send_error(me, org, *refusal)
+            return
+        link = Link(cert.org, "in", peer_host, state="up")
+        self.inbound.append(link)
+        self.stats["links_in"] += 1
+        log.info("direct link from %s (%s) up", cert.org, peer_host)
+        try:
+            await fs.send(encode_frame(Frame(kind=Kind.WELCOME, source=me, target=org,
+                                             body=Welcome(window=self.d.s.window, server_time_ms=now_ms()))))
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self._reader, link, org, fs, first[1:], nursery.cancel_scope)
+        except* (ConnectionClosed, OSError, trio.BrokenResourceError, RemoteProtocolError, trio.TooSlowError) as eg:
+            link.error = str(eg.exceptions[0])
+        finally:
+            link.state = "down"
+            self.inbound.remove(link)
+            log.info("direct link from %s down%s", cert.org, f": {link.error}" if link.error else "")
+            await fs.aclose()
+
+
+async def _close(stream: trio.abc.Stream) -> None:
+    with trio.move_on_after(1) as scope:
+        scope.shield = True
+        try:
+            await stream.aclose()
+        except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+            pass
+
