@@ -38,6 +38,9 @@ from semq.umxt_protocol import (
     InquiryTopic,
     Kind,
     Nack,
+    PeerAnnounce,
+    PeerInfo,
+    PeerLookup,
     Ping,
     Pong,
     ResultCode,
@@ -68,6 +71,15 @@ LK0_S0001: Final = LK0(endpoint=A, record_id=A_RECORD)
 # whatever the crypto layer produced; the protocol carries them opaquely.
 SESSION_KEY: Final = bytes(range(32))
 SEALED_ORDER: Final = b"sealed order S0001:" + bytes(range(0xE0, 0xF0))
+
+# Direct links: A listens on its LAN address and asks the platform to add the
+# address its connection comes from (observe); only B may look it up. The
+# fingerprint is illustrative: the SHA-256 of the certificate A's platform
+# connection presented, hex.
+A_DIRECT: Final = "192.168.1.20:7443"
+A_OBSERVED: Final = "203.0.113.7:7443"
+A_FINGERPRINT: Final = "470cd18267a28405605bb10fa00589a3da77de5bc57bbd88ca4869a1d4033807"
+A_TTL_S: Final = 3600
 
 _ORDER_BODY: Final = dict(
     lk0=LK0_S0001, app_key=ORDER, created_ms=CREATED_MS, expires_ms=CREATED_MS + 7 * 86_400_000,
@@ -134,6 +146,13 @@ GOLDEN: Final[dict[str, Frame]] = {
     "bye": Frame(kind=Kind.BYE, source=A, target=P,
                  body=Bye(code=ResultCode.SHUTTING_DOWN, reason="node stopping")),
     "crl": Frame(kind=Kind.CRL, source=P, target=A, body=Crl(der=b"0\x82CRL...")),
+    "peer_announce": Frame(kind=Kind.PEER_ANNOUNCE, source=A, target=P,
+                           body=PeerAnnounce(ttl_s=A_TTL_S, observe=True, addresses=(A_DIRECT,),
+                                             allowed=(B.node_id,))),
+    "peer_lookup": Frame(kind=Kind.PEER_LOOKUP, source=B, target=P, body=PeerLookup(endpoint=A)),
+    "peer_info": Frame(kind=Kind.PEER_INFO, source=P, target=B,
+                       body=PeerInfo(endpoint=A, expires_ms=CREATED_MS + A_TTL_S * 1000,
+                                     fingerprint=A_FINGERPRINT, addresses=(A_DIRECT, A_OBSERVED))),
 }
 
 
@@ -271,6 +290,7 @@ _LAYOUTS: Final = [
     "INQUIRY_BODY.items", "INQUIRY_RESP_BODY", "INQUIRY_RESP_BODY.items", "NACK_BODY",
     "HELLO_BODY", "WELCOME_BODY", "PING_BODY", "ERROR_BODY", "WINDOW_BODY",
     "CERT_REQUEST_BODY", "CERT_RESPONSE_BODY", "BYE_BODY", "CRL_BODY",
+    "PEER_ANNOUNCE_BODY", "PEER_LOOKUP_BODY", "PEER_INFO_BODY",
 ]
 
 

@@ -10,7 +10,8 @@ Strategies cover the full range of every field: node ids of 1..64 characters
 of [A-Za-z0-9._:@-], AppKey parts up to exactly 255 UTF-8 bytes, u16/u64
 bounds, priorities 0..9, the SaveFwd / Reliable=0 / Ack2 rules, Encrypt with a
 session key, LK1 and expiry absent or set, ACK_BATCH entries consistent with
-their ack kind, inquiries and certificates.
+their ack kind, inquiries and certificates, direct-link announcements and
+their addresses (1..255 printable UTF-8 bytes, up to MAX_PEER_ADDRESSES).
 """
 
 from __future__ import annotations
@@ -54,6 +55,9 @@ from semq.umxt_protocol import (
     Kind,
     Nack,
     NodeType,
+    PeerAnnounce,
+    PeerInfo,
+    PeerLookup,
     Ping,
     Pong,
     ResultCode,
@@ -61,6 +65,7 @@ from semq.umxt_protocol import (
     Welcome,
     WindowUpdate,
 )
+from semq.umxt_protocol._limits import MAX_PEER_ADDRESSES, MAX_PEER_TTL
 
 # Deterministic and bounded (STYLE: "Tests MUST pass deterministically"): a
 # fixed derandomized search, no example database, no per-example deadline
@@ -251,6 +256,50 @@ cert_response_bodies = st.builds(
 bye_bodies = st.builds(Bye, code=result_codes, reason=texts)
 crl_bodies = st.builds(Crl, der=st.binary(min_size=1, max_size=600))
 
+MAX_ADDRESS: Final = 255  # bytes of one direct-link address
+
+
+def _printable_address(text: str) -> str:
+    """``text`` as an address: printable characters only, cut to 255 UTF-8
+    bytes, never empty."""
+    return _cut_utf8("".join(c for c in text if c.isprintable()), MAX_ADDRESS) or "h:1"
+
+
+# HOST:PORT as nodes announce them, any printable text (the protocol does not
+# check the form), and addresses of exactly 255 bytes, ASCII and multi-byte.
+peer_addresses = st.one_of(
+    st.sampled_from(["203.0.113.7:7443", "[2001:db8::7]:7443", "node-a.example:443", "h:1"]),
+    st.text(min_size=1, max_size=40).map(_printable_address),
+    st.text(min_size=1, max_size=MAX_ADDRESS).map(_printable_address),
+    st.just("h" * (MAX_ADDRESS - 6) + ":65535"),
+    st.just("é" * 125 + ":4433"),  # 250 bytes of two-byte characters and 5 ASCII
+)
+peer_address_lists = st.one_of(
+    st.lists(peer_addresses, max_size=3),
+    st.lists(peer_addresses, min_size=MAX_PEER_ADDRESSES, max_size=MAX_PEER_ADDRESSES),
+).map(tuple)
+fingerprints = st.one_of(
+    st.just(""),
+    st.binary(min_size=32, max_size=32).map(bytes.hex),  # SHA-256, hex
+    st.text(st.characters(max_codepoint=127), max_size=255),
+)
+peer_announce_bodies = st.builds(
+    PeerAnnounce,
+    ttl_s=edgy_int(0, MAX_PEER_TTL),
+    addresses=peer_address_lists,
+    observe=st.booleans(),
+    allowed=st.lists(node_ids, max_size=8).map(tuple),
+)
+peer_lookup_bodies = st.builds(PeerLookup, endpoint=endpoints)
+peer_info_bodies = st.builds(
+    PeerInfo,
+    endpoint=endpoints,
+    code=result_codes,
+    expires_ms=times_ms,
+    fingerprint=fingerprints,
+    addresses=peer_address_lists,
+)
+
 SESSION_BODIES: Final[dict[Kind, st.SearchStrategy[Any]]] = {
     Kind.HELLO: hello_bodies,
     Kind.WELCOME: welcome_bodies,
@@ -262,6 +311,9 @@ SESSION_BODIES: Final[dict[Kind, st.SearchStrategy[Any]]] = {
     Kind.CERT_RESPONSE: cert_response_bodies,
     Kind.BYE: bye_bodies,
     Kind.CRL: crl_bodies,
+    Kind.PEER_ANNOUNCE: peer_announce_bodies,
+    Kind.PEER_LOOKUP: peer_lookup_bodies,
+    Kind.PEER_INFO: peer_info_bodies,
 }
 
 
@@ -392,3 +444,9 @@ def test_strategies_reach_the_edges() -> None:
     _reaches(frames_of(Kind.DATA), lambda f: f.priority == MAX_PRIORITY)
     _reaches(ack_batch_bodies(), lambda b: not b.entries)
     _reaches(ack_batch_bodies(), lambda b: len(b.entries) > 5)
+    _reaches(peer_addresses, lambda a: len(a.encode()) == MAX_ADDRESS)
+    _reaches(peer_addresses, lambda a: len(a.encode()) > len(a))  # multi-byte characters
+    _reaches(peer_announce_bodies, lambda b: len(b.addresses) == MAX_PEER_ADDRESSES)
+    _reaches(peer_announce_bodies, lambda b: not b.addresses and not b.allowed)
+    _reaches(peer_announce_bodies, lambda b: b.ttl_s == MAX_PEER_TTL and b.observe)
+    _reaches(peer_info_bodies, lambda b: len(b.fingerprint) == 64 and b.addresses)

@@ -35,6 +35,8 @@ from semq.umxt_protocol import (
     InquiryTopic,
     Kind,
     LocalProtocolError,
+    PeerAnnounce,
+    PeerInfo,
     Ping,
     ProtocolError,
     RemoteProtocolError,
@@ -43,6 +45,7 @@ from semq.umxt_protocol import (
     WindowUpdate,
     encode_frame,
 )
+from semq.umxt_protocol._limits import MAX_PEER_ADDRESSES, MAX_PEER_ALLOWED, MAX_PEER_TTL
 from tests.protocol import test_protocol_strategies as _strategies
 
 A = Endpoint.org("10008")
@@ -136,6 +139,23 @@ CASES: list[tuple[str, Callable[[], object], list[str]]] = [
     ("software 300 bytes", lambda: Hello(software="s" * 300), ["300", "255"]),
     ("credit 2**32", lambda: WindowUpdate(credit=2**32), [str(2**32), "4294967295"]),
     ("nonce -1", lambda: Ping(nonce=-1), ["nonce -1"]),
+    ("9 addresses", lambda: PeerAnnounce(ttl_s=60, addresses=("h:1",) * 9), ["9 addresses", "8"]),
+    ("9 addresses in an answer", lambda: PeerInfo(endpoint=A, addresses=("h:1",) * 9), ["9 addresses", "8"]),
+    ("256-byte address", lambda: PeerAnnounce(ttl_s=60, addresses=("h" * 251 + ":7443",)),
+     ["'" + "h" * 251 + ":7443'", "1..255"]),
+    ("256-byte address (multi-byte)", lambda: PeerAnnounce(ttl_s=60, addresses=("é" * 126 + ":443",)),
+     ["é" * 126 + ":443", "1..255"]),
+    ("empty address", lambda: PeerAnnounce(ttl_s=60, addresses=("",)), ["''", "1..255"]),
+    ("unprintable address", lambda: PeerAnnounce(ttl_s=60, addresses=("h:1\n",)), ["'h:1\\n'", "printable"]),
+    ("ttl over MAX_PEER_TTL", lambda: PeerAnnounce(ttl_s=MAX_PEER_TTL + 1),
+     [f"ttl_s {MAX_PEER_TTL + 1}", f"0..{MAX_PEER_TTL}"]),
+    ("ttl -1", lambda: PeerAnnounce(ttl_s=-1), ["ttl_s -1", f"0..{MAX_PEER_TTL}"]),
+    ("invalid org id in allowed", lambda: PeerAnnounce(ttl_s=60, allowed=("56001", "a/b")),
+     ["'a/b'", "[A-Za-z0-9._:@-]"]),
+    ("65-char org id in allowed", lambda: PeerAnnounce(ttl_s=60, allowed=("x" * 65,)), ["65", "64"]),
+    ("allow-list too long", lambda: PeerAnnounce(ttl_s=60, allowed=("56001",) * (MAX_PEER_ALLOWED + 1)),
+     [str(MAX_PEER_ALLOWED + 1), str(MAX_PEER_ALLOWED)]),
+    ("256-char fingerprint", lambda: PeerInfo(endpoint=A, fingerprint="f" * 256), ["'fff", "255"]),
 ]
 
 
@@ -167,6 +187,11 @@ def test_the_limits_themselves_are_accepted() -> None:
     WindowUpdate(credit=2**32 - 1)
     CertResponse(endpoint=A, certificates=(b"c",) * 8)
     Hello(software="s" * 255)
+    announce = PeerAnnounce(ttl_s=MAX_PEER_TTL, addresses=("h" * 249 + ":65535", "é" * 125 + ":4433")
+                            + ("h:1",) * (MAX_PEER_ADDRESSES - 2), allowed=("x" * 64,) * MAX_PEER_ALLOWED)
+    assert encode_frame(Frame(kind=Kind.PEER_ANNOUNCE, source=A, target=P, body=announce))
+    PeerAnnounce(ttl_s=0)
+    PeerInfo(endpoint=A, fingerprint="f" * 255, addresses=("h:1",) * MAX_PEER_ADDRESSES)
 
 
 def test_enum_like_fields_are_normalized() -> None:
