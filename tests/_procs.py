@@ -103,9 +103,10 @@ class Cluster:
             ports = [self.ports[instance - 1]]
         return ",".join(f"127.0.0.1:{p}" for p in ports)
 
-    def add_org(self, org: str, instance: int | None = None, prefer: int = 1) -> Path:
+    def add_org(self, org: str, instance: int | None = None, prefer: int = 1, *, direct: list[str] = ()) -> Path:
         """An organization whose node knows every instance of the platform
-        (tried from ``prefer`` on), or ``instance`` only."""
+        (tried from ``prefer`` on), or ``instance`` only. ``direct``: its
+        direct-link options (``--listen 127.0.0.1:0``, ``--direct only``...)."""
         d = self.root / org
         if not self.security:
             assert semq_main(["node", "init", "--dir", str(d), "--org", org, "--platform",
@@ -114,7 +115,7 @@ class Cluster:
             return d
         # Secure by default: keys, certificate issued by the platform's CA.
         assert semq_main(["node", "init", "--dir", str(d), "--org", org, "--platform",
-                          self.addresses(instance, prefer), "--enroll-from", str(self.root / "P")]) == 0
+                          self.addresses(instance, prefer), "--enroll-from", str(self.root / "P"), *direct]) == 0
         return d
 
     def start_platform(self, plan: Path | None = None, instance: int = 1) -> Proc:
@@ -128,8 +129,8 @@ class Cluster:
         self.procs[name] = p
         return p
 
-    def start_node(self, org: str) -> Proc:
-        p = Proc(org, ["node", "run", "--dir", str(self.root / org), "--inquiry-interval", self.iq],
+    def start_node(self, org: str, *extra: str) -> Proc:
+        p = Proc(org, ["node", "run", "--dir", str(self.root / org), "--inquiry-interval", self.iq, *extra],
                  self.root / f"{org}.log", "running")
         self.procs[org] = p
         return p

@@ -193,7 +193,16 @@ class Origin:
             where = f"state={_SS_INIT} AND target_id NOT IN ({','.join('?' * len(skip))})"
         else:
             where = f"state={_SS_INIT}"
-        if held and only is None:
+        if only is not None:
+            # The send order of one target's rows, through the covering
+            # index; rows held in flight (SS_INIT on disk) are not claimed again.
+            ids = [i for (i,) in conn.execute(f"SELECT id FROM outbox WHERE {where} ORDER BY priority DESC, id"
+                                              f" LIMIT ?", (only, limit + len(held)))
+                   if i not in held][:limit]
+            found = {r.id: r for r in map(_make_claim, rows_by_id(conn, f"SELECT {_CLAIM_COLS} FROM outbox", ids))}
+            rows = [found[i] for i in ids if i in found]
+            levels = SendOrder.levels(rows, ClaimRow._fields.index("priority"))
+        elif held:
             ids, levels = order.ids(conn, where, skip, limit, held)
             found = {r.id: r for r in map(_make_claim, rows_by_id(conn, f"SELECT {_CLAIM_COLS} FROM outbox", ids))}
             rows = [found[i] for i in ids]

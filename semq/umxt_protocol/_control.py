@@ -3,7 +3,7 @@
 answer does: "The flow"), NACK, and the session's frames HELLO, WELCOME,
 PING, PONG, ERROR, WINDOW, CERT_REQUEST, CERT_RESPONSE, CRL and BYE
 (docs/protocol.md "INQUIRY and INQUIRY_RESP, seed code 809", "NACK (kind
-11)", "Session kinds (32..41)").
+11)", "Session kinds (32..44)").
 
 Few of these travel per document, so they are built and parsed through the
 compiled construct schemas of _schema.py (``_COMPILED``) rather than
@@ -246,7 +246,11 @@ def _check_addresses(addresses: object) -> tuple[str, ...]:
     """Direct-link addresses: HOST:PORT texts of at most 255 bytes, at most
     MAX_PEER_ADDRESSES of them (their form is checked where they are used:
     a relay passes them on, a node dials them)."""
-    out = tuple(str(a) for a in addresses)  # type: ignore[attr-defined]
+    if isinstance(addresses, str | bytes):
+        raise _invalid("addresses must be a sequence of HOST:PORT texts, not one text")
+    out = tuple(addresses)  # type: ignore[call-overload]
+    if not all(isinstance(a, str) for a in out):
+        raise _invalid("addresses must be texts")
     if len(out) > MAX_PEER_ADDRESSES:
         raise _invalid(f"{len(out)} addresses exceed the {MAX_PEER_ADDRESSES} limit")
     for a in out:
@@ -272,11 +276,16 @@ class PeerAnnounce:
     def __post_init__(self) -> None:
         _check_int("ttl_s", self.ttl_s, 0, MAX_PEER_TTL)
         object.__setattr__(self, "addresses", _check_addresses(self.addresses))
+        if isinstance(self.allowed, str | bytes):
+            raise _invalid("allowed must be a sequence of organization ids, not one text")
         allowed = tuple(self.allowed)
         if len(allowed) > MAX_PEER_ALLOWED:
             raise _invalid(f"{len(allowed)} allowed organizations exceed the {MAX_PEER_ALLOWED} limit")
         for org in allowed:
-            Endpoint.org(org)  # validates the id
+            try:
+                Endpoint.org(org)  # validates the id
+            except LocalProtocolError as e:
+                raise _invalid(f"allowed organization {org!r}: {e}") from None
         object.__setattr__(self, "allowed", allowed)
         object.__setattr__(self, "observe", bool(self.observe))
 
@@ -302,7 +311,7 @@ class PeerInfo:
     def __post_init__(self) -> None:
         object.__setattr__(self, "code", _enum(ResultCode, "code", self.code))
         _check_int("expires_ms", self.expires_ms, 0, _MAX_MS)
-        if len(self.fingerprint) > 255 or not self.fingerprint.isascii():
+        if not isinstance(self.fingerprint, str) or len(self.fingerprint) > 255 or not self.fingerprint.isascii():
             raise _invalid(f"fingerprint {self.fingerprint[:40]!r} is not up to 255 ASCII characters")
         object.__setattr__(self, "addresses", _check_addresses(self.addresses))
 
@@ -407,6 +416,9 @@ def _decode_by_schema(kind: Kind, buf: bytes) -> Body:
         return CertResponse(endpoint=Endpoint(node_type=c.node_type, node_id=c.node_id),
                             code=c.code, certificates=tuple(c.certificates))
     if kind is Kind.PEER_ANNOUNCE:
+        if c.observe > 1:
+            raise RemoteProtocolError(f"PEER_ANNOUNCE observe flag {c.observe} is not 0 or 1",
+                                      ResultCode.INVALID_FIELD)
         return PeerAnnounce(ttl_s=c.ttl_s, observe=bool(c.observe), addresses=tuple(c.addresses),
                             allowed=tuple(c.allowed))
     if kind is Kind.PEER_LOOKUP:
