@@ -87,8 +87,10 @@ _OR_IGNORE = re.compile(r"^\s*INSERT OR IGNORE INTO", re.IGNORECASE)
 _KEYS: Final = {
     "seen": "origin_type, origin_id, semq_id, semq_db_id, record_id",
     "nodes": "node_type, node_id",
+    "peers": "node_id",
 }
-_REPLACE: Final = {"seen": ("action", "lk1", "seen_ms")}
+_REPLACE: Final = {"seen": ("action", "lk1", "seen_ms"),
+                   "peers": ("addresses", "allowed", "fingerprint", "expires_ms", "announced_ms")}
 _OR_REPLACE = re.compile(r"^\s*INSERT OR REPLACE INTO (\w+)", re.IGNORECASE)
 _UPSERT = re.compile(r"^\s*INSERT INTO (\w+)(.*) ON CONFLICT DO UPDATE", re.IGNORECASE | re.DOTALL)
 # SQLite's "no index on this column" (a unary + before a column name):

@@ -759,6 +759,11 @@ def cmd_status(args: argparse.Namespace) -> int:
         else:
             conn = f"running, NOT connected to {','.join(live.get('platforms') or [cfg.platform])}"
         print(f"node {cfg.org} ({cfg.directory})\n  daemon: {conn}")
+        if live is not None:
+            from semq.ops.cli import direct_lines
+
+            for line in direct_lines(live.get("direct")):
+                print(line)
         states = counts["outbox"]
         print("  pending-send: " + (", ".join(f"{k}={v}" for k, v in states.items()) or "empty"))
         print(f"  pending-ack: {counts['pending_ack']}   inbox: {counts['inbox_unread']} unread"
@@ -789,6 +794,10 @@ def cmd_status(args: argparse.Namespace) -> int:
     print("  stored for: " + (", ".join(f"{t}={v['stored']} (oldest {format_age(v['oldest_ms'])})"
                                        for t, v in stored.items()) or "nothing"))
     print(f"  relayed acks/inquiries waiting: {counts['relayed_waiting']}")
+    for a in counts.get("direct", []):
+        state = "" if a["live"] else " (expired)"
+        who = f", for {', '.join(a['allowed'])} only" if a["allowed"] else ""
+        print(f"  direct links: {a['node']} listens at {', '.join(a['addresses'])}{state}{who}")
     if "instances" in counts:
         print(f"  store: {counts['store']} (PostgreSQL); instances:")
         for i in counts["instances"] or [{"address": "none running", "holds": 0, "alive": False, "pid": "-"}]:

@@ -104,6 +104,27 @@ def _call(args: argparse.Namespace, cmd: str, payload: dict[str, Any] | None = N
     return admin_call(admin_socket_path(d), cmd, payload or {}, timeout=args.timeout)
 
 
+def direct_lines(d: dict[str, Any] | None) -> list[str]:
+    """The direct links of a node's status (``semq status``, ``semq admin
+    status``): its policy and listener, each link, and each organization
+    whose documents go through the platform for want of one."""
+    if not d:
+        return []
+    listening = f"; listening on {d['listening']}" if d.get("listening") else "; not listening"
+    out = [f"  direct links: policy {d.get('policy')}{listening}"]
+    for link in d.get("links", []):
+        since = _age(link.get("since_ms"))
+        if link.get("direction") == "out":
+            out.append(f"    to   {link['peer']:<10} {link['address']:<22} {link['state']} for {since},"
+                       f" sent {link.get('sent', 0)}, in flight {link.get('in_flight', 0)}")
+        else:
+            out.append(f"    from {link['peer']:<10} {link['address']:<22} {link['state']} for {since},"
+                       f" received {link.get('received', 0)}")
+    for org, w in sorted((d.get("waiting") or {}).items()):
+        out.append(f"    to   {org:<10} no link: {w.get('why')} (tried again in {w.get('retry_in_s')} s)")
+    return out
+
+
 def _print_status(r: dict[str, Any]) -> None:
     drain = r.get("drain") or {}
     draining = "  DRAINING" if drain.get("requested") else ""
@@ -115,6 +136,8 @@ def _print_status(r: dict[str, Any]) -> None:
         for i in r.get("instances", []):
             state = "this instance" if i.get("this") else ("running" if i.get("alive") else "gone (no heartbeat)")
             print(f"  instance {i['address']:<22} {state}, holds {i['holds']} organization(s)")
+        for line in direct_lines(r.get("direct")):
+            print(line)
         st = r.get("stats", {})
         print("  counters: " + (" ".join(f"{k}={v}" for k, v in st.items()) or "-"))
         print("  pending-send: " + (", ".join(f"{k}={v}" for k, v in r.get("outbox", {}).items()) or "empty"))
@@ -137,6 +160,10 @@ def _print_status(r: dict[str, Any]) -> None:
         for i in r.get("instances", []):
             state = "this instance" if i.get("this") else ("running" if i.get("alive") else "gone (no heartbeat)")
             print(f"  instance {i['address']:<22} {state}, holds {i['holds']} organization(s)")
+        for a in r.get("direct", []):
+            state = "" if a.get("live") else " (expired)"
+            who = f", for {', '.join(a['allowed'])} only" if a.get("allowed") else ""
+            print(f"  direct   {a['node']:<12} listens at {', '.join(a['addresses'])}{state}{who}")
         st = r.get("stats", {})
         print("  counters: " + (" ".join(f"{k}={v}" for k, v in st.items()) or "-"))
         print(f"  relayed acks/inquiries waiting: {r.get('relayed_waiting', 0)};"

@@ -397,6 +397,12 @@ class PlatformCore(HeldWrites):
                                fingerprint, ts + body.ttl_s * 1000, ts)
         self._emit([{"ts": ts, "event": "peer_announced", "node": ep.node_id, "ttl_s": body.ttl_s}])
 
+    def announced(self) -> list[dict[str, Any]]:
+        """The organizations that announced direct-link addresses, live or expired."""
+        from . import peers
+
+        return peers.listing(self.conn, now_ms())
+
     def lookup_peer(self, asker: Endpoint, about: Endpoint) -> PeerInfo:
         """The answer to ``asker``'s PEER_LOOKUP about ``about``."""
         from . import peers
@@ -1120,6 +1126,7 @@ class PlatformCore(HeldWrites):
             "stored": per_target,
             "relayed_waiting": relayed,
             "seen": seen,
+            "direct": self.announced(),
         }
         if self.pg:
             out["store"] = str(self.path)  # (the URL without its password)

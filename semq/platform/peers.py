@@ -20,7 +20,7 @@ from typing import Any, Final
 
 from semq.umxt_protocol import Endpoint, NodeType, PeerAnnounce, PeerInfo, ResultCode
 
-__all__ = ["announce", "lookup", "observed_addresses", "withdraw"]
+__all__ = ["announce", "listing", "lookup", "observed_addresses", "withdraw"]
 
 _SEP: Final = "\n"  # between addresses and ids in a row (neither may hold one: printable text)
 
@@ -72,3 +72,11 @@ def lookup(conn: Any, asker: Endpoint, about: Endpoint, ts: int, known: bool) ->
         return PeerInfo(endpoint=about, code=ResultCode.NO_DIRECT_ADDRESS)
     return PeerInfo(endpoint=about, expires_ms=int(row[3]), fingerprint=row[2],
                     addresses=tuple(a for a in row[0].split(_SEP) if a)[:8])
+
+
+def listing(conn: Any, ts: int) -> list[dict[str, Any]]:
+    """Every announcement, for the platform's status."""
+    return [{"node": n, "addresses": [a for a in addrs.split(_SEP) if a],
+             "allowed": [a for a in allowed.split(_SEP) if a], "expires_ms": int(exp), "live": int(exp) > ts}
+            for n, addrs, allowed, exp in conn.execute(
+                "SELECT node_id, addresses, allowed, expires_ms FROM peers ORDER BY node_id")]

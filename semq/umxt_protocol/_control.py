@@ -12,6 +12,7 @@ hand-written code; the values still validate in their constructors.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final, NamedTuple
 
@@ -242,13 +243,13 @@ class Crl:
             raise _invalid(f"revocation list of {len(self.der)} bytes is outside 1..{MAX_CRL}")
 
 
-def _check_addresses(addresses: object) -> tuple[str, ...]:
+def _check_addresses(addresses: Iterable[str]) -> tuple[str, ...]:
     """Direct-link addresses: HOST:PORT texts of at most 255 bytes, at most
     MAX_PEER_ADDRESSES of them (their form is checked where they are used:
     a relay passes them on, a node dials them)."""
     if isinstance(addresses, str | bytes):
         raise _invalid("addresses must be a sequence of HOST:PORT texts, not one text")
-    out = tuple(addresses)  # type: ignore[call-overload]
+    out = tuple(addresses)
     if not all(isinstance(a, str) for a in out):
         raise _invalid("addresses must be texts")
     if len(out) > MAX_PEER_ADDRESSES:

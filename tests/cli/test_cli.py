@@ -432,3 +432,42 @@ def test_tune_gc_freezes_start_up_and_raises_the_young_threshold(monkeypatch: py
     finally:
         gc.unfreeze()
         gc.set_threshold(*before)
+
+
+# ---------------------------------------------------------------- direct links
+
+
+def test_node_init_writes_the_direct_link_settings(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    assert run(capsys, "platform", "init", "--dir", "P")[0] == 0
+    rc, out, _ = run(capsys, "node", "init", "--dir", "N", "--org", A, "--enroll-from", "P", "--listen",
+                     "127.0.0.1:0", "--announce", "192.0.2.1:7500", "--direct", "only", "--direct-from", f"{B},56002")
+    assert rc == 0 and "direct links on 127.0.0.1:0" in out
+    from semq.config import load_config
+
+    cfg = load_config(tmp_path / "N")
+    assert (cfg.direct_listen, cfg.direct_announce, cfg.direct, cfg.direct_from) == (
+        "127.0.0.1:0", "192.0.2.1:7500", "only", f"{B},56002")
+
+
+@pytest.mark.parametrize(("extra", "fragments"), [
+    (["--listen", "127.0.0.1:70000"], ["--listen", "70000", "0..65535"]),
+    (["--direct-from", "10008,abc"], ["--direct-from", "'abc'", "organization id"]),
+    (["--announce", "host:0"], ["--announce", "host:0"]),
+    (["--listen", "127.0.0.1:0", "--no-security"], ["--listen needs security"]),
+])
+def test_node_init_refuses_bad_direct_link_settings(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                    extra: list[str], fragments: list[str]) -> None:
+    rc, out, err = run(capsys, "node", "init", "--dir", str(tmp_path / "N"), "--org", A, *extra)
+    assert rc == 2 and out == ""
+    one_error(err, *fragments)
+    assert not (tmp_path / "N" / "semq.toml").exists()
+
+
+def test_node_run_refuses_listening_without_security(root: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    cfg_file = root / A / "semq.toml"
+    cfg_file.write_text(cfg_file.read_text().replace("security = true", "security = false"))
+    rc, out, err = run(capsys, "node", "run", "--dir", A, "--listen", "127.0.0.1:0")
+    assert rc == 2 and out == ""
+    one_error(err, "needs security")
