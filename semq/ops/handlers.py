@@ -400,7 +400,7 @@ def node_handlers(
     stuck_after: float = DEFAULT_STUCK_AFTER,
 ) -> dict[str, Handler]:
     """Admin commands of a running node. ``daemon`` is a
-    semq.node.daemon.NodeDaemon (uses ``gate``, ``connected``, ``address``,
+    semq.node.daemon.NodeDaemon (uses ``gate``, ``connected``, ``address``, ``links``,
     ``s.addresses``, ``sessions``, ``in_flight``, ``stats``, ``wake()``); ``core`` its
     NodeCore (``conn``/``db`` on the store thread only, ``me``, ``path``,
     ``log``); ``metrics`` an optional semq.ops.metrics.Metrics."""

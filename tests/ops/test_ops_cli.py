@@ -56,6 +56,9 @@ async def test_node_admin_cli(tmp_path: Path, capsys: pytest.CaptureFixture[str]
             rc, out, _ = await run(capsys, "admin", "status", "--dir", str(d))
             assert rc == 0 and "node 10008" in out and "connected to the platform" in out
             assert "SS_INIT=2" in out and f"{B:<12} SS_SENT" in out
+            assert "direct links: policy prefer; listening on 127.0.0.1:7443" in out
+            assert "to   56001      127.0.0.1:7444" in out and "sent 5, in flight 1" in out
+            assert "to   56002      no link: it does not listen for direct links (tried again in 8.0 s)" in out
             rc, out, _ = await run(capsys, "admin", "status", "--dir", str(d), "--json")
             assert rc == 0 and json.loads(out)["outbox"] == {"SS_INIT": 2, "SS_SENT": 2}
             st = await trio.to_thread.run_sync(live_status, d)

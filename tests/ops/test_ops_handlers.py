@@ -26,6 +26,16 @@ from semq.umxt_protocol import AppKey, Endpoint, FrameDecoder, SaveFwd
 A, B = "10008", "56001"
 
 
+class LinksStandIn:
+    """What node_handlers uses of semq.node.direct.DirectLinks."""
+
+    def snapshot(self) -> dict[str, Any]:
+        return {"policy": "prefer", "listening": "127.0.0.1:7443",
+                "links": [{"peer": "56001", "direction": "out", "address": "127.0.0.1:7444", "state": "up",
+                           "since_ms": 1, "sent": 5, "received": 2, "error": "", "in_flight": 1}],
+                "waiting": {"56002": {"retry_in_s": 8.0, "why": "it does not listen for direct links"}}}
+
+
 class NodeStandIn:
     """What node_handlers uses of semq.node.daemon.NodeDaemon."""
 
@@ -38,6 +48,7 @@ class NodeStandIn:
         self.in_flight = 0
         self.stats = {"sent": 0, "received": 0, "delivered": 0, "refused": 0}
         self.woken = 0
+        self.links = LinksStandIn()
 
     def wake(self) -> None:
         self.woken += 1
