@@ -84,6 +84,11 @@ class DirectSettings:
     steady_after: float = 5.0  # a link up this long was steady: after it breaks, tried again at once
     announce_ttl: int = 300  # s an announcement lives at the platform; renewed at a third of it
     idle_timeout: float = 45.0  # s without a frame before a link is given up (the dialler pings)
+    idle_close: float = 600.0  # s without a document to send before a link we dialled is closed
+
+
+class _Idle(Exception):
+    """A link we dialled has had nothing to carry for a while: closed."""
 
 
 class LinkRefused(Exception):
@@ -277,6 +282,7 @@ class DirectLinks:
     async def _dial(self, target: str) -> None:
         link = self.out[target]
         up_at: float | None = None
+        idle = False
         why = "no address"
         try:
             info = await self._lookup(target)
@@ -320,6 +326,9 @@ class DirectLinks:
                     why = f"protocol error: {eg.exceptions[0]}"
                 except* trio.TooSlowError:
                     why = f"nothing heard for {self.s.idle_timeout:.0f} s"
+                except* _Idle as eg:
+                    why = f"closed, {eg.exceptions[0]}"
+                    idle = True
                 else:
                     why = "the link closed"
                 finally:
@@ -333,7 +342,11 @@ class DirectLinks:
             steady = up_at is not None and trio.current_time() - up_at >= self.s.steady_after
             if up_at is None:
                 self.stats["failed_out"] += 1
-            self._fail(target, why, steady=steady)
+            if idle:
+                self.out.pop(target, None)
+                self.failed.pop(target, None)
+            else:
+                self._fail(target, why, steady=steady)
             if ids:
                 with trio.CancelScope(shield=True):
                     try:
@@ -406,7 +419,12 @@ class DirectLinks:
             await self._sender(link, fs, port)
 
     async def _sender(self, link: Link, fs: FrameStream, port: Any) -> None:
+        """Claims the target's documents while the window has room. Returns
+        (closing the link) after ``idle_close`` s with nothing to send and
+        nothing in flight: the next document relayed to the target brings
+        the link back."""
         d = self.d
+        last = trio.current_time()
         while True:
             room = link.window - link.in_flight
             if d.drain is not None and d.drain.requested:
@@ -419,12 +437,16 @@ class DirectLinks:
                 n = out.early + len(out.data)
                 if n:
                     link.ids.update(out.sent_ids)
-                    link.in_flight += n
+                    link.in_flight += len(out.sent_ids)  # (best-effort documents are never answered)
                     link.sent += n
                     d.stats["sent"] += n
                     d.stats["sent_direct"] = d.stats.get("sent_direct", 0) + n
                     await fs.send(b"".join(out.data))
+                    last = trio.current_time()
                     continue
+            if not link.in_flight and trio.current_time() - last >= self.s.idle_close:
+                self.wanted.discard(link.peer)
+                raise _Idle(f"nothing sent for {self.s.idle_close:.0f} s")
             link.wake = trio.Event()
             with trio.move_on_after(d.s.poll_interval):
                 await link.wake.wait()
@@ -453,9 +475,10 @@ class DirectLinks:
                             batch = await pump.take()
                     msgs = []
                     for raw in batch:
-                        if raw.source != peer:
-                            raise RemoteProtocolError(f"{raw.kind.name} claims source {raw.source} on the direct"
-                                                      f" link of {peer}", ResultCode.SOURCE_MISMATCH)
+                        if raw.source != peer or raw.origin != peer:
+                            raise RemoteProtocolError(f"{raw.kind.name} claims source {raw.source} / origin"
+                                                      f" {raw.origin} on the direct link of {peer}",
+                                                      ResultCode.SOURCE_MISMATCH)
                         if raw.kind.is_message:
                             msgs.append(raw)
                         elif raw.kind is Kind.PING:
