@@ -1,9 +1,9 @@
 """The aggregates of a latency report, collected from the legs of every message.
 
 Two passes over the cached legs, both over grouping sets (pair, AppKey x
-SaveFwd, hour): counts, sums and maxima, then mergeable KLL sketches for the
-percentiles, rolled up on the driver into the AppKey, SaveFwd, day and
-overall rows (docs/analytics.md "Aggregates", "Performance"). Also the
+SaveFwd x path, hour): counts, sums and maxima, then mergeable KLL sketches
+for the percentiles, rolled up on the driver into the AppKey, SaveFwd, path,
+day and overall rows (docs/analytics.md "Aggregates", "Performance"). Also the
 latency histogram, the stuck and failed messages and, for tests, every
 message's row. The rows become tables in :mod:`.report_tables`.
 """
@@ -41,16 +41,24 @@ _GROUPINGS: Final = (
     ("by_pair", "Per source → target", ("source_h", "target_h")),
     ("by_appkey", "Per AppKey domain and type", ("domain_h", "data_type_h")),
     ("by_save_fwd", "Per SaveFwd mode", ("save_fwd",)),
+    ("by_path", "Latency by path", ("path",)),
     ("by_hour", "Per hour (UTC)", ("hour",)),
 )
-_GROUP_COLUMNS: Final = ("source_h", "target_h", "domain_h", "data_type_h", "save_fwd", "hour")
+_GROUP_COLUMNS: Final = ("source_h", "target_h", "domain_h", "data_type_h", "save_fwd", "path", "hour")
 # The grouping sets Spark aggregates: every message goes into one group of
-# each (a copy of the row per set). The AppKey and SaveFwd tables are rolled
-# up from their combinations (a few dozen groups), so a message is counted
-# and sketched three times instead of four.
-_APPKEY_SAVE_FWD: Final = ("domain_h", "data_type_h", "save_fwd")
-_SETS: Final = (("source_h", "target_h"), _APPKEY_SAVE_FWD, ("hour",))
-_ROLLED_UP: Final = (("domain_h", "data_type_h"), ("save_fwd",))
+# each (a copy of the row per set). The AppKey, SaveFwd and path tables are
+# rolled up from their combinations (a few dozen groups, at most twice as
+# many with both paths), so a message is counted and sketched three times
+# instead of five.
+_COMBINED: Final = ("domain_h", "data_type_h", "save_fwd", "path")
+_SETS: Final = (("source_h", "target_h"), _COMBINED, ("hour",))
+_ROLLED_UP: Final = (("domain_h", "data_type_h"), ("save_fwd",), ("path",))
+# What a table's rows are, where the title does not say it (under the HTML table).
+_DESCRIPTIONS: Final = {
+    "by_path": "direct: the document reached the receiver over a direct node-to-node link; "
+    "relay: through the platform. The link of the copy the receiver got first, else of the "
+    "origin's last send; logs without a path field count as relay (docs/events.md)",
+}
 
 
 def _grouping_id(keys: tuple[str, ...]) -> int:
@@ -70,10 +78,11 @@ class _Aggregated:
 
     def tables(self, names: dict[int, str]) -> list[Table]:
         out = []
-        for name, title, keys in (("overall", "All messages", ()), *_GROUPINGS[:3],
-                                  ("by_day", "Per day (UTC)", ("day",)), _GROUPINGS[3]):
+        for name, title, keys in (("overall", "All messages", ()), *_GROUPINGS[:-1],
+                                  ("by_day", "Per day (UTC)", ("day",)), _GROUPINGS[-1]):
             out.append(_aggregate_table(name, title, list(keys), self.rows[name],
-                                        self.window_start, self.window_end, names))
+                                        self.window_start, self.window_end, names,
+                                        _DESCRIPTIONS.get(name, "")))
             if name == "overall":
                 out.append(_legs_table(self.rows["overall"][0]))
         return out
@@ -83,11 +92,11 @@ def _aggregates(detail: Any, opts: ReportOptions, as_of: int) -> _Aggregated | N
     """Every aggregate table from two passes over the legs (None: no message in the window).
 
     Both passes aggregate the same grouping sets (:data:`_SETS`: pair, AppKey
-    x SaveFwd, hour). The first computes counts, sums and maxima: a hash
-    aggregation in generated code, whose AppKey, SaveFwd, per-day and overall
+    x SaveFwd x path, hour). The first computes counts, sums and maxima: a hash
+    aggregation in generated code, whose AppKey, SaveFwd, path, per-day and overall
     rows are summed up from the combination and hourly rows here on the
-    driver. The second sketches every leg (KLL); the AppKey, SaveFwd, day and
-    overall sketches merge those, so no value is sketched twice. They are apart because Spark runs a sketch, an object aggregate,
+    driver. The second sketches every leg (KLL); the AppKey, SaveFwd, path, day
+    and overall sketches merge those, so no value is sketched twice. They are apart because Spark runs a sketch, an object aggregate,
     in its generic aggregation path, where each count, sum or max beside it
     cost several times what it costs in generated code (measured on 1 M
     messages: one combined pass 11.6 s of task CPU; the two passes 3.2 s
@@ -119,8 +128,8 @@ def _aggregates(detail: Any, opts: ReportOptions, as_of: int) -> _Aggregated | N
         for r in detail.groupingSets(sets, *_GROUP_COLUMNS)
         .agg(F.grouping_id().alias("gid"), *plain).collect()
     ]
-    combined = [r for r in rows if r["gid"] == _grouping_id(_APPKEY_SAVE_FWD)]
-    rows = [r for r in rows if r["gid"] != _grouping_id(_APPKEY_SAVE_FWD)]
+    combined = [r for r in rows if r["gid"] == _grouping_id(_COMBINED)]
+    rows = [r for r in rows if r["gid"] != _grouping_id(_COMBINED)]
     for keys in _ROLLED_UP:
         groups: dict[tuple[Any, ...], list[dict[str, Any]]] = {}
         for r in combined:
@@ -154,8 +163,8 @@ def _aggregates(detail: Any, opts: ReportOptions, as_of: int) -> _Aggregated | N
                                                F.lit(None).cast(_t("long")).alias("hour"), "*"),
                      allowMissingColumns=True)
     )
-    # AppKey and SaveFwd from the sketches of their combinations.
-    combined = sketched.where(c("gid") == _grouping_id(_APPKEY_SAVE_FWD))
+    # AppKey, SaveFwd and path from the sketches of their combinations.
+    combined = sketched.where(c("gid") == _grouping_id(_COMBINED))
     for keys in _ROLLED_UP:
         merged = merged.unionByName(
             combined.groupBy(*keys).agg(*merge).select(F.lit(_grouping_id(keys)).alias("gid"), "*"),

@@ -46,7 +46,7 @@ def register(subparsers: Any) -> None:
 
     latency = sub.add_parser(
         "latency",
-        help="per-message legs, percentiles per pair/AppKey/SaveFwd/hour/day, stuck messages",
+        help="per-message legs, percentiles per pair/AppKey/SaveFwd/path/hour/day, stuck messages",
         description="Join every message's events across all logs (on LK0) and report where "
         "the time goes and what is stuck. Writes report.html plus CSV and Parquet of every "
         "table to --out (default ./semq-report), or prints a summary with --format text.",

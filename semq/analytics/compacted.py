@@ -74,6 +74,9 @@ PARTIALS_DIR: Final = "_messages"
 # full name is ``_COMPLETE_V4.<run>`` (see the module docstring). V4: the
 # event codes of the partial rows count the origin's bad_receipt and
 # bad_refusal events (codes are numbered over the sorted event names).
+# Still V4 with the path columns (:data:`.permessage._PATHS`): older V4 rows
+# lack them and read as null, relay, as do their events (compacted without
+# `path`), so they stay valid.
 PARTIALS_MARKER: Final = "_COMPLETE_V4"
 # The subdirectories of ``_messages`` (see the module docstring).
 PARTIAL_SETS: Final = ("final", "facts", "closed", "open")

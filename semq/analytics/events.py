@@ -23,6 +23,7 @@ __all__ = [
     "EVENTS_BY_ROLE",
     "FIELDS",
     "NODE_EVENTS",
+    "PATHS",
     "ROLES",
     "SCHEMA_VERSION",
     "EventProblem",
@@ -62,6 +63,7 @@ FIELDS: Final[tuple[tuple[str, type, str], ...]] = (
     ("code", int, "int"),
     ("node", str, "string"),
     ("detail", str, "string"),
+    ("path", str, "string"),
 )
 
 FIELD_NAMES: Final = tuple(name for name, _, _ in FIELDS)
@@ -85,6 +87,11 @@ EVENTS_BY_ROLE: Final[dict[str, frozenset[str]]] = {
 
 # Connection events of the platform: they carry `node` and no `lk0`.
 NODE_EVENTS: Final = frozenset({"node_online", "node_offline"})
+
+# The links a document travels (`path` on the origin's `sent`, the receiver's
+# `received` and the origin's `ack2`): a direct node-to-node link or the
+# platform relay. A line without `path` was written before direct links: relay.
+PATHS: Final = ("direct", "relay")
 
 _LOGGER_RE: Final = re.compile(r"^(org|platform):[^\s]+$")
 _LK0_RE: Final = re.compile(r"^[^/\s]+/\d+/\d+/\d+$")
@@ -142,6 +149,8 @@ def validate_event(obj: Any) -> list[str]:
         problems.append(f"lk0 {obj['lk0']!r} is not NODE/SEMQ/DB/RECORD")
     if obj.get("save_fwd") is not None and obj["save_fwd"] not in (1, 2, 3):
         problems.append(f"save_fwd={obj['save_fwd']} is not 1, 2 or 3")
+    if obj.get("path") is not None and obj["path"] not in PATHS:
+        problems.append(f"path={obj['path']!r} is not {' or '.join(PATHS)}")
     return problems
 
 

@@ -20,9 +20,9 @@ Shape of the work (docs/analytics.md; what costs what is measured by ``scripts/b
    cached table (offsets as a literal map, offline periods through one small
    broadcast join on time buckets) and cached again.
 3. **All aggregates in two passes** over the cached legs, both over grouping
-   sets (pair, AppKey x SaveFwd, hour): counts, sums and maxima in generated
-   code, then mergeable KLL sketches for the percentiles; the AppKey and
-   SaveFwd rows merge the rows and sketches of their combinations, the
+   sets (pair, AppKey x SaveFwd x path, hour): counts, sums and maxima in
+   generated code, then mergeable KLL sketches for the percentiles; the
+   AppKey, SaveFwd and path rows merge the rows and sketches of their combinations, the
    per-day rows and the overall row the hourly ones, so no value is
    sketched twice. The legs are computed and stored (``localCheckpoint``) by
    the first of these passes. Percentiles are exact for groups of up to

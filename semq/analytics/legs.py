@@ -3,9 +3,10 @@
 The legs of a message's way (SPEC "The flow": queued, sent, forwarded or
 stored, delivered, in the inbox, confirmed by ACK2), each on the clock that
 measures it, cross-clock legs corrected by the estimated offsets; its outcome
-(confirmed, delivered, failed, best effort, in flight, stuck) and, when not
-confirmed, where it is (docs/analytics.md "Per message"). :func:`_derive`
-computes them for every message from the per-message table.
+(confirmed, delivered, failed, best effort, in flight, stuck), the link it
+took (direct or relay) and, when not confirmed, where it is
+(docs/analytics.md "Per message"). :func:`_derive` computes them for every
+message from the per-message table.
 """
 
 from __future__ import annotations
@@ -141,6 +142,10 @@ def _derive(spark: Any, messages: Any, offsets: dict[int, int], periods: list[Of
         .when(c("o_dead").isNotNull(), "dead")
     )
     age = F.lit(as_of) - c("t0")
+    # The receiver's first arrival decides, else the origin's last send
+    # (:data:`.permessage._PATHS`: the low bit is the link).
+    path_bits = F.coalesce(c("r_received_path"), c("o_sent_path"))
+    path = F.when(path_bits.bitwiseAND(F.lit(1)) == 1, "direct").otherwise("relay")
     outcome = (
         F.when(confirmed, "confirmed")
         .when(~reliable, "best_effort")
@@ -171,6 +176,7 @@ def _derive(spark: Any, messages: Any, offsets: dict[int, int], periods: list[Of
     )
     return m.select(
         "lk0", "source_h", "target_h", "domain_h", "data_type_h", "save_fwd", "ack2", "reliable",
+        path.alias("path"),
         "t0",
         # Hour bucket as epoch ms (formatted on the driver: date_format per row is slow).
         (c("t0") - F.pmod(c("t0"), F.lit(HOUR_MS))).alias("hour"),

@@ -3,8 +3,9 @@
 One shuffle of the events by LK0, then two hash aggregations in the same
 tasks (docs/analytics.md "Per message"): first by (message, identity of a
 counted event), which drops exact duplicate lines, then by message: the first
-time of every step of SPEC "The flow", the counts (sends, resends,
-inquiries, duplicates), the attributes. Strings travel as 64-bit hashes.
+time of every step of SPEC "The flow", the link the document took (direct
+or relay), the counts (sends, resends, inquiries, duplicates), the
+attributes. Strings travel as 64-bit hashes.
 The first aggregation's rows are what ``semq report compact`` stores per date
 (:func:`message_partials`, layout in :mod:`.compacted`); they merge exactly.
 """
@@ -77,6 +78,17 @@ _FIRSTS: Final = (
     ("r_inbox", "receiver", "inbox"),
     ("r_ack2_sent", "receiver", "ack2_sent"),
     ("r_reack2", "receiver", "reack2"),
+)
+# The link of a document (docs/events.md "path"): that of the receiver's first
+# `received` (the copy that reached the inbox), else of the origin's last
+# `sent`. Each is kept as ``ts * 2 + direct`` (direct 1, relay 0): the min
+# (max) of these numbers over the events is the first (last) one's time and
+# link, a plain aggregate of one long that merges exactly like the others.
+# Partials compacted before the column existed read it as null, which is
+# right: their events were compacted without `path` either (relay).
+_PATHS: Final = (
+    ("r_received_path", "min", "receiver", "received"),
+    ("o_sent_path", "max", "origin", "sent"),
 )
 # Events that are counted per message. Exact duplicate lines of these are
 # counted once (first and last times are not changed by a repeated line).
@@ -162,11 +174,15 @@ def _prepared(events: Any, *keep: str) -> Any:
     unused = functools.reduce(lambda a, b: a | b, [
         (c("role") == r) & (c("event") == e) for r, e in _UNUSED
     ])
+    # The time and link of an event in one number (see _PATHS); a line
+    # without `path` (written before direct links) is relay.
+    path_ts = F.shiftleft(c("ts"), 1) + F.when(c("path") == "direct", 1).otherwise(0)
     return (
         events.where(~F.coalesce(unused, F.lit(False)))
         .select("*", _event_code().alias("ec"))
         .select(
             key.alias("k"), "ts", "ec", "code", "attempt", "save_fwd", "ack2", "reliable",
+            path_ts.alias("path_ts"),
             _hash("logger").alias("lh"),
             *[_hash(col).alias(f"{col}_h") for col in _DICT_COLUMNS if col != "logger"],
             F.when(counted, identity).alias("dk"),
@@ -183,6 +199,7 @@ _ATTRIBUTE_TYPES: Final = {"save_fwd": "int", "ack2": "boolean", "reliable": "bo
 # (each Spark column built is a round trip to the JVM).
 _LEVEL1_LAYOUT: Final = (
     *[(name, "min", "bigint") for name, _, _ in _FIRSTS],
+    *[(name, how, "bigint") for name, how, _, _ in _PATHS],
     ("code", "max", "int"),
     ("sent_attempt", "max", "int"),
     ("delivered_attempt", "max", "int"),
@@ -211,8 +228,10 @@ def _level1() -> list[tuple[str, Any, str, str]]:
     ec, ts = c("ec"), c("ts")
     sent, delivered = _EVENT_CODES[("origin", "sent")], _EVENT_CODES[("platform", "delivered")]
     roles = {p: ec.between(*_ROLE_CODES[r]) for p, r in (("o", "origin"), ("p", "platform"), ("r", "receiver"))}
+    merge = {"min": F.min, "max": F.max}
     aggregates = [
         *[F.min(F.when(ec == _EVENT_CODES[(r, e)], ts)) for _, r, e in _FIRSTS],
+        *[merge[how](F.when(ec == _EVENT_CODES[(r, e)], c("path_ts"))) for _, how, r, e in _PATHS],
         F.max(F.when(ec.isin(*_codes(_FAILURES)), c("code"))),
         F.max(F.when(ec == sent, c("attempt"))),
         F.max(F.when(ec == delivered, c("attempt"))),
@@ -353,6 +372,7 @@ def _per_message(events: Any | None, partials: Any | None = None, *,
 # (column, type) of the per-message rows (:func:`_level2`), after the key ``k``.
 _LEVEL2_LAYOUT: Final = (
     *[(name, "bigint") for name, _, _ in _FIRSTS],
+    *[(name, "bigint") for name, _, _, _ in _PATHS],
     *[(name, "bigint") for name, _, _ in _COUNTS],
     ("code", "int"),
     *[(f"{p}_lh", "bigint") for p in "opr"],
@@ -386,8 +406,10 @@ def _level2() -> list[tuple[str, Any]]:
         "p_inquiries": count("platform", "inquiry"),
         "r_duplicates": count("receiver", "duplicate"),
     }
+    merge = {"min": F.min, "max": F.max}
     aggregates = [
         *[F.min(name) for name, _, _ in _FIRSTS],
+        *[merge[how](name) for name, how, _, _ in _PATHS],
         *[counts[name] for name, _, _ in _COUNTS],
         F.max("code"),
         *[F.max(f"{p}_lh") for p in "opr"],

@@ -49,6 +49,11 @@ _AGG_COLUMNS: Final = (
     "e2e_ms_max", "delivery_ms_p50", "delivery_ms_p90", "delivery_ms_p99", "dwell_ms_p90",
     "resend_rate", "duplicates_suppressed", "per_minute",
 )
+# The by_path table in the HTML: the headline latencies per link.
+_PATH_COLUMNS: Final = (
+    "path", "messages", "confirmed", "delivered", "failed", "stuck",
+    *[f"{leg}_{q}" for leg in ("e2e_ms", "delivery_ms") for q in ("p50", "p90", "p99", "max")],
+)
 
 
 # ---------------------------------------------------------------- files
@@ -216,6 +221,7 @@ def render_html(data: ReportData) -> str:
                      "confirmed, delivered or reported as not delivered.</p>")
     for name, columns, limit in (
         ("by_save_fwd", None, None),
+        ("by_path", _PATH_COLUMNS, None),
         ("by_appkey", None, None),
         ("by_pair", None, HTML_PAIR_ROWS),
         ("by_day", None, None),
@@ -315,7 +321,7 @@ def _text_table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
 
 
 def render_text(data: ReportData, top: int = 10) -> str:
-    """A terminal summary: counts, where the time goes, SaveFwd modes, slowest pairs, stuck."""
+    """A terminal summary: counts, where the time goes, SaveFwd modes, paths, slowest pairs, stuck."""
     meta = data.meta
     s = _summary(data)
     n = s["messages"]
@@ -349,6 +355,16 @@ def render_text(data: ReportData, top: int = 10) -> str:
               fmt_duration(r["e2e_ms_p50"]), fmt_duration(r["e2e_ms_p90"]),
               fmt_duration(r["e2e_ms_p99"]), fmt_duration(r["dwell_ms_p90"])]
              for r in data["by_save_fwd"].dicts()],
+        ),
+        "",
+        "Latency by path (direct link or platform relay)",
+        _text_table(
+            ["path", "messages", *[f"{leg} {q}" for leg in ("e2e", "delivery")
+                                   for q in ("p50", "p90", "p99", "max")]],
+            [[r["path"], f"{r['messages']:,}",
+              *[fmt_duration(r[f"{leg}_ms_{q}"]) for leg in ("e2e", "delivery")
+                for q in ("p50", "p90", "p99", "max")]]
+             for r in data["by_path"].dicts()],
         ),
         "",
         f"Slowest pairs (p90 end to end, top {top})",

@@ -48,7 +48,8 @@ _AGG_TYPES: Final = {"messages": "long", "resend_rate": "double", "per_minute": 
 
 
 def _aggregate_table(name: str, title: str, keys: list[str], rows: list[dict[str, Any]],
-                     window_start: int, window_end: int, names: dict[int, str]) -> Table:
+                     window_start: int, window_end: int, names: dict[int, str],
+                     description: str = "") -> Table:
     """count, outcomes, p50/p90/p99/max of every leg, resends, duplicates, throughput."""
     columns: list[str] = []
     types: list[str] = []
@@ -95,7 +96,8 @@ def _aggregate_table(name: str, title: str, keys: list[str], rows: list[dict[str
         out.append((*key_values, *values))
     # Sorted here: the keys are hashes in Spark and names only now.
     out.sort(key=lambda row: tuple((v is None, v) for v in row[:len(keys)]))
-    return Table(name=name, title=title, columns=columns, types=types, rows=out)
+    return Table(name=name, title=title, columns=columns, types=types, rows=out,
+                 description=description)
 
 
 def _legs_table(overall: dict[str, Any]) -> Table:

@@ -14,7 +14,11 @@ SaveFwd modes; organizations going offline and coming back (the platform logs
 each hop with inquiries and resends; duplicate arrivals the receiver suppresses;
 messages stuck at the origin, stored at the platform, and delivered but never
 confirmed; best-effort messages; messages that ask no ACK2; and a clock offset
-per organization (the platform's clock is the true time).
+per organization (the platform's clock is the true time). With
+``SynthConfig.direct`` some documents go over a direct node-to-node link
+instead of the platform (faster: one hop, no platform); then every send,
+arrival and ACK2 carries its ``path`` (docs/events.md). Without it (the
+default) the logs are those of nodes from before direct links: no ``path``.
 
 The same seed gives byte-identical files. Lines are not sorted by time within
 a file (they are written message by message): a reader must not assume order,
@@ -28,6 +32,7 @@ import json
 import math
 import random
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -72,10 +77,16 @@ class SynthConfig:
     mean_online_ms: int = 6 * 3_600_000  # mean time between disconnects
     cleaned: bool = True  # log `cleaned` events (real daemons do)
     platform: str = "P1"
+    # Share of documents sent over a direct link (when the target is online at
+    # the send). 0: none, no `path` field at all, and draws nothing from the
+    # random stream, so a seed gives the same logs as before direct links.
+    direct: float = 0.0
 
     def __post_init__(self) -> None:
         if self.messages < 0 or self.orgs < 2:
             raise ValueError(f"need messages >= 0 and orgs >= 2, got {self.messages}, {self.orgs}")
+        if not 0.0 <= self.direct <= 1.0:
+            raise ValueError(f"direct is a share of the documents, 0..1, got {self.direct}")
 
 
 @dataclass(kw_only=True)
@@ -89,6 +100,9 @@ class SynthStats:
     skew_ms: dict[str, int] = field(default_factory=dict)  # logger -> clock minus true time
     outcomes: Counter[str] = field(default_factory=Counter)
     stuck: Counter[str] = field(default_factory=Counter)  # place -> messages older than 1 h
+    # path -> messages: direct when their DATA went over a direct link before
+    # the end of the log, else relay (the report's rule, docs/events.md).
+    paths: Counter[str] = field(default_factory=Counter)
 
 
 class _Writer:
@@ -236,6 +250,10 @@ def generate(out_dir: str | Path, config: SynthConfig | None = None) -> SynthSta
     def net() -> float:
         return 3 + rng.expovariate(1 / 12)  # one hop through loopback-ish WAN: mean 15 ms
 
+    # The `path` of sends, arrivals and ACK2s (none unless direct links are simulated).
+    relay = ',"path":"relay"' if cfg.direct else ""
+    direct = ',"path":"direct"'
+
     step = cfg.duration_ms / max(cfg.messages, 1)
     for n in range(cfg.messages):
         t_q = begin + n * step + rng.uniform(0, step)
@@ -273,6 +291,32 @@ def generate(out_dir: str | Path, config: SynthConfig | None = None) -> SynthSta
                  lg: str = r_log, d: str = r_dir) -> None:
             emit(lg, d, t, "receiver", event, b + extra)
 
+        def confirm(t_ack: float, t_in: float, path: str, hops: int, asked: bool = ack2,
+                    o: Callable[..., None] = origin, r: Callable[..., None] = recv) -> float:
+            """The end of a reliable message's way, `hops` hops each way between
+            the organizations; returns when the ACK2 reached the origin (inf: never)."""
+            if not asked:
+                if cfg.cleaned:
+                    o(t_ack + 1, "cleaned")  # SS_ACK and no ACK2 asked
+                    r(t_in + 1, "cleaned")
+                return math.inf
+            t_a2s = t_in + rng.uniform(0.5, 2)
+            r(t_a2s, "ack2_sent")
+            if rng.random() < cfg.unconfirmed:
+                return math.inf
+            t_a2 = t_a2s
+            for _ in range(hops):
+                t_a2 += net()
+            o(t_a2, "ack2", path)
+            t_re = t_a2
+            for _ in range(hops):
+                t_re += net()
+            r(t_re, "reack2")
+            if cfg.cleaned:
+                o(t_a2 + rng.uniform(1, 50), "cleaned")
+                r(t_re + 1, "cleaned")
+            return t_a2
+
         stats.messages += 1
         origin(t_q, "queued")
         # The origin sends once it is connected to the platform.
@@ -283,19 +327,36 @@ def generate(out_dir: str | Path, config: SynthConfig | None = None) -> SynthSta
         t_pr = t_f = t_st = t_rx = t_in = t_a2 = inf
         failed = False
 
+        # A direct link needs the target online when the origin sends. With
+        # cfg.direct 0 no number is drawn (the seed's logs stay as they were).
+        if cfg.direct and rng.random() < cfg.direct and schedules[dst].online_at(t_s) == t_s:
+            stats.paths["direct" if t_s <= log_end else "relay"] += 1
+            origin(t_s, "sent", ',"attempt":1' + direct)
+            t_rx = t_s + net()
+            recv(t_rx, "received", direct)
+            t_in = t_rx + rng.uniform(1, 10)
+            recv(t_in, "inbox")
+            if reliable:
+                t_a2 = confirm(t_rx + net(), t_in, direct, 1)
+            elif cfg.cleaned:
+                origin(t_s + 1, "cleaned")
+            _truth(stats, t_q, log_end, reliable, ack2, failed, t_pr, t_f, t_st, t_rx, t_a2)
+            continue
+        stats.paths["relay"] += 1
+
         if reliable and rng.random() < cfg.stuck_origin:
             # The platform never gets it: the origin asks and resends, in vain.
-            origin(t_s, "sent", ',"attempt":1')
+            origin(t_s, "sent", ',"attempt":1' + relay)
             for k in (2, 3):
                 t_s += INQUIRY_INTERVAL_MS
                 origin(t_s, "inquiry", ',"detail":"platform"')
                 origin(t_s + 1, "resend")
-                origin(t_s + 2, "sent", f',"attempt":{k}')
+                origin(t_s + 2, "sent", f',"attempt":{k}' + relay)
             _truth(stats, t_q, log_end, reliable, ack2, failed, t_pr, t_f, t_st, t_rx, t_a2)
             continue
 
         while True:
-            origin(t_s, "sent", f',"attempt":{attempt}')
+            origin(t_s, "sent", f',"attempt":{attempt}' + relay)
             if reliable and rng.random() < cfg.loss:
                 # Lost before the platform: still SS_SENT after the interval, the
                 # platform says "not received", back to SS_INIT, resend (SPEC 5).
@@ -318,7 +379,7 @@ def generate(out_dir: str | Path, config: SynthConfig | None = None) -> SynthSta
                 t_f = t_pr + rng.uniform(0.2, 3)
                 plat(t_f, "forwarded")
                 t_rx = t_f + net()
-                recv(t_rx, "received")
+                recv(t_rx, "received", relay)
                 recv(t_rx + rng.uniform(1, 10), "inbox")
             else:
                 plat(t_pr + 0.5, "dropped", ',"code":404')
@@ -338,7 +399,7 @@ def generate(out_dir: str | Path, config: SynthConfig | None = None) -> SynthSta
                 origin(t_i + 1, "resend")
                 attempt += 1
                 t_s2 = t_i + 2
-                origin(t_s2, "sent", f',"attempt":{attempt}')
+                origin(t_s2, "sent", f',"attempt":{attempt}' + relay)
                 t_p2 = t_s2 + net()
                 plat(t_p2, "received", f',"attempt":{attempt}')
                 t_f2 = t_p2 + rng.uniform(0.2, 3)
@@ -348,7 +409,7 @@ def generate(out_dir: str | Path, config: SynthConfig | None = None) -> SynthSta
                 t_rx = t_f2 + net()
             else:
                 t_rx = t_f + net()
-            recv(t_rx, "received")
+            recv(t_rx, "received", relay)
             t_in = t_rx + rng.uniform(1, 10)
             recv(t_in, "inbox")
             if rng.random() < cfg.duplicate:
@@ -356,7 +417,7 @@ def generate(out_dir: str | Path, config: SynthConfig | None = None) -> SynthSta
                 t_i = t_ack + INQUIRY_INTERVAL_MS
                 origin(t_i, "inquiry", ',"detail":"target"')
                 origin(t_i + 1, "resend")
-                origin(t_i + 2, "sent", f',"attempt":{attempt + 1}')
+                origin(t_i + 2, "sent", f',"attempt":{attempt + 1}' + relay)
                 t_p2 = t_i + 2 + net()
                 plat(t_p2, "received", f',"attempt":{attempt + 1}')
                 plat(t_p2 + 1, "forwarded")
@@ -388,7 +449,7 @@ def generate(out_dir: str | Path, config: SynthConfig | None = None) -> SynthSta
                 t_d += INQUIRY_INTERVAL_MS + 1
                 plat(t_d, "delivered", lk1 + ',"attempt":2')
             t_rx = t_d + net()
-            recv(t_rx, "received", lk1)
+            recv(t_rx, "received", lk1 + relay)
             t_in = t_rx + rng.uniform(1, 10)
             recv(t_in, "inbox", lk1)
             t_pa = t_in + net()
@@ -400,22 +461,8 @@ def generate(out_dir: str | Path, config: SynthConfig | None = None) -> SynthSta
             if cfg.cleaned:
                 plat(t_pa + 1, "cleaned", lk1)
 
-        if not ack2:
-            if cfg.cleaned:
-                origin(t_ack + 1, "cleaned")  # SS_ACK and no ACK2 asked
-                recv(t_in + 1, "cleaned")
-            _truth(stats, t_q, log_end, reliable, ack2, failed, t_pr, t_f, t_st, t_rx, t_a2)
-            continue
-        t_a2s = t_in + rng.uniform(0.5, 2)
-        recv(t_a2s, "ack2_sent")
-        if rng.random() >= cfg.unconfirmed:
-            t_a2 = t_a2s + net() + net()
-            origin(t_a2, "ack2")
-            t_re = t_a2 + net() + net()
-            recv(t_re, "reack2")
-            if cfg.cleaned:
-                origin(t_a2 + rng.uniform(1, 50), "cleaned")
-                recv(t_re + 1, "cleaned")
+        # Through the platform: two hops each way.
+        t_a2 = confirm(t_ack, t_in, relay, 2)
         _truth(stats, t_q, log_end, reliable, ack2, failed, t_pr, t_f, t_st, t_rx, t_a2)
 
     writer.flush()
@@ -458,4 +505,5 @@ def _stats_json(stats: SynthStats) -> dict[str, object]:
     out = asdict(stats)
     out["outcomes"] = dict(stats.outcomes)
     out["stuck"] = dict(stats.stuck)
+    out["paths"] = dict(stats.paths)
     return out

@@ -58,6 +58,9 @@ def test_validate_event_accepts_a_good_line_and_names_each_problem() -> None:
     assert validate_event(node) == ["node_online without node"]
     assert validate_event({**node, "node": "B"}) == []
     assert validate_event([1]) == ["not a JSON object but list"]
+    assert validate_event({**GOOD, "event": "sent", "path": "direct"}) == []
+    assert validate_event({**GOOD, "event": "sent", "path": "mesh"}) == [
+        "path='mesh' is not direct or relay"]
 
 
 def test_validate_file_reports_line_numbers(tmp_path: Path) -> None:
@@ -241,6 +244,34 @@ def test_synth_is_deterministic_and_valid(tmp_path: Path) -> None:
     assert a.events == b.events > 300 * 5
     with pytest.raises(FileExistsError):
         generate(tmp_path / "a", cfg)
+
+
+def test_synth_direct_links(tmp_path: Path) -> None:
+    """By default no line carries `path` (the logs of nodes before direct
+    links); with `direct`, every send, arrival and ACK2 names its link, and
+    the direct documents skip the platform."""
+    plain = generate(tmp_path / "plain", SynthConfig(messages=300, orgs=4, seed=7))
+    assert plain.paths == {"relay": 300}
+    assert not any('"path"' in f.read_text() for f in (tmp_path / "plain").rglob("*.jsonl"))
+
+    mixed = generate(tmp_path / "mixed", SynthConfig(messages=300, orgs=4, seed=7, direct=0.5))
+    assert mixed.paths["direct"] > 50 and mixed.paths["relay"] > 50
+    assert sum(mixed.paths.values()) == mixed.messages == 300
+    lines = [json.loads(x) for f in (tmp_path / "mixed").rglob("*.jsonl")
+             for x in f.read_text().splitlines()]
+    paths: dict[tuple[str, str], set[str]] = {}
+    for x in lines:
+        if x["event"] in ("sent", "received", "ack2") and x["role"] != "platform":
+            paths.setdefault((x["role"], x["event"]), set()).add(x["path"])
+        else:
+            assert "path" not in x, x
+    assert paths == {(role, event): {"direct", "relay"} for role, event in
+                     (("origin", "sent"), ("receiver", "received"), ("origin", "ack2"))}
+    direct = {x["lk0"] for x in lines if x.get("path") == "direct" and x["event"] == "sent"}
+    assert len(direct) == mixed.paths["direct"]
+    assert not any(x["role"] == "platform" and x.get("lk0") in direct for x in lines)
+    with pytest.raises(ValueError, match="direct"):
+        SynthConfig(direct=1.5)
 
 
 def test_charts_are_svg_without_urls() -> None:

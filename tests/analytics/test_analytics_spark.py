@@ -258,6 +258,103 @@ def test_exact_percentiles_on_small_data(report: ReportData) -> None:
     assert legs["e2e_ms"]["messages"] == 103 and legs["dwell_ms"]["p50_ms"] == 61_500 - 2032
 
 
+def test_logs_without_a_path_count_as_relay(report: ReportData) -> None:
+    """The scenario's logs are from before direct links: no line has `path`."""
+    overall = report["overall"].dicts()[0]
+    [relay] = report["by_path"].dicts()
+    assert relay["path"] == "relay" and relay["messages"] == overall["messages"] == 111
+    for col in ("e2e_ms_p50", "e2e_ms_p90", "e2e_ms_p99", "e2e_ms_max", "delivery_ms_p50"):
+        assert relay[col] == overall[col], col
+    assert {m["path"] for m in report["messages"].dicts()} == {"relay"}
+
+
+def path_scenario() -> Logs:
+    """Documents over the platform relay and over direct links, with known ends
+    to end, and the cases of the rule (docs/events.md "path")."""
+    L = Logs()
+    for i in range(1, 101):  # relay, end to end i s
+        m = L.msg(f"A/1/2/{i}", "A", "B")
+        q = i * 1000
+        L.o(m, "queued", q)
+        L.o(m, "sent", q + 1, attempt=1, path="relay")
+        for fn, ev, t in ((L.p, "received", q + 20), (L.p, "forwarded", q + 22),
+                          (L.o, "ack_fwd", q + 40)):
+            fn(m, ev, t)
+        L.r(m, "received", q + 50, path="relay")
+        L.r(m, "inbox", q + 55)
+        L.r(m, "ack2_sent", q + 56)
+        L.o(m, "ack2", q + i * 1000, path="relay")
+    for i in range(1, 21):  # direct, end to end i * 100 ms
+        m = L.msg(f"C/1/2/{i}", "C", "D")
+        q = 200_000 + i * 1000
+        L.o(m, "queued", q)
+        L.o(m, "sent", q + 1, attempt=1, path="direct")
+        L.r(m, "received", q + 10, path="direct")
+        L.r(m, "inbox", q + 12)
+        L.r(m, "ack2_sent", q + 13)
+        L.o(m, "ack2", q + i * 100, path="direct")
+    # No ACK2 asked from here on: these add documents, no end to end.
+    q = 300_000
+    m = L.msg("C/1/3/1", "C", "D", ack2=False)  # sent direct, nothing from the receiver
+    L.o(m, "queued", q)
+    L.o(m, "sent", q + 1, attempt=1, path="direct")
+    m = L.msg("C/1/3/2", "C", "D", ack2=False)  # last send direct, first arrival relay
+    L.o(m, "queued", q)
+    L.o(m, "sent", q + 1, attempt=1, path="relay")
+    L.o(m, "sent", q + 20_000, attempt=2, path="direct")
+    L.r(m, "received", q + 50, path="relay")
+    L.r(m, "inbox", q + 55)
+    L.r(m, "received", q + 20_010, path="direct")
+    L.r(m, "duplicate", q + 20_010)
+    m = L.msg("C/1/3/3", "C", "D", ack2=False)  # last send relay, first arrival direct
+    L.o(m, "queued", q)
+    L.o(m, "sent", q + 1, attempt=1, path="direct")
+    L.o(m, "sent", q + 20_000, attempt=2, path="relay")
+    L.r(m, "received", q + 10, path="direct")
+    L.r(m, "inbox", q + 12)
+    m = L.msg("C/1/3/4", "C", "D", ack2=False)  # sent direct, arrival logged without path
+    L.o(m, "queued", q)
+    L.o(m, "sent", q + 1, attempt=1, path="direct")
+    L.r(m, "received", q + 10)
+    L.r(m, "inbox", q + 12)
+    m = L.msg("A/1/3/5", "A", "B", ack2=False)  # no path anywhere: an older node
+    for fn, ev, t in ((L.o, "queued", q), (L.o, "sent", q + 1), (L.p, "received", q + 20),
+                      (L.p, "forwarded", q + 22), (L.o, "ack_fwd", q + 40),
+                      (L.r, "received", q + 50), (L.r, "inbox", q + 55)):
+        fn(m, ev, t)
+    return L
+
+
+def test_latency_by_path(spark: Any, tmp_path: Path) -> None:
+    """Per path: the documents and exact percentiles of their ends to end; a
+    document's path is its first arrival's, else its origin's last send's,
+    else relay. Compacted, the logs give the same tables."""
+    path_scenario().write(tmp_path / "logs")
+    report = build_report(spark, resolve_inputs([str(tmp_path / "logs")]),
+                          ReportOptions(with_messages=True))
+    paths = {m["lk0"]: m["path"] for m in report["messages"].dicts()}
+    assert {k: v for k, v in paths.items() if "/1/3/" in k} == {
+        "C/1/3/1": "direct", "C/1/3/2": "relay", "C/1/3/3": "direct", "C/1/3/4": "relay",
+        "A/1/3/5": "relay"}
+    rows = {r["path"]: r for r in report["by_path"].dicts()}
+    assert [r["path"] for r in report["by_path"].dicts()] == ["direct", "relay"]
+    assert (rows["direct"]["messages"], rows["relay"]["messages"]) == (22, 103)
+    assert (rows["direct"]["confirmed"], rows["relay"]["confirmed"]) == (20, 100)
+    e2e = [f"e2e_ms_{q}" for q in ("p50", "p90", "p99", "max")]
+    assert [rows["direct"][c] for c in e2e] == [1000, 1800, 2000, 2000]
+    assert [rows["relay"][c] for c in e2e] == [50_000, 90_000, 99_000, 100_000]
+    # Queued → inbox: 12 ms direct, 55 ms relay (within the clock estimate).
+    assert rows["direct"]["delivery_ms_max"] <= 20 < rows["relay"]["delivery_ms_p50"]
+    text = render_text(report)
+    assert "Latency by path" in text and "1.8 s" in text and "1.7 min" in text
+    assert "<h2>Latency by path</h2>" in render_html(report)
+
+    compact(spark, resolve_inputs([str(tmp_path / "logs")]), str(tmp_path / "pq"))
+    again = build_report(spark, resolve_inputs([str(tmp_path / "pq")]), ReportOptions(with_messages=True))
+    assert again.meta["compacted_final"]
+    assert_same_tables(report, again)
+
+
 def test_compacted_parquet_gives_the_same_tables(spark: Any, logs_dir: Path, tmp_path: Path,
                                                  report: ReportData) -> None:
     out = tmp_path / "pq"
@@ -284,8 +381,8 @@ def assert_same_tables(want: ReportData, got: ReportData) -> None:
 # Small enough that every group holds under SKETCH_K values: percentiles are
 # exact, so two reports agree to the last digit. Over three days, with
 # messages stored for offline targets and skewed clocks, many messages have
-# events on two dates.
-SYNTH = SynthConfig(messages=800, orgs=4, seed=11, duration_ms=3 * 86_400_000)
+# events on two dates. A quarter of the documents go over direct links.
+SYNTH = SynthConfig(messages=800, orgs=4, seed=11, duration_ms=3 * 86_400_000, direct=0.25)
 
 
 def _log_days(root: Path) -> list[str]:
@@ -345,7 +442,7 @@ def test_every_aggregate_table_agrees_with_the_per_message_table(synth_report: R
     messages = synth_report["messages"].dicts()
     for table, key in (("overall", ()), ("by_pair", ("source", "target")),
                        ("by_appkey", ("domain", "data_type")), ("by_save_fwd", ("save_fwd",)),
-                       ("by_day", ("day",)), ("by_hour", ("hour",))):
+                       ("by_path", ("path",)), ("by_day", ("day",)), ("by_hour", ("hour",))):
         groups: dict[tuple[Any, ...], list[dict[str, Any]]] = {}
         for m in messages:
             groups.setdefault(tuple(m[k] for k in key), []).append(m)
@@ -362,6 +459,7 @@ def test_every_aggregate_table_agrees_with_the_per_message_table(synth_report: R
                 column = "target_offline_max_ms" if name == "target_offline" else f"{name}_max"
                 assert row[column] == (max(values) if values else None), (table, column)
             assert row["resends"] == sum(m["resends"] for m in ms), table
+    assert {r["path"] for r in synth_report["by_path"].dicts()} == {"direct", "relay"}
 
 
 def test_partials_of_separate_compaction_runs_merge(spark: Any, synth_logs: Path, compacted_by_day: Path,
@@ -584,7 +682,7 @@ def test_cli_writes_report_files(spark: Any, logs_dir: Path, tmp_path: Path,
     assert "join events by LK0" in captured.err  # progress on stderr
     html = (out / "report.html").read_text()
     assert "<svg" in html and "http://" not in html and "https://" not in html
-    for name in ("overall", "legs", "by_pair", "by_appkey", "by_save_fwd", "by_hour", "by_day",
+    for name in ("overall", "legs", "by_pair", "by_appkey", "by_save_fwd", "by_path", "by_hour", "by_day",
                  "histogram", "stuck", "failed", "clock_skew", "offline", "loggers"):
         assert (out / f"{name}.csv").stat().st_size > 0
         assert (out / f"{name}.parquet").stat().st_size > 0
@@ -593,11 +691,18 @@ def test_cli_writes_report_files(spark: Any, logs_dir: Path, tmp_path: Path,
     assert first[0] == "110"
 
 
-def test_synthetic_logs_match_their_ground_truth(spark: Any, tmp_path: Path) -> None:
-    stats = generate(tmp_path / "syn", SynthConfig(messages=3000, orgs=5, seed=3, max_skew_ms=600_000))
+@pytest.mark.parametrize("direct", [0.0, 0.3])
+def test_synthetic_logs_match_their_ground_truth(spark: Any, tmp_path: Path, direct: float) -> None:
+    stats = generate(tmp_path / "syn", SynthConfig(messages=3000, orgs=5, seed=3, max_skew_ms=600_000,
+                                                   direct=direct))
     data = build_report(spark, resolve_inputs([str(tmp_path / "syn")]), ReportOptions())
     overall = data["overall"].dicts()[0]
     assert overall["messages"] == stats.messages
+    by_path = {r["path"]: r for r in data["by_path"].dicts()}
+    assert {p: r["messages"] for p, r in by_path.items()} == stats.paths
+    if direct:  # one hop each way and no platform: faster
+        assert by_path["direct"]["e2e_ms_p50"] < by_path["relay"]["e2e_ms_p50"]
+        assert by_path["direct"]["delivery_ms_p50"] < by_path["relay"]["delivery_ms_p50"]
     for outcome in ("confirmed", "delivered", "failed", "best_effort"):
         assert overall[outcome] == stats.outcomes[outcome], outcome
     # The generator knows the true end of the log; the report only knows the

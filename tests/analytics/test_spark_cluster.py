@@ -154,7 +154,7 @@ def test_a_standalone_cluster_gives_the_local_report(tmp_path: Path) -> None:
     from semq.analytics.synth import SynthConfig, generate
 
     logs = real_run_logs(tmp_path / "run")
-    generate(tmp_path / "synth", SynthConfig(messages=600, orgs=4, seed=5, platform="SYN"))
+    generate(tmp_path / "synth", SynthConfig(messages=600, orgs=4, seed=5, platform="SYN", direct=0.3))
     logs.append(tmp_path / "synth")
     wrapper = tmp_path / "python"
     marker = tmp_path / "python-starts.txt"
@@ -172,7 +172,7 @@ def test_a_standalone_cluster_gives_the_local_report(tmp_path: Path) -> None:
     assert "messages 650:" in local  # 50 of the real run, 600 synthetic
     assert on_cluster == local
     want, got = _tables(tmp_path / "local"), _tables(tmp_path / "cluster")
-    assert len(want) == 13 and got.keys() == want.keys()
+    assert len(want) == 14 and got.keys() == want.keys()
     for name in want:
         assert got[name] == want[name], name
     assert not marker.exists(), (
