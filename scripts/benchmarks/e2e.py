@@ -791,6 +791,13 @@ def report_direct(a: argparse.Namespace, runs: dict[str, dict[str, list[dict[str
     rate_x, cpu_x = rate["direct"] / rate["relay"], cpu["direct"] / cpu["relay"]
     per_run = "; ".join(f"{p} " + ", ".join(f"{r['rate']:,.0f}" for r in on[p]) for p in PATHS)
     cpu_run = "; ".join(f"{p} " + ", ".join(f"{r['cpu']['total']:.0f}" for r in on[p]) for p in PATHS)
+    # Paired: the two paths of one run ran minutes apart at most, under the
+    # same neighbours; the ratio of each pair moves less than either rate.
+    pairs = [(d["rate"] / r["rate"], d["cpu"]["total"] / r["cpu"]["total"])
+             for r, d in zip(on["relay"], on["direct"], strict=True)]
+    paired = (f"paired per run (direct / relay of the same run): rate {', '.join(f'{x:.2f}' for x, _ in pairs)}"
+              f" (median {statistics.median(x for x, _ in pairs):.2f}x); CPU per document"
+              f" {', '.join(f'{y:.2f}' for _, y in pairs)} (median {statistics.median(y for _, y in pairs):.2f}x).")
     per_proc = ", ".join(
         f"{who} {statistics.median(r['cpu'][who] for r in on['direct']) / statistics.median(r['cpu'][who] for r in on['relay']):.2f}x"
         for who in ("A", "B"))
@@ -818,6 +825,7 @@ def report_direct(a: argparse.Namespace, runs: dict[str, dict[str, list[dict[str
         f"direct / relay, online full load: rate {rate_x:.2f}x (aim >= 1.5x: {'met' if rate_x >= 1.5 else 'NOT met'}),"
         f" CPU per document {cpu_x:.2f}x (aim <= 0.7x: {'met' if cpu_x <= 0.7 else 'NOT met'}); per process"
         f" {per_proc}.",
+        paired,
     ]
     print_table(
         "SEMQ end to end, relayed and direct: A -> platform -> B and A -> B, real processes on 127.0.0.1",
