@@ -42,8 +42,15 @@ every document exactly once after each phase.
 ``--security on|both`` measures with mutual TLS and end-to-end sealing and
 signatures too (when the daemons have them); the default is off.
 
+``--direct`` measures the relayed path (A -> platform -> B) beside a
+direct node-to-node link (A -> B, mutual TLS; B started with ``--listen
+127.0.0.1:0``), security on, alternated in one run: online and half load
+(store and drain need B offline, when there is no link: they are the relayed
+path's). See ``phase_path`` for how each phase is set up and checked.
+
 Usage: scripts/bench e2e [--count N] [--repeat R] [--security off|on|both]
                          [--synchronous MODE] [--phase-timeout S] [--keep] [--json]
+       scripts/bench e2e --direct [--count N] [--repeat R] [...]
 """
 
 from __future__ import annotations
@@ -61,7 +68,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, Final
 
@@ -180,7 +187,9 @@ class Cluster:
         if r.returncode:
             raise BenchError(f"semq {' '.join(args)}: {r.stderr.decode(errors='replace').strip()}")
 
-    def start(self, name: str) -> None:
+    def start(self, name: str, extra: Sequence[str] = ()) -> None:
+        """Start a daemon (``extra``: more ``run`` options, e.g. a node's
+        ``--listen`` for direct links) and wait until it says it runs."""
         if name in self.instances:
             i = self.instances.index(name)
             args = ["platform", "run", "--dir", name, *self.inquiry]
@@ -188,6 +197,7 @@ class Cluster:
                 args += ["--listen", f"127.0.0.1:{self.ports[i]}"]
         else:
             args = ["node", "run", "--dir", name, *self.inquiry]
+        args += extra
         log = self.root / f"{name}.log"
         with log.open("ab") as f:
             p = subprocess.Popen([*SEMQ, *args], cwd=self.root, env=self.env, stdout=f,
@@ -374,10 +384,14 @@ def percentile(values: Sequence[float], q: float) -> float:
     return s[k]
 
 
-def latencies(root: Path) -> dict[str, float]:
+def latencies(root: Path, exclude: Collection[str] = ()) -> dict[str, float]:
+    """Send -> inbox and queued -> inbox percentiles (ms) of every document
+    but those whose LK0 is in ``exclude`` (a warm-up's)."""
     a = events(root / "A" / "events", ["queued", "sent"])
     b = events(root / "B" / "events", ["inbox"])
     sent, queued, inbox = a["sent"], a["queued"], b["inbox"]
+    if exclude:
+        inbox = {k: v for k, v in inbox.items() if k not in exclude}
     s2i = [inbox[k] - sent[k] for k in inbox if k in sent]
     q2i = [inbox[k] - queued[k] for k in inbox if k in queued]
     return {"p50": percentile(s2i, 50), "p99": percentile(s2i, 99),
@@ -601,6 +615,250 @@ def code_version() -> str:
         return f"semq from {root}"
 
 
+# ---------------------------------------------------------------- direct links (--direct)
+
+# The two paths of --direct, both with security on (direct links are mutual
+# TLS between the nodes' certificates, so they need it):
+# - relay: B does not listen; A's documents go through the platform (A,
+#   policy "prefer" as by default, asks the platform where B listens and is
+#   told it does not);
+# - direct: B runs with --listen 127.0.0.1:0 and announces it; A dials B
+#   after its first documents went through the platform, then sends B's
+#   documents over the link (semq/node/direct.py).
+PATHS: Final = ("relay", "direct")
+LISTEN_ANY: Final = "127.0.0.1:0"
+WARMUP: Final = 10  # documents sent and confirmed before a --direct phase's N (not measured)
+WARMUP_FIRST: Final = 9_000_000  # their keys (S9000000...), apart from the measured ones
+
+
+def node_status(root: Path, who: str) -> dict[str, Any]:
+    """A node's status.json (written every second while it runs); {} when unreadable."""
+    try:
+        st = json.loads((root / who / "status.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return st if isinstance(st, dict) else {}
+
+
+def direct_link_up(root: Path, peer: str) -> bool:
+    """A's status.json shows its direct link to ``peer`` up."""
+    links = node_status(root, "A").get("direct", {}).get("links", [])
+    return any(link.get("peer") == peer and link.get("direction") == "out" and link.get("state") == "up"
+               for link in links)
+
+
+def path_counts(directory: Path, event: str, exclude: Collection[str]) -> dict[str, int]:
+    """How many ``event`` events ("sent" at A, "received" at B) name each
+    path ("relay", "direct"), but those of the LK0s in ``exclude``; a
+    document sent again counts again."""
+    needle = f'"event":"{event}"'
+    out: dict[str, int] = {}
+    for f in sorted(directory.glob("events-*.jsonl")):
+        with f.open(encoding="utf-8") as fh:
+            for line in fh:
+                if needle not in line:
+                    continue
+                e = json.loads(line)
+                if e.get("event") == event and e.get("lk0") not in exclude:
+                    p = str(e.get("path", "?"))
+                    out[p] = out.get(p, 0) + 1
+    return out
+
+
+def warm_up(c: Cluster, path: str, timeout: float) -> set[str]:
+    """Send WARMUP documents with A running and wait until they are
+    confirmed end to end, and on the direct path until A's link to B is up
+    (it is dialled once documents to B went through the platform). Returns
+    their LK0s, left out of every figure."""
+    from semq.node.api import NodeClient
+
+    with NodeClient(c.root / "A") as node:
+        node.send_many(documents(WARMUP_FIRST, WARMUP))
+    _wait(lambda: c.count("A", "SELECT count(*) FROM outbox") == 0
+          and c.count("B", "SELECT count(*) FROM inbox") == WARMUP, timeout, f"{WARMUP} warm-up documents confirmed")
+    if path == "direct":
+        _wait(lambda: direct_link_up(c.root, B), timeout, "A's direct link to B up (A's status.json)")
+    return set(events(c.root / "A" / "events", ["sent"])["sent"])
+
+
+def load_at_once(root: Path, n: int) -> float:
+    """Accept n documents into A's store in one transaction while A runs
+    (A sees none of them before the commit, then all); returns docs/s."""
+    from semq.node.api import NodeClient
+
+    with NodeClient(root / "A") as node:
+        t0 = time.perf_counter()
+        node.send_many(documents(0, n))
+        return n / (time.perf_counter() - t0)
+
+
+def phase_path(tmp: Path, n: int, a: argparse.Namespace, path: str, rate: float | None = None) -> dict[str, Any]:
+    """One online phase of ``--direct`` on ``path`` ("relay" or "direct"),
+    security on: P, B (listening on the direct path), A with an empty
+    store, the warm-up, then N documents accepted in one transaction (rate
+    None: full load) or fed at ``rate``/s. docs/s = N / (A's first ``sent``
+    of them -> A's last ``ack2``). Raises BenchError unless every one of the
+    N went on ``path``: by A's ``sent`` events, B's ``received`` events and,
+    for the direct path, A's ``sent_direct`` in status.json."""
+    c = _cluster(tmp, f"{path}-{'half' if rate else 'online'}", a)
+    try:
+        c.start_platform()
+        c.start("B", ["--listen", LISTEN_ANY] if path == "direct" else [])
+        _wait(lambda: c.online(B), a.phase_timeout, "B online")
+        c.start("A")
+        warm = warm_up(c, path, a.phase_timeout)
+        before = node_status(c.root, "A")
+        cpu0 = c.cpu()
+        accept = load_at_once(c.root, n) if rate is None else None
+        if rate is not None:
+            feed(c.root, n, rate, c)
+        _wait(lambda: c.count("B", "SELECT count(*) FROM inbox") == n + WARMUP
+              and c.count("A", "SELECT count(*) FROM outbox") == 0, a.phase_timeout,
+              f"{n} documents confirmed end to end at A")
+        cpu = _cpu_per_doc(cpu0, c.cpu(), n)
+        done_ms = time.time() * 1000
+        check_once(c, n + WARMUP)
+        # status.json is rewritten every second: one written after the end.
+        after = _wait(lambda: (st := node_status(c.root, "A")) and st.get("time_ms", 0) > done_ms and st,
+                      5.0, "A's status.json after the phase", 0.05)
+        link_up = direct_link_up(c.root, B)
+        c.stop_all()
+        sent = path_counts(c.root / "A" / "events", "sent", warm)
+        received = path_counts(c.root / "B" / "events", "received", warm)
+        status_direct = int(after.get("sent_direct", 0)) - int(before.get("sent_direct", 0))
+        status_again = int(after.get("direct", {}).get("sent_again", 0))
+        other = "relay" if path == "direct" else "direct"
+        if (sent.get(path, 0) < n or sent.get(other, 0) or received.get(path, 0) < n or received.get(other, 0)
+                or (path == "direct" and (status_direct < n or not link_up)) or (path == "relay" and status_direct)):
+            raise BenchError(
+                f"the {path} phase did not go {path}: A's sent events {sent}, B's received events {received},"
+                f" A's status.json sent_direct +{status_direct}, sent_again {status_again}, link up at the end:"
+                f" {link_up} (expected all {n} on {path}){f'; kept in {c.root}' if a.keep else ''}")
+        ev = events(c.root / "A" / "events", ["sent", "ack2"])
+        first = min(t for k, t in ev["sent"].items() if k not in warm)
+        last = max(t for k, t in ev["ack2"].items() if k not in warm)
+        secs = (last - first) / 1000
+        return {"path": path, "docs": n, "seconds": secs, "rate": n / secs, **latencies(c.root, warm),
+                "cpu": cpu, "accept": accept, "offered": rate, "sent_direct": sent.get("direct", 0),
+                "sent_relay": sent.get("relay", 0), "status_sent_direct": status_direct,
+                "received_direct": received.get("direct", 0), "sent_again": status_again}
+    finally:
+        _finish(c, a)
+
+
+def measure_direct(a: argparse.Namespace, base: Path) -> dict[str, dict[str, list[dict[str, Any]]]]:
+    """Both paths ``a.repeat`` times, alternated (relay first in odd runs,
+    direct first in even ones): full load, then half load paced at half of
+    the *relay's* full-load rate of the same run on both paths (the same
+    offered load, so their latencies compare)."""
+    a.secure = True
+    runs: dict[str, dict[str, list[dict[str, Any]]]] = {p: {"online": [], "half": []} for p in PATHS}
+    for r in range(a.repeat):
+        tmp = base / f"direct{r + 1}"
+        tmp.mkdir()
+        order = PATHS if r % 2 == 0 else PATHS[::-1]
+        for path in order:
+            _log(f"run {r + 1}/{a.repeat}: {path}, online, {a.count} documents")
+            runs[path]["online"].append(phase_path(tmp, a.count, a, path))
+        rate = runs["relay"]["online"][-1]["rate"] / 2
+        for path in order:
+            _log(f"run {r + 1}/{a.repeat}: {path}, half load, {a.count // 2} documents at {rate:,.0f}/s")
+            runs[path]["half"].append(phase_path(tmp, a.count // 2, a, path, rate=rate))
+    return runs
+
+
+def _cpu_total(row: dict[str, Any]) -> float:
+    """CPU us/doc of P, A and B together."""
+    return sum(v for k, v in row["cpu"].items() if k in ("P", "A", "B") and v is not None)
+
+
+def report_direct(a: argparse.Namespace, runs: dict[str, dict[str, list[dict[str, Any]]]], seconds: float) -> None:
+    rows = []
+    for k, label in (("online", "online (full load)"), ("half", "online (half load)")):
+        for path in PATHS:
+            rs = runs[path][k]
+            for r in rs:
+                r["cpu"]["total"] = _cpu_total(r)
+            rows.append([f"{path}: {label}", f"{rs[0]['docs']:,}", _f(_med(rs, "seconds"), ".2f"),
+                         _f(_med(rs, "rate")), _f(_med(rs, "p50"), ".0f"), _f(_med(rs, "p99"), ".0f"),
+                         _f(_med(rs, "q_p50"), ".0f") if k == "half" else "-",
+                         _f(_med(rs, "q_p99"), ".0f") if k == "half" else "-",
+                         *(_med_cpu(rs, who) for who in ("P", "A", "B", "total")),
+                         f"{min(r['sent_direct'] for r in rs):,}", f"{max(r['sent_relay'] for r in rs):,}"])
+    on = {p: runs[p]["online"] for p in PATHS}
+    rate = {p: _med(on[p], "rate") or 0.0 for p in PATHS}
+    cpu = {p: statistics.median(r["cpu"]["total"] for r in on[p]) for p in PATHS}
+    rate_x, cpu_x = rate["direct"] / rate["relay"], cpu["direct"] / cpu["relay"]
+    per_run = "; ".join(f"{p} " + ", ".join(f"{r['rate']:,.0f}" for r in on[p]) for p in PATHS)
+    cpu_run = "; ".join(f"{p} " + ", ".join(f"{r['cpu']['total']:.0f}" for r in on[p]) for p in PATHS)
+    # Paired: the two paths of one run ran minutes apart at most, under the
+    # same neighbours; the ratio of each pair moves less than either rate.
+    pairs = [(d["rate"] / r["rate"], d["cpu"]["total"] / r["cpu"]["total"])
+             for r, d in zip(on["relay"], on["direct"], strict=True)]
+    paired = (f"paired per run (direct / relay of the same run): rate {', '.join(f'{x:.2f}' for x, _ in pairs)}"
+              f" (median {statistics.median(x for x, _ in pairs):.2f}x); CPU per document"
+              f" {', '.join(f'{y:.2f}' for _, y in pairs)} (median {statistics.median(y for _, y in pairs):.2f}x).")
+    per_proc = ", ".join(
+        f"{who} {statistics.median(r['cpu'][who] for r in on['direct']) / statistics.median(r['cpu'][who] for r in on['relay']):.2f}x"
+        for who in ("A", "B"))
+    notes = [
+        f"1 KiB documents, SaveFwd=3, Ack2 on, security on (mutual TLS 1.3, documents sealed and signed); SQLite"
+        f" synchronous={a.synchronous}, WAL; median of {a.repeat} run(s), the paths alternated; {seconds:.0f} s in"
+        f" all; {code_version()}.",
+        "relay = A -> platform -> B (B does not listen); direct = A -> B over a mutual-TLS direct link (B runs"
+        f" with --listen {LISTEN_ANY}; A's policy 'prefer', the default). Fresh processes and stores per phase.",
+        f"Each phase: P, B, then A with an empty store; {WARMUP} warm-up documents confirmed end to end (they bring"
+        " the direct link up: A dials B once its first documents to B went through the platform), then the N"
+        " documents accepted in one transaction while A runs (full load) or fed at a pace (half load: half of the"
+        " relay's full-load rate of the same run, on both paths). Warm-up documents are in no figure.",
+        "docs/s = N / (A's first 'sent' -> A's last 'ack2' of the N). p50/p99 ms = A's 'sent' -> B's 'inbox'"
+        " event; queued = from A's 'queued' event (paced feeding only).",
+        "CPU us/doc = user+system CPU of each daemon during the phase / N (idle polling included); total = P + A"
+        " + B. On the direct path the platform only keeps A's and B's sessions.",
+        "sent direct / via platform = A's 'sent' events of the N by path (fewest direct, most relayed over the"
+        " runs); every direct phase was also checked against B's 'received' events (path direct) and A's"
+        " status.json sent_direct (+" + ", ".join(f"{r['status_sent_direct']:,}" for r in on["direct"])
+        + " in the full-load runs), else the run fails.",
+        "Store and drain (B offline) are not measured with --direct: with B offline there is no link to dial,"
+        " the documents go through the platform as on the relay path (scripts/bench e2e --security on).",
+        f"online docs/s per run: {per_run}. CPU total us/doc per run: {cpu_run}.",
+        f"direct / relay, online full load: rate {rate_x:.2f}x (aim >= 1.5x: {'met' if rate_x >= 1.5 else 'NOT met'}),"
+        f" CPU per document {cpu_x:.2f}x (aim <= 0.7x: {'met' if cpu_x <= 0.7 else 'NOT met'}); per process"
+        f" {per_proc}.",
+        paired,
+    ]
+    print_table(
+        "SEMQ end to end, relayed and direct: A -> platform -> B and A -> B, real processes on 127.0.0.1",
+        ["path: phase", "docs", "seconds", "docs/s", "p50 ms", "p99 ms", "queued p50", "queued p99",
+         "CPU P us/doc", "CPU A us/doc", "CPU B us/doc", "CPU total us/doc", "sent direct", "via platform"],
+        rows, notes)
+
+
+def _main_direct(a: argparse.Namespace, t0: float) -> int:
+    from semq._db import StoreError
+
+    base = Path(tempfile.mkdtemp(prefix="semq-bench-e2e-direct-"))
+    a.pg = None
+    try:
+        runs = measure_direct(a, base)
+    except (BenchError, StoreError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    except (OSError, sqlite3.Error, subprocess.SubprocessError) as e:
+        print(f"error: {type(e).__name__}: {e}", file=sys.stderr)
+        return 1
+    finally:
+        if a.keep:
+            _log(f"kept {base}")
+        else:
+            shutil.rmtree(base, ignore_errors=True)
+    if a.json:
+        print(json.dumps(runs, indent=1))
+    else:
+        report_direct(a, runs, time.monotonic() - t0)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     """Exit 0 when every phase completed, 1 when one failed (timeout, lost or
     duplicated document), 2 on a usage error."""
@@ -612,8 +870,12 @@ def main(argv: list[str] | None = None) -> int:
                    help="SQLite synchronous mode of all three stores (default FULL)")
     p.add_argument("--phase-timeout", type=float, default=DEFAULT_PHASE_TIMEOUT,
                    help="limit of each wait, s (default %(default)s)")
-    p.add_argument("--security", default="off", choices=["off", "on", "both"],
-                   help="TLS + end-to-end sealing and signatures (default off; needs security in the daemons)")
+    p.add_argument("--security", default=None, choices=["off", "on", "both"],
+                   help="TLS + end-to-end sealing and signatures (default off, on with --direct; needs security in"
+                        " the daemons)")
+    p.add_argument("--direct", action="store_true",
+                   help="the relayed path and the direct node-to-node link side by side (security on; online"
+                        " and half load only)")
     p.add_argument("--store", default="sqlite", choices=["sqlite", "postgresql"],
                    help="the platform's store (default sqlite; postgresql: a throwaway server, or SEMQ_TEST_PG)")
     p.add_argument("--platforms", type=int, default=1,
@@ -631,9 +893,16 @@ def main(argv: list[str] | None = None) -> int:
     if (a.platforms != 1 and a.store != "postgresql") or not 1 <= a.platforms <= 4:
         print("error: --platforms 2..4 needs --store postgresql (1..4 in all)", file=sys.stderr)
         return 2
+    if a.direct and (a.security not in (None, "on") or a.store != "sqlite"):
+        print("error: --direct measures with security on (direct links are mutual TLS) on the SQLite platform",
+              file=sys.stderr)
+        return 2
+    a.security = a.security or ("on" if a.direct else "off")
     from semq._db import StoreError
 
     t0 = time.monotonic()
+    if a.direct:
+        return _main_direct(a, t0)
     modes = {"off": [False], "on": [True], "both": [False, True]}[a.security]
     base = Path(tempfile.mkdtemp(prefix="semq-bench-e2e-"))
     results: dict[bool, dict[str, list[dict[str, Any]]]] = {}
