@@ -303,6 +303,10 @@ class Config:
         lambda v: None if v == "" else next((f"names {x.strip()!r}, which {p}" for x in v.split(",")
                                              if (p := org_id_problem(x.strip()))), None),
         "node: the organizations that may look up its addresses and connect directly; empty: all"))
+    direct_retry: float = _setting(10.0, Rule(
+        "number", "a number of seconds 0.1..120", _between(0.1, 120),
+        "node: seconds before a direct link that could not be made is tried again, doubling up to 120;"
+        " meanwhile the documents go through the platform (or wait: direct = \"only\")"))
     security: bool = _setting(True, Rule(
         "boolean", "true or false",
         doc="mutual TLS, end-to-end encryption and signatures (docs/security.md); set by init"))

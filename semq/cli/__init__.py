@@ -509,7 +509,8 @@ def _direct_settings(args: argparse.Namespace, cfg: Config) -> Any:
     return DirectSettings(
         policy=values["direct"], listen=listen,
         announce=[a.strip() for a in values["direct_announce"].split(",") if a.strip()],
-        allowed=tuple(o.strip() for o in values["direct_from"].split(",") if o.strip()))
+        allowed=tuple(o.strip() for o in values["direct_from"].split(",") if o.strip()),
+        retry=cfg.direct_retry)
 
 
 def cmd_node_run(args: argparse.Namespace) -> int:
