@@ -444,7 +444,8 @@ class NodeDaemon:
             batch = []
             if msgs:
                 out = await self.absorb(msgs)
-                self.in_flight = max(0, self.in_flight - out.settled)
+                direct = self.links.settled(out.settled_ids) if out.settled_ids else 0
+                self.in_flight = max(0, self.in_flight - (out.settled - direct))
                 if out.over_window:
                     # Multiplicative decrease; _sender grows it back slowly.
                     self.window = max(16, self.window // 2)

@@ -169,6 +169,21 @@ class DirectLinks:
         for link in self.out.values():
             link.wake.set()
 
+    def settled(self, ids: list[int]) -> int:
+        """Answers that came through the platform for documents sent on our
+        links (a receiver that had to ask for our certificate answers them
+        there): their window credit goes back to their link, not to the
+        platform's. Returns how many were the links'."""
+        n = 0
+        for link in self.out.values():
+            mine = link.ids.intersection(ids)
+            if mine:
+                link.ids -= mine
+                link.in_flight = max(0, link.in_flight - len(mine))
+                link.wake.set()
+                n += len(mine)
+        return n
+
     def on_info(self, info: PeerInfo) -> None:
         org = info.endpoint.node_id
         self.info[org] = info
@@ -307,6 +322,13 @@ class DirectLinks:
             sec = self.d.core.sec
             assert sec is not None
             if not sec.certs(target):
+                # Asked for here: with policy only (or documents that never
+                # went through the platform) no claim has asked for it.
+                await self.d.ask_platform({Endpoint.org(target)})
+                with trio.move_on_after(self.s.timeout):
+                    while not sec.certs(target):
+                        await trio.sleep(0.05)
+            if not sec.certs(target):
                 why = "no certificate of it held yet"
                 return
             errors = []
@@ -330,13 +352,13 @@ class DirectLinks:
                 try:
                     await self._outbound(link, fs, rest)
                 except* (ConnectionClosed, OSError, trio.BrokenResourceError) as eg:
-                    why = f"the link broke: {eg.exceptions[0]}"
+                    why = f"the link broke: {_why(eg)}"
                 except* RemoteProtocolError as eg:
-                    why = f"protocol error: {eg.exceptions[0]}"
+                    why = f"protocol error: {_why(eg)}"
                 except* trio.TooSlowError:
                     why = f"nothing heard for {self.s.idle_timeout:.0f} s"
                 except* _Idle as eg:
-                    why = f"closed, {eg.exceptions[0]}"
+                    why = f"closed, {_why(eg)}"
                     idle = True
                 else:
                     why = "the link closed"
@@ -541,9 +563,14 @@ class DirectLinks:
                     msgs = []
                     for raw in batch:
                         if raw.source != peer or raw.origin != peer:
-                            raise RemoteProtocolError(f"{raw.kind.name} claims source {raw.source} / origin"
-                                                      f" {raw.origin} on the direct link of {peer}",
-                                                      ResultCode.SOURCE_MISMATCH)
+                            # Answered here: raised inside the nursery, it
+                            # leaves as an ExceptionGroup.
+                            e = RemoteProtocolError(f"{raw.kind.name} claims source {raw.source} / origin"
+                                                    f" {raw.origin} on the direct link of {peer}",
+                                                    ResultCode.SOURCE_MISMATCH)
+                            log.warning("direct link of %s closed: %s", peer, e)
+                            await fs.send_error(self.d.core.me, peer, e.code, str(e))
+                            raise e
                         if raw.kind.is_message:
                             msgs.append(raw)
                         elif raw.kind is Kind.PING:
@@ -563,16 +590,13 @@ class DirectLinks:
                         continue
                     link.received += len(msgs)
                     out = await self.d.absorb(msgs)
+                    if out.missing:  # (a certificate to verify an origin's signature)
+                        await self.d.ask_platform(out.missing)
                     if out.settled_ids:
                         link.ids.difference_update(out.settled_ids)
                         link.in_flight = max(0, link.in_flight - out.settled)
                         link.wake.set()
                     await fs.send(b"".join(out.data))
-        except RemoteProtocolError as e:
-            if e.code is ResultCode.SOURCE_MISMATCH:
-                log.warning("direct link of %s closed: %s", peer, e)
-                await fs.send_error(self.d.core.me, peer, e.code, str(e))
-            raise
         finally:
             scope.cancel()
 
@@ -657,12 +681,21 @@ class DirectLinks:
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(self._reader, link, org, fs, first[1:], nursery.cancel_scope)
         except* (ConnectionClosed, OSError, trio.BrokenResourceError, RemoteProtocolError, trio.TooSlowError) as eg:
-            link.error = str(eg.exceptions[0])
+            link.error = _why(eg)
         finally:
             link.state = "down"
             self.inbound.remove(link)
             log.info("direct link from %s down%s", cert.org, f": {link.error}" if link.error else "")
             await fs.aclose()
+
+
+def _why(exc: BaseException) -> str:
+    """What a link's error says: the first exception inside (nested)
+    exception groups, not "Exceptions from Trio nursery"; its type when it
+    has no message."""
+    while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
+        exc = exc.exceptions[0]
+    return str(exc) or type(exc).__name__
 
 
 async def _close(stream: trio.abc.Stream) -> None:
