@@ -3,6 +3,9 @@ bounded; every process is killed at teardown."""
 
 from __future__ import annotations
 
+import dataclasses
+import functools
+import json
 import os
 import shutil
 import signal
@@ -10,14 +13,19 @@ import socket
 import sqlite3
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from semq.cli import main as semq_main
+import trio
 
-__all__ = ["Cluster", "free_port", "wait_until"]
+from semq.cli import main as semq_main
+from semq.config import load_config, write_config
+from semq.testing.faultproxy import FaultPlan, FaultProxy
+
+__all__ = ["Cluster", "ThreadedFaultProxy", "free_port", "read_status", "set_config", "wait_until"]
 
 
 def free_port() -> int:
@@ -173,3 +181,67 @@ class Cluster:
         return (all(self.count(o, "SELECT count(*) FROM outbox") == 0 and
                     self.count(o, "SELECT count(*) FROM inbound") == 0 for o in orgs)
                 and self.count("P", "SELECT count(*) FROM stored") == 0)
+
+
+# ---------------------------------------------------------------- direct links (tests/e2e/test_direct.py)
+
+
+def read_status(directory: Path) -> dict[str, Any]:
+    """A daemon's status.json (rewritten every second); {} while it is
+    missing or caught half-written."""
+    try:
+        return dict(json.loads((Path(directory) / "status.json").read_text("utf-8")))
+    except (OSError, ValueError):
+        return {}
+
+
+def set_config(directory: Path, **values: Any) -> None:
+    """Change keys of a data directory's semq.toml (checked by their rules)."""
+    write_config(dataclasses.replace(load_config(directory), **values))
+
+
+class ThreadedFaultProxy:
+    """A semq.testing.faultproxy.FaultProxy on 127.0.0.1 (a free port) in
+    front of ``upstream_port``, run by a trio loop of its own in a thread,
+    so a synchronous test drives it: ``call(FaultProxy.cut_all)``. Closed
+    by ``close`` (bounded)."""
+
+    def __init__(self, upstream_port: int, plan: FaultPlan | None = None) -> None:
+        self.proxy = FaultProxy(plan)
+        self._token: Any = None
+        self._ready = threading.Event()
+        self._error: BaseException | None = None
+
+        async def serve() -> None:
+            self._token = trio.lowlevel.current_trio_token()
+            async with trio.open_nursery() as nursery:
+                await nursery.start(self.proxy.serve, "127.0.0.1", 0, "127.0.0.1", upstream_port)
+                self._ready.set()
+
+        def run() -> None:
+            try:
+                trio.run(serve)
+            except BaseException as e:  # reported by __init__ or close
+                self._error = e
+            finally:
+                self._ready.set()
+
+        self._thread = threading.Thread(target=run, name="faultproxy", daemon=True)
+        self._thread.start()
+        if not self._ready.wait(10) or self.proxy.port is None:
+            raise AssertionError(f"the fault proxy did not start: {self._error!r}")
+        self.port: int = self.proxy.port
+
+    def call(self, fn: Callable[..., Any], *args: Any, **kw: Any) -> Any:
+        """``fn(*args, **kw)`` in the proxy's trio thread (its commands and
+        ``statistics`` must run there)."""
+        return trio.from_thread.run_sync(functools.partial(fn, *args, **kw), trio_token=self._token)
+
+    def close(self) -> None:
+        if self._thread.is_alive():
+            try:
+                self.call(self.proxy.close)
+            except RuntimeError:  # (its loop already ended)
+                pass
+            self._thread.join(10)
+        assert not self._thread.is_alive(), "the fault proxy did not stop"
