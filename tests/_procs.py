@@ -15,7 +15,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -111,7 +111,7 @@ class Cluster:
             ports = [self.ports[instance - 1]]
         return ",".join(f"127.0.0.1:{p}" for p in ports)
 
-    def add_org(self, org: str, instance: int | None = None, prefer: int = 1, *, direct: list[str] = ()) -> Path:
+    def add_org(self, org: str, instance: int | None = None, prefer: int = 1, *, direct: Sequence[str] = ()) -> Path:
         """An organization whose node knows every instance of the platform
         (tried from ``prefer`` on), or ``instance`` only. ``direct``: its
         direct-link options (``--listen 127.0.0.1:0``, ``--direct only``...)."""
