@@ -113,3 +113,7 @@ class Batch:
     new_dedup: list[tuple[Any, ...]] = field(default_factory=list)
     new_inbox: list[tuple[Any, ...]] = field(default_factory=list)
     next_inbound: int = 0  # the next pending-ack id to give out (0: not read yet)
+    # The frames came over a direct link from this organization (None: from
+    # the platform): the receiver answers every reliable document with ACK2,
+    # keeps no pending-ack row for it, and our ACK2s from it get no REACK2.
+    direct: Endpoint | None = None

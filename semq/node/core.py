@@ -288,11 +288,12 @@ class NodeCore(HeldWrites):
 
     # ------------------------------------------------------------ a batch of frames
 
-    def handle(self, frames: Sequence[RawFrame]) -> Output:
-        """Apply a batch of frames from the platform in one transaction; the
+    def handle(self, frames: Sequence[RawFrame], *, direct: Endpoint | None = None) -> Output:
+        """Apply a batch of frames from the platform (or, ``direct``, from
+        that organization over a direct link) in one transaction; the
         answers (acks, REACK2, inquiry answers) are in the Output."""
         ts = self.ctx.now()
-        b = Batch(ts=ts, window=(ts - DEDUP_RETENTION_MS + self.ctx.skew_ms, ts + self.ctx.skew_ms))
+        b = Batch(ts=ts, window=(ts - DEDUP_RETENTION_MS + self.ctx.skew_ms, ts + self.ctx.skew_ms), direct=direct)
         receiver, dispatch, me = self.receiver, self._dispatch, self.me
         receiver.open_batch(b, frames)
         with self._tx():
@@ -339,7 +340,9 @@ class NodeCore(HeldWrites):
         frame = raw.frame()
         body = frame.body
         assert isinstance(body, AckBatch)
-        self._acks(b, body.ack_kind, body.entries, frame.origin, body.receipt)
+        # An ACK2 straight from the target (a direct link) is not confirmed
+        # with REACK2: see Receiver._receive.
+        self._acks(b, body.ack_kind, body.entries, frame.origin, body.receipt, reack2=b.direct is None)
 
     def _ack(self, b: Batch, raw: RawFrame) -> None:
         frame = raw.frame()
@@ -347,7 +350,8 @@ class NodeCore(HeldWrites):
         if isinstance(body, Ack):
             self._acks(b, raw.kind, (body.entry,), frame.origin, body.receipt)
 
-    def _acks(self, b: Batch, kind: Kind, entries: Sequence[AckEntry], peer: Endpoint, receipt: bytes) -> None:
+    def _acks(self, b: Batch, kind: Kind, entries: Sequence[AckEntry], peer: Endpoint, receipt: bytes, *,
+              reack2: bool = True) -> None:
         """Acks of our documents go to the origin role (an ACK2 only with a
         receipt that proves it, with security); confirmations of our acks
         to the receiver role. ACK from a node is for the platform only."""
@@ -373,7 +377,8 @@ class NodeCore(HeldWrites):
                     return
         ev = _ACK_EVENTS.get(kind)
         if ev is not None:
-            self.origin.apply([(e.dest_ref_id, ev, e) for e in entries], b.ts, b.out, b.events, b.acks, peer=peer)
+            self.origin.apply([(e.dest_ref_id, ev, e) for e in entries], b.ts, b.out, b.events,
+                              b.acks if reack2 else None, peer=peer)
         elif kind in (Kind.REACK, Kind.REACK2):
             self.receiver.queue_confirmations(b, kind, entries, peer, peer.node_type is NodeType.PLATFORM)
 

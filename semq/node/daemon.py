@@ -377,13 +377,14 @@ class NodeDaemon:
             except ConnectionClosed:
                 pass
 
-    async def absorb(self, msgs: list[RawFrame]) -> Output:
+    async def absorb(self, msgs: list[RawFrame], direct: Endpoint | None = None) -> Output:
         """Apply message frames (from the platform or a direct link) in one
         transaction; counts and logs what came of them. The caller sends
-        ``out.data`` back on the link they came on."""
+        ``out.data`` back on the link they came on; ``direct``: the
+        organization of the direct link they came on."""
         self.stats["received"] += len(msgs)
         t0 = time.perf_counter()
-        out = await self.gate.run(self.core.handle, msgs)
+        out = await self.gate.run(partial(self.core.handle, msgs, direct=direct))
         if self.metrics is not None:
             self.metrics.observe_batch(len(msgs), time.perf_counter() - t0)
         for code, text in out.errors:

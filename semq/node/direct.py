@@ -589,7 +589,7 @@ class DirectLinks:
                     if not msgs:
                         continue
                     link.received += len(msgs)
-                    out = await self.d.absorb(msgs)
+                    out = await self.d.absorb(msgs, peer)
                     if out.missing:  # (a certificate to verify an origin's signature)
                         await self.d.ask_platform(out.missing)
                     if out.settled_ids:
