@@ -227,7 +227,7 @@ class Receiver:
         # A copy that came straight from its origin (a direct link: the hop
         # is the origin) is answered with ACK2 whatever it asked: on a
         # direct link the end-to-end acknowledgement is also the transport's.
-        direct = b.direct is not None
+        direct = frame.source.node_type is not NodeType.PLATFORM
         ack2, reliable = frame.ack2 or direct, frame.reliable
         dkey = (duplicate, lk1 is not None, ack2, reliable)
         dec = _DECISIONS.get(dkey)
@@ -257,11 +257,13 @@ class Receiver:
                            "event": "inbox"})
         inbound_id = 0
         wb = self.ctx.held
-        # On a direct link the origin sends no REACK2: an ACK2 lost with the
-        # link brings the document again (its origin sends what a broken
-        # link left unanswered), and this duplicate is answered again. No
-        # pending-ack row waits for a confirmation that never comes.
-        if dec.keep_row and not direct:
+        # Answered on a direct link, the ACK2 gets no REACK2: an ACK2 lost
+        # with the link brings the document again (its origin sends what a
+        # broken link left unanswered), and this duplicate is answered
+        # again. No pending-ack row waits for a confirmation that never
+        # comes. (A direct copy that waited for its origin's certificate is
+        # answered through the platform, and confirmed there.)
+        if dec.keep_row and b.direct is None:
             # Held in memory, not written: the confirmations (REACK2, and
             # REACK for a stored copy) usually come within a fraction of a
             # second and end the row, so its INSERT and DELETE (~8% of a
