@@ -14,7 +14,7 @@ import pytest
 import trio
 
 from semq.testing.faultproxy import FaultPlan, FaultProxy
-from tests._chaos import ChaosConfig, Net, run_chaos, send_docs
+from tests._chaos import ChaosConfig, Net, chaos, run_chaos, send_docs
 
 pytestmark = pytest.mark.e2e
 
@@ -62,6 +62,32 @@ def test_chaos_with_two_platform_instances_on_postgresql(tmp_path: Path) -> None
     assert report.corrupted == 0 and report.misdelivered == 0, report.table()
     assert report.settled and report.tables["P.stored"] == 0, report.table()
     assert report.ok, report.table()
+
+
+def test_chaos_with_direct_links(tmp_path: Path) -> None:
+    """The same faults with every node listening for direct links behind a
+    fault proxy of its own (scripts/chaos --direct): links cut mid-stream,
+    blocked, their nodes SIGKILLed and restarted on the announced address,
+    the platform away while links that are up keep carrying. Still exactly
+    once, nothing lost, nothing left behind; and documents did go direct."""
+    report = run_chaos(ChaosConfig(seed=2, docs=300, orgs=3, minutes=20 / 60, quiet_timeout=60,
+                                   kills_per_minute=24, direct="all", root=tmp_path / "chaos", log=print))
+    print(report.table())
+    assert report.accepted == 300
+    assert report.listeners == ["10001", "10002", "10003"]
+    # The faults happened, to the direct links too.
+    assert report.kills >= 2 and report.stops + report.partitions >= 1, report.table()
+    assert report.direct_cuts >= 1 and report.direct_blocks >= 1, report.table()
+    assert report.platform_away >= 1, report.table()
+    # The guarantees.
+    assert report.lost == 0 and report.duplicates == 0, report.table()
+    assert report.corrupted == 0 and report.misdelivered == 0, report.table()
+    assert report.settled and report.tables["P.stored"] == 0, report.table()
+    assert all(v == 0 for k, v in report.tables.items() if k.endswith(".inbound"))
+    assert report.ok, report.table()
+    # Both paths carried documents.
+    assert report.delivered_direct > 0 and report.delivered_relay > 0, report.table()
+    assert report.sent_direct >= report.delivered_direct, report.table()
 
 
 # ---------------------------------------------------------------- SaveFwd 1 after a cut
@@ -157,3 +183,108 @@ async def test_savefwd1_without_ack2_lost_after_forward_is_reported_dropped(tmp_
         assert all(v in ("delivered", "reported") for v in fate.values()), fate
     finally:
         net.stop_all()
+
+
+# ---------------------------------------------------------------- SaveFwd 1 over a direct link that broke
+
+
+class _HoldAnswers:
+    """A TCP proxy in front of a direct-link listener: forwards both ways
+    until ``hold`` is set, then drops what the listener sends (its ACK2s
+    never reach the dialler) and, when the listener goes away, keeps the
+    dialler's side open until ``release`` is set: the test chooses when the
+    dialler sees its link break."""
+
+    def __init__(self, upstream_port: int) -> None:
+        self.upstream_port = upstream_port
+        self.hold = False
+        self.release = trio.Event()
+
+    async def serve(self, *, task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED) -> None:
+        listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
+        task_status.started(listeners[0].socket.getsockname()[1])
+        await trio.serve_listeners(self._handle, listeners)
+
+    async def _handle(self, client: trio.SocketStream) -> None:
+        try:
+            upstream = await trio.open_tcp_stream("127.0.0.1", self.upstream_port)
+        except OSError:
+            await client.aclose()
+            return
+        async with client, upstream, trio.open_nursery() as nursery:
+            async def pump(src: trio.SocketStream, dst: trio.SocketStream, answers: bool) -> None:
+                try:
+                    while data := await src.receive_some(65536):
+                        if not (answers and self.hold):
+                            await dst.send_all(data)
+                except (trio.BrokenResourceError, trio.ClosedResourceError):
+                    pass
+                if answers and self.hold:
+                    await self.release.wait()  # the listener is gone: the dialler learns it when released
+                nursery.cancel_scope.cancel()
+
+            nursery.start_soon(pump, client, upstream, False)
+            nursery.start_soon(pump, upstream, client, True)
+
+
+@pytest.mark.xfail(strict=True, raises=AssertionError, reason="known gap (scripts/chaos --seed 5 --docs 1000 --minutes 1 --orgs 4 --direct"
+                   " some): the sent state of a claimed row is held in memory (docs/design.md); after a SIGKILL"
+                   " a SaveFwd 1 row that went over a direct link is SS_INIT again and goes through the platform,"
+                   " which never saw the first copy: the target offline there, it is dropped and reported 301")
+def test_savefwd1_delivered_over_a_direct_link_then_sent_again_after_a_crash(tmp_path: Path) -> None:
+    """A sends SaveFwd 1 documents to B over a direct link; B delivers them,
+    its ACK2s are held back; B loses the platform; A is SIGKILLed and
+    restarted. Delivered documents must not be reported dropped. (Run with
+    trio.run so that only this assertion, not a failed step, is the
+    expected failure.)"""
+    sent, rows = trio.run(_sent_again_after_a_crash, tmp_path)
+    reported = {k: rows[k] for k in sent if rows.get(k) == (9, 301)}
+    assert not reported, f"delivered, yet reported dropped at the origin: {reported}"
+
+
+async def _sent_again_after_a_crash(tmp_path: Path) -> tuple[dict[str, bytes], dict[str, tuple[int, int]]]:
+    net = Net(tmp_path / "net")
+    listen = chaos.free_port()
+    link = _HoldAnswers(listen)
+    to_platform = FaultProxy(FaultPlan(seed=1))  # B's way to the platform
+    try:
+        async with trio.open_nursery() as nursery:
+            port = await nursery.start(link.serve)
+            pport = await nursery.start(to_platform.serve, "127.0.0.1", 0, "127.0.0.1", net.port)
+            net.add_org(A)
+            net.add_org(B, platform=f"127.0.0.1:{pport}",
+                        direct=["--listen", f"127.0.0.1:{listen}", "--announce", f"127.0.0.1:{port}"])
+            for name in ("P", A, B):
+                await trio.to_thread.run_sync(net.start, name)
+            await _wait(lambda: B in _online(net), 20, "B online at the platform")
+            await trio.to_thread.run_sync(lambda: send_docs(net.dir(A), B, 1, seed="first", save_fwd=3))
+            log = net.procs[A].log
+            await _wait(lambda: f"direct link to {B} at 127.0.0.1:{port} up" in log.read_text(), 30,
+                        "A's direct link to B")
+            link.hold = True
+            sent = await trio.to_thread.run_sync(
+                lambda: send_docs(net.dir(A), B, 3, seed="sf1-crash", save_fwd=1))
+
+            def in_inbox() -> bool:
+                return set(sent) <= {f"{o}/{r}" for o, r in net.q(B, "SELECT origin_id, record_id FROM inbox")}
+
+            await _wait(in_inbox, 20, "the documents in B's inbox (over the link)")
+            to_platform.refuse_for(60)  # bounded: the test ends long before
+            to_platform.cut_all()
+            await _wait(lambda: B not in _online(net), 20, "B offline at the platform")
+            link.release.set()
+            await trio.to_thread.run_sync(net.kill, A, signal.SIGKILL)
+            await trio.to_thread.run_sync(net.start, A)
+
+            def answered() -> bool:
+                rows = {f"{A}/{rid}": st for rid, st in net.q(A, "SELECT id, state FROM outbox")}
+                return all(rows.get(k, 9) == 9 for k in sent)
+
+            with trio.move_on_after(10):
+                while not await trio.to_thread.run_sync(answered):
+                    await trio.sleep(0.2)
+            rows = {f"{A}/{rid}": (st, code) for rid, st, code in net.q(A, "SELECT id, state, code FROM outbox")}
+            nursery.cancel_scope.cancel()
+    finally:
+        net.stop_all()
+    return sent, rows
