@@ -227,6 +227,18 @@ class _HoldAnswers:
             nursery.start_soon(pump, upstream, client, True)
 
 
+async def _link_up(net: Net, port: int) -> None:
+    """P, A and B started; one document through the platform (A then wants
+    a direct link to B), and A's link to B's announced ``port`` up."""
+    for name in ("P", A, B):
+        await trio.to_thread.run_sync(net.start, name)
+    await _wait(lambda: B in _online(net), 20, "B online at the platform")
+    await trio.to_thread.run_sync(lambda: send_docs(net.dir(A), B, 1, seed="first", save_fwd=3))
+    log = net.procs[A].log
+    await _wait(lambda: f"direct link to {B} at 127.0.0.1:{port} up" in log.read_text(), 30,
+                "A's direct link to B")
+
+
 async def test_savefwd1_delivered_over_a_broken_direct_link_is_not_reported_dropped(tmp_path: Path) -> None:
     """A sends SaveFwd 1 documents to B over a direct link; B delivers them,
     its ACK2s are lost; B is SIGKILLed, and once the platform has seen it go
@@ -243,14 +255,7 @@ async def test_savefwd1_delivered_over_a_broken_direct_link_is_not_reported_drop
             port = await nursery.start(proxy.serve)
             net.add_org(A)
             net.add_org(B, direct=["--listen", f"127.0.0.1:{listen}", "--announce", f"127.0.0.1:{port}"])
-            for name in ("P", A, B):
-                await trio.to_thread.run_sync(net.start, name)
-            await _wait(lambda: B in _online(net), 20, "B online at the platform")
-            # One document through the platform: A then wants a direct link to B.
-            await trio.to_thread.run_sync(lambda: send_docs(net.dir(A), B, 1, seed="first", save_fwd=3))
-            log = net.procs[A].log
-            await _wait(lambda: f"direct link to {B} at 127.0.0.1:{port} up" in log.read_text(), 30,
-                        "A's direct link to B")
+            await _link_up(net, port)
             proxy.hold = True
             sent = await trio.to_thread.run_sync(
                 lambda: send_docs(net.dir(A), B, 5, seed="sf1-direct", save_fwd=1))
@@ -366,13 +371,7 @@ async def _sent_again_after_a_crash(tmp_path: Path) -> tuple[dict[str, bytes], d
             net.add_org(A)
             net.add_org(B, platform=f"127.0.0.1:{pport}",
                         direct=["--listen", f"127.0.0.1:{listen}", "--announce", f"127.0.0.1:{port}"])
-            for name in ("P", A, B):
-                await trio.to_thread.run_sync(net.start, name)
-            await _wait(lambda: B in _online(net), 20, "B online at the platform")
-            await trio.to_thread.run_sync(lambda: send_docs(net.dir(A), B, 1, seed="first", save_fwd=3))
-            log = net.procs[A].log
-            await _wait(lambda: f"direct link to {B} at 127.0.0.1:{port} up" in log.read_text(), 30,
-                        "A's direct link to B")
+            await _link_up(net, port)
             link.hold = True
             sent = await trio.to_thread.run_sync(
                 lambda: send_docs(net.dir(A), B, 3, seed="sf1-crash", save_fwd=1))
