@@ -368,14 +368,18 @@ class NodeDaemon:
 
     async def ask_platform(self, missing: set[Endpoint]) -> None:
         """Certificate requests for ``missing`` (from a direct link's batch),
-        through the platform session when there is one."""
-        frames = self._ask(missing)
+        through the platform session when there is one (without one,
+        nothing is marked asked: the next session's claims ask at once)."""
         fs = self.platform_fs
-        if frames and fs is not None:
+        if fs is None:
+            return
+        frames = self._ask(missing)
+        if frames:
             try:
                 await fs.send(frames)
             except ConnectionClosed:
-                pass
+                for ep in missing:  # not asked after all
+                    self.asked.pop(ep, None)
 
     async def absorb(self, msgs: list[RawFrame], direct: Endpoint | None = None) -> Output:
         """Apply message frames (from the platform or a direct link) in one
