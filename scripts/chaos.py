@@ -33,9 +33,7 @@ without ``--direct`` stays as it was) cuts a node's direct links, blocks them
 for a while (the dialler falls back to the platform and backs off), and
 stops every platform instance for a few seconds (the links that are up keep
 carrying documents). The checks stay, and some documents must have been
-delivered over a direct link. One known gap is a note, not a violation: a
-SaveFwd 1 document delivered over a direct link, then sent again through the
-platform after its origin was SIGKILLed, and dropped there (see verify).
+delivered over a direct link.
 
 ``scripts/chaos --seed S --docs N --minutes M --orgs K`` prints the table;
 tests/e2e/test_chaos.py calls :func:`run_chaos` with a short configuration.
@@ -382,8 +380,8 @@ class ChaosReport:
     sf1_dropped_reported: int = 0  # SS_FAILED 301 at the origin
     sf1_lost_unreported: int = 0  # not delivered, origin row gone (cleaned after ACK_FWD)
     sf1_unresolved: int = 0  # not delivered, origin row still pending after the quiet period
-    # Delivered over a direct link, yet SS_FAILED 301 at the origin: a known
-    # gap (a note, not a violation; see verify).
+    # Delivered over a direct link, yet SS_FAILED 301 at the origin (counted
+    # apart from the relayed ones; a violation like them).
     sf1_direct_reported_dropped: int = 0
     best_effort_dropped: int = 0
     left_over: dict[str, int] = field(default_factory=dict)  # Net.pending() at the end (settled: stuck SF1 only)
@@ -885,26 +883,18 @@ class _Run:
                     else:
                         r.delivered_relay += 1
         r.events_per_doc = events / n
-        # Reported dropped, yet delivered. One way is a known gap, reported
-        # as a note and pinned by a strict xfail test (tests/e2e/test_chaos.py::
-        # test_savefwd1_delivered_over_a_direct_link_then_sent_again_after_a_crash):
-        # the copy went over a direct link, the origin was SIGKILLed before
-        # its ACK2 came (the sent state is held in memory: docs/design.md),
-        # and the row, SS_INIT again, went through the platform while the
-        # target was offline there: dropped (SaveFwd 1), the origin told 301.
-        # The platform never saw the first copy, so nothing suppresses that.
+        # Reported dropped, yet delivered: by path. (A SaveFwd 1 document on
+        # a direct link is written forwarded at its claim, so an origin
+        # SIGKILLed before its ACK2 asks the target rather than sending it
+        # again through a platform that never saw it: tests/e2e/test_chaos.py::
+        # test_savefwd1_delivered_over_a_direct_link_then_sent_again_after_a_crash.)
         for key, text in failed_delivered:
             if inbox_path.get(f"{key[0]}/1/1/{key[1]}") == "direct":
                 r.sf1_direct_reported_dropped += 1
-                bad("direct delivered and failed", key, text)
-            else:
-                bad("delivered and failed", key, text)
+            bad("delivered and failed", key, text)
         if examples["delivered and failed"]:
-            r.violations.append(f"reported dropped but delivered: {examples['delivered and failed']}")
-        if r.sf1_direct_reported_dropped:
-            r.notes.append(f"{r.sf1_direct_reported_dropped} SaveFwd 1 document(s) delivered over a direct link,"
-                           " then reported dropped (sent again through the platform after the origin restarted;"
-                           f" known gap): {examples['direct delivered and failed']}")
+            r.violations.append(f"reported dropped but delivered: {examples['delivered and failed']}"
+                                f" ({r.sf1_direct_reported_dropped} of them delivered over a direct link)")
         if self.cfg.direct and not r.delivered_direct:
             r.violations.append(f"--direct {self.cfg.direct}: no document was delivered over a direct link"
                                 f" ({r.sent_direct} sent on one; listeners {r.listeners})")

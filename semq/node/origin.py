@@ -55,6 +55,7 @@ S = SendState
 _SS_INIT: Final = int(S.SS_INIT)
 _SS_SENT: Final = int(S.SS_SENT)
 _SS_ACK_FWD: Final = int(S.SS_ACK_FWD)
+_DISCARD: Final = int(SaveFwd.DISCARD)  # SaveFwd 1: forwarded or dropped, never stored
 _SS_ACK: Final = int(S.SS_ACK)
 _SS_ACK2: Final = int(S.SS_ACK2)
 # The states the table gives an expired and a given-up row.
@@ -217,6 +218,8 @@ class Origin:
         rows, sealed_docs = self._protect(rows, out)
         targets: dict[str, Endpoint] = {}
         gone: list[int] = []  # best-effort ids: sent, nothing to wait for
+        forwarded: list[tuple[int, int, int, int, int, int]] = []  # SaveFwd 1 on a direct link: SS_ACK_FWD now
+        fwd_digests: list[tuple[int, str, bytes]] = []
         expired: list[tuple[int, int]] = []
         me, me_id = ctx.me, ctx.me.node_id
         data = out.data
@@ -245,7 +248,17 @@ class Origin:
             events.append({"ts": ts, "role": "origin", "event": "sent", "lk0": f"{me_id}/1/1/{rid}",
                            "source": me_id, "target": target_id, "attempt": attempt, "path": path})
             out.targets.add(target_id)
-            if r.reliable:
+            if r.reliable and only is not None and r.save_fwd == _DISCARD:
+                # SaveFwd 1 on a direct link: handed to the target's link is
+                # what a relay's forward is, and written so at once (not
+                # held): after a crash the row must not be sent again
+                # through a platform that never saw it and would drop it
+                # for a target offline there (reported dropped, though
+                # delivered). Its inquiry asks the target.
+                forwarded.append((attempt, ts, ts, ts, ctx.held.first_inquiry(ts, attempt), rid))
+                if digest is not None:
+                    fwd_digests.append((rid, target_id, digest))
+            elif r.reliable:
                 # SS_SENT held in memory, not written: the ACK2 that follows
                 # within a fraction of a second deletes the row, and the
                 # UPDATE of a row with its 1 KiB document cost ~6 us of an
@@ -263,6 +276,10 @@ class Origin:
             else:
                 gone.append(rid)
         delete_by_id(conn, "outbox", gone)
+        if forwarded:
+            conn.executemany(f"UPDATE outbox SET state={_SS_ACK_FWD}, attempts=?, sent_ms=?, state_ms=?, code=0,"
+                             f" inquiries=0, last_inquiry_ms=?, due_ms=? WHERE id=? AND state={_SS_INIT}", forwarded)
+            self.receipts.write_digests(fwd_digests)
         # (state_ms: the failed row's 7 days count from now.)
         conn.executemany(f"UPDATE outbox SET state={_EXPIRED_TO}, code={int(ResultCode.EXPIRED)}, state_ms=?"
                          f" WHERE id=? AND state={_SS_INIT}", expired)

@@ -344,16 +344,15 @@ async def test_a_listener_takes_no_link_from_an_organization_whose_certificate_i
     assert all(v in ("delivered", "reported") for v in fate.values()), fate
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason="known gap (scripts/chaos --seed 5 --docs 1000 --minutes 1 --orgs 4 --direct"
-                   " some): the sent state of a claimed row is held in memory (docs/design.md); after a SIGKILL"
-                   " a SaveFwd 1 row that went over a direct link is SS_INIT again and goes through the platform,"
-                   " which never saw the first copy: the target offline there, it is dropped and reported 301")
 def test_savefwd1_delivered_over_a_direct_link_then_sent_again_after_a_crash(tmp_path: Path) -> None:
     """A sends SaveFwd 1 documents to B over a direct link; B delivers them,
     its ACK2s are held back; B loses the platform; A is SIGKILLed and
-    restarted. Delivered documents must not be reported dropped. (Run with
-    trio.run so that only this assertion, not a failed step, is the
-    expected failure.)"""
+    restarted. Delivered documents must not be reported dropped: the claim
+    wrote them SS_ACK_FWD (forwarded: their inquiry asks B), not a held
+    SS_SENT that the crash would lose, sending them again through a
+    platform that never saw them and drops them for B offline there
+    (found by scripts/chaos --seed 5 --docs 1000 --minutes 1 --orgs 4
+    --direct some)."""
     sent, rows = trio.run(_sent_again_after_a_crash, tmp_path)
     reported = {k: rows[k] for k in sent if rows.get(k) == (9, 301)}
     assert not reported, f"delivered, yet reported dropped at the origin: {reported}"
