@@ -18,11 +18,13 @@ platform: HELLO, WELCOME, DATA, acks. What each side checks:
 
 Same frames, same states, same tables. The receiver answers every reliable
 document that came over a direct link with ACK2 (on a direct link the
-end-to-end acknowledgement is also the transport's, seed 2.2). Documents
-sent on a link that breaks before their ACK2 go back to SS_INIT and are
-sent again on whichever path is up; the receiver's duplicate suppression
-keeps the application's view exactly once (SaveFwd 1 ones are confirmed
-with the target instead, as forwarded ones: ``NodeCore.send_again``). A
+end-to-end acknowledgement is also the transport's, seed 2.2), and that
+ACK2 gets no REACK2 (``NodeCore.handle(direct=...)``). Documents sent on a
+link that breaks before their ACK2 go back to SS_INIT and are sent again on
+whichever path is up; the receiver's duplicate suppression keeps the
+application's view exactly once. SaveFwd 1 ones are written forwarded
+(SS_ACK_FWD) when claimed for a link, and confirmed with the target by
+inquiry, as after a relay's forward (``Origin.claim``). A
 link that cannot be made in ``timeout`` (2 s) is tried again after
 ``retry`` s, doubling up to ``retry_max``; meanwhile documents go through
 the platform (policy ``prefer``), or wait (``only``). Links carry
