@@ -17,6 +17,7 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
+from typing import Final
 
 import trio
 
@@ -49,8 +50,10 @@ from semq.umxt_protocol import (
     RawFrame,
     RemoteProtocolError,
     ResultCode,
+    SaveFwd,
     Welcome,
     encode_frame,
+    frame_save_fwd,
 )
 
 from .core import PlatformCore, PlatformOutput, Room
@@ -82,6 +85,8 @@ class PlatformSettings:
 
 
 _SLICE = 1 << 20  # bytes per write to a node
+_HEADER_MIN: Final = 6  # bytes frame_save_fwd reads at least (a shorter string is no frame: stored, refused there)
+_DISCARD: Final = int(SaveFwd.DISCARD)
 _IDLE_LOOK = 30.0  # s: an idle session's safety look at the store
 
 
@@ -642,13 +647,23 @@ class PlatformDaemon:
         never buffers), and it is woken wherever it is."""
         hw = self.s.high_water
         later: list[bytes] = []
+        dropped = 0
         for ep, frame in frames:
             s = self.sessions.get(ep)
             if s is not None and s.queued < hw:
                 s.enqueue([frame])
                 self.stats["hops_in"] = self.stats.get("hops_in", 0) + 1
+            elif len(frame) >= _HEADER_MIN and frame_save_fwd(frame) == _DISCARD:
+                # SaveFwd 1 is forwarded now or dropped, never stored: its
+                # origin has its ACK_FWD and asks the target, which answers
+                # that it lacks it (reported dropped, 301). Stored, it would
+                # reach the target after that answer: delivered, yet
+                # reported dropped.
+                dropped += 1
             else:
                 later.append(frame)
+        if dropped:
+            self.stats["hops_dropped"] = self.stats.get("hops_dropped", 0) + dropped
         if not later:
             return
         try:

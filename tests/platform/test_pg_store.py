@@ -211,6 +211,30 @@ async def test_frames_handed_over_go_to_their_sessions_or_are_stored() -> None:
     assert d.sessions[b].pending and d.sessions[b].wake_deliver.is_set()
 
 
+async def test_a_savefwd1_document_handed_over_for_a_target_gone_is_dropped_not_stored() -> None:
+    """SaveFwd 1 is forwarded now or dropped: its origin has its ACK_FWD and
+    asks the target, which answers that it lacks it (reported dropped, 301).
+    Stored, the copy would reach the target after that answer: delivered,
+    yet reported dropped (scripts/chaos --platforms 2 --store postgresql)."""
+    from semq.umxt_protocol import encode_frame
+    from tests.platform.test_platform_core import _daemon
+
+    class Core:
+        calls: list[list[bytes]] = []
+
+        def store_handed_over(self, frames: list[bytes]) -> set[Endpoint]:
+            self.calls.append(list(frames))
+            return {c}
+
+    sf1 = encode_frame(replace(_data(a, c, 1), save_fwd=SaveFwd.DISCARD))
+    sf2 = encode_frame(replace(_data(a, c, 2), save_fwd=SaveFwd.STORE))
+    d = _daemon({a: 0}, high_water=1000)
+    d.core = Core()  # type: ignore[assignment]
+    await d._hopped([(c, sf1), (c, sf2)])
+    assert Core.calls == [[sf2]]
+    assert d.stats["hops_dropped"] == 1 and d.stats["hops_stored"] == 1
+
+
 def test_frames_an_instance_cannot_deliver_are_stored_and_the_origin_learns_it(
         pair: tuple[PlatformCore, PlatformCore], listener: WakeListener) -> None:
     one, two = pair
