@@ -11,7 +11,9 @@ commits, never before, and it is not written to the WAL. The origin gets
 ACK_FWD, as for a target connected here; like a frame handed to a
 connection, it promises nothing durable. The receiving instance stores a
 frame it cannot give to its target now (the target left, its queue is over
-its high-water mark: ``PlatformCore.store_handed_over``); one lost on the
+its high-water mark: ``PlatformCore.store_handed_over``), but drops a
+SaveFwd 1 document (forwarded now or dropped: its origin's inquiry to the
+target reports it dropped); one lost on the
 way (the receiving instance died) is recovered by the origin's inquiry and
 resend. A frame too large
 for a notification (``HOP_MAX_FRAME``) is stored instead (ACK_SAVE), and the
