@@ -70,7 +70,7 @@ import tempfile
 import time
 from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
 from pathlib import Path
-from typing import Any, Final
+from typing import Any, Final, TypeVar
 
 if __package__:
     from ._proc import cpu_seconds
@@ -834,24 +834,38 @@ def report_direct(a: argparse.Namespace, runs: dict[str, dict[str, list[dict[str
         rows, notes)
 
 
-def _main_direct(a: argparse.Namespace, t0: float) -> int:
+_T = TypeVar("_T")
+
+
+def _in_scratch(a: argparse.Namespace, prefix: str, work: Callable[[Path], _T]) -> _T | None:
+    """``work`` in a fresh scratch directory (removed after, unless --keep);
+    None, with one error line printed, when it failed."""
     from semq._db import StoreError
 
-    base = Path(tempfile.mkdtemp(prefix="semq-bench-e2e-direct-"))
-    a.pg = None
+    base = Path(tempfile.mkdtemp(prefix=prefix))
     try:
-        runs = measure_direct(a, base)
+        return work(base)
     except (BenchError, StoreError) as e:
+        # StoreError: e.g. the store's schema changed under a running
+        # benchmark (a working tree being edited).
         print(f"error: {e}", file=sys.stderr)
-        return 1
-    except (OSError, sqlite3.Error, subprocess.SubprocessError) as e:
+        return None
+    except (OSError, sqlite3.Error, subprocess.SubprocessError, RuntimeError) as e:
+        # RuntimeError: the throwaway PostgreSQL server did not start.
         print(f"error: {type(e).__name__}: {e}", file=sys.stderr)
-        return 1
+        return None
     finally:
         if a.keep:
             _log(f"kept {base}")
         else:
             shutil.rmtree(base, ignore_errors=True)
+
+
+def _main_direct(a: argparse.Namespace, t0: float) -> int:
+    a.pg = None
+    runs = _in_scratch(a, "semq-bench-e2e-direct-", lambda base: measure_direct(a, base))
+    if runs is None:
+        return 1
     if a.json:
         print(json.dumps(runs, indent=1))
     else:
@@ -898,34 +912,24 @@ def main(argv: list[str] | None = None) -> int:
               file=sys.stderr)
         return 2
     a.security = a.security or ("on" if a.direct else "off")
-    from semq._db import StoreError
-
     t0 = time.monotonic()
     if a.direct:
         return _main_direct(a, t0)
     modes = {"off": [False], "on": [True], "both": [False, True]}[a.security]
-    base = Path(tempfile.mkdtemp(prefix="semq-bench-e2e-"))
-    results: dict[bool, dict[str, list[dict[str, Any]]]] = {}
-    try:
+
+    def every_mode(base: Path) -> dict[bool, dict[str, list[dict[str, Any]]]]:
+        out: dict[bool, dict[str, list[dict[str, Any]]]] = {}
         with contextlib.ExitStack() as stack:
             a.pg = stack.enter_context(open_pg_stores()) if a.store == "postgresql" else None
             for secure in modes:
                 a.secure = secure
-                results[secure] = measure(a, base)
-    except (BenchError, StoreError) as e:
-        # StoreError: e.g. the store's schema changed under a running
-        # benchmark (a working tree being edited).
-        print(f"error: {e}", file=sys.stderr)
+                out[secure] = measure(a, base)
+        return out
+
+    got = _in_scratch(a, "semq-bench-e2e-", every_mode)
+    if got is None:
         return 1
-    except (OSError, sqlite3.Error, subprocess.SubprocessError, RuntimeError) as e:
-        # RuntimeError: the throwaway PostgreSQL server did not start.
-        print(f"error: {type(e).__name__}: {e}", file=sys.stderr)
-        return 1
-    finally:
-        if a.keep:
-            _log(f"kept {base}")
-        else:
-            shutil.rmtree(base, ignore_errors=True)
+    results = got
     if a.json:
         print(json.dumps({("security on" if k else "security off"): v for k, v in results.items()}, indent=1))
         return 0
