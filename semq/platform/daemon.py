@@ -85,6 +85,7 @@ class PlatformSettings:
 
 
 _SLICE = 1 << 20  # bytes per write to a node
+_ANNOUNCE_EVERY: Final = 1.0  # s: at most one direct-link announcement recorded per session per second
 _HEADER_MIN: Final = 6  # bytes frame_save_fwd reads at least (a shorter string is no frame: stored, refused there)
 _DISCARD: Final = int(SaveFwd.DISCARD)
 _IDLE_LOOK = 30.0  # s: an idle session's safety look at the store
@@ -126,6 +127,7 @@ class Session:
         self.wake_deliver = trio.Event()
         self.cancel_scope = trio.CancelScope()
         self.seen = _Seen(None)
+        self.announced_at = -1e9  # when its last direct-link announcement was recorded (trio time)
 
     def enqueue(self, data: Sequence[bytes]) -> None:
         if data:
@@ -446,6 +448,13 @@ class PlatformDaemon:
                 elif raw.kind is Kind.PEER_ANNOUNCE:
                     ann = raw.frame().body
                     assert isinstance(ann, PeerAnnounce)
+                    now = trio.current_time()
+                    if now - session.announced_at < _ANNOUNCE_EVERY:
+                        # A node renews at a third of the lifetime: more than one
+                        # a second is a loop or a flood, not worth a write each.
+                        self.stats["announce_ignored"] = self.stats.get("announce_ignored", 0) + 1
+                        continue
+                    session.announced_at = now
                     try:
                         await self.gate.run(self.core.announce_peer, ep, ann, session.seen.host,
                                             session.seen.fingerprint)

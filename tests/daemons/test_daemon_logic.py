@@ -642,3 +642,43 @@ async def test_a_document_waits_for_its_targets_certificate_and_goes_once_it_is_
         nursery.cancel_scope.cancel()
     for core in (a, c, pcore):
         core.close()
+
+
+# -- direct links: the platform as directory ----------------------------------
+
+
+async def test_the_platform_answers_lookups_and_records_at_most_one_announcement_a_second(
+        tmp_path: Path, clock: trio.testing.MockClock) -> None:
+    """Over a session: B announces where it listens (observe: the platform
+    adds the host it sees, none over a memory stream) and asks where A
+    listens; a flood of announcements is recorded once a second, not once
+    per frame (each is a write to the store)."""
+    from semq.umxt_protocol import PeerAnnounce, PeerInfo, PeerLookup
+
+    pcore = platform_core(tmp_path)
+    pcore.register([A, B])
+    p = platform(pcore)
+    p.gate = InlineGate()
+    me = Endpoint.org(B)
+    announce = Frame(kind=Kind.PEER_ANNOUNCE, source=me, target=P,
+                     body=PeerAnnounce(ttl_s=60, addresses=("127.0.0.1:7500",)))
+    async with trio.open_nursery() as nursery:
+        fake = Peer()
+        nursery.start_soon(p._handle, fake.pair())
+        await fake.send(Frame(kind=Kind.HELLO, source=me, target=P, body=Hello()))
+        await fake.read_until(lambda: bool(fake.frames(Kind.WELCOME)))
+        await fake.send(b"".join(encode_frame(announce) for _ in range(50)))
+        await fake.send(Frame(kind=Kind.PEER_LOOKUP, source=me, target=P, body=PeerLookup(endpoint=me)))
+        await fake.send(Frame(kind=Kind.PEER_LOOKUP, source=me, target=P, body=PeerLookup(endpoint=Endpoint.org(A))))
+        await fake.read_until(lambda: len(fake.frames(Kind.PEER_INFO)) == 2)
+        await trio.sleep(1.5)
+        await fake.send(encode_frame(announce))
+        await wait_for(lambda: p.stats.get("announce_ignored") == 49 and count(
+            pcore, "SELECT count(*) FROM peers") == 1, "the flood ignored, the renewal recorded")
+        nursery.cancel_scope.cancel()
+    own, other = (s.frame.body for s in fake.frames(Kind.PEER_INFO))
+    assert isinstance(own, PeerInfo) and own.code is ResultCode.OK and own.addresses == ("127.0.0.1:7500",)
+    assert isinstance(other, PeerInfo) and other.code is ResultCode.NO_DIRECT_ADDRESS and other.addresses == ()
+    announced = pcore.conn.execute("SELECT announced_ms FROM peers").fetchone()[0]
+    assert announced > 0
+    pcore.close()
