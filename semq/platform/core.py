@@ -1106,9 +1106,13 @@ class PlatformCore(HeldWrites):
         return done
 
     def housekeeping(self) -> int:
+        """Rows past their retention: ``seen`` after SEEN_RETENTION_MS, and
+        direct-link announcements a day after they expired (until then the
+        status shows them expired: a listener that went away)."""
         ts = now_ms()
         with self.db.atomic("IMMEDIATE"):
-            return int(self.conn.execute("DELETE FROM seen WHERE seen_ms < ?", (ts - SEEN_RETENTION_MS,)).rowcount)
+            n = int(self.conn.execute("DELETE FROM seen WHERE seen_ms < ?", (ts - SEEN_RETENTION_MS,)).rowcount)
+            return n + int(self.conn.execute("DELETE FROM peers WHERE expires_ms < ?", (ts - 86_400_000,)).rowcount)
 
     # ------------------------------------------------------------ status
 

@@ -87,3 +87,11 @@ def test_instances_on_one_postgresql_store_share_the_directory(pg_url: str) -> N
     finally:
         one.close()
         two.close()
+
+
+def test_housekeeping_forgets_announcements_a_day_after_they_expired(core: PlatformCore) -> None:
+    core.announce_peer(b, PeerAnnounce(ttl_s=60, addresses=("127.0.0.1:7500",)), None, "")
+    core.announce_peer(c, PeerAnnounce(ttl_s=60, addresses=("127.0.0.1:7600",)), None, "")
+    core.conn.execute("UPDATE peers SET expires_ms=1 WHERE node_id=?", (C,))
+    assert core.housekeeping() == 1
+    assert [d["node"] for d in core.counts()["direct"]] == [B]
