@@ -60,7 +60,7 @@ import tempfile
 import time
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Final
 
@@ -482,16 +482,7 @@ def _direct_plan(seed: int, i: int) -> FaultPlan:
     its cuts land within 0-128 KiB (not 24: that would end nearly every link
     within its first few documents). Seeds are negative: never one of a
     platform proxy's."""
-    return FaultPlan(
-        seed=-(seed * 1000 + i + 1),
-        delay=(0.0, 0.002),
-        stall_probability=0.002,
-        stall_seconds=(0.2, 1.5),
-        cut_probability=0.3,
-        cut_offset=(0, 128 * 1024),
-        refuse_probability=0.33,
-        refuse_seconds=(0.5, 3.0),
-    )
+    return replace(_plan(seed, i), seed=-(seed * 1000 + i + 1), cut_offset=(0, 128 * 1024))
 
 
 def _documents(cfg: ChaosConfig, orgs: list[str], rng: random.Random) -> list[tuple[str, dict[str, Any], str]]:
