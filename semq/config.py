@@ -25,11 +25,13 @@ import re
 import stat
 import tomllib
 from collections.abc import Callable, Iterator
-from dataclasses import MISSING, asdict, dataclass, field, fields
+from dataclasses import MISSING, asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, Final, NamedTuple
 
 import tomli_w
+
+from semq.units import MAX_UNITS
 
 __all__ = [
     "CONFIG_NAME",
@@ -267,6 +269,10 @@ class Config:
     synchronous: str = _setting("FULL", Rule(
         "string", 'one of "OFF", "NORMAL", "FULL", "EXTRA" (any case)', _one_of("OFF", "NORMAL", "FULL", "EXTRA"),
         "SQLite synchronous mode of the store: FULL makes every commit durable before its ack"))
+    units: int = _setting(1, Rule(
+        "integer", f"an integer 1..{MAX_UNITS}", _between(1, MAX_UNITS),
+        "node: unit processes that share its load, each with its own store (docs/operations.md"
+        ' "Several units per node"); set by init, changed only on a drained node'))
     window: int = _setting(4096, Rule(
         "integer", "an integer 1..1000000", _between(1, 1_000_000),
         "documents in flight without the platform's ack (node) / granted to a node (platform)"))
@@ -311,9 +317,29 @@ class Config:
         "boolean", "true or false",
         doc="mutual TLS, end-to-end encryption and signatures (docs/security.md); set by init"))
 
+    # Not in the file: which of the node's units this process is (semq.units).
+    unit: int = field(default=1, metadata={"rule": None})
+
+    def for_unit(self, unit: int) -> Config:
+        """This configuration as unit ``unit`` of the node sees it."""
+        if not 1 <= unit <= self.units:
+            raise ConfigError(f"unit {unit} is not one of this node's units 1..{self.units}")
+        return replace(self, unit=unit)
+
+    @property
+    def unit_dir(self) -> Path:
+        """Where this unit keeps its store, status and admin socket: the data
+        directory for unit 1, ``unit-K`` in it for unit K."""
+        return self.directory if self.unit == 1 else self.directory / f"unit-{self.unit}"
+
+    @property
+    def unit_dirs(self) -> list[Path]:
+        """Every unit's directory, unit 1 first."""
+        return [self.for_unit(k).unit_dir for k in range(1, self.units + 1)]
+
     @property
     def store_path(self) -> Path:
-        return self.directory / ("platform.sqlite" if self.role == "platform" else "node.sqlite")
+        return self.unit_dir / ("platform.sqlite" if self.role == "platform" else "node.sqlite")
 
     @property
     def platform_store(self) -> Path | str:
@@ -326,7 +352,7 @@ class Config:
 
     @property
     def status_path(self) -> Path:
-        return self.directory / "status.json"
+        return self.unit_dir / "status.json"
 
     def check(self, source: str = CONFIG_NAME) -> Config:
         """Every key against its rule, and the rules between keys (a node
@@ -428,7 +454,7 @@ def write_config(cfg: Config) -> Path:
     cfg.check()
     cfg.directory.mkdir(parents=True, exist_ok=True, mode=PRIVATE_DIR_MODE)
     os.chmod(cfg.directory, PRIVATE_DIR_MODE)
-    data = {k: v for k, v in asdict(cfg).items() if k != "directory"}
+    data = {k: v for k, v in asdict(cfg).items() if k not in ("directory", "unit")}
     path = cfg.directory / CONFIG_NAME
     path.write_text(tomli_w.dumps(data), "utf-8")
     return path
@@ -442,6 +468,8 @@ def private_paths(cfg: Config) -> Iterator[tuple[Path, int]]:
     the mode it must not exceed: the store with its -wal and -shm, and the
     delivery event logs. (Keys are checked by semq.crypto when loaded.)"""
     yield cfg.directory, PRIVATE_DIR_MODE
+    if cfg.unit_dir != cfg.directory:
+        yield cfg.unit_dir, PRIVATE_DIR_MODE
     for sfx in ("", "-wal", "-shm"):
         p = Path(f"{cfg.store_path}{sfx}")
         if p.exists():

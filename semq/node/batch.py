@@ -19,7 +19,16 @@ from peewee import SqliteDatabase
 
 from semq.events import EventLog, now_ms
 from semq.security import NodeSecurity
-from semq.umxt_protocol import AckEntry, Endpoint, Frame, Kind, RawFrame, ResultCode, encode_frame
+from semq.umxt_protocol import (
+    LK0,
+    AckEntry,
+    Endpoint,
+    Frame,
+    Kind,
+    RawFrame,
+    ResultCode,
+    encode_frame,
+)
 
 from .writebehind import WriteBehind
 
@@ -73,6 +82,14 @@ class NodeContext:
     held: WriteBehind
     inquiry_ms: int
     skew_ms: int
+    unit: int = 1  # this process's unit of the node (semq_id of its LK0s; semq.units)
+
+    def lk0(self, record_id: int) -> LK0:
+        """The LK0 of one of this store's records."""
+        return LK0(endpoint=self.me, semq_id=self.unit, record_id=record_id)
+
+    def lk0_text(self, record_id: int) -> str:
+        return f"{self.me.node_id}/{self.unit}/1/{record_id}"
 
     @staticmethod
     def now() -> int:

@@ -74,6 +74,26 @@ _ACK_EVENTS: Final = {Kind.ACK_FWD: OriginEvent.ACK_FWD, Kind.ACK_SAVE: OriginEv
                       Kind.ACK2: OriginEvent.ACK2}
 
 
+def _by_unit(entries: list[AckEntry], digests: list[Any]) -> list[tuple[list[AckEntry], list[Any]]]:
+    """Acks for one peer, one list per unit of the peer whose record they
+    name (``dest_semq_id``, semq.units): the relay gives each unit its own,
+    and a batch receipt signs one list whole. ``digests`` (aligned with
+    ``entries``, or not given) go with their entries."""
+    if not entries:
+        return []
+    first = entries[0].dest_semq_id
+    if all(e.dest_semq_id == first for e in entries):  # one unit: the common case, nothing copied
+        return [(entries, digests)]
+    aligned = len(digests) == len(entries)
+    groups: dict[int, tuple[list[AckEntry], list[Any]]] = {}
+    for i, e in enumerate(entries):
+        g = groups.setdefault(e.dest_semq_id, ([], []))
+        g[0].append(e)
+        if aligned:
+            g[1].append(digests[i])
+    return list(groups.values())
+
+
 class NodeCore(HeldWrites):
     """One organization's store and SEMQ rules. Not thread-safe: one caller
     at a time (the daemon's store gate)."""
@@ -91,6 +111,7 @@ class NodeCore(HeldWrites):
         security: NodeSecurity | None = None,
         check: bool = False,
         clock_skew: float = DEFAULT_CLOCK_SKEW_MS / 1000,
+        unit: int = 1,
     ) -> None:
         path = Path(store_path)
         db: SqliteDatabase = open_node_store(path, create=create, synchronous=synchronous, check=check)
@@ -100,8 +121,9 @@ class NodeCore(HeldWrites):
         # --no-encrypt) when it is sent, and verified before the inbox.
         self.ctx = ctx = NodeContext(
             path=path, db=db, conn=conn, me=Endpoint.org(org), platform=platform or Endpoint.platform(),
-            sec=security, log=EventLog(events_dir, f"org:{org}", "origin") if events_dir else None,
-            held=WriteBehind(conn, inquiry_ms), inquiry_ms=inquiry_ms, skew_ms=int(clock_skew * 1000))
+            sec=security, log=EventLog(events_dir, f"org:{org}", "origin", unit=unit) if events_dir else None,
+            held=WriteBehind(conn, inquiry_ms), inquiry_ms=inquiry_ms, skew_ms=int(clock_skew * 1000), unit=unit)
+        self.unit = unit  # which of the node's units this store is (semq.units)
         self.path, self.db, self.conn, self.me, self.sec = path, db, conn, ctx.me, security
         self.receipts = Receipts(ctx)
         self.origin = Origin(ctx, self.receipts)
@@ -337,15 +359,16 @@ class NodeCore(HeldWrites):
         RECEIPT_BATCH entries; ACK2s with one receipt over their documents'
         digests (docs/security.md)."""
         sec = self.sec
-        for (kind, target), entries in b.acks.items():
-            digests = b.digests.get(target, []) if kind is Kind.ACK2 else []
-            for i in range(0, len(entries), RECEIPT_BATCH):
-                receipt = b""
-                if sec is not None and len(digests) == len(entries):
-                    receipt = make_batch_receipt(digests[i:i + RECEIPT_BATCH], sec.identity.keys.signing_key)
-                b.out.add(Frame(kind=Kind.ACK_BATCH, source=self.me, target=target,
-                                body=AckBatch(ack_kind=kind, entries=tuple(entries[i:i + RECEIPT_BATCH]),
-                                              receipt=receipt)))
+        for (kind, target), all_entries in b.acks.items():
+            all_digests = b.digests.get(target, []) if kind is Kind.ACK2 else []
+            for entries, digests in _by_unit(all_entries, all_digests):
+                for i in range(0, len(entries), RECEIPT_BATCH):
+                    receipt = b""
+                    if sec is not None and len(digests) == len(entries):
+                        receipt = make_batch_receipt(digests[i:i + RECEIPT_BATCH], sec.identity.keys.signing_key)
+                    b.out.add(Frame(kind=Kind.ACK_BATCH, source=self.me, target=target,
+                                    body=AckBatch(ack_kind=kind, entries=tuple(entries[i:i + RECEIPT_BATCH]),
+                                                  receipt=receipt)))
 
     def _ack_batch(self, b: Batch, raw: RawFrame) -> None:
         frame = raw.frame()

@@ -74,6 +74,7 @@ class NodeSettings:
     # in turn: the next one when connecting fails or a session ends early.
     addresses: list[Address] = field(default_factory=lambda: [Address("127.0.0.1", 7410)])
     window: int = 4096  # DATA frames in flight without platform ack
+    units: int = 1  # the node's units (semq.units); this one is the core's ``unit``
     # Rows claimed per transaction. 1024 rather than 512: one claim commit
     # (fsync) and one ACK batch per 1,024 documents; scripts/bench e2e,
     # alternated: store +9%, online +5%, full-load p50 47 -> 81-92 ms,
@@ -315,7 +316,8 @@ class NodeDaemon:
             me = self.core.me
             self.told_window = self.s.window
             await fs.send(encode_frame(Frame(kind=Kind.HELLO, source=me, target=self.core.platform,
-                                             body=Hello(window=self.told_window, software="semq-node"))))
+                                             body=Hello(semq_id=self.core.unit, units=self.s.units,
+                                                        window=self.told_window, software="semq-node"))))
             with trio.fail_after(self.s.hello_timeout):
                 first = await fs.receive_batch()
             welcome = first[0]

@@ -130,7 +130,7 @@ class DeadLetters:
         self.core = core_of(node)
 
     def _letter(self, r: DeadLetterRow) -> DeadLetter:
-        return DeadLetter(lk0=LK0(endpoint=self.core.me, record_id=r.id), target=r.target_id, code=r.code,
+        return DeadLetter(lk0=self.core.ctx.lk0(r.id), target=r.target_id, code=r.code,
                           reason=reason(r.code),
                           app_key=AppKey(domain=r.domain, data_type=r.data_type, subtype=r.subtype, key=r.key),
                           save_fwd=r.save_fwd, priority=r.priority, attempts=r.attempts, created_ms=r.created_ms,
@@ -162,7 +162,7 @@ class DeadLetters:
         for ref in refs:
             rid = self.record_id(ref)
             got = conn.execute(f"SELECT {_COLS} FROM outbox WHERE id=?", (rid,)).fetchone()
-            lk0 = LK0(endpoint=self.core.me, record_id=rid)
+            lk0 = self.core.ctx.lk0(rid)
             if got is None:
                 raise DeadLetterError(f"no document {lk0} in the pending-send table (delivered and cleaned"
                                       " up, or purged)")
@@ -241,7 +241,7 @@ def sweep(node: NodeClient | NodeCore, max_attempts: int) -> int:
         rows = conn.execute(f"SELECT id, target_id, attempts FROM outbox WHERE state {_DYING} AND attempts >= ?",
                             (max_attempts,)).fetchall()
         core.operator.apply(OperatorAction.DEAD_LETTER, [(rid, _WAITING) for rid, _t, _a in rows], ts, code=code)
-        log_events(core, [{"ts": ts, "role": "origin", "event": "dead", "lk0": f"{core.me.node_id}/1/1/{rid}",
+        log_events(core, [{"ts": ts, "role": "origin", "event": "dead", "lk0": core.ctx.lk0_text(rid),
                            "source": core.me.node_id, "target": target, "attempt": attempts, "code": code,
                            "detail": f"{attempts} attempts (limit {max_attempts})"}
                           for rid, target, attempts in rows])
@@ -261,7 +261,7 @@ def fail_target(node: NodeClient | NodeCore, target: str, code: int = int(Result
         rows = conn.execute(f"SELECT id, attempts FROM outbox WHERE state {_DYING} AND target_id=?",
                             (target,)).fetchall()
         core.operator.apply(OperatorAction.DEAD_LETTER, [(rid, _WAITING) for rid, _a in rows], ts, code=code)
-        log_events(core, [{"ts": ts, "role": "origin", "event": "dead", "lk0": f"{core.me.node_id}/1/1/{rid}",
+        log_events(core, [{"ts": ts, "role": "origin", "event": "dead", "lk0": core.ctx.lk0_text(rid),
                            "source": core.me.node_id, "target": target, "attempt": attempts, "code": code,
                            "detail": detail or reason(code)} for rid, attempts in rows])
     return len(rows)

@@ -55,15 +55,21 @@ _HAS: Final = (InquiryResult.RECEIVED, InquiryResult.FORWARDED, InquiryResult.ST
 
 
 def receipt_frames(me: Endpoint, peer: Endpoint, proven: Sequence[tuple[LK0, bytes]], signing_key: object,
-                   out: Output) -> None:
-    """ACK2 batches for documents of ``peer`` we received, each with one
-    receipt over their (LK0, digest)s."""
-    for i in range(0, len(proven), RECEIPT_BATCH):
-        part = proven[i:i + RECEIPT_BATCH]
-        entries = tuple(AckEntry(1, 1, 0, lk.semq_id, lk.semq_db_id, lk.record_id, _DELIVERY, 0) for lk, _ in part)
-        out.add(Frame(kind=Kind.ACK_BATCH, source=me, target=peer,
-                      body=AckBatch(ack_kind=Kind.ACK2, entries=entries,
-                                    receipt=make_batch_receipt(part, signing_key))))  # type: ignore[arg-type]
+                   out: Output, unit: int = 1) -> None:
+    """ACK2 batches for documents of ``peer`` we (``unit``) received, each
+    with one receipt over their (LK0, digest)s, one batch per unit of the
+    origin that holds them (semq.units: the relay never splits a receipt)."""
+    by_unit: dict[int, list[tuple[LK0, bytes]]] = {}
+    for p in proven:
+        by_unit.setdefault(p[0].semq_id, []).append(p)
+    for docs in by_unit.values():
+        for i in range(0, len(docs), RECEIPT_BATCH):
+            part = docs[i:i + RECEIPT_BATCH]
+            entries = tuple(AckEntry(unit, 1, 0, lk.semq_id, lk.semq_db_id, lk.record_id, _DELIVERY, 0)
+                            for lk, _ in part)
+            out.add(Frame(kind=Kind.ACK_BATCH, source=me, target=peer,
+                          body=AckBatch(ack_kind=Kind.ACK2, entries=entries,
+                                        receipt=make_batch_receipt(part, signing_key))))  # type: ignore[arg-type]
 
 
 class Inquiries:
@@ -100,7 +106,7 @@ class Inquiries:
                 # The origin confirms only by a receipt: "received" comes as
                 # an ACK2 with one, from the digest kept with the dedup row.
                 assert ctx.sec is not None
-                receipt_frames(ctx.me, asker, proven, ctx.sec.identity.keys.signing_key, b.out)
+                receipt_frames(ctx.me, asker, proven, ctx.sec.identity.keys.signing_key, b.out, ctx.unit)
         else:
             mine = [lk for lk in q.items if lk.endpoint == ctx.me]
             if ctx.sec is None:

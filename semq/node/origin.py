@@ -121,7 +121,7 @@ class Origin:
     def event(self, row: PendingSendRow | ClaimRow, event: str, ts: int, **extra: Any) -> dict[str, Any]:
         # The message's attributes were logged with "queued"; later events
         # name it and say what happened (docs/events.md).
-        return {"ts": ts, "role": "origin", "event": event, "lk0": f"{self.ctx.me.node_id}/1/1/{row.id}",
+        return {"ts": ts, "role": "origin", "event": event, "lk0": self.ctx.lk0_text(row.id),
                 "source": self.ctx.me.node_id, "target": row.target_id, "attempt": row.attempts, **extra}
 
     # ------------------------------------------------------------ accepting
@@ -143,11 +143,11 @@ class Origin:
             # Validate every field by building the DATA value once.
             # (``encrypt`` asks for sealing at send time; the plaintext stays
             # in our own store until then.)
-            Data(lk0=LK0(endpoint=me, record_id=1), app_data=d.app_data, app_key=d.app_key,
+            Data(lk0=ctx.lk0(1), app_data=d.app_data, app_key=d.app_key,
                  created_ms=d.created_ms or ts, expires_ms=d.expires_ms)
             Frame(kind=Kind.DATA, source=me, target=target, reliable=d.reliable,
                   save_fwd=d.save_fwd, ack2=d.ack2, priority=d.priority,
-                  body=Data(lk0=LK0(endpoint=me, record_id=1)))
+                  body=Data(lk0=ctx.lk0(1)))
             rows.append((d, target, d.created_ms or ts))
         ids: list[int] = []
         try:
@@ -169,14 +169,14 @@ class Origin:
         except STORE_ERRORS as e:
             raise translate(e, ctx.path, "node store") from e
         ctx.emit([
-            {"ts": ts, "role": "origin", "event": "queued", "lk0": f"{me.node_id}/1/1/{i}",
+            {"ts": ts, "role": "origin", "event": "queued", "lk0": ctx.lk0_text(i),
              "source": me.node_id, "target": t.node_id, "domain": d.app_key.domain,
              "data_type": d.app_key.data_type, "subtype": d.app_key.subtype, "key": d.app_key.key,
              "save_fwd": int(d.save_fwd), "ack2": bool(d.ack2), "reliable": bool(d.reliable),
              "priority": d.priority, "size": len(d.app_data), "attempt": 0, "created_ms": created}
             for i, (d, t, created) in zip(ids, rows, strict=True)
         ])
-        return [LK0(endpoint=me, record_id=i) for i in ids]
+        return [ctx.lk0(i) for i in ids]
 
     # ------------------------------------------------------------ sending
 
@@ -221,7 +221,7 @@ class Origin:
         forwarded: list[tuple[int, int, int, int, int, int]] = []  # SaveFwd 1 on a direct link: SS_ACK_FWD now
         fwd_digests: list[tuple[int, str, bytes]] = []
         expired: list[tuple[int, int]] = []
-        me, me_id = ctx.me, ctx.me.node_id
+        me, me_id, unit = ctx.me, ctx.me.node_id, ctx.unit
         data = out.data
         secure = ctx.sec is not None
         for r in rows:
@@ -243,9 +243,9 @@ class Origin:
                 app_key=_NO_KEY_PARTS if sealed else (r.domain, r.data_type, r.subtype, r.key),
                 created_ms=r.created_ms, expires_ms=expires, save_fwd=r.save_fwd, ack2=bool(r.ack2),
                 reliable=bool(r.reliable), priority=r.priority, session_key=session_key, app_data=app_data,
-                key_sealed=sealed,
+                key_sealed=sealed, semq_id=unit,
             ))
-            events.append({"ts": ts, "role": "origin", "event": "sent", "lk0": f"{me_id}/1/1/{rid}",
+            events.append({"ts": ts, "role": "origin", "event": "sent", "lk0": f"{me_id}/{unit}/1/{rid}",
                            "source": me_id, "target": target_id, "attempt": attempt, "path": path})
             out.targets.add(target_id)
             if r.reliable and only is not None and r.save_fwd == _DISCARD:
@@ -336,7 +336,7 @@ class Origin:
                     document_aad_template(me, me, target, "", "", "", "", r.save_fwd, flags, r.priority) if sealed
                     else document_aad_template(me, me, target, r.domain, r.data_type, r.subtype, r.key,
                                                r.save_fwd, flags, r.priority))
-            aad = aad_of(1, 1, r.id, r.created_ms, r.expires_ms)
+            aad = aad_of(self.ctx.unit, 1, r.id, r.created_ms, r.expires_ms)
             keep.append(r)
             items.append((aad, enclose_app_key(r.domain, r.data_type, r.subtype, r.key, r.app_data) if sealed
                           else r.app_data, certs))
@@ -447,7 +447,7 @@ class Origin:
                 e: AckEntry = it[2]
                 if reack2 is None:
                     reack2 = acks[(Kind.REACK2, peer)]
-                reack2.append(AckEntry(1, 1, rid, e.src_semq_id, e.src_semq_db_id, e.src_ref_id, _DELIVERY, 0))
+                reack2.append(AckEntry(ctx.unit, 1, rid, e.src_semq_id, e.src_semq_db_id, e.src_ref_id, _DELIVERY, 0))
             if not o.changed:
                 if held_at is not None:
                     held[rid] = held_at
@@ -456,7 +456,7 @@ class Origin:
             if new_state is SendState.SS_INIT:
                 wb.order.forget()  # to be sent again: the claims must read it
             rows[rid] = (target_id, int(new_state), save_fwd, ack2, attempts)
-            lk0 = f"{me}/1/1/{rid}"
+            lk0 = f"{me}/{ctx.unit}/1/{rid}"
             if new_state is SendState.SS_FAILED:
                 row_code, row_detail = code, detail
                 if event is OriginEvent.TARGET_LACKS:
@@ -580,7 +580,6 @@ class Origin:
         SS_ACK (stored: P owns delivery; see ORIGIN_TABLE); SS_ACK_FWD
         (every SaveFwd) asks B."""
         ctx = self.ctx
-        me = ctx.me
         # Through the partial index outbox_due (its condition is
         # ``state BETWEEN 1 AND 3``, SS_SENT to SS_ACK): only the rows due now.
         rows = [PendingSendRow._make(r) for r in ctx.conn.execute(
@@ -591,7 +590,7 @@ class Origin:
         to_p: list[LK0] = []
         to_b: dict[Endpoint, list[LK0]] = {}
         for r in rows:
-            lk = LK0(endpoint=me, record_id=r.id)
+            lk = ctx.lk0(r.id)
             if r.state in (_SS_SENT, _SS_ACK):
                 to_p.append(lk)
                 events.append(self.event(r, "inquiry", ts, detail="platform"))

@@ -94,7 +94,7 @@ class Receipts:
         ctx = self.ctx
         assert ctx.sec is not None
         ids = [e.dest_ref_id for e in entries]
-        if any(e.dest_semq_id != 1 or e.dest_semq_db_id != 1 for e in entries):
+        if any(e.dest_semq_id != ctx.unit or e.dest_semq_db_id != 1 for e in entries):
             return set()  # not records of this store
         digests = self.digests_of(ids)
         if len(digests) != len(set(ids)):
@@ -179,10 +179,10 @@ class Receipts:
         flags = document_flags(bool(reliable), bool(ack2), bool(encrypt), sealed)
         target = Endpoint(node_type=NodeType(target_type), node_id=target_id)
         if sealed:
-            aad = document_aad_fields(me, 1, 1, id, me, target, "", "", "", "", save_fwd, flags, priority,
+            aad = document_aad_fields(me, self.ctx.unit, 1, id, me, target, "", "", "", "", save_fwd, flags, priority,
                                       created_ms, expires_ms)
             return aad, enclose_app_key(domain, data_type, subtype, key, app_data)
-        return document_aad_fields(me, 1, 1, id, me, target, domain, data_type, subtype, key, save_fwd,
+        return document_aad_fields(me, self.ctx.unit, 1, id, me, target, domain, data_type, subtype, key, save_fwd,
                                    flags, priority, created_ms, expires_ms), app_data
 
     def proof(self, record_id: int) -> tuple[str, bytes, bytes, int] | None:

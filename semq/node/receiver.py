@@ -195,7 +195,7 @@ class Receiver:
             return  # best effort: never acked, never answered
         if lk1 is not None:
             b.acks[(Kind.ACK, frame.source)].append(AckEntry(
-                1, 1, 0, lk1.semq_id, lk1.semq_db_id, lk1.record_id, int(AckFlag.PLATFORM), 0))
+                self.ctx.unit, 1, 0, lk1.semq_id, lk1.semq_db_id, lk1.record_id, int(AckFlag.PLATFORM), 0))
         sec = self.ctx.sec
         proof = b"" if sec is None else make_refusal(lk0, code, sec.identity.keys.signing_key)
         b.out.add(Frame(kind=Kind.NACK, source=self.ctx.me, target=frame.origin,
@@ -289,10 +289,10 @@ class Receiver:
                 inbound_id = int(row[0]) if row else 0
         if dec.send_ack and lk1 is not None:
             b.acks[(Kind.ACK, frame.source)].append(AckEntry(
-                1, 1, inbound_id, lk1.semq_id, lk1.semq_db_id, lk1.record_id, int(AckFlag.PLATFORM), 0))
+                self.ctx.unit, 1, inbound_id, lk1.semq_id, lk1.semq_db_id, lk1.record_id, int(AckFlag.PLATFORM), 0))
         if dec.send_ack2:
             b.acks[(Kind.ACK2, lk0.endpoint)].append(AckEntry(
-                1, 1, inbound_id, lk0.semq_id, lk0.semq_db_id, lk0.record_id, int(AckFlag.DELIVERY), 0))
+                self.ctx.unit, 1, inbound_id, lk0.semq_id, lk0.semq_db_id, lk0.record_id, int(AckFlag.DELIVERY), 0))
             if digest is not None:
                 b.digests[lk0.endpoint].append((lk0, digest))
             events.append({"ts": ts, "role": "receiver", "lk0": lk0_text, "source": source, "target": me,

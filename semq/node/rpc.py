@@ -167,7 +167,7 @@ def poll_reply(node: NodeClient, request: LK0 | int | str, *, take: bool = True)
     Raises RpcError for a request this node has no record of."""
     core = core_of(node)
     rid = _record_id(core, request)
-    lk0 = LK0(endpoint=core.me, record_id=rid)
+    lk0 = core.ctx.lk0(rid)
     row = core.conn.execute("SELECT target_id, reply_inbox_id, taken_ms FROM rpc_requests WHERE record_id=?",
                             (rid,)).fetchone()
     if row is None:
@@ -210,7 +210,7 @@ def wait_reply(node: NodeClient, request: LK0 | int | str, timeout: float = 10.0
             rid = _record_id(core, request)
             got = core.conn.execute("SELECT target_id FROM rpc_requests WHERE record_id=?", (rid,)).fetchone()
             (target,) = got if got is not None else ("?",)
-            raise ReplyTimeout(LK0(endpoint=core.me, record_id=rid), target, timeout)
+            raise ReplyTimeout(core.ctx.lk0(rid), target, timeout)
         time.sleep(min(poll, left))
 
 
@@ -270,7 +270,7 @@ def replies(node: NodeClient, *, include_taken: bool = False, limit: int = 1000)
         poll_reply(node, int(rid), take=False)
     q = (f"SELECT {columns(RpcRequestRow)} FROM rpc_requests" + ("" if include_taken else " WHERE taken_ms IS NULL")
          + " ORDER BY record_id LIMIT ?")
-    return [RequestInfo(lk0=LK0(endpoint=core.me, record_id=r.record_id), target=r.target_id, data_type=r.data_type,
+    return [RequestInfo(lk0=core.ctx.lk0(r.record_id), target=r.target_id, data_type=r.data_type,
                         sent_ms=r.sent_ms, timeout_ms=r.timeout_ms, reply_inbox_id=r.reply_inbox_id,
                         replied_ms=r.replied_ms, taken_ms=r.taken_ms)
             for r in map(RpcRequestRow._make, core.conn.execute(q, (limit,)))]
@@ -321,7 +321,7 @@ def incoming(node: NodeClient, *, include_answered: bool = False, limit: int = 1
          " WHERE i.domain='semq.rpc' AND i.subtype='request'"
          + ("" if include_answered else " AND a.request_inbox_id IS NULL AND i.consumed_ms IS NULL")
          + " ORDER BY i.id LIMIT ?")
-    return [(node.get(i), LK0(endpoint=core.me, record_id=r) if r else None)
+    return [(node.get(i), core.ctx.lk0(r) if r else None)
             for i, r in core.conn.execute(q, (limit,)).fetchall()]
 
 
@@ -350,7 +350,7 @@ def reply(
         if prev is not None:
             (answered_by,) = prev
             raise RpcError(f"request {request_id} ({item.lk0}) was already answered by"
-                           f" {LK0(endpoint=core.me, record_id=answered_by)}")
+                           f" {core.ctx.lk0(answered_by)}")
         [lk0] = node.send_many([dict(
             to=origin.node_id, data=data, domain=RPC_DOMAIN,
             data_type=item.app_key.data_type if data_type is None else data_type, subtype=REPLY,

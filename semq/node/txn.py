@@ -197,7 +197,7 @@ class Transactions:
         # The checks NodeCore.accept makes (it makes them again at commit).
         check_document_size(len(doc.app_data))
         target = Endpoint.org(doc.target)
-        lk0 = LK0(endpoint=self.core.me, record_id=1)
+        lk0 = self.core.ctx.lk0(1)
         Data(lk0=lk0, app_data=doc.app_data, app_key=doc.app_key, created_ms=ts, expires_ms=doc.expires_ms)
         Frame(kind=Kind.DATA, source=self.core.me, target=target, reliable=doc.reliable, save_fwd=doc.save_fwd,
               ack2=doc.ack2, priority=doc.priority, body=Data(lk0=lk0))
@@ -285,7 +285,7 @@ class Transactions:
             save_fwd=r.save_fwd, ack2=bool(r.ack2), reliable=bool(r.reliable), priority=r.priority,
             expires_ms=r.expires_ms, encrypt=bool(r.encrypt), app_data=r.app_data, created_ms=r.created_ms,
             state_ms=r.state_ms, checks=r.checks, next_check_ms=r.next_check_ms,
-            lk0=LK0(endpoint=self.core.me, record_id=r.outbox_id) if r.outbox_id else None,
+            lk0=self.core.ctx.lk0(r.outbox_id) if r.outbox_id else None,
             decided_by=r.decided_by, note=r.note,
         )
 

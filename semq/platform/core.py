@@ -18,7 +18,7 @@ from __future__ import annotations
 import time
 from collections import defaultdict
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import partial
 from pathlib import Path
 from typing import Any, Final, NamedTuple
@@ -73,6 +73,7 @@ from semq.umxt_protocol import (
     relay_bytes,
     relay_frame_bytes,
 )
+from semq.units import MAX_UNITS, UNIT_SEP, holder, route_of, route_org, unit_for
 
 from .cluster import HOP_MAX_FRAME, Presence
 from .engine import STORED_TABLE, Route, StoredEvent, StoredState, route, state_answer, stored_step
@@ -106,6 +107,7 @@ class _Store(NamedTuple):
 
     raw: RawFrame
     sender: Endpoint | None  # None: handed over by another instance (its origin has its ACK_FWD)
+    target: Endpoint  # the route of the target's unit that holds it (semq.units)
     lk0: LK0
     key: tuple[int, str, int, int, int]
     expires: int | None
@@ -271,6 +273,76 @@ class PlatformCore(HeldWrites):
             Endpoint(node_type=t, node_id=i)
             for t, i in self.conn.execute("SELECT node_type, node_id FROM nodes WHERE revoked=0")
         }
+        # Organizations that run several units (semq.units), and how many:
+        # their documents are spread over the units by LK0.
+        self.units: dict[Endpoint, int] = {}
+        self.load_units()
+
+    def load_units(self) -> None:
+        """Read the organizations' unit counts again (another instance of a
+        clustered platform may have learnt one from a HELLO)."""
+        self.units = {Endpoint(node_type=t, node_id=i): n for t, i, n in self.conn.execute(
+            "SELECT node_type, node_id, units FROM nodes WHERE units > 1")}
+
+    def _route(self, target: Endpoint, lk0: LK0) -> Endpoint:
+        """Where a document for ``target`` goes: the route of the unit that
+        holds it (the target itself for an organization of one unit)."""
+        n = self.units.get(target)
+        return target if n is None else route_of(target, holder(lk0, n))
+
+    def _relay_routes(self, raw: RawFrame) -> list[tuple[Endpoint, RawFrame]]:
+        """Where an ack, inquiry or answer for ``raw.target`` goes: to the
+        unit of the record it names (semq.units), split per unit when its
+        items are about several (an inquiry about documents held by
+        different units). A batch with a receipt is never split (the
+        receiver signed it whole): the node sends one per unit."""
+        target = raw.target
+        n = self.units.get(target)
+        if n is None:
+            return [(target, raw)]
+        frame = raw.frame()
+        body = frame.body
+        groups: dict[int, list[Any]] = defaultdict(list)
+        parts: dict[int, AckBatch | Inquiry | InquiryResp]
+        if isinstance(body, AckBatch):
+            if body.receipt:
+                return [(route_of(target, min(max(body.entries[0].dest_semq_id, 1), n)) if body.entries
+                         else target, raw)]
+            for e in body.entries:
+                groups[min(max(e.dest_semq_id, 1), n)].append(e)
+            parts = {u: replace(body, entries=tuple(es)) for u, es in groups.items()}
+        elif isinstance(body, Ack):
+            return [(route_of(target, min(max(body.entry.dest_semq_id, 1), n)), raw)]
+        elif isinstance(body, Inquiry):
+            for lk in body.items:
+                groups[unit_for(target, lk, n)].append(lk)
+            parts = {u: replace(body, items=tuple(items)) for u, items in groups.items()}
+        elif isinstance(body, InquiryResp):
+            for a in body.answers:
+                groups[unit_for(target, a.lk0, n)].append(a)
+            parts = {u: replace(body, answers=tuple(answers)) for u, answers in groups.items()}
+        elif isinstance(body, Nack):
+            return [(route_of(target, unit_for(target, body.lk0, n)), raw)]
+        else:
+            return [(target, raw)]
+        if len(parts) == 1:
+            return [(route_of(target, next(iter(parts))), raw)]
+        dec = FrameDecoder()
+        dec.receive_data(b"".join(encode_frame(replace(frame, body=b)) for b in parts.values()))
+        return [(route_of(target, u), r) for u, r in zip(parts, dec, strict=True)]
+
+    def set_units(self, org: Endpoint, units: int) -> None:
+        """``org`` runs ``units`` units (its HELLO says so), inside the
+        caller's transaction."""
+        if units > MAX_UNITS:
+            raise RemoteProtocolError(f"units {units} exceeds the limit of {MAX_UNITS}", ResultCode.INVALID_FIELD)
+        if self.units.get(org, 1) != units:
+            self.conn.execute("UPDATE nodes SET units=? WHERE node_type=? AND node_id=?",
+                              (units, int(org.node_type), org.node_id))
+            if units > 1:
+                self.units[org] = units
+            else:
+                self.units.pop(org, None)
 
     def close(self) -> None:
         try:
@@ -338,24 +410,28 @@ class PlatformCore(HeldWrites):
             self.known.add(ep)
         return bool(row)
 
-    def connected(self, ep: Endpoint) -> bool:
-        """A node completed HELLO. Returns False if it is not allowed. Its
-        in-flight stored copies go again (SPEC P.2; it deduplicates)."""
+    def connected(self, ep: Endpoint, units: int = 1) -> bool:
+        """A node completed HELLO (``ep``: the route of its unit, semq.units;
+        ``units``: how many its organization runs). Returns False if it is
+        not allowed. Its in-flight stored copies go again (SPEC P.2; it
+        deduplicates)."""
         ts = now_ms()
+        org = route_org(ep)
         with self._tx():
             self.write_held()  # the attempts of the copies in flight, before they go again
-            if not self.is_known(ep):
+            if not self.is_known(org):
                 if not self.auto_register:
                     return False
                 self.conn.execute(
                     "INSERT OR IGNORE INTO nodes (node_type, node_id, registered_ms) VALUES (?,?,?)",
-                    (int(ep.node_type), ep.node_id, ts),
+                    (int(org.node_type), org.node_id, ts),
                 )
-                self.known.add(ep)
+                self.known.add(org)
             self.conn.execute(
                 "UPDATE nodes SET last_seen_ms=? WHERE node_type=? AND node_id=?",
-                (ts, int(ep.node_type), ep.node_id),
+                (ts, int(org.node_type), org.node_id),
             )
+            self.set_units(org, units)
             for was, now in _ON_RECONNECT:  # (no chains in the table: one UPDATE each)
                 self.conn.execute("UPDATE stored SET state=? WHERE target_type=? AND target_id=? AND state=?",
                                   (now, int(ep.node_type), ep.node_id, was))
@@ -444,6 +520,7 @@ class PlatformCore(HeldWrites):
             self.presence.forget_stale()
             waiting = self.presence.waiting()
             fenced = [ep for ep in list(self.presence.epochs) if not self.presence.holds(ep)]
+            self.load_units()  # (learnt from a HELLO at another instance)
         self._fresh_statistics()
         return waiting, fenced
 
@@ -484,6 +561,9 @@ class PlatformCore(HeldWrites):
         self._seen = []  # `seen` rows of this batch, written in one executemany
         self._stores = []
         store_ctx = (out, events, acks)
+        # ``sender`` is the route of the connection's unit (semq.units): acks
+        # go back to it; the frames speak as its organization.
+        org_ep = route_org(sender)
         with self._tx():
             if self._held_sent:
                 self.write_held(ts - HOLD_MS)
@@ -493,7 +573,7 @@ class PlatformCore(HeldWrites):
                 # out one Endpoint object per distinct header, hence ``is``
                 # first: the dataclass comparison is Python code).
                 src, org = raw.source, raw.origin
-                if (src is not sender and src != sender) or (org is not sender and org != sender):
+                if (src is not org_ep and src != org_ep) or (org is not org_ep and org != org_ep):
                     msg = f"{raw.kind.name} claims source {raw.source} / origin {raw.origin} on the connection of {sender}"
                     out.errors.append((ResultCode.SOURCE_MISMATCH, msg))
                     events.append({"ts": ts, "event": "refused", "code": int(ResultCode.SOURCE_MISMATCH),
@@ -530,7 +610,7 @@ class PlatformCore(HeldWrites):
                 out.forwards = defaultdict(list)
             for (kind, target), entries in acks.items():
                 for i in range(0, len(entries), 10_000):
-                    out.add(target, Frame(kind=Kind.ACK_BATCH, source=self.me, target=target,
+                    out.add(target, Frame(kind=Kind.ACK_BATCH, source=self.me, target=route_org(target),
                                           body=AckBatch(ack_kind=kind, entries=tuple(entries[i:i + 10_000]))))
         self._emit(events)
         return out
@@ -554,7 +634,7 @@ class PlatformCore(HeldWrites):
         new_ids: list[int] = []
         new_rows: list[tuple[Any, ...]] = []
         for st in stores:
-            raw, target, key = st.raw, st.raw.target, st.key
+            raw, target, key = st.raw, st.target, st.key
             copy_key = (*key, int(target.node_type), target.node_id)
             lk1_id = found.get(copy_key, 0)
             if not lk1_id:
@@ -669,12 +749,13 @@ class PlatformCore(HeldWrites):
     ) -> None:
         lk0, _lk1, created, expires = raw.data_prefix()
         target = raw.target
+        dest = target if not self.units else self._route(target, lk0)
         reliable = raw.reliable
         save_fwd = raw.save_fwd
-        on = online(target)
+        on = online(dest)
         hop = None
         if not on and self.presence is not None:
-            hop = self.presence.elsewhere(target)
+            hop = self.presence.elsewhere(dest)
             if hop is not None:
                 # Held by another instance (semq.platform.cluster): handed to
                 # it one hop at the commit, as to a connection of our own; a
@@ -697,10 +778,10 @@ class PlatformCore(HeldWrites):
         if where is Route.FORWARD:
             b = relay_frame_bytes(raw.raw, self.me)
             if hop is not None:
-                out.hops[hop].append((target, b))
+                out.hops[hop].append((dest, b))
             else:
-                out.forwards[target].append(b)
-                out.forward_bytes[target] += len(b)
+                out.forwards[dest].append(b)
+                out.forward_bytes[dest] += len(b)
             if reliable:
                 self._seen.append((*key, _FORWARDED, 0, ts))
                 acks[(Kind.ACK_FWD, sender)].append(AckEntry(
@@ -711,17 +792,17 @@ class PlatformCore(HeldWrites):
             if self.quota_bytes and not self._quota_allows(key[0], key[1], len(raw.raw)):
                 text = (f"organization {origin.node_id} has {self.quota_bytes >> 20} MiB of documents stored here,"
                         " its quota: kept by the origin, sent again later")
-                out.add(sender, Frame(kind=Kind.NACK, source=self.me, target=sender,
+                out.add(sender, Frame(kind=Kind.NACK, source=self.me, target=route_org(sender),
                                       body=Nack(lk0=lk0, code=ResultCode.QUOTA_EXCEEDED, message=text)))
                 events.append(self._event(raw, lk0, ts, "refused", code=int(ResultCode.QUOTA_EXCEEDED)))
                 return
-            self._stores.append(_Store(raw, sender, lk0, key, expires, ts))
+            self._stores.append(_Store(raw, sender, dest, lk0, key, expires, ts))
         elif where in (Route.DROP, Route.REFUSE):
             self._seen.append((*key, _DROPPED, 0, ts))
             text = {ResultCode.UNKNOWN_TARGET: f"target {target} is not known to the platform",
                     ResultCode.EXPIRED: "the document expired before it could be delivered",
                     }.get(code, f"target {target} is offline and SaveFwd=1: discarded")
-            out.add(sender, Frame(kind=Kind.NACK, source=self.me, target=sender,
+            out.add(sender, Frame(kind=Kind.NACK, source=self.me, target=route_org(sender),
                                   body=Nack(lk0=lk0, code=code, message=text)))
             events.append(self._event(raw, lk0, ts, "dropped" if where is Route.DROP else "refused",
                                       code=int(code)))
@@ -749,24 +830,27 @@ class PlatformCore(HeldWrites):
                online: Callable[[Endpoint], bool]) -> None:
         """SPEC P.4: acks and inquiries between nodes travel like SaveFwd=3
         messages: forwarded, or stored while the target is offline."""
-        target = raw.target
-        hop = None
-        if online(target):
-            b = relay_bytes(raw, self.me)
-            out.forwards[target].append(b)
-            out.forward_bytes[target] += len(b)
-        elif (self.presence is not None and len(raw.raw) <= HOP_MAX_FRAME
-              and (hop := self.presence.elsewhere(target)) is not None):
-            out.hops[hop].append((target, relay_bytes(raw, self.me)))
-        elif self.is_known(target):
-            out.stored_for.add(target)
-            self._store_relayed(raw, ts)
-        else:
-            raise RemoteProtocolError(f"{raw.kind.name} for unknown target {target}", ResultCode.UNKNOWN_TARGET)
+        if UNIT_SEP in raw.target.node_id:  # a unit's route is the platform's, never a frame's target
+            raise RemoteProtocolError(f"{raw.kind.name} for unknown target {raw.target}", ResultCode.UNKNOWN_TARGET)
+        for target, part in (self._relay_routes(raw) if self.units else ((raw.target, raw),)):
+            hop = None
+            if online(target):
+                b = relay_bytes(part, self.me)
+                out.forwards[target].append(b)
+                out.forward_bytes[target] += len(b)
+            elif (self.presence is not None and len(raw.raw) <= HOP_MAX_FRAME
+                  and (hop := self.presence.elsewhere(target)) is not None):
+                out.hops[hop].append((target, relay_bytes(part, self.me)))
+            elif self.is_known(part.target):
+                out.stored_for.add(target)
+                self._store_relayed(part, ts, target)
+            else:
+                raise RemoteProtocolError(f"{part.kind.name} for unknown target {part.target}",
+                                          ResultCode.UNKNOWN_TARGET)
 
-    def _store_relayed(self, raw: RawFrame, ts: int) -> None:
-        """An ack or inquiry kept for its target (SPEC P.4)."""
-        target = raw.target
+    def _store_relayed(self, raw: RawFrame, ts: int, target: Endpoint) -> None:
+        """An ack or inquiry kept for its target (SPEC P.4; ``target``: the
+        route of the target's unit it is for)."""
         self.conn.execute(
             "INSERT INTO stored (target_type, target_id, kind, origin_type, origin_id, state, priority,"
             f" stored_ms, frame) VALUES (?,?,?,?,?,{_SS_INIT},?,?,?)",
@@ -798,10 +882,11 @@ class PlatformCore(HeldWrites):
                     lk0, _lk1, _created, expires = raw.data_prefix()
                     o = lk0.endpoint
                     key = (int(o.node_type), o.node_id, lk0.semq_id, lk0.semq_db_id, lk0.record_id)
-                    self._stores.append(_Store(raw, None, lk0, key, expires, ts))
+                    self._stores.append(_Store(raw, None, self._route(raw.target, lk0), lk0, key, expires, ts))
                 elif raw.kind in _RELAYED:
-                    out.stored_for.add(raw.target)
-                    self._store_relayed(raw, ts)
+                    for target, part in self._relay_routes(raw):
+                        out.stored_for.add(target)
+                        self._store_relayed(part, ts, target)
             self._flush_stores(out, events, acks)
             self._flush_seen()
             if self.presence is not None and out.stored_for:
@@ -880,7 +965,7 @@ class PlatformCore(HeldWrites):
                     answers.append(InquiryAnswer(lk, state_answer(state)))
                 gone = self._settle([lk.record_id for lk in body.items], StoredEvent.TARGET_ASKS, sender, ts, events)
                 out.credit[sender] += gone
-            out.add(sender, Frame(kind=Kind.INQUIRY_RESP, source=self.me, target=sender,
+            out.add(sender, Frame(kind=Kind.INQUIRY_RESP, source=self.me, target=route_org(sender),
                                   body=InquiryResp(topic=body.topic, answers=tuple(answers),
                                                    flag=InquiryFlag.FROM_PLATFORM)))
             return
@@ -1077,7 +1162,7 @@ class PlatformCore(HeldWrites):
         for target, lks in groups.items():
             for i in range(0, len(lks), 1000):
                 sends[target].append(encode_frame(Frame(
-                    kind=Kind.INQUIRY, source=self.me, target=target,
+                    kind=Kind.INQUIRY, source=self.me, target=route_org(target),
                     body=Inquiry(topic=InquiryTopic.RECEIVED, items=tuple(lks[i:i + 1000]),
                                  flag=InquiryFlag.FROM_PLATFORM))))
         return sends

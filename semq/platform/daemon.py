@@ -55,6 +55,7 @@ from semq.umxt_protocol import (
     encode_frame,
     frame_save_fwd,
 )
+from semq.units import MAX_UNITS, route_of, route_org
 
 from .core import PlatformCore, PlatformOutput, Room
 
@@ -353,16 +354,22 @@ class PlatformDaemon:
             return
         await self._session(fs, ep, hello, body, first, bound, seen)
 
-    async def _session(self, fs: FrameStream, ep: Endpoint, hello: RawFrame, body: Hello, first: list[RawFrame],
+    async def _session(self, fs: FrameStream, org: Endpoint, hello: RawFrame, body: Hello, first: list[RawFrame],
                        bound: str | None, seen: _Seen) -> None:
-        if bound is not None and ep != Endpoint.org(bound):
+        if bound is not None and org != Endpoint.org(bound):
             # An organization can only speak as itself (SPEC "Security").
-            log.warning("certificate of %s used to claim %s: refused", bound, ep)
-            await fs.send_error(self.core.me, ep, ResultCode.AUTH_FAILED,
-                                f"the TLS certificate names organization {bound}, not {ep}")
+            log.warning("certificate of %s used to claim %s: refused", bound, org)
+            await fs.send_error(self.core.me, org, ResultCode.AUTH_FAILED,
+                                f"the TLS certificate names organization {bound}, not {org}")
             return
+        if body.units > MAX_UNITS:
+            await fs.send_error(self.core.me, org, ResultCode.INVALID_FIELD,
+                                f"units {body.units} exceeds the limit of {MAX_UNITS}")
+            return
+        # Each unit of a node is its own session, under its route (semq.units).
+        ep = route_of(org, body.semq_id)
         try:
-            allowed = hello.origin == ep and await self.gate.run(self.core.connected, ep)
+            allowed = hello.origin == org and await self.gate.run(self.core.connected, ep, body.units)
         except STORE_ERRORS as e:
             log.error("%s cannot be admitted now: store error: %s", ep, e)
             await fs.send_error(self.core.me, ep, ResultCode.INTERNAL_ERROR,
@@ -384,12 +391,12 @@ class PlatformDaemon:
         fs.decoder.max_frame_size = self.s.max_frame  # an accepted session: documents up to the frame limit
         log.info("%s online", ep)
         try:
-            await fs.send(encode_frame(Frame(kind=Kind.WELCOME, source=self.core.me, target=ep,
+            await fs.send(encode_frame(Frame(kind=Kind.WELCOME, source=self.core.me, target=route_org(ep),
                                              body=Welcome(window=self.s.window, server_time_ms=now_ms(),
                                                           session_id=self.stats["connections"]))))
             if self.s.security is not None:
                 # The node applies revocations that happened while it was away.
-                session.enqueue([self._crl_frame(ep)])
+                session.enqueue([self._crl_frame(route_org(ep))])
             with session.cancel_scope:
                 async with trio.open_nursery() as nursery:
                     nursery.start_soon(self._writer, session, nursery.cancel_scope)
@@ -423,6 +430,7 @@ class PlatformDaemon:
 
     async def _reader(self, session: Session, pump: FramePump, pending: list[RawFrame]) -> None:
         fs, ep = session.fs, session.endpoint
+        org = route_org(ep)  # (ep: the route of the node's unit, semq.units)
         batch = pending
         while True:
             if not batch:
@@ -435,7 +443,7 @@ class PlatformDaemon:
                 elif raw.kind is Kind.PING:
                     ping = raw.frame().body
                     assert isinstance(ping, Ping)
-                    session.enqueue([encode_frame(Frame(kind=Kind.PONG, source=self.core.me, target=ep,
+                    session.enqueue([encode_frame(Frame(kind=Kind.PONG, source=self.core.me, target=org,
                                                         body=Pong(nonce=ping.nonce, time_ms=now_ms())))])
                 elif raw.kind is Kind.BYE:
                     return
@@ -444,7 +452,7 @@ class PlatformDaemon:
                 elif raw.kind is Kind.CERT_REQUEST:
                     req = raw.frame().body
                     assert isinstance(req, CertRequest)
-                    session.enqueue([await self._cert_response(ep, req.endpoint)])
+                    session.enqueue([await self._cert_response(org, req.endpoint)])
                 elif raw.kind is Kind.PEER_ANNOUNCE:
                     ann = raw.frame().body
                     assert isinstance(ann, PeerAnnounce)
@@ -456,7 +464,7 @@ class PlatformDaemon:
                         continue
                     session.announced_at = now
                     try:
-                        await self.gate.run(self.core.announce_peer, ep, ann, session.seen.host,
+                        await self.gate.run(self.core.announce_peer, org, ann, session.seen.host,
                                             session.seen.fingerprint)
                     except STORE_ERRORS as e:  # the node announces again within its lifetime
                         log.error("direct-link addresses of %s not recorded: store error: %s", ep, e)
@@ -464,11 +472,11 @@ class PlatformDaemon:
                     look = raw.frame().body
                     assert isinstance(look, PeerLookup)
                     try:
-                        info = await self.gate.run(self.core.lookup_peer, ep, look.endpoint)
+                        info = await self.gate.run(self.core.lookup_peer, org, look.endpoint)
                     except STORE_ERRORS as e:
                         log.error("direct-link look-up of %s for %s failed: store error: %s", look.endpoint, ep, e)
                         info = PeerInfo(endpoint=look.endpoint, code=ResultCode.STORE_ERROR)
-                    session.enqueue([encode_frame(Frame(kind=Kind.PEER_INFO, source=self.core.me, target=ep,
+                    session.enqueue([encode_frame(Frame(kind=Kind.PEER_INFO, source=self.core.me, target=org,
                                                         body=info))])
             batch = []
             if not msgs:
@@ -483,7 +491,7 @@ class PlatformDaemon:
             if self.metrics is not None:
                 self.metrics.observe_batch(len(msgs), time.perf_counter() - t0)
             self._dispatch(out)
-            errors = [encode_frame(Frame(kind=Kind.ERROR, source=self.core.me, target=ep,
+            errors = [encode_frame(Frame(kind=Kind.ERROR, source=self.core.me, target=org,
                                          body=Error(code=code, message=text[:1024])))
                       for code, text in out.errors]
             for code, text in out.errors:
@@ -518,7 +526,7 @@ class PlatformDaemon:
                 lk0 = m.data_prefix()[0]
             except RemoteProtocolError:
                 continue
-            nacks.append(encode_frame(Frame(kind=Kind.NACK, source=self.core.me, target=session.endpoint,
+            nacks.append(encode_frame(Frame(kind=Kind.NACK, source=self.core.me, target=route_org(session.endpoint),
                                             body=Nack(lk0=lk0, code=ResultCode.OVER_WINDOW,
                                                       message=f"over the window of {self.s.window} frames"))))
         self.stats["over_window"] = self.stats.get("over_window", 0) + len(nacks)
@@ -774,13 +782,13 @@ class PlatformDaemon:
             for ep, session in list(self.sessions.items()):
                 if ep.node_id in revoked:
                     log.warning("%s is revoked: closing its session", ep)
-                    session.enqueue([encode_frame(Frame(kind=Kind.ERROR, source=self.core.me, target=ep,
+                    session.enqueue([encode_frame(Frame(kind=Kind.ERROR, source=self.core.me, target=route_org(ep),
                                                         body=Error(code=ResultCode.CERT_REVOKED,
                                                                    message="certificate revoked")))])
                     session.cancel_scope.deadline = trio.current_time() + 1
                     continue
-                push = [self._crl_frame(ep)] if sec.crl_der != crl_before else []
-                push += [encode_frame(Frame(kind=Kind.CERT_RESPONSE, source=self.core.me, target=ep, body=a))
+                push = [self._crl_frame(route_org(ep))] if sec.crl_der != crl_before else []
+                push += [encode_frame(Frame(kind=Kind.CERT_RESPONSE, source=self.core.me, target=route_org(ep), body=a))
                          for a in answers if a is not None]
                 session.enqueue(push)
             log.info("CA state reloaded (%d revoked organizations; certificates changed for %s)", len(revoked),

@@ -133,7 +133,16 @@ def _v4(db: SqliteDatabase) -> None:
     db.execute_sql(_PEERS)
 
 
-MIGRATIONS = [_v1, _v2, _v3, _v4]
+_UNITS: Final = "ALTER TABLE nodes ADD COLUMN units INTEGER NOT NULL DEFAULT 1"
+
+
+def _v5(db: SqliteDatabase) -> None:
+    """How many units each organization runs (semq.units): the platform
+    spreads its deliveries over them by LK0, also while they are offline."""
+    db.execute_sql(_UNITS)
+
+
+MIGRATIONS = [_v1, _v2, _v3, _v4, _v5]
 
 
 # The same tables on PostgreSQL (shared by every instance of one platform),
@@ -183,7 +192,7 @@ _PG_V1: Final = (
     """CREATE TABLE ca_files (
         name TEXT PRIMARY KEY, data BYTEA NOT NULL, crl_number BIGINT NOT NULL DEFAULT 0)""",
 )
-PG_MIGRATIONS: Final = [_PG_V1, (_PEERS,)]
+PG_MIGRATIONS: Final = [_PG_V1, (_PEERS,), (_UNITS,)]
 
 
 def open_platform_store(store: Path | str, *, create: bool = False, synchronous: str = "FULL",

@@ -139,10 +139,15 @@ class Hello:
     window: int = 1024
     software: str = "semq"
     token: bytes = b""
+    units: int = 1  # the node's units (semq.units): this one is ``semq_id`` of them
 
     def __post_init__(self) -> None:
         _check_int("semq_id", self.semq_id, 1, 0xFFFF)
         _check_int("semq_db_id", self.semq_db_id, 1, 0xFFFF)
+        _check_int("units", self.units, 1, 0xFFFF)
+        if self.semq_id > self.units:
+            raise LocalProtocolError(f"semq_id {self.semq_id} is over the node's {self.units} unit(s)",
+                                     ResultCode.INVALID_FIELD)
         _check_int("window", self.window, 1, _MAX_U32)
         _check_text("software", self.software)
         try:
@@ -400,7 +405,7 @@ def _decode_by_schema(kind: Kind, buf: bytes) -> Body:
         return Nack(lk0=_loc(c), code=c.code, message=c.message, proof=c.proof)
     if kind is Kind.HELLO:
         return Hello(semq_id=c.semq_id, semq_db_id=c.semq_db_id, window=c.window,
-                     software=c.software, token=c.token)
+                     software=c.software, token=c.token, units=c.units)
     if kind is Kind.WELCOME:
         return Welcome(window=c.window, server_time_ms=c.server_time_ms, session_id=c.session_id)
     if kind is Kind.PING:

@@ -185,6 +185,7 @@ HELLO_BODY = Struct(
     "window" / Int32ub,
     "software" / PascalString(Int8ub, "utf8"),
     "token" / Prefixed(Int16ub, GreedyBytes),
+    "units" / Int16ub,
     Terminated,
 )
 

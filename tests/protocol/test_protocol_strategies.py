@@ -232,14 +232,15 @@ inquiry_resp_bodies = st.builds(
 result_codes = st.sampled_from(list(ResultCode))
 nack_bodies = st.builds(Nack, lk0=lk0s(), code=result_codes, message=texts,
                         proof=st.one_of(st.just(b""), st.binary(max_size=200)))
-hello_bodies = st.builds(
+hello_bodies = semq_ids.flatmap(lambda unit: st.builds(
     Hello,
-    semq_id=semq_ids,
+    semq_id=st.just(unit),
     semq_db_id=semq_ids,
     window=edgy_int(1, U32),
     software=st.text(max_size=255).map(lambda s: _cut_utf8(s, 255)),
     token=st.one_of(st.binary(max_size=64), st.binary(min_size=MAX_TOKEN, max_size=MAX_TOKEN)),
-)
+    units=edgy_int(unit, 0xFFFF),  # a unit is one of the node's units
+))
 welcome_bodies = st.builds(Welcome, window=edgy_int(1, U32), server_time_ms=times_ms,
                            session_id=edgy_int(0, U64))
 ping_bodies = st.builds(Ping, nonce=edgy_int(0, U64), time_ms=times_ms)

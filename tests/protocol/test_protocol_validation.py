@@ -136,6 +136,8 @@ CASES: list[tuple[str, Callable[[], object], list[str]]] = [
     ("error code 7", lambda: Error(code=7), ["code 7"]),  # type: ignore[arg-type]
     ("1025-char reason", lambda: Bye(reason="r" * 1025), ["1025", "1024"]),
     ("window 0", lambda: Hello(window=0), ["window 0", "1..4294967295"]),
+    ("unit over units", lambda: Hello(semq_id=3, units=2), ["semq_id 3", "2 unit(s)"]),
+    ("units 0", lambda: Hello(units=0), ["units 0", "1..65535"]),
     ("software 300 bytes", lambda: Hello(software="s" * 300), ["300", "255"]),
     ("credit 2**32", lambda: WindowUpdate(credit=2**32), [str(2**32), "4294967295"]),
     ("nonce -1", lambda: Ping(nonce=-1), ["nonce -1"]),
