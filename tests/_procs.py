@@ -97,6 +97,7 @@ class Cluster:
         self.security = security
         self.store = store
         self.procs: dict[str, Proc] = {}
+        self.units: dict[str, int] = {}  # organization -> its node's units
         plain = [] if security else ["--no-security"]
         on = ["--store", store] if store else []
         assert semq_main(["platform", "init", "--dir", str(root / "P"), *plain, *on]) == 0
@@ -111,14 +112,19 @@ class Cluster:
             ports = [self.ports[instance - 1]]
         return ",".join(f"127.0.0.1:{p}" for p in ports)
 
-    def add_org(self, org: str, instance: int | None = None, prefer: int = 1, *, direct: Sequence[str] = ()) -> Path:
+    def add_org(self, org: str, instance: int | None = None, prefer: int = 1, *, direct: Sequence[str] = (),
+                units: int = 1) -> Path:
         """An organization whose node knows every instance of the platform
         (tried from ``prefer`` on), or ``instance`` only. ``direct``: its
-        direct-link options (``--listen 127.0.0.1:0``, ``--direct only``...)."""
+        direct-link options (``--listen 127.0.0.1:0``, ``--direct only``...);
+        ``units``: its node's units (semq.units)."""
         d = self.root / org
+        self.units[org] = units
+        if units > 1:
+            direct = (*direct, "--units", str(units))
         if not self.security:
             assert semq_main(["node", "init", "--dir", str(d), "--org", org, "--platform",
-                              self.addresses(instance, prefer), "--no-security"]) == 0
+                              self.addresses(instance, prefer), "--no-security", *direct]) == 0
             assert semq_main(["platform", "register", "--dir", str(self.root / "P"), org]) == 0
             return d
         # Secure by default: keys, certificate issued by the platform's CA.
@@ -138,8 +144,10 @@ class Cluster:
         return p
 
     def start_node(self, org: str, *extra: str) -> Proc:
+        """A node (every unit of it: the supervisor says so once all run)."""
+        ready = "running as" if self.units.get(org, 1) > 1 else "running"
         p = Proc(org, ["node", "run", "--dir", str(self.root / org), "--inquiry-interval", self.iq, *extra],
-                 self.root / f"{org}.log", "running")
+                 self.root / f"{org}.log", ready, timeout=40 if ready == "running as" else 20)
         self.procs[org] = p
         return p
 
@@ -150,28 +158,39 @@ class Cluster:
         for name in list(self.procs):
             self.kill(name)
 
-    def db(self, name: str) -> Any:
+    def unit_dir(self, org: str, unit: int) -> Path:
+        """Where unit ``unit`` of ``org``'s node keeps its store and status."""
+        return self.root / org if unit == 1 else self.root / org / f"unit-{unit}"
+
+    def db(self, name: str, unit: int = 1) -> Any:
         if name == "P" and self.store:
             return _PgQuery(self.store)
-        f = "platform.sqlite" if name == "P" else "node.sqlite"
-        c = sqlite3.connect(str(self.root / name / f), timeout=10)
-        return c
+        if name == "P":
+            return sqlite3.connect(str(self.root / name / "platform.sqlite"), timeout=10)
+        return sqlite3.connect(str(self.unit_dir(name, unit) / "node.sqlite"), timeout=10)
 
     def q(self, name: str, sql: str, *args: Any) -> list[tuple[Any, ...]]:
-        c = self.db(name)
-        try:
-            return c.execute(sql, args).fetchall()
-        finally:
-            c.close()
+        """Rows of ``sql`` on the platform, or on every unit store of a node."""
+        rows: list[tuple[Any, ...]] = []
+        for unit in range(1, (1 if name == "P" else self.units.get(name, 1)) + 1):
+            c = self.db(name, unit)
+            try:
+                rows += c.execute(sql, args).fetchall()
+            finally:
+                c.close()
+        return rows
 
     def count(self, name: str, sql: str, *args: Any) -> int:
-        return int(self.q(name, sql, *args)[0][0])
+        """A count(*) on the platform, or summed over a node's unit stores."""
+        return sum(int(r[0]) for r in self.q(name, sql, *args))
 
     def inbox(self, org: str) -> dict[str, bytes]:
-        rows = self.q(org, "SELECT origin_id, record_id, app_data FROM inbox")
+        """Every unit's inbox, by ``ORIGIN/RECORD`` (``ORIGIN/UNIT/RECORD``
+        from an origin's unit > 1); a document twice fails."""
+        rows = self.q(org, "SELECT origin_id, semq_id, record_id, app_data FROM inbox")
         out: dict[str, bytes] = {}
-        for o, r, d in rows:
-            key = f"{o}/{r}"
+        for o, s, r, d in rows:
+            key = doc_key(o, s, r)
             assert key not in out, f"{key} delivered twice to {org}"
             out[key] = d
         return out
@@ -181,6 +200,12 @@ class Cluster:
         return (all(self.count(o, "SELECT count(*) FROM outbox") == 0 and
                     self.count(o, "SELECT count(*) FROM inbound") == 0 for o in orgs)
                 and self.count("P", "SELECT count(*) FROM stored") == 0)
+
+
+def doc_key(origin: str, unit: int, record: int) -> str:
+    """How Cluster.inbox names a document: ``ORIGIN/RECORD`` (or
+    ``ORIGIN/UNIT/RECORD`` from a unit other than 1)."""
+    return f"{origin}/{record}" if unit == 1 else f"{origin}/{unit}/{record}"
 
 
 # ---------------------------------------------------------------- direct links (tests/e2e/test_direct.py)

@@ -19,6 +19,7 @@ from typing import Any
 from semq import __version__
 from semq._db import StoreError
 from semq.config import (
+    PRIVATE_DIR_MODE,
     Address,
     Config,
     ConfigError,
@@ -138,17 +139,25 @@ def cmd_node_init(args: argparse.Namespace) -> int:
         check_option(key, direct[key], flag)
     if args.listen and args.no_security:
         raise UsageError("--listen needs security: direct links are mutual TLS between the nodes' certificates")
+    check_option("units", str(args.units), "--units")
+    if args.listen and args.units > 1:
+        raise UsageError(f"--listen with --units {args.units}: a node of several units takes no direct links")
     if args.enroll_from and not args.no_security:
         from semq.security import check_not_enrolled
 
         check_not_enrolled(data_dir(args.enroll_from), args.org)  # before anything is written
     cfg = Config(role="node", directory=d, org=args.org, platform=args.platform, security=not args.no_security,
-                 **direct)
+                 units=args.units, **direct)
     write_config(cfg)
     # A new incarnation: its record ids start at its creation time, above
     # any an earlier store of this organization sent (docs/exactly-once.md).
-    open_node_store(cfg.store_path, create=True, incarnation="init").close()
+    # Each unit has its own store (semq.units).
+    for k in range(1, cfg.units + 1):
+        ucfg = cfg.for_unit(k)
+        ucfg.unit_dir.mkdir(mode=PRIVATE_DIR_MODE, exist_ok=True)
+        open_node_store(ucfg.store_path, create=True, incarnation="init").close()
     print(f"node {cfg.org} initialised in {d} (platform {cfg.platform}"
+          f"{f'; {cfg.units} units' if cfg.units > 1 else ''}"
           f"{f'; direct links on {cfg.direct_listen}' if cfg.direct_listen else ''})")
     if not cfg.security:
         print("security OFF: plain TCP, no end-to-end encryption or signatures")
@@ -500,6 +509,13 @@ def _direct_settings(args: argparse.Namespace, cfg: Config) -> Any:
                       ("direct_from", "--direct-from")):
         check_option(key, values[key], flag)
     listen = None
+    if cfg.units > 1:
+        # A direct link joins two processes; a node of several units spreads
+        # its documents over its units' platform connections instead.
+        if values["direct_listen"]:
+            raise UsageError(f"direct_listen = {values['direct_listen']!r}: a node of {cfg.units} units takes no"
+                             " direct links (one unit: semq node init without --units)")
+        return DirectSettings(policy="never")
     if values["direct_listen"]:
         if not cfg.security:
             raise UsageError(f"direct_listen = {values['direct_listen']!r} needs security: direct links are"
@@ -520,6 +536,16 @@ def cmd_node_run(args: argparse.Namespace) -> int:
     cfg = _cfg(args, "node")
     inquiry_interval = _inquiry_interval(args, cfg)
     platform = args.platform or cfg.platform
+    if args.unit is not None:
+        cfg = cfg.for_unit(args.unit)
+    elif cfg.units > 1:
+        # One process per unit, each this command with --unit K (semq.ops.units).
+        from semq.ops.units import supervise_units
+
+        parse_platform_addresses(platform)  # a mistake is said once, here
+        _direct_settings(args, cfg)
+        return supervise_units(cfg.org, getattr(args, "argv", None) or ["node", "run", "--dir", str(cfg.directory)],
+                               cfg.units, platform=platform, stop_timeout=(args.drain_timeout or 60.0) + 30)
     addresses = parse_platform_addresses(platform)  # checked by _inquiry_interval
     check_private_paths(cfg)  # before the keys (NodeSecurity checks those) and the store
     security = None
@@ -530,13 +556,18 @@ def cmd_node_run(args: argparse.Namespace) -> int:
         if security.expiring(30):
             logging.getLogger("semq").warning("certificate expires in %.0f days", security.expires_in_days())
     core = NodeCore(cfg.store_path, cfg.org, events_dir=cfg.events_dir, synchronous=cfg.synchronous, check=True,
-                    inquiry_interval=inquiry_interval, security=security, clock_skew=cfg.clock_skew)
-    settings = NodeSettings(addresses=addresses, window=cfg.window,
+                    inquiry_interval=inquiry_interval, security=security, clock_skew=cfg.clock_skew, unit=cfg.unit)
+    settings = NodeSettings(addresses=addresses, window=cfg.window, units=cfg.units,
                             ssl_context=security.ssl_context() if security else None,
                             direct=_direct_settings(args, cfg))
     from semq.ops.runtime import OpsRuntime, ops_options
 
-    ops = OpsRuntime("node", cfg.directory, core, ops_options(args))
+    if cfg.units > 1 and args.metrics:
+        # Each unit serves its own metrics: unit K on the given port + K - 1.
+        host, _, port = args.metrics.rpartition(":")
+        if port.isdigit() and int(port):
+            args.metrics = f"{host}:{int(port) + cfg.unit - 1}"
+    ops = OpsRuntime("node", cfg.directory, core, ops_options(args), admin_dir=cfg.unit_dir)
     try:
         return _run_daemon(
             cfg, lambda: NodeDaemon(core, settings),
@@ -544,8 +575,8 @@ def cmd_node_run(args: argparse.Namespace) -> int:
                        "platforms": [str(a) for a in d.s.addresses], "connected": d.connected,
                        "direct": d.links.snapshot(),
                        "sessions": d.sessions, "in_flight": d.in_flight, **d.stats},
-            lambda bound: f"node {cfg.org} running (platform {platform})"
-                          + (f"; direct links on {bound}" if bound else ""),
+            lambda bound: f"node {cfg.org}{f' unit {cfg.unit}/{cfg.units}' if cfg.units > 1 else ''}"
+                          f" running (platform {platform})" + (f"; direct links on {bound}" if bound else ""),
             ops,
         )
     finally:
@@ -871,6 +902,9 @@ def build_parser() -> argparse.ArgumentParser:
     x.add_argument("--enroll-from", metavar="PLATFORM_DIR",
                    help="platform directory on this machine: enroll at once (demo, tests, one-host setups)")
     _direct_options(x, init=True)
+    x.add_argument("--units", type=int, default=1, metavar="N",
+                   help="run the node as N processes (units), each with its own store, to spread its load over"
+                        " cores (default 1; see docs/operations.md)")
     x.set_defaults(func=cmd_node_init)
     x = node.add_parser("rollover", parents=[common], help="new keys and certificate; the old one overlaps")
     x.add_argument("--enroll-from", metavar="PLATFORM_DIR", help="enroll at once with a platform on this host")
@@ -895,6 +929,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the platform's address or addresses (default: the configuration's)")
     x.add_argument("--inquiry-interval", metavar="SECONDS", help="default: the configuration's (15)")
     _direct_options(x, init=False)
+    x.add_argument("--unit", type=int, metavar="K",
+                   help="run only unit K of a node of several units (semq node run starts each one this way)")
     add_run_options(x)
     x.set_defaults(func=cmd_node_run)
 
@@ -955,6 +991,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)  # (a node's units are started with these)
     logging.basicConfig(
         level=logging.INFO if args.verbose or (args.command in ("platform", "node") and getattr(args, "sub", "") == "run")
         else logging.WARNING,

@@ -30,6 +30,10 @@ from .writebehind import InboxRow, MessageRow, columns
 __all__ = ["MAX_DOCUMENT_SIZE", "BadTarget", "DocumentTooLarge", "InboxItem", "NodeClient", "OutboxRow"]
 
 KNOWS_ROWS: Final = 10_000  # newest rows of an unindexed table NodeClient.knows reads
+# A node of several units (semq.units) numbers its inbox as one: the id of
+# unit K's row R is R * UNIT_IDS + K (row 17 of unit 2: 1702). A node of one
+# unit shows its rows' own ids.
+UNIT_IDS: Final = 100
 
 # The rows read here by name (semq.node.writebehind): the SELECT lists are
 # made from the named rows' fields.
@@ -44,7 +48,7 @@ _MESSAGES: Final = (
 
 @dataclass(frozen=True)
 class InboxItem:
-    id: int
+    id: int  # this node's id of the document (see UNIT_IDS)
     lk0: LK0
     app_key: AppKey
     save_fwd: int
@@ -54,6 +58,7 @@ class InboxItem:
     encrypted: bool
     app_data: bytes
     consumed_ms: int | None
+    unit: int = 1  # the unit that received it (semq.units)
 
 
 @dataclass(frozen=True)
@@ -88,12 +93,44 @@ def _note(state: int, code: int, refused_by: str | None) -> str:
 
 
 class NodeClient:
+    """The node's documents, for applications. A node of several units
+    (semq.units) is one node here: sends are spread over its units' stores
+    (one call's documents stay together, in one transaction), and the inbox,
+    the messages and the counts are those of every unit. The other features
+    (transactions, queues, requests) work on ``core``, unit 1's store."""
+
     def __init__(self, directory: str | Path, *, config: Config | None = None) -> None:
         self.config = config or load_config(Path(directory))
         if self.config.role != "node":
             raise ConfigError(f"{self.config.directory} holds a {self.config.role}, not a node")
-        self.core = NodeCore(self.config.store_path, self.config.org, events_dir=self.config.events_dir,
-                             synchronous=self.config.synchronous)
+        cfg = self.config
+        self.cores: list[NodeCore] = []
+        try:
+            for k in range(1, cfg.units + 1):
+                self.cores.append(NodeCore(cfg.for_unit(k).store_path, cfg.org, events_dir=cfg.events_dir,
+                                           synchronous=cfg.synchronous, unit=k))
+        except BaseException:
+            self.close()
+            raise
+        self.core = self.cores[0]
+        # Which unit takes the next send: from a different one in each process.
+        self._turn = (time.monotonic_ns() // 1000) % len(self.cores)
+
+    @property
+    def units(self) -> int:
+        return len(self.cores)
+
+    def _unit_core(self, item_id: int) -> tuple[NodeCore, int]:
+        """The store and row of an inbox id (see UNIT_IDS)."""
+        if len(self.cores) == 1:
+            return self.core, item_id
+        unit, row = item_id % UNIT_IDS, item_id // UNIT_IDS
+        if not 1 <= unit <= len(self.cores) or row < 1:
+            raise KeyError(f"no inbox document {item_id}")
+        return self.cores[unit - 1], row
+
+    def _item_id(self, unit: int, row: int) -> int:
+        return row if len(self.cores) == 1 else row * UNIT_IDS + unit
 
     def __enter__(self) -> NodeClient:
         return self
@@ -102,7 +139,8 @@ class NodeClient:
         self.close()
 
     def close(self) -> None:
-        self.core.close()
+        for core in self.cores:
+            core.close()
 
     @property
     def org(self) -> str:
@@ -150,7 +188,9 @@ class NodeClient:
                 encrypt=self.config.security and bool(d.get("encrypt", True)),
                 clear_app_key=bool(d.get("clear_app_key", False)),
             ))
-        return self.core.accept(news)
+        core = self.cores[self._turn % len(self.cores)]
+        self._turn += 1
+        return core.accept(news)
 
     def knows(self, org: str) -> bool:
         """Whether this node has heard of organization ``org``: it holds its
@@ -162,90 +202,152 @@ class NodeClient:
         exists: the platform decides (``semq send`` warns)."""
         if (self.config.directory / "certs" / f"{org}.pem").exists():
             return True
-        q = self.core.conn.execute
-        if q("SELECT 1 FROM dedup WHERE origin_type=? AND origin_id=? LIMIT 1",
-             (int(NodeType.ORGANIZATION), org)).fetchone():
-            return True
-        for table, id_col, col in (("outbox", "id", "target_id"), ("inbox", "id", "origin_id"),
-                                   ("receipts", "record_id", "target_id")):
-            if q(f"SELECT 1 FROM (SELECT {col} AS o FROM {table} ORDER BY {id_col} DESC LIMIT ?) WHERE o=? LIMIT 1",
-                 (KNOWS_ROWS, org)).fetchone():
+        for core in self.cores:
+            q = core.conn.execute
+            if q("SELECT 1 FROM dedup WHERE origin_type=? AND origin_id=? LIMIT 1",
+                 (int(NodeType.ORGANIZATION), org)).fetchone():
                 return True
+            for table, id_col, col in (("outbox", "id", "target_id"), ("inbox", "id", "origin_id"),
+                                       ("receipts", "record_id", "target_id")):
+                if q(f"SELECT 1 FROM (SELECT {col} AS o FROM {table} ORDER BY {id_col} DESC LIMIT ?) WHERE o=?"
+                     " LIMIT 1", (KNOWS_ROWS, org)).fetchone():
+                    return True
         return False
 
     def inbox(self, *, unread: bool = True, limit: int = 1000, after_id: int = 0) -> list[InboxItem]:
+        """The inbox in id order (every unit's, for a node of several),
+        documents with an id above ``after_id``, at most ``limit``."""
         q = (f"SELECT {_INBOX_COLS} FROM inbox WHERE id > ?" + (" AND consumed_ms IS NULL" if unread else "")
              + " ORDER BY id LIMIT ?")
         item = self._item
-        return [item(r) for r in map(InboxRow._make, self.core.conn.execute(q, (after_id, limit)))]
+        if len(self.cores) == 1:
+            return [item(r) for r in map(InboxRow._make, self.core.conn.execute(q, (after_id, limit)))]
+        items = [item(r, k) for k, core in enumerate(self.cores, 1)
+                 for r in map(InboxRow._make, core.conn.execute(q, ((after_id - k) // UNIT_IDS, limit)))]
+        items.sort(key=lambda it: it.id)
+        return items[:limit]
 
     def get(self, item_id: int) -> InboxItem:
-        r = self.core.conn.execute(f"SELECT {_INBOX_COLS} FROM inbox WHERE id=?", (item_id,)).fetchone()
+        core, row = self._unit_core(item_id)
+        r = core.conn.execute(f"SELECT {_INBOX_COLS} FROM inbox WHERE id=?", (row,)).fetchone()
         if r is None:
             raise KeyError(f"no inbox document {item_id}")
-        return self._item(InboxRow._make(r))
+        return self._item(InboxRow._make(r), core.unit)
 
-    @staticmethod
-    def _item(r: InboxRow) -> InboxItem:
+    def _item(self, r: InboxRow, unit: int = 1) -> InboxItem:
         return InboxItem(
-            id=r.id, lk0=LK0(endpoint=Endpoint(node_type=NodeType(r.origin_type), node_id=r.origin_id),
-                             semq_id=r.semq_id, semq_db_id=r.semq_db_id, record_id=r.record_id),
+            id=self._item_id(unit, r.id),
+            lk0=LK0(endpoint=Endpoint(node_type=NodeType(r.origin_type), node_id=r.origin_id),
+                    semq_id=r.semq_id, semq_db_id=r.semq_db_id, record_id=r.record_id),
             app_key=AppKey(domain=r.domain, data_type=r.data_type, subtype=r.subtype, key=r.key),
             save_fwd=r.save_fwd, priority=r.priority, created_ms=r.created_ms, received_ms=r.received_ms,
-            encrypted=bool(r.encrypt), app_data=r.app_data, consumed_ms=r.consumed_ms,
+            encrypted=bool(r.encrypt), app_data=r.app_data, consumed_ms=r.consumed_ms, unit=unit,
         )
 
     def acknowledge(self, ids: list[int]) -> int:
         """The application has processed these documents (kept a day, then purged)."""
         ts = int(time.time() * 1000)
-        with self.core.db.atomic("IMMEDIATE"):
-            cur = self.core.conn.executemany(
-                "UPDATE inbox SET consumed_ms=? WHERE id=? AND consumed_ms IS NULL", [(ts, i) for i in ids])
-        return int(cur.rowcount)
+        by_core: dict[int, list[int]] = {}
+        for i in ids:
+            try:
+                core, row = self._unit_core(i)
+            except KeyError:
+                continue
+            by_core.setdefault(core.unit, []).append(row)
+        done = 0
+        for unit, rows in by_core.items():
+            core = self.cores[unit - 1]
+            with core.db.atomic("IMMEDIATE"):
+                cur = core.conn.executemany(
+                    "UPDATE inbox SET consumed_ms=? WHERE id=? AND consumed_ms IS NULL", [(ts, i) for i in rows])
+            done += int(cur.rowcount)
+        return done
 
     def receive(self, *, timeout: float = 10.0, poll: float = 0.1) -> Iterator[InboxItem]:
         """Yield unread documents as they arrive, until ``timeout`` passes
         with nothing new."""
-        last = 0
+        last = [0] * len(self.cores)  # per unit: the last row yielded
+        q = f"SELECT {_INBOX_COLS} FROM inbox WHERE id > ? AND consumed_ms IS NULL ORDER BY id LIMIT 1000"
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            items = self.inbox(after_id=last)
-            for it in items:
-                last = it.id
-                yield it
-            if items:
+            got = False
+            for k, core in enumerate(self.cores, 1):
+                for r in map(InboxRow._make, core.conn.execute(q, (last[k - 1],))):
+                    last[k - 1] = r.id
+                    got = True
+                    yield self._item(r, k)
+            if got:
                 deadline = time.monotonic() + timeout
             else:
                 time.sleep(poll)
 
     def messages(self, *, limit: int = 1000) -> list[OutboxRow]:
+        """The documents this node sent and has not cleaned up (every unit's)."""
         me = self.core.me
-        return [OutboxRow(lk0=LK0(endpoint=me, record_id=r.id), target=r.target_id, state=SendState(r.state),
+        rows = [OutboxRow(lk0=LK0(endpoint=me, semq_id=core.unit, record_id=r.id), target=r.target_id,
+                          state=SendState(r.state),
                           app_key=AppKey(domain=r.domain, data_type=r.data_type, subtype=r.subtype, key=r.key),
                           save_fwd=r.save_fwd, ack2=bool(r.ack2), priority=r.priority, created_ms=r.created_ms,
                           attempts=r.attempts, inquiries=r.inquiries, code=r.code, size=r.size,
                           note=_note(r.state, r.code, r.refused_by))
-                for r in map(MessageRow._make, self.core.conn.execute(_MESSAGES, (limit,)))]
+                for core in self.cores for r in map(MessageRow._make, core.conn.execute(_MESSAGES, (limit,)))]
+        if len(self.cores) > 1:
+            rows.sort(key=lambda o: (o.created_ms, o.lk0.record_id))
+        return rows[:limit]
 
     def status(self) -> dict[str, Any]:
-        return self.core.counts()
+        """The store's counts; for a node of several units, their sums and
+        each unit's under ``units``."""
+        if len(self.cores) == 1:
+            return self.core.counts()
+        per = [core.counts() for core in self.cores]
+        total: dict[str, Any] = {}
+        for c in per:
+            for key, v in c.items():
+                if key.endswith("_ms"):  # a time: the earliest
+                    if v is not None:
+                        total[key] = v if total.get(key) is None else min(total[key], v)
+                    else:
+                        total.setdefault(key, None)
+                elif isinstance(v, int | float) and not isinstance(v, bool):
+                    total[key] = total.get(key, 0) + v
+                elif isinstance(v, dict):
+                    d = total.setdefault(key, {})
+                    for k2, v2 in v.items():
+                        if isinstance(v2, int | float) and not isinstance(v2, bool):
+                            d[k2] = d.get(k2, 0) + v2
+        total["units"] = per
+        return total
 
-    def receipt(self, record_id: int) -> dict[str, Any]:
-        """The signed delivery receipt of one of our documents, verified now
-        against the receiver's certificate (security on). Raises KeyError."""
-        row = self.core.receipt_proof(record_id)
+    def _record_core(self, record_id: int, unit: int | None) -> NodeCore:
+        if unit is not None:
+            if not 1 <= unit <= len(self.cores):
+                raise KeyError(f"unit {unit} is not one of this node's units 1..{len(self.cores)}")
+            return self.cores[unit - 1]
+        for core in self.cores:
+            if core.receipt_proof(record_id) is not None:
+                return core
+        return self.core
+
+    def receipt(self, record_id: int, unit: int | None = None) -> dict[str, Any]:
+        """The signed delivery receipt of one of our documents (``unit``: the
+        unit that sent it, its LK0's semq_id; found when not given), verified
+        now against the receiver's certificate (security on). Raises KeyError."""
+        core = self._record_core(record_id, unit)
+        row = core.receipt_proof(record_id)
         if row is None:
             raise KeyError(f"no receipt for record {record_id} (not confirmed yet, or sent without security)")
         from semq.crypto import CertificateDirectory, CryptoError, load_certificate, verify_receipt
 
         target, digest, receipt, received_ms = row
-        out: dict[str, Any] = {"lk0": str(LK0(endpoint=self.core.me, record_id=record_id)), "receiver": target,
+        lk0 = core.ctx.lk0(record_id)
+        out: dict[str, Any] = {"lk0": str(lk0), "receiver": target,
                                "digest": digest.hex(), "received_ms": received_ms, "size": len(receipt)}
         try:
             ca = load_certificate(self.config.directory / "ca.pem")
             directory = CertificateDirectory(ca, None)
             certs = self._receiver_certs(directory, target)
-            info = verify_receipt(receipt, digest=digest, lk0=LK0(endpoint=self.core.me, record_id=record_id),
+            info = verify_receipt(receipt, digest=digest, lk0=lk0,
                                   receiver_certs=certs)
             out.update(verified=True, signer=info.org, signed_ms=info.time_ms, batch_size=info.batch_size,
                        certificate=info.signer.describe())

@@ -88,11 +88,14 @@ class OpsRuntime:
     """Create before the daemon starts (it instruments the core's event log
     when metrics are on), ``start`` once the daemon runs."""
 
-    def __init__(self, role: str, directory: Path, core: Any, options: OpsOptions | None = None) -> None:
+    def __init__(self, role: str, directory: Path, core: Any, options: OpsOptions | None = None, *,
+                 admin_dir: Path | None = None) -> None:
         if role not in ("node", "platform"):
             raise ValueError(f"role {role!r} is not node or platform")
         self.role = role
         self.directory = Path(directory)
+        # Where the admin socket is: the data directory, or a unit's (semq.units).
+        self.admin_dir = Path(admin_dir) if admin_dir is not None else self.directory
         self.core = core
         self.options = options or OpsOptions()
         self.drain = DrainControl(timeout=self.options.drain_timeout)
@@ -124,7 +127,7 @@ class OpsRuntime:
         if self.options.admin:
             handlers = make(daemon, core, reload=reload, drain=self.drain, metrics=self.metrics,
                             stuck_after=self.options.stuck_after)
-            self.admin_path = await nursery.start(serve_admin, admin_socket_path(self.directory), handlers)
+            self.admin_path = await nursery.start(serve_admin, admin_socket_path(self.admin_dir), handlers)
         if self.metrics is not None and self.options.metrics:
             from .metrics import parse_metrics_address, poll_store, probe_loop_lag, serve_metrics
 

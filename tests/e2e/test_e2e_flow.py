@@ -10,7 +10,7 @@ import time
 import pytest
 
 from semq.node.api import NodeClient
-from tests._procs import Cluster, wait_until
+from tests._procs import Cluster, doc_key, wait_until
 
 pytestmark = pytest.mark.e2e
 
@@ -24,7 +24,8 @@ def send(c: Cluster, org: str, to: str, n: int, *, size: int = 200, key_prefix: 
         docs = [dict(to=to, data=rng.randbytes(rng.randint(1, size)), data_type="ORDER", domain="trade",
                      key=f"{key_prefix}{i:04d}", **kw) for i in range(n)]
         lks = node.send_many(docs)
-    return {f"{lk.endpoint.node_id}/{lk.record_id}": d["data"] for lk, d in zip(lks, docs, strict=True)}  # type: ignore[misc]
+    return {doc_key(lk.endpoint.node_id, lk.semq_id, lk.record_id): d["data"]  # type: ignore[misc]
+            for lk, d in zip(lks, docs, strict=True)}
 
 
 def test_online_delivery_reaches_ack2_and_cleans_up(cluster: Cluster) -> None:

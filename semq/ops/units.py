@@ -1,0 +1,141 @@
+"""A node of several units (semq.units): ``semq node run`` on such a node
+starts one process per unit (``semq node run --unit K``), restarts a unit
+that dies, and stops them all on SIGTERM or SIGINT (each drains as a node
+does alone). SIGHUP is passed on (each unit reloads its configuration).
+
+A unit is a whole node process with its own store, admin socket and status
+(``unit-K/`` in the data directory; unit 1 keeps the directory's own files).
+Its lines on standard output come out here prefixed ``[unit K]``; its log
+goes to the same standard error. If the supervisor itself is killed, each
+unit gets SIGTERM from the kernel (``PR_SET_PDEATHSIG``) and drains.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from typing import Any, Final
+
+import trio
+
+from .service import semq_command
+
+__all__ = ["RESTART_DELAY", "STEADY_S", "supervise_units"]
+
+log = logging.getLogger("semq.ops.units")
+
+RESTART_DELAY: Final = 1.0  # s before a unit that died is started again (doubling while it keeps dying)
+RESTART_DELAY_MAX: Final = 30.0
+STEADY_S: Final = 10.0  # a unit that ran this long had started well: the next restart waits RESTART_DELAY again
+_PR_SET_PDEATHSIG: Final = 1
+
+
+def _die_with_parent() -> None:  # pragma: no cover (runs in the child, between fork and exec)
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+    except (OSError, AttributeError):
+        pass
+
+
+class _Units:
+    def __init__(self, org: str, argv: Sequence[str], units: int, stop_timeout: float) -> None:
+        self.org = org
+        self.argv = list(argv)
+        self.units = units
+        self.stop_timeout = stop_timeout
+        self.procs: dict[int, Any] = {}
+        self.ready: set[int] = set()
+        self.all_ready = trio.Event()
+        self.stopping = False
+        self.restarts = 0
+
+    def command(self, unit: int) -> list[str]:
+        return [*semq_command(), *self.argv, "--unit", str(unit)]
+
+    async def run_unit(self, unit: int) -> None:
+        delay = RESTART_DELAY
+        while not self.stopping:
+            started = time.monotonic()
+            proc = await trio.lowlevel.open_process(
+                self.command(unit), stdout=subprocess.PIPE, stdin=subprocess.DEVNULL,
+                preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None)
+            self.procs[unit] = proc
+            assert proc.stdout is not None
+            buf = b""
+            try:
+                async for chunk in proc.stdout:
+                    buf += chunk
+                    *lines, buf = buf.split(b"\n")
+                    for line in lines:
+                        text = line.decode("utf-8", "replace")
+                        print(f"[unit {unit}] {text}", flush=True)
+                        if unit not in self.ready and " running" in text:
+                            self.ready.add(unit)
+                            if len(self.ready) == self.units:
+                                self.all_ready.set()
+            except (trio.BrokenResourceError, trio.ClosedResourceError):
+                pass
+            rc = await proc.wait()
+            self.procs.pop(unit, None)
+            if self.stopping:
+                return
+            if time.monotonic() - started >= STEADY_S:
+                delay = RESTART_DELAY
+            self.restarts += 1
+            log.warning("unit %d of node %s exited with status %s: starting it again in %.0f s",
+                        unit, self.org, rc, delay)
+            await trio.sleep(delay)
+            delay = min(delay * 2, RESTART_DELAY_MAX)
+
+    def signal_all(self, sig: int) -> None:
+        for proc in list(self.procs.values()):
+            try:
+                proc.send_signal(sig)
+            except ProcessLookupError:
+                pass
+
+    async def stop(self) -> None:
+        self.stopping = True
+        self.signal_all(signal.SIGTERM)
+        with trio.move_on_after(self.stop_timeout):
+            while self.procs:
+                await trio.sleep(0.05)
+        if self.procs:
+            log.warning("units %s did not stop within %.0f s: killed",
+                        ", ".join(map(str, sorted(self.procs))), self.stop_timeout)
+            self.signal_all(signal.SIGKILL)
+
+
+def supervise_units(org: str, argv: Sequence[str], units: int, *, platform: str, stop_timeout: float = 90.0) -> int:
+    """Run the node's ``units`` unit processes (``semq <argv> --unit K``)
+    until SIGTERM or SIGINT; returns 0 once every one has stopped."""
+    sup = _Units(org, argv, units, stop_timeout)
+
+    async def amain() -> None:
+        with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGHUP) as signals:
+            async with trio.open_nursery() as nursery:
+                for k in range(1, units + 1):
+                    nursery.start_soon(sup.run_unit, k)
+
+                async def announce() -> None:
+                    await sup.all_ready.wait()
+                    print(f"node {org} running as {units} units (platform {platform}); pid {os.getpid()}",
+                          flush=True)
+                nursery.start_soon(announce)
+                async for sig in signals:
+                    if sig == signal.SIGHUP:
+                        sup.signal_all(signal.SIGHUP)
+                        continue
+                    log.info("signal %d: stopping the units", sig)
+                    break
+                await sup.stop()
+                nursery.cancel_scope.cancel()
+
+    trio.run(amain)
+    return 0

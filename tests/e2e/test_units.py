@@ -1,0 +1,147 @@
+"""A node of several units (semq.units), as real processes on 127.0.0.1:
+the platform spreads an organization's documents over its units by LK0,
+each unit answers for its own records, and every document arrives exactly
+once, also when a unit is SIGKILLed mid-stream and its supervisor starts it
+again."""
+
+from __future__ import annotations
+
+import signal
+import threading
+from pathlib import Path
+
+import pytest
+
+from semq.node.api import NodeClient
+from tests._procs import Cluster, read_status, wait_until
+from tests.e2e.test_e2e_flow import send
+
+pytestmark = pytest.mark.e2e
+
+A, B = "10008", "56001"
+
+
+def _send_spread(c: Cluster, org: str, to: str, n: int, calls: int, **kw: object) -> dict[str, bytes]:
+    """``n`` documents in ``calls`` sends (each a transaction, each to the
+    next unit of a node of several)."""
+    sent: dict[str, bytes] = {}
+    per = n // calls
+    for i in range(calls):
+        sent |= send(c, org, to, per, key_prefix=f"K{i}-", **kw)
+    return sent
+
+
+def _unit_pid(c: Cluster, org: str, unit: int) -> int:
+    """The pid of a running unit (its status.json, rewritten every second)."""
+    d = c.unit_dir(org, unit)
+    return int(wait_until(lambda: read_status(d).get("pid"), 20, f"unit {unit} of {org} to report its pid"))
+
+
+def _per_unit(c: Cluster, org: str, sql: str) -> list[int]:
+    out = []
+    for unit in range(1, c.units[org] + 1):
+        conn = c.db(org, unit)
+        try:
+            out.append(int(conn.execute(sql).fetchone()[0]))
+        finally:
+            conn.close()
+    return out
+
+
+def test_two_units_share_the_documents_both_ways(cluster: Cluster) -> None:
+    cluster.add_org(A)
+    cluster.add_org(B, units=2)
+    cluster.start_platform()
+    cluster.start_node(A)
+    cluster.start_node(B)
+    to_b = _send_spread(cluster, A, B, 400, 4)
+    to_a = _send_spread(cluster, B, A, 200, 4)  # from B's two units in turn
+    wait_until(lambda: len(cluster.inbox(B)) == 400 and len(cluster.inbox(A)) == 200, 60, "every document delivered")
+    assert cluster.inbox(B) == to_b
+    assert cluster.inbox(A) == to_a
+    # Each unit got a share of A's documents (spread by LK0), and sent some.
+    got = _per_unit(cluster, B, "SELECT count(*) FROM inbox")
+    assert sum(got) == 400 and min(got) > 100, got
+    units = {int(k.split("/")[1]) if k.count("/") == 2 else 1 for k in to_a}
+    assert units == {1, 2}, units
+    wait_until(lambda: cluster.settled([A, B]), 60, "every table cleaned up")
+    with NodeClient(cluster.root / B) as node:
+        assert node.units == 2
+        items = node.inbox(unread=True, limit=10_000)
+        assert len(items) == 400 and len({i.id for i in items}) == 400
+        assert {i.unit for i in items} == {1, 2}
+        first = node.get(items[0].id)
+        assert first.app_data == items[0].app_data
+        assert node.acknowledge([i.id for i in items[:10]]) == 10
+        assert len(node.inbox(unread=True, limit=10_000)) == 390
+        st = node.status()
+        assert st["inbox_unread"] == 390 and len(st["units"]) == 2
+        assert st["inbox_total"] == sum(u["inbox_total"] for u in st["units"]) == 400
+
+
+def test_documents_for_an_offline_unit_are_stored_and_delivered_to_it(cluster: Cluster) -> None:
+    cluster.add_org(A)
+    cluster.add_org(B, units=2)
+    cluster.start_platform()
+    cluster.start_node(A)
+    cluster.start_node(B)
+    send(cluster, A, B, 10)
+    wait_until(lambda: len(cluster.inbox(B)) == 10, 30, "B's units online (10 delivered)")
+    cluster.kill(B, signal.SIGTERM)  # the supervisor stops both units
+    sent = send(cluster, A, B, 300, key_prefix="L", save_fwd=2)
+    wait_until(lambda: cluster.count("P", "SELECT count(*) FROM stored WHERE kind=1") == 300, 30,
+               "300 stored for B")
+    targets = {t for (t,) in cluster.q("P", "SELECT DISTINCT target_id FROM stored WHERE kind=1")}
+    assert targets == {B, f"{B}:2"}, targets
+    cluster.start_node(B)
+    wait_until(lambda: len(cluster.inbox(B)) == 310, 60, "the stored documents delivered")
+    assert {k: v for k, v in cluster.inbox(B).items() if k in sent} == sent
+    wait_until(lambda: cluster.settled([A, B]), 60, "every table cleaned up")
+
+
+@pytest.mark.parametrize("units", [2, 3])
+def test_a_unit_killed_mid_stream_loses_and_duplicates_nothing(cluster: Cluster, units: int) -> None:
+    cluster.add_org(A)
+    cluster.add_org(B, units=units)
+    cluster.start_platform()
+    cluster.start_node(A)
+    cluster.start_node(B)
+    victim = _unit_pid(cluster, B, units)
+    sent: dict[str, bytes] = {}
+    back: dict[str, bytes] = {}
+    done = threading.Event()
+
+    def stream() -> None:
+        for i in range(20):
+            sent.update(send(cluster, A, B, 100, key_prefix=f"M{i}-"))
+            back.update(send(cluster, B, A, 25, key_prefix=f"R{i}-"))
+        done.set()
+
+    t = threading.Thread(target=stream)
+    t.start()
+    wait_until(lambda: len(cluster.inbox(B)) >= 300, 60, "the stream under way")
+    import os
+
+    os.kill(victim, signal.SIGKILL)
+    t.join(timeout=120)
+    assert done.is_set()
+    # The supervisor starts the unit again; nothing is lost or doubled
+    # (Cluster.inbox fails on a document twice).
+    wait_until(lambda: _unit_pid(cluster, B, units) != victim, 30, f"unit {units} started again")
+    wait_until(lambda: len(cluster.inbox(B)) == 2000 and len(cluster.inbox(A)) == 500, 120,
+               "every document delivered")
+    assert cluster.inbox(B) == sent
+    assert cluster.inbox(A) == back
+    log = (cluster.root / f"{B}.log").read_text()
+    assert f"unit {units} of node {B} exited" in log
+    wait_until(lambda: cluster.settled([A, B]), 120, "every table cleaned up")
+
+
+def test_units_show_as_one_node(cluster: Cluster, capsys: pytest.CaptureFixture[str]) -> None:
+    from semq.cli import main as semq_main
+
+    cluster.add_org(B, units=2)
+    d: Path = cluster.root / B
+    assert (d / "unit-2" / "node.sqlite").exists()
+    assert "units = 2" in (d / "semq.toml").read_text()
+    assert semq_main(["status", "--dir", str(d)]) == 0
