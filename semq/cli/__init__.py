@@ -771,26 +771,37 @@ def cmd_status(args: argparse.Namespace) -> int:
     cfg = _cfg(args)
     from semq.ops.runtime import live_status
 
-    live = live_status(cfg.directory, timeout=2.0) or _daemon_status(cfg)
+    live = live_status(cfg.unit_dir, timeout=2.0) or _daemon_status(cfg)
     if cfg.role == "node":
-        from semq.node.core import NodeCore
+        from semq.node.api import NodeClient
 
-        core = NodeCore(cfg.store_path, cfg.org)
-        try:
-            counts = core.counts()
-        finally:
-            core.close()
+        with NodeClient(cfg.directory, config=cfg) as client:
+            counts = client.status()
+        per_unit = counts.pop("units", None)
         data = {"role": "node", "org": cfg.org, "platform": cfg.platform, "daemon": live, **counts}
+        if per_unit is not None:
+            # A node of several units: each one's daemon and counts.
+            data["units"] = [{"unit": k, "daemon": live_status(u.unit_dir, timeout=2.0) or _daemon_status(u), **c}
+                             for k, c in enumerate(per_unit, 1) for u in [cfg.for_unit(k)]]
         if args.json:
             print(json.dumps(data))
             return 0
-        if live is None:
-            conn = "not running"
-        elif live.get("connected"):
-            conn = f"running, connected to {live.get('platform') or cfg.platform}"
+
+        def connection(live: dict[str, Any] | None) -> str:
+            if live is None:
+                return "not running"
+            if live.get("connected"):
+                return f"running, connected to {live.get('platform') or cfg.platform}"
+            return f"running, NOT connected to {','.join(live.get('platforms') or [cfg.platform])}"
+
+        if per_unit is None:
+            print(f"node {cfg.org} ({cfg.directory})\n  daemon: {connection(live)}")
         else:
-            conn = f"running, NOT connected to {','.join(live.get('platforms') or [cfg.platform])}"
-        print(f"node {cfg.org} ({cfg.directory})\n  daemon: {conn}")
+            print(f"node {cfg.org} ({cfg.directory}), {cfg.units} units")
+            for u in data["units"]:
+                st = u["outbox"]
+                print(f"  unit {u['unit']}: {connection(u['daemon'])}; pending-send {sum(st.values())},"
+                      f" pending-ack {u['pending_ack']}, inbox {u['inbox_unread']} unread")
         if live is not None:
             from semq.ops.cli import direct_lines
 

@@ -8,7 +8,11 @@ What a backup holds (a tar archive, gzip-compressed when the name ends in
 - the store (``node.sqlite`` / ``platform.sqlite``): a consistent snapshot
   taken with SQLite's online backup API over a separate connection, in one
   step, so it is exactly the store as of one committed transaction while the
-  daemon goes on writing (WAL: readers never block the writer);
+  daemon goes on writing (WAL: readers never block the writer); a node of
+  several units (semq.units) has one store per unit (``unit-K/node.sqlite``)
+  and the backup holds every one, each snapshot so taken (the units share
+  no state: each answers for its own records), and the manifest lists them
+  all with their checksums — restore puts back all of them or none;
 - ``semq.toml`` and the public certificates (``node.pem``, ``ca.pem``,
   ``certs/``; ``ca/ca.pem``, ``ca/crl.pem``, ``ca/issued/``, ``tls/server.pem``);
 - the private keys (``keys/*.key.pem``; ``ca/ca.key.pem``,
@@ -33,11 +37,13 @@ kept next to the new ones as ``<name>.before-restore-<time>``.
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import hashlib
 import io
 import json
 import os
+import re
 import shutil
 import sqlite3
 import tarfile
@@ -76,6 +82,7 @@ _WAL_INDEX_DMS: Final = 128  # SQLite unix VFS: the "dead man switch" lock byte 
 _PUBLIC_DIRS: Final = ("", "certs", "ca", "ca/issued", "tls")
 _KEY_DIRS: Final = ("keys", "ca", "tls")
 _STATUS_FRESH_MS: Final = 5000
+_UNIT_STORE: Final = re.compile(r"unit-([2-9]|[1-9][0-9])/node\.sqlite")  # the store of a node's unit K > 1
 
 
 class BackupError(Exception):
@@ -242,12 +249,21 @@ def backup(directory: Path, out: Path, *, include_keys: bool = False) -> BackupI
     cfg = load_config(directory)
     _refuse_pg(cfg, "back up")
     store_name = STORE_NAMES[cfg.role]
+    units = cfg.units if cfg.role == "node" else 1
+    if units > 1 and out.name.endswith(".sqlite"):
+        raise BackupError(f"a node of {units} units has {units} stores: back up to a .tar or .tar.gz, not {out.name}")
     out.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix=".semq-backup-", dir=out.parent) as tmpd:
         snap = Path(tmpd) / store_name
         info = snapshot_store(cfg.store_path, snap)
         if info["role"] != cfg.role:
             raise BackupError(f"{cfg.store_path} holds a {info['role']} store but the config says {cfg.role}")
+        # The other units' stores (semq.units), each a snapshot of its own.
+        unit_snaps: list[tuple[str, Path, dict[str, Any]]] = []
+        for k in range(2, units + 1):
+            rel = f"unit-{k}/{store_name}"
+            usnap = Path(tmpd) / f"unit-{k}.sqlite"
+            unit_snaps.append((rel, usnap, snapshot_store(cfg.for_unit(k).store_path, usnap)))
         tmp_out = Path(tmpd) / "out"
         if out.name.endswith(".sqlite"):
             shutil.copyfile(snap, tmp_out)
@@ -259,7 +275,9 @@ def backup(directory: Path, out: Path, *, include_keys: bool = False) -> BackupI
                 "id": cfg.org if cfg.role == "node" else cfg.platform_id, "created_ms": int(time.time() * 1000),
                 "source": str(directory), "store": store_name, "schema_version": info["schema_version"],
                 "sha256": info["sha256"], "tables": info["tables"], "include_keys": include_keys,
-                "files": [store_name, *files],
+                "files": [store_name, *[rel for rel, _, _ in unit_snaps], *files],
+                "stores": {rel: {"sha256": i["sha256"], "schema_version": i["schema_version"], "tables": i["tables"]}
+                           for rel, i in [(store_name, info), *[(rel, i) for rel, _, i in unit_snaps]]},
             }
             mode = "w:gz" if out.name.endswith((".gz", ".tgz")) else "w"
             with _private_file(tmp_out) as f, tarfile.open(fileobj=f, mode=mode) as tar:  # type: ignore[call-overload]
@@ -267,12 +285,13 @@ def backup(directory: Path, out: Path, *, include_keys: bool = False) -> BackupI
                 ti = tarfile.TarInfo(MANIFEST_NAME)
                 ti.size, ti.mode, ti.mtime = len(data), 0o600, int(time.time())
                 tar.addfile(ti, io.BytesIO(data))
-                for rel, src in [(store_name, snap), *[(r, directory / r) for r in files]]:
+                for rel, src in [(store_name, snap), *[(rel, u) for rel, u, _ in unit_snaps],
+                                 *[(r, directory / r) for r in files]]:
                     ti = tar.gettarinfo(str(src), arcname=rel)
                     ti.mode, ti.uid, ti.gid, ti.uname, ti.gname = 0o600, 0, 0, "", ""
                     with src.open("rb") as fh:
                         tar.addfile(ti, fh)
-            files = [store_name, *files]
+            files = [store_name, *[rel for rel, _, _ in unit_snaps], *files]
         os.chmod(tmp_out, 0o600)
         os.replace(tmp_out, out)
     return BackupInfo(path=out, role=cfg.role, store=store_name, tables=info["tables"], files=files,
@@ -446,7 +465,7 @@ def _member_ok(name: str) -> str:
         raise BackupError(f"archive member {name!r} has an unsafe path; not a semq backup")
     rel = p.as_posix()
     parent = p.parent.as_posix() if str(p.parent) != "." else ""
-    if rel in (MANIFEST_NAME, "semq.toml", *STORE_NAMES.values()):
+    if rel in (MANIFEST_NAME, "semq.toml", *STORE_NAMES.values()) or _UNIT_STORE.fullmatch(rel):
         return rel
     if p.suffix == ".pem" and parent in {*_PUBLIC_DIRS, *_KEY_DIRS}:
         return rel
@@ -539,27 +558,39 @@ def restore(archive: Path, directory: Path, *, force: bool = False) -> RestoreIn
     archive, directory = Path(archive), Path(directory).resolve()
     if not archive.is_file():
         raise BackupError(f"no backup at {archive}")
-    why = store_in_use(directory) if directory.exists() else None
-    if why:
-        raise RestoreRefused(f"refusing to restore into {directory}: {why}; stop it first"
-                          " ('semq admin stop' or 'systemctl stop ...')")
+    for d in [directory, *sorted(directory.glob("unit-*/"))] if directory.exists() else []:
+        why = store_in_use(d)  # (every unit of a node: its own socket, store and status)
+        if why:
+            raise RestoreRefused(f"refusing to restore into {directory}: {why}; stop it first"
+                                 " ('semq admin stop' or 'systemctl stop ...')")
     directory.mkdir(parents=True, exist_ok=True, mode=0o700)
     with tempfile.TemporaryDirectory(prefix=".restore-", dir=directory) as tmpd:
         stage = Path(tmpd)
         manifest, files = _read_archive(archive, stage)
         role, store_name = manifest["role"], manifest["store"]
-        staged_store = stage / store_name
-        if manifest.get("sha256") and _sha256(staged_store) != manifest["sha256"]:
-            raise BackupError(f"{archive}: the store does not match the manifest's checksum (damaged)")
-        conn = sqlite3.connect(f"file:{staged_store}?mode=ro", uri=True)
-        try:
-            check = conn.execute("PRAGMA quick_check").fetchone()[0]
-        except sqlite3.Error as e:
-            raise BackupError(f"{archive}: the store cannot be read: {e}") from e
-        finally:
-            conn.close()
-        if check != "ok":
-            raise BackupError(f"{archive}: the store fails its check: {check}")
+        # Every store of the set (a node of several units has one per unit).
+        stores: dict[str, str] = {store_name: manifest.get("sha256") or ""}
+        listed = manifest.get("stores")
+        if isinstance(listed, dict):
+            for rel, meta in listed.items():
+                if rel not in files:
+                    raise BackupError(f"{archive}: the manifest lists the store {rel}, which it does not contain")
+                stores[rel] = str((meta or {}).get("sha256") or "")
+        for rel in files:
+            if _UNIT_STORE.fullmatch(rel) and rel not in stores:
+                raise BackupError(f"{archive}: it contains the store {rel}, which the manifest does not list")
+        for rel, digest in stores.items():
+            if digest and _sha256(stage / rel) != digest:
+                raise BackupError(f"{archive}: the store {rel} does not match the manifest's checksum (damaged)")
+            conn = sqlite3.connect(f"file:{stage / rel}?mode=ro", uri=True)
+            try:
+                check = conn.execute("PRAGMA quick_check").fetchone()[0]
+            except sqlite3.Error as e:
+                raise BackupError(f"{archive}: the store {rel} cannot be read: {e}") from e
+            finally:
+                conn.close()
+            if check != "ok":
+                raise BackupError(f"{archive}: the store {rel} fails its check: {check}")
         info = RestoreInfo(directory=directory, role=role, files=sorted(files))
         if "semq.toml" not in files and not (directory / "semq.toml").exists():
             raise BackupError(f"{archive} holds only a store and {directory} has no configuration;"
@@ -573,22 +604,24 @@ def restore(archive: Path, directory: Path, *, force: bool = False) -> RestoreIn
             raise RestoreRefused(f"{directory} already holds {shown}; use --force to replace"
                               " (the replaced files are kept as *.before-restore-<time>)")
         if role == "node":
-            info.id_floor = _new_incarnation(staged_store, archive)
+            info.id_floor = max(_new_incarnation(stage / rel, archive) for rel in stores)
         stamp = time.strftime("%Y%m%dT%H%M%S")
-        target_store = directory / store_name
-        with _wal_index_lock(target_store) as free:
-            if not free:  # opened since the check above
-                raise RestoreRefused(f"refusing to restore: {target_store} was just opened by another process")
+        with contextlib.ExitStack() as locks:
+            for rel in stores:
+                target_store = directory / rel
+                if not locks.enter_context(_wal_index_lock(target_store)):  # opened since the check above
+                    raise RestoreRefused(f"refusing to restore: {target_store} was just opened by another process")
             for rel in existing:
                 dst = directory / rel
                 aside = _aside(dst, "before-restore", stamp)
-                if rel == store_name:
+                if rel in stores:
                     _move_store(dst, aside)  # its WAL belongs to it, never to the restored file
                 else:
                     os.replace(dst, aside)
                 info.replaced.append(aside.relative_to(directory).as_posix())
-            for sfx in ("-wal", "-shm"):  # a stale WAL would be replayed onto the restored store
-                Path(f"{target_store}{sfx}").unlink(missing_ok=True)
+            for rel in stores:  # a stale WAL would be replayed onto the restored store
+                for sfx in ("-wal", "-shm"):
+                    Path(f"{directory / rel}{sfx}").unlink(missing_ok=True)
             for rel in sorted(files):
                 dst = directory / rel
                 if dst.parent != directory:

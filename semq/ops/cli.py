@@ -95,13 +95,64 @@ def _size(n: int) -> str:
 
 
 def _call(args: argparse.Namespace, cmd: str, payload: dict[str, Any] | None = None) -> Any:
+    """The daemon's answer to ``cmd``. A node of several units (semq.units)
+    answers as one: each unit is asked (``--unit K``: that one only) and
+    the answers are merged (``_merge``)."""
     from semq.config import load_config
 
-    from .admin import admin_call, admin_socket_path
+    from .admin import AdminError, admin_call, admin_socket_path
 
     d = _dir(args)
-    load_config(d)  # a wrong --dir is the user's mistake: say so before "no daemon"
-    return admin_call(admin_socket_path(d), cmd, payload or {}, timeout=args.timeout)
+    cfg = load_config(d)  # a wrong --dir is the user's mistake: say so before "no daemon"
+    unit = getattr(args, "unit", None)
+    if unit is not None:
+        return admin_call(admin_socket_path(cfg.for_unit(unit).unit_dir), cmd, payload or {}, timeout=args.timeout)
+    if cfg.units == 1:
+        return admin_call(admin_socket_path(d), cmd, payload or {}, timeout=args.timeout)
+    answers: list[tuple[int, Any]] = []
+    failed: list[tuple[int, Exception]] = []
+    for k in range(1, cfg.units + 1):
+        try:
+            answers.append((k, admin_call(admin_socket_path(cfg.for_unit(k).unit_dir), cmd, payload or {},
+                                          timeout=args.timeout)))
+        except AdminError as e:
+            failed.append((k, e))
+    if not answers or (failed and cmd not in ("show",)):
+        bad_unit, err = failed[0]
+        raise type(err)(f"unit {bad_unit} of {cfg.units}: {err}") from err
+    return _merge(cmd, answers)
+
+
+def _merge(cmd: str, answers: list[tuple[int, Any]]) -> Any:
+    """Several units' answers to ``cmd`` as one node's: rows side by side
+    (each with its ``unit``), counts added up, a record from the unit that
+    has it; otherwise ``{"units": [{"unit": K, ...}]}``."""
+    first = answers[0][1]
+    if cmd in ("list", "stuck") and isinstance(first, dict):
+        merged = dict(first)
+        merged["rows"] = [{**r, "unit": k} for k, a in answers for r in a.get("rows", [])]
+        merged["count"] = sum(a.get("count", 0) for _, a in answers)
+        for key in ("by_place", "by_place_listed"):
+            if any(a.get(key) for _, a in answers):
+                places: dict[str, int] = {}
+                for _, a in answers:
+                    for place, n in (a.get(key) or {}).items():
+                        places[place] = places.get(place, 0) + n
+                merged[key] = places
+        return merged
+    if cmd in ("requeue", "resend", "purge") and isinstance(first, dict):
+        merged = dict(first)
+        for key in ("matched", "changed", "would"):
+            if key in first:
+                merged[key] = sum(a.get(key, 0) for _, a in answers)
+        merged["skipped"] = [{**x, "unit": k} for k, a in answers for x in a.get("skipped") or []]
+        merged["more"] = any(a.get("more") for _, a in answers)
+        return merged
+    if cmd == "show":
+        return {**first, "unit": answers[0][0]}
+    if cmd in ("drain", "stop", "reload", "ping") and isinstance(first, dict):
+        return {**first, "units": [{"unit": k, **a} for k, a in answers]}
+    return {"units": [{"unit": k, **(a if isinstance(a, dict) else {"result": a})} for k, a in answers]}
 
 
 def direct_lines(d: dict[str, Any] | None) -> list[str]:
@@ -238,15 +289,25 @@ def _record_id(text: str) -> int:
 
 def _wait_gone(args: argparse.Namespace) -> None:
     """Until the daemon's admin socket stops answering (bounded by --timeout)."""
+    from semq.config import load_config
+
     from .admin import AdminError, admin_request, admin_socket_path
 
-    sock = admin_socket_path(_dir(args))
+    cfg = load_config(_dir(args))
+    units = [args.unit] if getattr(args, "unit", None) else range(1, cfg.units + 1)
+    socks = [admin_socket_path(cfg.for_unit(k).unit_dir) for k in units]
     deadline = time.monotonic() + args.wait
     while time.monotonic() < deadline:
-        try:
-            admin_request(sock, "ping", timeout=min(2.0, args.timeout))
-        except AdminError:
+        answering = []
+        for sock in socks:
+            try:
+                admin_request(sock, "ping", timeout=min(2.0, args.timeout))
+                answering.append(sock)
+            except AdminError:
+                pass
+        if not answering:
             return
+        socks = answering
         time.sleep(0.1)
     raise AdminError(f"the daemon still answers after {args.wait:g} s")
 
@@ -280,7 +341,11 @@ def cmd_admin(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(result))
         return 0
-    if cmd == "status":
+    if cmd == "status" and "units" in result:
+        for u in result["units"]:
+            print(f"unit {u['unit']}:")
+            _print_status(u)
+    elif cmd == "status":
         _print_status(result)
     elif cmd in ("list", "stuck"):
         if cmd == "stuck":
@@ -407,6 +472,8 @@ def register(sub: Any) -> None:
     out = argparse.ArgumentParser(add_help=False)
     out.add_argument("--json", action="store_true", help="print the daemon's answer as JSON")
     out.add_argument("--timeout", type=float, default=10.0, metavar="S", help="seconds to wait for the daemon")
+    out.add_argument("--unit", type=int, metavar="K",
+                     help="a node of several units: ask unit K only (default: every unit, answered as one)")
     sel = argparse.ArgumentParser(add_help=False)
     sel.add_argument("ids", nargs="*", help="record ids (or LK0s)")
     sel.add_argument("--state", help="e.g. SS_FAILED, SS_SENT (comma-separated)")

@@ -349,10 +349,11 @@ def _ack_status(v: int) -> str:
     return AckStatus.AS_INIT.name if v == AckStatus.AS_INIT else AckStatus.AS_ACK.name
 
 
-def _node_row(r: OutboxAdminRow, org: str) -> dict[str, Any]:
-    """A pending-send row as the console answers it (JSON keys of docs/operations.md)."""
+def _node_row(r: OutboxAdminRow, store: str) -> dict[str, Any]:
+    """A pending-send row as the console answers it (JSON keys of docs/operations.md);
+    ``store``: NODE/SEMQ_ID/DB_ID of its store."""
     return {
-        "id": r.id, "lk0": f"{org}/1/1/{r.id}", "target": r.target_id, "state": _send_state(r.state),
+        "id": r.id, "lk0": f"{store}/{r.id}", "target": r.target_id, "state": _send_state(r.state),
         "save_fwd": r.save_fwd, "ack2": bool(r.ack2), "reliable": bool(r.reliable), "priority": r.priority,
         "app_key": {"domain": r.domain, "data_type": r.data_type, "subtype": r.subtype, "key": r.key},
         "created_ms": r.created_ms, "expires_ms": r.expires_ms, "attempts": r.attempts, "inquiries": r.inquiries,
@@ -405,6 +406,7 @@ def node_handlers(
     NodeCore (``conn``/``db`` on the store thread only, ``me``, ``path``,
     ``log``); ``metrics`` an optional semq.ops.metrics.Metrics."""
     org = core.me.node_id
+    store = f"{org}/{core.unit}/1"  # this unit's store, as its LK0s name it (semq.units)
     handlers = _common("node", org, drain, reload)
 
     def _snapshot() -> dict[str, Any]:
@@ -465,7 +467,7 @@ def node_handlers(
             params: list[Any] = [after]
             _where(clauses, params, state_col="state", states=states, target=target, time_col="created_ms",
                    older_than=older)
-            return [_node_row(r, org) for r in _outbox_rows(core.conn.execute(
+            return [_node_row(r, store) for r in _outbox_rows(core.conn.execute(
                 f"SELECT {_NODE_COLS} FROM outbox{_sql_where(clauses)} ORDER BY id LIMIT ?", (*params, limit)))]
 
         rows = await daemon.gate.run(q)
@@ -474,9 +476,12 @@ def node_handlers(
     async def show(args: dict[str, Any]) -> dict[str, Any]:
         rid = args.get("id")
         if rid is None and args.get("lk0"):
-            node, _s, _d, rid = _lk0(str(args["lk0"]))
+            node, unit, _d, rid = _lk0(str(args["lk0"]))
             if node != org:
                 raise AdminCommandError(f"LK0 {args['lk0']} names a record of {node}, not of this node ({org})")
+            if unit != core.unit:
+                raise AdminCommandError(f"LK0 {args['lk0']} names a record of unit {unit}, not of this one"
+                                        f" ({core.unit})")
         rid = _int({"id": rid}, "id", lo=1)
         if rid is None:
             raise AdminCommandError("show needs an id or an lk0")
@@ -490,7 +495,7 @@ def node_handlers(
             got = core.conn.execute(f"SELECT {_NODE_COLS} FROM outbox WHERE id=?", (rid,)).fetchone()
             if got is None:
                 return None
-            row = _node_row(OutboxAdminRow._make(got), org)
+            row = _node_row(OutboxAdminRow._make(got), store)
             try:
                 rc = core.conn.execute("SELECT verified, received_ms FROM receipts WHERE record_id=?",
                                        (rid,)).fetchone()
@@ -527,7 +532,7 @@ def node_handlers(
             for r in _outbox_rows(c.execute(
                 f"SELECT {_NODE_COLS} FROM outbox WHERE reliable=1 AND state IN ({','.join('?' * len(_OPEN))})"
                 " AND created_ms < ? ORDER BY created_ms, id LIMIT ?", (*_OPEN, cutoff, limit))):
-                row = _node_row(r, org)
+                row = _node_row(r, store)
                 row["place"] = _NODE_PLACE[SendState(r.state)]
                 if r.state == _SS_INIT and r.code in WAITING_CODES:
                     # A known organization without a usable certificate:
@@ -565,7 +570,7 @@ def node_handlers(
             ts = now_ms()
             with core.db.atomic("IMMEDIATE"):
                 core.write_held()  # the states the operator selects by are on disk
-                rows = [_node_row(r, org) for r in _outbox_rows(core.conn.execute(
+                rows = [_node_row(r, store) for r in _outbox_rows(core.conn.execute(
                     f"SELECT {_NODE_COLS} FROM outbox{_sql_where(clauses)} ORDER BY id LIMIT ?",
                     (*params, MAX_SELECT + 1)))]
                 rows, more, ok = _applicable(rows, OPERATOR, SendState, action)

@@ -145,3 +145,57 @@ def test_units_show_as_one_node(cluster: Cluster, capsys: pytest.CaptureFixture[
     assert (d / "unit-2" / "node.sqlite").exists()
     assert "units = 2" in (d / "semq.toml").read_text()
     assert semq_main(["status", "--dir", str(d)]) == 0
+
+
+def test_admin_backup_and_restore_take_every_unit(cluster: Cluster, tmp_path: Path,
+                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    import json
+    import sqlite3
+    import tarfile
+
+    from semq.cli import main as semq_main
+
+    cluster.add_org(A)
+    cluster.add_org(B, units=2)
+    cluster.start_platform()
+    cluster.start_node(B)
+    d = cluster.root / B
+    _send_spread(cluster, B, A, 40, 4, save_fwd=2)  # A is offline: stored, then SS_ACK at B's units
+    wait_until(lambda: cluster.count("P", "SELECT count(*) FROM stored WHERE kind=1") == 40, 30, "40 stored for A")
+    capsys.readouterr()
+    # The admin console answers for both units as one node.
+    assert semq_main(["admin", "status", "--dir", str(d), "--json"]) == 0
+    st = json.loads(capsys.readouterr().out)
+    assert [u["unit"] for u in st["units"]] == [1, 2]
+    assert semq_main(["admin", "list", "--dir", str(d), "--json", "--limit", "100"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert rows["count"] == 40 and {r["unit"] for r in rows["rows"]} == {1, 2}
+    unit2 = next(r for r in rows["rows"] if r["unit"] == 2)
+    assert unit2["lk0"].startswith(f"{B}/2/1/")
+    assert semq_main(["admin", "show", "--dir", str(d), "--json", unit2["lk0"]]) == 0
+    assert json.loads(capsys.readouterr().out)["unit"] == 2
+    assert semq_main(["admin", "list", "--dir", str(d), "--json", "--unit", "2"]) == 0
+    assert {r["lk0"].split("/")[1] for r in json.loads(capsys.readouterr().out)["rows"]} == {"2"}
+    assert semq_main(["status", "--dir", str(d)]) == 0
+    out = capsys.readouterr().out
+    assert "2 units" in out and "unit 1: running" in out and "unit 2: running" in out
+    # A backup while running holds both stores; restore puts both back.
+    archive = tmp_path / "b.tar"
+    assert semq_main(["backup", "--dir", str(d), "--out", str(archive)]) == 0
+    with tarfile.open(archive) as tar:
+        names = set(tar.getnames())
+        manifest = json.load(tar.extractfile("semq-backup.json"))  # type: ignore[arg-type]
+    assert {"node.sqlite", "unit-2/node.sqlite"} <= names
+    assert set(manifest["stores"]) == {"node.sqlite", "unit-2/node.sqlite"}
+    assert semq_main(["restore", str(archive), "--dir", str(d), "--force"]) == 2  # running: refused
+    cluster.kill(B, signal.SIGTERM)
+    wait_until(lambda: not (d / "unit-2" / "status.json").exists(), 30, "unit 2 stopped")
+    assert semq_main(["restore", str(archive), "--dir", str(d), "--force"]) == 0
+    for unit in (1, 2):
+        conn = sqlite3.connect(cluster.unit_dir(B, unit) / "node.sqlite")
+        try:
+            assert conn.execute("SELECT count(*) FROM outbox").fetchone()[0] == 20
+            inc = json.loads(conn.execute("SELECT value FROM meta WHERE key='incarnation'").fetchone()[0])
+            assert inc["reason"] == "restore"
+        finally:
+            conn.close()
