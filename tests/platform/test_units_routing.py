@@ -1,0 +1,125 @@
+"""Several units of one organization at the platform (semq.units), driven
+as the daemon drives PlatformCore: each unit's connection is its route; a
+document goes to the unit its LK0 picks, online or stored for it; acks go
+to the unit whose record they name; inquiries about documents of several
+units are split per unit; a route is never a frame's target."""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from semq.platform.core import PlatformCore
+from semq.umxt_protocol import (
+    LK0,
+    AckBatch,
+    AckEntry,
+    AckFlag,
+    Endpoint,
+    Frame,
+    FrameDecoder,
+    Inquiry,
+    InquiryTopic,
+    Kind,
+)
+from semq.units import holder, route_of, route_org, route_unit, unit_for
+from tests.platform.test_platform_store import _data, _raw
+
+A, B = "10008", "56001"
+EA, EB = Endpoint.org(A), Endpoint.org(B)
+B2, B3 = route_of(EB, 2), route_of(EB, 3)
+ROOM = 1 << 30
+
+
+@pytest.fixture
+def core(tmp_path: Path) -> Any:
+    c = PlatformCore(tmp_path / "p.sqlite", create=True, synchronous="OFF")
+    c.register([A, B])
+    yield c
+    c.close()
+
+
+def _frames(data: list[bytes]) -> list[Frame]:
+    d = FrameDecoder()
+    d.receive_data(b"".join(data))
+    return [r.frame() for r in d]
+
+
+def test_holder_is_stable_and_spreads_evenly() -> None:
+    lks = [LK0(endpoint=EA, semq_id=s, record_id=r) for s in (1, 2) for r in range(1_000, 4_000)]
+    picks = Counter(holder(lk, 3) for lk in lks)
+    assert set(picks) == {1, 2, 3}
+    assert min(picks.values()) > 0.9 * len(lks) / 3  # each unit about a third
+    assert [holder(lk, 3) for lk in lks[:50]] == [holder(lk, 3) for lk in lks[:50]]
+    assert all(holder(lk, 1) == 1 for lk in lks[:10])
+    # About its own record, the origin's unit is the LK0's; anyone else: the holder.
+    lk = LK0(endpoint=EA, semq_id=2, record_id=7)
+    assert unit_for(EA, lk, 3) == 2 and unit_for(EB, lk, 3) == holder(lk, 3)
+    assert route_org(B2) == EB and route_unit(B2) == 2 and route_unit(EB) == 1 and route_of(EB, 1) is EB
+
+
+def test_documents_go_to_the_unit_their_lk0_picks_online_or_stored(core: PlatformCore) -> None:
+    assert core.connected(EA)
+    assert core.connected(EB, 3) and core.connected(B2, 3)  # unit 3 offline
+    assert core.units == {EB: 3}
+    room = {EA: ROOM, EB: ROOM, B2: ROOM}
+    frames = [_raw(_data(EA, EB, r))[0] for r in range(1, 301)]
+    out = core.handle(EA, frames, room)
+    want = Counter(route_of(EB, holder(LK0(endpoint=EA, record_id=r), 3)) for r in range(1, 301))
+    assert {t: len(f) for t, f in out.sends.items() if t != EA} == {EB: want[EB], B2: want[B2]}
+    stored = Counter(t for (t,) in core.conn.execute("SELECT target_id FROM stored WHERE kind=1"))
+    assert stored == {B3.node_id: want[B3]}
+    for f in _frames(out.sends[B2]):
+        assert f.target == EB  # the frame names the organization, never the route
+    # Unit 3 connects: its copies, and only those, are claimed for it.
+    assert core.connected(B3, 3)
+    frames3, _ = core.claim_stored(B3, 1000)
+    assert len(frames3) == want[B3]
+    assert core.claim_stored(EB, 1000)[0] == []
+
+
+def test_acks_reach_the_unit_of_their_record_and_inquiries_are_split(core: PlatformCore) -> None:
+    assert core.connected(EA) and core.connected(EB, 2) and core.connected(B2, 2)
+    room = {EA: ROOM, EB: ROOM, B2: ROOM}
+    # An ACK2 from A's unit 1 for records of B's unit 2 (REACK2 names the receiver's record).
+    entries = tuple(AckEntry(1, 1, 10 + i, 2, 1, 500 + i, int(AckFlag.DELIVERY), 0) for i in range(5))
+    reack = _raw(Frame(kind=Kind.ACK_BATCH, source=EA, target=EB, body=AckBatch(ack_kind=Kind.REACK2,
+                                                                                entries=entries)))
+    out = core.handle(EA, reack, room)
+    assert set(out.sends) == {B2}
+    # An inquiry from A about its documents held by both of B's units: one part each.
+    lks = tuple(LK0(endpoint=EA, semq_id=2, record_id=r) for r in range(1, 41))
+    inq = _raw(Frame(kind=Kind.INQUIRY, source=EA, target=EB,
+                     body=Inquiry(items=lks, topic=InquiryTopic.RECEIVED)))
+    out = core.handle(EA, inq, room)
+    got = {t: [lk for f in _frames(d) for lk in f.body.items] for t, d in out.sends.items()}
+    assert set(got) == {EB, B2}
+    for t, items in got.items():
+        assert all(route_of(EB, holder(lk, 2)) == t for lk in items)
+    assert sorted(lk.record_id for items in got.values() for lk in items) == list(range(1, 41))
+    # B's unit 2 asks A about A's records: A runs one unit, which gets it whole.
+    ask = _raw(Frame(kind=Kind.INQUIRY, source=EB, target=EA,
+                     body=Inquiry(items=lks[:3], topic=InquiryTopic.RECEIVED)))
+    out = core.handle(B2, ask, room)
+    assert set(out.sends) == {EA}
+
+
+def test_a_units_route_is_no_target_and_the_unit_speaks_as_its_organization(core: PlatformCore) -> None:
+    assert core.connected(EA) and core.connected(EB, 2) and core.connected(B2, 2)
+    room = {EA: ROOM, EB: ROOM, B2: ROOM}
+    out = core.handle(EA, _raw(_data(EA, B2, 1)), room)  # straight to a unit: unknown target
+    nacks = [f.body for f in _frames(out.sends[EA]) if f.kind is Kind.NACK]
+    assert [n.code.name for n in nacks] == ["UNKNOWN_TARGET"] and B2 not in out.sends
+    lks = (LK0(endpoint=EA, record_id=1),)
+    out = core.handle(EA, _raw(Frame(kind=Kind.INQUIRY, source=EA, target=B2, body=Inquiry(items=lks, topic=InquiryTopic.RECEIVED))), room)
+    assert [c.name for c, _ in out.errors] == ["UNKNOWN_TARGET"]
+    # Unit 2 of B sends as B (its route is no source either).
+    out = core.handle(B2, _raw(_data(EB, EA, 5)), room)
+    assert not out.errors and EA in out.sends
+    acks = [f for f in _frames(out.sends[B2]) if isinstance(f.body, AckBatch)]
+    assert acks and all(f.target == EB for f in acks)
+    out = core.handle(B2, _raw(_data(B2, EA, 6)), room)
+    assert [c.name for c, _ in out.errors] == ["SOURCE_MISMATCH"]
