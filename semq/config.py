@@ -272,7 +272,7 @@ class Config:
     units: int = _setting(1, Rule(
         "integer", f"an integer 1..{MAX_UNITS}", _between(1, MAX_UNITS),
         "node: unit processes that share its load, each with its own store (docs/operations.md"
-        ' "Several units per node"); set by init, changed only on a drained node'))
+        ' "Several units per node"); set by init'))
     window: int = _setting(4096, Rule(
         "integer", "an integer 1..1000000", _between(1, 1_000_000),
         "documents in flight without the platform's ack (node) / granted to a node (platform)"))
@@ -286,7 +286,8 @@ class Config:
         "platform: MiB of documents one organization may have stored here at once; past it QUOTA_EXCEEDED"))
     max_connections_per_org: int = _setting(4, Rule(
         "integer", "an integer 1..1024", _between(1, 1024),
-        "platform: connections one organization may hold at once (each may buffer a 64 MiB frame)"))
+        "platform: connections one organization may hold at once (each may buffer a 64 MiB frame);"
+        " a node of several units may hold one more per unit beyond the first"))
     clock_skew: float = _setting(600.0, Rule(
         "number", "a number of seconds 0..86400", _between(0, 86400),
         "node: how far the organizations' clocks may disagree; documents created further ahead, or older"

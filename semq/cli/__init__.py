@@ -137,11 +137,11 @@ def cmd_node_init(args: argparse.Namespace) -> int:
     for key, flag in (("direct_listen", "--listen"), ("direct", "--direct"), ("direct_from", "--direct-from"),
                       ("direct_announce", "--announce")):
         check_option(key, direct[key], flag)
-    if args.listen and args.no_security:
-        raise UsageError("--listen needs security: direct links are mutual TLS between the nodes' certificates")
     check_option("units", str(args.units), "--units")
     if args.listen and args.units > 1:
         raise UsageError(f"--listen with --units {args.units}: a node of several units takes no direct links")
+    if args.listen and args.no_security:
+        raise UsageError("--listen needs security: direct links are mutual TLS between the nodes' certificates")
     if args.enroll_from and not args.no_security:
         from semq.security import check_not_enrolled
 
@@ -544,6 +544,11 @@ def cmd_node_run(args: argparse.Namespace) -> int:
 
         parse_platform_addresses(platform)  # a mistake is said once, here
         _direct_settings(args, cfg)
+        missing = [k for k in range(1, cfg.units + 1) if not cfg.for_unit(k).store_path.exists()]
+        if missing:
+            raise UsageError(f"units = {cfg.units} in {cfg.directory / 'semq.toml'}, but unit {missing[0]} has no"
+                             f" store ({cfg.for_unit(missing[0]).store_path}): the units are set by"
+                             " 'semq node init --units N'")
         return supervise_units(cfg.org, getattr(args, "argv", None) or ["node", "run", "--dir", str(cfg.directory)],
                                cfg.units, platform=platform, stop_timeout=(args.drain_timeout or 60.0) + 30)
     addresses = parse_platform_addresses(platform)  # checked by _inquiry_interval

@@ -298,7 +298,9 @@ class PlatformDaemon:
 
     def _count_connection(self, org: str) -> bool:
         n = self.connections.get(org, 0)
-        if n >= self.s.max_connections_per_org:
+        # Each unit of a node of several (semq.units) holds a connection of its own.
+        units = self.core.units.get(Endpoint.org(org), 1) if self.core.units else 1
+        if n >= self.s.max_connections_per_org + units - 1:
             self.stats["connections_refused"] = self.stats.get("connections_refused", 0) + 1
             log.warning("organization %s already holds %d connections: one more refused", org, n)
             return False

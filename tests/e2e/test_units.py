@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from semq.node.api import NodeClient
-from tests._procs import Cluster, read_status, wait_until
+from tests._procs import Cluster, doc_key, read_status, wait_until
 from tests.e2e.test_e2e_flow import send
 
 pytestmark = pytest.mark.e2e
@@ -22,12 +22,16 @@ A, B = "10008", "56001"
 
 
 def _send_spread(c: Cluster, org: str, to: str, n: int, calls: int, **kw: object) -> dict[str, bytes]:
-    """``n`` documents in ``calls`` sends (each a transaction, each to the
-    next unit of a node of several)."""
+    """``n`` documents in ``calls`` sends of one client (each a transaction,
+    each to the next unit of a node of several)."""
     sent: dict[str, bytes] = {}
     per = n // calls
-    for i in range(calls):
-        sent |= send(c, org, to, per, key_prefix=f"K{i}-", **kw)
+    with NodeClient(c.root / org) as node:
+        for i in range(calls):
+            docs = [dict(to=to, data=f"{org}-{i}-{j}".encode() * 3, data_type="ORDER", key=f"K{i}-{j}", **kw)
+                    for j in range(per)]
+            for lk, d in zip(node.send_many(docs), docs, strict=True):
+                sent[doc_key(lk.endpoint.node_id, lk.semq_id, lk.record_id)] = d["data"]  # type: ignore[assignment]
     return sent
 
 
@@ -137,14 +141,27 @@ def test_a_unit_killed_mid_stream_loses_and_duplicates_nothing(cluster: Cluster,
     wait_until(lambda: cluster.settled([A, B]), 120, "every table cleaned up")
 
 
-def test_units_show_as_one_node(cluster: Cluster, capsys: pytest.CaptureFixture[str]) -> None:
+def test_units_are_set_at_init(cluster: Cluster, capsys: pytest.CaptureFixture[str]) -> None:
     from semq.cli import main as semq_main
+    from tests._procs import set_config
 
     cluster.add_org(B, units=2)
     d: Path = cluster.root / B
     assert (d / "unit-2" / "node.sqlite").exists()
     assert "units = 2" in (d / "semq.toml").read_text()
-    assert semq_main(["status", "--dir", str(d)]) == 0
+    capsys.readouterr()
+    # A node of several units takes no direct links.
+    assert semq_main(["node", "init", "--dir", str(cluster.root / "x"), "--org", "77000", "--no-security",
+                      "--units", "2", "--listen", "127.0.0.1:0"]) == 2
+    assert "--units 2" in capsys.readouterr().err and not (cluster.root / "x").exists()
+    assert semq_main(["node", "init", "--dir", str(cluster.root / "y"), "--org", "77000", "--no-security",
+                      "--units", "33"]) == 2
+    assert "--units 33 is out of range; allowed: an integer 1..32" in capsys.readouterr().err
+    # More units in the file than stores: refused with the reason, nothing started.
+    set_config(d, units=3)
+    assert semq_main(["node", "run", "--dir", str(d)]) == 2
+    err = capsys.readouterr().err
+    assert "unit 3 has no store" in err and "semq node init --units N" in err
 
 
 def test_admin_backup_and_restore_take_every_unit(cluster: Cluster, tmp_path: Path,
