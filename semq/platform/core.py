@@ -100,6 +100,7 @@ _LOOKUP_CHUNK: Final = 1000  # documents per look-up of earlier copies (5 parame
 _ANALYZE_ROWS: Final = 5000  # (PostgreSQL) copies stored before the statistics are refreshed
 _ANALYZE_S: Final = 10.0
 _QUOTA_RECOUNT_S: Final = 2.0  # how often an organization at its quota is counted again
+_UNITS_READ_S: Final = 0.5  # clustered: how often an organization's number of units is read again
 
 
 class _Store(NamedTuple):
@@ -276,6 +277,10 @@ class PlatformCore(HeldWrites):
         # Organizations that run several units (semq.units), and how many:
         # their documents are spread over the units by LK0.
         self.units: dict[Endpoint, int] = {}
+        # Clustered: when each organization not in ``units`` was last looked
+        # up in the shared store (monotonic s): one of its units may have
+        # said hello at another instance since this one read them.
+        self._units_read: dict[Endpoint, float] = {}
         self.load_units()
 
     def load_units(self) -> None:
@@ -284,10 +289,31 @@ class PlatformCore(HeldWrites):
         self.units = {Endpoint(node_type=t, node_id=i): n for t, i, n in self.conn.execute(
             "SELECT node_type, node_id, units FROM nodes WHERE units > 1")}
 
+    def _units_of(self, target: Endpoint) -> int | None:
+        """How many units ``target`` runs, when more than one. Clustered,
+        an organization not known to run several is looked up again in the
+        shared store at most every _UNITS_READ_S (its first HELLO as a node
+        of several units may have reached another instance)."""
+        n = self.units.get(target)
+        if n is not None or self.presence is None:
+            return n
+        now = time.monotonic()
+        if now - self._units_read.get(target, -_UNITS_READ_S) < _UNITS_READ_S:
+            return None
+        if len(self._units_read) > 100_000:
+            self._units_read.clear()
+        self._units_read[target] = now
+        row = self.conn.execute("SELECT units FROM nodes WHERE node_type=? AND node_id=?",
+                                (int(target.node_type), target.node_id)).fetchone()
+        if row is None or row[0] <= 1:
+            return None
+        self.units[target] = int(row[0])
+        return self.units[target]
+
     def _route(self, target: Endpoint, lk0: LK0) -> Endpoint:
         """Where a document for ``target`` goes: the route of the unit that
         holds it (the target itself for an organization of one unit)."""
-        n = self.units.get(target)
+        n = self._units_of(target)
         return target if n is None else route_of(target, holder(lk0, n))
 
     def _relay_routes(self, raw: RawFrame) -> list[tuple[Endpoint, RawFrame]]:
@@ -297,7 +323,7 @@ class PlatformCore(HeldWrites):
         different units). A batch with a receipt is never split (the
         receiver signed it whole): the node sends one per unit."""
         target = raw.target
-        n = self.units.get(target)
+        n = self._units_of(target)
         if n is None:
             return [(target, raw)]
         frame = raw.frame()
@@ -749,7 +775,7 @@ class PlatformCore(HeldWrites):
     ) -> None:
         lk0, _lk1, created, expires = raw.data_prefix()
         target = raw.target
-        dest = target if not self.units else self._route(target, lk0)
+        dest = target if not self.units and self.presence is None else self._route(target, lk0)
         reliable = raw.reliable
         save_fwd = raw.save_fwd
         on = online(dest)
@@ -832,7 +858,8 @@ class PlatformCore(HeldWrites):
         messages: forwarded, or stored while the target is offline."""
         if UNIT_SEP in raw.target.node_id:  # a unit's route is the platform's, never a frame's target
             raise RemoteProtocolError(f"{raw.kind.name} for unknown target {raw.target}", ResultCode.UNKNOWN_TARGET)
-        for target, part in (self._relay_routes(raw) if self.units else ((raw.target, raw),)):
+        for target, part in (self._relay_routes(raw) if self.units or self.presence is not None
+                             else ((raw.target, raw),)):
             hop = None
             if online(target):
                 b = relay_bytes(part, self.me)

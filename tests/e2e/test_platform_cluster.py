@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from semq.cli import main as semq_main
-from tests._procs import Cluster, wait_until
+from tests._procs import Cluster, doc_key, wait_until
 from tests.e2e.test_e2e_flow import send
 
 pytestmark = pytest.mark.e2e
@@ -144,5 +144,52 @@ def test_sigkill_of_one_instance_mid_stream_fails_over_exactly_once(tmp_path: Pa
         wait_until(lambda: c.settled([A, B, C]), 60, "every table cleaned up")
         print(f"nodes reconnected to the other instance {reconnect_s:.1f} s after the SIGKILL")
         assert reconnect_s < 30
+    finally:
+        c.stop_all()
+
+
+def test_units_of_a_node_across_two_instances(tmp_path: Path, pg_url: str) -> None:
+    """B runs as 2 units on instance 2, A on instance 1: A's documents reach
+    the unit their LK0 picks through the hand-over between instances (and
+    through the shared store while B is offline), B's units answer A, and
+    every document arrives once."""
+    from semq.node.api import NodeClient
+    from semq.umxt_protocol import LK0, Endpoint
+    from semq.units import holder
+
+    c = _pg_cluster(tmp_path, pg_url)
+    try:
+        c.add_org(A, instance=1)
+        c.add_org(B, instance=2, units=2)
+        c.start_platform(instance=1)
+        c.start_platform(instance=2)
+        c.start_node(A)
+        c.start_node(B)
+        sent = send(c, A, B, 200)
+        back: dict[str, bytes] = {}
+        with NodeClient(tmp_path / B) as node:  # from both of B's units
+            for i in range(4):
+                lks = node.send_many([dict(to=A, data=b"r%d-%d" % (i, j), key=f"R{i}-{j}") for j in range(25)])
+                back |= {doc_key(B, lk.semq_id, lk.record_id): b"r%d-%d" % (i, j) for j, lk in enumerate(lks)}
+        wait_until(lambda: len(c.inbox(B)) == 200 and len(c.inbox(A)) == 100, 60, "every document delivered")
+        assert c.inbox(B) == sent and c.inbox(A) == back
+        # Each unit holds exactly the documents its LK0s pick.
+        for unit in (1, 2):
+            conn = c.db(B, unit)
+            try:
+                rows = conn.execute("SELECT record_id FROM inbox").fetchall()
+            finally:
+                conn.close()
+            assert rows and all(holder(LK0(endpoint=Endpoint.org(A), record_id=r), 2) == unit for (r,) in rows)
+        # B offline: stored for each unit in the shared store, delivered when they return.
+        c.kill(B, 15)
+        later = send(c, A, B, 60, key_prefix="L")
+        wait_until(lambda: c.count("P", "SELECT count(*) FROM stored WHERE kind=1") == 60, 30, "stored for B")
+        c.start_node(B)
+        wait_until(lambda: len(c.inbox(B)) == 260, 60, "the stored documents delivered")
+        assert {k: v for k, v in c.inbox(B).items() if k in later} == later
+        wait_until(lambda: c.settled([A, B]), 60, "every table cleaned up")
+        units = c.q("P", "SELECT units FROM nodes WHERE node_id=?", B)
+        assert units == [(2,)]
     finally:
         c.stop_all()
