@@ -167,9 +167,11 @@ class NodeClient:
                                     expires_in=expires_in, reliable=reliable, encrypt=encrypt,
                                     clear_app_key=clear_app_key)])[0]
 
-    def send_many(self, docs: list[dict[str, Any]]) -> list[LK0]:
+    def send_many(self, docs: list[dict[str, Any]], *, unit: int | None = None) -> list[LK0]:
         """Accept several documents in one transaction (much faster); the
-        errors of ``send``, and then nothing of the call is accepted."""
+        errors of ``send``, and then nothing of the call is accepted. A node
+        of several units takes them into its next unit in turn (``unit``:
+        into that one)."""
         for to in {d["to"] for d in docs}:  # once per target, not per document
             check_target(to, self.config.org)
         now = int(time.time() * 1000)
@@ -188,8 +190,11 @@ class NodeClient:
                 encrypt=self.config.security and bool(d.get("encrypt", True)),
                 clear_app_key=bool(d.get("clear_app_key", False)),
             ))
-        core = self.cores[self._turn % len(self.cores)]
-        self._turn += 1
+        if unit is not None:
+            core = self.cores[unit - 1]
+        else:
+            core = self.cores[self._turn % len(self.cores)]
+            self._turn += 1
         return core.accept(news)
 
     def knows(self, org: str) -> bool:

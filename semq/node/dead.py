@@ -124,10 +124,32 @@ _COLS: Final = columns(DeadLetterRow)
 
 
 class DeadLetters:
-    """The dead-letter list of one node (its SS_FAILED pending-send rows)."""
+    """The dead-letter list of one node (its SS_FAILED pending-send rows).
+    A node of several units (semq.units) has one per unit's store: listed
+    together, and each document requeued or purged in its unit's store
+    (one transaction per unit)."""
 
     def __init__(self, node: NodeClient | NodeCore) -> None:
         self.core = core_of(node)
+        cores = getattr(node, "cores", None)
+        self._units = [DeadLetters(c) for c in cores] if cores and len(cores) > 1 else None
+
+    def _by_unit(self, refs: Iterable[int | str | LK0]) -> dict[int, builtins.list[int | str | LK0]]:
+        """Refs of a node of several units, by the unit whose store has each:
+        an LK0's ``semq_id``; a bare record id, the unit that holds it."""
+        assert self._units is not None
+        out: dict[int, builtins.list[int | str | LK0]] = {}
+        for ref in refs:
+            r: int | LK0 = (int(ref) if ref.isdigit() else LK0.parse(ref)) if isinstance(ref, str) else ref
+            if isinstance(r, LK0):
+                unit = r.semq_id
+            else:
+                unit = next((u.core.unit for u in self._units if u.core.conn.execute(
+                    "SELECT 1 FROM outbox WHERE id=?", (r,)).fetchone()), 1)
+            if not 1 <= unit <= len(self._units):
+                raise DeadLetterError(f"{ref} names unit {unit}; this node has units 1..{len(self._units)}")
+            out.setdefault(unit, []).append(r)
+        return out
 
     def _letter(self, r: DeadLetterRow) -> DeadLetter:
         return DeadLetter(lk0=self.core.ctx.lk0(r.id), target=r.target_id, code=r.code,
@@ -137,6 +159,10 @@ class DeadLetters:
                           failed_ms=r.state_ms, expires_ms=r.expires_ms, size=r.size)
 
     def list(self, *, limit: int = 1000) -> list[DeadLetter]:
+        if self._units is not None:
+            letters = [d for u in self._units for d in u.list(limit=limit)]
+            letters.sort(key=lambda d: (d.failed_ms, d.lk0.semq_id, d.lk0.record_id))
+            return letters[:limit]
         rows = self.core.conn.execute(f"SELECT {_COLS} FROM outbox WHERE state=? ORDER BY id LIMIT ?",
                                       (_FAILED, limit))
         return [self._letter(r) for r in map(DeadLetterRow._make, rows)]
@@ -184,6 +210,15 @@ class DeadLetters:
         reported. All or nothing: one transaction."""
         if expires_in is not None and not (math.isfinite(expires_in) and expires_in > 0):
             raise DeadLetterError(f"expires_in {expires_in!r} is not a positive number of seconds")
+        if self._units is not None:
+            result = RequeueResult()
+            parts = ({u.core.unit: None for u in self._units} if refs is None
+                     else self._by_unit(refs))
+            for unit, unit_refs in parts.items():
+                got = self._units[unit - 1].requeue(unit_refs, expires_in=expires_in, no_expiry=no_expiry)
+                result.requeued += got.requeued
+                result.skipped_expired += got.skipped_expired
+            return result
         result = RequeueResult()
         ts = now_ms()
         with write_tx(self.core) as conn:
@@ -212,6 +247,10 @@ class DeadLetters:
 
     def purge(self, refs: Iterable[int | str | LK0] | None = None) -> int:
         """Delete these dead letters (``refs=None``: all). Returns how many."""
+        if self._units is not None:
+            parts = ({u.core.unit: None for u in self._units} if refs is None
+                     else self._by_unit(refs))
+            return sum(self._units[unit - 1].purge(unit_refs) for unit, unit_refs in parts.items())
         ts = now_ms()
         with write_tx(self.core) as conn:
             letters = self._select(conn, refs, OperatorAction.PURGE_DEAD)

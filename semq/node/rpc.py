@@ -28,13 +28,16 @@ from __future__ import annotations
 
 import time
 import weakref
+from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from typing import TYPE_CHECKING, Any, Final
 
 from semq.events import now_ms
 from semq.umxt_protocol import LK0, NodeType
 
 from ._access import core_of, write_tx
+from .api import UNIT_IDS
 from .writebehind import RpcRequestRow, columns
 
 if TYPE_CHECKING:
@@ -132,9 +135,10 @@ def send_request(
     reply; returns its LK0 = the correlation id. Does not wait."""
     core = core_of(node)
     with write_tx(core) as conn:
+        # (From the store that records it: unit 1 of a node of several.)
         [lk0] = node.send_many([dict(to=to, data=data, domain=RPC_DOMAIN, data_type=data_type,
                                      subtype=REQUEST, key=key, priority=priority, save_fwd=save_fwd,
-                                     expires_in=expires_in, encrypt=encrypt)])
+                                     expires_in=expires_in, encrypt=encrypt)], unit=core.unit)
         conn.execute(
             "INSERT INTO rpc_requests (record_id, target_id, data_type, sent_ms, timeout_ms) VALUES (?,?,?,?,?)",
             (lk0.record_id, to, data_type, now_ms(), int(timeout * 1000) if timeout is not None else None),
@@ -152,6 +156,28 @@ def _record_id(core: NodeCore, request: LK0 | int | str) -> int:
     if request.endpoint != core.me:
         raise RpcError(f"{request} is not a request of this node ({core.me.node_id})")
     return request.record_id
+
+
+def _stores(node: NodeClient) -> list[tuple[NodeCore, Callable[[int], int]]]:
+    """Every store whose inbox may hold a request or a reply (each unit's,
+    semq.units), with how its row ids read as the node's inbox ids."""
+    cores = getattr(node, "cores", None) or [core_of(node)]
+    if len(cores) == 1:
+        return [(cores[0], int)]
+    return [(c, partial(node._item_id, c.unit)) for c in cores]
+
+
+def _find_reply(node: NodeClient, key: str, target: str) -> int | None:
+    """The node's inbox id of the first reply with ``key`` from ``target``."""
+    for core, as_id in _stores(node):
+        # Literal domain/subtype: the partial index inbox_rpc_reply applies.
+        cand = core.conn.execute(
+            "SELECT id FROM inbox WHERE domain='semq.rpc' AND subtype='reply' AND key=? AND origin_type=?"
+            " AND origin_id=? ORDER BY id LIMIT 1", (key, int(NodeType.ORGANIZATION), target),
+        ).fetchone()
+        if cand is not None:
+            return as_id(cand[0])
+    return None
 
 
 def _inbox_item(node: NodeClient, inbox_id: int) -> InboxItem:
@@ -175,24 +201,25 @@ def poll_reply(node: NodeClient, request: LK0 | int | str, *, take: bool = True)
     target, matched, taken = row
     inbox_id = matched
     if inbox_id is None:
-        # Literal domain/subtype: the partial index inbox_rpc_reply applies.
-        cand = core.conn.execute(
-            "SELECT id FROM inbox WHERE domain='semq.rpc' AND subtype='reply' AND key=? AND origin_type=?"
-            " AND origin_id=? ORDER BY id LIMIT 1", (str(lk0), int(NodeType.ORGANIZATION), target),
-        ).fetchone()
-        if cand is None:
+        inbox_id = _find_reply(node, str(lk0), target)
+        if inbox_id is None:
             return None
-        (inbox_id,) = cand
     if (take and not taken) or matched is None:
         ts = now_ms()
+        one_store = len(_stores(node)) == 1
         with write_tx(core) as conn:
             conn.execute("UPDATE rpc_requests SET reply_inbox_id=?, replied_ms=? WHERE record_id=?"
                          " AND reply_inbox_id IS NULL", (inbox_id, ts, rid))
             if take:
                 conn.execute("UPDATE rpc_requests SET taken_ms=? WHERE record_id=? AND taken_ms IS NULL", (ts, rid))
-                conn.execute("UPDATE inbox SET consumed_ms=? WHERE id=? AND consumed_ms IS NULL", (ts, inbox_id))
+                if one_store:
+                    conn.execute("UPDATE inbox SET consumed_ms=? WHERE id=? AND consumed_ms IS NULL", (ts, inbox_id))
             inbox_id = conn.execute("SELECT reply_inbox_id FROM rpc_requests WHERE record_id=?",
                                     (rid,)).fetchone()[0]
+        if take and not one_store:
+            # The reply is in its unit's inbox (semq.units): taken there after
+            # the match is recorded (once matched, it is this request's).
+            node.acknowledge([inbox_id])
     return Reply(request=lk0, item=_inbox_item(node, inbox_id))
 
 
@@ -282,10 +309,13 @@ def unmatched_replies(node: NodeClient) -> list[tuple[InboxItem, str]]:
     or one naming a request we have no record of."""
     core = core_of(node)
     out = []
-    for (i,) in core.conn.execute(
-        "SELECT id FROM inbox WHERE domain='semq.rpc' AND subtype='reply' AND consumed_ms IS NULL"
-        " AND id NOT IN (SELECT reply_inbox_id FROM rpc_requests WHERE reply_inbox_id IS NOT NULL) ORDER BY id"
-    ).fetchall():
+    matched = {i for (i,) in core.conn.execute(
+        "SELECT reply_inbox_id FROM rpc_requests WHERE reply_inbox_id IS NOT NULL")}
+    ids = [as_id(i) for store, as_id in _stores(node) for (i,) in store.conn.execute(
+        "SELECT id FROM inbox WHERE domain='semq.rpc' AND subtype='reply' AND consumed_ms IS NULL ORDER BY id")]
+    for i in ids:
+        if i in matched:
+            continue
         item = node.get(i)
         try:
             rid = _record_id(core, item.app_key.key)
@@ -316,13 +346,16 @@ def is_request(item: InboxItem) -> bool:
 def incoming(node: NodeClient, *, include_answered: bool = False, limit: int = 1000) -> list[tuple[InboxItem, LK0 | None]]:
     """Requests that arrived, with the LK0 of our reply (None: unanswered).
     Default: unanswered ones not acknowledged by other means."""
-    core = core_of(node)
     q = ("SELECT i.id, a.reply_record_id FROM inbox i LEFT JOIN rpc_answers a ON a.request_inbox_id = i.id"
          " WHERE i.domain='semq.rpc' AND i.subtype='request'"
          + ("" if include_answered else " AND a.request_inbox_id IS NULL AND i.consumed_ms IS NULL")
          + " ORDER BY i.id LIMIT ?")
-    return [(node.get(i), core.ctx.lk0(r) if r else None)
-            for i, r in core.conn.execute(q, (limit,)).fetchall()]
+    # Each unit's requests with the answers it recorded (``reply`` answers
+    # from the unit that holds the request).
+    found = [(as_id(i), store.ctx.lk0(r) if r else None)
+             for store, as_id in _stores(node) for i, r in store.conn.execute(q, (limit,)).fetchall()]
+    found.sort(key=lambda x: x[0])
+    return [(node.get(i), lk) for i, lk in found[:limit]]
 
 
 def reply(
@@ -332,12 +365,15 @@ def reply(
     """Answer the request that is inbox document ``request_id``: the reply
     goes to the request's origin with key = the request's LK0. The reply is
     queued, the answer recorded and the request acknowledged in one
-    transaction. Raises RpcError (not a request, already answered)."""
-    core = core_of(node)
+    transaction (of the unit that holds the request, for a node of several).
+    Raises RpcError (not a request, already answered)."""
     try:
         item = node.get(int(request_id))
     except KeyError:
         raise RpcError(f"no inbox document {request_id}") from None
+    cores = getattr(node, "cores", None) or [core_of(node)]
+    core = cores[item.unit - 1] if len(cores) > 1 else core_of(node)
+    row = item.id // UNIT_IDS if len(cores) > 1 else item.id
     if not is_request(item):
         raise RpcError(f"inbox document {request_id} is not a request (AppKey {item.app_key});"
                        f" requests carry domain {RPC_DOMAIN} and subtype {REQUEST}")
@@ -346,7 +382,7 @@ def reply(
         raise RpcError(f"request {request_id} came from {origin}, which cannot receive documents")
     with write_tx(core) as conn:
         prev = conn.execute("SELECT reply_record_id FROM rpc_answers WHERE request_inbox_id=?",
-                            (item.id,)).fetchone()
+                            (row,)).fetchone()
         if prev is not None:
             (answered_by,) = prev
             raise RpcError(f"request {request_id} ({item.lk0}) was already answered by"
@@ -356,11 +392,11 @@ def reply(
             data_type=item.app_key.data_type if data_type is None else data_type, subtype=REPLY,
             key=str(item.lk0), priority=item.priority if priority is None else priority, save_fwd=save_fwd,
             expires_in=expires_in, encrypt=encrypt,
-        )])
+        )], unit=core.unit)
         ts = now_ms()
         conn.execute("INSERT INTO rpc_answers (request_inbox_id, reply_record_id, replied_ms) VALUES (?,?,?)",
-                     (item.id, lk0.record_id, ts))
-        conn.execute("UPDATE inbox SET consumed_ms=? WHERE id=? AND consumed_ms IS NULL", (ts, item.id))
+                     (row, lk0.record_id, ts))
+        conn.execute("UPDATE inbox SET consumed_ms=? WHERE id=? AND consumed_ms IS NULL", (ts, row))
     return lk0
 
 

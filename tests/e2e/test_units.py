@@ -216,3 +216,46 @@ def test_admin_backup_and_restore_take_every_unit(cluster: Cluster, tmp_path: Pa
             assert inc["reason"] == "restore"
         finally:
             conn.close()
+
+
+def test_requests_replies_and_dead_letters_across_units(cluster: Cluster) -> None:
+    """Requests and replies find each other whichever unit holds them; the
+    dead letters of every unit are one list."""
+    from semq.node import rpc
+    from semq.node.dead import DeadLetters
+
+    cluster.add_org(A)
+    cluster.add_org(B, units=2)
+    cluster.start_platform()
+    cluster.start_node(A)
+    cluster.start_node(B)
+    with NodeClient(cluster.root / A) as a, NodeClient(cluster.root / B) as b:
+        # A asks B 20 times: the requests land in both of B's units.
+        asked = [rpc.send_request(a, B, b"q%d" % i, data_type="PRICE", timeout=60) for i in range(20)]
+        got = wait_until(lambda: (lambda r: r if len(r) == 20 else None)(rpc.incoming(b)), 60, "20 requests at B")
+        assert {item.unit for item, _ in got} == {1, 2}
+        for item, answered in got:
+            assert answered is None
+            rpc.reply(b, item.id, b"answer to " + item.app_data)
+        assert rpc.incoming(b) == []
+        for lk in asked:
+            r = rpc.wait_reply(a, lk, timeout=60)
+            assert r.item.app_data.startswith(b"answer to q")
+        # B asks A: the replies come back to whichever unit holds them.
+        back = [rpc.send_request(b, A, b"b%d" % i, data_type="STOCK", timeout=60) for i in range(20)]
+        incoming = wait_until(lambda: (lambda r: r if len(r) == 20 else None)(rpc.incoming(a)), 60,
+                              "20 requests at A")
+        for item, _ in incoming:
+            rpc.reply(a, item.id, b"re " + item.app_data)
+        replies = [rpc.wait_reply(b, lk, timeout=60) for lk in back]
+        assert {r.item.unit for r in replies} == {1, 2}
+        assert sorted(r.item.app_data for r in replies) == sorted(b"re b%d" % i for i in range(20))
+        assert rpc.unmatched_replies(b) == []
+        # Documents to an organization the platform does not know fail in both units.
+        for _ in range(2):
+            b.send_many([dict(to="99999", data=b"x")])
+        dead = DeadLetters(b)
+        letters = wait_until(lambda: (lambda d: d if len(d) == 2 else None)(dead.list()), 60, "2 dead letters")
+        assert {d.lk0.semq_id for d in letters} == {1, 2}
+        assert dead.purge([str(letters[1].lk0)]) == 1
+        assert dead.purge() == 1 and dead.list() == []
