@@ -3,6 +3,9 @@ starts one process per unit (``semq node run --unit K``), restarts a unit
 that dies, and stops them all on SIGTERM or SIGINT (each drains as a node
 does alone). SIGHUP is passed on (each unit reloads its configuration).
 
+A unit that exits with status 0 (``semq admin stop`` or a drain) is not
+started again; once every unit has stopped so, ``semq node run`` exits 0.
+
 A unit is a whole node process with its own store, admin socket and status
 (``unit-K/`` in the data directory; unit 1 keeps the directory's own files).
 Its lines on standard output come out here prefixed ``[unit K]``; its log
@@ -54,6 +57,8 @@ class _Units:
         self.all_ready = trio.Event()
         self.stopping = False
         self.restarts = 0
+        self.stopped: set[int] = set()  # units that exited 0 (stopped by the operator)
+        self.all_stopped = trio.Event()
 
     def command(self, unit: int) -> list[str]:
         return [*semq_command(), *self.argv, "--unit", str(unit)]
@@ -84,6 +89,15 @@ class _Units:
             rc = await proc.wait()
             self.procs.pop(unit, None)
             if self.stopping:
+                return
+            if rc == 0:
+                # Stopped on purpose ('semq admin stop', a drain): not started
+                # again (as systemd's Restart=on-failure); when every unit has
+                # stopped so, the node has.
+                log.info("unit %d of node %s stopped", unit, self.org)
+                self.stopped.add(unit)
+                if len(self.stopped) == self.units:
+                    self.all_stopped.set()
                 return
             if time.monotonic() - started >= STEADY_S:
                 delay = RESTART_DELAY
@@ -128,12 +142,20 @@ def supervise_units(org: str, argv: Sequence[str], units: int, *, platform: str,
                     print(f"node {org} running as {units} units (platform {platform}); pid {os.getpid()}",
                           flush=True)
                 nursery.start_soon(announce)
-                async for sig in signals:
-                    if sig == signal.SIGHUP:
-                        sup.signal_all(signal.SIGHUP)
-                        continue
-                    log.info("signal %d: stopping the units", sig)
-                    break
+
+                async def until_signal(scope: trio.CancelScope) -> None:
+                    async for sig in signals:
+                        if sig == signal.SIGHUP:
+                            sup.signal_all(signal.SIGHUP)
+                            continue
+                        log.info("signal %d: stopping the units", sig)
+                        break
+                    scope.cancel()
+
+                async with trio.open_nursery() as waiting:
+                    waiting.start_soon(until_signal, waiting.cancel_scope)
+                    await sup.all_stopped.wait()  # (every unit stopped by the operator)
+                    waiting.cancel_scope.cancel()
                 await sup.stop()
                 nursery.cancel_scope.cancel()
 

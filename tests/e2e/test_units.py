@@ -205,8 +205,10 @@ def test_admin_backup_and_restore_take_every_unit(cluster: Cluster, tmp_path: Pa
     assert {"node.sqlite", "unit-2/node.sqlite"} <= names
     assert set(manifest["stores"]) == {"node.sqlite", "unit-2/node.sqlite"}
     assert semq_main(["restore", str(archive), "--dir", str(d), "--force"]) == 2  # running: refused
-    cluster.kill(B, signal.SIGTERM)
-    wait_until(lambda: not (d / "unit-2" / "status.json").exists(), 30, "unit 2 stopped")
+    # 'semq admin stop' stops every unit, and with them the node (exit 0, not started again).
+    assert semq_main(["admin", "stop", "--dir", str(d), "--wait", "30"]) == 0
+    assert cluster.procs.pop(B).p.wait(timeout=30) == 0
+    assert not (d / "unit-2" / "status.json").exists()
     assert semq_main(["restore", str(archive), "--dir", str(d), "--force"]) == 0
     for unit in (1, 2):
         conn = sqlite3.connect(cluster.unit_dir(B, unit) / "node.sqlite")
