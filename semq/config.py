@@ -288,6 +288,9 @@ class Config:
         "integer", "an integer 1..1024", _between(1, 1024),
         "platform: connections one organization may hold at once (each may buffer a 64 MiB frame);"
         " a node of several units may hold one more per unit beyond the first"))
+    max_units_per_org: int = _setting(8, Rule(
+        "integer", f"an integer 1..{MAX_UNITS}", _between(1, MAX_UNITS),
+        "platform: units one organization's node may run (each holds a connection); a node saying more is refused"))
     clock_skew: float = _setting(600.0, Rule(
         "number", "a number of seconds 0..86400", _between(0, 86400),
         "node: how far the organizations' clocks may disagree; documents created further ahead, or older"

@@ -429,7 +429,8 @@ def cmd_platform_run(args: argparse.Namespace, daemon_class: Any = None) -> int:
             raise
     settings = PlatformSettings(host=host, port=port, window=cfg.window, security=security,
                                 high_water=max(1, cfg.queue_mib) << 20,
-                                max_connections_per_org=cfg.max_connections_per_org)
+                                max_connections_per_org=cfg.max_connections_per_org,
+                                max_units_per_org=cfg.max_units_per_org)
     from semq.ops.runtime import OpsRuntime, ops_options
 
     ops = OpsRuntime("platform", cfg.directory, core, ops_options(args))

@@ -120,6 +120,9 @@ def platform_reloader(daemon: Any, core: Any, directory: Path) -> Callable[[], A
         if cfg.max_connections_per_org != old.max_connections_per_org:
             daemon.s.max_connections_per_org = cfg.max_connections_per_org
             changed["max_connections_per_org"] = f"{cfg.max_connections_per_org} (new connections)"
+        if cfg.max_units_per_org != old.max_units_per_org:
+            daemon.s.max_units_per_org = cfg.max_units_per_org
+            changed["max_units_per_org"] = f"{cfg.max_units_per_org} (new connections)"
         if cfg.auto_register != old.auto_register and not cfg.security:
             await daemon.gate.run(_set, core, "auto_register", cfg.auto_register)
             changed["auto_register"] = cfg.auto_register

@@ -79,6 +79,9 @@ class PlatformSettings:
     # frame of max_frame, so this bounds what one organization costs the
     # relay's memory. A node needs one; more while it reconnects.
     max_connections_per_org: int = 4
+    # Units one organization's node may run (semq.units; its HELLO says how
+    # many): each holds a connection, one more each beyond the first.
+    max_units_per_org: int = 8
     housekeeping_interval: float = 3600.0
     # Mutual TLS 1.3 and the certificate directory (semq.security); None = plain TCP.
     security: PlatformSecurity | None = None
@@ -300,7 +303,7 @@ class PlatformDaemon:
         n = self.connections.get(org, 0)
         # Each unit of a node of several (semq.units) holds a connection of its own.
         units = self.core.units.get(Endpoint.org(org), 1) if self.core.units else 1
-        if n >= self.s.max_connections_per_org + units - 1:
+        if n >= self.s.max_connections_per_org + min(units, self.s.max_units_per_org) - 1:
             self.stats["connections_refused"] = self.stats.get("connections_refused", 0) + 1
             log.warning("organization %s already holds %d connections: one more refused", org, n)
             return False
@@ -364,9 +367,10 @@ class PlatformDaemon:
             await fs.send_error(self.core.me, org, ResultCode.AUTH_FAILED,
                                 f"the TLS certificate names organization {bound}, not {org}")
             return
-        if body.units > MAX_UNITS:
+        if body.units > min(MAX_UNITS, self.s.max_units_per_org):
             await fs.send_error(self.core.me, org, ResultCode.INVALID_FIELD,
-                                f"units {body.units} exceeds the limit of {MAX_UNITS}")
+                                f"units {body.units} exceeds the {min(MAX_UNITS, self.s.max_units_per_org)}"
+                                " an organization may run here (max_units_per_org)")
             return
         # Each unit of a node is its own session, under its route (semq.units).
         ep = route_of(org, body.semq_id)

@@ -682,3 +682,38 @@ async def test_the_platform_answers_lookups_and_records_at_most_one_announcement
     announced = pcore.conn.execute("SELECT announced_ms FROM peers").fetchone()[0]
     assert announced > 0
     pcore.close()
+
+
+async def test_a_node_of_several_units_has_a_session_per_unit_within_the_limit(
+        tmp_path: Path, clock: trio.testing.MockClock) -> None:
+    """Two units of B say hello: two sessions (B and its route B:2); a third
+    organization saying it runs more units than the platform allows is
+    refused with the limit, and one saying a unit above its count cannot
+    even encode it."""
+    from semq.units import route_of
+
+    pcore = platform_core(tmp_path)
+    pcore.register([A, B])
+    p = platform(pcore)
+    p.s.max_units_per_org = 4
+    p.gate = InlineGate()
+    b = Endpoint.org(B)
+    async with trio.open_nursery() as nursery:
+        u1, u2, greedy = Peer(), Peer(), Peer()
+        for peer in (u1, u2, greedy):
+            nursery.start_soon(p._handle, peer.pair())
+        await u1.send(Frame(kind=Kind.HELLO, source=b, target=P, body=Hello(semq_id=1, units=2)))
+        await u2.send(Frame(kind=Kind.HELLO, source=b, target=P, body=Hello(semq_id=2, units=2)))
+        await greedy.send(Frame(kind=Kind.HELLO, source=Endpoint.org(A), target=P, body=Hello(units=5)))
+        for peer in (u1, u2):
+            await peer.read_until(lambda peer=peer: bool(peer.frames(Kind.WELCOME)))
+        await greedy.read_until(lambda: bool(greedy.frames(Kind.ERROR)))
+        assert set(p.sessions) == {b, route_of(b, 2)}
+        assert pcore.units == {b: 2}
+        nursery.cancel_scope.cancel()
+    err = greedy.frames(Kind.ERROR)[0].frame.body
+    assert isinstance(err, Error) and err.code is ResultCode.INVALID_FIELD and "units 5 exceeds the 4" in err.message
+    assert u2.frames(Kind.WELCOME)[0].frame.target == b  # the unit is addressed as its organization
+    with pytest.raises(Exception, match="semq_id 3 is over the node's 2 unit"):
+        Hello(semq_id=3, units=2)
+    pcore.close()
