@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import struct
 import zlib
+from functools import lru_cache
 from typing import Final
 
 from semq.umxt_protocol import LK0, Endpoint
@@ -37,9 +38,13 @@ def holder(lk0: LK0, units: int) -> int:
     if units <= 1:
         return 1
     e = lk0.endpoint
-    h = zlib.crc32(_KEY.pack(int(e.node_type), lk0.semq_id, lk0.semq_db_id, lk0.record_id),
-                   zlib.crc32(e.node_id.encode()))
+    h = zlib.crc32(_KEY.pack(int(e.node_type), lk0.semq_id, lk0.semq_db_id, lk0.record_id), _seed(e.node_id))
     return 1 + h % units
+
+
+@lru_cache(maxsize=4096)
+def _seed(node_id: str) -> int:
+    return zlib.crc32(node_id.encode())
 
 
 def unit_for(target: Endpoint, lk0: LK0, units: int) -> int:

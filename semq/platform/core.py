@@ -281,6 +281,7 @@ class PlatformCore(HeldWrites):
         # up in the shared store (monotonic s): one of its units may have
         # said hello at another instance since this one read them.
         self._units_read: dict[Endpoint, float] = {}
+        self._routes: dict[tuple[Endpoint, int], Endpoint] = {}
         self.load_units()
 
     def load_units(self) -> None:
@@ -314,7 +315,16 @@ class PlatformCore(HeldWrites):
         """Where a document for ``target`` goes: the route of the unit that
         holds it (the target itself for an organization of one unit)."""
         n = self._units_of(target)
-        return target if n is None else route_of(target, holder(lk0, n))
+        return target if n is None else self._unit_route(target, holder(lk0, n))
+
+    def _unit_route(self, org: Endpoint, unit: int) -> Endpoint:
+        """route_of, one Endpoint per unit (looked up per document)."""
+        r = self._routes.get((org, unit))
+        if r is None:
+            if len(self._routes) > 100_000:
+                self._routes.clear()
+            r = self._routes[(org, unit)] = route_of(org, unit)
+        return r
 
     def _relay_routes(self, raw: RawFrame) -> list[tuple[Endpoint, RawFrame]]:
         """Where an ack, inquiry or answer for ``raw.target`` goes: to the
