@@ -539,6 +539,9 @@ def cmd_node_run(args: argparse.Namespace) -> int:
     platform = args.platform or cfg.platform
     if args.unit is not None:
         cfg = cfg.for_unit(args.unit)
+        from semq.ops.units import watch_supervisor
+
+        watch_supervisor()  # (started by 'semq node run': stop when it is gone)
     elif cfg.units > 1:
         # One process per unit, each this command with --unit K (semq.ops.units).
         from semq.ops.units import supervise_units

@@ -9,18 +9,18 @@ started again; once every unit has stopped so, ``semq node run`` exits 0.
 A unit is a whole node process with its own store, admin socket and status
 (``unit-K/`` in the data directory; unit 1 keeps the directory's own files).
 Its lines on standard output come out here prefixed ``[unit K]``; its log
-goes to the same standard error. If the supervisor itself is killed, each
-unit gets SIGTERM from the kernel (``PR_SET_PDEATHSIG``) and drains.
+goes to the same standard error. If the supervisor itself dies, each unit
+notices within a second (``watch_supervisor``: its parent changed) and
+stops as on SIGTERM.
 """
 
 from __future__ import annotations
 
-import ctypes
 import logging
 import os
 import signal
 import subprocess
-import sys
+import threading
 import time
 from collections.abc import Sequence
 from typing import Any, Final
@@ -29,21 +29,33 @@ import trio
 
 from .service import semq_command
 
-__all__ = ["RESTART_DELAY", "STEADY_S", "supervise_units"]
+__all__ = ["RESTART_DELAY", "STEADY_S", "SUPERVISOR_ENV", "supervise_units", "watch_supervisor"]
 
 log = logging.getLogger("semq.ops.units")
 
 RESTART_DELAY: Final = 1.0  # s before a unit that died is started again (doubling while it keeps dying)
 RESTART_DELAY_MAX: Final = 30.0
 STEADY_S: Final = 10.0  # a unit that ran this long had started well: the next restart waits RESTART_DELAY again
-_PR_SET_PDEATHSIG: Final = 1
+SUPERVISOR_ENV: Final = "SEMQ_UNIT_SUPERVISOR"  # the supervisor's pid, in each unit's environment
 
 
-def _die_with_parent() -> None:  # pragma: no cover (runs in the child, between fork and exec)
-    try:
-        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
-    except (OSError, AttributeError):
-        pass
+def watch_supervisor(interval: float = 0.5) -> None:
+    """In a unit started by ``supervise_units``: when the supervisor is gone
+    (this process's parent is no longer the pid it was given), stop as on
+    SIGTERM (drain, exit 0). A thread, polling: a kernel death signal
+    (PR_SET_PDEATHSIG) follows the thread that forked, which in trio is a
+    worker thread that ends when idle."""
+    want = os.environ.get(SUPERVISOR_ENV, "")
+    if not want.isdigit():
+        return
+
+    def watch() -> None:
+        while os.getppid() == int(want):
+            time.sleep(interval)
+        log.warning("the supervisor (pid %s) is gone: stopping this unit", want)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    threading.Thread(target=watch, name="semq-unit-supervisor", daemon=True).start()
 
 
 class _Units:
@@ -69,7 +81,7 @@ class _Units:
             started = time.monotonic()
             proc = await trio.lowlevel.open_process(
                 self.command(unit), stdout=subprocess.PIPE, stdin=subprocess.DEVNULL,
-                preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None)
+                env={**os.environ, SUPERVISOR_ENV: str(os.getpid())})
             self.procs[unit] = proc
             assert proc.stdout is not None
             buf = b""

@@ -261,3 +261,30 @@ def test_requests_replies_and_dead_letters_across_units(cluster: Cluster) -> Non
         assert {d.lk0.semq_id for d in letters} == {1, 2}
         assert dead.purge([str(letters[1].lk0)]) == 1
         assert dead.purge() == 1 and dead.list() == []
+
+
+def test_units_outlive_idle_threads_and_stop_when_their_supervisor_dies(cluster: Cluster) -> None:
+    """The units keep running long after they started (nothing tied to the
+    thread that started them), and stop by themselves when the supervisor
+    is SIGKILLed (no unit left behind holding its store)."""
+    import os
+    import time
+
+    cluster.add_org(B, units=2)
+    cluster.start_platform()
+    cluster.start_node(B)
+    pids = [_unit_pid(cluster, B, u) for u in (1, 2)]
+    time.sleep(12)  # past trio's idle worker-thread lifetime (10 s)
+    assert [_unit_pid(cluster, B, u) for u in (1, 2)] == pids
+
+    def alive(pid: int) -> bool:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        st = Path(f"/proc/{pid}/stat").read_text().split()
+        return st[2] != "Z"
+
+    assert all(alive(p) for p in pids)
+    cluster.kill(B)  # SIGKILL of the supervisor
+    wait_until(lambda: not any(alive(p) for p in pids), 20, "both units stopped")
