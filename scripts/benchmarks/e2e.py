@@ -649,10 +649,12 @@ def phase_online(tmp: Path, n: int, a: argparse.Namespace, rate: float | None = 
         if rate is None:
             accept = preload(c.root, n)
             c.start("A")
-            cpu0 = c.cpu()
+            # A's start-up not counted; what it sends from then on is (the
+            # units of an A of several start at different moments).
+            cpu0 = {**c.cpu(), **c.cpu_at_ready("A")}
         else:
             c.start("A")
-            cpu0 = c.cpu()
+            cpu0 = {**c.cpu(), **c.cpu_at_ready("A")}
             feed(c.root, n, rate, c)
         _wait(lambda: c.count("B", "SELECT count(*) FROM inbox") == n
               and c.count("A", "SELECT count(*) FROM outbox") == 0, a.phase_timeout,
@@ -697,7 +699,7 @@ def phase_store_drain(tmp: Path, n: int, a: argparse.Namespace) -> tuple[dict[st
             _wait(lambda: not set(c.routes(B)) & c.online_routes(), a.phase_timeout, "B's units offline")
         preload(c.root, n)
         c.start("A")
-        cpu0 = c.cpu()
+        cpu0 = {**c.cpu(), **c.cpu_at_ready("A")}  # as in phase_online
         _wait(lambda: c.count("A", "SELECT count(*) FROM outbox WHERE state=3") == n, a.phase_timeout,
               f"{n} documents ACK_SAVE'd at A")
         cpu1 = c.cpu()
