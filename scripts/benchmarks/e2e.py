@@ -42,6 +42,19 @@ every document exactly once after each phase.
 ``--security on|both`` measures with mutual TLS and end-to-end sealing and
 signatures too (when the daemons have them); the default is off.
 
+``--receiver-units N`` runs B as N units (``semq node init --units N``:
+``semq node run`` supervises N unit processes, each with its own store and
+platform connection; the platform gives each document to one unit by its
+LK0), ``--sender-units N`` A likewise (the pre-loaded documents go in calls
+of 1000, each into the next unit, as ``NodeClient.send_many`` spreads
+them). Inbox and outbox counts are then summed over every unit's store, B's
+inbox is checked to hold each LK0 once over all its units, and a node's CPU
+and RSS are the sums over its supervisor and units (each unit's PID read
+from its status.json; listed per process under the table). For store and
+drain a B of several units is started and stopped once before the store
+phase: the platform learns a node's units from its HELLO, as it would have
+from a node that went offline.
+
 ``--direct`` measures the relayed path (A -> platform -> B) beside a
 direct node-to-node link (A -> B, mutual TLS; B started with ``--listen
 127.0.0.1:0``), security on, alternated in one run: online and half load
@@ -49,6 +62,7 @@ direct node-to-node link (A -> B, mutual TLS; B started with ``--listen
 path's). See ``phase_path`` for how each phase is set up and checked.
 
 Usage: scripts/bench e2e [--count N] [--repeat R] [--security off|on|both]
+                         [--receiver-units N] [--sender-units N]
                          [--synchronous MODE] [--phase-timeout S] [--keep] [--json]
        scripts/bench e2e --direct [--count N] [--repeat R] [...]
 """
@@ -73,10 +87,10 @@ from pathlib import Path
 from typing import Any, Final, TypeVar
 
 if __package__:
-    from ._proc import cpu_seconds
+    from ._proc import alive, cpu_seconds, parent_pid
     from ._table import print_table
 else:  # run as a file: python scripts/benchmarks/e2e.py
-    from _proc import cpu_seconds  # type: ignore[no-redef]
+    from _proc import alive, cpu_seconds, parent_pid  # type: ignore[no-redef]
     from _table import print_table  # type: ignore[no-redef]
 
 DEFAULT_COUNT: Final = 20_000
@@ -85,7 +99,10 @@ PAYLOAD: Final = 1024
 LOAD_BATCH: Final = 1000
 FEED_TICK: Final = 0.02  # s between the half-load feeder's batches
 A, B = "10008", "56001"
+NODE_DIR: Final = {A: "A", B: "B"}  # each organization's directory in a Cluster
 SEMQ: Final = [sys.executable, "-m", "semq"]
+
+MAX_UNITS: Final = 32  # semq.units.MAX_UNITS (checked before any semq import)
 
 # Performance targets (2 cores, security off).
 TARGETS: Final = {"online": 15_000, "store": 20_000, "drain": 45_000}
@@ -142,12 +159,22 @@ class Cluster:
     instances each node is given, in order (default: A the first, B the
     last, so with two instances every document crosses from one to the
     other). ``pg_pid``: the PostgreSQL server's postmaster, whose CPU (with
-    its children's, the backends) is read as the daemons' is, as "PG"."""
+    its children's, the backends) is read as the daemons' is, as "PG".
+
+    ``units``: how many units (semq.units) node "A" or "B" runs as (default
+    1). Such a node is initialised with ``--units N``; ``start`` runs its
+    supervisor and reads each unit's PID from the unit's status.json. Its
+    processes are then named "B/sup" (the supervisor) and "B/1".."B/N" in
+    ``cpu`` and ``rss_all``, ``count`` sums over every unit's store and
+    ``online`` waits for every unit's connection."""
 
     def __init__(self, root: Path, synchronous: str, timeout: float, secure: bool, store: str = "",
                  platforms: int = 1, homes: dict[str, Sequence[int]] | None = None, pg_pid: int | None = None,
-                 inquiry_interval: float | None = None) -> None:
+                 inquiry_interval: float | None = None, units: dict[str, int] | None = None) -> None:
         self.root = root
+        self.units = {"A": 1, "B": 1, **(units or {})}
+        self.unit_pids: dict[str, dict[int, int]] = {}  # node -> {unit: PID}, for nodes of several units
+        self.ready_cpu: dict[str, float | None] = {}  # process (as in cpu()) -> CPU s when it said it runs
         self.timeout = timeout
         self.store = store
         self.ports = [_free_port() for _ in range(platforms)]
@@ -169,7 +196,8 @@ class Cluster:
         self._cli("platform", "init", "--dir", "P", "--listen", f"127.0.0.1:{self.port}", *off, *on_pg)
         for org, d in ((A, "A"), (B, "B")):
             addresses = ",".join(f"127.0.0.1:{self.ports[i - 1]}" for i in homes[org])
-            self._cli("node", "init", "--dir", d, "--org", org, "--platform", addresses, *off,
+            several = ["--units", str(self.units[d])] if self.units[d] > 1 else []
+            self._cli("node", "init", "--dir", d, "--org", org, "--platform", addresses, *off, *several,
                       *(["--enroll-from", "P"] if secure else []))
         if not secure:
             self._cli("platform", "register", "--dir", "P", A, B)
@@ -200,62 +228,146 @@ class Cluster:
         args += extra
         log = self.root / f"{name}.log"
         with log.open("ab") as f:
+            offset = f.tell()  # a daemon started again appends: read only what this start wrote
             p = subprocess.Popen([*SEMQ, *args], cwd=self.root, env=self.env, stdout=f,
                                  stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
         self.procs[name] = p
-        ready = "listening on" if name in self.instances else "running"
-        _wait(lambda: ready in log.read_text(errors="replace") or p.poll() is not None, self.timeout,
-              f"{name} to start", 0.02)
+        units = 1 if name in self.instances else self.units[name]
+        # A node of several units: its supervisor says so once every unit runs.
+        ready = "listening on" if name in self.instances else "running" if units == 1 else f"running as {units} units"
+
+        found: dict[int, int] = {}  # unit -> PID
+
+        def said() -> bool:
+            # Each unit's PID, and its CPU so far, as soon as its status.json
+            # names it (written right after the unit says it runs): a unit
+            # that runs before the others may already be at work.
+            for k in range(1, units + 1) if units > 1 else ():
+                if k not in found and (pid := self._unit_pid(name, k, p.pid)) is not None:
+                    found[k] = pid
+                    self.ready_cpu[f"{name}/{k}"] = cpu_seconds(pid)
+            with log.open("rb") as fh:
+                fh.seek(offset)
+                return ready in fh.read().decode(errors="replace") and len(found) == (units if units > 1 else 0)
+
+        _wait(lambda: said() or p.poll() is not None, self.timeout,
+              f"{name} to start" + (" and each unit to write its PID in status.json" if units > 1 else ""), 0.02)
         if p.poll() is not None:
             raise BenchError(f"{name} exited {p.returncode}: {log.read_text(errors='replace')[-1500:]}")
+        if units > 1:
+            self.unit_pids[name] = dict(sorted(found.items()))
+        self.ready_cpu[f"{name}/sup" if units > 1 else name] = cpu_seconds(p.pid)
+
+    def cpu_at_ready(self, name: str) -> dict[str, float | None]:
+        """CPU seconds of daemon ``name``'s processes when each said it runs
+        (last start), keyed as in ``cpu``: a baseline without the start-up."""
+        return {k: v for k, v in self.ready_cpu.items() if k == name or k.startswith(f"{name}/")}
+
+    def unit_dir(self, name: str, unit: int) -> Path:
+        """Where unit ``unit`` of node ``name`` keeps its store and status.json."""
+        return self.root / name if unit == 1 else self.root / name / f"unit-{unit}"
+
+    def _unit_pid(self, name: str, unit: int, supervisor: int) -> int | None:
+        """The PID in the unit's status.json (written when it runs, then every
+        second) if it names a child of this run's supervisor, else None."""
+        try:
+            value = json.loads((self.unit_dir(name, unit) / "status.json").read_text(encoding="utf-8")).get("pid")
+        except (OSError, ValueError, AttributeError):
+            return None
+        return value if isinstance(value, int) and parent_pid(value) == supervisor else None
 
     def start_platform(self) -> None:
         """Every instance of the platform."""
         for name in self.instances:
             self.start(name)
 
-    def rss(self, name: str) -> float | None:
-        p = self.procs.get(name)
-        return peak_rss_mib(p.pid) if p is not None and p.poll() is None else None
+    def pids(self) -> dict[str, int]:
+        """Every running daemon process by name: "P", "A", "B"..., and for a
+        node of several units "B/sup" (its supervisor) and "B/1".."B/N"."""
+        out: dict[str, int] = {}
+        for name, p in self.procs.items():
+            if p.poll() is not None:
+                continue
+            units = self.unit_pids.get(name)
+            if units:
+                out[f"{name}/sup"] = p.pid
+                out.update({f"{name}/{k}": pid for k, pid in units.items()})
+            else:
+                out[name] = p.pid
+        return out
 
     def rss_all(self) -> dict[str, float | None]:
-        """Peak RSS of the platform's instances, A and B (None: not running)."""
-        return {k: self.rss(k) for k in (*self.instances, "A", "B")}
+        """Peak RSS of every process of ``pids`` (the platform's instances,
+        A and B are always keys; None: not running)."""
+        out: dict[str, float | None] = dict.fromkeys((*self.instances, "A", "B"))
+        out.update({k: peak_rss_mib(pid) for k, pid in self.pids().items()})
+        return out
 
     def cpu(self) -> dict[str, float | None]:
-        """CPU seconds used so far by each running daemon (and, as "PG", by
-        the PostgreSQL server: its postmaster and every child)."""
-        out = {k: cpu_seconds(p.pid) if p.poll() is None else None for k, p in self.procs.items()}
+        """CPU seconds used so far by each process of ``pids`` (and, as "PG",
+        by the PostgreSQL server: its postmaster and every child)."""
+        out = {k: cpu_seconds(pid) for k, pid in self.pids().items()}
         if self.pg_pid is not None:
             out["PG"] = tree_cpu_seconds(self.pg_pid)
         return out
 
     def stop(self, name: str) -> None:
+        """SIGTERM, SIGKILL after 15 s; a node's units (which its supervisor
+        stops) are waited for too and SIGKILLed by PID if still there after 15 s."""
         p = self.procs.pop(name, None)
-        if p is None or p.poll() is not None:
-            return
-        p.send_signal(signal.SIGTERM)
-        try:
-            p.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            p.kill()
-            p.wait(timeout=10)
+        units = list(self.unit_pids.pop(name, {}).values())
+        if p is not None and p.poll() is None:
+            p.send_signal(signal.SIGTERM)
+            try:
+                p.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait(timeout=10)
+        self._end_units(units, 15.0)
 
     def kill(self, name: str) -> None:
-        """SIGKILL, by PID: no clean-up, as a crash."""
+        """SIGKILL, by PID: no clean-up, as a crash (a node's units too)."""
         p = self.procs.pop(name)
+        units = list(self.unit_pids.pop(name, {}).values())
+        for pid in units:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
         p.kill()
         p.wait(timeout=10)
+        self._end_units(units, 0.0)
+
+    @staticmethod
+    def _end_units(pids: Sequence[int], grace: float) -> None:
+        """Wait up to ``grace`` s for unit processes to end (they are the
+        supervisor's children, not ours: polled in /proc), then SIGKILL the
+        rest by PID and wait for them (bounded)."""
+        deadline = time.monotonic() + grace
+        while any(alive(pid) for pid in pids) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        for pid in pids:
+            if alive(pid):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+        deadline = time.monotonic() + 10
+        while any(alive(pid) for pid in pids) and time.monotonic() < deadline:
+            time.sleep(0.05)
 
     def stop_all(self) -> None:
         for name in list(self.procs):
             self.stop(name)
 
     def alive(self) -> None:
+        """Raise BenchError if a daemon, or a unit of a node, exited (a unit
+        its supervisor started again would be measured with a restart in it)."""
         for name, p in self.procs.items():
+            log = self.root / f"{name}.log"
             if p.poll() is not None:
-                log = (self.root / f"{name}.log").read_text(errors="replace")[-1500:]
-                raise BenchError(f"{name} exited {p.returncode} during the run: {log}")
+                raise BenchError(f"{name} exited {p.returncode} during the run: "
+                                 f"{log.read_text(errors='replace')[-1500:]}")
+            for unit, pid in self.unit_pids.get(name, {}).items():
+                if not alive(pid):
+                    raise BenchError(f"unit {unit} of {name} (PID {pid}) exited during the run: "
+                                     f"{log.read_text(errors='replace')[-1500:]}")
 
     def count(self, who: str, sql: str) -> int:
         self.alive()
@@ -267,29 +379,55 @@ class Cluster:
             with psycopg.connect(self.store, autocommit=True) as pc:
                 row = pc.execute(translate_sql(sql)).fetchone()
             return int(row[0]) if row else 0
-        name = "platform.sqlite" if who == "P" else "node.sqlite"
-        c = sqlite3.connect(f"file:{self.root / who / name}?mode=ro", uri=True, timeout=10)
-        try:
-            return int(c.execute(sql).fetchone()[0])
-        finally:
-            c.close()
+        # A node of several units: the sum over every unit's store.
+        return sum(int(r[0]) for r in self.rows(who, sql))
 
-    def online(self, org: str) -> bool:
-        """``org`` is connected to one of the platform's instances."""
+    def rows(self, who: str, sql: str) -> list[tuple[Any, ...]]:
+        """The rows of ``sql`` in the SQLite store of ``who`` ("P", "A", "B"),
+        read-only; for a node of several units, every unit's rows, unit 1 first."""
+        if who == "P":
+            paths = [self.root / "P" / "platform.sqlite"]
+        else:
+            paths = [self.unit_dir(who, k) / "node.sqlite" for k in range(1, self.units[who] + 1)]
+        out: list[tuple[Any, ...]] = []
+        for path in paths:
+            c = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=10)
+            try:
+                out += c.execute(sql).fetchall()
+            finally:
+                c.close()
+        return out
+
+    def routes(self, org: str) -> list[str]:
+        """How the platform names ``org``'s connections: the organization for
+        unit 1, ``ORG:K`` for unit K (semq.units.route_of)."""
+        from semq.units import UNIT_SEP
+
+        return [org, *(f"{org}{UNIT_SEP}{k}" for k in range(2, self.units[NODE_DIR[org]] + 1))]
+
+    def online_routes(self) -> set[str]:
+        """The connections the platform's instances report in status.json
+        (rewritten every second): organizations, and ``ORG:K`` for units."""
+        seen: set[str] = set()
         for name in self.instances:
             try:
                 st = json.loads((self.root / name / "status.json").read_text())
             except (OSError, ValueError):
                 continue
-            if org in st.get("online", []):
-                return True
-        return False
+            seen.update(st.get("online", []))
+        return seen
 
-    def platform_events(self, wanted: Iterable[str]) -> dict[str, dict[str, int]]:
-        """``events`` of every instance of the platform, merged (the first of each)."""
+    def online(self, org: str) -> bool:
+        """``org`` is connected to one of the platform's instances (every
+        unit of it, for a node of several)."""
+        return set(self.routes(org)) <= self.online_routes()
+
+    def platform_events(self, wanted: Iterable[str], since_ms: int = 0) -> dict[str, dict[str, int]]:
+        """``events`` of every instance of the platform, merged (the first of
+        each at or after ``since_ms``)."""
         out: dict[str, dict[str, int]] = {w: {} for w in wanted}
         for name in self.instances:
-            for ev, got in events(self.root / name / "events", wanted).items():
+            for ev, got in events(self.root / name / "events", wanted, since_ms).items():
                 for k, ts in got.items():
                     out[ev][k] = min(ts, out[ev].get(k, ts))
         return out
@@ -358,8 +496,9 @@ def feed(root: Path, n: int, rate: float, c: Cluster) -> None:
 # ---------------------------------------------------------------- event logs
 
 
-def events(directory: Path, wanted: Iterable[str]) -> dict[str, dict[str, int]]:
-    """{event: {lk0: first ts}} for the wanted events of one logger's files."""
+def events(directory: Path, wanted: Iterable[str], since_ms: int = 0) -> dict[str, dict[str, int]]:
+    """{event: {lk0: first ts}} for the wanted events of one logger's files
+    (a node's units' files included), those before ``since_ms`` left out."""
     want = set(wanted)
     needles = [f'"event":"{w}"' for w in want]
     out: dict[str, dict[str, int]] = {w: {} for w in want}
@@ -370,9 +509,11 @@ def events(directory: Path, wanted: Iterable[str]) -> dict[str, dict[str, int]]:
                     continue
                 e = json.loads(line)
                 ev = e["event"]
-                if ev in want:
+                if ev in want and e["ts"] >= since_ms:
                     key = e.get("lk0") or e.get("node", "")
-                    out[ev].setdefault(key, e["ts"])
+                    seen = out[ev].get(key)
+                    if seen is None or e["ts"] < seen:  # the first, over several units' files
+                        out[ev][key] = e["ts"]
     return out
 
 
@@ -399,8 +540,11 @@ def latencies(root: Path, exclude: Collection[str] = ()) -> dict[str, float]:
 
 
 def check_once(c: Cluster, n: int) -> None:
-    total = c.count("B", "SELECT count(*) FROM inbox")
-    distinct = c.count("B", "SELECT count(*) FROM (SELECT DISTINCT origin_id, record_id FROM inbox)")
+    """B's inbox holds ``n`` documents, each once (over every unit's store:
+    a document in two units would be a duplicate too)."""
+    c.alive()
+    keys = c.rows("B", "SELECT origin_id, semq_id, semq_db_id, record_id FROM inbox")  # the LK0s
+    total, distinct = len(keys), len(set(keys))
     if total != n or distinct != n:
         raise BenchError(f"B's inbox holds {total} documents ({distinct} distinct), expected {n} exactly once")
 
@@ -459,14 +603,28 @@ def open_pg_stores() -> Iterator[PgStores]:
 
 def _cluster(tmp: Path, name: str, a: argparse.Namespace, **kw: Any) -> Cluster:
     """The phase's processes; ``a.pg`` (a PgStores, absent or None: SQLite)
-    and ``a.platforms`` (instances, default 1) choose the platform's store."""
+    and ``a.platforms`` (instances, default 1) choose the platform's store;
+    ``a.sender_units`` and ``a.receiver_units`` (absent: 1) A's and B's units."""
     root = tmp / name
     root.mkdir()
+    kw.setdefault("units", {"A": getattr(a, "sender_units", 1), "B": getattr(a, "receiver_units", 1)})
     pg: PgStores | None = getattr(a, "pg", None)
     if pg is None:
         return Cluster(root, a.synchronous, a.phase_timeout, a.secure, **kw)
     return Cluster(root, a.synchronous, a.phase_timeout, a.secure, store=pg.new_database(),
                    platforms=getattr(a, "platforms", 1), pg_pid=pg.pid, **kw)
+
+
+def units_note(sender: int, receiver: int) -> str:
+    """What the figures of a run with nodes of several units mean."""
+    who = " and ".join(f"{name} as {n} units" for name, n in (("A", sender), ("B", receiver)) if n > 1)
+    return (f"{who} (semq node init --units N; semq node run is a supervisor of N unit processes, each with its"
+            " own store and platform connection; the platform gives each document to one unit of B by its LK0):"
+            " inbox and outbox counts are summed over every unit's store, B's inbox is checked to hold each LK0"
+            " once over all units; CPU and RSS of such a node = the sum over its supervisor (NAME/sup) and units"
+            " (NAME/K, PIDs from each unit's status.json); store/drain: B was online once before the store phase"
+            " (the platform learns its units from its HELLO), the drain starts at its first unit's node_online."
+            + (" A's documents are accepted in calls of 1000, each into the next unit." if sender > 1 else ""))
 
 
 def _finish(c: Cluster, a: argparse.Namespace) -> None:
@@ -491,10 +649,12 @@ def phase_online(tmp: Path, n: int, a: argparse.Namespace, rate: float | None = 
         if rate is None:
             accept = preload(c.root, n)
             c.start("A")
-            cpu0 = c.cpu()
+            # A's start-up not counted; what it sends from then on is (the
+            # units of an A of several start at different moments).
+            cpu0 = {**c.cpu(), **c.cpu_at_ready("A")}
         else:
             c.start("A")
-            cpu0 = c.cpu()
+            cpu0 = {**c.cpu(), **c.cpu_at_ready("A")}
             feed(c.root, n, rate, c)
         _wait(lambda: c.count("B", "SELECT count(*) FROM inbox") == n
               and c.count("A", "SELECT count(*) FROM outbox") == 0, a.phase_timeout,
@@ -524,12 +684,22 @@ def _cpu_per_doc(before: dict[str, float | None], after: dict[str, float | None]
 
 
 def phase_store_drain(tmp: Path, n: int, a: argparse.Namespace) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Store (B offline), then drain (B starts). A B of several units has
+    been online once before the store phase, as a node that went offline
+    has: the platform learns a node's units from its HELLO and stores each
+    document for the unit that holds it. The drain starts at the first
+    ``node_online`` of B's units after B was started again."""
     c = _cluster(tmp, "store", a)
     try:
         c.start_platform()
+        if c.units["B"] > 1:
+            c.start("B")
+            _wait(lambda: c.online(B), a.phase_timeout, "B's units online (before it goes offline)")
+            c.stop("B")
+            _wait(lambda: not set(c.routes(B)) & c.online_routes(), a.phase_timeout, "B's units offline")
         preload(c.root, n)
         c.start("A")
-        cpu0 = c.cpu()
+        cpu0 = {**c.cpu(), **c.cpu_at_ready("A")}  # as in phase_online
         _wait(lambda: c.count("A", "SELECT count(*) FROM outbox WHERE state=3") == n, a.phase_timeout,
               f"{n} documents ACK_SAVE'd at A")
         cpu1 = c.cpu()
@@ -537,8 +707,9 @@ def phase_store_drain(tmp: Path, n: int, a: argparse.Namespace) -> tuple[dict[st
         store_rss = c.rss_all()
         ev = events(c.root / "A" / "events", ["sent", "ack_save"])
         store_secs = (max(ev["ack_save"].values()) - min(ev["sent"].values())) / 1000
+        b_started_ms = int(time.time() * 1000)  # the events' clock
         c.start("B")
-        cpu1 = c.cpu()
+        cpu1 = {**c.cpu(), **c.cpu_at_ready("B")}  # B's start-up not counted, its first documents are
         _wait(lambda: c.count("A", "SELECT count(*) FROM outbox") == 0
               and c.count("P", "SELECT count(*) FROM stored") == 0, a.phase_timeout,
               f"{n} stored documents delivered and confirmed")
@@ -546,9 +717,9 @@ def phase_store_drain(tmp: Path, n: int, a: argparse.Namespace) -> tuple[dict[st
         check_once(c, n)
         drain_rss = c.rss_all()
         c.stop_all()
-        pe = c.platform_events(["node_online", "acked"])
+        pe = c.platform_events(["node_online", "acked"], since_ms=b_started_ms)
         ae = events(c.root / "A" / "events", ["ack2"])
-        start = pe["node_online"][B]
+        start = min(pe["node_online"][r] for r in c.routes(B))
         end = max(max(ae["ack2"].values()), max(pe["acked"].values()))
         drain_secs = (end - start) / 1000
         return ({"docs": n, "seconds": store_secs, "rate": n / store_secs, "rss": store_rss, "cpu": store_cpu},
@@ -583,13 +754,31 @@ def _med(rows: list[dict[str, Any]], key: str) -> float | None:
     return statistics.median(vals) if vals else None
 
 
+def of_node(values: dict[str, float | None], who: str) -> float | None:
+    """``who``'s figure in a per-process dict (``Cluster.cpu``, ``rss_all``):
+    its own, or for a node of several units the sum over its supervisor
+    ("B/sup") and units ("B/1".."B/N"); None when none was read."""
+    if values.get(who) is not None:
+        return values[who]
+    parts = [v for k, v in values.items() if k.startswith(f"{who}/") and v is not None]
+    return sum(parts) if parts else None
+
+
+def per_process(rows: list[dict[str, Any]], key: str = "cpu") -> dict[str, float]:
+    """Median over rows of each process's figure (``key``: "cpu" or "rss"),
+    in the order the processes were first seen."""
+    names = list(dict.fromkeys(k for r in rows for k, v in (r.get(key) or {}).items() if v is not None))
+    return {k: statistics.median(vals) for k in names
+            if (vals := [r[key][k] for r in rows if r[key].get(k) is not None])}
+
+
 def _med_rss(rows: list[dict[str, Any]], who: str) -> str:
-    vals = [r["rss"][who] for r in rows if r["rss"].get(who) is not None]
+    vals = [v for r in rows if (v := of_node(r["rss"], who)) is not None]
     return f"{statistics.median(vals):.0f}" if vals else "-"
 
 
 def _med_cpu(rows: list[dict[str, Any]], who: str) -> str:
-    vals = [r["cpu"][who] for r in rows if r.get("cpu", {}).get(who) is not None]
+    vals = [v for r in rows if (v := of_node(r.get("cpu", {}), who)) is not None]
     return f"{statistics.median(vals):.0f}" if vals else "-"
 
 
@@ -895,6 +1084,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--platforms", type=int, default=1,
                    help="instances of the platform on the PostgreSQL store; A on the first, B on the last"
                         " (default 1)")
+    p.add_argument("--receiver-units", type=int, default=1, metavar="N",
+                   help="run B as N units (semq node init --units N; default 1)")
+    p.add_argument("--sender-units", type=int, default=1, metavar="N",
+                   help="run A as N units (the documents are accepted in calls of 1000, spread over them;"
+                        " default 1)")
     p.add_argument("--keep", action="store_true", help="keep the stores and logs")
     p.add_argument("--json", action="store_true", help="print the runs as JSON instead of a table")
     try:
@@ -903,6 +1097,13 @@ def main(argv: list[str] | None = None) -> int:
         return int(e.code or 0)
     if a.count < 2 or not 1 <= a.repeat <= 5:
         print("error: --count must be >= 2 and --repeat 1..5", file=sys.stderr)
+        return 2
+    if not (1 <= a.receiver_units <= MAX_UNITS and 1 <= a.sender_units <= MAX_UNITS):
+        print(f"error: --receiver-units and --sender-units must be 1..{MAX_UNITS}", file=sys.stderr)
+        return 2
+    if a.direct and (a.receiver_units > 1 or a.sender_units > 1):
+        print("error: --direct needs nodes of one unit (a node of several units takes no direct links)",
+              file=sys.stderr)
         return 2
     if (a.platforms != 1 and a.store != "postgresql") or not 1 <= a.platforms <= 4:
         print("error: --platforms 2..4 needs --store postgresql (1..4 in all)", file=sys.stderr)
@@ -966,6 +1167,12 @@ def main(argv: list[str] | None = None) -> int:
         f"accept (NodeClient.send_many, 1000 per transaction, no daemon): {_f(_med(plain['online'], 'accept'))}"
         " docs/s.",
     ]
+    if a.receiver_units > 1 or a.sender_units > 1:
+        notes.append(units_note(a.sender_units, a.receiver_units))
+        for secure, runs in results.items():
+            for k in ("online", "half", "store", "drain"):
+                notes.append(f"CPU us/doc per process, {k}{', security on' if secure else ''}: "
+                             + ", ".join(f"{who} {v:.0f}" for who, v in per_process(runs[k]).items()) + ".")
     if a.store == "postgresql":
         notes.append(f"platform store: PostgreSQL, {a.platforms} instance(s); A on the first, B on the last.")
         for secure, runs in results.items():

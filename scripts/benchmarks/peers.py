@@ -20,7 +20,8 @@ Per peer three figures:
 
 CPU per message (online, store, drain): user + system CPU of the broker (from
 /proc) and of the publisher and subscriber (their own clocks, from connected
-to done), divided by N.
+to done), divided by N; each run also keeps it per process
+(``{phase}_cpu_parts``: broker, publisher, subscriber).
 
 Publisher and subscriber run as separate processes (each its own GIL, like a
 SEMQ node A and node B); timestamps are CLOCK_MONOTONIC, which is system-wide on
@@ -723,11 +724,12 @@ def _measure_once(
                 raise RuntimeError(f"{peer} exited: {broker.log_tail()}")
             return got
 
-        def cpu_us(n: int, broker_s: float, *workers: dict[str, Any]) -> float:
-            """CPU us per message of the broker and the workers (all processes)."""
-            return (broker_s + sum(w["cpu_s"] for w in workers)) * 1e6 / n
+        def cpu_parts(n: int, broker_s: float, **workers: dict[str, Any]) -> dict[str, float]:
+            """CPU us per message of each process: "broker", and the workers
+            by role ("publisher", "subscriber")."""
+            return {"broker": broker_s * 1e6 / n, **{k: w["cpu_s"] * 1e6 / n for k, w in workers.items()}}
 
-        def online(topic: str, n: int, rate: float) -> tuple[dict[str, Any], dict[str, Any], float]:
+        def online(topic: str, n: int, rate: float) -> tuple[dict[str, Any], dict[str, Any], dict[str, float]]:
             # Subscriber connected first, then the publisher sends n with window W.
             t = budget()
             b0 = broker_cpu()
@@ -738,9 +740,10 @@ def _measure_once(
             p, s = pub.result(t + 5), sub.result(t + 5)
             if s["received"] < n:
                 raise RuntimeError(f"{topic}: received {s['received']} of {n} within {t:.0f} s")
-            return p, s, cpu_us(n, broker_cpu() - b0, p, s)
+            return p, s, cpu_parts(n, broker_cpu() - b0, publisher=p, subscriber=s)
 
-        p, s, out["online_cpu_us"] = online("online", count, 0.0)
+        p, s, out["online_cpu_parts"] = online("online", count, 0.0)
+        out["online_cpu_us"] = sum(out["online_cpu_parts"].values())
         out["online_msgs_s"] = _rate(count, p["start_ns"], s["last_ns"])
         out["p50_ms"], out["p99_ms"] = s["p50_ms"], s["p99_ms"]
         out["online_duplicates"] = s["duplicates"]
@@ -762,7 +765,8 @@ def _measure_once(
         if p["acked"] < count:
             raise RuntimeError(f"store: {p['acked']} of {count} acked within {t:.0f} s")
         out["store_msgs_s"] = _rate(count, p["start_ns"], p["last_ack_ns"])
-        out["store_cpu_us"] = cpu_us(count, broker_cpu() - b0, p)
+        out["store_cpu_parts"] = cpu_parts(count, broker_cpu() - b0, publisher=p)
+        out["store_cpu_us"] = sum(out["store_cpu_parts"].values())
         # drain: the subscriber comes back and takes everything.
         t = budget()
         b0 = broker_cpu()
@@ -772,7 +776,8 @@ def _measure_once(
         if s["received"] < count:
             raise RuntimeError(f"drain: received {s['received']} of {count} within {t:.0f} s")
         out["drain_msgs_s"] = _rate(count, s["start_ns"], s["last_ns"])
-        out["drain_cpu_us"] = cpu_us(count, broker_cpu() - b0, s)
+        out["drain_cpu_parts"] = cpu_parts(count, broker_cpu() - b0, subscriber=s)
+        out["drain_cpu_us"] = sum(out["drain_cpu_parts"].values())
         out["drain_duplicates"] = s["duplicates"]
     return out
 

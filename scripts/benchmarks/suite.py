@@ -9,6 +9,15 @@ documents and only 127.0.0.1:
   half load (send -> inbox p50/p99), store (B offline) and drain (B
   connects). These are ``scripts/bench e2e``'s own phases (``e2e.phase_online``,
   ``e2e.phase_store_drain``, run as ``e2e.measure`` runs them).
+- **SEMQ, B as units** (``--receiver-units N``, default 2; 1 leaves them
+  out): online (full load), store and drain again, security off, with the
+  receiver B run as N units (``semq node init --units N``: a supervisor and
+  N unit processes, each with its own store and platform connection; the
+  platform gives each document to one unit by its LK0) and A as one, as
+  ``scripts/bench e2e --receiver-units N`` runs them: B's inbox counted over
+  every unit's store, B's CPU and RSS summed over its processes (each unit's
+  PID from its status.json) and listed per process in the notes. With
+  ``--sender-units M`` (> 1) one more online phase runs A as M units too.
 - **peers** (``peers.measure_peers``): mosquitto (MQTT QoS 1, persistent
   session, paho-mqtt) and NATS JetStream (file storage, durable pull
   consumer, explicit acks, nats-py), the same phases. Missing brokers and
@@ -22,9 +31,9 @@ documents and only 127.0.0.1:
   daemons' send of a claimed batch, from one process to another over a
   127.0.0.1 TCP socket; the receiver only counts bytes).
 
-Each repeat runs SEMQ (security off, then on), each peer and the limits one
-after the other, so a noisy neighbour hits all of them alike; figures are
-medians over the repeats. Peak RSS is VmHWM of every process: the SEMQ
+Each repeat runs SEMQ (security off, B as units, security on), each peer
+and the limits one after the other, so a noisy neighbour hits all of them
+alike; figures are medians over the repeats. Peak RSS is VmHWM of every process: the SEMQ
 daemons and the limit workers read it themselves just before they stop; the
 brokers and the peers' publisher/subscriber processes are sampled from
 /proc every 0.25 s.
@@ -34,7 +43,8 @@ would start after ``--budget`` seconds is skipped (and said so), and at
 ``--budget`` + 180 s the run is stopped; every process it started is stopped
 on the way out, also on errors, Ctrl-C and SIGTERM. Then the table is printed
 with what was measured, and notes saying which issue-7 targets are met in
-this run.
+this run, and which aims of B as units (rates against NATS JetStream and
+SEMQ's one unit, CPU per document against NATS JetStream's) are.
 
 ``--store postgresql`` runs something else: the SEMQ phases (security off)
 on the SQLite platform, on one platform instance on PostgreSQL and on two
@@ -44,6 +54,7 @@ unless ``--repeat``). Without ``--store`` (or with ``--store sqlite``) the
 suite is as described above.
 
 Usage: scripts/bench suite [--repeat 3] [--count N] [--quick] [--synchronous MODE]
+                           [--receiver-units N] [--sender-units M]
                            [--phase-timeout S] [--budget S] [--json]
                            [--store sqlite|postgresql [--no-half] [--failover-count N] [--failover-rate R]]
 """
@@ -99,6 +110,12 @@ TARGET_P99_HALF_MS: Final = 20.0
 # measures at half of SEMQ's own full-load rate, which is higher).
 TARGET_HALF_RATE: Final = 7_500
 TARGET_SECURE_SHARE: Final = 0.60
+# Aims of the receiver as units (security off): notes, never a test.
+DEFAULT_RECEIVER_UNITS: Final = 2
+UNIT_PHASES: Final = ("online", "store", "drain")
+AIM_UNITS_X_NATS: Final = {"online": 1.3, "drain": 1.3}  # B as units / NATS JetStream, docs/s
+AIM_UNITS_X_ONE: Final = {"drain": 1.2}  # B as units / B as one unit, docs/s
+AIM_CPU_X_NATS: Final = 1.0  # SEMQ's CPU per document / NATS JetStream's, at most (every phase)
 
 SEMQ_ACK: Final = (
     "SEMQ: ACK_SAVE = committed to the platform's SQLite store, ACK2 = committed to B's inbox, each "
@@ -431,9 +448,13 @@ class Results:
         self.seconds = 0.0
         self.load: list[str] = []
         self.target_half: list[dict[str, Any]] = []  # security off, paced at TARGET_HALF_RATE
+        # Security off, B as --receiver-units units: online, store, drain;
+        # "online both": A as --sender-units units too.
+        self.units: dict[str, list[dict[str, Any]]] = {k: [] for k in (*UNIT_PHASES, "online both")}
 
     def as_json(self) -> dict[str, Any]:
         return {"semq": {("security on" if k else "security off"): v for k, v in self.semq.items()},
+                "semq units (security off)": self.units,
                 "peers": self.peers, "peer_rss": self.peer_rss, "peer_label": self.peer_label,
                 "sqlite": self.sqlite, "loopback": self.loopback, "errors": self.errors,
                 "skipped": self.skipped, "seconds": self.seconds, "load": self.load,
@@ -491,9 +512,10 @@ def run_suite(a: argparse.Namespace, res: Results) -> None:
                     res.target_half.append(e2e.phase_online(tmp, a.count // 2, ns, rate=TARGET_HALF_RATE,
                                                             name="target-half"))
 
-                def store_drain(ns: argparse.Namespace = ns, tmp: Path = tmp, mode: str = mode) -> None:
+                def store_drain(ns: argparse.Namespace = ns, tmp: Path = tmp, mode: str = mode, r: int = r) -> None:
                     _log(f"SEMQ {mode}: store then drain, {a.count} documents")
                     st, dr = e2e.phase_store_drain(tmp, a.count, ns)
+                    st["repeat"] = dr["repeat"] = r  # (B as units is paired with its repeat)
                     res.semq[ns.secure]["store"].append(st)
                     res.semq[ns.secure]["drain"].append(dr)
 
@@ -502,6 +524,8 @@ def run_suite(a: argparse.Namespace, res: Results) -> None:
                 if not secure:
                     step(f"SEMQ {mode} at {TARGET_HALF_RATE:,}/s, repeat {r + 1}", target_half)
                 step(f"SEMQ {mode} store/drain, repeat {r + 1}", store_drain)
+                if not secure and a.receiver_units > 1:
+                    _units_steps(a, res, run, r, step)
             for peer in peers.PEERS:
                 def peer_step(peer: str = peer, r: int = r) -> None:
                     left = max(10.0, soft - time.monotonic())
@@ -532,6 +556,39 @@ def run_suite(a: argparse.Namespace, res: Results) -> None:
         shutil.rmtree(base, ignore_errors=True)
         res.seconds = time.monotonic() - t0
         res.load.append(_load())
+
+
+def _units_steps(a: argparse.Namespace, res: Results, run: Path, r: int,
+                 step: Callable[[str, Callable[[], None]], None]) -> None:
+    """Repeat ``r``'s phases with B as ``a.receiver_units`` units (security
+    off, fresh processes and stores each): online at full load, store then
+    drain, and with ``a.sender_units`` > 1 online with A as units too."""
+    n_b, n_a = a.receiver_units, a.sender_units
+    ns = argparse.Namespace(count=a.count, repeat=1, synchronous=a.synchronous, phase_timeout=a.phase_timeout,
+                            secure=False, keep=False, receiver_units=n_b, sender_units=1)
+    tmp = run / "units"
+    tmp.mkdir()
+
+    def online() -> None:
+        _log(f"SEMQ security off, B as {n_b} units: online, {a.count} documents")
+        res.units["online"].append(e2e.phase_online(tmp, a.count, ns))
+
+    def store_drain() -> None:
+        _log(f"SEMQ security off, B as {n_b} units: store then drain, {a.count} documents")
+        st, dr = e2e.phase_store_drain(tmp, a.count, ns)
+        st["repeat"] = dr["repeat"] = r
+        res.units["store"].append(st)
+        res.units["drain"].append(dr)
+
+    def online_both() -> None:
+        _log(f"SEMQ security off, A as {n_a} units and B as {n_b}: online, {a.count} documents")
+        both = argparse.Namespace(**{**vars(ns), "sender_units": n_a})
+        res.units["online both"].append(e2e.phase_online(tmp, a.count, both, name="online-both"))
+
+    step(f"SEMQ security off, B as {n_b} units, online, repeat {r + 1}", online)
+    step(f"SEMQ security off, B as {n_b} units, store/drain, repeat {r + 1}", store_drain)
+    if n_a > 1:
+        step(f"SEMQ security off, A as {n_a} units and B as {n_b}, online, repeat {r + 1}", online_both)
 
 
 # ---------------------------------------------------------------- the table
@@ -604,6 +661,83 @@ def _met(ok: bool) -> str:
     return "met" if ok else "NOT met"
 
 
+def _process_label(key: str) -> str:
+    """"B/1" -> "B unit 1", "B/sup" -> "B supervisor" (e2e.Cluster.cpu's names)."""
+    who, _, part = key.partition("/")
+    return key if not part else f"{who} supervisor" if part == "sup" else f"{who} unit {part}"
+
+
+def _units_notes(a: argparse.Namespace, res: Results, semq_rate: dict[tuple[bool, str], float | None],
+                 peer_rate: dict[tuple[str, str], float | None],
+                 semq_cpu_of: dict[tuple[bool, str], float | None], peer_cpu_of: dict[tuple[str, str], float | None],
+                 units_rate: dict[str, float | None], units_cpu: dict[str, float | None]) -> list[str]:
+    """Notes on B as units (security off): what ran, the CPU per document of
+    every process (SEMQ with B as one unit, as units, NATS JetStream), and
+    the aims, each with met / NOT met, and for a rate aim not met what the
+    CPU per document it used allows on this machine's cores."""
+    n_b, n_a = a.receiver_units, a.sender_units
+    cores = len(os.sched_getaffinity(0))
+    notes = [e2e.units_note(1, n_b) + " RSS receiver in these rows = B's processes together."]
+    if n_a > 1:
+        notes.append(f"'A as {n_a} and B as {n_b} units': the same online phase with A as {n_a} units too (its "
+                     f"documents accepted in calls of {e2e.LOAD_BATCH}, each into the next unit).")
+
+    def procs(d: dict[str, float]) -> str:
+        return ", ".join(f"{_process_label(k)} {v:,.1f}" if v < 1 else f"{_process_label(k)} {v:,.0f}"
+                         for k, v in d.items()) if d else "not measured"
+
+    for k in UNIT_PHASES:
+        nats = {who: m for who in ("broker", "publisher", "subscriber")
+                if (m := _median([(x.get(f"{k}_cpu_parts") or {}).get(who) for x in res.peers["nats"]])) is not None}
+        parts = [f"SEMQ, B as one unit: {procs(e2e.per_process(res.semq[False][k]))}",
+                 f"B as {n_b} units: {procs(e2e.per_process(res.units[k]))}"]
+        if k == "online" and n_a > 1:
+            parts.append(f"A as {n_a} and B as {n_b} units: {procs(e2e.per_process(res.units['online both']))}")
+        parts.append(f"NATS JetStream: {procs(nats)}")
+        notes.append(f"CPU us/doc per process, {k} (security off, medians): " + "; ".join(parts) + ".")
+
+    def ceiling(cpu: float | None, want: float) -> str:
+        """What the CPU per document used allows, beside a rate aim not met."""
+        if not cpu:
+            return ""
+        return (f" (the {cpu:,.0f} us of CPU per document it used allow at most {cores * 1e6 / cpu:,.0f}/s on"
+                f" {cores} cores; {want:,.0f}/s needs <= {cores * 1e6 / want:,.0f} us)")
+
+    def rate_aim(label: str, mine: float | None, cpu: float | None, other_label: str, other: float | None,
+                 x: float, extra: str = "") -> str:
+        head = f"aim {label} >= {x:g}x {other_label}: "
+        if not mine or not other:
+            return head + "not measured."
+        ok = mine >= x * other
+        return (head + f"{mine:,.0f} / {other:,.0f} = {mine / other:.2f}x{extra}, {_met(ok)}"
+                + ("" if ok else ceiling(cpu, x * other)) + ".")
+
+    nats_name = PEER_NAMES["nats"]
+    for k, x in AIM_UNITS_X_NATS.items():
+        notes.append(rate_aim(f"{k}, B as {n_b} units", units_rate[k], units_cpu[k], f"{nats_name}'s {k}",
+                              peer_rate[("nats", k)], x))
+    for k, x in AIM_UNITS_X_ONE.items():
+        one = {x["repeat"]: x["rate"] for x in res.semq[False][k] if "repeat" in x}
+        pairs = [u["rate"] / one[u["repeat"]] for u in res.units[k] if u.get("repeat") in one]
+        paired = f" (per repeat: {', '.join(f'{p:.2f}' for p in pairs)})" if pairs else ""
+        notes.append(rate_aim(f"{k}, B as {n_b} units", units_rate[k], units_cpu[k], f"SEMQ's {k} with B as one unit",
+                              semq_rate[(False, k)], x, paired))
+    if n_a > 1:
+        x = AIM_UNITS_X_NATS["online"]
+        notes.append(rate_aim(f"online, A as {n_a} and B as {n_b} units", units_rate["online both"],
+                              units_cpu["online both"], f"{nats_name}'s online", peer_rate[("nats", "online")], x))
+    for k in UNIT_PHASES:
+        theirs = peer_cpu_of[("nats", k)]
+        mine = [("B as one unit", semq_cpu_of[(False, k)]), (f"B as {n_b} units", units_cpu[k])]
+        if k == "online" and n_a > 1:
+            mine.append((f"A as {n_a} and B as {n_b} units", units_cpu["online both"]))
+        notes.append(f"aim SEMQ CPU per document <= {AIM_CPU_X_NATS:g}x {nats_name}'s, {k} (security off): " + (
+            "not measured." if not theirs else "; ".join(
+                f"{label} {v:,.0f} / {theirs:,.0f} us = {v / theirs:.2f}x, {_met(v <= AIM_CPU_X_NATS * theirs)}"
+                if v else f"{label} not measured" for label, v in mine) + "."))
+    return notes
+
+
 def report(a: argparse.Namespace, res: Results) -> tuple[list[str], list[list[str]], list[str]]:
     """Headers, rows and notes of the one table."""
     semq_rate = {(s, k): _median([x["rate"] for x in res.semq[s][k]]) for s in (False, True) for k in PHASES}
@@ -630,33 +764,45 @@ def report(a: argparse.Namespace, res: Results) -> tuple[list[str], list[list[st
             sums.append(sum(vals) if vals else None)
         return _median(sums)
 
+    def node_rss(runs: list[dict[str, Any]], who: str) -> str:
+        """Median peak RSS of P, A or B (a node of several units: its processes together)."""
+        return rss([e2e.of_node(x["rss"], who) for x in runs])
+
     semq_cpu_of = {(s, k): semq_cpu(res.semq[s][k]) for s in (False, True) for k in PHASES}
     peer_cpu_of = {(p, k): _median([x.get(f"{k}_cpu_us") for x in res.peers[p]])
                    for p in peers.PEERS for k in ("online", "store", "drain")}
+    units_rate = {k: _median([x["rate"] for x in runs]) for k, runs in res.units.items()}
+    units_cpu = {k: semq_cpu(runs) for k, runs in res.units.items()}
+    n_b, n_a = a.receiver_units, a.sender_units
+
+    def semq_row(label: str, runs: list[dict[str, Any]], k: str, rate: float | None, cpu: float | None,
+                 compare: bool) -> list[str]:
+        lat = k in ("online", "half")
+        return [label, _f(rate), _f(cpu),
+                _f(_median([x["p50"] for x in runs]), ".0f") if lat else "-",
+                _f(_median([x["p99"] for x in runs]), ".0f") if lat else "-",
+                node_rss(runs, "P"), node_rss(runs, "A"), node_rss(runs, "B") if k != "store" else "-",
+                _x(rate, peer_rate[("nats", k)]) if compare else "-",
+                _x(rate, peer_rate[("mosquitto", k)]) if compare else "-",
+                _pct(rate, sqlite_rate) if compare else "-", _pct(rate, loop_rate) if compare else "-"]
 
     for secure in (False, True):
         for k in PHASES:
-            runs = res.semq[secure][k]
-            rate = semq_rate[(secure, k)]
-            lat = k in ("online", "half")
-            full = k != "half"
-            rows.append([
-                f"SEMQ {labels[k]}, security {'on' if secure else 'off'}", _f(rate), _f(semq_cpu_of[(secure, k)]),
-                _f(_median([x["p50"] for x in runs]), ".0f") if lat else "-",
-                _f(_median([x["p99"] for x in runs]), ".0f") if lat else "-",
-                rss([x["rss"].get("P") for x in runs]), rss([x["rss"].get("A") for x in runs]),
-                rss([x["rss"].get("B") for x in runs]),
-                _x(rate, peer_rate[("nats", k)]) if full else "-",
-                _x(rate, peer_rate[("mosquitto", k)]) if full else "-",
-                _pct(rate, sqlite_rate) if full else "-", _pct(rate, loop_rate) if full else "-",
-            ])
+            rows.append(semq_row(f"SEMQ {labels[k]}, security {'on' if secure else 'off'}", res.semq[secure][k], k,
+                                 semq_rate[(secure, k)], semq_cpu_of[(secure, k)], k != "half"))
         if not secure and res.target_half:
             th = res.target_half
-            rows.insert(PHASES.index("half") + 1, [  # right under the half-load row
-                f"SEMQ online, {TARGET_HALF_RATE:,}/s (half of the 15,000/s target), security off",
-                _f(_median([x["rate"] for x in th])), _f(semq_cpu(th)), _f(_median([x["p50"] for x in th]), ".0f"),
-                _f(_median([x["p99"] for x in th]), ".0f"), rss([x["rss"].get("P") for x in th]),
-                rss([x["rss"].get("A") for x in th]), rss([x["rss"].get("B") for x in th]), "-", "-", "-", "-"])
+            rows.insert(PHASES.index("half") + 1, semq_row(  # right under the half-load row
+                f"SEMQ online, {TARGET_HALF_RATE:,}/s (half of the 15,000/s target), security off", th, "half",
+                _median([x["rate"] for x in th]), semq_cpu(th), False))
+        if not secure and n_b > 1:
+            for k in UNIT_PHASES:
+                rows.append(semq_row(f"SEMQ {labels[k]}, B as {n_b} units, security off", res.units[k], k,
+                                     units_rate[k], units_cpu[k], True))
+            if n_a > 1:
+                rows.append(semq_row(f"SEMQ {labels['online']}, A as {n_a} and B as {n_b} units, security off",
+                                     res.units["online both"], "online", units_rate["online both"],
+                                     units_cpu["online both"], True))
     for peer in ("nats", "mosquitto"):
         runs = res.peers[peer]
         prss = res.peer_rss[peer]
@@ -708,6 +854,8 @@ def report(a: argparse.Namespace, res: Results) -> tuple[list[str], list[list[st
         if mine and all(v for _, v in theirs):
             notes.append(f"CPU per document, {k}, security off: SEMQ {mine:,.0f} us; " + "; ".join(
                 f"{name} {v:,.0f} us (SEMQ uses {mine / v:.2f}x)" for name, v in theirs if v) + ".")
+    if n_b > 1:
+        notes.extend(_units_notes(a, res, semq_rate, peer_rate, semq_cpu_of, peer_cpu_of, units_rate, units_cpu))
     # Targets.
     on = semq_rate[(False, "online")]
     for k in ("online", "store", "drain"):
@@ -737,6 +885,11 @@ def report(a: argparse.Namespace, res: Results) -> tuple[list[str], list[list[st
     notes.append(f"target security on >= {TARGET_SECURE_SHARE:.0%} of plain (online): " +
                  ("not measured" if not on or not son else
                   f"{son:,.0f} / {on:,.0f} = {son / on:.1%}, {_met(son >= TARGET_SECURE_SHARE * on)}."))
+    np99, nrate = _median([x.get("half_p99_ms") for x in res.peers["nats"]]), peer_rate[("nats", "half")]
+    notes.append("p99 send -> inbox at half load (security off): " +
+                 ("not measured" if hp99 is None or np99 is None else
+                  f"SEMQ {hp99:.0f} ms at {hrate or 0:,.0f}/s, NATS JetStream {np99:.1f} ms (publish -> receive) at"
+                  f" {nrate or 0:,.0f}/s: {hp99 / np99:.1f}x NATS JetStream's."))
     if on and sqlite_rate and loop_rate:
         notes.append(f"SEMQ online (security off) is {on / sqlite_rate:.0%} of this machine's SQLite group-commit "
                      f"insert rate ({sqlite_rate:,.0f} rows/s) and {on / loop_rate:.1%} of its loopback frame "
@@ -806,6 +959,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--budget", type=float, default=None,
                    help=f"s; no step starts after it, everything stops {HARD_GRACE:.0f} s later "
                         f"(default {DEFAULT_BUDGET:.0f}, --quick {QUICK_BUDGET:.0f})")
+    p.add_argument("--receiver-units", type=int, default=DEFAULT_RECEIVER_UNITS, metavar="N",
+                   help="also measure online, store and drain (security off) with B as N units (default"
+                        " %(default)s; 1: not)")
+    p.add_argument("--sender-units", type=int, default=1, metavar="M",
+                   help="with M > 1, also online with A as M units and B as --receiver-units (default 1: not)")
     p.add_argument("--json", action="store_true", help="print every run as JSON instead of the table")
     p.add_argument("--store", default="sqlite", choices=["sqlite", "postgresql"],
                    help="postgresql: compare the platform's stores instead (scripts/bench pgplatform)")
@@ -821,6 +979,11 @@ def main(argv: list[str] | None = None) -> int:
     a.budget = a.budget or (QUICK_BUDGET if a.quick else DEFAULT_BUDGET)
     if a.count < 2 or not 1 <= a.repeat <= 5 or a.budget <= 0:
         print("error: --count must be >= 2, --repeat 1..5, --budget > 0", file=sys.stderr)
+        return 2
+    if not (1 <= a.receiver_units <= e2e.MAX_UNITS and 1 <= a.sender_units <= e2e.MAX_UNITS) or (
+            a.sender_units > 1 and a.receiver_units < 2):
+        print(f"error: --receiver-units and --sender-units must be 1..{e2e.MAX_UNITS}; --sender-units > 1 needs"
+              " --receiver-units > 1", file=sys.stderr)
         return 2
     try:
         peers.ensure_brokers(peers.PEERS)  # installs, if needed, before the clock starts
