@@ -372,13 +372,38 @@ class PlatformCore(HeldWrites):
         caller's transaction."""
         if units > MAX_UNITS:
             raise RemoteProtocolError(f"units {units} exceeds the limit of {MAX_UNITS}", ResultCode.INVALID_FIELD)
-        if self.units.get(org, 1) != units:
+        (known,) = self.conn.execute("SELECT units FROM nodes WHERE node_type=? AND node_id=?",
+                                     (int(org.node_type), org.node_id)).fetchone() or (1,)
+        if known != units:
             self.conn.execute("UPDATE nodes SET units=? WHERE node_type=? AND node_id=?",
                               (units, int(org.node_type), org.node_id))
-            if units > 1:
-                self.units[org] = units
-            else:
-                self.units.pop(org, None)
+            self._reroute_waiting(org, units)
+        if units > 1:
+            self.units[org] = units
+        else:
+            self.units.pop(org, None)
+
+    def _reroute_waiting(self, org: Endpoint, units: int) -> None:
+        """``org`` now runs ``units`` units: its stored documents not yet
+        delivered go to the unit each one's LK0 picks among them (stored
+        before its first HELLO as a node of several units, they wait for
+        unit 1). Delivered ones stay with the unit that has them."""
+        pattern = org.node_id + UNIT_SEP + "%"
+        rows = self.conn.execute(
+            f"SELECT id, origin_type, origin_id, semq_id, semq_db_id, record_id, target_id FROM stored"
+            f" WHERE target_type=? AND (target_id=? OR target_id LIKE ?) AND {_WAITING}",
+            (int(org.node_type), org.node_id, pattern)).fetchall()
+        moves = []
+        for rid, ot, oid, sid, did, rec, tid in rows:
+            if rid in self._held_sent:
+                continue  # (delivered: its SS_SENT is held in memory)
+            lk0 = LK0(endpoint=Endpoint(node_type=ot, node_id=oid), semq_id=sid, semq_db_id=did, record_id=rec)
+            want = route_of(org, holder(lk0, units)).node_id
+            if want != tid:
+                moves.append((want, rid))
+        if moves:
+            self.conn.executemany(f"UPDATE stored SET target_id=? WHERE id=? AND {_WAITING}", moves)
+            self._order.forget()
 
     def close(self) -> None:
         try:

@@ -288,3 +288,28 @@ def test_units_outlive_idle_threads_and_stop_when_their_supervisor_dies(cluster:
     assert all(alive(p) for p in pids)
     cluster.kill(B)  # SIGKILL of the supervisor
     wait_until(lambda: not any(alive(p) for p in pids), 20, "both units stopped")
+
+
+def test_documents_stored_before_a_node_of_units_first_connects_arrive_once(cluster: Cluster) -> None:
+    """The platform learns that B runs units from B's first connection; what
+    was stored for B before it goes to the unit each document's LK0 picks."""
+    from semq.umxt_protocol import LK0, Endpoint
+    from semq.units import holder
+
+    cluster.add_org(A)
+    cluster.add_org(B, units=2)
+    cluster.start_platform()
+    cluster.start_node(A)
+    sent = send(cluster, A, B, 200)
+    wait_until(lambda: cluster.count("P", "SELECT count(*) FROM stored WHERE kind=1") == 200, 30, "stored for B")
+    cluster.start_node(B)
+    wait_until(lambda: len(cluster.inbox(B)) == 200, 60, "every document delivered")
+    assert cluster.inbox(B) == sent
+    for unit in (1, 2):
+        conn = cluster.db(B, unit)
+        try:
+            recs = [r for (r,) in conn.execute("SELECT record_id FROM inbox")]
+        finally:
+            conn.close()
+        assert recs and all(holder(LK0(endpoint=Endpoint.org(A), record_id=r), 2) == unit for r in recs)
+    wait_until(lambda: cluster.settled([A, B]), 60, "every table cleaned up")

@@ -123,3 +123,21 @@ def test_a_units_route_is_no_target_and_the_unit_speaks_as_its_organization(core
     assert acks and all(f.target == EB for f in acks)
     out = core.handle(B2, _raw(_data(B2, EA, 6)), room)
     assert [c.name for c, _ in out.errors] == ["SOURCE_MISMATCH"]
+
+
+def test_documents_stored_before_the_first_hello_of_a_node_of_units_go_to_their_units(core: PlatformCore) -> None:
+    """B's units have never connected: the platform takes B for one unit and
+    stores its documents for it. B's first HELLO as a node of 3 units moves
+    each waiting document to the unit its LK0 picks, so its copies and the
+    inquiries about it meet in one unit."""
+    assert core.connected(EA)
+    out = core.handle(EA, [_raw(_data(EA, EB, r))[0] for r in range(1, 121)], {EA: ROOM})
+    assert not out.errors
+    assert core.conn.execute("SELECT count(*) FROM stored WHERE target_id=?", (B,)).fetchone()[0] == 120
+    assert core.connected(EB, 3)
+    rows = core.conn.execute("SELECT record_id, target_id FROM stored WHERE kind=1").fetchall()
+    assert len(rows) == 120
+    for rec, tid in rows:
+        assert tid == route_of(EB, holder(LK0(endpoint=EA, record_id=rec), 3)).node_id
+    assert {tid for _, tid in rows} == {B, B2.node_id, B3.node_id}
+    assert core.conn.execute("SELECT units FROM nodes WHERE node_id=?", (B,)).fetchone()[0] == 3
