@@ -858,6 +858,15 @@ class PlatformCore(HeldWrites):
                 events.append(self._event(raw, lk0, ts, "refused", code=int(ResultCode.QUOTA_EXCEEDED)))
                 return
             self._stores.append(_Store(raw, sender, dest, lk0, key, expires, ts))
+        elif where is Route.DROP and self._forwarded_before(key):
+            # A copy sent again whose first copy this platform forwarded (its
+            # origin lost the ACK_FWD, e.g. in a crash): forwarded is the
+            # answer, not dropped; the origin asks the target whether it
+            # arrived (SaveFwd 1: reported dropped only if it did not).
+            acks[(Kind.ACK_FWD, sender)].append(AckEntry(
+                1, 1, 0, lk0.semq_id, lk0.semq_db_id, lk0.record_id, _PLATFORM_FLAG, _FORWARDED_FLAG))
+            events.append({"ts": ts, "event": "forwarded", "lk0": lk0_text, "source": origin.node_id,
+                           "target": target.node_id, "detail": "forwarded before"})
         elif where in (Route.DROP, Route.REFUSE):
             self._seen.append((*key, _DROPPED, 0, ts))
             text = {ResultCode.UNKNOWN_TARGET: f"target {target} is not known to the platform",
@@ -869,6 +878,14 @@ class PlatformCore(HeldWrites):
                                       code=int(code)))
         else:  # DISCARD: best effort, never acked (SPEC: Reliable=0)
             events.append(self._event(raw, lk0, ts, "dropped", code=int(code)))
+
+    def _forwarded_before(self, key: tuple[int, str, int, int, int]) -> bool:
+        """Whether the document ``key`` (an LK0) was forwarded by this
+        platform before (its ``seen`` row, this batch's included)."""
+        self._flush_seen()
+        row = self.conn.execute("SELECT action FROM seen WHERE origin_type=? AND origin_id=? AND semq_id=? AND"
+                                " semq_db_id=? AND record_id=?", key).fetchone()
+        return row is not None and row[0] == _FORWARDED
 
     def _quota_allows(self, origin_type: int, origin_id: str, size: int) -> bool:
         """Whether ``size`` more bytes of ``origin_id``'s documents fit its
