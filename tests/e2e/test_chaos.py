@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import json
 import signal
+import time
 from pathlib import Path
 
 import pytest
 import trio
 
 from semq.testing.faultproxy import FaultPlan, FaultProxy
-from tests._chaos import ChaosConfig, Net, chaos, run_chaos, send_docs
+from tests._chaos import ChaosConfig, Net, chaos, run_chaos, send_docs, wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -88,6 +89,72 @@ def test_chaos_with_direct_links(tmp_path: Path) -> None:
     # Both paths carried documents.
     assert report.delivered_direct > 0 and report.delivered_relay > 0, report.table()
     assert report.sent_direct >= report.delivered_direct, report.table()
+
+
+def test_chaos_with_units(tmp_path: Path) -> None:
+    """The same faults with a seeded half of the nodes (two of three) run as
+    two units each (scripts/chaos --units 2): whole nodes SIGKILLed (their
+    supervisor, and every other time their units with it) and, from a
+    schedule of its own, single units SIGKILLed and started again by their
+    supervisor. Still exactly once, nothing lost, nothing left behind in any
+    unit's store; each document in the unit that holds it."""
+    report = run_chaos(ChaosConfig(seed=4, docs=300, orgs=3, minutes=20 / 60, quiet_timeout=60,
+                                   kills_per_minute=24, units=2, root=tmp_path / "chaos", log=print))
+    print(report.table())
+    assert report.accepted == 300
+    assert report.unit_nodes == ["10001", "10003"]
+    # The faults happened, to single units too: killed, and running again.
+    assert report.kills >= 2 and report.stops + report.partitions >= 1, report.table()
+    assert report.unit_kills >= 2 and report.unit_restarts >= 1, report.table()
+    assert report.unit_exits.get("SIGKILL", 0) >= 1, report.table()  # the supervisor saw it and restarted it
+    # The guarantees, over every unit's store.
+    assert report.lost == 0 and report.duplicates == 0, report.table()
+    assert report.corrupted == 0 and report.misdelivered == 0, report.table()
+    assert report.wrong_unit == 0, report.table()
+    assert report.settled and report.tables["P.stored"] == 0, report.table()
+    assert all(v == 0 for k, v in report.tables.items() if k.endswith(".inbound"))
+    assert report.ok, report.table()
+    # Every unit of a node of several both sent and received documents.
+    for org in report.unit_nodes:
+        assert min(report.sent_by_unit[org]) > 0 and min(report.received_by_unit[org]) > 0, report.table()
+
+
+def test_chaos_refuses_units_with_direct_links(capsys: pytest.CaptureFixture[str]) -> None:
+    """A node of several units takes no direct links: the combination is
+    refused before anything starts."""
+    with pytest.raises(ValueError, match="takes no direct links"):
+        run_chaos(ChaosConfig(units=2, direct="all"))
+    with pytest.raises(SystemExit) as e:
+        chaos.main(["--units", "2", "--direct", "some"])
+    assert e.value.code == 2
+    assert "--direct with --units 2: a node of several units takes no direct links" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------- units
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "semq.ops.units sets PR_SET_PDEATHSIG in children forked by trio's worker thread (trio.lowlevel."
+    "open_process runs Popen through trio.to_thread); the kernel sends the signal when that thread ends"
+    " (idle for 10 s), though the supervisor runs on: every unit gets SIGTERM ~10 s after it started and is"
+    " started again (found by scripts/chaos --units 2 --seed 4)"))
+def test_units_are_not_stopped_when_the_thread_that_started_them_ends(tmp_path: Path) -> None:
+    """A node of two units, idle for 14 s: its units keep running (the same
+    pids, no "exited" line from the supervisor)."""
+    net = Net(tmp_path / "net", security=False)
+    try:
+        net.add_org(A, units=2)
+        net.start("P")
+        net.start(A)
+        pids = {k: wait_for(lambda k=k: net.unit_pid(A, k), 20, f"unit {k}'s pid") for k in (1, 2)}
+        time.sleep(14)  # trio's idle worker threads end after 10 s
+        log = net.procs[A].log.read_text()
+        now = {k: net.unit_pid(A, k) for k in (1, 2)}
+    finally:
+        net.stop_all()
+    exited = [line for line in log.splitlines() if "exited with status" in line]
+    assert not exited, exited
+    assert now == pids
 
 
 # ---------------------------------------------------------------- SaveFwd 1 after a cut
