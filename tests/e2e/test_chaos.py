@@ -252,6 +252,67 @@ async def test_savefwd1_without_ack2_lost_after_forward_is_reported_dropped(tmp_
         net.stop_all()
 
 
+@pytest.mark.xfail(strict=True, reason=(
+    "a SaveFwd 1 row's SS_SENT / SS_ACK_FWD held in memory (semq.node.writebehind) is lost with a SIGKILL; the"
+    " row is SS_INIT again and goes again through the platform, which drops it for a target offline by then"
+    " (it does not look at its seen table, which says FORWARDED): reported dropped (301), though delivered"
+    " (found by scripts/chaos --units 3 --docs 1000 --minutes 1.5, seed 1)"))
+async def test_savefwd1_forwarded_then_sent_again_after_a_crash_is_not_reported_dropped(tmp_path: Path) -> None:
+    """A sends SaveFwd 1 documents (no Ack2) to B, online: the platform
+    forwards them, B delivers them, A gets the ACK_FWD and holds it in
+    memory; at once A loses the platform (the chaos run: a cut), so nothing
+    writes it; A is SIGKILLed, B goes offline, A comes back. Delivered
+    documents must not be reported dropped."""
+    net = Net(tmp_path / "net")
+    proxy = FaultProxy(FaultPlan(seed=1))  # A's way to the platform
+    try:
+        async with trio.open_nursery() as nursery:
+            port = await nursery.start(proxy.serve, "127.0.0.1", 0, "127.0.0.1", net.port)
+            net.add_org(A, platform=f"127.0.0.1:{port}")
+            net.add_org(B)
+            args = net.procs[A].args
+            # A's inquiry rounds, which write held states half an interval
+            # old, far apart: only the cut decides how long they are held.
+            args[args.index("--inquiry-interval") + 1] = "30"
+            for name in ("P", A, B):
+                await trio.to_thread.run_sync(net.start, name)
+            await _wait(lambda: {A, B} <= _online(net), 20, "A and B online at the platform")
+            sent = await trio.to_thread.run_sync(
+                lambda: send_docs(net.dir(A), B, 5, seed="sf1-held", save_fwd=1, ack2=False))
+
+            def in_inbox() -> bool:
+                return set(sent) <= {f"{o}/{r}" for o, r in net.q(B, "SELECT origin_id, record_id FROM inbox")}
+
+            with trio.fail_after(20):
+                while not await trio.to_thread.run_sync(in_inbox):
+                    await trio.sleep(0.02)
+            proxy.refuse_for(60)  # bounded: let through again below
+            proxy.cut_all()  # within the second the ACK_FWD is held
+            await trio.sleep(2)
+            await trio.to_thread.run_sync(net.kill, A, signal.SIGKILL)
+            on_disk = await trio.to_thread.run_sync(lambda: net.q(A, "SELECT id, state FROM outbox"))
+            await trio.to_thread.run_sync(net.kill, B, signal.SIGTERM)
+            await _wait(lambda: B not in _online(net), 20, "B offline at the platform")
+            proxy.refuse_for(0)
+            args[args.index("--inquiry-interval") + 1] = "0.5"
+            await trio.to_thread.run_sync(net.start, A)
+
+            def answered() -> bool:
+                rows = {f"{A}/{rid}": st for rid, st in net.q(A, "SELECT id, state FROM outbox")}
+                return all(rows.get(k, 9) == 9 for k in sent)
+
+            with trio.move_on_after(10):
+                while not await trio.to_thread.run_sync(answered):
+                    await trio.sleep(0.2)
+            rows = {f"{A}/{rid}": (st, code) for rid, st, code in net.q(A, "SELECT id, state, code FROM outbox")}
+            nursery.cancel_scope.cancel()
+    finally:
+        net.stop_all()
+    assert all(state == 0 for _, state in on_disk), f"not held in memory at the crash: {on_disk}"
+    reported = {k: rows[k] for k in sent if rows.get(k) == (9, 301)}
+    assert not reported, f"delivered, yet reported dropped at the origin: {reported}"
+
+
 # ---------------------------------------------------------------- SaveFwd 1 over a direct link that broke
 
 
