@@ -1001,8 +1001,12 @@ class _Run:
         deadline = start + self.cfg.quiet_timeout
         grace_until: float | None = None  # for SaveFwd 1 rows at SS_ACK_FWD, once the rest is quiet
         last: dict[str, int] = {}
+        said = start
         while trio.current_time() < deadline:
             last = await trio.to_thread.run_sync(self.net.pending)
+            if last and trio.current_time() - said >= 5:  # what it waits for, now and then
+                said = trio.current_time()
+                self.log(f"settling for {said - start:.0f} s: {last}")
             if not last:
                 self.report.settled = True
                 break
