@@ -35,6 +35,25 @@ stops every platform instance for a few seconds (the links that are up keep
 carrying documents). The checks stay, and some documents must have been
 delivered over a direct link.
 
+With ``--units N`` a seeded half of the nodes (at least one; every node with
+``--units-on all``) run as N units (semq.units): ``semq node run`` is then a
+supervisor of N unit processes, each with its own store, and every node
+sends to and receives from every other one, so a node of several units does
+both. Every check reads every unit store of a node, and a document is named
+by its origin, the origin's unit (its LK0's semq_id) and its record id: two
+units number their records apart, so record ids coincide. The schedule's
+kills of such a node SIGKILL its supervisor; every other one SIGKILLs its
+units too (the whole node crashes), the others leave the units to notice
+their supervisor is gone and stop (semq.ops.units.watch_supervisor); the
+node starts again once they are gone, as a service manager would. A third schedule (its own RNG again, so a
+seed's schedule without ``--units`` stays as it was) SIGKILLs single unit
+processes (the pid in the unit's status.json, checked to be a child of the
+node's supervisor) and waits for the supervisor to start each again. The
+checks add: each document is in the unit the platform routes it to
+(semq.units.holder), and a unit that exits but by those kills (or stops:
+a unit that exits 0 is not started again) is a finding.
+Units and direct links are exclusive (a node of several units takes none).
+
 ``scripts/chaos --seed S --docs N --minutes M --orgs K`` prints the table;
 tests/e2e/test_chaos.py calls :func:`run_chaos` with a short configuration.
 Deterministic given the seed as far as timing allows: the documents, the fault
@@ -46,10 +65,12 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import hashlib
 import json
 import os
 import random
+import re
 import shutil
 import signal
 import socket
@@ -71,6 +92,8 @@ from semq.cli import build_parser
 from semq.cli import main as semq_main
 from semq.node.api import NodeClient
 from semq.testing.faultproxy import FaultPlan, FaultProxy
+from semq.umxt_protocol import LK0, Endpoint
+from semq.units import holder
 
 __all__ = ["ChaosConfig", "ChaosReport", "Net", "main", "run_chaos", "run_chaos_async"]
 
@@ -78,6 +101,12 @@ SS_FAILED: Final = 9  # semq.node.engine.SendState.SS_FAILED
 SS_ACK_FWD: Final = 2
 TARGET_OFFLINE_DROPPED: Final = 301  # semq.umxt_protocol.ResultCode
 READY_TIMEOUT: Final = 30.0  # s for a process to print its ready line (2 busy cores)
+UNIT_READY_TIMEOUT: Final = 15.0  # s more per unit of a node of several (each a Python process starting)
+UNIT_BACK_TIMEOUT: Final = 45.0  # s for a SIGKILLed unit to run again (its restart delay doubles to 30 s)
+GONE_TIMEOUT: Final = 20.0  # s for the units of a stopped supervisor to exit (then SIGKILL)
+# A supervisor's lines when a unit ended (semq.ops.units): the unit, the node, and its
+# exit status ("exited with status N": started again), or "stopped" (exit 0: not started again).
+UNIT_EXITED: Final = re.compile(r"unit (\d+) of node (\S+) (?:exited with status (-?\d+)|stopped)")
 
 # Document modes: (name, reliable, save_fwd, ack2, weight).
 MODES: Final = (
@@ -115,14 +144,54 @@ def security_supported() -> bool:
     return _cli_has("node", "init", "--org", "x", "--no-security")
 
 
-class Proc:
-    """One ``python -m semq ... run`` process, output appended to ``log``."""
+def _stat(pid: int) -> tuple[str, int, int] | None:
+    """(state, parent pid, start time in clock ticks) of a process from
+    /proc/PID/stat, or None when there is none. The start time tells a
+    process from a later one given the same pid."""
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    rest = text[text.rindex(")") + 2:].split()  # after "pid (comm) ": fields 3...
+    return rest[0], int(rest[1]), int(rest[19])
 
-    def __init__(self, name: str, args: list[str], log: Path, ready: str) -> None:
-        self.name, self.args, self.log, self.ready = name, args, log, ready
+
+def _children(pid: int) -> dict[int, int]:
+    """The processes whose parent is ``pid``: pid -> start time."""
+    out = {}
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            st = _stat(int(d.name))
+            if st is not None and st[1] == pid and st[0] != "Z":
+                out[int(d.name)] = st[2]
+    return out
+
+
+def _alive(pid: int, start: int) -> bool:
+    """Whether the process ``pid`` that started at ``start`` still runs (a
+    zombie has exited: whoever adopted it has not reaped it yet)."""
+    st = _stat(pid)
+    return st is not None and st[2] == start and st[0] != "Z"
+
+
+def _cmdline(pid: int) -> list[str]:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")
+    except OSError:
+        return []
+
+
+class Proc:
+    """One ``python -m semq ... run`` process, output appended to ``log``.
+    A process that starts others (the supervisor of a node's units) is
+    stopped with them: ``kill`` returns once they are gone too."""
+
+    def __init__(self, name: str, args: list[str], log: Path, ready: str, timeout: float = READY_TIMEOUT) -> None:
+        self.name, self.args, self.log, self.ready, self.timeout = name, args, log, ready, timeout
         self.p: subprocess.Popen[bytes] | None = None
 
-    def start(self, timeout: float = READY_TIMEOUT) -> None:
+    def start(self, timeout: float | None = None) -> None:
+        timeout = self.timeout if timeout is None else timeout
         start = self.log.stat().st_size if self.log.exists() else 0
         # The children run the semq this process imported (not whatever the
         # child's working directory would shadow it with).
@@ -154,24 +223,49 @@ class Proc:
         assert self.p is not None
         return self.p.pid
 
-    def kill(self, sig: int = signal.SIGKILL, timeout: float = 20) -> None:
+    def kill(self, sig: int = signal.SIGKILL, timeout: float = 20, *, children_sig: int | None = None) -> None:
+        """Send ``sig`` and wait for the process to exit (then SIGKILL it),
+        and for the processes it started (a supervisor's units: they stop
+        when they see it gone) to exit too, bounded: those left after
+        GONE_TIMEOUT are SIGKILLed. ``children_sig``: sent to them
+        right after ``sig`` (SIGKILL: the whole group crashes at once)."""
         if self.p is None:
             return
+        kids = _children(self.p.pid) if self.p.poll() is None else {}
         if self.p.poll() is None:
             self.p.send_signal(sig)
+            if children_sig is not None:
+                for pid, start in kids.items():
+                    if _alive(pid, start):
+                        with contextlib.suppress(ProcessLookupError):
+                            os.kill(pid, children_sig)
             try:
                 self.p.wait(timeout=timeout)
             except subprocess.TimeoutExpired:
                 self.p.kill()
                 self.p.wait(timeout=timeout)
         self.p = None
+        for last in (False, True):
+            deadline = time.monotonic() + GONE_TIMEOUT
+            while (left := [pid for pid, start in kids.items() if _alive(pid, start)]) \
+                    and time.monotonic() < deadline:
+                time.sleep(0.05)
+            if not left:
+                return
+            if last:
+                raise RuntimeError(f"{self.name}: processes {left} still there after SIGKILL")
+            for pid in left:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
 
 
 class Net:
     """A platform and organizations in one directory, as real processes.
     ``security``: True/False, or None for the CLI's default (on when the CLI
     has it). Nodes may be pointed at another address (a fault proxy) when
-    started. Synchronous; every wait is bounded."""
+    started, and may run as several units (semq.units): the node's process
+    is then their supervisor, and its stores are every unit's.
+    Synchronous; every wait is bounded."""
 
     def __init__(self, root: Path, *, security: bool | None = None, inquiry_interval: float = 0.5,
                  store: str = "", platforms: int = 1) -> None:
@@ -188,6 +282,7 @@ class Net:
         self.security = has if security is None else security
         self.procs: dict[str, Proc] = {}
         self.orgs: list[str] = []
+        self.units: dict[str, int] = {}  # organization -> its node's units
         args = ["platform", "init", "--dir", str(self.pdir), "--listen", f"127.0.0.1:{self.port}"]
         if has and not self.security:
             args.append("--no-security")
@@ -215,16 +310,22 @@ class Net:
         if rc != 0:
             raise RuntimeError(f"semq {' '.join(args)} exited {rc}")
 
-    def add_org(self, org: str, *, platform: str | None = None, direct: list[str] | None = None) -> Path:
+    def add_org(self, org: str, *, platform: str | None = None, direct: list[str] | None = None,
+                units: int = 1) -> Path:
         """Initialise a node (enrolled with the platform when security is on);
         ``platform``: the address it runs against (default: the platform);
         ``direct``: its direct-link options for ``semq node init``
-        (``--listen``, ``--announce``...; they need security)."""
+        (``--listen``, ``--announce``...; they need security); ``units``:
+        its units (semq.units; a node of several takes no direct links)."""
         d = self.root / org
         addr = f"127.0.0.1:{self.port}"
         args = ["node", "init", "--dir", str(d), "--org", org, "--platform", addr, *(direct or [])]
         if direct and not self.security:
             raise RuntimeError("direct links need security (mutual TLS between the nodes' certificates)")
+        if units > 1:
+            if direct:
+                raise RuntimeError(f"a node of {units} units takes no direct links")
+            args += ["--units", str(units)]
         if self.security:
             self._init([*args, "--enroll-from", str(self.pdir)])
         else:
@@ -232,15 +333,23 @@ class Net:
             self._init(["platform", "register", "--dir", str(self.pdir), org])
         run = ["node", "run", "--dir", str(d), "--inquiry-interval", self.iq, "--platform",
                platform or ",".join(f"127.0.0.1:{p}" for p in self.ports)]
-        self.procs[org] = Proc(org, run, self.root / f"{org}.log", "running")
+        if units > 1:  # the supervisor says so once every unit runs (semq.ops.units)
+            self.procs[org] = Proc(org, run, self.root / f"{org}.log", "running as",
+                                   READY_TIMEOUT + UNIT_READY_TIMEOUT * units)
+        else:
+            self.procs[org] = Proc(org, run, self.root / f"{org}.log", "running")
         self.orgs.append(org)
+        self.units[org] = units
         return d
 
     def start(self, name: str) -> None:
         self.procs[name].start()
 
-    def kill(self, name: str, sig: int = signal.SIGKILL) -> None:
-        self.procs[name].kill(sig)
+    def kill(self, name: str, sig: int = signal.SIGKILL, *, units_sig: int | None = None) -> None:
+        """Stop a process and wait for it; a node's units (semq.units) are
+        waited for too (they stop when they see their supervisor gone);
+        ``units_sig``: sent to them at once as well."""
+        self.procs[name].kill(sig, children_sig=units_sig)
 
     def running(self, name: str) -> bool:
         return self.procs[name].running
@@ -249,12 +358,53 @@ class Net:
         for p in self.procs.values():
             p.kill()
 
+    # ------------------------------------------------------------ units
+
+    def unit_dir(self, org: str, unit: int) -> Path:
+        """Where unit ``unit`` of ``org``'s node keeps its store and status
+        (semq.config.Config.unit_dir)."""
+        return self.dir(org) if unit == 1 else self.dir(org) / f"unit-{unit}"
+
+    def unit_pid(self, org: str, unit: int) -> int | None:
+        """The pid of unit ``unit`` of ``org``'s node as its status.json
+        says (rewritten every second), when that process runs as a unit of
+        the node's current supervisor (a stale status.json names one that
+        is gone, or some other process by now); else None."""
+        proc = self.procs[org]
+        if proc.p is None or proc.p.poll() is not None:
+            return None
+        try:
+            pid = int(json.loads((self.unit_dir(org, unit) / "status.json").read_text()).get("pid", 0))
+        except (OSError, ValueError):
+            return None
+        st = _stat(pid)
+        if st is None or st[0] == "Z" or st[1] != proc.pid:
+            return None
+        argv = _cmdline(pid)
+        return pid if "--unit" in argv and argv[argv.index("--unit") + 1:][:1] == [str(unit)] else None
+
+    def kill_unit(self, org: str, unit: int) -> int | None:
+        """SIGKILL one unit of ``org``'s node (its supervisor starts it
+        again); the pid killed, or None when that unit does not run now."""
+        pid = self.unit_pid(org, unit)
+        if pid is None:
+            return None
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            return None
+        return pid
+
     # ------------------------------------------------------------ stores
 
-    def db_path(self, name: str) -> Path:
-        return self.dir(name) / ("platform.sqlite" if name == "P" else "node.sqlite")
+    def db_path(self, name: str, unit: int = 1) -> Path:
+        if name == "P":
+            return self.dir(name) / "platform.sqlite"
+        return self.unit_dir(name, unit) / "node.sqlite"
 
-    def q(self, name: str, sql: str, *args: Any) -> list[tuple[Any, ...]]:
+    def q(self, name: str, sql: str, *args: Any, unit: int | None = None) -> list[tuple[Any, ...]]:
+        """Rows of ``sql`` on the platform's store, or on a node's: every
+        unit store's one after the other, or unit ``unit``'s only."""
         if name == "P" and self.store:
             import psycopg
 
@@ -262,29 +412,44 @@ class Net:
 
             with psycopg.connect(self.store, autocommit=True, connect_timeout=10) as pc:
                 return [tuple(r) for r in pc.execute(translate_sql(sql), args or None).fetchall()]
-        c = sqlite3.connect(str(self.db_path(name)), timeout=30)
-        try:
-            return c.execute(sql, args).fetchall()
-        finally:
-            c.close()
+        if name == "P":
+            units = [1]
+        else:
+            units = [unit] if unit is not None else list(range(1, self.units.get(name, 1) + 1))
+        rows: list[tuple[Any, ...]] = []
+        for k in units:
+            c = sqlite3.connect(str(self.db_path(name, k)), timeout=30)
+            try:
+                rows += c.execute(sql, args).fetchall()
+            finally:
+                c.close()
+        return rows
 
-    def count(self, name: str, sql: str, *args: Any) -> int:
-        return int(self.q(name, sql, *args)[0][0])
+    def count(self, name: str, sql: str, *args: Any, unit: int | None = None) -> int:
+        """A ``count(*)``: summed over a node's unit stores (unless ``unit``)."""
+        return sum(int(r[0]) for r in self.q(name, sql, *args, unit=unit))
+
+    def label(self, org: str, unit: int) -> str:
+        """How the report names a unit's store: ``ORG`` for a node of one
+        unit, ``ORG.uK`` for unit K of a node of several."""
+        return org if self.units.get(org, 1) == 1 else f"{org}.u{unit}"
 
     def pending(self) -> dict[str, int]:
         """What is not settled yet: outbox rows other than SS_FAILED, pending-ack
-        rows, the platform's stored rows. Empty dict = settled. SaveFwd 1
-        rows waiting at SS_ACK_FWD are counted apart (``*.outbox_sf1_fwd``):
-        when the forwarded copy died with a connection they never move
-        (tests/e2e/test_chaos.py pins that as a known bug)."""
+        rows (per unit store), the platform's stored rows. Empty dict =
+        settled. SaveFwd 1 rows waiting at SS_ACK_FWD are counted apart
+        (``*.outbox_sf1_fwd``): when the forwarded copy died with a connection
+        they never move (tests/e2e/test_chaos.py pins that as a known bug)."""
         out: dict[str, int] = {}
         for o in self.orgs:
-            for sf1_fwd, n in self.q(o, f"SELECT save_fwd=1 AND state={SS_ACK_FWD}, count(*) FROM outbox"
-                                        f" WHERE state != {SS_FAILED} GROUP BY 1"):
-                out[f"{o}.outbox_sf1_fwd" if sf1_fwd else f"{o}.outbox"] = n
-            n = self.count(o, "SELECT count(*) FROM inbound")
-            if n:
-                out[f"{o}.inbound"] = n
+            for k in range(1, self.units[o] + 1):
+                name = self.label(o, k)
+                for sf1_fwd, n in self.q(o, f"SELECT save_fwd=1 AND state={SS_ACK_FWD}, count(*) FROM outbox"
+                                            f" WHERE state != {SS_FAILED} GROUP BY 1", unit=k):
+                    out[f"{name}.outbox_sf1_fwd" if sf1_fwd else f"{name}.outbox"] = n
+                n = self.count(o, "SELECT count(*) FROM inbound", unit=k)
+                if n:
+                    out[f"{name}.inbound"] = n
         n = self.count("P", "SELECT count(*) FROM stored")
         if n:
             out["P.stored"] = n
@@ -334,6 +499,22 @@ class ChaosConfig:
     # half, at least one): see the module's docstring.
     direct: str = ""
     direct_faults_per_minute: float = 12.0  # the direct schedule's faults (cuts, blocks, platform away)
+    # Units (semq.units): 1, or the units of the nodes that run several: a
+    # seeded half, at least one ("some"), or every node ("all"); see the
+    # module's docstring. Exclusive with ``direct``.
+    units: int = 1
+    units_on: str = "some"
+    unit_kills_per_minute: float = 12.0  # the units schedule's SIGKILLs of single units
+
+    def check(self) -> None:
+        """Raises ValueError naming the setting for a combination that cannot run."""
+        if self.units < 1:
+            raise ValueError(f"units {self.units}: at least 1")
+        if self.units_on not in ("some", "all"):
+            raise ValueError(f"units_on {self.units_on!r} is not 'some' or 'all'")
+        if self.units > 1 and self.direct:
+            raise ValueError(f"units {self.units} with direct {self.direct!r}: a node of several units takes"
+                             " no direct links (semq node init refuses --listen with --units)")
 
 
 @dataclass
@@ -375,6 +556,22 @@ class ChaosReport:
     direct_blocks: int = 0  # a node's direct links cut and refused for a while
     platform_away: int = 0  # every platform instance stopped for a while
     platform_away_s: float = 0.0
+    # Units (ChaosConfig.units): the nodes of several units; the units
+    # schedule's SIGKILLs of one unit, and of them those seen running again
+    # (a new pid under the same supervisor); the whole-node kills of such a
+    # node that SIGKILLed its units too (the others left them to stop on
+    # their own); the supervisors' "unit K of node X exited"/"stopped" lines
+    # by exit status; documents in a unit other than their holder's; per node of
+    # several units, documents received and accepted (sent) by each unit.
+    units: int = 1
+    unit_nodes: list[str] = field(default_factory=list)
+    unit_kills: int = 0
+    unit_restarts: int = 0
+    node_kills_with_units: int = 0
+    unit_exits: dict[str, int] = field(default_factory=dict)  # "SIGKILL", "status N" or "stopped" -> count
+    wrong_unit: int = 0
+    received_by_unit: dict[str, list[int]] = field(default_factory=dict)
+    sent_by_unit: dict[str, list[int]] = field(default_factory=dict)
     settled: bool = False
     by_mode: dict[str, dict[str, int]] = field(default_factory=dict)
     sf1_dropped_reported: int = 0  # SS_FAILED 301 at the origin
@@ -426,9 +623,22 @@ class ChaosReport:
                 ("platform away (all down)", f"{self.platform_away}, {self.platform_away_s:.1f} s in all"),
                 ("received direct while away", self.received_direct_while_away),
             ]
+        if self.units > 1:
+            rows[-2:-2] = [
+                (f"nodes of {self.units} units", ", ".join(self.unit_nodes)),
+                ("received per unit", "; ".join(f"{o}: {'+'.join(map(str, c))}"
+                                                for o, c in self.received_by_unit.items())),
+                ("sent per unit", "; ".join(f"{o}: {'+'.join(map(str, c))}" for o, c in self.sent_by_unit.items())),
+                ("in a unit not its holder", self.wrong_unit),
+                ("unit kills (SIGKILL) / seen restarted", f"{self.unit_kills} / {self.unit_restarts}"),
+                ("node kills that SIGKILLed the units too", self.node_kills_with_units),
+                ("units exited, restarted by their supervisor", ", ".join(f"{k}: {v}" for k, v in self.unit_exits.items())
+                 or "0"),
+            ]
         w = max(len(k) for k, _ in rows)
         lines = [f"chaos seed={self.seed} orgs={self.orgs} security={'on' if self.security else 'off'}"
-                 + (f" direct={self.direct}" if self.direct else "")]
+                 + (f" direct={self.direct}" if self.direct else "")
+                 + (f" units={self.units}" if self.units > 1 else "")]
         lines += [f"  {k:<{w}}  {v}" for k, v in rows]
         lines.append("  by mode (accepted / delivered / duplicates):")
         for m, c in self.by_mode.items():
@@ -444,6 +654,16 @@ class ChaosReport:
         for n in self.notes:
             lines.append(f"  note: {n}")
         return "\n".join(lines)
+
+
+# A document: its origin, the origin's unit (its LK0's semq_id) and record
+# id. Two units of one node number their records apart: ids coincide.
+DocKey = tuple[str, int, int]
+
+
+def _lk0_text(key: DocKey) -> str:
+    """A document's LK0 as str(LK0) writes it (and the event logs)."""
+    return f"{key[0]}/{key[1]}/1/{key[2]}"
 
 
 @dataclass
@@ -509,8 +729,13 @@ class _Run:
         # Every direct-only choice draws from this one: ``rng`` draws the
         # same numbers with and without --direct (a seed's schedule stays).
         self.direct_rng = random.Random(f"semq-chaos/{cfg.seed}/direct")
-        self.report = ChaosReport(seed=cfg.seed, orgs=len(orgs), security=net.security, direct=cfg.direct)
-        self.docs: dict[tuple[str, int], _Doc] = {}
+        # Likewise every units-only choice (which nodes run several, the
+        # SIGKILLs of single units).
+        self.units_rng = random.Random(f"semq-chaos/{cfg.seed}/units")
+        self.report = ChaosReport(seed=cfg.seed, orgs=len(orgs), security=net.security, direct=cfg.direct,
+                                  units=cfg.units)
+        self.node_kills: Counter[str] = Counter()  # SIGKILLs of each node of several units, so far
+        self.docs: dict[DocKey, _Doc] = {}
         self.proxies: dict[str, list[FaultProxy]] = {}  # per node, one per platform instance
         self.direct_proxies: dict[str, FaultProxy] = {}  # per listening node, in front of its listener
         self.away: list[tuple[int, int]] = []  # (from, to) ms of the epoch: every platform instance down
@@ -534,6 +759,16 @@ class _Run:
         if self.cfg.direct == "all":
             return list(self.orgs)
         return sorted(self.direct_rng.sample(self.orgs, max(1, len(self.orgs) // 2)))
+
+    def unit_nodes(self) -> list[str]:
+        """The nodes that run as ``cfg.units`` units (seeded: half, rounded
+        up, so that with 3 nodes two of several units exchange documents too;
+        every node with units_on="all")."""
+        if self.cfg.units <= 1:
+            return []
+        if self.cfg.units_on == "all":
+            return list(self.orgs)
+        return sorted(self.units_rng.sample(self.orgs, (len(self.orgs) + 1) // 2))
 
     def node_proxies(self, org: str) -> list[FaultProxy]:
         """Every proxy of a node's network: to each platform instance, and in
@@ -568,7 +803,7 @@ class _Run:
                 continue
             for lk, (entry, mode) in zip(lks, items, strict=True):
                 name, reliable, sf = mode, bool(entry["reliable"]), int(entry["save_fwd"])
-                self.docs[(origin, lk.record_id)] = _Doc(
+                self.docs[(origin, lk.semq_id, lk.record_id)] = _Doc(
                     origin=origin, target=entry["to"], mode=name, reliable=reliable,
                     save_fwd=sf if reliable else 1, digest=hashlib.sha256(entry["data"]).digest(),
                     size=len(entry["data"]))
@@ -622,12 +857,22 @@ class _Run:
                     continue
                 self.down.add(name)
                 sig = signal.SIGTERM if what == "stop_node" else signal.SIGKILL
-                await self._proc(self.net.kill, name, sig)
+                # A node of several units: its supervisor is killed; every
+                # other time its units are SIGKILLed too (no draw: a seed's
+                # schedule stays as it was).
+                units_sig = None
+                if what == "kill_node" and self.net.units[name] > 1:
+                    if self.node_kills[name] % 2 == 0:
+                        units_sig = signal.SIGKILL
+                        self.report.node_kills_with_units += 1
+                    self.node_kills[name] += 1
+                await self._proc(functools.partial(self.net.kill, name, sig, units_sig=units_sig))
                 if sig == signal.SIGKILL:
                     self.report.kills += 1
                 else:
                     self.report.stops += 1
-                self.log(f"{what} {name}, back in {delay if sig == signal.SIGKILL else offline:.1f} s")
+                self.log(f"{what} {name}{' and its units' if units_sig else ''},"
+                         f" back in {delay if sig == signal.SIGKILL else offline:.1f} s")
                 nursery.start_soon(self.restart_later, name, delay if sig == signal.SIGKILL else offline)
             elif what == "cut":
                 n = sum(p.cut_all() for p in self.node_proxies(org))
@@ -683,6 +928,48 @@ class _Run:
                 self.log(f"platform away (every instance SIGKILLed) for {away:.1f} s")
                 nursery.start_soon(self._platform_back, away)
 
+    async def unit_chaos(self, nursery: trio.Nursery, deadline: float) -> None:
+        """The units' own seeded schedule (``units_rng``) until ``deadline``:
+        SIGKILL one unit of a node of several; its supervisor starts it again."""
+        rng = self.units_rng
+        nodes = self.report.unit_nodes
+        mean_gap = 60.0 / max(1e-9, self.cfg.unit_kills_per_minute)
+        while True:
+            gap = rng.uniform(0.3, 2 * mean_gap) * 0.6
+            org = rng.choice(nodes)
+            unit = rng.randint(1, self.net.units[org])
+            if trio.current_time() + gap >= deadline:
+                return
+            await trio.sleep(gap)
+            if org in self.down:  # the other schedule stopped the whole node
+                continue
+            async with self.lock:
+                sup = self.net.procs[org].pid if self.net.running(org) else None
+                pid = await trio.to_thread.run_sync(self.net.kill_unit, org, unit)
+            if pid is None or sup is None:  # not running now (its supervisor waits to start it again)
+                self.log(f"kill unit {unit} of {org}: not running now")
+                continue
+            self.report.unit_kills += 1
+            self.log(f"kill unit {unit} of {org} (pid {pid})")
+            nursery.start_soon(self._unit_back, org, unit, pid, sup)
+
+    async def _unit_back(self, org: str, unit: int, old: int, sup: int) -> None:
+        """Wait for the supervisor ``sup`` to run unit ``unit`` again (a new
+        pid); a violation when it does not within UNIT_BACK_TIMEOUT, unless
+        the whole node was stopped meanwhile."""
+        with trio.move_on_after(UNIT_BACK_TIMEOUT):
+            while True:
+                await trio.sleep(0.2)
+                p = self.net.procs[org].p
+                if p is None or p.poll() is not None or p.pid != sup:
+                    return  # the whole node was stopped: its next start starts every unit
+                pid = await trio.to_thread.run_sync(self.net.unit_pid, org, unit)
+                if pid is not None and pid != old:
+                    self.report.unit_restarts += 1
+                    return
+        self.report.violations.append(f"unit {unit} of {org} not running again {UNIT_BACK_TIMEOUT:.0f} s"
+                                      f" after its SIGKILL (pid {old})")
+
     async def _platform_back(self, away: float) -> None:
         start = time.time()
         await trio.sleep(away)
@@ -716,8 +1003,12 @@ class _Run:
         deadline = start + self.cfg.quiet_timeout
         grace_until: float | None = None  # for SaveFwd 1 rows at SS_ACK_FWD, once the rest is quiet
         last: dict[str, int] = {}
+        said = start
         while trio.current_time() < deadline:
             last = await trio.to_thread.run_sync(self.net.pending)
+            if last and trio.current_time() - said >= 5:  # what it waits for, now and then
+                said = trio.current_time()
+                self.log(f"settling for {said - start:.0f} s: {last}")
             if not last:
                 self.report.settled = True
                 break
@@ -737,41 +1028,59 @@ class _Run:
 
     def verify(self) -> None:
         r, net = self.report, self.net
-        inbox: dict[tuple[str, int], list[tuple[str, bytes]]] = defaultdict(list)  # LK0 -> [(holder, digest)]
+        # LK0 -> [(the organization whose inbox holds it, which unit, digest)]
+        inbox: dict[DocKey, list[tuple[str, int, bytes]]] = defaultdict(list)
         for org in self.orgs:
-            last = 0
-            while True:  # paged: long runs hold many documents
-                rows = net.q(org, "SELECT id, origin_id, record_id, app_data FROM inbox WHERE id > ?"
-                                  " ORDER BY id LIMIT 2000", last)
-                if not rows:
-                    break
-                for rid, o, rec, data in rows:
-                    inbox[(o, int(rec))].append((org, hashlib.sha256(data).digest()))
-                    last = rid
-        outbox: dict[tuple[str, int], tuple[int, int]] = {}
+            for unit in range(1, net.units[org] + 1):
+                last = 0
+                while True:  # paged: long runs hold many documents
+                    rows = net.q(org, "SELECT id, origin_id, semq_id, record_id, app_data FROM inbox WHERE id > ?"
+                                      " ORDER BY id LIMIT 2000", last, unit=unit)
+                    if not rows:
+                        break
+                    for rid, o, sid, rec, data in rows:
+                        inbox[(o, int(sid), int(rec))].append((org, unit, hashlib.sha256(data).digest()))
+                        last = rid
+        outbox: dict[DocKey, tuple[int, int]] = {}
         for org in self.orgs:
-            for rid, state, code in net.q(org, "SELECT id, state, code FROM outbox"):
-                outbox[(org, int(rid))] = (int(state), int(code))
+            for unit in range(1, net.units[org] + 1):
+                for rid, state, code in net.q(org, "SELECT id, state, code FROM outbox", unit=unit):
+                    outbox[(org, unit, int(rid))] = (int(state), int(code))
         modes: dict[str, Counter[str]] = defaultdict(Counter)
         examples: dict[str, list[str]] = defaultdict(list)
-        failed_delivered: list[tuple[tuple[str, int], str]] = []  # judged once the paths are read
+        failed_delivered: list[tuple[DocKey, str]] = []  # judged once the paths are read
+        received = {o: [0] * net.units[o] for o in r.unit_nodes}
+        sent = {o: [0] * net.units[o] for o in r.unit_nodes}
 
-        def bad(kind: str, key: tuple[str, int], text: str) -> None:
+        def bad(kind: str, key: DocKey, text: str) -> None:
             if len(examples[kind]) < 5:
-                examples[kind].append(f"{key[0]}/1/1/{key[1]} {text}")
+                examples[kind].append(f"{_lk0_text(key)} {text}")
 
         for key, d in self.docs.items():
             got = inbox.pop(key, [])
-            at_target = [h for holder, h in got if holder == d.target]
-            elsewhere = [holder for holder, _ in got if holder != d.target]
+            at_target = [h for org, _, h in got if org == d.target]
+            elsewhere = [org for org, _, _ in got if org != d.target]
             m = modes[d.mode]
             m["accepted"] += 1
+            if d.origin in sent:
+                sent[d.origin][key[1] - 1] += 1
             if elsewhere:
                 r.misdelivered += 1
                 bad("misdelivered", key, f"for {d.target} found at {elsewhere}")
             if at_target:
                 r.delivered += 1
                 m["delivered"] += 1
+            # The platform hands a document to one unit of its target, the
+            # same for every copy (semq.units.holder): each unit's duplicate
+            # suppression sees only its own.
+            units = net.units[d.target]
+            want = holder(LK0(endpoint=Endpoint.org(key[0]), semq_id=key[1], record_id=key[2]), units)
+            for org, unit, _ in got:
+                if org == d.target and units > 1:
+                    received[org][unit - 1] += 1
+                    if unit != want:
+                        r.wrong_unit += 1
+                        bad("wrong unit", key, f"{d.mode} in unit {unit} of {org}, its holder is unit {want}")
             if len(at_target) > 1:
                 r.duplicates += len(at_target) - 1
                 m["duplicates"] += len(at_target) - 1
@@ -803,8 +1112,10 @@ class _Run:
         for key, got in inbox.items():  # in an inbox, never accepted by us
             if key[0] in self.orgs:
                 r.misdelivered += len(got)
-                bad("unknown", key, f"in {[h for h, _ in got]}'s inbox, not a document of this run")
+                bad("unknown", key, f"in {[net.label(o, u) for o, u, _ in got]}'s inbox, not a document of"
+                                    " this run")
         r.by_mode = {m: dict(c) for m, c in sorted(modes.items())}
+        r.received_by_unit, r.sent_by_unit = received, sent
 
         # The guarantees (SPEC "The flow").
         if r.lost:
@@ -817,6 +1128,8 @@ class _Run:
             r.violations.append(f"{r.misdelivered} misdelivered: {examples['misdelivered'] + examples['unknown']}")
         if examples["not cleaned"]:
             r.violations.append(f"SaveFwd 2|3 origin rows not cleaned up: {examples['not cleaned']}")
+        if r.wrong_unit:
+            r.violations.append(f"{r.wrong_unit} document(s) in a unit other than their holder: {examples['wrong unit']}")
         if not r.settled:
             r.violations.append(f"not settled within {self.cfg.quiet_timeout:.0f} s: {r.left_over}")
         # SaveFwd 1 that vanished after ACK_FWD (the bytes died with a cut
@@ -838,6 +1151,27 @@ class _Run:
         r.tables["P.seen"] = net.count("P", "SELECT count(*) FROM seen")
         r.tables["P.stored"] = net.count("P", "SELECT count(*) FROM stored")
         r.tables["P.nodes"] = net.count("P", "SELECT count(*) FROM nodes")
+        # Units that ended while their supervisor ran (semq.ops.units logs
+        # each): -9 is the units schedule's SIGKILL, and the unit is started
+        # again; any other status a unit that failed by itself; "stopped" one
+        # that exited 0, which is not started again, though no one in this
+        # run asked a single unit to stop.
+        exited: dict[str, list[str]] = defaultdict(list)
+        for org in r.unit_nodes:
+            text = net.procs[org].log.read_text(errors="replace")
+            for unit, node, status in UNIT_EXITED.findall(text):
+                if node == org:
+                    name = ("stopped" if not status else "SIGKILL" if int(status) == -signal.SIGKILL
+                            else f"status {status}")
+                    r.unit_exits[name] = r.unit_exits.get(name, 0) + 1
+                    exited[name].append(f"unit {unit} of {org}")
+        failed = [f"{u} ({st})" for st, us in exited.items() if st != "SIGKILL" for u in us]
+        if failed:
+            r.violations.append(f"{len(failed)} unit(s) exited or stopped by themselves (see their node's log):"
+                                f" {failed[:5]}")
+        if r.unit_exits.get("SIGKILL", 0) > r.unit_kills:
+            r.notes.append(f"{r.unit_exits['SIGKILL']} units died of SIGKILL, {r.unit_kills} killed by the"
+                           " schedule (the kernel's OOM killer?)")
         n = max(1, r.accepted)
         ev_total = 0
         events = 0
@@ -880,7 +1214,7 @@ class _Run:
         # again through a platform that never saw it: tests/e2e/test_chaos.py::
         # test_savefwd1_delivered_over_a_direct_link_then_sent_again_after_a_crash.)
         for key, text in failed_delivered:
-            if inbox_path.get(f"{key[0]}/1/1/{key[1]}") == "direct":
+            if inbox_path.get(_lk0_text(key)) == "direct":
                 r.sf1_direct_reported_dropped += 1
             bad("delivered and failed", key, text)
         if examples["delivered and failed"]:
@@ -899,6 +1233,7 @@ class _Run:
 
 
 async def run_chaos_async(cfg: ChaosConfig) -> ChaosReport:
+    cfg.check()
     t0 = time.monotonic()
     tmp = None
     if cfg.root is None:
@@ -920,6 +1255,7 @@ async def run_chaos_async(cfg: ChaosConfig) -> ChaosReport:
     run.pg = pg
     run.report.root = str(root)
     run.report.listeners = listeners = run.listeners()
+    run.report.unit_nodes = unit_nodes = run.unit_nodes()
     try:
         async with trio.open_nursery() as nursery:
             for i, org in enumerate(orgs):
@@ -941,11 +1277,13 @@ async def run_chaos_async(cfg: ChaosConfig) -> ChaosReport:
                 # Nodes spread over the instances: each starts from another one.
                 k = i % len(ports)
                 ports = ports[k:] + ports[:k]
-                net.add_org(org, platform=",".join(f"127.0.0.1:{p}" for p in ports), direct=direct)
+                net.add_org(org, platform=",".join(f"127.0.0.1:{p}" for p in ports), direct=direct,
+                            units=cfg.units if org in unit_nodes else 1)
                 run.clients[org] = NodeClient(net.dir(org))
             for name in [*net.platforms, *orgs]:
                 await run._proc(net.start, name)
-            run.log(f"started platform and {len(orgs)} nodes in {root}")
+            run.log(f"started platform and {len(orgs)} nodes in {root}"
+                    + (f" ({', '.join(unit_nodes)} as {cfg.units} units)" if unit_nodes else ""))
             nursery.start_soon(run.watchdog)
             deadline = trio.current_time() + cfg.minutes * 60
             async with trio.open_nursery() as phase:
@@ -954,6 +1292,8 @@ async def run_chaos_async(cfg: ChaosConfig) -> ChaosReport:
                     phase.start_soon(run.chaos, phase, deadline)
                     if run.direct_proxies:
                         phase.start_soon(run.direct_chaos, phase, deadline)
+                    if unit_nodes:
+                        phase.start_soon(run.unit_chaos, phase, deadline)
                     # Restarts scheduled by the chaos tasks finish inside this nursery.
             run.log(f"chaos phase over: {run.report.accepted} accepted; settling")
             await run.settle()
@@ -1005,6 +1345,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--direct", nargs="?", const="all", choices=["all", "some"], default="",
                    help="nodes listen for direct links, each behind a fault proxy of its own: every node (all,"
                         " the default when given) or a seeded half (some); the faults reach the links too")
+    p.add_argument("--units", type=int, default=1, metavar="N",
+                   help="some nodes run as N units (semq.units), single units SIGKILLed among the faults")
+    p.add_argument("--units-on", choices=["some", "all"], default="some",
+                   help="with --units: a seeded half of the nodes (some, the default; at least one) or every one")
+    p.add_argument("--unit-kills-per-minute", type=float, default=12.0,
+                   help="with --units: SIGKILLs of single units (their own schedule)")
     p.add_argument("--dir", help="keep everything in this directory (must not exist)")
     p.add_argument("--keep", action="store_true", help="keep the temporary directory")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
@@ -1018,6 +1364,11 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"{a.dir} exists; give a new directory")
     if a.direct and (a.security == "off" or not security_supported()):
         p.error("--direct needs security (direct links are mutual TLS between the nodes' certificates)")
+    if a.units < 1:
+        p.error(f"--units {a.units}: at least 1")
+    if a.units > 1 and a.direct:
+        p.error(f"--direct with --units {a.units}: a node of several units takes no direct links"
+                " (semq node init refuses --listen with --units)")
     t0 = time.monotonic()
 
     def progress(text: str) -> None:
@@ -1029,6 +1380,7 @@ def main(argv: list[str] | None = None) -> int:
         security={"on": True, "off": False, "default": None}[a.security], faults=not a.no_faults,
         root=Path(a.dir) if a.dir else None, keep=a.keep, log=None if a.quiet else progress,
         platforms=a.platforms, store=a.store, direct=a.direct,
+        units=a.units, units_on=a.units_on, unit_kills_per_minute=a.unit_kills_per_minute,
     )
     report = run_chaos(cfg)
     if a.json:
@@ -1038,7 +1390,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"command: scripts/chaos --seed {a.seed} --docs {a.docs} --minutes {a.minutes:g}"
               f" --orgs {a.orgs}" + (f" --security {a.security}" if a.security != "default" else "")
               + (f" --platforms {a.platforms} --store {a.store}" if a.store else "")
-              + (f" --direct {a.direct}" if a.direct else ""))
+              + (f" --direct {a.direct}" if a.direct else "")
+              + (f" --units {a.units}" + (" --units-on all" if a.units_on == "all" else "") if a.units > 1 else ""))
         if a.keep or a.dir:
             print(f"kept: {report.root}")
     return 0 if report.ok else 1

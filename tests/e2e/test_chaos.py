@@ -90,6 +90,51 @@ def test_chaos_with_direct_links(tmp_path: Path) -> None:
     assert report.sent_direct >= report.delivered_direct, report.table()
 
 
+def test_chaos_with_units(tmp_path: Path) -> None:
+    """The same faults with a seeded half of the nodes (two of three) run as
+    two units each (scripts/chaos --units 2): whole nodes SIGKILLed (their
+    supervisor, and every other time their units with it) and, from a
+    schedule of its own, single units SIGKILLed and started again by their
+    supervisor. Still exactly once, nothing lost, nothing left behind in any
+    unit's store; each document in the unit that holds it."""
+    report = run_chaos(ChaosConfig(seed=4, docs=300, orgs=3, minutes=20 / 60, quiet_timeout=60,
+                                   kills_per_minute=24, units=2, root=tmp_path / "chaos", log=print))
+    print(report.table())
+    assert report.accepted == 300
+    assert report.unit_nodes == ["10001", "10003"]
+    # The faults happened, to single units too: killed, and running again.
+    assert report.kills >= 2 and report.stops + report.partitions >= 1, report.table()
+    assert report.unit_kills >= 2 and report.unit_restarts >= 1, report.table()
+    assert report.unit_exits.get("SIGKILL", 0) >= 1, report.table()  # the supervisor saw it and restarted it
+    # The guarantees, over every unit's store.
+    assert report.lost == 0 and report.duplicates == 0, report.table()
+    assert report.corrupted == 0 and report.misdelivered == 0, report.table()
+    assert report.wrong_unit == 0, report.table()
+    assert report.settled and report.tables["P.stored"] == 0, report.table()
+    assert all(v == 0 for k, v in report.tables.items() if k.endswith(".inbound"))
+    # Every other violation, but one known bug: a SaveFwd 1 document whose
+    # held ACK_FWD died with a SIGKILL is sent again and reported dropped,
+    # though delivered (test_savefwd1_forwarded_then_sent_again_after_a_
+    # crash_is_not_reported_dropped, a strict xfail). This run's SIGKILLs hit
+    # it about one time in four; once it is fixed, assert report.ok here.
+    known = [v for v in report.violations if v.startswith("reported dropped but delivered:")]
+    assert report.violations == known, report.table()
+    # Every unit of a node of several both sent and received documents.
+    for org in report.unit_nodes:
+        assert min(report.sent_by_unit[org]) > 0 and min(report.received_by_unit[org]) > 0, report.table()
+
+
+def test_chaos_refuses_units_with_direct_links(capsys: pytest.CaptureFixture[str]) -> None:
+    """A node of several units takes no direct links: the combination is
+    refused before anything starts."""
+    with pytest.raises(ValueError, match="takes no direct links"):
+        run_chaos(ChaosConfig(units=2, direct="all"))
+    with pytest.raises(SystemExit) as e:
+        chaos.main(["--units", "2", "--direct", "some"])
+    assert e.value.code == 2
+    assert "--direct with --units 2: a node of several units takes no direct links" in capsys.readouterr().err
+
+
 # ---------------------------------------------------------------- SaveFwd 1 after a cut
 
 
@@ -183,6 +228,68 @@ async def test_savefwd1_without_ack2_lost_after_forward_is_reported_dropped(tmp_
         assert all(v in ("delivered", "reported") for v in fate.values()), fate
     finally:
         net.stop_all()
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "a SaveFwd 1 row's SS_SENT / SS_ACK_FWD held in memory (semq.node.writebehind) is lost with a SIGKILL; the"
+    " row is SS_INIT again and goes again through the platform, which drops it for a target offline by then"
+    " (it does not look at its seen table, which says FORWARDED): reported dropped (301), though delivered"
+    " (found by scripts/chaos --seed 2 --units 3 --docs 1000 --minutes 1.5). Once fixed, test_chaos_with_units"
+    " asserts report.ok again"))
+async def test_savefwd1_forwarded_then_sent_again_after_a_crash_is_not_reported_dropped(tmp_path: Path) -> None:
+    """A sends SaveFwd 1 documents (no Ack2) to B, online: the platform
+    forwards them, B delivers them, A gets the ACK_FWD and holds it in
+    memory; at once A loses the platform (the chaos run: a cut), so nothing
+    writes it; A is SIGKILLed, B goes offline, A comes back. Delivered
+    documents must not be reported dropped."""
+    net = Net(tmp_path / "net")
+    proxy = FaultProxy(FaultPlan(seed=1))  # A's way to the platform
+    try:
+        async with trio.open_nursery() as nursery:
+            port = await nursery.start(proxy.serve, "127.0.0.1", 0, "127.0.0.1", net.port)
+            net.add_org(A, platform=f"127.0.0.1:{port}")
+            net.add_org(B)
+            args = net.procs[A].args
+            # A's inquiry rounds, which write held states half an interval
+            # old, far apart: only the cut decides how long they are held.
+            args[args.index("--inquiry-interval") + 1] = "30"
+            for name in ("P", A, B):
+                await trio.to_thread.run_sync(net.start, name)
+            await _wait(lambda: {A, B} <= _online(net), 20, "A and B online at the platform")
+            sent = await trio.to_thread.run_sync(
+                lambda: send_docs(net.dir(A), B, 5, seed="sf1-held", save_fwd=1, ack2=False))
+
+            def in_inbox() -> bool:
+                return set(sent) <= {f"{o}/{r}" for o, r in net.q(B, "SELECT origin_id, record_id FROM inbox")}
+
+            with trio.fail_after(20):
+                while not await trio.to_thread.run_sync(in_inbox):
+                    await trio.sleep(0.02)
+            proxy.refuse_for(60)  # bounded: let through again below
+            proxy.cut_all()  # within the second the ACK_FWD is held
+            await trio.sleep(2)
+            await trio.to_thread.run_sync(net.kill, A, signal.SIGKILL)
+            on_disk = await trio.to_thread.run_sync(lambda: net.q(A, "SELECT id, state FROM outbox"))
+            await trio.to_thread.run_sync(net.kill, B, signal.SIGTERM)
+            await _wait(lambda: B not in _online(net), 20, "B offline at the platform")
+            proxy.refuse_for(0)
+            args[args.index("--inquiry-interval") + 1] = "0.5"
+            await trio.to_thread.run_sync(net.start, A)
+
+            def answered() -> bool:
+                rows = {f"{A}/{rid}": st for rid, st in net.q(A, "SELECT id, state FROM outbox")}
+                return all(rows.get(k, 9) == 9 for k in sent)
+
+            with trio.move_on_after(10):
+                while not await trio.to_thread.run_sync(answered):
+                    await trio.sleep(0.2)
+            rows = {f"{A}/{rid}": (st, code) for rid, st, code in net.q(A, "SELECT id, state, code FROM outbox")}
+            nursery.cancel_scope.cancel()
+    finally:
+        net.stop_all()
+    assert all(state == 0 for _, state in on_disk), f"not held in memory at the crash: {on_disk}"
+    reported = {k: rows[k] for k in sent if rows.get(k) == (9, 301)}
+    assert not reported, f"delivered, yet reported dropped at the origin: {reported}"
 
 
 # ---------------------------------------------------------------- SaveFwd 1 over a direct link that broke
