@@ -112,13 +112,7 @@ def test_chaos_with_units(tmp_path: Path) -> None:
     assert report.wrong_unit == 0, report.table()
     assert report.settled and report.tables["P.stored"] == 0, report.table()
     assert all(v == 0 for k, v in report.tables.items() if k.endswith(".inbound"))
-    # Every other violation, but one known bug: a SaveFwd 1 document whose
-    # held ACK_FWD died with a SIGKILL is sent again and reported dropped,
-    # though delivered (test_savefwd1_forwarded_then_sent_again_after_a_
-    # crash_is_not_reported_dropped, a strict xfail). This run's SIGKILLs hit
-    # it about one time in four; once it is fixed, assert report.ok here.
-    known = [v for v in report.violations if v.startswith("reported dropped but delivered:")]
-    assert report.violations == known, report.table()
+    assert report.ok, report.table()
     # Every unit of a node of several both sent and received documents.
     for org in report.unit_nodes:
         assert min(report.sent_by_unit[org]) > 0 and min(report.received_by_unit[org]) > 0, report.table()
@@ -230,12 +224,6 @@ async def test_savefwd1_without_ack2_lost_after_forward_is_reported_dropped(tmp_
         net.stop_all()
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "a SaveFwd 1 row's SS_SENT / SS_ACK_FWD held in memory (semq.node.writebehind) is lost with a SIGKILL; the"
-    " row is SS_INIT again and goes again through the platform, which drops it for a target offline by then"
-    " (it does not look at its seen table, which says FORWARDED): reported dropped (301), though delivered"
-    " (found by scripts/chaos --seed 2 --units 3 --docs 1000 --minutes 1.5). Once fixed, test_chaos_with_units"
-    " asserts report.ok again"))
 async def test_savefwd1_forwarded_then_sent_again_after_a_crash_is_not_reported_dropped(tmp_path: Path) -> None:
     """A sends SaveFwd 1 documents (no Ack2) to B, online: the platform
     forwards them, B delivers them, A gets the ACK_FWD and holds it in

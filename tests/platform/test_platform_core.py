@@ -276,3 +276,26 @@ def test_the_bare_number_check_finds_what_it_looks_for() -> None:
     for good in ('f"UPDATE stored SET state={_DONE} WHERE id=?"', '" VALUES (?,?,?)"', '"state=?"',
                  'f"kind={_DATA} AND"', '"inquiries=inquiries+1"'):
         assert not (_BARE.search(good) or _VALUES_DIGIT.search(good)), good
+
+
+def test_a_savefwd1_copy_sent_again_after_it_was_forwarded_is_answered_forwarded(core: PlatformCore) -> None:
+    """SaveFwd 1: forwarded while B was online; the origin lost the ACK_FWD
+    (a crash) and sends it again while B is offline. The platform says
+    forwarded again (the origin then asks B), never dropped: dropped would
+    report a delivered document lost. A copy it never forwarded is dropped."""
+    from semq.umxt_protocol import LK0, Data, Nack
+
+    a, b = Endpoint.org(A), Endpoint.org(B)
+
+    def sf1(rid: int) -> Any:
+        return _raw(Frame(kind=Kind.DATA, source=a, target=b, save_fwd=1,
+                          body=Data(lk0=LK0(endpoint=a, record_id=rid), app_data=b"x")))
+
+    out = core.handle(a, sf1(7), {b: 1 << 30})
+    assert _kinds(out.sends[a]) == [(Kind.ACK_BATCH, Kind.ACK_FWD)]
+    out = core.handle(a, sf1(7) + sf1(8), {})  # B offline now
+    frames = FrameDecoder()
+    frames.receive_data(b"".join(out.sends[a]))
+    bodies = [r.frame().body for r in frames]
+    assert [e.dest_ref_id for x in bodies if isinstance(x, AckBatch) for e in x.entries] == [7]
+    assert [(n.lk0.record_id, n.code.name) for n in bodies if isinstance(n, Nack)] == [(8, "TARGET_OFFLINE_DROPPED")]
