@@ -224,6 +224,20 @@ async def test_savefwd1_without_ack2_lost_after_forward_is_reported_dropped(tmp_
         net.stop_all()
 
 
+async def _origin_rows_once_answered(net: Net, sent: dict[str, bytes]) -> dict[str, tuple[int, int]]:
+    """A's rows (state, code) of the documents ``sent``, once every one is
+    answered (SS_FAILED or cleaned up) or 10 s passed."""
+
+    def answered() -> bool:
+        rows = {f"{A}/{rid}": st for rid, st in net.q(A, "SELECT id, state FROM outbox")}
+        return all(rows.get(k, 9) == 9 for k in sent)
+
+    with trio.move_on_after(10):
+        while not await trio.to_thread.run_sync(answered):
+            await trio.sleep(0.2)
+    return {f"{A}/{rid}": (st, code) for rid, st, code in net.q(A, "SELECT id, state, code FROM outbox")}
+
+
 async def test_savefwd1_forwarded_then_sent_again_after_a_crash_is_not_reported_dropped(tmp_path: Path) -> None:
     """A sends SaveFwd 1 documents (no Ack2) to B, online: the platform
     forwards them, B delivers them, A gets the ACK_FWD and holds it in
@@ -264,14 +278,7 @@ async def test_savefwd1_forwarded_then_sent_again_after_a_crash_is_not_reported_
             args[args.index("--inquiry-interval") + 1] = "0.5"
             await trio.to_thread.run_sync(net.start, A)
 
-            def answered() -> bool:
-                rows = {f"{A}/{rid}": st for rid, st in net.q(A, "SELECT id, state FROM outbox")}
-                return all(rows.get(k, 9) == 9 for k in sent)
-
-            with trio.move_on_after(10):
-                while not await trio.to_thread.run_sync(answered):
-                    await trio.sleep(0.2)
-            rows = {f"{A}/{rid}": (st, code) for rid, st, code in net.q(A, "SELECT id, state, code FROM outbox")}
+            rows = await _origin_rows_once_answered(net, sent)
             nursery.cancel_scope.cancel()
     finally:
         net.stop_all()
@@ -481,14 +488,7 @@ async def _sent_again_after_a_crash(tmp_path: Path) -> tuple[dict[str, bytes], d
             await trio.to_thread.run_sync(net.kill, A, signal.SIGKILL)
             await trio.to_thread.run_sync(net.start, A)
 
-            def answered() -> bool:
-                rows = {f"{A}/{rid}": st for rid, st in net.q(A, "SELECT id, state FROM outbox")}
-                return all(rows.get(k, 9) == 9 for k in sent)
-
-            with trio.move_on_after(10):
-                while not await trio.to_thread.run_sync(answered):
-                    await trio.sleep(0.2)
-            rows = {f"{A}/{rid}": (st, code) for rid, st, code in net.q(A, "SELECT id, state, code FROM outbox")}
+            rows = await _origin_rows_once_answered(net, sent)
             nursery.cancel_scope.cancel()
     finally:
         net.stop_all()

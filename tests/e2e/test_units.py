@@ -35,6 +35,15 @@ def _send_spread(c: Cluster, org: str, to: str, n: int, calls: int, **kw: object
     return sent
 
 
+def _start(c: Cluster, units: int) -> None:
+    """The platform, A (one unit) and B (``units`` units), running."""
+    c.add_org(A)
+    c.add_org(B, units=units)
+    c.start_platform()
+    c.start_node(A)
+    c.start_node(B)
+
+
 def _unit_pid(c: Cluster, org: str, unit: int) -> int:
     """The pid of a running unit (its status.json, rewritten every second)."""
     d = c.unit_dir(org, unit)
@@ -53,11 +62,7 @@ def _per_unit(c: Cluster, org: str, sql: str) -> list[int]:
 
 
 def test_two_units_share_the_documents_both_ways(cluster: Cluster) -> None:
-    cluster.add_org(A)
-    cluster.add_org(B, units=2)
-    cluster.start_platform()
-    cluster.start_node(A)
-    cluster.start_node(B)
+    _start(cluster, 2)
     to_b = _send_spread(cluster, A, B, 400, 4)
     to_a = _send_spread(cluster, B, A, 200, 4)  # from B's two units in turn
     wait_until(lambda: len(cluster.inbox(B)) == 400 and len(cluster.inbox(A)) == 200, 60, "every document delivered")
@@ -84,11 +89,7 @@ def test_two_units_share_the_documents_both_ways(cluster: Cluster) -> None:
 
 
 def test_documents_for_an_offline_unit_are_stored_and_delivered_to_it(cluster: Cluster) -> None:
-    cluster.add_org(A)
-    cluster.add_org(B, units=2)
-    cluster.start_platform()
-    cluster.start_node(A)
-    cluster.start_node(B)
+    _start(cluster, 2)
     send(cluster, A, B, 10)
     wait_until(lambda: len(cluster.inbox(B)) == 10, 30, "B's units online (10 delivered)")
     cluster.kill(B, signal.SIGTERM)  # the supervisor stops both units
@@ -105,11 +106,7 @@ def test_documents_for_an_offline_unit_are_stored_and_delivered_to_it(cluster: C
 
 @pytest.mark.parametrize("units", [2, 3])
 def test_a_unit_killed_mid_stream_loses_and_duplicates_nothing(cluster: Cluster, units: int) -> None:
-    cluster.add_org(A)
-    cluster.add_org(B, units=units)
-    cluster.start_platform()
-    cluster.start_node(A)
-    cluster.start_node(B)
+    _start(cluster, units)
     victim = _unit_pid(cluster, B, units)
     sent: dict[str, bytes] = {}
     back: dict[str, bytes] = {}
@@ -226,11 +223,7 @@ def test_requests_replies_and_dead_letters_across_units(cluster: Cluster) -> Non
     from semq.node import rpc
     from semq.node.dead import DeadLetters
 
-    cluster.add_org(A)
-    cluster.add_org(B, units=2)
-    cluster.start_platform()
-    cluster.start_node(A)
-    cluster.start_node(B)
+    _start(cluster, 2)
     with NodeClient(cluster.root / A) as a, NodeClient(cluster.root / B) as b:
         # A asks B 20 times: the requests land in both of B's units.
         asked = [rpc.send_request(a, B, b"q%d" % i, data_type="PRICE", timeout=60) for i in range(20)]
