@@ -1016,7 +1016,7 @@ class PlatformCore(HeldWrites):
                 # waits here for delivery; RECEIVED: stored, delivered, and the
                 # target ACKed its copy (so only the target has it now).
                 for lk in body.items:
-                    if lk.endpoint != sender:
+                    if lk.endpoint != route_org(sender):  # (sender: the asking unit's route)
                         # Only a document's origin learns its fate here
                         # (metadata stays between the two parties).
                         answers.append(InquiryAnswer(lk, InquiryResult.NO_RECORD))

@@ -452,13 +452,6 @@ async def test_a_listener_takes_no_link_from_an_organization_whose_certificate_i
 # ---------------------------------------------------------------- units
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "semq.platform.core PlatformCore._for_me answers an origin's RECEIVED inquiry with NO_RECORD unless"
-    " lk.endpoint == sender, and sender is the route of the asking unit (ORG:K for K > 1), never its"
-    " organization: a unit but the first hears NO_RECORD about its own documents, which the node takes as"
-    " 'the platform lacks it' and sends them again (before 8d1a5c2 a SaveFwd 1 one, its target offline by then,"
-    " was dropped and reported dropped though delivered: scripts/chaos --seed 2 --units 3 --docs 1000"
-    " --minutes 1.5). Fix: compare the LK0's endpoint with route_org(sender)"))
 async def test_a_unit_that_asks_the_platform_about_a_forwarded_document_hears_forwarded(tmp_path: Path) -> None:
     """A runs as two units and sends SaveFwd 1 documents (no Ack2) from
     both to B, online: the platform forwards them and B delivers them, but

@@ -141,3 +141,20 @@ def test_documents_stored_before_the_first_hello_of_a_node_of_units_go_to_their_
         assert tid == route_of(EB, holder(LK0(endpoint=EA, record_id=rec), 3)).node_id
     assert {tid for _, tid in rows} == {B, B2.node_id, B3.node_id}
     assert core.conn.execute("SELECT units FROM nodes WHERE node_id=?", (B,)).fetchone()[0] == 3
+
+
+def test_a_unit_asks_the_platform_about_its_own_documents(core: PlatformCore) -> None:
+    """Unit 2 of A asks what became of its documents: the platform answers
+    it as A's (the origin), not NO_RECORD."""
+    from semq.umxt_protocol import Data, InquiryResp, InquiryResult
+
+    a2 = route_of(EA, 2)
+    assert core.connected(EA, 2) and core.connected(a2, 2) and core.connected(EB)
+    lk = LK0(endpoint=EA, semq_id=2, record_id=9)
+    data = Frame(kind=Kind.DATA, source=EA, target=EB, body=Data(lk0=lk, app_data=b"x"))
+    core.handle(a2, _raw(data), {EB: ROOM, a2: ROOM})
+    ask = _raw(Frame(kind=Kind.INQUIRY, source=EA, target=Endpoint.platform(),
+                     body=Inquiry(items=(lk,), topic=InquiryTopic.RECEIVED)))
+    out = core.handle(a2, ask, {EB: ROOM, a2: ROOM})
+    [resp] = [f.body for f in _frames(out.sends[a2]) if isinstance(f.body, InquiryResp)]
+    assert [a.result for a in resp.answers] == [InquiryResult.FORWARDED]
