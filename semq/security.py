@@ -452,6 +452,7 @@ class NodeSecurity:
             except CryptoError:
                 pass  # revoked: it still opens what was sealed to it, nobody verifies with it
         self.pins = PinStore(self.ndir)
+        self._load_remembered()
         self.sealer = Sealer()
         self.opener = Opener([self.identity.keys.encryption_key,
                               *(p.keys.encryption_key for p in self.previous)])
@@ -537,6 +538,32 @@ class NodeSecurity:
             return list(self.directory.lookup(who))
         except CryptoError:
             return []
+
+    def _load_remembered(self) -> None:
+        """The other organizations' certificates kept in certs/ (``remember``)
+        that still verify (CA, the revocation list held, validity) and are
+        pinned here: used from the start, so a node that restarts verifies
+        the receipts that come first and seals without asking the platform
+        (it asks anyway, and its answers replace these)."""
+        from semq.crypto import load_certificates
+
+        d = self.ndir / "certs"
+        if not d.is_dir():
+            return
+        pinned = self.pins.snapshot()
+        for p in sorted(d.glob("*.pem")):
+            org = p.stem
+            if org == self.org or not pinned.get(org):
+                continue
+            try:
+                found = CertificateDirectory(self.ca, self.directory.crl)
+                found.add_many(load_certificates(p))
+                usable = [c for c in found.lookup(org) if c.fingerprint in pinned[org]]
+            except (CryptoError, OSError, ValueError) as e:
+                log.warning("certificates of %s kept in %s not used: %s", org, p, e)
+                continue
+            if usable:
+                self.directory.replace(org, usable)
 
     def remember(self, org: str) -> None:
         """Keep the verified certificates of ``org`` on disk (certs/ORG.pem)

@@ -474,3 +474,32 @@ def test_the_platform_tells_an_unknown_organization_from_one_without_a_certifica
     expired = sec.cert_response(Endpoint.org("77000"))
     assert expired is not None and expired.code is ResultCode.AUTH_FAILED
     assert sec.revoked_orgs() == {B}
+
+
+def test_a_restarted_node_uses_the_pinned_certificates_it_kept(tmp_path: Path) -> None:
+    """certs/ORG.pem (kept when a certificate was accepted) is used from the
+    next start when it still verifies and is pinned: a restarted node (a
+    unit started again) verifies the first receipts it gets without asking
+    the platform first. A kept certificate that is not pinned, or not the
+    CA's, is not used."""
+    from semq.crypto import save_certificates
+
+    init_platform_pki(tmp_path / "P", "platform", [])
+    csr = init_node_keys(tmp_path / A, A)
+    _, cert = enroll(tmp_path / "P", csr, A, tmp_path / A / "issued.pem")
+    import_certificate(tmp_path / A, cert, tmp_path / "P" / "ca" / "ca.pem")
+    ca = CertificateAuthority.load(tmp_path / "P" / "ca")
+    _, b = _gen(ca, "56001")
+    _, c = _gen(ca, "77000")
+    certs = tmp_path / A / "certs"
+    certs.mkdir()
+    for org, info in (("56001", b), ("77000", c)):
+        save_certificates(certs / f"{org}.pem", [x509.load_der_x509_certificate(info.der)])
+    _, stranger = _gen(CertificateAuthority.create("Other CA"), "88000")
+    save_certificates(certs / "88000.pem", [x509.load_der_x509_certificate(stranger.der)])
+    PinStore(tmp_path / A).admit("56001", [b])  # only B's was accepted (pinned) here
+    PinStore(tmp_path / A).admit("88000", [stranger])
+    sec = NodeSecurity(tmp_path / A)
+    assert [x.fingerprint for x in sec.certs("56001")] == [b.fingerprint]
+    assert sec.certs("77000") == []  # kept, but never pinned here
+    assert sec.certs("88000") == []  # pinned, but not issued by the platform's CA
