@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import os
+import signal
+import subprocess
 from pathlib import Path
 
-__all__ = ["alive", "cpu_seconds", "parent_pid"]
+__all__ = ["alive", "cpu_seconds", "parent_pid", "terminate"]
 
 
 def _fields(pid: int) -> list[str] | None:
@@ -37,3 +39,16 @@ def alive(pid: int) -> bool:
     """The process exists and is neither a zombie nor dead."""
     fields = _fields(pid)
     return fields is not None and fields[0] not in ("Z", "X")
+
+
+def terminate(p: subprocess.Popen[bytes], grace: float) -> None:
+    """Stop a process the benchmark started: SIGTERM, then SIGKILL if it is
+    still there after ``grace`` s (and wait for it, at most 10 s more)."""
+    if p.poll() is not None:
+        return
+    p.send_signal(signal.SIGTERM)
+    try:
+        p.wait(timeout=grace)
+    except subprocess.TimeoutExpired:
+        p.kill()
+        p.wait(timeout=10)

@@ -87,10 +87,10 @@ from pathlib import Path
 from typing import Any, Final, TypeVar
 
 if __package__:
-    from ._proc import alive, cpu_seconds, parent_pid
+    from ._proc import alive, cpu_seconds, parent_pid, terminate
     from ._table import print_table
 else:  # run as a file: python scripts/benchmarks/e2e.py
-    from _proc import alive, cpu_seconds, parent_pid  # type: ignore[no-redef]
+    from _proc import alive, cpu_seconds, parent_pid, terminate  # type: ignore[no-redef]
     from _table import print_table  # type: ignore[no-redef]
 
 DEFAULT_COUNT: Final = 20_000
@@ -316,13 +316,8 @@ class Cluster:
         stops) are waited for too and SIGKILLed by PID if still there after 15 s."""
         p = self.procs.pop(name, None)
         units = list(self.unit_pids.pop(name, {}).values())
-        if p is not None and p.poll() is None:
-            p.send_signal(signal.SIGTERM)
-            try:
-                p.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait(timeout=10)
+        if p is not None:
+            terminate(p, 15.0)
         self._end_units(units, 15.0)
 
     def kill(self, name: str) -> None:

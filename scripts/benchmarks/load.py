@@ -69,7 +69,6 @@ import argparse
 import json
 import os
 import shutil
-import signal
 import socket
 import sqlite3
 import subprocess
@@ -86,8 +85,10 @@ if TYPE_CHECKING:
     from semq.testing.loadgen import LoadGenProcess
 
 if __package__:
+    from ._proc import terminate
     from ._table import print_table
 else:  # run as a file: python scripts/benchmarks/load.py
+    from _proc import terminate  # type: ignore[no-redef]
     from _table import print_table  # type: ignore[no-redef]
 
 A, B = "10008", "56001"
@@ -205,14 +206,8 @@ class Cluster:
 
     def stop(self, name: str) -> None:
         p = self.procs.pop(name, None)
-        if p is None or p.poll() is not None:
-            return
-        p.send_signal(signal.SIGTERM)
-        try:
-            p.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            p.kill()
-            p.wait(timeout=10)
+        if p is not None:
+            terminate(p, 60.0)
 
     def stop_all(self) -> None:
         for name in list(self.procs):
