@@ -52,9 +52,9 @@ AAD_PREFIX: Final = b"SEMQ-AAD-v2\x00"
 # was signed over it can be named in errors; nodes build only v2.
 _AAD_V1: Final = b"SEMQ-AAD-v1\x00"
 _SAVE_FWD: Final = {int(v): bytes((int(v),)) for v in SaveFwd}
-# The header flags a document binds: Reliable, Ack2, Encrypt, AppKey sealed
-# (docs/protocol.md "Flags"; LAYER_MASK is 0 on every DATA).
-BOUND_FLAGS: Final = 0x1E
+# The header flags a document binds: Reliable, Ack2, Encrypt, AppKey sealed,
+# Envelope (docs/protocol.md "Flags"; LAYER_MASK is 0 on every DATA).
+BOUND_FLAGS: Final = 0x3E
 _TAIL: Final = struct.Struct(">BBBQQ")  # SaveFwd, flags, priority, created_ms, expires_ms
 _TIMES: Final = struct.Struct(">QQ")
 

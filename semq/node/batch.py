@@ -52,6 +52,7 @@ class Output:
     sent_ids: list[int] = field(default_factory=list)  # reliable rows a claim sent (their answers are awaited)
     targets: set[str] = field(default_factory=set)  # organizations a claim sent to
     early: int = 0  # DATA frames that left through the claim's port before the commit
+    local: list[bytes] = field(default_factory=list)  # DATA a claim made for users of this node itself
     # Security: ACK2 entries whose receipt was missing or did not verify, and
     # refusals (NACK from a target) whose signature did not: each left its
     # row open (the origin asks the target again).

@@ -258,6 +258,16 @@ class NodeCore(HeldWrites):
         self.ctx.emit(events)
         return out
 
+    def announce_gaps(self, ids: Collection[int] | None = None) -> int:
+        """Queue gap notices for failed ordered documents (semq.node.channels)."""
+        return self.origin.announce_gaps(self._tx, ids)
+
+    def waiting_channels(self) -> list[Any]:
+        """The ordered channels that hold documents back (ChannelWait)."""
+        from .channels import waiting_channels
+
+        return waiting_channels(self.conn, self.ctx.unit)
+
     def pending_targets(self, limit: int = 1000) -> set[str]:
         """Organizations with documents waiting to be sent (SS_INIT)."""
         return {r[0] for r in self.conn.execute(

@@ -36,6 +36,7 @@ from semq.umxt_protocol import (
     Endpoint,
     Error,
     Frame,
+    FrameDecoder,
     Hello,
     Kind,
     Nack,
@@ -63,6 +64,8 @@ log = logging.getLogger("semq.node")
 
 QUOTA_PAUSE = 2.0  # s before documents to a target go again after QUOTA_EXCEEDED
 QUOTA_PAUSE_MAX = 60.0
+LOCAL_POLL = 0.2  # s between looks for documents to this node's own users while the platform is away
+GAP_POLL = 1.0  # s between looks for failed ordered documents to announce
 
 
 INITIAL_DELAY = 0.1  # s before reconnecting after a steady session; doubles each failed round
@@ -233,6 +236,8 @@ class NodeDaemon:
             from .background import run_background_tasks
 
             nursery.start_soon(partial(run_background_tasks, self.core, gate=self.gate))
+            nursery.start_soon(self._local_offline)
+            nursery.start_soon(self._gaps)
             await self._connect_forever()
 
     async def _connect_forever(self) -> None:
@@ -527,6 +532,8 @@ class NodeDaemon:
                     skip |= {t for t, (until, _) in self.over_quota.items() if until > now}
                 direct = self.links.up_targets()  # their documents go over their direct links
                 out = await self.gate.run(self.core.claim, min(self.s.batch, room), skip | direct, self._early)
+                if out.local:
+                    await self.loopback(out.local)
                 if out.targets:
                     self.links.consider(out.targets)
                 ask = self._ask(out.missing)
@@ -788,6 +795,39 @@ class NodeDaemon:
             nonce += 1
             await fs.send(encode_frame(Frame(kind=Kind.PING, source=self.core.me, target=self.core.platform,
                                              body=Ping(nonce=nonce, time_ms=now_ms()))))
+
+    async def loopback(self, data: list[bytes]) -> None:
+        """Documents for users of this node itself (a claim's ``out.local``):
+        received here as from a direct link to ourselves — the same
+        pending-send and inbox tables, states, ACK2 and receipt — without
+        leaving the process. DATA, then the ACK2 it brings back."""
+        dec = FrameDecoder()
+        dec.receive_data(b"".join(data))
+        for _ in range(3):  # DATA -> ACK2 -> nothing further
+            raws = list(dec)
+            if not raws:
+                return
+            out = await self.absorb(raws, direct=self.core.me)
+            dec.receive_data(b"".join(out.data))
+
+    async def _local_offline(self) -> None:
+        """While no platform session runs, its sender does not claim: the
+        documents for this node's own users are claimed here."""
+        me = self.core.me.node_id
+        while True:
+            if not self.connected and not (self.drain is not None and self.drain.requested):
+                out = await self.gate.run(partial(self.core.claim, self.s.batch, only=me))
+                if out.local:
+                    await self.loopback(out.local)
+                    continue
+            await trio.sleep(LOCAL_POLL)
+
+    async def _gaps(self) -> None:
+        """Failed ordered documents get their gap notices (semq.node.channels)."""
+        while True:
+            await trio.sleep(GAP_POLL)
+            if await self.gate.run(self.core.announce_gaps):
+                self.wake()
 
     async def _housekeeping(self) -> None:
         while True:

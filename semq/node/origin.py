@@ -9,11 +9,12 @@ inquiry answers (A.3-A.6) — through ``ORIGIN_TABLE`` (semq.node.engine).
 from __future__ import annotations
 
 from collections.abc import Callable, Collection, Iterable, Sequence
+from contextlib import nullcontext
 from dataclasses import dataclass
 from functools import partial
 from typing import Any, Final
 
-from semq._db import STORE_ERRORS, SendOrder, delete_by_id, rows_by_id, split_held, translate
+from semq._db import STORE_ERRORS, SendOrder, StoreError, delete_by_id, next_row_id, rows_by_id, split_held, translate
 from semq.crypto import document_aad_template, document_salts, enclose_app_key, protect_documents
 from semq.ports import FramePort
 from semq.umxt_protocol import (
@@ -34,6 +35,7 @@ from semq.umxt_protocol import (
 )
 
 from .batch import Events, NodeContext, Output
+from .envelope import MAX_ENVELOPE, Envelope, encode_envelope
 from .engine import ORIGIN_TABLE, OriginEvent, SendState, origin_step
 from .limits import MAX_DOCUMENT_SIZE, DocumentTooLarge
 from .receipts import Receipts, document_flags
@@ -109,6 +111,22 @@ class NewDocument:
     # without it) unless the application asks for it in clear; without
     # encryption it is in clear anyway.
     clear_app_key: bool = False
+    # Users inside the two organizations ("": the organization itself) and
+    # the ordered channel ("": unordered); semq.node.envelope.
+    from_user: str = ""
+    to_user: str = ""
+    channel: str = ""
+    # A gap notice: the record id of the failed ordered document whose place
+    # it takes (and that document's ``prev``); made by semq.node.channels.
+    skipped: int = 0
+    gap_prev: int = 0
+
+
+def _user_fields(d: NewDocument) -> dict[str, Any]:
+    """The event fields of a document's users and channel (only those set)."""
+    if not (d.from_user or d.to_user or d.channel):
+        return {}
+    return {k: v for k, v in (("from_user", d.from_user), ("to_user", d.to_user), ("channel", d.channel)) if v}
 
 
 class Origin:
@@ -136,9 +154,13 @@ class Origin:
         me = ctx.me
         ts = self.ctx.now()
         rows = []
+        enveloped = False
         for d in docs:
-            if len(d.app_data) > MAX_DOCUMENT_SIZE:
-                raise DocumentTooLarge(len(d.app_data))
+            if len(d.app_data) > MAX_DOCUMENT_SIZE - MAX_ENVELOPE:
+                # (An envelope takes up to MAX_ENVELOPE bytes of the frame.)
+                limit = MAX_DOCUMENT_SIZE - MAX_ENVELOPE if d.from_user or d.to_user or d.channel else MAX_DOCUMENT_SIZE
+                if len(d.app_data) > limit:
+                    raise DocumentTooLarge(len(d.app_data), limit)
             target = Endpoint.org(d.target)  # validates the id
             # Validate every field by building the DATA value once.
             # (``encrypt`` asks for sealing at send time; the plaintext stays
@@ -148,24 +170,58 @@ class Origin:
             Frame(kind=Kind.DATA, source=me, target=target, reliable=d.reliable,
                   save_fwd=d.save_fwd, ack2=d.ack2, priority=d.priority,
                   body=Data(lk0=ctx.lk0(1)))
+            if d.from_user or d.to_user or d.channel:
+                Envelope(from_user=d.from_user, to_user=d.to_user, channel=d.channel)  # validates them
+                enveloped = True
             rows.append((d, target, d.created_ms or ts))
         ids: list[int] = []
         try:
             with tx():
-                ctx.conn.executemany(
+                conn = ctx.conn
+                envelopes: list[bytes | None] = [None] * len(rows)
+                prevs = [0] * len(rows)
+                if enveloped:
+                    # The ids this INSERT gives (AUTOINCREMENT, consecutive
+                    # under our write lock; checked below): an ordered
+                    # document names the one before it in its channel.
+                    first = next_row_id(conn, "outbox")
+                    last: dict[tuple[str, str], int] = {}
+                    for i, (d, t, _) in enumerate(rows):
+                        if not (d.from_user or d.to_user or d.channel):
+                            continue
+                        prev = d.gap_prev
+                        if d.channel and not d.skipped:
+                            k = (t.node_id, d.channel)
+                            prev = last.get(k, -1)
+                            if prev < 0:
+                                row = conn.execute("SELECT last_id FROM channel_out WHERE target_id=? AND channel=?",
+                                                   k).fetchone()
+                                prev = int(row[0]) if row else 0
+                            last[k] = first + i
+                        prevs[i] = prev
+                        envelopes[i] = encode_envelope(Envelope(
+                            from_user=d.from_user, to_user=d.to_user, channel=d.channel, prev=prev,
+                            skipped=d.skipped))
+                    conn.executemany("INSERT OR REPLACE INTO channel_out (target_id, channel, last_id) VALUES (?,?,?)",
+                                     [(*k, v) for k, v in last.items()])
+                conn.executemany(
                     "INSERT INTO outbox (target_type, target_id, state, save_fwd, ack2, reliable,"
                     " priority, domain, data_type, subtype, key, created_ms, expires_ms, encrypt,"
-                    " session_key, app_data, state_ms, clear_key) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+                    " session_key, app_data, state_ms, clear_key, envelope, from_user, to_user, channel, prev_id, gap)"
+                    " VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
                     [(int(t.node_type), t.node_id, _SS_INIT, int(d.save_fwd), int(d.ack2), int(d.reliable),
                       d.priority, d.app_key.domain, d.app_key.data_type, d.app_key.subtype, d.app_key.key,
-                      created, d.expires_ms, int(d.encrypt), d.session_key, d.app_data, ts, int(d.clear_app_key))
-                     for d, t, created in rows],
+                      created, d.expires_ms, int(d.encrypt), d.session_key, d.app_data, ts, int(d.clear_app_key),
+                      env, d.from_user, d.to_user, d.channel, prev, 2 if d.skipped else 0)
+                     for (d, t, created), env, prev in zip(rows, envelopes, prevs, strict=True)],
                 )
                 if rows:
                     # AUTOINCREMENT under our write lock: the ids of one
                     # statement are consecutive, ending at the last one.
-                    last = int(ctx.conn.execute("SELECT last_insert_rowid()").fetchone()[0])
-                    ids = list(range(last - len(rows) + 1, last + 1))
+                    last_id = int(conn.execute("SELECT last_insert_rowid()").fetchone()[0])
+                    ids = list(range(last_id - len(rows) + 1, last_id + 1))
+                    if enveloped and ids[0] != first:
+                        raise StoreError(f"record ids {ids[0]}.. were given where {first}.. were expected")
         except STORE_ERRORS as e:
             raise translate(e, ctx.path, "node store") from e
         ctx.emit([
@@ -173,10 +229,26 @@ class Origin:
              "source": me.node_id, "target": t.node_id, "domain": d.app_key.domain,
              "data_type": d.app_key.data_type, "subtype": d.app_key.subtype, "key": d.app_key.key,
              "save_fwd": int(d.save_fwd), "ack2": bool(d.ack2), "reliable": bool(d.reliable),
-             "priority": d.priority, "size": len(d.app_data), "attempt": 0, "created_ms": created}
+             "priority": d.priority, "size": len(d.app_data), "attempt": 0, "created_ms": created,
+             **_user_fields(d)}
             for i, (d, t, created) in zip(ids, rows, strict=True)
         ])
         return [ctx.lk0(i) for i in ids]
+
+    def announce_gaps(self, tx: Callable[[], Any], ids: Collection[int] | None = None) -> int:
+        """Queue a gap notice for each failed ordered document not announced
+        yet (``ids``: of those only), marking it announced, in one
+        transaction (semq.node.channels). Returns how many."""
+        from .channels import gap_notices
+
+        with tx():
+            docs, failed = gap_notices(self.ctx.conn, self.ctx.me.node_id, self.ctx.unit,
+                                       encrypt=self.ctx.sec is not None, ids=ids)
+            if not docs:
+                return 0
+            self.accept(docs, nullcontext)
+            self.ctx.conn.executemany("UPDATE outbox SET gap=1 WHERE id=?", [(i,) for i in failed])
+        return len(docs)
 
     # ------------------------------------------------------------ sending
 
@@ -238,16 +310,21 @@ class Origin:
                 session_key, app_data, sealed, digest = sealed_docs[rid]
             else:
                 session_key, app_data, sealed, digest = r.session_key, r.app_data, False, None
-            data.append(encode_data(
+                if r.envelope is not None:
+                    app_data = r.envelope + app_data
+            local = target_id == me_id  # to a user of this node: never leaves it
+            (out.local if local else data).append(encode_data(
                 source=me, target=target, record_id=rid,
                 app_key=_NO_KEY_PARTS if sealed else (r.domain, r.data_type, r.subtype, r.key),
                 created_ms=r.created_ms, expires_ms=expires, save_fwd=r.save_fwd, ack2=bool(r.ack2),
                 reliable=bool(r.reliable), priority=r.priority, session_key=session_key, app_data=app_data,
-                key_sealed=sealed, semq_id=unit,
+                key_sealed=sealed, semq_id=unit, envelope=r.envelope is not None,
             ))
             events.append({"ts": ts, "role": "origin", "event": "sent", "lk0": f"{me_id}/{unit}/1/{rid}",
-                           "source": me_id, "target": target_id, "attempt": attempt, "path": path})
-            out.targets.add(target_id)
+                           "source": me_id, "target": target_id, "attempt": attempt,
+                           "path": "local" if local else path})
+            if not local:
+                out.targets.add(target_id)
             if r.reliable and only is not None and r.save_fwd == _DISCARD:
                 # SaveFwd 1 on a direct link: handed to the target's link is
                 # what a relay's forward is, and written so at once (not
@@ -328,7 +405,9 @@ class Origin:
                     out.missing.add(target)
                     continue
             sealed = bool(r.encrypt) and not r.clear_key
-            flags = document_flags(bool(r.reliable), bool(r.ack2), bool(r.encrypt), sealed)
+            env = r.envelope
+            flags = document_flags(bool(r.reliable), bool(r.ack2), bool(r.encrypt), sealed, env is not None)
+            doc = r.app_data if env is None else env + r.app_data
             ak = (tk, r.domain, r.data_type, r.subtype, r.key, r.save_fwd, flags, r.priority)
             aad_of = aads.get(ak)
             if aad_of is None:
@@ -338,8 +417,8 @@ class Origin:
                                                r.save_fwd, flags, r.priority))
             aad = aad_of(self.ctx.unit, 1, r.id, r.created_ms, r.expires_ms)
             keep.append(r)
-            items.append((aad, enclose_app_key(r.domain, r.data_type, r.subtype, r.key, r.app_data) if sealed
-                          else r.app_data, certs))
+            items.append((aad, enclose_app_key(r.domain, r.data_type, r.subtype, r.key, doc) if sealed
+                          else doc, certs))
         if not items:
             return keep, {}
         key = self.receipts.salt_key()

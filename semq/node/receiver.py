@@ -41,6 +41,8 @@ from semq.umxt_protocol import (
 )
 
 from .batch import Batch, NodeContext
+from .channels import INBOX_COLUMNS, ChannelsIn
+from .envelope import NO_ENVELOPE, Envelope, EnvelopeError, split_envelope
 from .engine import AckEvent, AckStatus, pending_ack_step, receive_decision, receiver_may_clean
 from .writebehind import MAX_INQUIRY_BACKOFF_MS, ConfirmRow, PendingAckRow, columns
 
@@ -78,6 +80,8 @@ class Receiver:
         self._inbound_floor = 0  # no pending-ack id below this is given out again
         self._inbound_sweep = 0  # the pending-ack id after which the next inquiry round reads
         self._unknown_key_at: dict[Endpoint, int] = {}  # origin -> when a document of it waited for its key
+        self.channels = ChannelsIn()
+        self._users: frozenset[str] | None = None  # this node's users, read when a document names one
 
     # ------------------------------------------------------------ a batch
 
@@ -116,6 +120,8 @@ class Receiver:
     def begin(self, b: Batch, frames: Sequence[RawFrame]) -> None:
         """One look-up of the dedup table for the batch's DATA (MEASUREMENTS:
         per-row statements cost ~15 us each)."""
+        self.channels.begin()
+        self._users = None
         groups: dict[tuple[int, str, int, int], list[int]] = defaultdict(list)
         for raw in frames:
             if raw.kind is Kind.DATA:
@@ -138,7 +144,7 @@ class Receiver:
         body = frame.body
         assert isinstance(body, Data)
         if self.ctx.sec is None:
-            self._receive(b, frame, body, body.app_data, None, "", body.app_key)
+            self._open_envelope(b, frame, body, body.app_data, None, "", body.app_key)
             return
         out = b.out
         if opened is None:  # (not opened with the batch: its origin's certificate is missing)
@@ -167,7 +173,31 @@ class Receiver:
             # Never delivered; the origin sees it (its row fails with the code).
             self._refuse(b, frame, body, getattr(got, "code", ResultCode.BAD_SIGNATURE), str(got))
             return
-        self._receive(b, frame, body, doc, got.digest, got.signer.org, app_key)
+        self._open_envelope(b, frame, body, doc, got.digest, got.signer.org, app_key)
+
+    def _open_envelope(self, b: Batch, frame: Frame, d: Data, doc: bytes, digest: bytes | None, signer: str,
+                       app_key: AppKey) -> None:
+        """The envelope of a document that has one (users, ordered channel:
+        semq.node.envelope), checked, then the document received."""
+        if not d.envelope:
+            self._receive(b, frame, d, doc, digest, signer, app_key, NO_ENVELOPE)
+            return
+        try:
+            env, doc = split_envelope(doc)
+        except EnvelopeError as e:
+            self._refuse(b, frame, d, ResultCode.INVALID_FIELD, str(e))
+            return
+        if env.to_user and env.to_user not in self.users():
+            self._refuse(b, frame, d, ResultCode.UNKNOWN_TARGET,
+                         f"{env.to_user} is not a user of organization {self.ctx.me.node_id}")
+            return
+        self._receive(b, frame, d, doc, digest, signer, app_key, env)
+
+    def users(self) -> frozenset[str]:
+        """This node's users (read once per batch that names one)."""
+        if self._users is None:
+            self._users = frozenset(r[0] for r in self.ctx.conn.execute("SELECT name FROM users"))
+        return self._users
 
     def _first_unknown_key(self, origin: Endpoint, ts: int) -> bool:
         """Whether a document of ``origin`` signed by a key we do not know
@@ -202,7 +232,7 @@ class Receiver:
                         body=Nack(lk0=lk0, code=code, message=detail[:1000], proof=proof)))
 
     def _receive(self, b: Batch, frame: Frame, d: Data, body: bytes, digest: bytes | None, signer: str,
-                 ak: AppKey) -> None:
+                 ak: AppKey, env: Envelope) -> None:
         ts, out, events = b.ts, b.out, b.events
         lk0, lk1 = d.lk0, d.lk1
         key = (int(lk0.endpoint.node_type), lk0.endpoint.node_id, lk0.semq_id, lk0.semq_db_id, lk0.record_id)
@@ -240,21 +270,29 @@ class Receiver:
             "event": "received", "domain": ak.domain, "data_type": ak.data_type,
             "subtype": ak.subtype, "key": ak.key, "save_fwd": int(frame.save_fwd),
             "ack2": frame.ack2, "reliable": reliable, "priority": frame.priority,
-            "size": len(d.app_data), "created_ms": d.created_ms, "path": "direct" if direct else "relay",
+            "size": len(d.app_data), "created_ms": d.created_ms,
+            "path": ("local" if lk0.endpoint == self.ctx.me else "direct") if direct else "relay",
         }
         if lk1 is not None:
             full["lk1"] = f"{lk1.semq_id}/{lk1.semq_db_id}/{lk1.record_id}"
+        if env is not NO_ENVELOPE:
+            for name in ("from_user", "to_user", "channel"):
+                if getattr(env, name):
+                    full[name] = getattr(env, name)
         events.append(full)
         if duplicate:
             events.append({"ts": ts, "role": "receiver", "lk0": lk0_text, "source": source, "target": me,
                            "event": "duplicate"})
         if dec.deliver:
-            b.new_inbox.append(
-                (*key, ak.domain, ak.data_type, ak.subtype, ak.key,
-                 int(frame.save_fwd), frame.priority, d.created_ms, ts, int(d.encrypt), body, signer))
-            out.delivered += 1
-            events.append({"ts": ts, "role": "receiver", "lk0": lk0_text, "source": source, "target": me,
-                           "event": "inbox"})
+            row = (*key, ak.domain, ak.data_type, ak.subtype, ak.key, int(frame.save_fwd), frame.priority,
+                   d.created_ms, ts, int(d.encrypt), body, signer, env.from_user, env.to_user, env.channel)
+            if not env.channel:
+                b.new_inbox.append(row)
+                out.delivered += 1
+                events.append({"ts": ts, "role": "receiver", "lk0": lk0_text, "source": source, "target": me,
+                               "event": "inbox"})
+            else:
+                self._ordered(b, lk0, env, row)
         inbound_id = 0
         wb = self.ctx.held
         # Answered on a direct link, the ACK2 gets no REACK2: an ACK2 lost
@@ -298,6 +336,37 @@ class Receiver:
             events.append({"ts": ts, "role": "receiver", "lk0": lk0_text, "source": source, "target": me,
                            "event": "ack2_sent"})
 
+    def _ordered(self, b: Batch, lk0: LK0, env: Envelope, row: tuple[Any, ...]) -> None:
+        """A new document of an ordered channel: to the inbox with the held
+        ones it releases, or held (semq.node.channels). A gap notice for a
+        document that did arrive is dropped (it was handed over in its
+        place); one for a document that did not takes its place, and a
+        late copy of that document is then a duplicate."""
+        ts, origin = b.ts, lk0.endpoint
+        pos = lk0.record_id
+        if env.skipped:
+            gone = (int(origin.node_type), origin.node_id, lk0.semq_id, lk0.semq_db_id, env.skipped)
+            if gone in b.known or self.ctx.conn.execute(
+                    "SELECT 1 FROM dedup WHERE origin_type=? AND origin_id=? AND semq_id=? AND semq_db_id=?"
+                    " AND record_id=?", gone).fetchone():
+                b.events.append({"ts": ts, "role": "receiver", "lk0": str(lk0), "source": origin.node_id,
+                                 "target": self.ctx.me.node_id, "event": "gap_dropped", "channel": env.channel})
+                return
+            b.known.add(gone)
+            b.new_dedup.append((*gone, ts, None))
+            pos = env.skipped
+        rows = self.channels.place(self.ctx.conn, origin.node_id, env, pos, row)
+        me = self.ctx.me.node_id
+        if not rows:
+            b.events.append({"ts": ts, "role": "receiver", "lk0": str(lk0), "source": origin.node_id,
+                             "target": me, "event": "held", "channel": env.channel, "prev": env.prev})
+        for r in rows:
+            b.new_inbox.append(r)
+            b.out.delivered += 1
+            _, oid, sid, did, rid, *_ = r
+            b.events.append({"ts": ts, "role": "receiver", "lk0": f"{oid}/{sid}/{did}/{rid}", "source": oid,
+                             "target": me, "event": "inbox", "channel": env.channel})
+
     # Row ids of the pending-ack table are assigned here, inside the
     # IMMEDIATE transaction (we are the only writer), so acks can name them
     # before the rows are written.
@@ -335,10 +404,9 @@ class Receiver:
             b.new_dedup.clear()
         if b.new_inbox:
             conn.executemany(
-                "INSERT INTO inbox (origin_type, origin_id, semq_id, semq_db_id, record_id, domain,"
-                " data_type, subtype, key, save_fwd, priority, created_ms, received_ms, encrypt,"
-                " app_data, signer) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)", b.new_inbox)
+                f"INSERT INTO inbox ({INBOX_COLUMNS}) VALUES ({','.join('?' * 19)})", b.new_inbox)
             b.new_inbox.clear()
+        self.channels.flush(conn, b.ts)
 
     # ------------------------------------------------------------ confirmations
 

@@ -24,6 +24,8 @@ from playhouse.sqlite_ext import AutoIncrementField
 
 from semq._db import StoreError, create_tables, next_row_id, open_store
 
+from .engine import SendState
+
 __all__ = [
     "ID_RATE",
     "INCARNATION_REASONS",
@@ -373,7 +375,54 @@ def _v9(db: SqliteDatabase) -> None:
     db.execute_sql("CREATE INDEX outbox_send_order ON outbox (state, priority DESC, id, target_id)")
 
 
-MIGRATIONS = [_v1, _v2, _v3, _v4, _v5, _v6, _v7, _v8, _v9]
+def _v10(db: SqliteDatabase) -> None:
+    """Users and ordered channels (semq.node.envelope, semq.node.channels).
+    ``outbox.envelope``: the bytes that start the document's AppData on the
+    wire (NULL: none), with the users, channel and place it names kept in
+    columns for reading; ``outbox.gap``: 1 once a failed ordered document's
+    gap notice is queued. ``inbox`` gets the users and the channel.
+    ``channel_out``: per target and channel, the last record id accepted
+    (the next one names it). ``channel_in``: per origin and channel, the
+    place last handed to the application and how many documents are held.
+    ``channel_held``: documents that came before the one they follow (inbox
+    columns, plus their place). ``users``: the node's users, with the
+    SHA-256 of their token."""
+    for table, cols in (
+        ("outbox", ("envelope BLOB", "from_user TEXT NOT NULL DEFAULT ''", "to_user TEXT NOT NULL DEFAULT ''",
+                    "channel TEXT NOT NULL DEFAULT ''", "prev_id INTEGER NOT NULL DEFAULT 0",
+                    "gap INTEGER NOT NULL DEFAULT 0")),
+        ("inbox", ("from_user TEXT NOT NULL DEFAULT ''", "to_user TEXT NOT NULL DEFAULT ''",
+                   "channel TEXT NOT NULL DEFAULT ''")),
+    ):
+        have = {r[1] for r in db.execute_sql(f"PRAGMA table_info({table})").fetchall()}
+        for col in cols:
+            if col.split()[0] not in have:
+                db.execute_sql(f"ALTER TABLE {table} ADD COLUMN {col}")
+    # A user's unread documents, without reading the others' (partial: the
+    # organization's own documents, to_user '', never enter it).
+    db.execute_sql("CREATE INDEX IF NOT EXISTS inbox_user ON inbox (to_user, id) WHERE to_user != ''")
+    # Failed ordered documents whose gap notice is not queued yet.
+    db.execute_sql(f"CREATE INDEX IF NOT EXISTS outbox_gap ON outbox (id) WHERE channel != '' AND gap = 0"
+                   f" AND state = {int(SendState.SS_FAILED)}")
+    db.execute_sql("CREATE TABLE IF NOT EXISTS channel_out (target_id TEXT NOT NULL, channel TEXT NOT NULL,"
+                   " last_id INTEGER NOT NULL, PRIMARY KEY (target_id, channel)) WITHOUT ROWID")
+    db.execute_sql("CREATE TABLE IF NOT EXISTS channel_in (origin_id TEXT NOT NULL, channel TEXT NOT NULL,"
+                   " last_pos INTEGER NOT NULL, held INTEGER NOT NULL DEFAULT 0, moved_ms INTEGER NOT NULL,"
+                   " PRIMARY KEY (origin_id, channel)) WITHOUT ROWID")
+    db.execute_sql(
+        "CREATE TABLE IF NOT EXISTS channel_held (id INTEGER PRIMARY KEY AUTOINCREMENT, prev INTEGER NOT NULL,"
+        " pos INTEGER NOT NULL, origin_type INTEGER NOT NULL, origin_id TEXT NOT NULL, semq_id INTEGER NOT NULL,"
+        " semq_db_id INTEGER NOT NULL, record_id INTEGER NOT NULL, domain TEXT NOT NULL, data_type TEXT NOT NULL,"
+        " subtype TEXT NOT NULL, key TEXT NOT NULL, save_fwd INTEGER NOT NULL, priority INTEGER NOT NULL,"
+        " created_ms INTEGER NOT NULL, received_ms INTEGER NOT NULL, encrypt INTEGER NOT NULL,"
+        " app_data BLOB NOT NULL, signer TEXT NOT NULL, from_user TEXT NOT NULL, to_user TEXT NOT NULL,"
+        " channel TEXT NOT NULL)")
+    db.execute_sql("CREATE INDEX IF NOT EXISTS channel_held_prev ON channel_held (origin_id, channel, prev)")
+    db.execute_sql("CREATE TABLE IF NOT EXISTS users (name TEXT PRIMARY KEY, token_sha256 TEXT NOT NULL,"
+                   " os_user TEXT NOT NULL DEFAULT '', created_ms INTEGER NOT NULL)")
+
+
+MIGRATIONS = [_v1, _v2, _v3, _v4, _v5, _v6, _v7, _v8, _v9, _v10]
 
 
 # A store incarnation's record ids start at its creation time in microsecond

@@ -87,6 +87,7 @@ class ClaimRow(NamedTuple):
     session_key: bytes
     app_data: bytes
     clear_key: int
+    envelope: bytes | None  # what starts AppData on the wire (semq.node.envelope); None: nothing
 
 
 class OriginRow(NamedTuple):

@@ -16,6 +16,7 @@ from ._errors import LocalProtocolError, ProtocolError, RemoteProtocolError, Res
 from ._frames import (
     FLAG_ACK2,
     FLAG_ENCRYPT,
+    FLAG_ENVELOPE,
     FLAG_KEY_SEALED,
     FLAG_RELIABLE,
     MAX_ACK_BATCH,
@@ -73,6 +74,7 @@ __all__ = [
     "DEFAULT_MAX_FRAME",
     "FLAG_ACK2",
     "FLAG_ENCRYPT",
+    "FLAG_ENVELOPE",
     "FLAG_KEY_SEALED",
     "FLAG_RELIABLE",
     "HEADER_SIZE",

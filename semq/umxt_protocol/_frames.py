@@ -76,6 +76,7 @@ from ._limits import (
     _MAX_U32,
     FLAG_ACK2,
     FLAG_ENCRYPT,
+    FLAG_ENVELOPE,
     FLAG_KEY_SEALED,
     FLAG_LAYER,
     FLAG_RELIABLE,
@@ -95,6 +96,7 @@ __all__ = [
     "FLAGS_KNOWN",
     "FLAG_ACK2",
     "FLAG_ENCRYPT",
+    "FLAG_ENVELOPE",
     "FLAG_KEY_SEALED",
     "FLAG_LAYER",
     "FLAG_RELIABLE",
@@ -270,6 +272,8 @@ class Frame:
                 f |= FLAG_ENCRYPT
             if self.body.key_sealed:
                 f |= FLAG_KEY_SEALED
+            if self.body.envelope:
+                f |= FLAG_ENVELOPE
         return f
 
 
@@ -351,7 +355,8 @@ def decode_body(kind: Kind, buf: bytes, origin: Endpoint, flags: int) -> Body:
     """Parse one body. Raises RemoteProtocolError (never construct's errors)."""
     try:
         if kind is Kind.DATA:
-            return _decode_data(buf, origin, bool(flags & FLAG_ENCRYPT), bool(flags & FLAG_KEY_SEALED))
+            return _decode_data(buf, origin, bool(flags & FLAG_ENCRYPT), bool(flags & FLAG_KEY_SEALED),
+                                bool(flags & FLAG_ENVELOPE))
         if kind in _ACK_KINDS:
             return _decode_ack(kind, buf)
         if kind is Kind.ACK_BATCH:

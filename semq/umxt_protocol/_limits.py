@@ -19,6 +19,7 @@ __all__ = [
     "FLAGS_KNOWN",
     "FLAG_ACK2",
     "FLAG_ENCRYPT",
+    "FLAG_ENVELOPE",
     "FLAG_KEY_SEALED",
     "FLAG_LAYER",
     "FLAG_RELIABLE",
@@ -44,7 +45,12 @@ FLAG_ENCRYPT: Final = 0x08  # Encrypt=1: AppData is sealed with the wrapped Sess
 # carries an empty one): the relay routes without it and must not read it.
 # DATA with Encrypt=1 only.
 FLAG_KEY_SEALED: Final = 0x10
-FLAGS_KNOWN: Final = 0x1F
+# AppData begins with the document's envelope: the users it is from and to
+# inside the two organizations, and its place in an ordered channel
+# (semq.node.envelope). Inside the sealed AppData when Encrypt=1: the relay
+# routes without it. DATA only; its AAD binds the flag.
+FLAG_ENVELOPE: Final = 0x20
+FLAGS_KNOWN: Final = 0x3F
 
 MAX_SESSION_KEY: Final = 4096  # bytes of a wrapped session key
 MAX_RECEIPT: Final = 4096  # bytes of a signed receipt on ACK2

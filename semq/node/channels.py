@@ -1,0 +1,160 @@
+"""Ordered channels (SPEC "Ordered channels"; the chain rules are in
+semq.node.envelope): the receiver's order, the origin's gap notices, and
+what waits.
+
+Receiver: ``ChannelsIn.place`` decides, inside the batch's transaction,
+whether a newly received ordered document goes to the inbox now (it follows
+the one handed over last) or is held in ``channel_held``; a document that
+closes a gap releases the held ones that follow it, in order. A held document
+is in the store, so it is acknowledged like any other.
+
+Origin: an ordered document that fails (refused, dropped, expired) is
+announced by a gap notice in its place (``gap_notices``), so the receiver's
+channel moves on and its application is told; the failed row is marked
+``gap = 1`` in the same transaction. A purged dead letter is announced the
+same way first.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any, Final
+
+from semq.umxt_protocol import AppKey
+
+from .engine import SendState
+from .envelope import GAP_DOMAIN, GAP_TYPE, Envelope
+
+__all__ = ["INBOX_COLUMNS", "ChannelWait", "ChannelsIn", "InboxValues", "gap_notices", "waiting_channels"]
+
+#: An inbox row's values, in the order of ``INBOX_INSERT``'s columns.
+InboxValues = tuple[Any, ...]
+INBOX_COLUMNS: Final = ("origin_type, origin_id, semq_id, semq_db_id, record_id, domain, data_type, subtype, key,"
+                        " save_fwd, priority, created_ms, received_ms, encrypt, app_data, signer, from_user,"
+                        " to_user, channel")
+_HELD_INSERT: Final = f"INSERT INTO channel_held (prev, pos, {INBOX_COLUMNS}) VALUES ({','.join('?' * 21)})"
+_HELD_NEXT: Final = (f"SELECT id, pos, {INBOX_COLUMNS} FROM channel_held WHERE origin_id=? AND channel=? AND prev=?"
+                     f" ORDER BY id LIMIT 1")
+_FAILED: Final = int(SendState.SS_FAILED)
+
+
+class ChannelsIn:
+    """The receiver's ordered channels, one batch at a time (the state read
+    in a batch is dropped at its start: a rolled-back batch leaves none)."""
+
+    def __init__(self) -> None:
+        self._state: dict[tuple[str, str], list[int]] = {}  # (origin, channel) -> [last_pos, held]
+        self._dirty: set[tuple[str, str]] = set()
+
+    def begin(self) -> None:
+        self._state.clear()
+        self._dirty.clear()
+
+    def _get(self, conn: sqlite3.Connection, k: tuple[str, str]) -> list[int]:
+        st = self._state.get(k)
+        if st is None:
+            r = conn.execute("SELECT last_pos, held FROM channel_in WHERE origin_id=? AND channel=?", k).fetchone()
+            last, held = r if r else (0, 0)
+            st = self._state[k] = [int(last), int(held)]
+        return st
+
+    def place(self, conn: sqlite3.Connection, origin_id: str, env: Envelope, pos: int,
+              row: InboxValues) -> list[InboxValues]:
+        """The inbox rows to write now, in order: ``row`` and the held ones
+        it releases, or none (``row`` is held: it does not follow the last
+        one handed over). ``pos``: the document's place (its record id; a
+        gap notice's is the failed document's)."""
+        k = (origin_id, env.channel)
+        st = self._get(conn, k)
+        self._dirty.add(k)
+        if env.prev != st[0]:
+            conn.execute(_HELD_INSERT, (env.prev, pos, *row))
+            st[1] += 1
+            return []
+        out = [row]
+        st[0] = pos
+        while st[1] > 0:
+            r = conn.execute(_HELD_NEXT, (*k, st[0])).fetchone()
+            if r is None:
+                break
+            held_id, next_pos, *values = r
+            conn.execute("DELETE FROM channel_held WHERE id=?", (held_id,))
+            st[1] -= 1
+            st[0] = int(next_pos)
+            out.append(tuple(values))
+        return out
+
+    def flush(self, conn: sqlite3.Connection, ts: int) -> None:
+        """Write the channels this batch moved (in its transaction)."""
+        if self._dirty:
+            conn.executemany(
+                "INSERT OR REPLACE INTO channel_in (origin_id, channel, last_pos, held, moved_ms) VALUES (?,?,?,?,?)",
+                [(*k, *self._state[k], ts) for k in self._dirty])
+            self._dirty.clear()
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ChannelWait:
+    """An ordered channel that holds documents back."""
+
+    origin: str
+    channel: str
+    held: int
+    last: int  # the record id handed over last (0: none yet)
+    waits_for: int  # the record id the earliest held document follows
+    since_ms: int  # when the channel last moved
+    unit: int = 1
+
+    @property
+    def lk0(self) -> str:
+        return f"{self.origin}/1/1/{self.waits_for}"
+
+    def describe(self) -> str:
+        return (f"channel {self.channel} from {self.origin} waits for LK0 {self.lk0}"
+                f" ({self.held} document{'s' if self.held != 1 else ''} held)")
+
+
+def waiting_channels(conn: sqlite3.Connection, unit: int = 1) -> list[ChannelWait]:
+    """The channels of this store that hold documents back, and what each
+    waits for: the document the earliest held one follows."""
+    out = []
+    for origin, channel, last, held, moved in conn.execute(
+            "SELECT origin_id, channel, last_pos, held, moved_ms FROM channel_in WHERE held > 0"
+            " ORDER BY origin_id, channel").fetchall():
+        r = conn.execute(
+            "SELECT min(prev) FROM channel_held h WHERE origin_id=? AND channel=? AND NOT EXISTS"
+            " (SELECT 1 FROM channel_held p WHERE p.origin_id=h.origin_id AND p.channel=h.channel AND p.pos=h.prev)",
+            (origin, channel)).fetchone()
+        out.append(ChannelWait(origin=origin, channel=channel, held=int(held), last=int(last),
+                               waits_for=int(r[0] or 0), since_ms=int(moved), unit=unit))
+    return out
+
+
+def gap_notices(conn: sqlite3.Connection, me: str, unit: int, *, encrypt: bool,
+                ids: Iterable[int] | None = None, limit: int = 1000) -> tuple[list[Any], list[int]]:
+    """The gap notices for failed ordered documents not announced yet
+    (``ids``: only those, e.g. dead letters about to be purged): the
+    NewDocuments to accept, and the failed rows to mark ``gap = 1`` — in
+    the same transaction."""
+    from .origin import NewDocument
+
+    cols = "id, target_id, channel, prev_id, code, from_user, to_user, priority"
+    if ids is None:
+        rows = conn.execute(f"SELECT {cols} FROM outbox WHERE channel != '' AND gap = 0 AND state = {_FAILED}"
+                            " ORDER BY id LIMIT ?", (limit,)).fetchall()
+    else:
+        wanted = list(ids)
+        rows = [r for i in wanted for r in conn.execute(
+            f"SELECT {cols} FROM outbox WHERE id=? AND channel != '' AND gap = 0", (i,)).fetchall()]
+    docs = []
+    for rid, target, channel, prev, code, from_user, to_user, priority in rows:
+        lk0 = f"{me}/{unit}/1/{rid}"
+        docs.append(NewDocument(
+            target=target, app_data=json.dumps({"lk0": lk0, "code": int(code)}).encode(),
+            app_key=AppKey(domain=GAP_DOMAIN, data_type=GAP_TYPE, subtype=channel, key=lk0),
+            priority=priority, encrypt=encrypt, from_user=from_user, to_user=to_user, channel=channel,
+            skipped=rid, gap_prev=prev))
+    return docs, [r[0] for r in rows]
