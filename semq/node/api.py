@@ -24,7 +24,9 @@ from semq.umxt_protocol import LK0, AppKey, Endpoint, NodeType, ResultCode, Save
 
 from .core import NewDocument, NodeCore
 from .engine import SendState
+from .envelope import GAP_DOMAIN, GAP_TYPE, EnvelopeError, check_channel, check_user, parse_address
 from .limits import MAX_DOCUMENT_SIZE, BadTarget, DocumentTooLarge, check_target
+from .users import User, add_user, list_users, remove_user
 from .writebehind import InboxRow, MessageRow, columns
 
 __all__ = ["MAX_DOCUMENT_SIZE", "BadTarget", "DocumentTooLarge", "InboxItem", "NodeClient", "OutboxRow"]
@@ -44,6 +46,7 @@ _INBOX_COLS: Final = columns(InboxRow)
 _MESSAGES: Final = (
     f"SELECT {columns(MessageRow)} FROM (SELECT o.*, f.target_id AS refused_by FROM outbox o"
     f" LEFT JOIN refusals f ON f.record_id = o.id AND o.state = {int(SendState.SS_FAILED)}) ORDER BY id LIMIT ?")
+_MESSAGES_OF_USER: Final = _MESSAGES.replace(" ORDER BY id LIMIT ?", " WHERE from_user = ? ORDER BY id LIMIT ?")
 
 
 @dataclass(frozen=True)
@@ -59,6 +62,15 @@ class InboxItem:
     app_data: bytes
     consumed_ms: int | None
     unit: int = 1  # the unit that received it (semq.units)
+    from_user: str = ""  # the sending organization's user ("": the organization)
+    to_user: str = ""  # the user of this node it is for ("": the organization)
+    channel: str = ""  # its ordered channel ("": unordered)
+
+    @property
+    def gap(self) -> bool:
+        """A gap notice: the document of ``channel`` named by the AppKey's
+        key failed at its origin, and the channel moved on without it."""
+        return self.app_key.domain == GAP_DOMAIN and self.app_key.data_type == GAP_TYPE
 
 
 @dataclass(frozen=True)
@@ -78,6 +90,9 @@ class OutboxRow:
     # Why a failed row failed, in words: the result code's name, and for a
     # target's signed refusal, who refused it (verified when it came).
     note: str = ""
+    from_user: str = ""
+    to_user: str = ""
+    channel: str = ""
 
 
 def _note(state: int, code: int, refused_by: str | None) -> str:
@@ -150,7 +165,7 @@ class NodeClient:
         self, to: str, data: bytes, *, data_type: str = "", domain: str = "", subtype: str = "",
         key: str = "", save_fwd: int = 3, ack2: bool = True, priority: int = 0,
         expires_in: float | None = None, reliable: bool = True, encrypt: bool = True,
-        clear_app_key: bool = False,
+        clear_app_key: bool = False, ordered: str | None = None, user: str | None = None,
     ) -> LK0:
         """Accept one document; durable when this returns. With security on
         (the default) it is signed and sealed for the target when it is sent,
@@ -161,41 +176,102 @@ class NodeClient:
         no frame can carry), BadTarget (``to`` is not an organization id, or
         is this node), both LocalProtocolError like any other invalid field;
         StoreError for the store. A target the node has not heard of is
-        accepted (``knows`` tells): the platform decides whether it exists."""
+        accepted (``knows`` tells): the platform decides whether it exists.
+
+        ``to`` is an organization (``56001``), a user of one (``56001/alice``)
+        or a user of this node (``alice``: the document never leaves the
+        node, but is a record like any other). ``user``: the user of this
+        node it is from. ``ordered``: its channel — the documents of one
+        (origin, target, channel) reach the target's application in the
+        order they were accepted here (semq.node.envelope)."""
         return self.send_many([dict(to=to, data=data, data_type=data_type, domain=domain, subtype=subtype,
                                     key=key, save_fwd=save_fwd, ack2=ack2, priority=priority,
                                     expires_in=expires_in, reliable=reliable, encrypt=encrypt,
-                                    clear_app_key=clear_app_key)])[0]
+                                    clear_app_key=clear_app_key, ordered=ordered, user=user)])[0]
 
     def send_many(self, docs: list[dict[str, Any]], *, unit: int | None = None) -> list[LK0]:
         """Accept several documents in one transaction (much faster); the
         errors of ``send``, and then nothing of the call is accepted. A node
         of several units takes them into its next unit in turn (``unit``:
         into that one)."""
+        me = self.config.org
+        addresses: dict[str, tuple[str, str]] = {}
         for to in {d["to"] for d in docs}:  # once per target, not per document
-            check_target(to, self.config.org)
+            addresses[to] = self._address(to)
         now = int(time.time() * 1000)
         news = []
+        ordered = False
         for d in docs:
             exp = d.get("expires_in")
             reliable = d.get("reliable", True)
+            org, to_user = addresses[d["to"]]
+            channel = d.get("ordered") or ""
+            from_user = d.get("user") or ""
+            try:
+                if channel:
+                    check_channel(channel)
+                    ordered = True
+                    if not reliable:
+                        raise BadTarget(f"ordered channel {channel}: a best-effort document cannot be ordered"
+                                        " (it may be dropped without a trace)", ResultCode.INVALID_FIELD)
+                if from_user:
+                    check_user(from_user)
+            except EnvelopeError as e:
+                raise BadTarget(str(e), ResultCode.INVALID_FIELD) from None
             news.append(NewDocument(
-                target=d["to"], app_data=bytes(d["data"]),
+                target=org, app_data=bytes(d["data"]),
                 app_key=AppKey(domain=d.get("domain", ""), data_type=d.get("data_type", ""),
                                subtype=d.get("subtype", ""), key=d.get("key", "")),
                 save_fwd=SaveFwd(d.get("save_fwd", 3) if reliable else 1),
-                ack2=bool(d.get("ack2", True)) and reliable, reliable=reliable,
+                # An ordered document always asks for its receipt: the
+                # origin must know whether it arrived or the channel waits.
+                ack2=(bool(d.get("ack2", True)) or bool(channel)) and reliable, reliable=reliable,
                 priority=d.get("priority", 0),
                 expires_ms=now + int(exp * 1000) if exp else None, created_ms=now,
                 encrypt=self.config.security and bool(d.get("encrypt", True)),
                 clear_app_key=bool(d.get("clear_app_key", False)),
+                from_user=from_user, to_user=to_user, channel=channel,
             ))
-        if unit is not None:
+        if from_users := {n.from_user for n in news if n.from_user} - self._user_names():
+            raise BadTarget(f"{sorted(from_users)[0]} is not a user of {me} (semq user add)",
+                            ResultCode.INVALID_FIELD)
+        if ordered:
+            # A channel's documents are numbered in one store: unit 1's.
+            core = self.core
+        elif unit is not None:
             core = self.cores[unit - 1]
         else:
             core = self.cores[self._turn % len(self.cores)]
             self._turn += 1
         return core.accept(news)
+
+    def _user_names(self) -> set[str]:
+        return {u.name for u in list_users(self.core.conn)}
+
+    def _address(self, to: str) -> tuple[str, str]:
+        """(organization, user) of a ``to`` address, checked (BadTarget)."""
+        me = self.config.org
+        try:
+            org, user = parse_address(to, me)
+        except EnvelopeError as e:
+            raise BadTarget(f"--to {to!r}: {e}", ResultCode.INVALID_FIELD) from None
+        if org == me and user:
+            if user not in self._user_names():
+                raise BadTarget(f"{user} is not a user of {me} (semq user add {user})", ResultCode.INVALID_FIELD)
+            return org, user
+        check_target(org, me)
+        return org, user
+
+    def users(self) -> list[User]:
+        """This node's users (semq.node.users)."""
+        return list_users(self.core.conn)
+
+    def add_user(self, name: str, *, os_user: str = "") -> str:
+        """Add a user; returns its token (shown once: only its digest is kept)."""
+        return add_user([c.conn for c in self.cores], name, os_user=os_user)
+
+    def remove_user(self, name: str) -> None:
+        remove_user([c.conn for c in self.cores], name)
 
     def knows(self, org: str) -> bool:
         """Whether this node has heard of organization ``org``: it holds its
@@ -219,23 +295,28 @@ class NodeClient:
                     return True
         return False
 
-    def inbox(self, *, unread: bool = True, limit: int = 1000, after_id: int = 0) -> list[InboxItem]:
+    def inbox(self, *, unread: bool = True, limit: int = 1000, after_id: int = 0,
+              user: str | None = None) -> list[InboxItem]:
         """The inbox in id order (every unit's, for a node of several),
-        documents with an id above ``after_id``, at most ``limit``."""
+        documents with an id above ``after_id``, at most ``limit``;
+        ``user``: only those for that user of this node."""
         q = (f"SELECT {_INBOX_COLS} FROM inbox WHERE id > ?" + (" AND consumed_ms IS NULL" if unread else "")
-             + " ORDER BY id LIMIT ?")
+             + (" AND to_user = ?" if user else "") + " ORDER BY id LIMIT ?")
+        tail = (user, limit) if user else (limit,)
         item = self._item
         if len(self.cores) == 1:
-            return [item(r) for r in map(InboxRow._make, self.core.conn.execute(q, (after_id, limit)))]
+            return [item(r) for r in map(InboxRow._make, self.core.conn.execute(q, (after_id, *tail)))]
         items = [item(r, k) for k, core in enumerate(self.cores, 1)
-                 for r in map(InboxRow._make, core.conn.execute(q, ((after_id - k) // UNIT_IDS, limit)))]
+                 for r in map(InboxRow._make, core.conn.execute(q, ((after_id - k) // UNIT_IDS, *tail)))]
         items.sort(key=lambda it: it.id)
         return items[:limit]
 
-    def get(self, item_id: int) -> InboxItem:
+    def get(self, item_id: int, *, user: str | None = None) -> InboxItem:
+        """One inbox document; ``user``: only if it is that user's (KeyError
+        with the same words as for a missing one otherwise)."""
         core, row = self._unit_core(item_id)
         r = core.conn.execute(f"SELECT {_INBOX_COLS} FROM inbox WHERE id=?", (row,)).fetchone()
-        if r is None:
+        if r is None or (user is not None and InboxRow._make(r).to_user != user):
             raise KeyError(f"no inbox document {item_id}")
         return self._item(InboxRow._make(r), core.unit)
 
@@ -247,10 +328,12 @@ class NodeClient:
             app_key=AppKey(domain=r.domain, data_type=r.data_type, subtype=r.subtype, key=r.key),
             save_fwd=r.save_fwd, priority=r.priority, created_ms=r.created_ms, received_ms=r.received_ms,
             encrypted=bool(r.encrypt), app_data=r.app_data, consumed_ms=r.consumed_ms, unit=unit,
+            from_user=r.from_user, to_user=r.to_user, channel=r.channel,
         )
 
-    def acknowledge(self, ids: list[int]) -> int:
-        """The application has processed these documents (kept a day, then purged)."""
+    def acknowledge(self, ids: list[int], *, user: str | None = None) -> int:
+        """The application has processed these documents (kept a day, then
+        purged); ``user``: only that user's documents are acknowledged."""
         ts = int(time.time() * 1000)
         by_core: dict[int, list[int]] = {}
         for i in ids:
@@ -260,24 +343,27 @@ class NodeClient:
                 continue
             by_core.setdefault(core.unit, []).append(row)
         done = 0
+        only = " AND to_user=?" if user is not None else ""
         for unit, rows in by_core.items():
             core = self.cores[unit - 1]
             with core.db.atomic("IMMEDIATE"):
                 cur = core.conn.executemany(
-                    "UPDATE inbox SET consumed_ms=? WHERE id=? AND consumed_ms IS NULL", [(ts, i) for i in rows])
+                    f"UPDATE inbox SET consumed_ms=? WHERE id=? AND consumed_ms IS NULL{only}",
+                    [(ts, i, user) if user is not None else (ts, i) for i in rows])
             done += int(cur.rowcount)
         return done
 
-    def receive(self, *, timeout: float = 10.0, poll: float = 0.1) -> Iterator[InboxItem]:
+    def receive(self, *, timeout: float = 10.0, poll: float = 0.1, user: str | None = None) -> Iterator[InboxItem]:
         """Yield unread documents as they arrive, until ``timeout`` passes
-        with nothing new."""
+        with nothing new; ``user``: only those for that user of this node."""
         last = [0] * len(self.cores)  # per unit: the last row yielded
-        q = f"SELECT {_INBOX_COLS} FROM inbox WHERE id > ? AND consumed_ms IS NULL ORDER BY id LIMIT 1000"
+        q = (f"SELECT {_INBOX_COLS} FROM inbox WHERE id > ? AND consumed_ms IS NULL"
+             + (" AND to_user = ?" if user else "") + " ORDER BY id LIMIT 1000")
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             got = False
             for k, core in enumerate(self.cores, 1):
-                for r in map(InboxRow._make, core.conn.execute(q, (last[k - 1],))):
+                for r in map(InboxRow._make, core.conn.execute(q, (last[k - 1], user) if user else (last[k - 1],))):
                     last[k - 1] = r.id
                     got = True
                     yield self._item(r, k)
@@ -286,16 +372,19 @@ class NodeClient:
             else:
                 time.sleep(poll)
 
-    def messages(self, *, limit: int = 1000) -> list[OutboxRow]:
-        """The documents this node sent and has not cleaned up (every unit's)."""
+    def messages(self, *, limit: int = 1000, user: str | None = None) -> list[OutboxRow]:
+        """The documents this node sent and has not cleaned up (every
+        unit's); ``user``: only those that user sent."""
         me = self.core.me
+        q, args = (_MESSAGES_OF_USER, (user, limit)) if user else (_MESSAGES, (limit,))
         rows = [OutboxRow(lk0=LK0(endpoint=me, semq_id=core.unit, record_id=r.id), target=r.target_id,
                           state=SendState(r.state),
                           app_key=AppKey(domain=r.domain, data_type=r.data_type, subtype=r.subtype, key=r.key),
                           save_fwd=r.save_fwd, ack2=bool(r.ack2), priority=r.priority, created_ms=r.created_ms,
                           attempts=r.attempts, inquiries=r.inquiries, code=r.code, size=r.size,
-                          note=_note(r.state, r.code, r.refused_by))
-                for core in self.cores for r in map(MessageRow._make, core.conn.execute(_MESSAGES, (limit,)))]
+                          note=_note(r.state, r.code, r.refused_by), from_user=r.from_user, to_user=r.to_user,
+                          channel=r.channel)
+                for core in self.cores for r in map(MessageRow._make, core.conn.execute(q, args))]
         if len(self.cores) > 1:
             rows.sort(key=lambda o: (o.created_ms, o.lk0.record_id))
         return rows[:limit]

@@ -329,6 +329,9 @@ class InboxRow(NamedTuple):
     encrypt: int
     app_data: bytes
     consumed_ms: int | None
+    from_user: str
+    to_user: str
+    channel: str
 
 
 class MessageRow(NamedTuple):
@@ -351,6 +354,9 @@ class MessageRow(NamedTuple):
     code: int
     size: int
     refused_by: str | None
+    from_user: str
+    to_user: str
+    channel: str
 
 
 class DeadLetterRow(NamedTuple):

@@ -1,0 +1,104 @@
+"""Users inside an organization (SPEC "Users"): who they are and how their
+applications prove it.
+
+A user has a name (``alice``: a-z 0-9 . _ -, starting with a letter) and a
+token; only the token's SHA-256 is stored, in every unit's store (the
+``users`` table), so a copy of the store does not give the token away. A
+user may also be tied to an operating-system account (``os_user``): an
+application running as that account is that user on the node's user
+socket without a token (the kernel says who connected: SO_PEERCRED).
+
+The node's operator — whoever can open the node's data directory — sees
+every user's documents (``NodeClient``). A user's application reaches the
+node through the user socket (semq.node.usersock), which answers for that
+user only.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import secrets
+import sqlite3
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Final
+
+from .envelope import EnvelopeError, check_user
+
+__all__ = ["TOKEN_BYTES", "User", "UserError", "add_user", "authenticate", "list_users", "remove_user",
+           "user_for_os_account"]
+
+TOKEN_BYTES: Final = 32  # random bytes of a token (printed as 43 URL-safe characters)
+_PREFIX: Final = "semq_"  # tokens start with it: easy to find in a leaked file
+
+
+class UserError(ValueError):
+    """A user that does not exist, exists already, or a wrong token (one line)."""
+
+
+@dataclass(frozen=True, slots=True)
+class User:
+    name: str
+    os_user: str
+    created_ms: int
+
+
+def _digest(token: str) -> str:
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+def add_user(conns: Sequence[sqlite3.Connection], name: str, *, os_user: str = "",
+             token: str | None = None) -> str:
+    """Add ``name`` to every store in ``conns`` (a node's units) and return
+    its token (only its digest is kept: show it once). Raises UserError
+    when the name is taken or not valid."""
+    try:
+        check_user(name)
+    except EnvelopeError as e:
+        raise UserError(str(e)) from None
+    token = token or _PREFIX + secrets.token_urlsafe(TOKEN_BYTES)
+    ts = int(time.time() * 1000)
+    for conn in conns:
+        if conn.execute("SELECT 1 FROM users WHERE name=?", (name,)).fetchone():
+            raise UserError(f"user {name} exists already")
+    for conn in conns:
+        with conn:
+            conn.execute("INSERT INTO users (name, token_sha256, os_user, created_ms) VALUES (?,?,?,?)",
+                         (name, _digest(token), os_user, ts))
+    return token
+
+
+def remove_user(conns: Sequence[sqlite3.Connection], name: str) -> None:
+    """Remove ``name`` from every store (its documents stay: the operator
+    still sees them). Raises UserError when there is no such user."""
+    found = False
+    for conn in conns:
+        with conn:
+            found = bool(conn.execute("DELETE FROM users WHERE name=?", (name,)).rowcount) or found
+    if not found:
+        raise UserError(f"{name} is not a user of this node")
+
+
+def list_users(conn: sqlite3.Connection) -> list[User]:
+    return [User(name, os_user, int(created)) for name, os_user, created in
+            conn.execute("SELECT name, os_user, created_ms FROM users ORDER BY name")]
+
+
+def authenticate(conn: sqlite3.Connection, name: str, token: str) -> str:
+    """``name`` if ``token`` is its token. Raises UserError with the same
+    words for an unknown user and a wrong token (nothing to learn by trying)."""
+    row = conn.execute("SELECT token_sha256 FROM users WHERE name=?", (name,)).fetchone()
+    expected = row[0] if row else _digest(secrets.token_hex(16))  # the same work either way
+    if not hmac.compare_digest(expected, _digest(token)) or row is None:
+        raise UserError(f"user {name} and this token do not match")
+    return name
+
+
+def user_for_os_account(conn: sqlite3.Connection, account: str) -> str | None:
+    """The user tied to operating-system account ``account``, if any."""
+    if not account:
+        return None
+    row = conn.execute("SELECT name FROM users WHERE os_user=? ORDER BY name LIMIT 1", (account,)).fetchone()
+    return None if row is None else str(row[0])

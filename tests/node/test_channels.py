@@ -1,0 +1,208 @@
+"""Users and ordered channels in the node core (semq.node.envelope,
+semq.node.channels): two cores wired by hand, frames delivered in any order."""
+
+from __future__ import annotations
+
+import json
+import random
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from semq.node.channels import waiting_channels
+from semq.node.core import NewDocument, NodeCore
+from semq.node.envelope import (
+    MAX_ENVELOPE,
+    Envelope,
+    EnvelopeError,
+    encode_envelope,
+    parse_address,
+    split_envelope,
+)
+from semq.node.users import UserError, add_user, authenticate, user_for_os_account
+from semq.umxt_protocol import AppKey, Kind
+from tests._frames import decoded
+
+A, B = "10008", "56001"
+
+
+@pytest.fixture
+def pair(tmp_path: Path) -> Iterator[tuple[NodeCore, NodeCore]]:
+    a = NodeCore(tmp_path / "a.sqlite", A, create=True, synchronous="OFF", events_dir=tmp_path / "ea")
+    b = NodeCore(tmp_path / "b.sqlite", B, create=True, synchronous="OFF", events_dir=tmp_path / "eb")
+    try:
+        yield a, b
+    finally:
+        a.close()
+        b.close()
+
+
+def _doc(key: str, channel: str = "ORDERS", **kw: object) -> NewDocument:
+    return NewDocument(target=B, app_data=key.encode(), app_key=AppKey(data_type="ORDER", key=key),
+                       channel=channel, **kw)  # type: ignore[arg-type]
+
+
+def _inbox(b: NodeCore) -> list[tuple[str, str, str]]:
+    return [(k, ch, dt) for k, ch, dt in b.conn.execute("SELECT key, channel, data_type FROM inbox ORDER BY id")]
+
+
+def _data_frames(core: NodeCore) -> list[bytes]:
+    out = core.claim(100)
+    return out.data
+
+
+# ---------------------------------------------------------------- the envelope
+
+
+@given(st.builds(Envelope, from_user=st.sampled_from(["", "alice", "b.o-b_1"]),
+                 to_user=st.sampled_from(["", "carol", "x" * 64]),
+                 channel=st.sampled_from(["ORDERS", "a:b@c.d-e_" + "z" * 118]),
+                 prev=st.integers(0, 2**64 - 1), skipped=st.integers(0, 2**64 - 1))
+       | st.builds(Envelope, from_user=st.sampled_from(["", "alice"]), to_user=st.sampled_from(["", "carol"])),
+       st.binary(max_size=64))
+@settings(max_examples=200)
+def test_an_envelope_round_trips_and_fits_its_limit(env: Envelope, doc: bytes) -> None:
+    raw = encode_envelope(env)
+    assert len(raw) <= MAX_ENVELOPE
+    assert split_envelope(raw + doc) == (env, doc)
+
+
+@given(st.binary(max_size=40))
+def test_any_bytes_either_split_or_raise_envelope_error(data: bytes) -> None:
+    try:
+        split_envelope(data)
+    except EnvelopeError:
+        pass
+
+
+@pytest.mark.parametrize(("text", "expected"), [
+    ("56001", ("56001", "")), ("56001/alice", ("56001", "alice")), ("alice", (A, "alice")),
+])
+def test_addresses_name_an_organization_a_user_of_one_or_a_colleague(text: str, expected: tuple[str, str]) -> None:
+    assert parse_address(text, A) == expected
+
+
+@pytest.mark.parametrize("bad", ["56001/", "56001/Alice", "56001/9lives", "56001/a b", "a" * 65])
+def test_bad_user_names_are_refused_with_the_rule(bad: str) -> None:
+    with pytest.raises(EnvelopeError, match="user name"):
+        parse_address(bad, A)
+
+
+# ---------------------------------------------------------------- users
+
+
+def test_a_token_proves_its_user_and_no_other(pair: tuple[NodeCore, NodeCore]) -> None:
+    _, b = pair
+    alice = add_user([b.conn], "alice")
+    bob = add_user([b.conn], "bob", os_user="bob")
+    assert authenticate(b.conn, "alice", alice) == "alice"
+    for name, token in (("alice", bob), ("bob", alice), ("mallory", alice), ("alice", "")):
+        with pytest.raises(UserError, match="do not match"):
+            authenticate(b.conn, name, token)
+    assert user_for_os_account(b.conn, "bob") == "bob"
+    assert user_for_os_account(b.conn, "root") is None
+    assert b.conn.execute("SELECT count(*) FROM users WHERE token_sha256 IN (?, ?)", (alice, bob)).fetchone() == (0,)
+    with pytest.raises(UserError, match="exists already"):
+        add_user([b.conn], "alice")
+
+
+def test_a_document_for_a_user_reaches_that_user_and_one_for_an_unknown_user_is_refused(
+        pair: tuple[NodeCore, NodeCore]) -> None:
+    a, b = pair
+    add_user([b.conn], "alice")
+    add_user([a.conn], "carol")
+    a.accept([NewDocument(target=B, app_data=b"x", app_key=AppKey(key="K1"), from_user="carol", to_user="alice"),
+              NewDocument(target=B, app_data=b"y", app_key=AppKey(key="K2"), to_user="zed")])
+    out = b.handle(decoded(_data_frames(a)))
+    assert b.conn.execute("SELECT key, from_user, to_user, app_data FROM inbox").fetchall() == [
+        ("K1", "carol", "alice", b"x")]
+    assert [c for c, _ in out.errors] and "zed is not a user of organization 56001" in out.errors[0][1]
+    nacks = [r for r in decoded(out.data) if r.kind is Kind.NACK]
+    assert len(nacks) == 1
+
+
+# ---------------------------------------------------------------- ordered channels
+
+
+def test_documents_of_a_channel_reach_the_inbox_in_send_order_whatever_order_they_arrive(
+        pair: tuple[NodeCore, NodeCore]) -> None:
+    a, b = pair
+    a.accept([_doc(f"S{i}") for i in range(1, 21)])
+    a.accept([_doc("U1", channel="")])  # unordered: not held
+    frames = decoded(_data_frames(a))
+    random.Random(7).shuffle(frames)
+    for i in range(0, len(frames), 3):  # several batches, each out of order
+        b.handle(frames[i:i + 3])
+    keys = [k for k, ch, _ in _inbox(b) if ch == "ORDERS"]
+    assert keys == [f"S{i}" for i in range(1, 21)]
+    assert waiting_channels(b.conn) == []
+    assert b.conn.execute("SELECT count(*) FROM channel_held").fetchone() == (0,)
+
+
+def test_a_gap_holds_later_documents_visibly_until_the_missing_one_comes(pair: tuple[NodeCore, NodeCore]) -> None:
+    a, b = pair
+    ids = [lk.record_id for lk in a.accept([_doc(f"S{i}") for i in range(1, 5)])]
+    frames = decoded(_data_frames(a))
+    b.handle([frames[0], frames[2], frames[3]])  # S2 is late
+    assert [k for k, _, _ in _inbox(b)] == ["S1"]
+    (wait,) = waiting_channels(b.conn)
+    assert (wait.origin, wait.channel, wait.held, wait.waits_for) == (A, "ORDERS", 2, ids[1])
+    assert wait.describe() == f"channel ORDERS from {A} waits for LK0 {A}/1/1/{ids[1]} (2 documents held)"
+    out = b.handle([frames[2]])  # a duplicate of a held one: acked again, not delivered twice
+    assert out.delivered == 0
+    b.handle([frames[1]])
+    assert [k for k, _, _ in _inbox(b)] == ["S1", "S2", "S3", "S4"]
+    assert waiting_channels(b.conn) == []
+
+
+def test_a_failed_document_is_announced_and_the_channel_moves_on(pair: tuple[NodeCore, NodeCore]) -> None:
+    a, b = pair
+    a.accept([_doc("S1")])
+    first = decoded(_data_frames(a))
+    failed = a.accept([_doc("S2", expires_ms=1)])[0]  # expires at its claim: SS_FAILED
+    assert _data_frames(a) == []
+    a.accept([_doc("S3")])
+    third = decoded(_data_frames(a))
+    b.handle(third + first)
+    assert [k for k, _, _ in _inbox(b)] == ["S1"]  # S3 waits for S2
+    assert a.announce_gaps() == 1
+    assert a.announce_gaps() == 0  # once
+    notice = decoded(_data_frames(a))
+    b.handle(notice)
+    got = b.conn.execute("SELECT key, data_type, domain, subtype, app_data FROM inbox ORDER BY id").fetchall()
+    assert [(k, t) for k, t, _, _, _ in got] == [("S1", "ORDER"), (str(failed), "GAP"), ("S3", "ORDER")]
+    _, _, domain, subtype, body = got[1]
+    assert (domain, subtype) == ("semq.channel", "ORDERS")
+    assert json.loads(body)["code"] > 0
+    assert waiting_channels(b.conn) == []
+
+
+def test_a_gap_notice_for_a_document_that_did_arrive_changes_nothing(pair: tuple[NodeCore, NodeCore]) -> None:
+    a, b = pair
+    ids = [lk.record_id for lk in a.accept([_doc("S1"), _doc("S2")])]
+    b.handle(decoded(_data_frames(a)))
+    # S2 fails at the origin after all (say its ACK2 never came and an
+    # operator gave up on it): the notice must not hold the channel.
+    with a.db.atomic():
+        a.conn.execute("UPDATE outbox SET state=9, code=1 WHERE id=?", (ids[1],))
+    assert a.announce_gaps() == 1
+    b.handle(decoded(_data_frames(a)))
+    a.accept([_doc("S3")])
+    b.handle(decoded(_data_frames(a)))
+    assert [k for k, _, _ in _inbox(b)] == ["S1", "S2", "S3"]
+    assert waiting_channels(b.conn) == []
+
+
+def test_channels_are_independent_per_origin_and_name(pair: tuple[NodeCore, NodeCore]) -> None:
+    a, b = pair
+    a.accept([_doc("X1", channel="X"), _doc("Y1", channel="Y"), _doc("X2", channel="X"), _doc("Y2", channel="Y")])
+    frames = decoded(_data_frames(a))
+    b.handle([frames[3], frames[2]])  # Y2 waits for Y1, X2 for X1
+    assert sorted(w.channel for w in waiting_channels(b.conn)) == ["X", "Y"]
+    b.handle([frames[1]])
+    assert [k for k, _, _ in _inbox(b)] == ["Y1", "Y2"]
+    b.handle([frames[0]])
+    assert [k for k, _, _ in _inbox(b)] == ["Y1", "Y2", "X1", "X2"]
