@@ -291,6 +291,11 @@ class Config:
     max_units_per_org: int = _setting(8, Rule(
         "integer", f"an integer 1..{MAX_UNITS}", _between(1, MAX_UNITS),
         "platform: units one organization's node may run (each holds a connection); a node saying more is refused"))
+    user_socket: str = _setting("user.sock", Rule(
+        "string", 'a path (relative: in the data directory), or "" for none',
+        lambda v: None if "\x00" not in v else "is not a path",
+        "node: the Unix socket where users' applications send and read their own documents with their"
+        " token (semq user add); put it where they can reach it, e.g. /run/semq/ORG.sock"))
     clock_skew: float = _setting(600.0, Rule(
         "number", "a number of seconds 0..86400", _between(0, 86400),
         "node: how far the organizations' clocks may disagree; documents created further ahead, or older"

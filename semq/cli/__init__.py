@@ -576,7 +576,11 @@ def cmd_node_run(args: argparse.Namespace) -> int:
         host, _, port = args.metrics.rpartition(":")
         if port.isdigit() and int(port):
             args.metrics = f"{host}:{int(port) + cfg.unit - 1}"
-    ops = OpsRuntime("node", cfg.directory, core, ops_options(args), admin_dir=cfg.unit_dir)
+    from semq.ops.usersock import user_socket_path
+
+    # The user socket is served by unit 1 (its answers cover every unit's store).
+    ops = OpsRuntime("node", cfg.directory, core, ops_options(args), admin_dir=cfg.unit_dir,
+                     user_socket=user_socket_path(cfg) if cfg.unit == 1 else None, config=cfg)
     try:
         return _run_daemon(
             cfg, lambda: NodeDaemon(core, settings),
@@ -612,10 +616,10 @@ def _unknown_target_warning(known: bool, org: str) -> None:
 
 
 def cmd_send(args: argparse.Namespace) -> int:
-    from semq.node.limits import check_document_size, check_target
+    from semq.node.limits import check_document_size
 
     cfg = _cfg(args, "node")  # a missing configuration is said before waiting for stdin
-    check_target(args.to, cfg.org, "--to")  # what cannot be sent is refused at once (exit 2)
+    org = _check_address(args.to, cfg.org)  # what cannot be sent is refused at once (exit 2)
     if args.file == "-":
         data = sys.stdin.buffer.read()
     else:
@@ -625,6 +629,11 @@ def cmd_send(args: argparse.Namespace) -> int:
         check_document_size(p.stat().st_size)  # before reading it
         data = p.read_bytes()
     check_document_size(len(data))
+    token = _token(args)
+    if token is not None:
+        return _send_as_user(args, cfg, data, token)
+    if args.transactional and (args.ordered or args.user or org == cfg.org):
+        raise UsageError("--transactional sends to an organization: not with --ordered, --user or a colleague")
     if args.transactional:
         # Seed 002: a half message, sent only after 'semq tx commit ID'.
         from semq.node.txn import Transactions
@@ -642,15 +651,16 @@ def cmd_send(args: argparse.Namespace) -> int:
                   f" 'semq tx rollback {half.id}' discards it", file=sys.stderr)
         return 0
     with _client(args) as node:
-        known = node.knows(args.to)
+        known = org == cfg.org or node.knows(org)
         lk0 = node.send(
             args.to, data, data_type=args.type, domain=args.domain, subtype=args.subtype, key=args.key,
             save_fwd=args.save_fwd, ack2=args.ack2, priority=args.priority, expires_in=args.expires_in,
             reliable=not args.best_effort, encrypt=not args.no_encrypt, clear_app_key=args.clear_app_key,
+            ordered=args.ordered, user=args.user,
         )
         secure = node.config.security
     print(lk0)
-    _unknown_target_warning(known, args.to)
+    _unknown_target_warning(known, org)
     if not args.quiet:
         how = ("signed; NOT end-to-end private (--no-encrypt): the relay can read it" if secure and args.no_encrypt
                else "signed and end-to-end encrypted when sent" if secure
@@ -660,36 +670,167 @@ def cmd_send(args: argparse.Namespace) -> int:
     return 0
 
 
+def _check_address(to: str, me: str) -> str:
+    """The organization of a ``--to`` address (ORG, ORG/USER or a
+    colleague's name), checked; UsageError naming what is wrong."""
+    from semq.node.envelope import EnvelopeError, parse_address
+    from semq.node.limits import check_target
+
+    try:
+        org, user = parse_address(to, me)
+    except EnvelopeError as e:
+        raise UsageError(f"--to {to!r}: {e}") from None
+    if not (org == me and user):
+        check_target(org, me, "--to")
+    return org
+
+
+def _token(args: argparse.Namespace) -> str | None:
+    """A user's token: ``--token-file``, else $SEMQ_TOKEN; None: act as the
+    node's operator (who can open its store)."""
+    path = getattr(args, "token_file", None)
+    if path:
+        try:
+            return Path(path).read_text("utf-8").strip()
+        except OSError as e:
+            raise UsageError(f"cannot read the token file {path}: {e.strerror}") from None
+    return os.environ.get("SEMQ_TOKEN") or None
+
+
+def _user_client(args: argparse.Namespace, cfg: Config, token: str) -> Any:
+    from semq.ops.usersock import UserClient, user_socket_path
+
+    if not args.user:
+        raise UsageError("a token (SEMQ_TOKEN or --token-file) needs --user NAME")
+    path = Path(args.socket) if getattr(args, "socket", None) else user_socket_path(cfg)
+    if path is None:
+        raise UsageError("this node has no user socket (user_socket is empty in semq.toml); use --socket PATH")
+    return UserClient(path, args.user, token)
+
+
+def _send_as_user(args: argparse.Namespace, cfg: Config, data: bytes, token: str) -> int:
+    from semq.ops.usersock import UserSocketError
+
+    if args.transactional:
+        raise UsageError("--transactional is for the node's operator, not a user's token")
+    try:
+        lk0 = _user_client(args, cfg, token).send(
+            args.to, data, data_type=args.type, domain=args.domain, subtype=args.subtype, key=args.key,
+            save_fwd=args.save_fwd, ack2=args.ack2, priority=args.priority, expires_in=args.expires_in,
+            encrypt=not args.no_encrypt, clear_app_key=args.clear_app_key, ordered=args.ordered)
+    except UserSocketError as e:
+        raise UsageError(str(e)) from None
+    print(lk0)
+    if not args.quiet:
+        print(f"accepted {len(data)} bytes from {args.user} for {args.to}", file=sys.stderr)
+    return 0
+
+
+def _user_options(x: argparse.ArgumentParser, what: str) -> None:
+    x.add_argument("--user", metavar="NAME", help=f"{what}; with a token ($SEMQ_TOKEN or --token-file) this"
+                                                   " goes through the node's user socket as that user")
+    x.add_argument("--token-file", metavar="FILE", help="the user's token (else $SEMQ_TOKEN)")
+    x.add_argument("--socket", metavar="PATH", help="the node's user socket (default: its user_socket setting)")
+
+
+def cmd_user(args: argparse.Namespace) -> int:
+    from semq.node.users import UserError
+
+    with _client(args) as node:
+        try:
+            if args.action == "list":
+                for u in node.users():
+                    print(f"{u.name:<24} {u.os_user or '-':<16} added {format_age(u.created_ms)} ago")
+                return 0
+            if not args.name:
+                raise UsageError(f"user {args.action} needs a user name")
+            if args.action == "add":
+                token = node.add_user(args.name, os_user=args.os_user)
+                print(token)
+                print(f"user {args.name} added to {node.org}; its token is above, shown this once (only its"
+                      f" digest is kept): give it to {args.name}'s application (SEMQ_TOKEN)", file=sys.stderr)
+                return 0
+            node.remove_user(args.name)
+            print(f"user {args.name} removed (its documents stay)", file=sys.stderr)
+            return 0
+        except UserError as e:
+            raise UsageError(str(e)) from None
+
+
 def _doc_id(text: str) -> int:
     if not text.isdigit():
         raise UsageError(f"inbox document id {text!r} is not a number (see 'semq inbox')")
     return int(text)
 
 
+def _inbox_as_user(args: argparse.Namespace, token: str) -> int:
+    from semq.ops.usersock import UserSocketError
+
+    me = _user_client(args, _cfg(args, "node"), token)
+    try:
+        if args.action == "list":
+            items = me.inbox(unread=not args.all, limit=args.limit)
+            if args.json:
+                print(json.dumps(items))
+                return 0
+            print(f"{'ID':>6}  {'FROM':<20} {'LK0':<28} {'APPKEY':<32} {'SIZE':>7}  AGE")
+            for i in items:
+                sender = i["from"] + (f"/{i['from_user']}" if i["from_user"] else "")
+                ak = i["app_key"]
+                print(f"{i['id']:>6}  {sender:<20} {i['lk0']:<28}"
+                      f" {'/'.join((ak['domain'], ak['data_type'], ak['subtype'], ak['key'])):<32}"
+                      f" {i['size']:>7}  {format_age(i['received_ms'])}")
+            print(f"{len(items)} document(s) for {args.user}", file=sys.stderr)
+            return 0
+        if not args.ids:
+            raise UsageError(f"inbox {args.action} needs a document id")
+        if args.action == "ack":
+            print(f"acknowledged {me.acknowledge([_doc_id(i) for i in args.ids])}")
+            return 0
+        item = me.get(_doc_id(args.ids[0]))
+    except UserSocketError as e:
+        raise UsageError(str(e)) from None
+    if args.action == "save":
+        if len(args.ids) < 2:
+            raise UsageError("inbox save needs ID FILE")
+        Path(args.ids[1]).write_bytes(item["data"])
+        print(f"saved {len(item['data'])} bytes to {args.ids[1]}")
+        return 0
+    sys.stdout.buffer.write(item["data"])
+    sys.stdout.flush()
+    return 0
+
+
 def cmd_inbox(args: argparse.Namespace) -> int:
+    token = _token(args)
+    if token is not None:
+        return _inbox_as_user(args, token)
     with _client(args) as node:
         if args.action == "list":
-            items = node.inbox(unread=not args.all, limit=args.limit)
+            items = node.inbox(unread=not args.all, limit=args.limit, user=args.user)
             if args.json:
                 print(json.dumps([{"id": i.id, "lk0": str(i.lk0), "from": i.lk0.endpoint.node_id,
                                    "app_key": str(i.app_key), "size": len(i.app_data),
                                    "received_ms": i.received_ms, "consumed": i.consumed_ms is not None}
                                   for i in items]))
                 return 0
-            print(f"{'ID':>6}  {'FROM':<10} {'LK0':<28} {'APPKEY':<32} {'SIZE':>7}  AGE")
+            users = any(i.to_user or i.from_user for i in items)
+            print(f"{'ID':>6}  {'FROM':<10} {'LK0':<28} {'APPKEY':<32} {'SIZE':>7}  AGE"
+                  + ("  FROM_USER -> TO_USER" if users else ""))
             for i in items:
                 print(f"{i.id:>6}  {i.lk0.endpoint.node_id:<10} {i.lk0!s:<28} {i.app_key!s:<32}"
-                      f" {len(i.app_data):>7}  {format_age(i.received_ms)}")
+                      f" {len(i.app_data):>7}  {format_age(i.received_ms)}"
+                      + (f"  {i.from_user or '-'} -> {i.to_user or '-'}" if users else ""))
             print(f"{len(items)} document(s)", file=sys.stderr)
             return 0
         if not args.ids:
             raise UsageError(f"inbox {args.action} needs a document id")
         if args.action == "ack":
-            n = node.acknowledge([_doc_id(i) for i in args.ids])
+            n = node.acknowledge([_doc_id(i) for i in args.ids], user=args.user)
             print(f"acknowledged {n}")
             return 0
         try:
-            item = node.get(_doc_id(args.ids[0]))
+            item = node.get(_doc_id(args.ids[0]), user=args.user)
         except KeyError as e:
             raise UsageError(str(e.args[0])) from None
         if args.action == "save":
@@ -698,7 +839,9 @@ def cmd_inbox(args: argparse.Namespace) -> int:
             Path(args.ids[1]).write_bytes(item.app_data)
             print(f"saved {len(item.app_data)} bytes to {args.ids[1]}")
             return 0
-        print(f"id: {item.id}\nlk0: {item.lk0}\nfrom: {item.lk0.endpoint.node_id}\napp_key: {item.app_key}"
+        who = "".join(f"\n{k}: {v}" for k, v in (("from_user", item.from_user), ("to_user", item.to_user),
+                                                  ("channel", item.channel)) if v)
+        print(f"id: {item.id}\nlk0: {item.lk0}\nfrom: {item.lk0.endpoint.node_id}{who}\napp_key: {item.app_key}"
               f"\nsave_fwd: {item.save_fwd}\npriority: {item.priority}\nsize: {len(item.app_data)}"
               f"\nreceived: {format_age(item.received_ms)} ago\n")
         sys.stdout.buffer.write(item.app_data)
@@ -955,8 +1098,14 @@ def build_parser() -> argparse.ArgumentParser:
     x.set_defaults(func=cmd_node_run)
 
     x = sub.add_parser("send", parents=[common], help="hand a document to the node")
-    x.add_argument("--to", required=True, help="target organization id (a number, e.g. 56001)")
+    x.add_argument("--to", required=True,
+                   help="target: an organization id (56001), a user of one (56001/alice), or a user of this"
+                        " node (alice: the document never leaves the node)")
     x.add_argument("--type", required=True, help="AppKey data type, e.g. ORDER")
+    x.add_argument("--ordered", metavar="CHANNEL",
+                   help="ordered channel: documents of one channel to one target reach its application in the"
+                        " order they were sent (a failed one is announced as a gap, then the channel moves on)")
+    _user_options(x, "the user of this node the document is from")
     x.add_argument("--domain", default="")
     x.add_argument("--subtype", default="")
     x.add_argument("--key", default="")
@@ -982,7 +1131,15 @@ def build_parser() -> argparse.ArgumentParser:
     x.add_argument("--all", action="store_true", help="include acknowledged documents")
     x.add_argument("--limit", type=int, default=100)
     x.add_argument("--json", action="store_true")
+    _user_options(x, "only this user's documents")
     x.set_defaults(func=cmd_inbox)
+
+    x = sub.add_parser("user", parents=[common], help="users inside this organization and their tokens")
+    x.add_argument("action", choices=["add", "list", "remove"])
+    x.add_argument("name", nargs="?", help="user name: a-z 0-9 . _ -, starting with a letter (e.g. alice)")
+    x.add_argument("--os-user", default="", metavar="ACCOUNT",
+                   help="add: also accept this operating-system account on the user socket, without a token")
+    x.set_defaults(func=cmd_user)
 
     x = sub.add_parser("messages", parents=[common], help="pending-send rows with state and age")
     x.add_argument("--limit", type=int, default=100)

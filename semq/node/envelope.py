@@ -151,11 +151,11 @@ def parse_address(text: str, me: str) -> tuple[str, str]:
     organization), ``ORG/USER`` (a user of it), or ``USER`` (a colleague:
     a user of this node, organization ``me``). Organization ids are digits
     and user names start with a letter, so the forms never overlap. Raises
-    EnvelopeError for a user name that is not valid; the organization id is
-    checked by the caller."""
+    EnvelopeError for a user name after '/' that is not valid; the
+    organization id is checked by the caller."""
     if "/" in text:
         org, _, user = text.partition("/")
         return org, check_user(user)
-    if text[:1].isalpha():
-        return me, check_user(text)
-    return text, ""
+    if len(text) <= MAX_USER and _USER_RE.fullmatch(text):
+        return me, text
+    return text, ""  # an organization id, or neither: the caller's check of the id says so

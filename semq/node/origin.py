@@ -14,7 +14,16 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any, Final
 
-from semq._db import STORE_ERRORS, SendOrder, StoreError, delete_by_id, next_row_id, rows_by_id, split_held, translate
+from semq._db import (
+    STORE_ERRORS,
+    SendOrder,
+    StoreError,
+    delete_by_id,
+    next_row_id,
+    rows_by_id,
+    split_held,
+    translate,
+)
 from semq.crypto import document_aad_template, document_salts, enclose_app_key, protect_documents
 from semq.ports import FramePort
 from semq.umxt_protocol import (
@@ -35,8 +44,8 @@ from semq.umxt_protocol import (
 )
 
 from .batch import Events, NodeContext, Output
-from .envelope import MAX_ENVELOPE, Envelope, encode_envelope
 from .engine import ORIGIN_TABLE, OriginEvent, SendState, origin_step
+from .envelope import MAX_ENVELOPE, Envelope, encode_envelope
 from .limits import MAX_DOCUMENT_SIZE, DocumentTooLarge
 from .receipts import Receipts, document_flags
 from .writebehind import (

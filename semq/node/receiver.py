@@ -42,8 +42,8 @@ from semq.umxt_protocol import (
 
 from .batch import Batch, NodeContext
 from .channels import INBOX_COLUMNS, ChannelsIn
-from .envelope import NO_ENVELOPE, Envelope, EnvelopeError, split_envelope
 from .engine import AckEvent, AckStatus, pending_ack_step, receive_decision, receiver_may_clean
+from .envelope import NO_ENVELOPE, Envelope, EnvelopeError, split_envelope
 from .writebehind import MAX_INQUIRY_BACKOFF_MS, ConfirmRow, PendingAckRow, columns
 
 __all__ = ["DEDUP_RETENTION_MS", "Receiver"]

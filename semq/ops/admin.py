@@ -27,6 +27,7 @@ import logging
 import os
 import socket
 import stat
+import struct
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
@@ -188,7 +189,8 @@ def _error(text: object) -> bytes:
     return json.dumps({"ok": False, "error": one_line(text)}).encode() + b"\n"
 
 
-async def _dispatch(line: bytes, handlers: Mapping[str, Handler]) -> tuple[bytes, Callable[[], None] | None]:
+async def _dispatch(line: bytes, handlers: Mapping[str, Handler],
+                    peer_uid: int | None = None) -> tuple[bytes, Callable[[], None] | None]:
     try:
         req = json.loads(line)
     except (ValueError, UnicodeDecodeError) as e:
@@ -201,6 +203,9 @@ async def _dispatch(line: bytes, handlers: Mapping[str, Handler]) -> tuple[bytes
         args = {}
     if not isinstance(args, dict):
         return _error(f"{cmd}: args must be an object, not {type(args).__name__}"), None
+    args.pop("peer_uid", None)  # only the kernel says who connected
+    if peer_uid is not None:
+        args["peer_uid"] = peer_uid
     handler = handlers.get(cmd)
     if handler is None:
         return _error(f"unknown command {cmd!r}; known: {', '.join(sorted(handlers))}"), None
@@ -223,8 +228,18 @@ async def _dispatch(line: bytes, handlers: Mapping[str, Handler]) -> tuple[bytes
     return data.encode() + b"\n", after
 
 
+def _peer_uid(stream: trio.SocketStream) -> int | None:
+    """The uid of the process at the other end of a Unix socket (SO_PEERCRED)."""
+    try:
+        raw = stream.socket.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    except (OSError, AttributeError):
+        return None
+    return int(struct.unpack("3i", raw)[1])
+
+
 async def _serve_client(stream: trio.SocketStream, handlers: Mapping[str, Handler],
-                        slots: trio.Semaphore) -> None:
+                        slots: trio.Semaphore, max_request: int = MAX_REQUEST, credentials: bool = False) -> None:
+    peer_uid = _peer_uid(stream) if credentials else None
     async with stream:
         try:
             slots.acquire_nowait()
@@ -248,18 +263,18 @@ async def _serve_client(stream: trio.SocketStream, handlers: Mapping[str, Handle
                 while (nl := buf.find(b"\n")) >= 0:
                     line = bytes(buf[:nl])
                     del buf[: nl + 1]
-                    if len(line) > MAX_REQUEST:
+                    if len(line) > max_request:
                         await stream.send_all(_error(f"request of {len(line)} bytes exceeds the"
-                                                     f" {MAX_REQUEST}-byte limit"))
+                                                     f" {max_request}-byte limit"))
                         return
                     if not line.strip():
                         continue
-                    answer, after = await _dispatch(line, handlers)
+                    answer, after = await _dispatch(line, handlers, peer_uid)
                     await stream.send_all(answer)
                     if after is not None:
                         after()
-                if len(buf) > MAX_REQUEST:
-                    await stream.send_all(_error(f"request exceeds the {MAX_REQUEST}-byte limit"))
+                if len(buf) > max_request:
+                    await stream.send_all(_error(f"request exceeds the {max_request}-byte limit"))
                     return
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             return  # the client went away
@@ -283,7 +298,7 @@ def _probe(path: Path) -> bool:
         s.close()
 
 
-async def _bind(path: Path) -> tuple[trio.socket.SocketType, int]:
+async def _bind(path: Path, mode: int = 0o600, what: str = "the admin console") -> tuple[trio.socket.SocketType, int]:
     try:
         st = path.lstat()
     except FileNotFoundError:
@@ -292,7 +307,7 @@ async def _bind(path: Path) -> tuple[trio.socket.SocketType, int]:
         if not stat.S_ISSOCK(st.st_mode):
             raise OSError(f"{path} exists and is not a socket; refusing to replace it")
         if await trio.to_thread.run_sync(_probe, path):
-            raise OSError(f"another process already serves the admin console on {path}")
+            raise OSError(f"another process already serves {what} on {path}")
         path.unlink(missing_ok=True)  # stale: left by a daemon that was killed
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     tmp.unlink(missing_ok=True)
@@ -300,7 +315,7 @@ async def _bind(path: Path) -> tuple[trio.socket.SocketType, int]:
     try:
         with unix_address(tmp) as addr:
             await sock.bind(addr)
-        os.chmod(tmp, 0o600)  # owner-only before anyone can reach it by its real name
+        os.chmod(tmp, mode)  # (0600: owner-only) before anyone can reach it by its real name
         sock.listen(MAX_CLIENTS)
         os.replace(tmp, path)
     except BaseException:
@@ -314,21 +329,30 @@ async def serve_admin(
     path: Path,
     handlers: Mapping[str, Handler],
     *,
+    mode: int = 0o600,
+    max_request: int = MAX_REQUEST,
+    credentials: bool = False,
+    what: str = "the admin console",
     task_status: trio.TaskStatus[Path] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve the admin console on the Unix socket ``path`` until cancelled
     (start with ``nursery.start``; ``task_status`` gets the path). A stale
     socket file (its daemon was killed) is replaced; a live one, or a file
     that is not a socket, raises OSError. The socket file is removed on
-    exit if it is still ours."""
+    exit if it is still ours.
+
+    The same server answers the node's user socket: ``mode`` 0666,
+    ``credentials`` (each request's args get ``peer_uid``, the connecting
+    process's uid from the kernel; a client cannot set it), a larger
+    ``max_request`` (documents travel in requests)."""
     path = Path(path)
-    sock, ino = await _bind(path)
+    sock, ino = await _bind(path, mode, what)
     listener = trio.SocketListener(sock)
     slots = trio.Semaphore(MAX_CLIENTS)
-    log.info("admin console on %s", path)
+    log.info("%s on %s", what, path)
 
     async def handle(stream: trio.SocketStream) -> None:
-        await _serve_client(stream, handlers, slots)
+        await _serve_client(stream, handlers, slots, max_request, credentials)
 
     try:
         async with trio.open_nursery() as nursery:

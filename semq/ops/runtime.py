@@ -18,6 +18,7 @@ import argparse
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -89,7 +90,7 @@ class OpsRuntime:
     when metrics are on), ``start`` once the daemon runs."""
 
     def __init__(self, role: str, directory: Path, core: Any, options: OpsOptions | None = None, *,
-                 admin_dir: Path | None = None) -> None:
+                 admin_dir: Path | None = None, user_socket: Path | None = None, config: Any = None) -> None:
         if role not in ("node", "platform"):
             raise ValueError(f"role {role!r} is not node or platform")
         self.role = role
@@ -101,6 +102,10 @@ class OpsRuntime:
         self.drain = DrainControl(timeout=self.options.drain_timeout)
         self.metrics: Any = None
         self.admin_path: Path | None = None
+        # A node's user socket (semq.ops.usersock): where, and the node's configuration.
+        self.user_socket = user_socket
+        self.config = config
+        self.user_path: Path | None = None
         self.metrics_port: int | None = None
         if self.options.metrics:
             from .metrics import Metrics, instrument_core
@@ -128,6 +133,13 @@ class OpsRuntime:
             handlers = make(daemon, core, reload=reload, drain=self.drain, metrics=self.metrics,
                             stuck_after=self.options.stuck_after)
             self.admin_path = await nursery.start(serve_admin, admin_socket_path(self.admin_dir), handlers)
+        if self.user_socket is not None and self.config is not None:
+            from .usersock import MAX_USER_REQUEST, user_handlers
+
+            self.user_socket.parent.mkdir(parents=True, exist_ok=True)
+            self.user_path = await nursery.start(partial(
+                serve_admin, self.user_socket, user_handlers(self.config), mode=0o666,
+                max_request=MAX_USER_REQUEST, credentials=True, what="the user socket"))
         if self.metrics is not None and self.options.metrics:
             from .metrics import parse_metrics_address, poll_store, probe_loop_lag, serve_metrics
 
@@ -145,6 +157,7 @@ class OpsRuntime:
     def status(self) -> dict[str, Any]:
         """For status.json: where the console and metrics are."""
         return {"admin": str(self.admin_path) if self.admin_path else None,
+                "user_socket": str(self.user_path) if self.user_path else None,
                 "metrics": (f"{self.options.metrics.rsplit(':', 1)[0]}:{self.metrics_port}"
                             if self.options.metrics and self.metrics_port else None),
                 "draining": self.drain.requested}

@@ -85,7 +85,7 @@ def test_addresses_name_an_organization_a_user_of_one_or_a_colleague(text: str, 
     assert parse_address(text, A) == expected
 
 
-@pytest.mark.parametrize("bad", ["56001/", "56001/Alice", "56001/9lives", "56001/a b", "a" * 65])
+@pytest.mark.parametrize("bad", ["56001/", "56001/Alice", "56001/9lives", "56001/a b", "56001/" + "a" * 65])
 def test_bad_user_names_are_refused_with_the_rule(bad: str) -> None:
     with pytest.raises(EnvelopeError, match="user name"):
         parse_address(bad, A)

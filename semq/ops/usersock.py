@@ -1,0 +1,285 @@
+"""The node's user socket: where a user's application sends and reads its
+own documents (SPEC "Users"; semq.node.users).
+
+The node's data directory is its operator's (mode 0700): whoever opens the
+store sees every document. A user's application does not; it talks to the
+running node on this Unix socket (mode 0666, at ``user_socket`` — put it
+where users can reach it) and proves who it is with every request, by
+
+- its token (``semq user add`` printed it; only its digest is stored), or
+- its operating-system account, when the user is tied to one
+  (``semq user add NAME --os-user ACCOUNT``): the kernel says which uid
+  connected (SO_PEERCRED), the client cannot.
+
+It is then answered for that user only: it sends as that user, lists,
+reads and acknowledges the documents for that user, and a document of
+another user is "not in the inbox", like one that does not exist.
+
+Protocol: the admin console's (semq.ops.admin: one JSON object per line),
+with ``user`` and ``token`` in ``args``; documents travel base64-encoded.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+import pwd
+import socket
+import time
+from collections.abc import Iterator
+from functools import partial
+from pathlib import Path
+from typing import Any, Final
+
+import trio
+
+from semq.config import Config
+from semq.node.api import InboxItem, NodeClient
+from semq.node.limits import MAX_DOCUMENT_SIZE, DocumentRefused
+from semq.node.users import UserError, authenticate, user_for_os_account
+
+from ._paths import unix_address
+from .admin import MAX_RESPONSE, AdminCommandError, Handler
+
+__all__ = ["MAX_USER_REQUEST", "UserClient", "UserSocketError", "user_handlers", "user_socket_path"]
+
+# A request carries a document base64-encoded (4/3 of its size) and its fields.
+MAX_USER_REQUEST: Final = MAX_DOCUMENT_SIZE * 4 // 3 + 64 * 1024
+_LIST_LIMIT: Final = 10_000  # documents one inbox request may list
+
+
+class UserSocketError(Exception):
+    """The user socket could not answer, or refused (one line for the user)."""
+
+
+def user_socket_path(cfg: Config) -> Path | None:
+    """Where the node's user socket is (None: it has none)."""
+    if not cfg.user_socket:
+        return None
+    p = Path(cfg.user_socket)
+    return p if p.is_absolute() else cfg.directory / p
+
+
+def _item(i: InboxItem, data: bool) -> dict[str, Any]:
+    out = {"id": i.id, "lk0": str(i.lk0), "from": i.lk0.endpoint.node_id, "from_user": i.from_user,
+           "to_user": i.to_user, "channel": i.channel, "gap": i.gap,
+           "app_key": {"domain": i.app_key.domain, "data_type": i.app_key.data_type,
+                       "subtype": i.app_key.subtype, "key": i.app_key.key},
+           "size": len(i.app_data), "created_ms": i.created_ms, "received_ms": i.received_ms,
+           "consumed": i.consumed_ms is not None}
+    if data:
+        out["data"] = base64.b64encode(i.app_data).decode()
+    return out
+
+
+def user_handlers(cfg: Config) -> dict[str, Handler]:
+    """The user socket's commands, each answered for the user its request
+    proves it is: whoami, send, inbox, get, ack, messages. The store is
+    reached through a NodeClient of its own, on one worker thread."""
+    limiter = trio.CapacityLimiter(1)
+    holder: list[NodeClient] = []
+
+    def client() -> NodeClient:
+        if not holder:
+            holder.append(NodeClient(cfg.directory, config=cfg))
+        return holder[0]
+
+    def who(args: dict[str, Any]) -> str:
+        user, token = args.get("user") or "", args.get("token") or ""
+        if not isinstance(user, str) or not isinstance(token, str):
+            raise AdminCommandError("user and token are strings")
+        conn = client().core.conn
+        if token:
+            if not user:
+                raise AdminCommandError("a token needs its user name (user)")
+            try:
+                return authenticate(conn, user, token)
+            except UserError as e:
+                raise AdminCommandError(str(e)) from None
+        uid = args.get("peer_uid")
+        account = ""
+        if isinstance(uid, int):
+            try:
+                account = pwd.getpwuid(uid).pw_name
+            except KeyError:
+                account = ""
+        name = user_for_os_account(conn, account)
+        if name is None or (user and user != name):
+            raise AdminCommandError(f"no token, and the account {account or uid!r} is not tied to"
+                                    f" {'user ' + user if user else 'a user'} of this node")
+        return name
+
+    async def run(fn: Any) -> Any:
+        return await trio.to_thread.run_sync(fn, limiter=limiter)
+
+    def _limit(args: dict[str, Any]) -> int:
+        limit = args.get("limit", 100)
+        if not isinstance(limit, int) or not 1 <= limit <= _LIST_LIMIT:
+            raise AdminCommandError(f"limit {limit!r} is outside 1..{_LIST_LIMIT}")
+        return limit
+
+    async def whoami(args: dict[str, Any]) -> dict[str, Any]:
+        return {"user": await run(partial(who, args)), "org": cfg.org}
+
+    async def send(args: dict[str, Any]) -> dict[str, Any]:
+        def go() -> dict[str, Any]:
+            user = who(args)
+            try:
+                data = base64.b64decode(args.get("data", ""), validate=True)
+            except (binascii.Error, TypeError) as e:
+                raise AdminCommandError(f"data is not base64: {e}") from None
+            to = args.get("to")
+            if not isinstance(to, str) or not to:
+                raise AdminCommandError("send needs to (ORG, ORG/USER or a colleague's name)")
+            kw = {k: args[k] for k in ("data_type", "domain", "subtype", "key", "save_fwd", "ack2", "priority",
+                                       "expires_in", "encrypt", "clear_app_key", "ordered") if k in args}
+            try:
+                lk0 = client().send(to, data, user=user, **kw)
+            except DocumentRefused as e:
+                raise AdminCommandError(str(e)) from None
+            except TypeError as e:
+                raise AdminCommandError(f"send: {e}") from None
+            return {"lk0": str(lk0), "size": len(data)}
+        return dict(await run(go))
+
+    async def inbox(args: dict[str, Any]) -> list[dict[str, Any]]:
+        def go() -> list[dict[str, Any]]:
+            user = who(args)
+            after = args.get("after_id", 0)
+            if not isinstance(after, int) or after < 0:
+                raise AdminCommandError(f"after_id {after!r} is not a non-negative integer")
+            items = client().inbox(unread=not args.get("all"), limit=_limit(args), after_id=after, user=user)
+            return [_item(i, bool(args.get("data"))) for i in items]
+        return list(await run(go))
+
+    async def get(args: dict[str, Any]) -> dict[str, Any]:
+        def go() -> dict[str, Any]:
+            user = who(args)
+            item_id = args.get("id")
+            if not isinstance(item_id, int):
+                raise AdminCommandError(f"id {item_id!r} is not an inbox document id")
+            try:
+                return _item(client().get(item_id, user=user), True)
+            except KeyError:
+                raise AdminCommandError(f"{item_id} is not in the inbox of {user}") from None
+        return dict(await run(go))
+
+    async def ack(args: dict[str, Any]) -> dict[str, Any]:
+        def go() -> dict[str, Any]:
+            user = who(args)
+            ids = args.get("ids")
+            if not isinstance(ids, list) or not all(isinstance(i, int) for i in ids):
+                raise AdminCommandError("ids is a list of inbox document ids")
+            return {"acknowledged": client().acknowledge(ids, user=user)}
+        return dict(await run(go))
+
+    async def messages(args: dict[str, Any]) -> list[dict[str, Any]]:
+        def go() -> list[dict[str, Any]]:
+            user = who(args)
+            return [{"lk0": str(r.lk0), "to": r.target + (f"/{r.to_user}" if r.to_user else ""),
+                     "state": r.state.name, "channel": r.channel, "code": r.code, "note": r.note,
+                     "created_ms": r.created_ms} for r in client().messages(limit=_limit(args), user=user)]
+        return list(await run(go))
+
+    return {"whoami": whoami, "send": send, "inbox": inbox, "get": get, "ack": ack, "messages": messages}
+
+
+class UserClient:
+    """A user's application's side of the user socket::
+
+        with UserClient("/run/semq/56001.sock", "alice", token) as me:
+            me.send("10008/bob", b"<order/>", data_type="ORDER", ordered="orders")
+            for doc in me.receive(timeout=5):
+                handle(doc["data"]); me.acknowledge([doc["id"]])
+
+    ``token`` None: the user tied to this process's operating-system
+    account. Raises UserSocketError with the node's words."""
+
+    def __init__(self, path: str | Path, user: str = "", token: str | None = None, *, timeout: float = 30.0) -> None:
+        self.path = Path(path)
+        self.user = user
+        self.token = token or ""
+        self.timeout = timeout
+
+    def __enter__(self) -> UserClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+    def _call(self, cmd: str, **args: Any) -> Any:
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        s.settimeout(self.timeout)
+        try:
+            try:
+                with unix_address(self.path) as addr:
+                    s.connect(addr)
+            except (FileNotFoundError, ConnectionRefusedError):
+                raise UserSocketError(f"no node answers on {self.path} (not running, or its user_socket"
+                                      " setting names another path)") from None
+            except OSError as e:
+                raise UserSocketError(f"cannot reach the node's user socket {self.path}: {e}") from None
+            req = {"cmd": cmd, "args": {"user": self.user, "token": self.token, **args}}
+            s.sendall(json.dumps(req, separators=(",", ":")).encode() + b"\n")
+            buf = bytearray()
+            while b"\n" not in buf:
+                chunk = s.recv(1 << 20)
+                if not chunk:
+                    raise UserSocketError(f"the node closed {self.path} without answering {cmd}")
+                buf += chunk
+                if len(buf) > MAX_RESPONSE:
+                    raise UserSocketError(f"the answer to {cmd} exceeds {MAX_RESPONSE} bytes")
+        except TimeoutError:
+            raise UserSocketError(f"no answer to {cmd} from {self.path} within {self.timeout:g} s") from None
+        finally:
+            s.close()
+        resp = json.loads(bytes(buf[: buf.index(b"\n")]))
+        if not resp.get("ok"):
+            raise UserSocketError(str(resp.get("error", "refused")))
+        return resp.get("result")
+
+    def whoami(self) -> str:
+        return str(self._call("whoami")["user"])
+
+    def send(self, to: str, data: bytes, **kw: Any) -> str:
+        """Accept a document from this user (the keywords of NodeClient.send,
+        ``ordered`` too); returns its LK0. Durable when this returns."""
+        return str(self._call("send", to=to, data=base64.b64encode(data).decode(), **kw)["lk0"])
+
+    @staticmethod
+    def _decoded(item: dict[str, Any]) -> dict[str, Any]:
+        if "data" in item:
+            item["data"] = base64.b64decode(item["data"])
+        return item
+
+    def inbox(self, *, unread: bool = True, limit: int = 100, after_id: int = 0,
+              data: bool = False) -> list[dict[str, Any]]:
+        """This user's documents (``data``: with their contents, as bytes)."""
+        return [self._decoded(i) for i in self._call("inbox", all=not unread, limit=limit, after_id=after_id,
+                                                     data=data)]
+
+    def get(self, item_id: int) -> dict[str, Any]:
+        return self._decoded(self._call("get", id=item_id))
+
+    def acknowledge(self, ids: list[int]) -> int:
+        return int(self._call("ack", ids=ids)["acknowledged"])
+
+    def messages(self, *, limit: int = 100) -> list[dict[str, Any]]:
+        return list(self._call("messages", limit=limit))
+
+    def receive(self, *, timeout: float = 10.0, poll: float = 0.2) -> Iterator[dict[str, Any]]:
+        """Yield this user's unread documents (with contents) as they
+        arrive, each once, until ``timeout`` passes with nothing new. They
+        stay unread until acknowledged."""
+        seen: set[int] = set()
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            fresh = [i for i in self.inbox(limit=_LIST_LIMIT, data=True) if i["id"] not in seen]
+            for i in fresh:
+                seen.add(i["id"])
+                yield i
+            if fresh:
+                deadline = time.monotonic() + timeout
+            else:
+                time.sleep(poll)
