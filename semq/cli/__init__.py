@@ -632,6 +632,8 @@ def cmd_send(args: argparse.Namespace) -> int:
     token = _token(args)
     if token is not None:
         return _send_as_user(args, cfg, data, token)
+    with _client(args) as node:
+        _check_colleague(node, args.to)
     if args.transactional and (args.ordered or args.user or org == cfg.org):
         raise UsageError("--transactional sends to an organization: not with --ordered, --user or a colleague")
     if args.transactional:
@@ -683,6 +685,17 @@ def _check_address(to: str, me: str) -> str:
     if not (org == me and user):
         check_target(org, me, "--to")
     return org
+
+
+def _check_colleague(node: Any, to: str) -> None:
+    """A ``--to`` that can only name a user of this node must name one."""
+    from semq.config import ORG_ID_ALLOWED
+    from semq.node.envelope import parse_address
+
+    org, user = parse_address(to, node.org)
+    if org == node.org and user and user not in {u.name for u in node.users()}:
+        raise UsageError(f"--to {json.dumps(to)} is not an organization id nor a user of this node"
+                         f" ('semq user list'); allowed: {ORG_ID_ALLOWED}, ORG/USER, or a user of this node")
 
 
 def _token(args: argparse.Namespace) -> str | None:
@@ -964,6 +977,8 @@ def cmd_status(args: argparse.Namespace) -> int:
         print(f"  pending-ack: {counts['pending_ack']}   inbox: {counts['inbox_unread']} unread"
               f" / {counts['inbox_total']}   dedup: {counts['dedup']}")
         print(f"  oldest unconfirmed: {format_age(counts['oldest_unconfirmed_ms'])}")
+        for w in counts.get("channels_waiting") or []:
+            print(f"  ordered {w['text']}, since {format_age(w['since_ms'])} ago")
         if cfg.security:
             _cert_status(cfg)
         else:

@@ -13,13 +13,14 @@ in the node's store when it returns, and goes out when the daemon runs.
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
-from semq.config import Config, ConfigError, load_config
+from semq.config import ORG_ID_ALLOWED, Config, ConfigError, load_config
 from semq.umxt_protocol import LK0, AppKey, Endpoint, NodeType, ResultCode, SaveFwd
 
 from .core import NewDocument, NodeCore
@@ -257,7 +258,11 @@ class NodeClient:
             raise BadTarget(f"--to {to!r}: {e}", ResultCode.INVALID_FIELD) from None
         if org == me and user:
             if user not in self._user_names():
-                raise BadTarget(f"{user} is not a user of {me} (semq user add {user})", ResultCode.INVALID_FIELD)
+                if "/" in to:
+                    raise BadTarget(f"{user} is not a user of {me} (semq user add {user})", ResultCode.INVALID_FIELD)
+                raise BadTarget(f"target {json.dumps(to)} is not an organization id nor a user of this node;"
+                                f" allowed: {ORG_ID_ALLOWED}, ORG/USER, or a user of this node",
+                                ResultCode.INVALID_FIELD)
             return org, user
         check_target(org, me)
         return org, user
@@ -410,6 +415,7 @@ class NodeClient:
                     for k2, v2 in v.items():
                         if isinstance(v2, int | float) and not isinstance(v2, bool):
                             d[k2] = d.get(k2, 0) + v2
+        total["channels_waiting"] = [w for c in per for w in c.get("channels_waiting", [])]
         total["units"] = per
         return total
 

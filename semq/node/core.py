@@ -16,6 +16,7 @@ worker thread per store (semq.node.daemon).
 from __future__ import annotations
 
 from collections.abc import Callable, Collection, Iterable, Sequence
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Any, Final
 
@@ -130,7 +131,9 @@ class NodeCore(HeldWrites):
         self.receiver = Receiver(ctx)
         self.inquiry = Inquiries(ctx, self.origin, self.receiver)
         self.house = Housekeeping(ctx)
-        self.operator = Operator(ctx)  # the operator's and the features' transitions (semq.node.dead, semq.ops)
+        # The operator's and the features' transitions (semq.node.dead, semq.ops);
+        # an ordered document deleted by them is announced to its receiver first.
+        self.operator = Operator(ctx, lambda ids: self.origin.announce_gaps(nullcontext, ids))
         # How each frame kind is handled within a batch (frames for another
         # endpoint are refused before this; kinds not here are ignored).
         self._dispatch: dict[Kind, Callable[[Batch, RawFrame], None]] = {

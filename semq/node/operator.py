@@ -6,7 +6,7 @@ applied to the store: the admin console's requeue / resend / purge
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Final
 
 from .batch import NodeContext
@@ -26,8 +26,11 @@ _RESETS: Final = {
 
 
 class Operator:
-    def __init__(self, ctx: NodeContext) -> None:
+    def __init__(self, ctx: NodeContext, announce_gaps: Callable[[list[int]], int] | None = None) -> None:
         self.ctx = ctx
+        # Queues the gap notices of ordered documents about to be deleted
+        # (semq.node.channels), in the caller's transaction.
+        self.announce_gaps = announce_gaps
 
     def apply(self, action: OperatorAction, rows: Sequence[tuple[int, int]], ts: int, *, code: int = 0,
               expires: Mapping[int, int | None] | None = None) -> list[int]:
@@ -39,7 +42,17 @@ class Operator:
         deletes: list[tuple[int, int]] = []
         moves: list[dict[str, object]] = []
         done: list[int] = []
+        conn = self.ctx.conn
+        announced: set[int] = set()
+        if action is OperatorAction.REQUEUE and rows:
+            # An ordered document whose receiver was told it failed (a gap
+            # notice took its place) cannot go again under the same LK0: its
+            # channel has moved on. It is left failed; send it anew.
+            # (Few rows: failed ordered documents, kept FAILED_RETENTION_MS.)
+            announced = {i for (i,) in conn.execute("SELECT id FROM outbox WHERE gap=1")}
         for rid, state_no in rows:
+            if rid in announced:
+                continue
             state = _STATES.get(state_no)
             if state is None:
                 continue  # a state this version does not know: left alone
@@ -55,7 +68,8 @@ class Operator:
                 if expires is not None:
                     move["expires"] = expires.get(rid)
                 moves.append(move)
-        conn = self.ctx.conn
+        if deletes and self.announce_gaps is not None:
+            self.announce_gaps([rid for rid, _ in deletes])
         conn.executemany("DELETE FROM outbox WHERE id=? AND state=?", deletes)
         if moves:
             expiry = ", expires_ms=:expires" if expires is not None else ""

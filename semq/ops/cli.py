@@ -132,6 +132,8 @@ def _merge(cmd: str, answers: list[tuple[int, Any]]) -> Any:
         merged = dict(first)
         merged["rows"] = [{**r, "unit": k} for k, a in answers for r in a.get("rows", [])]
         merged["count"] = sum(a.get("count", 0) for _, a in answers)
+        if any(a.get("channels") for _, a in answers):
+            merged["channels"] = [{**c, "unit": k} for k, a in answers for c in a.get("channels") or []]
         for key in ("by_place", "by_place_listed"):
             if any(a.get(key) for _, a in answers):
                 places: dict[str, int] = {}
@@ -353,6 +355,8 @@ def cmd_admin(args: argparse.Namespace) -> int:
                                                           or {}).items())
             print(f"{result['count']} stuck (no end-to-end confirmation for {result['older_than_s']:g} s)"
                   + (f": {places}" if places else ""))
+            for c in result.get("channels") or []:
+                print(f"ordered {c['text']}")
         _print_rows(result["rows"])
         if cmd == "list":
             print(f"{result['count']} row(s)", file=sys.stderr)

@@ -391,6 +391,12 @@ def _node_event(core: Any, row: dict[str, Any], event: str, ts: int, detail: str
     }
 
 
+def _channel_wait(w: Any) -> dict[str, Any]:
+    """A semq.node.channels.ChannelWait as the console shows it."""
+    return {"origin": w.origin, "channel": w.channel, "held": w.held, "waits_for": w.lk0, "since_ms": w.since_ms,
+            "text": w.describe()}
+
+
 def node_handlers(
     daemon: Any,
     core: Any,
@@ -551,8 +557,14 @@ def node_handlers(
                 row["place"] = "received_confirmation_missing"
                 row["age_s"] = round((now_ms() - a.received_ms) / 1000, 1)
                 rows.append(row)
+            # Ordered channels that hold documents back, whatever their age:
+            # each waits for the document its earliest held one follows.
+            channels = [_channel_wait(w) for w in core.waiting_channels()]
+            held = sum(w["held"] for w in channels)
+            if held:
+                by_place["channel_held"] = held
             return {"older_than_s": older, "count": sum(by_place.values()), "by_place": by_place,
-                    "rows": rows}
+                    "rows": rows, "channels": channels}
 
         res: dict[str, Any] = await daemon.gate.run(q)
         res["connected"] = bool(daemon.connected)

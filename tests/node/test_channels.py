@@ -206,3 +206,26 @@ def test_channels_are_independent_per_origin_and_name(pair: tuple[NodeCore, Node
     assert [k for k, _, _ in _inbox(b)] == ["Y1", "Y2"]
     b.handle([frames[0]])
     assert [k for k, _, _ in _inbox(b)] == ["Y1", "Y2", "X1", "X2"]
+
+
+def test_a_purged_ordered_document_is_announced_and_an_announced_one_is_not_requeued(
+        pair: tuple[NodeCore, NodeCore]) -> None:
+    from semq.node.engine import OperatorAction
+
+    a, b = pair
+    ids = [lk.record_id for lk in a.accept([_doc("S1"), _doc("S2"), _doc("S3")])]
+    frames = decoded(_data_frames(a))
+    b.handle([frames[0], frames[2]])
+    a.write_held()  # (S2 is SS_SENT, held in memory until written)
+    with a.db.atomic():  # the operator purges S2, unconfirmed (admin purge: any state)
+        (state,) = a.conn.execute("SELECT state FROM outbox WHERE id=?", (ids[1],)).fetchone()
+        assert a.operator.apply(OperatorAction.PURGE, [(ids[1], state)], 1) == [ids[1]]
+    b.handle(decoded(_data_frames(a)))  # the gap notice
+    assert [k for k, _, _ in _inbox(b)] == ["S1", f"{A}/1/1/{ids[1]}", "S3"]
+    # An announced failed document stays failed when requeued.
+    a.accept([_doc("S4", expires_ms=1)])
+    assert _data_frames(a) == []
+    (failed,) = [i for (i,) in a.conn.execute("SELECT id FROM outbox WHERE state=9")]
+    assert a.announce_gaps() == 1
+    with a.db.atomic():
+        assert a.operator.apply(OperatorAction.REQUEUE, [(failed, 9)], 1) == []

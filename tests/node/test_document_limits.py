@@ -179,7 +179,7 @@ def test_send_refuses_an_oversize_document_from_stdin(node: Path, capsys: pytest
 
 
 @pytest.mark.parametrize("to, words", [
-    ("abc", '--to "abc" is not an organization id'),
+    ("abc", '--to "abc" is not an organization id nor a user of this node'),
     ("", '--to "" is not an organization id'),
     ("a b", '--to "a b" is not an organization id'),
     ("0056001", '--to "0056001" is not an organization id'),
@@ -231,8 +231,11 @@ def test_the_api_raises_the_same_errors(node: Path) -> None:
     with NodeClient(node / A) as n:
         with pytest.raises(m.DocumentTooLarge, match=r"document of \d+ bytes exceeds the \d+-byte limit for one"):
             n.send(B, bytes(m.MAX_DOCUMENT_SIZE + 1))
-        with pytest.raises(m.BadTarget, match='target "abc" is not an organization id; allowed: an organization'):
+        with pytest.raises(m.BadTarget, match='target "abc" is not an organization id nor a user of this node;'
+                                              ' allowed: an organization'):
             n.send("abc", b"x")
+        with pytest.raises(m.BadTarget, match='target "a b" is not an organization id; allowed: an organization'):
+            n.send("a b", b"x")
         with pytest.raises(LocalProtocolError, match=f"target {A} is this node's own organization"):
             n.send_many([dict(to=B, data=b"fine"), dict(to=A, data=b"to myself")])
         assert n.messages() == []  # nothing of a refused call
