@@ -456,10 +456,11 @@ class NodeClient:
         return out
 
     def _receiver_certs(self, directory: Any, org: str) -> list[Any]:
-        """Certificates of ``org`` cached by the daemon (certs/ORG.pem)."""
+        """Certificates of ``org`` cached by the daemon (certs/ORG.pem); this
+        node's own (node.pem) for a document to one of its users."""
         from semq.crypto import CryptoError, load_certificates
 
-        p = self.config.directory / "certs" / f"{org}.pem"
+        p = self.config.directory / ("node.pem" if org == self.config.org else f"certs/{org}.pem")
         if p.exists():
             directory.add_many(load_certificates(p))
         try:

@@ -229,3 +229,18 @@ def test_a_purged_ordered_document_is_announced_and_an_announced_one_is_not_requ
     assert a.announce_gaps() == 1
     with a.db.atomic():
         assert a.operator.apply(OperatorAction.REQUEUE, [(failed, 9)], 1) == []
+
+
+def test_the_envelope_flag_is_bound_by_the_documents_signature() -> None:
+    """A relay that clears or sets FLAG_ENVELOPE changes the AAD the
+    document was signed over: the receiver refuses it (BAD_SIGNATURE)."""
+    from semq.crypto import BOUND_FLAGS, raw_frame_aad
+    from semq.umxt_protocol import FLAG_ENVELOPE, Endpoint, encode_data, rewrite_header
+
+    assert BOUND_FLAGS & FLAG_ENVELOPE
+    frame = encode_data(source=Endpoint.org(A), target=Endpoint.org(B), record_id=7, app_data=b"x",
+                        envelope=True)
+    (raw,) = decoded(frame)
+    (stripped,) = decoded(rewrite_header(frame, flags=raw.flags & ~FLAG_ENVELOPE))
+    assert raw.flags & FLAG_ENVELOPE and not stripped.flags & FLAG_ENVELOPE
+    assert raw_frame_aad(raw) != raw_frame_aad(stripped)
