@@ -81,7 +81,7 @@ EVENTS_BY_ROLE: Final[dict[str, frozenset[str]]] = {
     ),
     "receiver": frozenset(
         {"received", "duplicate", "inbox", "ack2_sent", "reack", "reack2", "cleaned",
-         "refused", "expired"}
+         "refused", "expired", "held", "gap_dropped"}
     ),
 }
 
@@ -91,7 +91,7 @@ NODE_EVENTS: Final = frozenset({"node_online", "node_offline"})
 # The links a document travels (`path` on the origin's `sent`, the receiver's
 # `received` and the origin's `ack2`): a direct node-to-node link or the
 # platform relay. A line without `path` was written before direct links: relay.
-PATHS: Final = ("direct", "relay")
+PATHS: Final = ("direct", "relay", "local")  # local: between users of one node (reported as direct)
 
 _LOGGER_RE: Final = re.compile(r"^(org|platform):[^\s]+$")
 _LK0_RE: Final = re.compile(r"^[^/\s]+/\d+/\d+/\d+$")

@@ -105,7 +105,7 @@ _FAILURES: Final = (("origin", "nack"), ("origin", "expired"), ("origin", "dead"
                     ("platform", "dropped"), ("platform", "refused"))
 # Events in no leg and no count: not read by the per-message step.
 _UNUSED: Final = (("origin", "cleaned"), ("platform", "cleaned"), ("receiver", "cleaned"),
-                  ("receiver", "reack"))
+                  ("receiver", "reack"), ("receiver", "held"), ("receiver", "gap_dropped"))
 # Fields that tell two events of one message apart: lines equal in all of them
 # are one event logged twice (a log copied or given twice).
 IDENTITY_FIELDS: Final = ("logger", "role", "event", "lk0", "ts", "attempt", "code", "detail")
@@ -175,8 +175,9 @@ def _prepared(events: Any, *keep: str) -> Any:
         (c("role") == r) & (c("event") == e) for r, e in _UNUSED
     ])
     # The time and link of an event in one number (see _PATHS); a line
-    # without `path` (written before direct links) is relay.
-    path_ts = F.shiftleft(c("ts"), 1) + F.when(c("path") == "direct", 1).otherwise(0)
+    # without `path` (written before direct links) is relay; a document
+    # between users of one node (`local`) went through no relay: direct.
+    path_ts = F.shiftleft(c("ts"), 1) + F.when(c("path").isin("direct", "local"), 1).otherwise(0)
     return (
         events.where(~F.coalesce(unused, F.lit(False)))
         .select("*", _event_code().alias("ec"))
