@@ -306,7 +306,7 @@ class NodeClient:
         documents with an id above ``after_id``, at most ``limit``;
         ``user``: only those for that user of this node."""
         q = (f"SELECT {_INBOX_COLS} FROM inbox WHERE id > ?" + (" AND consumed_ms IS NULL" if unread else "")
-             + (" AND to_user = ?" if user else "") + " ORDER BY id LIMIT ?")
+             + (" AND to_user = ? AND to_user != ''" if user else "") + " ORDER BY id LIMIT ?")
         tail = (user, limit) if user else (limit,)
         item = self._item
         if len(self.cores) == 1:
@@ -363,7 +363,7 @@ class NodeClient:
         with nothing new; ``user``: only those for that user of this node."""
         last = [0] * len(self.cores)  # per unit: the last row yielded
         q = (f"SELECT {_INBOX_COLS} FROM inbox WHERE id > ? AND consumed_ms IS NULL"
-             + (" AND to_user = ?" if user else "") + " ORDER BY id LIMIT 1000")
+             + (" AND to_user = ? AND to_user != ''" if user else "") + " ORDER BY id LIMIT 1000")
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             got = False

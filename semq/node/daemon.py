@@ -811,11 +811,13 @@ class NodeDaemon:
             dec.receive_data(b"".join(out.data))
 
     async def _local_offline(self) -> None:
-        """While no platform session runs, its sender does not claim: the
-        documents for this node's own users are claimed here."""
+        """While no platform session runs (or its sender claims nothing:
+        direct = "only"), the documents for this node's own users are
+        claimed here."""
         me = self.core.me.node_id
         while True:
-            if not self.connected and not (self.drain is not None and self.drain.requested):
+            idle = not self.connected or (self.links.s.policy == "only" and self.links.enabled)
+            if idle and not (self.drain is not None and self.drain.requested):
                 out = await self.gate.run(partial(self.core.claim, self.s.batch, only=me))
                 if out.local:
                     await self.loopback(out.local)

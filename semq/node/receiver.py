@@ -49,6 +49,9 @@ from .writebehind import MAX_INQUIRY_BACKOFF_MS, ConfirmRow, PendingAckRow, colu
 __all__ = ["DEDUP_RETENTION_MS", "Receiver"]
 
 DEDUP_RETENTION_MS: Final = 30 * 24 * 3600 * 1000  # docs/exactly-once.md
+# The dedup "digest" of an ordered document whose place a gap notice took
+# (a real digest is 32 bytes): a copy arriving later is refused, not acked.
+GAP_MARK: Final = b"gap"
 _CONFIRM_COLS: Final = columns(ConfirmRow)
 _PENDING_COLS: Final = columns(PendingAckRow)
 _AS_INIT: Final = int(AckStatus.AS_INIT)
@@ -237,6 +240,13 @@ class Receiver:
         lk0, lk1 = d.lk0, d.lk1
         key = (int(lk0.endpoint.node_type), lk0.endpoint.node_id, lk0.semq_id, lk0.semq_db_id, lk0.record_id)
         duplicate = key in b.known
+        if duplicate and env.channel and self._gap_marked(b, key):
+            # Its place in the channel went to a gap notice: the application
+            # was told it failed. It is not delivered, and gets no receipt
+            # (a receipt says "in my inbox").
+            self._refuse(b, frame, d, ResultCode.GAP_ANNOUNCED, f"the document's place in channel {env.channel}"
+                         " was announced failed by its origin before it arrived")
+            return
         if not duplicate:
             # A copy already in the inbox is acked again whatever its age;
             # a new one must still be in time, and young enough that a
@@ -336,6 +346,17 @@ class Receiver:
             events.append({"ts": ts, "role": "receiver", "lk0": lk0_text, "source": source, "target": me,
                            "event": "ack2_sent"})
 
+    def _gap_marked(self, b: Batch, key: tuple[Any, ...]) -> bool:
+        """Whether a gap notice took this ordered document's place (its
+        dedup row carries GAP_MARK instead of a digest)."""
+        for *k, _ts, digest in b.new_dedup:
+            if digest == GAP_MARK and tuple(k) == key:
+                return True
+        found = self.ctx.conn.execute(
+            "SELECT 1 FROM dedup WHERE origin_type=? AND origin_id=? AND semq_id=? AND semq_db_id=?"
+            " AND record_id=? AND digest=?", (*key, GAP_MARK)).fetchone()
+        return found is not None
+
     def _ordered(self, b: Batch, lk0: LK0, env: Envelope, row: tuple[Any, ...]) -> None:
         """A new document of an ordered channel: to the inbox with the held
         ones it releases, or held (semq.node.channels). A gap notice for a
@@ -353,7 +374,7 @@ class Receiver:
                                  "target": self.ctx.me.node_id, "event": "gap_dropped", "channel": env.channel})
                 return
             b.known.add(gone)
-            b.new_dedup.append((*gone, ts, None))
+            b.new_dedup.append((*gone, ts, GAP_MARK))
             pos = env.skipped
         rows = self.channels.place(self.ctx.conn, origin.node_id, env, pos, row)
         me = self.ctx.me.node_id
@@ -514,7 +535,12 @@ class Receiver:
             " semq_db_id=? AND record_id=?",
             (int(lk.endpoint.node_type), lk.endpoint.node_id, lk.semq_id, lk.semq_db_id, lk.record_id),
         ).fetchone()
-        return (row is not None, row[0] if row else None)
+        if row is None:
+            return False, None
+        (digest,) = row
+        if digest == GAP_MARK:  # a gap notice took its place: it never reached the inbox
+            return False, None
+        return True, digest
 
     # ------------------------------------------------------------ inquiries
 

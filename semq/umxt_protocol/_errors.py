@@ -46,6 +46,7 @@ class ResultCode(IntEnum):
     STALE = 305  # created outside the receiver's duplicate-suppression window (a possible replay): refused
     DIRECT_NOT_ALLOWED = 306  # the target does not accept direct links from this organization
     NO_DIRECT_ADDRESS = 307  # the target announced no address for direct links (or it expired)
+    GAP_ANNOUNCED = 308  # an ordered document that came after its origin announced it failed: its place is gone
     # 4xx: storage
     STORE_FULL = 400  # disk full: refused, nothing accepted
     STORE_ERROR = 401  # the store failed (read-only, corrupt, locked)

@@ -23,7 +23,7 @@ from semq.node.envelope import (
     split_envelope,
 )
 from semq.node.users import UserError, add_user, authenticate, user_for_os_account
-from semq.umxt_protocol import AppKey, Kind
+from semq.umxt_protocol import AppKey, Kind, ResultCode
 from tests._frames import decoded
 
 A, B = "10008", "56001"
@@ -178,6 +178,19 @@ def test_a_failed_document_is_announced_and_the_channel_moves_on(pair: tuple[Nod
     assert (domain, subtype) == ("semq.channel", "ORDERS")
     assert json.loads(body)["code"] > 0
     assert waiting_channels(b.conn) == []
+    # The failed document turning up after all (requeued by hand behind the
+    # origin's back, or a late copy) is refused, and gets no receipt: the
+    # application was told it failed.
+    with a.db.atomic():
+        a.conn.execute("UPDATE outbox SET state=0, expires_ms=NULL WHERE id=?", (failed.record_id,))
+    a.reread_send_order()
+    late = decoded(_data_frames(a))
+    assert len(late) == 1
+    out = b.handle(late)
+    assert [c for c, _ in out.errors] == [ResultCode.GAP_ANNOUNCED]
+    assert [r.kind for r in decoded(out.data)] == [Kind.NACK]
+    assert len(_inbox(b)) == 3
+    assert b.receiver.received_digest(failed) == (False, None)
 
 
 def test_a_gap_notice_for_a_document_that_did_arrive_changes_nothing(pair: tuple[NodeCore, NodeCore]) -> None:
