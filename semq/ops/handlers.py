@@ -557,12 +557,10 @@ def node_handlers(
                 row["place"] = "received_confirmation_missing"
                 row["age_s"] = round((now_ms() - a.received_ms) / 1000, 1)
                 rows.append(row)
-            # Ordered channels that hold documents back, whatever their age:
-            # each waits for the document its earliest held one follows.
+            # Ordered channels that hold documents back (received, acknowledged,
+            # not yet handed over), whatever their age: each waits for the
+            # document its earliest held one follows.
             channels = [_channel_wait(w) for w in core.waiting_channels()]
-            held = sum(w["held"] for w in channels)
-            if held:
-                by_place["channel_held"] = held
             return {"older_than_s": older, "count": sum(by_place.values()), "by_place": by_place,
                     "rows": rows, "channels": channels}
 

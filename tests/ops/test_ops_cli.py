@@ -132,3 +132,34 @@ def test_parse_duration() -> None:
     assert parse_duration("500ms") == 0.5
     with pytest.raises(Exception, match="not a duration"):
         parse_duration("soon")
+
+
+async def test_status_and_admin_stuck_say_what_an_ordered_channel_waits_for(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from semq.node.core import NewDocument
+    from semq.umxt_protocol import AppKey
+    from tests._frames import decoded
+
+    d = tmp_path / "B"
+    assert semq_main(["node", "init", "--dir", str(d), "--org", "56001", "--no-security"]) == 0
+    a = NodeCore(tmp_path / "a.sqlite", "10008", create=True, synchronous="OFF")
+    b = NodeCore(d / "node.sqlite", "56001", synchronous="OFF")
+    try:
+        ids = [lk.record_id for lk in a.accept([NewDocument(target="56001", app_data=b"x", channel="ORDERS",
+                                                            app_key=AppKey(key=f"S{i}")) for i in range(3)])]
+        frames = decoded(a.claim(10).data)
+        b.handle(frames[1:])  # the first is late: two held
+        capsys.readouterr()
+        rc = await trio.to_thread.run_sync(semq_main, ["status", "--dir", str(d)])
+        out = capsys.readouterr().out
+        want = f"ordered channel ORDERS from 10008 waits for LK0 10008/1/1/{ids[0]} (2 documents held)"
+        assert rc == 0 and want in out
+        h = node_handlers(NodeStandIn(), b, reload=lambda: {"changed": {}}, drain=DrainControl())
+        async with trio.open_nursery() as nursery:
+            await nursery.start(serve_admin, d / "admin.sock", h)
+            rc, out, _ = await run(capsys, "admin", "stuck", "--dir", str(d))
+            assert rc == 0 and out.startswith("0 stuck") and want in out
+            nursery.cancel_scope.cancel()
+    finally:
+        a.close()
+        b.close()
