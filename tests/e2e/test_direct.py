@@ -220,7 +220,10 @@ def test_a_link_cut_mid_stream_loses_and_duplicates_nothing(cluster: Cluster) ->
 
         def stream() -> None:  # A's application hands over 20 documents every 10 ms
             for i in range(n // per):
-                sent.update(send(cluster, A, B, per, size=1024, key_prefix=f"S{i:02d}-"))
+                # Half the stream is an ordered channel: in order across the
+                # cut, the resends and the two paths.
+                sent.update(send(cluster, A, B, per, size=1024, key_prefix=f"S{i:02d}-",
+                                 **({"ordered": "stream"} if i % 2 else {})))
                 time.sleep(0.01)
 
         t = threading.Thread(target=stream, daemon=True)
@@ -235,6 +238,8 @@ def test_a_link_cut_mid_stream_loses_and_duplicates_nothing(cluster: Cluster) ->
         assert 5 < at_cut < n + 5, at_cut  # mid-stream
         wait_until(lambda: len(cluster.inbox(B)) == n + 5, 30, f"all {n + 5} documents at B")
         assert cluster.inbox(B) == sent  # (inbox() fails on a document twice)
+        ordered = [r for (r,) in cluster.q(B, "SELECT record_id FROM inbox WHERE channel='stream' ORDER BY id")]
+        assert len(ordered) == n // 2 and ordered == sorted(ordered)
         wait_until(lambda: _empty(cluster, A, B), 30, "A's outbox and B's pending acks empty")
         # The documents in flight went again, some of them twice to B.
         log = (cluster.root / f"{A}.log").read_text()

@@ -56,3 +56,30 @@ async def test_a_token_or_the_tied_account_proves_a_user_and_nothing_else_does(n
     assert not got["ok"] and "data is not base64" in got["error"]
     got = await call(h, "inbox", user="alice", token=alice, limit=0)
     assert not got["ok"] and "limit 0 is outside 1..10000" in got["error"]
+
+
+def test_receive_and_inbox_for_a_user_give_that_users_documents_only(node: Path) -> None:
+    from semq.umxt_protocol import Endpoint
+    from tests._frames import decoded
+
+    with NodeClient(node) as client:
+        client.add_user("alice")
+        client.add_user("bob")
+        client.send("bob", b"1", data_type="NOTE", user="alice")
+        client.send("alice", b"2", data_type="NOTE", user="bob")
+        client.send("bob", b"3", data_type="NOTE")  # from the organization itself
+        core, me = client.core, Endpoint.org("56001")
+        out = core.claim(10)  # what the daemon's loopback does: claimed, received as from itself
+        assert len(out.local) == 3 and out.data == []
+        back = core.handle(decoded(out.local), direct=me)
+        core.handle(decoded(back.data), direct=me)  # the ACK2s
+        assert [(i.app_data, i.from_user) for i in client.receive(user="bob", timeout=0.2)] == [(b"1", "alice"),
+                                                                                              (b"3", "")]
+        assert [i.app_data for i in client.inbox(user="alice")] == [b"2"]
+        assert len(client.inbox()) == 3  # the operator sees all
+        assert client.messages() == []  # confirmed end to end and cleaned up
+        item = client.inbox(user="alice")[0]
+        with pytest.raises(KeyError):
+            client.get(item.id, user="bob")
+        assert client.acknowledge([item.id], user="bob") == 0
+        assert client.acknowledge([item.id], user="alice") == 1
