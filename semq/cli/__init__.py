@@ -823,7 +823,8 @@ def cmd_inbox(args: argparse.Namespace) -> int:
             items = node.inbox(unread=not args.all, limit=args.limit, user=args.user)
             if args.json:
                 print(json.dumps([{"id": i.id, "lk0": str(i.lk0), "from": i.lk0.endpoint.node_id,
-                                   "app_key": str(i.app_key), "size": len(i.app_data),
+                                   "from_user": i.from_user, "to_user": i.to_user, "channel": i.channel,
+                                   "gap": i.gap, "app_key": str(i.app_key), "size": len(i.app_data),
                                    "received_ms": i.received_ms, "consumed": i.consumed_ms is not None}
                                   for i in items]))
                 return 0
@@ -894,7 +895,8 @@ def cmd_messages(args: argparse.Namespace) -> int:
         print(json.dumps([{"lk0": str(r.lk0), "target": r.target, "state": r.state.name,
                            "app_key": str(r.app_key), "save_fwd": r.save_fwd, "ack2": r.ack2,
                            "attempts": r.attempts, "code": r.code, "created_ms": r.created_ms,
-                           "reason": reason(r), "note": r.note} for r in rows]))
+                           "reason": reason(r), "note": r.note, "from_user": r.from_user, "to_user": r.to_user,
+                           "channel": r.channel} for r in rows]))
         return 0
     print(f"{'LK0':<28} {'TO':<10} {'STATE':<10} {'SF':>2} {'ACK2':>4} {'TRIES':>5} {'CODE':>4}  {'AGE':>5}  APPKEY")
     for r in rows:
