@@ -246,6 +246,7 @@ def test_inbox_list_show_save_ack(root: Path, capsys: pytest.CaptureFixture[str]
     rc, out, _ = run(capsys, "inbox", "--dir", B, "--json")
     [item] = json.loads(out)
     assert item == {"id": 1, "lk0": lk0, "from": A, "app_key": "trade/ORDER/PO/S0001",
+                    "from_user": "", "to_user": "", "channel": "", "gap": False,
                     "size": len(ORDER), "received_ms": item["received_ms"], "consumed": False}
 
     rc, out, _ = run(capsys, "inbox", "--dir", B, "show", "1")
