@@ -566,6 +566,7 @@ def cmd_node_run(args: argparse.Namespace) -> int:
             logging.getLogger("semq").warning("certificate expires in %.0f days", security.expires_in_days())
     core = NodeCore(cfg.store_path, cfg.org, events_dir=cfg.events_dir, synchronous=cfg.synchronous, check=True,
                     inquiry_interval=inquiry_interval, security=security, clock_skew=cfg.clock_skew, unit=cfg.unit)
+    core.ctx.units = cfg.units
     settings = NodeSettings(addresses=addresses, window=cfg.window, units=cfg.units,
                             ssl_context=security.ssl_context() if security else None,
                             direct=_direct_settings(args, cfg))

@@ -84,6 +84,7 @@ class NodeContext:
     inquiry_ms: int
     skew_ms: int
     unit: int = 1  # this process's unit of the node (semq_id of its LK0s; semq.units)
+    units: int = 1  # the node's units (a receiver of several cannot keep a channel's order)
 
     def lk0(self, record_id: int) -> LK0:
         """The LK0 of one of this store's records."""

@@ -190,6 +190,14 @@ class Receiver:
         except EnvelopeError as e:
             self._refuse(b, frame, d, ResultCode.INVALID_FIELD, str(e))
             return
+        if env.channel and self.ctx.units > 1 and d.lk0.endpoint != self.ctx.me:
+            # The platform spreads a node's documents over its units by LK0:
+            # a channel's documents would wait in several stores, each for
+            # ones held in another. Refused (signed), so the origin sees it.
+            self._refuse(b, frame, d, ResultCode.INVALID_FIELD,
+                         f"ordered channel {env.channel}: organization {self.ctx.me.node_id} runs as"
+                         f" {self.ctx.units} units, which do not keep a channel's order; send it unordered")
+            return
         if env.to_user and env.to_user not in self.users():
             self._refuse(b, frame, d, ResultCode.UNKNOWN_TARGET,
                          f"{env.to_user} is not a user of organization {self.ctx.me.node_id}")

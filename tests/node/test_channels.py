@@ -257,3 +257,14 @@ def test_the_envelope_flag_is_bound_by_the_documents_signature() -> None:
     (stripped,) = decoded(rewrite_header(frame, flags=raw.flags & ~FLAG_ENVELOPE))
     assert raw.flags & FLAG_ENVELOPE and not stripped.flags & FLAG_ENVELOPE
     assert raw_frame_aad(raw) != raw_frame_aad(stripped)
+
+
+def test_a_receiver_of_several_units_refuses_an_ordered_document_with_the_reason(
+        pair: tuple[NodeCore, NodeCore]) -> None:
+    a, b = pair
+    b.ctx.units = 2
+    a.accept([_doc("S1"), _doc("U1", channel="")])
+    out = b.handle(decoded(_data_frames(a)))
+    assert [k for k, _, _ in _inbox(b)] == ["U1"]
+    assert out.errors and "runs as 2 units, which do not keep a channel's order" in out.errors[0][1]
+    assert [r.kind for r in decoded(out.data) if r.kind is Kind.NACK] == [Kind.NACK]
