@@ -452,27 +452,40 @@ def tree_cpu_seconds(pid: int) -> float | None:
 # ---------------------------------------------------------------- documents
 
 
-def documents(start: int, n: int) -> list[dict[str, Any]]:
+def documents(start: int, n: int, ordered: str = "", priority_every: int = 0) -> list[dict[str, Any]]:
+    """Documents ``start`` .. ``start + n - 1``: 1 KiB each, SaveFwd=3, Ack2.
+    ``ordered``: all in that ordered channel (``NodeClient.send_many``'s
+    ``ordered``); ``priority_every`` K > 0: every K-th (K, 2K, ...) at
+    priority 1, the others at 0."""
     out = []
     for i in range(start, start + n):
         head = f"<order id='S{i:07d}'>".encode()
-        out.append(dict(to=B, data=head + b"x" * (PAYLOAD - len(head)), data_type="ORDER", domain="trade",
-                        subtype="PO", key=f"S{i:07d}", save_fwd=3, ack2=True))
+        d = dict(to=B, data=head + b"x" * (PAYLOAD - len(head)), data_type="ORDER", domain="trade",
+                 subtype="PO", key=f"S{i:07d}", save_fwd=3, ack2=True)
+        if ordered:
+            d["ordered"] = ordered
+        if priority_every > 0 and (i + 1) % priority_every == 0:
+            d["priority"] = 1
+        out.append(d)
     return out
 
 
-def preload(root: Path, n: int) -> float:
+#: Makes documents ``start`` .. ``start + n - 1`` for ``NodeClient.send_many``.
+Documents = Callable[[int, int], list[dict[str, Any]]]
+
+
+def preload(root: Path, n: int, docs: Documents = documents) -> float:
     """Accept n documents into A's store (no daemon running); returns docs/s."""
     from semq.node.api import NodeClient
 
     t0 = time.perf_counter()
     with NodeClient(root / "A") as node:
         for i in range(0, n, LOAD_BATCH):
-            node.send_many(documents(i, min(LOAD_BATCH, n - i)))
+            node.send_many(docs(i, min(LOAD_BATCH, n - i)))
     return n / (time.perf_counter() - t0)
 
 
-def feed(root: Path, n: int, rate: float, c: Cluster) -> None:
+def feed(root: Path, n: int, rate: float, c: Cluster, docs: Documents = documents) -> None:
     """Accept n documents into A's store while A runs, paced at ``rate``/s."""
     from semq.node.api import NodeClient
 
@@ -482,7 +495,7 @@ def feed(root: Path, n: int, rate: float, c: Cluster) -> None:
         while done < n:
             due = min(n, int((time.monotonic() - t0 + FEED_TICK) * rate))
             if due > done:
-                node.send_many(documents(done, due - done))
+                node.send_many(docs(done, due - done))
                 done = due
             c.alive()
             time.sleep(max(0.0, t0 + done / rate - time.monotonic()))
@@ -633,8 +646,12 @@ def _finish(c: Cluster, a: argparse.Namespace) -> None:
 
 
 def phase_online(tmp: Path, n: int, a: argparse.Namespace, rate: float | None = None,
-                 name: str = "") -> dict[str, Any]:
-    """Full load (rate None: pre-loaded) or paced at ``rate`` docs/s (in ``tmp/name``)."""
+                 name: str = "", docs: Documents = documents,
+                 inspect: Callable[[Cluster], dict[str, Any]] | None = None) -> dict[str, Any]:
+    """Full load (rate None: pre-loaded) or paced at ``rate`` docs/s (in
+    ``tmp/name``). ``docs`` makes the documents (default ``documents``);
+    ``inspect``, when given, reads the stopped phase's stores and event logs
+    (it may raise BenchError) and its figures join the result."""
     c = _cluster(tmp, name or ("half" if rate else "online"), a)
     try:
         c.start_platform()
@@ -642,7 +659,7 @@ def phase_online(tmp: Path, n: int, a: argparse.Namespace, rate: float | None = 
         _wait(lambda: c.online(B), a.phase_timeout, "B online")
         accept = None
         if rate is None:
-            accept = preload(c.root, n)
+            accept = preload(c.root, n, docs)
             c.start("A")
             # A's start-up not counted; what it sends from then on is (the
             # units of an A of several start at different moments).
@@ -650,7 +667,7 @@ def phase_online(tmp: Path, n: int, a: argparse.Namespace, rate: float | None = 
         else:
             c.start("A")
             cpu0 = {**c.cpu(), **c.cpu_at_ready("A")}
-            feed(c.root, n, rate, c)
+            feed(c.root, n, rate, c, docs)
         _wait(lambda: c.count("B", "SELECT count(*) FROM inbox") == n
               and c.count("A", "SELECT count(*) FROM outbox") == 0, a.phase_timeout,
               f"{n} documents confirmed end to end at A")
@@ -658,10 +675,11 @@ def phase_online(tmp: Path, n: int, a: argparse.Namespace, rate: float | None = 
         check_once(c, n)
         rss = c.rss_all()
         c.stop_all()
+        extra = inspect(c) if inspect is not None else {}
         ev = events(c.root / "A" / "events", ["sent", "ack2", "ack_fwd", "ack_save"])
         secs = (max(ev["ack2"].values()) - min(ev["sent"].values())) / 1000
         return {"docs": n, "seconds": secs, "rate": n / secs, **latencies(c.root), "rss": rss, "cpu": cpu,
-                "accept": accept, "ack_fwd": len(ev["ack_fwd"]), "ack_save": len(ev["ack_save"])}
+                "accept": accept, "ack_fwd": len(ev["ack_fwd"]), "ack_save": len(ev["ack_save"]), **extra}
     finally:
         _finish(c, a)
 
