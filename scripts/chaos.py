@@ -54,6 +54,21 @@ checks add: each document is in the unit the platform routes it to
 a unit that exits 0 is not started again) is a finding.
 Units and direct links are exclusive (a node of several units takes none).
 
+With ``--ordered N`` a seeded share (``ChaosConfig.ordered_share``, half) of
+the reliable documents is sent in ordered channels: N channels per (origin,
+target) pair, ``chaos-1`` .. ``chaos-N``, each document in one of its pair's
+channels (drawn from an RNG of its own, so a seed's documents and schedule
+stay as they were without ``--ordered``; best-effort documents cannot be
+ordered and stay unordered). The settling waits for held documents and for
+the gap notices of failed ones, and the checks add, per (origin, target,
+channel): the target's inbox rows of the channel, in inbox order, name
+exactly the channel's documents accepted at the origin, in record id order,
+each once (a document or, in its place, a gap notice); a gap notice stands
+only for a document that failed at its origin (SS_FAILED); and no receiver
+still holds a document back (``channel_held`` empty). Ordering across the
+units of a receiving node is not supported yet: ``--ordered`` refuses
+``--units`` above 1.
+
 ``scripts/chaos --seed S --docs N --minutes M --orgs K`` prints the table;
 tests/e2e/test_chaos.py calls :func:`run_chaos` with a short configuration.
 Deterministic given the seed as far as timing allows: the documents, the fault
@@ -91,6 +106,8 @@ import semq
 from semq.cli import build_parser
 from semq.cli import main as semq_main
 from semq.node.api import NodeClient
+from semq.node.channels import waiting_channels
+from semq.node.envelope import GAP_DOMAIN, GAP_TYPE
 from semq.testing.faultproxy import FaultPlan, FaultProxy
 from semq.umxt_protocol import LK0, Endpoint
 from semq.units import holder
@@ -434,12 +451,15 @@ class Net:
         unit, ``ORG.uK`` for unit K of a node of several."""
         return org if self.units.get(org, 1) == 1 else f"{org}.u{unit}"
 
-    def pending(self) -> dict[str, int]:
+    def pending(self, *, ordered: bool = False) -> dict[str, int]:
         """What is not settled yet: outbox rows other than SS_FAILED, pending-ack
         rows (per unit store), the platform's stored rows. Empty dict =
         settled. SaveFwd 1 rows waiting at SS_ACK_FWD are counted apart
         (``*.outbox_sf1_fwd``): when the forwarded copy died with a connection
-        they never move (tests/e2e/test_chaos.py pins that as a known bug)."""
+        they never move (tests/e2e/test_chaos.py pins that as a known bug).
+        ``ordered``: also documents an ordered channel holds back
+        (``*.channel_held``) and failed ordered documents whose gap notice
+        is not queued yet (``*.outbox_gap``)."""
         out: dict[str, int] = {}
         for o in self.orgs:
             for k in range(1, self.units[o] + 1):
@@ -450,6 +470,14 @@ class Net:
                 n = self.count(o, "SELECT count(*) FROM inbound", unit=k)
                 if n:
                     out[f"{name}.inbound"] = n
+                if ordered:
+                    n = self.count(o, "SELECT count(*) FROM channel_held", unit=k)
+                    if n:
+                        out[f"{name}.channel_held"] = n
+                    n = self.count(o, f"SELECT count(*) FROM outbox WHERE channel != '' AND gap = 0"
+                                      f" AND state = {SS_FAILED}", unit=k)
+                    if n:
+                        out[f"{name}.outbox_gap"] = n
         n = self.count("P", "SELECT count(*) FROM stored")
         if n:
             out["P.stored"] = n
@@ -505,11 +533,23 @@ class ChaosConfig:
     units: int = 1
     units_on: str = "some"
     unit_kills_per_minute: float = 12.0  # the units schedule's SIGKILLs of single units
+    # Ordered channels: 0 (none), or the channels per (origin, target) pair
+    # that a share of the reliable documents is sent in (see the module's
+    # docstring). Exclusive with units above 1.
+    ordered: int = 0
+    ordered_share: float = 0.5
 
     def check(self) -> None:
         """Raises ValueError naming the setting for a combination that cannot run."""
         if self.units < 1:
             raise ValueError(f"units {self.units}: at least 1")
+        if self.ordered < 0:
+            raise ValueError(f"ordered {self.ordered}: at least 0")
+        if not 0.0 <= self.ordered_share <= 1.0:
+            raise ValueError(f"ordered_share {self.ordered_share}: between 0 and 1")
+        if self.ordered and self.units > 1:
+            raise ValueError(f"ordered {self.ordered} with units {self.units}: ordering across the units of a"
+                             " receiving node is not supported yet")
         if self.units_on not in ("some", "all"):
             raise ValueError(f"units_on {self.units_on!r} is not 'some' or 'all'")
         if self.units > 1 and self.direct:
@@ -572,6 +612,26 @@ class ChaosReport:
     wrong_unit: int = 0
     received_by_unit: dict[str, list[int]] = field(default_factory=dict)
     sent_by_unit: dict[str, list[int]] = field(default_factory=dict)
+    # Ordered channels (ChaosConfig.ordered): channels per pair; documents
+    # accepted in a channel, and the (origin, target, channel)s they used;
+    # gap notices in the inboxes; per channel, the inbox rows that came after
+    # one with a higher record id, the channel's documents in no inbox row,
+    # those in several, rows that are not one of the channel's documents;
+    # gap notices for a document that did not fail at its origin; documents
+    # held back when they arrived ("held" events) and gap notices dropped for
+    # a document that had arrived ("gap_dropped"); held at the end.
+    ordered: int = 0
+    ordered_docs: int = 0
+    ordered_channels: int = 0
+    ordered_gaps: int = 0
+    ordered_out_of_order: int = 0
+    ordered_missing: int = 0
+    ordered_twice: int = 0
+    ordered_foreign: int = 0
+    ordered_bad_gaps: int = 0
+    ordered_held_on_arrival: int = 0
+    ordered_gaps_dropped: int = 0
+    ordered_held_at_end: int = 0
     settled: bool = False
     by_mode: dict[str, dict[str, int]] = field(default_factory=dict)
     sf1_dropped_reported: int = 0  # SS_FAILED 301 at the origin
@@ -635,10 +695,22 @@ class ChaosReport:
                 ("units exited, restarted by their supervisor", ", ".join(f"{k}: {v}" for k, v in self.unit_exits.items())
                  or "0"),
             ]
+        if self.ordered:
+            rows[-2:-2] = [
+                ("ordered: documents / channels / gap notices",
+                 f"{self.ordered_docs} / {self.ordered_channels} / {self.ordered_gaps}"),
+                ("ordered: out of order / missing / twice",
+                 f"{self.ordered_out_of_order} / {self.ordered_missing} / {self.ordered_twice}"),
+                ("ordered: foreign rows / gaps for no failure", f"{self.ordered_foreign} / {self.ordered_bad_gaps}"),
+                ("ordered: held on arrival / gaps dropped", f"{self.ordered_held_on_arrival} / "
+                                                             f"{self.ordered_gaps_dropped}"),
+                ("ordered: held at the end", self.ordered_held_at_end),
+            ]
         w = max(len(k) for k, _ in rows)
         lines = [f"chaos seed={self.seed} orgs={self.orgs} security={'on' if self.security else 'off'}"
                  + (f" direct={self.direct}" if self.direct else "")
-                 + (f" units={self.units}" if self.units > 1 else "")]
+                 + (f" units={self.units}" if self.units > 1 else "")
+                 + (f" ordered={self.ordered}" if self.ordered else "")]
         lines += [f"  {k:<{w}}  {v}" for k, v in rows]
         lines.append("  by mode (accepted / delivered / duplicates):")
         for m, c in self.by_mode.items():
@@ -666,6 +738,16 @@ def _lk0_text(key: DocKey) -> str:
     return f"{key[0]}/{key[1]}/1/{key[2]}"
 
 
+def _gap_place(key: str) -> DocKey | None:
+    """The document a gap notice stands for, from its AppKey's key (the
+    failed document's LK0 text, ``ORIGIN/UNIT/1/RECORD``); None for a key
+    that is not one."""
+    parts = key.split("/")
+    if len(parts) != 4 or not all(p.isdigit() for p in parts):
+        return None
+    return parts[0], int(parts[1]), int(parts[3])
+
+
 @dataclass
 class _Doc:
     origin: str
@@ -675,6 +757,7 @@ class _Doc:
     save_fwd: int
     digest: bytes
     size: int
+    channel: str = ""  # its ordered channel ("": unordered)
 
 
 # ---------------------------------------------------------------- the run
@@ -720,6 +803,27 @@ def _documents(cfg: ChaosConfig, orgs: list[str], rng: random.Random) -> list[tu
     return out
 
 
+def _ordered(cfg: ChaosConfig, plan: list[tuple[str, dict[str, Any], str]]) -> list[tuple[str, dict[str, Any], str]]:
+    """``plan`` with a seeded share of its reliable documents sent in an
+    ordered channel of their (origin, target) pair: ``chaos-1`` ..
+    ``chaos-N`` (N = ``cfg.ordered``). Their mode is named ``sfK ordered``
+    (an ordered document always asks for its ACK2). The draws come from an
+    RNG of their own, two per document whatever it is: the documents of a
+    seed are those of the run without ``--ordered``, channels aside."""
+    if cfg.ordered <= 0:
+        return plan
+    rng = random.Random(f"semq-chaos/{cfg.seed}/ordered")
+    out = []
+    for origin, entry, name in plan:
+        ordered = rng.random() < cfg.ordered_share
+        k = rng.randrange(cfg.ordered)
+        if ordered and entry["reliable"]:
+            entry = {**entry, "ordered": f"chaos-{k + 1}", "ack2": True}
+            name = f"sf{entry['save_fwd']} ordered"
+        out.append((origin, entry, name))
+    return out
+
+
 class _Run:
     def __init__(self, cfg: ChaosConfig, net: Net, orgs: list[str]) -> None:
         self.cfg = cfg
@@ -733,7 +837,7 @@ class _Run:
         # SIGKILLs of single units).
         self.units_rng = random.Random(f"semq-chaos/{cfg.seed}/units")
         self.report = ChaosReport(seed=cfg.seed, orgs=len(orgs), security=net.security, direct=cfg.direct,
-                                  units=cfg.units)
+                                  units=cfg.units, ordered=cfg.ordered)
         self.node_kills: Counter[str] = Counter()  # SIGKILLs of each node of several units, so far
         self.docs: dict[DocKey, _Doc] = {}
         self.proxies: dict[str, list[FaultProxy]] = {}  # per node, one per platform instance
@@ -781,7 +885,7 @@ class _Run:
     async def sender(self, deadline: float) -> None:
         """Hand the documents to the nodes' stores (the Python API), spread
         over the chaos phase; works whether or not a node's daemon is up."""
-        plan = _documents(self.cfg, self.orgs, random.Random(f"semq-chaos/{self.cfg.seed}/docs"))
+        plan = _ordered(self.cfg, _documents(self.cfg, self.orgs, random.Random(f"semq-chaos/{self.cfg.seed}/docs")))
         by_origin: dict[str, list[tuple[dict[str, Any], str]]] = defaultdict(list)
         for origin, entry, mode in plan:
             by_origin[origin].append((entry, mode))
@@ -806,7 +910,7 @@ class _Run:
                 self.docs[(origin, lk.semq_id, lk.record_id)] = _Doc(
                     origin=origin, target=entry["to"], mode=name, reliable=reliable,
                     save_fwd=sf if reliable else 1, digest=hashlib.sha256(entry["data"]).digest(),
-                    size=len(entry["data"]))
+                    size=len(entry["data"]), channel=entry.get("ordered", ""))
             self.report.accepted += len(lks)
 
     # ------------------------------------------------------------ faults
@@ -1005,7 +1109,7 @@ class _Run:
         last: dict[str, int] = {}
         said = start
         while trio.current_time() < deadline:
-            last = await trio.to_thread.run_sync(self.net.pending)
+            last = await trio.to_thread.run_sync(functools.partial(self.net.pending, ordered=self.cfg.ordered > 0))
             if last and trio.current_time() - said >= 5:  # what it waits for, now and then
                 said = trio.current_time()
                 self.log(f"settling for {said - start:.0f} s: {last}")
@@ -1030,17 +1134,33 @@ class _Run:
         r, net = self.report, self.net
         # LK0 -> [(the organization whose inbox holds it, which unit, digest)]
         inbox: dict[DocKey, list[tuple[str, int, bytes]]] = defaultdict(list)
+        # Ordered channels: (origin, receiver, channel) -> its inbox rows in
+        # inbox order: (unit, the document whose place the row takes, whether
+        # it is a gap notice). Gap notices are not documents of the run: they
+        # are checked with their channel only.
+        channel_rows: dict[tuple[str, str, str], list[tuple[int, DocKey, bool]]] = defaultdict(list)
+        malformed_gaps: list[str] = []
         for org in self.orgs:
             for unit in range(1, net.units[org] + 1):
                 last = 0
                 while True:  # paged: long runs hold many documents
-                    rows = net.q(org, "SELECT id, origin_id, semq_id, record_id, app_data FROM inbox WHERE id > ?"
-                                      " ORDER BY id LIMIT 2000", last, unit=unit)
+                    rows = net.q(org, "SELECT id, origin_id, semq_id, record_id, app_data, channel, domain, data_type,"
+                                      " subtype, key FROM inbox WHERE id > ? ORDER BY id LIMIT 2000", last, unit=unit)
                     if not rows:
                         break
-                    for rid, o, sid, rec, data in rows:
-                        inbox[(o, int(sid), int(rec))].append((org, unit, hashlib.sha256(data).digest()))
+                    for rid, o, sid, rec, data, channel, domain, data_type, subtype, key in rows:
                         last = rid
+                        if domain == GAP_DOMAIN and data_type == GAP_TYPE:
+                            gone = _gap_place(key)
+                            if gone is None or gone[0] != o or not channel or subtype != channel:
+                                malformed_gaps.append(f"gap notice {o}/{sid}/1/{rec} in {net.label(org, unit)}'s"
+                                                      f" inbox: channel {channel!r}, subtype {subtype!r}, key {key!r}")
+                            else:
+                                channel_rows[(o, org, channel)].append((unit, gone, True))
+                            continue
+                        inbox[(o, int(sid), int(rec))].append((org, unit, hashlib.sha256(data).digest()))
+                        if channel:
+                            channel_rows[(o, org, channel)].append((unit, (o, int(sid), int(rec)), False))
         outbox: dict[DocKey, tuple[int, int]] = {}
         for org in self.orgs:
             for unit in range(1, net.units[org] + 1):
@@ -1132,6 +1252,7 @@ class _Run:
             r.violations.append(f"{r.wrong_unit} document(s) in a unit other than their holder: {examples['wrong unit']}")
         if not r.settled:
             r.violations.append(f"not settled within {self.cfg.quiet_timeout:.0f} s: {r.left_over}")
+        gaps_queued = self.verify_ordered(channel_rows, outbox, malformed_gaps)
         # SaveFwd 1 that vanished after ACK_FWD (the bytes died with a cut
         # connection) is neither delivered nor reported dropped: a gap in the
         # promise, reported here and pinned by an xfail test (tests/e2e/test_chaos.py).
@@ -1198,6 +1319,10 @@ class _Run:
                     path_of[e.get("lk0", "")] = e.get("path", "relay")
                     if e.get("path") == "direct" and any(a <= e.get("ts", 0) <= b for a, b in self.away):
                         r.received_direct_while_away += 1
+                elif kind == "held" and e.get("role") == "receiver":
+                    r.ordered_held_on_arrival += 1
+                elif kind == "gap_dropped" and e.get("role") == "receiver":
+                    r.ordered_gaps_dropped += 1
                 elif kind == "inbox":
                     path = path_of.get(e.get("lk0", ""))
                     inbox_path[e.get("lk0", "")] = path or "?"
@@ -1224,12 +1349,111 @@ class _Run:
             r.violations.append(f"--direct {self.cfg.direct}: no document was delivered over a direct link"
                                 f" ({r.sent_direct} sent on one; listeners {r.listeners})")
         # dedup holds one row per delivered LK0 for the retention (30 days);
-        # seen one per DATA the platform accepted. Neither may exceed the traffic.
+        # seen one per DATA the platform accepted. Neither may exceed the
+        # traffic: the documents, and the gap notices the origins queued (a
+        # notice's receiver keeps its LK0 and the failed document's).
         dedup = sum(v for k, v in r.tables.items() if k.endswith(".dedup"))
-        if dedup > r.accepted:
-            r.violations.append(f"dedup rows {dedup} exceed the {r.accepted} documents")
-        if r.tables["P.seen"] > r.accepted:
-            r.violations.append(f"platform seen rows {r.tables['P.seen']} exceed the {r.accepted} documents")
+        traffic = r.accepted + gaps_queued
+        what = f"the {r.accepted} documents" + (f" and {gaps_queued} gap notices" if gaps_queued else "")
+        if dedup > traffic:
+            r.violations.append(f"dedup rows {dedup} exceed {what}")
+        if r.tables["P.seen"] > traffic:
+            r.violations.append(f"platform seen rows {r.tables['P.seen']} exceed {what}")
+
+    def verify_ordered(self, channel_rows: dict[tuple[str, str, str], list[tuple[int, DocKey, bool]]],
+                       outbox: dict[DocKey, tuple[int, int]], malformed_gaps: list[str]) -> int:
+        """The ordered channels' checks (see the module's docstring): per
+        (origin, target, channel), its inbox rows (``channel_rows``, keyed by
+        the organization that received them) name the channel's accepted
+        documents in record id order, each once; a gap notice only for a
+        document that failed at its origin (its row SS_FAILED in ``outbox``,
+        or gone with a failure in the origin's event log); nothing held at
+        the end. Returns how many gap notices the origins queued."""
+        r, net = self.report, self.net
+        expected: dict[tuple[str, str, str], list[DocKey]] = defaultdict(list)
+        for key, d in self.docs.items():
+            if d.channel:
+                expected[(d.origin, d.target, d.channel)].append(key)
+        r.ordered_docs = sum(len(v) for v in expected.values())
+        r.ordered_channels = len(expected)
+        examples: dict[str, list[str]] = defaultdict(list)
+
+        def bad(kind: str, ch: tuple[str, str, str], text: str) -> None:
+            if len(examples[kind]) < 5:
+                examples[kind].append(f"channel {ch[2]} from {ch[0]} to {ch[1]}: {text}")
+
+        reported: set[str] | None = None  # LK0s the origins' event logs say failed (read when needed)
+        for ch in sorted(set(expected) | set(channel_rows)):
+            want = sorted(expected.get(ch, []), key=lambda k: k[2])
+            wanted = set(want)
+            got = channel_rows.get(ch, [])
+            units = sorted({u for u, _, _ in got})
+            if len(units) > 1:
+                bad("units", ch, f"rows in units {units} of {ch[1]}")
+            seen: Counter[DocKey] = Counter()
+            top: DocKey | None = None  # the highest record id handed over so far
+            for _, key, gap in got:
+                seen[key] += 1
+                what = f"LK0 {_lk0_text(key)}" + (" (by a gap notice)" if gap else "")
+                r.ordered_gaps += gap
+                if key not in wanted:
+                    r.ordered_foreign += 1
+                    bad("foreign", ch, f"{what} is not one of its documents")
+                    continue
+                if seen[key] > 1:
+                    r.ordered_twice += 1
+                    bad("twice", ch, f"{what} handed over {seen[key]} times")
+                    continue
+                if top is not None and key[2] < top[2]:
+                    r.ordered_out_of_order += 1
+                    bad("out of order", ch, f"{what} handed over after LK0 {_lk0_text(top)}")
+                else:
+                    top = key
+                if gap:
+                    row = outbox.get(key)
+                    if row is not None:
+                        failed = row[0] == SS_FAILED
+                    else:  # gone at its origin: failed, if its event log says so (then purged)
+                        if reported is None:
+                            reported = {e.get("lk0", "") for o in self.orgs for e in net.events(o)
+                                        if e.get("role") == "origin" and e.get("event") in ("nack", "expired")}
+                        failed = _lk0_text(key) in reported
+                    if not failed:
+                        r.ordered_bad_gaps += 1
+                        bad("bad gap", ch, f"{what}, which did not fail at its origin (row {row})")
+            for key in want:
+                if not seen[key]:
+                    r.ordered_missing += 1
+                    bad("missing", ch, f"LK0 {_lk0_text(key)} ({self.docs[key].mode}) neither handed over nor"
+                                       f" announced by a gap notice (origin row {outbox.get(key)})")
+        held: list[str] = []
+        queued = 0
+        for org in self.orgs:
+            for unit in range(1, net.units[org] + 1):
+                c = sqlite3.connect(f"file:{net.db_path(org, unit)}?mode=ro", uri=True, timeout=30)
+                try:
+                    waits = waiting_channels(c, unit)
+                    r.ordered_held_at_end += int(c.execute("SELECT count(*) FROM channel_held").fetchone()[0])
+                    queued += int(c.execute("SELECT count(*) FROM outbox WHERE gap = 1").fetchone()[0])
+                finally:
+                    c.close()
+                held += [f"at {net.label(org, unit)}: {w.describe()}" for w in waits]
+        for kind, n, text in (
+            ("out of order", r.ordered_out_of_order, "ordered document(s) handed over out of order"),
+            ("missing", r.ordered_missing, "ordered document(s) missing from their channel"),
+            ("twice", r.ordered_twice, "ordered document(s) handed over more than once"),
+            ("foreign", r.ordered_foreign, "inbox row(s) in a channel that are not one of its documents"),
+            ("bad gap", r.ordered_bad_gaps, "gap notice(s) for a document that did not fail"),
+            ("units", len(examples["units"]), "channel(s) handed over by several units"),
+        ):
+            if n:
+                r.violations.append(f"{n} {text}: {examples[kind]}")
+        if malformed_gaps:
+            r.violations.append(f"{len(malformed_gaps)} gap notice(s) that name no document of their channel:"
+                                f" {malformed_gaps[:5]}")
+        if r.ordered_held_at_end or held:
+            r.violations.append(f"{r.ordered_held_at_end} ordered document(s) still held at the end: {held[:5]}")
+        return queued
 
 
 async def run_chaos_async(cfg: ChaosConfig) -> ChaosReport:
@@ -1351,6 +1575,11 @@ def main(argv: list[str] | None = None) -> int:
                    help="with --units: a seeded half of the nodes (some, the default; at least one) or every one")
     p.add_argument("--unit-kills-per-minute", type=float, default=12.0,
                    help="with --units: SIGKILLs of single units (their own schedule)")
+    p.add_argument("--ordered", type=int, default=0, metavar="N",
+                   help="send half of the reliable documents in ordered channels, N per pair of organizations,"
+                        " and check that each channel reaches its target in the order its documents were"
+                        " accepted, every document once, a failed one replaced by a gap notice, nothing still"
+                        " held back at the end (default 0: no ordered channels; not with --units above 1)")
     p.add_argument("--dir", help="keep everything in this directory (must not exist)")
     p.add_argument("--keep", action="store_true", help="keep the temporary directory")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
@@ -1366,6 +1595,11 @@ def main(argv: list[str] | None = None) -> int:
         p.error("--direct needs security (direct links are mutual TLS between the nodes' certificates)")
     if a.units < 1:
         p.error(f"--units {a.units}: at least 1")
+    if a.ordered < 0:
+        p.error(f"--ordered {a.ordered}: at least 0")
+    if a.ordered and a.units > 1:
+        p.error(f"--ordered with --units {a.units}: ordering across the units of a receiving node is not"
+                " supported yet")
     if a.units > 1 and a.direct:
         p.error(f"--direct with --units {a.units}: a node of several units takes no direct links"
                 " (semq node init refuses --listen with --units)")
@@ -1381,6 +1615,7 @@ def main(argv: list[str] | None = None) -> int:
         root=Path(a.dir) if a.dir else None, keep=a.keep, log=None if a.quiet else progress,
         platforms=a.platforms, store=a.store, direct=a.direct,
         units=a.units, units_on=a.units_on, unit_kills_per_minute=a.unit_kills_per_minute,
+        ordered=a.ordered,
     )
     report = run_chaos(cfg)
     if a.json:
@@ -1391,7 +1626,8 @@ def main(argv: list[str] | None = None) -> int:
               f" --orgs {a.orgs}" + (f" --security {a.security}" if a.security != "default" else "")
               + (f" --platforms {a.platforms} --store {a.store}" if a.store else "")
               + (f" --direct {a.direct}" if a.direct else "")
-              + (f" --units {a.units}" + (" --units-on all" if a.units_on == "all" else "") if a.units > 1 else ""))
+              + (f" --units {a.units}" + (" --units-on all" if a.units_on == "all" else "") if a.units > 1 else "")
+              + (f" --ordered {a.ordered}" if a.ordered else ""))
         if a.keep or a.dir:
             print(f"kept: {report.root}")
     return 0 if report.ok else 1
