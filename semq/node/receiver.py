@@ -198,7 +198,11 @@ class Receiver:
                          f"ordered channel {env.channel}: organization {self.ctx.me.node_id} runs as"
                          f" {self.ctx.units} units, which do not keep a channel's order; send it unordered")
             return
-        if env.to_user and env.to_user not in self.users():
+        # A gap notice names the failed document's user, but carries nothing
+        # for it: only the channel's place. It is never refused for its
+        # user (one refused for an unknown user, like the document it
+        # stands for, would hold the organization's channel for ever).
+        if env.to_user and not env.skipped and env.to_user not in self.users():
             self._refuse(b, frame, d, ResultCode.UNKNOWN_TARGET,
                          f"{env.to_user} is not a user of organization {self.ctx.me.node_id}")
             return

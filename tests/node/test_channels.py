@@ -268,3 +268,23 @@ def test_a_receiver_of_several_units_refuses_an_ordered_document_with_the_reason
     assert [k for k, _, _ in _inbox(b)] == ["U1"]
     assert out.errors and "runs as 2 units, which do not keep a channel's order" in out.errors[0][1]
     assert [r.kind for r in decoded(out.data) if r.kind is Kind.NACK] == [Kind.NACK]
+
+
+def test_a_document_refused_for_an_unknown_user_does_not_hold_its_channel_forever(
+        pair: tuple[NodeCore, NodeCore]) -> None:
+    """A channel is the organization's (origin, channel), whoever each
+    document is for. S1, for a user B does not have, is refused (its origin
+    row fails) while S2, for alice, is held behind it. S1's gap notice names
+    the same user: it must not be refused for it too, or the channel waits
+    for S1 for ever (S2 acknowledged, never handed over)."""
+    a, b = pair
+    add_user([b.conn], "alice")
+    a.accept([_doc("S1", to_user="zed"), _doc("S2", to_user="alice")])
+    out = b.handle(decoded(_data_frames(a)))
+    assert [code for code, _ in out.errors] == [300]  # UNKNOWN_TARGET: zed
+    a.handle(decoded(out.data))  # the NACK: S1 fails at A
+    assert a.announce_gaps() == 1
+    out = b.handle(decoded(_data_frames(a)))  # S1's gap notice
+    assert out.errors == []
+    assert [(k, t) for k, _, t in _inbox(b)] == [(f"{A}/1/1/1", "GAP"), ("S2", "ORDER")]
+    assert waiting_channels(b.conn) == []
