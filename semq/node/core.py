@@ -226,7 +226,7 @@ class NodeCore(HeldWrites):
         return self.origin.accept(docs, self._tx)
 
     def claim(self, limit: int, skip_targets: frozenset[str] = frozenset(), port: FramePort | None = None, *,
-              only: str | None = None) -> Output:
+              only: str | None = None, write_held: bool = True) -> Output:
         """SPEC A.2: take up to ``limit`` SS_INIT rows (priority first, then
         acceptance order), mark them SS_SENT (held in memory first:
         semq.node.writebehind), commit, and return their DATA frames. Expired
@@ -247,14 +247,16 @@ class NodeCore(HeldWrites):
         again: ORIGIN_TABLE).
 
         ``only``: the documents to that one organization, for a direct link
-        to it (their events say ``path: direct``)."""
+        to it (their events say ``path: direct``). ``write_held=False``:
+        leave the states held in memory unwritten (a claim of the documents
+        for this node's own users while the platform is away)."""
         out = Output()
         ts = self.ctx.now()
         events: list[dict[str, Any]] = []
         if self.sec is not None:
             self.receipts.salt_key()
         with self._tx():
-            if self.ctx.held.sent:
+            if self.ctx.held.sent and write_held:
                 self.write_held(ts - HOLD_MS)  # (may empty it)
             self.origin.claim(limit, skip_targets, port, out, events, ts, only=only,
                               path="relay" if only is None else "direct")

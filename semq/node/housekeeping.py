@@ -31,8 +31,9 @@ class Housekeeping:
         ts = self.ctx.now()
         conn = self.ctx.conn
         n = conn.execute("DELETE FROM dedup WHERE received_ms < ?", (ts - DEDUP_RETENTION_MS,)).rowcount
-        n += conn.execute(f"DELETE FROM outbox WHERE state={_SS_FAILED} AND state_ms < ?",
-                          (ts - FAILED_RETENTION_MS,)).rowcount
+        # (A failed ordered document stays until its gap notice is queued.)
+        n += conn.execute(f"DELETE FROM outbox WHERE state={_SS_FAILED} AND state_ms < ?"
+                          " AND NOT (channel != '' AND gap = 0)", (ts - FAILED_RETENTION_MS,)).rowcount
         n += conn.execute("DELETE FROM inbox WHERE consumed_ms IS NOT NULL AND consumed_ms < ?",
                           (ts - INBOX_READ_RETENTION_MS,)).rowcount
         n += conn.execute(
