@@ -371,7 +371,7 @@ async def serve_admin(
 
 
 def admin_request(path: Path, cmd: str, args: Mapping[str, Any] | None = None,
-                  timeout: float = 5.0) -> dict[str, Any]:
+                  timeout: float = 5.0, *, max_response: int = MAX_RESPONSE) -> dict[str, Any]:
     """Send one command to the daemon listening on ``path`` and return its
     answer (``{"ok": True, "result": ...}`` or ``{"ok": False, "error":
     ...}``). Synchronous (the CLI's side).
@@ -405,8 +405,8 @@ def admin_request(path: Path, cmd: str, args: Mapping[str, Any] | None = None,
                 if not chunk:
                     raise AdminError(f"the daemon closed {path} without answering {cmd!r}")
                 buf += chunk
-                if len(buf) > MAX_RESPONSE:
-                    raise AdminError(f"answer to {cmd!r} exceeds {MAX_RESPONSE} bytes")
+                if len(buf) > max_response:
+                    raise AdminError(f"answer to {cmd!r} exceeds {max_response} bytes")
         except TimeoutError as e:
             raise AdminError(f"no answer to {cmd!r} from {path} within {timeout:g} s") from e
         except OSError as e:

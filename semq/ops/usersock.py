@@ -23,9 +23,7 @@ from __future__ import annotations
 
 import base64
 import binascii
-import json
 import pwd
-import socket
 import time
 from collections.abc import Iterator
 from functools import partial
@@ -39,8 +37,7 @@ from semq.node.api import InboxItem, NodeClient
 from semq.node.limits import MAX_DOCUMENT_SIZE, DocumentRefused
 from semq.node.users import UserError, authenticate, user_for_os_account
 
-from ._paths import unix_address
-from .admin import MAX_RESPONSE, AdminCommandError, Handler
+from .admin import AdminCommandError, AdminError, AdminUnavailable, Handler, admin_request
 
 __all__ = ["MAX_USER_REQUEST", "UserClient", "UserSocketError", "user_handlers", "user_socket_path"]
 
@@ -209,32 +206,14 @@ class UserClient:
         return None
 
     def _call(self, cmd: str, **args: Any) -> Any:
-        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        s.settimeout(self.timeout)
         try:
-            try:
-                with unix_address(self.path) as addr:
-                    s.connect(addr)
-            except (FileNotFoundError, ConnectionRefusedError):
-                raise UserSocketError(f"no node answers on {self.path} (not running, or its user_socket"
-                                      " setting names another path)") from None
-            except OSError as e:
-                raise UserSocketError(f"cannot reach the node's user socket {self.path}: {e}") from None
-            req = {"cmd": cmd, "args": {"user": self.user, "token": self.token, **args}}
-            s.sendall(json.dumps(req, separators=(",", ":")).encode() + b"\n")
-            buf = bytearray()
-            while b"\n" not in buf:
-                chunk = s.recv(1 << 20)
-                if not chunk:
-                    raise UserSocketError(f"the node closed {self.path} without answering {cmd}")
-                buf += chunk
-                if len(buf) > MAX_RESPONSE:
-                    raise UserSocketError(f"the answer to {cmd} exceeds {MAX_RESPONSE} bytes")
-        except TimeoutError:
-            raise UserSocketError(f"no answer to {cmd} from {self.path} within {self.timeout:g} s") from None
-        finally:
-            s.close()
-        resp = json.loads(bytes(buf[: buf.index(b"\n")]))
+            resp = admin_request(self.path, cmd, {"user": self.user, "token": self.token, **args}, self.timeout,
+                                 max_response=MAX_USER_REQUEST)
+        except AdminUnavailable:
+            raise UserSocketError(f"no node answers on {self.path} (not running, or its user_socket"
+                                  " setting names another path)") from None
+        except AdminError as e:
+            raise UserSocketError(f"the node's user socket {self.path}: {e}") from None
         if not resp.get("ok"):
             raise UserSocketError(str(resp.get("error", "refused")))
         return resp.get("result")
@@ -275,10 +254,12 @@ class UserClient:
         seen: set[int] = set()
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            fresh = [i for i in self.inbox(limit=_LIST_LIMIT, data=True) if i["id"] not in seen]
-            for i in fresh:
-                seen.add(i["id"])
-                yield i
+            # The list without contents (small), then each new one whole: an
+            # answer stays within one document's size.
+            fresh = [i["id"] for i in self.inbox(limit=_LIST_LIMIT) if i["id"] not in seen]
+            for item_id in fresh:
+                seen.add(item_id)
+                yield self.get(item_id)
             if fresh:
                 deadline = time.monotonic() + timeout
             else:

@@ -86,6 +86,8 @@ def test_colleagues_exchange_records_that_never_leave_the_node_also_with_the_pla
     alice = UserClient(_sock(c, A), "alice", tokens["alice"])
     bob = UserClient(_sock(c, A), "bob", tokens["bob"])
     lk0 = alice.send("bob", b"lunch at noon?", data_type="NOTE", key="N1")
+    first = next(bob.receive(timeout=20))  # wakes when it arrives
+    assert (first["lk0"], first["data"]) == (lk0, b"lunch at noon?")
     got = wait_until(lambda: bob.inbox(data=True), 20, "bob's note")
     assert [(d["lk0"], d["from"], d["from_user"], d["data"]) for d in got] == [(lk0, A, "alice", b"lunch at noon?")]
     assert alice.inbox() == []
