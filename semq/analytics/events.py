@@ -150,7 +150,7 @@ def validate_event(obj: Any) -> list[str]:
     if obj.get("save_fwd") is not None and obj["save_fwd"] not in (1, 2, 3):
         problems.append(f"save_fwd={obj['save_fwd']} is not 1, 2 or 3")
     if obj.get("path") is not None and obj["path"] not in PATHS:
-        problems.append(f"path={obj['path']!r} is not {' or '.join(PATHS)}")
+        problems.append(f"path={obj['path']!r} is not {', '.join(PATHS[:-1])} or {PATHS[-1]}")
     return problems
 
 

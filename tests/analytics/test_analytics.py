@@ -60,7 +60,7 @@ def test_validate_event_accepts_a_good_line_and_names_each_problem() -> None:
     assert validate_event([1]) == ["not a JSON object but list"]
     assert validate_event({**GOOD, "event": "sent", "path": "direct"}) == []
     assert validate_event({**GOOD, "event": "sent", "path": "mesh"}) == [
-        "path='mesh' is not direct or relay"]
+        "path='mesh' is not direct, relay or local"]
 
 
 def test_validate_file_reports_line_numbers(tmp_path: Path) -> None:
