@@ -619,8 +619,13 @@ def _unknown_target_warning(known: bool, org: str) -> None:
 def cmd_send(args: argparse.Namespace) -> int:
     from semq.node.limits import check_document_size
 
-    cfg = _cfg(args, "node")  # a missing configuration is said before waiting for stdin
-    org = _check_address(args.to, cfg.org)  # what cannot be sent is refused at once (exit 2)
+    token = _token(args)
+    # A user's application with its token and the socket's path needs no
+    # access to the node's data directory (the node checks the address).
+    cfg = None if token is not None and args.socket else _cfg(args, "node")
+    # (A missing configuration is said before waiting for stdin; what cannot
+    # be sent is refused at once, exit 2.)
+    org = _check_address(args.to, cfg.org) if cfg is not None else ""
     if args.file == "-":
         data = sys.stdin.buffer.read()
     else:
@@ -630,9 +635,9 @@ def cmd_send(args: argparse.Namespace) -> int:
         check_document_size(p.stat().st_size)  # before reading it
         data = p.read_bytes()
     check_document_size(len(data))
-    token = _token(args)
     if token is not None:
         return _send_as_user(args, cfg, data, token)
+    assert cfg is not None
     with _client(args) as node:
         _check_colleague(node, args.to)
     if args.transactional and (args.ordered or args.user or org == cfg.org):
@@ -711,18 +716,21 @@ def _token(args: argparse.Namespace) -> str | None:
     return os.environ.get("SEMQ_TOKEN") or None
 
 
-def _user_client(args: argparse.Namespace, cfg: Config, token: str) -> Any:
+def _user_client(args: argparse.Namespace, cfg: Config | None, token: str) -> Any:
     from semq.ops.usersock import UserClient, user_socket_path
 
     if not args.user:
         raise UsageError("a token (SEMQ_TOKEN or --token-file) needs --user NAME")
-    path = Path(args.socket) if getattr(args, "socket", None) else user_socket_path(cfg)
+    if getattr(args, "socket", None):
+        path: Path | None = Path(args.socket)
+    else:
+        path = user_socket_path(cfg if cfg is not None else _cfg(args, "node"))
     if path is None:
         raise UsageError("this node has no user socket (user_socket is empty in semq.toml); use --socket PATH")
     return UserClient(path, args.user, token)
 
 
-def _send_as_user(args: argparse.Namespace, cfg: Config, data: bytes, token: str) -> int:
+def _send_as_user(args: argparse.Namespace, cfg: Config | None, data: bytes, token: str) -> int:
     from semq.ops.usersock import UserSocketError
 
     if args.transactional:
@@ -780,7 +788,7 @@ def _doc_id(text: str) -> int:
 def _inbox_as_user(args: argparse.Namespace, token: str) -> int:
     from semq.ops.usersock import UserSocketError
 
-    me = _user_client(args, _cfg(args, "node"), token)
+    me = _user_client(args, None, token)
     try:
         if args.action == "list":
             items = me.inbox(unread=not args.all, limit=args.limit)

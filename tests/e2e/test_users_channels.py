@@ -148,6 +148,13 @@ def test_the_cli_adds_users_and_a_token_reads_only_its_user(cluster: Cluster, tm
     assert r.returncode == 2 and f"{items[0]['id']} is not in the inbox of bob" in r.stderr
     r = semq("inbox", "--dir", str(c.root / B), "--user", "alice", token=bob)
     assert r.returncode == 2 and "user alice and this token do not match" in r.stderr
+    # A user's application needs only the socket, not the node's directory.
+    r = semq("inbox", "--dir", str(tmp_path / "nowhere"), "--socket", str(c.root / B / "user.sock"),
+             "--user", "alice", "--json", token=alice)
+    assert r.returncode == 0 and len(json.loads(r.stdout)) == 2, r.stderr
+    r = semq("send", "--dir", str(tmp_path / "nowhere"), "--socket", str(c.root / B / "user.sock"), "--user",
+             "alice", "--to", f"{A}/carol", "--type", "NOTE", "-", token=alice, data=b"thanks")
+    assert r.returncode == 0 and r.stdout.startswith(f"{B}/1/1/"), r.stderr
     r = semq("user", "list", "--dir", str(c.root / B))
     assert r.returncode == 0 and [ln.split()[0] for ln in r.stdout.splitlines()] == ["alice", "bob"]
 
