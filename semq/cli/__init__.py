@@ -567,6 +567,8 @@ def cmd_node_run(args: argparse.Namespace) -> int:
     core = NodeCore(cfg.store_path, cfg.org, events_dir=cfg.events_dir, synchronous=cfg.synchronous, check=True,
                     inquiry_interval=inquiry_interval, security=security, clock_skew=cfg.clock_skew, unit=cfg.unit)
     core.ctx.units = cfg.units
+    if cfg.unit != 1:  # unit 1 keeps the ordered channels: this unit's inquiries look there too
+        core.ctx.first_unit_store = cfg.for_unit(1).store_path
     settings = NodeSettings(addresses=addresses, window=cfg.window, units=cfg.units,
                             ssl_context=security.ssl_context() if security else None,
                             direct=_direct_settings(args, cfg))

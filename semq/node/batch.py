@@ -84,7 +84,11 @@ class NodeContext:
     inquiry_ms: int
     skew_ms: int
     unit: int = 1  # this process's unit of the node (semq_id of its LK0s; semq.units)
-    units: int = 1  # the node's units (a receiver of several cannot keep a channel's order)
+    units: int = 1  # the node's units (semq.units)
+    # Unit 1's store, for a unit K > 1 of the node: unit 1 keeps the ordered
+    # channels, so it may hold a document whose LK0 picks this unit
+    # (Receiver.received_digest looks there too). None: this is unit 1.
+    first_unit_store: Path | None = None
 
     def lk0(self, record_id: int) -> LK0:
         """The LK0 of one of this store's records."""

@@ -213,6 +213,7 @@ class NodeCore(HeldWrites):
             pass
         if self.ctx.log:
             self.ctx.log.close()
+        self.receiver.close()
         self.db.close()
 
     # ------------------------------------------------------------ the origin

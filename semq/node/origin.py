@@ -327,7 +327,7 @@ class Origin:
                 app_key=_NO_KEY_PARTS if sealed else (r.domain, r.data_type, r.subtype, r.key),
                 created_ms=r.created_ms, expires_ms=expires, save_fwd=r.save_fwd, ack2=bool(r.ack2),
                 reliable=bool(r.reliable), priority=r.priority, session_key=session_key, app_data=app_data,
-                key_sealed=sealed, semq_id=unit, envelope=r.envelope is not None,
+                key_sealed=sealed, semq_id=unit, envelope=r.envelope is not None, ordered=bool(r.channel),
             ))
             events.append({"ts": ts, "role": "origin", "event": "sent", "lk0": f"{me_id}/{unit}/1/{rid}",
                            "source": me_id, "target": target_id, "attempt": attempt,
@@ -415,7 +415,8 @@ class Origin:
                     continue
             sealed = bool(r.encrypt) and not r.clear_key
             env = r.envelope
-            flags = document_flags(bool(r.reliable), bool(r.ack2), bool(r.encrypt), sealed, env is not None)
+            flags = document_flags(bool(r.reliable), bool(r.ack2), bool(r.encrypt), sealed, env is not None,
+                                   bool(r.channel))
             doc = r.app_data if env is None else env + r.app_data
             ak = (tk, r.domain, r.data_type, r.subtype, r.key, r.save_fwd, flags, r.priority)
             aad_of = aads.get(ak)

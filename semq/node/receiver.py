@@ -11,8 +11,10 @@ their confirmations, REACK and REACK2, through ``PENDING_ACK_TABLE``
 
 from __future__ import annotations
 
+import sqlite3
 from collections import defaultdict
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any, Final
 
 from semq._db import next_row_id, rows_by_id, split_held
@@ -84,6 +86,7 @@ class Receiver:
         self._inbound_sweep = 0  # the pending-ack id after which the next inquiry round reads
         self._unknown_key_at: dict[Endpoint, int] = {}  # origin -> when a document of it waited for its key
         self.channels = ChannelsIn()
+        self._first_unit: sqlite3.Connection | None = None  # read-only, opened when first asked
         self._users: frozenset[str] | None = None  # this node's users, read when a document names one
 
     # ------------------------------------------------------------ a batch
@@ -190,13 +193,15 @@ class Receiver:
         except EnvelopeError as e:
             self._refuse(b, frame, d, ResultCode.INVALID_FIELD, str(e))
             return
-        if env.channel and self.ctx.units > 1 and d.lk0.endpoint != self.ctx.me:
-            # The platform spreads a node's documents over its units by LK0:
-            # a channel's documents would wait in several stores, each for
-            # ones held in another. Refused (signed), so the origin sees it.
+        if env.channel and self.ctx.unit != 1 and d.lk0.endpoint != self.ctx.me:
+            # The platform delivers ordered documents (flag Ordered) to unit 1,
+            # which keeps the channels; one reaching another unit (an earlier
+            # platform spread it by LK0) would wait for ever for ones held in
+            # another store. Refused (signed): its origin announces the gap,
+            # which goes to unit 1, and the channel goes on.
             self._refuse(b, frame, d, ResultCode.INVALID_FIELD,
-                         f"ordered channel {env.channel}: organization {self.ctx.me.node_id} runs as"
-                         f" {self.ctx.units} units, which do not keep a channel's order; send it unordered")
+                         f"ordered channel {env.channel}: unit {self.ctx.unit} of organization"
+                         f" {self.ctx.me.node_id} does not keep channels (unit 1 does)")
             return
         # A gap notice names the failed document's user, but carries nothing
         # for it: only the channel's place. It is never refused for its
@@ -539,14 +544,29 @@ class Receiver:
                 ids.append(int(row[0]))
         return ids
 
+    def close(self) -> None:
+        if self._first_unit is not None:
+            self._first_unit.close()
+            self._first_unit = None
+
     def received_digest(self, lk: LK0) -> tuple[bool, bytes | None]:
         """Whether the document ``lk`` reached our inbox (its dedup row),
-        and the digest it was signed with (for a receipt)."""
-        row = self.ctx.conn.execute(
-            "SELECT digest FROM dedup WHERE origin_type=? AND origin_id=? AND semq_id=? AND"
-            " semq_db_id=? AND record_id=?",
-            (int(lk.endpoint.node_type), lk.endpoint.node_id, lk.semq_id, lk.semq_db_id, lk.record_id),
-        ).fetchone()
+        and the digest it was signed with (for a receipt). A unit other
+        than the first also looks in unit 1's store: the platform delivers
+        the documents of ordered channels there, whatever unit their LK0
+        picks (the one the origin's inquiry reaches)."""
+        key = (int(lk.endpoint.node_type), lk.endpoint.node_id, lk.semq_id, lk.semq_db_id, lk.record_id)
+        sql = ("SELECT digest FROM dedup WHERE origin_type=? AND origin_id=? AND semq_id=? AND"
+               " semq_db_id=? AND record_id=?")
+        row = self.ctx.conn.execute(sql, key).fetchone()
+        if row is None and self.ctx.first_unit_store is not None:
+            try:
+                if self._first_unit is None:
+                    uri = Path(self.ctx.first_unit_store).resolve().as_uri() + "?mode=ro"
+                    self._first_unit = sqlite3.connect(uri, uri=True, check_same_thread=False, timeout=5)
+                row = self._first_unit.execute(sql, key).fetchone()
+            except sqlite3.Error:
+                row = None  # unit 1's store unreadable now: not here, as far as we can tell
         if row is None:
             return False, None
         (digest,) = row

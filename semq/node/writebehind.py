@@ -88,6 +88,7 @@ class ClaimRow(NamedTuple):
     app_data: bytes
     clear_key: int
     envelope: bytes | None  # what starts AppData on the wire (semq.node.envelope); None: nothing
+    channel: str  # its ordered channel ("": unordered): DATA flag Ordered
 
 
 class OriginRow(NamedTuple):

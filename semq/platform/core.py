@@ -43,6 +43,7 @@ from semq.node.engine import OperatorAction, TransitionRefused, stored_operator_
 from semq.ports import RelayPort
 from semq.umxt_protocol import (
     FLAG_KEY_SEALED,
+    FLAG_ORDERED,
     HEADER_SIZE,
     LK0,
     Ack,
@@ -155,6 +156,7 @@ _ON_RECONNECT: Final = tuple((int(s), int(n)) for (s, e), n in STORED_TABLE.item
 _WRITE_DELIVERED: Final = (f"UPDATE stored SET state={int(_DELIVERED)}, attempts=?, last_sent_ms=?"
                            f" WHERE id=? AND state={int(_UNDELIVERED)}")
 _WAITING: Final = f"kind={_DATA} AND state={_SS_INIT}"  # stored documents not delivered
+_FLAGS_AT: Final = 4  # a frame's flags byte (docs/protocol.md "Header")
 
 
 class _Held(NamedTuple):
@@ -311,11 +313,15 @@ class PlatformCore(HeldWrites):
         self.units[target] = int(row[0])
         return self.units[target]
 
-    def _route(self, target: Endpoint, lk0: LK0) -> Endpoint:
+    def _route(self, target: Endpoint, lk0: LK0, ordered: bool = False) -> Endpoint:
         """Where a document for ``target`` goes: the route of the unit that
-        holds it (the target itself for an organization of one unit)."""
+        holds it (the target itself for an organization of one unit). A
+        document of an ordered channel (DATA flag Ordered) goes to unit 1:
+        one store keeps the channel's order (semq.node.channels)."""
         n = self._units_of(target)
-        return target if n is None else self._unit_route(target, holder(lk0, n))
+        if n is None:
+            return target
+        return self._unit_route(target, 1 if ordered else holder(lk0, n))
 
     def _unit_route(self, org: Endpoint, unit: int) -> Endpoint:
         """route_of, one Endpoint per unit (looked up per document)."""
@@ -387,18 +393,20 @@ class PlatformCore(HeldWrites):
         """``org`` now runs ``units`` units: its stored documents not yet
         delivered go to the unit each one's LK0 picks among them (stored
         before its first HELLO as a node of several units, they wait for
-        unit 1). Delivered ones stay with the unit that has them."""
+        unit 1). Delivered ones stay with the unit that has them. Documents
+        of ordered channels stay with (or go to) unit 1."""
         pattern = org.node_id + UNIT_SEP + "%"
         rows = self.conn.execute(
-            f"SELECT id, origin_type, origin_id, semq_id, semq_db_id, record_id, target_id FROM stored"
+            f"SELECT id, origin_type, origin_id, semq_id, semq_db_id, record_id, target_id, frame FROM stored"
             f" WHERE target_type=? AND (target_id=? OR target_id LIKE ?) AND {_WAITING}",
             (int(org.node_type), org.node_id, pattern)).fetchall()
         moves = []
-        for rid, ot, oid, sid, did, rec, tid in rows:
+        for rid, ot, oid, sid, did, rec, tid, frame in rows:
             if rid in self._held_sent:
                 continue  # (delivered: its SS_SENT is held in memory)
             lk0 = LK0(endpoint=Endpoint(node_type=ot, node_id=oid), semq_id=sid, semq_db_id=did, record_id=rec)
-            want = route_of(org, holder(lk0, units)).node_id
+            ordered = len(frame) > _FLAGS_AT and bool(bytes(frame[_FLAGS_AT:_FLAGS_AT + 1])[0] & FLAG_ORDERED)
+            want = route_of(org, 1 if ordered else holder(lk0, units)).node_id
             if want != tid:
                 moves.append((want, rid))
         if moves:
@@ -810,7 +818,8 @@ class PlatformCore(HeldWrites):
     ) -> None:
         lk0, _lk1, created, expires = raw.data_prefix()
         target = raw.target
-        dest = target if not self.units and self.presence is None else self._route(target, lk0)
+        dest = (target if not self.units and self.presence is None
+                else self._route(target, lk0, bool(raw.flags & FLAG_ORDERED)))
         reliable = raw.reliable
         save_fwd = raw.save_fwd
         on = online(dest)
@@ -961,7 +970,8 @@ class PlatformCore(HeldWrites):
                     lk0, _lk1, _created, expires = raw.data_prefix()
                     o = lk0.endpoint
                     key = (int(o.node_type), o.node_id, lk0.semq_id, lk0.semq_db_id, lk0.record_id)
-                    self._stores.append(_Store(raw, None, self._route(raw.target, lk0), lk0, key, expires, ts))
+                    self._stores.append(_Store(raw, None, self._route(raw.target, lk0, bool(raw.flags & FLAG_ORDERED)),
+                                               lk0, key, expires, ts))
                 elif raw.kind in _RELAYED:
                     for target, part in self._relay_routes(raw):
                         out.stored_for.add(target)

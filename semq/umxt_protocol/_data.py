@@ -34,6 +34,7 @@ from ._limits import (
     FLAG_ENCRYPT,
     FLAG_ENVELOPE,
     FLAG_KEY_SEALED,
+    FLAG_ORDERED,
     FLAG_RELIABLE,
     MAX_SESSION_KEY,
     _check_bytes,
@@ -61,7 +62,8 @@ class Data:
     session key, wrapped for the receiver in ``session_key``; ``key_sealed``
     that the AppKey is inside the sealed AppData (the header's is empty);
     ``envelope`` that AppData begins with the document's envelope (users,
-    ordered channel: semq.node.envelope)."""
+    ordered channel: semq.node.envelope), ``ordered`` that it belongs to an
+    ordered channel (the relay keeps a channel in one unit of its target)."""
 
     lk0: LK0
     app_data: bytes = b""
@@ -73,6 +75,7 @@ class Data:
     session_key: bytes = b""
     key_sealed: bool = False
     envelope: bool = False
+    ordered: bool = False
 
     def __post_init__(self) -> None:
         if not isinstance(self.lk0, LK0):
@@ -121,6 +124,7 @@ def encode_data(
     semq_db_id: int = 1,
     key_sealed: bool = False,
     envelope: bool = False,
+    ordered: bool = False,
 ) -> bytes:
     """Exactly ``encode_frame(Frame(kind=DATA, source=..., body=Data(lk0=LK0(
     endpoint=source, ...))))``, without building the values: the origin's
@@ -128,7 +132,8 @@ def encode_data(
     builds the Frame once), so re-validating per send would only cost time.
     ``source`` is also the origin. Encrypt=1 iff ``session_key``;
     ``key_sealed``: the AppKey is inside AppData (``app_key`` is then empty);
-    ``envelope``: AppData begins with the document's envelope (FLAG_ENVELOPE)."""
+    ``envelope``: AppData begins with the document's envelope (FLAG_ENVELOPE);
+    ``ordered``: it belongs to an ordered channel (FLAG_ORDERED)."""
     parts = [_DATA_PREFIX.pack(semq_id, semq_db_id, record_id, 0, 0, 0, created_ms, expires_ms or 0)]
     for s in app_key:
         b = s.encode("utf-8")
@@ -139,7 +144,8 @@ def encode_data(
     src = source.node_id.encode("ascii")
     dst = target.node_id.encode("ascii")
     flags = ((FLAG_RELIABLE if reliable else 0) | (FLAG_ACK2 if ack2 else 0) | (FLAG_ENCRYPT if session_key else 0)
-             | (FLAG_KEY_SEALED if key_sealed else 0) | (FLAG_ENVELOPE if envelope else 0))
+             | (FLAG_KEY_SEALED if key_sealed else 0) | (FLAG_ENVELOPE if envelope else 0)
+             | (FLAG_ORDERED if ordered else 0))
     head = _HEADER.pack(
         MAGIC, VERSION, 1, flags, save_fwd, priority, source.node_type, target.node_type, source.node_type,
         len(src), len(dst), len(src), 0, len(body),
@@ -150,12 +156,12 @@ def encode_data(
 
 _DATA_SET: Final = _slot_setters(
     Data, "lk0", "app_data", "app_key", "lk1", "created_ms", "expires_ms", "encrypt", "session_key", "key_sealed",
-    "envelope",
+    "envelope", "ordered",
 )
 
 
 def _decode_data(buf: bytes, origin: Endpoint, encrypt: bool, key_sealed: bool = False,
-                 envelope: bool = False) -> Data:
+                 envelope: bool = False, ordered: bool = False) -> Data:
     if len(buf) < _DATA_PREFIX_SIZE + 4 + 2 + 4:
         raise RemoteProtocolError(f"DATA body of {len(buf)} bytes is too short", ResultCode.MALFORMED_FRAME)
     semq, db, rec, l1s, l1d, l1r, created, expires = _DATA_PREFIX.unpack_from(buf)
@@ -181,7 +187,7 @@ def _decode_data(buf: bytes, origin: Endpoint, encrypt: bool, key_sealed: bool =
             and encrypt == (sk_len > 0) and (not key_sealed or (encrypt and app_key == _NO_APP_KEY))):
         return Data(lk0=lk0, lk1=lk1, created_ms=created, expires_ms=expires or None,  # raises
                     app_key=app_key, encrypt=encrypt, session_key=session_key, app_data=buf[pos:],
-                    key_sealed=key_sealed, envelope=envelope)
+                    key_sealed=key_sealed, envelope=envelope, ordered=ordered)
     d = _new(Data)
     s = _DATA_SET
     s[0](d, lk0)
@@ -194,5 +200,6 @@ def _decode_data(buf: bytes, origin: Endpoint, encrypt: bool, key_sealed: bool =
     s[7](d, session_key)
     s[8](d, key_sealed)
     s[9](d, envelope)
+    s[10](d, ordered)
     return d
 

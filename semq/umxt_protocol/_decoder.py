@@ -17,6 +17,7 @@ from ._limits import (
     FLAG_ENVELOPE,
     FLAG_KEY_SEALED,
     FLAG_LAYER,
+    FLAG_ORDERED,
     FLAG_RELIABLE,
     FLAGS_KNOWN,
 )
@@ -82,6 +83,8 @@ def _valid_heads() -> dict[tuple[int, int, int], Kind]:
             if flags & FLAG_KEY_SEALED and not flags & FLAG_ENCRYPT:
                 continue
             if flags & FLAG_ENVELOPE and k is not Kind.DATA:
+                continue
+            if flags & FLAG_ORDERED and not flags & FLAG_ENVELOPE:
                 continue
             for sf in (1, 2, 3) if k.is_message else (0,):
                 table[(int(k), flags, sf)] = k
@@ -439,6 +442,8 @@ class FrameDecoder:
             return self._fail("a sealed AppKey without Encrypt=1", ResultCode.INVALID_FIELD)
         if flags & FLAG_ENVELOPE and k is not Kind.DATA:
             return self._fail(f"an envelope on a {k.name} frame", ResultCode.INVALID_FIELD)
+        if flags & FLAG_ORDERED and not flags & FLAG_ENVELOPE:
+            return self._fail("an ordered document without its envelope", ResultCode.INVALID_FIELD)
         if k.is_message != (1 <= save_fwd <= 3) or save_fwd > 3:
             return self._fail(f"SaveFwd {save_fwd} is not valid on a {k.name} frame (1..3 for messages, 0 for session)", ResultCode.INVALID_FIELD)
         if prio > MAX_PRIORITY:

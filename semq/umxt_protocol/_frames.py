@@ -79,6 +79,7 @@ from ._limits import (
     FLAG_ENVELOPE,
     FLAG_KEY_SEALED,
     FLAG_LAYER,
+    FLAG_ORDERED,
     FLAG_RELIABLE,
     FLAGS_KNOWN,
     MAX_ACK_BATCH,
@@ -99,6 +100,7 @@ __all__ = [
     "FLAG_ENVELOPE",
     "FLAG_KEY_SEALED",
     "FLAG_LAYER",
+    "FLAG_ORDERED",
     "FLAG_RELIABLE",
     "HEADER_SIZE",
     "MAX_ACK_BATCH",
@@ -274,6 +276,8 @@ class Frame:
                 f |= FLAG_KEY_SEALED
             if self.body.envelope:
                 f |= FLAG_ENVELOPE
+            if self.body.ordered:
+                f |= FLAG_ORDERED
         return f
 
 
@@ -356,7 +360,7 @@ def decode_body(kind: Kind, buf: bytes, origin: Endpoint, flags: int) -> Body:
     try:
         if kind is Kind.DATA:
             return _decode_data(buf, origin, bool(flags & FLAG_ENCRYPT), bool(flags & FLAG_KEY_SEALED),
-                                bool(flags & FLAG_ENVELOPE))
+                                bool(flags & FLAG_ENVELOPE), bool(flags & FLAG_ORDERED))
         if kind in _ACK_KINDS:
             return _decode_ack(kind, buf)
         if kind is Kind.ACK_BATCH:

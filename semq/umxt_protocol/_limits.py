@@ -22,6 +22,7 @@ __all__ = [
     "FLAG_ENVELOPE",
     "FLAG_KEY_SEALED",
     "FLAG_LAYER",
+    "FLAG_ORDERED",
     "FLAG_RELIABLE",
     "MAX_ACK_BATCH",
     "MAX_CERTIFICATES",
@@ -50,7 +51,12 @@ FLAG_KEY_SEALED: Final = 0x10
 # (semq.node.envelope). Inside the sealed AppData when Encrypt=1: the relay
 # routes without it. DATA only; its AAD binds the flag.
 FLAG_ENVELOPE: Final = 0x20
-FLAGS_KNOWN: Final = 0x3F
+# The document belongs to an ordered channel (its envelope says which, and
+# its place): the relay delivers it to the first unit of a node of several,
+# so that one store keeps the channel. DATA with FLAG_ENVELOPE only; bound by
+# the AAD. The relay learns that a document is ordered, never its channel.
+FLAG_ORDERED: Final = 0x40
+FLAGS_KNOWN: Final = 0x7F
 
 MAX_SESSION_KEY: Final = 4096  # bytes of a wrapped session key
 MAX_RECEIPT: Final = 4096  # bytes of a signed receipt on ACK2

@@ -187,16 +187,6 @@ def test_the_ordered_check_names_the_channel_and_lk0_of_each_violation() -> None
     assert all("\n" not in v for v in r.violations)
 
 
-def test_chaos_refuses_ordered_channels_with_units(capsys: pytest.CaptureFixture[str]) -> None:
-    with pytest.raises(ValueError, match="ordering across the units of a receiving node is not supported yet"):
-        run_chaos(ChaosConfig(units=2, ordered=1))
-    with pytest.raises(SystemExit) as e:
-        chaos.main(["--units", "2", "--ordered", "1"])
-    assert e.value.code == 2
-    err = capsys.readouterr().err
-    assert "--ordered with --units 2: ordering across the units of a receiving node is not supported yet" in err
-
-
 def test_chaos_refuses_units_with_direct_links(capsys: pytest.CaptureFixture[str]) -> None:
     """A node of several units takes no direct links: the combination is
     refused before anything starts."""

@@ -189,3 +189,46 @@ def test_an_ordered_channel_arrives_in_order_through_storage_and_restarts(cluste
     assert got == sent
     assert c.count(B, "SELECT count(*) FROM channel_held") == 0
     wait_until(lambda: c.settled([A, B]), 60, "everything confirmed")
+
+
+def test_an_ordered_channel_to_a_node_of_several_units_is_kept_by_its_first_unit(cluster: Cluster) -> None:
+    """B runs as 2 units: the platform spreads B's documents over them by
+    LK0, but delivers the ordered ones (flag Ordered) to unit 1, which keeps
+    the channel in order; part of them are stored while B is away."""
+    c = cluster
+    c.add_org(A)
+    c.add_org(B, units=2)
+    c.start_platform()
+    c.start_node(A)
+    c.start_node(B)
+    sent: list[str] = []
+    with NodeClient(c.root / A) as node:
+        for batch in range(3):
+            docs = [dict(to=B, data=b"o", data_type="ORDER", key=f"O{batch}-{i}", ordered="ledger")
+                    for i in range(100)]
+            docs += [dict(to=B, data=b"u", data_type="NOTE", key=f"U{batch}-{i}") for i in range(40)]
+            sent += [str(lk) for lk, d in zip(node.send_many(docs), docs, strict=True) if d.get("ordered")]
+            if batch == 0:
+                c.kill(B)  # the rest is stored for B's units
+                wait_until(lambda: c.count("P", "SELECT count(*) FROM stored WHERE kind=1") > 0 or
+                           c.count(A, "SELECT count(*) FROM outbox WHERE state=0") == 0, 30, "A sending on")
+            if batch == 1:
+                c.start_node(B)
+    wait_until(lambda: c.count(B, "SELECT count(*) FROM inbox") >= 420, 60, "every document at B")
+    unit1 = c.db(B, 1)
+    try:
+        got = [f"{o}/{s}/{d}/{r}" for o, s, d, r in unit1.execute(
+            "SELECT origin_id, semq_id, semq_db_id, record_id FROM inbox WHERE channel='ledger' ORDER BY id")]
+    finally:
+        unit1.close()
+    assert got == sent
+    per_unit = [c.db(B, k) for k in (1, 2)]
+    try:
+        unordered = [conn.execute("SELECT count(*) FROM inbox WHERE channel=''").fetchone()[0] for conn in per_unit]
+        assert per_unit[1].execute("SELECT count(*) FROM inbox WHERE channel!=''").fetchone()[0] == 0
+    finally:
+        for conn in per_unit:
+            conn.close()
+    assert sum(unordered) == 120 and min(unordered) > 0  # the unordered ones spread over both units
+    assert c.count(B, "SELECT count(*) FROM channel_held") == 0
+    wait_until(lambda: c.settled([A, B]), 60, "everything confirmed")

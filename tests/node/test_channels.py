@@ -24,7 +24,7 @@ from semq.node.envelope import (
 )
 from semq.node.users import UserError, add_user, authenticate, user_for_os_account
 from semq.umxt_protocol import AppKey, Kind, ResultCode
-from tests._frames import decoded
+from tests._frames import decoded, raws
 
 A, B = "10008", "56001"
 
@@ -259,14 +259,21 @@ def test_the_envelope_flag_is_bound_by_the_documents_signature() -> None:
     assert raw_frame_aad(raw) != raw_frame_aad(stripped)
 
 
-def test_a_receiver_of_several_units_refuses_an_ordered_document_with_the_reason(
+def test_a_unit_other_than_the_first_refuses_an_ordered_document_with_the_reason(
         pair: tuple[NodeCore, NodeCore]) -> None:
+    """The platform delivers ordered documents to unit 1 (flag Ordered); one
+    that reaches another unit is refused, signed, so that its origin
+    announces the gap and the channel goes on at unit 1."""
+    from semq.umxt_protocol import FLAG_ORDERED
+
     a, b = pair
-    b.ctx.units = 2
+    b.ctx.unit, b.ctx.units = 2, 2
     a.accept([_doc("S1"), _doc("U1", channel="")])
-    out = b.handle(decoded(_data_frames(a)))
+    frames = decoded(_data_frames(a))
+    assert [bool(r.flags & FLAG_ORDERED) for r in frames] == [True, False]
+    out = b.handle(frames)
     assert [k for k, _, _ in _inbox(b)] == ["U1"]
-    assert out.errors and "runs as 2 units, which do not keep a channel's order" in out.errors[0][1]
+    assert out.errors and "unit 2 of organization 56001 does not keep channels (unit 1 does)" in out.errors[0][1]
     assert [r.kind for r in decoded(out.data) if r.kind is Kind.NACK] == [Kind.NACK]
 
 
@@ -288,3 +295,34 @@ def test_a_document_refused_for_an_unknown_user_does_not_hold_its_channel_foreve
     assert out.errors == []
     assert [(k, t) for k, _, t in _inbox(b)] == [(f"{A}/1/1/1", "GAP"), ("S2", "ORDER")]
     assert waiting_channels(b.conn) == []
+
+
+def test_another_unit_answers_an_inquiry_about_an_ordered_document_unit_1_holds(tmp_path: Path,
+                                                                                  pair: tuple[NodeCore, NodeCore]) -> None:
+    """The origin's inquiry about a document reaches the unit its LK0 picks;
+    an ordered one is with unit 1. That unit looks in unit 1's store too: it
+    answers "received", not "not received" (which would make a SaveFwd 1
+    document look dropped, and others go again)."""
+    from semq.umxt_protocol import LK0, Endpoint, Frame, Inquiry, InquiryResp, InquiryResult, InquiryTopic
+
+    a, b = pair  # b: unit 1
+    b2 = NodeCore(tmp_path / "b2.sqlite", B, create=True, synchronous="OFF", unit=2)
+    try:
+        b2.ctx.unit, b2.ctx.units = 2, 2
+        (lk,) = a.accept([_doc("S1")])
+        b.handle(decoded(_data_frames(a)))
+        ask = raws(Frame(kind=Kind.INQUIRY, source=Endpoint.org(A), target=Endpoint.org(B),
+                         body=Inquiry(topic=InquiryTopic.RECEIVED, items=(lk,))))
+        never = LK0(endpoint=Endpoint.org(A), record_id=lk.record_id + 1000)
+
+        def answer() -> list[InquiryResult]:
+            out = b2.handle(ask + raws(Frame(kind=Kind.INQUIRY, source=Endpoint.org(A), target=Endpoint.org(B),
+                                             body=Inquiry(topic=InquiryTopic.RECEIVED, items=(never,)))))
+            got = [r.frame().body for r in decoded(out.data) if r.kind is Kind.INQUIRY_RESP]
+            return [a.result for resp in got if isinstance(resp, InquiryResp) for a in resp.answers]
+
+        assert answer() == [InquiryResult.NOT_RECEIVED, InquiryResult.NOT_RECEIVED]  # unit 1's store not known
+        b2.ctx.first_unit_store = tmp_path / "b.sqlite"
+        assert answer() == [InquiryResult.RECEIVED, InquiryResult.NOT_RECEIVED]
+    finally:
+        b2.close()

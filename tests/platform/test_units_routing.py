@@ -158,3 +158,33 @@ def test_a_unit_asks_the_platform_about_its_own_documents(core: PlatformCore) ->
     out = core.handle(a2, ask, {EB: ROOM, a2: ROOM})
     [resp] = [f.body for f in _frames(out.sends[a2]) if isinstance(f.body, InquiryResp)]
     assert [a.result for a in resp.answers] == [InquiryResult.FORWARDED]
+
+
+def _ordered(src: Endpoint, dst: Endpoint, record_id: int) -> Frame:
+    from semq.umxt_protocol import Data
+
+    return Frame(kind=Kind.DATA, source=src, target=dst,
+                 body=Data(lk0=LK0(endpoint=src, record_id=record_id), app_data=b"env+doc", envelope=True,
+                           ordered=True))
+
+
+def test_documents_of_ordered_channels_go_to_unit_1_online_stored_and_rerouted(core: PlatformCore) -> None:
+    """A document with flag Ordered goes to the first unit whatever its LK0
+    picks — forwarded, stored for it, and kept there when the node's unit
+    count changes — so one store keeps each channel (semq.node.channels)."""
+    assert core.connected(EA)
+    # Stored before B's first HELLO as a node of 3 units: they stay with unit 1.
+    out = core.handle(EA, [_raw(_ordered(EA, EB, r))[0] for r in range(1, 61)], {EA: ROOM})
+    assert not out.errors
+    assert core.connected(EB, 3) and core.connected(B2, 3)
+    assert {tid for (tid,) in core.conn.execute("SELECT target_id FROM stored WHERE kind=1")} == {B}
+    # Online: forwarded to unit 1, none to unit 2 although their LK0s pick it.
+    out = core.handle(EA, [_raw(_ordered(EA, EB, r))[0] for r in range(100, 160)], {EA: ROOM, EB: ROOM, B2: ROOM})
+    assert set(out.sends) - {EA} == {EB} and len(_frames(out.sends[EB])) == 60
+    assert any(holder(LK0(endpoint=EA, record_id=r), 3) == 2 for r in range(100, 160))
+    # Unit 1 offline: stored for unit 1.
+    core.disconnected(EB)
+    out = core.handle(EA, [_raw(_ordered(EA, EB, r))[0] for r in range(200, 230)], {EA: ROOM, B2: ROOM})
+    assert set(out.sends) - {EA} == set()
+    assert {tid for (tid,) in core.conn.execute("SELECT target_id FROM stored WHERE kind=1 AND record_id >= 200")} \
+        == {B}

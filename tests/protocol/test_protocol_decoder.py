@@ -306,7 +306,8 @@ def _patched(offset: int, value: int, frame: Frame | None = None) -> bytes:
         (3, 12, ResultCode.UNKNOWN_KIND, ["kind 12"]),
         (3, 31, ResultCode.UNKNOWN_KIND, ["kind 31"]),
         (3, 200, ResultCode.UNKNOWN_KIND, ["kind 200"]),
-        (4, 0x42, ResultCode.INVALID_FIELD, ["flags 0x42"]),
+        (4, 0x82, ResultCode.INVALID_FIELD, ["flags 0x82"]),
+        (4, 0x42, ResultCode.INVALID_FIELD, ["ordered document without its envelope"]),  # bit 6 needs bit 5
         (4, 0x12, ResultCode.INVALID_FIELD, ["sealed AppKey without Encrypt"]),  # bit 4 needs Encrypt
         (4, 0x03, ResultCode.INVALID_FIELD, ["LAYER_MASK 1"]),  # transport bit on DATA
         (5, 4, ResultCode.INVALID_FIELD, ["SaveFwd 4"]),
