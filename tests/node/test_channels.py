@@ -303,7 +303,15 @@ def test_another_unit_answers_an_inquiry_about_an_ordered_document_unit_1_holds(
     an ordered one is with unit 1. That unit looks in unit 1's store too: it
     answers "received", not "not received" (which would make a SaveFwd 1
     document look dropped, and others go again)."""
-    from semq.umxt_protocol import LK0, Endpoint, Frame, Inquiry, InquiryResp, InquiryResult, InquiryTopic
+    from semq.umxt_protocol import (
+        LK0,
+        Endpoint,
+        Frame,
+        Inquiry,
+        InquiryResp,
+        InquiryResult,
+        InquiryTopic,
+    )
 
     a, b = pair  # b: unit 1
     b2 = NodeCore(tmp_path / "b2.sqlite", B, create=True, synchronous="OFF", unit=2)
