@@ -360,8 +360,16 @@ class PlatformCore(HeldWrites):
                 groups[unit_for(target, lk, n)].append(lk)
             parts = {u: replace(body, items=tuple(items)) for u, items in groups.items()}
         elif isinstance(body, InquiryResp):
+            state = body.topic is InquiryTopic.STATE
             for a in body.answers:
-                groups[unit_for(target, a.lk0, n)].append(a)
+                u = unit_for(target, a.lk0, n)
+                groups[u].append(a)
+                if state and u != 1:
+                    # An origin's answer about a receiver's pending ack: the
+                    # unit its LK0 picks, and unit 1, which keeps the ordered
+                    # channels (the documents of one are there, whatever
+                    # unit their LK0 picks). The unit without the row ignores it.
+                    groups[1].append(a)
             parts = {u: replace(body, answers=tuple(answers)) for u, answers in groups.items()}
         elif isinstance(body, Nack):
             return [(route_of(target, unit_for(target, body.lk0, n)), raw)]

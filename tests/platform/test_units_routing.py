@@ -188,3 +188,25 @@ def test_documents_of_ordered_channels_go_to_unit_1_online_stored_and_rerouted(c
     assert set(out.sends) - {EA} == set()
     assert {tid for (tid,) in core.conn.execute("SELECT target_id FROM stored WHERE kind=1 AND record_id >= 200")} \
         == {B}
+
+
+def test_an_answer_about_a_receivers_pending_ack_also_reaches_unit_1(core: PlatformCore) -> None:
+    """A's answer to B's question about B's pending acks (topic STATE): each
+    answer goes to the unit its LK0 picks and to unit 1, which keeps the
+    ordered channels whatever unit their LK0 picks; RECEIVED answers (about
+    B's own documents) go to their unit only."""
+    from semq.umxt_protocol import InquiryAnswer, InquiryResp, InquiryResult
+
+    assert core.connected(EA) and core.connected(EB, 2) and core.connected(B2, 2)
+    room = {EA: ROOM, EB: ROOM, B2: ROOM}
+    lks = tuple(LK0(endpoint=EA, record_id=r) for r in range(1, 41))
+    resp = _raw(Frame(kind=Kind.INQUIRY_RESP, source=EA, target=EB, body=InquiryResp(
+        topic=InquiryTopic.STATE, answers=tuple(InquiryAnswer(lk, InquiryResult.NO_RECORD) for lk in lks))))
+    out = core.handle(EA, resp, room)
+    got = {t: sorted(a.lk0.record_id for f in _frames(d) for a in f.body.answers) for t, d in out.sends.items()}
+    assert got[EB] == list(range(1, 41))
+    assert got[B2] == [lk.record_id for lk in lks if holder(lk, 2) == 2] != []
+    mine = tuple(LK0(endpoint=EB, semq_id=2, record_id=r) for r in range(1, 11))
+    resp = _raw(Frame(kind=Kind.INQUIRY_RESP, source=EA, target=EB, body=InquiryResp(
+        topic=InquiryTopic.RECEIVED, answers=tuple(InquiryAnswer(lk, InquiryResult.RECEIVED) for lk in mine))))
+    assert set(core.handle(EA, resp, room).sends) == {B2}
