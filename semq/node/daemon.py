@@ -800,15 +800,21 @@ class NodeDaemon:
         """Documents for users of this node itself (a claim's ``out.local``):
         received here as from a direct link to ourselves — the same
         pending-send and inbox tables, states, ACK2 and receipt — without
-        leaving the process. DATA, then the ACK2 it brings back."""
+        leaving the process. DATA, then the ACK2 it brings back.
+
+        Shielded: the claim holds these documents in flight, and nothing
+        else answers them — a platform session ending meanwhile (its sender
+        called this) must not leave them waiting for an inquiry that goes
+        to a platform that may be away."""
         dec = FrameDecoder()
         dec.receive_data(b"".join(data))
-        for _ in range(3):  # DATA -> ACK2 -> nothing further
-            raws = list(dec)
-            if not raws:
-                return
-            out = await self.absorb(raws, direct=self.core.me)
-            dec.receive_data(b"".join(out.data))
+        with trio.CancelScope(shield=True):
+            for _ in range(3):  # DATA -> ACK2 -> nothing further
+                raws = list(dec)
+                if not raws:
+                    return
+                out = await self.absorb(raws, direct=self.core.me)
+                dec.receive_data(b"".join(out.data))
 
     async def _local_offline(self) -> None:
         """While no platform session runs (or its sender claims nothing:
