@@ -28,7 +28,7 @@ from semq.umxt_protocol import AppKey
 from .engine import SendState
 from .envelope import GAP_DOMAIN, GAP_TYPE, Envelope
 
-__all__ = ["INBOX_COLUMNS", "ChannelWait", "ChannelsIn", "InboxValues", "gap_notices", "waiting_channels"]
+__all__ = ["INBOX_COLUMNS", "MAX_HELD_PER_ORIGIN", "ChannelWait", "ChannelsIn", "InboxValues", "gap_notices", "gaps_due", "waiting_channels"]
 
 #: An inbox row's values, in the order of ``INBOX_INSERT``'s columns.
 InboxValues = tuple[Any, ...]
@@ -39,6 +39,12 @@ _HELD_INSERT: Final = f"INSERT INTO channel_held (prev, pos, {INBOX_COLUMNS}) VA
 _HELD_NEXT: Final = (f"SELECT id, pos, {INBOX_COLUMNS} FROM channel_held WHERE origin_id=? AND channel=? AND prev=?"
                      f" ORDER BY id LIMIT 1")
 _FAILED: Final = int(SendState.SS_FAILED)
+# Documents of one origin a receiver holds back at most, over all its
+# channels: an enrolled organization must not fill the store with
+# documents that name predecessors that never come. Past it an ordered
+# document that would be held is refused OVER_WINDOW (its origin sends it
+# again later, when the gap may have closed).
+MAX_HELD_PER_ORIGIN: Final = 100_000
 
 
 class ChannelsIn:
@@ -60,6 +66,20 @@ class ChannelsIn:
             last, held = r if r else (0, 0)
             st = self._state[k] = [int(last), int(held)]
         return st
+
+    def would_hold(self, conn: sqlite3.Connection, origin_id: str, env: Envelope) -> bool:
+        """Whether a new document of ``env``'s channel would be held now."""
+        return env.prev != self._get(conn, (origin_id, env.channel))[0]
+
+    def held_from(self, conn: sqlite3.Connection, origin_id: str) -> int:
+        """How many documents of ``origin_id`` are held, over its channels
+        (this batch's changes included)."""
+        held = {ch: int(n) for ch, n in conn.execute(
+            "SELECT channel, held FROM channel_in WHERE origin_id=? AND held > 0", (origin_id,))}
+        for (o, ch), (_, n) in self._state.items():
+            if o == origin_id:
+                held[ch] = n
+        return sum(held.values())
 
     def place(self, conn: sqlite3.Connection, origin_id: str, env: Envelope, pos: int,
               row: InboxValues) -> list[InboxValues]:
@@ -131,6 +151,12 @@ def waiting_channels(conn: sqlite3.Connection, unit: int = 1) -> list[ChannelWai
         out.append(ChannelWait(origin=origin, channel=channel, held=int(held), last=int(last),
                                waits_for=int(r[0] or 0), since_ms=int(moved), unit=unit))
     return out
+
+
+def gaps_due(conn: sqlite3.Connection) -> bool:
+    """Whether a failed ordered document waits for its gap notice."""
+    return conn.execute(f"SELECT 1 FROM outbox WHERE channel != '' AND gap = 0 AND state = {_FAILED}"
+                        " LIMIT 1").fetchone() is not None
 
 
 def gap_notices(conn: sqlite3.Connection, me: str, unit: int, *, encrypt: bool,

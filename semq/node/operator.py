@@ -48,8 +48,10 @@ class Operator:
             # An ordered document whose receiver was told it failed (a gap
             # notice took its place) cannot go again under the same LK0: its
             # channel has moved on. It is left failed; send it anew.
-            # (Few rows: failed ordered documents, kept FAILED_RETENTION_MS.)
-            announced = {i for (i,) in conn.execute("SELECT id FROM outbox WHERE gap=1")}
+            # (Few rows: failed ordered documents, kept FAILED_RETENTION_MS;
+            # read through the send-order index's state.)
+            announced = {i for (i,) in conn.execute(
+                f"SELECT id FROM outbox WHERE state={int(SendState.SS_FAILED)} AND gap=1")}
         for rid, state_no in rows:
             if rid in announced:
                 continue

@@ -42,6 +42,7 @@ from semq.umxt_protocol import (
     ResultCode,
 )
 
+from . import channels
 from .batch import Batch, NodeContext
 from .channels import INBOX_COLUMNS, ChannelsIn
 from .engine import AckEvent, AckStatus, pending_ack_step, receive_decision, receiver_may_clean
@@ -211,6 +212,17 @@ class Receiver:
             self._refuse(b, frame, d, ResultCode.UNKNOWN_TARGET,
                          f"{env.to_user} is not a user of organization {self.ctx.me.node_id}")
             return
+        if env.channel and not env.skipped:
+            lk0 = d.lk0
+            o = lk0.endpoint
+            conn = self.ctx.conn
+            if ((int(o.node_type), o.node_id, lk0.semq_id, lk0.semq_db_id, lk0.record_id) not in b.known
+                    and self.channels.would_hold(conn, o.node_id, env)
+                    and (n := self.channels.held_from(conn, o.node_id)) >= channels.MAX_HELD_PER_ORIGIN):
+                self._refuse(b, frame, d, ResultCode.OVER_WINDOW,
+                             f"{n} documents of {o.node_id} are held waiting for earlier ones of their channels"
+                             f" (limit {channels.MAX_HELD_PER_ORIGIN}); send it again later")
+                return
         self._receive(b, frame, d, doc, digest, signer, app_key, env)
 
     def users(self) -> frozenset[str]:

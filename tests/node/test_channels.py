@@ -334,3 +334,27 @@ def test_another_unit_answers_an_inquiry_about_an_ordered_document_unit_1_holds(
         assert answer() == [InquiryResult.RECEIVED, InquiryResult.NOT_RECEIVED]
     finally:
         b2.close()
+
+
+def test_an_origin_cannot_fill_the_receivers_store_with_held_documents(
+        pair: tuple[NodeCore, NodeCore], monkeypatch: pytest.MonkeyPatch) -> None:
+    """An enrolled organization whose ordered documents name predecessors
+    that never come: past MAX_HELD_PER_ORIGIN held, the next that would be
+    held is refused OVER_WINDOW (not stored, no receipt; its origin sends it
+    again later); one that follows in order still goes in, and so does the
+    refused one once the gap closed."""
+    from semq.node import channels
+
+    monkeypatch.setattr(channels, "MAX_HELD_PER_ORIGIN", 3)
+    a, b = pair
+    a.accept([_doc(f"S{i}", channel="X" if i < 4 else "Y") for i in range(1, 8)])  # X: S1..S3, Y: S4..S7
+    f = decoded(_data_frames(a))
+    out = b.handle([f[1], f[2], f[5], f[6]])  # X: S2, S3 held; Y: S6 held; S7 over the limit
+    assert [c for c, _ in out.errors] == [ResultCode.OVER_WINDOW]
+    assert "3 documents of 10008 are held" in out.errors[0][1] and "(limit 3)" in out.errors[0][1]
+    assert b.conn.execute("SELECT count(*) FROM channel_held").fetchone() == (3,)
+    b.handle([f[3], f[0]])  # Y: S4 (in order) goes in; X: S1 releases S2, S3
+    assert [k for k, _, _ in _inbox(b)] == ["S4", "S1", "S2", "S3"]
+    b.handle([f[4], f[6]])  # S5 releases S6; S7, sent again, follows
+    assert [k for k, _, _ in _inbox(b)] == ["S4", "S1", "S2", "S3", "S5", "S6", "S7"]
+    assert waiting_channels(b.conn) == []
