@@ -470,7 +470,7 @@ def _common() -> argparse.ArgumentParser:
 
 
 def register(sub: Any) -> None:
-    """Add ``admin``, ``service``, ``backup``, ``compact`` and ``restore`` to the
+    """Add ``track``, ``admin``, ``service``, ``backup``, ``compact`` and ``restore`` to the
     subparsers ``sub`` of the ``semq`` parser."""
     common = _common()
     out = argparse.ArgumentParser(add_help=False)
@@ -485,6 +485,10 @@ def register(sub: Any) -> None:
     sel.add_argument("--older-than", type=parse_duration, metavar="DURATION", help="e.g. 30m, 2h, 1d")
     sel.add_argument("--all", action="store_true", help="every row the state allows (no filter)")
     sel.add_argument("--dry-run", action="store_true", help="only count what would change")
+
+    from .track import add_track_parser
+
+    add_track_parser(sub, common)
 
     adm = sub.add_parser("admin", help="talk to the running daemon (admin socket)").add_subparsers(
         dest="admin_cmd", required=True)
