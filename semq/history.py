@@ -31,6 +31,7 @@ Rows (``HistoryReader``):
 
 from __future__ import annotations
 
+import bisect
 import logging
 import os
 import re
@@ -44,7 +45,9 @@ from typing import Any, Final
 import orjson
 
 __all__ = [
+    "ACTIVITY_KINDS",
     "HISTORY_FILE",
+    "LATENCY_BOUNDS",
     "MAX_STEPS",
     "HistoryIndexer",
     "HistoryReader",
@@ -65,6 +68,9 @@ _NO_STATE: Final = frozenset({"cleaned", "inquiry", "reack", "reack2", "duplicat
 # A receiver logs ``received`` for every arrival, a repeat too: it sets the
 # state of a new row only.
 _WEAK: Final = frozenset({"received"})
+# The states most documents end in, at each side: as a search filter they
+# select little (semq.history.HistoryReader.search).
+_COMMON_STATES: Final = frozenset({"ack2", "ack2_sent", "inbox", "acked", "forwarded", "delivered"})
 # Attributes written once per message and logger (docs/events.md).
 _ATTRS: Final = ("domain", "data_type", "subtype", "key", "size", "save_fwd", "priority",
                  "from_user", "to_user", "channel")
@@ -93,6 +99,9 @@ CREATE INDEX IF NOT EXISTS doc_target ON doc(target, first_ms);
 CREATE INDEX IF NOT EXISTS doc_source ON doc(source, first_ms);
 CREATE INDEX IF NOT EXISTS doc_state ON doc(state, first_ms);
 CREATE TABLE IF NOT EXISTS cursor (file TEXT PRIMARY KEY, offset INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS minute (
+    minute INTEGER NOT NULL, kind TEXT NOT NULL, n INTEGER NOT NULL, PRIMARY KEY (minute, kind)
+) WITHOUT ROWID;
 """
 
 # One upsert per document and batch. Attributes keep the first value seen;
@@ -159,8 +168,22 @@ def _connect(path: Path) -> sqlite3.Connection:
 class _Doc:
     """What one batch says about one document."""
 
-    __slots__ = ("attrs", "code", "first", "last", "lk1", "nsteps", "path", "resends", "state",
-                 "state_ms", "steps", "strong")
+    __slots__ = (
+        "attrs",
+        "code",
+        "done_ms",
+        "first",
+        "last",
+        "lk1",
+        "nsteps",
+        "path",
+        "queued",
+        "resends",
+        "state",
+        "state_ms",
+        "steps",
+        "strong",
+    )
 
     def __init__(self, ts: int) -> None:
         self.attrs: dict[str, Any] = {}
@@ -168,6 +191,8 @@ class _Doc:
         self.state: str | None = None
         self.state_ms = 0
         self.strong = False
+        self.queued = False  # its queued event is in this batch (first is the queue time)
+        self.done_ms = 0  # the time of its ack2 in this batch
         self.code: int | None = None
         self.path: str | None = None
         self.lk1: str | None = None
@@ -215,6 +240,10 @@ def fold(records: Iterable[dict[str, Any]], role_default: str = "origin") -> dic
                 d.state, d.state_ms, d.strong = ev, ts, True
         if ev == "resend" or (ev == "delivered" and (r.get("attempt") or 1) > 1):
             d.resends += 1
+        elif ev == "queued":
+            d.queued = True
+        elif ev == "ack2":
+            d.done_ms = ts
         lk1 = r.get("lk1")
         if lk1:
             d.lk1 = lk1
@@ -222,6 +251,28 @@ def fold(records: Iterable[dict[str, Any]], role_default: str = "origin") -> dic
         if d.nsteps <= MAX_STEPS:
             d.steps.append(dumps([ts, ev, code, r.get("attempt"), path, r.get("detail"), lk1]))
     return docs
+
+
+# Per minute, for the dashboards: what each side's events count as.
+_ACTIVITY: Final = {
+    ("origin", "queued"): "queued", ("origin", "sent"): "sent", ("origin", "ack2"): "confirmed",
+    ("origin", "nack"): "failed", ("origin", "expired"): "failed", ("origin", "dead"): "failed",
+    ("receiver", "inbox"): "received", ("receiver", "refused"): "failed",
+    ("platform", "received"): "received", ("platform", "forwarded"): "sent", ("platform", "delivered"): "sent",
+    ("platform", "acked"): "confirmed", ("platform", "dropped"): "failed", ("platform", "refused"): "failed",
+}
+ACTIVITY_KINDS: Final = ("queued", "sent", "received", "confirmed", "failed")
+# Upper bounds (ms) of the end-to-end latency histogram kept per minute
+# (queued -> ack2 at the origin); the last is open.
+LATENCY_BOUNDS: Final = (5, 10, 20, 50, 100, 200, 500, 1_000, 2_000, 5_000, 10_000, 30_000, 60_000, 300_000,
+                         3_600_000, 86_400_000)
+_MINUTE: Final = 60_000
+_COUNT: Final = """INSERT INTO minute (minute, kind, n) VALUES (?, ?, ?)
+ON CONFLICT (minute, kind) DO UPDATE SET n = n + excluded.n"""
+
+
+def _latency_kind(ms: int) -> str:
+    return f"lat{bisect.bisect_left(LATENCY_BOUNDS, ms)}"
 
 
 _FILE_RE: Final = re.compile(r"events-(\d{4}-\d{2}-\d{2})(-unit\d+)?\.jsonl")
@@ -341,7 +392,8 @@ class HistoryIndexer:
 
     def _write(self, records: list[dict[str, Any]], file: str, offset: int) -> None:
         rows = []
-        for (lk0, role), d in fold(records).items():
+        docs = fold(records)
+        for (lk0, role), d in docs.items():
             a = d.attrs
             rows.append({"lk0": lk0, "role": role, **{k: a.get(k) for k in _ROW_ATTRS},
                          "path": d.path, "state": d.state if d.strong else None,
@@ -349,10 +401,25 @@ class HistoryIndexer:
                          "code": d.code, "lk1": d.lk1, "first_ms": d.first,
                          "last_ms": d.last, "resends": d.resends, "nsteps": d.nsteps, "kept": len(d.steps),
                          "steps": b",".join(d.steps).decode() + ","})
+        counts: dict[tuple[int, str], int] = {}
+        for r in records:
+            kind = _ACTIVITY.get((r.get("role", "origin"), r["event"]))
+            if kind is not None:
+                k = (r["ts"] // _MINUTE * _MINUTE, kind)
+                counts[k] = counts.get(k, 0) + 1
         c = self._conn
         c.execute("BEGIN")
         try:
+            for (lk0, role), d in docs.items():
+                if d.done_ms and role == "origin":
+                    first = d.first if d.queued else None
+                    if first is None:
+                        got = c.execute("SELECT first_ms FROM doc WHERE lk0 = ? AND role = ?", (lk0, role)).fetchone()
+                        first = min(got[0], d.first) if got else d.first
+                    k = (d.done_ms // _MINUTE * _MINUTE, _latency_kind(max(0, d.done_ms - first)))
+                    counts[k] = counts.get(k, 0) + 1
             c.executemany(_UPSERT, rows)
+            c.executemany(_COUNT, [(m, kind, n) for (m, kind), n in counts.items()])
             c.execute("INSERT INTO cursor (file, offset) VALUES (?, ?)"
                       " ON CONFLICT (file) DO UPDATE SET offset = excluded.offset", (file, offset))
             c.execute("COMMIT")
@@ -371,6 +438,7 @@ class HistoryIndexer:
             n += cur.rowcount
             if cur.rowcount < _PURGE_CHUNK:
                 break
+        c.execute("DELETE FROM minute WHERE minute < ?", (before_ms,))
         present = {name for name, _ in self._files()}
         gone = [(f,) for (f,) in c.execute("SELECT file FROM cursor").fetchall() if f not in present]
         if gone:
@@ -445,15 +513,25 @@ class HistoryReader:
         if counterpart is not None:
             clauses.append("((role = 'receiver' AND source = ?) OR (role != 'receiver' AND target = ?))")
             params += [counterpart, counterpart]
-        for col, v in (("source", source), ("target", target), ("role", role), ("state", state)):
+        # A key or an LK0 picks out a few rows: its index leads, and the
+        # others only filter (``+col`` keeps SQLite from choosing the index
+        # of a state most rows share or of a wide time range instead).
+        plus = "+" if (text or key is not None or lk0 is not None) else ""
+        # Of an organization and a state, the rarer leads: a state most
+        # documents end in (confirmed) filters the organization's rows; a
+        # failure or a step on the way picks out its few rows itself.
+        org_plus = "+" if plus or (state is not None and state not in _COMMON_STATES) else ""
+        for col, v, p in (("source", source, org_plus), ("target", target, org_plus), ("role", role, "+"),
+                          ("state", state, "+" if plus or (state in _COMMON_STATES and (source or target))
+                           else "")):
             if v is not None:
-                clauses.append(f"{col} = ?")
+                clauses.append(f"{p}{col} = ?")
                 params.append(v)
         if since_ms is not None:
-            clauses.append("first_ms >= ?")
+            clauses.append(f"{plus}first_ms >= ?")
             params.append(since_ms)
         if until_ms is not None:
-            clauses.append("first_ms < ?")
+            clauses.append(f"{plus}first_ms < ?")
             params.append(until_ms)
         where = (" WHERE " + " AND ".join(clauses)) if clauses else ""
         limit = max(1, min(int(limit), 10_000))
@@ -468,52 +546,55 @@ class HistoryReader:
         rows.sort(key=lambda d: order.get(d["role"], 3))
         return rows
 
+    def _minutes(self, since_ms: int, now_ms: int) -> list[tuple[int, str, int]]:
+        return self._query("SELECT minute, kind, n FROM minute WHERE minute >= ? AND minute < ?",
+                           [since_ms // _MINUTE * _MINUTE, now_ms])
+
     def activity(self, since_ms: int, bucket_ms: int, now_ms: int | None = None) -> dict[str, list[int]]:
-        """Counts per time bucket since ``since_ms``: documents queued, sent,
-        received, confirmed (ack2) and failed (nack, expired, dead, refused,
-        dropped), by the time of the step."""
+        """Counts per time bucket (whole minutes) since ``since_ms``:
+        ``queued``, ``sent``, ``received`` (into the inbox; at the platform:
+        from an origin), ``confirmed`` (ack2; at the platform: acked) and
+        ``failed``, by the time of the step; ``start``: each bucket's start."""
         now = int(time.time() * 1000) if now_ms is None else now_ms
+        bucket_ms = max(_MINUTE, bucket_ms // _MINUTE * _MINUTE)
+        since_ms = since_ms // _MINUTE * _MINUTE
         n = max(1, -(-(now - since_ms) // bucket_ms))
         out: dict[str, list[int]] = {"start": [since_ms + i * bucket_ms for i in range(n)]}
-        kinds = {"queued": ("queued",), "sent": ("sent",), "received": ("received",), "confirmed": ("ack2",),
-                 "failed": ("nack", "expired", "dead", "refused", "dropped")}
-        for k in kinds:
+        for k in ACTIVITY_KINDS:
             out[k] = [0] * n
-        which = {ev: k for k, evs in kinds.items() for ev in evs}
-        # Rows begun in the window, and those begun up to a day before it
-        # that may have steps in it.
-        for (steps,) in self._query("SELECT steps FROM doc WHERE first_ms >= ? AND last_ms >= ?",
-                                    [since_ms - _DAY_MS, since_ms]):
-            if not steps:
-                continue
-            seen_received = False
-            for s in orjson.loads("[" + steps[:-1] + "]"):
-                ts, ev = s[0], s[1]
-                kind = which.get(ev)
-                if kind is None or ts < since_ms or ts >= now:
-                    continue
-                if ev == "received":
-                    if seen_received:
-                        continue  # a repeat
-                    seen_received = True
-                out[kind][(ts - since_ms) // bucket_ms] += 1
+        for minute, kind, count in self._minutes(since_ms, now):
+            if kind in out:
+                out[kind][(minute - since_ms) // bucket_ms] += count
         return out
 
-    def latencies(self, since_ms: int) -> list[tuple[int, int]]:
-        """(when confirmed, ms from queued to confirmed) of the origin's
-        documents confirmed since ``since_ms``, in time order."""
-        rows = self._query("SELECT first_ms, last_ms, steps FROM doc WHERE role = 'origin' AND state = 'ack2'"
-                           " AND first_ms >= ? AND last_ms >= ?", [since_ms - _DAY_MS, since_ms])
-        out = []
-        for first, _last, steps in rows:
-            done = None
-            for s in orjson.loads("[" + steps[:-1] + "]") if steps else ():
-                if s[1] == "ack2":
-                    done = s[0]
-            if done is not None and done >= since_ms:
-                out.append((done, max(0, done - first)))
-        out.sort()
-        return out
+    def latency(self, since_ms: int, bucket_ms: int, now_ms: int | None = None) -> dict[str, list[Any]]:
+        """The end-to-end latency (queued -> ack2 at the origin) of the
+        documents confirmed per time bucket: ``count``, ``p50`` and ``p99``
+        in ms (the upper bound of the histogram bucket they fall in; None
+        for an empty bucket); ``start``: each bucket's start."""
+        now = int(time.time() * 1000) if now_ms is None else now_ms
+        bucket_ms = max(_MINUTE, bucket_ms // _MINUTE * _MINUTE)
+        since_ms = since_ms // _MINUTE * _MINUTE
+        n = max(1, -(-(now - since_ms) // bucket_ms))
+        hist = [[0] * (len(LATENCY_BOUNDS) + 1) for _ in range(n)]
+        for minute, kind, count in self._minutes(since_ms, now):
+            if kind.startswith("lat") and kind[3:].isdigit() and int(kind[3:]) <= len(LATENCY_BOUNDS):
+                hist[(minute - since_ms) // bucket_ms][int(kind[3:])] += count
+        bounds = [*LATENCY_BOUNDS, None]
+
+        def pct(h: list[int], q: float) -> int | None:
+            total = sum(h)
+            if not total:
+                return None
+            seen = 0
+            for i, c in enumerate(h):
+                seen += c
+                if seen >= q * total:
+                    return bounds[i] if bounds[i] is not None else LATENCY_BOUNDS[-1]
+            return LATENCY_BOUNDS[-1]
+
+        return {"start": [since_ms + i * bucket_ms for i in range(n)], "count": [sum(h) for h in hist],
+                "p50": [pct(h, 0.5) for h in hist], "p99": [pct(h, 0.99) for h in hist]}
 
     def count(self) -> int:
         return sum(n for (n,) in self._query("SELECT count(*) FROM doc", []))

@@ -95,6 +95,11 @@ def queries(rows: int, now_ms: int) -> dict[str, Callable[[HistoryReader, random
         "newest 50 (console search)": lambda h, r: len(h.search(limit=50)),
         "key prefix + state + 7 days (console)": lambda h, r: len(h.search(
             text=f"INV-{n(r) // 1000:04d}", state="ack2", since_ms=now_ms - 7 * DAY_MS, limit=50)),
+        # A rare state of one counterpart: the counterpart's rows are read.
+        "track --to ORG --state nack": lambda h, r: len(h.search(target=r.choice(PEERS), state="nack", limit=50)),
+        "track --from ORG (nothing: all sent)": lambda h, r: len(h.search(source=r.choice(PEERS), limit=50)),
+        "dashboard: activity, last hour": lambda h, r: sum(h.activity(now_ms - 3_600_000, 60_000, now_ms)["sent"]),
+        "dashboard: latency, last hour": lambda h, r: sum(h.latency(now_ms - 3_600_000, 60_000, now_ms)["count"]),
     }
 
 

@@ -17,7 +17,7 @@ from semq.events import EventLog
 from semq.history import HISTORY_FILE, MAX_STEPS, HistoryIndexer, HistoryReader, history_paths
 
 A, B = "10008", "56001"
-T0 = (int(time.time()) - 3600) * 1000  # recent: older rows than the retention are removed
+T0 = (int(time.time()) // 60 * 60 - 3600) * 1000  # recent: older rows than the retention are removed
 
 
 def _ev(ts: int, event: str, rid: int, **kw: Any) -> dict[str, Any]:
@@ -134,11 +134,26 @@ def test_search_filters_and_orders_newest_first(writer: Any, tmp_path: Path) -> 
     assert [d["key"] for d in r.search(until_ms=T0 + 1000)] == ["INV-0000"]
     assert r.search(text="nothing-like-it") == []
     assert r.count() == 31
-    act = r.activity(T0, 10_000, now_ms=T0 + 50_000)
-    assert act["start"][:2] == [T0, T0 + 10_000]
-    assert sum(act["queued"]) == 31 and sum(act["confirmed"]) == 30 and sum(act["failed"]) == 1
-    lat = r.latencies(T0)
-    assert len(lat) == 30 and {ms for _, ms in lat} == {300}
+    # Per minute, for the dashboards: counts by step, and the latency queued -> ack2.
+    act = r.activity(T0, 60_000, now_ms=T0 + 120_000)
+    assert act["start"] == [T0, T0 + 60_000]
+    assert sum(act["queued"]) == 31 and sum(act["sent"]) == 30 and sum(act["confirmed"]) == 30
+    assert sum(act["failed"]) == 1 and sum(act["received"]) == 0
+    lat = r.latency(T0, 60_000, now_ms=T0 + 120_000)
+    assert sum(lat["count"]) == 30 and lat["p50"][0] == 500 and lat["p99"][0] == 500  # 300 ms: the 200..500 bucket
+
+
+def test_a_state_and_a_counterpart_together(writer: Any, tmp_path: Path) -> None:
+    recs = []
+    for i in range(300):
+        recs += _sent_and_confirmed(i + 1, f"K{i}", at=i)
+    recs.append(_ev(400, "queued", 999, key="BAD"))
+    recs.append(_ev(401, "nack", 999, code=302))
+    writer.put(recs)
+    writer.flush()
+    r = _reader(tmp_path)
+    assert [d["key"] for d in r.search(target=B, state="nack")] == ["BAD"]
+    assert len(r.search(target=B, state="ack2", limit=1000)) == 300
 
 
 def test_retention_removes_old_rows(writer: Any, tmp_path: Path) -> None:
