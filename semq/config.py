@@ -296,6 +296,9 @@ class Config:
         lambda v: None if "\x00" not in v else "is not a path",
         "node: the Unix socket where users' applications send and read their own documents with their"
         " token (semq user add); put it where they can reach it, e.g. /run/semq/ORG.sock"))
+    history_days: int = _setting(90, Rule(
+        "integer", "an integer 0..3650 (0: no history)", _between(0, 3650),
+        "days the delivery history (semq track, the web console) keeps a document; read at start"))
     clock_skew: float = _setting(600.0, Rule(
         "number", "a number of seconds 0..86400", _between(0, 86400),
         "node: how far the organizations' clocks may disagree; documents created further ahead, or older"

@@ -433,7 +433,7 @@ def cmd_platform_run(args: argparse.Namespace, daemon_class: Any = None) -> int:
                                 max_units_per_org=cfg.max_units_per_org)
     from semq.ops.runtime import OpsRuntime, ops_options
 
-    ops = OpsRuntime("platform", cfg.directory, core, ops_options(args))
+    ops = OpsRuntime("platform", cfg.directory, core, ops_options(args), history_days=cfg.history_days)
     try:
         return _run_daemon(
             cfg, lambda: daemon_class(core, settings),
@@ -443,6 +443,7 @@ def cmd_platform_run(args: argparse.Namespace, daemon_class: Any = None) -> int:
             ops,
         )
     finally:
+        ops.close()
         core.close()
 
 
@@ -583,7 +584,8 @@ def cmd_node_run(args: argparse.Namespace) -> int:
 
     # The user socket is served by unit 1 (its answers cover every unit's store).
     ops = OpsRuntime("node", cfg.directory, core, ops_options(args), admin_dir=cfg.unit_dir,
-                     user_socket=user_socket_path(cfg) if cfg.unit == 1 else None, config=cfg)
+                     user_socket=user_socket_path(cfg) if cfg.unit == 1 else None, config=cfg,
+                     history_days=cfg.history_days)
     try:
         return _run_daemon(
             cfg, lambda: NodeDaemon(core, settings),
@@ -596,6 +598,7 @@ def cmd_node_run(args: argparse.Namespace) -> int:
             ops,
         )
     finally:
+        ops.close()
         core.close()
 
 

@@ -387,6 +387,20 @@ def cmd_admin(args: argparse.Namespace) -> int:
     return 0
 
 
+@_cli_errors
+def cmd_grafana_dashboard(args: argparse.Namespace) -> int:
+    from .metrics import grafana_dashboard
+
+    text = grafana_dashboard()
+    if args.output:
+        Path(args.output).write_text(text, "utf-8")
+        print(f"Grafana dashboard written to {args.output} (Grafana: Dashboards > New > Import)",
+              file=sys.stderr)
+    else:
+        sys.stdout.write(text)
+    return 0
+
+
 # ---------------------------------------------------------------- service, backup, restore
 
 
@@ -470,7 +484,7 @@ def _common() -> argparse.ArgumentParser:
 
 
 def register(sub: Any) -> None:
-    """Add ``admin``, ``service``, ``backup``, ``compact`` and ``restore`` to the
+    """Add ``track``, ``admin``, ``service``, ``backup``, ``compact`` and ``restore`` to the
     subparsers ``sub`` of the ``semq`` parser."""
     common = _common()
     out = argparse.ArgumentParser(add_help=False)
@@ -486,7 +500,12 @@ def register(sub: Any) -> None:
     sel.add_argument("--all", action="store_true", help="every row the state allows (no filter)")
     sel.add_argument("--dry-run", action="store_true", help="only count what would change")
 
-    adm = sub.add_parser("admin", help="talk to the running daemon (admin socket)").add_subparsers(
+    from .track import add_track_parser
+
+    add_track_parser(sub, common)
+
+    adm = sub.add_parser("admin", help="talk to the running daemon (admin socket); its Grafana dashboard"
+                         ).add_subparsers(
         dest="admin_cmd", required=True)
     x = adm.add_parser("status", parents=[common, out], help="connections, queues per target and state, counters")
     x = adm.add_parser("ping", parents=[common, out], help="is the daemon answering?")
@@ -520,6 +539,10 @@ def register(sub: Any) -> None:
     adm.add_parser("reload", parents=[common, out], help="re-read semq.toml and certificates (like SIGHUP)")
     for p in adm.choices.values():
         p.set_defaults(func=cmd_admin)
+    x = adm.add_parser("grafana-dashboard", help="print the Grafana dashboard for the --metrics endpoint"
+                       " (JSON, for Dashboards > New > Import)")
+    x.add_argument("-o", "--output", metavar="FILE", help="write it to FILE instead of standard output")
+    x.set_defaults(func=cmd_grafana_dashboard)
 
     svc = sub.add_parser("service", help="systemd units").add_subparsers(dest="service_cmd", required=True)
     x = svc.add_parser("install", parents=[common], help="write a systemd unit for this node or platform")

@@ -16,7 +16,8 @@ The daemons feed them cheaply:
   how late the trio loop wakes up.
 
 ``serve_metrics`` answers ``GET /metrics`` on the trio loop (a tiny HTTP/1.0
-responder, no threads). Every instrument lives in the Metrics object's own
+responder, no threads). ``grafana_dashboard()`` is the Grafana dashboard for
+these metrics shipped in the package (``semq admin grafana-dashboard``). Every instrument lives in the Metrics object's own
 CollectorRegistry, so two daemons in one process (tests) do not collide.
 
 Label values are bounded: event names, ack kinds, roles and states come from
@@ -49,12 +50,14 @@ __all__ = [
     "BATCH_BUCKETS",
     "COMMIT_BUCKETS",
     "DEFAULT_METRICS_PORT",
+    "GRAFANA_DASHBOARD",
     "LAG_BUCKETS",
     "LATENCY_BUCKETS",
     "MAX_HTTP_REQUEST",
     "MAX_TRACKED",
     "MeteredEventLog",
     "Metrics",
+    "grafana_dashboard",
     "instrument_core",
     "node_snapshot",
     "parse_metrics_address",
@@ -74,6 +77,8 @@ COMMIT_BUCKETS: Final = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0
 LAG_BUCKETS: Final = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 5.0)
 DEFAULT_METRICS_PORT: Final = 9410
 MAX_HTTP_REQUEST: Final = 8192  # bytes of request head the metrics responder reads
+#: the dashboard inside this package (pyproject.toml ships it as package data)
+GRAFANA_DASHBOARD: Final = ("grafana", "semq-dashboard.json")
 
 #: event -> ack kind (semq_acks_total{kind}); docs/events.md
 _ACKS: Final = {
@@ -293,6 +298,15 @@ class Metrics:
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+
+def grafana_dashboard() -> str:
+    """The Grafana dashboard for these metrics (JSON text), read from the
+    installed package; tests/ops/test_grafana.py checks that every metric it
+    names is one the Metrics object serves."""
+    from importlib.resources import files
+
+    return files("semq.ops").joinpath(*GRAFANA_DASHBOARD).read_text("utf-8")
 
 
 # ---------------------------------------------------------------- hooks

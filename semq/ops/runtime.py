@@ -99,7 +99,8 @@ class OpsRuntime:
     when metrics are on), ``start`` once the daemon runs."""
 
     def __init__(self, role: str, directory: Path, core: Any, options: OpsOptions | None = None, *,
-                 admin_dir: Path | None = None, user_socket: Path | None = None, config: Any = None) -> None:
+                 admin_dir: Path | None = None, user_socket: Path | None = None, config: Any = None,
+                 history_days: int = 0) -> None:
         if role not in ("node", "platform"):
             raise ValueError(f"role {role!r} is not node or platform")
         self.role = role
@@ -117,6 +118,14 @@ class OpsRuntime:
         self.user_path: Path | None = None
         self.metrics_port: int | None = None
         self.web_port: int | None = None
+        # The delivery history (semq.history), beside the store: written
+        # from the records the event log gets, after their commit.
+        self.history: Any = None
+        if history_days > 0 and getattr(core, "log", None) is not None:
+            from semq.history import HISTORY_FILE, HistoryWriter, TrackedEventLog
+
+            self.history = HistoryWriter(self.admin_dir / HISTORY_FILE, history_days, role_default=core.log.role)
+            core.log = TrackedEventLog(core.log, self.history)
         if self.options.metrics:
             from .metrics import Metrics, instrument_core
 
@@ -173,6 +182,13 @@ class OpsRuntime:
 
             await nursery.start(reload_on_sighup, reload)
         nursery.start_soon(lambda: self.drain.supervise(lambda: busy(daemon)))
+
+    def close(self) -> None:
+        """After the daemon stopped: write what the history still holds."""
+        if self.history is not None:
+            self.history.flush()
+            self.history.close()
+            self.history = None
 
     def status(self) -> dict[str, Any]:
         """For status.json: where the admin console, the web console and the metrics are."""

@@ -8,8 +8,9 @@ token, put into every form and compared in constant time on every POST.
 
 Failed logins: each one waits ``FAIL_DELAY`` before it is answered, and
 after ``MAX_FAILURES`` failures within ``FAIL_WINDOW`` for one account name
-or from one client address, that name or address gets no login for
-``LOCKOUT`` (answered 429 without checking the password).
+(``MAX_FAILURES_ADDRESS`` from one client address: colleagues behind one
+proxy share it), that name or address gets no login for ``LOCKOUT``
+(answered 429 without checking the password).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ __all__ = [
     "FAIL_WINDOW",
     "LOCKOUT",
     "MAX_FAILURES",
+    "MAX_FAILURES_ADDRESS",
     "SESSION_IDLE",
     "SESSION_MAX",
     "LoginThrottle",
@@ -39,7 +41,8 @@ SESSION_IDLE: Final = 30 * 60.0  # s without a request before a session ends
 SESSION_MAX: Final = 12 * 3600.0  # s after the login a session ends whatever happens
 MAX_SESSIONS: Final = 1000  # at once; the oldest goes first
 FAIL_DELAY: Final = 1.0  # s a failed login waits before its answer
-MAX_FAILURES: Final = 5  # failed logins within FAIL_WINDOW before a lockout
+MAX_FAILURES: Final = 5  # failed logins of one account name within FAIL_WINDOW before a lockout
+MAX_FAILURES_ADDRESS: Final = 20  # failed logins from one client address within FAIL_WINDOW
 FAIL_WINDOW: Final = 300.0  # s
 LOCKOUT: Final = 300.0  # s
 
@@ -107,7 +110,8 @@ class Sessions:
 @dataclass
 class LoginThrottle:
     clock: Callable[[], float] = time.monotonic
-    max_failures: int = MAX_FAILURES
+    max_failures: int = MAX_FAILURES  # for keys "user:NAME"
+    max_failures_address: int = MAX_FAILURES_ADDRESS  # for keys "ip:ADDRESS"
     window: float = FAIL_WINDOW
     lockout: float = LOCKOUT
     _fails: dict[str, deque[float]] = field(default_factory=dict)
@@ -133,7 +137,7 @@ class LoginThrottle:
             q.append(now)
             while q and now - q[0] > self.window:
                 q.popleft()
-            if len(q) >= self.max_failures:
+            if len(q) >= (self.max_failures_address if k.startswith("ip:") else self.max_failures):
                 self._locked[k] = now + self.lockout
                 q.clear()
         if len(self._fails) > 10_000:  # (bounded: forget the quiet ones)

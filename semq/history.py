@@ -1,0 +1,485 @@
+"""The delivery history: one compact, indexed row per document and role,
+written from the event records a daemon logs after each commit
+(docs/events.md), so it never claims more than the store holds.
+
+``semq track`` and the web console answer "did INV-0042 reach 56001, and
+when?" from it in milliseconds, long after the store has cleaned the
+document's rows. It lives beside the store, in ``history.sqlite`` (one per
+unit of a node), and is kept ``history_days`` (default 90).
+
+Writing it stays off the hot path: ``HistoryWriter.put`` only appends the
+records to a queue; a thread of its own folds each batch into one upsert
+per document (its steps appended to the row as compact JSON) and commits.
+A crash may lose the last batch — the store is the truth, and the history,
+like the event log, is what was committed and then written down.
+
+Rows (``HistoryReader``):
+
+- ``lk0``, ``role`` (``origin``, ``receiver``, ``platform``): the key.
+- ``source``, ``target``, ``counterpart`` (the other organization: the target
+  at the origin and the platform, the source at the receiver).
+- the AppKey (``domain``, ``data_type``, ``subtype``, ``key``; absent at the
+  platform when it travels sealed), ``size``, ``save_fwd``, ``priority``,
+  users and channel.
+- ``state``: the last event that moves the document on (``cleaned``,
+  ``inquiry`` and repeats do not), ``code``: the last result code,
+  ``path``: relay, direct or local, ``resends``, ``first_ms``/``last_ms``,
+  ``receipt``: the digest a verified receipt confirmed (origin).
+- ``steps``: every event with its time (at most ``MAX_STEPS`` per row).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import queue
+import sqlite3
+import threading
+import time
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any, Final
+
+import orjson
+
+__all__ = [
+    "HISTORY_FILE",
+    "MAX_STEPS",
+    "HistoryReader",
+    "HistoryWriter",
+    "TrackedEventLog",
+    "history_paths",
+]
+
+log = logging.getLogger("semq.history")
+
+HISTORY_FILE: Final = "history.sqlite"
+MAX_STEPS: Final = 200  # steps kept per row: a document sent again for ever cannot grow its row for ever
+MAX_QUEUED: Final = 1_000_000  # records waiting for the writer; past it they are counted and dropped
+_DAY_MS: Final = 86_400_000
+_PURGE_EVERY_S: Final = 600.0
+_PURGE_CHUNK: Final = 20_000
+
+# Events that do not move a document on: its state stays what it was.
+_NO_STATE: Final = frozenset({"cleaned", "inquiry", "reack", "reack2", "duplicate", "bad_refusal",
+                              "gap_dropped", "node_online", "node_offline"})
+# A receiver logs ``received`` for every arrival, a repeat too: it sets the
+# state of a new row only.
+_WEAK: Final = frozenset({"received"})
+# Attributes written once per message and logger (docs/events.md).
+_ATTRS: Final = ("domain", "data_type", "subtype", "key", "size", "save_fwd", "priority",
+                 "from_user", "to_user", "channel")
+
+_SCHEMA: Final = """
+CREATE TABLE IF NOT EXISTS doc (
+    id INTEGER PRIMARY KEY,
+    lk0 TEXT NOT NULL,
+    role TEXT NOT NULL,
+    source TEXT, target TEXT,
+    domain TEXT, data_type TEXT, subtype TEXT, key TEXT,
+    size INTEGER, save_fwd INTEGER, priority INTEGER,
+    from_user TEXT, to_user TEXT, channel TEXT,
+    path TEXT, state TEXT, code INTEGER, receipt TEXT, lk1 TEXT,
+    first_ms INTEGER NOT NULL, last_ms INTEGER NOT NULL,
+    resends INTEGER NOT NULL DEFAULT 0,
+    nsteps INTEGER NOT NULL DEFAULT 0,
+    steps TEXT NOT NULL DEFAULT ''
+);
+CREATE UNIQUE INDEX IF NOT EXISTS doc_lk0 ON doc(lk0, role);
+CREATE INDEX IF NOT EXISTS doc_key ON doc(key, first_ms) WHERE key IS NOT NULL;
+CREATE INDEX IF NOT EXISTS doc_first ON doc(first_ms);
+CREATE INDEX IF NOT EXISTS doc_target ON doc(target, first_ms);
+CREATE INDEX IF NOT EXISTS doc_source ON doc(source, first_ms);
+CREATE INDEX IF NOT EXISTS doc_state ON doc(state, first_ms);
+"""
+
+# One upsert per document and batch. Attributes keep the first value seen;
+# the state moves with each batch's last state event (a weak one only sets
+# a new row's); steps are appended while the row has fewer than MAX_STEPS.
+_UPSERT: Final = f"""
+INSERT INTO doc (lk0, role, source, target, domain, data_type, subtype, key, size, save_fwd, priority,
+                 from_user, to_user, channel, path, state, code, receipt, lk1, first_ms, last_ms, resends,
+                 nsteps, steps)
+VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, coalesce(?, ?), ?, ?, ?, ?, ?, ?, ?, ?)
+ON CONFLICT (lk0, role) DO UPDATE SET
+    source = coalesce(source, excluded.source), target = coalesce(target, excluded.target),
+    domain = coalesce(domain, excluded.domain), data_type = coalesce(data_type, excluded.data_type),
+    subtype = coalesce(subtype, excluded.subtype), key = coalesce(key, excluded.key),
+    size = coalesce(size, excluded.size), save_fwd = coalesce(save_fwd, excluded.save_fwd),
+    priority = coalesce(priority, excluded.priority), from_user = coalesce(from_user, excluded.from_user),
+    to_user = coalesce(to_user, excluded.to_user), channel = coalesce(channel, excluded.channel),
+    path = coalesce(excluded.path, path),
+    state = coalesce(?, state, excluded.state),
+    code = coalesce(excluded.code, code), receipt = coalesce(excluded.receipt, receipt),
+    lk1 = coalesce(excluded.lk1, lk1),
+    first_ms = min(first_ms, excluded.first_ms), last_ms = max(last_ms, excluded.last_ms),
+    resends = resends + excluded.resends,
+    steps = CASE WHEN nsteps < {MAX_STEPS} THEN steps || excluded.steps ELSE steps END,
+    nsteps = nsteps + excluded.nsteps
+"""
+
+_COLUMNS: Final = ("lk0", "role", "source", "target", "domain", "data_type", "subtype", "key", "size",
+                   "save_fwd", "priority", "from_user", "to_user", "channel", "path", "state", "code",
+                   "receipt", "lk1", "first_ms", "last_ms", "resends", "nsteps", "steps")
+_SELECT: Final = "SELECT " + ", ".join(_COLUMNS) + " FROM doc"
+
+
+def history_paths(directory: Path) -> list[Path]:
+    """The history files of a data directory: its own and each unit's
+    (``unit-K/``) that exist."""
+    directory = Path(directory)
+    out = [directory / HISTORY_FILE] if (directory / HISTORY_FILE).exists() else []
+    units = sorted((p for p in directory.glob("unit-*") if p.name[5:].isdigit()), key=lambda p: int(p.name[5:]))
+    out += [p / HISTORY_FILE for p in units if (p / HISTORY_FILE).exists()]
+    return out
+
+
+def _connect(path: Path) -> sqlite3.Connection:
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)  # owner-only, like the store and the event log
+    os.close(fd)
+    conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+    conn.execute("PRAGMA journal_mode=WAL")
+    # Derived data: a power cut may lose the last commit, never corrupt it.
+    conn.execute("PRAGMA synchronous=NORMAL")
+    conn.executescript(_SCHEMA)
+    return conn
+
+
+class _Doc:
+    """What one batch says about one document."""
+
+    __slots__ = ("attrs", "code", "first", "last", "lk1", "nsteps", "path", "receipt", "resends", "state",
+                 "steps", "strong")
+
+    def __init__(self, ts: int) -> None:
+        self.attrs: dict[str, Any] = {}
+        self.first = self.last = ts
+        self.state: str | None = None
+        self.strong = False
+        self.code: int | None = None
+        self.path: str | None = None
+        self.receipt: str | None = None
+        self.lk1: str | None = None
+        self.resends = 0
+        self.nsteps = 0
+        self.steps: list[bytes] = []
+
+
+def fold(records: Iterable[dict[str, Any]], role_default: str) -> dict[tuple[str, str], _Doc]:
+    """One ``_Doc`` per (LK0, role) of a batch of event records."""
+    docs: dict[tuple[str, str], _Doc] = {}
+    dumps = orjson.dumps
+    for r in records:
+        lk0 = r.get("lk0")
+        if not lk0:
+            continue
+        ev = r["event"]
+        ts = r["ts"]
+        k = (lk0, r.get("role", role_default))
+        d = docs.get(k)
+        if d is None:
+            d = docs[k] = _Doc(ts)
+            d.attrs["source"] = r.get("source")
+            d.attrs["target"] = r.get("target")
+        elif ts < d.first:
+            d.first = ts
+        elif ts > d.last:
+            d.last = ts
+        if "size" in r or "key" in r:
+            for a in _ATTRS:
+                v = r.get(a)
+                if v is not None and v != "":
+                    d.attrs[a] = v
+        code = r.get("code")
+        if code is not None:
+            d.code = code
+        path = r.get("path")
+        if path:
+            d.path = path
+        if ev not in _NO_STATE:
+            if ev in _WEAK:
+                if not d.strong:
+                    d.state = ev
+            else:
+                d.state, d.strong = ev, True
+        if ev == "resend" or (ev == "delivered" and (r.get("attempt") or 1) > 1):
+            d.resends += 1
+        digest = r.get("digest")
+        if digest:
+            d.receipt = digest
+        lk1 = r.get("lk1")
+        if lk1:
+            d.lk1 = lk1
+        d.nsteps += 1
+        d.steps.append(dumps([ts, ev, code, r.get("attempt"), path, r.get("detail"), lk1]))
+    return docs
+
+
+class HistoryWriter:
+    """Owns ``history.sqlite``: ``put`` queues event records (never blocks,
+    never raises); a thread of its own writes them and removes rows older
+    than ``days``."""
+
+    def __init__(self, path: Path, days: int, *, role_default: str) -> None:
+        self.path = Path(path)
+        self.days = days
+        self.role_default = role_default
+        self._q: queue.SimpleQueue[list[dict[str, Any]] | None] = queue.SimpleQueue()
+        self._queued = 0
+        self.written = 0
+        self.dropped = 0
+        self._conn = _connect(self.path)
+        self._idle = threading.Event()
+        self._idle.set()
+        self._thread = threading.Thread(target=self._run, name="semq-history", daemon=True)
+        self._thread.start()
+
+    def put(self, records: list[dict[str, Any]]) -> None:
+        if self._queued > MAX_QUEUED:
+            self.dropped += len(records)
+            return
+        self._queued += len(records)
+        self._idle.clear()
+        self._q.put(list(records))
+
+    def flush(self, timeout: float = 10.0) -> bool:
+        """Wait until everything put so far is written (tests, shutdown)."""
+        end = time.monotonic() + timeout
+        while not self._idle.wait(0.01):
+            if time.monotonic() > end or not self._thread.is_alive():
+                return False
+        return True
+
+    def close(self, timeout: float = 10.0) -> None:
+        self._q.put(None)
+        self._thread.join(timeout)
+
+    def _run(self) -> None:
+        next_purge = 0.0
+        q = self._q
+        while True:
+            item = q.get()
+            batch: list[dict[str, Any]] = []
+            stop = item is None
+            if item is not None:
+                batch += item
+            while not stop and len(batch) < 50_000:
+                try:
+                    more = q.get_nowait()
+                except queue.Empty:
+                    break
+                if more is None:
+                    stop = True
+                else:
+                    batch += more
+            if batch:
+                try:
+                    self._write(batch)
+                    self.written += len(batch)
+                except sqlite3.Error as e:
+                    self.dropped += len(batch)
+                    log.warning("history %s: %d record(s) not written: %s", self.path, len(batch), e)
+                self._queued -= len(batch)
+            if self.days and time.monotonic() >= next_purge:
+                next_purge = time.monotonic() + _PURGE_EVERY_S
+                try:
+                    self.purge(int(time.time() * 1000) - self.days * _DAY_MS)
+                except sqlite3.Error as e:
+                    log.warning("history %s: old rows not removed: %s", self.path, e)
+            if q.empty():
+                self._idle.set()
+            if stop:
+                self._conn.close()
+                return
+
+    def _write(self, records: list[dict[str, Any]]) -> None:
+        rows = []
+        for (lk0, role), d in fold(records, self.role_default).items():
+            a = d.attrs
+            state = d.state if d.strong else None
+            weak = None if d.strong else d.state
+            rows.append((lk0, role, a.get("source"), a.get("target"), a.get("domain"), a.get("data_type"),
+                         a.get("subtype"), a.get("key"), a.get("size"), a.get("save_fwd"), a.get("priority"),
+                         a.get("from_user"), a.get("to_user"), a.get("channel"), d.path, state, weak,
+                         d.code, d.receipt, d.lk1, d.first, d.last, d.resends, d.nsteps,
+                         b",".join(d.steps).decode() + ",", state))
+        c = self._conn
+        c.execute("BEGIN")
+        try:
+            c.executemany(_UPSERT, rows)
+            c.execute("COMMIT")
+        except BaseException:
+            c.execute("ROLLBACK")
+            raise
+
+    def purge(self, before_ms: int) -> int:
+        """Remove rows begun before ``before_ms``, in chunks (the writer's
+        thread; ``days`` does it every 10 minutes)."""
+        n = 0
+        c = self._conn
+        while True:
+            cur = c.execute("DELETE FROM doc WHERE id IN (SELECT id FROM doc WHERE first_ms < ? LIMIT ?)",
+                            (before_ms, _PURGE_CHUNK))
+            n += cur.rowcount
+            if cur.rowcount < _PURGE_CHUNK:
+                return n
+
+
+class TrackedEventLog:
+    """Wraps a core's EventLog: writes, then hands the records to the
+    history (after the commit they describe, as the log itself)."""
+
+    def __init__(self, inner: Any, history: HistoryWriter) -> None:
+        self.inner = inner
+        self.history = history
+
+    def write(self, records: list[dict[str, Any]]) -> None:
+        self.inner.write(records)
+        if records:
+            self.history.put(records)
+
+    def close(self) -> None:
+        self.inner.close()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+
+def _row(r: tuple[Any, ...]) -> dict[str, Any]:
+    d = dict(zip(_COLUMNS, r, strict=True))
+    d["counterpart"] = d["source"] if d["role"] == "receiver" else d["target"]
+    steps = d.pop("steps")
+    d["steps"] = [dict(zip(("ts", "event", "code", "attempt", "path", "detail", "lk1"), s, strict=True))
+                  for s in orjson.loads("[" + steps[:-1] + "]")] if steps else []
+    return d
+
+
+class HistoryReader:
+    """Reads the history files of a data directory (``history_paths``),
+    read-only: the daemon may be running and writing them."""
+
+    def __init__(self, paths: Sequence[Path]) -> None:
+        self.paths = [Path(p) for p in paths]
+        self._conns: dict[Path, sqlite3.Connection] = {}
+
+    def _open(self) -> list[sqlite3.Connection]:
+        for p in self.paths:
+            if p not in self._conns and p.exists():
+                conn = sqlite3.connect(f"file:{p}?mode=ro", uri=True, check_same_thread=False)
+                conn.execute("PRAGMA query_only=1")
+                self._conns[p] = conn
+        return list(self._conns.values())
+
+    def close(self) -> None:
+        for c in self._conns.values():
+            c.close()
+        self._conns.clear()
+
+    def _query(self, sql: str, params: Sequence[Any]) -> list[tuple[Any, ...]]:
+        out: list[tuple[Any, ...]] = []
+        for c in self._open():
+            try:
+                out += c.execute(sql, params).fetchall()
+            except sqlite3.OperationalError as e:
+                if "no such table" not in str(e):  # a file the writer has only just created
+                    raise
+        return out
+
+    def search(self, *, text: str | None = None, key: str | None = None, lk0: str | None = None,
+               counterpart: str | None = None, source: str | None = None, target: str | None = None,
+               role: str | None = None, state: str | None = None, since_ms: int | None = None,
+               until_ms: int | None = None, limit: int = 100) -> list[dict[str, Any]]:
+        """Rows matching every filter given, newest first (by ``first_ms``).
+        ``text``: an exact LK0, or an AppKey key equal to it or starting
+        with it; ``counterpart``: the other organization of either role."""
+        clauses: list[str] = []
+        params: list[Any] = []
+        if text:
+            if text.count("/") == 3 and text.split("/", 1)[0].isdigit():
+                clauses.append("lk0 = ?")
+                params.append(text)
+            else:
+                # A range on the key index (LIKE would not use it).
+                clauses.append("key >= ? AND key < ?")
+                params += [text, text + "\U0010ffff"]
+        if key is not None:
+            clauses.append("key = ?")
+            params.append(key)
+        if lk0 is not None:
+            clauses.append("lk0 = ?")
+            params.append(lk0)
+        if counterpart is not None:
+            clauses.append("((role = 'receiver' AND source = ?) OR (role != 'receiver' AND target = ?))")
+            params += [counterpart, counterpart]
+        for col, v in (("source", source), ("target", target), ("role", role), ("state", state)):
+            if v is not None:
+                clauses.append(f"{col} = ?")
+                params.append(v)
+        if since_ms is not None:
+            clauses.append("first_ms >= ?")
+            params.append(since_ms)
+        if until_ms is not None:
+            clauses.append("first_ms < ?")
+            params.append(until_ms)
+        where = (" WHERE " + " AND ".join(clauses)) if clauses else ""
+        limit = max(1, min(int(limit), 10_000))
+        rows = self._query(f"{_SELECT}{where} ORDER BY first_ms DESC LIMIT ?", [*params, limit])
+        rows.sort(key=lambda r: r[19], reverse=True)  # first_ms, across units
+        return [_row(r) for r in rows[:limit]]
+
+    def document(self, lk0: str) -> list[dict[str, Any]]:
+        """Every row of one LK0 (one per role that saw it), with its steps."""
+        order = {"origin": 0, "platform": 1, "receiver": 2}
+        rows = [_row(r) for r in self._query(f"{_SELECT} WHERE lk0 = ?", [lk0])]
+        rows.sort(key=lambda d: order.get(d["role"], 3))
+        return rows
+
+    def activity(self, since_ms: int, bucket_ms: int, now_ms: int | None = None) -> dict[str, list[int]]:
+        """Counts per time bucket since ``since_ms``: documents queued, sent,
+        received, confirmed (ack2) and failed (nack, expired, dead, refused,
+        dropped), by the time of the step."""
+        now = int(time.time() * 1000) if now_ms is None else now_ms
+        n = max(1, -(-(now - since_ms) // bucket_ms))
+        out: dict[str, list[int]] = {"start": [since_ms + i * bucket_ms for i in range(n)]}
+        kinds = {"queued": ("queued",), "sent": ("sent",), "received": ("received",), "confirmed": ("ack2",),
+                 "failed": ("nack", "expired", "dead", "refused", "dropped")}
+        for k in kinds:
+            out[k] = [0] * n
+        which = {ev: k for k, evs in kinds.items() for ev in evs}
+        # Rows begun in the window, and those begun up to a day before it
+        # that may have steps in it.
+        for (steps,) in self._query("SELECT steps FROM doc WHERE first_ms >= ? AND last_ms >= ?",
+                                    [since_ms - _DAY_MS, since_ms]):
+            if not steps:
+                continue
+            seen_received = False
+            for s in orjson.loads("[" + steps[:-1] + "]"):
+                ts, ev = s[0], s[1]
+                kind = which.get(ev)
+                if kind is None or ts < since_ms or ts >= now:
+                    continue
+                if ev == "received":
+                    if seen_received:
+                        continue  # a repeat
+                    seen_received = True
+                out[kind][(ts - since_ms) // bucket_ms] += 1
+        return out
+
+    def latencies(self, since_ms: int) -> list[tuple[int, int]]:
+        """(when confirmed, ms from queued to confirmed) of the origin's
+        documents confirmed since ``since_ms``, in time order."""
+        rows = self._query("SELECT first_ms, last_ms, steps FROM doc WHERE role = 'origin' AND state = 'ack2'"
+                           " AND first_ms >= ? AND last_ms >= ?", [since_ms - _DAY_MS, since_ms])
+        out = []
+        for first, _last, steps in rows:
+            done = None
+            for s in orjson.loads("[" + steps[:-1] + "]") if steps else ():
+                if s[1] == "ack2":
+                    done = s[0]
+            if done is not None and done >= since_ms:
+                out.append((done, max(0, done - first)))
+        out.sort()
+        return out
+
+    def count(self) -> int:
+        return sum(n for (n,) in self._query("SELECT count(*) FROM doc", []))

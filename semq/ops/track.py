@@ -1,0 +1,178 @@
+"""``semq track``: where a document is, and when it got there, from the
+delivery history (semq.history) — long after the store cleaned its rows,
+with or without the daemon running."""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import re
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from semq.history import HistoryReader, history_paths
+
+__all__ = ["add_track_parser", "cmd_track", "parse_when"]
+
+_DIRECTION = {"origin": "out", "receiver": "in", "platform": "relay"}
+_ROLE = {"out": "origin", "in": "receiver", "relay": "platform", "origin": "origin", "receiver": "receiver",
+         "platform": "platform"}
+_AGO = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(s|m|h|d)\s*$")
+_AGO_UNIT = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+_FINAL = frozenset({"ack2", "nack", "expired", "dead", "inbox", "ack2_sent", "refused", "acked", "dropped",
+                    "forwarded"})
+
+
+def parse_when(text: str, now: float | None = None) -> int:
+    """``2h`` / ``30m`` / ``7d`` ago, or a date/time (``2026-12-05``,
+    ``2026-12-05T10:00``; local time unless it names a zone) -> epoch ms."""
+    m = _AGO.match(text)
+    now = time.time() if now is None else now
+    if m:
+        return int((now - float(m.group(1)) * _AGO_UNIT[m.group(2)]) * 1000)
+    try:
+        when = dt.datetime.fromisoformat(text.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is neither a time ago (90s, 30m, 2h, 7d) nor a date/time (2026-12-05T10:00)") from None
+    if when.tzinfo is None:
+        when = when.astimezone()
+    return int(when.timestamp() * 1000)
+
+
+def _time(ms: int | None, *, millis: bool = False) -> str:
+    if ms is None:
+        return "-"
+    t = dt.datetime.fromtimestamp(ms / 1000)
+    return t.strftime("%Y-%m-%d %H:%M:%S") + (f".{ms % 1000:03d}" if millis else "")
+
+
+def _took(ms: int) -> str:
+    s = ms / 1000
+    if s < 10:
+        return f"{s:.2f}s"
+    if s < 600:
+        return f"{s:.0f}s"
+    if s < 36000:
+        return f"{s / 60:.0f}m"
+    return f"{s / 3600:.1f}h"
+
+
+def _size(n: int | None) -> str:
+    if n is None:
+        return "-"
+    if n < 1024:
+        return f"{n} B"
+    if n < 1 << 20:
+        return f"{n / 1024:.1f} KiB"
+    return f"{n / (1 << 20):.1f} MiB"
+
+
+def _shown(text: Any) -> str:
+    """A value from another organization, safe on a terminal: control
+    characters escaped."""
+    if text is None or text == "":
+        return "-"
+    s = str(text)
+    return s if s.isprintable() else s.encode("unicode_escape").decode("ascii")
+
+
+def _key(row: dict[str, Any]) -> str:
+    return _shown(row.get("key")) if row.get("key") is not None else ("(sealed)" if row["role"] == "platform" else "-")
+
+
+def _table(rows: list[dict[str, Any]]) -> list[str]:
+    head = ("FIRST SEEN", "DIR", "LK0", "WITH", "KEY", "SIZE", "PATH", "STATE", "TOOK", "RESENDS", "CODE")
+    body = [(_time(r["first_ms"]), _DIRECTION.get(r["role"], r["role"]), r["lk0"], _shown(r["counterpart"]),
+             _key(r), _size(r["size"]), r["path"] or "-", r["state"] or "-",
+             _took(r["last_ms"] - r["first_ms"]) if r["state"] in _FINAL else "-",
+             str(r["resends"]), str(r["code"]) if r["code"] is not None else "-") for r in rows]
+    widths = [max(len(h), *(len(b[i]) for b in body)) for i, h in enumerate(head)]
+    return ["  ".join(c.ljust(w) for c, w in zip(line, widths, strict=True)).rstrip() for line in (head, *body)]
+
+
+def _timeline(row: dict[str, Any]) -> list[str]:
+    d = _DIRECTION.get(row["role"], row["role"])
+    other = {"out": f"to {row['target']}", "in": f"from {row['source']}",
+             "relay": f"{row['source']} to {row['target']}"}.get(d, "")
+    key = " / ".join(_shown(row.get(k)) for k in ("domain", "data_type", "subtype", "key") if row.get(k))
+    lines = [f"{row['lk0']}  {d} {other}" + (f"  key {key}" if key else "") + f"  {_size(row['size'])}"]
+    users = [f"{w} {_shown(row[k])}" for w, k in (("from user", "from_user"), ("to user", "to_user"),
+                                                     ("channel", "channel")) if row.get(k)]
+    if users:
+        lines.append("  " + ", ".join(users))
+    for s in row["steps"]:
+        extra = [f"path {s['path']}" if s.get("path") else "", f"attempt {s['attempt']}" if (s.get("attempt") or 1) > 1
+                 else "", f"code {s['code']}" if s.get("code") is not None else "",
+                 f"copy {s['lk1']}" if s.get("lk1") else "", _shown(s["detail"]) if s.get("detail") else ""]
+        if s["event"] == "ack2" and row.get("receipt"):
+            extra.append(f"receipt verified, document digest {row['receipt'][:16]}…")
+        lines.append(f"  {_time(s['ts'], millis=True)}  {s['event']:<11} {'  '.join(e for e in extra if e)}".rstrip())
+    if row["nsteps"] > len(row["steps"]):
+        lines.append(f"  ({row['nsteps'] - len(row['steps'])} later steps not kept)")
+    return lines
+
+
+def cmd_track(args: argparse.Namespace) -> int:
+    from semq.config import data_dir
+
+    directory: Path = data_dir(getattr(args, "dir", None))
+    paths = history_paths(directory)
+    if not paths:
+        print(f"error: no delivery history in {directory} yet (the daemon writes it as documents move;"
+              " history_days = 0 turns it off)", file=sys.stderr)
+        return 1
+    if args.limit < 1 or args.limit > 10_000:
+        print(f"error: --limit {args.limit} is outside 1..10000", file=sys.stderr)
+        return 2
+    reader = HistoryReader(paths)
+    try:
+        rows = reader.search(text=args.query, target=args.to, source=getattr(args, "from"),
+                             role=_ROLE[args.direction] if args.direction else None, state=args.state,
+                             since_ms=args.since, until_ms=args.until, limit=args.limit)
+        lk0s = {r["lk0"] for r in rows}
+        detail = [d for lk0 in sorted(lk0s) for d in reader.document(lk0)] if len(lk0s) == 1 else []
+    finally:
+        reader.close()
+    if args.json:
+        print(json.dumps(detail or rows, default=str))
+        return 0 if rows else 1
+    if not rows:
+        print("no document in the history matches", file=sys.stderr)
+        return 1
+    if detail:
+        for i, d in enumerate(detail):
+            if i:
+                print()
+            print("\n".join(_timeline(d)))
+        return 0
+    print("\n".join(_table(rows)))
+    if len(rows) == args.limit:
+        print(f"(the newest {args.limit}; --limit N for more)", file=sys.stderr)
+    return 0
+
+
+def add_track_parser(sub: Any, common: argparse.ArgumentParser) -> None:
+    x = sub.add_parser(
+        "track", parents=[common], help="where a document is and when it got there (the delivery history)",
+        description="Answers from the delivery history the daemon keeps (history_days, default 90), also"
+                    " after the store has cleaned a confirmed document. One document: its timeline, every"
+                    " step with its time; several: a table, newest first.",
+        epilog="examples:\n  semq track INV-0042\n  semq track 10008/1/1/42\n"
+               "  semq track --to 56001 --since 2h\n  semq track --state nack --since 1d --json",
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    x.add_argument("query", nargs="?", help="an LK0 (ORG/UNIT/DB/RECORD), or an AppKey key (or its beginning)")
+    x.add_argument("--to", metavar="ORG", help="documents to this organization (and, at the platform, relayed to it)")
+    x.add_argument("--from", metavar="ORG", help="documents from this organization")
+    x.add_argument("--direction", choices=["out", "in", "relay"],
+                   help="out: sent by this node; in: received; relay: the platform's view")
+    x.add_argument("--state", metavar="S",
+                   help="the document's last step, e.g. ack2 (confirmed), nack, sent, inbox, stored")
+    x.add_argument("--since", type=parse_when, metavar="WHEN", help="first seen after: 30m, 2h, 7d ago or a date/time")
+    x.add_argument("--until", type=parse_when, metavar="WHEN", help="first seen before: as --since")
+    x.add_argument("--limit", type=int, default=50, metavar="N", help="at most N documents, newest first (default 50)")
+    x.add_argument("--json", action="store_true", help="JSON: the rows with their steps")
+    x.set_defaults(func=cmd_track)
