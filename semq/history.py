@@ -24,7 +24,8 @@ Rows (``HistoryReader``):
 - ``state``: the last event that moves the document on (``cleaned``,
   ``inquiry`` and repeats do not), ``code``: the last result code,
   ``path``: relay, direct or local, ``resends``, ``first_ms``/``last_ms``,
-  ``receipt``: the digest a verified receipt confirmed (origin).
+  ``receipt``: filled by whoever verified the receipt kept in the store
+  (``semq.ops.track.receipt_check``); the store keeps receipts a year.
 - ``steps``: every event with its time (at most ``MAX_STEPS`` per row).
 """
 
@@ -32,7 +33,7 @@ from __future__ import annotations
 
 import logging
 import os
-import queue
+import re
 import sqlite3
 import threading
 import time
@@ -45,9 +46,8 @@ import orjson
 __all__ = [
     "HISTORY_FILE",
     "MAX_STEPS",
+    "HistoryIndexer",
     "HistoryReader",
-    "HistoryWriter",
-    "TrackedEventLog",
     "history_paths",
 ]
 
@@ -55,7 +55,6 @@ log = logging.getLogger("semq.history")
 
 HISTORY_FILE: Final = "history.sqlite"
 MAX_STEPS: Final = 200  # steps kept per row: a document sent again for ever cannot grow its row for ever
-MAX_QUEUED: Final = 1_000_000  # records waiting for the writer; past it they are counted and dropped
 _DAY_MS: Final = 86_400_000
 _PURGE_EVERY_S: Final = 600.0
 _PURGE_CHUNK: Final = 20_000
@@ -69,6 +68,7 @@ _WEAK: Final = frozenset({"received"})
 # Attributes written once per message and logger (docs/events.md).
 _ATTRS: Final = ("domain", "data_type", "subtype", "key", "size", "save_fwd", "priority",
                  "from_user", "to_user", "channel")
+_ROW_ATTRS: Final = ("source", "target", *_ATTRS)
 
 _SCHEMA: Final = """
 CREATE TABLE IF NOT EXISTS doc (
@@ -79,10 +79,11 @@ CREATE TABLE IF NOT EXISTS doc (
     domain TEXT, data_type TEXT, subtype TEXT, key TEXT,
     size INTEGER, save_fwd INTEGER, priority INTEGER,
     from_user TEXT, to_user TEXT, channel TEXT,
-    path TEXT, state TEXT, code INTEGER, receipt TEXT, lk1 TEXT,
+    path TEXT, state TEXT, state_ms INTEGER, code INTEGER, lk1 TEXT,
     first_ms INTEGER NOT NULL, last_ms INTEGER NOT NULL,
     resends INTEGER NOT NULL DEFAULT 0,
     nsteps INTEGER NOT NULL DEFAULT 0,
+    kept INTEGER NOT NULL DEFAULT 0,
     steps TEXT NOT NULL DEFAULT ''
 );
 CREATE UNIQUE INDEX IF NOT EXISTS doc_lk0 ON doc(lk0, role);
@@ -91,16 +92,21 @@ CREATE INDEX IF NOT EXISTS doc_first ON doc(first_ms);
 CREATE INDEX IF NOT EXISTS doc_target ON doc(target, first_ms);
 CREATE INDEX IF NOT EXISTS doc_source ON doc(source, first_ms);
 CREATE INDEX IF NOT EXISTS doc_state ON doc(state, first_ms);
+CREATE TABLE IF NOT EXISTS cursor (file TEXT PRIMARY KEY, offset INTEGER NOT NULL);
 """
 
 # One upsert per document and batch. Attributes keep the first value seen;
-# the state moves with each batch's last state event (a weak one only sets
-# a new row's); steps are appended while the row has fewer than MAX_STEPS.
+# the state is that of the latest state event by its time (the records of
+# one document may come from two writers: the application's ``queued`` can
+# follow the daemon's ``sent`` in the file), a weak one only for a new
+# row; steps are appended while the row keeps fewer than MAX_STEPS.
 _UPSERT: Final = f"""
 INSERT INTO doc (lk0, role, source, target, domain, data_type, subtype, key, size, save_fwd, priority,
-                 from_user, to_user, channel, path, state, code, receipt, lk1, first_ms, last_ms, resends,
-                 nsteps, steps)
-VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, coalesce(?, ?), ?, ?, ?, ?, ?, ?, ?, ?)
+                 from_user, to_user, channel, path, state, state_ms, code, lk1, first_ms, last_ms,
+                 resends, nsteps, kept, steps)
+VALUES (:lk0, :role, :source, :target, :domain, :data_type, :subtype, :key, :size, :save_fwd, :priority,
+        :from_user, :to_user, :channel, :path, coalesce(:state, :weak), :state_ms, :code, :lk1,
+        :first_ms, :last_ms, :resends, :nsteps, :kept, :steps)
 ON CONFLICT (lk0, role) DO UPDATE SET
     source = coalesce(source, excluded.source), target = coalesce(target, excluded.target),
     domain = coalesce(domain, excluded.domain), data_type = coalesce(data_type, excluded.data_type),
@@ -109,19 +115,24 @@ ON CONFLICT (lk0, role) DO UPDATE SET
     priority = coalesce(priority, excluded.priority), from_user = coalesce(from_user, excluded.from_user),
     to_user = coalesce(to_user, excluded.to_user), channel = coalesce(channel, excluded.channel),
     path = coalesce(excluded.path, path),
-    state = coalesce(?, state, excluded.state),
-    code = coalesce(excluded.code, code), receipt = coalesce(excluded.receipt, receipt),
+    state = CASE WHEN :state IS NOT NULL AND :state_ms >= coalesce(state_ms, 0) THEN :state
+                 ELSE coalesce(state, :weak) END,
+    state_ms = CASE WHEN :state IS NOT NULL AND :state_ms >= coalesce(state_ms, 0) THEN :state_ms
+                    ELSE state_ms END,
+    code = coalesce(excluded.code, code),
     lk1 = coalesce(excluded.lk1, lk1),
     first_ms = min(first_ms, excluded.first_ms), last_ms = max(last_ms, excluded.last_ms),
     resends = resends + excluded.resends,
-    steps = CASE WHEN nsteps < {MAX_STEPS} THEN steps || excluded.steps ELSE steps END,
+    steps = CASE WHEN kept + excluded.kept <= {MAX_STEPS} THEN steps || excluded.steps ELSE steps END,
+    kept = CASE WHEN kept + excluded.kept <= {MAX_STEPS} THEN kept + excluded.kept ELSE kept END,
     nsteps = nsteps + excluded.nsteps
 """
 
 _COLUMNS: Final = ("lk0", "role", "source", "target", "domain", "data_type", "subtype", "key", "size",
                    "save_fwd", "priority", "from_user", "to_user", "channel", "path", "state", "code",
-                   "receipt", "lk1", "first_ms", "last_ms", "resends", "nsteps", "steps")
+                   "lk1", "first_ms", "last_ms", "resends", "nsteps", "steps")
 _SELECT: Final = "SELECT " + ", ".join(_COLUMNS) + " FROM doc"
+_FIRST: Final = _COLUMNS.index("first_ms")
 
 
 def history_paths(directory: Path) -> list[Path]:
@@ -148,24 +159,24 @@ def _connect(path: Path) -> sqlite3.Connection:
 class _Doc:
     """What one batch says about one document."""
 
-    __slots__ = ("attrs", "code", "first", "last", "lk1", "nsteps", "path", "receipt", "resends", "state",
-                 "steps", "strong")
+    __slots__ = ("attrs", "code", "first", "last", "lk1", "nsteps", "path", "resends", "state",
+                 "state_ms", "steps", "strong")
 
     def __init__(self, ts: int) -> None:
         self.attrs: dict[str, Any] = {}
         self.first = self.last = ts
         self.state: str | None = None
+        self.state_ms = 0
         self.strong = False
         self.code: int | None = None
         self.path: str | None = None
-        self.receipt: str | None = None
         self.lk1: str | None = None
         self.resends = 0
         self.nsteps = 0
         self.steps: list[bytes] = []
 
 
-def fold(records: Iterable[dict[str, Any]], role_default: str) -> dict[tuple[str, str], _Doc]:
+def fold(records: Iterable[dict[str, Any]], role_default: str = "origin") -> dict[tuple[str, str], _Doc]:
     """One ``_Doc`` per (LK0, role) of a batch of event records."""
     docs: dict[tuple[str, str], _Doc] = {}
     dumps = orjson.dumps
@@ -200,121 +211,158 @@ def fold(records: Iterable[dict[str, Any]], role_default: str) -> dict[tuple[str
             if ev in _WEAK:
                 if not d.strong:
                     d.state = ev
-            else:
-                d.state, d.strong = ev, True
+            elif not d.strong or ts >= d.state_ms:
+                d.state, d.state_ms, d.strong = ev, ts, True
         if ev == "resend" or (ev == "delivered" and (r.get("attempt") or 1) > 1):
             d.resends += 1
-        digest = r.get("digest")
-        if digest:
-            d.receipt = digest
         lk1 = r.get("lk1")
         if lk1:
             d.lk1 = lk1
         d.nsteps += 1
-        d.steps.append(dumps([ts, ev, code, r.get("attempt"), path, r.get("detail"), lk1]))
+        if d.nsteps <= MAX_STEPS:
+            d.steps.append(dumps([ts, ev, code, r.get("attempt"), path, r.get("detail"), lk1]))
     return docs
 
 
-class HistoryWriter:
-    """Owns ``history.sqlite``: ``put`` queues event records (never blocks,
-    never raises); a thread of its own writes them and removes rows older
-    than ``days``."""
+_FILE_RE: Final = re.compile(r"events-(\d{4}-\d{2}-\d{2})(-unit\d+)?\.jsonl")
+_CHUNK: Final = 8 << 20  # bytes of event log read per transaction
 
-    def __init__(self, path: Path, days: int, *, role_default: str) -> None:
+
+class HistoryIndexer:
+    """Owns ``history.sqlite``: a thread of its own reads what the event
+    log files of ``events_dir`` gained (the daemon's, its units' and the
+    applications' that write the store directly) every ``interval``
+    seconds and folds it in. The offset reached in each file is committed
+    with the rows it produced, so after a crash or a restart every record
+    is counted once. Rows older than ``days`` are removed."""
+
+    def __init__(self, events_dir: Path, path: Path, days: int, *, interval: float = 0.5) -> None:
+        self.events_dir = Path(events_dir)
         self.path = Path(path)
         self.days = days
-        self.role_default = role_default
-        self._q: queue.SimpleQueue[list[dict[str, Any]] | None] = queue.SimpleQueue()
-        self._queued = 0
-        self.written = 0
-        self.dropped = 0
+        self.interval = interval
+        self.indexed = 0  # records folded in since start
         self._conn = _connect(self.path)
-        self._idle = threading.Event()
-        self._idle.set()
+        self._wake = threading.Event()
+        self._stop = False
+        self._passes = 0
+        self._progress = threading.Condition()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
         self._thread = threading.Thread(target=self._run, name="semq-history", daemon=True)
         self._thread.start()
 
-    def put(self, records: list[dict[str, Any]]) -> None:
-        if self._queued > MAX_QUEUED:
-            self.dropped += len(records)
-            return
-        self._queued += len(records)
-        self._idle.clear()
-        self._q.put(list(records))
-
     def flush(self, timeout: float = 10.0) -> bool:
-        """Wait until everything put so far is written (tests, shutdown)."""
-        end = time.monotonic() + timeout
-        while not self._idle.wait(0.01):
-            if time.monotonic() > end or not self._thread.is_alive():
-                return False
-        return True
+        """Wait for a whole pass begun after this call (tests, shutdown)."""
+        if self._thread is None or not self._thread.is_alive():
+            self.index_once()
+            return True
+        with self._progress:
+            target = self._passes + 2
+            self._wake.set()
+            return self._progress.wait_for(lambda: self._passes >= target, timeout)
 
     def close(self, timeout: float = 10.0) -> None:
-        self._q.put(None)
-        self._thread.join(timeout)
+        self._stop = True
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
+        if self._thread is None or not self._thread.is_alive():
+            self._conn.close()
 
     def _run(self) -> None:
         next_purge = 0.0
-        q = self._q
         while True:
-            item = q.get()
-            batch: list[dict[str, Any]] = []
-            stop = item is None
-            if item is not None:
-                batch += item
-            while not stop and len(batch) < 50_000:
-                try:
-                    more = q.get_nowait()
-                except queue.Empty:
-                    break
-                if more is None:
-                    stop = True
-                else:
-                    batch += more
-            if batch:
-                try:
-                    self._write(batch)
-                    self.written += len(batch)
-                except sqlite3.Error as e:
-                    self.dropped += len(batch)
-                    log.warning("history %s: %d record(s) not written: %s", self.path, len(batch), e)
-                self._queued -= len(batch)
-            if self.days and time.monotonic() >= next_purge:
-                next_purge = time.monotonic() + _PURGE_EVERY_S
-                try:
+            try:
+                self.index_once()
+                if self.days and time.monotonic() >= next_purge:
+                    next_purge = time.monotonic() + _PURGE_EVERY_S
                     self.purge(int(time.time() * 1000) - self.days * _DAY_MS)
-                except sqlite3.Error as e:
-                    log.warning("history %s: old rows not removed: %s", self.path, e)
-            if q.empty():
-                self._idle.set()
-            if stop:
-                self._conn.close()
+            except (OSError, sqlite3.Error) as e:
+                log.warning("history %s: %s (tried again in %.0f s)", self.path, e, max(self.interval, 5.0))
+                self._wake.wait(max(self.interval, 5.0))
+            with self._progress:
+                self._passes += 1
+                self._progress.notify_all()
+            if self._stop:
                 return
+            self._wake.wait(self.interval)
+            self._wake.clear()
 
-    def _write(self, records: list[dict[str, Any]]) -> None:
+    def _files(self) -> list[tuple[str, Path]]:
+        if not self.events_dir.is_dir():
+            return []
+        oldest = time.strftime("%Y-%m-%d", time.gmtime(time.time() - (self.days + 1) * 86400)) if self.days else ""
+        out = []
+        for p in self.events_dir.iterdir():
+            m = _FILE_RE.fullmatch(p.name)
+            if m and m.group(1) >= oldest:
+                out.append((p.name, p))
+        return sorted(out)
+
+    def index_once(self) -> int:
+        """Fold in what every event log file gained since the last pass;
+        the number of records."""
+        c = self._conn
+        done = dict(c.execute("SELECT file, offset FROM cursor").fetchall())
+        total = 0
+        for name, p in self._files():
+            at = done.get(name, 0)
+            while True:
+                try:
+                    size = p.stat().st_size
+                except FileNotFoundError:
+                    break
+                if size < at:
+                    log.warning("history: %s shrank (%d < %d bytes); read again from its start", p, size, at)
+                    at = 0
+                if size == at:
+                    break
+                with open(p, "rb") as f:
+                    f.seek(at)
+                    data = f.read(min(size - at, _CHUNK))
+                end = data.rfind(b"\n") + 1
+                if end == 0:
+                    break  # a line still being written
+                records = []
+                for line in data[:end].splitlines():
+                    try:
+                        r = orjson.loads(line)
+                    except orjson.JSONDecodeError:
+                        continue  # a torn line (a crash mid-write): the log's readers skip it too
+                    if isinstance(r, dict) and "ts" in r and "event" in r:
+                        records.append(r)
+                at += end
+                self._write(records, name, at)
+                total += len(records)
+        self.indexed += total
+        return total
+
+    def _write(self, records: list[dict[str, Any]], file: str, offset: int) -> None:
         rows = []
-        for (lk0, role), d in fold(records, self.role_default).items():
+        for (lk0, role), d in fold(records).items():
             a = d.attrs
-            state = d.state if d.strong else None
-            weak = None if d.strong else d.state
-            rows.append((lk0, role, a.get("source"), a.get("target"), a.get("domain"), a.get("data_type"),
-                         a.get("subtype"), a.get("key"), a.get("size"), a.get("save_fwd"), a.get("priority"),
-                         a.get("from_user"), a.get("to_user"), a.get("channel"), d.path, state, weak,
-                         d.code, d.receipt, d.lk1, d.first, d.last, d.resends, d.nsteps,
-                         b",".join(d.steps).decode() + ",", state))
+            rows.append({"lk0": lk0, "role": role, **{k: a.get(k) for k in _ROW_ATTRS},
+                         "path": d.path, "state": d.state if d.strong else None,
+                         "weak": None if d.strong else d.state, "state_ms": d.state_ms if d.strong else None,
+                         "code": d.code, "lk1": d.lk1, "first_ms": d.first,
+                         "last_ms": d.last, "resends": d.resends, "nsteps": d.nsteps, "kept": len(d.steps),
+                         "steps": b",".join(d.steps).decode() + ","})
         c = self._conn
         c.execute("BEGIN")
         try:
             c.executemany(_UPSERT, rows)
+            c.execute("INSERT INTO cursor (file, offset) VALUES (?, ?)"
+                      " ON CONFLICT (file) DO UPDATE SET offset = excluded.offset", (file, offset))
             c.execute("COMMIT")
         except BaseException:
             c.execute("ROLLBACK")
             raise
 
     def purge(self, before_ms: int) -> int:
-        """Remove rows begun before ``before_ms``, in chunks (the writer's
-        thread; ``days`` does it every 10 minutes)."""
+        """Remove rows begun before ``before_ms`` (in chunks), and the
+        offsets of event log files that are gone."""
         n = 0
         c = self._conn
         while True:
@@ -322,35 +370,21 @@ class HistoryWriter:
                             (before_ms, _PURGE_CHUNK))
             n += cur.rowcount
             if cur.rowcount < _PURGE_CHUNK:
-                return n
-
-
-class TrackedEventLog:
-    """Wraps a core's EventLog: writes, then hands the records to the
-    history (after the commit they describe, as the log itself)."""
-
-    def __init__(self, inner: Any, history: HistoryWriter) -> None:
-        self.inner = inner
-        self.history = history
-
-    def write(self, records: list[dict[str, Any]]) -> None:
-        self.inner.write(records)
-        if records:
-            self.history.put(records)
-
-    def close(self) -> None:
-        self.inner.close()
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.inner, name)
+                break
+        present = {name for name, _ in self._files()}
+        gone = [(f,) for (f,) in c.execute("SELECT file FROM cursor").fetchall() if f not in present]
+        if gone:
+            c.executemany("DELETE FROM cursor WHERE file = ?", gone)
+        return n
 
 
 def _row(r: tuple[Any, ...]) -> dict[str, Any]:
     d = dict(zip(_COLUMNS, r, strict=True))
     d["counterpart"] = d["source"] if d["role"] == "receiver" else d["target"]
+    d["receipt"] = None  # the store keeps the receipt: semq.ops.track.receipt_check
     steps = d.pop("steps")
-    d["steps"] = [dict(zip(("ts", "event", "code", "attempt", "path", "detail", "lk1"), s, strict=True))
-                  for s in orjson.loads("[" + steps[:-1] + "]")] if steps else []
+    d["steps"] = sorted((dict(zip(("ts", "event", "code", "attempt", "path", "detail", "lk1"), s, strict=True))
+                         for s in orjson.loads("[" + steps[:-1] + "]")), key=lambda s: s["ts"]) if steps else []
     return d
 
 
@@ -424,7 +458,7 @@ class HistoryReader:
         where = (" WHERE " + " AND ".join(clauses)) if clauses else ""
         limit = max(1, min(int(limit), 10_000))
         rows = self._query(f"{_SELECT}{where} ORDER BY first_ms DESC LIMIT ?", [*params, limit])
-        rows.sort(key=lambda r: r[19], reverse=True)  # first_ms, across units
+        rows.sort(key=lambda r: r[_FIRST], reverse=True)  # across units
         return [_row(r) for r in rows[:limit]]
 
     def document(self, lk0: str) -> list[dict[str, Any]]:

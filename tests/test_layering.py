@@ -2,7 +2,7 @@
 inside functions too): a module imports only from its own layer or the
 layers below it. From the bottom up:
 
-    protocol  <-  crypto  <-  shared (trust, security, config, stores, events, transport, ports)
+    protocol  <-  crypto  <-  shared (trust, security, config, stores, events, history, transport, ports)
               <-  engines  <-  cores (node and platform stores, cores, the node's features and API)
               <-  daemons  <-  ops  <-  cli, testing
 
@@ -21,9 +21,8 @@ ROOT = Path(__file__).resolve().parent.parent / "semq"
 LAYERS: dict[str, int] = {
     "semq.umxt_protocol": 0,
     "semq.crypto": 1,
-    "semq.trust": 2, "semq.security": 2, "semq.config": 2, "semq._db": 2, "semq._pg": 2, "semq._gate": 2, "semq.events": 2,
+    "semq.trust": 2, "semq.security": 2, "semq.config": 2, "semq._db": 2, "semq._pg": 2, "semq._gate": 2, "semq.events": 2, "semq.history": 2,
     "semq.transport": 2, "semq.ports": 2, "semq.units": 2,
-    "semq.history": 2,  # the delivery history: built from the event records, beside semq.events
     "semq.node.engine": 3, "semq.platform.engine": 3,
     "semq.node": 4, "semq.platform": 4,
     "semq.node.daemon": 5, "semq.platform.daemon": 5, "semq.node.background": 5,

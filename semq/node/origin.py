@@ -558,9 +558,8 @@ class Origin:
                                "target": target_id, "attempt": attempts, "code": row_code, "detail": row_detail})
             else:
                 row_code = code
-                rec = {"ts": ts, "role": "origin", "event": _EVENT_NAMES[event], "lk0": lk0,
-                       "source": me, "target": target_id, "attempt": attempts}
-                events.append(rec)
+                events.append({"ts": ts, "role": "origin", "event": _EVENT_NAMES[event], "lk0": lk0,
+                               "source": me, "target": target_id, "attempt": attempts})
             if state_no == _SS_SENT:
                 out.settled += 1  # no longer in flight: window credit
                 out.settled_ids.append(rid)
@@ -570,9 +569,6 @@ class Origin:
                     del held_sent[rid]
                     if sent_at.digest is not None:
                         digests.append((rid, sent_at.target_id, sent_at.digest))
-                        if new_state is SendState.SS_ACK2:
-                            # What the receiver's verified receipt confirmed (semq.history).
-                            rec["digest"] = sent_at.digest.hex()
                 events.append({"ts": ts, "role": "origin", "event": "cleaned", "lk0": lk0, "source": me,
                                "target": target_id, "attempt": attempts})
             elif new_state is SendState.SS_ACK_FWD and state_no == _SS_SENT:

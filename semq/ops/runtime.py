@@ -118,14 +118,15 @@ class OpsRuntime:
         self.user_path: Path | None = None
         self.metrics_port: int | None = None
         self.web_port: int | None = None
-        # The delivery history (semq.history), beside the store: written
-        # from the records the event log gets, after their commit.
+        # The delivery history (semq.history), beside the store: indexed
+        # from the event log files (every unit's and the applications'),
+        # by unit 1 alone, off the hot path.
         self.history: Any = None
-        if history_days > 0 and getattr(core, "log", None) is not None:
-            from semq.history import HISTORY_FILE, HistoryWriter, TrackedEventLog
+        log_ = getattr(core, "log", None)
+        if history_days > 0 and log_ is not None and self.admin_dir == self.directory:
+            from semq.history import HISTORY_FILE, HistoryIndexer
 
-            self.history = HistoryWriter(self.admin_dir / HISTORY_FILE, history_days, role_default=core.log.role)
-            core.log = TrackedEventLog(core.log, self.history)
+            self.history = HistoryIndexer(log_.directory, self.directory / HISTORY_FILE, history_days)
         if self.options.metrics:
             from .metrics import Metrics, instrument_core
 
@@ -143,6 +144,8 @@ class OpsRuntime:
 
         daemon.drain = self.drain
         core = self.core
+        if self.history is not None:
+            self.history.start()
         if reload is None:
             reload = (node_reloader(daemon, core, self.directory) if self.role == "node"
                       else platform_reloader(daemon, core, self.directory))

@@ -108,12 +108,41 @@ def _timeline(row: dict[str, Any]) -> list[str]:
         extra = [f"path {s['path']}" if s.get("path") else "", f"attempt {s['attempt']}" if (s.get("attempt") or 1) > 1
                  else "", f"code {s['code']}" if s.get("code") is not None else "",
                  f"copy {s['lk1']}" if s.get("lk1") else "", _shown(s["detail"]) if s.get("detail") else ""]
-        if s["event"] == "ack2" and row.get("receipt"):
-            extra.append(f"receipt verified, document digest {row['receipt'][:16]}…")
         lines.append(f"  {_time(s['ts'], millis=True)}  {s['event']:<11} {'  '.join(e for e in extra if e)}".rstrip())
+    check = row.get("receipt_check")
+    if check is not None:
+        if check.get("verified"):
+            lines.append(f"  receipt verified: signed by {check['signer']} at {_time(check['signed_ms'], millis=True)}"
+                         f" over the document digest {check['digest'][:16]}…")
+        else:
+            lines.append(f"  receipt does NOT verify: {_shown(check.get('error'))}")
     if row["nsteps"] > len(row["steps"]):
         lines.append(f"  ({row['nsteps'] - len(row['steps'])} later steps not kept)")
     return lines
+
+
+def receipt_check(directory: Path, row: dict[str, Any]) -> dict[str, Any] | None:
+    """The receiver's signed receipt of one of a node's confirmed documents,
+    verified now against its certificate (what ``semq messages --receipt``
+    shows); None when there is none (not confirmed, sent without security,
+    not a node, or kept longer than receipts are)."""
+    if row["role"] != "origin" or row["state"] != "ack2":
+        return None
+    from semq.config import ConfigError, load_config
+    from semq.node.api import NodeClient
+    from semq.umxt_protocol import LK0
+
+    try:
+        cfg = load_config(directory)
+        if cfg.role != "node":
+            return None
+        lk0 = LK0.parse(row["lk0"])
+        with NodeClient(directory, config=cfg) as node:
+            info: dict[str, Any] = node.receipt(lk0.record_id, lk0.semq_id)
+    except (KeyError, ValueError, ConfigError, OSError):
+        return None
+    row["receipt"] = info.get("digest")
+    return info
 
 
 def cmd_track(args: argparse.Namespace) -> int:
@@ -137,6 +166,10 @@ def cmd_track(args: argparse.Namespace) -> int:
         detail = [d for lk0 in sorted(lk0s) for d in reader.document(lk0)] if len(lk0s) == 1 else []
     finally:
         reader.close()
+    for d in detail:
+        check = receipt_check(directory, d)
+        if check is not None:
+            d["receipt_check"] = check
     if args.json:
         print(json.dumps(detail or rows, default=str))
         return 0 if rows else 1
