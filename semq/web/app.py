@@ -124,6 +124,8 @@ def make_app(console: Console) -> ASGIApp:
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(HERE / "templates"), autoescape=True)
     env.filters["ts"] = _ms_text
     env.filters["tojson_attr"] = lambda v: json.dumps(v)
+    env.filters["done"] = lambda a: {"resend": "resent", "requeue": "requeued", "purge": "purged",
+                                     "drain": "drained"}.get(a, a)
     backend = console.backend
 
     def render(request: Request, name: str, status: int = 200, session: Session | None = None,

@@ -356,7 +356,7 @@ class ConsoleBackend:
                     org, unit, _db, rid = parse_lk0(text)
                     if org != self.ident:
                         raise ActionError(f"LK0 {text} is a document of {org}: only this node's own"
-                                          f" ({self.ident}) can be {action}d here")
+                                          f" ({self.ident}) can be acted on here")
                     if not 1 <= unit <= self.units:
                         raise ActionError(f"LK0 {text} names unit {unit}; this node has {self.units}")
                     per.setdefault(unit, []).append(rid)
