@@ -9,6 +9,10 @@
     ["confirmed", "#0b8a8a"], ["failed", "#b3261e"],
   ];
   let rates = null, latency = null;
+  // Both charts show the last hour, whatever their points (one point, or
+  // several in the same second, would otherwise stretch the axis to years).
+  let span = [0, 1];
+  const hour = { x: { time: true, range: () => span } };
 
   function el(tag, text, cls) {
     const e = document.createElement(tag);
@@ -59,7 +63,7 @@
       rates = new uPlot({
         width: width(div), height: 240,
         series: [{}].concat(SERIES.map(([k, c]) => ({ label: k, stroke: c, width: 2 }))),
-        axes: [{}, { label: "per minute" }],
+        scales: hour, axes: [{}, { label: "per minute" }],
       }, data, div);
     } else rates.setData(data);
   }
@@ -72,7 +76,7 @@
         width: width(div), height: 240,
         series: [{}, { label: "latency (ms)", stroke: "#1f5fbf", width: 0,
                        points: { show: true, size: 5, fill: "#1f5fbf" } }],
-        axes: [{}, { label: "ms" }],
+        scales: hour, axes: [{}, { label: "ms" }],
       }, data, div);
     } else latency.setData(data);
   }
@@ -81,6 +85,7 @@
     const now = d.now_ms;
     document.getElementById("updated").textContent = "Updated " + ts(now) + " (every " + POLL_MS / 1000 + " s)";
     document.getElementById("draining").classList.toggle("hidden", !d.draining);
+    span = [(now - 3600 * 1000) / 1000, now / 1000];
     if (window.uPlot) { drawRates(d); drawLatency(d); }
     fill("backlog", (d.backlog || []).map((b) => [b.target, b.open,
       d.role === "platform" ? (b.online ? "yes" : "no") : b.failed, age(b.oldest_ms, now)]));
