@@ -1184,7 +1184,6 @@ def build_parser() -> argparse.ArgumentParser:
 
     register_ops(sub)
     from semq.cli.features import register as register_features
-
     from semq.web.cli import register as register_console
 
     register_console(sub)  # semq console user add|list|remove (the web console's accounts)

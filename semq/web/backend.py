@@ -21,7 +21,14 @@ from typing import Any, Final, TypeVar
 
 import trio
 
-from semq.ops.admin import AdminCommandError, AdminError, AfterReply, Handler, admin_call, admin_socket_path
+from semq.ops.admin import (
+    AdminCommandError,
+    AdminError,
+    AfterReply,
+    Handler,
+    admin_call,
+    admin_socket_path,
+)
 
 __all__ = ["ACTIONS", "ActionError", "ConsoleBackend", "Selection", "parse_lk0", "parse_selection"]
 
@@ -263,7 +270,7 @@ class ConsoleBackend:
         def hist(r: Any) -> dict[str, Any]:
             return {"rates": r.activity(since, RATE_BUCKET_MS, now), "latency": r.latencies(since)}
 
-        h = await self.history(hist, {"rates": {}, "latency": []})
+        h: dict[str, Any] = await self.history(hist, {"rates": {}, "latency": []})
         lat = sorted(h["latency"])
         status = await self.call_all("status", {})
         stuck = await self.call_all("stuck", {"limit": 50})

@@ -15,7 +15,7 @@ import re
 import secrets
 import time
 from dataclasses import dataclass
-from enum import Enum
+from enum import StrEnum
 from pathlib import Path
 from typing import Any, Final
 
@@ -59,7 +59,7 @@ class UserError(ValueError):
     """An operator's mistake about an account (a ValueError: the CLI exits 2)."""
 
 
-class Role(str, Enum):
+class Role(StrEnum):
     VIEWER = "viewer"  # reads every page; no action
     OPERATOR = "operator"  # also resend, requeue, purge, drain
 
@@ -80,7 +80,7 @@ def _hash(password: str, salt: bytes, n: int = SCRYPT_N, r: int = SCRYPT_R, p: i
 
 
 # Verified against when the name is unknown (same cost, never matches).
-_DUMMY: Final = {"salt": "00" * 16, "n": SCRYPT_N, "r": SCRYPT_R, "p": SCRYPT_P, "hash": "00" * _HASH_LEN}
+_DUMMY: Final[dict[str, Any]] = {"salt": "00" * 16, "n": SCRYPT_N, "r": SCRYPT_R, "p": SCRYPT_P, "hash": "00" * _HASH_LEN}
 
 
 class UserStore:
@@ -112,7 +112,7 @@ class UserStore:
         out = []
         for name, u in sorted(self._load().items()):
             try:
-                out.append(Account(name=name, role=Role(u.get("role")), created_ms=int(u.get("created_ms", 0))))
+                out.append(Account(name=name, role=Role(str(u.get("role"))), created_ms=int(u.get("created_ms", 0))))
             except ValueError:
                 continue  # an entry this version does not understand is no account
         return out
@@ -159,7 +159,7 @@ class UserStore:
         u = users.get(name) if isinstance(name, str) else None
         h = u.get("scrypt") if isinstance(u, dict) else None
         known = isinstance(h, dict)
-        rec = h if known else _DUMMY
+        rec: dict[str, Any] = h if isinstance(h, dict) else _DUMMY
         try:
             kdf = _kdf(bytes.fromhex(rec["salt"]), int(rec["n"]), int(rec["r"]), int(rec["p"]))
             kdf.verify(password.encode("utf-8")[:MAX_PASSWORD * 4], bytes.fromhex(rec["hash"]))
@@ -168,7 +168,7 @@ class UserStore:
         if not known or not isinstance(u, dict):
             return None
         try:
-            return Account(name=name, role=Role(u.get("role")), created_ms=int(u.get("created_ms", 0)))
+            return Account(name=name, role=Role(str(u.get("role"))), created_ms=int(u.get("created_ms", 0)))
         except ValueError:
             return None
 

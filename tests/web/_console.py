@@ -9,7 +9,6 @@ import re
 import ssl
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import httpx
 

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from tests.web._console import ConsoleCluster, PASSWORDS
+from tests.web._console import PASSWORDS, ConsoleCluster
 
 pytestmark = pytest.mark.e2e
 
