@@ -25,6 +25,7 @@ from urllib.parse import parse_qs, quote
 import jinja2
 import trio
 from starlette.applications import Starlette
+from starlette.background import BackgroundTask
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
 from starlette.routing import Mount, Route
@@ -314,10 +315,14 @@ def make_app(console: Console) -> ASGIApp:
         except (ActionError, ValueError) as e:
             await audit(s, name, args, None, {"error": str(e)})
             return render(request, "error.html", 400, s, message=str(e))
+        later = result.pop("later", None)
         await audit(s, name, args, None, result)
         if not confirm:
             return render(request, "confirm.html", session=s, action=name, sel=sel, result=result)
-        return render(request, "done.html", session=s, action=name, sel=sel, result=result)
+        resp = render(request, "done.html", session=s, action=name, sel=sel, result=result)
+        if later is not None:  # (drain: this daemon may stop at once; answer first)
+            resp.background = BackgroundTask(later)
+        return resp
 
     routes = [
         Route("/login", login_get, methods=["GET"]),

@@ -342,7 +342,9 @@ class ConsoleBackend:
     async def act(self, action: str, sel: Selection, *, dry_run: bool, user: str) -> dict[str, Any]:
         """Run ``action`` (one of ACTIONS) on the selection, or only say what
         it would do (``dry_run``). Answers the handlers' result, summed over
-        the units: matched, would, changed, skipped, and per unit."""
+        the units: matched, would, changed, skipped, and per unit. A
+        confirmed drain answers ``later``: the coroutine function that
+        drains this unit, to run once the answer is sent."""
         if action not in ACTIONS:
             raise ActionError(f"action {action!r} is not one of {', '.join(ACTIONS)}")
         if action == "drain":
@@ -352,8 +354,24 @@ class ConsoleBackend:
                 return {"action": "drain", "dry_run": True, "units": [
                     {"unit": k, "draining": bool((s.get("drain") or {}).get("requested")) if "error" not in s
                      else None, "error": s.get("error")} for k, s in st]}
-            res = await self.call_all("drain", {"reason": reason})
-            return {"action": "drain", "dry_run": False, "units": [{"unit": k, **a} for k, a in res]}
+            # The other units first; this one after the answer is sent
+            # (``later``: a drain with nothing in flight stops this process
+            # at once, which would cut the answer off).
+            units: list[dict[str, Any]] = []
+            for k in range(1, self.units + 1):
+                if k == self.unit:
+                    units.append({"unit": k, "requested": True})
+                    continue
+                try:
+                    units.append({"unit": k, **await self.call_unit(k, "drain", {"reason": reason})})
+                except (AdminError, AdminCommandError, OSError) as e:
+                    units.append({"unit": k, "error": str(e)})
+            own = self.handlers["drain"]
+
+            async def later() -> None:
+                await own({"reason": reason})
+
+            return {"action": "drain", "dry_run": False, "units": units, "later": later}
         base: dict[str, Any] = {"dry_run": dry_run}
         calls: list[tuple[int, dict[str, Any]]] = []
         if sel.lk0s:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import ssl
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -277,3 +278,62 @@ def test_login_throttle_locks_a_name_and_an_address() -> None:
     assert t.locked("ip:1") == 120
     now[0] += 121
     assert t.locked("user:a", "ip:1") == 0
+
+
+# ---------------------------------------------------------------- a node of several units
+
+
+def test_node_of_two_units_console_on_unit_1_acts_on_each_unit(tmp_path: Path) -> None:
+    """Unit 1 serves the console; its search covers both units' documents;
+    an action on a row of unit 2 goes to unit 2's admin socket; a filter
+    selection goes to every unit; drain stops every unit."""
+    from semq.node.api import NodeClient
+    from tests._procs import Cluster, read_status, wait_until
+    from tests.web._console import client as web_client
+
+    c = Cluster(tmp_path)
+    try:
+        c.add_org("10001", units=2)
+        c.add_org("20002")
+        c.add_org("30003")  # never runs: documents to it wait at the platform
+        pw = tmp_path / "pw"
+        pw.write_text(PASSWORDS["alice"])
+        assert semq_main(["console", "user", "add", "alice", "--role", "operator", "--password-file", str(pw),
+                          "--dir", str(tmp_path / "10001")]) == 0
+        c.start_platform()
+        node = c.start_node("10001", "--web", "127.0.0.1:0")
+        web_at = wait_until(lambda: read_status(tmp_path / "10001").get("web"), 20, "unit 1's console")
+        assert read_status(tmp_path / "10001" / "unit-2").get("web") is None  # unit 2 serves none
+        lk0s: list[str] = []
+        with NodeClient(tmp_path / "10001") as api:
+            while len({x.split("/")[1] for x in lk0s}) < 2 or len(lk0s) < 4:
+                lk0s.append(str(api.send(to="30003", data=b"x", data_type="ORDER", key=f"U-{len(lk0s):03d}")))
+                assert len(lk0s) < 50, "every send went to one unit"
+        unit2 = next(x for x in lk0s if x.split("/")[1] == "2")
+        ctx = ssl.create_default_context(cafile=str(tmp_path / "10001" / "console" / "console.pem"))
+        with web_client(f"https://{web_at}", ctx) as w:
+            assert login(w, "alice").status_code == 303
+
+            def found() -> int:
+                return w.get("/search", params={"counterpart": "30003", "state": "ack_save", "go": "1"}
+                             ).text.count("/doc?lk0=")
+
+            wait_until(lambda: found() == len(lk0s), 60, "every unit's documents in the search")
+            token = csrf_of(w.get("/actions").text)
+            dry = w.post("/action/resend", data={"csrf": token, "lk0": unit2})
+            assert "1 of 1 selected document(s) would be resent" in dry.text
+            done = w.post("/action/resend", data={"csrf": token, "lk0": unit2, "confirm": "1"})
+            assert "1 of 1 selected document(s) resent" in done.text
+            last = json.loads((tmp_path / "10001" / "console" / "audit.jsonl").read_text().splitlines()[-1])
+            assert [(u["unit"], u["changed"]) for u in last["result"]["units"]] == [(2, 1)]
+            wait_until(lambda: found() == len(lk0s), 60, "the resent document stored again")
+            dry = w.post("/action/resend", data={"csrf": token, "target": "30003"})
+            assert f"{len(lk0s)} of {len(lk0s)} selected document(s) would be resent" in dry.text
+            last = json.loads((tmp_path / "10001" / "console" / "audit.jsonl").read_text().splitlines()[-1])
+            assert sorted(u["unit"] for u in last["result"]["units"]) == [1, 2]
+            assert w.post("/action/drain", data={"csrf": token}).status_code == 200  # the dry run
+            assert w.post("/action/drain", data={"csrf": token, "confirm": "1"}).status_code == 200
+        assert node.p.wait(timeout=90) == 0  # every unit drained and stopped, then the supervisor
+        c.procs.pop("10001")
+    finally:
+        c.stop_all()
