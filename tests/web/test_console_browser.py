@@ -123,12 +123,27 @@ def test_console_in_a_browser(web: ConsoleCluster, browser: Any) -> None:
         assert rows.nth(0).locator("td.action").text_content() == "resend"
         assert "alice" in rows.nth(0).text_content() and "changed 1" in rows.nth(0).text_content()
         page.screenshot(path=str(shots / "07-audit.png"), full_page=True)
+        page.click("nav a:text('Actions')")
+        assert page.locator("form[action='/action/drain']").count() == 1
+        page.screenshot(path=str(shots / "07b-actions.png"), full_page=True)
 
         # The hostile AppKey is text on the page, and nothing ran.
         page.goto(f"{url}/doc?lk0={web.sent['hostile']}")
         assert "<script>alert('pwned')</script>" in page.locator("#role-origin dd.key").text_content()
         page.screenshot(path=str(shots / "08-hostile-appkey.png"), full_page=True)
         assert not errors, errors  # no CSP violation, no script error on any page
+    finally:
+        ctx.close()
+
+    # The platform's console: its own certificate, its nodes online, what it stores.
+    ctx = _context(browser)
+    try:
+        page = ctx.new_page()
+        _login(page, web.platform_url, "victor")
+        page.wait_for_selector("#chart-rates canvas")
+        page.wait_for_selector("#nodes tbody tr td:text('10001')")
+        page.wait_for_selector("#backlog tbody tr td:text('30003')")
+        page.screenshot(path=str(shots / "11-platform-dashboard.png"), full_page=True)
     finally:
         ctx.close()
 
