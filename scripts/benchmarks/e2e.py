@@ -618,9 +618,19 @@ def _cluster(tmp: Path, name: str, a: argparse.Namespace, **kw: Any) -> Cluster:
     kw.setdefault("units", {"A": getattr(a, "sender_units", 1), "B": getattr(a, "receiver_units", 1)})
     pg: PgStores | None = getattr(a, "pg", None)
     if pg is None:
-        return Cluster(root, a.synchronous, a.phase_timeout, a.secure, **kw)
-    return Cluster(root, a.synchronous, a.phase_timeout, a.secure, store=pg.new_database(),
-                   platforms=getattr(a, "platforms", 1), pg_pid=pg.pid, **kw)
+        c = Cluster(root, a.synchronous, a.phase_timeout, a.secure, **kw)
+    else:
+        c = Cluster(root, a.synchronous, a.phase_timeout, a.secure, store=pg.new_database(),
+                    platforms=getattr(a, "platforms", 1), pg_pid=pg.pid, **kw)
+    if getattr(a, "history", True) is False:
+        # The delivery history off (semq.history; on by default): what it costs.
+        for d in ("A", "B", *c.instances):
+            cfg = root / d / "semq.toml"
+            text = cfg.read_text()
+            if "history_days = 90" not in text:
+                raise BenchError(f"{cfg} has no history_days = 90 to turn off")
+            cfg.write_text(text.replace("history_days = 90", "history_days = 0"))
+    return c
 
 
 def units_note(sender: int, receiver: int) -> str:
