@@ -276,6 +276,8 @@ def make_app(console: Console) -> ASGIApp:
         return render(request, "audit.html", session=s, entries=entries)
 
     async def actions_page(request: Request, s: Session) -> Response:
+        if s.role != Role.OPERATOR.value:
+            return render(request, "error.html", 403, s, message=f"Your role ({s.role}) may look, not act.")
         return render(request, "actions.html", session=s, actions=ACTIONS)
 
     # ------------------------------------------------------------ actions
