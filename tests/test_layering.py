@@ -28,6 +28,7 @@ LAYERS: dict[str, int] = {
     "semq.node.daemon": 5, "semq.platform.daemon": 5, "semq.node.background": 5,
     "semq.node.direct": 5,
     "semq.ops": 6,
+    "semq.web": 6,  # the web console: served by OpsRuntime beside the admin socket, calling its handlers
     # an operation over a stopped platform, beside backup/restore (it reuses their in-use check)
     "semq.platform.migrate": 6,
     "semq.cli": 7, "semq.testing": 7, "semq.__main__": 7,

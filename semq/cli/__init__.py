@@ -1184,7 +1184,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     register_ops(sub)
     from semq.cli.features import register as register_features
+    from semq.web.cli import register as register_console
 
+    register_console(sub)  # semq console user add|list|remove (the web console's accounts)
     register_features(sub)  # tx, request/reply, dead letters, local queues (docs/seed-capabilities.md)  # admin, service, backup, restore
 
     try:

@@ -48,6 +48,7 @@ class OpsOptions:
     drain_timeout: float = 60.0  # s a drain waits for in-flight work before it stops anyway
     sighup: bool = True  # SIGHUP reloads (main thread only)
     lag_interval: float = 0.5  # s between event-loop lag probes
+    web: str | None = None  # HOST:PORT of the web console (HTTPS; semq.web); None = off (the default)
 
 
 def add_run_options(parser: argparse.ArgumentParser) -> None:
@@ -55,6 +56,9 @@ def add_run_options(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("operations")
     g.add_argument("--metrics", metavar="HOST:PORT",
                    help="serve Prometheus metrics on http://HOST:PORT/metrics (off by default)")
+    g.add_argument("--web", metavar="HOST:PORT",
+                   help="serve the web console on https://HOST:PORT/ (off by default; port 0 = any free port;"
+                        " a node of several units: unit 1 serves it)")
     g.add_argument("--no-admin", action="store_true", help="do not serve the admin socket <dir>/admin.sock")
     g.add_argument("--drain-timeout", type=float, default=60.0, metavar="S",
                    help="a drain waits this long for in-flight work (default 60)")
@@ -80,7 +84,12 @@ def ops_options(args: argparse.Namespace) -> OpsOptions:
         from .metrics import parse_metrics_address
 
         parse_metrics_address(metrics)  # a typo is the user's mistake, before anything starts
-    return OpsOptions(admin=not getattr(args, "no_admin", False), metrics=metrics,
+    web = getattr(args, "web", None)
+    if web:
+        from semq.web import parse_web_address
+
+        parse_web_address(web)  # a typo is the user's mistake, before anything starts
+    return OpsOptions(admin=not getattr(args, "no_admin", False), metrics=metrics, web=web,
                       drain_timeout=getattr(args, "drain_timeout", 60.0) or 60.0,
                       stuck_after=getattr(args, "stuck_after", DEFAULT_STUCK_AFTER) or DEFAULT_STUCK_AFTER)
 
@@ -108,6 +117,7 @@ class OpsRuntime:
         self.config = config
         self.user_path: Path | None = None
         self.metrics_port: int | None = None
+        self.web_port: int | None = None
         # The delivery history (semq.history), beside the store: indexed
         # from the event log files (every unit's and the applications'),
         # by unit 1 alone, off the hot path.
@@ -141,9 +151,9 @@ class OpsRuntime:
                       else platform_reloader(daemon, core, self.directory))
         make = node_handlers if self.role == "node" else platform_handlers
         busy = node_busy if self.role == "node" else platform_busy
+        handlers = make(daemon, core, reload=reload, drain=self.drain, metrics=self.metrics,
+                        stuck_after=self.options.stuck_after)
         if self.options.admin:
-            handlers = make(daemon, core, reload=reload, drain=self.drain, metrics=self.metrics,
-                            stuck_after=self.options.stuck_after)
             self.admin_path = await nursery.start(serve_admin, admin_socket_path(self.admin_dir), handlers)
         if self.user_socket is not None and self.config is not None:
             from .usersock import MAX_USER_REQUEST, user_handlers
@@ -160,6 +170,16 @@ class OpsRuntime:
             nursery.start_soon(probe_loop_lag, self.metrics)
             nursery.start_soon(lambda: poll_store(self.metrics, daemon, core, interval=self.options.metrics_interval,
                                                   stuck_after=self.options.stuck_after))
+        if self.options.web and (self.config is None or getattr(self.config, "unit", 1) == 1):
+            # The web console (semq.web): in this nursery, on this trio thread,
+            # calling the same handlers in-process. Unit 1 serves it for every unit.
+            from semq.web import parse_web_address
+            from semq.web.server import console_for, serve_console
+
+            host, port = parse_web_address(self.options.web)
+            console, tls = console_for(self.role, self.directory, handlers, ident=core.me.node_id,
+                                       config=self.config if self.role == "node" else None, host=host)
+            self.web_port = await nursery.start(serve_console, console, tls, host, port)
         if self.options.sighup:
             from .service import reload_on_sighup
 
@@ -174,11 +194,13 @@ class OpsRuntime:
             self.history = None
 
     def status(self) -> dict[str, Any]:
-        """For status.json: where the console and metrics are."""
+        """For status.json: where the admin console, the web console and the metrics are."""
         return {"admin": str(self.admin_path) if self.admin_path else None,
                 "user_socket": str(self.user_path) if self.user_path else None,
                 "metrics": (f"{self.options.metrics.rsplit(':', 1)[0]}:{self.metrics_port}"
                             if self.options.metrics and self.metrics_port else None),
+                "web": (f"{self.options.web.rsplit(':', 1)[0]}:{self.web_port}"
+                        if self.options.web and self.web_port else None),
                 "draining": self.drain.requested}
 
 

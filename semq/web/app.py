@@ -1,0 +1,347 @@
+"""The web console's ASGI application (Starlette): pages rendered on the
+server with Jinja2 (autoescape on: every value from a counterpart, an
+AppKey above all, is shown as text), one small static script that polls
+``/api/dashboard`` for the charts (no inline script: the CSP forbids it).
+
+Access: every page and JSON endpoint needs a session (pages redirect to
+/login, JSON answers 401); every POST needs the session's CSRF token; the
+actions (resend, requeue, purge, drain) need the role ``operator``, checked
+here on the server (a viewer's forged POST gets 403). Every action attempt
+is written to the audit log before its answer, allowed or refused.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import logging
+import secrets
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Final
+from urllib.parse import parse_qs, quote
+
+import jinja2
+import trio
+from starlette.applications import Starlette
+from starlette.background import BackgroundTask
+from starlette.requests import Request
+from starlette.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
+from starlette.routing import Mount, Route
+from starlette.staticfiles import StaticFiles
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from .audit import AuditLog
+from .backend import ACTIONS, ActionError, ConsoleBackend, Selection, parse_lk0, parse_selection
+from .sessions import FAIL_DELAY, LoginThrottle, Session, Sessions, same
+from .users import MAX_PASSWORD, Role, UserStore
+
+__all__ = ["COOKIE", "CSP", "Console", "make_app"]
+
+log = logging.getLogger("semq.web")
+
+HERE: Final = Path(__file__).resolve().parent
+COOKIE: Final = "semq_session"
+LOGIN_COOKIE: Final = "semq_login"  # the login form's CSRF token (double submit: no session yet)
+MAX_FORM: Final = 64 * 1024  # bytes of a POSTed form
+CSP: Final = ("default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:;"
+              " connect-src 'self'; object-src 'none'; base-uri 'none'; form-action 'self'; frame-ancestors 'none'")
+SECURITY_HEADERS: Final = [
+    (b"content-security-policy", CSP.encode()),
+    (b"x-frame-options", b"DENY"),
+    (b"x-content-type-options", b"nosniff"),
+    (b"referrer-policy", b"no-referrer"),
+    (b"strict-transport-security", b"max-age=31536000"),
+    (b"cross-origin-opener-policy", b"same-origin"),
+]
+SEARCH_LIMIT: Final = 200
+ROLES: Final = ("origin", "receiver", "platform")
+
+
+class SecurityHeaders:
+    """Adds the security headers to every response (and no-store to all but
+    the static files)."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        static = str(scope.get("path", "")).startswith("/static/")
+
+        async def send_(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                headers = list(message.get("headers", []))
+                headers += SECURITY_HEADERS
+                if not static:
+                    headers.append((b"cache-control", b"no-store"))
+                message = {**message, "headers": headers}
+            await send(message)
+
+        await self.app(scope, receive, send_)
+
+
+def _ms_text(ms: Any) -> str:
+    if not ms:
+        return ""
+    try:
+        return dt.datetime.fromtimestamp(int(ms) / 1000, dt.UTC).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3] + "Z"
+    except (TypeError, ValueError, OverflowError, OSError):
+        return str(ms)
+
+
+def _parse_time(text: str) -> int | None:
+    """A form's date-time (UTC, ``YYYY-MM-DDTHH:MM[:SS]`` or a date) as ms."""
+    text = text.strip()
+    if not text:
+        return None
+    try:
+        t = dt.datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        raise ActionError(f"time {text!r} is not YYYY-MM-DDTHH:MM (UTC)") from None
+    if t.tzinfo is None:
+        t = t.replace(tzinfo=dt.UTC)
+    return int(t.timestamp() * 1000)
+
+
+@dataclass
+class Console:
+    """Everything the application needs: the backend, the accounts, the
+    audit log, the sessions."""
+
+    backend: ConsoleBackend
+    users: UserStore
+    audit: AuditLog
+    sessions: Sessions = field(default_factory=Sessions)
+    throttle: LoginThrottle = field(default_factory=LoginThrottle)
+    fail_delay: float = FAIL_DELAY
+    tls_note: str = ""
+
+
+def make_app(console: Console) -> ASGIApp:
+    env = jinja2.Environment(loader=jinja2.FileSystemLoader(HERE / "templates"), autoescape=True)
+    env.filters["ts"] = _ms_text
+    env.filters["tojson_attr"] = lambda v: json.dumps(v)
+    env.filters["done"] = lambda a: {"resend": "resent", "requeue": "requeued", "purge": "purged",
+                                     "drain": "drained"}.get(a, a)
+    backend = console.backend
+
+    def render(request: Request, name: str, status: int = 200, session: Session | None = None,
+               **ctx: Any) -> HTMLResponse:
+        html = env.get_template(name).render(
+            session=session, role=backend.role, ident=backend.ident, units=backend.units,
+            operator=bool(session and session.role == Role.OPERATOR.value), path=request.url.path, **ctx)
+        return HTMLResponse(html, status_code=status)
+
+    def session_of(request: Request) -> Session | None:
+        s = console.sessions.get(request.cookies.get(COOKIE))
+        if s is not None and console.users.get(s.user) is None:  # the account was removed
+            console.sessions.end_user(s.user)
+            return None
+        return s
+
+    async def form_of(request: Request) -> dict[str, str]:
+        body = b""
+        async for chunk in request.stream():
+            body += chunk
+            if len(body) > MAX_FORM:
+                raise ActionError(f"the form is larger than {MAX_FORM} bytes")
+        try:
+            parsed = parse_qs(body.decode("utf-8"), keep_blank_values=True, max_num_fields=200)
+        except (UnicodeDecodeError, ValueError) as e:
+            raise ActionError(f"unreadable form: {e}") from None
+        return {k: v[-1] if k != "lk0" else " ".join(v) for k, v in parsed.items()}
+
+    Page = Callable[[Request, Session], Awaitable[Response]]
+
+    def page(fn: Page) -> Callable[[Request], Awaitable[Response]]:
+        async def run(request: Request) -> Response:
+            s = session_of(request)
+            if s is None:
+                return RedirectResponse(f"/login?next={quote(str(request.url.path))}", status_code=303)
+            try:
+                return await fn(request, s)
+            except ActionError as e:
+                return render(request, "error.html", 400, s, message=str(e))
+
+        return run
+
+    def api(fn: Page) -> Callable[[Request], Awaitable[Response]]:
+        async def run(request: Request) -> Response:
+            s = session_of(request)
+            if s is None:
+                return JSONResponse({"error": "not logged in"}, status_code=401)
+            return await fn(request, s)
+
+        return run
+
+    # ------------------------------------------------------------ login
+
+    async def login_get(request: Request) -> Response:
+        token = secrets.token_urlsafe(32)
+        resp = render(request, "login.html", csrf=token, next=request.query_params.get("next", "/"), error="")
+        resp.set_cookie(LOGIN_COOKIE, token, httponly=True, secure=True, samesite="strict", max_age=3600)
+        return resp
+
+    async def login_post(request: Request) -> Response:
+        try:
+            form = await form_of(request)
+        except ActionError as e:
+            return plain_error(400, str(e))
+        cookie = request.cookies.get(LOGIN_COOKIE, "")
+        nxt = form.get("next", "/")
+        if not nxt.startswith("/") or nxt.startswith("//"):
+            nxt = "/"
+
+        def again(msg: str, status: int) -> Response:
+            token = secrets.token_urlsafe(32)
+            resp = render(request, "login.html", status, csrf=token, next=nxt, error=msg)
+            resp.set_cookie(LOGIN_COOKIE, token, httponly=True, secure=True, samesite="strict", max_age=3600)
+            return resp
+
+        if not cookie or not same(form.get("csrf", ""), cookie):
+            return again("The login form expired: try again.", 403)
+        name = form.get("user", "").strip()[:64]
+        password = form.get("password", "")[:MAX_PASSWORD]
+        ip = request.client.host if request.client else "?"
+        keys = (f"user:{name}", f"ip:{ip}")
+        wait = console.throttle.locked(*keys)
+        if wait:
+            log.warning("web console: login of %r from %s refused: locked for %.0f s more", name, ip, wait)
+            return again(f"Too many failed logins: try again in {int(wait) + 1} s.", 429)
+        account = await backend.thread(lambda: console.users.verify(name, password))
+        if account is None:
+            console.throttle.failed(*keys)
+            log.warning("web console: failed login of %r from %s", name, ip)
+            await trio.sleep(console.fail_delay)
+            return again("Wrong user name or password.", 401)
+        console.throttle.succeeded(*keys)
+        s = console.sessions.create(account.name, account.role.value)
+        log.info("web console: %s (%s) logged in from %s", account.name, account.role.value, ip)
+        resp = RedirectResponse(nxt, status_code=303)
+        resp.set_cookie(COOKIE, s.token, httponly=True, secure=True, samesite="strict",
+                        max_age=int(console.sessions.max_age))
+        resp.delete_cookie(LOGIN_COOKIE)
+        return resp
+
+    async def logout(request: Request) -> Response:
+        s = session_of(request)
+        try:
+            form = await form_of(request)
+        except ActionError:
+            form = {}
+        if s is not None and same(form.get("csrf", ""), s.csrf):
+            console.sessions.end(s.token)
+        resp = RedirectResponse("/login", status_code=303)
+        resp.delete_cookie(COOKIE)
+        return resp
+
+    # ------------------------------------------------------------ pages
+
+    async def dashboard(request: Request, s: Session) -> Response:
+        return render(request, "dashboard.html", session=s)
+
+    async def dashboard_json(request: Request, s: Session) -> Response:
+        return JSONResponse(await backend.dashboard())
+
+    async def search(request: Request, s: Session) -> Response:
+        q = request.query_params
+        form = {k: q.get(k, "") for k in ("text", "counterpart", "role", "state", "since", "until")}
+        rows: list[dict[str, Any]] = []
+        searched = any(form.values()) or "go" in q
+        if searched:
+            role = form["role"] if form["role"] in ROLES else None
+            rows = await backend.search(
+                text=form["text"].strip() or None, counterpart=form["counterpart"].strip() or None, role=role,
+                state=form["state"].strip() or None, since_ms=_parse_time(form["since"]),
+                until_ms=_parse_time(form["until"]), limit=SEARCH_LIMIT)
+        return render(request, "search.html", session=s, form=form, rows=rows, searched=searched,
+                      roles=ROLES, limit=SEARCH_LIMIT, history=bool(backend.history_paths()))
+
+    async def document(request: Request, s: Session) -> Response:
+        lk0 = request.query_params.get("lk0", "").strip()
+        parse_lk0(lk0)
+        rows = await backend.document(lk0)
+        receipt = None
+        if any(r.get("role") == "origin" for r in rows) or not rows:
+            receipt = await backend.receipt(lk0)
+        return render(request, "document.html", session=s, lk0=lk0, rows=rows, receipt=receipt,
+                      actions=[a for a in ACTIONS if a != "drain"])
+
+    async def audit_page(request: Request, s: Session) -> Response:
+        entries = await backend.thread(lambda: console.audit.tail(500))
+        return render(request, "audit.html", session=s, entries=entries)
+
+    async def actions_page(request: Request, s: Session) -> Response:
+        if s.role != Role.OPERATOR.value:
+            return render(request, "error.html", 403, s, message=f"Your role ({s.role}) may look, not act.")
+        return render(request, "actions.html", session=s, actions=ACTIONS)
+
+    # ------------------------------------------------------------ actions
+
+    async def audit(s: Session, action: str, args: dict[str, Any], refused: str | None, result: Any) -> None:
+        entry = {"user": s.user, "role": s.role, "action": action, "args": args, "refused": refused,
+                 "result": result}
+        await backend.thread(lambda: console.audit.append(**entry))
+
+    async def action(request: Request) -> Response:
+        """POST /action/{name}: without ``confirm`` a dry run shown on a
+        confirmation page; with it, the action. Both are audited."""
+        name = request.path_params["name"]
+        s = session_of(request)
+        if s is None:
+            return RedirectResponse("/login", status_code=303)
+        try:
+            form = await form_of(request)
+        except ActionError as e:
+            await audit(s, name, {}, f"bad form: {e}", None)
+            return render(request, "error.html", 400, s, message=str(e))
+        confirm = form.get("confirm") == "1"
+        args: dict[str, Any] = {k: v for k, v in form.items() if k not in ("csrf",)}
+        if s.role != Role.OPERATOR.value:
+            await audit(s, name, args, f"role {s.role} may not act", None)
+            return render(request, "error.html", 403, s, message=f"Your role ({s.role}) may look, not act.")
+        if not same(form.get("csrf", ""), s.csrf):
+            await audit(s, name, args, "missing or wrong CSRF token", None)
+            return render(request, "error.html", 403, s, message="The form expired (CSRF token): reload the page.")
+        if name not in ACTIONS:
+            await audit(s, name, args, "unknown action", None)
+            return render(request, "error.html", 404, s, message=f"No action {name!r}.")
+        try:
+            sel = Selection() if name == "drain" else parse_selection(form)
+            args = {**sel.as_args(), "confirm": confirm}
+            result = await backend.act(name, sel, dry_run=not confirm, user=s.user)
+        except (ActionError, ValueError) as e:
+            await audit(s, name, args, None, {"error": str(e)})
+            return render(request, "error.html", 400, s, message=str(e))
+        later = result.pop("later", None)
+        await audit(s, name, args, None, result)
+        if not confirm:
+            return render(request, "confirm.html", session=s, action=name, sel=sel, result=result)
+        resp = render(request, "done.html", session=s, action=name, sel=sel, result=result)
+        if later is not None:  # (drain: this daemon may stop at once; answer first)
+            resp.background = BackgroundTask(later)
+        return resp
+
+    routes = [
+        Route("/login", login_get, methods=["GET"]),
+        Route("/login", login_post, methods=["POST"]),
+        Route("/logout", logout, methods=["POST"]),
+        Route("/", page(dashboard)),
+        Route("/api/dashboard", api(dashboard_json)),
+        Route("/search", page(search)),
+        Route("/doc", page(document)),
+        Route("/actions", page(actions_page)),
+        Route("/action/{name}", action, methods=["POST"]),
+        Route("/audit", page(audit_page)),
+        Mount("/static", StaticFiles(directory=HERE / "static"), name="static"),
+    ]
+    return SecurityHeaders(Starlette(routes=routes))
+
+
+def plain_error(status: int, text: str) -> Response:
+    return Response(text + "\n", status_code=status, media_type="text/plain")
+
