@@ -268,17 +268,20 @@ class ConsoleBackend:
         since = now - RATE_SPAN_MS
 
         def hist(r: Any) -> dict[str, Any]:
-            return {"rates": r.activity(since, RATE_BUCKET_MS, now), "latency": r.latencies(since)}
+            return {"rates": r.activity(since, RATE_BUCKET_MS, now), "latency": r.latency(since, RATE_BUCKET_MS, now)}
 
-        h: dict[str, Any] = await self.history(hist, {"rates": {}, "latency": []})
-        lat = sorted(h["latency"])
+        h: dict[str, Any] = await self.history(hist, {"rates": {}, "latency": {}})
+        lat = h["latency"]
         status = await self.call_all("status", {})
         stuck = await self.call_all("stuck", {"limit": 50})
         certs = await self.thread(lambda: _cert_rows(self._certificate_files()))
         return {
             "now_ms": now, "role": self.role, "id": self.ident, "units": self.units,
             "rates": h["rates"],
-            "latency": {"ts": [t for t, _ in lat], "ms": [ms for _, ms in lat]},
+            # Per minute: documents confirmed, and the p50 / p99 of their
+            # queued -> confirmed time (the upper bound of its histogram bucket).
+            "latency": {"ts": lat.get("start", []), "count": lat.get("count", []), "p50": lat.get("p50", []),
+                        "p99": lat.get("p99", [])},
             "backlog": self._backlog(status), "nodes": self._nodes(status),
             "stuck": self._stuck(stuck), "certificates": certs,
             "draining": any(isinstance(s, dict) and (s.get("drain") or {}).get("requested") for _, s in status),

@@ -98,7 +98,7 @@ def test_session_cookie_and_security_headers(web: ConsoleCluster) -> None:
         dash = c.get("/api/dashboard").json()
         assert dash["role"] == "node" and dash["id"] == "10001"
         assert sum(dash["rates"]["queued"]) >= 5 and sum(dash["rates"]["confirmed"]) >= 4
-        assert len(dash["latency"]["ms"]) >= 4
+        assert sum(dash["latency"]["count"]) >= 4 and any(v is not None for v in dash["latency"]["p99"])
         assert any(b["target"] == "30003" and b["open"] == 1 for b in dash["backlog"])
         whats = {x["what"] for x in dash["certificates"]}
         assert {"own", "CA", "web console"} <= whats

@@ -69,14 +69,14 @@
   }
   function drawLatency(d) {
     const div = document.getElementById("chart-latency");
-    const l = d.latency || { ts: [], ms: [] };
-    const data = [l.ts.map((v) => v / 1000), l.ms];
+    const l = d.latency || { ts: [], p50: [], p99: [] };
+    const data = [l.ts.map((v) => v / 1000), l.p50, l.p99];
     if (!latency) {
       latency = new uPlot({
         width: width(div), height: 240,
-        series: [{}, { label: "latency (ms)", stroke: "#1f5fbf", width: 0,
-                       points: { show: true, size: 5, fill: "#1f5fbf" } }],
-        scales: hour, axes: [{}, { label: "ms" }],
+        series: [{}, { label: "p50 (ms)", stroke: "#1f5fbf", width: 2, spanGaps: false },
+                 { label: "p99 (ms)", stroke: "#b3261e", width: 2, spanGaps: false }],
+        scales: hour, axes: [{}, { label: "ms (at most)" }],
       }, data, div);
     } else latency.setData(data);
   }
