@@ -74,8 +74,8 @@
     if (!latency) {
       latency = new uPlot({
         width: width(div), height: 240,
-        series: [{}, { label: "p50 (ms)", stroke: "#1f5fbf", width: 2, spanGaps: false },
-                 { label: "p99 (ms)", stroke: "#b3261e", width: 2, spanGaps: false }],
+        series: [{}, { label: "p50 (ms)", stroke: "#1f5fbf", width: 2, points: { show: true, size: 5 } },
+                 { label: "p99 (ms)", stroke: "#b3261e", width: 2, points: { show: true, size: 5 } }],
         scales: hour, axes: [{}, { label: "ms (at most)" }],
       }, data, div);
     } else latency.setData(data);
