@@ -657,11 +657,14 @@ def _finish(c: Cluster, a: argparse.Namespace) -> None:
 
 def phase_online(tmp: Path, n: int, a: argparse.Namespace, rate: float | None = None,
                  name: str = "", docs: Documents = documents,
-                 inspect: Callable[[Cluster], dict[str, Any]] | None = None) -> dict[str, Any]:
+                 inspect: Callable[[Cluster], dict[str, Any]] | None = None,
+                 before_stop: Callable[[Cluster], dict[str, Any]] | None = None) -> dict[str, Any]:
     """Full load (rate None: pre-loaded) or paced at ``rate`` docs/s (in
     ``tmp/name``). ``docs`` makes the documents (default ``documents``);
     ``inspect``, when given, reads the stopped phase's stores and event logs
-    (it may raise BenchError) and its figures join the result."""
+    (it may raise BenchError) and its figures join the result;
+    ``before_stop`` the same with the processes still running, once the
+    phase's figures are taken."""
     c = _cluster(tmp, name or ("half" if rate else "online"), a)
     try:
         c.start_platform()
@@ -684,8 +687,9 @@ def phase_online(tmp: Path, n: int, a: argparse.Namespace, rate: float | None = 
         cpu = _cpu_per_doc(cpu0, c.cpu(), n)
         check_once(c, n)
         rss = c.rss_all()
+        live = before_stop(c) if before_stop is not None else {}
         c.stop_all()
-        extra = inspect(c) if inspect is not None else {}
+        extra = {**live, **(inspect(c) if inspect is not None else {})}
         ev = events(c.root / "A" / "events", ["sent", "ack2", "ack_fwd", "ack_save"])
         secs = (max(ev["ack2"].values()) - min(ev["sent"].values())) / 1000
         return {"docs": n, "seconds": secs, "rate": n / secs, **latencies(c.root), "rss": rss, "cpu": cpu,

@@ -16,6 +16,9 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
+import subprocess
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
@@ -34,7 +37,8 @@ from .handlers import (
     platform_handlers,
 )
 
-__all__ = ["OpsOptions", "OpsRuntime", "add_run_options", "live_status", "ops_options"]
+__all__ = ["OpsOptions", "OpsRuntime", "add_run_options", "live_status", "ops_options", "start_history_indexer",
+           "stop_history_indexer"]
 
 log = logging.getLogger("semq.ops")
 
@@ -119,14 +123,14 @@ class OpsRuntime:
         self.metrics_port: int | None = None
         self.web_port: int | None = None
         # The delivery history (semq.history), beside the store: indexed
-        # from the event log files (every unit's and the applications'),
-        # by unit 1 alone, off the hot path.
-        self.history: Any = None
+        # from the event log files (every unit's and the applications') by
+        # a process of its own at idle priority, started by unit 1 alone.
+        self.history: Any = None  # the indexer's Popen, once started
+        self.history_days = history_days
         log_ = getattr(core, "log", None)
-        if history_days > 0 and log_ is not None and self.admin_dir == self.directory:
-            from semq.history import HISTORY_FILE, HistoryIndexer
-
-            self.history = HistoryIndexer(log_.directory, self.directory / HISTORY_FILE, history_days)
+        self.events_dir: Path | None = log_.directory if log_ is not None else None
+        if history_days <= 0 or self.admin_dir != self.directory:
+            self.events_dir = None
         if self.options.metrics:
             from .metrics import Metrics, instrument_core
 
@@ -144,8 +148,8 @@ class OpsRuntime:
 
         daemon.drain = self.drain
         core = self.core
-        if self.history is not None:
-            self.history.start()
+        if self.events_dir is not None:
+            self.history = start_history_indexer(self.events_dir, self.directory, self.history_days)
         if reload is None:
             reload = (node_reloader(daemon, core, self.directory) if self.role == "node"
                       else platform_reloader(daemon, core, self.directory))
@@ -187,10 +191,10 @@ class OpsRuntime:
         nursery.start_soon(lambda: self.drain.supervise(lambda: busy(daemon)))
 
     def close(self) -> None:
-        """After the daemon stopped: write what the history still holds."""
+        """After the daemon stopped: stop the history's indexer (it goes on
+        where it stopped at the next start)."""
         if self.history is not None:
-            self.history.flush()
-            self.history.close()
+            stop_history_indexer(self.history)
             self.history = None
 
     def status(self) -> dict[str, Any]:
@@ -202,6 +206,32 @@ class OpsRuntime:
                 "web": (f"{self.options.web.rsplit(':', 1)[0]}:{self.web_port}"
                         if self.options.web and self.web_port else None),
                 "draining": self.drain.requested}
+
+
+def start_history_indexer(events_dir: Path, directory: Path, days: int) -> subprocess.Popen[bytes] | None:
+    """``python -m semq.history`` for a daemon's data directory: it indexes
+    the event logs into ``history.sqlite`` at idle priority and stops when
+    the daemon is gone (also after a SIGKILL). None when it cannot start
+    (said once; the daemon runs without a history)."""
+    from semq.history import HISTORY_FILE
+
+    cmd = [sys.executable, "-m", "semq.history", "--events", str(events_dir), "--db",
+           str(directory / HISTORY_FILE), "--days", str(days), "--parent", str(os.getpid())]
+    try:
+        return subprocess.Popen(cmd, stdin=subprocess.DEVNULL, start_new_session=False)
+    except OSError as e:
+        log.warning("the delivery history is not kept: its indexer did not start: %s", e)
+        return None
+
+
+def stop_history_indexer(proc: subprocess.Popen[bytes], timeout: float = 5.0) -> None:
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout)
 
 
 def live_status(directory: Path, timeout: float = 2.0) -> dict[str, Any] | None:

@@ -145,6 +145,15 @@ def receipt_check(directory: Path, row: dict[str, Any]) -> dict[str, Any] | None
     return info
 
 
+def _days(directory: Path) -> int:
+    from semq.config import ConfigError, load_config
+
+    try:
+        return int(load_config(directory).history_days)
+    except (ConfigError, OSError):
+        return 0
+
+
 def cmd_track(args: argparse.Namespace) -> int:
     from semq.config import data_dir
 
@@ -164,8 +173,13 @@ def cmd_track(args: argparse.Namespace) -> int:
                              since_ms=args.since, until_ms=args.until, limit=args.limit)
         lk0s = {r["lk0"] for r in rows}
         detail = [d for lk0 in sorted(lk0s) for d in reader.document(lk0)] if len(lk0s) == 1 else []
+        behind = reader.behind(directory / "events", _days(directory))
     finally:
         reader.close()
+    if behind:
+        # Indexed at idle priority: under load it falls behind, and says so.
+        print(f"note: the history has {_size(behind)} of events still to index (it catches up when the machine"
+              " has CPU to spare); the newest steps may be missing", file=sys.stderr)
     for d in detail:
         check = receipt_check(directory, d)
         if check is not None:

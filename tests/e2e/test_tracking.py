@@ -7,7 +7,9 @@ without the AppKey, which travels sealed)."""
 from __future__ import annotations
 
 import json
+import os
 import signal
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -89,3 +91,38 @@ def test_track_answers_where_a_confirmed_document_went_after_the_stores_cleaned_
     c.kill(A, signal.SIGTERM)
     rc, out = _track(capsys, c.root / A, "INV-0041")
     assert rc == 0 and lk0s[1] in out
+
+
+def _indexers(parent: int) -> list[int]:
+    """The history indexer processes whose parent is ``parent``."""
+    out = []
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            cmd = (d / "cmdline").read_bytes().split(b"\0")
+            ppid = int((d / "stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        if b"semq.history" in cmd and (ppid == parent or parent == 0):
+            out.append(int(d.name))
+    return out
+
+
+def test_the_history_is_indexed_at_idle_priority_and_its_indexer_ends_with_its_daemon(cluster: Cluster) -> None:
+    c = cluster
+    c.add_org(A)
+    c.start_platform()
+    node = c.start_node(A)
+    [pid] = wait_until(lambda: _indexers(node.p.pid), 10, "the node's history indexer")
+    # It runs only on CPU time nothing else wants: delivery never waits for it.
+    assert os.sched_getscheduler(pid) == os.SCHED_IDLE
+    [ppid] = wait_until(lambda: _indexers(c.procs["P"].p.pid), 10, "the platform's history indexer")
+    # A daemon killed outright leaves no indexer behind.
+    c.kill(A)
+    wait_until(lambda: not Path(f"/proc/{pid}").exists() or b"semq.history" not in
+               Path(f"/proc/{pid}/cmdline").read_bytes(), 10, "the indexer to end with its daemon")
+    # ... and one stopped cleanly stops its own.
+    c.kill("P", signal.SIGTERM)
+    wait_until(lambda: not Path(f"/proc/{ppid}").exists() or b"semq.history" not in
+               Path(f"/proc/{ppid}/cmdline").read_bytes(), 10, "the platform's indexer to stop")
