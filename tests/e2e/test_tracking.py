@@ -116,7 +116,7 @@ def test_the_history_is_indexed_at_idle_priority_and_its_indexer_ends_with_its_d
     node = c.start_node(A)
     [pid] = wait_until(lambda: _indexers(node.p.pid), 10, "the node's history indexer")
     # It runs only on CPU time nothing else wants: delivery never waits for it.
-    assert os.sched_getscheduler(pid) == os.SCHED_IDLE
+    wait_until(lambda: os.sched_getscheduler(pid) == os.SCHED_IDLE, 10, "the indexer at idle priority")
     [ppid] = wait_until(lambda: _indexers(c.procs["P"].p.pid), 10, "the platform's history indexer")
     # A daemon killed outright leaves no indexer behind.
     c.kill(A)
