@@ -175,7 +175,9 @@ class Receiver:
         now = time.time() * 1000
         blocked = set(self.held)
         due_in = None
-        for nid, item in self.pending.items():
+        # In id order: a document given back by --retry goes before the
+        # later ones of its channel that waited for it.
+        for nid, item in sorted(self.pending.items()):
             ch = _channel(item)
             if ch in blocked:
                 continue
