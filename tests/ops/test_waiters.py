@@ -41,7 +41,8 @@ async def test_a_wait_is_answered_at_the_arrival_and_checks_only_then(autojump_c
     answers: list[tuple[float, dict[str, Any]]] = []
 
     async def waiter() -> None:
-        answers.append((trio.current_time(), await w.wait(s.check, timeout=20)))
+        got = await w.wait(s.check, timeout=20)
+        answers.append((trio.current_time(), got))
 
     async with trio.open_nursery() as n:
         n.start_soon(waiter)
