@@ -181,7 +181,12 @@ def user_handlers(cfg: Config, waiters: Any = None) -> dict[str, Handler]:
             after = args.get("after_id", 0)
             if not isinstance(after, int) or after < 0:
                 raise AdminCommandError(f"after_id {after!r} is not a non-negative integer")
-            items = client().inbox(unread=not args.get("all"), limit=_limit(args), after_id=after, user=user)
+            node = client()
+            cursor = _cursor(args, len(node.cores))
+            if cursor is not None:  # a follower's position: unacknowledged documents above it
+                items = node.inbox_after(cursor, user=user, limit=_limit(args))
+            else:
+                items = node.inbox(unread=not args.get("all"), limit=_limit(args), after_id=after, user=user)
             return [_item(i, bool(args.get("data"))) for i in items]
         return list(await run(go))
 
