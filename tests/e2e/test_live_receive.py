@@ -304,3 +304,28 @@ def test_receive_holds_an_ordered_channel_behind_its_failing_document(cluster: C
                        capture_output=True, timeout=60, cwd=c.root)
     assert r.returncode == 0, r.stderr
     assert (c.root / "taken").read_text().split() == ["U1", "S1", "S2", "S3"]
+
+
+def test_follow_waits_on_every_unit_of_a_node(cluster: Cluster) -> None:
+    c = cluster
+    c.add_org(A)
+    c.add_org(B, units=2)
+    c.start_platform()
+    c.start_node(A)
+    c.start_node(B)
+    got: queue.Queue[InboxItem] = queue.Queue()
+
+    def follow() -> None:
+        with NodeClient(c.root / B) as node:
+            for n, item in enumerate(node.follow(timeout=60), 1):
+                got.put(item)
+                if n == 8:
+                    return
+
+    thread = threading.Thread(target=follow, daemon=True)
+    thread.start()
+    sent = [_send(c, b"doc %d" % i, key=f"K{i}") for i in range(8)]
+    items = [got.get(timeout=30) for _ in sent]
+    assert sorted(str(i.lk0) for i in items) == sorted(sent)
+    assert {i.unit for i in items} == {1, 2}  # both units' inboxes, each document once
+    thread.join(timeout=10)
