@@ -329,3 +329,32 @@ def test_follow_waits_on_every_unit_of_a_node(cluster: Cluster) -> None:
     assert sorted(str(i.lk0) for i in items) == sorted(sent)
     assert {i.unit for i in items} == {1, 2}  # both units' inboxes, each document once
     thread.join(timeout=10)
+
+
+def test_follow_without_a_daemon_says_so_once_and_takes_documents_once_it_runs(
+        cluster: Cluster, caplog: pytest.LogCaptureFixture) -> None:
+    import logging
+
+    c = cluster
+    c.add_org(A)
+    c.add_org(B)
+    caplog.set_level(logging.WARNING, logger="semq.node.api")
+    got: queue.Queue[InboxItem] = queue.Queue()
+
+    def follow() -> None:
+        with NodeClient(c.root / B) as node:
+            for item in node.follow(timeout=60):
+                got.put(item)
+                return
+
+    thread = threading.Thread(target=follow, daemon=True)
+    thread.start()
+    time.sleep(3.5)  # three tries at least, one line
+    away = [r for r in caplog.records if "waiting for the node daemon, trying again every second" in r.message]
+    assert len(away) == 1, [r.message for r in caplog.records]
+    c.start_platform()
+    c.start_node(A)
+    c.start_node(B)
+    lk0 = _send(c, b"<order/>", key="S1")
+    assert str(got.get(timeout=30).lk0) == lk0
+    thread.join(timeout=10)
