@@ -2,7 +2,7 @@
 inside functions too): a module imports only from its own layer or the
 layers below it. From the bottom up:
 
-    protocol  <-  crypto  <-  shared (trust, security, config, stores, events, history, transport, ports)
+    protocol  <-  crypto  <-  shared (trust, security, config, stores, events, history, transport, ports, inbox_wait)
               <-  engines  <-  cores (node and platform stores, cores, the node's features and API)
               <-  daemons  <-  ops  <-  cli, testing
 
