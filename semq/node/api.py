@@ -13,6 +13,7 @@ in the node's store when it returns, and goes out when the daemon runs.
 
 from __future__ import annotations
 
+import heapq
 import json
 import logging
 import sqlite3
@@ -426,14 +427,16 @@ class NodeClient:
     def inbox_after(self, cursor: Cursor, *, user: str | None = None, limit: int = 1000) -> list[InboxItem]:
         """Unacknowledged documents above ``cursor`` (every unit's, each
         unit's in id order, at most ``limit`` from each)."""
-        items = []
+        per_unit = []
         for k, core in enumerate(self.cores, 1):
             args = (cursor[k - 1], user, limit) if user else (cursor[k - 1], limit)
-            items += [self._item(r, k) for r in map(InboxRow._make,
-                                                    core.conn.execute(_AFTER_OF_USER if user else _AFTER, args))]
-        if len(self.cores) > 1:
-            items.sort(key=lambda it: (it.received_ms, it.id))
-        return items
+            per_unit.append([self._item(r, k) for r in map(
+                InboxRow._make, core.conn.execute(_AFTER_OF_USER if user else _AFTER, args))])
+        if len(per_unit) == 1:
+            return per_unit[0]
+        # The units' documents by arrival, each unit's in its own id order (an
+        # ordered channel's documents keep theirs even when held ones came later).
+        return list(heapq.merge(*per_unit, key=lambda it: it.received_ms))
 
     def advance(self, cursor: Cursor, item: InboxItem) -> Cursor:
         """``cursor`` moved past ``item``."""
