@@ -35,6 +35,7 @@ state are reported ``skipped``.
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import os
 import time
@@ -445,6 +446,8 @@ def node_handlers(
         }
         if metrics is not None:
             out["commit_batches"] = metrics.batch_summary()
+        if waiters is not None:  # clients waiting for documents (wait_inbox)
+            out["waits"] = dataclasses.asdict(waiters.statistics())
         return out
 
     async def list_(args: dict[str, Any]) -> dict[str, Any]:

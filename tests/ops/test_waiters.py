@@ -171,6 +171,8 @@ async def test_wait_inbox_over_the_admin_socket(tmp_path: Path) -> None:
             for sc in scopes:
                 sc.cancel()
             await wait_for(lambda: waiters.statistics().waiting == 0)
+            waits = (await h["status"]({}))["waits"]
+            assert waits["waiting"] == 0 and waits["refused"] == 1 and waits["answered"] >= 2
             assert (await await_any([(sock, {"after_id": 0})], 0.1))[0]["ready"] is False
             n.cancel_scope.cancel()
     finally:
