@@ -60,7 +60,8 @@ from .waiters import wait_timeout
 
 log = logging.getLogger("semq.ops.usersock")
 
-__all__ = ["MAX_USER_REQUEST", "UserClient", "UserSocketError", "user_handlers", "user_socket_path"]
+__all__ = ["MAX_USER_REQUEST", "UserClient", "UserSocketError", "UserSocketUnavailable", "user_handlers",
+           "user_socket_path"]
 
 # A request carries a document base64-encoded (4/3 of its size) and its fields.
 MAX_USER_REQUEST: Final = MAX_DOCUMENT_SIZE * 4 // 3 + 64 * 1024
@@ -69,6 +70,10 @@ _LIST_LIMIT: Final = 10_000  # documents one inbox request may list
 
 class UserSocketError(Exception):
     """The user socket could not answer, or refused (one line for the user)."""
+
+
+class UserSocketUnavailable(UserSocketError):
+    """No node answers on the user socket (not running, or restarting)."""
 
 
 def user_socket_path(cfg: Config) -> Path | None:
@@ -280,7 +285,7 @@ class UserClient:
 
         with UserClient("/run/semq/56001.sock", "alice", token) as me:
             me.send("10008/bob", b"<order/>", data_type="ORDER", ordered="orders")
-            for doc in me.receive(timeout=5):
+            for doc in me.follow():  # woken by the node as documents arrive
                 handle(doc["data"]); me.acknowledge([doc["id"]])
 
     ``token`` None: the user tied to this process's operating-system
@@ -303,8 +308,8 @@ class UserClient:
             resp = admin_request(self.path, cmd, {"user": self.user, "token": self.token, **args}, self.timeout,
                                  max_response=MAX_USER_REQUEST)
         except AdminUnavailable:
-            raise UserSocketError(f"no node answers on {self.path} (not running, or its user_socket"
-                                  " setting names another path)") from None
+            raise UserSocketUnavailable(f"no node answers on {self.path} (not running, or its user_socket"
+                                        " setting names another path)") from None
         except AdminError as e:
             raise UserSocketError(f"the node's user socket {self.path}: {e}") from None
         if not resp.get("ok"):
@@ -346,32 +351,28 @@ class UserClient:
         ``timeout`` seconds pass without one (None: for ever). Woken by the
         node (``wait_inbox``), never by a timer; while the node does not
         answer, tried again every second (said once in the log)."""
-        units = int(self._call("whoami").get("units", 1))
-        cursor = [after_id] if units == 1 else [max(0, (after_id - k) // UNIT_IDS) for k in range(1, units + 1)]
+        cursor: list[int] | None = None
         away = False
         last = time.monotonic()
         while True:
-            try:
-                fresh = self._call("inbox", after=cursor, limit=_LIST_LIMIT)
-            except UserSocketError as e:
-                if "no node answers" not in str(e):
-                    raise
-                fresh = None
-            if fresh is not None:
-                for i in fresh:
-                    row = i["id"] if units == 1 else i["id"] // UNIT_IDS
-                    cursor[i["unit"] - 1] = max(cursor[i["unit"] - 1], row)
-                    yield self.get(i["id"])
-                if fresh:
-                    last = time.monotonic()
             span = MAX_WAIT if timeout is None else min(MAX_WAIT, timeout - (time.monotonic() - last))
             if span <= 0:
                 return
             try:
-                if fresh is None:
-                    raise DaemonAway(f"no node answers on {self.path}")
+                if cursor is None:  # the node's units say how its ids read
+                    units = int(self._call("whoami").get("units", 1))
+                    cursor = ([after_id] if units == 1
+                              else [max(0, (after_id - k) // UNIT_IDS) for k in range(1, units + 1)])
+                fresh = self._call("inbox", after=cursor, limit=_LIST_LIMIT)
+                for i in fresh:
+                    row = i["id"] if len(cursor) == 1 else i["id"] // UNIT_IDS
+                    cursor[i["unit"] - 1] = max(cursor[i["unit"] - 1], row)
+                    yield self.get(i["id"])
+                if fresh:
+                    last = time.monotonic()
+                    continue
                 wait_any([(self.path, {"user": self.user, "token": self.token, "after": cursor})], span)
-            except DaemonAway as e:
+            except (UserSocketUnavailable, DaemonAway) as e:
                 if not away:
                     log.warning("%s: trying again every second", e)
                     away = True
