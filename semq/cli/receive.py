@@ -222,7 +222,7 @@ class Receiver:
             ch = _channel(item)
             if ch:
                 self.held.add(ch)
-            print(f"{item.id} {item.lk0}: {what}; parked after {t.tries} tries"
+            print(f"{item.id} {item.lk0}: {what}; parked after {t.tries} {'try' if t.tries == 1 else 'tries'}"
                   f" (semq receive --parked; --retry {item.id})"
                   + (f"; the later documents of channel {ch[1]} from {ch[0]} wait for it" if ch else ""),
                   file=sys.stderr, flush=True)

@@ -358,3 +358,24 @@ def test_follow_without_a_daemon_says_so_once_and_takes_documents_once_it_runs(
     lk0 = _send(c, b"<order/>", key="S1")
     assert str(got.get(timeout=30).lk0) == lk0
     thread.join(timeout=10)
+
+
+def test_receive_kills_a_command_that_hangs_after_its_timeout(cluster: Cluster) -> None:
+    c = cluster
+    _up(c)
+    log = c.root / "receive.log"
+    proc = _receive(c, log, "--exec", "echo started >&2; exec sleep 60", "--timeout", "0.5", "--max-tries", "1")
+    try:
+        t0 = time.monotonic()
+        _send(c, b"<order/>", key="SLOW")
+        wait_until(lambda: "parked after 1 try" in log.read_text(), 30, "the hanging run to be killed")
+        assert time.monotonic() - t0 < 20
+        assert "timed out" in log.read_text()
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=10)
+    r = subprocess.run([sys.executable, "-m", "semq", "receive", "--dir", str(c.root / B), "--parked", "--json"],
+                       capture_output=True, timeout=30)
+    [p] = json.loads(r.stdout)
+    assert p["last_code"] == -signal.SIGKILL and "started" in p["stderr_tail"]
+    assert "killed after 0.5 s (--timeout)" in p["stderr_tail"]
