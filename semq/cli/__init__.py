@@ -923,17 +923,22 @@ def _lk0_arg(text: str) -> Any:
 def _follow(args: argparse.Namespace, items: Any, ack: Callable[[Any], Any]) -> int:
     """``--follow``: each document as it arrives, one line (or one JSON
     line), flushed; ``--ack`` acknowledges each once it is printed."""
-    if not args.json:
-        print(INBOX_HEADER, flush=True)
-    for item in items:
-        d = item if isinstance(item, dict) else _item_json(item)
-        if args.json:
-            d = {k: v for k, v in d.items() if k != "data"}
-            print(json.dumps(d), flush=True)
-        else:
-            print(_inbox_line(d), flush=True)
-        if args.ack:
-            ack(item)
+    try:
+        if not args.json:
+            print(INBOX_HEADER, flush=True)
+        for item in items:
+            d = item if isinstance(item, dict) else _item_json(item)
+            if args.json:
+                d = {k: v for k, v in d.items() if k != "data"}
+                print(json.dumps(d), flush=True)
+            else:
+                print(_inbox_line(d), flush=True)
+            if args.ack:  # only once it was written
+                ack(item)
+    except BrokenPipeError:
+        # The reader went away ('semq inbox --follow | head -1'): done, and
+        # the document that did not get out is not acknowledged.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
     return 0
 
 
