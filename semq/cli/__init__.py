@@ -11,6 +11,7 @@ import logging
 import os
 import signal
 import sys
+import textwrap
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -1297,9 +1298,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     x = sub.add_parser(
         "inbox", parents=[common], help="documents that arrived",
-        description="List the documents that arrived (unacknowledged ones by default), show or save one, acknowledge"
+        description=textwrap.fill("List the documents that arrived (unacknowledged ones by default), show or save one, acknowledge"
                     " them, or follow the inbox: each document printed as it arrives, woken by the running node"
-                    " daemon (no polling).",
+                    " daemon (no polling).", 79),
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog="examples:\n"
                "  semq inbox --dir B                      # unacknowledged documents, oldest first\n"

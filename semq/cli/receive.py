@@ -37,6 +37,7 @@ import os
 import signal
 import subprocess
 import sys
+import textwrap
 import time
 from dataclasses import dataclass
 from typing import Any, Final
@@ -338,11 +339,12 @@ def register(sub: Any, common: argparse.ArgumentParser) -> None:
     """``semq receive``."""
     x = sub.add_parser(
         "receive", parents=[common], help="run a command for each document as it arrives",
-        description="Run 'sh -c CMD' once per document as documents arrive (woken by the node daemon, no"
-                    " polling): the document on stdin, its metadata in SEMQ_* environment variables. Exit 0"
-                    " acknowledges it; anything else tries it again with exponential backoff, and after"
-                    " --max-tries it is parked. At least once: a document whose command was interrupted is"
-                    " run again.",
+        description=textwrap.fill(
+            "Run 'sh -c CMD' once per document as documents arrive (woken by the node daemon, no"
+            " polling): the document on stdin, its metadata in SEMQ_* environment variables. Exit 0"
+            " acknowledges it; anything else tries it again with exponential backoff, and after"
+            " --max-tries it is parked. At least once: a document whose command was interrupted is"
+            " run again.", 79),
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog="environment of CMD: SEMQ_ID SEMQ_LK0 SEMQ_FROM SEMQ_FROM_USER SEMQ_TO_USER SEMQ_CHANNEL\n"
                "  SEMQ_DOMAIN SEMQ_TYPE SEMQ_SUBTYPE SEMQ_KEY SEMQ_SIZE SEMQ_RECEIVED (ms since the epoch).\n"
