@@ -883,7 +883,7 @@ def _inbox_as_user(args: argparse.Namespace, token: str) -> int:
                     item_id = resolve(text)
                     me.get(item_id)
                 except (_NotInInbox, UserSocketError):
-                    print(f"error: document {text} is not in the inbox", file=sys.stderr)
+                    print(f"error: document {text} is not in the inbox{_of(args.user)}", file=sys.stderr)
                     rc = 1
                     continue
                 ids.append(item_id)
@@ -893,7 +893,7 @@ def _inbox_as_user(args: argparse.Namespace, token: str) -> int:
         try:
             item = me.get(resolve(args.ids[0]))
         except (_NotInInbox, UserSocketError):
-            print(f"error: document {args.ids[0]} is not in the inbox", file=sys.stderr)
+            print(f"error: document {args.ids[0]} is not in the inbox{_of(args.user)}", file=sys.stderr)
             return 1
     except UserSocketError as e:
         raise UsageError(str(e)) from None
@@ -910,6 +910,11 @@ def _inbox_as_user(args: argparse.Namespace, token: str) -> int:
 
 class _NotInInbox(Exception):
     pass
+
+
+def _of(user: str | None) -> str:
+    """`` of alice`` for a user's inbox, nothing for the organization's."""
+    return f" of {user}" if user else ""
 
 
 def _lk0_arg(text: str) -> Any:
@@ -981,7 +986,7 @@ def cmd_inbox(args: argparse.Namespace) -> int:
                 try:
                     item = get(text)
                 except KeyError:
-                    print(f"error: document {text} is not in the inbox", file=sys.stderr)
+                    print(f"error: document {text} is not in the inbox{_of(args.user)}", file=sys.stderr)
                     rc = 1
                     continue
                 if item.consumed_ms is not None:
@@ -995,7 +1000,7 @@ def cmd_inbox(args: argparse.Namespace) -> int:
         try:
             item = get(args.ids[0])
         except KeyError:
-            print(f"error: document {args.ids[0]} is not in the inbox", file=sys.stderr)
+            print(f"error: document {args.ids[0]} is not in the inbox{_of(args.user)}", file=sys.stderr)
             return 1
         if args.action == "save":
             if len(args.ids) < 2:

@@ -145,7 +145,7 @@ def test_the_cli_adds_users_and_a_token_reads_only_its_user(cluster: Cluster, tm
     assert [(i["app_key"]["key"], i["channel"]) for i in items] == [("K1", "orders"), ("K2", "orders")]
     # Bob's token cannot read Alice's document, nor pretend to be Alice.
     r = semq("inbox", "show", str(items[0]["id"]), "--dir", str(c.root / B), "--user", "bob", token=bob)
-    assert r.returncode == 2 and f"{items[0]['id']} is not in the inbox of bob" in r.stderr
+    assert r.returncode == 1 and f"document {items[0]['id']} is not in the inbox of bob" in r.stderr
     r = semq("inbox", "--dir", str(c.root / B), "--user", "alice", token=bob)
     assert r.returncode == 2 and "user alice and this token do not match" in r.stderr
     # A user's application needs only the socket, not the node's directory.
