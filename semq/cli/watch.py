@@ -121,7 +121,8 @@ def cmd_watch(args: argparse.Namespace) -> int:
             _loop(out, into, args.interval, stop)
     finally:
         for s, handler in before.items():
-            signal.signal(s, handler)
+            if handler is not None:  # (None: set outside Python; nothing to put back)
+                signal.signal(s, handler)
         for fd in locks:
             os.close(fd)
     print(f"stopped ({signal.Signals(stop.signal).name})" if stop.signal else "stopped", file=sys.stderr, flush=True)

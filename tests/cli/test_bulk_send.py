@@ -82,7 +82,7 @@ def test_several_files_one_lk0_each_in_order_and_a_summary(root: Path, capsys: p
     warning, summary = err.splitlines()
     assert warning.startswith(f"warning: organization {B} is not known")
     m = SUMMARY.fullmatch(summary)
-    assert m and m.group(1) == "5" and m.group(2) == "65 bytes" and m.group(3) == B, summary
+    assert m and m.group(1) == "5" and m.group(2) == "60 bytes" and m.group(3) == B, summary
 
 
 def test_a_directory_sends_its_regular_files_in_name_order(root: Path, capsys: pytest.CaptureFixture[str]) -> None:
