@@ -20,8 +20,12 @@ A, B = "10008", "56001"
 FILES = 200
 
 
-def _watch(c: Cluster, name: str, *args: str) -> Proc:
-    p = Proc(name, ["watch", *args, "--interval", "0.2"], c.root / f"{name}.log", "watching", timeout=30)
+def _watch(c: Cluster, name: str, *args: str, crash_after: int = 0) -> Proc:
+    """``semq watch`` as a process; ``crash_after``: one that dies right
+    after that many commits, before it moves their files (tests/e2e/_crashing_watch.py)."""
+    module = ["tests.e2e._crashing_watch", str(crash_after)] if crash_after else None
+    p = Proc(name, ["watch", *args, "--interval", "0.2"], c.root / f"{name}.log", "watching", timeout=30,
+             module=module)
     c.procs[name] = p
     return p
 
@@ -46,16 +50,28 @@ def test_a_watched_folder_killed_mid_folder_delivers_every_file_exactly_once(clu
         os.replace(out / f"{key}.xml.tmp", out / f"{key}.xml")
 
     receiver = _watch(cluster, "watchB", "--dir", str(cluster.root / B), "--inbox", str(inbox))
-    args = ["--dir", str(cluster.root / A), "--outbox", str(out), "--to", B, "--type", "INVOICE", "--key-from-name",
-            "--batch", "1"]
-    _watch(cluster, "watchA", *args)
+    args = ["--dir", str(cluster.root / A), "--outbox", str(out), "--to", B, "--type", "INVOICE", "--key-from-name"]
     log = cluster.root / "watchA.log"
-    wait_until(lambda: len(_sent_lines(log)) >= 30, 60, "30 files sent")
-    cluster.kill("watchA", signal.SIGKILL)
-    in_sent = len(list((out / "sent").iterdir()))
-    assert in_sent < FILES, "the watcher was to be killed mid-folder"
 
-    _watch(cluster, "watchA", *args)
+    # 1. Dies right after its third commit of 10 files: 20 files in sent/,
+    # 10 accepted (documents and records committed) but still in the folder.
+    crashing = _watch(cluster, "watchA", *args, "--batch", "10", crash_after=3)
+    wait_until(lambda: crashing.p.poll() is not None, 60, "the crash after the third commit")
+    cluster.procs.pop("watchA")
+    assert len(list((out / "sent").iterdir())) == 20
+    assert cluster.count(A, "SELECT count(*) FROM watch_files WHERE moved_ms IS NULL") == 10
+
+    # 2. Started again, one file per transaction: the 10 are moved without
+    # being sent again; SIGKILLed mid-folder.
+    _watch(cluster, "watchA", *args, "--batch", "1")
+    wait_until(lambda: len(_sent_lines(log)) >= 20 + 10 + 30, 60, "30 more files sent")
+    cluster.kill("watchA", signal.SIGKILL)
+    assert len(list((out / "sent").iterdir())) < FILES, "the watcher was to be killed mid-folder"
+    recovered = [line for line in _sent_lines(log) if line.endswith("(accepted before a restart; not sent again)")]
+    assert len(recovered) == 10, recovered
+
+    # 3. Started again: it finishes the folder.
+    _watch(cluster, "watchA", *args, "--batch", "1")
     wait_until(lambda: len(list((out / "sent").iterdir())) == FILES, 90, "every file in sent/")
     assert sorted(p.name for p in out.iterdir() if p.name != ".semq-watch.lock") == ["failed", "sent"]
     assert list((out / "failed").iterdir()) == []
