@@ -230,8 +230,11 @@ def _progress(total: int | None, unit: str) -> Any:
         return None
     from tqdm import tqdm
 
-    return tqdm(total=total, unit=unit, unit_scale=True, unit_divisor=1024 if unit == "B" else 1000,
-                delay=PROGRESS_DELAY, file=sys.stderr, leave=False, dynamic_ncols=True)
+    if unit == "B":  # files: their bytes, known beforehand
+        return tqdm(total=total, unit="B", unit_scale=True, unit_divisor=1024, delay=PROGRESS_DELAY,
+                    file=sys.stderr, leave=False, dynamic_ncols=True)
+    return tqdm(total=total, unit=" documents", delay=PROGRESS_DELAY, file=sys.stderr, leave=False,
+                dynamic_ncols=True)
 
 
 def cmd_send_bulk(args: argparse.Namespace) -> int:
@@ -301,6 +304,7 @@ def cmd_send_bulk(args: argparse.Namespace) -> int:
     if not args.quiet:
         targets = list(dict.fromkeys(checks.targets))
         to = ", ".join(targets[:3]) + (f" and {len(targets) - 3} more" if len(targets) > 3 else "")
+        took = f"{seconds:.2f}" if seconds < 10 else f"{seconds:.0f}"
         print(f"sent {sent} document{'s' if sent != 1 else ''} ({format_size(size)})"
-              f"{f' to {to}' if to else ''} in {seconds:.1f} s", file=sys.stderr)
+              f"{f' to {to}' if to else ''} in {took} s", file=sys.stderr)
     return 0

@@ -23,7 +23,7 @@ from semq.cli.bulk import format_size
 from semq.node.limits import MAX_DOCUMENT_SIZE
 
 A, B, C = "10008", "56001", "77000"
-SUMMARY = re.compile(r"sent (\d+) documents? \(([0-9.]+ (?:bytes|KiB|MiB|GiB))\) to (.+) in (\d+\.\d) s")
+SUMMARY = re.compile(r"sent (\d+) documents? \(([0-9.]+ (?:bytes|KiB|MiB|GiB))\) to (.+) in (\d+(?:\.\d\d)?) s")
 
 
 def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
@@ -283,3 +283,32 @@ def test_a_second_watcher_on_one_folder_is_refused(root: Path, capsys: pytest.Ca
         rc, _, err = run(capsys, "watch", "--dir", A, "--outbox", "out", "--to", B)
     assert rc == 2
     one_error(err, "is watched by another process already")
+
+
+class _Terminal(io.StringIO):
+    """A stderr that says it is a terminal."""
+
+    def isatty(self) -> bool:
+        return True
+
+
+def test_a_progress_bar_on_a_terminal_only(root: Path, capsys: pytest.CaptureFixture[str],
+                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("semq.cli.bulk.PROGRESS_DELAY", 0)  # (a real run shows it after half a second)
+    d = root / "out"
+    d.mkdir()
+    for i in range(6):
+        (d / f"{i}.txt").write_bytes(b"x" * 1000)
+    rc, out, err = run(capsys, "send", "--dir", A, "--to", B, "--type", "T", "--batch", "2", "out")
+    assert rc == 0 and "%|" not in err and len(lk0s(out)) == 6  # not a terminal: no bar
+    term = _Terminal()
+    monkeypatch.setattr(sys, "stderr", term)
+    rc, out, _ = run(capsys, "send", "--dir", A, "--to", B, "--type", "T", "--batch", "2", "out")
+    assert rc == 0 and len(lk0s(out)) == 6  # stdout: only the LK0s
+    shown = term.getvalue()
+    assert "%|" in shown and "/5.86k [" in shown and SUMMARY.search(shown), shown
+    stdin(monkeypatch, b"".join(json.dumps({"data": str(i)}).encode() + b"\n" for i in range(5)))
+    term.seek(0)
+    term.truncate()
+    rc, out, _ = run(capsys, "send", "--dir", A, "--to", B, "--type", "T", "--batch", "2", "--ndjson", "-")
+    assert rc == 0 and len(lk0s(out)) == 5 and "4 documents [" in term.getvalue(), term.getvalue()
