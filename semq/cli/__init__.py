@@ -11,6 +11,7 @@ import logging
 import os
 import signal
 import sys
+import textwrap
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -1157,10 +1158,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     x = sub.add_parser(
         "send", parents=[common], help="hand documents to the node",
-        description="Hand documents to the node: durable in its store when the command returns, whether or not"
-                    " its daemon runs. One FILE (or - for standard input) is one document; several FILEs, a"
-                    " DIRECTORY (its regular files, in name order) or --ndjson lines are accepted in transactions"
-                    " of --batch documents. Prints one LK0 per document on stdout, in input order.",
+        description=textwrap.fill(
+            "Hand documents to the node: durable in its store when the command returns, whether or not its daemon"
+            " runs. One FILE (or - for standard input) is one document; several FILEs, a DIRECTORY (its regular"
+            " files, in name order) or --ndjson lines are accepted in transactions of --batch documents. Prints"
+            " one LK0 per document on stdout, in input order.", 79),
         epilog=SEND_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     x.add_argument("--to", required=True,
                    help="target: an organization id (56001), a user of one (56001/alice), or a user of this"

@@ -18,6 +18,7 @@ import fcntl
 import os
 import signal
 import sys
+import textwrap
 import time
 from pathlib import Path
 from typing import Any, Final
@@ -155,10 +156,11 @@ def register(sub: Any) -> None:
     common.add_argument("--dir", help="data directory (default $SEMQ_DIR or ./semq-data)", default=argparse.SUPPRESS)
     x = sub.add_parser(
         "watch", parents=[common], help="send the files dropped in a folder; write arriving documents to one",
-        description="Send every complete file dropped in an outbox folder (then move it to sent/, or to failed/"
-                    " with its reason) and write every document that arrives into an inbox folder, until SIGTERM"
-                    " or SIGINT. No file is sent twice or lost across restarts: each file's name and SHA-256"
-                    " are recorded in the node's store with its document.",
+        description=textwrap.fill(
+            "Send every complete file dropped in an outbox folder (then move it to sent/, or to failed/ with its"
+            " reason) and write every document that arrives into an inbox folder, until SIGTERM or SIGINT. No file"
+            " is sent twice or lost across restarts: each file's name and SHA-256 are recorded in the node's store"
+            " with its document.", 79),
         epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     x.add_argument("--outbox", metavar="DIR", help="the folder whose complete files are sent (sent/ and failed/"
                                                    " are made inside it)")
