@@ -323,3 +323,39 @@ def test_an_inbox_extension_must_be_letters_or_digits(root: Path) -> None:
     with NodeClient(root / B) as node, pytest.raises(ValueError, match=re.escape("extension '../x'")):
         InboxFolder(node, root / "in", ext="../x")
     assert folders.SENT_DIR == "sent"
+
+
+def test_an_unreadable_file_goes_to_failed_with_the_reason(root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    out = root / "out"
+    _drop(out, "locked.xml", b"<x/>")
+    _drop(out, "fine.xml", b"<y/>")
+    real = Path.read_bytes
+
+    def read_bytes(self: Path) -> bytes:
+        if self.name == "locked.xml":  # (the tests run as root: a mode would not stop the read)
+            raise PermissionError(13, "Permission denied")
+        return real(self)
+
+    monkeypatch.setattr(Path, "read_bytes", read_bytes)
+    with NodeClient(root / A) as node:
+        folder = _outbox(root, node)
+        folder.scan()
+        done = {o.name: o for o in folder.scan()}
+    assert done["locked.xml"].line() == "failed: locked.xml: cannot read it: Permission denied"
+    assert (out / "failed" / "locked.xml.reason.txt").read_text() == "cannot read it: Permission denied\n"
+    assert done["fine.xml"].kind == "sent"
+
+
+def test_the_inbox_folder_leaves_the_documents_of_users_to_their_applications(root: Path) -> None:
+    with NodeClient(root / B) as node:
+        node.add_user("alice")
+    with NodeClient(root / A) as node:
+        node.send_many([dict(to=B, data=b"for the organization", key="ORG"),
+                        dict(to=f"{B}/alice", data=b"for alice", key="ALICE")])
+    _deliver(root)
+    with NodeClient(root / B) as node:
+        done = InboxFolder(node, root / "in").drain()
+        assert [o.name.split("__")[0] for o in done] == ["ORG"]
+        [left] = node.inbox(unread=True)
+        assert left.to_user == "alice" and left.app_data == b"for alice"
+        assert InboxFolder(node, root / "in").drain() == []
