@@ -359,3 +359,23 @@ def test_the_inbox_folder_leaves_the_documents_of_users_to_their_applications(ro
         [left] = node.inbox(unread=True)
         assert left.to_user == "alice" and left.app_data == b"for alice"
         assert InboxFolder(node, root / "in").drain() == []
+
+
+def test_a_store_from_before_folders_gets_the_watch_table_at_open(tmp_path: Path) -> None:
+    from semq._db import open_store
+    from semq.node.store import MIGRATIONS, _v11_watch
+
+    path = tmp_path / "node.sqlite"
+    before = MIGRATIONS[:MIGRATIONS.index(_v11_watch)]
+    open_store(path, before, create=True).close()
+    core = NodeCore(path, A)
+    try:
+        (version,) = core.conn.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()
+        assert version == str(len(MIGRATIONS))
+        assert core.conn.execute("SELECT count(*) FROM watch_files").fetchone() == (0,)
+        plan = core.conn.execute("EXPLAIN QUERY PLAN SELECT id FROM watch_files WHERE folder=? AND moved_ms IS NULL",
+                                 (b"/x",)).fetchall()
+        assert "watch_files_pending" in str(plan)
+    finally:
+        core.close()
+    assert (tmp_path / f"node.sqlite.bak-v{len(before)}").exists()
