@@ -260,6 +260,7 @@ def test_watch_sends_a_folder_and_stops_on_sigterm_with_exit_0(root: Path,
             time.sleep(0.05)
         os.kill(os.getpid(), signal.SIGTERM)
 
+    before = signal.getsignal(signal.SIGTERM)
     t = threading.Thread(target=stop_when_sent, daemon=True)
     t.start()
     rc, stdout, err = run(capsys, "watch", "--dir", A, "--outbox", "out", "--to", B, "--type", "INVOICE",
@@ -271,7 +272,7 @@ def test_watch_sends_a_folder_and_stops_on_sigterm_with_exit_0(root: Path,
     assert sorted(line.split(" -> ")[0] for line in lines) == [f"sent: INV-{i}.xml" for i in range(3)]
     assert sorted(r[3] for r in rows(root)) == ["INV-0", "INV-1", "INV-2"]
     assert (out / "note.txt.part").exists()
-    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # the handler was put back
+    assert signal.getsignal(signal.SIGTERM) == before  # the handler was put back
 
 
 def test_a_second_watcher_on_one_folder_is_refused(root: Path, capsys: pytest.CaptureFixture[str]) -> None:
