@@ -284,10 +284,13 @@ class OutboxFolder:
         locked, disk full) with the batch in progress not accepted and its
         files left where they are."""
         found = self._candidates()
-        complete = sorted((n for n, sig in found.items() if self._seen.get(n) == sig),
+        pending = self.pending()
+        # A file accepted before a restart was complete then: it is taken at
+        # the first scan (its digest decides), without waiting for a second.
+        complete = sorted((n for n, sig in found.items()
+                           if self._seen.get(n) == sig or self._accepted_before(n, pending)),
                           key=lambda n: (found[n][1], n))
         self._seen = {n: sig for n, sig in found.items() if n not in complete}
-        pending = self.pending()
         present = {os.fsencode(n) for n in found}
         # Rows whose file left the folder: it was moved before its row said so.
         self._mark_moved((core, p.id) for name, (core, p) in pending.items() if name not in present)
@@ -306,6 +309,17 @@ class OutboxFolder:
                     report(o)
             out += done
         return out
+
+    def _accepted_before(self, name: str, pending: dict[bytes, tuple[NodeCore, _Pending]]) -> bool:
+        """Whether ``name`` is the file a row not moved yet records (same digest)."""
+        held = pending.get(os.fsencode(name))
+        if held is None:
+            return False
+        _, row = held
+        try:
+            return hashlib.sha256((self.path / name).read_bytes()).digest() == bytes(row.sha256)
+        except OSError:
+            return False
 
     def _take(self, names: list[str], found: dict[str, tuple[int, int]],
               pending: dict[bytes, tuple[NodeCore, _Pending]]) -> list[Outcome]:
