@@ -418,8 +418,8 @@ class OutboxFolder:
         (written first: a crash before the move fails the file again, and
         its reason replaces the one left behind)."""
         dest = _free_name(self.failed_dir, name)
-        write_durably(self.failed_dir, f"{dest}.reason.txt", (" ".join(reason.splitlines()) + "\n").encode("utf-8", "backslashreplace"),
-                      sync_dir=False)
+        line = " ".join(reason.splitlines()) + "\n"
+        write_durably(self.failed_dir, f"{dest}.reason.txt", line.encode("utf-8", "backslashreplace"), sync_dir=False)
         os.rename(self.path / name, self.failed_dir / dest)
         _fsync_dir(self.failed_dir)
         self._seen.pop(name, None)
