@@ -15,10 +15,12 @@ import textwrap
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 from semq import __version__
 from semq._db import StoreError
+from semq.cli.bulk import BULK_BATCH
+from semq.cli.watch import register as register_watch
 from semq.config import (
     PRIVATE_DIR_MODE,
     Address,
@@ -625,6 +627,18 @@ def _unknown_target_warning(known: bool, org: str) -> None:
 def cmd_send(args: argparse.Namespace) -> int:
     from semq.node.limits import check_document_size
 
+    files = args.files
+    if args.ndjson or len(files) > 1 or (files[0] != "-" and Path(files[0]).is_dir()):
+        from semq.cli.bulk import cmd_send_bulk
+
+        return cmd_send_bulk(args)
+    args.file = files[0]
+    if args.type is None:
+        raise UsageError("--type is required: the AppKey data type, e.g. ORDER")
+    if args.key_from_name:
+        if args.file == "-":
+            raise UsageError("--key-from-name needs a file name, not - (standard input)")
+        args.key = Path(args.file).stem
     token = _token(args)
     # A user's application with its token and the socket's path needs no
     # access to the node's data directory (the node checks the address).
@@ -1179,6 +1193,19 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 # ---------------------------------------------------------------- parser
 
+SEND_EPILOG: Final = """\
+examples:
+  semq send --to 56001 --type ORDER --domain trade --subtype PO --key S0001 order.xml
+  echo 'INV-0042 310.00 EUR' | semq send --to 56001 --type INVOICE --key INV-0042 -
+  semq send --to 56001 --type INVOICE --key-from-name out/*.xml > lk0s.txt
+  semq send --to 56001 --type INVOICE --key-from-name out/
+  printf '%s\\n' '{"data": "<order/>", "key": "S1"}' '{"file": "scan.pdf", "type": "SCAN"}' \\
+    | semq send --to 56001 --type ORDER --ndjson -
+
+Several documents: a file that cannot be sent (too large, a bad key) is
+refused before anything is sent; a bad NDJSON line stops the command with
+nothing of its batch accepted, while the batches before it stay accepted."""
+
 
 def build_parser() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
@@ -1273,22 +1300,35 @@ def build_parser() -> argparse.ArgumentParser:
     add_run_options(x)
     x.set_defaults(func=cmd_node_run)
 
-    x = sub.add_parser("send", parents=[common], help="hand a document to the node")
+    x = sub.add_parser(
+        "send", parents=[common], help="hand documents to the node",
+        description=textwrap.fill(
+            "Hand documents to the node: durable in its store when the command returns, whether or not its daemon"
+            " runs. One FILE (or - for standard input) is one document; several FILEs, a DIRECTORY (its regular"
+            " files, in name order) or --ndjson lines are accepted in transactions of --batch documents. Prints"
+            " one LK0 per document on stdout, in input order.", 79),
+        epilog=SEND_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     x.add_argument("--to", required=True,
                    help="target: an organization id (56001), a user of one (56001/alice), or a user of this"
                         " node (alice: the document never leaves the node)")
-    x.add_argument("--type", required=True, help="AppKey data type, e.g. ORDER")
+    x.add_argument("--type", help="AppKey data type, e.g. ORDER (required, except with --ndjson, whose lines"
+                                  " may give their own \"type\")")
     x.add_argument("--ordered", metavar="CHANNEL",
                    help="ordered channel: documents of one channel to one target reach its application in the"
                         " order they were sent (a failed one is announced as a gap, then the channel moves on)")
     _user_options(x, "the user of this node the document is from")
-    x.add_argument("--domain", default="")
-    x.add_argument("--subtype", default="")
-    x.add_argument("--key", default="")
-    x.add_argument("--save-fwd", type=int, default=3, choices=[1, 2, 3])
-    x.add_argument("--ack2", action=argparse.BooleanOptionalAction, default=True)
-    x.add_argument("--priority", type=int, default=0)
-    x.add_argument("--expires-in", type=float, help="seconds until the document expires")
+    x.add_argument("--domain", default="", help="AppKey domain, e.g. trade")
+    x.add_argument("--subtype", default="", help="AppKey subtype, e.g. PO")
+    x.add_argument("--key", default="", help="AppKey key, e.g. S0001 (returned unchanged in acknowledgements)")
+    x.add_argument("--key-from-name", action="store_true",
+                   help="the AppKey key of each file is its name without the extension (INV-0042.xml: INV-0042)")
+    x.add_argument("--save-fwd", type=int, default=3, choices=[1, 2, 3],
+                   help="when the target is offline: 1 drop it (and tell the sender), 2 store it at the"
+                        " platform, 3 must be delivered (default)")
+    x.add_argument("--ack2", action=argparse.BooleanOptionalAction, default=True,
+                   help="ask the receiver for an end-to-end confirmation (default on)")
+    x.add_argument("--priority", type=int, default=0, help="0..9, higher goes first (default 0)")
+    x.add_argument("--expires-in", type=float, metavar="SECONDS", help="seconds until the document expires")
     x.add_argument("--best-effort", action="store_true", help="Reliable=0: never stored, acked or retried")
     x.add_argument("--clear-app-key", action="store_true",
                    help="send the AppKey readable in the header (by default it travels sealed inside the"
@@ -1297,8 +1337,15 @@ def build_parser() -> argparse.ArgumentParser:
                    help="signed but NOT end-to-end private: the platform operator can read it")
     x.add_argument("--transactional", action="store_true",
                    help="store a half message; it is sent only after 'semq tx commit ID' (seed 002)")
+    x.add_argument("--ndjson", action="store_true",
+                   help="the input (a file, or - for standard input) holds one JSON object per line, one"
+                        " document each: data (text), data_b64 or file, and optionally key, type, domain,"
+                        " subtype, priority, to (over the options')")
+    x.add_argument("--batch", type=int, default=BULK_BATCH, metavar="N",
+                   help=f"documents per transaction when sending several (default {BULK_BATCH})")
     x.add_argument("-q", "--quiet", action="store_true", help="no note on stderr (warnings still show)")
-    x.add_argument("file", help="file to send, or - for stdin")
+    x.add_argument("files", nargs="+", metavar="FILE",
+                   help="file to send, - for standard input, several files, or a directory")
     x.set_defaults(func=cmd_send)
 
     x = sub.add_parser(
@@ -1355,6 +1402,7 @@ def build_parser() -> argparse.ArgumentParser:
     x.set_defaults(func=cmd_status)
 
     register_ops(sub)
+    register_watch(sub)  # semq watch: outbox and inbox folders (semq.node.folders)
     from semq.cli.features import register as register_features
     from semq.web.cli import register as register_console
 

@@ -18,7 +18,7 @@ import json
 import logging
 import sqlite3
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -217,11 +217,18 @@ class NodeClient:
                                     expires_in=expires_in, reliable=reliable, encrypt=encrypt,
                                     clear_app_key=clear_app_key, ordered=ordered, user=user)])[0]
 
-    def send_many(self, docs: list[dict[str, Any]], *, unit: int | None = None) -> list[LK0]:
+    def send_many(self, docs: list[dict[str, Any]], *, unit: int | None = None,
+                  also: Callable[[sqlite3.Connection, list[LK0]], None] | None = None) -> list[LK0]:
         """Accept several documents in one transaction (much faster); the
         errors of ``send``, and then nothing of the call is accepted. A node
         of several units takes them into its next unit in turn (``unit``:
-        into that one)."""
+        into that one).
+
+        ``also(conn, lk0s)`` is called inside that transaction, on the store
+        that took the documents, with their LK0s: what it writes commits
+        with the documents or not at all (``semq watch`` records which file
+        each document came from: semq.node.folders). Without it the
+        documents are accepted exactly as before."""
         me = self.config.org
         addresses: dict[str, tuple[str, str]] = {}
         for to in {d["to"] for d in docs}:  # once per target, not per document
@@ -271,7 +278,14 @@ class NodeClient:
         else:
             core = self.cores[self._turn % len(self.cores)]
             self._turn += 1
-        return core.accept(news)
+        if also is None:
+            return core.accept(news)
+        from ._access import write_tx
+
+        with write_tx(core) as conn:  # accept() joins it as a savepoint
+            lk0s = core.accept(news)
+            also(conn, lk0s)
+        return lk0s
 
     def _user_names(self) -> set[str]:
         return {u.name for u in list_users(self.core.conn)}

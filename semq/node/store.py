@@ -434,7 +434,23 @@ def _v11_receive(db: SqliteDatabase) -> None:
         " last_ms INTEGER NOT NULL, next_ms INTEGER NOT NULL, parked_ms INTEGER)")
 
 
-MIGRATIONS = [_v1, _v2, _v3, _v4, _v5, _v6, _v7, _v8, _v9, _v10, _v11_receive]
+def _v11_watch(db: SqliteDatabase) -> None:
+    """Folders (``semq watch``, semq.node.folders). ``watch_files``: each
+    file taken from an outbox folder, written in the transaction that
+    accepts its document — the folder and the file's name (bytes, as the file
+    system gives it), its SHA-256, size and the document's LK0 — and
+    ``moved_ms`` once the file is in ``sent/``. A file in the folder whose
+    name and digest match a row not moved yet was accepted before a crash:
+    it is moved, never sent again. At most one such row per (folder, name)."""
+    db.execute_sql(
+        "CREATE TABLE IF NOT EXISTS watch_files (id INTEGER PRIMARY KEY AUTOINCREMENT, folder BLOB NOT NULL,"
+        " name BLOB NOT NULL, sha256 BLOB NOT NULL, size INTEGER NOT NULL, lk0 TEXT NOT NULL,"
+        " accepted_ms INTEGER NOT NULL, moved_ms INTEGER)")
+    db.execute_sql("CREATE UNIQUE INDEX IF NOT EXISTS watch_files_pending ON watch_files (folder, name)"
+                   " WHERE moved_ms IS NULL")
+
+
+MIGRATIONS = [_v1, _v2, _v3, _v4, _v5, _v6, _v7, _v8, _v9, _v10, _v11_receive, _v11_watch]
 
 
 # A store incarnation's record ids start at its creation time in microsecond
