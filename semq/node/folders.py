@@ -13,7 +13,7 @@ A file that cannot be sent moves to ``failed/`` beside ``NAME.reason.txt``,
 one line naming the value and the limit.
 
 Exactly once across crashes: the file's name and SHA-256 are written to
-the node store (``watch_files``, schema ``_v11_watch``) *in the transaction
+the node store (``watch_files``, schema ``_v12_watch``) *in the transaction
 that accepts its document* (``NodeClient.send_many(also=...)``). Then the
 file is moved and both directories are synced, and only then is the row
 marked moved. A crash between the commit and the move leaves the file in

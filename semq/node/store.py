@@ -434,7 +434,7 @@ def _v11_receive(db: SqliteDatabase) -> None:
         " last_ms INTEGER NOT NULL, next_ms INTEGER NOT NULL, parked_ms INTEGER)")
 
 
-def _v11_watch(db: SqliteDatabase) -> None:
+def _v12_watch(db: SqliteDatabase) -> None:
     """Folders (``semq watch``, semq.node.folders). ``watch_files``: each
     file taken from an outbox folder, written in the transaction that
     accepts its document — the folder and the file's name (bytes, as the file
@@ -450,7 +450,7 @@ def _v11_watch(db: SqliteDatabase) -> None:
                    " WHERE moved_ms IS NULL")
 
 
-MIGRATIONS = [_v1, _v2, _v3, _v4, _v5, _v6, _v7, _v8, _v9, _v10, _v11_receive, _v11_watch]
+MIGRATIONS = [_v1, _v2, _v3, _v4, _v5, _v6, _v7, _v8, _v9, _v10, _v11_receive, _v12_watch]
 
 
 # A store incarnation's record ids start at its creation time in microsecond
