@@ -585,13 +585,20 @@ def check_free(address: tuple[str, int], option: str, directory: Path) -> None:
                 raise AddressInUse(f"cannot listen on {shown_address} ({option}): {e.strerror}") from None
 
 
-def _check_ops_addresses(args: argparse.Namespace, directory: Path, *, web: bool = True) -> None:
-    """``--metrics`` and ``--web`` of a daemon, before it starts: free."""
+def _check_ops_addresses(args: argparse.Namespace, directory: Path, *, web: bool = True, units: int = 1) -> None:
+    """The operational options of a daemon, before it starts: ``--metrics``
+    and ``--web`` free (for a node of ``units`` units, the metrics port of
+    each: the given one + K - 1), the durations in range."""
+    from semq.ops.display import check_count
     from semq.ops.metrics import parse_metrics_address
     from semq.web import parse_web_address
 
+    check_count(getattr(args, "drain_timeout", None), "--drain-timeout", 0.1, 86400.0)
+    check_count(getattr(args, "stuck_after", None), "--stuck-after", 1.0, 86400.0 * 365)
     if getattr(args, "metrics", None):
-        check_free(parse_metrics_address(args.metrics), "--metrics", directory)
+        host, port = parse_metrics_address(args.metrics)
+        for k in range(units if port else 1):
+            check_free((host, port + k), "--metrics" if k == 0 else f"--metrics of unit {k + 1}", directory)
     if web and getattr(args, "web", None):
         require_port(args.web, "--web")
         check_free(parse_web_address(args.web), "--web", directory)
@@ -686,6 +693,7 @@ def cmd_node_run(args: argparse.Namespace) -> int:
             raise UsageError(f"units = {cfg.units} in {cfg.directory / 'semq.toml'}, but unit {missing[0]} has no"
                              f" store ({cfg.for_unit(missing[0]).store_path}): the units are set by"
                              " 'semq node init --units N'")
+        _check_ops_addresses(args, cfg.directory, units=cfg.units)  # said once, not by a unit restarted again
         return supervise_units(cfg.org, getattr(args, "argv", None) or ["node", "run", "--dir", str(cfg.directory)],
                                cfg.units, platform=platform, stop_timeout=(args.drain_timeout or 60.0) + 30)
     addresses = parse_platform_addresses(platform)  # checked by _inquiry_interval

@@ -64,5 +64,9 @@ def check_count(value: int | float | None, option: str, lo: float = 1, hi: float
     given). Raises CountError naming the option, the value and the range."""
     if value is None or lo <= value <= hi:
         return value
-    shown_hi = f"{hi:g}" if isinstance(hi, float) else f"{hi}"
-    raise CountError(f"{option} {value:g} is outside {lo:g}..{shown_hi}")
+    raise CountError(f"{option} {_number(value)} is outside {_number(lo)}..{_number(hi)}")
+
+
+def _number(x: float) -> str:
+    """42, 0.5, 31536000: as written, without an exponent or a needless .0."""
+    return str(int(x)) if float(x).is_integer() else repr(float(x))

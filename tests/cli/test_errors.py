@@ -214,3 +214,29 @@ def test_counts_out_of_range_are_refused_with_the_range(dirs: Path, argv: list[s
     assert rc == 2
     value = argv[argv.index("--limit") + 1]
     one_error(err, f"--limit {value} is outside 1..10000")
+
+
+def test_daemon_durations_out_of_range_are_refused(dirs: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    rc, _, err = run(capsys, "platform", "run", "--dir", "P", "--drain-timeout", "0")
+    assert rc == 2
+    one_error(err, "--drain-timeout 0 is outside 0.1..86400")
+    rc, _, err = run(capsys, "node", "run", "--dir", A, "--stuck-after", "-1")
+    assert rc == 2
+    one_error(err, "--stuck-after -1 is outside 1..31536000")
+
+
+def test_each_units_metrics_port_is_checked_once_before_the_units_start(
+        dirs: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert run(capsys, "node", "init", "--dir", "U", "--org", "77000", "--no-security", "--units", "2")[0] == 0
+    with socket.socket() as held:  # a free port whose next one another process holds
+        for _ in range(50):
+            first = free_port()
+            try:
+                held.bind(("127.0.0.1", first + 1))
+                break
+            except OSError:
+                continue
+        held.listen()
+        rc, _, err = run(capsys, "node", "run", "--dir", "U", "--metrics", f"127.0.0.1:{first}")
+    assert rc == 1
+    one_error(err, f"cannot listen on 127.0.0.1:{first + 1} (--metrics of unit 2)")
