@@ -15,6 +15,12 @@ from collections.abc import Iterator
 __all__ = ["EXAMPLES", "ExamplesFormatter", "add_examples", "is_leaf", "walk"]
 
 EXAMPLES: dict[str, str] = {
+    # -- semq itself (semq --help)
+    "": "semq platform init --dir P --listen 127.0.0.1:7411\n"
+        "semq node init --dir A --org 10008 --platform 127.0.0.1:7411 --enroll-from P\n"
+        "semq status --dir A\n"
+        "semq help codes              # what the outputs mean: states, codes, savefwd, lk0, ack2\n"
+        "semq completion install      # Tab completion for bash or zsh",
     # -- the relay
     "platform init": "semq platform init --dir P --listen 127.0.0.1:7411\n"
                      "semq platform init --dir P --listen 0.0.0.0:7410 --name relay.example.com",
