@@ -217,13 +217,11 @@ def install_unit(spec: UnitSpec, unit_dir: Path = DEFAULT_UNIT_DIR, *, print_onl
         out("".join(difflib.unified_diff(old.splitlines(keepends=True), text.splitlines(keepends=True),
                                          fromfile=f"{path} (before)", tofile=f"{path} (now)")).rstrip("\n"))
         out(f"replaced {path} (the difference is above)")
-    d = Path(spec.directory).absolute()
+    start = f"systemctl enable --now {name}" if old is None else f"systemctl restart {name}"
     out(f"next, as root:\n"
         f"  systemctl daemon-reload\n"
-        f"  systemctl enable --now {name}\n"
-        f"then: systemctl status {name}; journalctl -u {name}; systemctl reload {name} (SIGHUP)\n"
-        f"(the account: id {spec.user} >/dev/null 2>&1 || useradd --system --home-dir {d} --shell"
-        f" /usr/sbin/nologin {spec.user}; chown -R {spec.user}:{spec.group or spec.user} {d})")
+        f"  {start}\n"
+        f"then: systemctl status {name}; journalctl -u {name}; systemctl reload {name} (SIGHUP)")
     return path
 
 
