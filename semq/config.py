@@ -287,7 +287,7 @@ class Config:
         "platform: its store; several instances sharing one PostgreSQL store form one platform; set by init"))
     inquiry_interval: float = _setting(15.0, Rule(
         "number", "a number of seconds 0.01..86400", _between(0.01, 86400),
-        "seconds before an unconfirmed document is asked about (SPEC default 15)",
+        "seconds before an unconfirmed document is asked about (the protocol's default: 15)",
         reload=_reloads(node="at once", platform="at once")))
     synchronous: str = _setting("FULL", Rule(
         "string", 'one of "OFF", "NORMAL", "FULL", "EXTRA" (any case)', _one_of("OFF", "NORMAL", "FULL", "EXTRA"),

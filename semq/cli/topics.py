@@ -21,8 +21,8 @@ from semq.umxt_protocol._types import MAX_RECORD_ID, MAX_SEMQ_ID
 __all__ = ["TOPICS", "member_meanings", "topic_text"]
 
 _MEMBER = re.compile(r"^\s+([A-Z][A-Z0-9_]*)\s*=\s*[^#\n]*#\s*(.+?)\s*$")
-# Where a rule came from is for the code's readers, not for the user.
-_SOURCE_NOTE = re.compile(r"\s*\((?:seed|STYLE)[^()]*\)|\s*\bseed \d{3}\b[^,;)]*", re.IGNORECASE)
+# Where a rule came from (the seeds, the SPEC) is for the code's readers, not for the user.
+_SOURCE_NOTE = re.compile(r"\s*\((?:seed|STYLE|SPEC)[^()]*\)|\s*\bseed \d{3}\b[^,;)]*", re.IGNORECASE)
 # A comment beginning with a section label ("1xx: ...") introduces a range.
 _SECTION = re.compile(r"^\s+#\s*(\dxx: [^(]+?)\s*(?:\(.*\))?\s*$")
 
