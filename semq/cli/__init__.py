@@ -551,7 +551,6 @@ def check_free(address: tuple[str, int], option: str, directory: Path) -> None:
     closes) a socket the way trio's listeners do, so a port held by another
     process is said in one line naming the address, before anything runs.
     Port 0 always can. Raises AddressInUse."""
-    import errno
     import socket
 
     host, port = address
