@@ -57,12 +57,16 @@ def cmd_help(args: argparse.Namespace) -> int:
 
 def _mark_paths(parser: argparse.ArgumentParser) -> None:
     """Tell shtab which arguments are directories or files, so the shell
-    completes paths there."""
+    completes paths there, and the help topics."""
     import shtab
 
-    for _, p in walk(parser):
+    from semq.cli.topics import TOPICS
+
+    for path, p in walk(parser):
         for a in p._actions:
-            if set(a.option_strings) & {"--dir", "--enroll-from", "--unit-dir"}:
+            if path == ("help",) and a.dest == "topic":
+                a.complete = shtab.cmd("echo " + " ".join(TOPICS))  # type: ignore[attr-defined]
+            elif set(a.option_strings) & {"--dir", "--enroll-from", "--unit-dir"}:
                 a.complete = shtab.DIRECTORY  # type: ignore[attr-defined]
             elif a.dest in ("file", "csr", "cert", "ca", "password_file", "token_file", "log_file", "output") \
                     or a.metavar == "FILE":

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import re
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -109,6 +110,28 @@ def test_the_bash_completion_names_the_commands(capsys: pytest.CaptureFixture[st
         assert word in script, word
     assert main(["completion", "show", "--shell", "zsh"]) == 0
     assert "#compdef semq" in capsys.readouterr().out
+
+
+def _complete(script: Path, *words: str) -> list[str]:
+    """What bash offers for the last of ``words`` with the script loaded."""
+    line = " ".join(words)
+    program = (f"source {script}; COMP_WORDS=({' '.join(repr(w) for w in words)}); COMP_CWORD={len(words) - 1};"
+               f" COMP_LINE={line!r}; COMP_POINT={len(line)}; _shtab_semq; printf '%s\\n' \"${{COMPREPLY[@]}}\"")
+    r = subprocess.run(["bash", "-c", program], capture_output=True, text=True, timeout=30)
+    assert r.returncode == 0, r.stderr
+    return r.stdout.split()
+
+
+def test_bash_completes_commands_options_topics_and_directories(tmp_path: Path,
+                                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["completion", "show", "--shell", "bash"]) == 0
+    script = tmp_path / "semq.bash"
+    script.write_text(capsys.readouterr().out)
+    assert _complete(script, "semq", "adm") == ["admin"]
+    assert _complete(script, "semq", "admin", "list", "--old") == ["--older-than"]
+    assert _complete(script, "semq", "help", "sav") == ["savefwd"]
+    (tmp_path / "data-dir").mkdir()
+    assert _complete(script, "semq", "status", "--dir", str(tmp_path / "data-")) == [str(tmp_path / "data-dir")]
 
 
 def test_completion_install_writes_where_the_shell_finds_it(tmp_path: Path, capsys: pytest.CaptureFixture[str],
