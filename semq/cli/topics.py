@@ -12,9 +12,10 @@ import re
 from collections.abc import Callable
 from enum import Enum
 from functools import cache
+from typing import Any
 
-from semq.node.engine import AckStatus, SendState, TxState
-from semq.platform.engine import StoredState
+from semq.node.engine import ORIGIN_TABLE, AckStatus, OriginEvent, SendState, TxState
+from semq.platform.engine import STORED_TABLE, StoredEvent, StoredState
 from semq.umxt_protocol import LK0, MAX_NODE_ID, AckFlag, Kind, ResultCode, SaveFwd
 from semq.umxt_protocol._types import MAX_RECORD_ID, MAX_SEMQ_ID
 
@@ -71,6 +72,23 @@ def _members(cls: type[Enum], *, value: bool = True, only: tuple[Enum, ...] = ()
     return lines
 
 
+def _moves(table: dict[Any, Any], states: type[Enum], events: type[Enum]) -> list[str]:
+    """How each state moves, from a transition table ``(state, event) ->
+    next`` (or ``(next, ...)``): one line per state, self-loops left out;
+    then what each event is."""
+    meanings = member_meanings(events)
+    moves: dict[tuple[str, str], list[str]] = {}
+    for state in states:
+        for (st, e), nxt in table.items():
+            to = nxt[0] if isinstance(nxt, tuple) else nxt
+            if st is state and to is not state:
+                moves.setdefault((state.name, to.name), []).append(str(e.value))
+    w = max(len(m.name) for m in states)
+    lines = [f"    {a:<{w}} -> {b:<{w}}  on {', '.join(evs)}" for (a, b), evs in moves.items()]
+    width = max(len(str(e.value)) for e in events)
+    return [*lines, "  where:", *(f"    {e.value:<{width}}  {meanings[e.name]}" for e in events)]
+
+
 def _states() -> str:
     return "\n".join([
         "States of the rows a node and the platform keep for each document.",
@@ -78,6 +96,8 @@ def _states() -> str:
         "The origin's pending-send rows (semq messages, semq status, semq admin list):",
         *_members(SendState),
         "  A confirmed row is cleaned up; a failed one stays 7 days (semq dead lists it).",
+        "  How they move:",
+        *_moves(ORIGIN_TABLE, SendState, OriginEvent),
         "",
         "The receiver's pending-ack rows (semq admin list --table inbound), one status for the",
         "platform's confirmation (P_ACK) and one for the origin's (S_ACK):",
@@ -86,6 +106,8 @@ def _states() -> str:
         "",
         "The platform's stored copies (semq admin list on a platform; ids form LK1):",
         *_members(StoredState),
+        "  How they move:",
+        *_moves(STORED_TABLE, StoredState, StoredEvent),
         "",
         "Transactional half messages (semq tx list):",
         *_members(TxState),

@@ -170,3 +170,16 @@ def test_config_reference_says_type_default_and_reload(capsys: pytest.CaptureFix
 def test_the_reload_applies_exactly_the_keys_the_rules_say(role: str) -> None:
     declared = {name for name, rule in SETTINGS.items() if rule.reload_when(role)}
     assert set(APPLIERS[role]) == declared
+
+
+def test_semq_help_states_shows_every_move_of_the_engine_tables() -> None:
+    from semq.node.engine import ORIGIN_TABLE
+    from semq.platform.engine import STORED_TABLE
+
+    text = topic_text("states")
+    for table in (ORIGIN_TABLE, STORED_TABLE):
+        for (state, event), nxt in table.items():
+            to = nxt[0] if isinstance(nxt, tuple) else nxt
+            if to is not state:
+                assert re.search(rf"^\s+{state.name}\s+-> {to.name}\s+on .*\b{event.value}\b", text, re.M), \
+                    f"{state.name} --{event.value}--> {to.name}"
