@@ -109,7 +109,10 @@ CREATE TABLE IF NOT EXISTS minute (
 ) WITHOUT ROWID;
 """
 
-# One upsert per document and batch. Attributes keep the first value seen;
+# One upsert per document and batch (parameters by number, bound from a
+# tuple: ?1 lk0, ?2 role, ?3..?14 the attributes of _ROW_ATTRS, ?15 path,
+# ?16 state, ?17 weak state, ?18 state_ms, ?19 code, ?20 lk1, ?21 first_ms,
+# ?22 last_ms, ?23 resends, ?24 nsteps, ?25 kept, ?26 steps). Attributes keep the first value seen;
 # the state is that of the latest state event by its time (the records of
 # one document may come from two writers: the application's ``queued`` can
 # follow the daemon's ``sent`` in the file), a weak one only for a new
@@ -118,9 +121,9 @@ _UPSERT: Final = f"""
 INSERT INTO doc (lk0, role, source, target, domain, data_type, subtype, key, size, save_fwd, priority,
                  from_user, to_user, channel, path, state, state_ms, code, lk1, first_ms, last_ms,
                  resends, nsteps, kept, steps)
-VALUES (:lk0, :role, :source, :target, :domain, :data_type, :subtype, :key, :size, :save_fwd, :priority,
-        :from_user, :to_user, :channel, :path, coalesce(:state, :weak), :state_ms, :code, :lk1,
-        :first_ms, :last_ms, :resends, :nsteps, :kept, :steps)
+VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11,
+        ?12, ?13, ?14, ?15, coalesce(?16, ?17), ?18, ?19, ?20,
+        ?21, ?22, ?23, ?24, ?25, ?26)
 ON CONFLICT (lk0, role) DO UPDATE SET
     source = coalesce(source, excluded.source), target = coalesce(target, excluded.target),
     domain = coalesce(domain, excluded.domain), data_type = coalesce(data_type, excluded.data_type),
@@ -129,9 +132,9 @@ ON CONFLICT (lk0, role) DO UPDATE SET
     priority = coalesce(priority, excluded.priority), from_user = coalesce(from_user, excluded.from_user),
     to_user = coalesce(to_user, excluded.to_user), channel = coalesce(channel, excluded.channel),
     path = coalesce(excluded.path, path),
-    state = CASE WHEN :state IS NOT NULL AND :state_ms >= coalesce(state_ms, 0) THEN :state
-                 ELSE coalesce(state, :weak) END,
-    state_ms = CASE WHEN :state IS NOT NULL AND :state_ms >= coalesce(state_ms, 0) THEN :state_ms
+    state = CASE WHEN ?16 IS NOT NULL AND ?18 >= coalesce(state_ms, 0) THEN ?16
+                 ELSE coalesce(state, ?17) END,
+    state_ms = CASE WHEN ?16 IS NOT NULL AND ?18 >= coalesce(state_ms, 0) THEN ?18
                     ELSE state_ms END,
     code = coalesce(excluded.code, code),
     lk1 = coalesce(excluded.lk1, lk1),
@@ -361,12 +364,10 @@ class HistoryIndexer:
         docs = fold(records)
         for (lk0, role), d in docs.items():
             a = d.attrs
-            rows.append({"lk0": lk0, "role": role, **{k: a.get(k) for k in _ROW_ATTRS},
-                         "path": d.path, "state": d.state if d.strong else None,
-                         "weak": None if d.strong else d.state, "state_ms": d.state_ms if d.strong else None,
-                         "code": d.code, "lk1": d.lk1, "first_ms": d.first,
-                         "last_ms": d.last, "resends": d.resends, "nsteps": d.nsteps, "kept": len(d.steps),
-                         "steps": b",".join(d.steps).decode() + ","})
+            strong = d.strong
+            rows.append((lk0, role, *[a.get(k) for k in _ROW_ATTRS], d.path, d.state if strong else None,
+                         None if strong else d.state, d.state_ms if strong else None, d.code, d.lk1, d.first,
+                         d.last, d.resends, d.nsteps, len(d.steps), b",".join(d.steps).decode() + ","))
         counts: dict[tuple[int, str], int] = {}
         for r in records:
             kind = _ACTIVITY.get((r.get("role", "origin"), r["event"]))

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Protocol
 if TYPE_CHECKING:
     from semq.umxt_protocol import Endpoint
 
-__all__ = ["BatchObserver", "DrainSignal", "FramePort", "RelayPort"]
+__all__ = ["BatchObserver", "DrainSignal", "FramePort", "InboxSignal", "RelayPort"]
 
 
 class DrainSignal(Protocol):
@@ -30,6 +30,14 @@ class BatchObserver(Protocol):
     """Metrics of the daemon's store transactions."""
 
     def observe_batch(self, size: int, seconds: float) -> None: ...
+
+
+class InboxSignal(Protocol):
+    """Told by a node daemon, on its trio thread, each time a commit put
+    documents into its inbox (after the commit: durable before announced);
+    semq.ops.waiters answers the clients waiting for them."""
+
+    def arrived(self) -> None: ...
 
 
 class FramePort(Protocol):

@@ -2,7 +2,7 @@
 inside functions too): a module imports only from its own layer or the
 layers below it. From the bottom up:
 
-    protocol  <-  crypto  <-  shared (trust, security, config, stores, events, history, transport, ports)
+    protocol  <-  crypto  <-  shared (trust, security, config, stores, events, history, transport, ports, inbox_wait)
               <-  engines  <-  cores (node and platform stores, cores, the node's features and API)
               <-  daemons  <-  ops  <-  cli, testing
 
@@ -23,6 +23,7 @@ LAYERS: dict[str, int] = {
     "semq.crypto": 1,
     "semq.trust": 2, "semq.security": 2, "semq.config": 2, "semq._db": 2, "semq._pg": 2, "semq._gate": 2, "semq.events": 2, "semq.history": 2,
     "semq.transport": 2, "semq.ports": 2, "semq.units": 2,
+    "semq.inbox_wait": 2,  # the client side of a node's wait_inbox: NodeClient waits through it
     "semq.node.engine": 3, "semq.platform.engine": 3,
     "semq.node": 4, "semq.platform": 4,
     "semq.node.daemon": 5, "semq.platform.daemon": 5, "semq.node.background": 5,

@@ -12,6 +12,7 @@ import logging
 import os
 import signal
 import sys
+import textwrap
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -927,10 +928,56 @@ def cmd_user(args: argparse.Namespace) -> int:
             raise UsageError(str(e)) from None
 
 
+INBOX_LIMIT = MAX_LIMIT  # documents one 'semq inbox' lists at most (shown: semq.ops.display)
+
+
+def format_time(ms: int | None) -> str:
+    """A ms timestamp as this machine's local time, ``2026-12-05 10:47:55``."""
+    if not ms:
+        return "-"
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ms / 1000))
+
+
+def _app_key_shown(ak: Any) -> str:
+    if isinstance(ak, dict):
+        parts = (ak["domain"], ak["data_type"], ak["subtype"], ak["key"])
+    else:
+        parts = (ak.domain, ak.data_type, ak.subtype, ak.key)
+    return "/".join(shown(p) for p in parts)
+
+
 def _doc_id(text: str) -> int:
     if not text.isdigit():
         raise UsageError(f"inbox document id {text!r} is not a number (see 'semq inbox')")
     return int(text)
+
+
+def _check_limit(limit: int) -> int:
+    if not 1 <= limit <= INBOX_LIMIT:
+        raise UsageError(f"--limit {limit} is outside 1..{INBOX_LIMIT}")
+    return limit
+
+
+def _item_json(i: Any) -> dict[str, Any]:
+    """An inbox document for --json (times stay ms since the epoch)."""
+    return {"id": i.id, "lk0": str(i.lk0), "from": i.lk0.endpoint.node_id, "from_user": i.from_user,
+            "to_user": i.to_user, "channel": i.channel, "gap": i.gap, "app_key": str(i.app_key),
+            "size": len(i.app_data), "received_ms": i.received_ms, "consumed": i.consumed_ms is not None}
+
+
+INBOX_HEADER = f"{'ID':>6}  {'FROM':<20} {'LK0':<28} {'APPKEY':<32} {'SIZE':>7}  {'RECEIVED':<19}"
+
+
+def _inbox_line(d: dict[str, Any]) -> str:
+    """One document as 'semq inbox' lists it (``d``: the JSON form, or the
+    user socket's)."""
+    sender = shown(d["from"] + (f"/{d['from_user']}" if d.get("from_user") else ""))
+    ak = d["app_key"]
+    key = _app_key_shown(ak) if isinstance(ak, dict) else shown(ak)
+    users = (f"  -> {shown(d['to_user'])}" if d.get("to_user") else "") + (
+        f"  [{shown(d['channel'])}]" if d.get("channel") else "")
+    return (f"{d['id']:>6}  {sender:<20} {d['lk0']:<28} {key:<32} {d['size']:>7}  {format_time(d['received_ms'])}"
+            f" ({format_age(d['received_ms'])} ago){users}")
 
 
 def _inbox_as_user(args: argparse.Namespace, token: str) -> int:
@@ -938,26 +985,50 @@ def _inbox_as_user(args: argparse.Namespace, token: str) -> int:
 
     me = _user_client(args, None, token)
     try:
+        if args.follow:
+            return _follow(args, me.follow(args.after), lambda i: me.acknowledge([i["id"]]))
         if args.action == "list":
             items = me.inbox(unread=not args.all, limit=args.limit)
             if args.json:
                 print(json.dumps(items))
                 return 0
-            print(f"{'ID':>6}  {'FROM':<20} {'LK0':<28} {'APPKEY':<32} {'SIZE':>7}  AGE")
+            print(INBOX_HEADER)
             for i in items:
-                sender = i["from"] + (f"/{i['from_user']}" if i["from_user"] else "")
-                ak = i["app_key"]
-                print(f"{i['id']:>6}  {sender:<20} {i['lk0']:<28}"
-                      f" {'/'.join((ak['domain'], ak['data_type'], ak['subtype'], ak['key'])):<32}"
-                      f" {i['size']:>7}  {format_age(i['received_ms'])}")
+                print(_inbox_line(i))
             print(f"{len(items)} document(s) for {args.user}", file=sys.stderr)
             return 0
         if not args.ids:
-            raise UsageError(f"inbox {args.action} needs a document id")
+            raise UsageError(f"inbox {args.action} needs a document id or LK0")
+
+        def resolve(text: str) -> int:
+            if text.isdigit():
+                return int(text)
+            lk0 = _lk0_arg(text)
+            for i in me.inbox(unread=False, limit=INBOX_LIMIT):
+                if i["lk0"] == str(lk0):
+                    return int(i["id"])
+            raise _NotInInbox(f"document {text} is not in the inbox of {args.user}")
+
         if args.action == "ack":
-            print(f"acknowledged {me.acknowledge([_doc_id(i) for i in args.ids])}")
-            return 0
-        item = me.get(_doc_id(args.ids[0]))
+            rc = 0
+            ids = []
+            for text in args.ids:
+                try:
+                    item_id = resolve(text)
+                    me.get(item_id)
+                except (_NotInInbox, UserSocketError):
+                    print(f"error: document {text} is not in the inbox", file=sys.stderr)
+                    rc = 1
+                    continue
+                ids.append(item_id)
+            if ids:
+                print(f"acknowledged {me.acknowledge(ids)}")
+            return rc
+        try:
+            item = me.get(resolve(args.ids[0]))
+        except (_NotInInbox, UserSocketError):
+            print(f"error: document {args.ids[0]} is not in the inbox", file=sys.stderr)
+            return 1
     except UserSocketError as e:
         raise UsageError(str(e)) from None
     if args.action == "save":
@@ -971,50 +1042,110 @@ def _inbox_as_user(args: argparse.Namespace, token: str) -> int:
     return 0
 
 
+class _NotInInbox(Exception):
+    pass
+
+
+def _lk0_arg(text: str) -> Any:
+    from semq.umxt_protocol import LK0
+
+    try:
+        return LK0.parse(text)
+    except ProtocolError:
+        raise UsageError(f"{text!r} is neither an inbox document id nor an LK0 (ORG/SEMQ_ID/DB_ID/RECORD_ID)") from None
+
+
+def _follow(args: argparse.Namespace, items: Any, ack: Callable[[Any], Any]) -> int:
+    """``--follow``: each document as it arrives, one line (or one JSON
+    line), flushed; ``--ack`` acknowledges each once it is printed."""
+    try:
+        if not args.json:
+            print(INBOX_HEADER, flush=True)
+        for item in items:
+            d = item if isinstance(item, dict) else _item_json(item)
+            if args.json:
+                d = {k: v for k, v in d.items() if k != "data"}
+                print(json.dumps(d), flush=True)
+            else:
+                print(_inbox_line(d), flush=True)
+            if args.ack:  # only once it was written
+                ack(item)
+    except BrokenPipeError:
+        # The reader went away ('semq inbox --follow | head -1'): done, and
+        # the document that did not get out is not acknowledged.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    return 0
+
+
 def cmd_inbox(args: argparse.Namespace) -> int:
+    _check_limit(args.limit)
+    if args.ack and not args.follow:
+        raise UsageError("--ack goes with --follow (to acknowledge documents by id: semq inbox ack ID...)")
+    if args.follow and args.action != "list":
+        raise UsageError(f"--follow lists documents as they arrive; not with 'inbox {args.action}'")
     token = _token(args)
     if token is not None:
         return _inbox_as_user(args, token)
     with _client(args) as node:
+        if args.follow:
+            return _follow(args, node.follow(args.after, user=args.user),
+                           lambda i: node.acknowledge([i.id], user=args.user))
         if args.action == "list":
             items = node.inbox(unread=not args.all, limit=args.limit, user=args.user)
             if args.json:
-                print(json.dumps([{"id": i.id, "lk0": str(i.lk0), "from": i.lk0.endpoint.node_id,
-                                   "from_user": i.from_user, "to_user": i.to_user, "channel": i.channel,
-                                   "gap": i.gap, "app_key": str(i.app_key), "size": len(i.app_data),
-                                   "received_ms": i.received_ms, "consumed": i.consumed_ms is not None}
-                                  for i in items]))
+                print(json.dumps([_item_json(i) for i in items]))
                 return 0
-            users = any(i.to_user or i.from_user for i in items)
-            print(f"{'ID':>6}  {'FROM':<10} {'LK0':<28} {'APPKEY':<32} {'SIZE':>7}  AGE"
-                  + ("  FROM_USER -> TO_USER" if users else ""))
+            print(INBOX_HEADER)
             for i in items:
-                print(f"{i.id:>6}  {i.lk0.endpoint.node_id:<10} {i.lk0!s:<28} {i.app_key!s:<32}"
-                      f" {len(i.app_data):>7}  {format_age(i.received_ms)}"
-                      + (f"  {i.from_user or '-'} -> {i.to_user or '-'}" if users else ""))
+                print(_inbox_line(_item_json(i)))
             print(f"{len(items)} document(s)", file=sys.stderr)
             return 0
         if not args.ids:
-            raise UsageError(f"inbox {args.action} needs a document id")
+            raise UsageError(f"inbox {args.action} needs a document id or LK0")
+
+        def get(text: str) -> Any:
+            if text.isdigit():
+                return node.get(int(text), user=args.user)
+            return node.find(_lk0_arg(text), user=args.user)
+
         if args.action == "ack":
-            n = node.acknowledge([_doc_id(i) for i in args.ids], user=args.user)
-            print(f"acknowledged {n}")
-            return 0
+            rc = 0
+            ids = []
+            for text in args.ids:
+                try:
+                    item = get(text)
+                except KeyError:
+                    print(f"error: document {text} is not in the inbox", file=sys.stderr)
+                    rc = 1
+                    continue
+                if item.consumed_ms is not None:
+                    print(f"document {text} was acknowledged already, {format_time(item.consumed_ms)}",
+                          file=sys.stderr)
+                    continue
+                ids.append(item.id)
+            if ids:
+                print(f"acknowledged {node.acknowledge(ids, user=args.user)}")
+            return rc
         try:
-            item = node.get(_doc_id(args.ids[0]), user=args.user)
-        except KeyError as e:
-            raise UsageError(str(e.args[0])) from None
+            item = get(args.ids[0])
+        except KeyError:
+            print(f"error: document {args.ids[0]} is not in the inbox", file=sys.stderr)
+            return 1
         if args.action == "save":
             if len(args.ids) < 2:
                 raise UsageError("inbox save needs ID FILE")
             Path(args.ids[1]).write_bytes(item.app_data)
             print(f"saved {len(item.app_data)} bytes to {args.ids[1]}")
             return 0
-        who = "".join(f"\n{k}: {v}" for k, v in (("from_user", item.from_user), ("to_user", item.to_user),
-                                                  ("channel", item.channel)) if v)
-        print(f"id: {item.id}\nlk0: {item.lk0}\nfrom: {item.lk0.endpoint.node_id}{who}\napp_key: {item.app_key}"
-              f"\nsave_fwd: {item.save_fwd}\npriority: {item.priority}\nsize: {len(item.app_data)}"
-              f"\nreceived: {format_age(item.received_ms)} ago\n")
+        who = "".join(f"\n{k}: {shown(v)}" for k, v in (("from_user", item.from_user), ("to_user", item.to_user),
+                                                         ("channel", item.channel)) if v)
+        acked = (f"\nacknowledged: {format_time(item.consumed_ms)}" if item.consumed_ms is not None
+                 else "\nacknowledged: no")
+        print(f"id: {item.id}\nlk0: {item.lk0}\nfrom: {shown(item.lk0.endpoint.node_id)}{who}"
+              f"\napp_key: {_app_key_shown(item.app_key)}\nsave_fwd: {item.save_fwd}\npriority: {item.priority}"
+              f"\nsize: {len(item.app_data)}\ncreated: {format_time(item.created_ms)}"
+              f"\nreceived: {format_time(item.received_ms)} ({format_age(item.received_ms)} ago){acked}\n")
+        sys.stdout.flush()
         sys.stdout.buffer.write(item.app_data)
         sys.stdout.flush()
         return 0
@@ -1300,14 +1431,41 @@ def build_parser() -> argparse.ArgumentParser:
     x.add_argument("file", help="file to send, or - for stdin")
     x.set_defaults(func=cmd_send)
 
-    x = sub.add_parser("inbox", parents=[common], help="documents that arrived")
-    x.add_argument("action", nargs="?", default="list", choices=["list", "show", "save", "ack"])
-    x.add_argument("ids", nargs="*")
-    x.add_argument("--all", action="store_true", help="include acknowledged documents")
-    x.add_argument("--limit", type=int, default=100)
-    x.add_argument("--json", action="store_true")
+    x = sub.add_parser(
+        "inbox", parents=[common], help="documents that arrived",
+        description=textwrap.fill("List the documents that arrived (unacknowledged ones by default), show or save one, acknowledge"
+                    " them, or follow the inbox: each document printed as it arrives, woken by the running node"
+                    " daemon (no polling).", 79),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="examples:\n"
+               "  semq inbox --dir B                      # unacknowledged documents, oldest first\n"
+               "  semq inbox --dir B show 17              # one document: its fields, then its contents\n"
+               "  semq inbox --dir B show 10008/1/1/1795329835412001   # the same, by its LK0\n"
+               "  semq inbox --dir B save 17 order.xml\n"
+               "  semq inbox --dir B ack 17 18\n"
+               "  semq inbox --dir B --follow --json      # one JSON line per document as it arrives\n"
+               "  semq inbox --dir B --follow --ack       # print each new document, then acknowledge it")
+    x.add_argument("action", nargs="?", default="list", choices=["list", "show", "save", "ack"],
+                   help="list (default); show ID|LK0: its fields and contents; save ID|LK0 FILE: its contents to"
+                        " FILE; ack ID|LK0...: the application has processed them")
+    x.add_argument("ids", nargs="*", metavar="ID|LK0", help="inbox document ids (the ID column) or LK0s")
+    x.add_argument("--all", action="store_true", help="include acknowledged documents (list)")
+    x.add_argument("--limit", type=int, default=100, metavar="N",
+                   help=f"list at most N documents, 1..{INBOX_LIMIT} (default 100)")
+    x.add_argument("--json", action="store_true",
+                   help="JSON for programs (times in ms since the epoch); with --follow one JSON object per line")
+    x.add_argument("--follow", "-f", action="store_true",
+                   help="print each unacknowledged document, then each new one as it arrives, until interrupted"
+                        " (the node daemon wakes it; without a daemon it tries again every second)")
+    x.add_argument("--after", type=int, default=0, metavar="ID",
+                   help="--follow: start with the documents above inbox id ID (default 0: every unacknowledged one)")
+    x.add_argument("--ack", action="store_true", help="--follow: acknowledge each document once it is printed")
     _user_options(x, "only this user's documents")
     x.set_defaults(func=cmd_inbox)
+
+    from semq.cli.receive import register as register_receive
+
+    register_receive(sub, common)
 
     x = sub.add_parser("user", parents=[common], help="users inside this organization and their tokens")
     x.add_argument("action", choices=["add", "list", "remove"],

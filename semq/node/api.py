@@ -13,14 +13,19 @@ in the node's store when it returns, and goes out when the daemon runs.
 
 from __future__ import annotations
 
+import heapq
 import json
+import logging
+import sqlite3
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any, Final
 
 from semq.config import ORG_ID_ALLOWED, Config, ConfigError, load_config
+from semq.inbox_wait import ADMIN_SOCKET_NAME, MAX_WAIT, DaemonAway, await_any, wait_any
 from semq.umxt_protocol import LK0, AppKey, Endpoint, NodeType, ResultCode, SaveFwd
 
 from .core import NewDocument, NodeCore
@@ -30,7 +35,9 @@ from .limits import MAX_DOCUMENT_SIZE, BadTarget, DocumentTooLarge, check_target
 from .users import User, add_user, list_users, remove_user
 from .writebehind import InboxRow, MessageRow, columns
 
-__all__ = ["MAX_DOCUMENT_SIZE", "BadTarget", "DocumentTooLarge", "InboxItem", "NodeClient", "OutboxRow"]
+__all__ = ["MAX_DOCUMENT_SIZE", "BadTarget", "DocumentTooLarge", "InboxItem", "NodeClient", "OutboxRow", "inbox_top"]
+
+log = logging.getLogger("semq.node.api")
 
 KNOWS_ROWS: Final = 10_000  # newest rows of an unindexed table NodeClient.knows reads
 # A node of several units (semq.units) numbers its inbox as one: the id of
@@ -47,7 +54,27 @@ _INBOX_COLS: Final = columns(InboxRow)
 _MESSAGES: Final = (
     f"SELECT {columns(MessageRow)} FROM (SELECT o.*, f.target_id AS refused_by FROM outbox o"
     f" LEFT JOIN refusals f ON f.record_id = o.id AND o.state = {int(SendState.SS_FAILED)}) ORDER BY id LIMIT ?")
+# The highest unacknowledged row of a store's inbox (of one user's documents):
+# what a wait_inbox compares with (semq.ops.waiters). Down the (consumed_ms,
+# id) and (to_user, id) indexes from their end.
+_TOP: Final = "SELECT id FROM inbox WHERE consumed_ms IS NULL ORDER BY id DESC LIMIT 1"
+_TOP_OF_USER: Final = ("SELECT id FROM inbox WHERE to_user = ? AND to_user != '' AND consumed_ms IS NULL"
+                       " ORDER BY id DESC LIMIT 1")
+_AFTER: Final = f"SELECT {_INBOX_COLS} FROM inbox WHERE id > ? AND consumed_ms IS NULL ORDER BY id LIMIT ?"
+_AFTER_OF_USER: Final = (f"SELECT {_INBOX_COLS} FROM inbox WHERE id > ? AND to_user = ? AND to_user != ''"
+                         " AND consumed_ms IS NULL ORDER BY id LIMIT ?")
 _MESSAGES_OF_USER: Final = _MESSAGES.replace(" ORDER BY id LIMIT ?", " WHERE from_user = ? ORDER BY id LIMIT ?")
+
+
+def inbox_top(conn: sqlite3.Connection, user: str | None = None) -> int:
+    """The highest row id of an unacknowledged document in this store's
+    inbox (``user``: of that user's documents), 0 when there is none."""
+    row = conn.execute(_TOP_OF_USER, (user,)).fetchone() if user else conn.execute(_TOP).fetchone()
+    return int(row[0]) if row else 0
+
+
+#: Where a follower is: per unit (1..N), the last row id it was given.
+Cursor = tuple[int, ...]
 
 
 @dataclass(frozen=True)
@@ -325,6 +352,17 @@ class NodeClient:
             raise KeyError(f"no inbox document {item_id}")
         return self._item(InboxRow._make(r), core.unit)
 
+    def find(self, lk0: LK0, *, user: str | None = None) -> InboxItem:
+        """The inbox document named by its LK0 (every unit's inbox);
+        KeyError like ``get`` when there is none (or it is another user's)."""
+        key = (lk0.endpoint.node_id, lk0.semq_id, lk0.semq_db_id, lk0.record_id)
+        for core in self.cores:
+            r = core.conn.execute(f"SELECT {_INBOX_COLS} FROM inbox WHERE origin_id=? AND semq_id=? AND semq_db_id=?"
+                                  " AND record_id=? ORDER BY id LIMIT 1", key).fetchone()
+            if r is not None and (user is None or InboxRow._make(r).to_user == user):
+                return self._item(InboxRow._make(r), core.unit)
+        raise KeyError(f"no inbox document {lk0}")
+
     def _item(self, r: InboxRow, unit: int = 1) -> InboxItem:
         return InboxItem(
             id=self._item_id(unit, r.id),
@@ -376,6 +414,126 @@ class NodeClient:
                 deadline = time.monotonic() + timeout
             else:
                 time.sleep(poll)
+
+    # ------------------------------------------------------------ following
+
+    def cursor(self, after_id: int = 0) -> Cursor:
+        """A follower's position from an inbox id: per unit, the row its
+        next document must be above (for one unit, ``(after_id,)``)."""
+        if len(self.cores) == 1:
+            return (max(0, after_id),)
+        return tuple(max(0, (after_id - k) // UNIT_IDS) for k in range(1, len(self.cores) + 1))
+
+    def inbox_after(self, cursor: Cursor, *, user: str | None = None, limit: int = 1000) -> list[InboxItem]:
+        """Unacknowledged documents above ``cursor`` (every unit's, each
+        unit's in id order, at most ``limit`` from each)."""
+        per_unit = []
+        for k, core in enumerate(self.cores, 1):
+            args = (cursor[k - 1], user, limit) if user else (cursor[k - 1], limit)
+            per_unit.append([self._item(r, k) for r in map(
+                InboxRow._make, core.conn.execute(_AFTER_OF_USER if user else _AFTER, args))])
+        if len(per_unit) == 1:
+            return per_unit[0]
+        # The units' documents by arrival, each unit's in its own id order (an
+        # ordered channel's documents keep theirs even when held ones came later).
+        return list(heapq.merge(*per_unit, key=lambda it: it.received_ms))
+
+    def advance(self, cursor: Cursor, item: InboxItem) -> Cursor:
+        """``cursor`` moved past ``item``."""
+        row = item.id if len(self.cores) == 1 else item.id // UNIT_IDS
+        if row <= cursor[item.unit - 1]:
+            return cursor
+        return (*cursor[:item.unit - 1], row, *cursor[item.unit:])
+
+    def _wait_requests(self, cursor: Cursor, user: str | None) -> list[tuple[Path, dict[str, Any]]]:
+        cfg = self.config
+        return [(cfg.for_unit(k).unit_dir / ADMIN_SOCKET_NAME,
+                 {"after_id": cursor[k - 1], **({"user": user} if user else {})})
+                for k in range(1, len(self.cores) + 1)]
+
+    def wait(self, cursor: Cursor, *, user: str | None = None, timeout: float = MAX_WAIT) -> bool:
+        """Block until the inbox holds an unacknowledged document above
+        ``cursor`` (True) or ``timeout`` passes (False, at most MAX_WAIT s),
+        woken by the running daemon (every unit's: its admin socket) when
+        it commits one: no polling. Raises semq.inbox_wait.DaemonAway when
+        a unit's daemon does not answer, WaitRefused with its error line."""
+        got = wait_any(self._wait_requests(cursor, user), timeout)
+        return any(r.get("ready") for r in got.values())
+
+    async def await_(self, cursor: Cursor, *, user: str | None = None, timeout: float = MAX_WAIT) -> bool:
+        """``wait`` for trio."""
+        got = await await_any(self._wait_requests(cursor, user), timeout)
+        return any(r.get("ready") for r in got.values())
+
+    def follow(self, after_id: int = 0, user: str | None = None,
+               timeout: float | None = None) -> Iterator[InboxItem]:
+        """Yield each unacknowledged document with an id above ``after_id``,
+        then each new one as it arrives, once, until ``timeout`` seconds
+        pass without one (None: for ever); ``user``: only that user's.
+
+        The running daemon wakes it when a commit puts documents into the
+        inbox (``wait``): the store is read once per wake, never in a
+        loop. While no daemon answers it tries again every second (said
+        once in the log, at WARNING). Documents stay unacknowledged
+        (``acknowledge``): a new follower from 0 is given them again."""
+        cursor = self.cursor(after_id)
+        away = False
+        last = time.monotonic()
+        while True:
+            items = self.inbox_after(cursor, user=user)
+            for item in items:
+                cursor = self.advance(cursor, item)
+                yield item
+            now = time.monotonic()
+            if items:
+                last = now
+            span = MAX_WAIT if timeout is None else min(MAX_WAIT, timeout - (now - last))
+            if span <= 0:
+                return
+            try:
+                self.wait(cursor, user=user, timeout=span)
+            except DaemonAway as e:
+                if not away:
+                    log.warning("%s: waiting for the node daemon, trying again every second", e)
+                    away = True
+                time.sleep(min(1.0, span))
+                continue
+            if away:
+                log.warning("the node daemon answers again")
+                away = False
+
+    async def afollow(self, after_id: int = 0, user: str | None = None,
+                      timeout: float | None = None) -> AsyncIterator[InboxItem]:
+        """``follow`` for trio: ``async for item in node.afollow(): ...``.
+        The store is read on a worker thread (one at a time)."""
+        import trio
+
+        limiter = trio.CapacityLimiter(1)
+        cursor = self.cursor(after_id)
+        away = False
+        last = trio.current_time()
+        while True:
+            items = await trio.to_thread.run_sync(partial(self.inbox_after, cursor, user=user), limiter=limiter)
+            for item in items:
+                cursor = self.advance(cursor, item)
+                yield item
+            now = trio.current_time()
+            if items:
+                last = now
+            span = MAX_WAIT if timeout is None else min(MAX_WAIT, timeout - (now - last))
+            if span <= 0:
+                return
+            try:
+                await self.await_(cursor, user=user, timeout=span)
+            except DaemonAway as e:
+                if not away:
+                    log.warning("%s: waiting for the node daemon, trying again every second", e)
+                    away = True
+                await trio.sleep(min(1.0, span))
+                continue
+            if away:
+                log.warning("the node daemon answers again")
+                away = False
 
     def messages(self, *, limit: int = 1000, user: str | None = None) -> list[OutboxRow]:
         """The documents this node sent and has not cleaned up (every

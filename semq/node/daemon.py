@@ -27,7 +27,7 @@ from semq._gate import StoreGate
 from semq.config import Address
 from semq.crypto import CryptoError
 from semq.events import now_ms
-from semq.ports import BatchObserver, DrainSignal
+from semq.ports import BatchObserver, DrainSignal, InboxSignal
 from semq.transport import ConnectionClosed, FramePump, FrameStream
 from semq.umxt_protocol import (
     CertRequest,
@@ -198,6 +198,7 @@ class NodeDaemon:
         # semq.ops sets these when the daemon runs from the CLI.
         self.drain: DrainSignal | None = None  # 'semq admin drain': claim nothing new
         self.metrics: BatchObserver | None = None
+        self.inbox_signal: InboxSignal | None = None  # told after a commit put documents into the inbox
         self.platform_fs: FrameStream | None = None  # the platform session's stream, while there is one
         self.links = DirectLinks(self, settings.direct)
 
@@ -402,6 +403,9 @@ class NodeDaemon:
             self.stats["refused"] += 1
             log.warning("frame refused (%s): %s", code.name, text)
         self.stats["delivered"] += out.delivered
+        if out.delivered and self.inbox_signal is not None:
+            # Committed when gate.run returned: a client woken now finds them.
+            self.inbox_signal.arrived()
         if out.bad_receipts or out.bad_refusals:
             # An ACK2 or a refusal the target did not sign: the
             # documents stay open (counted; the frames are logged above).

@@ -422,7 +422,19 @@ def _v10(db: SqliteDatabase) -> None:
                    " os_user TEXT NOT NULL DEFAULT '', created_ms INTEGER NOT NULL)")
 
 
-MIGRATIONS = [_v1, _v2, _v3, _v4, _v5, _v6, _v7, _v8, _v9, _v10]
+def _v11_receive(db: SqliteDatabase) -> None:
+    """``semq receive`` (semq.node.receiving): per inbox document its
+    command failed for, the tries so far, the last exit status and the end
+    of its stderr, when the next try is due, and once it has failed too
+    often, when it was parked (a dead letter of the receiving side). The
+    row goes when the document is acknowledged."""
+    db.execute_sql(
+        "CREATE TABLE IF NOT EXISTS receive_tries (inbox_id INTEGER PRIMARY KEY, tries INTEGER NOT NULL,"
+        " last_code INTEGER, stderr_tail TEXT NOT NULL DEFAULT '', first_ms INTEGER NOT NULL,"
+        " last_ms INTEGER NOT NULL, next_ms INTEGER NOT NULL, parked_ms INTEGER)")
+
+
+MIGRATIONS = [_v1, _v2, _v3, _v4, _v5, _v6, _v7, _v8, _v9, _v10, _v11_receive]
 
 
 # A store incarnation's record ids start at its creation time in microsecond

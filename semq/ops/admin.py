@@ -55,6 +55,7 @@ __all__ = [
     "admin_socket_path",
     "one_line",
     "serve_admin",
+    "until_hangup",
 ]
 
 log = logging.getLogger("semq.ops.admin")
@@ -185,12 +186,56 @@ def _json_default(o: object) -> Any:
     return str(o)
 
 
+class _HungUp(Exception):
+    """The client closed its connection while its wait was open."""
+
+
+def until_hangup(handler: Handler) -> Handler:
+    """Mark a handler that waits (``wait_inbox``): while it runs, the
+    server reads its connection, and the client closing it cancels the
+    handler, so an abandoned wait holds nothing. Only for handlers that
+    change nothing (a cancelled one must leave no state half-changed)."""
+    handler.until_hangup = True  # type: ignore[attr-defined]
+    return handler
+
+
+async def _unless_hangup(call: Awaitable[Any], hangup: Callable[[], Awaitable[None]]) -> Any:
+    box: list[Any] = []
+    hung = False
+    try:
+        async with trio.open_nursery() as nursery:
+            async def run() -> None:
+                box.append(await call)
+                nursery.cancel_scope.cancel()
+
+            async def watch() -> None:
+                nonlocal hung
+                await hangup()
+                hung = True
+                nursery.cancel_scope.cancel()
+
+            nursery.start_soon(run)
+            nursery.start_soon(watch)
+    except BaseExceptionGroup as eg:  # the handler's own error, as _dispatch expects it
+        first: BaseException = eg
+        while isinstance(first, BaseExceptionGroup) and len(first.exceptions) == 1:
+            first = first.exceptions[0]
+        if first is not eg:
+            raise first from None
+        raise
+    if not box:
+        if hung:
+            raise _HungUp()
+        raise RuntimeError("a waiting handler ended without an answer")
+    return box[0]
+
+
 def _error(text: object) -> bytes:
     return json.dumps({"ok": False, "error": one_line(text)}).encode() + b"\n"
 
 
-async def _dispatch(line: bytes, handlers: Mapping[str, Handler],
-                    peer_uid: int | None = None) -> tuple[bytes, Callable[[], None] | None]:
+async def _dispatch(line: bytes, handlers: Mapping[str, Handler], peer_uid: int | None = None,
+                    hangup: Callable[[], Awaitable[None]] | None = None) -> tuple[bytes, Callable[[], None] | None]:
     try:
         req = json.loads(line)
     except (ValueError, UnicodeDecodeError) as e:
@@ -210,7 +255,12 @@ async def _dispatch(line: bytes, handlers: Mapping[str, Handler],
     if handler is None:
         return _error(f"unknown command {cmd!r}; known: {', '.join(sorted(handlers))}"), None
     try:
-        result = await handler(args)
+        if hangup is not None and getattr(handler, "until_hangup", False):
+            result = await _unless_hangup(handler(args), hangup)
+        else:
+            result = await handler(args)
+    except _HungUp:
+        raise
     except (ValueError, LookupError) as e:
         text = e.args[0] if isinstance(e, KeyError) and e.args else e
         return _error(f"{cmd}: {text}"), None
@@ -238,7 +288,8 @@ def _peer_uid(stream: trio.SocketStream) -> int | None:
 
 
 async def _serve_client(stream: trio.SocketStream, handlers: Mapping[str, Handler],
-                        slots: trio.Semaphore, max_request: int = MAX_REQUEST, credentials: bool = False) -> None:
+                        slots: trio.Semaphore, max_request: int = MAX_REQUEST, credentials: bool = False,
+                        max_clients: int = MAX_CLIENTS) -> None:
     peer_uid = _peer_uid(stream) if credentials else None
     async with stream:
         try:
@@ -246,13 +297,26 @@ async def _serve_client(stream: trio.SocketStream, handlers: Mapping[str, Handle
         except trio.WouldBlock:
             with trio.move_on_after(1):
                 try:
-                    await stream.send_all(_error(f"too many admin connections (limit {MAX_CLIENTS});"
+                    await stream.send_all(_error(f"too many connections (limit {max_clients});"
                                                  " try again"))
                 except (trio.BrokenResourceError, trio.ClosedResourceError):
                     pass
             return
+        buf = bytearray()
+
+        async def hangup() -> None:
+            """Returns once the client closed its end; what it sends
+            meanwhile (a next request) waits in ``buf``."""
+            while True:
+                try:
+                    data = await stream.receive_some(65536)
+                except (trio.BrokenResourceError, trio.ClosedResourceError):
+                    return
+                if not data or len(buf) > max_request:
+                    return
+                buf.extend(data)
+
         try:
-            buf = bytearray()
             while True:
                 data = None
                 with trio.move_on_after(IDLE_TIMEOUT):  # only the wait for a request is limited
@@ -269,7 +333,10 @@ async def _serve_client(stream: trio.SocketStream, handlers: Mapping[str, Handle
                         return
                     if not line.strip():
                         continue
-                    answer, after = await _dispatch(line, handlers, peer_uid)
+                    try:
+                        answer, after = await _dispatch(line, handlers, peer_uid, hangup)
+                    except _HungUp:
+                        return  # the client left while it waited
                     await stream.send_all(answer)
                     if after is not None:
                         after()
@@ -333,6 +400,7 @@ async def serve_admin(
     max_request: int = MAX_REQUEST,
     credentials: bool = False,
     what: str = "the admin console",
+    max_clients: int = MAX_CLIENTS,
     task_status: trio.TaskStatus[Path] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve the admin console on the Unix socket ``path`` until cancelled
@@ -344,15 +412,16 @@ async def serve_admin(
     The same server answers the node's user socket: ``mode`` 0666,
     ``credentials`` (each request's args get ``peer_uid``, the connecting
     process's uid from the kernel; a client cannot set it), a larger
-    ``max_request`` (documents travel in requests)."""
+    ``max_request`` (documents travel in requests), more ``max_clients``
+    (each user's application may hold a wait open)."""
     path = Path(path)
     sock, ino = await _bind(path, mode, what)
     listener = trio.SocketListener(sock)
-    slots = trio.Semaphore(MAX_CLIENTS)
+    slots = trio.Semaphore(max_clients)
     log.info("%s on %s", what, path)
 
     async def handle(stream: trio.SocketStream) -> None:
-        await _serve_client(stream, handlers, slots, max_request, credentials)
+        await _serve_client(stream, handlers, slots, max_request, credentials, max_clients)
 
     try:
         async with trio.open_nursery() as nursery:

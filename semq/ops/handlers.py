@@ -22,6 +22,9 @@ Commands (``args`` in parentheses; every command answers JSON):
   older_than; all; dry_run) — see each handler.
 - ``drain`` / ``stop`` — semq.ops.admin.DrainControl.
 - ``reload`` — the callback the daemon passes (certificates, configuration).
+- ``wait_inbox`` (after_id, timeout, user; node only) — answered as soon as
+  the inbox holds an unacknowledged row above after_id, or at the timeout
+  (semq.ops.waiters, semq.inbox_wait).
 
 Documents' contents and keys are never returned: rows carry sizes only.
 Which rows requeue / resend / purge take, and the state they leave them in,
@@ -32,11 +35,13 @@ state are reported ``skipped``.
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import os
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from enum import IntEnum
+from functools import partial
 from pathlib import Path
 from typing import Any, Final, NamedTuple
 
@@ -54,7 +59,7 @@ from semq.node.writebehind import InboundAdminRow, OutboxAdminRow, columns
 from semq.platform.engine import StoredState
 from semq.security import WAITING_CODES, waiting_reason
 
-from .admin import AdminCommandError, AfterReply, DrainControl, Handler
+from .admin import AdminCommandError, AfterReply, DrainControl, Handler, until_hangup
 from .display import MAX_LIMIT  # rows in one list/stuck answer (the CLI checks --limit against it)
 
 __all__ = [
@@ -405,12 +410,14 @@ def node_handlers(
     drain: DrainControl,
     metrics: Any = None,
     stuck_after: float = DEFAULT_STUCK_AFTER,
+    waiters: Any = None,
 ) -> dict[str, Handler]:
     """Admin commands of a running node. ``daemon`` is a
     semq.node.daemon.NodeDaemon (uses ``gate``, ``connected``, ``address``, ``links``,
     ``s.addresses``, ``sessions``, ``in_flight``, ``stats``, ``wake()``); ``core`` its
     NodeCore (``conn``/``db`` on the store thread only, ``me``, ``path``,
-    ``log``); ``metrics`` an optional semq.ops.metrics.Metrics."""
+    ``log``); ``metrics`` an optional semq.ops.metrics.Metrics; ``waiters``
+    a semq.ops.waiters.InboxWaiters (then ``wait_inbox`` is served)."""
     org = core.me.node_id
     store = f"{org}/{core.unit}/1"  # this unit's store, as its LK0s name it (semq.units)
     handlers = _common("node", org, drain, reload)
@@ -439,6 +446,8 @@ def node_handlers(
         }
         if metrics is not None:
             out["commit_batches"] = metrics.batch_summary()
+        if waiters is not None:  # clients waiting for documents (wait_inbox)
+            out["waits"] = dataclasses.asdict(waiters.statistics())
         return out
 
     async def list_(args: dict[str, Any]) -> dict[str, Any]:
@@ -630,7 +639,36 @@ def node_handlers(
 
     handlers.update({"status": status, "list": list_, "show": show, "stuck": stuck, "requeue": requeue,
                      "resend": resend, "purge": purge})
+    if waiters is not None:
+        handlers["wait_inbox"] = _wait_inbox(daemon, core, waiters)
     return handlers
+
+
+def _wait_inbox(daemon: Any, core: Any, waiters: Any) -> Handler:
+    from semq.node.api import inbox_top
+
+    from .waiters import wait_timeout
+
+    @until_hangup
+    async def wait_inbox(args: dict[str, Any]) -> dict[str, Any]:
+        """Until this unit's inbox holds an unacknowledged row above
+        ``after_id`` (``user``: one of that user's), at most ``timeout`` s:
+        ``{"ready": bool, "top": highest such row}``. Checked in the store
+        now and after each commit that adds documents, never on a timer."""
+        after = _int(args, "after_id", 0)
+        assert after is not None
+        user = args.get("user") or None
+        if user is not None and not isinstance(user, str):
+            raise AdminCommandError(f"user {user!r} is not a user name")
+        timeout = wait_timeout(args.get("timeout"))
+
+        async def check() -> tuple[bool, int]:
+            top = int(await daemon.gate.run(partial(inbox_top, core.conn, user)))
+            return top > after, top
+
+        return dict(await waiters.wait(check, timeout=timeout, pool="admin"))
+
+    return wait_inbox
 
 
 # ---------------------------------------------------------------- platform

@@ -115,6 +115,7 @@ class OpsRuntime:
         self.options = options or OpsOptions()
         self.drain = DrainControl(timeout=self.options.drain_timeout)
         self.metrics: Any = None
+        self.waiters: Any = None  # a node's semq.ops.waiters.InboxWaiters, once started
         self.admin_path: Path | None = None
         # A node's user socket (semq.ops.usersock): where, and the node's configuration.
         self.user_socket = user_socket
@@ -153,19 +154,29 @@ class OpsRuntime:
         if reload is None:
             reload = (node_reloader(daemon, core, self.directory) if self.role == "node"
                       else platform_reloader(daemon, core, self.directory))
-        make = node_handlers if self.role == "node" else platform_handlers
         busy = node_busy if self.role == "node" else platform_busy
-        handlers = make(daemon, core, reload=reload, drain=self.drain, metrics=self.metrics,
-                        stuck_after=self.options.stuck_after)
+        if self.role == "node":
+            # Clients waiting for documents (wait_inbox), woken by the daemon's commits.
+            from .waiters import InboxWaiters
+
+            self.waiters = InboxWaiters()
+            daemon.inbox_signal = self.waiters
+            handlers = node_handlers(daemon, core, reload=reload, drain=self.drain, metrics=self.metrics,
+                                     stuck_after=self.options.stuck_after, waiters=self.waiters)
+        else:
+            handlers = platform_handlers(daemon, core, reload=reload, drain=self.drain, metrics=self.metrics,
+                                         stuck_after=self.options.stuck_after)
         if self.options.admin:
             self.admin_path = await nursery.start(serve_admin, admin_socket_path(self.admin_dir), handlers)
         if self.user_socket is not None and self.config is not None:
             from .usersock import MAX_USER_REQUEST, user_handlers
+            from .waiters import USER_CLIENTS
 
             self.user_socket.parent.mkdir(parents=True, exist_ok=True)
             self.user_path = await nursery.start(partial(
-                serve_admin, self.user_socket, user_handlers(self.config), mode=0o666,
-                max_request=MAX_USER_REQUEST, credentials=True, what="the user socket"))
+                serve_admin, self.user_socket, user_handlers(self.config, self.waiters), mode=0o666,
+                max_request=MAX_USER_REQUEST, credentials=True, what="the user socket",
+                max_clients=USER_CLIENTS))
         if self.metrics is not None and self.options.metrics:
             from .metrics import parse_metrics_address, poll_store, probe_loop_lag, serve_metrics
 

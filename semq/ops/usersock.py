@@ -13,7 +13,9 @@ where users can reach it) and proves who it is with every request, by
 
 It is then answered for that user only: it sends as that user, lists,
 reads and acknowledges the documents for that user, and a document of
-another user is "not in the inbox", like one that does not exist.
+another user is "not in the inbox", like one that does not exist. It may
+also wait for its next document (``wait_inbox``, semq.inbox_wait): answered
+when a commit puts one of its documents into the inbox of any unit.
 
 Protocol: the admin console's (semq.ops.admin: one JSON object per line),
 with ``user`` and ``token`` in ``args``; documents travel base64-encoded.
@@ -23,6 +25,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import logging
 import pwd
 import time
 from collections.abc import Iterator
@@ -33,13 +36,32 @@ from typing import Any, Final
 import trio
 
 from semq.config import Config
-from semq.node.api import InboxItem, NodeClient
+from semq.inbox_wait import (
+    ADMIN_SOCKET_NAME,
+    MAX_WAIT,
+    DaemonAway,
+    WaitRefused,
+    await_any,
+    wait_any,
+)
+from semq.node.api import UNIT_IDS, InboxItem, NodeClient, inbox_top
 from semq.node.limits import MAX_DOCUMENT_SIZE, DocumentRefused
 from semq.node.users import UserError, authenticate, user_for_os_account
 
-from .admin import AdminCommandError, AdminError, AdminUnavailable, Handler, admin_request
+from .admin import (
+    AdminCommandError,
+    AdminError,
+    AdminUnavailable,
+    Handler,
+    admin_request,
+    until_hangup,
+)
+from .waiters import wait_timeout
 
-__all__ = ["MAX_USER_REQUEST", "UserClient", "UserSocketError", "user_handlers", "user_socket_path"]
+log = logging.getLogger("semq.ops.usersock")
+
+__all__ = ["MAX_USER_REQUEST", "UserClient", "UserSocketError", "UserSocketUnavailable", "user_handlers",
+           "user_socket_path"]
 
 # A request carries a document base64-encoded (4/3 of its size) and its fields.
 MAX_USER_REQUEST: Final = MAX_DOCUMENT_SIZE * 4 // 3 + 64 * 1024
@@ -48,6 +70,10 @@ _LIST_LIMIT: Final = 10_000  # documents one inbox request may list
 
 class UserSocketError(Exception):
     """The user socket could not answer, or refused (one line for the user)."""
+
+
+class UserSocketUnavailable(UserSocketError):
+    """No node answers on the user socket (not running, or restarting)."""
 
 
 def user_socket_path(cfg: Config) -> Path | None:
@@ -64,16 +90,30 @@ def _item(i: InboxItem, data: bool) -> dict[str, Any]:
            "app_key": {"domain": i.app_key.domain, "data_type": i.app_key.data_type,
                        "subtype": i.app_key.subtype, "key": i.app_key.key},
            "size": len(i.app_data), "created_ms": i.created_ms, "received_ms": i.received_ms,
-           "consumed": i.consumed_ms is not None}
+           "consumed": i.consumed_ms is not None, "unit": i.unit}
     if data:
         out["data"] = base64.b64encode(i.app_data).decode()
     return out
 
 
-def user_handlers(cfg: Config) -> dict[str, Handler]:
+def _cursor(args: dict[str, Any], units: int) -> tuple[int, ...] | None:
+    """A request's ``after``: per unit, the last row id its follower has
+    (None when absent)."""
+    after = args.get("after")
+    if after is None:
+        return None
+    if (not isinstance(after, list) or len(after) != units
+            or not all(isinstance(a, int) and not isinstance(a, bool) and a >= 0 for a in after)):
+        raise AdminCommandError(f"after {after!r} is not a list of {units} row ids (one per unit)")
+    return tuple(after)
+
+
+def user_handlers(cfg: Config, waiters: Any = None) -> dict[str, Handler]:
     """The user socket's commands, each answered for the user its request
-    proves it is: whoami, send, inbox, get, ack, messages. The store is
-    reached through a NodeClient of its own, on one worker thread."""
+    proves it is: whoami, send, inbox, get, ack, messages, and wait_inbox
+    when ``waiters`` (semq.ops.waiters.InboxWaiters, this unit's) is given.
+    The store is reached through a NodeClient of its own, on one worker
+    thread."""
     limiter = trio.CapacityLimiter(1)
     holder: list[NodeClient] = []
 
@@ -117,7 +157,7 @@ def user_handlers(cfg: Config) -> dict[str, Handler]:
         return limit
 
     async def whoami(args: dict[str, Any]) -> dict[str, Any]:
-        return {"user": await run(partial(who, args)), "org": cfg.org}
+        return {"user": await run(partial(who, args)), "org": cfg.org, "units": cfg.units}
 
     async def send(args: dict[str, Any]) -> dict[str, Any]:
         def go() -> dict[str, Any]:
@@ -146,7 +186,12 @@ def user_handlers(cfg: Config) -> dict[str, Handler]:
             after = args.get("after_id", 0)
             if not isinstance(after, int) or after < 0:
                 raise AdminCommandError(f"after_id {after!r} is not a non-negative integer")
-            items = client().inbox(unread=not args.get("all"), limit=_limit(args), after_id=after, user=user)
+            node = client()
+            cursor = _cursor(args, len(node.cores))
+            if cursor is not None:  # a follower's position: unacknowledged documents above it
+                items = node.inbox_after(cursor, user=user, limit=_limit(args))
+            else:
+                items = node.inbox(unread=not args.get("all"), limit=_limit(args), after_id=after, user=user)
             return [_item(i, bool(args.get("data"))) for i in items]
         return list(await run(go))
 
@@ -179,7 +224,60 @@ def user_handlers(cfg: Config) -> dict[str, Handler]:
                      "created_ms": r.created_ms} for r in client().messages(limit=_limit(args), user=user)]
         return list(await run(go))
 
-    return {"whoami": whoami, "send": send, "inbox": inbox, "get": get, "ack": ack, "messages": messages}
+    @until_hangup
+    async def wait_inbox(args: dict[str, Any]) -> dict[str, Any]:
+        """Until one of this user's unacknowledged documents is above
+        ``after`` (per unit) or ``after_id``, at most ``timeout`` s."""
+        if waiters is None:
+            raise AdminCommandError("this node serves no waits on its user socket")
+
+        def start() -> tuple[str, tuple[int, ...]]:
+            user, node = who(args), client()
+            cursor = _cursor(args, len(node.cores))
+            if cursor is None:
+                after = args.get("after_id", 0)
+                if not isinstance(after, int) or isinstance(after, bool) or after < 0:
+                    raise AdminCommandError(f"after_id {after!r} is not a non-negative integer")
+                cursor = node.cursor(after)
+            return user, cursor
+
+        user, cursor = await run(start)
+        timeout = wait_timeout(args.get("timeout"))
+
+        async def check() -> tuple[bool, list[int]]:
+            tops = await run(lambda: [inbox_top(core.conn, user) for core in client().cores])
+            return any(t > a for t, a in zip(tops, cursor, strict=True)), tops
+
+        if cfg.units == 1:
+            return dict(await waiters.wait(check, timeout=timeout, pool="user", who=user))
+        # Units 2..N commit into their own stores: their daemons tell this
+        # one through their admin sockets, and the wait here checks again.
+        others = [(cfg.for_unit(k).unit_dir / ADMIN_SOCKET_NAME, {"after_id": cursor[k - 1], "user": user})
+                  for k in range(2, cfg.units + 1)]
+        answer: dict[str, Any] = {}
+
+        async def watch_others() -> None:
+            while True:
+                try:
+                    got = await await_any(others, timeout)
+                except (DaemonAway, WaitRefused):
+                    await trio.sleep(1.0)  # a unit restarting, or its waits all taken: ask again
+                    continue
+                if any(r.get("ready") for r in got.values()):
+                    waiters.arrived()
+                    return
+
+        async with trio.open_nursery() as nursery:
+            async def local() -> None:
+                answer.update(await waiters.wait(check, timeout=timeout, pool="user", who=user))
+                nursery.cancel_scope.cancel()
+
+            nursery.start_soon(local)
+            nursery.start_soon(watch_others)
+        return answer
+
+    return {"whoami": whoami, "send": send, "inbox": inbox, "get": get, "ack": ack, "messages": messages,
+            "wait_inbox": wait_inbox}
 
 
 class UserClient:
@@ -187,7 +285,7 @@ class UserClient:
 
         with UserClient("/run/semq/56001.sock", "alice", token) as me:
             me.send("10008/bob", b"<order/>", data_type="ORDER", ordered="orders")
-            for doc in me.receive(timeout=5):
+            for doc in me.follow():  # woken by the node as documents arrive
                 handle(doc["data"]); me.acknowledge([doc["id"]])
 
     ``token`` None: the user tied to this process's operating-system
@@ -210,8 +308,8 @@ class UserClient:
             resp = admin_request(self.path, cmd, {"user": self.user, "token": self.token, **args}, self.timeout,
                                  max_response=MAX_USER_REQUEST)
         except AdminUnavailable:
-            raise UserSocketError(f"no node answers on {self.path} (not running, or its user_socket"
-                                  " setting names another path)") from None
+            raise UserSocketUnavailable(f"no node answers on {self.path} (not running, or its user_socket"
+                                        " setting names another path)") from None
         except AdminError as e:
             raise UserSocketError(f"the node's user socket {self.path}: {e}") from None
         if not resp.get("ok"):
@@ -246,6 +344,43 @@ class UserClient:
 
     def messages(self, *, limit: int = 100) -> list[dict[str, Any]]:
         return list(self._call("messages", limit=limit))
+
+    def follow(self, after_id: int = 0, *, timeout: float | None = None) -> Iterator[dict[str, Any]]:
+        """Yield this user's unacknowledged documents above ``after_id``
+        (with contents), then each new one as it arrives, once, until
+        ``timeout`` seconds pass without one (None: for ever). Woken by the
+        node (``wait_inbox``), never by a timer; while the node does not
+        answer, tried again every second (said once in the log)."""
+        cursor: list[int] | None = None
+        away = False
+        last = time.monotonic()
+        while True:
+            span = MAX_WAIT if timeout is None else min(MAX_WAIT, timeout - (time.monotonic() - last))
+            if span <= 0:
+                return
+            try:
+                if cursor is None:  # the node's units say how its ids read
+                    units = int(self._call("whoami").get("units", 1))
+                    cursor = ([after_id] if units == 1
+                              else [max(0, (after_id - k) // UNIT_IDS) for k in range(1, units + 1)])
+                fresh = self._call("inbox", after=cursor, limit=_LIST_LIMIT)
+                for i in fresh:
+                    row = i["id"] if len(cursor) == 1 else i["id"] // UNIT_IDS
+                    cursor[i["unit"] - 1] = max(cursor[i["unit"] - 1], row)
+                    yield self.get(i["id"])
+                if fresh:
+                    last = time.monotonic()
+                    continue
+                wait_any([(self.path, {"user": self.user, "token": self.token, "after": cursor})], span)
+            except (UserSocketUnavailable, DaemonAway) as e:
+                if not away:
+                    log.warning("%s: trying again every second", e)
+                    away = True
+                time.sleep(min(1.0, span))
+                continue
+            except WaitRefused as e:
+                raise UserSocketError(str(e)) from None
+            away = False
 
     def receive(self, *, timeout: float = 10.0, poll: float = 0.2) -> Iterator[dict[str, Any]]:
         """Yield this user's unread documents (with contents) as they

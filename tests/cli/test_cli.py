@@ -239,9 +239,11 @@ def test_inbox_list_show_save_ack(root: Path, capsys: pytest.CaptureFixture[str]
     rc, out, err = run(capsys, "inbox", "--dir", B)
     assert rc == 0 and err == "1 document(s)\n"
     header, row = out.splitlines()
-    assert header.split() == ["ID", "FROM", "LK0", "APPKEY", "SIZE", "AGE"]
+    assert header.split() == ["ID", "FROM", "LK0", "APPKEY", "SIZE", "RECEIVED"]
     assert row.split()[:5] == ["1", A, lk0, "trade/ORDER/PO/S0001", str(len(ORDER))]
     assert header.index("APPKEY") == row.index("trade/")
+    # A time, and how long ago; never milliseconds since the epoch.
+    assert re.search(r"  \d{4}-\d\d-\d\d \d\d:\d\d:\d\d \(\d+s ago\)$", row), row
 
     rc, out, _ = run(capsys, "inbox", "--dir", B, "--json")
     [item] = json.loads(out)
@@ -253,14 +255,22 @@ def test_inbox_list_show_save_ack(root: Path, capsys: pytest.CaptureFixture[str]
     head, _, body = out.partition("\n\n")
     assert rc == 0 and body == ORDER.decode()
     assert f"lk0: {lk0}\n" in head and "app_key: trade/ORDER/PO/S0001" in head and "save_fwd: 3" in head
+    assert re.search(r"\nreceived: \d{4}-\d\d-\d\d \d\d:\d\d:\d\d \(\d+s ago\)\n", head), head
+    assert not re.search(r"\d{13}", head.replace(lk0, "")), head  # no raw ms
+    rc, out2, _ = run(capsys, "inbox", "--dir", B, "show", lk0)  # by its LK0 as well
+    assert rc == 0 and out2.partition("received:")[0] == out.partition("received:")[0]
+    assert out2.partition("\n\n")[2] == body
 
     rc, out, _ = run(capsys, "inbox", "--dir", B, "save", "1", "copy.xml")
     assert rc == 0 and (root / "copy.xml").read_bytes() == ORDER
 
     rc, out, _ = run(capsys, "inbox", "--dir", B, "ack", "1")
     assert rc == 0 and out == "acknowledged 1\n"
-    rc, out, _ = run(capsys, "inbox", "--dir", B, "ack", "1")
-    assert out == "acknowledged 0\n"  # already acknowledged: nothing changes
+    rc, out, err = run(capsys, "inbox", "--dir", B, "ack", "1")
+    assert rc == 0 and out == "" and err.startswith("document 1 was acknowledged already, ")
+    rc, out, err = run(capsys, "inbox", "--dir", B, "ack", "999")
+    assert rc == 1 and out == ""
+    one_error(err, "document 999 is not in the inbox")
     rc, out, err = run(capsys, "inbox", "--dir", B)
     assert out.splitlines()[1:] == [] and err == "0 document(s)\n"
     rc, out, _ = run(capsys, "inbox", "--dir", B, "--all", "--json")
@@ -400,8 +410,68 @@ def test_inbox_errors(root: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert rc == 2
     one_error(err, "inbox show needs a document id")
     rc, _, err = run(capsys, "inbox", "--dir", B, "show", "5")
+    assert rc == 1
+    one_error(err, "document 5 is not in the inbox")
+    rc, _, err = run(capsys, "inbox", "--dir", B, "show", f"{A}/1/1/12345")
+    assert rc == 1
+    one_error(err, f"document {A}/1/1/12345 is not in the inbox")
+    rc, _, err = run(capsys, "inbox", "--dir", B, "show", "S0001")
     assert rc == 2
-    one_error(err, "no inbox document 5")
+    one_error(err, "'S0001' is neither an inbox document id nor an LK0")
+    for bad in ("-5", "0", "10001"):
+        rc, _, err = run(capsys, "inbox", "--dir", B, "--limit", bad)
+        assert rc == 2
+        one_error(err, f"--limit {bad} is outside 1..10000")
+    rc, _, err = run(capsys, "inbox", "--dir", B, "--ack")
+    assert rc == 2
+    one_error(err, "--ack goes with --follow")
+
+
+def test_inbox_escapes_control_characters_of_another_organizations_appkey(
+        root: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (root / "order.xml").write_bytes(ORDER)
+    evil = "S1\x1b[2J\r\x07"
+    lk0 = lk0_line(run(capsys, "send", "--dir", A, "--to", B, "--type", "ORD\nER", "--key", evil, "-q",
+                       "order.xml")[1])
+    relay_to_offline_target(root)
+    deliver_stored(root)
+    for argv in (("inbox", "--dir", B), ("inbox", "--dir", B, "show", "1")):
+        rc, out, _ = run(capsys, *argv)
+        assert rc == 0
+        head = out.partition("\n\n")[0] if "show" in argv else out
+        assert "\x1b" not in head and "\r" not in head and "\x07" not in head
+        assert "ORD\\nER" in head and "S1\\x1b[2J\\r\\x07" in head
+    rc, out, _ = run(capsys, "inbox", "--dir", B, "--json")  # JSON keeps the value, escaped by JSON itself
+    assert json.loads(out)[0]["app_key"] == f"/ORD\nER//{evil}" and "\x1b" not in out
+    assert lk0 in out
+
+
+def test_every_inbox_and_receive_option_has_help_and_an_example(capsys: pytest.CaptureFixture[str]) -> None:
+    from semq.cli import build_parser
+
+    sub = next(a for a in build_parser()._actions if a.dest == "command")
+    for name in ("inbox", "receive"):
+        p = sub.choices[name]  # type: ignore[attr-defined]
+        assert p.epilog and "examples:" in p.epilog and f"semq {name} " in p.epilog
+        for action in p._actions:
+            assert action.help, f"semq {name} {action.option_strings or action.dest} has no help"
+
+
+def test_receive_usage_errors(root: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    rc, _, err = run(capsys, "receive", "--dir", B)
+    assert rc == 2
+    one_error(err, "semq receive needs --exec CMD")
+    rc, _, err = run(capsys, "receive", "--dir", B, "--exec", "true", "--max-tries", "0")
+    assert rc == 2
+    one_error(err, "--max-tries 0 is below 1")
+    rc, _, err = run(capsys, "receive", "--dir", B, "--exec", "true", "--backoff", "-1")
+    assert rc == 2
+    one_error(err, "--backoff -1 is outside")
+    rc, out, err = run(capsys, "receive", "--dir", B, "--parked")
+    assert rc == 0 and out.split() == ["ID", "LK0", "APPKEY", "TRIES", "LAST", "PARKED", "STDERR"]
+    rc, _, err = run(capsys, "receive", "--dir", B, "--retry", "7")
+    assert rc == 1
+    one_error(err, "document 7 is not in the inbox")
 
 
 def test_listen_address_in_use(root: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -116,7 +116,7 @@ def test_the_history_is_indexed_at_idle_priority_and_its_indexer_ends_with_its_d
     node = c.start_node(A)
     [pid] = wait_until(lambda: _indexers(node.p.pid), 10, "the node's history indexer")
     # It runs only on CPU time nothing else wants: delivery never waits for it.
-    assert os.sched_getscheduler(pid) == os.SCHED_IDLE
+    wait_until(lambda: os.sched_getscheduler(pid) == os.SCHED_IDLE, 10, "the indexer at idle priority")
     [ppid] = wait_until(lambda: _indexers(c.procs["P"].p.pid), 10, "the platform's history indexer")
     # A daemon killed outright leaves no indexer behind.
     c.kill(A)
@@ -126,3 +126,32 @@ def test_the_history_is_indexed_at_idle_priority_and_its_indexer_ends_with_its_d
     c.kill("P", signal.SIGTERM)
     wait_until(lambda: not Path(f"/proc/{ppid}").exists() or b"semq.history" not in
                Path(f"/proc/{ppid}/cmdline").read_bytes(), 10, "the platform's indexer to stop")
+
+
+def test_a_node_of_several_units_has_one_history_of_every_unit(cluster: Cluster, capsys: Any) -> None:
+    c = cluster
+    c.add_org(A)
+    c.add_org(B, units=2)
+    c.start_platform()
+    c.start_node(A)
+    c.start_node(B)
+    with NodeClient(c.root / A) as node:
+        lk0s = [str(lk0) for lk0 in node.send_many([{"to": B, "data": b"<doc/>", "key": f"U-{i}"} for i in range(12)])]
+    wait_until(lambda: c.settled([A, B]), 30, "the documents confirmed and cleaned")
+    # The platform gave them to both units of B; B's unit 1 indexes both units' logs.
+    unit2 = c.db(B, 2)
+    try:
+        assert unit2.execute("SELECT count(*) FROM inbox").fetchone()[0] > 0
+    finally:
+        unit2.close()
+
+    def received() -> set[str]:
+        r = HistoryReader(history_paths(c.root / B))
+        try:
+            return {d["lk0"] for d in r.search(source=A, role="receiver", limit=100)}
+        finally:
+            r.close()
+
+    wait_until(lambda: received() == set(lk0s), 15, "every unit's documents in B's history")
+    rc, out = _track(capsys, c.root / B, "--from", A)
+    assert rc == 0 and len(out.splitlines()) == 13

@@ -26,6 +26,8 @@ def test_v1_node_store_upgrades_and_keeps_its_messages(tmp_path: Path) -> None:
         assert version == str(len(MIGRATIONS))
         assert core.conn.execute("SELECT target_id, app_data, digest FROM outbox").fetchall() == [("56001", b"hi", None)]
         assert core.conn.execute("SELECT count(*) FROM receipts").fetchone()[0] == 0
+        # semq receive's tries (_v11_receive): there, empty.
+        assert core.conn.execute("SELECT count(*) FROM receive_tries").fetchone()[0] == 0
         core.accept([NewDocument(target="56001", app_data=b"new")])
     finally:
         core.close()
