@@ -16,7 +16,7 @@ import textwrap
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from semq import __version__
 from semq._db import StoreError
@@ -1309,10 +1309,19 @@ def cmd_status(args: argparse.Namespace) -> int:
 # ---------------------------------------------------------------- parser
 
 
+class _Parser(argparse.ArgumentParser):
+    """The ``semq`` parser and, through ``add_subparsers``, every command's:
+    a mistake in the command line is one ``error:`` line naming where the
+    help is, like every other error, not the usage text and then the error."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"error: {message} ({self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--dir", help="data directory (default $SEMQ_DIR or ./semq-data)", default=argparse.SUPPRESS)
-    p = argparse.ArgumentParser(prog="semq", description="SEMQ store-and-forward messaging", parents=[common])
+    p = _Parser(prog="semq", description="SEMQ store-and-forward messaging", parents=[common])
     p.add_argument("--version", action="version", version=f"semq {__version__}")
     p.add_argument("-v", "--verbose", action="store_true", help="log more; tracebacks on errors")
     sub = p.add_subparsers(dest="command", required=True)

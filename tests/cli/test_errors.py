@@ -240,3 +240,17 @@ def test_each_units_metrics_port_is_checked_once_before_the_units_start(
         rc, _, err = run(capsys, "node", "run", "--dir", "U", "--metrics", f"127.0.0.1:{first}")
     assert rc == 1
     one_error(err, f"cannot listen on 127.0.0.1:{first + 1} (--metrics of unit 2)")
+
+
+@pytest.mark.parametrize("argv,says", [
+    (["queue", "get", "q", "--lease", "-1"], "argument --lease: '-1' is not a positive number of seconds"
+                                             " (semq queue get --help)"),
+    (["admin", "lst"], "argument admin_cmd: invalid choice: 'lst'"),
+    (["messages", "--limit", "x"], "argument --limit: invalid int value: 'x' (semq messages --help)"),
+])
+def test_a_command_line_argparse_refuses_is_one_line_too(argv: list[str], says: str,
+                                                          capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as e:
+        main(argv)
+    assert e.value.code == 2
+    one_error(capsys.readouterr().err, says)
