@@ -1319,7 +1319,7 @@ class _Parser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    common = argparse.ArgumentParser(add_help=False)
+    common = _Parser(add_help=False)
     common.add_argument("--dir", help="data directory (default $SEMQ_DIR or ./semq-data)", default=argparse.SUPPRESS)
     p = _Parser(prog="semq", description="SEMQ store-and-forward messaging", parents=[common])
     p.add_argument("--version", action="version", version=f"semq {__version__}")
