@@ -53,6 +53,7 @@ __all__ = [
     "parse_hostport",
     "parse_platform_addresses",
     "private_paths",
+    "settings_reference",
     "settings_table",
     "write_config",
 ]
@@ -192,6 +193,21 @@ class Rule:
     allowed: str
     check: Callable[[Any], str | None] = lambda _v: None
     doc: str = ""
+    #: What a reload (SIGHUP, ``semq admin reload``) does with a changed
+    #: value, per role: ``(("node", "at once"), ...)``; a role not named
+    #: reads the key at start only. semq.ops.reload applies exactly these.
+    reload: tuple[tuple[str, str], ...] = ()
+
+    def reload_when(self, role: str) -> str | None:
+        """When a reload applies a changed value for ``role`` (None: only a
+        restart does)."""
+        return next((when for r, when in self.reload if r == role), None)
+
+    def reload_words(self) -> str:
+        """The reload behaviour in words, for the reference and the docs."""
+        if not self.reload:
+            return "no: restart"
+        return "; ".join(f"{role}: {when}" for role, when in self.reload)
 
     def problem(self, value: Any) -> str | None:
         """Why ``value`` is not allowed (None when it is)."""
@@ -233,6 +249,11 @@ def _setting(default: Any, rule: Rule) -> Any:
     return field(default=default, metadata={"rule": rule})
 
 
+def _reloads(**when: str) -> tuple[tuple[str, str], ...]:
+    """``Rule.reload`` from ``node="at once", platform="..."``."""
+    return tuple(when.items())
+
+
 _ADDRESS_WORDS: Final = "HOST:PORT with PORT {lo}..65535{zero}, e.g. 127.0.0.1:7410 or [::1]:7410"
 
 
@@ -251,7 +272,8 @@ class Config:
     platform: str = _setting(f"127.0.0.1:{DEFAULT_PORT}", Rule(
         "string", _ADDRESS_WORDS.format(lo=1, zero="") + ", or several separated by commas",
         lambda v: _addresses_problem(v, 1),
-        "node: the platform's address; several (p1:7410,p2:7410): tried in turn, the next when one fails"))
+        "node: the platform's address; several (p1:7410,p2:7410): tried in turn, the next when one fails",
+        reload=_reloads(node="from the next connection")))
     platform_id: str = _setting("platform", Rule(
         "string", "1 to 64 characters of A-Z a-z 0-9 . _ : @ -",
         lambda v: None if _ENDPOINT_RE.fullmatch(v) else "is not an endpoint id",
@@ -265,7 +287,8 @@ class Config:
         "platform: its store; several instances sharing one PostgreSQL store form one platform; set by init"))
     inquiry_interval: float = _setting(15.0, Rule(
         "number", "a number of seconds 0.01..86400", _between(0.01, 86400),
-        "seconds before an unconfirmed document is asked about (SPEC default 15)"))
+        "seconds before an unconfirmed document is asked about (the protocol's default: 15)",
+        reload=_reloads(node="at once", platform="at once")))
     synchronous: str = _setting("FULL", Rule(
         "string", 'one of "OFF", "NORMAL", "FULL", "EXTRA" (any case)', _one_of("OFF", "NORMAL", "FULL", "EXTRA"),
         "SQLite synchronous mode of the store: FULL makes every commit durable before its ack"))
@@ -275,22 +298,28 @@ class Config:
         ' "Several units per node"); set by init'))
     window: int = _setting(4096, Rule(
         "integer", "an integer 1..1000000", _between(1, 1_000_000),
-        "documents in flight without the platform's ack (node) / granted to a node (platform)"))
+        "documents in flight without the platform's ack (node) / granted to a node (platform)",
+        reload=_reloads(node="at once, the running session too", platform="for new sessions")))
     queue_mib: int = _setting(16, Rule(
         "integer", "an integer 1..65536", _between(1, 65536),
-        "platform: MiB queued in memory for one slow node before its documents are stored instead"))
+        "platform: MiB queued in memory for one slow node before its documents are stored instead",
+        reload=_reloads(platform="at once")))
     auto_register: bool = _setting(True, Rule(
-        "boolean", "true or false", doc="platform without security: accept nodes it does not know yet"))
+        "boolean", "true or false", doc="platform without security: accept nodes it does not know yet",
+        reload=_reloads(platform="at once (without security)")))
     quota_mib: int = _setting(4096, Rule(
         "integer", "an integer 0..1048576 (0: no limit)", _between(0, 1 << 20),
-        "platform: MiB of documents one organization may have stored here at once; past it QUOTA_EXCEEDED"))
+        "platform: MiB of documents one organization may have stored here at once; past it QUOTA_EXCEEDED",
+        reload=_reloads(platform="at once")))
     max_connections_per_org: int = _setting(4, Rule(
         "integer", "an integer 1..1024", _between(1, 1024),
         "platform: connections one organization may hold at once (each may buffer a 64 MiB frame);"
-        " a node of several units may hold one more per unit beyond the first"))
+        " a node of several units may hold one more per unit beyond the first",
+        reload=_reloads(platform="for new connections")))
     max_units_per_org: int = _setting(8, Rule(
         "integer", f"an integer 1..{MAX_UNITS}", _between(1, MAX_UNITS),
-        "platform: units one organization's node may run (each holds a connection); a node saying more is refused"))
+        "platform: units one organization's node may run (each holds a connection); a node saying more is refused",
+        reload=_reloads(platform="for new connections")))
     user_socket: str = _setting("user.sock", Rule(
         "string", 'a path (relative: in the data directory), or "" for none',
         lambda v: None if "\x00" not in v else "is not a path",
@@ -302,7 +331,8 @@ class Config:
     clock_skew: float = _setting(600.0, Rule(
         "number", "a number of seconds 0..86400", _between(0, 86400),
         "node: how far the organizations' clocks may disagree; documents created further ahead, or older"
-        " than the 30-day duplicate suppression minus this, are refused STALE"))
+        " than the 30-day duplicate suppression minus this, are refused STALE",
+        reload=_reloads(node="at once")))
     direct_listen: str = _setting("", Rule(
         "string", "empty (no listening) or " + _ADDRESS_WORDS.format(lo=0, zero=" (0: any free port)"),
         lambda v: None if v == "" else _address_problem(v, 0),
@@ -399,14 +429,32 @@ def _refuse(rule: Rule, value: Any, label: str) -> None:
 def settings_table() -> str:
     """The keys of ``semq.toml`` as a Markdown table, from the rules
     (docs/operations.md holds this output; a test compares them)."""
-    rows = ["| key | type | allowed | default | what |", "|---|---|---|---|---|"]
+    rows = ["| key | type | allowed | default | reloaded by SIGHUP | what |", "|---|---|---|---|---|---|"]
+    for name, rule, default in _settings():
+        shown = "(required)" if default is MISSING else f"`{_toml(default)}`"
+        rows.append(f"| `{name}` | {rule.kind} | {rule.allowed} | {shown} | {rule.reload_words()} | {rule.doc} |")
+    return "\n".join(rows) + "\n"
+
+
+def settings_reference() -> str:
+    """The keys of ``semq.toml`` for a terminal (``semq config reference``):
+    from the same rules as ``settings_table``."""
+    out = [f"{CONFIG_NAME}: one per data directory, written by 'semq node init' / 'semq platform init'.",
+           "Every key, its type, default, the values allowed and whether a reload (SIGHUP,"
+           " 'semq admin reload') applies a change:", ""]
+    for name, rule, default in _settings():
+        shown = "required" if default is MISSING else f"default {_toml(default)}"
+        out += [f"{name} ({rule.kind}, {shown})", f"    {rule.doc}", f"    allowed: {rule.allowed}",
+                f"    reloaded by SIGHUP: {rule.reload_words()}", ""]
+    return "\n".join(out)
+
+
+def _settings() -> Iterator[tuple[str, Rule, Any]]:
+    """(key, rule, default) of every key, in the file's order."""
     for f in fields(Config):
         rule = f.metadata.get("rule")
-        if rule is None:
-            continue
-        default = "(required)" if f.default is MISSING else f"`{_toml(f.default)}`"
-        rows.append(f"| `{f.name}` | {rule.kind} | {rule.allowed} | {default} | {rule.doc} |")
-    return "\n".join(rows) + "\n"
+        if rule is not None:
+            yield f.name, rule, f.default
 
 
 def check_org(text: str, option: str) -> str:

@@ -5,6 +5,7 @@ traceback)."""
 from __future__ import annotations
 
 import argparse
+import errno
 import gc
 import json
 import logging
@@ -15,7 +16,7 @@ import textwrap
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Final
+from typing import Any, Final, NoReturn
 
 from semq import __version__
 from semq._db import StoreError
@@ -36,6 +37,7 @@ from semq.config import (
 )
 from semq.crypto import CryptoError
 from semq.ops.cli import register as register_ops
+from semq.ops.display import MAX_LIMIT, age, check_count, is_time_key, shown, when
 from semq.ops.runtime import add_run_options
 from semq.security import AlreadyEnrolled, SecurityError
 from semq.transport import parse_hostport
@@ -60,15 +62,8 @@ def _cfg(args: argparse.Namespace, role: str | None = None) -> Config:
 
 
 def format_age(ms: int | None) -> str:
-    """How long ago a ms timestamp was, for tables: 42s, 17m, 3.5h."""
-    if not ms:
-        return "-"
-    s = max(0.0, time.time() - ms / 1000)
-    if s < 120:
-        return f"{s:.0f}s"
-    if s < 7200:
-        return f"{s / 60:.0f}m"
-    return f"{s / 3600:.1f}h"
+    """How long ago a ms timestamp was, for tables: 42s, 17m, 3.5h, 2.0d."""
+    return age(ms)
 
 
 # ---------------------------------------------------------------- init
@@ -80,7 +75,7 @@ def cmd_platform_init(args: argparse.Namespace) -> int:
     d = _dir(args)
     if (d / "semq.toml").exists():
         raise UsageError(f"{d} already holds a configuration; refusing to overwrite it")
-    check_option("listen", args.listen, "--listen")
+    check_option("listen", require_port(args.listen, "--listen"), "--listen")
     check_option("platform_id", args.id, "--id")
     host, _ = parse_hostport(args.listen)
     if args.store:
@@ -128,13 +123,48 @@ def cmd_platform_migrate(args: argparse.Namespace) -> int:
 
 
 def cmd_node_init(args: argparse.Namespace) -> int:
-    from semq.node.store import open_node_store
-
+    """``semq node init``: all or nothing. A failure (a platform directory
+    that is not one, an enrolment refused, a full disk) leaves no
+    half-made node behind: a directory it created is removed, one that was
+    there keeps only what it held before."""
     d = _dir(args)
     if (d / "semq.toml").exists():
         raise UsageError(f"{d} already holds a configuration; refusing to overwrite it")
+    before = set(os.listdir(d)) if d.is_dir() else None
+    try:
+        return _node_init(args, d)
+    except BaseException:
+        _undo(d, before)
+        raise
+
+
+def _undo(d: Path, before: set[str] | None) -> None:
+    """Remove what a failed init made in ``d``: all of it if ``before`` is
+    None (it made ``d``), else the entries not in ``before``."""
+    import shutil
+
+    if before is None:
+        shutil.rmtree(d, ignore_errors=True)
+        return
+    try:
+        made = set(os.listdir(d)) - before
+    except OSError:
+        return
+    for name in made:
+        p = d / name
+        if p.is_dir() and not p.is_symlink():
+            shutil.rmtree(p, ignore_errors=True)
+        else:
+            p.unlink(missing_ok=True)
+
+
+def _node_init(args: argparse.Namespace, d: Path) -> int:
+    from semq.node.store import open_node_store
+
     check_org(args.org, "--org")
     check_option("platform", args.platform, "--platform")
+    if args.listen:
+        require_port(args.listen, "--listen")
     direct = {"direct_listen": args.listen or "", "direct": args.direct, "direct_from": args.direct_from or "",
               "direct_announce": args.announce or ""}
     for key, flag in (("direct_listen", "--listen"), ("direct", "--direct"), ("direct_from", "--direct-from"),
@@ -148,7 +178,10 @@ def cmd_node_init(args: argparse.Namespace) -> int:
     if args.enroll_from and not args.no_security:
         from semq.security import check_not_enrolled
 
-        check_not_enrolled(data_dir(args.enroll_from), args.org)  # before anything is written
+        pdir = data_dir(args.enroll_from)
+        if _cfg_of(pdir, "--enroll-from").role != "platform":  # before anything is written
+            raise UsageError(f"--enroll-from {pdir} holds a node, not a platform")
+        check_not_enrolled(pdir, args.org)
     cfg = Config(role="node", directory=d, org=args.org, platform=args.platform, security=not args.no_security,
                  units=args.units, **direct)
     write_config(cfg)
@@ -179,6 +212,15 @@ def cmd_node_init(args: argparse.Namespace) -> int:
               f" 'semq platform enroll {csr.name} --out {cfg.org}.pem', then here:"
               f" 'semq node import --cert {cfg.org}.pem --ca <platform>/ca/ca.pem'")
     return 0
+
+
+def _cfg_of(directory: Path, option: str) -> Config:
+    """The configuration of a directory named by ``option``; a missing one
+    says which option named it."""
+    if not (directory / "semq.toml").exists():
+        raise UsageError(f"{option} {directory}: no configuration there (semq.toml); name the platform's"
+                         " data directory")
+    return load_config(directory)
 
 
 def _register(pdir: Path, orgs: list[str]) -> None:
@@ -379,8 +421,21 @@ def _run_daemon(cfg: Config, make: Callable[[], Any], status: Callable[[Any], di
         trio.run(amain)
     except* OSError as eg:
         # e.g. the listen address is in use: one line, not a traceback.
-        raise eg.exceptions[0] from None
+        first = _first_leaf(eg)
+        if first.errno == errno.EADDRINUSE:  # taken after check_free looked
+            raise AddressInUse(f"an address this daemon is to listen on is in use ({first.strerror}); another"
+                               f" instance may be running (semq status --dir {cfg.directory})") from None
+        raise first from None
     return 0
+
+
+def _first_leaf(eg: BaseExceptionGroup[OSError]) -> OSError:
+    """The first exception of a (nested) exception group."""
+    e: BaseException = eg
+    while isinstance(e, BaseExceptionGroup):
+        e = e.exceptions[0]
+    assert isinstance(e, OSError)
+    return e
 
 
 def _inquiry_interval(args: argparse.Namespace, cfg: Config) -> float:
@@ -404,9 +459,14 @@ def cmd_platform_run(args: argparse.Namespace, daemon_class: Any = None) -> int:
     daemon_class = daemon_class or PlatformDaemon
 
     cfg = _cfg(args, "platform")
+    if args.listen is not None:
+        require_port(args.listen, "--listen")
     inquiry_interval = _inquiry_interval(args, cfg)
     host, port = parse_hostport(args.listen or cfg.listen)
     check_private_paths(cfg)  # like the keys: a store others can read is refused
+    check_free((host, port), "--listen" if args.listen else f"listen in {cfg.directory / 'semq.toml'}",
+               cfg.directory)
+    _check_ops_addresses(args, cfg.directory)
     _raise_fd_limit()
     security = None
     if cfg.security:
@@ -470,6 +530,82 @@ def tune_gc() -> None:
     gc.set_threshold(*GC_THRESHOLDS)
 
 
+class AddressInUse(OSError):
+    """An address a daemon is to listen on is taken (exit status 1)."""
+
+
+def require_port(text: str, option: str) -> str:
+    """A listening address given on the command line must say its port:
+    ``--listen localhost`` would otherwise listen on a default port the
+    user did not choose (and that another instance may hold). Returns
+    ``text``; raises UsageError naming the option and an example."""
+    t = text.strip()
+    has_port = ("]:" in t) if t.startswith("[") else t.count(":") == 1
+    if not has_port:
+        host = t.strip("[]") or "127.0.0.1"
+        example = f"[{host}]" if ":" in host else host
+        raise UsageError(f"{option} {text!r} has no port; a listening address needs one: HOST:PORT,"
+                         f" e.g. {example}:7410 (port 0: any free port)")
+    return text
+
+
+def check_free(address: tuple[str, int], option: str, directory: Path) -> None:
+    """Before a daemon starts: can ``address`` be listened on? Binds (and
+    closes) a socket the way trio's listeners do, so a port held by another
+    process is said in one line naming the address, before anything runs.
+    Port 0 always can. Raises AddressInUse."""
+    import socket
+
+    host, port = address
+    if port == 0:
+        return
+    try:
+        infos = socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except socket.gaierror as e:
+        raise UsageError(f"{option} {host}:{port}: cannot resolve {host!r} ({e.strerror})") from None
+    shown_address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    for family, type_, proto, _, sockaddr in infos:
+        try:
+            sock = socket.socket(family, type_, proto)
+        except OSError:
+            continue  # (an address family this machine lacks: trio skips it too)
+        with sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if family == socket.AF_INET6:
+                sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+            try:
+                sock.bind(sockaddr)
+            except OSError as e:
+                if e.errno == errno.EADDRINUSE:
+                    raise AddressInUse(
+                        f"cannot listen on {shown_address} ({option}): the address is in use; another instance"
+                        f" may be running (semq status --dir {directory}), or another program holds the port"
+                    ) from None
+                if e.errno == errno.EADDRNOTAVAIL:
+                    raise AddressInUse(f"cannot listen on {shown_address} ({option}): {host} is not an address"
+                                       " of this machine") from None
+                raise AddressInUse(f"cannot listen on {shown_address} ({option}): {e.strerror}") from None
+
+
+def _check_ops_addresses(args: argparse.Namespace, directory: Path, *, web: bool = True, units: int = 1) -> None:
+    """The operational options of a daemon, before it starts: ``--metrics``
+    and ``--web`` free (for a node of ``units`` units, the metrics port of
+    each: the given one + K - 1), the durations in range."""
+    from semq.ops.display import check_count
+    from semq.ops.metrics import parse_metrics_address
+    from semq.web import parse_web_address
+
+    check_count(getattr(args, "drain_timeout", None), "--drain-timeout", 0.1, 86400.0)
+    check_count(getattr(args, "stuck_after", None), "--stuck-after", 1.0, 86400.0 * 365)
+    if getattr(args, "metrics", None):
+        host, port = parse_metrics_address(args.metrics)
+        for k in range(units if port else 1):
+            check_free((host, port + k), "--metrics" if k == 0 else f"--metrics of unit {k + 1}", directory)
+    if web and getattr(args, "web", None):
+        require_port(args.web, "--web")
+        check_free(parse_web_address(args.web), "--web", directory)
+
+
 def _raise_fd_limit() -> None:
     """One descriptor per connected organization: lift the soft limit on open
     files to the hard one (often 1024 -> 1M), so a relay with thousands of
@@ -506,6 +642,8 @@ def _direct_settings(args: argparse.Namespace, cfg: Config) -> Any:
     ``semq node run``'s options (checked like the keys)."""
     from semq.node.direct import DirectSettings
 
+    if args.listen:
+        require_port(args.listen, "--listen")
     values = {"direct_listen": args.listen if args.listen is not None else cfg.direct_listen,
               "direct_announce": args.announce if args.announce is not None else cfg.direct_announce,
               "direct": args.direct or cfg.direct,
@@ -557,10 +695,21 @@ def cmd_node_run(args: argparse.Namespace) -> int:
             raise UsageError(f"units = {cfg.units} in {cfg.directory / 'semq.toml'}, but unit {missing[0]} has no"
                              f" store ({cfg.for_unit(missing[0]).store_path}): the units are set by"
                              " 'semq node init --units N'")
+        _check_ops_addresses(args, cfg.directory, units=cfg.units)  # said once, not by a unit restarted again
         return supervise_units(cfg.org, getattr(args, "argv", None) or ["node", "run", "--dir", str(cfg.directory)],
                                cfg.units, platform=platform, stop_timeout=(args.drain_timeout or 60.0) + 30)
     addresses = parse_platform_addresses(platform)  # checked by _inquiry_interval
     check_private_paths(cfg)  # before the keys (NodeSecurity checks those) and the store
+    direct = _direct_settings(args, cfg)
+    if cfg.units > 1 and args.metrics:
+        # Each unit serves its own metrics: unit K on the given port + K - 1.
+        host, _, port = args.metrics.rpartition(":")
+        if port.isdigit() and int(port):
+            args.metrics = f"{host}:{int(port) + cfg.unit - 1}"
+    if direct.listen is not None:  # every address it will listen on is free, or one line says which is not
+        check_free((direct.listen.host, direct.listen.port), "--listen" if args.listen else "direct_listen",
+                   cfg.directory)
+    _check_ops_addresses(args, cfg.directory, web=cfg.unit == 1)
     security = None
     if cfg.security:
         from semq.security import NodeSecurity
@@ -575,14 +724,8 @@ def cmd_node_run(args: argparse.Namespace) -> int:
         core.ctx.first_unit_store = cfg.for_unit(1).store_path
     settings = NodeSettings(addresses=addresses, window=cfg.window, units=cfg.units,
                             ssl_context=security.ssl_context() if security else None,
-                            direct=_direct_settings(args, cfg))
+                            direct=direct)
     from semq.ops.runtime import OpsRuntime, ops_options
-
-    if cfg.units > 1 and args.metrics:
-        # Each unit serves its own metrics: unit K on the given port + K - 1.
-        host, _, port = args.metrics.rpartition(":")
-        if port.isdigit() and int(port):
-            args.metrics = f"{host}:{int(port) + cfg.unit - 1}"
     from semq.ops.usersock import user_socket_path
 
     # The user socket is served by unit 1 (its answers cover every unit's store).
@@ -799,16 +942,7 @@ def cmd_user(args: argparse.Namespace) -> int:
             raise UsageError(str(e)) from None
 
 
-INBOX_LIMIT = 10_000  # documents one 'semq inbox' lists at most
-
-
-def shown(text: str) -> str:
-    """``text`` for a terminal: control characters (and anything else not
-    printable: an AppKey comes from another organization) escaped, so a
-    document cannot move the cursor, clear the screen or fake a line."""
-    if text.isprintable():
-        return text
-    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in text)
+INBOX_LIMIT = MAX_LIMIT  # documents one 'semq inbox' lists at most (shown: semq.ops.display)
 
 
 def format_time(ms: int | None) -> str:
@@ -1051,13 +1185,13 @@ def cmd_messages(args: argparse.Namespace) -> int:
             print(json.dumps(info))
         else:
             for k, v in info.items():
-                print(f"{k}: {v}")
+                print(f"{k}: {when(v) if is_time_key(k) and isinstance(v, int) else shown(v)}")
         return 0 if info.get("verified") else 1
     from semq.node.engine import SendState
     from semq.security import waiting_reason
 
     with _client(args) as node:
-        rows = node.messages(limit=args.limit)
+        rows = node.messages(limit=check_count(args.limit, "--limit", 1, MAX_LIMIT))
 
     def reason(r: Any) -> str:
         # A document to a known organization without a usable certificate
@@ -1073,9 +1207,9 @@ def cmd_messages(args: argparse.Namespace) -> int:
         return 0
     print(f"{'LK0':<28} {'TO':<10} {'STATE':<10} {'SF':>2} {'ACK2':>4} {'TRIES':>5} {'CODE':>4}  {'AGE':>5}  APPKEY")
     for r in rows:
-        why = reason(r) or (f"({r.note})" if r.note else "")
+        why = shown(reason(r) or (f"({r.note})" if r.note else ""))
         print(f"{r.lk0!s:<28} {r.target:<10} {r.state.name:<10} {r.save_fwd:>2} {int(r.ack2):>4} {r.attempts:>5}"
-              f" {r.code:>4}  {format_age(r.created_ms):>5}  {r.app_key}" + (f"  {why}" if why else ""))
+              f" {r.code:>4}  {format_age(r.created_ms):>5}  {shown(r.app_key)}" + (f"  {why}" if why else ""))
     print(f"{len(rows)} message(s) pending or failed (confirmed ones are cleaned up)", file=sys.stderr)
     return 0
 
@@ -1153,7 +1287,7 @@ def cmd_status(args: argparse.Namespace) -> int:
               f" / {counts['inbox_total']}   dedup: {counts['dedup']}")
         print(f"  oldest unconfirmed: {format_age(counts['oldest_unconfirmed_ms'])}")
         for w in counts.get("channels_waiting") or []:
-            print(f"  ordered {w['text']}, since {format_age(w['since_ms'])} ago")
+            print(f"  ordered {shown(w['text'])}, since {format_age(w['since_ms'])} ago")
         if cfg.security:
             _cert_status(cfg)
         else:
@@ -1207,18 +1341,28 @@ refused before anything is sent; a bad NDJSON line stops the command with
 nothing of its batch accepted, while the batches before it stay accepted."""
 
 
+class _Parser(argparse.ArgumentParser):
+    """The ``semq`` parser and, through ``add_subparsers``, every command's:
+    a mistake in the command line is one ``error:`` line naming where the
+    help is, like every other error, not the usage text and then the error."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"error: {message} ({self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    common = argparse.ArgumentParser(add_help=False)
+    common = _Parser(add_help=False)
     common.add_argument("--dir", help="data directory (default $SEMQ_DIR or ./semq-data)", default=argparse.SUPPRESS)
-    p = argparse.ArgumentParser(prog="semq", description="SEMQ store-and-forward messaging", parents=[common])
+    p = _Parser(prog="semq", description="SEMQ store-and-forward messaging", parents=[common])
     p.add_argument("--version", action="version", version=f"semq {__version__}")
     p.add_argument("-v", "--verbose", action="store_true", help="log more; tracebacks on errors")
     sub = p.add_subparsers(dest="command", required=True)
 
     plat = sub.add_parser("platform", help="the relay").add_subparsers(dest="sub", required=True)
     x = plat.add_parser("init", parents=[common], help="create the platform's config, store and CA")
-    x.add_argument("--listen", default="127.0.0.1:7410")
-    x.add_argument("--id", default="platform")
+    x.add_argument("--listen", default="127.0.0.1:7410", metavar="HOST:PORT",
+                   help="where the relay listens (default 127.0.0.1:7410; port 0: any free port at each start)")
+    x.add_argument("--id", default="platform", help="the platform's endpoint id (default platform)")
     x.add_argument("--name", action="append", default=[], help="extra DNS name / IP for the TLS certificate")
     x.add_argument("--no-security", action="store_true", help="plain TCP, no CA (testing only)")
     x.add_argument("--store", metavar="URL",
@@ -1241,7 +1385,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_run_options(x)
     x.set_defaults(func=cmd_platform_run)
     x = plat.add_parser("register", parents=[common], help="make organizations known")
-    x.add_argument("orgs", nargs="+")
+    x.add_argument("orgs", nargs="+", metavar="ORG", help="organization ids, e.g. 77000")
     x.set_defaults(func=cmd_platform_register)
     x = plat.add_parser("enroll", parents=[common], help="issue a certificate from a node's request")
     x.add_argument("csr", help="the node's node.csr.pem")
@@ -1251,11 +1395,11 @@ def build_parser() -> argparse.ArgumentParser:
     x.add_argument("--out", help="certificate file to write (default ORG.pem)")
     x.set_defaults(func=cmd_platform_enroll)
     x = plat.add_parser("revoke", parents=[common], help="revoke an organization's certificates")
-    x.add_argument("org", nargs="?", default="")
+    x.add_argument("org", nargs="?", default="", help="the organization whose certificates to revoke")
     x.add_argument("--serial", help="revoke one certificate by serial (hex) instead")
     x.set_defaults(func=cmd_platform_revoke)
     x = plat.add_parser("status", parents=[common], help="stored messages, online nodes")
-    x.add_argument("--json", action="store_true")
+    x.add_argument("--json", action="store_true", help="as JSON, for programs")
     x.set_defaults(func=cmd_status)
 
     node = sub.add_parser("node", help="an organization's node").add_subparsers(dest="sub", required=True)
@@ -1284,11 +1428,11 @@ def build_parser() -> argparse.ArgumentParser:
     x.add_argument("fingerprint", nargs="?", help="accept this certificate (SHA-256 fingerprint, or a unique"
                                                   " prefix of a refused one)")
     x.add_argument("--forget", metavar="FINGERPRINT", help="no longer trust this pinned certificate")
-    x.add_argument("--json", action="store_true")
+    x.add_argument("--json", action="store_true", help="what is pinned and refused, as JSON")
     x.set_defaults(func=cmd_node_trust)
     x = node.add_parser("import", parents=[common], help="install the certificate the platform issued")
-    x.add_argument("--cert", required=True)
-    x.add_argument("--ca", required=True, help="the platform's ca.pem")
+    x.add_argument("--cert", required=True, metavar="FILE", help="the certificate the platform issued (ORG.pem)")
+    x.add_argument("--ca", required=True, metavar="FILE", help="the platform's ca.pem")
     x.set_defaults(func=cmd_node_import)
     x = node.add_parser("run", parents=[common], help="run the node daemon")
     x.add_argument("--platform", metavar="HOST:PORT[,HOST:PORT...]",
@@ -1336,7 +1480,7 @@ def build_parser() -> argparse.ArgumentParser:
     x.add_argument("--no-encrypt", action="store_true",
                    help="signed but NOT end-to-end private: the platform operator can read it")
     x.add_argument("--transactional", action="store_true",
-                   help="store a half message; it is sent only after 'semq tx commit ID' (seed 002)")
+                   help="store a half message; it is sent only after 'semq tx commit ID' (or never: 'semq tx rollback ID')")
     x.add_argument("--ndjson", action="store_true",
                    help="the input (a file, or - for standard input) holds one JSON object per line, one"
                         " document each: data (text), data_b64 or file, and optionally key, type, domain,"
@@ -1385,20 +1529,22 @@ def build_parser() -> argparse.ArgumentParser:
     register_receive(sub, common)
 
     x = sub.add_parser("user", parents=[common], help="users inside this organization and their tokens")
-    x.add_argument("action", choices=["add", "list", "remove"])
+    x.add_argument("action", choices=["add", "list", "remove"],
+                   help="add a user (prints its token once), list them, or remove one")
     x.add_argument("name", nargs="?", help="user name: a-z 0-9 . _ -, starting with a letter (e.g. alice)")
     x.add_argument("--os-user", default="", metavar="ACCOUNT",
                    help="add: also accept this operating-system account on the user socket, without a token")
     x.set_defaults(func=cmd_user)
 
     x = sub.add_parser("messages", parents=[common], help="pending-send rows with state and age")
-    x.add_argument("--limit", type=int, default=100)
+    x.add_argument("--limit", type=int, default=100, metavar="N",
+                   help=f"at most N rows (1..{MAX_LIMIT}, default 100)")
     x.add_argument("--receipt", metavar="LK0", help="show the signed delivery receipt of a document, verified")
-    x.add_argument("--json", action="store_true")
+    x.add_argument("--json", action="store_true", help="as JSON, with the raw values (times in epoch ms)")
     x.set_defaults(func=cmd_messages)
 
     x = sub.add_parser("status", parents=[common], help="node or platform status")
-    x.add_argument("--json", action="store_true")
+    x.add_argument("--json", action="store_true", help="as JSON, for programs")
     x.set_defaults(func=cmd_status)
 
     register_ops(sub)
@@ -1407,7 +1553,7 @@ def build_parser() -> argparse.ArgumentParser:
     from semq.web.cli import register as register_console
 
     register_console(sub)  # semq console user add|list|remove (the web console's accounts)
-    register_features(sub)  # tx, request/reply, dead letters, local queues (docs/seed-capabilities.md)  # admin, service, backup, restore
+    register_features(sub)  # tx, request/reply, dead letters, local queues (docs/seed-capabilities.md)
 
     try:
         from semq.analytics.cli import register as register_report
@@ -1415,6 +1561,11 @@ def build_parser() -> argparse.ArgumentParser:
         pass
     else:
         register_report(sub)
+    from semq.cli.examples import add_examples
+    from semq.cli.guide import register as register_guide
+
+    register_guide(sub)  # semq help TOPIC, semq completion, semq config reference
+    add_examples(p)  # every command's examples, in its --help
     return p
 
 
@@ -1427,7 +1578,18 @@ def main(argv: list[str] | None = None) -> int:
         else logging.WARNING,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr,
     )
-    return run_command(args)
+    try:
+        rc = run_command(args)
+        sys.stdout.flush()  # here, where a closed pipe can be handled, not at exit
+    except BrokenPipeError:
+        # The reader went away (semq status | head -1): what it wanted it
+        # has; end quietly, and point stdout at /dev/null so the flush at
+        # exit does not complain again.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+        return 0
+    return rc
 
 
 def run_command(args: argparse.Namespace) -> int:
@@ -1437,6 +1599,8 @@ def run_command(args: argparse.Namespace) -> int:
     try:
         rc: int = args.func(args)
         return rc
+    except BrokenPipeError:
+        raise  # the reader of stdout went away: main ends quietly
     except (UsageError, ConfigError, ValueError, AlreadyEnrolled) as e:
         if args.verbose:
             raise

@@ -28,6 +28,7 @@ from typing import Any, Final
 
 from semq.cli import format_age
 from semq.config import ConfigError, data_dir, load_config
+from semq.ops.display import MAX_LIMIT, check_count, is_time_key, shown, when
 
 __all__ = ["EXIT_NOTHING", "main", "register"]
 
@@ -99,12 +100,14 @@ def _positive(text: str) -> float:
 
 def _doc_options(x: argparse.ArgumentParser, *, save_fwd: bool = True) -> None:
     if save_fwd:
-        x.add_argument("--save-fwd", type=int, default=3, choices=[1, 2, 3])
+        x.add_argument("--save-fwd", type=int, default=3, choices=[1, 2, 3],
+                       help="target offline: 1 drop, 2 store at the platform, 3 must be delivered (default;"
+                            " semq help savefwd)")
     x.add_argument("--priority", type=int, help="0-9, higher first")
     x.add_argument("--expires-in", type=_positive, help="seconds until the document expires")
     x.add_argument("--no-encrypt", action="store_true",
                    help="signed but NOT end-to-end private: the platform operator can read it")
-    x.add_argument("-q", "--quiet", action="store_true")
+    x.add_argument("-q", "--quiet", action="store_true", help="no note on stderr")
 
 
 # ---------------------------------------------------------------- tx
@@ -160,7 +163,8 @@ def cmd_tx_list(args: argparse.Namespace) -> int:
     from semq.node.txn import Transactions
 
     with _client(args) as node:
-        rows = Transactions(node).list(states=None if args.all else _open(), limit=args.limit)
+        rows = Transactions(node).list(states=None if args.all else _open(),
+                                       limit=check_count(args.limit, "--limit", 1, MAX_LIMIT))
     if args.json:
         print(json.dumps([_tx_row(m) for m in rows]))
         return 0
@@ -168,7 +172,7 @@ def cmd_tx_list(args: argparse.Namespace) -> int:
     for m in rows:
         tail = str(m.lk0) if m.lk0 else m.note
         print(f"{m.id:>5}  {m.state.name:<15} {m.target:<10} {m.checks:>6}  {_until(m.next_check_ms):<8}"
-              f" {format_age(m.created_ms):>5}  {m.app_key!s:<28} {tail}")
+              f" {format_age(m.created_ms):>5}  {shown(m.app_key):<28} {shown(tail)}")
     attention = sum(1 for m in rows if m.state.name == "NEEDS_ATTENTION")
     print(f"{len(rows)} transaction(s)" + (f"; {attention} NEED A PERSON: semq tx commit|rollback ID"
                                             if attention else ""), file=sys.stderr)
@@ -190,7 +194,7 @@ def cmd_tx_show(args: argparse.Namespace) -> int:
         _write_out(m.app_data, None)
         return 0
     for k, v in _tx_row(m).items():
-        print(f"{k}: {v}")
+        print(f"{k}: {when(v) if is_time_key(k) and isinstance(v, int) else shown(v)}")
     return 0
 
 
@@ -233,6 +237,10 @@ def cmd_tx_config(args: argparse.Namespace) -> int:
     from semq.node.capabilities import load_capabilities, update_capabilities
 
     d = load_config(_dir(args)).directory
+    for value, option in ((args.first_check, "--first-check"), (args.check_interval, "--check-interval"),
+                          (args.checkback_timeout, "--checkback-timeout")):
+        check_count(value, option, 0.001, 86400.0 * 365)
+    check_count(args.max_checks, "--max-checks", 1, 1_000_000)
     changes = {k: v for k, v in (("checkback", args.checkback), ("first_check", args.first_check),
                                  ("check_interval", args.check_interval), ("max_checks", args.max_checks),
                                  ("checkback_timeout", args.checkback_timeout)) if v is not None}
@@ -292,7 +300,7 @@ def cmd_requests(args: argparse.Namespace) -> int:
     from semq.node import rpc
 
     with _client(args) as node:
-        rows = rpc.incoming(node, include_answered=args.all, limit=args.limit)
+        rows = rpc.incoming(node, include_answered=args.all, limit=check_count(args.limit, "--limit", 1, MAX_LIMIT))
     if args.json:
         print(json.dumps([{"id": it.id, "lk0": str(it.lk0), "from": it.lk0.endpoint.node_id,
                            "type": it.app_key.data_type, "key": it.app_key.key, "size": len(it.app_data),
@@ -300,7 +308,7 @@ def cmd_requests(args: argparse.Namespace) -> int:
         return 0
     print(f"{'ID':>6}  {'FROM':<10} {'REQUEST LK0':<28} {'TYPE':<14} {'SIZE':>7}  {'AGE':>5}  REPLY")
     for it, r in rows:
-        print(f"{it.id:>6}  {it.lk0.endpoint.node_id:<10} {it.lk0!s:<28} {it.app_key.data_type:<14}"
+        print(f"{it.id:>6}  {it.lk0.endpoint.node_id:<10} {it.lk0!s:<28} {shown(it.app_key.data_type):<14}"
               f" {len(it.app_data):>7}  {format_age(it.received_ms):>5}  {r or '-'}")
     print(f"{len(rows)} request(s); answer with: semq reply --to-request ID FILE", file=sys.stderr)
     return 0
@@ -316,7 +324,7 @@ def cmd_replies(args: argparse.Namespace) -> int:
             if not args.quiet:
                 print(f"reply {got.lk0} to request {got.request}: {len(got.data)} bytes", file=sys.stderr)
             return 0
-        rows = rpc.replies(node, include_taken=args.all, limit=args.limit)
+        rows = rpc.replies(node, include_taken=args.all, limit=check_count(args.limit, "--limit", 1, MAX_LIMIT))
         stray = rpc.unmatched_replies(node)
         replies: dict[int, str] = {}
         for r in rows:
@@ -337,9 +345,10 @@ def cmd_replies(args: argparse.Namespace) -> int:
     print(f"{'REQUEST LK0':<28} {'TO':<10} {'TYPE':<14} {'STATE':<8} {'AGE':>5}  REPLY")
     for r in rows:
         rep = f"{replies[r.reply_inbox_id]} (inbox {r.reply_inbox_id})" if r.reply_inbox_id else "-"
-        print(f"{r.lk0!s:<28} {r.target:<10} {r.data_type:<14} {r.state:<8} {format_age(r.sent_ms):>5}  {rep}")
+        print(f"{r.lk0!s:<28} {r.target:<10} {shown(r.data_type):<14} {r.state:<8} {format_age(r.sent_ms):>5}"
+              f"  {rep}")
     for it, why in stray:
-        print(f"unmatched reply {it.lk0} (inbox {it.id}) from {it.lk0.endpoint.node_id}: {why}")
+        print(f"unmatched reply {it.lk0} (inbox {it.id}) from {it.lk0.endpoint.node_id}: {shown(why)}")
     print(f"{len(rows)} request(s); take a reply with: semq replies --take REQUEST_LK0", file=sys.stderr)
     return 0
 
@@ -359,7 +368,7 @@ def cmd_dead_list(args: argparse.Namespace) -> int:
     from semq.node.dead import DeadLetters
 
     with _client(args) as node:
-        rows = DeadLetters(node).list(limit=args.limit)
+        rows = DeadLetters(node).list(limit=check_count(args.limit, "--limit", 1, MAX_LIMIT))
     if args.json:
         print(json.dumps([{"lk0": str(d.lk0), "to": d.target, "code": d.code, "reason": d.reason,
                            "app_key": str(d.app_key), "attempts": d.attempts, "created_ms": d.created_ms,
@@ -367,8 +376,8 @@ def cmd_dead_list(args: argparse.Namespace) -> int:
         return 0
     print(f"{'LK0':<28} {'TO':<10} {'CODE':>4}  {'REASON':<36} {'TRIES':>5} {'AGE':>5}  APPKEY")
     for d in rows:
-        print(f"{d.lk0!s:<28} {d.target:<10} {d.code:>4}  {d.reason:<36} {d.attempts:>5} {format_age(d.created_ms):>5}"
-              f"  {d.app_key}")
+        print(f"{d.lk0!s:<28} {d.target:<10} {d.code:>4}  {shown(d.reason):<36} {d.attempts:>5}"
+              f" {format_age(d.created_ms):>5}  {shown(d.app_key)}")
     print(f"{len(rows)} dead letter(s); semq dead requeue|purge ID...|--all", file=sys.stderr)
     return 0
 
@@ -405,6 +414,7 @@ def cmd_dead_sweep(args: argparse.Namespace) -> int:
     from semq.node.dead import sweep
 
     with _client(args) as node:
+        check_count(args.max_attempts, "--max-attempts", 1, 1_000_000)
         limit = args.max_attempts if args.max_attempts is not None else \
             load_capabilities(node.config.directory).dead.max_attempts
         if limit <= 0:
@@ -418,6 +428,7 @@ def cmd_dead_config(args: argparse.Namespace) -> int:
     from semq.node.capabilities import load_capabilities, update_capabilities
 
     d = load_config(_dir(args)).directory
+    check_count(args.max_attempts, "--max-attempts", 0, 1_000_000)
     caps = (update_capabilities(d, dead={"max_attempts": args.max_attempts}) if args.max_attempts is not None
             else load_capabilities(d))
     n = caps.dead.max_attempts
@@ -450,6 +461,7 @@ def _queue_action(args: argparse.Namespace, q: Any) -> int:
     elif act == "put":
         print(q.enqueue(args.name, _read(args.file)))
     elif act == "get":
+        check_count(args.wait, "--wait", 0, 86400.0)
         deadline = time.monotonic() + args.wait
         while True:
             item = q.dequeue(args.name, lease=args.lease)
@@ -512,35 +524,37 @@ def register(sub: Any) -> None:
     x = txs.add_parser("send", parents=[common], help="store a half message (not sent until commit)")
     x.add_argument("--to", required=True, help="target organization id")
     x.add_argument("--type", required=True, help="AppKey data type, e.g. ORDER")
-    x.add_argument("--domain", default="")
-    x.add_argument("--subtype", default="")
-    x.add_argument("--key", default="")
-    x.add_argument("--ack2", action=argparse.BooleanOptionalAction, default=True)
+    x.add_argument("--domain", default="", help="AppKey domain, e.g. trade")
+    x.add_argument("--subtype", default="", help="AppKey subtype, e.g. PO")
+    x.add_argument("--key", default="", help="AppKey key: your reference, e.g. the order number")
+    x.add_argument("--ack2", action=argparse.BooleanOptionalAction, default=True,
+                   help="ask the receiver for an end-to-end confirmation (default on; semq help ack2)")
     _doc_options(x)
     x.add_argument("file", help="file to send, or - for stdin")
     x.set_defaults(func=cmd_tx_send)
     x = txs.add_parser("commit", parents=[common], help="send it: move it into the pending-send table")
-    x.add_argument("id", type=int)
-    x.add_argument("-q", "--quiet", action="store_true")
+    x.add_argument("id", type=int, help="the half message's id (semq tx send printed it)")
+    x.add_argument("-q", "--quiet", action="store_true", help="no note on stderr")
     x.set_defaults(func=cmd_tx_commit)
     x = txs.add_parser("rollback", parents=[common], help="never send it")
-    x.add_argument("id", type=int)
+    x.add_argument("id", type=int, help="the half message's id")
     x.add_argument("--note", default="", help="why (kept with it)")
     x.set_defaults(func=cmd_tx_rollback)
     x = txs.add_parser("list", parents=[common], help="undecided half messages (and those needing a person)")
     x.add_argument("--all", action="store_true", help="include committed and rolled-back ones")
-    x.add_argument("--limit", type=int, default=100)
-    x.add_argument("--json", action="store_true")
+    x.add_argument("--limit", type=int, default=100, metavar="N", help=f"at most N (1..{MAX_LIMIT}, default 100)")
+    x.add_argument("--json", action="store_true", help="as JSON, with the raw values (times in epoch ms)")
     x.set_defaults(func=cmd_tx_list)
     x = txs.add_parser("show", parents=[common], help="one half message")
-    x.add_argument("id", type=int)
+    x.add_argument("id", type=int, help="the half message's id")
     x.add_argument("--data", action="store_true", help="write its document to stdout")
     x.set_defaults(func=cmd_tx_show)
     x = txs.add_parser("check", parents=[common], help="run the check-backs that are due, once")
-    x.add_argument("--json", action="store_true")
+    x.add_argument("--json", action="store_true", help="what was asked and decided, as JSON")
     x.set_defaults(func=cmd_tx_check)
     x = txs.add_parser("watch", parents=[common], help="run check-backs in the foreground until stopped")
-    x.add_argument("--interval", type=_positive, default=1.0)
+    x.add_argument("--interval", type=_positive, default=1.0, metavar="S",
+                   help="seconds between rounds of check-backs (default 1)")
     x.set_defaults(func=cmd_tx_watch)
     x = txs.add_parser("config", parents=[common], help="show or set the check-back and its schedule")
     x.add_argument("--checkback", help="shell command answering commit / rollback (\"\" = none)")
@@ -557,87 +571,90 @@ def register(sub: Any) -> None:
     x.add_argument("--key", default="", help="your own reference (AppKey key of the request)")
     x.add_argument("--timeout", type=_positive, default=10.0, help="seconds to wait (default 10)")
     x.add_argument("--no-wait", action="store_true", help="asynchronous: print the request's LK0 and return")
-    x.add_argument("--out", help="write the reply to FILE instead of stdout")
+    x.add_argument("--out", metavar="FILE", help="write the reply to FILE instead of stdout")
     _doc_options(x)
     x.add_argument("file", help="file to send, or - for stdin")
     x.set_defaults(func=cmd_request)
     x = sub.add_parser("reply", parents=[common], help="answer a request that arrived")
-    x.add_argument("--to-request", type=int, required=True, metavar="INBOX_ID")
+    x.add_argument("--to-request", type=int, required=True, metavar="INBOX_ID",
+                   help="the request's id in the inbox (semq requests lists them)")
     x.add_argument("--type", help="AppKey data type (default: the request's)")
     _doc_options(x)
     x.add_argument("file", help="file to send, or - for stdin")
     x.set_defaults(func=cmd_reply)
     x = sub.add_parser("requests", parents=[common], help="requests that arrived, not yet answered")
     x.add_argument("--all", action="store_true", help="include answered ones")
-    x.add_argument("--limit", type=int, default=100)
-    x.add_argument("--json", action="store_true")
+    x.add_argument("--limit", type=int, default=100, metavar="N", help=f"at most N (1..{MAX_LIMIT}, default 100)")
+    x.add_argument("--json", action="store_true", help="as JSON, with the raw values")
     x.set_defaults(func=cmd_requests)
     x = sub.add_parser("replies", parents=[common], help="our requests and their replies")
     x.add_argument("--all", action="store_true", help="include replies already taken")
     x.add_argument("--take", metavar="REQUEST_LK0", help="print the reply to this request and mark it taken")
-    x.add_argument("--out", help="with --take: write the reply to FILE")
-    x.add_argument("--limit", type=int, default=100)
-    x.add_argument("--json", action="store_true")
-    x.add_argument("-q", "--quiet", action="store_true")
+    x.add_argument("--out", metavar="FILE", help="with --take: write the reply to FILE")
+    x.add_argument("--limit", type=int, default=100, metavar="N", help=f"at most N (1..{MAX_LIMIT}, default 100)")
+    x.add_argument("--json", action="store_true", help="as JSON, with the raw values")
+    x.add_argument("-q", "--quiet", action="store_true", help="no note on stderr")
     x.set_defaults(func=cmd_replies)
 
     # -- dead letters
     dead = sub.add_parser("dead", parents=[common], help="documents that will not be delivered, and why")
-    dead.add_argument("--limit", type=int, default=100)
-    dead.add_argument("--json", action="store_true")
+    dead.add_argument("--limit", type=int, default=100, metavar="N", help=f"at most N (1..{MAX_LIMIT}, default 100)")
+    dead.add_argument("--json", action="store_true", help="as JSON, with the raw values (times in epoch ms)")
     dead.set_defaults(func=cmd_dead_list)
     ds = dead.add_subparsers(dest="sub")
     x = ds.add_parser("list", parents=[common], help="the dead letters with their reasons (default)")
-    x.add_argument("--limit", type=int, default=100)
-    x.add_argument("--json", action="store_true")
+    x.add_argument("--limit", type=int, default=100, metavar="N", help=f"at most N (1..{MAX_LIMIT}, default 100)")
+    x.add_argument("--json", action="store_true", help="as JSON, with the raw values (times in epoch ms)")
     x.set_defaults(func=cmd_dead_list)
     x = ds.add_parser("requeue", parents=[common], help="send them again (same LK0)")
     x.add_argument("ids", nargs="*", help="record ids or LK0s")
-    x.add_argument("--all", action="store_true")
+    x.add_argument("--all", action="store_true", help="every dead letter")
     x.add_argument("--expires-in", type=_positive, help="a new expiry, seconds from now")
     x.add_argument("--no-expiry", action="store_true", help="remove the expiry")
     x.set_defaults(func=cmd_dead_requeue)
     x = ds.add_parser("purge", parents=[common], help="delete them")
     x.add_argument("ids", nargs="*", help="record ids or LK0s")
-    x.add_argument("--all", action="store_true")
+    x.add_argument("--all", action="store_true", help="every dead letter")
     x.set_defaults(func=cmd_dead_purge)
     x = ds.add_parser("sweep", parents=[common], help="unsent documents with too many attempts become dead")
-    x.add_argument("--max-attempts", type=int)
+    x.add_argument("--max-attempts", type=int, metavar="N",
+                   help="N attempts or more (default: the configured rule, semq dead config)")
     x.set_defaults(func=cmd_dead_sweep)
     x = ds.add_parser("config", parents=[common], help="show or set the max-attempts rule (0 = off)")
-    x.add_argument("--max-attempts", type=int)
+    x.add_argument("--max-attempts", type=int, metavar="N", help="set it: a document with N attempts is given up"
+                   " (0: never)")
     x.set_defaults(func=cmd_dead_config)
 
     # -- local queues
     q = sub.add_parser("queue", help="named local durable queues in the node's store")
     qs = q.add_subparsers(dest="qaction", required=True)
     x = qs.add_parser("create", parents=[common], help="create a queue")
-    x.add_argument("name")
-    x.add_argument("--exist-ok", action="store_true")
+    x.add_argument("name", help="the queue's name")
+    x.add_argument("--exist-ok", action="store_true", help="a queue of that name already there is no error")
     x = qs.add_parser("destroy", parents=[common], help="delete a queue")
-    x.add_argument("name")
+    x.add_argument("name", help="the queue's name")
     x.add_argument("--force", action="store_true", help="also when it holds items (they are deleted)")
     x = qs.add_parser("put", parents=[common], help="enqueue FILE (or - for stdin); prints the item id")
-    x.add_argument("name")
-    x.add_argument("file")
+    x.add_argument("name", help="the queue's name")
+    x.add_argument("file", help="the item's content: a file, or - for stdin")
     x = qs.add_parser("get", parents=[common], help="dequeue one item (leased until acked)")
-    x.add_argument("name")
+    x.add_argument("name", help="the queue's name")
     x.add_argument("--lease", type=_positive, default=30.0, help="seconds it stays invisible to others")
     x.add_argument("--wait", type=float, default=0.0, help="seconds to wait for an item")
-    x.add_argument("--out", help="write the item to FILE and print its id")
+    x.add_argument("--out", metavar="FILE", help="write the item to FILE and print its id")
     x.add_argument("--json", action="store_true", help="id, delivery and base64 data as JSON")
     x = qs.add_parser("ack", parents=[common], help="done with dequeued items: delete them")
-    x.add_argument("name")
-    x.add_argument("ids", nargs="+", type=int)
+    x.add_argument("name", help="the queue's name")
+    x.add_argument("ids", nargs="+", type=int, help="the items' ids (semq queue get printed them)")
     x.add_argument("--delivery", type=int, help="refuse if the item was dequeued again since this delivery")
     x = qs.add_parser("release", parents=[common], help="give dequeued items back at once")
-    x.add_argument("name")
-    x.add_argument("ids", nargs="+", type=int)
+    x.add_argument("name", help="the queue's name")
+    x.add_argument("ids", nargs="+", type=int, help="the items' ids")
     x = qs.add_parser("recover", parents=[common], help="after a crash: every in-flight item back to the queue")
-    x.add_argument("name", nargs="?", default="")
+    x.add_argument("name", nargs="?", default="", help="the queue's name (or --all)")
     x.add_argument("--all", action="store_true", help="of every queue")
     x = qs.add_parser("list", parents=[common], help="queues with their counts")
-    x.add_argument("--json", action="store_true")
+    x.add_argument("--json", action="store_true", help="as JSON")
     for p in qs.choices.values():
         p.set_defaults(func=cmd_queue)
 

@@ -19,6 +19,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from .display import MAX_LIMIT, age, check_count, is_time_key, shown, when
+
 __all__ = ["OpsUsageError", "main", "parse_duration", "register"]
 
 
@@ -70,16 +72,27 @@ def _dir(args: argparse.Namespace) -> Path:
 
 
 def _age(ms: int | None) -> str:
-    if not ms:
-        return "-"
-    s = max(0.0, time.time() - ms / 1000)
-    if s < 120:
-        return f"{s:.0f}s"
-    if s < 7200:
-        return f"{s / 60:.0f}m"
-    if s < 172800:
-        return f"{s / 3600:.1f}h"
-    return f"{s / 86400:.1f}d"
+    return age(ms)
+
+
+def _field(key: str, value: Any) -> str:
+    """One field of an answer for a person: epoch milliseconds as a time,
+    text with its control characters escaped."""
+    if is_time_key(key) and isinstance(value, int | float) and not isinstance(value, bool) and value > 0:
+        ago = age(value)
+        return f"{when(value)} ({ago if ago.startswith('in ') else ago + ' ago'})"
+    return shown(value)
+
+
+def _print_fields(d: dict[str, Any], indent: str = "") -> None:
+    for k, v in d.items():
+        if isinstance(v, dict):
+            print(f"{indent}{k}:")
+            _print_fields(v, indent + "  ")
+        elif isinstance(v, list):
+            print(f"{indent}{k}: {shown(json.dumps(v))}")
+        else:
+            print(f"{indent}{k}: {_field(k, v)}")
 
 
 def _size(n: int) -> str:
@@ -230,7 +243,7 @@ def _print_status(r: dict[str, Any]) -> None:
              f" {b['mean_ms']} ms)") if b else ""
     print(f"  store: {_size(r.get('store_bytes', 0))}, {r.get('store_calls', 0)} store calls{extra}")
     if drain.get("requested"):
-        print(f"  drain: {drain.get('reason')} ({_age(drain.get('since_ms'))} ago)")
+        print(f"  drain: {shown(drain.get('reason'))} ({_age(drain.get('since_ms'))} ago)")
 
 
 def _print_rows(rows: list[dict[str, Any]]) -> None:
@@ -243,20 +256,20 @@ def _print_rows(rows: list[dict[str, Any]]) -> None:
               "  PLACE/APPKEY")
         for r in rows:
             k = r.get("app_key", {})
-            extra = r.get("reason") or r.get("place") or "/".join(x for x in (k.get("domain"), k.get("data_type"), k.get("subtype"),
-                                                            k.get("key")) if x)
+            extra = shown(r.get("reason") or r.get("place") or "/".join(
+                x for x in (k.get("domain"), k.get("data_type"), k.get("subtype"), k.get("key")) if x))
             print(f"{r['id']:>16}  {r['target']:<10} {r['state']:<11} {r['save_fwd']:>2} {r['attempts']:>5}"
                   f" {r['code']:>4} {r['size']:>8} {_age(r['created_ms']):>6}  {extra}")
     elif "p_ack" in rows[0] or "s_ack" in rows[0]:  # node inbound
         print(f"{'ID':>16}  {'LK0':<28} {'P_ACK':<7} {'S_ACK':<7} {'ASKED':>5} {'AGE':>6}  PLACE")
         for r in rows:
             print(f"{r['id']:>16}  {r['lk0']:<28} {r['p_ack']:<7} {r['s_ack']:<7} {r['inquiries']:>5}"
-                  f" {_age(r['received_ms']):>6}  {r.get('place', '')}")
+                  f" {_age(r['received_ms']):>6}  {shown(r.get('place', ''))}")
     else:  # platform stored
         print(f"{'ID':>8}  {'TO':<10} {'KIND':<12} {'LK0':<28} {'STATE':<8} {'TRIES':>5} {'SIZE':>8} {'AGE':>6}"
               "  PLACE")
         for r in rows:
-            place = r.get("place") or ("online" if r.get("target_online") else "offline")
+            place = shown(r.get("place") or ("online" if r.get("target_online") else "offline"))
             print(f"{r['id']:>8}  {r['target']:<10} {r['kind']:<12} {r['lk0'] or '-':<28} {r['state']:<8}"
                   f" {r['attempts']:>5} {r['size']:>8} {_age(r['stored_ms']):>6}  {place}")
 
@@ -318,6 +331,13 @@ def _wait_gone(args: argparse.Namespace) -> None:
 def cmd_admin(args: argparse.Namespace) -> int:
     cmd = args.admin_cmd
     payload: dict[str, Any] = {}
+    check_count(args.timeout, "--timeout", 0.1, 3600.0)
+    if cmd in ("list", "stuck"):
+        check_count(args.limit, "--limit", 1, MAX_LIMIT)
+    if cmd == "list" and args.after is not None:
+        check_count(args.after, "--after", 0, 2**63 - 1)
+    if cmd in ("drain", "stop"):
+        check_count(args.wait, "--wait", 0, 86400.0)
     if cmd == "list":
         payload = {k: v for k, v in {"state": args.state, "target": args.target, "older_than": args.older_than,
                                      "limit": args.limit, "after": args.after, "table": args.table,
@@ -356,13 +376,12 @@ def cmd_admin(args: argparse.Namespace) -> int:
             print(f"{result['count']} stuck (no end-to-end confirmation for {result['older_than_s']:g} s)"
                   + (f": {places}" if places else ""))
             for c in result.get("channels") or []:
-                print(f"ordered {c['text']}")
+                print(f"ordered {shown(c['text'])}")
         _print_rows(result["rows"])
         if cmd == "list":
             print(f"{result['count']} row(s)", file=sys.stderr)
     elif cmd == "show":
-        for k, v in result.items():
-            print(f"{k}: {json.dumps(v) if isinstance(v, dict | list) else v}")
+        _print_fields(result)
     elif cmd in ("requeue", "resend", "purge"):
         verb = {"requeue": "requeued", "resend": "resent", "purge": "purged"}[cmd]
         if result.get("dry_run"):
@@ -406,24 +425,32 @@ def cmd_grafana_dashboard(args: argparse.Namespace) -> int:
 
 @_cli_errors
 def cmd_service_install(args: argparse.Namespace) -> int:
-    from semq.config import ConfigError, load_config
+    """Write the unit; never over a different one without --force, never
+    for a data directory the unit could not use (semq.ops.service)."""
+    from semq.config import Config, ConfigError, load_config
 
-    from .service import DEFAULT_UNIT_DIR, UnitSpec, install_unit
+    from .service import DEFAULT_UNIT_DIR, UnitRefused, UnitSpec, check_data_dir, install_unit
 
     d = _dir(args)
     ident = ""
+    cfg: Config | None
     try:
         cfg = load_config(d)
     except ConfigError:
-        if not args.print:
-            raise
-    else:
+        cfg = None  # --print shows the unit anyway; an install is refused by check_data_dir, with the reason
+    if cfg is not None:
         if cfg.role != args.role:
             raise OpsUsageError(f"{d} holds a {cfg.role}, not a {args.role}")
         ident = cfg.org if cfg.role == "node" else cfg.platform_id
     extra = ("--metrics", args.metrics) if args.metrics else ()
     spec = UnitSpec(role=args.role, directory=d, user=args.user, group=args.group, ident=ident, extra_args=extra)
-    install_unit(spec, Path(args.unit_dir) if args.unit_dir else DEFAULT_UNIT_DIR, print_only=args.print)
+    try:
+        if not args.print:
+            check_data_dir(spec)
+        install_unit(spec, Path(args.unit_dir) if args.unit_dir else DEFAULT_UNIT_DIR, print_only=args.print,
+                     force=args.force)
+    except UnitRefused as e:
+        raise OpsUsageError(str(e)) from None
     return 0
 
 
@@ -510,21 +537,24 @@ def register(sub: Any) -> None:
     x = adm.add_parser("status", parents=[common, out], help="connections, queues per target and state, counters")
     x = adm.add_parser("ping", parents=[common, out], help="is the daemon answering?")
     x = adm.add_parser("list", parents=[common, out], help="pending-send (node) or stored (platform) rows")
-    x.add_argument("--state")
-    x.add_argument("--target")
+    x.add_argument("--state", help="only rows in these states, e.g. SS_FAILED or SS_SENT,SS_ACK (semq help states)")
+    x.add_argument("--target", metavar="ORG", help="only rows for this target organization")
     x.add_argument("--origin", help="platform: origin organization; node --table inbound: sender")
-    x.add_argument("--older-than", type=parse_duration, metavar="DURATION")
-    x.add_argument("--limit", type=int, default=100)
+    x.add_argument("--older-than", type=parse_duration, metavar="DURATION", help="only rows older than this:"
+                   " 30m, 2h, 1d")
+    x.add_argument("--limit", type=int, default=100, metavar="N", help=f"at most N rows (1..{MAX_LIMIT}, default 100)")
     x.add_argument("--after", type=int, help="only ids above this (paging)")
     x.add_argument("--table", choices=["outbox", "inbound"], help="node: pending-send (default) or pending-ack")
     x.add_argument("--kind", choices=["data", "relayed", "all"], help="platform: stored documents (default),"
                    " relayed acks/inquiries, or all")
     x = adm.add_parser("show", parents=[common, out], help="one record (no contents)")
     x.add_argument("record", help="record id, or an LK0 (NODE/1/1/ID)")
-    x.add_argument("--table", choices=["outbox", "inbound"])
+    x.add_argument("--table", choices=["outbox", "inbound"],
+                   help="node: look in pending-send (default) or pending-ack")
     x = adm.add_parser("stuck", parents=[common, out], help="no end-to-end confirmation for too long, and where")
-    x.add_argument("--older-than", type=parse_duration, metavar="DURATION", help="default 1h")
-    x.add_argument("--limit", type=int, default=100)
+    x.add_argument("--older-than", type=parse_duration, metavar="DURATION",
+                   help="unconfirmed for longer than this counts as stuck (default 1h)")
+    x.add_argument("--limit", type=int, default=100, metavar="N", help=f"at most N rows (1..{MAX_LIMIT}, default 100)")
     adm.add_parser("requeue", parents=[common, out, sel],
                    help="node: failed rows back to SS_INIT; platform: delivered-unacked copies again")
     adm.add_parser("resend", parents=[common, out, sel], help="unconfirmed rows back to SS_INIT: sent again now")
@@ -533,7 +563,7 @@ def register(sub: Any) -> None:
     for name, text in (("drain", "stop taking new work, finish in-flight, then stop"),
                        ("stop", "stop now (cleanly; unacknowledged work is resent later)")):
         x = adm.add_parser(name, parents=[common, out], help=text)
-        x.add_argument("--reason")
+        x.add_argument("--reason", help="why, for the log and semq admin status")
         x.add_argument("--wait", type=float, nargs="?", const=120.0, default=0.0, metavar="S",
                        help="wait until the daemon is gone (default at most 120 s)")
     adm.add_parser("reload", parents=[common, out], help="re-read semq.toml and certificates (like SIGHUP)")
@@ -546,12 +576,15 @@ def register(sub: Any) -> None:
 
     svc = sub.add_parser("service", help="systemd units").add_subparsers(dest="service_cmd", required=True)
     x = svc.add_parser("install", parents=[common], help="write a systemd unit for this node or platform")
-    x.add_argument("--role", required=True, choices=["node", "platform"])
+    x.add_argument("--role", required=True, choices=["node", "platform"],
+                   help="what the data directory holds (checked against its semq.toml)")
     x.add_argument("--user", default="semq", help="the dedicated account it runs as (default semq)")
-    x.add_argument("--group", help="default: the user's name")
-    x.add_argument("--unit-dir", help="default /etc/systemd/system")
+    x.add_argument("--group", help="the group it runs as (default: the user's name)")
+    x.add_argument("--unit-dir", metavar="DIR", help="where to write the unit (default /etc/systemd/system)")
     x.add_argument("--metrics", metavar="HOST:PORT", help="start with --metrics HOST:PORT")
-    x.add_argument("--print", action="store_true", help="print the unit; write nothing")
+    x.add_argument("--print", action="store_true", help="print the unit; write nothing, check nothing")
+    x.add_argument("--force", action="store_true",
+                   help="replace a unit file that is there and differs (the difference is shown)")
     x.set_defaults(func=cmd_service_install)
 
     x = sub.add_parser("backup", parents=[common], help="consistent copy of the store (works while running)")
@@ -564,7 +597,7 @@ def register(sub: Any) -> None:
     x.set_defaults(func=cmd_compact)
 
     x = sub.add_parser("restore", parents=[common], help="restore a backup (refuses a running store)")
-    x.add_argument("file")
+    x.add_argument("file", help="the backup: FILE.tar, FILE.tar.gz or FILE.sqlite")
     x.add_argument("--force", action="store_true", help="replace an existing store (kept as *.before-restore-*)")
     x.set_defaults(func=cmd_restore)
 
@@ -574,7 +607,7 @@ def main(argv: list[str] | None = None) -> int:
     from semq.config import ConfigError
 
     p = argparse.ArgumentParser(prog="semq", parents=[_common()])
-    p.add_argument("-v", "--verbose", action="store_true")
+    p.add_argument("-v", "--verbose", action="store_true", help="tracebacks on errors")
     register(p.add_subparsers(dest="command", required=True))
     args = p.parse_args(argv)
     try:

@@ -60,6 +60,7 @@ from semq.platform.engine import StoredState
 from semq.security import WAITING_CODES, waiting_reason
 
 from .admin import AdminCommandError, AfterReply, DrainControl, Handler, until_hangup
+from .display import MAX_LIMIT  # rows in one list/stuck answer (the CLI checks --limit against it)
 
 __all__ = [
     "DEFAULT_LIMIT",
@@ -75,7 +76,6 @@ __all__ = [
 ]
 
 DEFAULT_LIMIT: Final = 100
-MAX_LIMIT: Final = 10_000  # rows in one list/stuck answer
 MAX_SELECT: Final = 100_000  # rows one requeue/resend/purge touches (one transaction); run it again for more
 DEFAULT_STUCK_AFTER: Final = 3600.0  # s, as `semq report latency --stuck-after` (1h)
 

@@ -65,9 +65,9 @@ def add_run_options(parser: argparse.ArgumentParser) -> None:
                         " a node of several units: unit 1 serves it)")
     g.add_argument("--no-admin", action="store_true", help="do not serve the admin socket <dir>/admin.sock")
     g.add_argument("--drain-timeout", type=float, default=60.0, metavar="S",
-                   help="a drain waits this long for in-flight work (default 60)")
+                   help="a drain waits this long for in-flight work (0.1..86400, default 60)")
     g.add_argument("--stuck-after", type=float, default=DEFAULT_STUCK_AFTER, metavar="S",
-                   help="seconds without end-to-end confirmation that count as stuck (default 3600)")
+                   help="seconds without end-to-end confirmation that count as stuck (1..31536000, default 3600)")
     g.add_argument("--log-format", choices=["text", "json"], default=None,
                    help="structured logs: key=value (text) or JSON lines; default: the classic format")
     g.add_argument("--log-file", metavar="FILE", help="also log to FILE (0600; reopened after logrotate)")

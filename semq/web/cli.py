@@ -73,7 +73,8 @@ def register(sub: Any) -> None:
     console = sub.add_parser("console", help="the web console (semq node|platform run --web HOST:PORT)")
     csub = console.add_subparsers(dest="sub", required=True)
     x = csub.add_parser("user", parents=[common], help="the web console's accounts (roles viewer, operator)")
-    x.add_argument("action", choices=["add", "list", "remove"])
+    x.add_argument("action", choices=["add", "list", "remove"],
+                   help="add an account (or replace its password and role), list them, or remove one")
     x.add_argument("name", nargs="?", help="account name: a-z 0-9 . _ -, starting with a letter")
     x.add_argument("--role", choices=["viewer", "operator"],
                    help="add: viewer (reads every page) or operator (also resend, requeue, purge, drain)")
