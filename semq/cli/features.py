@@ -237,8 +237,9 @@ def cmd_tx_config(args: argparse.Namespace) -> int:
     from semq.node.capabilities import load_capabilities, update_capabilities
 
     d = load_config(_dir(args)).directory
-    for value, option in ((args.first_check, "--first-check"), (args.check_interval, "--check-interval"),
-                          (args.checkback_timeout, "--checkback-timeout")):
+    # The first check-back may be at once (0); the others need a period.
+    check_count(args.first_check, "--first-check", 0.0, 86400.0 * 365)
+    for value, option in ((args.check_interval, "--check-interval"), (args.checkback_timeout, "--checkback-timeout")):
         check_count(value, option, 0.001, 86400.0 * 365)
     check_count(args.max_checks, "--max-checks", 1, 1_000_000)
     changes = {k: v for k, v in (("checkback", args.checkback), ("first_check", args.first_check),
