@@ -15,6 +15,8 @@ from typing import Any
 
 from semq.history import HistoryReader, history_paths
 
+from .display import MAX_LIMIT, shown, when
+
 __all__ = ["add_track_parser", "cmd_track", "parse_when"]
 
 _DIRECTION = {"origin": "out", "receiver": "in", "platform": "relay"}
@@ -34,20 +36,17 @@ def parse_when(text: str, now: float | None = None) -> int:
     if m:
         return int((now - float(m.group(1)) * _AGO_UNIT[m.group(2)]) * 1000)
     try:
-        when = dt.datetime.fromisoformat(text.strip())
+        moment = dt.datetime.fromisoformat(text.strip())
     except ValueError:
         raise argparse.ArgumentTypeError(
             f"{text!r} is neither a time ago (90s, 30m, 2h, 7d) nor a date/time (2026-12-05T10:00)") from None
-    if when.tzinfo is None:
-        when = when.astimezone()
-    return int(when.timestamp() * 1000)
+    if moment.tzinfo is None:
+        moment = moment.astimezone()
+    return int(moment.timestamp() * 1000)
 
 
 def _time(ms: int | None, *, millis: bool = False) -> str:
-    if ms is None:
-        return "-"
-    t = dt.datetime.fromtimestamp(ms / 1000)
-    return t.strftime("%Y-%m-%d %H:%M:%S") + (f".{ms % 1000:03d}" if millis else "")
+    return when(ms) if millis else when(ms)[:19]
 
 
 def _took(ms: int) -> str:
@@ -72,12 +71,8 @@ def _size(n: int | None) -> str:
 
 
 def _shown(text: Any) -> str:
-    """A value from another organization, safe on a terminal: control
-    characters escaped."""
-    if text is None or text == "":
-        return "-"
-    s = str(text)
-    return s if s.isprintable() else s.encode("unicode_escape").decode("ascii")
+    """A value from another organization, safe on a terminal; ``-`` for none."""
+    return "-" if text is None or text == "" else shown(text)
 
 
 def _key(row: dict[str, Any]) -> str:
@@ -163,8 +158,8 @@ def cmd_track(args: argparse.Namespace) -> int:
         print(f"error: no delivery history in {directory} yet (the daemon writes it as documents move;"
               " history_days = 0 turns it off)", file=sys.stderr)
         return 1
-    if args.limit < 1 or args.limit > 10_000:
-        print(f"error: --limit {args.limit} is outside 1..10000", file=sys.stderr)
+    if not 1 <= args.limit <= MAX_LIMIT:
+        print(f"error: --limit {args.limit} is outside 1..{MAX_LIMIT}", file=sys.stderr)
         return 2
     reader = HistoryReader(paths)
     try:
