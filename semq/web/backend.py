@@ -70,19 +70,9 @@ class Selection:
     select_all: bool = False
 
     def as_args(self) -> dict[str, Any]:
-        """For the audit log and the confirmation form."""
-        out: dict[str, Any] = {}
-        if self.lk0s:
-            out["lk0"] = list(self.lk0s)
-        if self.state:
-            out["state"] = self.state
-        if self.target:
-            out["target"] = self.target
-        if self.older_than is not None:
-            out["older_than"] = self.older_than
-        if self.select_all:
-            out["all"] = True
-        return out
+        """For the audit log and the confirmation form: the LK0s, then the filters."""
+        out: dict[str, Any] = {"lk0": list(self.lk0s)} if self.lk0s else {}
+        return out | self.filters()
 
     def filters(self) -> dict[str, Any]:
         out: dict[str, Any] = {}
