@@ -14,10 +14,12 @@ from ._decoder import (
 )
 from ._errors import LocalProtocolError, ProtocolError, RemoteProtocolError, ResultCode
 from ._frames import (
+    CHUNK_COMPRESSED,
     FLAG_ACK2,
     FLAG_ENCRYPT,
     FLAG_ENVELOPE,
     FLAG_KEY_SEALED,
+    FLAG_LARGE,
     FLAG_ORDERED,
     FLAG_RELIABLE,
     MAX_ACK_BATCH,
@@ -30,6 +32,8 @@ from ._frames import (
     Bye,
     CertRequest,
     CertResponse,
+    Chunk,
+    ChunkAck,
     Crl,
     Data,
     Error,
@@ -72,11 +76,13 @@ from ._types import (
 )
 
 __all__ = [
+    "CHUNK_COMPRESSED",
     "DEFAULT_MAX_FRAME",
     "FLAG_ACK2",
     "FLAG_ENCRYPT",
     "FLAG_ENVELOPE",
     "FLAG_KEY_SEALED",
+    "FLAG_LARGE",
     "FLAG_ORDERED",
     "FLAG_RELIABLE",
     "HEADER_SIZE",
@@ -98,6 +104,8 @@ __all__ = [
     "Bye",
     "CertRequest",
     "CertResponse",
+    "Chunk",
+    "ChunkAck",
     "Crl",
     "Data",
     "Endpoint",

@@ -1,21 +1,28 @@
 """The bodies that are neither documents nor acks: INQUIRY and INQUIRY_RESP
 (the seed's code 809 and its confirmation; SPEC "UMX-T frames", what an
-answer does: "The flow"), NACK, and the session's frames HELLO, WELCOME,
-PING, PONG, ERROR, WINDOW, CERT_REQUEST, CERT_RESPONSE, CRL and BYE
-(docs/protocol.md "INQUIRY and INQUIRY_RESP, seed code 809", "NACK (kind
-11)", "Session kinds (32..44)").
+answer does: "The flow"), NACK, a large document's CHUNK and CHUNK_ACK, and
+the session's frames HELLO, WELCOME, PING, PONG, ERROR, WINDOW,
+CERT_REQUEST, CERT_RESPONSE, CRL and BYE (docs/protocol.md "INQUIRY and
+INQUIRY_RESP, seed code 809", "NACK (kind 11)", "CHUNK (kind 12)",
+"CHUNK_ACK (kind 13)", "Session kinds (32..44)").
 
 Few of these travel per document, so they are built and parsed through the
 compiled construct schemas of _schema.py (``_COMPILED``) rather than
-hand-written code; the values still validate in their constructors.
+hand-written code; the values still validate in their constructors. CHUNK
+is the exception: a large document is thousands of them, each carrying up
+to megabytes, so its codec is hand-written ``struct`` code that copies the
+payload once each way (``_chunk_head``, ``_decode_chunk``), tested byte for
+byte against CHUNK_BODY (tests/protocol/test_protocol_fastpath.py).
 """
 
 from __future__ import annotations
 
+import struct
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final, NamedTuple
 
+from ._codec import _lk0_wire, _new, _slot_setters
 from ._errors import LocalProtocolError, RemoteProtocolError, ResultCode
 from ._limits import (
     _MAX_MS,
@@ -49,9 +56,12 @@ if TYPE_CHECKING:
     from ._frames import Body
 
 __all__ = [
+    "CHUNK_COMPRESSED",
     "Bye",
     "CertRequest",
     "CertResponse",
+    "Chunk",
+    "ChunkAck",
     "Crl",
     "Error",
     "Hello",
@@ -127,6 +137,62 @@ class Nack:
         object.__setattr__(self, "code", _enum(ResultCode, "code", self.code))
         _check_text("message", self.message)
         _check_bytes("proof", self.proof, MAX_PROOF)
+
+
+#: CHUNK ``flags`` bit 0: the chunk was compressed before it was sealed. The
+#: other bits are zero in version 1 (refused with INVALID_FIELD).
+CHUNK_COMPRESSED: Final = 0x01
+_CHUNK_FLAGS_KNOWN: Final = CHUNK_COMPRESSED
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Chunk:
+    """Chunk ``index`` (0-based) of the large document ``lk0``, whose
+    manifest travelled as a DATA frame with FLAG_LARGE under the same LK0.
+    ``payload``: the chunk as the origin sealed it (semq.node.large);
+    ``flags``: CHUNK_COMPRESSED when it was compressed before sealing. It
+    travels origin -> target (relayed like ACK2), so LK0's endpoint is the
+    frame's origin (Frame checks it)."""
+
+    lk0: LK0
+    index: int
+    flags: int = 0
+    payload: bytes = b""
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.lk0, LK0):
+            raise _invalid(f"CHUNK lk0 must be an LK0, not {self.lk0!r}")
+        i, f, p = self.index, self.flags, self.payload
+        # Fast path first: one fused check; the named checks word the error.
+        if (type(i) is int and type(f) is int and 0 <= i <= _MAX_U32 and 0 <= f <= _CHUNK_FLAGS_KNOWN
+                and type(p) is bytes and len(p) <= _MAX_U32):
+            return
+        _check_int("chunk index", i, 0, _MAX_U32)
+        _check_int("chunk flags", f, 0, 0xFF)
+        if f & ~_CHUNK_FLAGS_KNOWN:
+            raise _invalid(f"chunk flags 0x{f:02x} set bits other than CHUNK_COMPRESSED (0x01)")
+        _check_bytes("chunk payload", p, _MAX_U32)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ChunkAck:
+    """The receiver of the large document ``lk0`` -> its origin (relayed like
+    ACK2): every chunk with an index below ``through`` is committed at the
+    receiver. ``code`` other than OK: the receiver refused the whole document
+    for that reason (``message``: one line). LK0's endpoint is the frame's
+    target, the document's origin, as on a NACK."""
+
+    lk0: LK0
+    through: int
+    code: ResultCode = ResultCode.OK
+    message: str = ""
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.lk0, LK0):
+            raise _invalid(f"CHUNK_ACK lk0 must be an LK0, not {self.lk0!r}")
+        _check_int("through", self.through, 0, _MAX_U32)
+        object.__setattr__(self, "code", _enum(ResultCode, "code", self.code))
+        _check_text("message", self.message)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -352,6 +418,8 @@ def _body_container(body: Body) -> dict[str, Any]:
                 "items": [{**_lk(a.lk0), "result": int(a.result)} for a in body.answers]}
     if isinstance(body, Nack):
         return {**_lk(body.lk0), "code": int(body.code), "message": body.message, "proof": body.proof}
+    if isinstance(body, ChunkAck):
+        return {**_lk(body.lk0), "through": body.through, "code": int(body.code), "message": body.message}
     if isinstance(body, Hello | Welcome | Ping | Pong | WindowUpdate):
         return {f: getattr(body, f) for f in body.__dataclass_fields__}
     if isinstance(body, Error):
@@ -403,6 +471,8 @@ def _decode_by_schema(kind: Kind, buf: bytes) -> Body:
         )
     if kind is Kind.NACK:
         return Nack(lk0=_loc(c), code=c.code, message=c.message, proof=c.proof)
+    if kind is Kind.CHUNK_ACK:
+        return ChunkAck(lk0=_loc(c), through=c.through, code=c.code, message=c.message)
     if kind is Kind.HELLO:
         return Hello(semq_id=c.semq_id, semq_db_id=c.semq_db_id, window=c.window,
                      software=c.software, token=c.token, units=c.units)
@@ -438,3 +508,63 @@ def _decode_by_schema(kind: Kind, buf: bytes) -> Body:
         return Crl(der=c.crl)
     raise RemoteProtocolError(f"no decoder for {kind.name}", ResultCode.UNKNOWN_KIND)  # pragma: no cover
 
+
+
+# ---------------------------------------------------------------- CHUNK
+# The hand-written codec of CHUNK_BODY: the locator's endpoint (u8 type, u8
+# length, ASCII id), then one fixed run of LK0's ids, index, flags and the
+# payload's u32 length, then the payload.
+
+_LOC_HEAD: Final = struct.Struct(">BB")  # LK0 node_type, node id length
+_CHUNK_FIXED: Final = struct.Struct(">HHQIBI")  # semq_id, semq_db_id, record_id, index, flags, payload length
+_CHUNK_SET: Final = _slot_setters(Chunk, "lk0", "index", "flags", "payload")
+
+
+def _chunk_head(c: Chunk) -> bytes:
+    """The CHUNK body up to its payload (which follows it unchanged):
+    encode_frame joins the payload straight into the frame, copying it once."""
+    lk0 = c.lk0
+    ep = lk0.endpoint
+    nid = ep.node_id.encode("ascii")
+    return b"".join((
+        _LOC_HEAD.pack(ep.node_type, len(nid)), nid,
+        _CHUNK_FIXED.pack(lk0.semq_id, lk0.semq_db_id, lk0.record_id, c.index, c.flags, len(c.payload)),
+    ))
+
+
+def _encode_chunk(c: Chunk) -> bytes:
+    return b"".join((_chunk_head(c), c.payload))
+
+
+def _decode_chunk(buf: bytes | memoryview, origin: Endpoint) -> Chunk:
+    """A CHUNK body; ``buf`` may be a view of the received frame (the payload
+    is then copied out of it once). ``origin`` (the frame's) is the LK0's
+    endpoint object when the locator names it, as it must."""
+    size = len(buf)
+    if size < 2:
+        raise RemoteProtocolError(f"CHUNK body of {size} bytes is too short", ResultCode.MALFORMED_FRAME)
+    at = 2 + buf[1]
+    end = at + _CHUNK_FIXED.size
+    if end > size:
+        raise RemoteProtocolError(f"CHUNK body of {size} bytes is too short", ResultCode.MALFORMED_FRAME)
+    semq, db, rec, index, flags, p_len = _CHUNK_FIXED.unpack_from(buf, at)
+    if end + p_len != size:
+        raise RemoteProtocolError(
+            f"CHUNK payload declares {p_len} bytes but {size - end} remain", ResultCode.MALFORMED_FRAME
+        )
+    node_type, node_id = buf[0], str(buf[2:at], "ascii")
+    if node_type == origin.node_type and node_id == origin.node_id:
+        endpoint = origin
+    else:  # (Frame refuses it; the Endpoint is validated to say what it is)
+        endpoint = Endpoint(node_type=node_type, node_id=node_id)  # type: ignore[arg-type]
+    lk0 = _lk0_wire(endpoint, semq, db, rec)
+    # Left open by the layout: the flags' undefined bits.
+    if flags & ~_CHUNK_FLAGS_KNOWN:
+        return Chunk(lk0=lk0, index=index, flags=flags)  # raises
+    c = _new(Chunk)
+    s = _CHUNK_SET
+    s[0](c, lk0)
+    s[1](c, index)
+    s[2](c, flags)
+    s[3](c, bytes(buf[end:]))
+    return c

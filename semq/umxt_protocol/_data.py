@@ -34,6 +34,7 @@ from ._limits import (
     FLAG_ENCRYPT,
     FLAG_ENVELOPE,
     FLAG_KEY_SEALED,
+    FLAG_LARGE,
     FLAG_ORDERED,
     FLAG_RELIABLE,
     MAX_SESSION_KEY,
@@ -63,7 +64,9 @@ class Data:
     that the AppKey is inside the sealed AppData (the header's is empty);
     ``envelope`` that AppData begins with the document's envelope (users,
     ordered channel: semq.node.envelope), ``ordered`` that it belongs to an
-    ordered channel (the relay keeps a channel in one unit of its target)."""
+    ordered channel (the relay keeps a channel in one unit of its target),
+    ``large`` that AppData is a large document's manifest (semq.node.large)
+    whose content follows in CHUNK frames under the same LK0."""
 
     lk0: LK0
     app_data: bytes = b""
@@ -76,6 +79,7 @@ class Data:
     key_sealed: bool = False
     envelope: bool = False
     ordered: bool = False
+    large: bool = False
 
     def __post_init__(self) -> None:
         if not isinstance(self.lk0, LK0):
@@ -125,6 +129,7 @@ def encode_data(
     key_sealed: bool = False,
     envelope: bool = False,
     ordered: bool = False,
+    large: bool = False,
 ) -> bytes:
     """Exactly ``encode_frame(Frame(kind=DATA, source=..., body=Data(lk0=LK0(
     endpoint=source, ...))))``, without building the values: the origin's
@@ -133,7 +138,8 @@ def encode_data(
     ``source`` is also the origin. Encrypt=1 iff ``session_key``;
     ``key_sealed``: the AppKey is inside AppData (``app_key`` is then empty);
     ``envelope``: AppData begins with the document's envelope (FLAG_ENVELOPE);
-    ``ordered``: it belongs to an ordered channel (FLAG_ORDERED)."""
+    ``ordered``: it belongs to an ordered channel (FLAG_ORDERED);
+    ``large``: AppData is a large document's manifest (FLAG_LARGE)."""
     parts = [_DATA_PREFIX.pack(semq_id, semq_db_id, record_id, 0, 0, 0, created_ms, expires_ms or 0)]
     for s in app_key:
         b = s.encode("utf-8")
@@ -145,7 +151,7 @@ def encode_data(
     dst = target.node_id.encode("ascii")
     flags = ((FLAG_RELIABLE if reliable else 0) | (FLAG_ACK2 if ack2 else 0) | (FLAG_ENCRYPT if session_key else 0)
              | (FLAG_KEY_SEALED if key_sealed else 0) | (FLAG_ENVELOPE if envelope else 0)
-             | (FLAG_ORDERED if ordered else 0))
+             | (FLAG_ORDERED if ordered else 0) | (FLAG_LARGE if large else 0))
     head = _HEADER.pack(
         MAGIC, VERSION, 1, flags, save_fwd, priority, source.node_type, target.node_type, source.node_type,
         len(src), len(dst), len(src), 0, len(body),
@@ -156,12 +162,12 @@ def encode_data(
 
 _DATA_SET: Final = _slot_setters(
     Data, "lk0", "app_data", "app_key", "lk1", "created_ms", "expires_ms", "encrypt", "session_key", "key_sealed",
-    "envelope", "ordered",
+    "envelope", "ordered", "large",
 )
 
 
 def _decode_data(buf: bytes, origin: Endpoint, encrypt: bool, key_sealed: bool = False,
-                 envelope: bool = False, ordered: bool = False) -> Data:
+                 envelope: bool = False, ordered: bool = False, large: bool = False) -> Data:
     if len(buf) < _DATA_PREFIX_SIZE + 4 + 2 + 4:
         raise RemoteProtocolError(f"DATA body of {len(buf)} bytes is too short", ResultCode.MALFORMED_FRAME)
     semq, db, rec, l1s, l1d, l1r, created, expires = _DATA_PREFIX.unpack_from(buf)
@@ -187,7 +193,7 @@ def _decode_data(buf: bytes, origin: Endpoint, encrypt: bool, key_sealed: bool =
             and encrypt == (sk_len > 0) and (not key_sealed or (encrypt and app_key == _NO_APP_KEY))):
         return Data(lk0=lk0, lk1=lk1, created_ms=created, expires_ms=expires or None,  # raises
                     app_key=app_key, encrypt=encrypt, session_key=session_key, app_data=buf[pos:],
-                    key_sealed=key_sealed, envelope=envelope, ordered=ordered)
+                    key_sealed=key_sealed, envelope=envelope, ordered=ordered, large=large)
     d = _new(Data)
     s = _DATA_SET
     s[0](d, lk0)
@@ -201,5 +207,6 @@ def _decode_data(buf: bytes, origin: Endpoint, encrypt: bool, key_sealed: bool =
     s[8](d, key_sealed)
     s[9](d, envelope)
     s[10](d, ordered)
+    s[11](d, large)
     return d
 

@@ -10,12 +10,13 @@ from typing import Any, Final
 
 from ._codec import _CRC, _DATA_PREFIX, _HEADER, HEADER_SIZE, crc32, lk0_from_wire, lk1_from_wire
 from ._errors import LocalProtocolError, ProtocolError, RemoteProtocolError, ResultCode
-from ._frames import Frame, decode_body, frame_from_wire
+from ._frames import Body, Frame, decode_body, decode_chunk_body, frame_from_wire
 from ._limits import (
     FLAG_ACK2,
     FLAG_ENCRYPT,
     FLAG_ENVELOPE,
     FLAG_KEY_SEALED,
+    FLAG_LARGE,
     FLAG_LAYER,
     FLAG_ORDERED,
     FLAG_RELIABLE,
@@ -37,6 +38,7 @@ DEFAULT_MAX_FRAME: Final = 64 * 1024 * 1024  # bytes, whole frame (docs/protocol
 # (HELLO itself is a few hundred bytes, its token at most 4 KiB).
 HELLO_MAX_FRAME: Final = 64 * 1024
 _KINDS: Final = {int(k): k for k in Kind}
+_CHUNK: Final = Kind.CHUNK  # (a global: cheaper per frame than Kind.CHUNK, an Enum class look-up)
 _NODE_TYPES: Final = {int(t) for t in NodeType}
 _CACHE_LIMIT: Final = 4096
 _VIEW_COPY: Final = 1 << 20  # frames of this size and more leave the buffer through a memoryview
@@ -70,9 +72,11 @@ _new_raw: Final = object.__new__
 
 def _valid_heads() -> dict[tuple[int, int, int], Kind]:
     """{(kind, flags, SaveFwd): Kind} for every combination the header rules
-    allow: LAYER_MASK 0 on DATA and 1 on every other kind, Encrypt only on
-    DATA, other flag bits zero, SaveFwd 1..3 on message kinds and 0 on session
-    kinds. Reliable and Ack2 are free here (the Frame checks their rules)."""
+    allow: LAYER_MASK 0 on DATA and 1 on every other kind, Encrypt, the
+    envelope and the large-document flag only on DATA (a sealed AppKey with
+    Encrypt, ordered with the envelope), SaveFwd 1..3 on message kinds and 0
+    on session kinds. Reliable and Ack2 are free here (the Frame checks their
+    rules)."""
     table = {}
     for k in Kind:
         for flags in range(FLAGS_KNOWN + 1):
@@ -85,6 +89,8 @@ def _valid_heads() -> dict[tuple[int, int, int], Kind]:
             if flags & FLAG_ENVELOPE and k is not Kind.DATA:
                 continue
             if flags & FLAG_ORDERED and not flags & FLAG_ENVELOPE:
+                continue
+            if flags & FLAG_LARGE and k is not Kind.DATA:
                 continue
             for sf in (1, 2, 3) if k.is_message else (0,):
                 table[(int(k), flags, sf)] = k
@@ -173,6 +179,12 @@ class RawFrame:
         """DATA whose AppKey is inside the sealed AppData (the header's is empty)."""
         return bool(self.flags & FLAG_KEY_SEALED)
 
+    @property
+    def large(self) -> bool:
+        """DATA whose AppData is a large document's manifest (FLAG_LARGE):
+        its content follows in CHUNK frames under the same LK0."""
+        return bool(self.flags & FLAG_LARGE)
+
     def data_prefix(self) -> tuple[LK0, LK1 | None, int, int | None]:
         """(LK0, LK1, created_ms, expires_ms) of a DATA frame, from its fixed
         prefix only. Raises RemoteProtocolError on a short or invalid prefix."""
@@ -244,7 +256,11 @@ class RawFrame:
 
     def frame(self) -> Frame:
         """Parse the body; the full, validated Frame. Raises RemoteProtocolError."""
-        body = decode_body(self.kind, self.body, self.origin, self.flags)
+        body: Body
+        if self.kind is _CHUNK:  # its payload copied out of ``raw`` once, not via ``body``
+            body = decode_chunk_body(memoryview(self.raw)[self._body_start : -4], self.origin)
+        else:
+            body = decode_body(self.kind, self.body, self.origin, self.flags)
         try:
             frame = frame_from_wire(
                 self.kind, self.source, self.target, self.origin, body, self.flags,
@@ -444,6 +460,8 @@ class FrameDecoder:
             return self._fail(f"an envelope on a {k.name} frame", ResultCode.INVALID_FIELD)
         if flags & FLAG_ORDERED and not flags & FLAG_ENVELOPE:
             return self._fail("an ordered document without its envelope", ResultCode.INVALID_FIELD)
+        if flags & FLAG_LARGE and k is not Kind.DATA:
+            return self._fail(f"the large-document flag (0x80) on a {k.name} frame", ResultCode.INVALID_FIELD)
         if k.is_message != (1 <= save_fwd <= 3) or save_fwd > 3:
             return self._fail(f"SaveFwd {save_fwd} is not valid on a {k.name} frame (1..3 for messages, 0 for session)", ResultCode.INVALID_FIELD)
         if prio > MAX_PRIORITY:

@@ -15,7 +15,8 @@ __all__ = [
 
 class ResultCode(IntEnum):
     """Numbered result codes (seed 004 "numbered result codes"). Carried by
-    ERROR, NACK, BYE and CERT_RESPONSE frames and by every ProtocolError.
+    ERROR, NACK, CHUNK_ACK, BYE, CERT_RESPONSE and PEER_INFO frames and by
+    every ProtocolError.
     Ranges: 0 ok, 1xx frame, 2xx session/auth, 3xx routing, 4xx storage,
     5xx security, 6xx application, 9xx server."""
 
@@ -47,6 +48,7 @@ class ResultCode(IntEnum):
     DIRECT_NOT_ALLOWED = 306  # the target does not accept direct links from this organization
     NO_DIRECT_ADDRESS = 307  # the target announced no address for direct links (or it expired)
     GAP_ANNOUNCED = 308  # an ordered document that came after its origin announced it failed: its place is gone
+    TOO_LARGE = 309  # a document over the receiver's size limit for documents
     # 4xx: storage
     STORE_FULL = 400  # disk full: refused, nothing accepted
     STORE_ERROR = 401  # the store failed (read-only, corrupt, locked)
@@ -57,6 +59,8 @@ class ResultCode(IntEnum):
     UNKNOWN_CERTIFICATE = 502  # no certificate is known for the endpoint
     CERT_NOT_TRUSTED = 503  # a certificate the node has not pinned for that organization (nor accepted)
     BAD_RECEIPT = 504  # an ACK2 whose signed receipt is missing or does not verify: the document stays open
+    BAD_CHUNK = 505  # a chunk of a large document failed to open or verify: tampered, moved to another index or from another document
+    DIGEST_MISMATCH = 506  # a large document's content does not match the digest its signed manifest names
     # 6xx: application
     REJECTED_BY_APPLICATION = 600  # the receiving application refused the document
     # 9xx: server

@@ -8,7 +8,7 @@ ResultCode.INVALID_FIELD), defined beside its codec:
 
 - ``_data``: DATA, the document, and ``encode_data``;
 - ``_acks``: the six ack kinds and ACK_BATCH;
-- ``_control``: inquiries, NACK and the session's frames;
+- ``_control``: inquiries, NACK, CHUNK, CHUNK_ACK and the session's frames;
 - ``_limits``: flag bits, size limits and the shared checks;
 - ``_codec``: the fixed layouts, the CRC, the AppKey, values built off the wire.
 
@@ -50,9 +50,12 @@ from ._codec import (
 )
 from ._control import (
     _COMPILED,
+    CHUNK_COMPRESSED,
     Bye,
     CertRequest,
     CertResponse,
+    Chunk,
+    ChunkAck,
     Crl,
     Error,
     Hello,
@@ -68,7 +71,10 @@ from ._control import (
     Welcome,
     WindowUpdate,
     _body_container,
+    _chunk_head,
     _decode_by_schema,
+    _decode_chunk,
+    _encode_chunk,
 )
 from ._data import Data, _decode_data, _encode_data, encode_data
 from ._errors import LocalProtocolError, ProtocolError, RemoteProtocolError, ResultCode
@@ -78,6 +84,7 @@ from ._limits import (
     FLAG_ENCRYPT,
     FLAG_ENVELOPE,
     FLAG_KEY_SEALED,
+    FLAG_LARGE,
     FLAG_LAYER,
     FLAG_ORDERED,
     FLAG_RELIABLE,
@@ -94,11 +101,13 @@ from ._schema import MAGIC, VERSION
 from ._types import _ACK_KINDS, MAX_PRIORITY, Endpoint, Kind, SaveFwd, _invalid
 
 __all__ = [
+    "CHUNK_COMPRESSED",
     "FLAGS_KNOWN",
     "FLAG_ACK2",
     "FLAG_ENCRYPT",
     "FLAG_ENVELOPE",
     "FLAG_KEY_SEALED",
+    "FLAG_LARGE",
     "FLAG_LAYER",
     "FLAG_ORDERED",
     "FLAG_RELIABLE",
@@ -115,6 +124,8 @@ __all__ = [
     "Bye",
     "CertRequest",
     "CertResponse",
+    "Chunk",
+    "ChunkAck",
     "Crl",
     "Data",
     "Error",
@@ -149,11 +160,14 @@ _HEADER: Final = _codec._HEADER
 
 
 Body = (
-    Data | Ack | AckBatch | Inquiry | InquiryResp | Nack | Hello | Welcome | Ping | Pong
+    Data | Ack | AckBatch | Inquiry | InquiryResp | Nack | Chunk | ChunkAck | Hello | Welcome | Ping | Pong
     | Error | WindowUpdate | CertRequest | CertResponse | Bye | Crl | PeerAnnounce | PeerLookup | PeerInfo
 )
 
 _MESSAGE_KINDS: Final = frozenset(k for k in Kind if k.is_message)
+# A member read off the Enum class costs a lookup through its metaclass
+# (~0.1 us); the per-frame checks for CHUNK compare with this global instead.
+_CHUNK: Final = Kind.CHUNK
 
 _BODY_TYPE: Final[dict[Kind, type]] = {
     Kind.DATA: Data,
@@ -162,6 +176,8 @@ _BODY_TYPE: Final[dict[Kind, type]] = {
     Kind.INQUIRY_RESP: InquiryResp,
     Kind.ACK_BATCH: AckBatch,
     Kind.NACK: Nack,
+    Kind.CHUNK: Chunk,
+    Kind.CHUNK_ACK: ChunkAck,
     Kind.HELLO: Hello,
     Kind.WELCOME: Welcome,
     Kind.PING: Ping,
@@ -186,7 +202,7 @@ class Frame:
     """One UMX-T frame. ``source`` is the transport source of this hop (the
     platform on frames it relays), ``target`` the final target, ``origin`` the
     application-level source (defaults: DATA -> its LK0's endpoint, otherwise
-    ``source``). ``save_fwd`` defaults to MUST_DELIVER on message kinds and
+    ``source``; a CHUNK's LK0 must name it). ``save_fwd`` defaults to MUST_DELIVER on message kinds and
     NONE on session kinds (SPEC: acks and inquiries travel with SaveFwd=3)."""
 
     kind: Kind
@@ -243,12 +259,20 @@ class Frame:
                     f" Ack2={int(self.ack2)}"
                 )
             return
-        # Acks, inquiries, NACK: SaveFwd=3, reliable, no confirmation of their own.
+        # Acks, inquiries, NACK, CHUNK, CHUNK_ACK: SaveFwd=3, reliable, no
+        # confirmation of their own.
         if sf is not SaveFwd.MUST_DELIVER or self.ack2 or not self.reliable:
             raise _invalid(
                 f"{kind.name} travels with Reliable=1 SaveFwd=3 Ack2=0, not"
                 f" Reliable={int(self.reliable)} SaveFwd={int(sf)} Ack2={int(self.ack2)}"
             )
+        if kind is _CHUNK:
+            # A chunk is its origin's, as a document is (the relay checks
+            # that the origin is the sending connection's).
+            assert isinstance(self.body, Chunk)
+            if self.body.lk0.endpoint != self.origin:
+                raise _invalid(f"CHUNK LK0 names {self.body.lk0.endpoint} but origin is {self.origin}")
+            return
         if isinstance(self.body, Ack):
             ack_flag, flag = _ACK_RULES[kind]
             if self.body.ack_flag is not ack_flag or self.body.flag is not flag:
@@ -278,6 +302,8 @@ class Frame:
                 f |= FLAG_ENVELOPE
             if self.body.ordered:
                 f |= FLAG_ORDERED
+            if self.body.large:
+                f |= FLAG_LARGE
         return f
 
 
@@ -291,6 +317,8 @@ def encode_body(kind: Kind, body: Body) -> bytes:
         return _encode_ack(body)
     if isinstance(body, AckBatch):
         return _encode_ack_batch(body)
+    if isinstance(body, Chunk):
+        return _encode_chunk(body)
     try:
         out: bytes = _COMPILED[kind].build(_body_container(body))
     except (ConstructError, struct.error, UnicodeError) as e:
@@ -300,6 +328,8 @@ def encode_body(kind: Kind, body: Body) -> bytes:
 
 def encode_frame(frame: Frame) -> bytes:
     """The bytes of one frame, CRC32 trailer included."""
+    if frame.kind is _CHUNK:
+        return _encode_chunk_frame(frame)
     body = encode_body(frame.kind, frame.body)
     src = frame.source.node_id.encode("ascii")
     dst = frame.target.node_id.encode("ascii")
@@ -315,6 +345,34 @@ def encode_frame(frame: Frame) -> bytes:
     )
     out = b"".join((head, src, dst, org, body))
     return out + _CRC.pack(crc32(out))
+
+
+def _encode_chunk_frame(frame: Frame) -> bytes:
+    """encode_frame of a CHUNK: the payload (up to megabytes) is copied once,
+    into the frame, and the CRC is run over the parts in turn."""
+    chunk = frame.body
+    assert isinstance(chunk, Chunk)
+    before = _chunk_head(chunk)
+    payload = chunk.payload
+    body_len = len(before) + len(payload)
+    if body_len > _MAX_U32:
+        raise LocalProtocolError(
+            f"frame body of {body_len} bytes exceeds the 4 GiB wire limit", ResultCode.FRAME_TOO_LARGE
+        )
+    src = frame.source.node_id.encode("ascii")
+    dst = frame.target.node_id.encode("ascii")
+    org = frame.origin.node_id.encode("ascii")
+    head = _HEADER.pack(
+        MAGIC, VERSION, frame.kind, frame.flags, frame.save_fwd, frame.priority,
+        frame.source.node_type, frame.target.node_type, frame.origin.node_type,
+        len(src), len(dst), len(org), 0, body_len,
+    )
+    parts = [head, src, dst, org, before, payload]
+    crc = 0
+    for part in parts:
+        crc = crc32(part, crc)
+    parts.append(_CRC.pack(crc))
+    return b"".join(parts)
 
 
 def encode_frames(frames: list[Frame]) -> bytes:
@@ -360,16 +418,35 @@ def decode_body(kind: Kind, buf: bytes, origin: Endpoint, flags: int) -> Body:
     try:
         if kind is Kind.DATA:
             return _decode_data(buf, origin, bool(flags & FLAG_ENCRYPT), bool(flags & FLAG_KEY_SEALED),
-                                bool(flags & FLAG_ENVELOPE), bool(flags & FLAG_ORDERED))
+                                bool(flags & FLAG_ENVELOPE), bool(flags & FLAG_ORDERED),
+                                bool(flags & FLAG_LARGE))
         if kind in _ACK_KINDS:
             return _decode_ack(kind, buf)
         if kind is Kind.ACK_BATCH:
             return _decode_ack_batch(buf)
+        if kind is _CHUNK:
+            return _decode_chunk(buf, origin)
         return _decode_by_schema(kind, buf)
     except RemoteProtocolError:
         raise
-    except ProtocolError as e:
-        raise RemoteProtocolError(f"{kind.name}: {e}", e.code) from e
-    except (ConstructError, struct.error, IndexError, UnicodeError, ValueError) as e:
-        raise RemoteProtocolError(f"malformed {kind.name} body: {e}", ResultCode.MALFORMED_FRAME) from e
+    except (ProtocolError, ConstructError, struct.error, IndexError, UnicodeError, ValueError) as e:
+        raise _body_error(kind, e) from e
+
+
+def decode_chunk_body(buf: bytes | memoryview, origin: Endpoint) -> Chunk:
+    """``decode_body`` of a CHUNK, also from a view of the received frame
+    (RawFrame.frame passes one: the payload is copied out of the frame once,
+    not first into a body and then into the value)."""
+    try:
+        return _decode_chunk(buf, origin)
+    except RemoteProtocolError:
+        raise
+    except (ProtocolError, ConstructError, struct.error, IndexError, UnicodeError, ValueError) as e:
+        raise _body_error(Kind.CHUNK, e) from e
+
+
+def _body_error(kind: Kind, e: Exception) -> RemoteProtocolError:
+    if isinstance(e, ProtocolError):
+        return RemoteProtocolError(f"{kind.name}: {e}", e.code)
+    return RemoteProtocolError(f"malformed {kind.name} body: {e}", ResultCode.MALFORMED_FRAME)
 

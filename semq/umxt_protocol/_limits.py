@@ -21,6 +21,7 @@ __all__ = [
     "FLAG_ENCRYPT",
     "FLAG_ENVELOPE",
     "FLAG_KEY_SEALED",
+    "FLAG_LARGE",
     "FLAG_LAYER",
     "FLAG_ORDERED",
     "FLAG_RELIABLE",
@@ -56,7 +57,10 @@ FLAG_ENVELOPE: Final = 0x20
 # so that one store keeps the channel. DATA with FLAG_ENVELOPE only; bound by
 # the AAD. The relay learns that a document is ordered, never its channel.
 FLAG_ORDERED: Final = 0x40
-FLAGS_KNOWN: Final = 0x7F
+# AppData is a large document's manifest (semq.node.large); its content
+# follows in CHUNK frames under the same LK0. DATA only.
+FLAG_LARGE: Final = 0x80
+FLAGS_KNOWN: Final = 0xFF
 
 MAX_SESSION_KEY: Final = 4096  # bytes of a wrapped session key
 MAX_RECEIPT: Final = 4096  # bytes of a signed receipt on ACK2

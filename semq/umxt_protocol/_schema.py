@@ -47,6 +47,8 @@ __all__ = [
     "BYE_BODY",
     "CERT_REQUEST_BODY",
     "CERT_RESPONSE_BODY",
+    "CHUNK_ACK_BODY",
+    "CHUNK_BODY",
     "CRL_BODY",
     "DATA_BODY",
     "DATA_PREFIX",
@@ -71,8 +73,9 @@ MAGIC: Final = b"UX"
 VERSION: Final = 1
 
 #: Fixed frame header. ``flags``: bit0 LAYER_MASK (1 = transport packet),
-#: bit1 Reliable, bit2 Ack2, bit3 Encrypt, bit4 AppKey sealed; bits 5..7 are
-#: zero in version 1.
+#: bit1 Reliable, bit2 Ack2, bit3 Encrypt, bit4 AppKey sealed, bit5 envelope,
+#: bit6 ordered, bit7 large document manifest (_limits.py, docs/protocol.md
+#: "Flags").
 HEADER = Struct(
     "magic" / Const(MAGIC),
     "version" / Int8ub,
@@ -179,6 +182,27 @@ NACK_BODY = Struct(
     Terminated,
 )
 
+#: One chunk of a large document (the DATA with FLAG_LARGE named by the
+#: locator carries its manifest). ``flags``: bit0 compressed; the payload is
+#: sealed by the origin. The fast codec in _control.py is tested against this.
+CHUNK_BODY = Struct(
+    *_LOCATOR,
+    "index" / Int32ub,
+    "flags" / Int8ub,
+    "payload" / Prefixed(Int32ub, GreedyBytes),
+    Terminated,
+)
+
+#: The receiver of a large document -> its origin: the chunks below
+#: ``through`` are committed, or (``code`` not 0) the document is refused.
+CHUNK_ACK_BODY = Struct(
+    *_LOCATOR,
+    "through" / Int32ub,
+    "code" / Int16ub,
+    "message" / PascalString(Int16ub, "utf8"),
+    Terminated,
+)
+
 HELLO_BODY = Struct(
     "semq_id" / Int16ub,
     "semq_db_id" / Int16ub,
@@ -269,6 +293,8 @@ BODY_SCHEMAS: Final[dict[int, Construct]] = {
     9: INQUIRY_RESP_BODY,
     10: ACK_BATCH_BODY,
     11: NACK_BODY,
+    12: CHUNK_BODY,
+    13: CHUNK_ACK_BODY,
     32: HELLO_BODY,
     33: WELCOME_BODY,
     34: PING_BODY,

@@ -66,6 +66,8 @@ class Kind(IntEnum):
     INQUIRY_RESP = 9  # 809-Confirmation: the answers
     ACK_BATCH = 10  # many 810 acks of one kind in one frame (ours: the relay moves acks in bulk)
     NACK = 11  # platform -> origin: not forwarded and not stored, with the result code
+    CHUNK = 12  # origin -> target (relayed): one chunk of a large document's content, under its LK0
+    CHUNK_ACK = 13  # target -> origin (relayed): the chunks of a large document committed so far, or its refusal
     HELLO = 32  # session: a node introduces itself (first frame on a connection)
     WELCOME = 33  # session: the platform accepts the HELLO
     PING = 34  # session: liveness probe

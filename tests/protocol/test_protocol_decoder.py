@@ -15,7 +15,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from semq.umxt_protocol import (
+    CHUNK_COMPRESSED,
     DEFAULT_MAX_FRAME,
+    FLAG_LARGE,
     HEADER_SIZE,
     LK0,
     LK1,
@@ -25,6 +27,8 @@ from semq.umxt_protocol import (
     AckEntry,
     AckFlag,
     AppKey,
+    Chunk,
+    ChunkAck,
     Data,
     Endpoint,
     ForwardFlag,
@@ -32,6 +36,7 @@ from semq.umxt_protocol import (
     FrameDecoder,
     Kind,
     LocalProtocolError,
+    Nack,
     Ping,
     RawFrame,
     RemoteProtocolError,
@@ -303,10 +308,9 @@ def _patched(offset: int, value: int, frame: Frame | None = None) -> bytes:
         (0, ord("X"), ResultCode.MALFORMED_FRAME, ["magic"]),
         (2, 2, ResultCode.UNSUPPORTED_VERSION, ["version 2", "only 1"]),
         (2, 0, ResultCode.UNSUPPORTED_VERSION, ["version 0"]),
-        (3, 12, ResultCode.UNKNOWN_KIND, ["kind 12"]),
+        (3, 14, ResultCode.UNKNOWN_KIND, ["kind 14"]),
         (3, 31, ResultCode.UNKNOWN_KIND, ["kind 31"]),
         (3, 200, ResultCode.UNKNOWN_KIND, ["kind 200"]),
-        (4, 0x82, ResultCode.INVALID_FIELD, ["flags 0x82"]),
         (4, 0x42, ResultCode.INVALID_FIELD, ["ordered document without its envelope"]),  # bit 6 needs bit 5
         (4, 0x12, ResultCode.INVALID_FIELD, ["sealed AppKey without Encrypt"]),  # bit 4 needs Encrypt
         (4, 0x03, ResultCode.INVALID_FIELD, ["LAYER_MASK 1"]),  # transport bit on DATA
@@ -350,6 +354,73 @@ def test_encrypt_flag_on_a_session_frame_is_refused() -> None:
     dec.receive_data(_patched(4, raw[4] | 0x08, ping_frame()))
     err = read_error(dec)
     assert err.code is ResultCode.INVALID_FIELD and "Encrypt=1" in str(err)
+
+
+def chunk_frame(payload: bytes = b"sealed chunk", index: int = 0, flags: int = 0) -> Frame:
+    return Frame(kind=Kind.CHUNK, source=ORG_A, target=ORG_B,
+                 body=Chunk(lk0=LK0(endpoint=ORG_A, record_id=7), index=index, flags=flags, payload=payload))
+
+
+def chunk_ack_frame(through: int = 1, code: ResultCode = ResultCode.OK) -> Frame:
+    return Frame(kind=Kind.CHUNK_ACK, source=ORG_B, target=ORG_A,
+                 body=ChunkAck(lk0=LK0(endpoint=ORG_A, record_id=7), through=through, code=code))
+
+
+def nack_frame() -> Frame:
+    return Frame(kind=Kind.NACK, source=PLATFORM, target=ORG_A,
+                 body=Nack(lk0=LK0(endpoint=ORG_A, record_id=7), code=ResultCode.EXPIRED))
+
+
+@pytest.mark.parametrize("make", [ping_frame, chunk_frame, chunk_ack_frame, nack_frame,
+                                  lambda: batch_frame(2)], ids=["PING", "CHUNK", "CHUNK_ACK", "NACK", "ACK_BATCH"])
+def test_the_large_flag_on_a_kind_other_than_data_is_refused(make: Callable[[], Frame]) -> None:
+    """FLAG_LARGE says a DATA's AppData is a manifest; on any other kind the
+    header alone is refused, as the envelope flag is."""
+    frame = make()
+    raw = encode_frame(frame)
+    dec = FrameDecoder()
+    dec.receive_data(_patched(4, raw[4] | FLAG_LARGE, frame)[:HEADER_SIZE])
+    err = read_error(dec)
+    assert err.code is ResultCode.INVALID_FIELD, err
+    assert "large-document flag (0x80)" in str(err) and frame.kind.name in str(err)
+
+
+def test_the_large_flag_on_data_marks_a_manifest() -> None:
+    frame = data_frame(64)
+    assert isinstance(frame.body, Data)
+    large = replace(frame, body=replace(frame.body, large=True))
+    raw = encode_frame(large)
+    assert raw[4] == encode_frame(frame)[4] | FLAG_LARGE  # the one bit, the body unchanged
+    assert raw[HEADER_SIZE:-4] == encode_frame(frame)[HEADER_SIZE:-4]
+    [got] = drain(_decoder_of(raw))
+    assert got.large and got.frame() == large
+    [plain] = drain(_decoder_of(encode_frame(frame)))
+    assert not plain.large and plain.frame() == frame
+
+
+def _decoder_of(raw: bytes) -> FrameDecoder:
+    dec = FrameDecoder()
+    dec.receive_data(raw)
+    return dec
+
+
+def test_a_chunk_of_one_mib_round_trips_and_relays() -> None:
+    payload = bytes(range(256)) * 4096  # 1 MiB
+    frame = chunk_frame(payload, index=2**32 - 1, flags=CHUNK_COMPRESSED)
+    raw = encode_frame(frame)
+    assert len(raw) == HEADER_SIZE + 15 + (2 + 5 + 12 + 4 + 1 + 4) + len(payload) + 4
+    for chunks in ([raw], [raw[i:i + 65536] for i in range(0, len(raw), 65536)]):
+        assert decode_stream(chunks) == [frame]
+    [rf] = drain(_decoder_of(raw))
+    got = rf.frame()
+    assert isinstance(got.body, Chunk) and type(got.body.payload) is bytes and got.body.payload == payload
+    assert got.body.lk0.endpoint is rf.origin  # the header's endpoint object, not a second one
+    assert_valid_value(got)
+    # The relay forwards it untouched but for the transport source.
+    relayed = relay_bytes(rf, PLATFORM)
+    [again] = drain(_decoder_of(relayed))
+    assert again.frame() == replace(frame, source=PLATFORM)
+    assert again.body == rf.body
 
 
 def test_flags_contradicting_the_body_are_refused() -> None:
@@ -579,6 +650,10 @@ def _big_receipt() -> bytes:
     return reframe(ack_frame(), bytes(body[:-2]) + struct.pack(">H", 5000) + bytes(5000))
 
 
+CHUNK_FLAGS_AT = 2 + 5 + 12 + 4  # locator of "10008" (type, length, id, ids), index
+CHUNK_ACK_CODE_AT = 2 + 5 + 12 + 4  # locator, through
+
+
 def _oversized_batch() -> bytes:
     one = body_of(batch_frame(1))  # kind, count, 1 entry, receipt length
     entry = bytes(one[5:5 + 26])
@@ -624,6 +699,15 @@ WIRE_CASES: list[tuple[str, Callable[[], bytes], list[str]]] = [
     ("ACK_BATCH first entry's flag", lambda: patched_body(batch_frame(3), 5 + 25, b"\x01"),
      ["flag 1"]),
     ("ACK_BATCH of 100001 entries", _oversized_batch, ["100001", "100000"]),
+    ("CHUNK flags 0x02", lambda: patched_body(chunk_frame(), CHUNK_FLAGS_AT, b"\x02"),
+     ["chunk flags 0x02", "CHUNK_COMPRESSED"]),
+    ("CHUNK flags 0xff", lambda: patched_body(chunk_frame(), CHUNK_FLAGS_AT, b"\xff"), ["chunk flags 0xff"]),
+    ("CHUNK of another origin's document", lambda: patched_body(chunk_frame(), 2, b"10009"),
+     ["CHUNK LK0 names organization:10009", "origin is organization:10008"]),
+    ("CHUNK LK0 record_id 0", lambda: patched_body(chunk_frame(), 2 + 5 + 4, bytes(8)), ["record_id 0"]),
+    ("CHUNK LK0 node type 9", lambda: patched_body(chunk_frame(), 0, b"\x09"), ["node type 9"]),
+    ("CHUNK_ACK code 7", lambda: patched_body(chunk_ack_frame(), CHUNK_ACK_CODE_AT, b"\x00\x07"),
+     ["code 7"]),
 ]
 
 
@@ -643,7 +727,33 @@ def test_rules_the_layout_leaves_open_are_enforced_on_decode(
         assert w in str(info.value), f"{w!r} missing from {str(info.value)!r}"
 
 
+def _chunk_body_cut(keep: int) -> bytes:
+    return reframe(chunk_frame(), bytes(body_of(chunk_frame())[:keep]))
+
+
+def _chunk_payload_len(delta: int) -> bytes:
+    body = body_of(chunk_frame())
+    at = CHUNK_FLAGS_AT + 1
+    (n,) = struct.unpack_from(">I", body, at)
+    body[at:at + 4] = struct.pack(">I", n + delta)
+    return reframe(chunk_frame(), bytes(body))
+
+
+@pytest.mark.parametrize("make", [
+    lambda: _chunk_body_cut(0), lambda: _chunk_body_cut(1), lambda: _chunk_body_cut(CHUNK_FLAGS_AT + 3),
+    lambda: _chunk_payload_len(1), lambda: _chunk_payload_len(-1),
+    lambda: patched_body(chunk_frame(), 1, b"\x40"),  # an id length past the body
+], ids=["empty", "1 byte", "cut in the payload length", "payload shorter than declared",
+        "bytes after the payload", "id length past the end"])
+def test_a_chunk_body_that_breaks_its_layout_is_malformed(make: Callable[[], bytes]) -> None:
+    [raw] = drain(_decoder_of(make()))
+    with pytest.raises(RemoteProtocolError) as info:
+        raw.frame()
+    assert info.value.code is ResultCode.MALFORMED_FRAME, info.value
+    assert "CHUNK" in str(info.value)
+
+
 def test_patch_helpers_change_nothing_when_given_the_same_bytes() -> None:
     # The cases above are only meaningful if an unpatched reframe decodes.
-    for frame in (full_data(), ack_frame(), batch_frame(3)):
+    for frame in (full_data(), ack_frame(), batch_frame(3), chunk_frame(), chunk_ack_frame()):
         assert decode_stream([reframe(frame, bytes(body_of(frame)))]) == [frame]

@@ -13,6 +13,7 @@ import pytest
 from construct import Array, Construct, Renamed, Struct, Terminated
 
 from semq.umxt_protocol import (
+    CHUNK_COMPRESSED,
     LK0,
     LK1,
     Ack,
@@ -23,6 +24,8 @@ from semq.umxt_protocol import (
     Bye,
     CertRequest,
     CertResponse,
+    Chunk,
+    ChunkAck,
     Crl,
     Data,
     Endpoint,
@@ -81,6 +84,12 @@ A_OBSERVED: Final = "203.0.113.7:7443"
 A_FINGERPRINT: Final = "470cd18267a28405605bb10fa00589a3da77de5bc57bbd88ca4869a1d4033807"
 A_TTL_S: Final = 3600
 
+# A large document (A's record 1003): its manifest travels as a DATA with
+# FLAG_LARGE, its content in CHUNK frames. Illustrative sealed bytes again.
+LK0_LARGE: Final = LK0(endpoint=A, record_id=1003)
+SEALED_MANIFEST: Final = b"sealed manifest:" + bytes(range(0xE0, 0xF0))
+SEALED_CHUNK: Final = b"sealed chunk 0:" + bytes(range(0xE0, 0xF0))
+
 _ORDER_BODY: Final = dict(
     lk0=LK0_S0001, app_key=ORDER, created_ms=CREATED_MS, expires_ms=CREATED_MS + 7 * 86_400_000,
     encrypt=True, session_key=SESSION_KEY, app_data=SEALED_ORDER,
@@ -130,6 +139,14 @@ GOLDEN: Final[dict[str, Frame]] = {
                   body=Nack(lk0=LK0(endpoint=A, record_id=1002),
                             code=ResultCode.TARGET_OFFLINE_DROPPED,
                             message="56001 is offline and SaveFwd=1")),
+    "data_large_manifest": Frame(
+        kind=Kind.DATA, source=A, target=B, save_fwd=SaveFwd.MUST_DELIVER, ack2=True,
+        body=Data(lk0=LK0_LARGE, app_key=ORDER, created_ms=CREATED_MS, encrypt=True,
+                  session_key=SESSION_KEY, app_data=SEALED_MANIFEST, large=True),
+    ),
+    "chunk": Frame(kind=Kind.CHUNK, source=A, target=B,
+                   body=Chunk(lk0=LK0_LARGE, index=0, flags=CHUNK_COMPRESSED, payload=SEALED_CHUNK)),
+    "chunk_ack": Frame(kind=Kind.CHUNK_ACK, source=B, target=A, body=ChunkAck(lk0=LK0_LARGE, through=1)),
     "hello": Frame(kind=Kind.HELLO, source=A, target=P,
                    body=Hello(window=1024, software="semq 0.1.0", token=b"\x01\x02\x03\x04")),
     "welcome": Frame(kind=Kind.WELCOME, source=P, target=A,
@@ -288,6 +305,7 @@ def _resolve(path: str) -> Construct:
 _LAYOUTS: Final = [
     "HEADER", "DATA_BODY", "ACK_BODY", "ACK_BATCH_BODY", "ACK_ENTRY", "INQUIRY_BODY",
     "INQUIRY_BODY.items", "INQUIRY_RESP_BODY", "INQUIRY_RESP_BODY.items", "NACK_BODY",
+    "CHUNK_BODY", "CHUNK_ACK_BODY",
     "HELLO_BODY", "WELCOME_BODY", "PING_BODY", "ERROR_BODY", "WINDOW_BODY",
     "CERT_REQUEST_BODY", "CERT_RESPONSE_BODY", "BYE_BODY", "CRL_BODY",
     "PEER_ANNOUNCE_BODY", "PEER_LOOKUP_BODY", "PEER_INFO_BODY",

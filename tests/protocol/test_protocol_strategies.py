@@ -9,9 +9,12 @@ pass vacuously.
 Strategies cover the full range of every field: node ids of 1..64 characters
 of [A-Za-z0-9._:@-], AppKey parts up to exactly 255 UTF-8 bytes, u16/u64
 bounds, priorities 0..9, the SaveFwd / Reliable=0 / Ack2 rules, Encrypt with a
-session key, LK1 and expiry absent or set, ACK_BATCH entries consistent with
-their ack kind, inquiries and certificates, direct-link announcements and
-their addresses (1..255 printable UTF-8 bytes, up to MAX_PEER_ADDRESSES).
+session key, LK1 and expiry absent or set, the envelope, ordered and
+large-document flags, ACK_BATCH entries consistent with their ack kind,
+inquiries and certificates, a large document's chunks (index and flags at
+their bounds, payloads empty to a few KiB) and their acknowledgements,
+direct-link announcements and their addresses (1..255 printable UTF-8
+bytes, up to MAX_PEER_ADDRESSES).
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
 from semq.umxt_protocol import (
+    CHUNK_COMPRESSED,
     LK0,
     LK1,
     MAX_APPKEY_FIELD,
@@ -39,6 +43,8 @@ from semq.umxt_protocol import (
     Bye,
     CertRequest,
     CertResponse,
+    Chunk,
+    ChunkAck,
     Crl,
     Data,
     Endpoint,
@@ -164,6 +170,8 @@ def data_bodies(draw: st.DrawFn, origin: Endpoint | None = None) -> Data:
         else b""
     )
     key_sealed = encrypt and draw(st.booleans())  # the AppKey inside the sealed AppData
+    envelope = draw(st.booleans())
+    ordered = envelope and draw(st.booleans())  # an ordered channel is named in the envelope
     return Data(
         lk0=draw(lk0s(origin)),
         app_data=draw(st.one_of(st.binary(max_size=64), st.binary(max_size=4096))),
@@ -174,6 +182,9 @@ def data_bodies(draw: st.DrawFn, origin: Endpoint | None = None) -> Data:
         expires_ms=draw(expiries),
         encrypt=encrypt,
         session_key=session_key,
+        envelope=envelope,
+        ordered=ordered,
+        large=draw(st.booleans()),  # AppData is a large document's manifest
     )
 
 
@@ -232,6 +243,19 @@ inquiry_resp_bodies = st.builds(
 result_codes = st.sampled_from(list(ResultCode))
 nack_bodies = st.builds(Nack, lk0=lk0s(), code=result_codes, message=texts,
                         proof=st.one_of(st.just(b""), st.binary(max_size=200)))
+chunk_payloads = st.one_of(st.just(b""), st.binary(max_size=64), st.binary(min_size=1024, max_size=4096))
+
+
+@st.composite
+def chunk_bodies(draw: st.DrawFn, origin: Endpoint | None = None) -> Chunk:
+    """A chunk of a document of ``origin`` (a CHUNK's LK0 is its origin's)."""
+    return Chunk(lk0=draw(lk0s(origin)), index=draw(edgy_int(0, U32)),
+                 flags=draw(st.sampled_from([0, CHUNK_COMPRESSED])), payload=draw(chunk_payloads))
+
+
+# Mostly OK (chunks committed), and every refusal's code.
+chunk_ack_bodies = st.builds(ChunkAck, lk0=lk0s(), through=edgy_int(0, U32),
+                             code=st.one_of(st.just(ResultCode.OK), result_codes), message=texts)
 hello_bodies = semq_ids.flatmap(lambda unit: st.builds(
     Hello,
     semq_id=st.just(unit),
@@ -346,10 +370,14 @@ def frames_of(draw: st.DrawFn, kind: Kind) -> Frame:
             body = draw(inquiry_bodies)
         elif kind is Kind.INQUIRY_RESP:
             body = draw(inquiry_resp_bodies)
+        elif kind is Kind.CHUNK:
+            body = draw(chunk_bodies(origin))
+        elif kind is Kind.CHUNK_ACK:
+            body = draw(chunk_ack_bodies)
         else:
             assert kind is Kind.NACK, kind
             body = draw(nack_bodies)
-        # Acks, inquiries and NACKs travel Reliable=1, SaveFwd=3, Ack2=0.
+        # Acks, inquiries, NACKs and chunks travel Reliable=1, SaveFwd=3, Ack2=0.
         return Frame(kind=kind, source=source, target=target, origin=origin, body=body,
                      save_fwd=SaveFwd.MUST_DELIVER, priority=priority)
     body = draw(SESSION_BODIES[kind])
@@ -402,11 +430,10 @@ def assert_valid_value(frame: Frame) -> None:
 
 def test_every_kind_has_a_strategy() -> None:
     """A new Kind without a strategy would silently escape the round trips."""
+    others = (Kind.ACK_BATCH, Kind.INQUIRY, Kind.INQUIRY_RESP, Kind.NACK, Kind.CHUNK, Kind.CHUNK_ACK)
     for kind in Kind:
-        assert kind is Kind.DATA or kind in ACK_RULES or kind in SESSION_BODIES or kind in (
-            Kind.ACK_BATCH, Kind.INQUIRY, Kind.INQUIRY_RESP, Kind.NACK)
-    assert set(ACK_RULES) | {Kind.DATA, Kind.ACK_BATCH, Kind.INQUIRY, Kind.INQUIRY_RESP,
-                             Kind.NACK} | set(SESSION_BODIES) == set(Kind)
+        assert kind is Kind.DATA or kind in ACK_RULES or kind in SESSION_BODIES or kind in others
+    assert set(ACK_RULES) | {Kind.DATA, *others} | set(SESSION_BODIES) == set(Kind)
 
 
 class _Found(Exception):
@@ -443,6 +470,13 @@ def test_strategies_reach_the_edges() -> None:
              and f.ack2 and f.body.expires_ms is not None)
     _reaches(frames_of(Kind.DATA), lambda f: not f.reliable)
     _reaches(frames_of(Kind.DATA), lambda f: f.priority == MAX_PRIORITY)
+    _reaches(frames_of(Kind.DATA), lambda f: f.body.large and f.body.encrypt and f.body.ordered)
+    _reaches(frames_of(Kind.DATA), lambda f: not f.body.large)
+    _reaches(frames_of(Kind.CHUNK), lambda f: f.body.index == U32 and f.body.flags == CHUNK_COMPRESSED)
+    _reaches(frames_of(Kind.CHUNK), lambda f: f.body.index == 0 and not f.body.payload)
+    _reaches(frames_of(Kind.CHUNK), lambda f: len(f.body.payload) > 1024 and f.origin != f.source)
+    _reaches(chunk_ack_bodies, lambda b: b.through == U32 and b.code is ResultCode.OK)
+    _reaches(chunk_ack_bodies, lambda b: b.through == 0 and b.code is not ResultCode.OK and b.message)
     _reaches(ack_batch_bodies(), lambda b: not b.entries)
     _reaches(ack_batch_bodies(), lambda b: len(b.entries) > 5)
     _reaches(peer_addresses, lambda a: len(a.encode()) == MAX_ADDRESS)

@@ -24,6 +24,8 @@ from semq.umxt_protocol import (
     AppKey,
     Bye,
     CertResponse,
+    Chunk,
+    ChunkAck,
     Data,
     Endpoint,
     Error,
@@ -158,6 +160,31 @@ CASES: list[tuple[str, Callable[[], object], list[str]]] = [
     ("allow-list too long", lambda: PeerAnnounce(ttl_s=60, allowed=("56001",) * (MAX_PEER_ALLOWED + 1)),
      [str(MAX_PEER_ALLOWED + 1), str(MAX_PEER_ALLOWED)]),
     ("256-char fingerprint", lambda: PeerInfo(endpoint=A, fingerprint="f" * 256), ["'fff", "255"]),
+    ("chunk index -1", lambda: Chunk(lk0=LK0(endpoint=A, record_id=1), index=-1), ["chunk index -1", "0..4294967295"]),
+    ("chunk index 2**32", lambda: Chunk(lk0=LK0(endpoint=A, record_id=1), index=2**32),
+     [f"chunk index {2**32}", "0..4294967295"]),
+    ("chunk flags 0x02", lambda: Chunk(lk0=LK0(endpoint=A, record_id=1), index=0, flags=2),
+     ["chunk flags 0x02", "CHUNK_COMPRESSED (0x01)"]),
+    ("chunk flags 256", lambda: Chunk(lk0=LK0(endpoint=A, record_id=1), index=0, flags=256),
+     ["chunk flags 256", "0..255"]),
+    ("chunk payload text", lambda: Chunk(lk0=LK0(endpoint=A, record_id=1), index=0, payload="x"),  # type: ignore[arg-type]
+     ["chunk payload", "bytes", "str"]),
+    ("chunk without an LK0", lambda: Chunk(lk0="10008/1/1/1", index=0), ["CHUNK lk0", "LK0"]),  # type: ignore[arg-type]
+    ("CHUNK of another origin's document", lambda: Frame(
+        kind=Kind.CHUNK, source=B, target=A, body=Chunk(lk0=LK0(endpoint=A, record_id=1), index=0)),
+     ["CHUNK LK0 names organization:10008", "origin is organization:56001"]),
+    ("CHUNK with SaveFwd 2", lambda: Frame(
+        kind=Kind.CHUNK, source=A, target=B, save_fwd=SaveFwd.STORE,
+        body=Chunk(lk0=LK0(endpoint=A, record_id=1), index=0)), ["CHUNK", "SaveFwd=3", "SaveFwd=2"]),
+    ("CHUNK_ACK through 2**32", lambda: ChunkAck(lk0=LK0(endpoint=A, record_id=1), through=2**32),
+     [f"through {2**32}", "0..4294967295"]),
+    ("CHUNK_ACK code 7", lambda: ChunkAck(lk0=LK0(endpoint=A, record_id=1), through=0, code=7),  # type: ignore[arg-type]
+     ["code 7"]),
+    ("CHUNK_ACK message of 1025", lambda: ChunkAck(lk0=LK0(endpoint=A, record_id=1), through=0,
+                                                  message="m" * 1025), ["1025", "1024"]),
+    ("CHUNK_ACK asking Ack2", lambda: Frame(
+        kind=Kind.CHUNK_ACK, source=B, target=A, ack2=True,
+        body=ChunkAck(lk0=LK0(endpoint=A, record_id=1), through=0)), ["CHUNK_ACK", "Ack2=1", "Ack2=0"]),
 ]
 
 
@@ -194,6 +221,9 @@ def test_the_limits_themselves_are_accepted() -> None:
     assert encode_frame(Frame(kind=Kind.PEER_ANNOUNCE, source=A, target=P, body=announce))
     PeerAnnounce(ttl_s=0)
     PeerInfo(endpoint=A, fingerprint="f" * 255, addresses=("h:1",) * MAX_PEER_ADDRESSES)
+    chunk = Chunk(lk0=LK0(endpoint=A, record_id=1), index=2**32 - 1, flags=1, payload=bytearray(3))
+    assert encode_frame(Frame(kind=Kind.CHUNK, source=A, target=B, body=chunk))
+    ChunkAck(lk0=LK0(endpoint=A, record_id=1), through=2**32 - 1, code=ResultCode.TOO_LARGE, message="m" * 1024)
 
 
 def test_enum_like_fields_are_normalized() -> None:
