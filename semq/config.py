@@ -325,6 +325,16 @@ class Config:
         lambda v: None if "\x00" not in v else "is not a path",
         "node: the Unix socket where users' applications send and read their own documents with their"
         " token (semq user add); put it where they can reach it, e.g. /run/semq/ORG.sock"))
+    max_document_mib: int = _setting(4096, Rule(
+        "integer", "an integer 1..1048576", _between(1, 1 << 20),
+        "node: MiB of the largest document sent or received; larger files are refused at send, larger"
+        " incoming manifests with TOO_LARGE. Files over large_from_mib travel in chunks (docs/large-documents.md)",
+        reload=_reloads(node="at once")))
+    large_from_mib: int = _setting(16, Rule(
+        "integer", "an integer 1..60", _between(1, 60),
+        "node: files sent with semq send larger than this many MiB travel as a large document (manifest"
+        " and chunks, never whole in memory); smaller ones in one frame",
+        reload=_reloads(node="at once")))
     history_days: int = _setting(90, Rule(
         "integer", "an integer 0..3650 (0: no history)", _between(0, 3650),
         "days the delivery history (semq track, the web console) keeps a document; read at start"))

@@ -73,7 +73,7 @@ ROLES: Final = ("origin", "platform", "receiver")
 EVENTS_BY_ROLE: Final[dict[str, frozenset[str]]] = {
     "origin": frozenset(
         {"queued", "sent", "ack_fwd", "ack_save", "nack", "inquiry", "resend", "ack2",
-         "cleaned", "expired", "dead", "bad_receipt", "bad_refusal"}
+         "cleaned", "expired", "dead", "bad_receipt", "bad_refusal", "large_sent"}
     ),
     "platform": frozenset(
         {"received", "forwarded", "stored", "dropped", "refused", "delivered", "acked",
@@ -81,7 +81,7 @@ EVENTS_BY_ROLE: Final[dict[str, frozenset[str]]] = {
     ),
     "receiver": frozenset(
         {"received", "duplicate", "inbox", "ack2_sent", "reack", "reack2", "cleaned",
-         "refused", "expired", "held", "gap_dropped"}
+         "refused", "expired", "held", "gap_dropped", "large_started", "bad_chunk", "large_complete"}
     ),
 }
 

@@ -10,6 +10,7 @@ import gc
 import json
 import logging
 import os
+import shutil
 import signal
 import sys
 import textwrap
@@ -720,6 +721,7 @@ def cmd_node_run(args: argparse.Namespace) -> int:
     core = NodeCore(cfg.store_path, cfg.org, events_dir=cfg.events_dir, synchronous=cfg.synchronous, check=True,
                     inquiry_interval=inquiry_interval, security=security, clock_skew=cfg.clock_skew, unit=cfg.unit)
     core.ctx.units = cfg.units
+    core.receiver.large.max_size = cfg.max_document_mib << 20
     if cfg.unit != 1:  # unit 1 keeps the ordered channels: this unit's inquiries look there too
         core.ctx.first_unit_store = cfg.for_unit(1).store_path
     settings = NodeSettings(addresses=addresses, window=cfg.window, units=cfg.units,
@@ -738,7 +740,7 @@ def cmd_node_run(args: argparse.Namespace) -> int:
             lambda d: {"role": "node", "org": cfg.org, "platform": str(d.address) if d.address else None,
                        "platforms": [str(a) for a in d.s.addresses], "connected": d.connected,
                        "direct": d.links.snapshot(),
-                       "sessions": d.sessions, "in_flight": d.in_flight, **d.stats},
+                       "sessions": d.sessions, "in_flight": d.in_flight, **d.stats, **d.large.stats},
             lambda bound: f"node {cfg.org}{f' unit {cfg.unit}/{cfg.units}' if cfg.units > 1 else ''}"
                           f" running (platform {platform})" + (f"; direct links on {bound}" if bound else ""),
             ops,
@@ -795,7 +797,15 @@ def cmd_send(args: argparse.Namespace) -> int:
         p = Path(args.file)
         if not p.is_file():
             raise UsageError(f"no such file: {args.file}")
-        check_document_size(p.stat().st_size)  # before reading it
+        size = p.stat().st_size
+        if cfg is not None and token is None:
+            from semq.node.limits import LargeDocumentTooLarge
+
+            if size > cfg.max_document_mib << 20:
+                raise UsageError(f"{args.file}: {LargeDocumentTooLarge(size, cfg.max_document_mib << 20)}")
+            if size > cfg.large_from_mib << 20:
+                return _send_large(args, cfg, org, p, size)
+        check_document_size(size)  # before reading it
         data = p.read_bytes()
     check_document_size(len(data))
     if token is not None:
@@ -837,6 +847,40 @@ def cmd_send(args: argparse.Namespace) -> int:
                else "signed and end-to-end encrypted when sent" if secure
                else "NOT signed or encrypted (security is off for this node)")
         print(f"accepted {len(data)} bytes for {args.to} (SaveFwd={args.save_fwd}, Ack2={int(args.ack2)}); {how}",
+              file=sys.stderr)
+    return 0
+
+
+def _send_large(args: argparse.Namespace, cfg: Any, org: str, path: Path, size: int) -> int:
+    """``semq send`` of a file over large_from_mib: a large document, copied
+    into the data directory (a progress bar on a terminal), then sent in
+    chunks by the daemon (semq.node.large)."""
+    from semq.cli.bulk import _progress
+
+    if args.transactional:
+        raise UsageError(f"--transactional: a file of {size} bytes is a large document (over {cfg.large_from_mib}"
+                         " MiB), which cannot be a half message")
+    with _client(args) as node:
+        _check_colleague(node, args.to)
+        known = org == cfg.org or node.knows(org)
+        bar = _progress(size, "B")
+        try:
+            lk0 = node.send_file(
+                args.to, path, progress=bar.update if bar is not None else None, data_type=args.type, domain=args.domain, subtype=args.subtype,
+                key=args.key, save_fwd=args.save_fwd, ack2=args.ack2, priority=args.priority,
+                expires_in=args.expires_in, reliable=not args.best_effort, encrypt=not args.no_encrypt,
+                clear_app_key=args.clear_app_key, ordered=args.ordered, user=args.user)
+        finally:
+            if bar is not None:
+                bar.close()
+        secure = node.config.security
+    print(lk0)
+    _unknown_target_warning(known, org)
+    if not args.quiet:
+        how = ("chunks sealed for the target" if secure and not args.no_encrypt
+               else "signed; NOT end-to-end private (--no-encrypt)" if secure
+               else "NOT signed or encrypted (security is off for this node)")
+        print(f"accepted {size} bytes for {args.to} as a large document ({-(-size // (1 << 20))} chunks; {how})",
               file=sys.stderr)
     return 0
 
@@ -976,7 +1020,8 @@ def _item_json(i: Any) -> dict[str, Any]:
     """An inbox document for --json (times stay ms since the epoch)."""
     return {"id": i.id, "lk0": str(i.lk0), "from": i.lk0.endpoint.node_id, "from_user": i.from_user,
             "to_user": i.to_user, "channel": i.channel, "gap": i.gap, "app_key": str(i.app_key),
-            "size": len(i.app_data), "received_ms": i.received_ms, "consumed": i.consumed_ms is not None}
+            "size": i.size, "received_ms": i.received_ms, "consumed": i.consumed_ms is not None,
+            **({"path": str(i.path)} if i.path is not None else {})}
 
 
 INBOX_HEADER = f"{'ID':>6}  {'FROM':<20} {'LK0':<28} {'APPKEY':<32} {'SIZE':>7}  {'RECEIVED':<19}"
@@ -1153,8 +1198,8 @@ def cmd_inbox(args: argparse.Namespace) -> int:
         if args.action == "save":
             if len(args.ids) < 2:
                 raise UsageError("inbox save needs ID FILE")
-            Path(args.ids[1]).write_bytes(item.app_data)
-            print(f"saved {len(item.app_data)} bytes to {args.ids[1]}")
+            item.save(Path(args.ids[1]))
+            print(f"saved {item.size} bytes to {args.ids[1]}")
             return 0
         who = "".join(f"\n{k}: {shown(v)}" for k, v in (("from_user", item.from_user), ("to_user", item.to_user),
                                                          ("channel", item.channel)) if v)
@@ -1162,10 +1207,12 @@ def cmd_inbox(args: argparse.Namespace) -> int:
                  else "\nacknowledged: no")
         print(f"id: {item.id}\nlk0: {item.lk0}\nfrom: {shown(item.lk0.endpoint.node_id)}{who}"
               f"\napp_key: {_app_key_shown(item.app_key)}\nsave_fwd: {item.save_fwd}\npriority: {item.priority}"
-              f"\nsize: {len(item.app_data)}\ncreated: {format_time(item.created_ms)}"
+              f"\nsize: {item.size}" + (f"\nfile: {item.path}" if item.path is not None else "")
+              + f"\ncreated: {format_time(item.created_ms)}"
               f"\nreceived: {format_time(item.received_ms)} ({format_age(item.received_ms)} ago){acked}\n")
         sys.stdout.flush()
-        sys.stdout.buffer.write(item.app_data)
+        with item.open() as f:  # (a large document by blocks, never whole in memory)
+            shutil.copyfileobj(f, sys.stdout.buffer, 1 << 20)
         sys.stdout.flush()
         return 0
 

@@ -304,13 +304,13 @@ def cmd_requests(args: argparse.Namespace) -> int:
         rows = rpc.incoming(node, include_answered=args.all, limit=check_count(args.limit, "--limit", 1, MAX_LIMIT))
     if args.json:
         print(json.dumps([{"id": it.id, "lk0": str(it.lk0), "from": it.lk0.endpoint.node_id,
-                           "type": it.app_key.data_type, "key": it.app_key.key, "size": len(it.app_data),
+                           "type": it.app_key.data_type, "key": it.app_key.key, "size": it.size,
                            "received_ms": it.received_ms, "reply": str(r) if r else None} for it, r in rows]))
         return 0
     print(f"{'ID':>6}  {'FROM':<10} {'REQUEST LK0':<28} {'TYPE':<14} {'SIZE':>7}  {'AGE':>5}  REPLY")
     for it, r in rows:
         print(f"{it.id:>6}  {it.lk0.endpoint.node_id:<10} {it.lk0!s:<28} {shown(it.app_key.data_type):<14}"
-              f" {len(it.app_data):>7}  {format_age(it.received_ms):>5}  {r or '-'}")
+              f" {it.size:>7}  {format_age(it.received_ms):>5}  {r or '-'}")
     print(f"{len(rows)} request(s); answer with: semq reply --to-request ID FILE", file=sys.stderr)
     return 0
 

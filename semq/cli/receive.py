@@ -73,7 +73,7 @@ def document_env(item: Any) -> dict[str, str]:
         "SEMQ_ID": str(item.id), "SEMQ_LK0": str(item.lk0), "SEMQ_FROM": item.lk0.endpoint.node_id,
         "SEMQ_FROM_USER": item.from_user, "SEMQ_TO_USER": item.to_user, "SEMQ_CHANNEL": item.channel,
         "SEMQ_DOMAIN": ak.domain, "SEMQ_TYPE": ak.data_type, "SEMQ_SUBTYPE": ak.subtype, "SEMQ_KEY": ak.key,
-        "SEMQ_SIZE": str(len(item.app_data)), "SEMQ_RECEIVED": str(item.received_ms),
+        "SEMQ_SIZE": str(item.size), "SEMQ_RECEIVED": str(item.received_ms),
     }.items()}
 
 
@@ -82,12 +82,18 @@ def run_command(command: str, item: Any, timeout: float | None) -> _Outcome:
     stderr is copied to ours and its end kept. Its own process group, so
     a timeout kills what it started too."""
     env = {**os.environ, **document_env(item)}
-    proc = subprocess.Popen(["sh", "-c", command], stdin=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
-                            start_new_session=True)
+    # A large document is the command's stdin as its file, never read here.
+    source = None if item.path is None else open(item.path, "rb")
+    try:
+        proc = subprocess.Popen(["sh", "-c", command], stdin=subprocess.PIPE if source is None else source,
+                                stderr=subprocess.PIPE, env=env, start_new_session=True)
+    finally:
+        if source is not None:
+            source.close()  # (the child holds its own descriptor)
     timed_out = False
     try:
         try:
-            _, err = proc.communicate(item.app_data, timeout=timeout)
+            _, err = proc.communicate(item.app_data if item.path is None else None, timeout=timeout)
         except subprocess.TimeoutExpired:
             timed_out = True
             _kill(proc)

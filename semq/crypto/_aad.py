@@ -53,8 +53,10 @@ AAD_PREFIX: Final = b"SEMQ-AAD-v2\x00"
 _AAD_V1: Final = b"SEMQ-AAD-v1\x00"
 _SAVE_FWD: Final = {int(v): bytes((int(v),)) for v in SaveFwd}
 # The header flags a document binds: Reliable, Ack2, Encrypt, AppKey sealed,
-# Envelope, Ordered (docs/protocol.md "Flags"; LAYER_MASK is 0 on every DATA).
-BOUND_FLAGS: Final = 0x7E
+# Envelope, Ordered, Large (docs/protocol.md "Flags"; LAYER_MASK is 0 on
+# every DATA). A relay that strips Large gets the manifest refused, never
+# delivered as a document of its own.
+BOUND_FLAGS: Final = 0xFE
 _TAIL: Final = struct.Struct(">BBBQQ")  # SaveFwd, flags, priority, created_ms, expires_ms
 _TIMES: Final = struct.Struct(">QQ")
 

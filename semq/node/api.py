@@ -14,15 +14,19 @@ in the node's store when it returns, and goes out when the daemon runs.
 from __future__ import annotations
 
 import heapq
+import io
 import json
 import logging
+import os
+import shutil
 import sqlite3
+import stat
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import Any, Final
+from typing import Any, BinaryIO, Final
 
 from semq.config import ORG_ID_ALLOWED, Config, ConfigError, load_config
 from semq.inbox_wait import ADMIN_SOCKET_NAME, MAX_WAIT, DaemonAway, await_any, wait_any
@@ -31,7 +35,14 @@ from semq.umxt_protocol import LK0, AppKey, Endpoint, NodeType, ResultCode, Save
 from .core import NewDocument, NodeCore
 from .engine import SendState
 from .envelope import GAP_DOMAIN, GAP_TYPE, EnvelopeError, check_channel, check_user, parse_address
-from .limits import MAX_DOCUMENT_SIZE, BadTarget, DocumentTooLarge, check_target
+from .large import Manifest, copy_in
+from .limits import (
+    MAX_DOCUMENT_SIZE,
+    BadTarget,
+    DocumentTooLarge,
+    LargeDocumentTooLarge,
+    check_target,
+)
 from .users import User, add_user, list_users, remove_user
 from .writebehind import InboxRow, MessageRow, columns
 
@@ -93,6 +104,31 @@ class InboxItem:
     from_user: str = ""  # the sending organization's user ("": the organization)
     to_user: str = ""  # the user of this node it is for ("": the organization)
     channel: str = ""  # its ordered channel ("": unordered)
+    # A large document (semq.node.large) is not read into memory: ``path``
+    # is its file in the data directory (read it, copy it; it goes a day
+    # after it is acknowledged) and ``app_data`` is empty.
+    path: Path | None = None
+    large_size: int = 0
+
+    @property
+    def size(self) -> int:
+        """Bytes of the document."""
+        return len(self.app_data) if self.path is None else self.large_size
+
+    def open(self) -> BinaryIO:
+        """The document as a binary file object (a large one is not read whole)."""
+        return io.BytesIO(self.app_data) if self.path is None else open(self.path, "rb")
+
+    def content(self) -> bytes:
+        """The whole document in memory (for a large one: read from its file)."""
+        return self.app_data if self.path is None else self.path.read_bytes()
+
+    def save(self, dest: Path) -> None:
+        """Write the document to ``dest`` (a large one copied by blocks)."""
+        if self.path is None:
+            dest.write_bytes(self.app_data)
+        else:
+            shutil.copyfile(self.path, dest)
 
     @property
     def gap(self) -> bool:
@@ -217,6 +253,54 @@ class NodeClient:
                                     expires_in=expires_in, reliable=reliable, encrypt=encrypt,
                                     clear_app_key=clear_app_key, ordered=ordered, user=user)])[0]
 
+    def send_file(self, to: str, path: str | Path, *, progress: Callable[[int], None] | None = None,
+                  unit: int | None = None, **options: Any) -> LK0:
+        """Accept the content of the file ``path``; durable when this
+        returns. The options are ``send``'s. A file up to ``large_from_mib``
+        is sent as one document; a larger one, up to ``max_document_mib``,
+        as a **large document** (semq.node.large): copied into the data
+        directory first (``progress(n)`` after each block), then sent in
+        chunks, never held whole in memory. Raises LargeDocumentTooLarge
+        for a file over the limit (nothing stored), OSError for one that
+        cannot be read, and ``send``'s errors."""
+        cfg = self.config
+        src = Path(path)
+        st = os.stat(src)
+        if not stat.S_ISREG(st.st_mode):
+            raise BadTarget(f"{src} is not a regular file", ResultCode.INVALID_FIELD)
+        limit = cfg.max_document_mib << 20
+        if st.st_size > limit:
+            raise LargeDocumentTooLarge(st.st_size, limit)
+        if st.st_size <= cfg.large_from_mib << 20:
+            data = src.read_bytes()
+            if progress is not None:
+                progress(len(data))
+            return self.send(to, data, **options)
+        org, _ = self._address(to)
+        if org == cfg.org:
+            raise BadTarget(f"--to {to}: a large document ({st.st_size} bytes) cannot go to a user of this node"
+                            f" (at most {cfg.large_from_mib} MiB)", ResultCode.INVALID_FIELD)
+        if options.get("ordered"):
+            raise BadTarget(f"a large document ({st.st_size} bytes) cannot be in an ordered channel"
+                            f" (at most {cfg.large_from_mib} MiB)", ResultCode.INVALID_FIELD)
+        if not options.get("reliable", True):
+            raise BadTarget(f"a large document ({st.st_size} bytes) cannot be sent best effort",
+                            ResultCode.INVALID_FIELD)
+        if unit is None:
+            unit = self._turn % len(self.cores) + 1
+            self._turn += 1
+        base = self.cores[unit - 1].path.parent
+        copy, size, sha = copy_in(src, base / "large" / "out", progress)
+        try:
+            if size > limit:  # (it grew while it was copied)
+                raise LargeDocumentTooLarge(size, limit)
+            m = Manifest.new(size, sha, encrypt=cfg.security and bool(options.get("encrypt", True)))
+            return self.send_many([{**options, "to": to, "data": m.encode(),
+                                    "large_path": str(copy.relative_to(base))}], unit=unit)[0]
+        except BaseException:
+            copy.unlink(missing_ok=True)
+            raise
+
     def send_many(self, docs: list[dict[str, Any]], *, unit: int | None = None,
                   also: Callable[[sqlite3.Connection, list[LK0]], None] | None = None) -> list[LK0]:
         """Accept several documents in one transaction (much faster); the
@@ -266,6 +350,7 @@ class NodeClient:
                 encrypt=self.config.security and bool(d.get("encrypt", True)),
                 clear_app_key=bool(d.get("clear_app_key", False)),
                 from_user=from_user, to_user=to_user, channel=channel,
+                large_path=d.get("large_path", ""),
             ))
         if from_users := {n.from_user for n in news if n.from_user} - self._user_names():
             raise BadTarget(f"{sorted(from_users)[0]} is not a user of {me} (semq user add)",
@@ -386,6 +471,7 @@ class NodeClient:
             save_fwd=r.save_fwd, priority=r.priority, created_ms=r.created_ms, received_ms=r.received_ms,
             encrypted=bool(r.encrypt), app_data=r.app_data, consumed_ms=r.consumed_ms, unit=unit,
             from_user=r.from_user, to_user=r.to_user, channel=r.channel,
+            path=None if r.path is None else Path(r.path), large_size=r.size or 0,
         )
 
     def acknowledge(self, ids: list[int], *, user: str | None = None) -> int:

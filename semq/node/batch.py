@@ -62,6 +62,9 @@ class Output:
     # there is used up (QUOTA_EXCEEDED); the rows went back to SS_INIT.
     over_quota: set[str] = field(default_factory=set)
     errors: list[tuple[ResultCode, str]] = field(default_factory=list)
+    # CHUNK_ACKs for our large documents: (semq.node.large_out.Outgoing,
+    # through, resume), for the daemon's LargeSender.
+    chunk_acks: list[tuple[Any, int, bool]] = field(default_factory=list)
 
     def add(self, frame: Frame) -> None:
         self.data.append(encode_frame(frame))

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Collection, Iterable, Sequence
 from contextlib import nullcontext
+from functools import partial
 from pathlib import Path
 from typing import Any, Final
 
@@ -45,6 +46,7 @@ from .batch import Batch, NodeContext, Output
 from .engine import OriginEvent, SendState
 from .housekeeping import FAILED_RETENTION_MS, Housekeeping
 from .inquiries import RECEIPT_BATCH, Inquiries
+from .large_out import chunk_ack
 from .operator import Operator
 from .origin import NewDocument, Origin, document_flags
 from .receipts import RECEIPT_RETENTION_MS, Receipts
@@ -144,6 +146,8 @@ class NodeCore(HeldWrites):
             Kind.NACK: self._nack,
             Kind.INQUIRY: self._inquiry,
             Kind.INQUIRY_RESP: self._inquiry_resp,
+            Kind.CHUNK: self.receiver.large.chunk,
+            Kind.CHUNK_ACK: partial(chunk_ack, ctx),
         }
 
     # What changes at run time (a reload, the platform's WELCOME, the API).
@@ -345,7 +349,7 @@ class NodeCore(HeldWrites):
         b = Batch(ts=ts, window=(ts - DEDUP_RETENTION_MS + self.ctx.skew_ms, ts + self.ctx.skew_ms), direct=direct)
         receiver, dispatch, me = self.receiver, self._dispatch, self.me
         receiver.open_batch(b, frames)
-        with self._tx():
+        with self._tx(), receiver.large.batch():
             self.write_held(ts - HOLD_MS)
             receiver.begin(b, frames)
             for raw in frames:
@@ -363,6 +367,8 @@ class NodeCore(HeldWrites):
                         handler(b, raw)
                 except RemoteProtocolError as e:
                     b.out.errors.append((e.code, str(e)))
+            receiver.flush(b)
+            receiver.large.finish(b)
             receiver.flush(b)
             receiver.flush_confirmations(b)
             receiver.reserve_ids(b)

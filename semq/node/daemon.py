@@ -54,6 +54,7 @@ from semq.umxt_protocol import (
 from .batch import Output
 from .core import NodeCore
 from .direct import DirectLinks, DirectSettings
+from .large_out import LargeSender
 
 if TYPE_CHECKING:
     from semq.security import CertAnswer
@@ -201,6 +202,7 @@ class NodeDaemon:
         self.inbox_signal: InboxSignal | None = None  # told after a commit put documents into the inbox
         self.platform_fs: FrameStream | None = None  # the platform session's stream, while there is one
         self.links = DirectLinks(self, settings.direct)
+        self.large = LargeSender(core, self.gate)  # chunks of our large documents (semq.node.large_out)
 
     def set_window(self, window: int) -> None:
         """A new configured window (reload): applies to the current session
@@ -357,6 +359,9 @@ class NodeDaemon:
                 nursery.start_soon(self._early_sender, fs, early_receive)
                 nursery.start_soon(self._reader, fs, first[1:], nursery.cancel_scope)
                 nursery.start_soon(self._sender, fs)
+                nursery.start_soon(self.large.run, fs)
+                # Large documents coming in: their origins go on from what we hold.
+                await fs.send(b"".join(await self.gate.run(self.core.receiver.large.resume_acks)))
                 nursery.start_soon(self._inquirer, fs)
                 nursery.start_soon(self._pinger, fs, nursery.cancel_scope)
                 if self.core.sec is not None:
@@ -460,6 +465,8 @@ class NodeDaemon:
             batch = []
             if msgs:
                 out = await self.absorb(msgs)
+                if out.chunk_acks:
+                    self.large.acked(out.chunk_acks)
                 direct = self.links.settled(out.settled_ids) if out.settled_ids else 0
                 self.in_flight = max(0, self.in_flight - (out.settled - direct))
                 if out.over_window:

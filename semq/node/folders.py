@@ -184,18 +184,26 @@ def _free_name(directory: Path, name: str) -> str:
     return f"{stem}.{n}{ext}"
 
 
-def write_durably(directory: Path, name: str, data: bytes, *, sync_dir: bool = True) -> Path:
+def write_durably(directory: Path, name: str, data: bytes | Path, *, sync_dir: bool = True) -> Path:
     """Write ``directory/name`` atomically: ``.NAME.tmp`` written and
     fsynced, renamed over ``name`` (a file already there is replaced), and
     the directory fsynced (``sync_dir=False``: the caller syncs it once for
-    several files). Readers never see a partial file under ``name``."""
+    several files). Readers never see a partial file under ``name``.
+    ``data`` may be a file (a large document's), copied by blocks."""
     tmp = directory / f".{name}.tmp"
     final = directory / name
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     try:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view):]
+        if isinstance(data, Path):
+            with open(data, "rb") as src:
+                while block := src.read(1 << 20):
+                    view = memoryview(block)
+                    while view:
+                        view = view[os.write(fd, view):]
+        else:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view):]
         os.fsync(fd)
     finally:
         os.close(fd)
@@ -476,7 +484,8 @@ class InboxFolder:
             for item in items:
                 if item.to_user:
                     continue  # a user's document: its application reads it
-                path = write_durably(self.path, inbox_file_name(item, self.ext), item.app_data, sync_dir=False)
+                path = write_durably(self.path, inbox_file_name(item, self.ext),
+                                     item.app_data if item.path is None else item.path, sync_dir=False)
                 written.append(item)
                 done.append(Outcome("received", path.name, str(path)))
             if written:

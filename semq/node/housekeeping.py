@@ -3,6 +3,7 @@ counts ``semq status`` shows."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any, Final
 
 from .batch import NodeContext
@@ -34,8 +35,25 @@ class Housekeeping:
         # (A failed ordered document stays until its gap notice is queued.)
         n += conn.execute(f"DELETE FROM outbox WHERE state={_SS_FAILED} AND state_ms < ?"
                           " AND NOT (channel != '' AND gap = 0)", (ts - FAILED_RETENTION_MS,)).rowcount
+        # Large documents' files (semq.node.large): a consumed one's with its
+        # row; ours once their row is gone (confirmed, or failed and purged);
+        # a transfer to us idle longer than the duplicate suppression
+        # remembers (its origin gave up long ago).
+        gone = [p for (p,) in conn.execute("SELECT path FROM inbox WHERE path IS NOT NULL AND consumed_ms IS NOT NULL"
+                                           " AND consumed_ms < ?", (ts - INBOX_READ_RETENTION_MS,))]
         n += conn.execute("DELETE FROM inbox WHERE consumed_ms IS NOT NULL AND consumed_ms < ?",
                           (ts - INBOX_READ_RETENTION_MS,)).rowcount
+        done = conn.execute("SELECT id, path FROM large_out WHERE id NOT IN (SELECT id FROM outbox)").fetchall()
+        gone += [p for _, p in done]
+        conn.executemany("DELETE FROM large_out WHERE id=?", [(i,) for i, _ in done])
+        idle = conn.execute("SELECT id, path FROM large_in WHERE updated_ms < ?",
+                            (ts - DEDUP_RETENTION_MS,)).fetchall()
+        gone += [p for _, p in idle]
+        conn.executemany("DELETE FROM large_in WHERE id=?", [(i,) for i, _ in idle])
+        n += len(done) + len(idle)
+        base = Path(self.ctx.path).parent
+        for p in gone:
+            (base / p).unlink(missing_ok=True)  # (an absolute path stays itself)
         n += conn.execute(
             "DELETE FROM receipts WHERE received_ms < ? AND (received_ms > 0 OR record_id NOT IN"
             " (SELECT id FROM outbox))", (ts - RECEIPT_RETENTION_MS,)

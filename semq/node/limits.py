@@ -45,10 +45,13 @@ from semq.umxt_protocol import (
 )
 
 __all__ = [
+    "DEFAULT_MAX_DOCUMENT",
+    "DEFAULT_MAX_DOCUMENT_MIB",
     "MAX_DOCUMENT_SIZE",
     "BadTarget",
     "DocumentRefused",
     "DocumentTooLarge",
+    "LargeDocumentTooLarge",
     "check_document_size",
     "check_target",
     "max_document_size",
@@ -99,6 +102,20 @@ class DocumentTooLarge(DocumentRefused):
     def __init__(self, size: int, limit: int = MAX_DOCUMENT_SIZE) -> None:
         super().__init__(f"document of {size} bytes exceeds the {limit}-byte limit for one document",
                          ResultCode.FRAME_TOO_LARGE)
+        self.size = size
+        self.limit = limit
+
+
+DEFAULT_MAX_DOCUMENT_MIB: Final = 4096
+DEFAULT_MAX_DOCUMENT: Final = DEFAULT_MAX_DOCUMENT_MIB << 20  # bytes: the default of max_document_mib
+
+
+class LargeDocumentTooLarge(DocumentRefused):
+    """A file over the node's limit for one document (``max_document_mib``)."""
+
+    def __init__(self, size: int, limit: int) -> None:
+        super().__init__(f"document of {size} bytes ({size / 2**20:.1f} MiB) exceeds this node's limit of"
+                         f" {limit} bytes ({limit >> 20} MiB, max_document_mib)", ResultCode.TOO_LARGE)
         self.size = size
         self.limit = limit
 

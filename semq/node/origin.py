@@ -46,6 +46,7 @@ from semq.umxt_protocol import (
 from .batch import Events, NodeContext, Output
 from .engine import ORIGIN_TABLE, OriginEvent, SendState, origin_step
 from .envelope import MAX_ENVELOPE, Envelope, encode_envelope
+from .large import Manifest
 from .limits import MAX_DOCUMENT_SIZE, DocumentTooLarge
 from .receipts import Receipts, document_flags
 from .writebehind import (
@@ -129,6 +130,9 @@ class NewDocument:
     # it takes (and that document's ``prev``); made by semq.node.channels.
     skipped: int = 0
     gap_prev: int = 0
+    # A large document (semq.node.large): ``app_data`` is its manifest and
+    # this the path of its content, relative to the store's directory.
+    large_path: str = ""
 
 
 def _user_fields(d: NewDocument) -> dict[str, Any]:
@@ -216,12 +220,12 @@ class Origin:
                 conn.executemany(
                     "INSERT INTO outbox (target_type, target_id, state, save_fwd, ack2, reliable,"
                     " priority, domain, data_type, subtype, key, created_ms, expires_ms, encrypt,"
-                    " session_key, app_data, state_ms, clear_key, envelope, from_user, to_user, channel, prev_id, gap)"
-                    " VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+                    " session_key, app_data, state_ms, clear_key, envelope, from_user, to_user, channel, prev_id, gap,"
+                    " large) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
                     [(int(t.node_type), t.node_id, _SS_INIT, int(d.save_fwd), int(d.ack2), int(d.reliable),
                       d.priority, d.app_key.domain, d.app_key.data_type, d.app_key.subtype, d.app_key.key,
                       created, d.expires_ms, int(d.encrypt), d.session_key, d.app_data, ts, int(d.clear_app_key),
-                      env, d.from_user, d.to_user, d.channel, prev, 2 if d.skipped else 0)
+                      env, d.from_user, d.to_user, d.channel, prev, 2 if d.skipped else 0, int(bool(d.large_path)))
                      for (d, t, created), env, prev in zip(rows, envelopes, prevs, strict=True)],
                 )
                 if rows:
@@ -231,6 +235,11 @@ class Origin:
                     ids = list(range(last_id - len(rows) + 1, last_id + 1))
                     if enveloped and ids[0] != first:
                         raise StoreError(f"record ids {ids[0]}.. were given where {first}.. were expected")
+                    larges = [(i, d.large_path, d.app_data, ts) for i, (d, _, _) in zip(ids, rows, strict=True)
+                              if d.large_path]
+                    if larges:
+                        conn.executemany("INSERT INTO large_out (id, path, manifest, created_ms) VALUES (?,?,?,?)",
+                                         larges)
         except STORE_ERRORS as e:
             raise translate(e, ctx.path, "node store") from e
         ctx.emit([
@@ -238,8 +247,8 @@ class Origin:
              "source": me.node_id, "target": t.node_id, "domain": d.app_key.domain,
              "data_type": d.app_key.data_type, "subtype": d.app_key.subtype, "key": d.app_key.key,
              "save_fwd": int(d.save_fwd), "ack2": bool(d.ack2), "reliable": bool(d.reliable),
-             "priority": d.priority, "size": len(d.app_data), "attempt": 0, "created_ms": created,
-             **_user_fields(d)}
+             "priority": d.priority, "size": Manifest.decode(d.app_data).size if d.large_path else len(d.app_data),
+             "attempt": 0, "created_ms": created, **_user_fields(d), **({"large": True} if d.large_path else {})}
             for i, (d, t, created) in zip(ids, rows, strict=True)
         ])
         return [ctx.lk0(i) for i in ids]
@@ -272,7 +281,9 @@ class Origin:
         order = ctx.held.order
         skip = sorted(skip_targets)
         if only is not None:  # one target's documents (a direct link to it)
-            where, skip = f"state={_SS_INIT} AND target_id=?", [only]
+            # (Large documents go through the platform session, which sends
+            # their chunks: semq.node.large_out.)
+            where, skip = f"state={_SS_INIT} AND target_id=? AND large=0", [only]
         elif skip:
             where = f"state={_SS_INIT} AND target_id NOT IN ({','.join('?' * len(skip))})"
         else:
@@ -330,6 +341,7 @@ class Origin:
                 created_ms=r.created_ms, expires_ms=expires, save_fwd=r.save_fwd, ack2=bool(r.ack2),
                 reliable=bool(r.reliable), priority=r.priority, session_key=session_key, app_data=app_data,
                 key_sealed=sealed, semq_id=unit, envelope=r.envelope is not None, ordered=bool(r.channel),
+                large=bool(r.large),
             ))
             events.append({"ts": ts, "role": "origin", "event": "sent", "lk0": f"{me_id}/{unit}/1/{rid}",
                            "source": me_id, "target": target_id, "attempt": attempt,
@@ -418,7 +430,7 @@ class Origin:
             sealed = bool(r.encrypt) and not r.clear_key
             env = r.envelope
             flags = document_flags(bool(r.reliable), bool(r.ack2), bool(r.encrypt), sealed, env is not None,
-                                   bool(r.channel))
+                                   bool(r.channel), bool(r.large))
             doc = r.app_data if env is None else env + r.app_data
             ak = (tk, r.domain, r.data_type, r.subtype, r.key, r.save_fwd, flags, r.priority)
             aad_of = aads.get(ak)

@@ -32,6 +32,7 @@ from semq.umxt_protocol import (
     FLAG_ENCRYPT,
     FLAG_ENVELOPE,
     FLAG_KEY_SEALED,
+    FLAG_LARGE,
     FLAG_ORDERED,
     FLAG_RELIABLE,
     LK0,
@@ -52,17 +53,18 @@ _LK0_REF: Final = struct.Struct(">HHQ")  # semq_id, semq_db_id, record_id of a b
 
 
 def document_flags(reliable: bool, ack2: bool, encrypt: bool, key_sealed: bool, envelope: bool = False,
-                   ordered: bool = False) -> int:
+                   ordered: bool = False, large: bool = False) -> int:
     """The DATA header flags a document is sent with (its AAD binds them)."""
     return ((FLAG_RELIABLE if reliable else 0) | (FLAG_ACK2 if ack2 else 0)
             | (FLAG_ENCRYPT if encrypt else 0) | (FLAG_KEY_SEALED if key_sealed else 0)
-            | (FLAG_ENVELOPE if envelope else 0) | (FLAG_ORDERED if ordered else 0))
+            | (FLAG_ENVELOPE if envelope else 0) | (FLAG_ORDERED if ordered else 0)
+            | (FLAG_LARGE if large else 0))
 
 
 # What ``signed_form`` reads of a pending-send row.
 _SIGNED_FIELDS: Final = ("id", "target_type", "target_id", "save_fwd", "ack2", "reliable", "priority", "domain",
                          "data_type", "subtype", "key", "created_ms", "expires_ms", "encrypt", "clear_key",
-                         "app_data", "envelope", "channel")
+                         "app_data", "envelope", "channel", "large")
 
 
 class Receipts:
@@ -173,7 +175,8 @@ class Receipts:
     def signed_form(self, *, id: int, target_type: int, target_id: str, save_fwd: int, ack2: int,
                     reliable: int, priority: int, domain: str, data_type: str, subtype: str, key: str,
                     created_ms: int, expires_ms: int | None, encrypt: int, clear_key: int,
-                    app_data: bytes, envelope: bytes | None = None, channel: str = "") -> tuple[bytes, bytes]:
+                    app_data: bytes, envelope: bytes | None = None, channel: str = "",
+                    large: int = 0) -> tuple[bytes, bytes]:
         """(AAD, signed body) of one of our documents, from its pending-send
         row, as the claim made them when it was sent (with security, an
         ``encrypt`` row is sent sealed, its AppKey inside unless
@@ -181,7 +184,7 @@ class Receipts:
         me = self.ctx.me
         sealed = bool(encrypt) and not clear_key
         flags = document_flags(bool(reliable), bool(ack2), bool(encrypt), sealed, envelope is not None,
-                               bool(channel))
+                               bool(channel), bool(large))
         if envelope is not None:
             app_data = envelope + app_data
         target = Endpoint(node_type=NodeType(target_type), node_id=target_id)

@@ -47,6 +47,8 @@ from .batch import Batch, NodeContext
 from .channels import INBOX_COLUMNS, ChannelsIn
 from .engine import AckEvent, AckStatus, pending_ack_step, receive_decision, receiver_may_clean
 from .envelope import NO_ENVELOPE, Envelope, EnvelopeError, split_envelope
+from .large_in import LargeIn
+from .limits import DEFAULT_MAX_DOCUMENT
 from .writebehind import MAX_INQUIRY_BACKOFF_MS, ConfirmRow, PendingAckRow, columns
 
 __all__ = ["DEDUP_RETENTION_MS", "Receiver"]
@@ -89,6 +91,7 @@ class Receiver:
         self.channels = ChannelsIn()
         self._first_unit: sqlite3.Connection | None = None  # read-only, opened when first asked
         self._users: frozenset[str] | None = None  # this node's users, read when a document names one
+        self.large = LargeIn(ctx, self, DEFAULT_MAX_DOCUMENT)  # large documents under way (semq.node.large_in)
 
     # ------------------------------------------------------------ a batch
 
@@ -264,11 +267,18 @@ class Receiver:
                         body=Nack(lk0=lk0, code=code, message=detail[:1000], proof=proof)))
 
     def _receive(self, b: Batch, frame: Frame, d: Data, body: bytes, digest: bytes | None, signer: str,
-                 ak: AppKey, env: Envelope) -> None:
+                 ak: AppKey, env: Envelope, size: int | None = None) -> None:
+        """A document that opened and verified: into the inbox the first
+        time, acknowledged as it asked. ``size``: a large document whose
+        content is whole (semq.node.large_in), delivered with an empty body."""
         ts, out, events = b.ts, b.out, b.events
         lk0, lk1 = d.lk0, d.lk1
         key = (int(lk0.endpoint.node_type), lk0.endpoint.node_id, lk0.semq_id, lk0.semq_db_id, lk0.record_id)
         duplicate = key in b.known
+        if d.large and size is None and not duplicate:
+            # A manifest: its chunks follow; delivered once they are whole.
+            self.large.manifest(b, frame, d, body, digest, signer, ak, env)
+            return
         if duplicate and env.channel and self._gap_marked(b, key):
             # Its place in the channel went to a gap notice: the application
             # was told it failed. It is not delivered, and gets no receipt
@@ -309,7 +319,7 @@ class Receiver:
             "event": "received", "domain": ak.domain, "data_type": ak.data_type,
             "subtype": ak.subtype, "key": ak.key, "save_fwd": int(frame.save_fwd),
             "ack2": frame.ack2, "reliable": reliable, "priority": frame.priority,
-            "size": len(d.app_data), "created_ms": d.created_ms,
+            "size": len(d.app_data) if size is None else size, "created_ms": d.created_ms,
             "path": ("local" if lk0.endpoint == self.ctx.me else "direct") if direct else "relay",
         }
         if lk1 is not None:

@@ -450,7 +450,31 @@ def _v12_watch(db: SqliteDatabase) -> None:
                    " WHERE moved_ms IS NULL")
 
 
-MIGRATIONS = [_v1, _v2, _v3, _v4, _v5, _v6, _v7, _v8, _v9, _v10, _v11_receive, _v12_watch]
+def _v13_large(db: SqliteDatabase) -> None:
+    """Large documents (semq.node.large): ``outbox.large`` marks a manifest
+    row; ``large_out`` holds, per such row, the content's file in the data
+    directory and the manifest (with its key); ``large_in`` a document being
+    received: where its chunks are written, what of its manifest the
+    delivery needs, and ``through`` (chunks below it are written and
+    synced); ``inbox.path`` and ``inbox.size`` a delivered large document's
+    file (its ``app_data`` is empty)."""
+    db.execute_sql("ALTER TABLE outbox ADD COLUMN large INTEGER NOT NULL DEFAULT 0")
+    db.execute_sql(
+        "CREATE TABLE IF NOT EXISTS large_out (id INTEGER PRIMARY KEY, path TEXT NOT NULL,"
+        " manifest BLOB NOT NULL, created_ms INTEGER NOT NULL)")
+    db.execute_sql(
+        "CREATE TABLE IF NOT EXISTS large_in (id INTEGER PRIMARY KEY AUTOINCREMENT, origin_type INTEGER NOT NULL,"
+        " origin_id TEXT NOT NULL, semq_id INTEGER NOT NULL, semq_db_id INTEGER NOT NULL,"
+        " record_id INTEGER NOT NULL, path TEXT NOT NULL, manifest BLOB NOT NULL, frame BLOB NOT NULL,"
+        " digest BLOB, signer TEXT NOT NULL, domain TEXT NOT NULL, data_type TEXT NOT NULL,"
+        " subtype TEXT NOT NULL, key TEXT NOT NULL, envelope BLOB, through INTEGER NOT NULL DEFAULT 0,"
+        " bad INTEGER NOT NULL DEFAULT 0, started_ms INTEGER NOT NULL, updated_ms INTEGER NOT NULL,"
+        " UNIQUE (origin_type, origin_id, semq_id, semq_db_id, record_id))")
+    db.execute_sql("ALTER TABLE inbox ADD COLUMN path TEXT")
+    db.execute_sql("ALTER TABLE inbox ADD COLUMN size INTEGER")
+
+
+MIGRATIONS = [_v1, _v2, _v3, _v4, _v5, _v6, _v7, _v8, _v9, _v10, _v11_receive, _v12_watch, _v13_large]
 
 
 # A store incarnation's record ids start at its creation time in microsecond

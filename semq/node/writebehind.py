@@ -89,6 +89,7 @@ class ClaimRow(NamedTuple):
     clear_key: int
     envelope: bytes | None  # what starts AppData on the wire (semq.node.envelope); None: nothing
     channel: str  # its ordered channel ("": unordered): DATA flag Ordered
+    large: int  # AppData is a large document's manifest (semq.node.large): DATA flag Large
 
 
 class OriginRow(NamedTuple):
@@ -333,6 +334,8 @@ class InboxRow(NamedTuple):
     from_user: str
     to_user: str
     channel: str
+    path: str | None  # a large document's file (semq.node.large); its app_data is empty
+    size: int | None  # ... and its size
 
 
 class MessageRow(NamedTuple):

@@ -69,6 +69,15 @@ async def _node_window(daemon: Any, core: Any, cfg: Config) -> Any:
     return cfg.window
 
 
+async def _max_document(daemon: Any, core: Any, cfg: Config) -> Any:
+    await daemon.gate.run(setattr, core.receiver.large, "max_size", cfg.max_document_mib << 20)
+    return cfg.max_document_mib
+
+
+async def _large_from(daemon: Any, core: Any, cfg: Config) -> Any:
+    return cfg.large_from_mib  # read by each send (semq.node.api)
+
+
 async def _node_platform(daemon: Any, core: Any, cfg: Config) -> Any:
     daemon.s.addresses = parse_platform_addresses(cfg.platform)
     return f"{cfg.platform} (from the next connection)"
@@ -113,7 +122,7 @@ async def _auto_register(daemon: Any, core: Any, cfg: Config) -> Any:
 
 APPLIERS: Final[dict[str, dict[str, _Applier]]] = {
     "node": {"inquiry_interval": _inquiry_interval, "window": _node_window, "platform": _node_platform,
-             "clock_skew": _clock_skew},
+             "clock_skew": _clock_skew, "max_document_mib": _max_document, "large_from_mib": _large_from},
     "platform": {"inquiry_interval": _inquiry_interval, "queue_mib": _queue_mib, "window": _platform_window,
                  "quota_mib": _quota_mib, "max_connections_per_org": _max_connections,
                  "max_units_per_org": _max_units, "auto_register": _auto_register},

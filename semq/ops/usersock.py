@@ -89,9 +89,11 @@ def _item(i: InboxItem, data: bool) -> dict[str, Any]:
            "to_user": i.to_user, "channel": i.channel, "gap": i.gap,
            "app_key": {"domain": i.app_key.domain, "data_type": i.app_key.data_type,
                        "subtype": i.app_key.subtype, "key": i.app_key.key},
-           "size": len(i.app_data), "created_ms": i.created_ms, "received_ms": i.received_ms,
+           "size": i.size, "created_ms": i.created_ms, "received_ms": i.received_ms,
            "consumed": i.consumed_ms is not None, "unit": i.unit}
-    if data:
+    if i.path is not None:
+        out["large"] = True  # (its content stays in the node's data directory: the operator's tools read it)
+    elif data:
         out["data"] = base64.b64encode(i.app_data).decode()
     return out
 

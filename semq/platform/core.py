@@ -50,6 +50,8 @@ from semq.umxt_protocol import (
     AckBatch,
     AckEntry,
     AckFlag,
+    Chunk,
+    ChunkAck,
     Endpoint,
     ForwardFlag,
     Frame,
@@ -92,7 +94,10 @@ call; ``handle`` subtracts what its own batch forwards."""
 
 SEEN_RETENTION_MS: Final = 30 * 24 * 3600 * 1000
 MAX_INQUIRY_BACKOFF_MS: Final = 15 * 60 * 1000
-_RELAYED: Final = frozenset({Kind.ACK2, Kind.REACK2, Kind.INQUIRY, Kind.INQUIRY_RESP, Kind.ACK_BATCH, Kind.NACK})
+# (CHUNK and CHUNK_ACK: a large document's content and its receiver's
+# progress, semq.node.large; relayed like an ACK2, never opened.)
+_RELAYED: Final = frozenset({Kind.ACK2, Kind.REACK2, Kind.INQUIRY, Kind.INQUIRY_RESP, Kind.ACK_BATCH, Kind.NACK,
+                             Kind.CHUNK, Kind.CHUNK_ACK})
 _FORWARDED, _STORED, _DROPPED = 1, 2, 3
 _PLATFORM_FLAG: Final = int(AckFlag.PLATFORM)
 _FORWARDED_FLAG: Final = int(ForwardFlag.FORWARDED)
@@ -371,7 +376,7 @@ class PlatformCore(HeldWrites):
                     # unit their LK0 picks). The unit without the row ignores it.
                     groups[1].append(a)
             parts = {u: replace(body, answers=tuple(answers)) for u, answers in groups.items()}
-        elif isinstance(body, Nack):
+        elif isinstance(body, (Nack, Chunk, ChunkAck)):
             return [(route_of(target, unit_for(target, body.lk0, n)), raw)]
         else:
             return [(target, raw)]

@@ -30,6 +30,10 @@ with an operator who cheats on the frames nodes send it, as a plan says:
 ``ask_state``
     swallow a DATA and send its origin a STATE inquiry in the target's name
     about it (as a receiver that lost its REACK2 would).
+``tamper_chunk``
+    change a CHUNK of a large document on its way (``how``: "flip" a byte
+    of its payload, "move" it to the next index, "splice" it into the
+    origin's next document) and relay it, well formed (CRC recomputed).
 
 A rule matches on ``kind`` (a Kind name; ``ACK2`` matches ACK_BATCH frames of
 ACK2 entries), ``source`` (the organization that sent it) and ``target``,
@@ -66,6 +70,7 @@ from semq.umxt_protocol import (
     AckBatch,
     AckEntry,
     AckFlag,
+    Chunk,
     Data,
     Endpoint,
     Frame,
@@ -92,7 +97,7 @@ __all__ = ["DishonestPlatform", "Plan", "Rule", "main", "patch_data"]
 log = logging.getLogger("semq.testing.dishonest")
 
 ACTIONS: Final = frozenset({"drop", "alter", "delay", "replay", "forge_ack2", "forge_nack", "answer_received",
-                            "ask_state"})
+                            "ask_state", "tamper_chunk"})
 
 
 @dataclass
@@ -108,6 +113,7 @@ class Rule:
     code: str = "DECRYPT_FAILED"
     set: dict[str, int] = field(default_factory=dict)
     direct: bool = False
+    how: str = "flip"
     done: int = 0
 
     def __post_init__(self) -> None:
@@ -158,6 +164,28 @@ def patch_data(raw: RawFrame, changes: dict[str, int]) -> RawFrame:
     b = rewrite_header(b, flags=flags, priority=changes.get("priority"))
     dec = FrameDecoder()
     dec.receive_data(b)
+    got = dec.next_frame()
+    assert got is not None
+    return got
+
+
+def tamper_chunk(raw: RawFrame, how: str) -> RawFrame:
+    """A CHUNK changed as ``how`` says (Rule.how), re-encoded: bytes a relay could send."""
+    frame = raw.frame()
+    c = frame.body
+    assert isinstance(c, Chunk)
+    if how == "flip":
+        p = bytearray(c.payload)
+        p[len(p) // 2] ^= 0x01
+        c = dataclasses.replace(c, payload=bytes(p))
+    elif how == "move":
+        c = dataclasses.replace(c, index=c.index + 1)
+    elif how == "splice":
+        c = dataclasses.replace(c, lk0=dataclasses.replace(c.lk0, record_id=c.lk0.record_id + 1))
+    else:
+        raise ValueError(f"tamper_chunk how={how!r}: flip, move or splice")
+    dec = FrameDecoder()
+    dec.receive_data(encode_frame(dataclasses.replace(frame, body=c)))
     got = dec.next_frame()
     assert got is not None
     return got
@@ -257,6 +285,8 @@ class DishonestPlatform(PlatformDaemon):
                     self._send_to(raw.target, [relay_bytes(patch_data(raw, rule.set), me)])
                 else:
                     keep.append(patch_data(raw, rule.set))
+            elif act == "tamper_chunk":
+                keep.append(tamper_chunk(raw, rule.how) if raw.kind is Kind.CHUNK else raw)
             elif act == "delay":
                 held.append(raw)
                 delay = max(delay, rule.seconds)

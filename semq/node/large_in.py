@@ -1,0 +1,397 @@
+"""The receiver's side of large documents (semq.node.large).
+
+A manifest that opened and verified like any document starts a transfer: a
+``large_in`` row and a file in ``large/in/`` of the store's directory; the
+origin is told with CHUNK_ACK(through=0) and sends the chunks. Each chunk
+that opens (AES-GCM under the manifest's key, its index and the manifest
+bound) is written at its place; the chunks below ``through`` are on disk,
+synced, and ``through`` committed in the batch's transaction, before the
+CHUNK_ACK that says so leaves (durable before acknowledged). The content
+is hashed as it comes, in order; after a restart the committed prefix is
+hashed again once.
+
+When the last chunk is in and the content's SHA-256 is the manifest's, the
+document is delivered exactly as a one-frame document is (dedup row, inbox
+row naming the file, ACK2 with a receipt over the manifest, which the origin
+signed) in the same transaction. A content that does not match, or a
+transfer that keeps getting chunks that do not open, is refused with a
+signed NACK, like any refused document.
+
+A chunk out of order is not written. After a gap (one lost on a cut
+connection or in a restart) the origin is told to go on from what we have
+with a CHUNK_ACK whose code is RESUME (semq.node.large_out rewinds to it);
+a copy of one we have (a probe, a resend) is answered with an ordinary
+CHUNK_ACK saying where we are.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Final
+
+from semq.umxt_protocol import (
+    LK0,
+    AckEntry,
+    AckFlag,
+    AppKey,
+    Chunk,
+    ChunkAck,
+    Data,
+    Endpoint,
+    Frame,
+    FrameDecoder,
+    Kind,
+    NodeType,
+    RawFrame,
+    RemoteProtocolError,
+    ResultCode,
+    encode_frame,
+)
+
+from .batch import Batch, NodeContext
+from .envelope import NO_ENVELOPE, Envelope, encode_envelope, split_envelope
+from .large import ChunkError, ChunkOpener, Manifest, hash_prefix
+
+if TYPE_CHECKING:
+    from .receiver import Receiver
+
+__all__ = ["ACK_EVERY_BYTES", "ALL_CHUNKS", "MAX_BAD_CHUNKS", "RESUME", "LargeIn"]
+
+# Chunks are synced and acknowledged every this many bytes (and at the end):
+# half the origin's window (large_out.WINDOW_BYTES), so it never waits.
+ACK_EVERY_BYTES: Final = 4 << 20
+# Chunks that do not open, per transfer, before the document is refused: a
+# relay that alters one is answered by the origin sending it again; one that
+# alters every copy gets the document refused rather than resent for ever.
+MAX_BAD_CHUNKS: Final = 16
+# The CHUNK_ACK code that asks the origin to send again from ``through``.
+RESUME: Final = ResultCode.UNEXPECTED_FRAME
+# A gap at the same place is answered with RESUME again after this long (the
+# origin's copies after its rewind were lost too); sooner, it is one gap.
+RESUME_AGAIN_MS: Final = 2000
+ALL_CHUNKS: Final = 0xFFFF_FFFF  # CHUNK_ACK through: "delivered already, stop"
+_OPEN_FILES: Final = 64  # transfers kept open (file, hasher) at once; others reopen when a chunk comes
+
+
+@dataclass
+class _Transfer:
+    row_id: int
+    key: tuple[int, str, int, int, int]
+    lk0: LK0
+    manifest: Manifest
+    path: Path
+    through: int  # committed
+    bad: int
+    opener: ChunkOpener
+    fd: int = -1
+    hasher: hashlib._Hash | None = None
+    written: int = 0  # chunks written (>= through; synced and committed at the batch's end)
+    acked: int = -1  # the ``through`` last told to the origin
+    resume: bool = False  # tell the origin to go on from ``written`` (one was lost)
+    answer: bool = False  # tell the origin where we are (it sent one we have)
+    resumed_at: int = -1  # the ``written`` of the last RESUME, and when (ms)
+    resumed_ms: int = 0
+    refused: bool = False
+
+
+@dataclass
+class _Touched:
+    transfers: dict[int, _Transfer] = field(default_factory=dict)
+
+
+class LargeIn:
+    """Transfers of large documents to this node, for the Receiver."""
+
+    def __init__(self, ctx: NodeContext, receiver: Receiver, max_size: int) -> None:
+        self.ctx = ctx
+        self.receiver = receiver
+        self.max_size = max_size
+        self.dir = Path(ctx.path).parent / "large" / "in"
+        self._open: dict[tuple[int, str, int, int, int], _Transfer] = {}
+        self._touched: dict[int, _Transfer] = {}
+
+    # ------------------------------------------------------------ a manifest
+
+    def manifest(self, b: Batch, frame: Frame, d: Data, doc: bytes, digest: bytes | None, signer: str,
+                 ak: AppKey, env: Envelope) -> None:
+        """A verified manifest of a document not delivered yet: start its
+        transfer (or, for one already going, tell the origin where it is)."""
+        lk0 = d.lk0
+        key = (int(lk0.endpoint.node_type), lk0.endpoint.node_id, lk0.semq_id, lk0.semq_db_id, lk0.record_id)
+        t = self._load(key)
+        if t is None:
+            try:
+                m = Manifest.decode(doc)
+            except ChunkError as e:
+                self.receiver._refuse(b, frame, d, e.code, f"large document manifest: {e}")
+                return
+            if m.size > self.max_size:
+                self.receiver._refuse(b, frame, d, ResultCode.TOO_LARGE,
+                                      f"large document of {m.size} bytes exceeds this node's limit of"
+                                      f" {self.max_size} bytes (max_document_mib)")
+                return
+            if env.channel:
+                self.receiver._refuse(b, frame, d, ResultCode.INVALID_FIELD,
+                                      f"ordered channel {env.channel}: a large document cannot be ordered")
+                return
+            if d.expires_ms is not None and d.expires_ms <= b.ts:
+                self.receiver._refuse(b, frame, d, ResultCode.EXPIRED, f"the document expired at {d.expires_ms}")
+                return
+            self.dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+            path = self.dir / f"{key[1]}_{key[2]}_{key[3]}_{key[4]}.doc"
+            # The frame is kept to deliver the document as it came, once whole;
+            # a stored copy's LK1 is settled now (the ACK below), not then.
+            kept = encode_frame(replace(frame, body=replace(d, lk1=None)))
+            cur = self.ctx.conn.execute(
+                "INSERT INTO large_in (origin_type, origin_id, semq_id, semq_db_id, record_id, path, manifest,"
+                " frame, digest, signer, domain, data_type, subtype, key, envelope, started_ms, updated_ms)"
+                " VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+                (*key, str(path), m.encode(), kept, digest, signer, ak.domain, ak.data_type, ak.subtype, ak.key,
+                 None if env is NO_ENVELOPE else encode_envelope(env), b.ts, b.ts))
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
+            t = _Transfer(row_id=int(cur.lastrowid or 0), key=key, lk0=lk0, manifest=m, path=path, through=0,
+                          bad=0, opener=ChunkOpener(lk0, m), fd=fd, written=0)
+            t.hasher = hashlib.sha256()
+            self._keep(t)
+            b.events.append({"ts": b.ts, "role": "receiver", "event": "large_started", "lk0": str(lk0),
+                             "source": lk0.endpoint.node_id, "target": self.ctx.me.node_id, "size": m.size,
+                             "chunks": m.chunks})
+        self._resume(t, b.ts)  # (a manifest sent again: the origin lost track; tell it)
+        self._touched[t.row_id] = t
+        if d.lk1 is not None:  # a stored copy: the platform may let it go, the row has it
+            b.acks[(Kind.ACK, frame.source)].append(AckEntry(
+                self.ctx.unit, 1, 0, d.lk1.semq_id, d.lk1.semq_db_id, d.lk1.record_id, int(AckFlag.PLATFORM), 0))
+
+    # ------------------------------------------------------------ chunks
+
+    def chunk(self, b: Batch, raw: RawFrame) -> None:
+        frame = raw.frame()
+        c = frame.body
+        assert isinstance(c, Chunk)
+        lk0 = c.lk0
+        key = (int(lk0.endpoint.node_type), lk0.endpoint.node_id, lk0.semq_id, lk0.semq_db_id, lk0.record_id)
+        t = self._load(key)
+        if t is None:
+            if key in b.known or self._delivered(key):
+                # Whole and delivered: the origin may stop (its ACK2 follows
+                # through the usual inquiries if it was lost).
+                b.out.add(Frame(kind=Kind.CHUNK_ACK, source=self.ctx.me, target=lk0.endpoint,
+                                body=ChunkAck(lk0=lk0, through=ALL_CHUNKS)))
+            # Otherwise its manifest has not come (yet): the origin sends
+            # again once it hears from us.
+            return
+        if t.refused:
+            return
+        self._touched[t.row_id] = t
+        if c.index < t.written:
+            t.answer = True  # a copy again (a probe, or a rewind's): say where we are
+            return
+        if c.index > t.written:
+            # One before it was lost: go on from what we have. Said once per
+            # gap (the chunks that were in flight behind the lost one come
+            # too, and the origin must not go back once for each).
+            if t.resumed_at != t.written or b.ts - t.resumed_ms > RESUME_AGAIN_MS:
+                self._resume(t, b.ts)
+            return
+        try:
+            content = t.opener.open(c.index, c.flags, c.payload)
+        except ChunkError as e:
+            t.bad += 1
+            self._resume(t, b.ts)
+            b.events.append({"ts": b.ts, "role": "receiver", "event": "bad_chunk", "lk0": str(lk0),
+                             "source": lk0.endpoint.node_id, "target": self.ctx.me.node_id,
+                             "index": c.index, "code": int(e.code), "detail": str(e)[:200]})
+            b.out.errors.append((e.code, f"large document {lk0}: {e}"))
+            if t.bad >= MAX_BAD_CHUNKS:
+                self._refuse(b, t, e.code, f"{t.bad} chunks did not open; the last: {e}")
+            return
+        self._ensure_open(t)
+        view = memoryview(content)
+        pos = c.index * t.manifest.chunk_size
+        while view:
+            n = os.pwrite(t.fd, view, pos)
+            view = view[n:]
+            pos += n
+        assert t.hasher is not None
+        t.hasher.update(content)
+        t.written += 1
+
+    @staticmethod
+    def _resume(t: _Transfer, ts: int) -> None:
+        t.resume = True
+        t.resumed_at = t.written
+        t.resumed_ms = ts
+
+    # ------------------------------------------------------------ the batch's end
+
+    def finish(self, b: Batch) -> None:
+        """Inside the batch's transaction, before its commit: sync and
+        record the progress of the transfers this batch touched, queue
+        their CHUNK_ACKs (sent after the commit), deliver the whole ones."""
+        if not self._touched:
+            return
+        touched, self._touched = self._touched, {}
+        for t in touched.values():
+            if t.refused:
+                continue
+            m = t.manifest
+            m_every = max(1, ACK_EVERY_BYTES // m.chunk_size)
+            done = t.written == m.chunks
+            progress = t.written - t.through
+            if progress and (done or progress >= m_every or t.resume):
+                os.fdatasync(t.fd)
+                t.through = t.written
+                self.ctx.conn.execute("UPDATE large_in SET through=?, bad=?, updated_ms=? WHERE id=?",
+                                      (t.through, t.bad, b.ts, t.row_id))
+            if done:
+                self._complete(b, t)
+                b.out.add(Frame(kind=Kind.CHUNK_ACK, source=self.ctx.me, target=t.lk0.endpoint,
+                                body=ChunkAck(lk0=t.lk0, through=m.chunks)))
+                continue
+            if t.through != t.acked or t.resume or t.answer:
+                b.out.add(Frame(kind=Kind.CHUNK_ACK, source=self.ctx.me, target=t.lk0.endpoint,
+                                body=ChunkAck(lk0=t.lk0, through=t.through,
+                                              code=RESUME if t.resume else ResultCode.OK)))
+                t.acked = t.through
+                t.resume = t.answer = False
+
+    def _complete(self, b: Batch, t: _Transfer) -> None:
+        m = t.manifest
+        assert t.hasher is not None
+        if t.hasher.digest() != m.sha256:
+            self._refuse(b, t, ResultCode.DIGEST_MISMATCH,
+                         f"the content's SHA-256 {t.hasher.hexdigest()} is not the manifest's {m.sha256.hex()}")
+            return
+        row = self.ctx.conn.execute(
+            "SELECT frame, digest, signer, domain, data_type, subtype, key, envelope FROM large_in WHERE id=?",
+            (t.row_id,)).fetchone()
+        frame, d = _frame_of(row[0])
+        ak = AppKey(domain=row[3], data_type=row[4], subtype=row[5], key=row[6])
+        env = NO_ENVELOPE if row[7] is None else split_envelope(row[7])[0]
+        self._close(t)
+        self.ctx.conn.execute("DELETE FROM large_in WHERE id=?", (t.row_id,))
+        self.receiver._receive(b, frame, d, b"", row[1], row[2], ak, env, size=m.size)
+        self.receiver.flush(b)
+        self.ctx.conn.execute(
+            "UPDATE inbox SET path=?, size=? WHERE origin_type=? AND origin_id=? AND semq_id=? AND semq_db_id=?"
+            " AND record_id=?", (str(t.path), m.size, *t.key))
+        b.events.append({"ts": b.ts, "role": "receiver", "event": "large_complete", "lk0": str(t.lk0),
+                         "source": t.lk0.endpoint.node_id, "target": self.ctx.me.node_id, "size": m.size})
+
+    def _refuse(self, b: Batch, t: _Transfer, code: ResultCode, detail: str) -> None:
+        """The whole document refused: its row and file go, its origin gets
+        a signed NACK (Receiver._refuse) and fails the document."""
+        row = self.ctx.conn.execute("SELECT frame FROM large_in WHERE id=?", (t.row_id,)).fetchone()
+        t.refused = True
+        self._close(t)
+        t.path.unlink(missing_ok=True)
+        self.ctx.conn.execute("DELETE FROM large_in WHERE id=?", (t.row_id,))
+        if row is not None:
+            frame, d = _frame_of(row[0])
+            self.receiver._refuse(b, frame, d, code, f"large document: {detail}")
+
+    # ------------------------------------------------------------ sessions and failures
+
+    @contextmanager
+    def batch(self) -> Iterator[None]:
+        """Around a batch's transaction (inside it): if it does not commit,
+        what this batch wrote is forgotten (``rolled_back``)."""
+        try:
+            yield
+        except BaseException:
+            self.rolled_back()
+            raise
+
+    def resume_acks(self) -> list[bytes]:
+        """At the start of a session: a CHUNK_ACK (RESUME) for every
+        transfer under way, so that each origin goes on from what we have."""
+        out = []
+        for oid_type, oid, s, db, rid, through in self.ctx.conn.execute(
+                "SELECT origin_type, origin_id, semq_id, semq_db_id, record_id, through FROM large_in"):
+            lk0 = LK0(endpoint=Endpoint(node_type=NodeType(oid_type), node_id=oid), semq_id=s, semq_db_id=db,
+                      record_id=rid)
+            out.append(encode_frame(Frame(kind=Kind.CHUNK_ACK, source=self.ctx.me, target=lk0.endpoint,
+                                          body=ChunkAck(lk0=lk0, through=through, code=RESUME))))
+        return out
+
+    def rolled_back(self) -> None:
+        """The batch's transaction did not commit: forget what was written
+        since (reloaded from the rows when the next chunk comes)."""
+        for t in list(self._open.values()):
+            self._close(t)
+        self._open.clear()
+        self._touched.clear()
+
+    def close(self) -> None:
+        self.rolled_back()
+
+    def in_progress(self) -> list[dict[str, Any]]:
+        """Transfers under way (status)."""
+        return [{"lk0": f"{oid}/{s}/{db}/{rid}", "size": Manifest.decode(mb).size, "chunks": Manifest.decode(mb).chunks,
+                 "through": through, "started_ms": started}
+                for oid, s, db, rid, mb, through, started in self.ctx.conn.execute(
+                    "SELECT origin_id, semq_id, semq_db_id, record_id, manifest, through, started_ms FROM large_in")]
+
+    # ------------------------------------------------------------ rows and files
+
+    def _load(self, key: tuple[int, str, int, int, int]) -> _Transfer | None:
+        t = self._open.get(key)
+        if t is not None:
+            return t
+        row = self.ctx.conn.execute(
+            "SELECT id, path, manifest, through, bad FROM large_in WHERE origin_type=? AND origin_id=? AND"
+            " semq_id=? AND semq_db_id=? AND record_id=?", key).fetchone()
+        if row is None:
+            return None
+        lk0 = LK0(endpoint=Endpoint(node_type=NodeType(key[0]), node_id=key[1]), semq_id=key[2],
+                  semq_db_id=key[3], record_id=key[4])
+        m = Manifest.decode(row[2])
+        t = _Transfer(row_id=row[0], key=key, lk0=lk0, manifest=m, path=Path(row[1]), through=row[3], bad=row[4],
+                      opener=ChunkOpener(lk0, m), written=row[3], acked=-1)
+        self._keep(t)
+        return t
+
+    def _ensure_open(self, t: _Transfer) -> None:
+        if t.fd >= 0 and t.hasher is not None:
+            return
+        if t.fd < 0:
+            t.fd = os.open(t.path, os.O_RDWR | os.O_CREAT, 0o600)
+        # A transfer taken up again (a restart): hash what is committed once.
+        t.hasher = hash_prefix(t.fd, t.through * t.manifest.chunk_size)
+        t.written = t.through
+
+    def _keep(self, t: _Transfer) -> None:
+        if len(self._open) >= _OPEN_FILES:
+            oldest = next(iter(self._open.values()))
+            if oldest.row_id not in self._touched:
+                self._close(oldest)
+        self._open[t.key] = t
+
+    def _close(self, t: _Transfer) -> None:
+        if t.fd >= 0:
+            os.close(t.fd)
+            t.fd = -1
+        t.hasher = None
+        self._open.pop(t.key, None)
+
+    def _delivered(self, key: tuple[int, str, int, int, int]) -> bool:
+        return self.ctx.conn.execute(
+            "SELECT 1 FROM dedup WHERE origin_type=? AND origin_id=? AND semq_id=? AND semq_db_id=?"
+            " AND record_id=?", key).fetchone() is not None
+
+
+def _frame_of(kept: bytes) -> tuple[Frame, Data]:
+    dec = FrameDecoder()
+    dec.receive_data(kept)
+    raws = list(dec)
+    if len(raws) != 1:
+        raise RemoteProtocolError("a kept manifest frame does not decode", ResultCode.STORE_ERROR)
+    frame = raws[0].frame()
+    d = frame.body
+    assert isinstance(d, Data)
+    return frame, d

@@ -1,0 +1,188 @@
+"""Large documents between real processes, security on: a 200 MiB document
+whose receiver is SIGKILLed and whose connection is cut mid-transfer
+arrives once, byte-identical, resumed (not sent again from zero); small
+documents keep flowing beside it; a relay that alters or moves chunks gets
+them refused; a file over the limit is refused at send."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from semq.testing.faultproxy import FaultPlan
+from tests._procs import Cluster, ThreadedFaultProxy, read_status, set_config, wait_until
+
+pytestmark = pytest.mark.e2e
+
+A, B = "10008", "56001"
+MIB = 1 << 20
+
+
+def _content(path: Path, mib: int) -> str:
+    """A file of ``mib`` MiB, half random and half compressible per MiB (as
+    documents with images and text are); its SHA-256."""
+    h = hashlib.sha256()
+    with open(path, "wb") as f:
+        for i in range(mib):
+            block = os.urandom(MIB // 2) + bytes([i % 251]) * (MIB // 2)
+            h.update(block)
+            f.write(block)
+    return h.hexdigest()
+
+
+def _send(c: Cluster, path: Path, *extra: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "semq", "send", "--dir", str(c.root / A), "--to", B,
+                           "--type", "CAD", *extra, str(path)], capture_output=True, text=True, timeout=120)
+
+
+def _through(c: Cluster) -> int:
+    rows = c.q(B, "SELECT through FROM large_in")
+    return int(rows[0][0]) if rows else -1
+
+
+def _events(c: Cluster, org: str, event: str) -> list[dict[str, Any]]:
+    out = []
+    for f in sorted((c.root / org / "events").glob("*.jsonl")):
+        for line in f.read_text().splitlines():
+            e = json.loads(line)
+            if e.get("event") == event:
+                out.append(e)
+    return out
+
+
+def _delivered(c: Cluster) -> list[tuple[Any, ...]]:
+    return c.q(B, "SELECT path, size, record_id FROM inbox WHERE path IS NOT NULL")
+
+
+def test_a_200_mib_document_survives_a_receiver_kill_and_a_cut_connection(cluster: Cluster) -> None:
+    cluster.add_org(A)
+    cluster.add_org(B)
+    # B's way to the platform, cut below: a link of about 25 MB/s (64 KiB
+    # every 2.5 ms), so that the transfer lasts long enough to be cut.
+    proxy = ThreadedFaultProxy(cluster.port, FaultPlan(delay=(0.0025, 0.0025)))
+    try:
+        set_config(cluster.root / B, platform=f"127.0.0.1:{proxy.port}")
+        cluster.start_platform()
+        cluster.start_node(A)
+        cluster.start_node(B)
+        src = cluster.root / "drawing.bin"
+        digest = _content(src, 200)
+        sent = _send(cluster, src)
+        assert sent.returncode == 0, sent.stderr
+        assert "as a large document (200 chunks" in sent.stderr
+
+        # Small documents sent mid-transfer arrive while it goes on.
+        wait_until(lambda: _through(cluster) >= 30, 60, "30 chunks committed at B")
+        small = subprocess.run([sys.executable, "-m", "semq", "send", "--dir", str(cluster.root / A), "--to", B,
+                                "--type", "ORDER", "--ndjson", "-"], capture_output=True, text=True, timeout=60,
+                               input="".join(json.dumps({"data": f"order {i}", "key": f"PO-{i}"}) + "\n"
+                                             for i in range(20)))
+        assert small.returncode == 0, small.stderr
+        wait_until(lambda: cluster.count(B, "SELECT count(*) FROM inbox WHERE data_type='ORDER'") == 20, 30,
+                   "the small documents delivered")
+        assert not _delivered(cluster), "the small documents waited for the large one"
+
+        # The receiver SIGKILLed mid-transfer, then started again.
+        wait_until(lambda: _through(cluster) >= 60, 60, "60 chunks committed at B")
+        cluster.kill(B, signal.SIGKILL)
+        at_kill = _through(cluster)
+        assert at_kill < 200
+        cluster.start_node(B)
+
+        # Its connection cut mid-transfer.
+        wait_until(lambda: _through(cluster) >= at_kill + 40 or _delivered(cluster), 60, "40 more chunks")
+        assert not _delivered(cluster), "the transfer ended before the cut"
+        proxy.call(proxy.proxy.cut_all)
+
+        proxy.call(proxy.proxy.set_pass_through, True)  # the rest at full speed
+        wait_until(lambda: _delivered(cluster), 120, "the large document delivered")
+        rows = _delivered(cluster)
+        assert len(rows) == 1 and rows[0][1] == 200 * MIB
+        h = hashlib.sha256()
+        with open(rows[0][0], "rb") as f:
+            while block := f.read(MIB):
+                h.update(block)
+        assert h.hexdigest() == digest, "not byte-identical"
+        # Once: one inbox row for it, its ACK2 ended the origin's row with a receipt.
+        rid = rows[0][2]
+        assert cluster.count(B, "SELECT count(*) FROM inbox WHERE record_id=?", rid) == 1
+        wait_until(lambda: cluster.count(A, "SELECT count(*) FROM outbox WHERE id=?", rid) == 0, 30, "ACK2 at A")
+        assert cluster.count(A, "SELECT count(*) FROM receipts WHERE record_id=?", rid) == 1
+        assert cluster.count(B, "SELECT count(*) FROM large_in") == 0
+        # Resumed, not from zero: the chunks sent twice are bounded by what
+        # was in flight at the kill and at the cut (a window of 8 MiB each,
+        # and the probe that asks where to go on from).
+        done = _events(cluster, A, "large_sent")
+        assert len(done) == 1 and done[0]["chunks"] == 200
+        assert 0 < done[0]["resent"] <= 2 * (8 + 8) + 2, done[0]
+        assert len(_events(cluster, B, "large_complete")) == 1
+    finally:
+        cluster.stop_all()
+        proxy.close()
+
+
+def _dishonest(cluster: Cluster, rules: list[dict[str, Any]]) -> None:
+    plan = cluster.root / "plan.json"
+    plan.write_text(json.dumps({"rules": rules}))
+    cluster.add_org(A)
+    cluster.add_org(B)
+    cluster.start_platform(plan)
+    cluster.start_node(A)
+    cluster.start_node(B)
+
+
+def test_a_tampered_or_moved_chunk_is_refused_and_the_document_still_arrives_whole(cluster: Cluster) -> None:
+    _dishonest(cluster, [{"action": "tamper_chunk", "kind": "CHUNK", "how": "flip", "count": 2},
+                         {"action": "tamper_chunk", "kind": "CHUNK", "how": "move", "count": 1},
+                         {"action": "delay", "kind": "CHUNK", "seconds": 0.5, "count": 1}])
+    src = cluster.root / "doc.bin"
+    digest = _content(src, 24)
+    assert _send(cluster, src).returncode == 0
+    wait_until(lambda: _delivered(cluster), 60, "the document delivered")
+    path = _delivered(cluster)[0][0]
+    assert hashlib.sha256(Path(path).read_bytes()).hexdigest() == digest
+    # (A chunk altered right after another one is not even opened: the
+    # receiver takes chunks in order only, and waits for the one it lacks.)
+    bad = _events(cluster, B, "bad_chunk")
+    assert bad and all(e["code"] == 505 and "does not open" in e["detail"] for e in bad), bad
+    wait_until(lambda: read_status(cluster.root / "P").get("mischief_tamper_chunk") == 3, 10,
+               "the relay's three altered chunks in its status")
+    assert _events(cluster, A, "large_sent")[0]["resent"] >= 1
+
+
+def test_a_relay_that_alters_every_chunk_gets_the_document_refused(cluster: Cluster) -> None:
+    _dishonest(cluster, [{"action": "tamper_chunk", "kind": "CHUNK", "how": "flip"}])
+    src = cluster.root / "doc.bin"
+    _content(src, 20)
+    assert _send(cluster, src).returncode == 0
+    wait_until(lambda: cluster.count(A, "SELECT count(*) FROM outbox WHERE state=9") == 1, 60,
+               "the document refused at A")
+    assert cluster.q(A, "SELECT code FROM outbox") == [(505,)]
+    assert cluster.count(B, "SELECT count(*) FROM inbox") == 0
+    assert cluster.count(B, "SELECT count(*) FROM large_in") == 0
+    assert list((cluster.root / B / "large" / "in").iterdir()) == []
+    refusal = cluster.q(A, "SELECT count(*) FROM refusals")
+    assert refusal == [(1,)], "the refusal is the receiver's signed one"
+
+
+def test_a_file_over_the_limit_is_refused_at_send_and_nothing_is_kept(cluster: Cluster) -> None:
+    cluster.add_org(A)
+    set_config(cluster.root / A, max_document_mib=20)
+    src = cluster.root / "big.bin"
+    with open(src, "wb") as f:
+        f.truncate(21 * MIB)
+    r = _send(cluster, src)
+    assert r.returncode == 2
+    assert f"document of {21 * MIB} bytes (21.0 MiB) exceeds this node's limit of {20 * MIB} bytes (20 MiB" \
+        in r.stderr, r.stderr
+    assert r.stderr.count("\n") == 1
+    assert cluster.count(A, "SELECT count(*) FROM outbox") == 0
+    assert not (cluster.root / A / "large").exists()

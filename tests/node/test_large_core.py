@@ -1,0 +1,213 @@
+"""Large documents through two node cores (sans-IO: frames handed from one
+core to the other as the platform would relay them): the manifest starts
+a transfer, the receiver commits chunks before it says so, takes chunks
+only in order and says where to go on from, delivers once with one ACK2,
+refuses a content that does not match its manifest, and goes on after a
+restart from what it committed."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from semq.node.core import NewDocument, NodeCore
+from semq.node.large import CHUNK_SIZE, Manifest, copy_in
+from semq.node.large_in import ALL_CHUNKS, RESUME
+from semq.node.large_out import Outgoing, _Transfer, pending
+from semq.umxt_protocol import (
+    ChunkAck,
+    Endpoint,
+    FrameDecoder,
+    Kind,
+    Nack,
+    RawFrame,
+    ResultCode,
+    relay_bytes,
+)
+
+A, B = "10008", "56001"
+P = Endpoint.platform()
+
+
+def _raws(data: list[bytes]) -> list[RawFrame]:
+    dec = FrameDecoder()
+    dec.receive_data(b"".join(data))
+    return list(dec)
+
+
+def _relay(data: list[bytes]) -> list[RawFrame]:
+    """Frames as the platform hands them on (its source on the hop)."""
+    return _raws([relay_bytes(r, P) for r in _raws(data)])
+
+
+@pytest.fixture
+def cores(tmp_path: Path) -> Any:
+    (tmp_path / A).mkdir()
+    (tmp_path / B).mkdir()
+    a = NodeCore(tmp_path / A / "node.sqlite", A, create=True, synchronous="OFF")
+    b = NodeCore(tmp_path / B / "node.sqlite", B, create=True, synchronous="OFF")
+    try:
+        yield a, b
+    finally:
+        a.close()
+        b.close()
+
+
+def _send(a: NodeCore, tmp_path: Path, content: bytes) -> tuple[Outgoing, list[bytes]]:
+    """A large document accepted and claimed at ``a``: its Outgoing and its
+    manifest's frames."""
+    src = tmp_path / "content.bin"
+    src.write_bytes(content)
+    base = a.path.parent
+    copy, size, sha = copy_in(src, base / "large" / "out")
+    m = Manifest.new(size, sha, encrypt=False)
+    a.accept([NewDocument(target=B, app_data=m.encode(), large_path=str(copy.relative_to(base)))])
+    out = a.claim(10)
+    assert len(out.data) == 1
+    docs = pending(a.ctx)
+    assert len(docs) == 1 and docs[0].manifest == m
+    return docs[0], out.data
+
+
+def _chunks(doc: Outgoing, indexes: list[int], me: Endpoint) -> list[bytes]:
+    t = _Transfer(doc=doc)
+    try:
+        return [t.frame(me, i) for i in indexes]
+    finally:
+        t.close()
+
+
+def _chunk_acks(data: list[bytes]) -> list[tuple[int, ResultCode]]:
+    out = []
+    for r in _raws(data):
+        if r.kind is Kind.CHUNK_ACK:
+            body = r.frame().body
+            assert isinstance(body, ChunkAck)
+            out.append((body.through, body.code))
+    return out
+
+
+def test_a_large_document_is_delivered_once_whole_with_one_ack2(cores: Any, tmp_path: Path) -> None:
+    a, b = cores
+    content = os.urandom(3 * CHUNK_SIZE) + b"tail" * 1000
+    doc, manifest = _send(a, tmp_path, content)
+    assert doc.manifest.chunks == 4
+
+    out = b.handle(_relay(manifest))
+    assert _chunk_acks(out.data) == [(0, RESUME)]  # "start from 0"
+    assert b.conn.execute("SELECT count(*) FROM inbox").fetchone() == (0,)
+    assert b.conn.execute("SELECT through FROM large_in").fetchall() == [(0,)]
+    got = a.handle(_relay(out.data))
+    assert [(d.record_id, t, r) for d, t, r in got.chunk_acks] == [(doc.record_id, 0, True)]
+
+    out = b.handle(_relay(_chunks(doc, [0, 1, 2, 3], a.me)))
+    assert out.errors == []
+    assert _chunk_acks(out.data) == [(4, ResultCode.OK)]
+    row = b.conn.execute("SELECT app_data, path, size FROM inbox").fetchall()
+    assert len(row) == 1 and row[0][0] == b"" and row[0][2] == len(content)
+    assert hashlib.sha256(Path(row[0][1]).read_bytes()).digest() == hashlib.sha256(content).digest()
+    assert b.conn.execute("SELECT count(*) FROM large_in").fetchone() == (0,)
+    acks2 = [r for r in _raws(out.data) if r.kind is Kind.ACK_BATCH]
+    assert len(acks2) == 1
+
+    # The ACK2 ends the row at the origin; the chunks a late copy brings
+    # are answered "whole already".
+    a.handle(_relay([r.raw for r in acks2]))
+    assert a.conn.execute("SELECT count(*) FROM outbox WHERE state NOT IN (9)").fetchone() == (0,)
+    late = b.handle(_relay(_chunks(doc, [3], a.me)))
+    assert _chunk_acks(late.data) == [(ALL_CHUNKS, ResultCode.OK)]
+    assert b.conn.execute("SELECT count(*) FROM inbox").fetchone() == (1,)
+
+    # A manifest sent again after delivery is a duplicate: acknowledged, not a new transfer.
+    again = b.handle(_relay(manifest))
+    assert b.conn.execute("SELECT count(*) FROM large_in").fetchone() == (0,)
+    assert b.conn.execute("SELECT count(*) FROM inbox").fetchone() == (1,)
+    assert [r.kind for r in _raws(again.data)] == [Kind.ACK_BATCH]
+
+
+def test_chunks_out_of_order_are_not_written_and_the_origin_is_told_where_to_go_on(
+        cores: Any, tmp_path: Path) -> None:
+    a, b = cores
+    content = os.urandom(2 * CHUNK_SIZE + 5)
+    doc, manifest = _send(a, tmp_path, content)
+    b.handle(_relay(manifest))
+    out = b.handle(_relay(_chunks(doc, [1, 2], a.me)))  # chunk 0 lost on the way
+    assert _chunk_acks(out.data) == [(0, RESUME)]
+    assert b.conn.execute("SELECT through FROM large_in").fetchall() == [(0,)]
+    out = b.handle(_relay(_chunks(doc, [0, 1, 2], a.me)))
+    assert _chunk_acks(out.data) == [(3, ResultCode.OK)]
+    assert b.conn.execute("SELECT size FROM inbox").fetchall() == [(len(content),)]
+
+
+def test_content_that_does_not_match_its_manifest_is_refused_with_a_nack(cores: Any, tmp_path: Path) -> None:
+    """Without a key (security off) a chunk altered on the way still opens;
+    the whole digest catches it: the document is refused, its file goes."""
+    a, b = cores
+    doc, manifest = _send(a, tmp_path, os.urandom(CHUNK_SIZE + 10))
+    b.handle(_relay(manifest))
+    frames = _chunks(doc, [0, 1], a.me)
+    raw = _raws([frames[1]])[0]
+    body = raw.frame().body
+    import dataclasses
+
+    from semq.umxt_protocol import encode_frame
+    altered = encode_frame(dataclasses.replace(raw.frame(), body=dataclasses.replace(
+        body, payload=bytes(b ^ 0xFF for b in body.payload))))  # type: ignore[union-attr]
+    out = b.handle(_relay([frames[0], altered]))
+    nacks = [r.frame().body for r in _raws(out.data) if r.kind is Kind.NACK]
+    assert len(nacks) == 1 and isinstance(nacks[0], Nack) and nacks[0].code is ResultCode.DIGEST_MISMATCH
+    assert b.conn.execute("SELECT count(*) FROM inbox").fetchone() == (0,)
+    assert b.conn.execute("SELECT count(*) FROM large_in").fetchone() == (0,)
+    assert not list((b.path.parent / "large" / "in").iterdir())
+    a.handle(_relay(out.data))  # the origin fails it with the code
+    assert a.conn.execute("SELECT code FROM outbox").fetchall() == [(int(ResultCode.DIGEST_MISMATCH),)]
+
+
+def test_a_restarted_receiver_goes_on_from_what_it_committed(tmp_path: Path) -> None:
+    (tmp_path / A).mkdir()
+    (tmp_path / B).mkdir()
+    a = NodeCore(tmp_path / A / "node.sqlite", A, create=True, synchronous="OFF")
+    b = NodeCore(tmp_path / B / "node.sqlite", B, create=True, synchronous="OFF")
+    try:
+        content = os.urandom(6 * CHUNK_SIZE)
+        doc, manifest = _send(a, tmp_path, content)
+        b.handle(_relay(manifest))
+        b.handle(_relay(_chunks(doc, [0, 1, 2, 3, 4], a.me)))  # a batch past ACK_EVERY: committed
+        b.close()  # (a crash would lose no more: 0..4 were synced and committed)
+        b = NodeCore(tmp_path / B / "node.sqlite", B, synchronous="OFF")
+        assert b.receiver.large.resume_acks() and _chunk_acks(b.receiver.large.resume_acks()) == [(5, RESUME)]
+        out = b.handle(_relay(_chunks(doc, [5], a.me)))
+        assert _chunk_acks(out.data) == [(6, ResultCode.OK)]
+        path = b.conn.execute("SELECT path FROM inbox").fetchone()[0]
+        assert Path(path).read_bytes() == content
+    finally:
+        a.close()
+        b.close()
+
+
+def test_a_manifest_over_the_receivers_limit_is_refused(cores: Any, tmp_path: Path) -> None:
+    a, b = cores
+    b.receiver.large.max_size = CHUNK_SIZE
+    _, manifest = _send(a, tmp_path, os.urandom(CHUNK_SIZE + 1))
+    out = b.handle(_relay(manifest))
+    nacks = [r.frame().body for r in _raws(out.data) if r.kind is Kind.NACK]
+    assert len(nacks) == 1 and nacks[0].code is ResultCode.TOO_LARGE  # type: ignore[union-attr]
+    assert "exceeds this node's limit of 1048576 bytes" in nacks[0].message  # type: ignore[union-attr]
+    assert b.conn.execute("SELECT count(*) FROM large_in").fetchone() == (0,)
+
+
+def test_chunk_acks_from_an_organization_other_than_the_target_are_ignored(cores: Any, tmp_path: Path) -> None:
+    a, _ = cores
+    doc, _ = _send(a, tmp_path, os.urandom(CHUNK_SIZE + 1))
+    c = NodeCore(tmp_path / "C.sqlite", "77001", create=True, synchronous="OFF")
+    try:
+        from semq.umxt_protocol import Frame, encode_frame
+        forged = encode_frame(Frame(kind=Kind.CHUNK_ACK, source=c.me, target=a.me,
+                                    body=ChunkAck(lk0=doc.lk0, through=ALL_CHUNKS)))
+        assert a.handle(_relay([forged])).chunk_acks == []
+    finally:
+        c.close()
