@@ -30,9 +30,9 @@ import hashlib
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Any, Final, NamedTuple
 
 from semq.umxt_protocol import (
     LK0,
@@ -56,6 +56,7 @@ from semq.umxt_protocol import (
 from .batch import Batch, NodeContext
 from .envelope import NO_ENVELOPE, Envelope, encode_envelope, split_envelope
 from .large import ChunkError, ChunkOpener, Manifest, hash_prefix
+from .writebehind import columns
 
 if TYPE_CHECKING:
     from .receiver import Receiver
@@ -99,9 +100,31 @@ class _Transfer:
     refused: bool = False
 
 
-@dataclass
-class _Touched:
-    transfers: dict[int, _Transfer] = field(default_factory=dict)
+class _Progress(NamedTuple):
+    """What taking a transfer up again reads of its ``large_in`` row."""
+
+    id: int
+    path: str
+    manifest: bytes
+    through: int
+    bad: int
+
+
+class _Kept(NamedTuple):
+    """What delivering a whole document reads of its ``large_in`` row."""
+
+    frame: bytes
+    digest: bytes | None
+    signer: str
+    domain: str
+    data_type: str
+    subtype: str
+    key: str
+    envelope: bytes | None
+
+
+_PROGRESS: Final = columns(_Progress)
+_KEPT: Final = columns(_Kept)
 
 
 class LargeIn:
@@ -267,15 +290,13 @@ class LargeIn:
             self._refuse(b, t, ResultCode.DIGEST_MISMATCH,
                          f"the content's SHA-256 {t.hasher.hexdigest()} is not the manifest's {m.sha256.hex()}")
             return
-        row = self.ctx.conn.execute(
-            "SELECT frame, digest, signer, domain, data_type, subtype, key, envelope FROM large_in WHERE id=?",
-            (t.row_id,)).fetchone()
-        frame, d = _frame_of(row[0])
-        ak = AppKey(domain=row[3], data_type=row[4], subtype=row[5], key=row[6])
-        env = NO_ENVELOPE if row[7] is None else split_envelope(row[7])[0]
+        r = _Kept._make(self.ctx.conn.execute(f"SELECT {_KEPT} FROM large_in WHERE id=?", (t.row_id,)).fetchone())
+        frame, d = _frame_of(r.frame)
+        ak = AppKey(domain=r.domain, data_type=r.data_type, subtype=r.subtype, key=r.key)
+        env = NO_ENVELOPE if r.envelope is None else split_envelope(r.envelope)[0]
         self._close(t)
         self.ctx.conn.execute("DELETE FROM large_in WHERE id=?", (t.row_id,))
-        self.receiver._receive(b, frame, d, b"", row[1], row[2], ak, env, size=m.size)
+        self.receiver._receive(b, frame, d, b"", r.digest, r.signer, ak, env, size=m.size)
         self.receiver.flush(b)
         self.ctx.conn.execute(
             "UPDATE inbox SET path=?, size=? WHERE origin_type=? AND origin_id=? AND semq_id=? AND semq_db_id=?"
@@ -286,13 +307,13 @@ class LargeIn:
     def _refuse(self, b: Batch, t: _Transfer, code: ResultCode, detail: str) -> None:
         """The whole document refused: its row and file go, its origin gets
         a signed NACK (Receiver._refuse) and fails the document."""
-        row = self.ctx.conn.execute("SELECT frame FROM large_in WHERE id=?", (t.row_id,)).fetchone()
+        kept = [f for (f,) in self.ctx.conn.execute("SELECT frame FROM large_in WHERE id=?", (t.row_id,))]
         t.refused = True
         self._close(t)
         t.path.unlink(missing_ok=True)
         self.ctx.conn.execute("DELETE FROM large_in WHERE id=?", (t.row_id,))
-        if row is not None:
-            frame, d = _frame_of(row[0])
+        for f in kept:
+            frame, d = _frame_of(f)
             self.receiver._refuse(b, frame, d, code, f"large document: {detail}")
 
     # ------------------------------------------------------------ sessions and failures
@@ -343,16 +364,17 @@ class LargeIn:
         t = self._open.get(key)
         if t is not None:
             return t
-        row = self.ctx.conn.execute(
-            "SELECT id, path, manifest, through, bad FROM large_in WHERE origin_type=? AND origin_id=? AND"
+        found = self.ctx.conn.execute(
+            f"SELECT {_PROGRESS} FROM large_in WHERE origin_type=? AND origin_id=? AND"
             " semq_id=? AND semq_db_id=? AND record_id=?", key).fetchone()
-        if row is None:
+        if found is None:
             return None
+        row = _Progress._make(found)
         lk0 = LK0(endpoint=Endpoint(node_type=NodeType(key[0]), node_id=key[1]), semq_id=key[2],
                   semq_db_id=key[3], record_id=key[4])
-        m = Manifest.decode(row[2])
-        t = _Transfer(row_id=row[0], key=key, lk0=lk0, manifest=m, path=Path(row[1]), through=row[3], bad=row[4],
-                      opener=ChunkOpener(lk0, m), written=row[3], acked=-1)
+        m = Manifest.decode(row.manifest)
+        t = _Transfer(row_id=row.id, key=key, lk0=lk0, manifest=m, path=Path(row.path), through=row.through,
+                      bad=row.bad, opener=ChunkOpener(lk0, m), written=row.through, acked=-1)
         self._keep(t)
         return t
 

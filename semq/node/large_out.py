@@ -25,7 +25,7 @@ import logging
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Any, Final, NamedTuple
 
 import trio
 
@@ -45,6 +45,7 @@ from semq.umxt_protocol import (
 from .batch import Batch, NodeContext
 from .engine import SendState
 from .large import ChunkSealer, Manifest
+from .writebehind import columns
 
 if TYPE_CHECKING:
     from semq._gate import StoreGate
@@ -75,17 +76,29 @@ class Outgoing:
     manifest: Manifest
 
 
-_SELECT: Final = ("SELECT o.id, o.target_type, o.target_id, o.priority, o.state, l.path, l.manifest"
-                  " FROM outbox o JOIN large_out l ON l.id = o.id")
+class _Row(NamedTuple):
+    """A large document's pending-send row with its ``large_out`` row."""
+
+    id: int
+    target_type: int
+    target_id: str
+    priority: int
+    state: int
+    path: str
+    manifest: bytes
 
 
-def _outgoing(ctx: NodeContext, row: tuple[Any, ...]) -> Outgoing:
-    rid, ttype, tid, prio, _state, path, manifest = row
-    p = Path(path)
+_SELECT: Final = (f"SELECT {columns(_Row)} FROM (SELECT o.id, o.target_type, o.target_id, o.priority, o.state,"
+                  " l.path, l.manifest FROM outbox o JOIN large_out l ON l.id = o.id)")
+
+
+def _outgoing(ctx: NodeContext, r: _Row) -> Outgoing:
+    p = Path(r.path)
     if not p.is_absolute():
         p = Path(ctx.path).parent / p
-    return Outgoing(record_id=rid, lk0=ctx.lk0(rid), target=Endpoint(node_type=NodeType(ttype), node_id=tid),
-                    priority=prio, path=p, manifest=Manifest.decode(manifest))
+    return Outgoing(record_id=r.id, lk0=ctx.lk0(r.id),
+                    target=Endpoint(node_type=NodeType(r.target_type), node_id=r.target_id),
+                    priority=r.priority, path=p, manifest=Manifest.decode(r.manifest))
 
 
 def chunk_ack(ctx: NodeContext, b: Batch, raw: RawFrame) -> None:
@@ -99,8 +112,11 @@ def chunk_ack(ctx: NodeContext, b: Batch, raw: RawFrame) -> None:
     lk0 = body.lk0
     if lk0.endpoint != ctx.me or lk0.semq_id != ctx.unit:
         return
-    row = ctx.conn.execute(_SELECT + " WHERE o.id=?", (lk0.record_id,)).fetchone()
-    if row is None or row[2] != frame.origin.node_id:
+    found = ctx.conn.execute(_SELECT + " WHERE id=?", (lk0.record_id,)).fetchone()
+    if found is None:
+        return
+    row = _Row._make(found)
+    if row.target_id != frame.origin.node_id:
         return
     if body.code not in (ResultCode.OK, _RESUME):
         return  # (a whole document is refused with a signed NACK, not here)
@@ -111,7 +127,8 @@ def pending(ctx: NodeContext) -> list[Outgoing]:
     """Our large documents whose manifest has been sent and that are not
     confirmed yet: the transfers a new session takes up."""
     held = ctx.held.sent  # (sent rows whose state is held in memory are SS_INIT on disk)
-    return [_outgoing(ctx, r) for r in ctx.conn.execute(_SELECT) if r[4] in _SENT_STATES or r[0] in held]
+    rows = map(_Row._make, ctx.conn.execute(_SELECT))
+    return [_outgoing(ctx, r) for r in rows if r.state in _SENT_STATES or r.id in held]
 
 
 @dataclass(eq=False)

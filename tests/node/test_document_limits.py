@@ -154,15 +154,20 @@ def outbox(root: Path) -> int:
 
 
 def test_send_refuses_an_oversize_file_with_one_line(node: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A file over the node's max_document_mib (files over large_from_mib
+    travel as large documents: docs/large-documents.md)."""
+    from tests._procs import set_config
+
+    set_config(node / A, max_document_mib=60)
     big = node / "big.bin"
     with big.open("wb") as f:
         f.truncate(70_000_000)  # sparse: the size is what counts, and it is refused before it is read
-    from semq.node.limits import MAX_DOCUMENT_SIZE as limit
-
     rc, out, err = run(capsys, "send", "--dir", A, "--to", B, "--type", "X", str(big))
     assert rc == 2 and out == ""
-    assert err == f"error: document of 70000000 bytes exceeds the {limit}-byte limit for one document\n"
+    assert err == (f"error: {big}: document of 70000000 bytes (66.8 MiB) exceeds this node's limit of"
+                   f" {60 << 20} bytes (60 MiB, max_document_mib)\n")
     assert outbox(node) == 0
+    assert not (node / A / "large").exists()
 
 
 def test_send_refuses_an_oversize_document_from_stdin(node: Path, capsys: pytest.CaptureFixture[str],

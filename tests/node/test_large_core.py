@@ -130,12 +130,17 @@ def test_a_large_document_is_delivered_once_whole_with_one_ack2(cores: Any, tmp_
 
 
 def test_chunks_out_of_order_are_not_written_and_the_origin_is_told_where_to_go_on(
-        cores: Any, tmp_path: Path) -> None:
+        cores: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import semq.node.large_in as large_in
+
     a, b = cores
     content = os.urandom(2 * CHUNK_SIZE + 5)
     doc, manifest = _send(a, tmp_path, content)
-    b.handle(_relay(manifest))
+    b.handle(_relay(manifest))  # (RESUME at 0: "start")
     out = b.handle(_relay(_chunks(doc, [1, 2], a.me)))  # chunk 0 lost on the way
+    assert _chunk_acks(out.data) == [], "a gap right after a RESUME at the same place is the same gap"
+    monkeypatch.setattr(large_in, "RESUME_AGAIN_MS", -1)  # ... but not when it lasts
+    out = b.handle(_relay(_chunks(doc, [1, 2], a.me)))
     assert _chunk_acks(out.data) == [(0, RESUME)]
     assert b.conn.execute("SELECT through FROM large_in").fetchall() == [(0,)]
     out = b.handle(_relay(_chunks(doc, [0, 1, 2], a.me)))
