@@ -63,8 +63,8 @@ class Output:
     over_quota: set[str] = field(default_factory=set)
     errors: list[tuple[ResultCode, str]] = field(default_factory=list)
     # CHUNK_ACKs for our large documents: (semq.node.large_out.Outgoing,
-    # through, resume), for the daemon's LargeSender.
-    chunk_acks: list[tuple[Any, int, bool]] = field(default_factory=list)
+    # through, resume, stored at the platform), for the daemon's LargeSender.
+    chunk_acks: list[tuple[Any, int, bool, bool]] = field(default_factory=list)
 
     def add(self, frame: Frame) -> None:
         self.data.append(encode_frame(frame))

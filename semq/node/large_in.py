@@ -76,6 +76,9 @@ RESUME: Final = ResultCode.UNEXPECTED_FRAME
 # origin's copies after its rewind were lost too); sooner, it is one gap.
 RESUME_AGAIN_MS: Final = 2000
 ALL_CHUNKS: Final = 0xFFFF_FFFF  # CHUNK_ACK through: "delivered already, stop"
+# Bytes of chunks held in memory while their origin's certificate is asked
+# for (the manifest waits for it too).
+MAX_DEFERRED_BYTES: Final = 16 << 20
 _OPEN_FILES: Final = 64  # transfers kept open (file, hasher) at once; others reopen when a chunk comes
 
 
@@ -136,6 +139,7 @@ class LargeIn:
         self.max_size = max_size
         self.dir = Path(ctx.path).parent / "large" / "in"
         self._open: dict[tuple[int, str, int, int, int], _Transfer] = {}
+        self._deferred: dict[Endpoint, int] = {}  # bytes of chunks waiting with their origin's certificate
         self._touched: dict[int, _Transfer] = {}
 
     # ------------------------------------------------------------ a manifest
@@ -146,6 +150,7 @@ class LargeIn:
         transfer (or, for one already going, tell the origin where it is)."""
         lk0 = d.lk0
         key = (int(lk0.endpoint.node_type), lk0.endpoint.node_id, lk0.semq_id, lk0.semq_db_id, lk0.record_id)
+        self._deferred.pop(lk0.endpoint, None)
         t = self._load(key)
         if t is None:
             try:
@@ -184,7 +189,10 @@ class LargeIn:
             b.events.append({"ts": b.ts, "role": "receiver", "event": "large_started", "lk0": str(lk0),
                              "source": lk0.endpoint.node_id, "target": self.ctx.me.node_id, "size": m.size,
                              "chunks": m.chunks})
-        self._resume(t, b.ts)  # (a manifest sent again: the origin lost track; tell it)
+        # Where we are: the first time "send from 0"; a manifest sent again
+        # (its origin asks about its ACK2, or started again) is told how far
+        # we are, which the chunks it sends since are not to undo.
+        t.answer = True
         self._touched[t.row_id] = t
         if d.lk1 is not None:  # a stored copy: the platform may let it go, the row has it
             b.acks[(Kind.ACK, frame.source)].append(AckEntry(
@@ -200,6 +208,18 @@ class LargeIn:
         key = (int(lk0.endpoint.node_type), lk0.endpoint.node_id, lk0.semq_id, lk0.semq_db_id, lk0.record_id)
         t = self._load(key)
         if t is None:
+            origin = lk0.endpoint
+            sec = self.ctx.sec
+            if sec is not None and not self._delivered(key) and not sec.certs(origin):
+                # Its manifest waits for the origin's certificate (first
+                # contact): the chunks wait with it, up to a bound; past it
+                # they are dropped and the origin sends them again when told.
+                size = len(raw.raw)
+                if self._deferred.get(origin, 0) + size <= MAX_DEFERRED_BYTES:
+                    self._deferred[origin] = self._deferred.get(origin, 0) + size
+                    b.out.deferred.append(raw)
+                    b.out.missing.add(origin)
+                return
             if key in b.known or self._delivered(key):
                 # Whole and delivered: the origin may stop (its ACK2 follows
                 # through the usual inquiries if it was lost).

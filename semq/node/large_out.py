@@ -116,11 +116,23 @@ def chunk_ack(ctx: NodeContext, b: Batch, raw: RawFrame) -> None:
     if found is None:
         return
     row = _Row._make(found)
-    if row.target_id != frame.origin.node_id:
+    stored = frame.origin.node_type is NodeType.PLATFORM  # "chunk through-1 is stored here"
+    if not stored and row.target_id != frame.origin.node_id:
         return
     if body.code not in (ResultCode.OK, _RESUME):
         return  # (a whole document is refused with a signed NACK, not here)
-    b.out.chunk_acks.append((_outgoing(ctx, row), body.through, body.code == _RESUME))
+    b.out.chunk_acks.append((_outgoing(ctx, row), body.through, body.code == _RESUME and not stored, stored))
+
+
+def stored_manifests(ctx: NodeContext, b: Batch, record_ids: list[int]) -> None:
+    """ACK_SAVE for these rows: those that are large documents start
+    sending their chunks to the platform, which keeps them for the
+    receiver (``b.out.chunk_acks``, as from the platform: no credit yet)."""
+    if not record_ids or ctx.conn.execute("SELECT 1 FROM large_out LIMIT 1").fetchone() is None:
+        return
+    marks = ",".join("?" * len(record_ids))
+    for found in ctx.conn.execute(_SELECT + f" WHERE id IN ({marks})", record_ids):
+        b.out.chunk_acks.append((_outgoing(ctx, _Row._make(found)), 0, False, True))
 
 
 def pending(ctx: NodeContext) -> list[Outgoing]:
@@ -135,6 +147,8 @@ def pending(ctx: NodeContext) -> list[Outgoing]:
 class _Transfer:
     doc: Outgoing
     through: int = 0  # the receiver has every chunk below this
+    kept: int = 0  # ... or the platform keeps them for it (it is away)
+    kept_count: int = 0  # chunks the platform said it keeps
     next: int = 0  # the next chunk to send
     sent_max: int = 0  # chunks below this were sent at least once
     resent: int = 0  # chunks sent again (after a rewind)
@@ -177,24 +191,33 @@ class LargeSender:
         self.window_bytes = window_bytes
         self.transfers: dict[int, _Transfer] = {}
         self._wake = trio.Event()
-        self.stats = {"chunks_sent": 0, "chunks_resent": 0, "large_bytes_sent": 0}
+        self.stats = {"chunks_sent": 0, "chunks_resent": 0, "chunks_kept_by_platform": 0, "large_bytes_sent": 0}
         self._events: list[dict[str, Any]] = []  # written to the event log by ``run`` (through the gate)
 
     # ------------------------------------------------------------ answers
 
-    def acked(self, acks: list[tuple[Outgoing, int, bool]]) -> None:
-        """CHUNK_ACKs the core took (on the event loop, after their batch)."""
+    def acked(self, acks: list[tuple[Outgoing, int, bool, bool]]) -> None:
+        """CHUNK_ACKs the core took (on the event loop, after their batch):
+        (document, through, resume, stored) — ``stored``: from the platform,
+        which keeps chunk ``through - 1`` for an absent receiver."""
         now = trio.current_time()
         done: list[dict[str, Any]] = []
-        for doc, through, resume in acks:
+        for doc, through, resume, stored in acks:
             t = self.transfers.get(doc.record_id)
             if t is None:
                 t = self.transfers[doc.record_id] = _Transfer(doc=doc)
             t.answered = now
             t.probing = False
+            if stored:
+                self.stats["chunks_kept_by_platform"] += int(through > 0)
+                t.kept_count += int(through > 0)
+                if through - 1 <= max(t.through, t.kept):
+                    t.kept = max(t.kept, through)  # the platform holds every chunk below
+                continue
             if through >= doc.manifest.chunks:
                 done.append({"event": "large_sent", "lk0": str(doc.lk0), "target": doc.target.node_id,
-                             "chunks": doc.manifest.chunks, "resent": t.resent, "size": doc.manifest.size})
+                             "chunks": doc.manifest.chunks, "resent": t.resent, "kept": t.kept_count,
+                             "size": doc.manifest.size})
                 t.close()
                 del self.transfers[doc.record_id]
                 continue
@@ -271,7 +294,7 @@ class LargeSender:
             if t.next >= m.chunks:
                 continue
             room = 1 if t.probing else max(2, window // m.chunk_size)
-            if t.next - t.through >= room:
+            if t.next - max(t.through, t.kept) >= room:
                 continue
             if best is None or t.doc.priority > best.doc.priority:
                 best = t
@@ -286,7 +309,7 @@ class LargeSender:
         (then the transfer probes: its next missing chunk, alone)."""
         self._wake = trio.Event()
         now = trio.current_time()
-        waiting = [t for t in self.transfers.values() if t.next > t.through]
+        waiting = [t for t in self.transfers.values() if t.next > max(t.through, t.kept)]
         deadline = min((t.answered + t.stall for t in waiting), default=now + 3600)
         with trio.move_on_at(deadline):
             await self._wake.wait()
@@ -294,9 +317,10 @@ class LargeSender:
         now = trio.current_time()
         for t in waiting:
             if now >= t.answered + t.stall:
+                base = max(t.through, t.kept)
                 log.info("%s: no answer from %s for %.0f s; asking with chunk %d", t.doc.lk0,
-                         t.doc.target.node_id, t.stall, t.through)
-                t.next = t.through
+                         t.doc.target.node_id, t.stall, base)
+                t.next = base
                 t.probing = True
                 t.answered = now
                 t.stall = min(STALL_MAX_S, t.stall * 2)

@@ -669,7 +669,7 @@ class PlatformCore(HeldWrites):
                     elif raw.kind is Kind.DATA:
                         self._data(sender, raw, ts, out, events, acks, online)
                     elif raw.kind in _RELAYED:
-                        self._relay(raw, ts, out, events, online)
+                        self._relay(raw, ts, out, events, online, sender)
                     else:
                         raise RemoteProtocolError(
                             f"{raw.kind.name} for {raw.target} cannot be relayed", ResultCode.UNEXPECTED_FRAME)
@@ -927,9 +927,12 @@ class PlatformCore(HeldWrites):
         return True
 
     def _relay(self, raw: RawFrame, ts: int, out: PlatformOutput, events: list[dict[str, Any]],
-               online: Callable[[Endpoint], bool]) -> None:
+               online: Callable[[Endpoint], bool], sender: Endpoint | None = None) -> None:
         """SPEC P.4: acks and inquiries between nodes travel like SaveFwd=3
-        messages: forwarded, or stored while the target is offline."""
+        messages: forwarded, or stored while the target is offline. A
+        large document's chunk stored here is acknowledged to its origin
+        (a CHUNK_ACK from the platform, after the commit): it may send the
+        rest while its receiver is away (semq.node.large_out)."""
         if UNIT_SEP in raw.target.node_id:  # a unit's route is the platform's, never a frame's target
             raise RemoteProtocolError(f"{raw.kind.name} for unknown target {raw.target}", ResultCode.UNKNOWN_TARGET)
         for target, part in (self._relay_routes(raw) if self.units or self.presence is not None
@@ -945,6 +948,11 @@ class PlatformCore(HeldWrites):
             elif self.is_known(part.target):
                 out.stored_for.add(target)
                 self._store_relayed(part, ts, target)
+                if raw.kind is Kind.CHUNK and sender is not None:
+                    c = part.frame().body
+                    assert isinstance(c, Chunk)
+                    out.add(sender, Frame(kind=Kind.CHUNK_ACK, source=self.me, target=route_org(sender),
+                                          body=ChunkAck(lk0=c.lk0, through=c.index + 1)))
             else:
                 raise RemoteProtocolError(f"{part.kind.name} for unknown target {part.target}",
                                           ResultCode.UNKNOWN_TARGET)

@@ -118,15 +118,44 @@ def test_a_200_mib_document_survives_a_receiver_kill_and_a_cut_connection(cluste
         assert cluster.count(A, "SELECT count(*) FROM receipts WHERE record_id=?", rid) == 1
         assert cluster.count(B, "SELECT count(*) FROM large_in") == 0
         # Resumed, not from zero: the chunks sent twice are bounded by what
-        # was in flight at the kill and at the cut (a window of 8 MiB each,
-        # and the probe that asks where to go on from).
+        # was in flight at the kill and at the cut — the window (8 chunks of
+        # 1 MiB) beyond the last acknowledgement (every 4), each time — and
+        # what the platform kept while B was away (sent on after the gap the
+        # kill left: B takes chunks in order only).
         done = _events(cluster, A, "large_sent")
         assert len(done) == 1 and done[0]["chunks"] == 200
-        assert 0 < done[0]["resent"] <= 2 * (8 + 8) + 2, done[0]
+        assert 0 < done[0]["resent"] <= 2 * (8 + 4) + done[0]["kept"] + 2, done[0]
+        assert done[0]["resent"] < at_kill, "sent again from zero"
         assert len(_events(cluster, B, "large_complete")) == 1
     finally:
         cluster.stop_all()
         proxy.close()
+
+
+def test_the_platform_keeps_a_large_document_for_an_absent_receiver(cluster: Cluster) -> None:
+    """Store and forward for large documents: the receiver is away while
+    the origin sends (the platform keeps the chunks, in its store, and
+    says so to the origin chunk by chunk); the origin is away when the
+    receiver comes: the platform alone delivers it, whole."""
+    cluster.add_org(A)
+    cluster.add_org(B)
+    cluster.start_platform()
+    cluster.start_node(A)
+    src = cluster.root / "doc.bin"
+    digest = _content(src, 40)
+    assert _send(cluster, src).returncode == 0
+    wait_until(lambda: cluster.count("P", "SELECT count(*) FROM stored WHERE kind=12") == 40, 60,
+               "every chunk kept by the platform")
+    cluster.kill(A, signal.SIGTERM)
+    cluster.start_node(B)
+    wait_until(lambda: _delivered(cluster), 60, "the large document delivered with its origin away")
+    path = _delivered(cluster)[0][0]
+    assert hashlib.sha256(Path(path).read_bytes()).hexdigest() == digest
+    wait_until(lambda: cluster.count("P", "SELECT count(*) FROM stored WHERE kind=12") == 0, 30,
+               "the chunks gone from the platform once delivered")
+    cluster.start_node(A)  # its ACK2 waits at the platform
+    wait_until(lambda: cluster.count(A, "SELECT count(*) FROM outbox") == 0, 30, "the ACK2 at the origin")
+    assert _events(cluster, A, "large_sent") == [] or _events(cluster, A, "large_sent")[0]["resent"] == 0
 
 
 def _dishonest(cluster: Cluster, rules: list[dict[str, Any]]) -> None:
