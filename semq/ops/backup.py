@@ -22,6 +22,11 @@ What a backup holds (a tar archive, gzip-compressed when the name ends in
   keep a copy of it offline. The archive is written 0600 either way: the
   store itself holds documents (a node's outbox and inbox in plaintext).
 
+- large documents' contents (``large/out/*.doc``, ours being sent, and
+  ``large/in/*.doc``, being received or delivered; semq.node.large), each
+  unit's beside its store: the rows name them. A file that goes while the
+  backup runs (its document was confirmed) is left out.
+
 Not included: the delivery event logs (``events/``, append-only: copy
 them with rsync), ``status.json``, the admin socket, older ``.bak-v*``.
 
@@ -83,6 +88,7 @@ _PUBLIC_DIRS: Final = ("", "certs", "ca", "ca/issued", "tls")
 _KEY_DIRS: Final = ("keys", "ca", "tls")
 _STATUS_FRESH_MS: Final = 5000
 _UNIT_STORE: Final = re.compile(r"unit-([2-9]|[1-9][0-9])/node\.sqlite")  # the store of a node's unit K > 1
+_LARGE_FILE: Final = re.compile(r"(unit-([2-9]|[1-9][0-9])/)?large/(in|out)/[A-Za-z0-9._:@-]+\.doc")  # semq.node.large
 
 
 class BackupError(Exception):
@@ -221,6 +227,16 @@ def _wanted_files(directory: Path, include_keys: bool) -> list[str]:
     return sorted(set(out))
 
 
+def _large_files(directory: Path, units: int) -> list[str]:
+    """Large documents' content files of a node's units (semq.node.large), relative."""
+    out = []
+    for k in range(1, units + 1):
+        base = directory if k == 1 else directory / f"unit-{k}"
+        for sub in ("large/out", "large/in"):
+            out += [p.relative_to(directory).as_posix() for p in sorted((base / sub).glob("*.doc"))]
+    return out
+
+
 def _private_file(path: Path) -> io.BufferedWriter:
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     return os.fdopen(fd, "wb")
@@ -269,7 +285,7 @@ def backup(directory: Path, out: Path, *, include_keys: bool = False) -> BackupI
             shutil.copyfile(snap, tmp_out)
             files = [store_name]
         else:
-            files = _wanted_files(directory, include_keys)
+            files = _wanted_files(directory, include_keys) + _large_files(directory, units)
             manifest = {
                 "format": BACKUP_FORMAT, "software": f"semq {__version__}", "role": cfg.role,
                 "id": cfg.org if cfg.role == "node" else cfg.platform_id, "created_ms": int(time.time() * 1000),
@@ -285,12 +301,21 @@ def backup(directory: Path, out: Path, *, include_keys: bool = False) -> BackupI
                 ti = tarfile.TarInfo(MANIFEST_NAME)
                 ti.size, ti.mode, ti.mtime = len(data), 0o600, int(time.time())
                 tar.addfile(ti, io.BytesIO(data))
+                gone: list[str] = []
                 for rel, src in [(store_name, snap), *[(rel, u) for rel, u, _ in unit_snaps],
                                  *[(r, directory / r) for r in files]]:
-                    ti = tar.gettarinfo(str(src), arcname=rel)
-                    ti.mode, ti.uid, ti.gid, ti.uname, ti.gname = 0o600, 0, 0, "", ""
-                    with src.open("rb") as fh:
+                    try:
+                        fh = src.open("rb")
+                    except FileNotFoundError:
+                        if _LARGE_FILE.fullmatch(rel):
+                            gone.append(rel)  # its document was confirmed meanwhile
+                            continue
+                        raise
+                    with fh:
+                        ti = tar.gettarinfo(arcname=rel, fileobj=fh)
+                        ti.mode, ti.uid, ti.gid, ti.uname, ti.gname = 0o600, 0, 0, "", ""
                         tar.addfile(ti, fh)
+                files = [f for f in files if f not in gone]
             files = [store_name, *[rel for rel, _, _ in unit_snaps], *files]
         os.chmod(tmp_out, 0o600)
         os.replace(tmp_out, out)
@@ -468,6 +493,8 @@ def _member_ok(name: str) -> str:
     if rel in (MANIFEST_NAME, "semq.toml", *STORE_NAMES.values()) or _UNIT_STORE.fullmatch(rel):
         return rel
     if p.suffix == ".pem" and parent in {*_PUBLIC_DIRS, *_KEY_DIRS}:
+        return rel
+    if _LARGE_FILE.fullmatch(rel):
         return rel
     raise BackupError(f"unexpected archive member {name!r}; not a semq backup")
 

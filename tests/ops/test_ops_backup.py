@@ -308,3 +308,32 @@ def test_compact_gives_an_old_store_this_versions_pages_and_refuses_a_running_on
     kept_now = sorted(k.name for k in src.glob("node.sqlite.before-compact-20261126T000000*")
                       if not k.name.endswith(("-wal", "-shm")))
     assert kept_now == ["node.sqlite.before-compact-20261126T000000", "node.sqlite.before-compact-20261126T000000-2"]
+
+
+def test_a_backup_holds_large_documents_contents(tmp_path: Path) -> None:
+    """A large document's content lives beside the store (semq.node.large):
+    the backup carries it, and the restored node can still send it."""
+    import os
+
+    from semq.node.api import NodeClient
+    from semq.node.large_out import pending
+
+    src_dir, dst_dir = tmp_path / "a", tmp_path / "restored"
+    init_node(src_dir)
+    content = os.urandom(17 << 20)
+    (tmp_path / "cad.bin").write_bytes(content)
+    with NodeClient(src_dir) as n:
+        lk0 = n.send_file("56001", tmp_path / "cad.bin", data_type="CAD")
+    archive = tmp_path / "b.tar.gz"
+    info = backup(src_dir, archive)
+    assert [f for f in info.files if f.startswith("large/out/")] != []
+    restore(archive, dst_dir)
+    core = NodeCore(dst_dir / "node.sqlite", "10008", synchronous="OFF")
+    try:
+        with core.db.atomic():
+            core.conn.execute("UPDATE outbox SET state=1")  # as if sent: a transfer to take up
+        (doc,) = pending(core.ctx)
+        assert doc.record_id == lk0.record_id and doc.path.read_bytes() == content
+        assert doc.path.is_relative_to(dst_dir)
+    finally:
+        core.close()
