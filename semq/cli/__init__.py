@@ -1382,6 +1382,7 @@ examples:
   semq send --to 56001 --type INVOICE --key-from-name out/
   printf '%s\\n' '{"data": "<order/>", "key": "S1"}' '{"file": "scan.pdf", "type": "SCAN"}' \\
     | semq send --to 56001 --type ORDER --ndjson -
+  semq send --to 56001 --type CAD --key DWG-7 drawing.step     # 1.2 GB: a large document, in chunks
 
 Several documents: a file that cannot be sent (too large, a bad key) is
 refused before anything is sent; a bad NDJSON line stops the command with
@@ -1497,7 +1498,9 @@ def build_parser() -> argparse.ArgumentParser:
             "Hand documents to the node: durable in its store when the command returns, whether or not its daemon"
             " runs. One FILE (or - for standard input) is one document; several FILEs, a DIRECTORY (its regular"
             " files, in name order) or --ndjson lines are accepted in transactions of --batch documents. Prints"
-            " one LK0 per document on stdout, in input order.", 79),
+            " one LK0 per document on stdout, in input order. One FILE over large_from_mib (16 MiB) is sent as"
+            " a large document: copied into the data directory, then streamed in sealed chunks and resumed"
+            " after a cut or a restart (up to max_document_mib, 4096).", 79),
         epilog=SEND_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     x.add_argument("--to", required=True,
                    help="target: an organization id (56001), a user of one (56001/alice), or a user of this"
