@@ -58,6 +58,7 @@ __all__ = ["WINDOW_BYTES", "LargeSender", "Outgoing", "chunk_ack", "pending"]
 log = logging.getLogger("semq.node.large")
 
 WINDOW_BYTES: Final = 8 << 20  # bytes of one document in flight beyond what its receiver committed
+TOTAL_WINDOW_BYTES: Final = 32 << 20  # ... and of all documents together, on one session
 STALL_S: Final = 5.0  # no answer for this long with chunks in flight: probe
 STALL_MAX_S: Final = 120.0  # ... doubling up to this
 _RESUME: Final = ResultCode.UNEXPECTED_FRAME  # (semq.node.large_in.RESUME)
@@ -288,6 +289,10 @@ class LargeSender:
         """The next transfer with room in its window: highest priority
         first, in turn among equals (the one picked goes to the back)."""
         window = self.window_bytes
+        in_flight = sum((t.next - max(t.through, t.kept)) * t.doc.manifest.chunk_size
+                        for t in self.transfers.values())
+        if in_flight >= TOTAL_WINDOW_BYTES:
+            return None  # (every document's chunks together: the session's byte window)
         best: _Transfer | None = None
         for t in self.transfers.values():
             m = t.doc.manifest
