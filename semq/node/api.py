@@ -159,6 +159,11 @@ class OutboxRow:
     channel: str = ""
 
 
+def _large_size(core: NodeCore, record_id: int) -> int:
+    """A large document's size (its row's AppData is the manifest)."""
+    return next((int(n) for (n,) in core.conn.execute("SELECT size FROM large_out WHERE id=?", (record_id,))), 0)
+
+
 def _note(state: int, code: int, refused_by: str | None) -> str:
     if not code:
         return ""
@@ -644,7 +649,8 @@ class NodeClient:
                           state=SendState(r.state),
                           app_key=AppKey(domain=r.domain, data_type=r.data_type, subtype=r.subtype, key=r.key),
                           save_fwd=r.save_fwd, ack2=bool(r.ack2), priority=r.priority, created_ms=r.created_ms,
-                          attempts=r.attempts, inquiries=r.inquiries, code=r.code, size=r.size,
+                          attempts=r.attempts, inquiries=r.inquiries, code=r.code,
+                          size=_large_size(core, r.id) if r.large else r.size,
                           note=_note(r.state, r.code, r.refused_by), from_user=r.from_user, to_user=r.to_user,
                           channel=r.channel)
                 for core in self.cores for r in map(MessageRow._make, core.conn.execute(q, args))]

@@ -235,11 +235,11 @@ class Origin:
                     ids = list(range(last_id - len(rows) + 1, last_id + 1))
                     if enveloped and ids[0] != first:
                         raise StoreError(f"record ids {ids[0]}.. were given where {first}.. were expected")
-                    larges = [(i, d.large_path, d.app_data, ts) for i, (d, _, _) in zip(ids, rows, strict=True)
-                              if d.large_path]
+                    larges = [(i, d.large_path, d.app_data, Manifest.decode(d.app_data).size, ts)
+                              for i, (d, _, _) in zip(ids, rows, strict=True) if d.large_path]
                     if larges:
-                        conn.executemany("INSERT INTO large_out (id, path, manifest, created_ms) VALUES (?,?,?,?)",
-                                         larges)
+                        conn.executemany("INSERT INTO large_out (id, path, manifest, size, created_ms)"
+                                         " VALUES (?,?,?,?,?)", larges)
         except STORE_ERRORS as e:
             raise translate(e, ctx.path, "node store") from e
         ctx.emit([

@@ -461,7 +461,7 @@ def _v13_large(db: SqliteDatabase) -> None:
     db.execute_sql("ALTER TABLE outbox ADD COLUMN large INTEGER NOT NULL DEFAULT 0")
     db.execute_sql(
         "CREATE TABLE IF NOT EXISTS large_out (id INTEGER PRIMARY KEY, path TEXT NOT NULL,"
-        " manifest BLOB NOT NULL, created_ms INTEGER NOT NULL)")
+        " manifest BLOB NOT NULL, size INTEGER NOT NULL, created_ms INTEGER NOT NULL)")
     db.execute_sql(
         "CREATE TABLE IF NOT EXISTS large_in (id INTEGER PRIMARY KEY AUTOINCREMENT, origin_type INTEGER NOT NULL,"
         " origin_id TEXT NOT NULL, semq_id INTEGER NOT NULL, semq_db_id INTEGER NOT NULL,"

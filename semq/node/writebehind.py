@@ -361,6 +361,7 @@ class MessageRow(NamedTuple):
     from_user: str
     to_user: str
     channel: str
+    large: int  # a large document: ``size`` is its manifest's; its content's is in large_out
 
 
 class DeadLetterRow(NamedTuple):

@@ -324,6 +324,7 @@ def test_a_backup_holds_large_documents_contents(tmp_path: Path) -> None:
     (tmp_path / "cad.bin").write_bytes(content)
     with NodeClient(src_dir) as n:
         lk0 = n.send_file("56001", tmp_path / "cad.bin", data_type="CAD")
+        assert [m.size for m in n.messages()] == [len(content)]  # (the content's, not the manifest's)
     archive = tmp_path / "b.tar.gz"
     info = backup(src_dir, archive)
     assert [f for f in info.files if f.startswith("large/out/")] != []
