@@ -32,8 +32,9 @@ def _is_number(text: str) -> bool:
 
 
 def render_table(title: str, headers: Sequence[str], rows: Sequence[Sequence[object]],
-                 notes: Sequence[str] = ()) -> str:
-    """``title``, the machine's facts, then the rows under ``headers``.
+                 notes: Sequence[str] = (), facts: bool = True) -> str:
+    """``title``, the machine's facts (unless ``facts`` is False: a report
+    of several tables says them once), then the rows under ``headers``.
     Columns whose cells are all numbers (or empty / "-") are right-aligned."""
     cells = [[str(c) for c in row] for row in rows]
     for row in cells:
@@ -49,7 +50,7 @@ def render_table(title: str, headers: Sequence[str], rows: Sequence[Sequence[obj
         parts = [v.rjust(w) if r else v.ljust(w) for v, w, r in zip(values, widths, right, strict=True)]
         return "  ".join(parts).rstrip()
 
-    out = [title, machine_facts(), "", line(headers), line(["-" * w for w in widths])]
+    out = [title, *([machine_facts()] if facts else []), "", line(headers), line(["-" * w for w in widths])]
     out += [line(r) for r in cells]
     if notes:
         out.append("")
@@ -58,5 +59,5 @@ def render_table(title: str, headers: Sequence[str], rows: Sequence[Sequence[obj
 
 
 def print_table(title: str, headers: Sequence[str], rows: Sequence[Sequence[object]],
-                notes: Sequence[str] = ()) -> None:
-    print(render_table(title, headers, rows, notes), file=sys.stdout, flush=True)
+                notes: Sequence[str] = (), facts: bool = True) -> None:
+    print(render_table(title, headers, rows, notes, facts), file=sys.stdout, flush=True)
