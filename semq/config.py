@@ -330,7 +330,7 @@ class Config:
         "node: MiB of the largest document sent or received; larger files are refused at send, larger"
         " incoming manifests with TOO_LARGE. Files over large_from_mib travel in chunks (docs/large-documents.md)",
         reload=_reloads(node="at once")))
-    large_from_mib: int = _setting(16, Rule(
+    large_from_mib: int = _setting(4, Rule(
         "integer", "an integer 1..60", _between(1, 60),
         "node: files sent with semq send larger than this many MiB travel as a large document (manifest"
         " and chunks, never whole in memory); smaller ones in one frame",

@@ -1498,7 +1498,7 @@ def build_parser() -> argparse.ArgumentParser:
             "Hand documents to the node: durable in its store when the command returns, whether or not its daemon"
             " runs. One FILE (or - for standard input) is one document; several FILEs, a DIRECTORY (its regular"
             " files, in name order) or --ndjson lines are accepted in transactions of --batch documents. Prints"
-            " one LK0 per document on stdout, in input order. One FILE over large_from_mib (16 MiB) is sent as"
+            " one LK0 per document on stdout, in input order. One FILE over large_from_mib (4 MiB) is sent as"
             " a large document: copied into the data directory, then streamed in sealed chunks and resumed"
             " after a cut or a restart (up to max_document_mib, 4096).", 79),
         epilog=SEND_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)

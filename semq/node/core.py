@@ -46,7 +46,7 @@ from .batch import Batch, NodeContext, Output
 from .engine import OriginEvent, SendState
 from .housekeeping import FAILED_RETENTION_MS, Housekeeping
 from .inquiries import RECEIPT_BATCH, Inquiries
-from .large_out import chunk_ack, stored_manifests
+from .large_out import chunk_ack, confirmed, stored_manifests
 from .operator import Operator
 from .origin import NewDocument, Origin, document_flags
 from .receipts import RECEIPT_RETENTION_MS, Receipts
@@ -437,6 +437,8 @@ class NodeCore(HeldWrites):
                               b.acks if reack2 else None, peer=peer)
             if kind is Kind.ACK_SAVE:  # (a large document's chunks go to the platform too)
                 stored_manifests(self.ctx, b, [e.dest_ref_id for e in entries])
+            elif kind is Kind.ACK2:  # (a large document's copy is no longer needed)
+                confirmed(self.ctx, [e.dest_ref_id for e in entries])
         elif kind in (Kind.REACK, Kind.REACK2):
             self.receiver.queue_confirmations(b, kind, entries, peer, peer.node_type is NodeType.PLATFORM)
 

@@ -141,10 +141,6 @@ def _aad(lk0: LK0, m: Manifest, index: int) -> bytes:
     return b"".join((_AAD_LABEL, str(lk0).encode("ascii"), b"\x00", _AAD.pack(index, m.chunks), m.digest))
 
 
-def _nonce(index: int) -> bytes:
-    return secrets.token_bytes(NONCE_SIZE)
-
-
 class ChunkSealer:
     """The origin's side of one document's chunks: ``seal(index, content)``
     gives the CHUNK flags and payload."""
@@ -168,7 +164,7 @@ class ChunkSealer:
             else:
                 self._misses += 1
         if self._aead is not None:
-            nonce = _nonce(index)
+            nonce = secrets.token_bytes(NONCE_SIZE)  # (random: a chunk sent again is sealed anew)
             payload = nonce + self._aead.encrypt(nonce, payload, _aad(self.lk0, self.m, index))
         return flags, payload
 
@@ -191,8 +187,8 @@ class ChunkOpener:
             if len(payload) < NONCE_SIZE + 16:
                 raise ChunkError(f"chunk {index}: sealed payload of {len(payload)} bytes is too short")
             try:
-                payload = self._aead.decrypt(payload[:NONCE_SIZE], payload[NONCE_SIZE:],
-                                             _aad(self.lk0, m, index))
+                view = memoryview(payload)  # (no copy of the megabyte behind the nonce)
+                payload = self._aead.decrypt(view[:NONCE_SIZE], view[NONCE_SIZE:], _aad(self.lk0, m, index))
             except InvalidTag:
                 raise ChunkError(f"chunk {index} does not open: altered, moved from another index or"
                                  " from another document") from None

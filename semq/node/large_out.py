@@ -53,7 +53,7 @@ if TYPE_CHECKING:
 
     from .core import NodeCore
 
-__all__ = ["WINDOW_BYTES", "LargeSender", "Outgoing", "chunk_ack", "pending"]
+__all__ = ["WINDOW_BYTES", "LargeSender", "Outgoing", "chunk_ack", "confirmed", "pending", "stored_manifests"]
 
 log = logging.getLogger("semq.node.large")
 
@@ -134,6 +134,22 @@ def stored_manifests(ctx: NodeContext, b: Batch, record_ids: list[int]) -> None:
     marks = ",".join("?" * len(record_ids))
     for found in ctx.conn.execute(_SELECT + f" WHERE id IN ({marks})", record_ids):
         b.out.chunk_acks.append((_outgoing(ctx, _Row._make(found)), 0, False, True))
+
+
+def confirmed(ctx: NodeContext, record_ids: list[int]) -> None:
+    """ACK2 (with its receipt, with security) for these rows: the copies of
+    those that are large documents go now, not at the next housekeeping
+    (nothing is sent from them again: the document is delivered)."""
+    if not record_ids or ctx.conn.execute("SELECT 1 FROM large_out LIMIT 1").fetchone() is None:
+        return
+    marks = ",".join("?" * len(record_ids))
+    done = ctx.conn.execute(f"SELECT id, path FROM large_out WHERE id IN ({marks})", record_ids).fetchall()
+    if not done:
+        return
+    ctx.conn.executemany("DELETE FROM large_out WHERE id=?", [(i,) for i, _ in done])
+    base = Path(ctx.path).parent
+    for _, path in done:
+        (base / path).unlink(missing_ok=True)
 
 
 def pending(ctx: NodeContext) -> list[Outgoing]:

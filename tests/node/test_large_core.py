@@ -116,9 +116,12 @@ def test_a_large_document_is_delivered_once_whole_with_one_ack2(cores: Any, tmp_
 
     # The ACK2 ends the row at the origin; the chunks a late copy brings
     # are answered "whole already".
+    late_copy = _chunks(doc, [3], a.me)
     a.handle(_relay([r.raw for r in acks2]))
     assert a.conn.execute("SELECT count(*) FROM outbox WHERE state NOT IN (9)").fetchone() == (0,)
-    late = b.handle(_relay(_chunks(doc, [3], a.me)))
+    assert not doc.path.exists(), "the origin's copy goes with the ACK2"
+    assert a.conn.execute("SELECT count(*) FROM large_out").fetchone() == (0,)
+    late = b.handle(_relay(late_copy))
     assert _chunk_acks(late.data) == [(ALL_CHUNKS, ResultCode.OK)]
     assert b.conn.execute("SELECT count(*) FROM inbox").fetchone() == (1,)
 
