@@ -32,7 +32,7 @@ their data directories in one fresh directory (``--keep DIR``: there, kept).
   RSS: each daemon's VmHWM is reset (``5`` into /proc/PID/clear_refs) before
   the size and read once A has its ACK2; the child's is its ru_maxrss. The
   delivered content's SHA-256 is checked against the source's afterwards
-  (not timed). Files over ``large_from_mib`` (16 MiB by default) travel as a
+  (not timed). Files over ``large_from_mib`` (4 MiB by default) travel as a
   large document in 1 MiB chunks; smaller ones as one frame.
 - **Fairness, during the largest**: the same stream of 1 KiB documents from
   just after the largest ``semq send`` returns until its document is in B's
@@ -579,7 +579,7 @@ def measure_size(c: e2e.Cluster, inbox: Inbox, mib: int, a: argparse.Namespace, 
     if chunked:
         where = Path(got_path)
         if not where.is_absolute():
-            where = root / where  # (relative to the daemon's working directory: root)
+            where = root / "B" / where  # (relative to B's store directory)
         got_sha = sha256_file(where)
         on_disk = where.stat().st_size
     else:

@@ -137,7 +137,8 @@ class LargeIn:
         self.ctx = ctx
         self.receiver = receiver
         self.max_size = max_size
-        self.dir = Path(ctx.path).parent / "large" / "in"
+        self.base = Path(ctx.path).parent  # rows name files relative to it (a restore may move it)
+        self.dir = self.base / "large" / "in"
         self._open: dict[tuple[int, str, int, int, int], _Transfer] = {}
         self._deferred: dict[Endpoint, int] = {}  # bytes of chunks waiting with their origin's certificate
         self._touched: dict[int, _Transfer] = {}
@@ -179,7 +180,7 @@ class LargeIn:
                 "INSERT INTO large_in (origin_type, origin_id, semq_id, semq_db_id, record_id, path, manifest,"
                 " frame, digest, signer, domain, data_type, subtype, key, envelope, started_ms, updated_ms)"
                 " VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
-                (*key, str(path), m.encode(), kept, digest, signer, ak.domain, ak.data_type, ak.subtype, ak.key,
+                (*key, path.relative_to(self.base).as_posix(), m.encode(), kept, digest, signer, ak.domain, ak.data_type, ak.subtype, ak.key,
                  None if env is NO_ENVELOPE else encode_envelope(env), b.ts, b.ts))
             fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
             t = _Transfer(row_id=int(cur.lastrowid or 0), key=key, lk0=lk0, manifest=m, path=path, through=0,
@@ -306,12 +307,15 @@ class LargeIn:
     def _complete(self, b: Batch, t: _Transfer) -> None:
         m = t.manifest
         assert t.hasher is not None
+        r = _Kept._make(self.ctx.conn.execute(f"SELECT {_KEPT} FROM large_in WHERE id=?", (t.row_id,)).fetchone())
+        frame, d = _frame_of(r.frame)
+        if d.expires_ms is not None and d.expires_ms <= b.ts:
+            self._refuse(b, t, ResultCode.EXPIRED, f"the document expired at {d.expires_ms}, before it was whole")
+            return
         if t.hasher.digest() != m.sha256:
             self._refuse(b, t, ResultCode.DIGEST_MISMATCH,
                          f"the content's SHA-256 {t.hasher.hexdigest()} is not the manifest's {m.sha256.hex()}")
             return
-        r = _Kept._make(self.ctx.conn.execute(f"SELECT {_KEPT} FROM large_in WHERE id=?", (t.row_id,)).fetchone())
-        frame, d = _frame_of(r.frame)
         ak = AppKey(domain=r.domain, data_type=r.data_type, subtype=r.subtype, key=r.key)
         env = NO_ENVELOPE if r.envelope is None else split_envelope(r.envelope)[0]
         self._close(t)
@@ -320,7 +324,7 @@ class LargeIn:
         self.receiver.flush(b)
         self.ctx.conn.execute(
             "UPDATE inbox SET path=?, size=? WHERE origin_type=? AND origin_id=? AND semq_id=? AND semq_db_id=?"
-            " AND record_id=?", (str(t.path), m.size, *t.key))
+            " AND record_id=?", (t.path.relative_to(self.base).as_posix(), m.size, *t.key))
         b.events.append({"ts": b.ts, "role": "receiver", "event": "large_complete", "lk0": str(t.lk0),
                          "source": t.lk0.endpoint.node_id, "target": self.ctx.me.node_id, "size": m.size})
 
@@ -393,7 +397,7 @@ class LargeIn:
         lk0 = LK0(endpoint=Endpoint(node_type=NodeType(key[0]), node_id=key[1]), semq_id=key[2],
                   semq_db_id=key[3], record_id=key[4])
         m = Manifest.decode(row.manifest)
-        t = _Transfer(row_id=row.id, key=key, lk0=lk0, manifest=m, path=Path(row.path), through=row.through,
+        t = _Transfer(row_id=row.id, key=key, lk0=lk0, manifest=m, path=self.base / row.path, through=row.through,
                       bad=row.bad, opener=ChunkOpener(lk0, m), written=row.through, acked=-1)
         self._keep(t)
         return t

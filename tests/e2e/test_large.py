@@ -59,7 +59,9 @@ def _events(c: Cluster, org: str, event: str) -> list[dict[str, Any]]:
 
 
 def _delivered(c: Cluster) -> list[tuple[Any, ...]]:
-    return c.q(B, "SELECT path, size, record_id FROM inbox WHERE path IS NOT NULL")
+    """(file, size, record id) of B's large documents in the inbox (the row
+    names the file relative to B's store directory)."""
+    return [(c.root / B / p, n, r) for p, n, r in c.q(B, "SELECT path, size, record_id FROM inbox WHERE path IS NOT NULL")]
 
 
 def test_a_200_mib_document_survives_a_receiver_kill_and_a_cut_connection(cluster: Cluster) -> None:
@@ -150,7 +152,7 @@ def test_the_platform_keeps_a_large_document_for_an_absent_receiver(cluster: Clu
     cluster.start_node(B)
     wait_until(lambda: _delivered(cluster), 60, "the large document delivered with its origin away")
     path = _delivered(cluster)[0][0]
-    assert hashlib.sha256(Path(path).read_bytes()).hexdigest() == digest
+    assert hashlib.sha256(path.read_bytes()).hexdigest() == digest
     wait_until(lambda: cluster.count("P", "SELECT count(*) FROM stored WHERE kind=12") == 0, 30,
                "the chunks gone from the platform once delivered")
     cluster.start_node(A)  # its ACK2 waits at the platform
@@ -177,7 +179,7 @@ def test_a_tampered_or_moved_chunk_is_refused_and_the_document_still_arrives_who
     assert _send(cluster, src).returncode == 0
     wait_until(lambda: _delivered(cluster), 60, "the document delivered")
     path = _delivered(cluster)[0][0]
-    assert hashlib.sha256(Path(path).read_bytes()).hexdigest() == digest
+    assert hashlib.sha256(path.read_bytes()).hexdigest() == digest
     # (A chunk altered right after another one is not even opened: the
     # receiver takes chunks in order only, and waits for the one it lacks.)
     bad = _events(cluster, B, "bad_chunk")

@@ -27,7 +27,7 @@ def test_the_large_documents_benchmark_delivers_measures_and_reports(capsys: Any
                        "--keep", str(keep), "--json"]) == 0
     got = json.loads(capsys.readouterr().out)
 
-    assert got["sizes_mib"] == [2, 20] and got["content"] == "random" and got["large_from_mib"] == 16
+    assert got["sizes_mib"] == [2, 20] and got["content"] == "random" and got["large_from_mib"] == 4
     assert "semq from" in got["version"]
     base = got["baseline"]
     assert base["disk_write"]["mib"] == 20 and base["disk_write"]["mb_s"] > 0
