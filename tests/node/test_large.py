@@ -147,3 +147,24 @@ def test_copy_in_leaves_nothing_when_the_source_fails(tmp_path: Path) -> None:
     with pytest.raises(OSError):
         copy_in(tmp_path / "missing", tmp_path / "out")
     assert not list((tmp_path / "out").iterdir())
+
+
+def test_the_large_flag_is_bound_by_the_documents_signature() -> None:
+    """A relay that clears FLAG_LARGE (to have the manifest delivered as a
+    document of its own) or sets it changes the AAD the manifest was signed
+    and sealed over: the receiver refuses it."""
+    from semq.crypto import BOUND_FLAGS, raw_frame_aad
+    from semq.umxt_protocol import FLAG_LARGE, FrameDecoder, encode_data, rewrite_header
+
+    def decoded(b: bytes) -> list[object]:
+        dec = FrameDecoder()
+        dec.receive_data(b)
+        return list(dec)
+
+    assert BOUND_FLAGS & FLAG_LARGE
+    frame = encode_data(source=Endpoint.org("A"), target=Endpoint.org("B"), record_id=7,
+                        app_data=Manifest.new(5, bytes(32), encrypt=False).encode(), large=True)
+    (raw,) = decoded(frame)
+    (stripped,) = decoded(rewrite_header(frame, flags=raw.flags & ~FLAG_LARGE))  # type: ignore[attr-defined]
+    assert raw.flags & FLAG_LARGE and not stripped.flags & FLAG_LARGE  # type: ignore[attr-defined]
+    assert raw_frame_aad(raw) != raw_frame_aad(stripped)  # type: ignore[arg-type]
