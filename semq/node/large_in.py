@@ -180,8 +180,8 @@ class LargeIn:
                 "INSERT INTO large_in (origin_type, origin_id, semq_id, semq_db_id, record_id, path, manifest,"
                 " frame, digest, signer, domain, data_type, subtype, key, envelope, started_ms, updated_ms)"
                 " VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
-                (*key, path.relative_to(self.base).as_posix(), m.encode(), kept, digest, signer, ak.domain, ak.data_type, ak.subtype, ak.key,
-                 None if env is NO_ENVELOPE else encode_envelope(env), b.ts, b.ts))
+                (*key, path.relative_to(self.base).as_posix(), m.encode(), kept, digest, signer, ak.domain,
+                 ak.data_type, ak.subtype, ak.key, None if env is NO_ENVELOPE else encode_envelope(env), b.ts, b.ts))
             fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
             t = _Transfer(row_id=int(cur.lastrowid or 0), key=key, lk0=lk0, manifest=m, path=path, through=0,
                           bad=0, opener=ChunkOpener(lk0, m), fd=fd, written=0)
