@@ -50,6 +50,13 @@ def _docs(core: NodeCore) -> list[Outgoing]:
     return sorted(pending(core.ctx), key=lambda d: d.record_id)
 
 
+def _session(core: NodeCore) -> tuple[LargeSender, FrameStream, FrameStream]:
+    """A sender, the end of its session it writes to, and the peer's end
+    (a trio memory stream pair)."""
+    left, right = trio.testing.memory_stream_pair()
+    return LargeSender(core, StoreGate(), window_bytes=WINDOW), FrameStream(left), FrameStream(right)
+
+
 async def _read(fs: FrameStream, n: int, timeout: float = 5) -> list[tuple[int, int]]:
     """The next ``n`` chunks sent: (record id, index)."""
     got: list[tuple[int, int]] = []
@@ -73,9 +80,7 @@ async def test_probe_then_window_then_turns(core: NodeCore, tmp_path: Path) -> N
     _doc(core, tmp_path, "a", 10)
     _doc(core, tmp_path, "b", 10)
     a, b = _docs(core)
-    sender = LargeSender(core, StoreGate(), window_bytes=WINDOW)
-    left, right = trio.testing.memory_stream_pair()
-    out, peer = FrameStream(left), FrameStream(right)
+    sender, out, peer = _session(core)
     async with trio.open_nursery() as nursery:
         nursery.start_soon(sender.run, out)
         # A new session: each document's next chunk alone, as a probe.
@@ -108,9 +113,7 @@ async def test_higher_priority_goes_first(core: NodeCore, tmp_path: Path) -> Non
     _doc(core, tmp_path, "low", 10, priority=0)
     _doc(core, tmp_path, "high", 10, priority=7)
     low, high = _docs(core)
-    sender = LargeSender(core, StoreGate(), window_bytes=WINDOW)
-    left, right = trio.testing.memory_stream_pair()
-    out, peer = FrameStream(left), FrameStream(right)
+    sender, out, peer = _session(core)
     async with trio.open_nursery() as nursery:
         nursery.start_soon(sender.run, out)
         await _read(peer, 2)
@@ -131,9 +134,7 @@ def clock() -> trio.testing.MockClock:
 async def test_silence_becomes_a_probe(core: NodeCore, tmp_path: Path, clock: trio.testing.MockClock) -> None:
     _doc(core, tmp_path, "a", 10)
     (a,) = _docs(core)
-    sender = LargeSender(core, StoreGate(), window_bytes=WINDOW)
-    left, right = trio.testing.memory_stream_pair()
-    out, peer = FrameStream(left), FrameStream(right)
+    sender, out, peer = _session(core)
     async with trio.open_nursery() as nursery:
         nursery.start_soon(sender.run, out)
         await _read(peer, 1, 60)
