@@ -79,6 +79,11 @@ ALL_CHUNKS: Final = 0xFFFF_FFFF  # CHUNK_ACK through: "delivered already, stop"
 # Bytes of chunks held in memory while their origin's certificate is asked
 # for (the manifest waits for it too).
 MAX_DEFERRED_BYTES: Final = 16 << 20
+# A refused transfer is remembered this long: its manifest sent again before
+# the origin heard the refusal (an inquiry crossing the NACK) is refused
+# again, rather than starting a transfer its origin will never feed.
+REFUSED_HOLD_MS: Final = 60_000
+_REFUSED_KEPT: Final = 1024  # refusals remembered at most (the oldest go first)
 _OPEN_FILES: Final = 64  # transfers kept open (file, hasher) at once; others reopen when a chunk comes
 
 
@@ -142,6 +147,7 @@ class LargeIn:
         self._open: dict[tuple[int, str, int, int, int], _Transfer] = {}
         self._deferred: dict[Endpoint, int] = {}  # bytes of chunks waiting with their origin's certificate
         self._touched: dict[int, _Transfer] = {}
+        self._refused: dict[tuple[int, str, int, int, int], tuple[int, ResultCode, str]] = {}
 
     # ------------------------------------------------------------ a manifest
 
@@ -153,6 +159,10 @@ class LargeIn:
         key = (int(lk0.endpoint.node_type), lk0.endpoint.node_id, lk0.semq_id, lk0.semq_db_id, lk0.record_id)
         self._deferred.pop(lk0.endpoint, None)
         t = self._load(key)
+        refused = self._refused.get(key) if t is None else None
+        if refused is not None and b.ts - refused[0] < REFUSED_HOLD_MS:
+            self.receiver._refuse(b, frame, d, refused[1], f"large document: {refused[2]}")
+            return
         if t is None:
             try:
                 m = Manifest.decode(doc)
@@ -333,6 +343,10 @@ class LargeIn:
         a signed NACK (Receiver._refuse) and fails the document."""
         kept = [f for (f,) in self.ctx.conn.execute("SELECT frame FROM large_in WHERE id=?", (t.row_id,))]
         t.refused = True
+        self._refused.pop(t.key, None)
+        self._refused[t.key] = (b.ts, code, detail)
+        while len(self._refused) > _REFUSED_KEPT:
+            del self._refused[next(iter(self._refused))]
         self._close(t)
         t.path.unlink(missing_ok=True)
         self.ctx.conn.execute("DELETE FROM large_in WHERE id=?", (t.row_id,))

@@ -178,6 +178,42 @@ def test_content_that_does_not_match_its_manifest_is_refused_with_a_nack(cores: 
     assert a.conn.execute("SELECT code FROM outbox").fetchall() == [(int(ResultCode.DIGEST_MISMATCH),)]
 
 
+def test_a_manifest_crossing_the_refusal_is_refused_again_not_started_again(
+        cores: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The origin's manifest sent again (an inquiry) that crosses the NACK
+    on the way gets the same refusal: no transfer its origin will never
+    feed is left behind. Later (an operator requeues it), it starts again."""
+    import semq.node.large_in as large_in
+
+    a, b = cores
+    doc, manifest = _send(a, tmp_path, os.urandom(CHUNK_SIZE + 10))
+    b.handle(_relay(manifest))
+    frames = _chunks(doc, [0], a.me)
+    raw = _raws(frames)[0]
+    body = raw.frame().body
+    import dataclasses
+
+    from semq.umxt_protocol import encode_frame
+    for _ in range(large_in.MAX_BAD_CHUNKS):
+        altered = encode_frame(dataclasses.replace(raw.frame(), body=dataclasses.replace(
+            body, flags=1)))  # "compressed", and it is not: it does not open  # type: ignore[union-attr]
+        out = b.handle(_relay([altered]))
+    codes = [r.frame().body.code for r in _raws(out.data) if r.kind is Kind.NACK]  # type: ignore[union-attr]
+    assert codes == [ResultCode.BAD_CHUNK]
+    assert b.conn.execute("SELECT count(*) FROM large_in").fetchone() == (0,)
+
+    again = b.handle(_relay(manifest))
+    nacks = [r.frame().body for r in _raws(again.data) if r.kind is Kind.NACK]
+    assert [n.code for n in nacks] == [ResultCode.BAD_CHUNK]  # type: ignore[union-attr]
+    assert b.conn.execute("SELECT count(*) FROM large_in").fetchone() == (0,)
+    assert not list((b.path.parent / "large" / "in").iterdir())
+
+    monkeypatch.setattr(large_in, "REFUSED_HOLD_MS", -1)
+    later = b.handle(_relay(manifest))
+    assert _chunk_acks(later.data) == [(0, ResultCode.OK)]
+    assert b.conn.execute("SELECT count(*) FROM large_in").fetchone() == (1,)
+
+
 def test_a_restarted_receiver_goes_on_from_what_it_committed(tmp_path: Path) -> None:
     (tmp_path / A).mkdir()
     (tmp_path / B).mkdir()
