@@ -21,7 +21,7 @@ from typing import Any, Final, NoReturn
 
 from semq import __version__
 from semq._db import StoreError
-from semq.cli.bulk import BULK_BATCH
+from semq.cli.bulk import BULK_BATCH, format_size
 from semq.cli.watch import register as register_watch
 from semq.config import (
     PRIVATE_DIR_MODE,
@@ -1360,6 +1360,9 @@ def cmd_status(args: argparse.Namespace) -> int:
     print("  stored for: " + (", ".join(f"{t}={v['stored']} (oldest {format_age(v['oldest_ms'])})"
                                        for t, v in stored.items()) or "nothing"))
     print(f"  relayed acks/inquiries waiting: {counts['relayed_waiting']}")
+    kept = counts.get("chunks_kept") or {}
+    if kept.get("chunks"):
+        print(f"  large documents' chunks kept: {kept['chunks']} ({format_size(kept['bytes'])})")
     for a in counts.get("direct", []):
         state = "" if a["live"] else " (expired)"
         who = f", for {', '.join(a['allowed'])} only" if a["allowed"] else ""

@@ -25,7 +25,9 @@ What a backup holds (a tar archive, gzip-compressed when the name ends in
 - large documents' contents (``large/out/*.doc``, ours being sent, and
   ``large/in/*.doc``, being received or delivered; semq.node.large), each
   unit's beside its store: the rows name them. A file that goes while the
-  backup runs (its document was confirmed) is left out.
+  backup runs (its document was confirmed) is left out. A platform's
+  ``chunks/*.chunks`` (the chunks it keeps for absent receivers,
+  semq.platform.chunks) likewise.
 
 Not included: the delivery event logs (``events/``, append-only: copy
 them with rsync), ``status.json``, the admin socket, older ``.bak-v*``.
@@ -88,7 +90,9 @@ _PUBLIC_DIRS: Final = ("", "certs", "ca", "ca/issued", "tls")
 _KEY_DIRS: Final = ("keys", "ca", "tls")
 _STATUS_FRESH_MS: Final = 5000
 _UNIT_STORE: Final = re.compile(r"unit-([2-9]|[1-9][0-9])/node\.sqlite")  # the store of a node's unit K > 1
-_LARGE_FILE: Final = re.compile(r"(unit-([2-9]|[1-9][0-9])/)?large/(in|out)/[A-Za-z0-9._:@-]+\.doc")  # semq.node.large
+# Large documents' contents (semq.node.large) and the chunks a platform keeps (semq.platform.chunks).
+_LARGE_FILE: Final = re.compile(r"(unit-([2-9]|[1-9][0-9])/)?large/(in|out)/[A-Za-z0-9._:@-]+\.doc"
+                                r"|chunks/[A-Za-z0-9._-]+\.chunks")
 
 
 class BackupError(Exception):
@@ -227,8 +231,11 @@ def _wanted_files(directory: Path, include_keys: bool) -> list[str]:
     return sorted(set(out))
 
 
-def _large_files(directory: Path, units: int) -> list[str]:
-    """Large documents' content files of a node's units (semq.node.large), relative."""
+def _large_files(directory: Path, units: int, role: str = "node") -> list[str]:
+    """Large documents' content files of a node's units (semq.node.large),
+    or the chunks a platform keeps (semq.platform.chunks), relative."""
+    if role == "platform":
+        return [p.relative_to(directory).as_posix() for p in sorted((directory / "chunks").glob("*.chunks"))]
     out = []
     for k in range(1, units + 1):
         base = directory if k == 1 else directory / f"unit-{k}"
@@ -285,7 +292,7 @@ def backup(directory: Path, out: Path, *, include_keys: bool = False) -> BackupI
             shutil.copyfile(snap, tmp_out)
             files = [store_name]
         else:
-            files = _wanted_files(directory, include_keys) + _large_files(directory, units)
+            files = _wanted_files(directory, include_keys) + _large_files(directory, units, cfg.role)
             manifest = {
                 "format": BACKUP_FORMAT, "software": f"semq {__version__}", "role": cfg.role,
                 "id": cfg.org if cfg.role == "node" else cfg.platform_id, "created_ms": int(time.time() * 1000),

@@ -707,7 +707,7 @@ class StoredAdminRow(NamedTuple):
 
 
 # The SELECT list from the fields; a stored copy's size is its frame's.
-_STORED_COLS: Final = _select(StoredAdminRow, {"size": "length(frame)"})
+_STORED_COLS: Final = _select(StoredAdminRow, {"size": "coalesce(ref_length, length(frame))"})
 
 
 class _StoredDepth(NamedTuple):

@@ -78,6 +78,7 @@ from semq.umxt_protocol import (
 )
 from semq.units import MAX_UNITS, UNIT_SEP, holder, route_of, route_org, unit_for
 
+from .chunks import CHUNK_DIR, ChunkFiles, chunk_file_name
 from .cluster import HOP_MAX_FRAME, Presence
 from .engine import STORED_TABLE, Route, StoredEvent, StoredState, route, state_answer, stored_step
 from .store import SENT_COPIES, open_platform_store
@@ -192,6 +193,9 @@ class _Claimed(NamedTuple):
     semq_db_id: int
     record_id: int
     priority: int
+    ref: str | None  # a kept chunk's file (semq.platform.chunks); frame is empty
+    ref_offset: int | None
+    ref_length: int | None
 
 
 _HELD_SENT_MS: Final = _Held._fields.index("sent_ms")
@@ -201,6 +205,7 @@ _CLAIMED_PRIORITY: Final = _Claimed._fields.index("priority")
 # each per delivered copy); _CLAIM_SELECT reads exactly _Claimed's fields.
 _new: Final = tuple.__new__
 _make_claimed: Final = partial(_new, _Claimed)
+_SIZE: Final = "coalesce(ref_length, length(frame))"  # a stored frame's size (a kept chunk's is in its file)
 _CLAIM_WHERE: Final = f"target_type=? AND target_id=? AND state={_SS_INIT}"  # a target's frames waiting
 
 
@@ -255,6 +260,9 @@ class PlatformCore(HeldWrites):
         self._usage: dict[tuple[int, str], list[float]] = {}
         self.db: SqliteDatabase | PgDatabase = open_platform_store(
             store_path, create=create, synchronous=synchronous, check=check)
+        # Chunks of large documents kept for absent receivers: in files, by
+        # reference (SQLite); rows of the shared store (PostgreSQL).
+        self.chunks: ChunkFiles | None = None if self.pg else ChunkFiles(Path(store_path).parent / CHUNK_DIR)
         self.conn: Any = PgConn(self.db) if isinstance(self.db, PgDatabase) else self.db.connection()
         # Several instances on one PostgreSQL store: who holds which
         # organization's connection (None on SQLite: one process).
@@ -433,6 +441,8 @@ class PlatformCore(HeldWrites):
             pass  # lost as in a crash: the copies are SS_INIT and go again (the target deduplicates)
         if self.log:
             self.log.close()
+        if self.chunks is not None:
+            self.chunks.close()
         self.db.close()
 
     def _drop_held(self) -> None:
@@ -677,6 +687,8 @@ class PlatformCore(HeldWrites):
                     out.errors.append((e.code, str(e)))
             self._flush_stores(*store_ctx)
             self._flush_seen()
+            if self.chunks is not None:
+                self.chunks.sync()  # the chunks kept, on disk before the rows naming them commit
             if self.presence is not None:
                 if out.stored_for:
                     self.presence.wake(out.stored_for)  # targets held by another instance: NOTIFY at commit
@@ -917,8 +929,8 @@ class PlatformCore(HeldWrites):
         now = time.monotonic()
         if u is None or (u[0] + size > self.quota_bytes and now - u[1] >= _QUOTA_RECOUNT_S):
             (stored,) = self.conn.execute(
-                "SELECT coalesce(sum(length(frame)), 0) FROM stored WHERE origin_type=? AND origin_id=?"
-                f" AND kind={_DATA}", key).fetchone()
+                "SELECT coalesce(sum(coalesce(ref_length, length(frame))), 0) FROM stored WHERE origin_type=?"
+                f" AND origin_id=? AND kind IN ({_DATA}, {int(Kind.CHUNK)})", key).fetchone()
             pending = sum(len(st.raw.raw) for st in self._stores if st.key[0] == origin_type and st.key[1] == origin_id)
             u = self._usage[key] = [stored + pending, now]
         if u[0] + size > self.quota_bytes:
@@ -946,16 +958,48 @@ class PlatformCore(HeldWrites):
                   and (hop := self.presence.elsewhere(target)) is not None):
                 out.hops[hop].append((target, relay_bytes(part, self.me)))
             elif self.is_known(part.target):
-                out.stored_for.add(target)
-                self._store_relayed(part, ts, target)
-                if raw.kind is Kind.CHUNK and sender is not None:
-                    c = part.frame().body
-                    assert isinstance(c, Chunk)
-                    out.add(sender, Frame(kind=Kind.CHUNK_ACK, source=self.me, target=route_org(sender),
-                                          body=ChunkAck(lk0=c.lk0, through=c.index + 1)))
+                if raw.kind is Kind.CHUNK:
+                    self._keep_chunk(part, ts, target, out, events, sender)
+                else:
+                    out.stored_for.add(target)
+                    self._store_relayed(part, ts, target)
             else:
                 raise RemoteProtocolError(f"{part.kind.name} for unknown target {part.target}",
                                           ResultCode.UNKNOWN_TARGET)
+
+    def _keep_chunk(self, raw: RawFrame, ts: int, target: Endpoint, out: PlatformOutput,
+                    events: list[dict[str, Any]], sender: Endpoint | None) -> None:
+        """A large document's chunk for a target that is away: kept (in a
+        file, by reference, on SQLite) within its origin's quota, and the
+        origin told so after the commit (it may send the rest meanwhile).
+        Past the quota it is not kept and not acknowledged: the origin
+        sends it again when the receiver asks."""
+        c = raw.frame().body
+        assert isinstance(c, Chunk)
+        o = raw.origin
+        if self.quota_bytes and not self._quota_allows(int(o.node_type), o.node_id, len(raw.raw)):
+            # (A few per minute at most: the origin's window stops it, and it
+            # sends again only when its probe backs off or the receiver asks.)
+            events.append({"ts": ts, "event": "refused", "lk0": str(c.lk0), "source": o.node_id,
+                           "target": target.node_id, "code": int(ResultCode.QUOTA_EXCEEDED),
+                           "detail": f"chunk {c.index} not kept: over the quota of {self.quota_bytes >> 20} MiB"})
+            return
+        out.stored_for.add(target)
+        if self.chunks is None:
+            self._store_relayed(raw, ts, target)
+        else:
+            name = chunk_file_name(c.lk0, target)
+            offset = self.chunks.append(name, raw.raw)
+            lk = c.lk0
+            self.conn.execute(
+                "INSERT INTO stored (target_type, target_id, kind, origin_type, origin_id, semq_id, semq_db_id,"
+                f" record_id, state, priority, stored_ms, frame, ref, ref_offset, ref_length)"
+                f" VALUES (?,?,?,?,?,?,?,?,{_SS_INIT},?,?,?,?,?,?)",
+                (int(target.node_type), target.node_id, int(Kind.CHUNK), int(o.node_type), o.node_id,
+                 lk.semq_id, lk.semq_db_id, lk.record_id, raw.priority, ts, b"", name, offset, len(raw.raw)))
+        if sender is not None:
+            out.add(sender, Frame(kind=Kind.CHUNK_ACK, source=self.me, target=route_org(sender),
+                                  body=ChunkAck(lk0=c.lk0, through=c.index + 1)))
 
     def _store_relayed(self, raw: RawFrame, ts: int, target: Endpoint) -> None:
         """An ack or inquiry kept for its target (SPEC P.4; ``target``: the
@@ -1183,11 +1227,11 @@ class PlatformCore(HeldWrites):
             # reads no blob), then only the frames within the byte bound.
             if held:
                 ids, levels = self._order.ids(self.conn, where, params, limit, held, scope=target)
-                sizes = dict(rows_by_id(self.conn, "SELECT id, length(frame) FROM stored", ids))
+                sizes = dict(rows_by_id(self.conn, f"SELECT id, {_SIZE} FROM stored", ids))
             else:
                 self._order.forget()
                 order = self.conn.execute(
-                    f"SELECT id, length(frame) FROM stored WHERE {where} ORDER BY priority DESC, id LIMIT ?",
+                    f"SELECT id, {_SIZE} FROM stored WHERE {where} ORDER BY priority DESC, id LIMIT ?",
                     (*params, limit)).fetchall()
                 ids, sizes = [i for i, _ in order], dict(order)
                 levels = []
@@ -1206,10 +1250,17 @@ class PlatformCore(HeldWrites):
             # The blobs were decoded and checked when they came in: spliced
             # as they are (header rewritten, LK1 set, CRC recomputed).
             gone: list[int] = []
-            for rid, kind, blob, expires, attempts, oid, s, d, r, _prio in rows:
+            refs: set[str] = set()
+            for rid, kind, blob, expires, attempts, oid, s, d, r, _prio, ref, ref_offset, ref_length in rows:
                 if kind != Kind.DATA:
-                    out.append(relay_frame_bytes(blob, self.me))
                     gone.append(rid)
+                    if ref is None:
+                        out.append(relay_frame_bytes(blob, self.me))
+                    elif self.chunks is not None and ref_offset is not None and ref_length is not None:
+                        refs.add(ref)
+                        kept = self.chunks.read(ref, ref_offset, ref_length)
+                        if kept is not None:  # (else its receiver asks its origin for it again)
+                            out.append(relay_bytes(kept, self.me))
                     continue
                 lk0 = f"{oid}/{s}/{d}/{r}"
                 if expires is not None and expires <= ts:
@@ -1233,6 +1284,10 @@ class PlatformCore(HeldWrites):
                                "save_fwd": frame_save_fwd(blob), "size": len(blob)})
             delete_by_id(self.conn, "stored", gone)
             self._order.advance(levels, held, set(gone), scope=target)
+            unused = [f for f in refs if self.conn.execute("SELECT 1 FROM stored WHERE ref=? LIMIT 1",
+                                                           (f,)).fetchone() is None]
+        if unused and self.chunks is not None:
+            self.chunks.drop(unused)  # (after the commit: a rollback keeps the rows and their file)
         self._emit(events)
         return out, n_data
 
@@ -1307,13 +1362,17 @@ class PlatformCore(HeldWrites):
         ts = now_ms()
         with self.db.atomic("IMMEDIATE"):
             n = int(self.conn.execute("DELETE FROM seen WHERE seen_ms < ?", (ts - SEEN_RETENTION_MS,)).rowcount)
-            return n + int(self.conn.execute("DELETE FROM peers WHERE expires_ms < ?", (ts - 86_400_000,)).rowcount)
+            n += int(self.conn.execute("DELETE FROM peers WHERE expires_ms < ?", (ts - 86_400_000,)).rowcount)
+            referenced = {f for (f,) in self.conn.execute("SELECT DISTINCT ref FROM stored WHERE ref IS NOT NULL")}
+        if self.chunks is not None:
+            n += self.chunks.sweep(referenced)  # files whose rows went another way (purge, crash)
+        return n
 
     # ------------------------------------------------------------ status
 
     def counts(self) -> dict[str, Any]:
         c = self.conn
-        (relayed,) = c.execute(f"SELECT count(*) FROM stored WHERE kind!={_DATA}").fetchone()
+        (relayed,) = c.execute(f"SELECT count(*) FROM stored WHERE kind NOT IN ({_DATA}, {int(Kind.CHUNK)})").fetchone()
         (seen,) = c.execute("SELECT count(*) FROM seen").fetchone()
         per_target = {
             f"{tid}": {"stored": n, "oldest_ms": oldest}
@@ -1327,6 +1386,10 @@ class PlatformCore(HeldWrites):
             "seen": seen,
             "direct": self.announced(),
         }
+        (chunks, chunk_bytes) = c.execute(
+            f"SELECT count(*), coalesce(sum(coalesce(ref_length, length(frame))), 0) FROM stored"
+            f" WHERE kind={int(Kind.CHUNK)}").fetchone()
+        out["chunks_kept"] = {"chunks": chunks, "bytes": int(chunk_bytes)}
         if self.pg:
             out["store"] = str(self.path)  # (the URL without its password)
             out["instances"] = self.instances()

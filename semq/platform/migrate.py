@@ -17,6 +17,11 @@ time into its buffer): one statement per table, streamed, so memory stays
 flat whatever the size of the frames, and several times faster than
 ``executemany`` of INSERTs.
 
+Chunks of large documents that the SQLite platform keeps in files
+(semq.platform.chunks) go into PostgreSQL as rows holding their frames,
+which every instance can read; a file that is missing or does not hold its
+chunk stops the migration with its name, nothing written.
+
 This module runs operations over a stopped platform and reuses what
 ``semq backup``/``restore`` know about a store in use (semq.ops.backup), so
 it sits in the ops layer (tests/test_layering.py)."""
@@ -35,6 +40,7 @@ from semq._pg import PgConn, is_pg_url, redact
 from semq.config import Config, write_config
 from semq.ops.backup import _wal_index_lock, store_in_use
 
+from .chunks import CHUNK_DIR, ChunkFiles
 from .cluster import share_ca
 from .store import MIGRATIONS, MODELS, open_pg_store
 
@@ -79,16 +85,27 @@ class MigrateInfo:
     config: Path = field(default_factory=Path)
 
 
-# (count, and for ``stored`` sum(id), sum(length(frame))), the same SQL for both.
+# (count, and for ``stored`` sum(id), sum(length(frame))), the same SQL for
+# both (a kept chunk's length is its file's part, ``ref_length``, in SQLite,
+# and its frame's in PostgreSQL).
 _CHECKS: Final = {
-    "stored": "SELECT count(*), coalesce(sum(id), 0), coalesce(sum(length(frame)), 0) FROM stored",
+    "stored": "SELECT count(*), coalesce(sum(id), 0), coalesce(sum(coalesce(ref_length, length(frame))), 0)"
+              " FROM stored",
     "seen": "SELECT count(*) FROM seen",
     "nodes": "SELECT count(*) FROM nodes",
 }
 
 
-def _checks(execute: Callable[[str], Any]) -> dict[str, tuple[int, ...]]:
-    return {t: tuple(int(v) for v in execute(sql).fetchone()) for t, sql in _CHECKS.items()}
+def _checks(execute: Callable[[str], Any], refs: bool = True) -> dict[str, tuple[int, ...]]:
+    """The checks' values (``refs``: the store has the kept chunks' columns,
+    schema 6 and later; before, every frame is in its row)."""
+    return {t: tuple(int(v) for v in execute(sql if refs else sql.replace("coalesce(ref_length, length(frame))",
+                                                                          "length(frame)")).fetchone())
+            for t, sql in _CHECKS.items()}
+
+
+def _has_refs(src: sqlite3.Connection) -> bool:
+    return any(col[1] == "ref" for col in src.execute("PRAGMA table_info(stored)"))
 
 
 def _describe(check: tuple[int, ...]) -> str:
@@ -135,7 +152,7 @@ def migrate_to_pg(cfg: Config, url: str, *, progress: Progress | None = None,
         src = _open_read_only(sqlite_path)
         # One read transaction: the counts and the rows are the store as of one commit.
         src.execute("BEGIN")
-        expect = _checks(src.execute)
+        expect = _checks(src.execute, _has_refs(src))
         # Two migrations into one database wait for each other here; a
         # platform instance already on it cannot write meanwhile.
         pg.execute("LOCK TABLE " + ", ".join(_PG_TABLES) + " IN SHARE ROW EXCLUSIVE MODE")
@@ -146,7 +163,8 @@ def migrate_to_pg(cfg: Config, url: str, *, progress: Progress | None = None,
                 + ", ".join(f"{t} {n}" for t, n in held.items() if n)
                 + "); migrate into an empty database (or one made by 'semq platform init --store' and never run)")
 
-        rows = {t: _copy(src, pg, t, expect[t][0], progress, progress_rows) for t in COPIED_TABLES}
+        chunks = ChunkFiles(sqlite_path.parent / CHUNK_DIR) if _has_refs(src) else None
+        rows = {t: _copy(src, pg, t, expect[t][0], progress, progress_rows, chunks) for t in COPIED_TABLES}
         # The next stored copy's id: above every id the SQLite store ever
         # gave (AUTOINCREMENT: also those of copies deleted since; an id is
         # an LK1 a node may still hold), and never below the sequence's own.
@@ -224,11 +242,23 @@ def _open_read_only(path: Path) -> sqlite3.Connection:
 
 
 def _copy(src: sqlite3.Connection, pg: Any, table: str, total: int, progress: Progress | None,
-          every: int) -> int:
+          every: int, chunks: ChunkFiles | None = None) -> int:
     cols = ", ".join(_COLUMNS[table])
     n = 0
+    refs = chunks is not None and table == "stored"
+    frame_at = _COLUMNS[table].index("frame") if refs else -1
     with pg.cursor() as cur, cur.copy(f"COPY {table} ({cols}) FROM STDIN") as copy:
-        for row in src.execute(f"SELECT {cols} FROM {table}"):
+        for row in src.execute(f"SELECT {cols}{', ref, ref_offset, ref_length' if refs else ''} FROM {table}"):
+            if refs:
+                *row, ref, offset, length = row
+                if ref is not None:
+                    assert chunks is not None
+                    kept = chunks.read(ref, offset, length)
+                    if kept is None:
+                        raise MigrateError(f"the kept chunk in {chunks.dir / ref} at offset {offset} is missing or"
+                                           " damaged; rolled back, nothing changed (purge its row with"
+                                           " 'semq admin purge', or put the file back)")
+                    row[frame_at] = kept.raw
             copy.write_row(row)
             n += 1
             if progress is not None and n % every == 0:

@@ -57,6 +57,7 @@ class Stored(Model):
     last_sent_ms = BigIntegerField(null=True)
     inquiries = IntegerField(default=0)
     frame = BlobField()
+    # (Since schema 6, also ``ref``, ``ref_offset``, ``ref_length``: _REFS.)
 
     class Meta:
         table_name = "stored"
@@ -142,7 +143,25 @@ def _v5(db: SqliteDatabase) -> None:
     db.execute_sql(_UNITS)
 
 
-MIGRATIONS = [_v1, _v2, _v3, _v4, _v5]
+# A large document's chunk kept for an absent receiver is kept by reference
+# (semq.platform.chunks): its row names the file, the offset and the length
+# of the frame, and its ``frame`` is empty. The partial index finds the
+# rows of a file (is it still needed?) without reading the others.
+_REFS: Final = (
+    "ALTER TABLE stored ADD COLUMN ref TEXT",
+    "ALTER TABLE stored ADD COLUMN ref_offset BIGINT",
+    "ALTER TABLE stored ADD COLUMN ref_length BIGINT",
+    "CREATE INDEX stored_ref ON stored (ref) WHERE ref IS NOT NULL",
+)
+
+
+def _v6(db: SqliteDatabase) -> None:
+    """Chunks of large documents kept in files, by reference."""
+    for stmt in _REFS:
+        db.execute_sql(stmt)
+
+
+MIGRATIONS = [_v1, _v2, _v3, _v4, _v5, _v6]
 
 
 # The same tables on PostgreSQL (shared by every instance of one platform),
@@ -192,7 +211,7 @@ _PG_V1: Final = (
     """CREATE TABLE ca_files (
         name TEXT PRIMARY KEY, data BYTEA NOT NULL, crl_number BIGINT NOT NULL DEFAULT 0)""",
 )
-PG_MIGRATIONS: Final = [_PG_V1, (_PEERS,), (_UNITS,)]
+PG_MIGRATIONS: Final = [_PG_V1, (_PEERS,), (_UNITS,), _REFS]
 
 
 def open_platform_store(store: Path | str, *, create: bool = False, synchronous: str = "FULL",

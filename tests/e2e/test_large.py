@@ -136,9 +136,9 @@ def test_a_200_mib_document_survives_a_receiver_kill_and_a_cut_connection(cluste
 
 def test_the_platform_keeps_a_large_document_for_an_absent_receiver(cluster: Cluster) -> None:
     """Store and forward for large documents: the receiver is away while
-    the origin sends (the platform keeps the chunks, in its store, and
-    says so to the origin chunk by chunk); the origin is away when the
-    receiver comes: the platform alone delivers it, whole."""
+    the origin sends (the platform keeps the chunks, in a file by
+    reference, and says so to the origin chunk by chunk); the origin is
+    away when the receiver comes: the platform alone delivers it, whole."""
     cluster.add_org(A)
     cluster.add_org(B)
     cluster.start_platform()
@@ -148,6 +148,12 @@ def test_the_platform_keeps_a_large_document_for_an_absent_receiver(cluster: Clu
     assert _send(cluster, src).returncode == 0
     wait_until(lambda: cluster.count("P", "SELECT count(*) FROM stored WHERE kind=12") == 40, 60,
                "every chunk kept by the platform")
+    assert cluster.q("P", "SELECT count(DISTINCT ref), max(length(frame)) FROM stored WHERE kind=12") == [(1, 0)]
+    kept = list((cluster.root / "P" / "chunks").glob("*.chunks"))
+    assert len(kept) == 1 and kept[0].stat().st_size > 40 * MIB // 2  # (half of each MiB compresses)
+    status = subprocess.run([sys.executable, "-m", "semq", "status", "--dir", str(cluster.root / "P")],
+                            capture_output=True, text=True, timeout=60)
+    assert "large documents' chunks kept: 40 (" in status.stdout, status.stdout + status.stderr
     cluster.kill(A, signal.SIGTERM)
     cluster.start_node(B)
     wait_until(lambda: _delivered(cluster), 60, "the large document delivered with its origin away")
@@ -155,6 +161,7 @@ def test_the_platform_keeps_a_large_document_for_an_absent_receiver(cluster: Clu
     assert hashlib.sha256(path.read_bytes()).hexdigest() == digest
     wait_until(lambda: cluster.count("P", "SELECT count(*) FROM stored WHERE kind=12") == 0, 30,
                "the chunks gone from the platform once delivered")
+    assert not kept[0].exists(), "the file goes with its last chunk"
     cluster.start_node(A)  # its ACK2 waits at the platform
     wait_until(lambda: cluster.count(A, "SELECT count(*) FROM outbox") == 0, 30, "the ACK2 at the origin")
     assert _events(cluster, A, "large_sent") == [] or _events(cluster, A, "large_sent")[0]["resent"] == 0

@@ -209,3 +209,49 @@ def test_a_copy_that_differs_is_rolled_back_and_names_the_table(
     one_error("\n".join(line for line in err.splitlines() if line not in progress), "table seen differs after the copy (SQLite: rows 12; PostgreSQL: rows 11); rolled back")
     assert all(_rows_pg(pg_url, t) == [] for t in TABLES)
     assert _files(d) == before and (d / "semq.toml").read_bytes() == config
+
+
+def test_kept_chunks_move_into_rows_every_instance_can_read(
+        tmp_path: Path, pg_url: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """The SQLite platform keeps an absent receiver's chunks in files
+    (semq.platform.chunks); in PostgreSQL, which several instances share,
+    they become rows with their frames. A file that is missing stops the
+    move with its name, nothing written."""
+    from semq.umxt_protocol import LK0, Chunk, Frame, Kind
+
+    d = tmp_path / "platform"
+    _platform(capsys, d, "--no-security")
+    doc = LK0(endpoint=a, record_id=77)
+    chunks = [Frame(kind=Kind.CHUNK, source=a, target=b, body=Chunk(lk0=doc, index=i, flags=0,
+                                                                     payload=bytes([i]) * 3000)) for i in range(3)]
+    core = PlatformCore(d / "platform.sqlite")
+    try:
+        core.handle(a, raws(*chunks), OFFLINE)
+    finally:
+        core.close()
+    (kept,) = list((d / "chunks").glob("*.chunks"))
+    saved = kept.read_bytes()
+
+    kept.unlink()
+    before, config = _files(d), (d / "semq.toml").read_bytes()
+    rc, _, err = run(capsys, "platform", "migrate", "--dir", str(d), "--to", pg_url)
+    assert rc == 1
+    one_error("\n".join(line for line in err.splitlines() if not line.endswith("%)")),
+              f"the kept chunk in {kept} at offset 0 is missing or damaged; rolled back, nothing changed")
+    assert all(_rows_pg(pg_url, t) == [] for t in TABLES)
+    assert _files(d) == before and (d / "semq.toml").read_bytes() == config
+
+    kept.write_bytes(saved)
+    rc, out, err = run(capsys, "platform", "migrate", "--dir", str(d), "--to", pg_url)
+    assert rc == 0, err
+    assert "stored 12" in out
+    with psycopg.connect(pg_url) as conn:
+        rows = conn.execute(f"SELECT length(frame), ref FROM stored WHERE kind={int(Kind.CHUNK)} ORDER BY id").fetchall()
+    assert [r[1] for r in rows] == [None] * 3 and sum(r[0] for r in rows) == len(saved)
+    core = PlatformCore(load_config(d).platform_store)
+    try:
+        assert core.connected(b)
+        got = [f for f in decoded(core.claim_stored(b, 20)[0]) if f.kind is Kind.CHUNK]
+        assert [f.frame().body.index for f in got] == [0, 1, 2]  # type: ignore[union-attr]
+    finally:
+        core.close()
