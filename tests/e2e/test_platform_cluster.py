@@ -193,3 +193,36 @@ def test_units_of_a_node_across_two_instances(tmp_path: Path, pg_url: str) -> No
         assert units == [(2,)]
     finally:
         c.stop_all()
+
+
+def test_a_large_document_crosses_instances_and_waits_in_the_shared_store(tmp_path: Path, pg_url: str) -> None:
+    """A large document from A (on instance 1) to B (on instance 2): its
+    chunks, too large to hand over one hop, go through the shared store and
+    instance 2 delivers them; then one for B while B is away, delivered by
+    whichever instance B comes back to, with its origin stopped."""
+    import hashlib
+    import signal
+
+    from tests.e2e.test_large import _content, _delivered, _send
+
+    c = _pg_cluster(tmp_path, pg_url)
+    try:
+        _start(c, (A, 1), (B, 2))
+        first = tmp_path / "first.bin"
+        digests = {_content(first, 12)}
+        assert _send(c, first).returncode == 0
+        wait_until(lambda: len(_delivered(c)) == 1, 90, "the first large document at B")
+        c.kill(B, signal.SIGTERM)
+        second = tmp_path / "second.bin"
+        digests.add(_content(second, 9))
+        assert _send(c, second).returncode == 0
+        wait_until(lambda: c.count("P", "SELECT count(*) FROM stored WHERE kind=12") == 9, 60,
+                   "the chunks kept in the shared store")
+        assert not (tmp_path / "P" / "chunks").exists() and not (tmp_path / "P2" / "chunks").exists()
+        c.kill(A, signal.SIGTERM)
+        c.start_node(B)
+        wait_until(lambda: len(_delivered(c)) == 2, 90, "the second large document at B, its origin away")
+        assert {hashlib.sha256(p.read_bytes()).hexdigest() for p, _, _ in _delivered(c)} == digests
+        wait_until(lambda: c.count("P", "SELECT count(*) FROM stored WHERE kind=12") == 0, 30, "the chunks gone")
+    finally:
+        c.stop_all()
