@@ -26,6 +26,7 @@ __all__ = [
     "HeldWrites",
     "SendOrder",
     "StoreError",
+    "StoreFileError",
     "backup_store",
     "create_tables",
     "delete_by_id",
@@ -471,6 +472,13 @@ def backup_store(db: SqliteDatabase, dest: Path) -> Path:
         target.close()
     shutil.move(str(tmp), str(dest))
     return dest
+
+
+class StoreFileError(sqlite3.OperationalError):
+    """An I/O error on a file the store's rows name (a large document's
+    content, semq.node.large_in): the store's own error, handled as one
+    (disk full: the batch rolls back, nothing is acknowledged, the daemon
+    says so and tries again later), not as a network failure."""
 
 
 STORE_ERRORS: Final = (sqlite3.Error, DatabaseError, OperationalError)

@@ -26,6 +26,7 @@ CHUNK_ACK saying where we are.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import os
 from collections.abc import Iterator
@@ -34,6 +35,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final, NamedTuple
 
+from semq._db import StoreFileError
 from semq.umxt_protocol import (
     LK0,
     AckEntry,
@@ -362,6 +364,13 @@ class LargeIn:
         what this batch wrote is forgotten (``rolled_back``)."""
         try:
             yield
+        except OSError as e:
+            # Disk full, an I/O error: the store's error, not the network's
+            # (the daemon keeps everything and tries again later).
+            self.rolled_back()
+            full = " (disk full)" if e.errno == errno.ENOSPC else ""
+            raise StoreFileError(f"large documents in {self.dir}: {e.strerror or e}{full};"
+                                 " nothing of this batch was acknowledged") from e
         except BaseException:
             self.rolled_back()
             raise

@@ -258,3 +258,35 @@ def test_chunk_acks_from_an_organization_other_than_the_target_are_ignored(cores
         assert a.handle(_relay([forged])).chunk_acks == []
     finally:
         c.close()
+
+
+def test_a_full_disk_at_the_receiver_is_the_stores_error_and_loses_nothing(
+        cores: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A chunk that cannot be written (disk full) fails the batch as the
+    store's error (the daemon keeps everything and tries again later, as
+    for a full SQLite store), not as the network's; nothing of the batch is
+    acknowledged, and the transfer goes on once there is room."""
+    import errno
+
+    import semq.node.large_in as large_in
+    from semq._db import STORE_ERRORS
+
+    a, b = cores
+    content = os.urandom(2 * CHUNK_SIZE + 3)
+    doc, manifest = _send(a, tmp_path, content)
+    b.handle(_relay(manifest))
+
+    def full(fd: int, data: Any, pos: int) -> int:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(large_in.os, "pwrite", full)
+    with pytest.raises(STORE_ERRORS) as e:
+        b.handle(_relay(_chunks(doc, [0, 1], a.me)))
+    assert "No space left on device (disk full); nothing of this batch was acknowledged" in str(e.value)
+    assert "\n" not in str(e.value) and str(b.path.parent / "large" / "in") in str(e.value)
+    assert b.conn.execute("SELECT through FROM large_in").fetchall() == [(0,)]
+    monkeypatch.undo()
+    out = b.handle(_relay(_chunks(doc, [0, 1, 2], a.me)))
+    assert _chunk_acks(out.data) == [(3, ResultCode.OK)]
+    path = b.conn.execute("SELECT path FROM inbox").fetchone()[0]
+    assert (b.path.parent / path).read_bytes() == content
