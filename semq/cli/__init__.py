@@ -1090,13 +1090,20 @@ def _inbox_as_user(args: argparse.Namespace, token: str) -> int:
             return 1
     except UserSocketError as e:
         raise UsageError(str(e)) from None
-    if args.action == "save":
-        if len(args.ids) < 2:
-            raise UsageError("inbox save needs ID FILE")
-        Path(args.ids[1]).write_bytes(item["data"])
-        print(f"saved {len(item['data'])} bytes to {args.ids[1]}")
-        return 0
-    sys.stdout.buffer.write(item["data"])
+    if args.action == "save" and len(args.ids) < 2:
+        raise UsageError("inbox save needs ID FILE")
+    try:
+        if args.action == "save":
+            if item.get("large"):  # by blocks, never whole
+                n = me.save(item["id"], args.ids[1])
+            else:
+                n = Path(args.ids[1]).write_bytes(item["data"])
+            print(f"saved {n} bytes to {args.ids[1]}")
+            return 0
+        for block in me.read(item["id"]) if item.get("large") else [item["data"]]:  # (a large one by blocks)
+            sys.stdout.buffer.write(block)
+    except UserSocketError as e:
+        raise UsageError(str(e)) from None
     sys.stdout.flush()
     return 0
 

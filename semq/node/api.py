@@ -476,7 +476,7 @@ class NodeClient:
             save_fwd=r.save_fwd, priority=r.priority, created_ms=r.created_ms, received_ms=r.received_ms,
             encrypted=bool(r.encrypt), app_data=r.app_data, consumed_ms=r.consumed_ms, unit=unit,
             from_user=r.from_user, to_user=r.to_user, channel=r.channel,
-            path=None if r.path is None else self.cores[unit - 1].path.parent / r.path, large_size=r.size or 0,
+            path=None if r.path is None else self.cores[unit - 1].path.parent / r.path, large_size=r.large_size or 0,
         )
 
     def acknowledge(self, ids: list[int], *, user: str | None = None) -> int:

@@ -172,7 +172,10 @@ class HeldFwd(NamedTuple):
 
 
 # Fields that are not a column of the same name.
-_COMPUTED: Final = {"size": "length(app_data)"}
+# Fields read by an expression, not a column of their name: a pending row's
+# ``size`` is its AppData's; an inbox row's ``large_size`` is the column
+# ``size`` (a large document's, whose AppData is empty).
+_COMPUTED: Final = {"size": "length(app_data)", "large_size": "size"}
 
 
 def columns(row: type[tuple[Any, ...]]) -> str:
@@ -335,7 +338,7 @@ class InboxRow(NamedTuple):
     to_user: str
     channel: str
     path: str | None  # a large document's file (semq.node.large); its app_data is empty
-    size: int | None  # ... and its size
+    large_size: int | None  # ... and its size (the column ``size``)
 
 
 class MessageRow(NamedTuple):

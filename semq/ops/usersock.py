@@ -12,7 +12,8 @@ where users can reach it) and proves who it is with every request, by
   connected (SO_PEERCRED), the client cannot.
 
 It is then answered for that user only: it sends as that user, lists,
-reads and acknowledges the documents for that user, and a document of
+reads (a large document in blocks: ``read``) and acknowledges the
+documents for that user, and a document of
 another user is "not in the inbox", like one that does not exist. It may
 also wait for its next document (``wait_inbox``, semq.inbox_wait): answered
 when a commit puts one of its documents into the inbox of any unit.
@@ -26,6 +27,7 @@ from __future__ import annotations
 import base64
 import binascii
 import logging
+import os
 import pwd
 import time
 from collections.abc import Iterator
@@ -66,6 +68,10 @@ __all__ = ["MAX_USER_REQUEST", "UserClient", "UserSocketError", "UserSocketUnava
 # A request carries a document base64-encoded (4/3 of its size) and its fields.
 MAX_USER_REQUEST: Final = MAX_DOCUMENT_SIZE * 4 // 3 + 64 * 1024
 _LIST_LIMIT: Final = 10_000  # documents one inbox request may list
+# A large document is read in blocks of at most this many bytes per request
+# (``read``): never whole in the node's memory, nor in the answer.
+READ_BLOCK: Final = 1 << 20
+MAX_READ_BLOCK: Final = 4 << 20
 
 
 class UserSocketError(Exception):
@@ -92,7 +98,7 @@ def _item(i: InboxItem, data: bool) -> dict[str, Any]:
            "size": i.size, "created_ms": i.created_ms, "received_ms": i.received_ms,
            "consumed": i.consumed_ms is not None, "unit": i.unit}
     if i.path is not None:
-        out["large"] = True  # (its content stays in the node's data directory: the operator's tools read it)
+        out["large"] = True  # its content is read in blocks (``read``), not carried here
     elif data:
         out["data"] = base64.b64encode(i.app_data).decode()
     return out
@@ -209,6 +215,37 @@ def user_handlers(cfg: Config, waiters: Any = None) -> dict[str, Handler]:
                 raise AdminCommandError(f"{item_id} is not in the inbox of {user}") from None
         return dict(await run(go))
 
+    async def read(args: dict[str, Any]) -> dict[str, Any]:
+        """A block of one of this user's documents: ``length`` bytes (at
+        most MAX_READ_BLOCK) from ``offset``; for a large one, read from its
+        file, never whole."""
+        def go() -> dict[str, Any]:
+            user = who(args)
+            item_id, offset, length = args.get("id"), args.get("offset", 0), args.get("length", READ_BLOCK)
+            if not isinstance(item_id, int):
+                raise AdminCommandError(f"id {item_id!r} is not an inbox document id")
+            if not isinstance(offset, int) or isinstance(offset, bool) or offset < 0:
+                raise AdminCommandError(f"offset {offset!r} is not a non-negative integer")
+            if not isinstance(length, int) or isinstance(length, bool) or not 1 <= length <= MAX_READ_BLOCK:
+                raise AdminCommandError(f"length {length!r} is outside 1..{MAX_READ_BLOCK}")
+            try:
+                item = client().get(item_id, user=user)
+            except KeyError:
+                raise AdminCommandError(f"{item_id} is not in the inbox of {user}") from None
+            if item.path is None:
+                block, size = item.app_data[offset:offset + length], len(item.app_data)
+            else:
+                try:
+                    with item.open() as f:
+                        size = os.fstat(f.fileno()).st_size
+                        f.seek(offset)
+                        block = f.read(length)
+                except OSError as e:
+                    raise AdminCommandError(f"document {item_id} cannot be read: {e.strerror or e}") from None
+            return {"data": base64.b64encode(block).decode(), "offset": offset, "size": size,
+                    "eof": offset + len(block) >= size}
+        return dict(await run(go))
+
     async def ack(args: dict[str, Any]) -> dict[str, Any]:
         def go() -> dict[str, Any]:
             user = who(args)
@@ -278,8 +315,8 @@ def user_handlers(cfg: Config, waiters: Any = None) -> dict[str, Handler]:
             nursery.start_soon(watch_others)
         return answer
 
-    return {"whoami": whoami, "send": send, "inbox": inbox, "get": get, "ack": ack, "messages": messages,
-            "wait_inbox": wait_inbox}
+    return {"whoami": whoami, "send": send, "inbox": inbox, "get": get, "read": read, "ack": ack,
+            "messages": messages, "wait_inbox": wait_inbox}
 
 
 class UserClient:
@@ -289,6 +326,7 @@ class UserClient:
             me.send("10008/bob", b"<order/>", data_type="ORDER", ordered="orders")
             for doc in me.follow():  # woken by the node as documents arrive
                 handle(doc["data"]); me.acknowledge([doc["id"]])
+            me.save(doc_id, "drawing.dwg")  # a large document ("large": True) by blocks
 
     ``token`` None: the user tied to this process's operating-system
     account. Raises UserSocketError with the node's words."""
@@ -340,6 +378,37 @@ class UserClient:
 
     def get(self, item_id: int) -> dict[str, Any]:
         return self._decoded(self._call("get", id=item_id))
+
+    def read(self, item_id: int, *, block: int = READ_BLOCK) -> Iterator[bytes]:
+        """This user's document ``item_id`` in blocks of ``block`` bytes, a
+        large one too (``"large": True`` in its item, which carries no
+        ``data``): never whole in memory on either side."""
+        offset = 0
+        while True:
+            got = self._call("read", id=item_id, offset=offset, length=block)
+            data = base64.b64decode(got["data"])
+            if data:
+                yield data
+            offset += len(data)
+            if got["eof"] or not data:
+                return
+
+    def save(self, item_id: int, dest: str | Path) -> int:
+        """Write this user's document ``item_id`` to ``dest`` by blocks (a
+        temporary file beside it, renamed when whole); the bytes written."""
+        dest = Path(dest)
+        tmp = dest.with_name(f".{dest.name}.part")
+        n = 0
+        try:
+            with open(tmp, "wb") as f:
+                for block in self.read(item_id):
+                    f.write(block)
+                    n += len(block)
+            os.replace(tmp, dest)
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
+        return n
 
     def acknowledge(self, ids: list[int]) -> int:
         return int(self._call("ack", ids=ids)["acknowledged"])

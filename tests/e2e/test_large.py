@@ -224,3 +224,55 @@ def test_a_file_over_the_limit_is_refused_at_send_and_nothing_is_kept(cluster: C
     assert r.stderr.count("\n") == 1
     assert cluster.count(A, "SELECT count(*) FROM outbox") == 0
     assert not (cluster.root / A / "large").exists()
+
+
+def test_a_user_of_the_receiver_reads_a_large_document_by_blocks_and_no_one_else_does(cluster: Cluster) -> None:
+    """A large document for alice at B: her application reads it over the
+    user socket by blocks (``semq inbox save`` with her token); bob's token
+    cannot, and a block over the limit is refused with one line."""
+    from semq.ops.usersock import MAX_READ_BLOCK, UserClient, UserSocketError
+
+    cluster.add_org(A)
+    cluster.add_org(B)
+    cluster.start_platform()
+    cluster.start_node(A)
+    env = {k: v for k, v in os.environ.items() if k != "SEMQ_TOKEN"}
+
+    def semq(*args: str, token: str = "") -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "semq", *args], capture_output=True, text=True, timeout=120,
+                              env={**env, "SEMQ_TOKEN": token} if token else env)
+
+    alice = semq("user", "add", "alice", "--dir", str(cluster.root / B)).stdout.strip()
+    bob = semq("user", "add", "bob", "--dir", str(cluster.root / B)).stdout.strip()
+    cluster.start_node(B)
+    src = cluster.root / "plan.dwg"
+    digest = _content(src, 6)
+    sent = subprocess.run([sys.executable, "-m", "semq", "send", "--dir", str(cluster.root / A), "--to", f"{B}/alice",
+                           "--type", "CAD", str(src)], capture_output=True, text=True, timeout=120)
+    assert sent.returncode == 0, sent.stderr
+    wait_until(lambda: _delivered(cluster), 60, "the large document in B's inbox")
+
+    sock = cluster.root / B / "user.sock"
+    me = UserClient(sock, "alice", alice)
+    (item,) = me.inbox()
+    assert item["large"] and item["size"] == 6 * MIB and item["to_user"] == "alice" and "data" not in item
+    out = cluster.root / "saved.dwg"
+    r = semq("inbox", "save", str(item["id"]), str(out), "--dir", str(cluster.root / B), "--user", "alice",
+             token=alice)
+    assert r.returncode == 0 and f"saved {6 * MIB} bytes" in r.stdout, r.stderr
+    assert hashlib.sha256(out.read_bytes()).hexdigest() == digest
+    shown = subprocess.run([sys.executable, "-m", "semq", "inbox", "show", str(item["id"]), "--dir",
+                            str(cluster.root / B), "--user", "alice"], capture_output=True, timeout=120,
+                           env={**env, "SEMQ_TOKEN": alice})
+    assert hashlib.sha256(shown.stdout).hexdigest() == digest
+    blocks = list(me.read(item["id"], block=MIB))
+    assert len(blocks) == 6 and all(len(b) == MIB for b in blocks)
+
+    r = semq("inbox", "save", str(item["id"]), str(cluster.root / "bob.dwg"), "--dir", str(cluster.root / B),
+             "--user", "bob", token=bob)
+    assert r.returncode == 1 and f"document {item['id']} is not in the inbox of bob" in r.stderr
+    assert not (cluster.root / "bob.dwg").exists()
+    with pytest.raises(UserSocketError, match="is not in the inbox of bob"):
+        list(UserClient(sock, "bob", bob).read(item["id"]))
+    with pytest.raises(UserSocketError, match=rf"length {MAX_READ_BLOCK + 1} is outside 1\.\.{MAX_READ_BLOCK}"):
+        list(me.read(item["id"], block=MAX_READ_BLOCK + 1))
