@@ -291,6 +291,10 @@ class NodeClient:
         if not options.get("reliable", True):
             raise BadTarget(f"a large document ({st.st_size} bytes) cannot be sent best effort",
                             ResultCode.INVALID_FIELD)
+        if cfg.direct == "only":
+            raise BadTarget(f"a large document ({st.st_size} bytes) goes through the platform, and this node"
+                            ' sends over direct links only (direct = "only"); at most'
+                            f" {cfg.large_from_mib} MiB go over a direct link", ResultCode.INVALID_FIELD)
         if unit is None:
             unit = self._turn % len(self.cores) + 1
             self._turn += 1
