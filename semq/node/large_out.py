@@ -122,6 +122,12 @@ def chunk_ack(ctx: NodeContext, b: Batch, raw: RawFrame) -> None:
         return
     if body.code not in (ResultCode.OK, _RESUME):
         return  # (a whole document is refused with a signed NACK, not here)
+    if not stored:
+        # Its receiver is working on it: the manifest's inquiry waits (asked
+        # now, it would hear "not received" and send the manifest again,
+        # one more attempt, for a transfer that is going well).
+        ctx.conn.execute("UPDATE outbox SET due_ms=max(coalesce(due_ms, 0), ?), inquiries=0 WHERE id=?",
+                         (b.ts + ctx.inquiry_ms, row.id))
     b.out.chunk_acks.append((_outgoing(ctx, row), body.through, body.code == _RESUME and not stored, stored))
 
 

@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from semq.events import now_ms
 from semq.node.core import NewDocument, NodeCore
 from semq.node.large import CHUNK_SIZE, Manifest, copy_in
 from semq.node.large_in import ALL_CHUNKS, RESUME
@@ -101,8 +102,14 @@ def test_a_large_document_is_delivered_once_whole_with_one_ack2(cores: Any, tmp_
     assert _chunk_acks(out.data) == [(0, ResultCode.OK)]  # "start from 0"
     assert b.conn.execute("SELECT count(*) FROM inbox").fetchone() == (0,)
     assert b.conn.execute("SELECT through FROM large_in").fetchall() == [(0,)]
+    a.conn.execute("UPDATE outbox SET due_ms=1")  # (its inquiry due now)
+    t0 = now_ms()
     got = a.handle(_relay(out.data))
     assert [(d.record_id, t, r, s) for d, t, r, s in got.chunk_acks] == [(doc.record_id, 0, False, False)]
+    # The receiver at work: the manifest's inquiry (which would send it
+    # again, one more attempt) waits an interval from its every answer.
+    (due,) = a.conn.execute("SELECT due_ms FROM outbox").fetchone()
+    assert due >= t0 + a.ctx.inquiry_ms
 
     out = b.handle(_relay(_chunks(doc, [0, 1, 2, 3], a.me)))
     assert out.errors == []
