@@ -706,7 +706,7 @@ class StoredAdminRow(NamedTuple):
         return (self.origin_id, self.semq_id, self.semq_db_id, self.record_id)
 
 
-# The SELECT list from the fields; a stored copy's size is its frame's.
+# The SELECT list from the fields; a stored copy's size is its frame's (a kept chunk's is in its file).
 _STORED_COLS: Final = _select(StoredAdminRow, {"size": "coalesce(ref_length, length(frame))"})
 
 

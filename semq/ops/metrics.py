@@ -368,17 +368,21 @@ def node_snapshot(core: Any, stuck_after: float) -> dict[str, Any]:
 def platform_snapshot(core: Any, stuck_after: float) -> dict[str, Any]:
     """On the store thread: gauges of the platform's store and its nodes."""
     from semq.platform.engine import StoredState
+    from semq.umxt_protocol import Kind
 
     c = core.conn
     cutoff = int(time.time() * 1000 - stuck_after * 1000)
     msgs: dict[tuple[str, str], int] = {("stored", s.name): 0 for s in StoredState if s is not StoredState.SS_ACK}
     msgs[("relayed", "waiting")] = 0
-    for is_data, s, n in c.execute("SELECT kind=1, state, count(*) FROM stored GROUP BY kind=1, state"):
-        if is_data:
+    msgs[("chunks", "kept")] = 0  # a large document's chunks kept for an absent receiver
+    for kind, s, n in c.execute("SELECT kind, state, count(*) FROM stored GROUP BY kind, state"):
+        if kind == Kind.DATA:
             try:
                 msgs[("stored", StoredState(s).name)] = n
             except ValueError:
                 msgs[("stored", str(s))] = n
+        elif kind == Kind.CHUNK:
+            msgs[("chunks", "kept")] += n
         else:
             msgs[("relayed", "waiting")] += n
     # Delivered copies whose SS_SENT is held in memory (docs/design.md).

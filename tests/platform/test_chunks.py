@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 
+from semq.ops.metrics import platform_snapshot
 from semq.platform import chunks as chunk_files
 from semq.platform.core import PlatformCore
 from semq.umxt_protocol import LK0, Chunk, ChunkAck, Endpoint, Frame, Kind, ResultCode
@@ -65,6 +66,8 @@ def test_chunks_for_an_absent_receiver_are_kept_in_a_file_and_delivered_from_it(
     assert f.stat().st_size == sum(r[4] for r in rows) and rows[0][5] == 7
     assert oct(f.stat().st_mode & 0o777) == "0o600"
     assert core.counts()["chunks_kept"] == {"chunks": 3, "bytes": f.stat().st_size}
+    msgs = platform_snapshot(core, 3600)["messages"]
+    assert msgs[("chunks", "kept")] == 3 and msgs[("relayed", "waiting")] == 0
 
     frames, n_data = core.claim_stored(b, 10)
     got = decoded(frames)
