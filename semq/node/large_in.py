@@ -66,7 +66,7 @@ if TYPE_CHECKING:
 __all__ = ["ACK_EVERY_BYTES", "ALL_CHUNKS", "MAX_BAD_CHUNKS", "RESUME", "LargeIn"]
 
 # Chunks are synced and acknowledged every this many bytes (and at the end):
-# half the origin's window (large_out.WINDOW_BYTES), so it never waits.
+# a quarter of the origin's window (large_out.WINDOW_BYTES), so it never waits.
 ACK_EVERY_BYTES: Final = 4 << 20
 # Chunks that do not open, per transfer, before the document is refused: a
 # relay that alters one is answered by the origin sending it again; one that

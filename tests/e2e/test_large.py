@@ -17,6 +17,8 @@ from typing import Any
 
 import pytest
 
+from semq.node.large_in import ACK_EVERY_BYTES
+from semq.node.large_out import WINDOW_BYTES
 from semq.testing.faultproxy import FaultPlan
 from tests._procs import Cluster, ThreadedFaultProxy, read_status, set_config, wait_until
 
@@ -120,13 +122,14 @@ def test_a_200_mib_document_survives_a_receiver_kill_and_a_cut_connection(cluste
         assert cluster.count(A, "SELECT count(*) FROM receipts WHERE record_id=?", rid) == 1
         assert cluster.count(B, "SELECT count(*) FROM large_in") == 0
         # Resumed, not from zero: the chunks sent twice are bounded by what
-        # was in flight at the kill and at the cut — the window (8 chunks of
-        # 1 MiB) beyond the last acknowledgement (every 4), each time — and
-        # what the platform kept while B was away (sent on after the gap the
-        # kill left: B takes chunks in order only).
+        # was in flight at the kill and at the cut — the window (16 chunks
+        # of 1 MiB) beyond the last acknowledgement (every 4), each time —
+        # and what the platform kept while B was away (sent on after the gap
+        # the kill left: B takes chunks in order only).
+        window, every = WINDOW_BYTES // MIB, ACK_EVERY_BYTES // MIB
         done = _events(cluster, A, "large_sent")
         assert len(done) == 1 and done[0]["chunks"] == 200
-        assert 0 < done[0]["resent"] <= 2 * (8 + 4) + done[0]["kept"] + 2, done[0]
+        assert 0 < done[0]["resent"] <= 2 * (window + every) + done[0]["kept"] + 2, done[0]
         assert done[0]["resent"] < at_kill, "sent again from zero"
         assert len(_events(cluster, B, "large_complete")) == 1
     finally:
