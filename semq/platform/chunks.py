@@ -28,7 +28,7 @@ from typing import Final
 
 from semq.umxt_protocol import LK0, Endpoint, FrameDecoder, Kind, RawFrame
 
-__all__ = ["CHUNK_DIR", "ChunkFiles", "chunk_file_name"]
+__all__ = ["CHUNK_DIR", "MAX_KEPT_FILES", "ChunkFiles", "chunk_file_name"]
 
 log = logging.getLogger(__name__)
 
@@ -39,6 +39,10 @@ _OPEN_FILES: Final = 32  # files kept open for appending; others reopen
 # batch appending to it may not have committed yet).
 ORPHAN_AGE_S: Final = 600.0
 _UNSAFE: Final = re.compile(r"[^A-Za-z0-9.-]")
+# Documents of one organization with chunks kept here at once (a file
+# each): past it, its chunks for absent receivers are not kept (as past its
+# quota), so that tiny "documents" cannot use up the platform's inodes.
+MAX_KEPT_FILES: Final = 4096
 
 
 def chunk_file_name(lk0: LK0, target: Endpoint) -> str:
@@ -60,6 +64,10 @@ class ChunkFiles:
         self._sizes: dict[str, int] = {}
         self._dirty: set[str] = set()
         self._new = False
+
+    def has(self, name: str) -> bool:
+        """Whether the file ``name`` exists (open here, or on disk)."""
+        return name in self._fds or (self.dir / name).exists()
 
     def append(self, name: str, data: bytes) -> int:
         """Append ``data`` (one frame) to ``name``; its offset. Durable

@@ -78,7 +78,7 @@ from semq.umxt_protocol import (
 )
 from semq.units import MAX_UNITS, UNIT_SEP, holder, route_of, route_org, unit_for
 
-from .chunks import CHUNK_DIR, ChunkFiles, chunk_file_name
+from .chunks import CHUNK_DIR, MAX_KEPT_FILES, ChunkFiles, chunk_file_name
 from .cluster import HOP_MAX_FRAME, Presence
 from .engine import STORED_TABLE, Route, StoredEvent, StoredState, route, state_answer, stored_step
 from .store import SENT_COPIES, open_platform_store
@@ -984,11 +984,19 @@ class PlatformCore(HeldWrites):
                            "target": target.node_id, "code": int(ResultCode.QUOTA_EXCEEDED),
                            "detail": f"chunk {c.index} not kept: over the quota of {self.quota_bytes >> 20} MiB"})
             return
+        name = chunk_file_name(c.lk0, target)
+        if self.chunks is not None and not self.chunks.has(name) and self._kept_files(o) >= MAX_KEPT_FILES:
+            # One file per document: an organization cannot spend the
+            # platform's inodes with chunks of many tiny "documents".
+            events.append({"ts": ts, "event": "refused", "lk0": str(c.lk0), "source": o.node_id,
+                           "target": target.node_id, "code": int(ResultCode.QUOTA_EXCEEDED),
+                           "detail": f"chunk {c.index} not kept: {MAX_KEPT_FILES} large documents of"
+                                     f" {o.node_id} are kept here already"})
+            return
         out.stored_for.add(target)
         if self.chunks is None:
             self._store_relayed(raw, ts, target)
         else:
-            name = chunk_file_name(c.lk0, target)
             offset = self.chunks.append(name, raw.raw)
             lk = c.lk0
             self.conn.execute(
@@ -1000,6 +1008,11 @@ class PlatformCore(HeldWrites):
         if sender is not None:
             out.add(sender, Frame(kind=Kind.CHUNK_ACK, source=self.me, target=route_org(sender),
                                   body=ChunkAck(lk0=c.lk0, through=c.index + 1)))
+
+    def _kept_files(self, origin: Endpoint) -> int:
+        """How many documents of ``origin`` have chunks kept in files here."""
+        return int(self.conn.execute("SELECT count(DISTINCT ref) FROM stored WHERE origin_type=? AND origin_id=?"
+                                     " AND ref IS NOT NULL", (int(origin.node_type), origin.node_id)).fetchone()[0])
 
     def _store_relayed(self, raw: RawFrame, ts: int, target: Endpoint) -> None:
         """An ack or inquiry kept for its target (SPEC P.4; ``target``: the

@@ -195,3 +195,27 @@ def test_chunk_acks_name_the_document_and_codes_stay_ok(core: PlatformCore) -> N
     out = core.handle(a, raws(_chunk(0)), OFFLINE)
     (ack,) = [f.frame().body for f in decoded(out.sends[a]) if f.kind is Kind.CHUNK_ACK]
     assert isinstance(ack, ChunkAck) and ack.lk0 == DOC and ack.code is ResultCode.OK
+
+
+def test_an_organization_cannot_spend_the_platforms_files_on_tiny_documents(
+        core: PlatformCore, monkeypatch: pytest.MonkeyPatch) -> None:
+    """One file per kept document: past MAX_KEPT_FILES documents of one
+    organization, the chunks of a new one are not kept (those of documents
+    already kept still are), and another organization is not affected."""
+    import semq.platform.core as platform_core
+
+    monkeypatch.setattr(platform_core, "MAX_KEPT_FILES", 3)
+    c2 = Endpoint.org("56002")
+    core.register(["56002"])
+
+    def chunk_of(origin: Endpoint, record_id: int, index: int = 0) -> Frame:
+        return Frame(kind=Kind.CHUNK, source=origin, target=b,
+                     body=Chunk(lk0=LK0(endpoint=origin, record_id=record_id), index=index, flags=0, payload=b"x"))
+
+    out = core.handle(a, raws(*(chunk_of(a, r) for r in range(1, 6))), OFFLINE)
+    assert _kept(out.sends[a]) == [1, 1, 1]
+    assert len(_files(core)) == 3
+    out = core.handle(a, raws(chunk_of(a, 1, 1)), OFFLINE)  # more of a document kept already
+    assert _kept(out.sends[a]) == [2]
+    out = core.handle(c2, raws(chunk_of(c2, 1)), OFFLINE)
+    assert _kept(out.sends[c2]) == [1]
