@@ -977,13 +977,6 @@ class PlatformCore(HeldWrites):
         c = raw.frame().body
         assert isinstance(c, Chunk)
         o = raw.origin
-        if self.quota_bytes and not self._quota_allows(int(o.node_type), o.node_id, len(raw.raw)):
-            # (A few per minute at most: the origin's window stops it, and it
-            # sends again only when its probe backs off or the receiver asks.)
-            events.append({"ts": ts, "event": "refused", "lk0": str(c.lk0), "source": o.node_id,
-                           "target": target.node_id, "code": int(ResultCode.QUOTA_EXCEEDED),
-                           "detail": f"chunk {c.index} not kept: over the quota of {self.quota_bytes >> 20} MiB"})
-            return
         name = chunk_file_name(c.lk0, target)
         if self.chunks is not None and not self.chunks.has(name) and self._kept_files(o) >= MAX_KEPT_FILES:
             # One file per document: an organization cannot spend the
@@ -993,6 +986,13 @@ class PlatformCore(HeldWrites):
                            "detail": f"chunk {c.index} not kept: {MAX_KEPT_FILES} large documents of"
                                      f" {o.node_id} are kept here already"})
             return
+        if self.quota_bytes and not self._quota_allows(int(o.node_type), o.node_id, len(raw.raw)):
+            # (A few per minute at most: the origin's window stops it, and it
+            # sends again only when its probe backs off or the receiver asks.)
+            events.append({"ts": ts, "event": "refused", "lk0": str(c.lk0), "source": o.node_id,
+                           "target": target.node_id, "code": int(ResultCode.QUOTA_EXCEEDED),
+                           "detail": f"chunk {c.index} not kept: over the quota of {self.quota_bytes >> 20} MiB"})
+            return
         out.stored_for.add(target)
         if self.chunks is None:
             self._store_relayed(raw, ts, target)
@@ -1001,7 +1001,7 @@ class PlatformCore(HeldWrites):
             lk = c.lk0
             self.conn.execute(
                 "INSERT INTO stored (target_type, target_id, kind, origin_type, origin_id, semq_id, semq_db_id,"
-                f" record_id, state, priority, stored_ms, frame, ref, ref_offset, ref_length)"
+                " record_id, state, priority, stored_ms, frame, ref, ref_offset, ref_length)"
                 f" VALUES (?,?,?,?,?,?,?,?,{_SS_INIT},?,?,?,?,?,?)",
                 (int(target.node_type), target.node_id, int(Kind.CHUNK), int(o.node_type), o.node_id,
                  lk.semq_id, lk.semq_db_id, lk.record_id, raw.priority, ts, b"", name, offset, len(raw.raw)))
