@@ -171,7 +171,6 @@ class HeldFwd(NamedTuple):
     code: int
 
 
-# Fields that are not a column of the same name.
 # Fields read by an expression, not a column of their name: a pending row's
 # ``size`` is its AppData's; an inbox row's ``large_size`` is the column
 # ``size`` (a large document's, whose AppData is empty).
