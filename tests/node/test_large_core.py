@@ -7,6 +7,7 @@ restart from what it committed."""
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import os
 from pathlib import Path
@@ -20,13 +21,19 @@ from semq.node.large import CHUNK_SIZE, Manifest, copy_in
 from semq.node.large_in import ALL_CHUNKS, RESUME
 from semq.node.large_out import Outgoing, _Transfer, pending
 from semq.umxt_protocol import (
+    AckBatch,
+    AckEntry,
+    AckFlag,
     ChunkAck,
     Endpoint,
+    ForwardFlag,
+    Frame,
     FrameDecoder,
     Kind,
     Nack,
     RawFrame,
     ResultCode,
+    encode_frame,
     relay_bytes,
 )
 
@@ -170,9 +177,6 @@ def test_content_that_does_not_match_its_manifest_is_refused_with_a_nack(cores: 
     frames = _chunks(doc, [0, 1], a.me)
     raw = _raws([frames[1]])[0]
     body = raw.frame().body
-    import dataclasses
-
-    from semq.umxt_protocol import encode_frame
     altered = encode_frame(dataclasses.replace(raw.frame(), body=dataclasses.replace(
         body, payload=bytes(b ^ 0xFF for b in body.payload))))  # type: ignore[union-attr]
     out = b.handle(_relay([frames[0], altered]))
@@ -198,9 +202,6 @@ def test_a_manifest_crossing_the_refusal_is_refused_again_not_started_again(
     frames = _chunks(doc, [0], a.me)
     raw = _raws(frames)[0]
     body = raw.frame().body
-    import dataclasses
-
-    from semq.umxt_protocol import encode_frame
     for _ in range(large_in.MAX_BAD_CHUNKS):
         altered = encode_frame(dataclasses.replace(raw.frame(), body=dataclasses.replace(
             body, flags=1)))  # "compressed", and it is not: it does not open  # type: ignore[union-attr]
@@ -293,6 +294,45 @@ def test_a_full_disk_at_the_receiver_is_the_stores_error_and_loses_nothing(
     assert "\n" not in str(e.value) and str(b.path.parent / "large" / "in") in str(e.value)
     assert b.conn.execute("SELECT through FROM large_in").fetchall() == [(0,)]
     monkeypatch.undo()
+    out = b.handle(_relay(_chunks(doc, [0, 1, 2], a.me)))
+    assert _chunk_acks(out.data) == [(3, ResultCode.OK)]
+    path = b.conn.execute("SELECT path FROM inbox").fetchone()[0]
+    assert (b.path.parent / path).read_bytes() == content
+
+
+def test_a_relay_that_forges_the_receivers_done_cannot_end_the_transfer(
+        cores: Any, tmp_path: Path, node_clock: Any) -> None:
+    """CHUNK_ACKs are not signed: a dishonest relay can forge the receiver's
+    "whole already" and the origin stops sending chunks. It cannot make the
+    document count as delivered (that takes the ACK2 with its receipt):
+    an inquiry interval later the origin asks the receiver, sends the
+    manifest again, hears the receiver's real progress and goes on."""
+    a, b = cores
+    content = os.urandom(2 * CHUNK_SIZE + 7)
+    doc, manifest = _send(a, tmp_path, content)
+    me, them = Endpoint.org(A), Endpoint.org(B)
+    a.handle(_raws([encode_frame(Frame(kind=Kind.ACK_BATCH, source=P, target=me, origin=P, body=AckBatch(
+        ack_kind=Kind.ACK_FWD, entries=(AckEntry(1, 1, 0, 1, 1, doc.record_id, int(AckFlag.PLATFORM),
+                                                 int(ForwardFlag.FORWARDED)),))))]))
+    b.handle(_relay(manifest))
+
+    forged = encode_frame(Frame(kind=Kind.CHUNK_ACK, source=them, target=me,
+                                body=ChunkAck(lk0=doc.lk0, through=ALL_CHUNKS)))
+    got = a.handle(_relay([forged]))
+    assert [t for _, t, _, _ in got.chunk_acks] == [ALL_CHUNKS]  # the sender stops: the relay's doing
+    assert a.conn.execute("SELECT count(*) FROM outbox").fetchone() == (1,), "not delivered: no ACK2"
+
+    node_clock.t += a.ctx.inquiry_ms + 1
+    asked = a.inquiries().data
+    assert [r.kind for r in _raws(asked)] == [Kind.INQUIRY]
+    answer = b.handle(_relay(asked)).data
+    a.handle(_relay(answer))
+    again = a.claim(10).data
+    assert len(again) == 1, "the manifest goes again"
+    progress = b.handle(_relay(again))
+    assert _chunk_acks(progress.data) == [(0, ResultCode.OK)]
+    got = a.handle(_relay(progress.data))
+    assert [(d.record_id, t) for d, t, _, _ in got.chunk_acks] == [(doc.record_id, 0)]  # the sender goes on
     out = b.handle(_relay(_chunks(doc, [0, 1, 2], a.me)))
     assert _chunk_acks(out.data) == [(3, ResultCode.OK)]
     path = b.conn.execute("SELECT path FROM inbox").fetchone()[0]
