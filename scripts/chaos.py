@@ -88,7 +88,6 @@ import random
 import re
 import shutil
 import signal
-import socket
 import sqlite3
 import subprocess
 import sys
@@ -109,6 +108,7 @@ from semq.node.api import NodeClient
 from semq.node.channels import waiting_channels
 from semq.node.envelope import GAP_DOMAIN, GAP_TYPE
 from semq.testing.faultproxy import FaultPlan, FaultProxy
+from semq.testing.netports import free_port
 from semq.umxt_protocol import LK0, Endpoint
 from semq.units import holder
 
@@ -138,12 +138,6 @@ MODES: Final = (
 
 
 # ---------------------------------------------------------------- processes
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _cli_has(*argv: str) -> bool:

@@ -9,7 +9,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import sqlite3
 import subprocess
 import sys
@@ -24,14 +23,9 @@ import trio
 from semq.cli import main as semq_main
 from semq.config import load_config, write_config
 from semq.testing.faultproxy import FaultPlan, FaultProxy
+from semq.testing.netports import free_port
 
 __all__ = ["Cluster", "ThreadedFaultProxy", "free_port", "read_status", "set_config", "wait_until"]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def wait_until(pred: Callable[[], Any], timeout: float, what: str, interval: float = 0.05) -> Any:

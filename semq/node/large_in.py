@@ -58,6 +58,7 @@ from semq.umxt_protocol import (
 from .batch import Batch, NodeContext
 from .envelope import NO_ENVELOPE, Envelope, encode_envelope, split_envelope
 from .large import ChunkError, ChunkOpener, Manifest, hash_prefix
+from .large_out import WINDOW_BYTES
 from .writebehind import columns
 
 if TYPE_CHECKING:
@@ -74,8 +75,12 @@ ACK_EVERY_BYTES: Final = 4 << 20
 MAX_BAD_CHUNKS: Final = 16
 # The CHUNK_ACK code that asks the origin to send again from ``through``.
 RESUME: Final = ResultCode.UNEXPECTED_FRAME
-# A gap at the same place is answered with RESUME again after this long (the
-# origin's copies after its rewind were lost too); sooner, it is one gap.
+# A gap at the same place is answered with RESUME again (the origin's copy
+# after its rewind was lost too) only once more chunks came past it than the
+# origin had in flight when it rewound (those were sent before the RESUME
+# reached it, and on a slow link they take long to drain: a timer alone
+# would rewind the origin again and again while they do), and no sooner
+# than this long after the last RESUME.
 RESUME_AGAIN_MS: Final = 2000
 ALL_CHUNKS: Final = 0xFFFF_FFFF  # CHUNK_ACK through: "delivered already, stop"
 # Bytes of chunks held in memory while their origin's certificate is asked
@@ -107,6 +112,7 @@ class _Transfer:
     answer: bool = False  # tell the origin where we are (it sent one we have)
     resumed_at: int = -1  # the ``written`` of the last RESUME, and when (ms)
     resumed_ms: int = 0
+    past_gap: int = 0  # chunks that came past the gap since the last RESUME
     refused: bool = False
 
 
@@ -251,7 +257,9 @@ class LargeIn:
             # One before it was lost: go on from what we have. Said once per
             # gap (the chunks that were in flight behind the lost one come
             # too, and the origin must not go back once for each).
-            if t.resumed_at != t.written or b.ts - t.resumed_ms > RESUME_AGAIN_MS:
+            t.past_gap += 1
+            if (t.resumed_at != t.written
+                    or (t.past_gap > WINDOW_BYTES // t.manifest.chunk_size and b.ts - t.resumed_ms > RESUME_AGAIN_MS)):
                 self._resume(t, b.ts)
             return
         try:
@@ -282,6 +290,7 @@ class LargeIn:
         t.resume = True
         t.resumed_at = t.written
         t.resumed_ms = ts
+        t.past_gap = 0
 
     # ------------------------------------------------------------ the batch's end
 

@@ -14,7 +14,6 @@ import contextlib
 import glob
 import os
 import shutil
-import socket
 import subprocess
 import tempfile
 import time
@@ -22,6 +21,8 @@ import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Final
+
+from .netports import free_port
 
 __all__ = ["PgServer", "find_pg_bin", "pg_database", "throwaway_pg"]
 
@@ -40,12 +41,6 @@ def find_pg_bin() -> Path | None:
     return Path(found[-1]).parent if found else None
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 class PgServer:
     """One PostgreSQL cluster of our own: ``start``, ``stop``, ``restart``,
     ``url(db)``. The data directory is kept across restarts."""
@@ -58,7 +53,7 @@ class PgServer:
         self.bin = bindir
         self.root = Path(root)
         self.data = self.root / "data"
-        self.port = port or _free_port()
+        self.port = port or free_port()
         self.log = self.root / "server.log"
         self._user_args: list[str] = []
         if os.geteuid() == 0:  # initdb refuses root: run as a user that exists
