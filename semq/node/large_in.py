@@ -77,9 +77,10 @@ MAX_BAD_CHUNKS: Final = 16
 RESUME: Final = ResultCode.UNEXPECTED_FRAME
 # A gap at the same place is answered with RESUME again (the origin's copy
 # after its rewind was lost too) only once more chunks came past it than the
-# origin had in flight when it rewound (those were sent before the RESUME
+# origin had in flight when it rewound — its window, or what is left of the
+# document after the gap if that is less (those were sent before the RESUME
 # reached it, and on a slow link they take long to drain: a timer alone
-# would rewind the origin again and again while they do), and no sooner
+# would rewind the origin again and again while they do) — and no sooner
 # than this long after the last RESUME.
 RESUME_AGAIN_MS: Final = 2000
 ALL_CHUNKS: Final = 0xFFFF_FFFF  # CHUNK_ACK through: "delivered already, stop"
@@ -258,8 +259,8 @@ class LargeIn:
             # gap (the chunks that were in flight behind the lost one come
             # too, and the origin must not go back once for each).
             t.past_gap += 1
-            if (t.resumed_at != t.written
-                    or (t.past_gap > WINDOW_BYTES // t.manifest.chunk_size and b.ts - t.resumed_ms > RESUME_AGAIN_MS)):
+            in_flight = min(WINDOW_BYTES // t.manifest.chunk_size, t.manifest.chunks - t.written - 1)
+            if t.resumed_at != t.written or (t.past_gap > in_flight and b.ts - t.resumed_ms > RESUME_AGAIN_MS):
                 self._resume(t, b.ts)
             return
         try:

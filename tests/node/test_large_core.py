@@ -152,7 +152,7 @@ def test_chunks_out_of_order_are_not_written_and_the_origin_is_told_where_to_go_
     import semq.node.large_in as large_in
 
     a, b = cores
-    content = os.urandom(4 * CHUNK_SIZE + 5)
+    content = os.urandom(24 * CHUNK_SIZE + 5)
     doc, manifest = _send(a, tmp_path, content)
     b.handle(_relay(manifest))
     out = b.handle(_relay(_chunks(doc, [1, 2], a.me)))  # chunk 0 lost on the way
@@ -164,14 +164,38 @@ def test_chunks_out_of_order_are_not_written_and_the_origin_is_told_where_to_go_
     # again would rewind it again for nothing ...
     monkeypatch.setattr(large_in, "RESUME_AGAIN_MS", -1)
     window = large_in.WINDOW_BYTES // CHUNK_SIZE
-    out = b.handle(_relay(_chunks(doc, [1, 2, 3, 4] * 3 + [1], a.me)))  # 2 + 13 = 15 past the gap
+    out = b.handle(_relay(_chunks(doc, list(range(4, 17)), a.me)))  # 2 + 13 = 15 past the gap
     assert _chunk_acks(out.data) == [] and window == 16
-    out = b.handle(_relay(_chunks(doc, [2], a.me)))  # 16
+    out = b.handle(_relay(_chunks(doc, [1], a.me)))  # 16
     assert _chunk_acks(out.data) == []
     # ... but more than a window past it: the rewound copy was lost too.
-    out = b.handle(_relay(_chunks(doc, [3], a.me)))  # 17
+    out = b.handle(_relay(_chunks(doc, [2], a.me)))  # 17
     assert _chunk_acks(out.data) == [(0, RESUME)]
     assert b.conn.execute("SELECT through FROM large_in").fetchall() == [(0,)]
+    out = b.handle(_relay(_chunks(doc, list(range(25)), a.me)))
+    assert _chunk_acks(out.data) == [(25, ResultCode.OK)]
+    assert b.conn.execute("SELECT size FROM inbox").fetchall() == [(len(content),)]
+
+
+def test_a_gap_near_the_end_is_asked_again_once_what_is_left_came_past_it(
+        cores: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Fewer chunks than a window are left after the gap: the origin cannot
+    have had more than those in flight, so once more than those came past
+    it, the rewound copy was lost too, and the receiver asks again (it does
+    not wait for the origin's stall probe)."""
+    import semq.node.large_in as large_in
+
+    a, b = cores
+    content = os.urandom(4 * CHUNK_SIZE + 5)  # chunks 0..4
+    doc, manifest = _send(a, tmp_path, content)
+    b.handle(_relay(manifest))
+    monkeypatch.setattr(large_in, "RESUME_AGAIN_MS", -1)
+    out = b.handle(_relay(_chunks(doc, [1, 2, 3, 4], a.me)))  # chunk 0 lost; the rest came
+    assert _chunk_acks(out.data) == [(0, RESUME)]
+    out = b.handle(_relay(_chunks(doc, [1], a.me)))  # 4 past it: what was left, no more
+    assert _chunk_acks(out.data) == []
+    out = b.handle(_relay(_chunks(doc, [2], a.me)))  # 5: from the rewind, whose chunk 0 was lost
+    assert _chunk_acks(out.data) == [(0, RESUME)]
     out = b.handle(_relay(_chunks(doc, [0, 1, 2, 3, 4], a.me)))
     assert _chunk_acks(out.data) == [(5, ResultCode.OK)]
     assert b.conn.execute("SELECT size FROM inbox").fetchall() == [(len(content),)]
