@@ -20,6 +20,7 @@ ROOT = Path(__file__).resolve().parent.parent / "semq"
 # Module (or package prefix) -> layer; the longest matching prefix decides.
 LAYERS: dict[str, int] = {
     "semq.umxt_protocol": 0,
+    "semq.bounds": 0,  # the declared bounds of every surface: pure values, over the protocol's limits
     "semq.crypto": 1,
     "semq.trust": 2, "semq.security": 2, "semq.config": 2, "semq._db": 2, "semq._pg": 2, "semq._gate": 2, "semq.events": 2, "semq.history": 2,
     "semq.transport": 2, "semq.ports": 2, "semq.units": 2,
