@@ -341,7 +341,8 @@ class Net:
             self._init([*args, "--enroll-from", str(self.pdir)])
         else:
             self._init([*args, "--no-security"] if security_supported() else args)
-            self._init(["platform", "register", "--dir", str(self.pdir), org])
+            self._init(["platform", "register", "--dir", str(self.pdir), org,
+                        *(["--units", str(units)] if units > 1 else [])])
         run = ["node", "run", "--dir", str(d), "--inquiry-interval", self.iq, "--platform",
                platform or ",".join(f"127.0.0.1:{p}" for p in self.ports)]
         if units > 1:  # the supervisor says so once every unit runs (semq.ops.units)

@@ -31,6 +31,15 @@ from typing import Any, Final, NamedTuple
 
 import tomli_w
 
+from semq.bounds import (
+    DIRECT_HANDSHAKES,
+    DIRECT_MAX_LINKS,
+    DIRECT_MAX_LINKS_PER_ORG,
+    FD_RESERVE,
+    PLATFORM_BUFFER_MIB_PER_ORG,
+    PLATFORM_HANDSHAKES,
+    PLATFORM_MAX_CONNECTIONS,
+)
 from semq.units import MAX_UNITS
 
 __all__ = [
@@ -313,13 +322,30 @@ class Config:
         reload=_reloads(platform="at once")))
     max_connections_per_org: int = _setting(4, Rule(
         "integer", "an integer 1..1024", _between(1, 1024),
-        "platform: connections one organization may hold at once (each may buffer a 64 MiB frame);"
-        " a node of several units may hold one more per unit beyond the first",
+        "platform: connections one organization may hold at once; one more per unit it is granted beyond"
+        " the first (semq platform register ORG --units N)",
         reload=_reloads(platform="for new connections")))
     max_units_per_org: int = _setting(8, Rule(
         "integer", f"an integer 1..{MAX_UNITS}", _between(1, MAX_UNITS),
-        "platform: units one organization's node may run (each holds a connection); a node saying more is refused",
+        "platform: the most units any organization's node may run (each holds a connection), whatever it"
+        " is granted; a node saying more is refused",
         reload=_reloads(platform="for new connections")))
+    max_connections: int = _setting(PLATFORM_MAX_CONNECTIONS, Rule(
+        "integer", "an integer 1..1000000", _between(1, 1_000_000),
+        "platform: connections held at once, all organizations and strangers together; beyond it (or"
+        " within fd_reserve of the descriptor limit) a new connection is closed at once"))
+    max_handshakes: int = _setting(PLATFORM_HANDSHAKES, Rule(
+        "integer", "an integer 1..100000", _between(1, 100_000),
+        "platform: connections at once still in their TLS handshake or before their HELLO (strangers"
+        " saying nothing cannot hold the relay's descriptors)"))
+    max_buffer_mib_per_org: int = _setting(PLATFORM_BUFFER_MIB_PER_ORG, Rule(
+        "integer", "an integer 64..65536", _between(64, 65536),
+        "platform: MiB of frames one organization's connections may buffer together; a connection that"
+        " would pass it waits (its sender is pushed back) until the others' frames are handled"))
+    fd_reserve: int = _setting(FD_RESERVE, Rule(
+        "integer", "an integer 16..100000", _between(16, 100_000),
+        "file descriptors a daemon keeps for its own use (its platform session, store, logs): its listeners"
+        " stop accepting before the process's descriptor limit comes this close"))
     user_socket: str = _setting("user.sock", Rule(
         "string", 'a path (relative: in the data directory), or "" for none',
         lambda v: None if "\x00" not in v else "is not a path",
@@ -365,6 +391,16 @@ class Config:
         "number", "a number of seconds 0.1..120", _between(0.1, 120),
         "node: seconds before a direct link that could not be made is tried again, doubling up to 120;"
         " meanwhile the documents go through the platform (or wait: direct = \"only\")"))
+    direct_max_links: int = _setting(DIRECT_MAX_LINKS, Rule(
+        "integer", "an integer 1..100000", _between(1, 100_000),
+        "node: direct links from other nodes held at once; beyond it (or within fd_reserve of the"
+        " descriptor limit) a new one is refused"))
+    direct_max_links_per_org: int = _setting(DIRECT_MAX_LINKS_PER_ORG, Rule(
+        "integer", "an integer 1..1024", _between(1, 1024),
+        "node: direct links one organization may hold to this node at once"))
+    direct_handshakes: int = _setting(DIRECT_HANDSHAKES, Rule(
+        "integer", "an integer 1..10000", _between(1, 10_000),
+        "node: direct links at once still in their TLS handshake or before their HELLO"))
     security: bool = _setting(True, Rule(
         "boolean", "true or false",
         doc="mutual TLS, end-to-end encryption and signatures (docs/security.md); set by init"))

@@ -119,7 +119,8 @@ class Cluster:
         if not self.security:
             assert semq_main(["node", "init", "--dir", str(d), "--org", org, "--platform",
                               self.addresses(instance, prefer), "--no-security", *direct]) == 0
-            assert semq_main(["platform", "register", "--dir", str(self.root / "P"), org]) == 0
+            assert semq_main(["platform", "register", "--dir", str(self.root / "P"), org,
+                              *(["--units", str(units)] if units > 1 else [])]) == 0
             return d
         # Secure by default: keys, certificate issued by the platform's CA.
         assert semq_main(["node", "init", "--dir", str(d), "--org", org, "--platform",

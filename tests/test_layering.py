@@ -23,7 +23,7 @@ LAYERS: dict[str, int] = {
     "semq.bounds": 0,  # the declared bounds of every surface: pure values, over the protocol's limits
     "semq.crypto": 1,
     "semq.trust": 2, "semq.security": 2, "semq.config": 2, "semq._db": 2, "semq._pg": 2, "semq._gate": 2, "semq.events": 2, "semq.history": 2,
-    "semq.transport": 2, "semq.ports": 2, "semq.units": 2,
+    "semq.transport": 2, "semq.ports": 2, "semq.units": 2, "semq.admission": 2,
     "semq.inbox_wait": 2,  # the client side of a node's wait_inbox: NodeClient waits through it
     "semq.node.engine": 3, "semq.platform.engine": 3,
     "semq.node": 4, "semq.platform": 4,

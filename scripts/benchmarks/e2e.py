@@ -201,6 +201,9 @@ class Cluster:
                       *(["--enroll-from", "P"] if secure else []))
         if not secure:
             self._cli("platform", "register", "--dir", "P", A, B)
+            for org, d in ((A, "A"), (B, "B")):
+                if self.units[d] > 1:  # (enrollment grants them; here the operator does)
+                    self._cli("platform", "register", "--dir", "P", org, "--units", str(self.units[d]))
         # Further instances: copies of the platform's directory (its CA and
         # configuration; the store is the shared database), as docs/operations.md says.
         for name in self.instances[1:]:

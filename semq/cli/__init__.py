@@ -206,8 +206,9 @@ def _node_init(args: argparse.Namespace, d: Path) -> int:
         pdir = data_dir(args.enroll_from)
         org, cert = enroll(pdir, csr, cfg.org, d / "issued.pem")
         import_certificate(d, cert, pdir / "ca" / "ca.pem")
-        _register(pdir, [org])
-        print(f"enrolled with the platform in {pdir}: certificate installed")
+        _register(pdir, [org], cfg.units if cfg.units > 1 else None)
+        print(f"enrolled with the platform in {pdir}: certificate installed"
+              f"{f'; granted {cfg.units} units' if cfg.units > 1 else ''}")
     else:
         print(f"keys written; certificate request {csr}\nnext: the platform operator runs"
               f" 'semq platform enroll {csr.name} --out {cfg.org}.pem', then here:"
@@ -224,13 +225,20 @@ def _cfg_of(directory: Path, option: str) -> Config:
     return load_config(directory)
 
 
-def _register(pdir: Path, orgs: list[str]) -> None:
+def _units_option(units: int | None) -> int | None:
+    """``--units N`` of register / enroll, checked as the ``units`` key is."""
+    if units is not None:
+        check_option("units", str(units), "--units")
+    return units
+
+
+def _register(pdir: Path, orgs: list[str], units: int | None = None) -> None:
     from semq.platform.core import PlatformCore
 
     cfg = load_config(pdir)
     core = PlatformCore(cfg.platform_store, cfg.platform_id)
     try:
-        core.register(orgs)
+        core.register(orgs, units)
         core.share_ca(pdir / "ca")  # (PostgreSQL store: every instance gets the new certificate)
     finally:
         core.close()
@@ -242,7 +250,7 @@ def cmd_platform_enroll(args: argparse.Namespace) -> int:
     cfg = _cfg(args, "platform")
     org, path = enroll(cfg.directory, Path(args.csr), args.org, Path(args.out) if args.out else None,
                        rollover=args.rollover)
-    _register(cfg.directory, [org])
+    _register(cfg.directory, [org], _units_option(args.units))
     print(f"issued a certificate for organization {org}: {path}\n"
           f"give it and {cfg.directory / 'ca' / 'ca.pem'} to the organization:"
           f" semq node import --cert {path.name} --ca ca.pem")
@@ -359,12 +367,13 @@ def cmd_platform_register(args: argparse.Namespace) -> int:
     from semq.platform.core import PlatformCore
 
     cfg = _cfg(args, "platform")
+    units = _units_option(args.units)
     core = PlatformCore(cfg.platform_store, cfg.platform_id)
     try:
-        core.register(args.orgs)
+        core.register(args.orgs, units)
     finally:
         core.close()
-    print(f"registered {', '.join(args.orgs)}")
+    print(f"registered {', '.join(args.orgs)}{f' (granted {units} units each)' if units else ''}")
     return 0
 
 
@@ -494,7 +503,9 @@ def cmd_platform_run(args: argparse.Namespace, daemon_class: Any = None) -> int:
     settings = PlatformSettings(host=host, port=port, window=cfg.window, security=security,
                                 high_water=max(1, cfg.queue_mib) << 20,
                                 max_connections_per_org=cfg.max_connections_per_org,
-                                max_units_per_org=cfg.max_units_per_org)
+                                max_units_per_org=cfg.max_units_per_org, max_connections=cfg.max_connections,
+                                max_handshakes=cfg.max_handshakes, fd_reserve=cfg.fd_reserve,
+                                max_buffer_per_org=cfg.max_buffer_mib_per_org << 20)
     from semq.ops.runtime import OpsRuntime, ops_options
 
     ops = OpsRuntime("platform", cfg.directory, core, ops_options(args), history_days=cfg.history_days)
@@ -1442,8 +1453,11 @@ def build_parser() -> argparse.ArgumentParser:
     x.add_argument("--inquiry-interval", metavar="SECONDS", help="default: the configuration's (15)")
     add_run_options(x)
     x.set_defaults(func=cmd_platform_run)
-    x = plat.add_parser("register", parents=[common], help="make organizations known")
+    x = plat.add_parser("register", parents=[common], help="make organizations known (and grant them units)")
     x.add_argument("orgs", nargs="+", metavar="ORG", help="organization ids, e.g. 77000")
+    x.add_argument("--units", type=int, metavar="N",
+                   help="grant each N units (its node may run that many, each holding a connection);"
+                        " default: 1 for an organization new here, a known one keeps its grant")
     x.set_defaults(func=cmd_platform_register)
     x = plat.add_parser("enroll", parents=[common], help="issue a certificate from a node's request")
     x.add_argument("csr", help="the node's node.csr.pem")
@@ -1451,6 +1465,8 @@ def build_parser() -> argparse.ArgumentParser:
     x.add_argument("--rollover", action="store_true",
                    help="the organization already holds a valid certificate: issue a second one (key rollover)")
     x.add_argument("--out", help="certificate file to write (default ORG.pem)")
+    x.add_argument("--units", type=int, metavar="N",
+                   help="grant the organization N units (default: 1, or what it was granted before)")
     x.set_defaults(func=cmd_platform_enroll)
     x = plat.add_parser("revoke", parents=[common], help="revoke an organization's certificates")
     x.add_argument("org", nargs="?", default="", help="the organization whose certificates to revoke")

@@ -15,8 +15,10 @@ worker thread per store (semq.node.daemon).
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Collection, Iterable, Sequence
 from contextlib import nullcontext
+from dataclasses import fields
 from functools import partial
 from pathlib import Path
 from typing import Any, Final
@@ -33,6 +35,8 @@ from semq.umxt_protocol import (
     Ack,
     AckBatch,
     AckEntry,
+    Chunk,
+    Data,
     Endpoint,
     Frame,
     Kind,
@@ -67,6 +71,8 @@ __all__ = [
     "document_flags",
 ]
 
+log = logging.getLogger("semq.node")
+
 # How far a sender's clock may be off ours. A document is refused (STALE)
 # when its signed creation time lies more than this in the future, or
 # further in the past than DEDUP_RETENTION_MS minus this: its dedup row
@@ -95,6 +101,19 @@ def _by_unit(entries: list[AckEntry], digests: list[Any]) -> list[tuple[list[Ack
         if aligned:
             g[1].append(digests[i])
     return list(groups.values())
+
+
+def _merged(a: Output, b: Output) -> Output:
+    """Two batches' outputs as one (a batch applied in halves: NodeCore.handle)."""
+    for f in fields(Output):
+        x, y = getattr(a, f.name), getattr(b, f.name)
+        if isinstance(x, int):
+            setattr(a, f.name, x + y)
+        elif isinstance(x, set):
+            x |= y
+        else:
+            x.extend(y)
+    return a
 
 
 class NodeCore(HeldWrites):
@@ -344,7 +363,61 @@ class NodeCore(HeldWrites):
     def handle(self, frames: Sequence[RawFrame], *, direct: Endpoint | None = None) -> Output:
         """Apply a batch of frames from the platform (or, ``direct``, from
         that organization over a direct link) in one transaction; the
-        answers (acks, REACK2, inquiry answers) are in the Output."""
+        answers (acks, REACK2, inquiry answers) are in the Output.
+
+        No frame's bytes can end the daemon: a batch that fails other than
+        by the store (a bug, MemoryError, a library that raises what it
+        should not on hostile input) is rolled back and applied again in
+        halves, down to the one frame that fails alone, which is refused
+        (``_quarantine``); every other frame of the batch is applied as if
+        nothing happened. Store errors still raise (the daemon keeps
+        everything and tries again later)."""
+        try:
+            return self._handle(frames, direct)
+        except STORE_ERRORS:
+            raise
+        except Exception as e:
+            if len(frames) == 1:
+                return self._quarantine(frames[0], e)
+            mid = len(frames) // 2
+            first = self.handle(frames[:mid], direct=direct)
+            return _merged(first, self.handle(frames[mid:], direct=direct))
+
+    def _quarantine(self, raw: RawFrame, exc: Exception) -> Output:
+        """A frame that fails alone: logged with its traceback, and refused
+        in a transaction of its own. A document (a DATA, or the large
+        document a CHUNK belongs to) gets a signed NACK with INTERNAL_ERROR,
+        so its origin fails it instead of sending it again for ever (its
+        stored copy is settled at the platform); anything else is dropped
+        (its sender asks again). If even that fails, the frame is dropped;
+        the daemon goes on."""
+        detail = f"{raw.kind.name} from {raw.origin} could not be handled: {type(exc).__name__}: {exc}"[:500]
+        log.error("%s; refused", detail, exc_info=exc)
+        ts = self.ctx.now()
+        b = Batch(ts=ts, window=(ts, ts), direct=None)
+        try:
+            with self._tx(), self.receiver.large.batch():
+                if raw.kind is Kind.DATA and raw.target == self.me:
+                    frame = raw.frame()
+                    d = frame.body
+                    assert isinstance(d, Data)
+                    self.receiver._refuse(b, frame, d, ResultCode.INTERNAL_ERROR, detail)
+                elif raw.kind is Kind.CHUNK and raw.target == self.me:
+                    c = raw.frame().body
+                    assert isinstance(c, Chunk)
+                    self.receiver.large.refuse_transfer(b, c.lk0, ResultCode.INTERNAL_ERROR, detail)
+                self._send_acks(b)
+        except STORE_ERRORS:
+            raise
+        except Exception:
+            log.exception("refusing the %s from %s failed too; dropped", raw.kind.name, raw.origin)
+            return Output(errors=[(ResultCode.INTERNAL_ERROR, detail)])
+        self.ctx.emit(b.events)
+        if not b.out.errors:  # (a refusal says so itself)
+            b.out.errors.append((ResultCode.INTERNAL_ERROR, detail))
+        return b.out
+
+    def _handle(self, frames: Sequence[RawFrame], direct: Endpoint | None) -> Output:
         ts = self.ctx.now()
         b = Batch(ts=ts, window=(ts - DEDUP_RETENTION_MS + self.ctx.skew_ms, ts + self.ctx.skew_ms), direct=direct)
         receiver, dispatch, me = self.receiver, self._dispatch, self.me

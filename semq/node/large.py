@@ -36,6 +36,7 @@ import zstandard
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
+from semq.bounds import CHUNK_MAX_OUTPUT
 from semq.umxt_protocol import CHUNK_COMPRESSED, LK0, ResultCode
 
 __all__ = [
@@ -53,7 +54,7 @@ __all__ = [
 
 CHUNK_SIZE: Final = 1 << 20  # bytes of content per chunk (the last one may be shorter)
 MIN_CHUNK: Final = 1 << 12
-MAX_CHUNK: Final = 16 << 20
+MAX_CHUNK: Final = CHUNK_MAX_OUTPUT  # a chunk's content, whatever it inflates from
 COMPRESS_NONE: Final = 0
 COMPRESS_ZSTD: Final = 1
 KEY_SIZE: Final = 32
@@ -196,13 +197,33 @@ class ChunkOpener:
         if flags & CHUNK_COMPRESSED:
             if m.compression != COMPRESS_ZSTD:
                 raise ChunkError(f"chunk {index} is compressed but the manifest allows no compression")
-            try:
-                payload = self._zstd.decompress(payload, max_output_size=want)
-            except zstandard.ZstdError as e:
-                raise ChunkError(f"chunk {index} does not decompress: {e}") from None
+            payload = self._inflate(index, payload, want)
         if len(payload) != want:
             raise ChunkError(f"chunk {index} holds {len(payload)} bytes where the manifest makes {want}")
         return payload
+
+
+    def _inflate(self, index: int, payload: bytes, want: int) -> bytes:
+        """The chunk's content, never more than ``want`` bytes of memory
+        (semq.bounds.CHUNK_MAX_OUTPUT). python-zstandard's ``decompress``
+        ignores ``max_output_size`` when the zstd frame declares its
+        content size and allocates what it declares: a 17-byte frame
+        declaring 64 GiB raised MemoryError and ended the daemon. So the
+        declared size is read from the frame's header first, and a frame
+        that declares more (or less) than the manifest's chunk is refused
+        unread; one that declares nothing is inflated with ``want`` as the
+        output cap, which then holds. Any failure is a bad chunk."""
+        try:
+            declared = zstandard.get_frame_parameters(payload).content_size
+        except zstandard.ZstdError as e:
+            raise ChunkError(f"chunk {index} is not a zstd frame: {e}") from None
+        if declared != zstandard.CONTENTSIZE_UNKNOWN and declared != want:
+            raise ChunkError(f"chunk {index} declares {declared} bytes of content where the manifest makes {want}"
+                             f" (at most {CHUNK_MAX_OUTPUT} bytes inflated per chunk)")
+        try:
+            return self._zstd.decompress(payload, max_output_size=want)
+        except (zstandard.ZstdError, MemoryError, ValueError) as e:
+            raise ChunkError(f"chunk {index} does not decompress to at most {want} bytes: {e}") from None
 
 
 # ---------------------------------------------------------------- files

@@ -350,6 +350,14 @@ class LargeIn:
         b.events.append({"ts": b.ts, "role": "receiver", "event": "large_complete", "lk0": str(t.lk0),
                          "source": t.lk0.endpoint.node_id, "target": self.ctx.me.node_id, "size": m.size})
 
+    def refuse_transfer(self, b: Batch, lk0: LK0, code: ResultCode, detail: str) -> None:
+        """Refuse the transfer of ``lk0``'s document, if one is under way
+        (a chunk of it could not be handled: NodeCore._quarantine)."""
+        t = self._load((int(lk0.endpoint.node_type), lk0.endpoint.node_id, lk0.semq_id, lk0.semq_db_id,
+                        lk0.record_id))
+        if t is not None and not t.refused:
+            self._refuse(b, t, code, detail)
+
     def _refuse(self, b: Batch, t: _Transfer, code: ResultCode, detail: str) -> None:
         """The whole document refused: its row and file go, its origin gets
         a signed NACK (Receiver._refuse) and fails the document."""

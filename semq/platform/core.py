@@ -474,20 +474,32 @@ class PlatformCore(HeldWrites):
 
     # ------------------------------------------------------------ nodes
 
-    def register(self, node_ids: Sequence[str]) -> None:
+    def register(self, node_ids: Sequence[str], units: int | None = None) -> None:
+        """Make organizations known (again, if revoked); ``units``: grant
+        each that many units (semq.units), else an organization new here is
+        granted one and a known one keeps its grant."""
         ts = now_ms()
         try:
             with self.db.atomic("IMMEDIATE"):
                 for nid in node_ids:
                     ep = Endpoint.org(nid)
                     self.conn.execute(
-                        "INSERT INTO nodes (node_type, node_id, registered_ms) VALUES (?,?,?)"
-                        " ON CONFLICT DO UPDATE SET revoked=0",
-                        (int(ep.node_type), ep.node_id, ts),
+                        "INSERT INTO nodes (node_type, node_id, registered_ms, units_granted) VALUES (?,?,?,?)"
+                        " ON CONFLICT DO UPDATE SET revoked=0"
+                        + ("" if units is None else ", units_granted=excluded.units_granted"),
+                        (int(ep.node_type), ep.node_id, ts, units or 1),
                     )
                     self.known.add(ep)
         except STORE_ERRORS as e:
             raise translate(e, self.path, "platform store") from e
+
+    def units_granted(self, org: Endpoint) -> int:
+        """How many units the operator granted ``org`` (1 unless granted
+        more): what its HELLO may claim, and what its connection allowance
+        counts (semq.bounds)."""
+        row = self.conn.execute("SELECT units_granted FROM nodes WHERE node_type=? AND node_id=?",
+                                (int(org.node_type), org.node_id)).fetchone()
+        return 1 if row is None else int(row[0])
 
     def is_known(self, ep: Endpoint) -> bool:
         """Registered and not revoked. The set is a cache of the nodes table:

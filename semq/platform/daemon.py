@@ -23,14 +23,22 @@ import trio
 
 from semq._db import STORE_ERRORS
 from semq._gate import StoreGate
+from semq.admission import Admission, raise_descriptor_limit
+from semq.bounds import (
+    FD_RESERVE,
+    PLATFORM_BUFFER_MIB_PER_ORG,
+    PLATFORM_HANDSHAKES,
+    PLATFORM_HELLO_S,
+    PLATFORM_MAX_CONNECTIONS,
+    PLATFORM_PRE_AUTH_BYTES,
+)
 from semq.crypto import CryptoError
 from semq.events import now_ms
 from semq.ports import BatchObserver, DrainSignal
 from semq.security import PlatformSecurity
-from semq.transport import ConnectionClosed, FramePump, FrameStream
+from semq.transport import ByteBudget, ConnectionClosed, FramePump, FrameStream
 from semq.umxt_protocol import (
     DEFAULT_MAX_FRAME,
-    HELLO_MAX_FRAME,
     CertRequest,
     CertResponse,
     Crl,
@@ -71,17 +79,24 @@ class PlatformSettings:
     window: int = 4096  # stored copies in flight to one node without its ACK
     batch: int = 512
     high_water: int = 16 * 1024 * 1024  # bytes queued for one node before it counts as offline
-    hello_timeout: float = 10.0
+    hello_timeout: float = PLATFORM_HELLO_S
     idle_timeout: float = 60.0
     max_frame: int = DEFAULT_MAX_FRAME
     # Connections one organization may hold at once (its certificate's, from
-    # the TLS handshake on; without security, from HELLO): each may buffer a
-    # frame of max_frame, so this bounds what one organization costs the
-    # relay's memory. A node needs one; more while it reconnects.
+    # the TLS handshake on; without security, from HELLO). A node needs
+    # one; more while it reconnects.
     max_connections_per_org: int = 4
-    # Units one organization's node may run (semq.units; its HELLO says how
-    # many): each holds a connection, one more each beyond the first.
+    # Units one organization's node may run (semq.units): what its HELLO
+    # may claim at most; each unit granted to it (semq platform register
+    # --units) holds a connection, one more each beyond the first.
     max_units_per_org: int = 8
+    # The listener's bounds (semq.bounds): connections in all, connections
+    # not authenticated yet, descriptors kept for the relay's own use, and
+    # the bytes one organization's connections may buffer together.
+    max_connections: int = PLATFORM_MAX_CONNECTIONS
+    max_handshakes: int = PLATFORM_HANDSHAKES
+    fd_reserve: int = FD_RESERVE
+    max_buffer_per_org: int = PLATFORM_BUFFER_MIB_PER_ORG << 20
     housekeeping_interval: float = 3600.0
     # Mutual TLS 1.3 and the certificate directory (semq.security); None = plain TCP.
     security: PlatformSecurity | None = None
@@ -93,6 +108,13 @@ _ANNOUNCE_EVERY: Final = 1.0  # s: at most one direct-link announcement recorded
 _HEADER_MIN: Final = 6  # bytes frame_save_fwd reads at least (a shorter string is no frame: stored, refused there)
 _DISCARD: Final = int(SaveFwd.DISCARD)
 _IDLE_LOOK = 30.0  # s: an idle session's safety look at the store
+
+
+@dataclass
+class _Admitted:
+    """Which organization a connection was admitted as (Admission), once known."""
+
+    org: str | None = None
 
 
 @dataclass
@@ -178,7 +200,13 @@ class PlatformDaemon:
         self.s = settings
         self.gate = StoreGate()
         self.sessions: dict[Endpoint, Session] = {}
-        self.connections: dict[str, int] = {}  # organization -> connections open (max_connections_per_org)
+        # Who may hold a connection (semq.admission). ``grants``: the units
+        # granted to each organization seen (PlatformCore.units_granted), for
+        # its allowance.
+        self.admission = Admission("platform", total=settings.max_connections, handshakes=settings.max_handshakes,
+                                   per_identity=self._allowance, reserve=settings.fd_reserve)
+        self.grants: dict[str, int] = {}
+        self.budgets: dict[str, ByteBudget] = {}  # organization -> its connections' byte budget
         self.port: int | None = None
         self.stats = {"connections": 0, "frames_in": 0, "refused": 0, "tls_refused": 0}
         self.ssl_context = settings.security.ssl_context() if settings.security else None
@@ -227,6 +255,7 @@ class PlatformDaemon:
 
     async def run(self, *, task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED) -> None:
         """Listen and serve until cancelled; ``task_status`` gets the bound port."""
+        self.admission.limit = raise_descriptor_limit()
         listeners = await trio.open_tcp_listeners(self.s.port, host=self.s.host)
         self.port = listeners[0].socket.getsockname()[1]
         log.info("platform %s listening on %s:%s", self.core.me, self.s.host, self.port)
@@ -278,6 +307,20 @@ class PlatformDaemon:
 
     async def _handle(self, stream: trio.abc.Stream) -> None:
         self.stats["connections"] += 1
+        adm = self.admission
+        if adm.enter() is not None:  # (said in the log, rate-limited)
+            self.stats["connections_refused"] = self.stats.get("connections_refused", 0) + 1
+            with trio.move_on_after(1) as scope:
+                scope.shield = True
+                await stream.aclose()
+            return
+        admitted = _Admitted()
+        try:
+            await self._connection(stream, admitted)
+        finally:
+            adm.leave(admitted.org)
+
+    async def _connection(self, stream: trio.abc.Stream, admitted: _Admitted) -> None:
         bound: str | None = None
         seen = _Seen(_peer_host(stream))
         if self.ssl_context is not None:
@@ -286,38 +329,34 @@ class PlatformDaemon:
                 return
             stream, bound, seen.fingerprint = res
         # Until its HELLO is accepted, a peer gets no more than a small frame.
-        fs = FrameStream(stream, max_frame=min(HELLO_MAX_FRAME, self.s.max_frame))
-        counted = bound
-        if counted is not None and not self._count_connection(counted):
-            await fs.send_error(self.core.me, Endpoint.org(counted), ResultCode.TOO_MANY_CONNECTIONS,
-                                f"organization {counted} already holds {self.s.max_connections_per_org}"
-                                " connections, the most it may")
+        fs = FrameStream(stream, max_frame=min(PLATFORM_PRE_AUTH_BYTES, self.s.max_frame))
+        if bound is not None and not await self._admit(fs, bound, admitted):
             return
-        try:
-            await self._serve(fs, bound, seen)
-        finally:
-            if counted is not None:
-                self._uncount_connection(counted)
+        await self._serve(fs, bound, seen, admitted)
 
-    def _count_connection(self, org: str) -> bool:
-        n = self.connections.get(org, 0)
-        # Each unit of a node of several (semq.units) holds a connection of its own.
-        units = self.core.units.get(Endpoint.org(org), 1) if self.core.units else 1
-        if n >= self.s.max_connections_per_org + min(units, self.s.max_units_per_org) - 1:
+    def _allowance(self, org: str) -> int:
+        """Connections ``org`` may hold: ``max_connections_per_org``, one more
+        per unit granted beyond the first (never what its HELLO says)."""
+        units = min(self.grants.get(org, 1), self.s.max_units_per_org)
+        return self.s.max_connections_per_org + units - 1
+
+    async def _admit(self, fs: FrameStream, org: str, admitted: _Admitted) -> bool:
+        """Count the connection for ``org`` (Admission), or refuse it."""
+        why = self.admission.admit(org)
+        if why is not None:
             self.stats["connections_refused"] = self.stats.get("connections_refused", 0) + 1
-            log.warning("organization %s already holds %d connections: one more refused", org, n)
+            await fs.send_error(self.core.me, Endpoint.org(org), ResultCode.TOO_MANY_CONNECTIONS, why)
             return False
-        self.connections[org] = n + 1
+        admitted.org = org
         return True
 
-    def _uncount_connection(self, org: str) -> None:
-        n = self.connections.get(org, 0) - 1
-        if n > 0:
-            self.connections[org] = n
-        else:
-            self.connections.pop(org, None)
+    def _budget(self, org: str) -> ByteBudget:
+        b = self.budgets.get(org)
+        if b is None:
+            b = self.budgets[org] = ByteBudget(max(self.s.max_buffer_per_org, self.s.max_frame))
+        return b
 
-    async def _serve(self, fs: FrameStream, bound: str | None, seen: _Seen) -> None:
+    async def _serve(self, fs: FrameStream, bound: str | None, seen: _Seen, admitted: _Admitted) -> None:
         try:
             with trio.fail_after(self.s.hello_timeout):
                 first = await fs.receive_batch()
@@ -346,17 +385,8 @@ class PlatformDaemon:
             await fs.send_error(self.core.me, ep, ResultCode.AUTH_FAILED,
                                 f"only organizations connect here, not a {ep.node_type.name.lower()} ({ep})")
             return
-        if bound is None:  # without TLS the organization is known from here on
-            if not self._count_connection(ep.node_id):
-                await fs.send_error(self.core.me, ep, ResultCode.TOO_MANY_CONNECTIONS,
-                                    f"organization {ep.node_id} already holds {self.s.max_connections_per_org}"
-                                    " connections, the most it may")
-                return
-            try:
-                await self._session(fs, ep, hello, body, first, bound, seen)
-            finally:
-                self._uncount_connection(ep.node_id)
-            return
+        if bound is None and not await self._admit(fs, ep.node_id, admitted):
+            return  # (without TLS the organization is known from HELLO on)
         await self._session(fs, ep, hello, body, first, bound, seen)
 
     async def _session(self, fs: FrameStream, org: Endpoint, hello: RawFrame, body: Hello, first: list[RawFrame],
@@ -375,6 +405,15 @@ class PlatformDaemon:
         # Each unit of a node is its own session, under its route (semq.units).
         ep = route_of(org, body.semq_id)
         try:
+            # The units an organization runs are the operator's grant, never
+            # its own say: its HELLO cannot raise its connection allowance.
+            granted = self.grants[org.node_id] = await self.gate.run(self.core.units_granted, org)
+            if body.units > granted:
+                await fs.send_error(self.core.me, org, ResultCode.INVALID_FIELD,
+                                    f"units {body.units} exceeds the {granted} unit(s) organization {org.node_id}"
+                                    f" is granted here; the platform's operator grants more with 'semq platform"
+                                    f" register {org.node_id} --units {body.units}'")
+                return
             allowed = hello.origin == org and await self.gate.run(self.core.connected, ep, body.units)
         except STORE_ERRORS as e:
             log.error("%s cannot be admitted now: store error: %s", ep, e)
@@ -394,7 +433,10 @@ class PlatformDaemon:
         session = Session(ep, fs, min(self.s.window, body.window))
         session.seen = seen
         self.sessions[ep] = session
-        fs.decoder.max_frame_size = self.s.max_frame  # an accepted session: documents up to the frame limit
+        # An accepted session: documents up to the frame limit, what its
+        # organization's connections buffer together within their budget.
+        fs.decoder.max_frame_size = self.s.max_frame
+        fs.budget = self._budget(org.node_id)
         log.info("%s online", ep)
         try:
             await fs.send(encode_frame(Frame(kind=Kind.WELCOME, source=self.core.me, target=route_org(ep),
@@ -433,6 +475,9 @@ class PlatformDaemon:
                     await self.gate.run(self.core.disconnected, ep)
                 log.info("%s offline", ep)
             await fs.aclose()
+            budget = self.budgets.get(org.node_id)
+            if budget is not None and not len(budget):
+                del self.budgets[org.node_id]
 
     async def _reader(self, session: Session, pump: FramePump, pending: list[RawFrame]) -> None:
         fs, ep = session.fs, session.endpoint

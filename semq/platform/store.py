@@ -161,7 +161,23 @@ def _v6(db: SqliteDatabase) -> None:
         db.execute_sql(stmt)
 
 
-MIGRATIONS = [_v1, _v2, _v3, _v4, _v5, _v6]
+# How many units each organization is granted by the operator (enrollment or
+# ``semq platform register --units``): its HELLO may not claim more, and its
+# connection allowance follows the grant, never the HELLO. Organizations
+# that ran several units before keep what they ran.
+_GRANTS: Final = (
+    "ALTER TABLE nodes ADD COLUMN units_granted INTEGER NOT NULL DEFAULT 1",
+    "UPDATE nodes SET units_granted = units WHERE units > 1",
+)
+
+
+def _v7(db: SqliteDatabase) -> None:
+    """The units granted to each organization."""
+    for stmt in _GRANTS:
+        db.execute_sql(stmt)
+
+
+MIGRATIONS = [_v1, _v2, _v3, _v4, _v5, _v6, _v7]
 
 
 # The same tables on PostgreSQL (shared by every instance of one platform),
@@ -211,7 +227,7 @@ _PG_V1: Final = (
     """CREATE TABLE ca_files (
         name TEXT PRIMARY KEY, data BYTEA NOT NULL, crl_number BIGINT NOT NULL DEFAULT 0)""",
 )
-PG_MIGRATIONS: Final = [_PG_V1, (_PEERS,), (_UNITS,), _REFS]
+PG_MIGRATIONS: Final = [_PG_V1, (_PEERS,), (_UNITS,), _REFS, _GRANTS]
 
 
 def open_platform_store(store: Path | str, *, create: bool = False, synchronous: str = "FULL",

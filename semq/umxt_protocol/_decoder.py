@@ -335,6 +335,21 @@ class FrameDecoder:
         """Bytes received and not yet returned as frames."""
         return len(self._buf) - self._pos
 
+    def claim(self) -> int:
+        """Bytes this decoder holds or is about to hold: what is buffered,
+        plus the rest of the frame at its head when that frame's header has
+        come (its declared total, already checked against the limit). A
+        reader that must bound what a peer costs reserves this much before
+        it reads on (semq.transport.ByteBudget): the frame it started is
+        then covered whole."""
+        pos, buf = self._pos, self._buf
+        have = len(buf) - pos
+        if have < HEADER_SIZE or self._error is not None:
+            return have
+        head = _HEADER.unpack_from(buf, pos)
+        total = HEADER_SIZE + head[9] + head[10] + head[11] + head[13] + 4
+        return max(have, min(total, self.max_frame_size))
+
     def receive_data(self, data: bytes) -> None:
         if self._pos and self._pos >= len(self._buf) // 2:
             del self._buf[: self._pos]

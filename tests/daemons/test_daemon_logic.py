@@ -693,7 +693,8 @@ async def test_a_node_of_several_units_has_a_session_per_unit_within_the_limit(
     from semq.units import route_of
 
     pcore = platform_core(tmp_path)
-    pcore.register([A, B])
+    pcore.register([A])
+    pcore.register([B], units=2)
     p = platform(pcore)
     p.s.max_units_per_org = 4
     p.gate = InlineGate()
@@ -716,4 +717,41 @@ async def test_a_node_of_several_units_has_a_session_per_unit_within_the_limit(
     assert u2.frames(Kind.WELCOME)[0].frame.target == b  # the unit is addressed as its organization
     with pytest.raises(Exception, match="semq_id 3 is over the node's 2 unit"):
         Hello(semq_id=3, units=2)
+    pcore.close()
+
+
+async def test_a_hello_cannot_raise_its_organizations_allowance(tmp_path: Path, clock: trio.testing.MockClock) -> None:
+    """The units an organization runs, and so the connections it may hold,
+    are the operator's grant: a HELLO claiming more units than granted is
+    refused with the grant and the command that raises it, and a connection
+    past the allowance of the grant is refused whatever the HELLOs say."""
+    pcore = platform_core(tmp_path)
+    pcore.register([A], units=2)
+    p = platform(pcore)
+    p.s.max_connections_per_org = 1  # allowance: 1, one more for the second unit granted
+    p.gate = InlineGate()
+    a = Endpoint.org(A)
+    async with trio.open_nursery() as nursery:
+        greedy = Peer()
+        nursery.start_soon(p._handle, greedy.pair())
+        await greedy.send(Frame(kind=Kind.HELLO, source=a, target=P, body=Hello(semq_id=1, units=8)))
+        await greedy.read_until(lambda: bool(greedy.frames(Kind.ERROR)))
+        err = greedy.frames(Kind.ERROR)[0].frame.body
+        assert isinstance(err, Error) and err.code is ResultCode.INVALID_FIELD
+        assert "units 8 exceeds the 2 unit(s) organization 10008 is granted here" in err.message
+        assert "semq platform register 10008 --units 8" in err.message
+        u1, u2, third = Peer(), Peer(), Peer()
+        for unit, peer in ((1, u1), (2, u2)):
+            nursery.start_soon(p._handle, peer.pair())
+            await peer.send(Frame(kind=Kind.HELLO, source=a, target=P, body=Hello(semq_id=unit, units=2)))
+            await peer.read_until(lambda peer=peer: bool(peer.frames(Kind.WELCOME)))
+        nursery.start_soon(p._handle, third.pair())
+        await third.send(Frame(kind=Kind.HELLO, source=a, target=P, body=Hello(semq_id=1, units=2)))
+        await third.read_until(lambda: bool(third.frames(Kind.ERROR)))
+        err = third.frames(Kind.ERROR)[0].frame.body
+        assert isinstance(err, Error) and err.code is ResultCode.TOO_MANY_CONNECTIONS
+        assert "10008 already holds 2 connections, the most it may (2)" in err.message
+        assert p.admission.by_identity == {A: 2}
+        nursery.cancel_scope.cancel()
+    assert p.admission.open == 0  # every connection left, whatever happened
     pcore.close()

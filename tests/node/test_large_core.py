@@ -370,3 +370,83 @@ def test_a_relay_that_forges_the_receivers_done_cannot_end_the_transfer(
     assert _chunk_acks(out.data) == [(3, ResultCode.OK)]
     path = b.conn.execute("SELECT path FROM inbox").fetchone()[0]
     assert (b.path.parent / path).read_bytes() == content
+
+
+def _bomb_chunk(doc: Outgoing, me: Endpoint, index: int, payload: bytes) -> bytes:
+    """Chunk ``index`` of ``doc`` with ``payload`` as its (compressed) content:
+    a partner's own chunk, genuine to the receiver (security off here; with
+    a key it would be sealed under the manifest's, which the partner has)."""
+    from semq.umxt_protocol import CHUNK_COMPRESSED
+
+    raw = _raws([_chunks(doc, [index], me)[0]])[0]
+    body = raw.frame().body
+    return encode_frame(dataclasses.replace(raw.frame(), body=dataclasses.replace(
+        body, flags=CHUNK_COMPRESSED, payload=payload)))  # type: ignore[type-var]
+
+
+@pytest.mark.parametrize("bomb", ["declares 64 GiB", "declares 300 MiB", "declares nothing"])
+def test_a_zstd_bomb_is_a_bad_chunk_inflated_no_further_than_its_size(cores: Any, tmp_path: Path,
+                                                                       bomb: str) -> None:
+    """python-zstandard allocates what a zstd frame declares, whatever
+    ``max_output_size`` says: a 17-byte chunk declaring 64 GiB ended the
+    receiver with MemoryError (again after every restart, as the platform
+    kept the chunk). Now a frame declaring more than the chunk's size is
+    refused unread and one declaring nothing inflates to the size at most:
+    a bad chunk, the origin asked to send it again, the receiver's peak
+    memory not moved by the bomb."""
+    import resource
+    import struct
+
+    import zstandard
+
+    a, b = cores
+    content = os.urandom(2 * CHUNK_SIZE)
+    doc, manifest = _send(a, tmp_path, content)
+    b.handle(_relay(manifest))
+    if bomb == "declares 64 GiB":  # the frame header alone, then a last empty raw block
+        payload = struct.pack("<IB", 0xFD2FB528, 0xE0) + struct.pack("<Q", 64 << 30) + b"\x01\x00\x00"
+    elif bomb == "declares 300 MiB":
+        payload = zstandard.ZstdCompressor(level=1).compress(bytes(300 << 20))
+    else:
+        payload = zstandard.ZstdCompressor(level=1, write_content_size=False).compress(bytes(300 << 20))
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    out = b.handle(_relay([_bomb_chunk(doc, a.me, 0, payload)]))
+    grew_mib = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - peak) / 1024
+    assert grew_mib < 64, f"the receiver's peak grew by {grew_mib:.0f} MiB"
+    assert [code for code, _ in out.errors] == [ResultCode.BAD_CHUNK]
+    assert _chunk_acks(out.data) == [(0, ResultCode.UNEXPECTED_FRAME)]  # RESUME: send it again from 0
+    # The genuine chunks still complete the document.
+    out = b.handle(_relay(_chunks(doc, [0, 1], a.me)))
+    assert out.errors == [] and b.conn.execute("SELECT size FROM inbox").fetchall() == [(len(content),)]
+
+
+def test_a_frame_that_cannot_be_handled_is_refused_alone_and_the_rest_of_its_batch_goes_on(
+        cores: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """No frame's bytes can end the daemon: a document whose handling raises
+    what it should not (here MemoryError, as a decompression bomb did) is
+    refused with a NACK (INTERNAL_ERROR) and its stored copy settled at the
+    platform, while the documents before and after it in the same batch are
+    delivered."""
+    from semq.node.receiver import Receiver
+
+    a, b = cores
+    a.accept([NewDocument(target=B, app_data=f"doc {i}".encode()) for i in range(5)])
+    frames = a.claim(10).data
+    real = Receiver._receive
+
+    def poisoned(self: Receiver, bt: Any, frame: Any, d: Any, body: bytes, *args: Any, **kw: Any) -> None:
+        if body == b"doc 2":
+            raise MemoryError("a bomb")
+        real(self, bt, frame, d, body, *args, **kw)
+
+    monkeypatch.setattr(Receiver, "_receive", poisoned)
+    out = b.handle(_relay(frames))
+    assert sorted(r[0] for r in b.conn.execute("SELECT app_data FROM inbox")) == [
+        b"doc 0", b"doc 1", b"doc 3", b"doc 4"]
+    nacks = [r.frame().body for r in _raws(out.data) if r.kind is Kind.NACK]
+    assert len(nacks) == 1 and isinstance(nacks[0], Nack) and nacks[0].code is ResultCode.INTERNAL_ERROR
+    assert "MemoryError: a bomb" in nacks[0].message
+    assert [code for code, _ in out.errors] == [ResultCode.INTERNAL_ERROR]
+    a.handle(_relay(out.data))  # the origin fails that one with the code; the others wait for their ACK2
+    assert a.conn.execute("SELECT count(*) FROM outbox WHERE code=?",
+                          (int(ResultCode.INTERNAL_ERROR),)).fetchone() == (1,)
