@@ -66,7 +66,9 @@ class Admission:
     per_identity: Callable[[str], int]
     reserve: int
     descriptors: Callable[[], int | None] = open_descriptors
-    limit: int = field(default_factory=lambda: int(resource.getrlimit(resource.RLIMIT_NOFILE)[0]))
+    # The process's descriptor limit: read when a connection comes (an
+    # operator may lower it on the running process: prlimit), None to read.
+    limit: int | None = None
     handshaking: int = 0
     admitted: int = 0
     by_identity: dict[str, int] = field(default_factory=dict)
@@ -91,8 +93,9 @@ class Admission:
             kind = "handshakes"
         else:
             n = self.descriptors()
-            if n is not None and n + self.reserve >= self.limit:
-                why = (f"{n} descriptors open of this process's {self.limit}: the last {self.reserve} are kept"
+            limit = self.descriptor_limit()
+            if n is not None and n + self.reserve >= limit:
+                why = (f"{n} descriptors open of this process's {limit}: the last {self.reserve} are kept"
                        " for its own use")
                 kind = "descriptors"
         if why is not None:
@@ -128,6 +131,12 @@ class Admission:
         else:
             self.by_identity.pop(identity, None)
 
+    def descriptor_limit(self) -> int:
+        if self.limit is not None:
+            return self.limit
+        soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+        return 1 << 30 if soft == resource.RLIM_INFINITY else int(soft)
+
     def _refused(self, kind: str, why: str) -> None:
         n = self.refused.get(kind, 0) + 1
         self.refused[kind] = n
@@ -138,5 +147,5 @@ class Admission:
         """For status: what is held against what is allowed."""
         return {"open": self.open, "total": self.total, "handshaking": self.handshaking,
                 "handshakes": self.handshakes, "identities": len(self.by_identity),
-                "descriptor_limit": self.limit, "descriptor_reserve": self.reserve,
+                "descriptor_limit": self.descriptor_limit(), "descriptor_reserve": self.reserve,
                 "refused": dict(self.refused)}

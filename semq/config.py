@@ -340,8 +340,9 @@ class Config:
         " saying nothing cannot hold the relay's descriptors)"))
     max_buffer_mib_per_org: int = _setting(PLATFORM_BUFFER_MIB_PER_ORG, Rule(
         "integer", "an integer 64..65536", _between(64, 65536),
-        "platform: MiB of frames one organization's connections may buffer together; a connection that"
-        " would pass it waits (its sender is pushed back) until the others' frames are handled"))
+        "platform, and a node's direct-link listener: MiB of frames one organization's connections may"
+        " buffer together; a connection that would pass it waits (its sender is pushed back) until the"
+        " others' frames are handled"))
     fd_reserve: int = _setting(FD_RESERVE, Rule(
         "integer", "an integer 16..100000", _between(16, 100_000),
         "file descriptors a daemon keeps for its own use (its platform session, store, logs): its listeners"

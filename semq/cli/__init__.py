@@ -681,7 +681,9 @@ def _direct_settings(args: argparse.Namespace, cfg: Config) -> Any:
         policy=values["direct"], listen=listen,
         announce=[a.strip() for a in values["direct_announce"].split(",") if a.strip()],
         allowed=tuple(o.strip() for o in values["direct_from"].split(",") if o.strip()),
-        retry=cfg.direct_retry)
+        retry=cfg.direct_retry, max_links=cfg.direct_max_links, max_links_per_org=cfg.direct_max_links_per_org,
+        handshakes=cfg.direct_handshakes, fd_reserve=cfg.fd_reserve,
+        max_buffer_per_org=cfg.max_buffer_mib_per_org << 20)
 
 
 def cmd_node_run(args: argparse.Namespace) -> int:

@@ -46,11 +46,22 @@ from typing import TYPE_CHECKING, Any
 import trio
 
 from semq._db import STORE_ERRORS
+from semq.admission import Admission, raise_descriptor_limit
+from semq.bounds import (
+    DIRECT_HANDSHAKES,
+    DIRECT_HELLO_S,
+    DIRECT_MAX_LINKS,
+    DIRECT_MAX_LINKS_PER_ORG,
+    DIRECT_PRE_AUTH_BYTES,
+    FD_RESERVE,
+    PLATFORM_BUFFER_MIB_PER_ORG,
+)
 from semq.config import Address, parse_hostport
 from semq.crypto import CryptoError, peer_certificate
 from semq.events import now_ms
-from semq.transport import ConnectionClosed, FramePump, FrameStream
+from semq.transport import ByteBudget, ConnectionClosed, FramePump, FrameStream
 from semq.umxt_protocol import (
+    DEFAULT_MAX_FRAME,
     Endpoint,
     Error,
     Frame,
@@ -91,6 +102,16 @@ class DirectSettings:
     announce_ttl: int = 300  # s an announcement lives at the platform; renewed at a third of it
     idle_timeout: float = 45.0  # s without a frame before a link is given up (the dialler pings)
     idle_close: float = 600.0  # s without a document to send before a link we dialled is closed
+    # The listener's bounds (semq.bounds): links in all, links of one
+    # organization, links not authenticated yet, the time to authenticate,
+    # descriptors kept for the node's own use, and the bytes one
+    # organization's links may buffer together.
+    max_links: int = DIRECT_MAX_LINKS
+    max_links_per_org: int = DIRECT_MAX_LINKS_PER_ORG
+    handshakes: int = DIRECT_HANDSHAKES
+    hello_timeout: float = DIRECT_HELLO_S
+    fd_reserve: int = FD_RESERVE
+    max_buffer_per_org: int = PLATFORM_BUFFER_MIB_PER_ORG << 20
 
 
 class _Idle(Exception):
@@ -143,6 +164,12 @@ class DirectLinks:
         self._poke = trio.Event()
         self._manager_wake = trio.Event()
         self.stats = {"links_out": 0, "links_in": 0, "refused_in": 0, "failed_out": 0, "sent_again": 0}
+        # Who may hold a link to our listener (semq.admission), and the bytes
+        # each organization's links buffer together.
+        self.admission = Admission("direct-link listener", total=settings.max_links,
+                                   handshakes=settings.handshakes, per_identity=lambda _org: self.s.max_links_per_org,
+                                   reserve=settings.fd_reserve)
+        self.budgets: dict[str, ByteBudget] = {}
         self._contexts: tuple[Any, Any] | None = None
         self._watch: sqlite3.Connection | None = None  # read-only, for PRAGMA data_version (_store_version)
         self._watch_off = False  # watching is off, or the store cannot be opened read-only
@@ -221,6 +248,7 @@ class DirectLinks:
             "links": [link.view() for link in [*self.out.values(), *self.inbound]],
             "waiting": {t: {"retry_in_s": round(max(0.0, at - now), 1), "why": why}
                         for t, (at, _, why) in self.failed.items() if t not in self.up_targets()},
+            "listener": self.admission.snapshot() if self.bound else None,
             **self.stats,
         }
 
@@ -617,20 +645,34 @@ class DirectLinks:
                           " be running there)") from e
         port = listeners[0].socket.getsockname()[1]
         self.bound = Address(listen.host, port)
+        raise_descriptor_limit()
         log.info("listening for direct links on %s", self.bound)
         async with trio.open_nursery() as nursery:
             nursery.start_soon(trio.serve_listeners, self._accept, listeners)
             task_status.started()
 
     async def _accept(self, stream: trio.SocketStream) -> None:
+        adm = self.admission
+        if adm.enter() is not None:  # (said in the log, rate-limited)
+            self.stats["refused_in"] += 1
+            await _close(stream)
+            return
+        org: list[str] = []  # the organization it was admitted as, once it is
         try:
-            await self._serve(stream)
+            await self._serve(stream, org)
         except Exception:
             # A bug must cost one link, never the node.
             log.exception("direct link failed")
             await _close(stream)
+        finally:
+            adm.leave(org[0] if org else None)
 
-    async def _serve(self, stream: trio.SocketStream) -> None:
+    async def _serve(self, stream: trio.SocketStream, admitted: list[str]) -> None:
+        """One link dialled to us: TLS, then (within ``hello_timeout`` of
+        the connect, both together) the allow-list and the organization's
+        allowance checked on its certificate before any frame is read, then
+        a HELLO of at most DIRECT_PRE_AUTH_BYTES; only an accepted link
+        reads documents, within its organization's byte budget."""
         try:
             peer_host = str(stream.socket.getpeername()[0])
         except OSError:
@@ -639,9 +681,10 @@ class DirectLinks:
         sec = self.d.core.sec
         assert sec is not None
         me = self.d.core.me
+        deadline = trio.current_time() + self.s.hello_timeout
         tls = trio.SSLStream(stream, server, server_side=True)
         try:
-            with trio.fail_after(self.s.timeout * 5):
+            with trio.fail_at(deadline):
                 await tls.do_handshake()
             cert = peer_certificate(tls.getpeercert(binary_form=True), ca=sec.ca, crl=sec.directory.crl)
         except (trio.BrokenResourceError, trio.TooSlowError, CryptoError) as e:
@@ -649,10 +692,24 @@ class DirectLinks:
             log.warning("direct link from %s refused at the TLS handshake: %s", peer_host, e.__cause__ or e)
             await _close(stream)
             return
-        fs = FrameStream(tls)
+        fs = FrameStream(tls, max_frame=DIRECT_PRE_AUTH_BYTES)
         org = Endpoint.org(cert.org)
+        refusal = None
+        if self.s.allowed and cert.org not in self.s.allowed:
+            # Right after the handshake: an organization we do not accept
+            # gets no frame read at all.
+            refusal = (ResultCode.DIRECT_NOT_ALLOWED, f"{me} does not accept direct links from {cert.org}")
+        elif (why := self.admission.admit(cert.org)) is not None:
+            refusal = (ResultCode.TOO_MANY_CONNECTIONS, why)
+        else:
+            admitted.append(cert.org)
+        if refusal is not None:
+            self.stats["refused_in"] += 1
+            log.warning("direct link from %s (%s) refused: %s", cert.org, peer_host, refusal[1])
+            await fs.send_error(me, org, *refusal)
+            return
         try:
-            with trio.fail_after(self.s.timeout * 5):
+            with trio.fail_at(deadline):
                 first = await fs.receive_batch()
         except (trio.TooSlowError, ConnectionClosed, RemoteProtocolError) as e:
             self.stats["refused_in"] += 1
@@ -668,8 +725,6 @@ class DirectLinks:
                                                f" {hello.source}")
         elif hello.target != me:
             refusal = (ResultCode.UNEXPECTED_FRAME, f"this is {me}, not {hello.target}")
-        elif self.s.allowed and cert.org not in self.s.allowed:
-            refusal = (ResultCode.DIRECT_NOT_ALLOWED, f"{me} does not accept direct links from {cert.org}")
         elif not sec.certs(cert.org):
             # Its documents could not be opened: they would wait in memory
             # for its certificate (lost if we stop), and an inquiry meanwhile
@@ -689,6 +744,13 @@ class DirectLinks:
             log.warning("direct link from %s (%s) refused: %s", cert.org, peer_host, refusal[1])
             await fs.send_error(me, org, *refusal)
             return
+        # Accepted: documents up to the frame limit, within the budget its
+        # organization's links share.
+        fs.decoder.max_frame_size = DEFAULT_MAX_FRAME
+        budget = self.budgets.get(cert.org)
+        if budget is None:
+            budget = self.budgets[cert.org] = ByteBudget(max(self.s.max_buffer_per_org, DEFAULT_MAX_FRAME))
+        fs.budget = budget
         link = Link(cert.org, "in", peer_host, state="up")
         self.inbound.append(link)
         self.stats["links_in"] += 1
@@ -705,6 +767,8 @@ class DirectLinks:
             self.inbound.remove(link)
             log.info("direct link from %s down%s", cert.org, f": {link.error}" if link.error else "")
             await fs.aclose()
+            if not len(budget):
+                self.budgets.pop(cert.org, None)
 
 
 def _why(exc: BaseException) -> str:

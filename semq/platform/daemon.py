@@ -255,7 +255,7 @@ class PlatformDaemon:
 
     async def run(self, *, task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED) -> None:
         """Listen and serve until cancelled; ``task_status`` gets the bound port."""
-        self.admission.limit = raise_descriptor_limit()
+        raise_descriptor_limit()
         listeners = await trio.open_tcp_listeners(self.s.port, host=self.s.host)
         self.port = listeners[0].socket.getsockname()[1]
         log.info("platform %s listening on %s:%s", self.core.me, self.s.host, self.port)
