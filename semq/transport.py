@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import trio
 
+from semq.bounds import LINK_BUFFER_BYTES
 from semq.config import parse_hostport  # one definition, also used to check semq.toml
 from semq.umxt_protocol import (
     DEFAULT_MAX_FRAME,
@@ -160,7 +161,7 @@ class FramePump:
     pump stops reading: TCP pushes back): a peer sending large frames faster
     than they are stored cannot fill the reader's memory."""
 
-    def __init__(self, fs: FrameStream, max_frames: int = 16_384, max_bytes: int = 16 * 1024 * 1024) -> None:
+    def __init__(self, fs: FrameStream, max_frames: int = 16_384, max_bytes: int = LINK_BUFFER_BYTES) -> None:
         self.fs = fs
         self.max_frames = max_frames
         self.max_bytes = max_bytes

@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final, NamedTuple
 
 from semq._db import StoreFileError
+from semq.bounds import DEFERRED_CHUNK_BYTES
 from semq.umxt_protocol import (
     LK0,
     AckEntry,
@@ -86,7 +87,7 @@ RESUME_AGAIN_MS: Final = 2000
 ALL_CHUNKS: Final = 0xFFFF_FFFF  # CHUNK_ACK through: "delivered already, stop"
 # Bytes of chunks held in memory while their origin's certificate is asked
 # for (the manifest waits for it too).
-MAX_DEFERRED_BYTES: Final = 16 << 20
+MAX_DEFERRED_BYTES: Final = DEFERRED_CHUNK_BYTES
 # A refused transfer is remembered this long: its manifest sent again before
 # the origin heard the refusal (an inquiry crossing the NACK) is refused
 # again, rather than starting a transfer its origin will never feed.
