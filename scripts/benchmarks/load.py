@@ -61,6 +61,9 @@ Usage: scripts/bench load nodes [--nodes N] [--docs-per-node D] [--pair-docs K] 
        scripts/bench load backlog [--docs N] [--security on|off] [--rss-limit MIB] [--time-cap S]
                                   [--restart-platform] [--keep]
        scripts/bench load frames [--connections N] [--frames F] [--security on|off] [--keep]
+       scripts/bench load flood [--connections N] [--phases PHASE...] [--keep]
+
+``scripts/bench load flood`` is described in scripts/benchmarks/flood.py.
 """
 
 from __future__ import annotations
@@ -975,6 +978,13 @@ def main(argv: list[str] | None = None) -> int:
     f = sub.add_parser("frames", parents=[common], help="the relay's memory with maximum-size frames")
     f.add_argument("--connections", type=int, default=8, help="organizations sending at once (default 8)")
     f.add_argument("--frames", type=int, default=3, help="maximum-size frames per connection (default 3)")
+    if __package__:
+        from .flood import add_parser as add_flood
+        from .flood import run_flood
+    else:
+        from flood import add_parser as add_flood  # type: ignore[no-redef]
+        from flood import run_flood
+    add_flood(sub, common)
     try:
         a = p.parse_args(sys.argv[1:] if argv is None else argv)
     except SystemExit as e:
@@ -992,7 +1002,7 @@ def main(argv: list[str] | None = None) -> int:
     tmp = Path(tempfile.mkdtemp(prefix=f"semq-bench-load-{a.what}-"))
     t0 = time.monotonic()
     try:
-        run = {"nodes": run_nodes, "backlog": run_backlog, "frames": run_frames}[a.what]
+        run = {"nodes": run_nodes, "backlog": run_backlog, "frames": run_frames, "flood": run_flood}[a.what]
         rows, notes, ok = run(a, tmp)
     except (BenchError, StoreError, LoadGenError) as e:
         print(f"error: {e}", file=sys.stderr)
@@ -1011,8 +1021,11 @@ def main(argv: list[str] | None = None) -> int:
     else:
         title = (f"SEMQ load: {a.nodes:,} nodes connected at once to one platform" if a.what == "nodes"
                  else f"SEMQ load: a backlog of {a.docs:,} documents for one offline node" if a.what == "backlog"
+                 else "SEMQ load: hostile floods at every listener, beside the declared bounds" if a.what == "flood"
                  else f"SEMQ load: {a.connections} connections sending maximum-size frames")
-        print_table(title, ["", "measured"], rows, notes)
+        header = (["phase", "attacked process", "bound (semq.bounds)", "A's documents", "flood"]
+                  if a.what == "flood" else ["", "measured"])
+        print_table(title, header, rows, notes)
     return 0 if ok else 1
 
 

@@ -6,7 +6,7 @@ nothing, hold idle TLS links, send a frame header declaring a huge frame
 before HELLO and stream its body, open sessions and stream huge frames in
 each. Every function returns what happened (how many connections were
 taken, how many the listener closed, how many bytes it read before it
-closed them) so that a test or ``scripts/bench load --flood`` can set it
+closed them) so that a test or ``scripts/bench load flood`` can set it
 beside the process's memory and descriptors (``process_usage``) and the
 declared bound.
 
