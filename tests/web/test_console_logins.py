@@ -9,12 +9,16 @@ from __future__ import annotations
 
 import re
 import ssl
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 
 import httpx
+import pytest
 import trio
 
-from semq.bounds import CONSOLE_MAX_FAILURES
+import semq.web.app as app_mod
+from semq.bounds import CONSOLE_MAX_FAILURES, CONSOLE_MAX_HEADER
 from semq.web.app import COOKIE, Console
 from semq.web.audit import AuditLog
 from semq.web.backend import ConsoleBackend
@@ -105,3 +109,67 @@ async def test_parallel_guesses_are_checked_at_most_max_failures_times(tmp_path:
                 for c in clients:
                     await c.aclose()
                 nursery.cancel_scope.cancel()
+
+
+@asynccontextmanager
+async def _served(tmp_path: Path) -> AsyncIterator[tuple[int, ssl.SSLContext]]:
+    """A node's console on 127.0.0.1 (no accounts): its port and a context trusting it."""
+    d = tmp_path / "10001"
+    d.mkdir(mode=0o700)
+    tls = console_tls("node", d, "127.0.0.1")
+    backend = ConsoleBackend(role="node", ident="10001", directory=d, handlers={}, unit_dirs=[d])
+    console = Console(backend=backend, users=UserStore(d), audit=AuditLog(d))
+    ctx = ssl.create_default_context(cafile=str(d / "console" / "console.pem"))
+    async with trio.open_nursery() as nursery:
+        port = await nursery.start(serve_console, console, tls, "127.0.0.1", 0)
+        try:
+            yield port, ctx
+        finally:
+            nursery.cancel_scope.cancel()
+
+
+@pytest.mark.parametrize("size", [8 * 1024, 32 * 1024])
+async def test_request_head_over_the_bound_is_refused(tmp_path: Path, size: int) -> None:
+    """A request head larger than CONSOLE_MAX_HEADER (16 KiB) gets 431; a
+    smaller one is served."""
+    with trio.fail_after(60):
+        async with _served(tmp_path) as (port, ctx), \
+                httpx.AsyncClient(base_url=f"https://127.0.0.1:{port}", verify=ctx) as c:
+            r = await c.get("/login", headers={"x-padding": "p" * size})
+            assert r.status_code == (200 if size < CONSOLE_MAX_HEADER else 431)
+
+
+async def test_console_speaks_http_1_1_only(tmp_path: Path) -> None:
+    """A client offering HTTP/2 first gets HTTP/1.1 (one parser, one set of bounds)."""
+    with trio.fail_after(60):
+        async with _served(tmp_path) as (port, ctx):
+            ctx.set_alpn_protocols(["h2", "http/1.1"])
+            stream = await trio.open_ssl_over_tcp_stream("127.0.0.1", port, ssl_context=ctx)
+            try:
+                await stream.do_handshake()
+                assert stream.selected_alpn_protocol() == "http/1.1"
+            finally:
+                await stream.aclose()
+
+
+async def test_a_form_sent_slowly_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A form whose body does not arrive within CONSOLE_FORM_S (here 0.5 s)
+    is answered 400, naming the bound."""
+    monkeypatch.setattr(app_mod, "CONSOLE_FORM_S", 0.5)
+    with trio.fail_after(60):
+        async with _served(tmp_path) as (port, ctx):
+            stream = await trio.open_ssl_over_tcp_stream("127.0.0.1", port, ssl_context=ctx)
+            try:
+                await stream.send_all(b"POST /login HTTP/1.1\r\nhost: 127.0.0.1\r\n"
+                                      b"content-type: application/x-www-form-urlencoded\r\n"
+                                      b"content-length: 1000\r\n\r\nuser=carol&pass")
+                answer = b""
+                while b"\r\n\r\n" not in answer or not answer.rstrip().endswith(b"bytes)"):
+                    chunk = await stream.receive_some(65536)
+                    if not chunk:
+                        break
+                    answer += chunk
+            finally:
+                await stream.aclose()
+    assert answer.startswith(b"HTTP/1.1 400"), answer[:200]
+    assert b"the form took longer than 0.5 s to arrive (15 bytes)" in answer
