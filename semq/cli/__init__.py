@@ -10,7 +10,6 @@ import gc
 import json
 import logging
 import os
-import shutil
 import signal
 import sys
 import textwrap
@@ -22,6 +21,7 @@ from typing import Any, Final, NoReturn
 from semq import __version__
 from semq._db import StoreError
 from semq.cli.bulk import BULK_BATCH, format_size
+from semq.cli.content import write_content
 from semq.cli.watch import register as register_watch
 from semq.config import (
     PRIVATE_DIR_MODE,
@@ -1100,12 +1100,27 @@ def _inbox_as_user(args: argparse.Namespace, token: str) -> int:
                 n = Path(args.ids[1]).write_bytes(item["data"])
             print(f"saved {n} bytes to {args.ids[1]}")
             return 0
-        for block in me.read(item["id"]) if item.get("large") else [item["data"]]:  # (a large one by blocks)
-            sys.stdout.buffer.write(block)
+        blocks = me.read(item["id"]) if item.get("large") else [item["data"]]  # (a large one by blocks)
+        if not write_content(blocks, sys.stdout.buffer, text_only=_text_only(args)):
+            return _not_text(item["id"], item["size"])
     except UserSocketError as e:
         raise UsageError(str(e)) from None
     sys.stdout.flush()
     return 0
+
+
+def _text_only(args: argparse.Namespace) -> bool:
+    """``inbox show`` to a terminal writes only text, unless ``--raw``."""
+    return not args.raw and sys.stdout.isatty()
+
+
+def _not_text(item_id: int, size: int) -> int:
+    """The line ``inbox show`` says instead of writing binary content to a terminal."""
+    sys.stdout.flush()
+    print(f"error: document {item_id} ({size} bytes) is not text (binary, or control characters): not written to"
+          f" the terminal; add --raw to write it anyway, or save it with 'semq inbox save {item_id} FILE'",
+          file=sys.stderr)
+    return 1
 
 
 class _NotInInbox(Exception):
@@ -1219,7 +1234,8 @@ def cmd_inbox(args: argparse.Namespace) -> int:
               f"\nreceived: {format_time(item.received_ms)} ({format_age(item.received_ms)} ago){acked}\n")
         sys.stdout.flush()
         with item.open() as f:  # (a large document by blocks, never whole in memory)
-            shutil.copyfileobj(f, sys.stdout.buffer, 1 << 20)
+            if not write_content(iter(lambda: f.read(1 << 20), b""), sys.stdout.buffer, text_only=_text_only(args)):
+                return _not_text(item.id, item.size)
         sys.stdout.flush()
         return 0
 
@@ -1581,6 +1597,10 @@ def build_parser() -> argparse.ArgumentParser:
     x.add_argument("--after", type=int, default=0, metavar="ID",
                    help="--follow: start with the documents above inbox id ID (default 0: every unacknowledged one)")
     x.add_argument("--ack", action="store_true", help="--follow: acknowledge each document once it is printed")
+    x.add_argument("--raw", action="store_true",
+                   help="show: write the contents to a terminal even when they are not text (without it, binary"
+                        " contents or control characters are refused on a terminal; a pipe or a file always gets"
+                        " the bytes)")
     _user_options(x, "only this user's documents")
     x.set_defaults(func=cmd_inbox)
 
