@@ -372,8 +372,20 @@ def cmd_platform_register(args: argparse.Namespace) -> int:
 
 
 def _write_status(path: Path, data: dict[str, Any]) -> None:
+    """Replace ``path`` with ``data`` as JSON, owner-only (0600) like the
+    rest of a data directory (it names the platform, partners and ports):
+    written to a 0600 temporary file, then renamed over it, so a reader
+    never sees half of it and it is never readable by others. Not synced:
+    it is rewritten every second and means nothing after a crash."""
     tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(data), "utf-8")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_NOFOLLOW", 0), 0o600)
+    try:
+        os.fchmod(fd, 0o600)  # (a .tmp left by an older version may have been 0644)
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(json.dumps(data))
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
     tmp.replace(path)
 
 

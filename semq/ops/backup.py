@@ -64,6 +64,7 @@ from typing import Any, Final
 
 from semq import __version__
 from semq._db import SQLITE_MAGIC
+from semq.crypto import ensure_private_directory
 
 from ._paths import admin_socket_path
 
@@ -542,7 +543,7 @@ def _read_archive(archive: Path, stage: Path) -> tuple[dict[str, Any], list[str]
                     raise BackupError(f"{archive}: the manifest is not JSON: {e}") from e
                 continue
             dest = stage / rel
-            dest.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+            ensure_private_directory(dest.parent)
             with _private_file(dest) as f:
                 shutil.copyfileobj(src, f)
             files.append(rel)
@@ -658,8 +659,8 @@ def restore(archive: Path, directory: Path, *, force: bool = False) -> RestoreIn
                     Path(f"{directory / rel}{sfx}").unlink(missing_ok=True)
             for rel in sorted(files):
                 dst = directory / rel
-                if dst.parent != directory:
-                    dst.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+                if dst.parent != directory:  # (every level 0700: large/, large/in/, chunks/...)
+                    ensure_private_directory(dst.parent)
                     os.chmod(dst.parent, 0o700)
                 os.chmod(stage / rel, 0o600)
                 os.replace(stage / rel, dst)
