@@ -31,6 +31,7 @@ __all__ = [
     "ADMIN_MAX_CLIENTS",
     "ADMIN_MAX_REQUEST",
     "BACKUP_MAX_MEMBER_RATIO",
+    "BACKUP_MAX_META",
     "BOUNDS",
     "CHUNK_MAX_OUTPUT",
     "CONFIG_MAX_BYTES",
@@ -249,7 +250,11 @@ _int(_F, "certificate revocation list in a CRL frame", MAX_CRL, "bytes", "about 
 CONFIG_MAX_BYTES: Final = _int(_F, "semq.toml", 1 << 20, "bytes", "a larger file is refused unread")
 BACKUP_MAX_MEMBER_RATIO: Final = _int(
     _F, "backup restore: bytes written per archive byte", 1024, "x",
-    "a gzip bomb in a backup is refused before the disk fills")
+    "a gzip bomb in a backup is refused before the disk fills: the members' declared sizes are summed first"
+    " (and must fit the free space too), and the inflated stream may not exceed it either")
+BACKUP_MAX_META: Final = _int(
+    _F, "backup restore: bytes of a pax or long-name header", 64 * 1024, "bytes",
+    "such a header is read into memory whole; a semq backup's are a few hundred bytes")
 
 BOUNDS: Final[tuple[Bound, ...]] = tuple(_TABLE)
 
