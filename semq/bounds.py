@@ -31,10 +31,15 @@ __all__ = [
     "ADMIN_MAX_CLIENTS",
     "ADMIN_MAX_REQUEST",
     "BACKUP_MAX_MEMBER_RATIO",
+    "BACKUP_MAX_META",
     "BOUNDS",
     "CHUNK_MAX_OUTPUT",
     "CONFIG_MAX_BYTES",
+    "CONSOLE_FORM_S",
+    "CONSOLE_HANDSHAKE_S",
+    "CONSOLE_IDLE_S",
     "CONSOLE_LOGINS_IN_FLIGHT",
+    "CONSOLE_LOGIN_WAIT_S",
     "CONSOLE_MAX_FAILURES",
     "CONSOLE_MAX_FAILURES_ADDRESS",
     "CONSOLE_MAX_FORM",
@@ -207,8 +212,17 @@ ADMIN_IDLE_S: Final = _float(_A, "time without a request", 60.0, "s", "an idle c
 # ---------------------------------------------------------------- the web console
 
 CONSOLE_MAX_FORM: Final = _int(_W, "bytes of a POSTed form", 64 * 1024, "bytes", "larger ones get 400")
+CONSOLE_FORM_S: Final = _float(
+    _W, "time to send a POSTed form's body", 30.0, "s",
+    "a client that trickles a form is answered 400 and cannot hold the request open")
 CONSOLE_MAX_HEADER: Final = _int(
-    _W, "bytes of a request's head", 16 * 1024, "bytes", "HTTP/1.1 requests with larger heads are refused")
+    _W, "bytes of a request's head", 16 * 1024, "bytes",
+    "HTTP/1.1 requests with larger heads are refused (the console speaks HTTP/1.1 only: no HTTP/2 streams)")
+CONSOLE_HANDSHAKE_S: Final = _float(
+    _W, "time for the TLS handshake", 10.0, "s", "a client that connects and says nothing is closed")
+CONSOLE_IDLE_S: Final = _float(
+    _W, "time a connection waits for a request's complete head", 30.0, "s",
+    "an idle keep-alive connection, or one sending its head slowly, is closed")
 CONSOLE_MAX_FAILURES: Final = _int(
     _W, "failed logins of one account name in 5 minutes", 5, "attempts",
     "then the name is locked for 5 minutes; an attempt is counted before its password is checked")
@@ -217,6 +231,9 @@ CONSOLE_MAX_FAILURES_ADDRESS: Final = _int(
 CONSOLE_LOGINS_IN_FLIGHT: Final = _int(
     _W, "logins being checked at once per account name and per address", 1, "logins",
     "parallel guesses wait for each other, so the throttle sees every one")
+CONSOLE_LOGIN_WAIT_S: Final = _float(
+    _W, "time a login waits for another of the same name or address to be checked", 5.0, "s",
+    "then it is answered 429 unchecked: a queue of guesses cannot hold requests open")
 
 # ---------------------------------------------------------------- decoders of outside data
 
@@ -233,7 +250,11 @@ _int(_F, "certificate revocation list in a CRL frame", MAX_CRL, "bytes", "about 
 CONFIG_MAX_BYTES: Final = _int(_F, "semq.toml", 1 << 20, "bytes", "a larger file is refused unread")
 BACKUP_MAX_MEMBER_RATIO: Final = _int(
     _F, "backup restore: bytes written per archive byte", 1024, "x",
-    "a gzip bomb in a backup is refused before the disk fills")
+    "a gzip bomb in a backup is refused before the disk fills: the members' declared sizes are summed first"
+    " (and must fit the free space too), and the inflated stream may not exceed it either")
+BACKUP_MAX_META: Final = _int(
+    _F, "backup restore: bytes of a pax or long-name header", 64 * 1024, "bytes",
+    "such a header is read into memory whole; a semq backup's are a few hundred bytes")
 
 BOUNDS: Final[tuple[Bound, ...]] = tuple(_TABLE)
 

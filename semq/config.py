@@ -32,6 +32,7 @@ from typing import Any, Final, NamedTuple
 import tomli_w
 
 from semq.bounds import (
+    CONFIG_MAX_BYTES,
     DIRECT_HANDSHAKES,
     DIRECT_MAX_LINKS,
     DIRECT_MAX_LINKS_PER_ORG,
@@ -62,6 +63,7 @@ __all__ = [
     "parse_hostport",
     "parse_platform_addresses",
     "private_paths",
+    "read_config_text",
     "settings_reference",
     "settings_table",
     "write_config",
@@ -532,6 +534,27 @@ def data_dir(explicit: str | None) -> Path:
     return Path(explicit or os.environ.get("SEMQ_DIR") or "semq-data").resolve()
 
 
+def read_config_text(path: Path, what: str = "configuration") -> str:
+    """The text of a configuration file, read only when it is a regular
+    file of at most ``CONFIG_MAX_BYTES``: a larger one (or a device, a
+    FIFO) is refused unread with one ConfigError line naming its size and
+    the limit. Reads at most the limit and one byte more, so a file that
+    grows while it is read is refused too. UnicodeDecodeError for text
+    that is not UTF-8; OSError as the file system says."""
+    limit = f"{CONFIG_MAX_BYTES >> 20} MiB" if CONFIG_MAX_BYTES % (1 << 20) == 0 else f"{CONFIG_MAX_BYTES} bytes"
+    with open(path, "rb", opener=lambda p, flags: os.open(p, flags | os.O_NONBLOCK)) as f:
+        st = os.fstat(f.fileno())
+        if not stat.S_ISREG(st.st_mode):
+            raise ConfigError(f"{what} {path} is not a regular file; not read")
+        if st.st_size > CONFIG_MAX_BYTES:
+            raise ConfigError(f"{what} {path} of {st.st_size} bytes exceeds the {limit} limit of a configuration"
+                              " file; not read")
+        data = f.read(CONFIG_MAX_BYTES + 1)
+    if len(data) > CONFIG_MAX_BYTES:
+        raise ConfigError(f"{what} {path} grew past the {limit} limit of a configuration file while it was read")
+    return data.decode("utf-8")
+
+
 def load_config(directory: Path) -> Config:
     """Read ``directory/semq.toml``. Raises ConfigError (one line): no file,
     not TOML, an unknown key, or a value its rule does not allow."""
@@ -539,7 +562,7 @@ def load_config(directory: Path) -> Config:
     if not path.exists():
         raise ConfigError(f"no configuration at {path}; run 'semq node init' or 'semq platform init' (or set SEMQ_DIR)")
     try:
-        raw: dict[str, Any] = tomllib.loads(path.read_text("utf-8"))
+        raw: dict[str, Any] = tomllib.loads(read_config_text(path, "configuration"))
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
         raise ConfigError(f"configuration {path} is not valid TOML: {e}") from e
     unknown = set(raw) - set(SETTINGS)

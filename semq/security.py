@@ -231,7 +231,7 @@ def import_certificate(ndir: Path, cert_path: Path, ca_path: Path) -> NodeIdenti
             if (ndir / "node.pem").exists():
                 current = load_certificate(ndir / "node.pem")
                 keep = ndir / "old" / f"{current.serial_number:x}"
-                keep.mkdir(mode=0o700, parents=True, exist_ok=True)
+                ensure_private_directory(keep)  # old/ and old/SERIAL/, each 0700
                 if (keep / "keys").exists():
                     shutil.rmtree(keep / "keys")
                 shutil.move(str(ndir / "keys"), str(keep / "keys"))

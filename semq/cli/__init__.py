@@ -10,7 +10,6 @@ import gc
 import json
 import logging
 import os
-import shutil
 import signal
 import sys
 import textwrap
@@ -22,6 +21,7 @@ from typing import Any, Final, NoReturn
 from semq import __version__
 from semq._db import StoreError
 from semq.cli.bulk import BULK_BATCH, format_size
+from semq.cli.content import write_content
 from semq.cli.watch import register as register_watch
 from semq.config import (
     PRIVATE_DIR_MODE,
@@ -381,8 +381,20 @@ def cmd_platform_register(args: argparse.Namespace) -> int:
 
 
 def _write_status(path: Path, data: dict[str, Any]) -> None:
+    """Replace ``path`` with ``data`` as JSON, owner-only (0600) like the
+    rest of a data directory (it names the platform, partners and ports):
+    written to a 0600 temporary file, then renamed over it, so a reader
+    never sees half of it and it is never readable by others. Not synced:
+    it is rewritten every second and means nothing after a crash."""
     tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(data), "utf-8")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_NOFOLLOW", 0), 0o600)
+    try:
+        os.fchmod(fd, 0o600)  # (a .tmp left by an older version may have been 0644)
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(json.dumps(data))
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
     tmp.replace(path)
 
 
@@ -1113,12 +1125,27 @@ def _inbox_as_user(args: argparse.Namespace, token: str) -> int:
                 n = Path(args.ids[1]).write_bytes(item["data"])
             print(f"saved {n} bytes to {args.ids[1]}")
             return 0
-        for block in me.read(item["id"]) if item.get("large") else [item["data"]]:  # (a large one by blocks)
-            sys.stdout.buffer.write(block)
+        blocks = me.read(item["id"]) if item.get("large") else [item["data"]]  # (a large one by blocks)
+        if not write_content(blocks, sys.stdout.buffer, text_only=_text_only(args)):
+            return _not_text(item["id"], item["size"])
     except UserSocketError as e:
         raise UsageError(str(e)) from None
     sys.stdout.flush()
     return 0
+
+
+def _text_only(args: argparse.Namespace) -> bool:
+    """``inbox show`` to a terminal writes only text, unless ``--raw``."""
+    return not args.raw and sys.stdout.isatty()
+
+
+def _not_text(item_id: int, size: int) -> int:
+    """The line ``inbox show`` says instead of writing binary content to a terminal."""
+    sys.stdout.flush()
+    print(f"error: document {item_id} ({size} bytes) is not text (binary, or control characters): not written to"
+          f" the terminal; add --raw to write it anyway, or save it with 'semq inbox save {item_id} FILE'",
+          file=sys.stderr)
+    return 1
 
 
 class _NotInInbox(Exception):
@@ -1232,7 +1259,8 @@ def cmd_inbox(args: argparse.Namespace) -> int:
               f"\nreceived: {format_time(item.received_ms)} ({format_age(item.received_ms)} ago){acked}\n")
         sys.stdout.flush()
         with item.open() as f:  # (a large document by blocks, never whole in memory)
-            shutil.copyfileobj(f, sys.stdout.buffer, 1 << 20)
+            if not write_content(iter(lambda: f.read(1 << 20), b""), sys.stdout.buffer, text_only=_text_only(args)):
+                return _not_text(item.id, item.size)
         sys.stdout.flush()
         return 0
 
@@ -1599,6 +1627,10 @@ def build_parser() -> argparse.ArgumentParser:
     x.add_argument("--after", type=int, default=0, metavar="ID",
                    help="--follow: start with the documents above inbox id ID (default 0: every unacknowledged one)")
     x.add_argument("--ack", action="store_true", help="--follow: acknowledge each document once it is printed")
+    x.add_argument("--raw", action="store_true",
+                   help="show: write the contents to a terminal even when they are not text (without it, binary"
+                        " contents or control characters are refused on a terminal; a pipe or a file always gets"
+                        " the bytes)")
     _user_options(x, "only this user's documents")
     x.set_defaults(func=cmd_inbox)
 

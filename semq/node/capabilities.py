@@ -26,7 +26,7 @@ from typing import Any, Final
 
 import tomli_w
 
-from semq.config import ConfigError
+from semq.config import ConfigError, read_config_text
 
 __all__ = [
     "CAPABILITIES_NAME",
@@ -104,7 +104,7 @@ def load_capabilities(directory: Path) -> Capabilities:
     if not path.exists():
         return Capabilities()
     try:
-        raw = tomllib.loads(path.read_text("utf-8"))
+        raw = tomllib.loads(read_config_text(path, "capabilities file"))
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
         raise ConfigError(f"{path} is not valid TOML: {e}") from e
     unknown = set(raw) - {"tx", "dead"}

@@ -30,7 +30,9 @@ fsync, rename, fsync of the directory — and acknowledged in the store
 made from the document's LK0 and its AppKey key (``KEY__10008-1-1-42.bin``),
 so a crash between the rename and the acknowledgement writes the same file
 again under the same name: never two files for one document. The key comes
-from another organization and is sanitized (``safe_name_part``).
+from another organization and is sanitized (``safe_name_part``): a name
+never starts with ``.`` or ``-``, so no program it is given to takes it for
+an option; ``semq watch`` prints each file's absolute path.
 
 Synchronous, like ``semq send``: the watcher is one more client of the
 node's store (the daemon runs beside it and sends what it accepts).
@@ -441,8 +443,16 @@ def safe_name_part(text: str, limit: int = INBOX_KEY_MAX) -> str:
     """``text`` (an AppKey key from another organization) made safe as part
     of a file name: only ``A-Z a-z 0-9 . _ -`` kept (anything else — ``/``,
     control characters, spaces, non-ASCII — becomes ``_``), no run of dots
-    (``..`` -> ``_``), no leading dot, at most ``limit`` characters."""
+    (``..`` -> ``_``), no leading dot, no leading ``-`` (it becomes ``_``),
+    at most ``limit`` characters.
+
+    The leading ``-``: the inbox folder's files are handed to other
+    programs (``for f in *.bin; do import $f; done``, ``xargs``, ``rm *``),
+    and a name such as ``-rf__...`` or ``--help__...`` would be read as
+    their options. A partner chooses the key; it must not choose options."""
     safe = _DOTS.sub("_", _UNSAFE.sub("_", text)).lstrip(".")
+    if safe.startswith("-"):
+        safe = "_" + safe[1:]
     return safe[:limit]
 
 

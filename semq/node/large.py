@@ -37,6 +37,7 @@ from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
 from semq.bounds import CHUNK_MAX_OUTPUT
+from semq.crypto import ensure_private_directory
 from semq.umxt_protocol import CHUNK_COMPRESSED, LK0, ResultCode
 
 __all__ = [
@@ -234,7 +235,7 @@ def copy_in(src: Path, dest_dir: Path, progress: Callable[[int], None] | None = 
     (0600): written to a ``.part``, fsynced, renamed, the directory fsynced.
     Returns (path, size, SHA-256). ``progress(n)`` after each block of n
     bytes. Memory: one block, whatever the size."""
-    dest_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+    ensure_private_directory(dest_dir)  # (every level made 0700: mkdir's parents would be 0755)
     name = secrets.token_hex(16)
     part = dest_dir / f"{name}.part"
     final = dest_dir / f"{name}.doc"

@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING, Any, Final, NamedTuple
 
 from semq._db import StoreFileError
 from semq.bounds import DEFERRED_CHUNK_BYTES
+from semq.crypto import ensure_private_directory
 from semq.umxt_protocol import (
     LK0,
     AckEntry,
@@ -191,7 +192,7 @@ class LargeIn:
             if d.expires_ms is not None and d.expires_ms <= b.ts:
                 self.receiver._refuse(b, frame, d, ResultCode.EXPIRED, f"the document expired at {d.expires_ms}")
                 return
-            self.dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+            ensure_private_directory(self.dir)  # large/ and large/in/, each 0700
             path = self.dir / f"{key[1]}_{key[2]}_{key[3]}_{key[4]}.doc"
             # The frame is kept to deliver the document as it came, once whole;
             # a stored copy's LK1 is settled now (the ACK below), not then.

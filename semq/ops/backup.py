@@ -64,8 +64,11 @@ from typing import Any, Final
 
 from semq import __version__
 from semq._db import SQLITE_MAGIC
+from semq.bounds import BACKUP_MAX_MEMBER_RATIO, BACKUP_MAX_META
+from semq.crypto import ensure_private_directory
 
 from ._paths import admin_socket_path
+from ._tarscan import ArchiveError, ArchiveTooLarge, bounded_stream, scan
 
 __all__ = [
     "BACKUP_FORMAT",
@@ -506,10 +509,27 @@ def _member_ok(name: str) -> str:
     raise BackupError(f"unexpected archive member {name!r}; not a semq backup")
 
 
+def _free_bytes(directory: Path) -> int:
+    st = os.statvfs(directory)
+    return st.f_bavail * st.f_frsize
+
+
 def _read_archive(archive: Path, stage: Path) -> tuple[dict[str, Any], list[str]]:
     """Extract a backup into ``stage`` (regular files only, known names
-    only). Returns (manifest, files)."""
+    only). Returns (manifest, files).
+
+    Nothing is written before the whole archive has been walked (semq.ops.
+    _tarscan): the bytes its members declare must stay within
+    ``BACKUP_MAX_MEMBER_RATIO`` times the archive's size and within the
+    space free where it is extracted, and its inflated stream within the
+    same ratio; otherwise BackupError, one line naming the value and the
+    limit, and nothing is written."""
+    size = archive.stat().st_size
+    free = _free_bytes(stage)
     if _is_sqlite(archive):
+        if size > free:
+            raise BackupError(f"{archive}: its {size} bytes exceed the {free} bytes free in {stage.parent};"
+                              " not restored")
         conn = sqlite3.connect(f"file:{archive}?mode=ro", uri=True)
         try:
             role = _role_of_store(conn)
@@ -520,32 +540,73 @@ def _read_archive(archive: Path, stage: Path) -> tuple[dict[str, Any], list[str]
         name = STORE_NAMES[role]
         shutil.copyfile(archive, stage / name)
         return {"format": BACKUP_FORMAT, "role": role, "store": name, "sha256": _sha256(stage / name)}, [name]
+    cap = BACKUP_MAX_MEMBER_RATIO * max(size, 1)
+
+    def inflated(n: int) -> str:
+        return (f"{archive} inflates to more than {n - 1} bytes, over {BACKUP_MAX_MEMBER_RATIO} times its"
+                f" {size} bytes ({cap}); not restored")
+
+    def check(total: int) -> None:  # at each member's header, before its data is read past
+        if total > cap:
+            raise BackupError(f"{archive}: its members would write {total} bytes or more, over"
+                              f" {BACKUP_MAX_MEMBER_RATIO} times its {size} bytes ({cap}); not restored")
+        if total > free:
+            raise BackupError(f"{archive}: its members would write {total} bytes or more, over the {free} bytes"
+                              f" free in {stage.parent}; not restored")
+
     try:
-        tar = tarfile.open(archive, "r:*")
-    except (tarfile.TarError, OSError) as e:
+        with bounded_stream(archive, cap, inflated) as stream:
+            walked = scan(stream, max_meta=BACKUP_MAX_META, check=check)
+    except ArchiveTooLarge as e:
+        raise BackupError(str(e)) from e
+    except ArchiveError as e:
         raise BackupError(f"{archive} is not a semq backup (tar or .sqlite): {e}") from e
+    except OSError as e:
+        raise BackupError(f"{archive} cannot be read: {e}") from e
+    # Extracted from a stream bounded by what the walk saw (plus tarfile's
+    # read-ahead of one record): an archive changed since cannot write more
+    # than was checked.
+    seen = min(cap, walked.stream_bytes + tarfile.RECORDSIZE)
+
+    def changed(n: int) -> str:
+        return (f"{archive} changed while it was restored (it inflates past the {walked.stream_bytes} bytes it"
+                " had when it was checked); not restored")
+
     files: list[str] = []
     manifest: dict[str, Any] | None = None
-    with tar:
-        for m in tar:
-            rel = _member_ok(m.name)
-            if m.isdir():
-                continue
-            if not m.isfile():
-                raise BackupError(f"archive member {m.name!r} is not a regular file; not a semq backup")
-            src = tar.extractfile(m)
-            assert src is not None
-            if rel == MANIFEST_NAME:
-                try:
-                    manifest = json.loads(src.read(1 << 20))
-                except ValueError as e:
-                    raise BackupError(f"{archive}: the manifest is not JSON: {e}") from e
-                continue
-            dest = stage / rel
-            dest.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-            with _private_file(dest) as f:
-                shutil.copyfileobj(src, f)
-            files.append(rel)
+    written = 0
+    try:
+        with bounded_stream(archive, seen, changed) as stream, \
+                tarfile.open(fileobj=stream, mode="r|") as tar:
+            for m in tar:
+                rel = _member_ok(m.name)
+                if m.isdir():
+                    continue
+                if not m.isfile():
+                    raise BackupError(f"archive member {m.name!r} is not a regular file; not a semq backup")
+                written += m.size
+                if written > walked.file_bytes:
+                    raise BackupError(f"{archive} changed while it was restored ({written} bytes of members,"
+                                      f" {walked.file_bytes} when it was checked); not restored")
+                src = tar.extractfile(m)
+                assert src is not None
+                if rel == MANIFEST_NAME:
+                    try:
+                        manifest = json.loads(src.read(1 << 20))
+                    except ValueError as e:
+                        raise BackupError(f"{archive}: the manifest is not JSON: {e}") from e
+                    continue
+                dest = stage / rel
+                ensure_private_directory(dest.parent)
+                with _private_file(dest) as f:
+                    shutil.copyfileobj(src, f)
+                files.append(rel)
+    except ArchiveTooLarge as e:
+        raise BackupError(str(e)) from e
+    except ArchiveError as e:
+        raise BackupError(f"{archive} is not a semq backup (tar or .sqlite): {e}") from e
+    except tarfile.TarError as e:
+        raise BackupError(f"{archive} is not a semq backup (tar or .sqlite): {e}") from e
     if not isinstance(manifest, dict):
         raise BackupError(f"{archive} has no {MANIFEST_NAME}; not a semq backup")
     if manifest.get("format") != BACKUP_FORMAT:
@@ -658,8 +719,8 @@ def restore(archive: Path, directory: Path, *, force: bool = False) -> RestoreIn
                     Path(f"{directory / rel}{sfx}").unlink(missing_ok=True)
             for rel in sorted(files):
                 dst = directory / rel
-                if dst.parent != directory:
-                    dst.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+                if dst.parent != directory:  # (every level 0700: large/, large/in/, chunks/...)
+                    ensure_private_directory(dst.parent)
                     os.chmod(dst.parent, 0o700)
                 os.chmod(stage / rel, 0o600)
                 os.replace(stage / rel, dst)

@@ -26,6 +26,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Final
 
+from semq.crypto import ensure_private_directory
 from semq.umxt_protocol import LK0, Endpoint, FrameDecoder, Kind, RawFrame
 
 __all__ = ["CHUNK_DIR", "MAX_KEPT_FILES", "ChunkFiles", "chunk_file_name"]
@@ -75,7 +76,7 @@ class ChunkFiles:
         fd = self._fds.get(name)
         if fd is None:
             if not self._new and not self.dir.is_dir():
-                self.dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+                ensure_private_directory(self.dir)  # (0700 whatever the umask, parents too)
             existed = (self.dir / name).exists()
             fd = os.open(self.dir / name, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
             self._new |= not existed

@@ -32,9 +32,11 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from semq.bounds import CONSOLE_FORM_S, CONSOLE_MAX_FORM
+
 from .audit import AuditLog
 from .backend import ACTIONS, ActionError, ConsoleBackend, Selection, parse_lk0, parse_selection
-from .sessions import FAIL_DELAY, LoginThrottle, Session, Sessions, same
+from .sessions import FAIL_DELAY, LoginBusy, LoginSlots, LoginThrottle, Session, Sessions, same
 from .users import MAX_PASSWORD, Role, UserStore
 
 __all__ = ["COOKIE", "CSP", "Console", "make_app"]
@@ -44,7 +46,6 @@ log = logging.getLogger("semq.web")
 HERE: Final = Path(__file__).resolve().parent
 COOKIE: Final = "semq_session"
 LOGIN_COOKIE: Final = "semq_login"  # the login form's CSRF token (double submit: no session yet)
-MAX_FORM: Final = 64 * 1024  # bytes of a POSTed form
 CSP: Final = ("default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:;"
               " connect-src 'self'; object-src 'none'; base-uri 'none'; form-action 'self'; frame-ancestors 'none'")
 SECURITY_HEADERS: Final = [
@@ -117,6 +118,7 @@ class Console:
     audit: AuditLog
     sessions: Sessions = field(default_factory=Sessions)
     throttle: LoginThrottle = field(default_factory=LoginThrottle)
+    logins: LoginSlots = field(default_factory=LoginSlots)
     fail_delay: float = FAIL_DELAY
     tls_note: str = ""
 
@@ -144,13 +146,18 @@ def make_app(console: Console) -> ASGIApp:
         return s
 
     async def form_of(request: Request) -> dict[str, str]:
-        body = b""
-        async for chunk in request.stream():
-            body += chunk
-            if len(body) > MAX_FORM:
-                raise ActionError(f"the form is larger than {MAX_FORM} bytes")
+        """The POSTed form; ActionError when it is larger than
+        CONSOLE_MAX_FORM or its body takes longer than CONSOLE_FORM_S."""
+        body = bytearray()
+        with trio.move_on_after(CONSOLE_FORM_S) as scope:
+            async for chunk in request.stream():
+                body += chunk
+                if len(body) > CONSOLE_MAX_FORM:
+                    raise ActionError(f"the form is larger than the {CONSOLE_MAX_FORM}-byte limit")
+        if scope.cancelled_caught:
+            raise ActionError(f"the form took longer than {CONSOLE_FORM_S:g} s to arrive ({len(body)} bytes)")
         try:
-            parsed = parse_qs(body.decode("utf-8"), keep_blank_values=True, max_num_fields=200)
+            parsed = parse_qs(bytes(body).decode("utf-8"), keep_blank_values=True, max_num_fields=200)
         except (UnicodeDecodeError, ValueError) as e:
             raise ActionError(f"unreadable form: {e}") from None
         return {k: v[-1] if k != "lk0" else " ".join(v) for k, v in parsed.items()}
@@ -208,17 +215,29 @@ def make_app(console: Console) -> ASGIApp:
         password = form.get("password", "")[:MAX_PASSWORD]
         ip = request.client.host if request.client else "?"
         keys = (f"user:{name}", f"ip:{ip}")
-        wait = console.throttle.locked(*keys)
-        if wait:
+
+        def refused(wait: float) -> Response:
             log.warning("web console: login of %r from %s refused: locked for %.0f s more", name, ip, wait)
             return again(f"Too many failed logins: try again in {int(wait) + 1} s.", 429)
-        account = await backend.thread(lambda: console.users.verify(name, password))
-        if account is None:
-            console.throttle.failed(*keys)
-            log.warning("web console: failed login of %r from %s", name, ip)
-            await trio.sleep(console.fail_delay)
-            return again("Wrong user name or password.", 401)
-        console.throttle.succeeded(*keys)
+
+        if wait := console.throttle.locked(*keys):  # (answered at once, without waiting for a slot)
+            return refused(wait)
+        try:
+            async with console.logins.hold(*keys):
+                # Asked again: the logins this one waited for may have locked it.
+                if wait := console.throttle.locked(*keys):
+                    return refused(wait)
+                attempt = console.throttle.begin(*keys)  # counted before the check, forgiven on success
+                account = await backend.thread(lambda: console.users.verify(name, password))
+                if account is None:
+                    console.throttle.failed(attempt)
+                    log.warning("web console: failed login of %r from %s", name, ip)
+                    await trio.sleep(console.fail_delay)  # (in the slot: one guess per second and key)
+                    return again("Wrong user name or password.", 401)
+                console.throttle.succeeded(attempt)
+        except LoginBusy as e:
+            log.warning("web console: login of %r from %s refused: %s", name, ip, e)
+            return again("Another login of this name or from this address is being checked: try again.", 429)
         s = console.sessions.create(account.name, account.role.value)
         log.info("web console: %s (%s) logged in from %s", account.name, account.role.value, ip)
         resp = RedirectResponse(nxt, status_code=303)

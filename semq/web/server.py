@@ -16,6 +16,7 @@ from typing import Any
 
 import trio
 
+from semq.bounds import CONSOLE_HANDSHAKE_S, CONSOLE_IDLE_S, CONSOLE_MAX_HEADER
 from semq.ops.admin import Handler
 
 from . import parse_web_address
@@ -69,7 +70,23 @@ async def serve_console(console: Console, tls: ConsoleTLS, host: str, port: int,
     cfg.errorlog = logging.getLogger("semq.web.http")
     cfg.include_server_header = False
     cfg.graceful_timeout = 1.0
-    cfg.keep_alive_timeout = 30.0
+    # Bounds on a hostile client (semq.bounds, "web console"). HTTP/1.1 only:
+    # the pages are few and small, and HTTP/2 would bring a second parser
+    # with its own limits (100 streams per connection, 64 KiB of headers).
+    cfg.alpn_protocols = ["http/1.1"]
+    cfg.h11_max_incomplete_size = CONSOLE_MAX_HEADER  # a longer head: 431 and the connection closed
+    cfg.ssl_handshake_timeout = CONSOLE_HANDSHAKE_S  # (Hypercorn's default is 60 s)
+    # The idle timer runs from the connection's start (and after each
+    # response) until a request's head is complete, so it also bounds a
+    # head sent slowly; the body of a form is bounded by CONSOLE_FORM_S.
+    cfg.keep_alive_timeout = CONSOLE_IDLE_S
+    # Left as they are, on purpose: read_timeout (it would also cut a slow
+    # response, since the client says nothing while it waits), max_requests
+    # (it stops the whole server after that many requests: the console
+    # would vanish from a running daemon), backlog (the kernel's queue of
+    # connections not yet accepted; trio accepts at once, so it bounds
+    # nothing here) and keep_alive_max_requests (a client simply connects
+    # again; Hypercorn offers no bound on connections in total).
     app = make_app(console)
 
     async def run(*, task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED) -> None:

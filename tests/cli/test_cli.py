@@ -446,6 +446,56 @@ def test_inbox_escapes_control_characters_of_another_organizations_appkey(
     assert lk0 in out
 
 
+def test_inbox_show_writes_only_text_to_a_terminal_unless_raw(
+        root: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """On a terminal, content that is not UTF-8 text, or holds control
+    characters other than newline, carriage return and tab, is refused with
+    one line (the document, its size, --raw, semq inbox save) and exit 1;
+    --raw writes it; a pipe gets the bytes as they came."""
+    docs = {"text": "Zürich order\r\n\tline 2\n".encode(), "binary": b"PK\x03\x04\x00\x00\xff\xfe",
+            "escape": b"hello \x1b]0;owned\x07\x1b[2J world\n", "c1": "a \x9b31m b".encode()}
+    for name, data in docs.items():
+        (root / name).write_bytes(data)
+        rc, out, err = run(capsys, "send", "--dir", A, "--to", B, "--type", "ORDER", "--key", name, "-q", name)
+        assert rc == 0, err
+    relay_to_offline_target(root)
+    deliver_stored(root)
+    ids = {name: str(i) for i, name in enumerate(docs, 1)}
+    monkeypatch.setattr(sys.stdout, "isatty", lambda: True)
+
+    rc, out, err = run(capsys, "inbox", "--dir", B, "show", ids["text"])
+    assert rc == 0 and err == "" and out.partition("\n\n")[2] == docs["text"].decode(), (out, err)
+    for name in ("binary", "escape", "c1"):
+        rc, out, err = run(capsys, "inbox", "--dir", B, "show", ids[name])
+        assert rc == 1, name
+        head, _, body = out.partition("\n\n")
+        assert f"app_key: /ORDER//{name}\n" in head and body == "", (name, body)  # the fields, not the content
+        one_error(err, f"document {ids[name]} ({len(docs[name])} bytes) is not text", "--raw",
+                  f"semq inbox save {ids[name]} FILE")
+    rc, out, err = run(capsys, "inbox", "--dir", B, "show", ids["escape"], "--raw")
+    assert rc == 0 and err == "" and out.partition("\n\n")[2] == docs["escape"].decode()
+
+    monkeypatch.setattr(sys.stdout, "isatty", lambda: False)  # a pipe or a file: the bytes as they came
+    rc, out, err = run(capsys, "inbox", "--dir", B, "show", ids["escape"])
+    assert rc == 0 and err == "" and out.partition("\n\n")[2] == docs["escape"].decode()
+
+
+def test_text_check_takes_a_character_split_across_blocks() -> None:
+    from semq.cli.content import TextCheck, write_content
+
+    data = "é\n€\t".encode()
+    for cut in range(len(data) + 1):
+        check = TextCheck()
+        assert check.feed(data[:cut]) and check.feed(data[cut:]) and check.end(), cut
+    check = TextCheck()
+    assert check.feed(b"abc\xc3") and not check.end()  # a character cut off at the end is not text
+    out = io.BytesIO()
+    assert not write_content([b"text first\n", b"then \x00 binary", b"never"], out, text_only=True)
+    assert out.getvalue() == b"text first\n"  # a large document stops at its first block that is not text
+    out = io.BytesIO()
+    assert write_content([b"\x00", b"\xff"], out, text_only=False) and out.getvalue() == b"\x00\xff"
+
+
 def test_every_inbox_and_receive_option_has_help_and_an_example(capsys: pytest.CaptureFixture[str]) -> None:
     from semq.cli import build_parser
 

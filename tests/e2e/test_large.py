@@ -171,6 +171,44 @@ def test_the_platform_keeps_a_large_document_for_an_absent_receiver(cluster: Clu
     assert _events(cluster, A, "large_sent") == [] or _events(cluster, A, "large_sent")[0]["resent"] == 0
 
 
+def test_status_files_and_large_document_directories_are_owner_only(cluster: Cluster) -> None:
+    """Under the common umask 022, status.json (each daemon's) and every
+    level of large/ (origin and receiver) and chunks/ (the platform's)
+    are 0600 / 0700, like the rest of a data directory."""
+    old = os.umask(0o022)  # (inherited by the daemons and by 'semq send')
+    try:
+        cluster.add_org(A)
+        cluster.add_org(B)
+        cluster.start_platform()
+        cluster.start_node(A)
+        src = cluster.root / "doc.bin"
+        digest = _content(src, 5)
+        assert _send(cluster, src).returncode == 0
+        wait_until(lambda: cluster.count("P", "SELECT count(*) FROM stored WHERE kind=12") == 5, 60,
+                   "every chunk kept by the platform (B away)")
+        cluster.start_node(B)
+        wait_until(lambda: _delivered(cluster), 60, "the large document delivered")
+        assert hashlib.sha256(_delivered(cluster)[0][0].read_bytes()).hexdigest() == digest
+        for d in (cluster.root / A, cluster.root / B, cluster.root / "P"):
+            wait_until(lambda d=d: read_status(d), 20, f"{d.name}/status.json")
+    finally:
+        os.umask(old)
+
+    def mode(p: Path) -> int:
+        return p.stat().st_mode & 0o777
+
+    modes = {str(p.relative_to(cluster.root)): mode(p) for p in (
+        cluster.root / A / "status.json", cluster.root / B / "status.json", cluster.root / "P" / "status.json",
+        cluster.root / A / "large", cluster.root / A / "large" / "out",
+        cluster.root / B / "large", cluster.root / B / "large" / "in", cluster.root / "P" / "chunks")}
+    want = {k: 0o700 if (cluster.root / k).is_dir() else 0o600 for k in modes}
+    assert {k: oct(v) for k, v in modes.items()} == {k: oct(v) for k, v in want.items()}
+    files = [p for top in (cluster.root / A / "large", cluster.root / B / "large", cluster.root / "P" / "chunks")
+             for p in top.rglob("*")]
+    assert files, "no file under large/ or chunks/"
+    assert {str(p): oct(mode(p)) for p in files if mode(p) & 0o077} == {}
+
+
 def _dishonest(cluster: Cluster, rules: list[dict[str, Any]]) -> None:
     plan = cluster.root / "plan.json"
     plan.write_text(json.dumps({"rules": rules}))

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from semq.cli import main as semq_main
-from tests._procs import Cluster, doc_key, wait_until
+from tests._procs import Cluster, doc_key, read_status, wait_until
 from tests.e2e.test_e2e_flow import send
 
 pytestmark = pytest.mark.e2e
@@ -32,12 +32,26 @@ def _start(c: Cluster, *placed: tuple[str, int]) -> None:
         c.start_node(org)
 
 
+def _wait_sessions(c: Cluster, placed: dict[str, int], timeout: float = 30) -> None:
+    """Until each organization's node says it is connected (its status.json)
+    and the shared store's presence table, by which every instance routes,
+    has it at its instance (1, 2...)."""
+    want = {org: f"127.0.0.1:{c.ports[i - 1]}" for org, i in placed.items()}
+    wait_until(lambda: all(read_status(c.root / org).get("connected") and _connected_at(c, org) == at
+                           for org, at in want.items()), timeout,
+               "the sessions of " + ", ".join(f"{org} at instance {i}" for org, i in placed.items()))
+
+
 def test_two_instances_on_one_store_deliver_across_each_other(tmp_path: Path, pg_url: str,
                                                                capsys: pytest.CaptureFixture[str]) -> None:
     c = _pg_cluster(tmp_path, pg_url)
     try:
         c.add_org(C, instance=2)  # (started later)
         _start(c, (A, 1), (B, 2))
+        # SaveFwd 1 is dropped for a target that is not online, rightly: the
+        # documents go only once A's session is up at instance 1 and B's at
+        # instance 2 (a node says "running" before its session is).
+        _wait_sessions(c, {A: 1, B: 2})
         # A (on instance 1) to B (on instance 2): stored, 2 woken, delivered;
         # SaveFwd 1 too (B is online, though not on A's instance).
         sent = send(c, A, B, 40)

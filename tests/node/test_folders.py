@@ -233,6 +233,10 @@ def test_safe_name_part_defuses_hostile_keys() -> None:
     assert safe_name_part("Zürich Ω") == "Z_rich__"
     assert len(safe_name_part("K" * 1000)) == INBOX_KEY_MAX
     assert safe_name_part("INV-0042_v1.2") == "INV-0042_v1.2"
+    # No name starts with '-': a program given the file must not read it as an option.
+    assert safe_name_part("-rf") == "_rf"
+    assert safe_name_part("--help") == "_-help"
+    assert safe_name_part(".-x") == "_x" and safe_name_part("-") == "_"
 
 
 def _item(key: str, record: int = 42) -> InboxItem:
@@ -317,6 +321,31 @@ def test_the_inbox_folder_writes_each_document_once_then_acknowledges_it(root: P
     assert by_lk0 == {}
     assert f"INV-1__{str(lk0s[0]).replace('/', '-')}.bin" in first
     assert not list((root / "etc").glob("*")) and not (root / "etc").exists()
+
+
+def test_a_key_that_looks_like_an_option_never_starts_an_inbox_file_name(root: Path) -> None:
+    """Documents keyed ``-rf`` and ``--help`` are written as ``_rf__...``
+    and ``_-help__...``: a command given the folder's files by a glob
+    (``cat *.bin``) reads them as files, not as its options; ``semq watch``
+    prints absolute paths."""
+    import subprocess
+
+    keys = ["-rf", "--help", "-n"]
+    with NodeClient(root / A) as node:
+        node.send_many([dict(to=B, data=f"doc {k}\n".encode(), key=k) for k in keys])
+    _deliver(root)
+    inbox = root / "in"
+    with NodeClient(root / B) as node:
+        done = InboxFolder(node, inbox).drain()
+    names = sorted(p.name for p in inbox.iterdir())
+    assert len(names) == 3 and not any(n.startswith("-") for n in names), names
+    assert {n.split("__")[0] for n in names} == {"_rf", "_-help", "_n"}
+    for o in done:
+        path = o.line().removeprefix("received: ")
+        assert Path(path).is_absolute() and Path(path).parent == inbox.resolve()
+    r = subprocess.run(["sh", "-c", "cat *.bin"], cwd=inbox, capture_output=True, timeout=30, check=False)
+    assert r.returncode == 0, r.stderr
+    assert sorted(r.stdout.decode().splitlines()) == sorted(f"doc {k}" for k in keys)
 
 
 def test_an_inbox_extension_must_be_letters_or_digits(root: Path) -> None:

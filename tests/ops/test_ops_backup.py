@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import io
 import json
+import re
 import sqlite3
 import stat
 import subprocess
@@ -338,3 +339,139 @@ def test_a_backup_holds_large_documents_contents(tmp_path: Path) -> None:
         assert doc.path.is_relative_to(dst_dir)
     finally:
         core.close()
+
+
+# ---------------------------------------------------------------- hostile archives
+
+
+def _member(name: str, size: int, kind: bytes = b"0") -> bytes:
+    """A ustar header of ``name`` declaring ``size`` bytes (GNU base-256 past
+    the octal field's 8 GiB), as any tar writer makes it."""
+    ti = tarfile.TarInfo(name)
+    ti.size, ti.type = min(size, 1), kind
+    header = bytearray(ti.tobuf(tarfile.GNU_FORMAT))
+    header[124:136] = b"\x80" + size.to_bytes(11, "big") if size >= 8 << 30 else b"%011o\0" % size
+    header[148:156] = b"        "
+    header[148:156] = b"%06o\0 " % sum(header[:512])
+    return bytes(header[:512])
+
+
+_MANIFEST = json.dumps({"format": 1, "role": "node", "store": "node.sqlite"}).encode()
+
+
+def _manifest_member() -> bytes:
+    return _member("semq-backup.json", len(_MANIFEST)) + _MANIFEST + bytes(-len(_MANIFEST) % 512)
+
+
+def _dir_state(d: Path) -> list[str]:
+    return sorted(str(p.relative_to(d)) for p in d.rglob("*")) if d.exists() else []
+
+
+def test_restore_refuses_a_bomb_before_writing_anything(tmp_path: Path) -> None:
+    """A bzip2 tar whose 256 MiB member of zeros takes a few hundred bytes:
+    refused at the member's header (its declared size over 1024 times the
+    archive's), before a byte is written or the member is inflated."""
+    import bz2
+
+    from semq.bounds import BACKUP_MAX_MEMBER_RATIO
+
+    raw = tmp_path / "bomb.tar"
+    with tarfile.open(raw, "w") as t:
+        m = json.dumps({"format": 1, "role": "node", "store": "node.sqlite"}).encode()
+        ti = tarfile.TarInfo("semq-backup.json")
+        ti.size = len(m)
+        t.addfile(ti, io.BytesIO(m))
+        ti = tarfile.TarInfo("large/in/10008_1_1_42.doc")
+        ti.size = 256 << 20
+        with open("/dev/zero", "rb") as zeros:
+            t.addfile(ti, zeros)
+    bomb = tmp_path / "bomb.tar.bz2"
+    with open(raw, "rb") as f_in, bz2.open(bomb, "wb") as f_out:
+        while block := f_in.read(1 << 20):
+            f_out.write(block)
+    raw.unlink()
+    size = bomb.stat().st_size
+    assert (256 << 20) > BACKUP_MAX_MEMBER_RATIO * size
+    dst = tmp_path / "B"
+    with pytest.raises(BackupError) as e:
+        restore(bomb, dst)
+    assert str(e.value) == (f"{bomb}: its members would write {(256 << 20) + len(m)} bytes or more, over"
+                            f" {BACKUP_MAX_MEMBER_RATIO} times its {size} bytes"
+                            f" ({BACKUP_MAX_MEMBER_RATIO * size}); not restored")
+    assert _dir_state(dst) == []
+
+
+def test_restore_refuses_a_member_declaring_more_than_it_holds(tmp_path: Path) -> None:
+    """A gzip archive whose member's header declares 64 GiB (and holds
+    nothing): refused at that header, unread, naming the size and the limit."""
+    import gzip
+
+    archive = tmp_path / "liar.tar.gz"
+    with gzip.open(archive, "wb") as f:
+        f.write(_manifest_member() + _member("large/in/10008_1_1_42.doc", 64 << 30) + bytes(1024))
+    with pytest.raises(BackupError, match=rf"its members would write {(64 << 30) + len(_MANIFEST)} bytes or more, over 1024"
+                                          rf" times its {archive.stat().st_size} bytes"):
+        restore(archive, tmp_path / "B")
+    assert _dir_state(tmp_path / "B") == []
+
+
+def test_restore_refuses_an_archive_larger_than_the_free_space(tmp_path: Path,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    import semq.ops.backup as backup_mod
+
+    src = tmp_path / "A"
+    init_node(src)
+    archive = tmp_path / "a.tar.gz"
+    info = backup(src, archive)
+    monkeypatch.setattr(backup_mod, "_free_bytes", lambda _d: 10_000)
+    dst = tmp_path / "B"
+    with pytest.raises(BackupError, match=r"its members would write \d+ bytes or more, over the 10000 bytes free"
+                                          rf" in {re.escape(str(dst))}; not restored"):
+        restore(archive, dst)
+    assert _dir_state(dst) == []
+    monkeypatch.setattr(backup_mod, "_free_bytes", lambda _d: 1 << 40)
+    assert restore(archive, dst).role == info.role  # with the room, the same archive restores
+
+
+def test_the_walk_checks_each_header_before_reading_past_it(tmp_path: Path) -> None:
+    """semq.ops._tarscan: sizes are those tarfile extracts (a pax size, a
+    long name), a pax header over the limit is refused unread, sparse and
+    global headers refused, a bounded stream stops at its cap."""
+    import gzip
+
+    from semq.ops._tarscan import ArchiveError, ArchiveTooLarge, bounded_stream, scan
+
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as t:
+        for name, n in [("a" * 150, 1000), ("b", 0), ("c", 513)]:  # (150 characters: a pax header)
+            ti = tarfile.TarInfo(name)
+            ti.size = n
+            t.addfile(ti, io.BytesIO(b"z" * n))
+    totals: list[int] = []
+    walked = scan(io.BytesIO(buf.getvalue()), max_meta=64 * 1024, check=totals.append)
+    assert (walked.members, walked.file_bytes, totals) == (3, 1513, [1000, 1000, 1513])
+
+    def walk(data: bytes) -> None:
+        scan(io.BytesIO(data), max_meta=64 * 1024, check=lambda _t: None)
+
+    with pytest.raises(ArchiveError, match=r"a pax header of 1073741824 bytes .* exceeds the 65536-byte limit"):
+        walk(_member("x", 1 << 30, b"x"))  # (its data is not there: refused before it is read)
+    with pytest.raises(ArchiveError, match="sparse member"):
+        walk(_member("s", 10, b"S") + bytes(1024))
+    with pytest.raises(ArchiveError, match="global pax header"):
+        walk(_member("g", 0, b"g") + bytes(1024))
+    with pytest.raises(ArchiveError, match="not a tar header"):
+        walk(b"not an archive at all" * 100)
+    with pytest.raises(ArchiveError, match="truncated"):
+        walk(_member("t", 10_000) + bytes(512))
+    with pytest.raises(ArchiveError, match="empty"):
+        walk(b"")
+
+    bomb = tmp_path / "zeros.gz"
+    bomb.write_bytes(gzip.compress(bytes(64 << 20)))
+    read = 0
+    with pytest.raises(ArchiveTooLarge, match="past 1048576"), \
+            bounded_stream(bomb, 1 << 20, lambda n: f"past {1 << 20}: {n}") as s:
+        while chunk := s.read(1 << 16):
+            read += len(chunk)
+    assert read <= 1 << 20  # stopped at the cap, not inflated to the end

@@ -143,6 +143,39 @@ def test_unknown_and_missing_keys(dirs: Path, capsys: pytest.CaptureFixture[str]
     one_error(err, "role is missing", '"node" or "platform"')
 
 
+def test_a_configuration_over_the_limit_is_refused_unread(dirs: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A semq.toml over CONFIG_MAX_BYTES (1 MiB) is refused with one line
+    naming its size and the limit, before a byte of it is read; so is one
+    that is not a regular file (a FIFO would block the reader)."""
+    from semq.bounds import CONFIG_MAX_BYTES
+
+    p = dirs / A / "semq.toml"
+    with open(p, "a") as f:  # a valid TOML comment, one byte over the limit
+        f.write("#" + "x" * (CONFIG_MAX_BYTES - p.stat().st_size - 2) + "\n")
+    assert p.stat().st_size == CONFIG_MAX_BYTES
+    assert load_config(dirs / A).org == A  # at the limit: read
+    with open(p, "a") as f:
+        f.write("#")
+    with pytest.raises(ConfigError) as e:
+        load_config(dirs / A)
+    assert str(e.value) == (f"configuration {p} of {CONFIG_MAX_BYTES + 1} bytes exceeds the 1 MiB limit of a"
+                            " configuration file; not read")
+    big = dirs / "big"
+    big.mkdir()
+    (big / "semq.toml").write_bytes(b"")
+    os.truncate(big / "semq.toml", 8 << 30)  # 8 GiB (sparse): read, it would fill the memory
+    with pytest.raises(ConfigError, match=f"of {8 << 30} bytes exceeds the 1 MiB limit"):
+        load_config(big)
+    rc, out, err = run(capsys, "status", "--dir", A)
+    assert rc == 2 and out == ""
+    one_error(err, f"of {CONFIG_MAX_BYTES + 1} bytes exceeds the 1 MiB limit")
+
+    p.unlink()
+    os.mkfifo(p)
+    with pytest.raises(ConfigError, match="is not a regular file; not read"):
+        load_config(dirs / A)
+
+
 NODE_COMMANDS = [
     ["status"], ["inbox"], ["messages"], ["send", "--to", B, "--type", "X", "doc"], ["node", "run"],
     ["node", "import", "--cert", "c.pem", "--ca", "ca.pem"], ["admin", "status"], ["admin", "stuck"],

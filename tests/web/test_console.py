@@ -12,12 +12,14 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import trio
+import trio.testing
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 
 from semq.cli import main as semq_main
-from semq.web.sessions import LoginThrottle, Sessions
+from semq.web.sessions import LoginBusy, LoginSlots, LoginThrottle, Sessions
 from semq.web.users import UserStore
 from tests.web._console import HOSTILE_KEY, PASSWORDS, ConsoleCluster, client, csrf_of, login
 
@@ -271,13 +273,79 @@ def test_login_throttle_locks_a_name_and_an_address() -> None:
     t = LoginThrottle(clock=lambda: now[0], max_failures=3, max_failures_address=5, window=60, lockout=120)
     for _ in range(3):
         assert t.locked("user:a", "ip:1") == 0
-        t.failed("user:a", "ip:1")
+        t.failed(t.begin("user:a", "ip:1"))
     assert t.locked("user:a") == 120 and t.locked("ip:1") == 0
-    t.failed("user:b", "ip:1")
-    t.failed("user:c", "ip:1")
+    t.failed(t.begin("user:b", "ip:1"))
+    t.failed(t.begin("user:c", "ip:1"))
     assert t.locked("ip:1") == 120
     now[0] += 121
     assert t.locked("user:a", "ip:1") == 0
+
+
+def test_login_throttle_counts_an_attempt_before_its_password_is_checked() -> None:
+    """Attempts still being checked count: the fourth of three allowed is
+    refused while none has been answered yet."""
+    now = [0.0]
+    t = LoginThrottle(clock=lambda: now[0], max_failures=3, max_failures_address=10, window=60, lockout=120)
+    pending = []
+    for _ in range(3):
+        assert t.locked("user:a", "ip:1") == 0
+        pending.append(t.begin("user:a", "ip:1"))
+    assert t.locked("user:a", "ip:1") == 60  # until the first counted attempt leaves the window
+    for a in pending:
+        t.failed(a)
+    assert t.locked("user:a", "ip:1") == 120  # the failures lock the name
+    now[0] += 119
+    assert t.locked("user:a") == 1  # the right password too waits for the lockout
+    now[0] += 2
+    assert t.locked("user:a", "ip:1") == 0
+    assert t.locked("ip:1") == 0  # 3 of the address's 10
+
+
+def test_login_throttle_success_forgives_its_attempt_and_the_names_failures() -> None:
+    now = [0.0]
+    t = LoginThrottle(clock=lambda: now[0], max_failures=3, max_failures_address=4, window=60, lockout=120)
+    for _ in range(2):
+        t.failed(t.begin("user:a", "ip:1"))
+    ok = t.begin("user:a", "ip:1")  # the third, the last one allowed: the right password
+    assert t.locked("user:a") > 0  # while it is checked, nothing else of the name is
+    t.succeeded(ok)
+    assert t.locked("user:a", "ip:1") == 0
+    # The name starts again from nothing; the address keeps its two failures.
+    for _ in range(2):
+        t.failed(t.begin("user:a", "ip:1"))
+    assert t.locked("user:a") == 0 and t.locked("ip:1") == 120
+
+
+async def test_login_slots_one_in_flight_per_name_and_address(autojump_clock: trio.testing.MockClock) -> None:
+    """A second login of the same name, or from the same address, waits for
+    the first; one that waits longer than the bound is refused; logins of
+    other names from other addresses do not wait; idle keys are forgotten."""
+    slots = LoginSlots(per_key=1, wait=5.0)
+    order: set[str] = set()
+
+    async def login(name: str, ip: str, hold: float) -> None:
+        try:
+            async with slots.hold(f"user:{name}", f"ip:{ip}"):
+                order.add(f"{name}@{ip} in {trio.current_time():.1f}")
+                await trio.sleep(hold)
+        except LoginBusy as e:
+            order.add(f"{name}@{ip} busy {trio.current_time():.1f} {e.key}")
+
+    async with trio.open_nursery() as n:
+        n.start_soon(login, "a", "1", 3.0)
+        await trio.sleep(0.1)
+        n.start_soon(login, "a", "2", 3.0)  # same name: waits for the first (2.9 s)
+        n.start_soon(login, "b", "1", 3.0)  # same address: waits for the first (2.9 s)
+        n.start_soon(login, "c", "3", 3.0)  # nothing shared: at once
+        await trio.sleep(0.1)
+        n.start_soon(login, "a", "4", 1.0)  # third of the name: would wait 5.8 s, refused after 5
+        n.start_soon(login, "d", "1", 1.0)  # third of the address: the same
+        await trio.sleep(0.1)
+        assert slots.in_flight("user:a") == 3 and slots.in_flight("ip:1") == 3
+    assert order == {"a@1 in 0.0", "c@3 in 0.1", "a@2 in 3.0", "b@1 in 3.0", "a@4 busy 5.2 user:a",
+                     "d@1 busy 5.2 ip:1"}
+    assert slots.in_flight("user:a") == 0 and slots._slots == {}
 
 
 # ---------------------------------------------------------------- a node of several units
