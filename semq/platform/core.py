@@ -493,6 +493,11 @@ class PlatformCore(HeldWrites):
         except STORE_ERRORS as e:
             raise translate(e, self.path, "platform store") from e
 
+    def granted(self) -> dict[str, int]:
+        """The organizations granted more than one unit, and how many."""
+        return {i: int(n) for i, n in self.conn.execute(
+            "SELECT node_id, units_granted FROM nodes WHERE units_granted > 1 AND revoked=0")}
+
     def units_granted(self, org: Endpoint) -> int:
         """How many units the operator granted ``org`` (1 unless granted
         more): what its HELLO may claim, and what its connection allowance

@@ -256,6 +256,9 @@ class PlatformDaemon:
     async def run(self, *, task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED) -> None:
         """Listen and serve until cancelled; ``task_status`` gets the bound port."""
         raise_descriptor_limit()
+        # The grants known now: the units of a node of several may all
+        # connect before any of them said HELLO (which reads its grant again).
+        self.grants.update(await self.gate.run(self.core.granted))
         listeners = await trio.open_tcp_listeners(self.s.port, host=self.s.host)
         self.port = listeners[0].socket.getsockname()[1]
         log.info("platform %s listening on %s:%s", self.core.me, self.s.host, self.port)
