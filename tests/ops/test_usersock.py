@@ -26,13 +26,27 @@ from typing import Any
 import pytest
 import trio
 
-from semq.bounds import USER_AUTH_BYTES, USER_BLOCK_BYTES, USER_MAX_CONNECTIONS_PER_USER
+from semq.bounds import (
+    USER_AUTH_BYTES,
+    USER_AUTH_S,
+    USER_BLOCK_BYTES,
+    USER_MAX_CONNECTIONS_PER_USER,
+    USER_MAX_REQUEST,
+)
 from semq.cli import main as semq_main
 from semq.config import Config, load_config
 from semq.node.api import NodeClient
 from semq.node.large import Manifest
+from semq.ops.admin import Limits, serve_admin
 from semq.ops.uploads import UPLOADS_DIR, Uploads
-from semq.ops.usersock import UserClient, UserSocketError, serve_user_socket
+from semq.ops.usersock import (
+    UserClient,
+    UserGate,
+    UserSocketError,
+    _Store,
+    serve_user_socket,
+    user_handlers,
+)
 
 MIB = 1 << 20
 
@@ -192,18 +206,27 @@ def test_the_first_line_is_short_and_prompt_and_connections_are_counted(node: Pa
             m.close()
 
 
-def test_a_silent_connection_is_closed_after_the_time_to_authenticate(node: Path, monkeypatch:
-                                                                     pytest.MonkeyPatch) -> None:
-    import semq.ops.usersock as us
-
-    monkeypatch.setattr(us.UserGate.__init__, "__kwdefaults__",
-                        {**us.UserGate.__init__.__kwdefaults__, "first_s": 0.3})
-    with served(load_config(node)) as path:
-        c = Line(path)
-        c.s.sendall(b'{"cmd": "who')
-        got = c.answer()
-        assert got["error"] == "no authenticating first line within 0.3 s (12 bytes came without a newline)"
-        assert c.closed()
+async def test_a_silent_connection_is_closed_after_the_time_to_authenticate(
+        node: Path, autojump_clock: trio.testing.MockClock) -> None:
+    """On trio's fake clock: USER_AUTH_S (5 s) pass at once."""
+    cfg = load_config(node)
+    path = node / "user.sock"
+    async with trio.open_nursery() as n:
+        await n.start(partial(serve_admin, path, user_handlers(cfg), mode=0o666, credentials=True,
+                              limits=Limits(max_request=USER_MAX_REQUEST), gate=UserGate(_Store(cfg)),
+                              what="the user socket"))
+        stream = await trio.open_unix_socket(str(path))
+        t0 = trio.current_time()
+        await stream.send_all(b'{"cmd": "who')
+        got = b""
+        while not got.endswith(b"\n"):
+            got += await stream.receive_some(65536)
+        assert json.loads(got)["error"] == (f"no authenticating first line within {USER_AUTH_S:g} s (12 bytes came"
+                                            " without a newline)")
+        assert trio.current_time() - t0 == pytest.approx(USER_AUTH_S, abs=0.1)
+        assert await stream.receive_some(65536) == b""  # closed
+        await stream.aclose()
+        n.cancel_scope.cancel()
 
 
 def _upload_options(node: Path) -> Path:
