@@ -24,7 +24,14 @@ checks that the first line's proof still holds (a user removed, or added
 again with a new token, is refused on the connections it had).
 
 Protocol: the admin console's (semq.ops.admin: one JSON object per line);
-documents travel base64-encoded, at most ``USER_BLOCK_BYTES`` (1 MiB) of a
+the first line is any request (``whoami`` is the usual one) whose args
+prove the user::
+
+    -> {"cmd": "whoami", "args": {"user": "alice", "token": "semq_..."}}
+    <- {"ok": true, "result": {"user": "alice", "org": "56001", "units": 1, "block": 1048576, ...}}
+    -> {"cmd": "inbox", "args": {"limit": 10}}
+
+Documents travel base64-encoded, at most ``USER_BLOCK_BYTES`` (1 MiB) of a
 document per request or answer. A larger document is sent in blocks::
 
     -> {"cmd": "upload_begin", "args": {"size": 5242880, "to": "10008", "data_type": "CAD"}}
