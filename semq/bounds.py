@@ -58,11 +58,16 @@ __all__ = [
     "PLATFORM_MAX_CONNECTIONS",
     "PLATFORM_PRE_AUTH_BYTES",
     "USER_AUTH_BYTES",
+    "USER_AUTH_PER_ACCOUNT",
     "USER_AUTH_S",
     "USER_BLOCK_BYTES",
+    "USER_IDLE_S",
     "USER_MAX_CONNECTIONS",
     "USER_MAX_CONNECTIONS_PER_USER",
     "USER_MAX_REQUEST",
+    "USER_UPLOADS_PER_USER",
+    "USER_UPLOAD_IDLE_S",
+    "USER_UPLOAD_KEEP_FREE",
     "Bound",
     "bounds_table",
 ]
@@ -200,6 +205,22 @@ USER_MAX_CONNECTIONS: Final = _int(
 USER_MAX_CONNECTIONS_PER_USER: Final = _int(
     _U, "connections of one user", 8, "connections",
     "one user's application cannot take the socket from the others")
+USER_AUTH_PER_ACCOUNT: Final = _int(
+    _U, "connections of one operating-system account before their first line", 8, "connections",
+    "the kernel says which account connected (SO_PEERCRED): one that connects and says nothing holds at most"
+    " these, never the whole socket")
+USER_IDLE_S: Final = _float(
+    _U, "time without a request after authentication, and for an answer to be taken", 60.0, "s",
+    "an idle connection, or one that does not read its answers, gives its room back")
+USER_UPLOADS_PER_USER: Final = _int(
+    _U, "documents one user is uploading in blocks at once", 4, "uploads",
+    "each reserves up to max_document_mib on the node's disk until it is sent or removed")
+USER_UPLOAD_IDLE_S: Final = _float(
+    _U, "time an upload waits for its next block", 600.0, "s",
+    "a stale upload is removed with its staged file")
+USER_UPLOAD_KEEP_FREE: Final = _int(
+    _U, "bytes an upload leaves free on the data directory's file system", 256 << 20, "bytes",
+    "counting what open uploads still need: users' uploads cannot fill the disk the store commits to")
 
 # ---------------------------------------------------------------- the admin socket
 

@@ -40,6 +40,7 @@ from semq.bounds import (
     PLATFORM_BUFFER_MIB_PER_ORG,
     PLATFORM_HANDSHAKES,
     PLATFORM_MAX_CONNECTIONS,
+    USER_MAX_CONNECTIONS,
 )
 from semq.units import MAX_UNITS
 
@@ -354,6 +355,10 @@ class Config:
         lambda v: None if "\x00" not in v else "is not a path",
         "node: the Unix socket where users' applications send and read their own documents with their"
         " token (semq user add); put it where they can reach it, e.g. /run/semq/ORG.sock"))
+    user_socket_max_connections: int = _setting(USER_MAX_CONNECTIONS, Rule(
+        "integer", "an integer 1..4096", _between(1, 4096),
+        "node: connections the user socket serves at once (one user holds at most 8, an account that has not"
+        " authenticated yet at most 8); one more gets an error line naming the limit and is closed"))
     max_document_mib: int = _setting(4096, Rule(
         "integer", "an integer 1..1048576", _between(1, 1 << 20),
         "node: MiB of the largest document sent or received; larger files are refused at send, larger"

@@ -823,6 +823,8 @@ def cmd_send(args: argparse.Namespace) -> int:
         if not p.is_file():
             raise UsageError(f"no such file: {args.file}")
         size = p.stat().st_size
+        if token is not None:  # by blocks through the user socket: the node says what it refuses
+            return _send_as_user(args, cfg, p, token)
         if cfg is not None and token is None:
             from semq.node.limits import LargeDocumentTooLarge
 
@@ -962,21 +964,39 @@ def _user_client(args: argparse.Namespace, cfg: Config | None, token: str) -> An
     return UserClient(path, args.user, token)
 
 
-def _send_as_user(args: argparse.Namespace, cfg: Config | None, data: bytes, token: str) -> int:
+def _send_as_user(args: argparse.Namespace, cfg: Config | None, data: bytes | Path, token: str) -> int:
+    """``semq send`` with a user's token: through the node's user socket,
+    a file (``data`` a path) read and uploaded block by block, up to the
+    node's max_document_mib (a progress bar on a terminal)."""
     from semq.ops.usersock import UserSocketError
 
     if args.transactional:
         raise UsageError("--transactional is for the node's operator, not a user's token")
-    try:
-        lk0 = _user_client(args, cfg, token).send(
-            args.to, data, data_type=args.type, domain=args.domain, subtype=args.subtype, key=args.key,
-            save_fwd=args.save_fwd, ack2=args.ack2, priority=args.priority, expires_in=args.expires_in,
-            encrypt=not args.no_encrypt, clear_app_key=args.clear_app_key, ordered=args.ordered)
-    except UserSocketError as e:
-        raise UsageError(str(e)) from None
+    options = dict(data_type=args.type, domain=args.domain, subtype=args.subtype, key=args.key,
+                   save_fwd=args.save_fwd, ack2=args.ack2, priority=args.priority, expires_in=args.expires_in,
+                   encrypt=not args.no_encrypt, clear_app_key=args.clear_app_key, ordered=args.ordered)
+    with _user_client(args, cfg, token) as me:
+        try:
+            if isinstance(data, Path):
+                from semq.cli.bulk import _progress
+
+                size = data.stat().st_size
+                bar = _progress(size, "B") if size > me.block else None
+                try:
+                    lk0 = me.send_file(args.to, data, progress=bar.update if bar is not None else None, **options)
+                finally:
+                    if bar is not None:
+                        bar.close()
+            else:
+                size = len(data)
+                lk0 = me.send(args.to, data, **options)
+        except UserSocketError as e:
+            raise UsageError(str(e)) from None
+        except OSError as e:
+            raise UsageError(f"cannot read {args.file}: {e.strerror or e}") from None
     print(lk0)
     if not args.quiet:
-        print(f"accepted {len(data)} bytes from {args.user} for {args.to}", file=sys.stderr)
+        print(f"accepted {size} bytes from {args.user} for {args.to}", file=sys.stderr)
     return 0
 
 
@@ -1065,9 +1085,13 @@ def _inbox_line(d: dict[str, Any]) -> str:
 
 
 def _inbox_as_user(args: argparse.Namespace, token: str) -> int:
+    with _user_client(args, None, token) as me:  # (one connection, closed at the end)
+        return _inbox_as(me, args)
+
+
+def _inbox_as(me: Any, args: argparse.Namespace) -> int:
     from semq.ops.usersock import UserSocketError
 
-    me = _user_client(args, None, token)
     try:
         if args.follow:
             return _follow(args, me.follow(args.after), lambda i: me.acknowledge([i["id"]]))

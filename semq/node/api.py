@@ -13,6 +13,7 @@ in the node's store when it returns, and goes out when the daemon runs.
 
 from __future__ import annotations
 
+import errno
 import heapq
 import io
 import json
@@ -35,7 +36,7 @@ from semq.umxt_protocol import LK0, AppKey, Endpoint, NodeType, ResultCode, Save
 from .core import NewDocument, NodeCore
 from .engine import SendState
 from .envelope import GAP_DOMAIN, GAP_TYPE, EnvelopeError, check_channel, check_user, parse_address
-from .large import Manifest, copy_in
+from .large import Manifest, copy_in, move_in
 from .limits import (
     MAX_DOCUMENT_SIZE,
     BadTarget,
@@ -258,8 +259,36 @@ class NodeClient:
                                     expires_in=expires_in, reliable=reliable, encrypt=encrypt,
                                     clear_app_key=clear_app_key, ordered=ordered, user=user)])[0]
 
+    def check_file(self, to: str, size: int, **options: Any) -> None:
+        """Refuse now what ``send_file`` would refuse of a file of ``size``
+        bytes for ``to`` with ``options`` (before anything is copied or
+        uploaded): LargeDocumentTooLarge over ``max_document_mib``,
+        BadTarget for what a large document cannot be (for a colleague, in
+        an ordered channel, best effort, over direct links only)."""
+        cfg = self.config
+        limit = cfg.max_document_mib << 20
+        if size > limit:
+            raise LargeDocumentTooLarge(size, limit)
+        if size <= cfg.large_from_mib << 20:
+            return
+        org, _ = self._address(to)
+        if org == cfg.org:
+            raise BadTarget(f"--to {to}: a large document ({size} bytes) cannot go to a user of this node"
+                            f" (at most {cfg.large_from_mib} MiB)", ResultCode.INVALID_FIELD)
+        if options.get("ordered"):
+            raise BadTarget(f"a large document ({size} bytes) cannot be in an ordered channel"
+                            f" (at most {cfg.large_from_mib} MiB)", ResultCode.INVALID_FIELD)
+        if not options.get("reliable", True):
+            raise BadTarget(f"a large document ({size} bytes) cannot be sent best effort",
+                            ResultCode.INVALID_FIELD)
+        if cfg.direct == "only":
+            raise BadTarget(f"a large document ({size} bytes) goes through the platform, and this node"
+                            ' sends over direct links only (direct = "only"); at most'
+                            f" {cfg.large_from_mib} MiB go over a direct link", ResultCode.INVALID_FIELD)
+
     def send_file(self, to: str, path: str | Path, *, progress: Callable[[int], None] | None = None,
-                  unit: int | None = None, **options: Any) -> LK0:
+                  unit: int | None = None, move: bool = False, sha256: bytes | None = None,
+                  **options: Any) -> LK0:
         """Accept the content of the file ``path``; durable when this
         returns. The options are ``send``'s. A file up to ``large_from_mib``
         is sent as one document; a larger one, up to ``max_document_mib``,
@@ -267,39 +296,44 @@ class NodeClient:
         directory first (``progress(n)`` after each block), then sent in
         chunks, never held whole in memory. Raises LargeDocumentTooLarge
         for a file over the limit (nothing stored), OSError for one that
-        cannot be read, and ``send``'s errors."""
+        cannot be read, and ``send``'s errors.
+
+        ``move``: the caller gives the file up (a user's upload the node
+        staged in its data directory, with its ``sha256``): a large one is
+        renamed in rather than copied (copied when it is on another file
+        system); the file is gone once this returns, and on an error
+        after it was taken."""
         cfg = self.config
         src = Path(path)
         st = os.stat(src)
         if not stat.S_ISREG(st.st_mode):
             raise BadTarget(f"{src} is not a regular file", ResultCode.INVALID_FIELD)
-        limit = cfg.max_document_mib << 20
-        if st.st_size > limit:
-            raise LargeDocumentTooLarge(st.st_size, limit)
+        self.check_file(to, st.st_size, **options)
         if st.st_size <= cfg.large_from_mib << 20:
             data = src.read_bytes()
             if progress is not None:
                 progress(len(data))
-            return self.send(to, data, **options)
-        org, _ = self._address(to)
-        if org == cfg.org:
-            raise BadTarget(f"--to {to}: a large document ({st.st_size} bytes) cannot go to a user of this node"
-                            f" (at most {cfg.large_from_mib} MiB)", ResultCode.INVALID_FIELD)
-        if options.get("ordered"):
-            raise BadTarget(f"a large document ({st.st_size} bytes) cannot be in an ordered channel"
-                            f" (at most {cfg.large_from_mib} MiB)", ResultCode.INVALID_FIELD)
-        if not options.get("reliable", True):
-            raise BadTarget(f"a large document ({st.st_size} bytes) cannot be sent best effort",
-                            ResultCode.INVALID_FIELD)
-        if cfg.direct == "only":
-            raise BadTarget(f"a large document ({st.st_size} bytes) goes through the platform, and this node"
-                            ' sends over direct links only (direct = "only"); at most'
-                            f" {cfg.large_from_mib} MiB go over a direct link", ResultCode.INVALID_FIELD)
+            lk0 = self.send(to, data, **options)
+            if move:
+                src.unlink(missing_ok=True)
+            return lk0
         if unit is None:
             unit = self._turn % len(self.cores) + 1
             self._turn += 1
         base = self.cores[unit - 1].path.parent
-        copy, size, sha = copy_in(src, base / "large" / "out", progress)
+        limit = cfg.max_document_mib << 20
+        if move and sha256 is not None:
+            try:
+                copy, size, sha = move_in(src, base / "large" / "out"), st.st_size, sha256
+            except OSError as e:
+                if e.errno != errno.EXDEV:
+                    raise
+                copy, size, sha = copy_in(src, base / "large" / "out", progress)
+                src.unlink(missing_ok=True)
+        else:
+            copy, size, sha = copy_in(src, base / "large" / "out", progress)
+            if move:
+                src.unlink(missing_ok=True)
         try:
             if size > limit:  # (it grew while it was copied)
                 raise LargeDocumentTooLarge(size, limit)

@@ -51,6 +51,7 @@ __all__ = [
     "Manifest",
     "copy_in",
     "hash_prefix",
+    "move_in",
 ]
 
 CHUNK_SIZE: Final = 1 << 20  # bytes of content per chunk (the last one may be shorter)
@@ -265,6 +266,26 @@ def copy_in(src: Path, dest_dir: Path, progress: Callable[[int], None] | None = 
         part.unlink(missing_ok=True)
         raise
     return final, size, h.digest()
+
+
+def move_in(src: Path, dest_dir: Path) -> Path:
+    """Take the file ``src`` (the caller gives it up: a user's upload staged
+    by the node, semq.ops.uploads) into ``dest_dir`` (created 0700) as a new
+    ``*.doc`` file without copying it: fsynced, renamed, both directories
+    fsynced. Raises OSError (EXDEV when they are on different file systems:
+    then ``copy_in`` it); ``src`` is left where it was on any error."""
+    dest_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+    final = dest_dir / f"{secrets.token_hex(16)}.doc"
+    fd = os.open(src, os.O_RDONLY)
+    try:
+        os.fchmod(fd, 0o600)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.rename(src, final)
+    sync_dir(dest_dir)
+    sync_dir(src.parent)
+    return final
 
 
 def sync_dir(path: Path) -> None:

@@ -10,7 +10,7 @@ socket without a token (the kernel says who connected: SO_PEERCRED).
 
 The node's operator — whoever can open the node's data directory — sees
 every user's documents (``NodeClient``). A user's application reaches the
-node through the user socket (semq.node.usersock), which answers for that
+node through the user socket (semq.ops.usersock), which answers for that
 user only.
 """
 

@@ -12,12 +12,19 @@ The socket is a Unix domain socket, mode 0600, in the data directory (itself
 authentication. It is bound under a temporary name, chmod-ed, then renamed
 into place, so it is never reachable with looser permissions.
 
-Limits: a request line is at most ``MAX_REQUEST`` bytes (longer ones get an
-error and the connection is closed); at most ``MAX_CLIENTS`` connections
-are served at once; an idle connection is closed after ``IDLE_TIMEOUT``
-seconds. Every handler failure becomes one ``error`` line; it never takes
+Limits (semq.bounds): a request line is at most ``ADMIN_MAX_REQUEST``
+bytes (a longer one gets an error and the connection is closed; no more
+than that is ever buffered, semq.ops.lines); at most ``ADMIN_MAX_CLIENTS``
+connections are served at once (one more gets an error line naming the
+limit); a connection that sends no whole request within ``ADMIN_IDLE_S``
+seconds of its previous answer, or does not take an answer within as long,
+is closed. Every handler failure becomes one ``error`` line; it never takes
 the daemon down. Handlers run on the daemon's trio thread and must reach
 the store through the daemon's gate (semq.ops.handlers).
+
+The node's user socket (semq.ops.usersock) is served by the same code with
+its own limits and a ``Gate``: its first line must authenticate, within a
+few KiB and seconds, before anything larger is read.
 """
 
 from __future__ import annotations
@@ -32,16 +39,16 @@ import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Final
+from typing import Any, Final, Protocol
 
 import trio
 
+from semq.bounds import ADMIN_IDLE_S, ADMIN_MAX_CLIENTS, ADMIN_MAX_REQUEST
+
 from ._paths import admin_socket_path, unix_address
+from .lines import LineBuffer, LineTooLong
 
 __all__ = [
-    "IDLE_TIMEOUT",
-    "MAX_CLIENTS",
-    "MAX_REQUEST",
     "MAX_RESPONSE",
     "AdminCommandError",
     "AdminCommandFailed",
@@ -49,7 +56,10 @@ __all__ = [
     "AdminUnavailable",
     "AfterReply",
     "DrainControl",
+    "Gate",
     "Handler",
+    "Limits",
+    "Session",
     "admin_call",
     "admin_request",
     "admin_socket_path",
@@ -60,10 +70,9 @@ __all__ = [
 
 log = logging.getLogger("semq.ops.admin")
 
-MAX_REQUEST: Final = 64 * 1024  # bytes in one request line
 MAX_RESPONSE: Final = 64 * 1024 * 1024  # bytes the client accepts in one answer
-MAX_CLIENTS: Final = 32  # connections served at once; more get an error line
-IDLE_TIMEOUT: Final = 60.0  # s without a request before a connection is closed
+_READ: Final = 65536  # bytes asked of a socket per read (never more than a line's room)
+_REFUSE_S: Final = 1.0  # s a refusal's one line may take to leave before the connection is closed
 
 #: A command: takes the request's ``args`` and returns a JSON-able result
 #: (or an AfterReply). Raise AdminCommandError (or ValueError/LookupError)
@@ -234,23 +243,45 @@ def _error(text: object) -> bytes:
     return json.dumps({"ok": False, "error": one_line(text)}).encode() + b"\n"
 
 
-async def _dispatch(line: bytes, handlers: Mapping[str, Handler], peer_uid: int | None = None,
-                    hangup: Callable[[], Awaitable[None]] | None = None) -> tuple[bytes, Callable[[], None] | None]:
+#: Keys of a request's ``args`` that only the server sets: a client's are
+#: dropped (only the kernel says who connected; only the first line's
+#: authentication says which user a connection is).
+_SERVER_KEYS: Final = ("peer_uid", "session")
+
+
+def _parse(line: bytes) -> tuple[str, dict[str, Any]] | bytes:
+    """A request line as (command, args), or the error line to answer."""
     try:
         req = json.loads(line)
     except (ValueError, UnicodeDecodeError) as e:
-        return _error(f"request is not JSON: {e}"), None
+        return _error(f"request is not JSON: {e}")
     if not isinstance(req, dict) or not isinstance(req.get("cmd"), str):
-        return _error('a request is an object {"cmd": NAME, "args": {...}}'), None
+        return _error('a request is an object {"cmd": NAME, "args": {...}}')
     cmd = req["cmd"]
     args = req.get("args")
     if args is None:
         args = {}
     if not isinstance(args, dict):
-        return _error(f"{cmd}: args must be an object, not {type(args).__name__}"), None
-    args.pop("peer_uid", None)  # only the kernel says who connected
+        return _error(f"{cmd}: args must be an object, not {type(args).__name__}")
+    for key in _SERVER_KEYS:
+        args.pop(key, None)
+    return cmd, args
+
+
+async def _dispatch(line: bytes, handlers: Mapping[str, Handler], peer_uid: int | None = None,
+                    hangup: Callable[[], Awaitable[None]] | None = None,
+                    session: Session | None = None) -> tuple[bytes, Callable[[], None] | None]:
+    """Answer one request line: the answer's bytes and what to do once they
+    are written. ``peer_uid`` (the kernel's word) and ``session`` (what the
+    connection's first line proved) reach the handler in its args."""
+    parsed = _parse(line)
+    if isinstance(parsed, bytes):
+        return parsed, None
+    cmd, args = parsed
     if peer_uid is not None:
         args["peer_uid"] = peer_uid
+    if session is not None:
+        args["session"] = session
     handler = handlers.get(cmd)
     if handler is None:
         return _error(f"unknown command {cmd!r}; known: {', '.join(sorted(handlers))}"), None
@@ -287,67 +318,193 @@ def _peer_uid(stream: trio.SocketStream) -> int | None:
     return int(struct.unpack("3i", raw)[1])
 
 
-async def _serve_client(stream: trio.SocketStream, handlers: Mapping[str, Handler],
-                        slots: trio.Semaphore, max_request: int = MAX_REQUEST, credentials: bool = False,
-                        max_clients: int = MAX_CLIENTS) -> None:
+# ---------------------------------------------------------------- connections
+
+
+@dataclass(frozen=True, kw_only=True)
+class Limits:
+    """What a socket's server allows (semq.bounds): ``max_request`` bytes
+    per request line, ``max_clients`` connections at once, ``idle_s``
+    seconds for a whole request to come after the previous answer, and for
+    an answer to be taken."""
+
+    max_request: int = ADMIN_MAX_REQUEST
+    max_clients: int = ADMIN_MAX_CLIENTS
+    idle_s: float = ADMIN_IDLE_S
+
+    def __post_init__(self) -> None:
+        if self.max_request < 1 or self.max_clients < 1 or not self.idle_s > 0:
+            raise ValueError(f"limits {self} are not all positive")
+
+
+class Session(Protocol):
+    """What a connection's first line proved (a user of the user socket);
+    ``close()`` when the connection ends (it gives back its share)."""
+
+    def close(self) -> None: ...
+
+
+class Gate(Protocol):
+    """How a socket admits a connection by its first line (the user
+    socket's authentication; the admin socket has none). The first line
+    is at most ``first_bytes`` bytes and must come whole within
+    ``first_s`` seconds of the connect."""
+
+    first_bytes: int
+    first_s: float
+
+    def arrive(self, peer_uid: int | None) -> str | None:
+        """A connection from ``peer_uid`` before its first line: None when
+        it is counted, else the error line's text (over a limit)."""
+
+    def depart(self, peer_uid: int | None) -> None:
+        """That connection was admitted or ended (once per ``arrive`` that
+        returned None)."""
+
+    async def admit(self, cmd: str, args: dict[str, Any], peer_uid: int | None) -> Session:
+        """Who the first request proves the connection is. Raises
+        AdminCommandError with the error line's text."""
+        ...
+
+
+async def _say(stream: trio.SocketStream, line: bytes, within: float) -> bool:
+    """Write one answer, waiting at most ``within`` s for the client to take
+    it: False when it did not (the connection is then closed)."""
+    with trio.move_on_after(within):
+        await stream.send_all(line)
+        return True
+    return False
+
+
+async def _refuse(stream: trio.SocketStream, text: str) -> None:
+    """One error line (bounded), then the caller closes the connection."""
+    try:
+        await _say(stream, _error(text), _REFUSE_S)
+    except (trio.BrokenResourceError, trio.ClosedResourceError):
+        pass
+
+
+async def _read_line(stream: trio.SocketStream, lines: LineBuffer) -> bytes | None:
+    """The next whole request line, reading at most the buffer's room; None
+    when the client closed its end. Raises LineTooLong."""
+    while (line := lines.next_line()) is None:
+        data = await stream.receive_some(min(_READ, lines.room()))
+        if not data:
+            return None
+        lines.feed(data)
+    return line
+
+
+async def _admit(stream: trio.SocketStream, lines: LineBuffer, gate: Gate,
+                 peer_uid: int | None) -> tuple[Session, bytes] | None:
+    """Read and authenticate the first line within the gate's bytes and
+    seconds: the session and that line (to be answered like any other), or
+    None after one error line."""
+    refusal = gate.arrive(peer_uid)
+    if refusal is not None:
+        await _refuse(stream, refusal)
+        return None
+    try:
+        line: bytes | None = None
+        with trio.move_on_after(gate.first_s) as scope:
+            try:
+                line = await _read_line(stream, lines)
+            except LineTooLong as e:
+                await _refuse(stream, f"the first line authenticates (user and token) and is at most"
+                                      f" {gate.first_bytes} bytes: {e}")
+                return None
+        if line is None:
+            if scope.cancelled_caught:
+                await _refuse(stream, f"no authenticating first line within {gate.first_s:g} s"
+                                      f" ({lines.buffered} bytes came without a newline)")
+            return None
+        parsed = _parse(line)
+        if isinstance(parsed, bytes):
+            with trio.move_on_after(_REFUSE_S):
+                await stream.send_all(parsed)
+            return None
+        cmd, args = parsed
+        try:
+            session = await gate.admit(cmd, args, peer_uid)
+        except AdminCommandError as e:
+            await _refuse(stream, f"{cmd}: {e}")
+            return None
+        return session, line
+    finally:
+        gate.depart(peer_uid)
+
+
+async def _serve_client(stream: trio.SocketStream, handlers: Mapping[str, Handler], slots: trio.Semaphore,
+                        limits: Limits, *, credentials: bool = False, gate: Gate | None = None,
+                        what: str = "the admin console") -> None:
+    """One connection: its slot (or one error line naming the limit), its
+    first line through ``gate`` when there is one, then request after
+    request, never buffering more than a line of the current limit."""
     peer_uid = _peer_uid(stream) if credentials else None
     async with stream:
         try:
             slots.acquire_nowait()
         except trio.WouldBlock:
-            with trio.move_on_after(1):
-                try:
-                    await stream.send_all(_error(f"too many connections (limit {max_clients});"
-                                                 " try again"))
-                except (trio.BrokenResourceError, trio.ClosedResourceError):
-                    pass
+            await _refuse(stream, f"{limits.max_clients} connections are open on {what}, its limit of"
+                                  f" {limits.max_clients}; try again later")
             return
-        buf = bytearray()
-
-        async def hangup() -> None:
-            """Returns once the client closed its end; what it sends
-            meanwhile (a next request) waits in ``buf``."""
-            while True:
-                try:
-                    data = await stream.receive_some(65536)
-                except (trio.BrokenResourceError, trio.ClosedResourceError):
-                    return
-                if not data or len(buf) > max_request:
-                    return
-                buf.extend(data)
-
+        session: Session | None = None
         try:
-            while True:
-                data = None
-                with trio.move_on_after(IDLE_TIMEOUT):  # only the wait for a request is limited
-                    data = await stream.receive_some(65536)
-                if not data:
-                    return  # closed by the client, or idle for IDLE_TIMEOUT
-                buf += data
-                while (nl := buf.find(b"\n")) >= 0:
-                    line = bytes(buf[:nl])
-                    del buf[: nl + 1]
-                    if len(line) > max_request:
-                        await stream.send_all(_error(f"request of {len(line)} bytes exceeds the"
-                                                     f" {max_request}-byte limit"))
-                        return
-                    if not line.strip():
-                        continue
-                    try:
-                        answer, after = await _dispatch(line, handlers, peer_uid, hangup)
-                    except _HungUp:
-                        return  # the client left while it waited
-                    await stream.send_all(answer)
-                    if after is not None:
-                        after()
-                if len(buf) > max_request:
-                    await stream.send_all(_error(f"request exceeds the {max_request}-byte limit"))
+            lines = LineBuffer(gate.first_bytes if gate is not None else limits.max_request)
+            pending: bytes | None = None
+            if gate is not None:
+                admitted = await _admit(stream, lines, gate, peer_uid)
+                if admitted is None:
                     return
+                session, pending = admitted
+                lines.limit = limits.max_request
+
+            async def hangup() -> None:
+                """Returns once the client closed its end; what it sends
+                meanwhile (a next request) waits in ``lines``, within the
+                limit (when that is full, the hangup is not seen: the wait
+                ends at its own timeout)."""
+                while lines.room():
+                    try:
+                        data = await stream.receive_some(min(_READ, lines.room()))
+                    except (trio.BrokenResourceError, trio.ClosedResourceError):
+                        return
+                    if not data:
+                        return
+                    lines.feed(data)
+                await trio.sleep_forever()
+
+            while True:
+                line: bytes | None = pending
+                pending = None
+                if line is None:
+                    # A whole request within idle_s of the previous answer:
+                    # a slow drip cannot hold the connection for ever either.
+                    with trio.move_on_after(limits.idle_s):
+                        try:
+                            line = await _read_line(stream, lines)
+                        except LineTooLong as e:
+                            await _refuse(stream, f"{e}; a request is at most {limits.max_request} bytes")
+                            return
+                    if line is None:
+                        return  # closed by the client, or idle for idle_s
+                if not line.strip():
+                    continue
+                try:
+                    answer, after = await _dispatch(line, handlers, peer_uid, hangup, session)
+                except _HungUp:
+                    return  # the client left while it waited
+                if not await _say(stream, answer, limits.idle_s):
+                    return  # the client does not take its answers
+                if after is not None:
+                    after()
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             return  # the client went away
         except Exception:  # never let one connection take the daemon down
-            log.exception("admin connection failed")
+            log.exception("connection to %s failed", what)
         finally:
+            if session is not None:
+                session.close()
             slots.release()
 
 
@@ -365,7 +522,8 @@ def _probe(path: Path) -> bool:
         s.close()
 
 
-async def _bind(path: Path, mode: int = 0o600, what: str = "the admin console") -> tuple[trio.socket.SocketType, int]:
+async def _bind(path: Path, mode: int = 0o600, what: str = "the admin console",
+                backlog: int = ADMIN_MAX_CLIENTS) -> tuple[trio.socket.SocketType, int]:
     try:
         st = path.lstat()
     except FileNotFoundError:
@@ -383,7 +541,7 @@ async def _bind(path: Path, mode: int = 0o600, what: str = "the admin console") 
         with unix_address(tmp) as addr:
             await sock.bind(addr)
         os.chmod(tmp, mode)  # (0600: owner-only) before anyone can reach it by its real name
-        sock.listen(MAX_CLIENTS)
+        sock.listen(backlog)
         os.replace(tmp, path)
     except BaseException:
         sock.close()
@@ -397,10 +555,10 @@ async def serve_admin(
     handlers: Mapping[str, Handler],
     *,
     mode: int = 0o600,
-    max_request: int = MAX_REQUEST,
+    limits: Limits | None = None,
     credentials: bool = False,
+    gate: Gate | None = None,
     what: str = "the admin console",
-    max_clients: int = MAX_CLIENTS,
     task_status: trio.TaskStatus[Path] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve the admin console on the Unix socket ``path`` until cancelled
@@ -409,19 +567,20 @@ async def serve_admin(
     that is not a socket, raises OSError. The socket file is removed on
     exit if it is still ours.
 
-    The same server answers the node's user socket: ``mode`` 0666,
-    ``credentials`` (each request's args get ``peer_uid``, the connecting
-    process's uid from the kernel; a client cannot set it), a larger
-    ``max_request`` (documents travel in requests), more ``max_clients``
-    (each user's application may hold a wait open)."""
+    The same server answers the node's user socket
+    (semq.ops.usersock.serve_user_socket): ``mode`` 0666, ``credentials``
+    (each request's args get ``peer_uid``, the connecting process's uid
+    from the kernel; a client cannot set it), its own ``limits``, and a
+    ``gate`` that admits each connection by its short first line."""
     path = Path(path)
-    sock, ino = await _bind(path, mode, what)
+    limits = limits or Limits()
+    sock, ino = await _bind(path, mode, what, limits.max_clients)
     listener = trio.SocketListener(sock)
-    slots = trio.Semaphore(max_clients)
+    slots = trio.Semaphore(limits.max_clients)
     log.info("%s on %s", what, path)
 
     async def handle(stream: trio.SocketStream) -> None:
-        await _serve_client(stream, handlers, slots, max_request, credentials, max_clients)
+        await _serve_client(stream, handlers, slots, limits, credentials=credentials, gate=gate, what=what)
 
     try:
         async with trio.open_nursery() as nursery:

@@ -21,7 +21,6 @@ import subprocess
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
-from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -157,9 +156,13 @@ class OpsRuntime:
         busy = node_busy if self.role == "node" else platform_busy
         if self.role == "node":
             # Clients waiting for documents (wait_inbox), woken by the daemon's commits.
-            from .waiters import InboxWaiters
+            from semq.bounds import USER_MAX_CONNECTIONS
 
-            self.waiters = InboxWaiters()
+            from .waiters import ADMIN_WAITS, InboxWaiters
+
+            # Waits hold connections: at most half of each socket's (commands still get in).
+            user_max = getattr(self.config, "user_socket_max_connections", None) or USER_MAX_CONNECTIONS
+            self.waiters = InboxWaiters({"admin": ADMIN_WAITS, "user": max(1, user_max // 2)})
             daemon.inbox_signal = self.waiters
             handlers = node_handlers(daemon, core, reload=reload, drain=self.drain, metrics=self.metrics,
                                      stuck_after=self.options.stuck_after, waiters=self.waiters)
@@ -169,14 +172,10 @@ class OpsRuntime:
         if self.options.admin:
             self.admin_path = await nursery.start(serve_admin, admin_socket_path(self.admin_dir), handlers)
         if self.user_socket is not None and self.config is not None:
-            from .usersock import MAX_USER_REQUEST, user_handlers
-            from .waiters import USER_CLIENTS
+            from .usersock import serve_user_socket
 
             self.user_socket.parent.mkdir(parents=True, exist_ok=True)
-            self.user_path = await nursery.start(partial(
-                serve_admin, self.user_socket, user_handlers(self.config, self.waiters), mode=0o666,
-                max_request=MAX_USER_REQUEST, credentials=True, what="the user socket",
-                max_clients=USER_CLIENTS))
+            self.user_path = await nursery.start(serve_user_socket, self.user_socket, self.config, self.waiters)
         if self.metrics is not None and self.options.metrics:
             from .metrics import parse_metrics_address, poll_store, probe_loop_lag, serve_metrics
 

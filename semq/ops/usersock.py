@@ -1,25 +1,71 @@
 """The node's user socket: where a user's application sends and reads its
-own documents (SPEC "Users"; semq.node.users).
+own documents (SPEC "Users"; semq.node.users). The client's side is
+semq.ops.userclient (``UserClient``, re-exported here).
 
 The node's data directory is its operator's (mode 0700): whoever opens the
 store sees every document. A user's application does not; it talks to the
-running node on this Unix socket (mode 0666, at ``user_socket`` — put it
-where users can reach it) and proves who it is with every request, by
+running node on this Unix socket and proves who it is on the connection's
+**first line**, by
 
 - its token (``semq user add`` printed it; only its digest is stored), or
 - its operating-system account, when the user is tied to one
   (``semq user add NAME --os-user ACCOUNT``): the kernel says which uid
   connected (SO_PEERCRED), the client cannot.
 
-It is then answered for that user only: it sends as that user, lists,
-reads (a large document in blocks: ``read``) and acknowledges the
-documents for that user, and a document of
-another user is "not in the inbox", like one that does not exist. It may
-also wait for its next document (``wait_inbox``, semq.inbox_wait): answered
-when a commit puts one of its documents into the inbox of any unit.
+The connection is then that user's: it sends as that user, lists, reads (a
+document over one block in blocks: ``read``) and acknowledges the documents
+for that user, and a document of another user is "not in the inbox", like
+one that does not exist. It may also wait for its next document
+(``wait_inbox``, semq.inbox_wait). Later requests need not repeat the
+token. One that names a ``user`` names the connection's (another is
+refused: a connection never changes hands), and one that carries a
+``token`` carries a good one for that user (checked again); every request
+checks that the first line's proof still holds (a user removed, or added
+again with a new token, is refused on the connections it had).
 
-Protocol: the admin console's (semq.ops.admin: one JSON object per line),
-with ``user`` and ``token`` in ``args``; documents travel base64-encoded.
+Protocol: the admin console's (semq.ops.admin: one JSON object per line);
+the first line is any request (``whoami`` is the usual one) whose args
+prove the user::
+
+    -> {"cmd": "whoami", "args": {"user": "alice", "token": "semq_..."}}
+    <- {"ok": true, "result": {"user": "alice", "org": "56001", "units": 1, "block": 1048576, ...}}
+    -> {"cmd": "inbox", "args": {"limit": 10}}
+
+Documents travel base64-encoded, at most ``USER_BLOCK_BYTES`` (1 MiB) of a
+document per request or answer. A larger document is sent in blocks::
+
+    -> {"cmd": "upload_begin", "args": {"size": 5242880, "to": "10008", "data_type": "CAD"}}
+    <- {"ok": true, "result": {"upload": "9f0c...", "block": 1048576}}
+    -> {"cmd": "upload_block", "args": {"upload": "9f0c...", "offset": 0, "data": "<base64>"}}
+    ...
+    -> {"cmd": "upload_send", "args": {"upload": "9f0c...", "sha256": "<hex>"}}
+    <- {"ok": true, "result": {"lk0": "56001/1/1/57", "size": 5242880, "sha256": "..."}}
+
+staged privately in the data directory and handed to the large-document
+path (semq.ops.uploads), and read in blocks (``read``); an answer carries a
+document's ``data`` only when it is at most one block.
+
+Bounds (semq.bounds, "user socket"): nothing is read before the first
+line but that line, at most ``USER_AUTH_BYTES`` (4 KiB), whole within
+``USER_AUTH_S`` (5 s), and an account holds at most
+``USER_AUTH_PER_ACCOUNT`` connections that have not authenticated; after
+it a request is at most ``USER_MAX_REQUEST`` (2 MiB); the socket serves
+``user_socket_max_connections`` (64) connections, one user at most
+``USER_MAX_CONNECTIONS_PER_USER`` (8). One more gets one error line naming
+the value and the limit, and is closed.
+
+**Who may connect.** The socket is mode 0666: any local account may
+connect, as any local account may reach a database server's socket. That
+is safe because nothing is granted by connecting: every connection
+authenticates on its first short line before the node buffers more, a
+silent or chattering connection costs 4 KiB for 5 s and one account can
+hold only a few, and a token (or the kernel's word on the account) is
+needed for anything else. Who can even reach the socket is the operator's
+to say with the directory it lives in, the usual Unix way: by default it is
+``user.sock`` inside the 0700 data directory (the operator's account only);
+``user_socket = "/run/semq/56001.sock"`` in a directory of mode 0750 and
+group ``semq-apps`` admits that group's accounts and no others. A mode or
+group setting of the socket itself would say the same thing a second way.
 """
 
 from __future__ import annotations
@@ -29,57 +75,48 @@ import binascii
 import logging
 import os
 import pwd
-import time
-from collections.abc import Iterator
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 from typing import Any, Final
 
 import trio
 
-from semq.config import Config
-from semq.inbox_wait import (
-    ADMIN_SOCKET_NAME,
-    MAX_WAIT,
-    DaemonAway,
-    WaitRefused,
-    await_any,
-    wait_any,
+from semq.bounds import (
+    USER_AUTH_BYTES,
+    USER_AUTH_PER_ACCOUNT,
+    USER_AUTH_S,
+    USER_BLOCK_BYTES,
+    USER_IDLE_S,
+    USER_MAX_CONNECTIONS,
+    USER_MAX_CONNECTIONS_PER_USER,
+    USER_MAX_REQUEST,
 )
-from semq.node.api import UNIT_IDS, InboxItem, NodeClient, inbox_top
-from semq.node.limits import MAX_DOCUMENT_SIZE, DocumentRefused
+from semq.config import Config
+from semq.inbox_wait import ADMIN_SOCKET_NAME, DaemonAway, WaitRefused, await_any
+from semq.node.api import InboxItem, NodeClient, inbox_top
+from semq.node.limits import DocumentRefused
 from semq.node.users import UserError, authenticate, user_for_os_account
 
-from .admin import (
-    AdminCommandError,
-    AdminError,
-    AdminUnavailable,
-    Handler,
-    admin_request,
-    until_hangup,
-)
+from .admin import AdminCommandError, Handler, Limits, serve_admin, until_hangup
+from .uploads import UPLOADS_DIR, UploadRefused, Uploads
+from .userclient import LIST_LIMIT, UserClient, UserSocketError, UserSocketUnavailable
 from .waiters import wait_timeout
 
 log = logging.getLogger("semq.ops.usersock")
 
-__all__ = ["MAX_USER_REQUEST", "UserClient", "UserSocketError", "UserSocketUnavailable", "user_handlers",
-           "user_socket_path"]
+__all__ = ["UserClient", "UserGate", "UserSession", "UserSocketError", "UserSocketUnavailable",
+           "serve_user_socket", "user_handlers", "user_socket_path"]
 
-# A request carries a document base64-encoded (4/3 of its size) and its fields.
-MAX_USER_REQUEST: Final = MAX_DOCUMENT_SIZE * 4 // 3 + 64 * 1024
-_LIST_LIMIT: Final = 10_000  # documents one inbox request may list
-# A large document is read in blocks of at most this many bytes per request
-# (``read``): never whole in the node's memory, nor in the answer.
-READ_BLOCK: Final = 1 << 20
-MAX_READ_BLOCK: Final = 4 << 20
-
-
-class UserSocketError(Exception):
-    """The user socket could not answer, or refused (one line for the user)."""
-
-
-class UserSocketUnavailable(UserSocketError):
-    """No node answers on the user socket (not running, or restarting)."""
+# The send options a user's request may give (NodeClient.send's keywords, a
+# user's own: no best effort, no transactions), with their JSON types.
+_OPTIONS: Final[dict[str, tuple[type, ...]]] = {
+    "data_type": (str,), "domain": (str,), "subtype": (str,), "key": (str,), "save_fwd": (int,),
+    "ack2": (bool,), "priority": (int,), "expires_in": (int, float, type(None)), "encrypt": (bool,),
+    "clear_app_key": (bool,), "ordered": (str, type(None)),
+}
+_SWEEP_S: Final = 60.0  # s between looks for stale uploads
 
 
 def user_socket_path(cfg: Config) -> Path | None:
@@ -88,6 +125,166 @@ def user_socket_path(cfg: Config) -> Path | None:
         return None
     p = Path(cfg.user_socket)
     return p if p.is_absolute() else cfg.directory / p
+
+
+# ---------------------------------------------------------------- who a connection is
+
+
+class _Store:
+    """The node's stores as the user socket reaches them: one NodeClient of
+    its own, on one worker thread at a time (SQLite has one writer)."""
+
+    def __init__(self, cfg: Config) -> None:
+        self.cfg = cfg
+        self.limiter = trio.CapacityLimiter(1)
+        self._client: NodeClient | None = None
+
+    def client(self) -> NodeClient:
+        if self._client is None:
+            self._client = NodeClient(self.cfg.directory, config=self.cfg)
+        return self._client
+
+    async def run(self, fn: Callable[[], Any]) -> Any:
+        return await trio.to_thread.run_sync(fn, limiter=self.limiter)
+
+
+def _account(uid: Any) -> str:
+    if not isinstance(uid, int):
+        return ""
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return ""
+
+
+def _strings(args: dict[str, Any]) -> tuple[str, str]:
+    user, token = args.get("user") or "", args.get("token") or ""
+    if not isinstance(user, str) or not isinstance(token, str):
+        raise AdminCommandError("user and token are strings")
+    return user, token
+
+
+@dataclass(eq=False)
+class UserSession:
+    """What a connection's first line proved: ``user``, by its token or by
+    the operating-system ``account`` the kernel named. ``check`` (in the
+    store's thread) is run for every request; ``close`` gives back the
+    user's connection."""
+
+    user: str
+    account: str = ""  # proved by the account (SO_PEERCRED); else by the token
+    _token: str = field(default="", repr=False)
+    _release: Callable[[], None] | None = field(default=None, repr=False)
+
+    def check(self, client: NodeClient, args: dict[str, Any]) -> str:
+        """The user a request on this connection is answered for. Raises
+        AdminCommandError when the request names another user or a token
+        that is not this user's, or the first line's proof no longer holds."""
+        user, token = _strings(args)
+        if user and user != self.user:
+            raise AdminCommandError(f"this connection is {self.user}'s (its first line); a request as {user}"
+                                    " needs a connection of its own")
+        conn = client.core.conn
+        if token:
+            try:
+                authenticate(conn, self.user, token)
+            except UserError as e:
+                raise AdminCommandError(str(e)) from None
+        if self.account:
+            if user_for_os_account(conn, self.account) != self.user:
+                raise AdminCommandError(f"the account {self.account} is no longer tied to user {self.user}:"
+                                        " connect again")
+        else:
+            try:
+                authenticate(conn, self.user, self._token)
+            except UserError:
+                raise AdminCommandError(f"user {self.user} was removed or given a new token since this connection"
+                                        " authenticated: connect again") from None
+        return self.user
+
+    def close(self) -> None:
+        if self._release is not None:
+            self._release()
+            self._release = None
+
+
+def _prove(client: NodeClient, args: dict[str, Any], peer_uid: int | None) -> UserSession:
+    """Who a first line proves its connection is: its user and token, else
+    the account the kernel named. Raises AdminCommandError (a wrong token
+    and an unknown user get the same words)."""
+    user, token = _strings(args)
+    conn = client.core.conn
+    if token:
+        if not user:
+            raise AdminCommandError("a token needs its user name (user)")
+        try:
+            return UserSession(authenticate(conn, user, token), _token=token)
+        except UserError as e:
+            raise AdminCommandError(str(e)) from None
+    account = _account(peer_uid)
+    name = user_for_os_account(conn, account)
+    if name is None or (user and user != name):
+        raise AdminCommandError(f"no token, and the account {account or peer_uid!r} is not tied to"
+                                f" {'user ' + user if user else 'a user'} of this node")
+    return UserSession(name, account=account)
+
+
+class UserGate:
+    """The user socket's admission (semq.ops.admin.Gate): the first line,
+    at most ``first_bytes`` within ``first_s``, must authenticate; at most
+    ``per_account`` connections of one account wait for theirs, at most
+    ``per_user`` connections are one user's. Counts live on the trio
+    thread."""
+
+    def __init__(self, store: _Store, *, first_bytes: int = USER_AUTH_BYTES, first_s: float = USER_AUTH_S,
+                 per_account: int = USER_AUTH_PER_ACCOUNT, per_user: int = USER_MAX_CONNECTIONS_PER_USER) -> None:
+        self.store = store
+        self.first_bytes = first_bytes
+        self.first_s = first_s
+        self.per_account = per_account
+        self.per_user = per_user
+        self._waiting: dict[int | None, int] = {}
+        self._users: dict[str, int] = {}
+
+    def statistics(self) -> dict[str, Any]:
+        return {"authenticating": sum(self._waiting.values()), "users": dict(self._users)}
+
+    def arrive(self, peer_uid: int | None) -> str | None:
+        n = self._waiting.get(peer_uid, 0)
+        if n >= self.per_account:
+            return (f"uid {peer_uid} has {n} connections that have not authenticated yet, the limit of"
+                    f" {self.per_account} per account")
+        self._waiting[peer_uid] = n + 1
+        return None
+
+    def depart(self, peer_uid: int | None) -> None:
+        n = self._waiting[peer_uid] - 1
+        if n:
+            self._waiting[peer_uid] = n
+        else:
+            del self._waiting[peer_uid]
+
+    async def admit(self, cmd: str, args: dict[str, Any], peer_uid: int | None) -> UserSession:
+        session: UserSession = await self.store.run(lambda: _prove(self.store.client(), args, peer_uid))
+        user = session.user
+        n = self._users.get(user, 0)
+        if n >= self.per_user:
+            raise AdminCommandError(f"user {user} has {n} connections open, the limit of {self.per_user} per user;"
+                                    " close one")
+        self._users[user] = n + 1
+
+        def release() -> None:
+            left = self._users[user] - 1
+            if left:
+                self._users[user] = left
+            else:
+                del self._users[user]
+
+        session._release = release
+        return session
+
+
+# ---------------------------------------------------------------- the commands
 
 
 def _item(i: InboxItem, data: bool) -> dict[str, Any]:
@@ -99,7 +296,7 @@ def _item(i: InboxItem, data: bool) -> dict[str, Any]:
            "consumed": i.consumed_ms is not None, "unit": i.unit}
     if i.path is not None:
         out["large"] = True  # its content is read in blocks (``read``), not carried here
-    elif data:
+    elif data and len(i.app_data) <= USER_BLOCK_BYTES:  # (a larger one: read in blocks too)
         out["data"] = base64.b64encode(i.app_data).decode()
     return out
 
@@ -116,91 +313,105 @@ def _cursor(args: dict[str, Any], units: int) -> tuple[int, ...] | None:
     return tuple(after)
 
 
-def user_handlers(cfg: Config, waiters: Any = None) -> dict[str, Handler]:
-    """The user socket's commands, each answered for the user its request
-    proves it is: whoami, send, inbox, get, ack, messages, and wait_inbox
-    when ``waiters`` (semq.ops.waiters.InboxWaiters, this unit's) is given.
-    The store is reached through a NodeClient of its own, on one worker
-    thread."""
-    limiter = trio.CapacityLimiter(1)
-    holder: list[NodeClient] = []
+def _count(args: dict[str, Any], name: str, default: int | None = None) -> int:
+    value = args.get(name, default)
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise AdminCommandError(f"{name} {value!r} is not a non-negative integer")
+    return value
 
-    def client() -> NodeClient:
-        if not holder:
-            holder.append(NodeClient(cfg.directory, config=cfg))
-        return holder[0]
+
+def _options(args: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+    """A send's target and options, each of its JSON type."""
+    to = args.get("to")
+    if not isinstance(to, str) or not to:
+        raise AdminCommandError("send needs to (ORG, ORG/USER or a colleague's name)")
+    kw = {}
+    for k, types in _OPTIONS.items():
+        if k in args:
+            v = args[k]
+            if not isinstance(v, types) or (isinstance(v, bool) and bool not in types):
+                raise AdminCommandError(f"{k} {v!r} is not {' or '.join(t.__name__ for t in types)}")
+            kw[k] = v
+    return to, kw
+
+
+def _block(args: dict[str, Any]) -> bytes:
+    """A request's ``data``: base64 of at most one block."""
+    raw = args.get("data", "")
+    if not isinstance(raw, str):
+        raise AdminCommandError("data is a base64 string")
+    if len(raw) > (USER_BLOCK_BYTES + 2) // 3 * 4:
+        raise AdminCommandError(f"data of {len(raw)} base64 characters exceeds one block of {USER_BLOCK_BYTES}"
+                                " bytes; a larger document is sent in blocks (upload_begin, upload_block,"
+                                " upload_send)")
+    try:
+        data = base64.b64decode(raw, validate=True)
+    except (binascii.Error, ValueError) as e:
+        raise AdminCommandError(f"data is not base64: {e}") from None
+    if len(data) > USER_BLOCK_BYTES:  # (the characters' count allows up to two bytes more)
+        raise AdminCommandError(f"data of {len(data)} bytes exceeds one block of {USER_BLOCK_BYTES} bytes; a"
+                                " larger document is sent in blocks (upload_begin, upload_block, upload_send)")
+    return data
+
+
+def user_handlers(cfg: Config, waiters: Any = None, *, store: _Store | None = None,
+                  uploads: Uploads | None = None) -> dict[str, Handler]:
+    """The user socket's commands, each answered for the user of the
+    connection (``args["session"]``, a UserSession its first line proved;
+    none: refused): whoami, send, inbox, get, read, ack, messages, the
+    uploads' (when ``uploads`` is given) and wait_inbox (when ``waiters``,
+    semq.ops.waiters.InboxWaiters of this unit, is)."""
+    store = store or _Store(cfg)
+    client, run = store.client, store.run
+    files = trio.CapacityLimiter(1)  # staged uploads' file work: beside the store's thread, not in it
 
     def who(args: dict[str, Any]) -> str:
-        user, token = args.get("user") or "", args.get("token") or ""
-        if not isinstance(user, str) or not isinstance(token, str):
-            raise AdminCommandError("user and token are strings")
-        conn = client().core.conn
-        if token:
-            if not user:
-                raise AdminCommandError("a token needs its user name (user)")
-            try:
-                return authenticate(conn, user, token)
-            except UserError as e:
-                raise AdminCommandError(str(e)) from None
-        uid = args.get("peer_uid")
-        account = ""
-        if isinstance(uid, int):
-            try:
-                account = pwd.getpwuid(uid).pw_name
-            except KeyError:
-                account = ""
-        name = user_for_os_account(conn, account)
-        if name is None or (user and user != name):
-            raise AdminCommandError(f"no token, and the account {account or uid!r} is not tied to"
-                                    f" {'user ' + user if user else 'a user'} of this node")
-        return name
-
-    async def run(fn: Any) -> Any:
-        return await trio.to_thread.run_sync(fn, limiter=limiter)
+        session = args.get("session")
+        if not isinstance(session, UserSession):
+            raise AdminCommandError("this connection has not authenticated")
+        return session.check(client(), args)
 
     def _limit(args: dict[str, Any]) -> int:
         limit = args.get("limit", 100)
-        if not isinstance(limit, int) or not 1 <= limit <= _LIST_LIMIT:
-            raise AdminCommandError(f"limit {limit!r} is outside 1..{_LIST_LIMIT}")
+        if not isinstance(limit, int) or not 1 <= limit <= LIST_LIMIT:
+            raise AdminCommandError(f"limit {limit!r} is outside 1..{LIST_LIMIT}")
         return limit
 
     async def whoami(args: dict[str, Any]) -> dict[str, Any]:
-        return {"user": await run(partial(who, args)), "org": cfg.org, "units": cfg.units}
+        return {"user": await run(partial(who, args)), "org": cfg.org, "units": cfg.units,
+                "block": USER_BLOCK_BYTES, "max_request": USER_MAX_REQUEST,
+                "max_document": cfg.max_document_mib << 20}
 
     async def send(args: dict[str, Any]) -> dict[str, Any]:
+        to, kw = _options(args)
+
         def go() -> dict[str, Any]:
             user = who(args)
-            try:
-                data = base64.b64decode(args.get("data", ""), validate=True)
-            except (binascii.Error, TypeError) as e:
-                raise AdminCommandError(f"data is not base64: {e}") from None
-            to = args.get("to")
-            if not isinstance(to, str) or not to:
-                raise AdminCommandError("send needs to (ORG, ORG/USER or a colleague's name)")
-            kw = {k: args[k] for k in ("data_type", "domain", "subtype", "key", "save_fwd", "ack2", "priority",
-                                       "expires_in", "encrypt", "clear_app_key", "ordered") if k in args}
+            data = _block(args)
             try:
                 lk0 = client().send(to, data, user=user, **kw)
             except DocumentRefused as e:
                 raise AdminCommandError(str(e)) from None
-            except TypeError as e:
-                raise AdminCommandError(f"send: {e}") from None
             return {"lk0": str(lk0), "size": len(data)}
         return dict(await run(go))
 
     async def inbox(args: dict[str, Any]) -> list[dict[str, Any]]:
         def go() -> list[dict[str, Any]]:
             user = who(args)
-            after = args.get("after_id", 0)
-            if not isinstance(after, int) or after < 0:
-                raise AdminCommandError(f"after_id {after!r} is not a non-negative integer")
+            after = _count(args, "after_id", 0)
             node = client()
             cursor = _cursor(args, len(node.cores))
             if cursor is not None:  # a follower's position: unacknowledged documents above it
                 items = node.inbox_after(cursor, user=user, limit=_limit(args))
             else:
                 items = node.inbox(unread=not args.get("all"), limit=_limit(args), after_id=after, user=user)
-            return [_item(i, bool(args.get("data"))) for i in items]
+            # Contents while they fit in one block together; the rest by ``get``/``read``.
+            out, room = [], USER_BLOCK_BYTES if args.get("data") else 0
+            for i in items:
+                fits = i.path is None and len(i.app_data) <= room
+                room -= len(i.app_data) if fits else 0
+                out.append(_item(i, fits))
+            return out
         return list(await run(go))
 
     async def get(args: dict[str, Any]) -> dict[str, Any]:
@@ -217,17 +428,16 @@ def user_handlers(cfg: Config, waiters: Any = None) -> dict[str, Handler]:
 
     async def read(args: dict[str, Any]) -> dict[str, Any]:
         """A block of one of this user's documents: ``length`` bytes (at
-        most MAX_READ_BLOCK) from ``offset``; for a large one, read from its
-        file, never whole."""
+        most one block) from ``offset``; a large one read from its file,
+        never whole."""
         def go() -> dict[str, Any]:
             user = who(args)
-            item_id, offset, length = args.get("id"), args.get("offset", 0), args.get("length", READ_BLOCK)
+            item_id = args.get("id")
+            offset, length = _count(args, "offset", 0), args.get("length", USER_BLOCK_BYTES)
             if not isinstance(item_id, int):
                 raise AdminCommandError(f"id {item_id!r} is not an inbox document id")
-            if not isinstance(offset, int) or isinstance(offset, bool) or offset < 0:
-                raise AdminCommandError(f"offset {offset!r} is not a non-negative integer")
-            if not isinstance(length, int) or isinstance(length, bool) or not 1 <= length <= MAX_READ_BLOCK:
-                raise AdminCommandError(f"length {length!r} is outside 1..{MAX_READ_BLOCK}")
+            if not isinstance(length, int) or isinstance(length, bool) or not 1 <= length <= USER_BLOCK_BYTES:
+                raise AdminCommandError(f"length {length!r} is outside 1..{USER_BLOCK_BYTES}")
             try:
                 item = client().get(item_id, user=user)
             except KeyError:
@@ -274,10 +484,7 @@ def user_handlers(cfg: Config, waiters: Any = None) -> dict[str, Handler]:
             user, node = who(args), client()
             cursor = _cursor(args, len(node.cores))
             if cursor is None:
-                after = args.get("after_id", 0)
-                if not isinstance(after, int) or isinstance(after, bool) or after < 0:
-                    raise AdminCommandError(f"after_id {after!r} is not a non-negative integer")
-                cursor = node.cursor(after)
+                cursor = node.cursor(_count(args, "after_id", 0))
             return user, cursor
 
         user, cursor = await run(start)
@@ -315,158 +522,102 @@ def user_handlers(cfg: Config, waiters: Any = None) -> dict[str, Handler]:
             nursery.start_soon(watch_others)
         return answer
 
-    return {"whoami": whoami, "send": send, "inbox": inbox, "get": get, "read": read, "ack": ack,
-            "messages": messages, "wait_inbox": wait_inbox}
+    handlers: dict[str, Handler] = {"whoami": whoami, "send": send, "inbox": inbox, "get": get, "read": read,
+                                    "ack": ack, "messages": messages, "wait_inbox": wait_inbox}
+    if uploads is None:
+        return handlers
+    staging = uploads
 
-
-class UserClient:
-    """A user's application's side of the user socket::
-
-        with UserClient("/run/semq/56001.sock", "alice", token) as me:
-            me.send("10008/bob", b"<order/>", data_type="ORDER", ordered="orders")
-            for doc in me.follow():  # woken by the node as documents arrive
-                handle(doc["data"]); me.acknowledge([doc["id"]])
-            me.save(doc_id, "drawing.dwg")  # a large document ("large": True) by blocks
-
-    ``token`` None: the user tied to this process's operating-system
-    account. Raises UserSocketError with the node's words."""
-
-    def __init__(self, path: str | Path, user: str = "", token: str | None = None, *, timeout: float = 30.0) -> None:
-        self.path = Path(path)
-        self.user = user
-        self.token = token or ""
-        self.timeout = timeout
-
-    def __enter__(self) -> UserClient:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        return None
-
-    def _call(self, cmd: str, **args: Any) -> Any:
+    async def on_files(fn: Callable[[], Any]) -> Any:
         try:
-            resp = admin_request(self.path, cmd, {"user": self.user, "token": self.token, **args}, self.timeout,
-                                 max_response=MAX_USER_REQUEST)
-        except AdminUnavailable:
-            raise UserSocketUnavailable(f"no node answers on {self.path} (not running, or its user_socket"
-                                        " setting names another path)") from None
-        except AdminError as e:
-            raise UserSocketError(f"the node's user socket {self.path}: {e}") from None
-        if not resp.get("ok"):
-            raise UserSocketError(str(resp.get("error", "refused")))
-        return resp.get("result")
+            return await trio.to_thread.run_sync(fn, limiter=files)
+        except UploadRefused as e:
+            raise AdminCommandError(str(e)) from None
 
-    def whoami(self) -> str:
-        return str(self._call("whoami")["user"])
+    async def upload_begin(args: dict[str, Any]) -> dict[str, Any]:
+        """A document of ``size`` bytes for ``to`` (send's options), sent
+        in blocks: its upload id and the block size."""
+        size = _count(args, "size")
+        to, kw = _options(args)
 
-    def send(self, to: str, data: bytes, **kw: Any) -> str:
-        """Accept a document from this user (the keywords of NodeClient.send,
-        ``ordered`` too); returns its LK0. Durable when this returns."""
-        return str(self._call("send", to=to, data=base64.b64encode(data).decode(), **kw)["lk0"])
-
-    @staticmethod
-    def _decoded(item: dict[str, Any]) -> dict[str, Any]:
-        if "data" in item:
-            item["data"] = base64.b64decode(item["data"])
-        return item
-
-    def inbox(self, *, unread: bool = True, limit: int = 100, after_id: int = 0,
-              data: bool = False) -> list[dict[str, Any]]:
-        """This user's documents (``data``: with their contents, as bytes)."""
-        return [self._decoded(i) for i in self._call("inbox", all=not unread, limit=limit, after_id=after_id,
-                                                     data=data)]
-
-    def get(self, item_id: int) -> dict[str, Any]:
-        return self._decoded(self._call("get", id=item_id))
-
-    def read(self, item_id: int, *, block: int = READ_BLOCK) -> Iterator[bytes]:
-        """This user's document ``item_id`` in blocks of ``block`` bytes, a
-        large one too (``"large": True`` in its item, which carries no
-        ``data``): never whole in memory on either side."""
-        offset = 0
-        while True:
-            got = self._call("read", id=item_id, offset=offset, length=block)
-            data = base64.b64decode(got["data"])
-            if data:
-                yield data
-            offset += len(data)
-            if got["eof"] or not data:
-                return
-
-    def save(self, item_id: int, dest: str | Path) -> int:
-        """Write this user's document ``item_id`` to ``dest`` by blocks (a
-        temporary file beside it, renamed when whole); the bytes written."""
-        dest = Path(dest)
-        tmp = dest.with_name(f".{dest.name}.part")
-        n = 0
-        try:
-            with open(tmp, "wb") as f:
-                for block in self.read(item_id):
-                    f.write(block)
-                    n += len(block)
-            os.replace(tmp, dest)
-        except BaseException:
-            tmp.unlink(missing_ok=True)
-            raise
-        return n
-
-    def acknowledge(self, ids: list[int]) -> int:
-        return int(self._call("ack", ids=ids)["acknowledged"])
-
-    def messages(self, *, limit: int = 100) -> list[dict[str, Any]]:
-        return list(self._call("messages", limit=limit))
-
-    def follow(self, after_id: int = 0, *, timeout: float | None = None) -> Iterator[dict[str, Any]]:
-        """Yield this user's unacknowledged documents above ``after_id``
-        (with contents), then each new one as it arrives, once, until
-        ``timeout`` seconds pass without one (None: for ever). Woken by the
-        node (``wait_inbox``), never by a timer; while the node does not
-        answer, tried again every second (said once in the log)."""
-        cursor: list[int] | None = None
-        away = False
-        last = time.monotonic()
-        while True:
-            span = MAX_WAIT if timeout is None else min(MAX_WAIT, timeout - (time.monotonic() - last))
-            if span <= 0:
-                return
+        def check() -> str:
+            user = who(args)
             try:
-                if cursor is None:  # the node's units say how its ids read
-                    units = int(self._call("whoami").get("units", 1))
-                    cursor = ([after_id] if units == 1
-                              else [max(0, (after_id - k) // UNIT_IDS) for k in range(1, units + 1)])
-                fresh = self._call("inbox", after=cursor, limit=_LIST_LIMIT)
-                for i in fresh:
-                    row = i["id"] if len(cursor) == 1 else i["id"] // UNIT_IDS
-                    cursor[i["unit"] - 1] = max(cursor[i["unit"] - 1], row)
-                    yield self.get(i["id"])
-                if fresh:
-                    last = time.monotonic()
-                    continue
-                wait_any([(self.path, {"user": self.user, "token": self.token, "after": cursor})], span)
-            except (UserSocketUnavailable, DaemonAway) as e:
-                if not away:
-                    log.warning("%s: trying again every second", e)
-                    away = True
-                time.sleep(min(1.0, span))
-                continue
-            except WaitRefused as e:
-                raise UserSocketError(str(e)) from None
-            away = False
+                client().check_file(to, size, **kw)  # what send_file would refuse, before a byte is staged
+            except DocumentRefused as e:
+                raise AdminCommandError(str(e)) from None
+            return user
 
-    def receive(self, *, timeout: float = 10.0, poll: float = 0.2) -> Iterator[dict[str, Any]]:
-        """Yield this user's unread documents (with contents) as they
-        arrive, each once, until ``timeout`` passes with nothing new. They
-        stay unread until acknowledged."""
-        seen: set[int] = set()
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            # The list without contents (small), then each new one whole: an
-            # answer stays within one document's size.
-            fresh = [i["id"] for i in self.inbox(limit=_LIST_LIMIT) if i["id"] not in seen]
-            for item_id in fresh:
-                seen.add(item_id)
-                yield self.get(item_id)
-            if fresh:
-                deadline = time.monotonic() + timeout
-            else:
-                time.sleep(poll)
+        user = await run(check)
+        uid = await on_files(lambda: staging.begin(user, size, max_size=cfg.max_document_mib << 20,
+                                                   options={"to": to, **kw}))
+        return {"upload": uid, "block": USER_BLOCK_BYTES}
+
+    async def upload_block(args: dict[str, Any]) -> dict[str, Any]:
+        """``data`` (one block) at ``offset``, which is what is staged so far."""
+        user = await run(partial(who, args))
+        staged = await on_files(lambda: staging.block(user, args.get("upload"), args.get("offset"), _block(args)))
+        return {"staged": staged}
+
+    async def upload_status(args: dict[str, Any]) -> dict[str, Any]:
+        user = await run(partial(who, args))
+        return dict(await on_files(lambda: staging.status(user, args.get("upload"))))
+
+    async def upload_abort(args: dict[str, Any]) -> dict[str, Any]:
+        user = await run(partial(who, args))
+        return {"removed": await on_files(lambda: staging.abort(user, args.get("upload")))}
+
+    async def upload_send(args: dict[str, Any]) -> dict[str, Any]:
+        """Accept the whole upload as this user's document (``sha256``, hex:
+        the client's digest, checked); durable when answered."""
+        user = await run(partial(who, args))
+        whole = await on_files(lambda: staging.finish(user, args.get("upload"), args.get("sha256")))
+        opts = dict(whole.options)
+        to = opts.pop("to")
+
+        def go() -> dict[str, Any]:
+            try:
+                lk0 = client().send_file(to, whole.path, move=True, sha256=whole.sha256, user=user, **opts)
+            except DocumentRefused as e:
+                raise AdminCommandError(str(e)) from None
+            finally:
+                whole.path.unlink(missing_ok=True)  # (taken in, or refused: either way not kept)
+            return {"lk0": str(lk0), "size": whole.size, "sha256": whole.sha256.hex()}
+        return dict(await run(go))
+
+    handlers.update({"upload_begin": upload_begin, "upload_block": upload_block, "upload_status": upload_status,
+                     "upload_abort": upload_abort, "upload_send": upload_send})
+    return handlers
+
+
+# ---------------------------------------------------------------- the server
+
+
+async def serve_user_socket(path: Path, cfg: Config, waiters: Any = None, *,
+                            max_connections: int | None = None, uploads: Uploads | None = None,
+                            task_status: trio.TaskStatus[Path] = trio.TASK_STATUS_IGNORED) -> None:
+    """Serve the node's user socket on ``path`` (mode 0666; see the module's
+    words on who may connect) until cancelled: ``max_connections`` at once
+    (default: ``user_socket_max_connections``), each admitted by its
+    authenticating first line (UserGate). Staged uploads live in
+    ``uploads/`` of the data directory (or ``uploads``'), emptied at start
+    and swept for stale ones every minute. ``task_status`` gets the path."""
+    store = _Store(cfg)
+    uploads = uploads or Uploads(cfg.directory / UPLOADS_DIR)
+    left = await trio.to_thread.run_sync(uploads.reset)
+    if left:
+        log.info("removed %d upload(s) a previous run left unfinished", left)
+    handlers = user_handlers(cfg, waiters, store=store, uploads=uploads)
+    limits = Limits(max_request=USER_MAX_REQUEST, idle_s=USER_IDLE_S,
+                    max_clients=int(max_connections or cfg.user_socket_max_connections or USER_MAX_CONNECTIONS))
+    async with trio.open_nursery() as nursery:
+        got = await nursery.start(partial(serve_admin, path, handlers, mode=0o666, limits=limits, credentials=True,
+                                          gate=UserGate(store), what="the user socket"))
+
+        async def sweep() -> None:
+            while True:
+                await trio.sleep(_SWEEP_S)
+                await trio.to_thread.run_sync(uploads.sweep)
+
+        nursery.start_soon(sweep)
+        task_status.started(got)

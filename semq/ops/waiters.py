@@ -9,11 +9,12 @@ indexed look-up: the highest unacknowledged row), never on a timer; it is
 answered as soon as the check says ready, or at its timeout (at most
 ``MAX_WAIT``), or ends when its client closes the connection.
 
-Waits are bounded: each socket has a pool (``ADMIN_WAITS`` on the admin
-socket, half its connections, so operators' commands still get in;
-``USER_WAITS`` on the user socket, ``USER_WAITS_EACH`` per user). One more
-is refused at once with an error naming the limit; nothing else is held
-for it."""
+Waits are bounded: each socket has a pool, half its connections, so
+commands still get in (``ADMIN_WAITS`` on the admin socket; ``USER_WAITS``
+on the user socket — half of ``user_socket_max_connections`` when that is
+set — and ``USER_WAITS_EACH``, half a user's connections, per user). One
+more is refused at once with an error naming the limit; nothing else is
+held for it."""
 
 from __future__ import annotations
 
@@ -24,19 +25,21 @@ from typing import Any, Final
 
 import trio
 
+from semq.bounds import ADMIN_MAX_CLIENTS, USER_MAX_CONNECTIONS, USER_MAX_CONNECTIONS_PER_USER
 from semq.inbox_wait import MAX_WAIT
 
-from .admin import MAX_CLIENTS, AdminCommandError
+from .admin import AdminCommandError
 
-__all__ = ["ADMIN_WAITS", "MAX_WAIT", "USER_CLIENTS", "USER_WAITS", "USER_WAITS_EACH", "InboxWaiters",
-           "WaitLimitReached", "WaitStatistics", "wait_timeout"]
+__all__ = ["ADMIN_WAITS", "MAX_WAIT", "USER_WAITS", "USER_WAITS_EACH", "InboxWaiters", "WaitLimitReached",
+           "WaitStatistics", "wait_timeout"]
 
 log = logging.getLogger("semq.ops.waiters")
 
-ADMIN_WAITS: Final = MAX_CLIENTS // 2  # waits open at once on one admin socket (the rest: commands)
-USER_CLIENTS: Final = 256  # connections the user socket serves at once
-USER_WAITS: Final = 192  # waits open at once on the user socket
-USER_WAITS_EACH: Final = 8  # ... of one user
+ADMIN_WAITS: Final = ADMIN_MAX_CLIENTS // 2  # waits open at once on one admin socket (the rest: commands)
+# A wait holds a connection: at most half the user socket's, and half of
+# one user's, so that user's commands (and the others') still get in.
+USER_WAITS: Final = USER_MAX_CONNECTIONS // 2  # waits open at once on the user socket
+USER_WAITS_EACH: Final = USER_MAX_CONNECTIONS_PER_USER // 2  # ... of one user
 
 #: A wait's check: (ready, what to answer as ``top``), read from the store.
 Check = Callable[[], Awaitable[tuple[bool, Any]]]

@@ -272,7 +272,8 @@ def test_a_user_of_the_receiver_reads_a_large_document_by_blocks_and_no_one_else
     """A large document for alice at B: her application reads it over the
     user socket by blocks (``semq inbox save`` with her token); bob's token
     cannot, and a block over the limit is refused with one line."""
-    from semq.ops.usersock import MAX_READ_BLOCK, UserClient, UserSocketError
+    from semq.bounds import USER_BLOCK_BYTES
+    from semq.ops.usersock import UserClient, UserSocketError
 
     cluster.add_org(A)
     cluster.add_org(B)
@@ -316,5 +317,47 @@ def test_a_user_of_the_receiver_reads_a_large_document_by_blocks_and_no_one_else
     assert not (cluster.root / "bob.dwg").exists()
     with pytest.raises(UserSocketError, match="is not in the inbox of bob"):
         list(UserClient(sock, "bob", bob).read(item["id"]))
-    with pytest.raises(UserSocketError, match=rf"length {MAX_READ_BLOCK + 1} is outside 1\.\.{MAX_READ_BLOCK}"):
-        list(me.read(item["id"], block=MAX_READ_BLOCK + 1))
+    with pytest.raises(UserSocketError, match=rf"length {USER_BLOCK_BYTES + 1} is outside 1\.\.{USER_BLOCK_BYTES}"):
+        list(me.read(item["id"], block=USER_BLOCK_BYTES + 1))
+
+
+def test_a_user_sends_a_large_file_through_the_user_socket_by_blocks(cluster: Cluster) -> None:
+    """``semq send --user alice FILE`` with her token, A's data directory
+    not hers to open: 6 MiB go over A's user socket in blocks of 1 MiB,
+    staged and taken in as a large document, and arrive whole at B; the
+    staging directory is left empty. A file over the node's limit is
+    refused with one line before a block is staged."""
+    cluster.add_org(A)
+    cluster.add_org(B)
+    set_config(cluster.root / A, max_document_mib=8)
+    cluster.start_platform()
+    env = {k: v for k, v in os.environ.items() if k != "SEMQ_TOKEN"}
+    alice = subprocess.run([sys.executable, "-m", "semq", "user", "add", "alice", "--dir", str(cluster.root / A)],
+                           capture_output=True, text=True, timeout=60).stdout.strip()
+    cluster.start_node(A)
+    cluster.start_node(B)
+    src = cluster.root / "plan.dwg"
+    digest = _content(src, 6)
+    sock = cluster.root / A / "user.sock"
+
+    def send(path: Path) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "semq", "send", "--socket", str(sock), "--user", "alice",
+                               "--to", B, "--type", "CAD", str(path)], capture_output=True, text=True, timeout=120,
+                              env={**env, "SEMQ_TOKEN": alice})
+
+    r = send(src)
+    assert r.returncode == 0, r.stderr
+    assert f"accepted {6 * MIB} bytes from alice for {B}" in r.stderr
+    (path, size, _), = wait_until(lambda: _delivered(cluster), 60, "alice's large document in B's inbox")
+    assert size == 6 * MIB and hashlib.sha256(path.read_bytes()).hexdigest() == digest
+    assert cluster.q(B, "SELECT from_user FROM inbox") == [("alice",)]
+    assert not any((cluster.root / A / "uploads").iterdir())
+
+    big = cluster.root / "big.bin"
+    with open(big, "wb") as f:
+        f.truncate(9 * MIB)
+    r = send(big)
+    assert r.returncode == 2 and r.stderr.count("\n") == 1
+    assert (f"document of {9 * MIB} bytes (9.0 MiB) exceeds this node's limit of {8 * MIB} bytes (8 MiB"
+            in r.stderr), r.stderr
+    assert not any((cluster.root / A / "uploads").iterdir())

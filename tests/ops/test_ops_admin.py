@@ -4,6 +4,7 @@ stale sockets, answer-then-act (stop), and the client's errors."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import socket
@@ -14,8 +15,8 @@ from typing import Any
 import pytest
 import trio
 
+from semq.bounds import ADMIN_IDLE_S, ADMIN_MAX_CLIENTS, ADMIN_MAX_REQUEST
 from semq.ops.admin import (
-    MAX_REQUEST,
     AdminCommandError,
     AdminCommandFailed,
     AdminUnavailable,
@@ -97,8 +98,11 @@ def raw_exchange(path: Path, payload: bytes) -> list[dict[str, Any]]:
         s.sendall(payload)
         s.shutdown(socket.SHUT_WR)
         data = b""
-        while chunk := s.recv(65536):
-            data += chunk
+        try:
+            while chunk := s.recv(65536):
+                data += chunk
+        except ConnectionResetError:
+            pass  # the server closed on bytes it did not read (a request over the limit): its answer came first
     return [json.loads(line) for line in data.splitlines()]
 
 
@@ -112,7 +116,7 @@ async def test_malformed_oversized_and_pipelined(tmp_path: Path) -> None:
         assert [a["ok"] for a in answers] == [False, False, False, True]
         assert "not JSON" in answers[0]["error"] and "args must be an object" in answers[2]["error"]
         assert answers[3]["result"] == {"args": {"n": 2}}
-        big = b'{"cmd": "echo", "args": {"x": "' + b"y" * (MAX_REQUEST + 10) + b'"}}\n'
+        big = b'{"cmd": "echo", "args": {"x": "' + b"y" * (ADMIN_MAX_REQUEST + 10) + b'"}}\n'
         answers = await trio.to_thread.run_sync(raw_exchange, path, big)
         assert len(answers) == 1 and not answers[0]["ok"] and "limit" in answers[0]["error"]
         # the server survives all of it
@@ -216,3 +220,69 @@ def test_socket_is_owner_only_even_with_open_umask(tmp_path: Path) -> None:
         trio.run(main)
     finally:
         os.umask(old)
+
+
+async def _answer(stream: trio.SocketStream) -> dict[str, Any]:
+    got = b""
+    while not got.endswith(b"\n"):
+        chunk = await stream.receive_some(65536)
+        assert chunk, f"closed without an answer (had {got[:200]!r})"
+        got += chunk
+    return dict(json.loads(got))
+
+
+async def test_a_stream_without_a_newline_is_refused_at_the_limit_never_buffered_beyond(tmp_path: Path) -> None:
+    path = tmp_path / "admin.sock"
+    async with trio.open_nursery() as nursery:
+        await nursery.start(serve_admin, path, make_handlers([]))
+        stream = await trio.open_unix_socket(str(path))
+        with contextlib.suppress(trio.BrokenResourceError):
+            await stream.send_all(b"y" * (ADMIN_MAX_REQUEST + 1))  # all the server reads: then it answers
+        got = await _answer(stream)
+        assert got["error"] == (f"{ADMIN_MAX_REQUEST + 1} bytes without a newline exceed the {ADMIN_MAX_REQUEST}-byte"
+                                f" limit of a line; a request is at most {ADMIN_MAX_REQUEST} bytes")
+        await stream.aclose()
+        assert (await call(path, "echo"))["ok"]
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_connection_without_a_whole_request_is_closed_after_the_idle_time(
+        tmp_path: Path, autojump_clock: trio.testing.MockClock) -> None:
+    """On trio's fake clock: a request dripped so slowly it is not whole
+    within ADMIN_IDLE_S of the previous answer ends the connection."""
+    path = tmp_path / "admin.sock"
+    async with trio.open_nursery() as nursery:
+        await nursery.start(serve_admin, path, make_handlers([]))
+        stream = await trio.open_unix_socket(str(path))
+        await stream.send_all(b'{"cmd": "echo"}\n')
+        assert (await _answer(stream))["ok"]
+        t0 = trio.current_time()
+        closed = False
+        for _ in range(100):  # a byte every 10 s: each arrives long before the idle time, the line never does
+            try:
+                await stream.send_all(b" ")
+            except trio.BrokenResourceError:
+                closed = True
+                break
+            with trio.move_on_after(10):
+                if await stream.receive_some(65536) == b"":
+                    closed = True
+                    break
+        assert closed and trio.current_time() - t0 == pytest.approx(ADMIN_IDLE_S, abs=10.1)
+        await stream.aclose()
+        nursery.cancel_scope.cancel()
+
+
+async def test_one_connection_over_the_limit_gets_one_line_naming_it(tmp_path: Path) -> None:
+    path = tmp_path / "admin.sock"
+    async with trio.open_nursery() as nursery:
+        await nursery.start(serve_admin, path, make_handlers([]))
+        held = [await trio.open_unix_socket(str(path)) for _ in range(ADMIN_MAX_CLIENTS)]
+        await trio.sleep(0.2)
+        extra = await trio.open_unix_socket(str(path))
+        got = await _answer(extra)
+        assert got["error"] == (f"{ADMIN_MAX_CLIENTS} connections are open on the admin console, its limit of"
+                                f" {ADMIN_MAX_CLIENTS}; try again later")
+        for s in [*held, extra]:
+            await s.aclose()
+        nursery.cancel_scope.cancel()

@@ -201,8 +201,8 @@ async def test_wait_inbox_on_the_user_socket_is_for_that_user_only(tmp_path: Pat
     from semq.cli import main as semq_main
     from semq.config import load_config
     from semq.node.api import NodeClient
-    from semq.ops.admin import _dispatch
-    from semq.ops.usersock import user_handlers
+    from semq.ops.admin import AdminCommandError, _dispatch
+    from semq.ops.usersock import UserGate, _Store, user_handlers
 
     d = tmp_path / "B"
     assert semq_main(["node", "init", "--dir", str(d), "--org", B, "--no-security"]) == 0
@@ -210,15 +210,23 @@ async def test_wait_inbox_on_the_user_socket_is_for_that_user_only(tmp_path: Pat
         alice = c.add_user("alice")
         c.add_user("bob")
     w = InboxWaiters()
-    h = user_handlers(load_config(d), w)
+    store = _Store(load_config(d))
+    h = user_handlers(load_config(d), w, store=store)
+    gate = UserGate(store)
 
     async def call(**args: Any) -> dict[str, Any]:
-        line, _ = await _dispatch(json.dumps({"cmd": "wait_inbox", "args": args}).encode(), h)
+        # As on the socket: the first line proves the connection's user, then it is answered.
+        session = await gate.admit("wait_inbox", dict(args), None)
+        try:
+            line, _ = await _dispatch(json.dumps({"cmd": "wait_inbox", "args": args}).encode(), h, session=session)
+        finally:
+            session.close()
         return dict(json.loads(line))
 
     assert (await call(user="alice", token=alice, timeout=0.2)) == {"ok": True,
                                                                     "result": {"ready": False, "top": [0]}}
-    assert "error" in await call(user="alice", token="not-hers", timeout=0.2)
+    with pytest.raises(AdminCommandError, match="user alice and this token do not match"):
+        await call(user="alice", token="not-hers", timeout=0.2)
     answers: list[dict[str, Any]] = []
     with NodeClient(d) as c:
         async with trio.open_nursery() as n:
