@@ -42,12 +42,12 @@ import pytest
 import trio
 import trio.testing
 
-from semq._gate import StoreGate
-from semq.config import Address
 from semq.node.core import NewDocument, NodeCore
 from semq.node.daemon import NodeDaemon, NodeSettings
 from semq.platform.core import PlatformCore
 from semq.platform.daemon import PlatformDaemon, PlatformSettings
+from semq.settings.config import Address
+from semq.store.gate import StoreGate
 from semq.umxt_protocol import Frame, FrameDecoder, Kind, RawFrame, encode_frame
 
 __all__ = [

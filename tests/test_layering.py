@@ -1,14 +1,17 @@
 """The package's layering, checked over every module's imports (the ones
 inside functions too): a module imports only from its own layer or the
-layers below it. From the bottom up:
+layers below it. From the bottom up, as the folders say:
 
-    protocol  <-  crypto  <-  shared (trust, security, config, stores, events, history, transport, ports, inbox_wait)
-              <-  engines  <-  cores (node and platform stores, cores, the node's features and API)
-              <-  daemons  <-  ops  <-  cli, testing
+    umxt_protocol (the wire, and the units' addressing)
+      <-  settings (semq.toml, the declared bounds), identity (crypto, keys, pins)
+      <-  store (opening, the gate), session (framed connections, admission,
+          the ports between layers), tracking (event log, history)
+      <-  engines  <-  cores (node and platform stores, cores, the node's features and API)
+      <-  daemons  <-  ops, web  <-  cli, testing
 
 and analytics stands apart: it imports nothing of SEMQ but itself (it reads
 the event logs, not the daemons). Imports under ``if TYPE_CHECKING:`` count
-too: a daemon knows ops only through semq.ports."""
+too: a daemon knows ops only through semq.session.ports."""
 
 from __future__ import annotations
 
@@ -20,11 +23,8 @@ ROOT = Path(__file__).resolve().parent.parent / "semq"
 # Module (or package prefix) -> layer; the longest matching prefix decides.
 LAYERS: dict[str, int] = {
     "semq.umxt_protocol": 0,
-    "semq.bounds": 0,  # the declared bounds of every surface: pure values, over the protocol's limits
-    "semq.crypto": 1,
-    "semq.trust": 2, "semq.security": 2, "semq.config": 2, "semq._db": 2, "semq._pg": 2, "semq._gate": 2, "semq.events": 2, "semq.history": 2,
-    "semq.transport": 2, "semq.ports": 2, "semq.units": 2, "semq.admission": 2,
-    "semq.inbox_wait": 2,  # the client side of a node's wait_inbox: NodeClient waits through it
+    "semq.settings": 1, "semq.identity": 1,
+    "semq.store": 2, "semq.session": 2, "semq.tracking": 2,
     "semq.node.engine": 3, "semq.platform.engine": 3,
     "semq.node": 4, "semq.platform": 4,
     "semq.node.daemon": 5, "semq.platform.daemon": 5, "semq.node.background": 5,

@@ -19,11 +19,16 @@ from pathlib import Path
 from typing import Any, Final, NoReturn
 
 from semq import __version__
-from semq._db import StoreError
 from semq.cli.bulk import BULK_BATCH, format_size
 from semq.cli.content import write_content
 from semq.cli.watch import register as register_watch
-from semq.config import (
+from semq.identity.crypto import CryptoError
+from semq.identity.security import AlreadyEnrolled, SecurityError
+from semq.ops.cli import register as register_ops
+from semq.ops.display import MAX_LIMIT, age, check_count, is_time_key, shown, when
+from semq.ops.runtime import add_run_options
+from semq.session.transport import parse_hostport
+from semq.settings.config import (
     PRIVATE_DIR_MODE,
     Address,
     Config,
@@ -36,12 +41,7 @@ from semq.config import (
     parse_platform_addresses,
     write_config,
 )
-from semq.crypto import CryptoError
-from semq.ops.cli import register as register_ops
-from semq.ops.display import MAX_LIMIT, age, check_count, is_time_key, shown, when
-from semq.ops.runtime import add_run_options
-from semq.security import AlreadyEnrolled, SecurityError
-from semq.transport import parse_hostport
+from semq.store.db import StoreError
 from semq.umxt_protocol import ProtocolError, SaveFwd
 
 __all__ = ["main"]
@@ -88,7 +88,7 @@ def cmd_platform_init(args: argparse.Namespace) -> int:
     write_config(cfg)
     PlatformCore(cfg.platform_store, cfg.platform_id, create=True).close()
     if cfg.security:
-        from semq.security import init_platform_pki
+        from semq.identity.security import init_platform_pki
 
         names = list(dict.fromkeys(["127.0.0.1", "::1", "localhost", host, *args.name]))
         init_platform_pki(d, cfg.platform_id, names[3:])
@@ -101,8 +101,8 @@ def cmd_platform_init(args: argparse.Namespace) -> int:
 
 
 def cmd_platform_migrate(args: argparse.Namespace) -> int:
-    from semq._pg import redact
     from semq.platform.migrate import MigrateRefused, migrate_to_pg
+    from semq.store.pg import redact
 
     check_option("store", args.to, "--to")
     cfg = _cfg(args, "platform")
@@ -177,7 +177,7 @@ def _node_init(args: argparse.Namespace, d: Path) -> int:
     if args.listen and args.no_security:
         raise UsageError("--listen needs security: direct links are mutual TLS between the nodes' certificates")
     if args.enroll_from and not args.no_security:
-        from semq.security import check_not_enrolled
+        from semq.identity.security import check_not_enrolled
 
         pdir = data_dir(args.enroll_from)
         if _cfg_of(pdir, "--enroll-from").role != "platform":  # before anything is written
@@ -188,7 +188,7 @@ def _node_init(args: argparse.Namespace, d: Path) -> int:
     write_config(cfg)
     # A new incarnation: its record ids start at its creation time, above
     # any an earlier store of this organization sent (docs/exactly-once.md).
-    # Each unit has its own store (semq.units).
+    # Each unit has its own store (semq.umxt_protocol.units).
     for k in range(1, cfg.units + 1):
         ucfg = cfg.for_unit(k)
         ucfg.unit_dir.mkdir(mode=PRIVATE_DIR_MODE, exist_ok=True)
@@ -199,7 +199,7 @@ def _node_init(args: argparse.Namespace, d: Path) -> int:
     if not cfg.security:
         print("security OFF: plain TCP, no end-to-end encryption or signatures")
         return 0
-    from semq.security import enroll, import_certificate, init_node_keys
+    from semq.identity.security import enroll, import_certificate, init_node_keys
 
     csr = init_node_keys(d, cfg.org)
     if args.enroll_from:
@@ -245,7 +245,7 @@ def _register(pdir: Path, orgs: list[str], units: int | None = None) -> None:
 
 
 def cmd_platform_enroll(args: argparse.Namespace) -> int:
-    from semq.security import enroll
+    from semq.identity.security import enroll
 
     cfg = _cfg(args, "platform")
     org, path = enroll(cfg.directory, Path(args.csr), args.org, Path(args.out) if args.out else None,
@@ -258,8 +258,8 @@ def cmd_platform_enroll(args: argparse.Namespace) -> int:
 
 
 def cmd_platform_revoke(args: argparse.Namespace) -> int:
+    from semq.identity.security import revoke
     from semq.platform.core import PlatformCore
-    from semq.security import revoke
 
     cfg = _cfg(args, "platform")
     if not args.serial and not args.org:
@@ -289,7 +289,7 @@ def cmd_platform_revoke(args: argparse.Namespace) -> int:
 def cmd_node_rollover(args: argparse.Namespace) -> int:
     """Certificate rollover: new keys and a request; the old identity keeps
     working (and keeps opening documents sealed to it) through the overlap."""
-    from semq.security import enroll, import_certificate, rollover_keys
+    from semq.identity.security import enroll, import_certificate, rollover_keys
 
     cfg = _cfg(args, "node")
     if not cfg.security:
@@ -310,8 +310,8 @@ def cmd_node_rollover(args: argparse.Namespace) -> int:
 
 def cmd_node_trust(args: argparse.Namespace) -> int:
     """The certificates of another organization this node trusts (pinned on
-    first use; semq.trust), and the ones it refused; accept one, or forget one."""
-    from semq.trust import PinStore
+    first use; semq.identity.trust), and the ones it refused; accept one, or forget one."""
+    from semq.identity.trust import PinStore
 
     cfg = _cfg(args, "node")
     if not cfg.security:
@@ -353,7 +353,7 @@ def cmd_node_trust(args: argparse.Namespace) -> int:
 
 
 def cmd_node_import(args: argparse.Namespace) -> int:
-    from semq.security import import_certificate
+    from semq.identity.security import import_certificate
 
     cfg = _cfg(args, "node")
     ident = import_certificate(cfg.directory, Path(args.cert), Path(args.ca))
@@ -492,7 +492,7 @@ def cmd_platform_run(args: argparse.Namespace, daemon_class: Any = None) -> int:
     _raise_fd_limit()
     security = None
     if cfg.security:
-        from semq.security import PlatformSecurity
+        from semq.identity.security import PlatformSecurity
 
         security = PlatformSecurity(cfg.directory)
     instance = ""
@@ -738,7 +738,7 @@ def cmd_node_run(args: argparse.Namespace) -> int:
     _check_ops_addresses(args, cfg.directory, web=cfg.unit == 1)
     security = None
     if cfg.security:
-        from semq.security import NodeSecurity
+        from semq.identity.security import NodeSecurity
 
         security = NodeSecurity(cfg.directory)  # refuses keys others can read
         if security.expiring(30):
@@ -929,8 +929,8 @@ def _check_address(to: str, me: str) -> str:
 
 def _check_colleague(node: Any, to: str) -> None:
     """A ``--to`` that can only name a user of this node must name one."""
-    from semq.config import ORG_ID_ALLOWED
     from semq.node.envelope import parse_address
+    from semq.settings.config import ORG_ID_ALLOWED
 
     org, user = parse_address(to, node.org)
     if org == node.org and user and user not in {u.name for u in node.users()}:
@@ -1306,8 +1306,8 @@ def cmd_messages(args: argparse.Namespace) -> int:
             for k, v in info.items():
                 print(f"{k}: {when(v) if is_time_key(k) and isinstance(v, int) else shown(v)}")
         return 0 if info.get("verified") else 1
+    from semq.identity.security import waiting_reason
     from semq.node.engine import SendState
-    from semq.security import waiting_reason
 
     with _client(args) as node:
         rows = node.messages(limit=check_count(args.limit, "--limit", 1, MAX_LIMIT))
@@ -1344,8 +1344,8 @@ def _daemon_status(cfg: Config) -> dict[str, Any] | None:
 
 
 def _cert_status(cfg: Config) -> None:
-    from semq.crypto import CryptoError, load_certificate
-    from semq.security import NodeSecurity, SecurityError
+    from semq.identity.crypto import CryptoError, load_certificate
+    from semq.identity.security import NodeSecurity, SecurityError
 
     try:
         sec = NodeSecurity(cfg.directory)

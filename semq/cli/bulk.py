@@ -25,8 +25,8 @@ from contextlib import ExitStack
 from pathlib import Path
 from typing import IO, Any, Final, NamedTuple
 
-from semq.config import Config
 from semq.node.limits import check_document_size
+from semq.settings.config import Config
 from semq.umxt_protocol import AppKey, LocalProtocolError
 
 __all__ = ["BULK_BATCH", "BULK_BATCH_BYTES", "NDJSON_FIELDS", "cmd_send_bulk", "format_size"]

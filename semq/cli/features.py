@@ -27,8 +27,8 @@ from pathlib import Path
 from typing import Any, Final
 
 from semq.cli import format_age
-from semq.config import ConfigError, data_dir, load_config
 from semq.ops.display import MAX_LIMIT, check_count, is_time_key, shown, when
+from semq.settings.config import ConfigError, data_dir, load_config
 
 __all__ = ["EXIT_NOTHING", "main", "register"]
 

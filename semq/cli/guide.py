@@ -145,7 +145,7 @@ def cmd_completion_install(args: argparse.Namespace) -> int:
 
 
 def cmd_config_reference(args: argparse.Namespace) -> int:
-    from semq.config import settings_reference, settings_table
+    from semq.settings.config import settings_reference, settings_table
 
     sys.stdout.write(settings_table() if args.format == "markdown" else settings_reference())
     return 0

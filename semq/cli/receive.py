@@ -238,7 +238,7 @@ class Receiver:
                   file=sys.stderr, flush=True)
 
     def run(self) -> int:
-        from semq.inbox_wait import MAX_WAIT, DaemonAway
+        from semq.session.inbox_wait import MAX_WAIT, DaemonAway
 
         node = self.node
         self._load(clean=True)

@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 from typing import Any, Final
 
-from semq._db import StoreError
+from semq.store.db import StoreError
 
 __all__ = ["LOCK_NAME", "register"]
 

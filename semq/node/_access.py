@@ -18,8 +18,8 @@ from typing import TYPE_CHECKING, Any
 
 from peewee import DatabaseError
 
-from semq._db import translate
-from semq.events import EventLog
+from semq.store.db import translate
+from semq.tracking.events import EventLog
 
 from .core import NodeCore
 

@@ -29,8 +29,8 @@ from functools import partial
 from pathlib import Path
 from typing import Any, BinaryIO, Final
 
-from semq.config import ORG_ID_ALLOWED, Config, ConfigError, load_config
-from semq.inbox_wait import ADMIN_SOCKET_NAME, MAX_WAIT, DaemonAway, await_any, wait_any
+from semq.session.inbox_wait import ADMIN_SOCKET_NAME, MAX_WAIT, DaemonAway, await_any, wait_any
+from semq.settings.config import ORG_ID_ALLOWED, Config, ConfigError, load_config
 from semq.umxt_protocol import LK0, AppKey, Endpoint, NodeType, ResultCode, SaveFwd
 
 from .core import NewDocument, NodeCore
@@ -52,7 +52,7 @@ __all__ = ["MAX_DOCUMENT_SIZE", "BadTarget", "DocumentTooLarge", "InboxItem", "N
 log = logging.getLogger("semq.node.api")
 
 KNOWS_ROWS: Final = 10_000  # newest rows of an unindexed table NodeClient.knows reads
-# A node of several units (semq.units) numbers its inbox as one: the id of
+# A node of several units (semq.umxt_protocol.units) numbers its inbox as one: the id of
 # unit K's row R is R * UNIT_IDS + K (row 17 of unit 2: 1702). A node of one
 # unit shows its rows' own ids.
 UNIT_IDS: Final = 100
@@ -101,7 +101,7 @@ class InboxItem:
     encrypted: bool
     app_data: bytes
     consumed_ms: int | None
-    unit: int = 1  # the unit that received it (semq.units)
+    unit: int = 1  # the unit that received it (semq.umxt_protocol.units)
     from_user: str = ""  # the sending organization's user ("": the organization)
     to_user: str = ""  # the user of this node it is for ("": the organization)
     channel: str = ""  # its ordered channel ("": unordered)
@@ -179,7 +179,7 @@ def _note(state: int, code: int, refused_by: str | None) -> str:
 
 class NodeClient:
     """The node's documents, for applications. A node of several units
-    (semq.units) is one node here: sends are spread over its units' stores
+    (semq.umxt_protocol.units) is one node here: sends are spread over its units' stores
     (one call's documents stay together, in one transaction), and the inbox,
     the messages and the counts are those of every unit. The other features
     (transactions, queues, requests) work on ``core``, unit 1's store."""
@@ -598,7 +598,7 @@ class NodeClient:
         """Block until the inbox holds an unacknowledged document above
         ``cursor`` (True) or ``timeout`` passes (False, at most MAX_WAIT s),
         woken by the running daemon (every unit's: its admin socket) when
-        it commits one: no polling. Raises semq.inbox_wait.DaemonAway when
+        it commits one: no polling. Raises semq.session.inbox_wait.DaemonAway when
         a unit's daemon does not answer, WaitRefused with its error line."""
         got = wait_any(self._wait_requests(cursor, user), timeout)
         return any(r.get("ready") for r in got.values())
@@ -739,7 +739,12 @@ class NodeClient:
         row = core.receipt_proof(record_id)
         if row is None:
             raise KeyError(f"no receipt for record {record_id} (not confirmed yet, or sent without security)")
-        from semq.crypto import CertificateDirectory, CryptoError, load_certificate, verify_receipt
+        from semq.identity.crypto import (
+            CertificateDirectory,
+            CryptoError,
+            load_certificate,
+            verify_receipt,
+        )
 
         target, digest, receipt, received_ms = row
         lk0 = core.ctx.lk0(record_id)
@@ -760,7 +765,7 @@ class NodeClient:
     def _receiver_certs(self, directory: Any, org: str) -> list[Any]:
         """Certificates of ``org`` cached by the daemon (certs/ORG.pem); this
         node's own (node.pem) for a document to one of its users."""
-        from semq.crypto import CryptoError, load_certificates
+        from semq.identity.crypto import CryptoError, load_certificates
 
         p = self.config.directory / ("node.pem" if org == self.config.org else f"certs/{org}.pem")
         if p.exists():

@@ -57,7 +57,7 @@ async def run_background_tasks(
     on threads of their own. With a directory: a connection of its own."""
     import trio
 
-    from semq._gate import StoreGate
+    from semq.store.gate import StoreGate
 
     runner: StoreRunner = gate if gate is not None else StoreGate()
     own = isinstance(node, str | os.PathLike)

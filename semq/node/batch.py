@@ -17,8 +17,8 @@ from typing import Any
 
 from peewee import SqliteDatabase
 
-from semq.events import EventLog, now_ms
-from semq.security import NodeSecurity
+from semq.identity.security import NodeSecurity
+from semq.tracking.events import EventLog, now_ms
 from semq.umxt_protocol import (
     LK0,
     AckEntry,
@@ -86,8 +86,8 @@ class NodeContext:
     held: WriteBehind
     inquiry_ms: int
     skew_ms: int
-    unit: int = 1  # this process's unit of the node (semq_id of its LK0s; semq.units)
-    units: int = 1  # the node's units (semq.units)
+    unit: int = 1  # this process's unit of the node (semq_id of its LK0s; semq.umxt_protocol.units)
+    units: int = 1  # the node's units (semq.umxt_protocol.units)
     # Unit 1's store, for a unit K > 1 of the node: unit 1 keeps the ordered
     # channels, so it may hold a document whose LK0 picks this unit
     # (Receiver.received_digest looks there too). None: this is unit 1.

@@ -26,7 +26,7 @@ from typing import Any, Final
 
 import tomli_w
 
-from semq.config import ConfigError, read_config_text
+from semq.settings.config import ConfigError, read_config_text
 
 __all__ = [
     "CAPABILITIES_NAME",

@@ -25,11 +25,11 @@ from typing import Any, Final
 
 from peewee import SqliteDatabase
 
-from semq._db import HOLD_MS, STORE_ERRORS, HeldWrites, rows_by_id, split_held
-from semq.crypto import make_batch_receipt
-from semq.events import EventLog
-from semq.ports import FramePort
-from semq.security import NodeSecurity
+from semq.identity.crypto import make_batch_receipt
+from semq.identity.security import NodeSecurity
+from semq.session.ports import FramePort
+from semq.store.db import HOLD_MS, STORE_ERRORS, HeldWrites, rows_by_id, split_held
+from semq.tracking.events import EventLog
 from semq.umxt_protocol import (
     LK0,
     Ack,
@@ -85,7 +85,7 @@ _ACK_EVENTS: Final = {Kind.ACK_FWD: OriginEvent.ACK_FWD, Kind.ACK_SAVE: OriginEv
 
 def _by_unit(entries: list[AckEntry], digests: list[Any]) -> list[tuple[list[AckEntry], list[Any]]]:
     """Acks for one peer, one list per unit of the peer whose record they
-    name (``dest_semq_id``, semq.units): the relay gives each unit its own,
+    name (``dest_semq_id``, semq.umxt_protocol.units): the relay gives each unit its own,
     and a batch receipt signs one list whole. ``digests`` (aligned with
     ``entries``, or not given) go with their entries."""
     if not entries:
@@ -145,7 +145,7 @@ class NodeCore(HeldWrites):
             path=path, db=db, conn=conn, me=Endpoint.org(org), platform=platform or Endpoint.platform(),
             sec=security, log=EventLog(events_dir, f"org:{org}", "origin", unit=unit) if events_dir else None,
             held=WriteBehind(conn, inquiry_ms), inquiry_ms=inquiry_ms, skew_ms=int(clock_skew * 1000), unit=unit)
-        self.unit = unit  # which of the node's units this store is (semq.units)
+        self.unit = unit  # which of the node's units this store is (semq.umxt_protocol.units)
         self.path, self.db, self.conn, self.me, self.sec = path, db, conn, ctx.me, security
         self.receipts = Receipts(ctx)
         self.origin = Origin(ctx, self.receipts)

@@ -22,13 +22,13 @@ from typing import TYPE_CHECKING
 
 import trio
 
-from semq._db import STORE_ERRORS
-from semq._gate import StoreGate
-from semq.config import Address
-from semq.crypto import CryptoError
-from semq.events import now_ms
-from semq.ports import BatchObserver, DrainSignal, InboxSignal
-from semq.transport import ConnectionClosed, FramePump, FrameStream
+from semq.identity.crypto import CryptoError
+from semq.session.ports import BatchObserver, DrainSignal, InboxSignal
+from semq.session.transport import ConnectionClosed, FramePump, FrameStream
+from semq.settings.config import Address
+from semq.store.db import STORE_ERRORS
+from semq.store.gate import StoreGate
+from semq.tracking.events import now_ms
 from semq.umxt_protocol import (
     CertRequest,
     CertResponse,
@@ -57,7 +57,7 @@ from .direct import DirectLinks, DirectSettings
 from .large_out import LargeSender
 
 if TYPE_CHECKING:
-    from semq.security import CertAnswer
+    from semq.identity.security import CertAnswer
 
 __all__ = ["NodeDaemon", "NodeSettings"]
 
@@ -74,11 +74,11 @@ INITIAL_DELAY = 0.1  # s before reconnecting after a steady session; doubles eac
 
 @dataclass
 class NodeSettings:
-    # The platform's addresses (semq.config.parse_platform_addresses), tried
+    # The platform's addresses (semq.settings.config.parse_platform_addresses), tried
     # in turn: the next one when connecting fails or a session ends early.
     addresses: list[Address] = field(default_factory=lambda: [Address("127.0.0.1", 7410)])
     window: int = 4096  # DATA frames in flight without platform ack
-    units: int = 1  # the node's units (semq.units); this one is the core's ``unit``
+    units: int = 1  # the node's units (semq.umxt_protocol.units); this one is the core's ``unit``
     # Rows claimed per transaction. 1024 rather than 512: one claim commit
     # (fsync) and one ACK batch per 1,024 documents; scripts/bench e2e,
     # alternated: store +9%, online +5%, full-load p50 47 -> 81-92 ms,
@@ -100,7 +100,7 @@ class NodeSettings:
     # How to reach the platform at an address: None = TCP. Tests pass a
     # function returning one end of trio.testing.memory_stream_pair().
     connect: Callable[[Address], Awaitable[trio.abc.Stream]] | None = None
-    # Mutual TLS 1.3 (semq.security.NodeSecurity.ssl_context()); None = plain TCP.
+    # Mutual TLS 1.3 (semq.identity.security.NodeSecurity.ssl_context()); None = plain TCP.
     ssl_context: ssl.SSLContext | None = None
     # Certificates (security on). A document to an organization without a
     # usable, trusted certificate waits: asked again after cert_retry s,
@@ -145,7 +145,7 @@ def _first(eg: BaseExceptionGroup[BaseException]) -> BaseException:
 
 
 class EarlySends:
-    """The claims' FramePort (semq.ports) for one session: the DATA frames
+    """The claims' FramePort (semq.session.ports) for one session: the DATA frames
     a claim hands over on the store thread, just before its commit, are
     passed to the event loop as data and written by the session's
     ``_early_sender``. A session that is over drops them: the rows go again
@@ -674,7 +674,7 @@ class NodeDaemon:
         self.asked.pop(ep, None)
         self.retry.pop(ep, None)
         if self.waiting.pop(ep, None) is not None:
-            from semq.security import WAITING_CODES
+            from semq.identity.security import WAITING_CODES
 
             await self.gate.run(self.core.wait_target, ep, ResultCode.OK, WAITING_CODES)
             log.info("%s has a usable certificate again: its documents go", ep)
@@ -709,7 +709,7 @@ class NodeDaemon:
         with the reason as their code and are retried with backoff;
         SaveFwd 1 ones fail as they would offline. Documents from it
         cannot be verified: dropped; its inquiries bring them again."""
-        from semq.security import WAITING_CODES
+        from semq.identity.security import WAITING_CODES
 
         code = answer.code
         detail = answer.detail or f"no usable certificate for {ep}"

@@ -30,7 +30,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final
 
-from semq.events import now_ms
+from semq.tracking.events import now_ms
 from semq.umxt_protocol import LK0, AppKey, ResultCode
 
 from ._access import core_of, log_events, write_tx
@@ -125,7 +125,7 @@ _COLS: Final = columns(DeadLetterRow)
 
 class DeadLetters:
     """The dead-letter list of one node (its SS_FAILED pending-send rows).
-    A node of several units (semq.units) has one per unit's store: listed
+    A node of several units (semq.umxt_protocol.units) has one per unit's store: listed
     together, and each document requeued or purged in its unit's store
     (one transaction per unit)."""
 

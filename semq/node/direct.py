@@ -45,9 +45,10 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
-from semq._db import STORE_ERRORS
-from semq.admission import Admission, raise_descriptor_limit
-from semq.bounds import (
+from semq.identity.crypto import CryptoError, peer_certificate
+from semq.session.admission import Admission, raise_descriptor_limit
+from semq.session.transport import ByteBudget, ConnectionClosed, FramePump, FrameStream
+from semq.settings.bounds import (
     DIRECT_HANDSHAKES,
     DIRECT_HELLO_S,
     DIRECT_MAX_LINKS,
@@ -56,10 +57,9 @@ from semq.bounds import (
     FD_RESERVE,
     PLATFORM_BUFFER_MIB_PER_ORG,
 )
-from semq.config import Address, parse_hostport
-from semq.crypto import CryptoError, peer_certificate
-from semq.events import now_ms
-from semq.transport import ByteBudget, ConnectionClosed, FramePump, FrameStream
+from semq.settings.config import Address, parse_hostport
+from semq.store.db import STORE_ERRORS
+from semq.tracking.events import now_ms
 from semq.umxt_protocol import (
     DEFAULT_MAX_FRAME,
     Endpoint,
@@ -102,7 +102,7 @@ class DirectSettings:
     announce_ttl: int = 300  # s an announcement lives at the platform; renewed at a third of it
     idle_timeout: float = 45.0  # s without a frame before a link is given up (the dialler pings)
     idle_close: float = 600.0  # s without a document to send before a link we dialled is closed
-    # The listener's bounds (semq.bounds): links in all, links of one
+    # The listener's bounds (semq.settings.bounds): links in all, links of one
     # organization, links not authenticated yet, the time to authenticate,
     # descriptors kept for the node's own use, and the bytes one
     # organization's links may buffer together.
@@ -164,7 +164,7 @@ class DirectLinks:
         self._poke = trio.Event()
         self._manager_wake = trio.Event()
         self.stats = {"links_out": 0, "links_in": 0, "refused_in": 0, "failed_out": 0, "sent_again": 0}
-        # Who may hold a link to our listener (semq.admission), and the bytes
+        # Who may hold a link to our listener (semq.session.admission), and the bytes
         # each organization's links buffer together.
         self.admission = Admission("direct-link listener", total=settings.max_links,
                                    handshakes=settings.handshakes, per_identity=lambda _org: self.s.max_links_per_org,

@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Final
 
-from semq.crypto import make_batch_receipt
+from semq.identity.crypto import make_batch_receipt
 from semq.umxt_protocol import (
     LK0,
     AckBatch,
@@ -58,7 +58,7 @@ def receipt_frames(me: Endpoint, peer: Endpoint, proven: Sequence[tuple[LK0, byt
                    out: Output, unit: int = 1) -> None:
     """ACK2 batches for documents of ``peer`` we (``unit``) received, each
     with one receipt over their (LK0, digest)s, one batch per unit of the
-    origin that holds them (semq.units: the relay never splits a receipt)."""
+    origin that holds them (semq.umxt_protocol.units: the relay never splits a receipt)."""
     by_unit: dict[int, list[tuple[LK0, bytes]]] = {}
     for p in proven:
         by_unit.setdefault(p[0].semq_id, []).append(p)

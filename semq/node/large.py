@@ -36,8 +36,8 @@ import zstandard
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
-from semq.bounds import CHUNK_MAX_OUTPUT
-from semq.crypto import ensure_private_directory
+from semq.identity.crypto import ensure_private_directory
+from semq.settings.bounds import CHUNK_MAX_OUTPUT
 from semq.umxt_protocol import CHUNK_COMPRESSED, LK0, ResultCode
 
 __all__ = [
@@ -207,7 +207,7 @@ class ChunkOpener:
 
     def _inflate(self, index: int, payload: bytes, want: int) -> bytes:
         """The chunk's content, never more than ``want`` bytes of memory
-        (semq.bounds.CHUNK_MAX_OUTPUT). python-zstandard's ``decompress``
+        (semq.settings.bounds.CHUNK_MAX_OUTPUT). python-zstandard's ``decompress``
         ignores ``max_output_size`` when the zstd frame declares its
         content size and allocates what it declares: a 17-byte frame
         declaring 64 GiB raised MemoryError and ended the daemon. So the

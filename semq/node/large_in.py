@@ -35,9 +35,9 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final, NamedTuple
 
-from semq._db import StoreFileError
-from semq.bounds import DEFERRED_CHUNK_BYTES
-from semq.crypto import ensure_private_directory
+from semq.identity.crypto import ensure_private_directory
+from semq.settings.bounds import DEFERRED_CHUNK_BYTES
+from semq.store.db import StoreFileError
 from semq.umxt_protocol import (
     LK0,
     AckEntry,

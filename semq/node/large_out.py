@@ -48,8 +48,8 @@ from .large import ChunkSealer, Manifest
 from .writebehind import columns
 
 if TYPE_CHECKING:
-    from semq._gate import StoreGate
-    from semq.transport import FrameStream
+    from semq.session.transport import FrameStream
+    from semq.store.gate import StoreGate
 
     from .core import NodeCore
 

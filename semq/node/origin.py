@@ -14,7 +14,14 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any, Final
 
-from semq._db import (
+from semq.identity.crypto import (
+    document_aad_template,
+    document_salts,
+    enclose_app_key,
+    protect_documents,
+)
+from semq.session.ports import FramePort
+from semq.store.db import (
     STORE_ERRORS,
     SendOrder,
     StoreError,
@@ -24,8 +31,6 @@ from semq._db import (
     split_held,
     translate,
 )
-from semq.crypto import document_aad_template, document_salts, enclose_app_key, protect_documents
-from semq.ports import FramePort
 from semq.umxt_protocol import (
     LK0,
     AckEntry,

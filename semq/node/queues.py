@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final, NamedTuple
 
-from semq.events import now_ms
+from semq.tracking.events import now_ms
 
 from ._access import core_of, write_tx
 from .writebehind import QueueItemRow, columns

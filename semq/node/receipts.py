@@ -15,8 +15,7 @@ import struct
 from collections.abc import Sequence
 from typing import Final
 
-from semq._db import rows_by_id, split_held
-from semq.crypto import (
+from semq.identity.crypto import (
     CryptoError,
     ack_entry_lk0,
     document_aad_fields,
@@ -27,6 +26,7 @@ from semq.crypto import (
     verify_batch_receipt,
     verify_refusal,
 )
+from semq.store.db import rows_by_id, split_held
 from semq.umxt_protocol import (
     FLAG_ACK2,
     FLAG_ENCRYPT,

@@ -17,8 +17,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Final
 
-from semq._db import next_row_id, rows_by_id, split_held
-from semq.crypto import (
+from semq.identity.crypto import (
     CryptoError,
     UnknownCertificate,
     make_refusal,
@@ -26,6 +25,7 @@ from semq.crypto import (
     raw_frame_aad,
     split_app_key,
 )
+from semq.store.db import next_row_id, rows_by_id, split_held
 from semq.umxt_protocol import (
     LK0,
     AckEntry,

@@ -106,7 +106,7 @@ def parked(node: NodeClient) -> list[tuple[TryRow, InboxItem]]:
 def retry(node: NodeClient, item_id: int) -> TryRow:
     """Un-park a document: its tries start again from 0 and it is due now
     (a running ``semq receive`` takes it at its next wake, within
-    semq.inbox_wait.MAX_WAIT seconds; else the next one started). Raises
+    semq.session.inbox_wait.MAX_WAIT seconds; else the next one started). Raises
     KeyError naming what is wrong."""
     try:
         conn, db, row = _where(node, item_id)

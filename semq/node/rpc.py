@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from functools import partial
 from typing import TYPE_CHECKING, Any, Final
 
-from semq.events import now_ms
+from semq.tracking.events import now_ms
 from semq.umxt_protocol import LK0, NodeType
 
 from ._access import core_of, write_tx
@@ -160,7 +160,7 @@ def _record_id(core: NodeCore, request: LK0 | int | str) -> int:
 
 def _stores(node: NodeClient) -> list[tuple[NodeCore, Callable[[int], int]]]:
     """Every store whose inbox may hold a request or a reply (each unit's,
-    semq.units), with how its row ids read as the node's inbox ids."""
+    semq.umxt_protocol.units), with how its row ids read as the node's inbox ids."""
     cores = getattr(node, "cores", None) or [core_of(node)]
     if len(cores) == 1:
         return [(cores[0], int)]
@@ -217,7 +217,7 @@ def poll_reply(node: NodeClient, request: LK0 | int | str, *, take: bool = True)
             inbox_id = conn.execute("SELECT reply_inbox_id FROM rpc_requests WHERE record_id=?",
                                     (rid,)).fetchone()[0]
         if take and not one_store:
-            # The reply is in its unit's inbox (semq.units): taken there after
+            # The reply is in its unit's inbox (semq.umxt_protocol.units): taken there after
             # the match is recorded (once matched, it is this request's).
             node.acknowledge([inbox_id])
     return Reply(request=lk0, item=_inbox_item(node, inbox_id))

@@ -22,7 +22,7 @@ from peewee import (
 )
 from playhouse.sqlite_ext import AutoIncrementField
 
-from semq._db import StoreError, create_tables, next_row_id, open_store
+from semq.store.db import StoreError, create_tables, next_row_id, open_store
 
 from .engine import SendState
 

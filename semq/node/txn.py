@@ -47,7 +47,7 @@ from enum import Enum
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final, Protocol, TypeVar
 
-from semq.events import now_ms
+from semq.tracking.events import now_ms
 from semq.umxt_protocol import LK0, AppKey, Data, Endpoint, Frame, Kind, ProtocolError, SaveFwd
 
 from ._access import core_of, node_dir, write_tx
@@ -513,7 +513,7 @@ class TxChecker:
 
 
 class StoreRunner(Protocol):
-    """Runs store work one call at a time (semq._gate.StoreGate: the node
+    """Runs store work one call at a time (semq.store.gate.StoreGate: the node
     daemon's gate)."""
 
     async def run(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T: ...
@@ -545,7 +545,7 @@ async def run_checkbacks(
     and retried; they never end the task."""
     import trio
 
-    from semq._gate import StoreGate
+    from semq.store.gate import StoreGate
 
     own = isinstance(node, str | os.PathLike)
     runner: StoreRunner = gate if gate is not None else StoreGate()

@@ -24,7 +24,7 @@ import sqlite3
 from collections.abc import Iterable
 from typing import Any, Final, NamedTuple
 
-from semq._db import HOLD_MS, SendOrder, take_held
+from semq.store.db import HOLD_MS, SendOrder, take_held
 
 from .engine import ORIGIN_TABLE, OriginEvent, SendState
 

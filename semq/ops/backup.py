@@ -9,7 +9,7 @@ What a backup holds (a tar archive, gzip-compressed when the name ends in
   taken with SQLite's online backup API over a separate connection, in one
   step, so it is exactly the store as of one committed transaction while the
   daemon goes on writing (WAL: readers never block the writer); a node of
-  several units (semq.units) has one store per unit (``unit-K/node.sqlite``)
+  several units (semq.umxt_protocol.units) has one store per unit (``unit-K/node.sqlite``)
   and the backup holds every one, each snapshot so taken (the units share
   no state: each answers for its own records), and the manifest lists them
   all with their checksums — restore puts back all of them or none;
@@ -63,9 +63,9 @@ from pathlib import Path, PurePosixPath
 from typing import Any, Final
 
 from semq import __version__
-from semq._db import SQLITE_MAGIC
-from semq.bounds import BACKUP_MAX_MEMBER_RATIO, BACKUP_MAX_META
-from semq.crypto import ensure_private_directory
+from semq.identity.crypto import ensure_private_directory
+from semq.settings.bounds import BACKUP_MAX_MEMBER_RATIO, BACKUP_MAX_META
+from semq.store.db import SQLITE_MAGIC
 
 from ._paths import admin_socket_path
 from ._tarscan import ArchiveError, ArchiveTooLarge, bounded_stream, scan
@@ -258,7 +258,7 @@ def _private_file(path: Path) -> io.BufferedWriter:
 def _refuse_pg(cfg: Any, what: str) -> None:
     """These commands work on SQLite stores; PostgreSQL has its own tools."""
     if getattr(cfg, "store", ""):
-        from semq._pg import redact
+        from semq.store.pg import redact
 
         raise BackupError(f"the platform's store is the PostgreSQL database {redact(cfg.store)}: {what} it with"
                           " PostgreSQL's own tools (pg_dump, pg_basebackup, VACUUM FULL); the CA and"
@@ -269,7 +269,7 @@ def backup(directory: Path, out: Path, *, include_keys: bool = False) -> BackupI
     """Back up the data directory ``directory`` (node or platform, running
     or not) to ``out``. Written to a temporary file and renamed, mode 0600.
     Raises BackupError (nothing written) or ConfigError."""
-    from semq.config import load_config
+    from semq.settings.config import load_config
 
     directory, out = Path(directory).resolve(), Path(out)
     cfg = load_config(directory)
@@ -284,7 +284,7 @@ def backup(directory: Path, out: Path, *, include_keys: bool = False) -> BackupI
         info = snapshot_store(cfg.store_path, snap)
         if info["role"] != cfg.role:
             raise BackupError(f"{cfg.store_path} holds a {info['role']} store but the config says {cfg.role}")
-        # The other units' stores (semq.units), each a snapshot of its own.
+        # The other units' stores (semq.umxt_protocol.units), each a snapshot of its own.
         unit_snaps: list[tuple[str, Path, dict[str, Any]]] = []
         for k in range(2, units + 1):
             rel = f"unit-{k}/{store_name}"
@@ -440,15 +440,15 @@ def _store_bytes(store: Path) -> int:
 def compact(directory: Path) -> CompactInfo:
     """Rewrite the store of ``directory`` (its daemon stopped): a copy taken
     with the online backup API, rewritten by VACUUM with this software's page
-    size (semq._db.PAGE_SIZE: a store made before 2026-11-26 has 4 KiB pages,
+    size (semq.store.db.PAGE_SIZE: a store made before 2026-11-26 has 4 KiB pages,
     and WAL mode cannot change them in place) and its free pages dropped,
     checked, then put in the store's place. The store as it was is kept
     beside it as ``<name>.before-compact-<time>`` (with its -wal/-shm, so it
     still opens). Refuses (RestoreRefused, nothing changed) while the store
     is in use; raises BackupError for a store that cannot be read or
     rewritten (nothing changed either)."""
-    from semq._db import PAGE_SIZE
-    from semq.config import load_config
+    from semq.settings.config import load_config
+    from semq.store.db import PAGE_SIZE
 
     directory = Path(directory).resolve()
     cfg = load_config(directory)
@@ -728,7 +728,7 @@ def restore(archive: Path, directory: Path, *, force: bool = False) -> RestoreIn
     keys_in = any(f.endswith(".key.pem") for f in files)
     if role == "node" and not keys_in and not (directory / "keys" / "sign.key.pem").exists():
         with suppress(Exception):
-            from semq.config import load_config
+            from semq.settings.config import load_config
 
             if load_config(directory).security:
                 info.warnings.append("the backup holds no private keys and there are none here: create new"

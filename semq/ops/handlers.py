@@ -24,7 +24,7 @@ Commands (``args`` in parentheses; every command answers JSON):
 - ``reload`` — the callback the daemon passes (certificates, configuration).
 - ``wait_inbox`` (after_id, timeout, user; node only) — answered as soon as
   the inbox holds an unacknowledged row above after_id, or at the timeout
-  (semq.ops.waiters, semq.inbox_wait).
+  (semq.ops.waiters, semq.session.inbox_wait).
 
 Documents' contents and keys are never returned: rows carry sizes only.
 Which rows requeue / resend / purge take, and the state they leave them in,
@@ -45,7 +45,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any, Final, NamedTuple
 
-from semq.events import now_ms
+from semq.identity.security import WAITING_CODES, waiting_reason
 from semq.node.engine import (
     OPERATOR,
     STORED_OPERATOR,
@@ -57,7 +57,7 @@ from semq.node.engine import (
 )
 from semq.node.writebehind import InboundAdminRow, OutboxAdminRow, columns
 from semq.platform.engine import StoredState
-from semq.security import WAITING_CODES, waiting_reason
+from semq.tracking.events import now_ms
 
 from .admin import AdminCommandError, AfterReply, DrainControl, Handler, until_hangup
 from .display import MAX_LIMIT  # rows in one list/stuck answer (the CLI checks --limit against it)
@@ -419,7 +419,7 @@ def node_handlers(
     ``log``); ``metrics`` an optional semq.ops.metrics.Metrics; ``waiters``
     a semq.ops.waiters.InboxWaiters (then ``wait_inbox`` is served)."""
     org = core.me.node_id
-    store = f"{org}/{core.unit}/1"  # this unit's store, as its LK0s name it (semq.units)
+    store = f"{org}/{core.unit}/1"  # this unit's store, as its LK0s name it (semq.umxt_protocol.units)
     handlers = _common("node", org, drain, reload)
 
     def _snapshot() -> dict[str, Any]:
@@ -551,7 +551,7 @@ def node_handlers(
                 row["place"] = _NODE_PLACE[SendState(r.state)]
                 if r.state == _SS_INIT and r.code in WAITING_CODES:
                     # A known organization without a usable certificate:
-                    # the document waits for one (semq.security).
+                    # the document waits for one (semq.identity.security).
                     row["place"] = _WAITING_PLACE
                     row["reason"] = waiting_reason(r.target_id, r.code)
                 row["age_s"] = round((now_ms() - r.created_ms) / 1000, 1)

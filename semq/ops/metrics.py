@@ -437,7 +437,7 @@ async def probe_loop_lag(metrics: Metrics, *, interval: float = 0.5) -> None:
 def parse_metrics_address(text: str) -> tuple[str, int]:
     """``HOST:PORT`` / ``[::1]:PORT`` / ``HOST`` (port 9410); raises
     ValueError naming the text."""
-    from semq.transport import parse_hostport
+    from semq.session.transport import parse_hostport
 
     return parse_hostport(text, default_port=DEFAULT_METRICS_PORT)
 

@@ -108,7 +108,7 @@ class OpsRuntime:
             raise ValueError(f"role {role!r} is not node or platform")
         self.role = role
         self.directory = Path(directory)
-        # Where the admin socket is: the data directory, or a unit's (semq.units).
+        # Where the admin socket is: the data directory, or a unit's (semq.umxt_protocol.units).
         self.admin_dir = Path(admin_dir) if admin_dir is not None else self.directory
         self.core = core
         self.options = options or OpsOptions()
@@ -122,7 +122,7 @@ class OpsRuntime:
         self.user_path: Path | None = None
         self.metrics_port: int | None = None
         self.web_port: int | None = None
-        # The delivery history (semq.history), beside the store: indexed
+        # The delivery history (semq.tracking.history), beside the store: indexed
         # from the event log files (every unit's and the applications') by
         # a process of its own at idle priority, started by unit 1 alone.
         self.history: Any = None  # the indexer's Popen, once started
@@ -156,7 +156,7 @@ class OpsRuntime:
         busy = node_busy if self.role == "node" else platform_busy
         if self.role == "node":
             # Clients waiting for documents (wait_inbox), woken by the daemon's commits.
-            from semq.bounds import USER_MAX_CONNECTIONS
+            from semq.settings.bounds import USER_MAX_CONNECTIONS
 
             from .waiters import ADMIN_WAITS, InboxWaiters
 
@@ -219,13 +219,13 @@ class OpsRuntime:
 
 
 def start_history_indexer(events_dir: Path, directory: Path, days: int) -> subprocess.Popen[bytes] | None:
-    """``python -m semq.history`` for a daemon's data directory: it indexes
+    """``python -m semq.tracking.history`` for a daemon's data directory: it indexes
     the event logs into ``history.sqlite`` at idle priority and stops when
     the daemon is gone (also after a SIGKILL). None when it cannot start
     (said once; the daemon runs without a history)."""
-    from semq.history import HISTORY_FILE
+    from semq.tracking.history import HISTORY_FILE
 
-    cmd = [sys.executable, "-m", "semq.history", "--events", str(events_dir), "--db",
+    cmd = [sys.executable, "-m", "semq.tracking.history", "--events", str(events_dir), "--db",
            str(directory / HISTORY_FILE), "--days", str(days), "--parent", str(os.getpid())]
     try:
         return subprocess.Popen(cmd, stdin=subprocess.DEVNULL, start_new_session=False)

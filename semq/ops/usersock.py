@@ -16,7 +16,7 @@ The connection is then that user's: it sends as that user, lists, reads (a
 document over one block in blocks: ``read``) and acknowledges the documents
 for that user, and a document of another user is "not in the inbox", like
 one that does not exist. It may also wait for its next document
-(``wait_inbox``, semq.inbox_wait). Later requests need not repeat the
+(``wait_inbox``, semq.session.inbox_wait). Later requests need not repeat the
 token. One that names a ``user`` names the connection's (another is
 refused: a connection never changes hands), and one that carries a
 ``token`` carries a good one for that user (checked again); every request
@@ -45,7 +45,7 @@ staged privately in the data directory and handed to the large-document
 path (semq.ops.uploads), and read in blocks (``read``); an answer carries a
 document's ``data`` only when it is at most one block.
 
-Bounds (semq.bounds, "user socket"): nothing is read before the first
+Bounds (semq.settings.bounds, "user socket"): nothing is read before the first
 line but that line, at most ``USER_AUTH_BYTES`` (4 KiB), whole within
 ``USER_AUTH_S`` (5 s), and an account holds at most
 ``USER_AUTH_PER_ACCOUNT`` connections that have not authenticated; after
@@ -83,7 +83,11 @@ from typing import Any, Final
 
 import trio
 
-from semq.bounds import (
+from semq.node.api import InboxItem, NodeClient, inbox_top
+from semq.node.limits import DocumentRefused
+from semq.node.users import UserError, authenticate, user_for_os_account
+from semq.session.inbox_wait import ADMIN_SOCKET_NAME, DaemonAway, WaitRefused, await_any
+from semq.settings.bounds import (
     USER_AUTH_BYTES,
     USER_AUTH_PER_ACCOUNT,
     USER_AUTH_S,
@@ -93,11 +97,7 @@ from semq.bounds import (
     USER_MAX_CONNECTIONS_PER_USER,
     USER_MAX_REQUEST,
 )
-from semq.config import Config
-from semq.inbox_wait import ADMIN_SOCKET_NAME, DaemonAway, WaitRefused, await_any
-from semq.node.api import InboxItem, NodeClient, inbox_top
-from semq.node.limits import DocumentRefused
-from semq.node.users import UserError, authenticate, user_for_os_account
+from semq.settings.config import Config
 
 from .admin import AdminCommandError, Handler, Limits, serve_admin, until_hangup
 from .uploads import UPLOADS_DIR, UploadRefused, Uploads

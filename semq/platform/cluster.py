@@ -43,7 +43,7 @@ import uuid
 from pathlib import Path
 from typing import Any, Final
 
-from semq.events import now_ms
+from semq.tracking.events import now_ms
 from semq.umxt_protocol import Endpoint, NodeType
 
 from .engine import StoredState
@@ -317,7 +317,7 @@ def _same_ca(conn: Any, ca_dir: Path) -> None:
     whose directory holds another CA (a directory made by a second ``semq
     platform init`` instead of copied) is refused: it would mix certificates
     of two authorities into every instance's directory."""
-    from semq._db import StoreError
+    from semq.store.db import StoreError
 
     mine = hashlib.sha256((ca_dir / "ca.pem").read_bytes()).hexdigest()
     conn.execute("INSERT INTO ca_files (name, data) VALUES ('ca.sha256', ?) ON CONFLICT (name) DO NOTHING",

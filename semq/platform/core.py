@@ -25,7 +25,9 @@ from typing import Any, Final, NamedTuple
 
 from peewee import SqliteDatabase
 
-from semq._db import (
+from semq.node.engine import OperatorAction, TransitionRefused, stored_operator_step
+from semq.session.ports import RelayPort
+from semq.store.db import (
     HOLD_MS,
     STORE_ERRORS,
     HeldWrites,
@@ -37,10 +39,8 @@ from semq._db import (
     take_held,
     translate,
 )
-from semq._pg import PgConn, PgDatabase, is_pg_url, pg_array, redact
-from semq.events import EventLog, now_ms
-from semq.node.engine import OperatorAction, TransitionRefused, stored_operator_step
-from semq.ports import RelayPort
+from semq.store.pg import PgConn, PgDatabase, is_pg_url, pg_array, redact
+from semq.tracking.events import EventLog, now_ms
 from semq.umxt_protocol import (
     FLAG_KEY_SEALED,
     FLAG_ORDERED,
@@ -76,7 +76,7 @@ from semq.umxt_protocol import (
     relay_bytes,
     relay_frame_bytes,
 )
-from semq.units import MAX_UNITS, UNIT_SEP, holder, route_of, route_org, unit_for
+from semq.umxt_protocol.units import MAX_UNITS, UNIT_SEP, holder, route_of, route_org, unit_for
 
 from .chunks import CHUNK_DIR, MAX_KEPT_FILES, ChunkFiles, chunk_file_name
 from .cluster import HOP_MAX_FRAME, Presence
@@ -115,7 +115,7 @@ class _Store(NamedTuple):
 
     raw: RawFrame
     sender: Endpoint | None  # None: handed over by another instance (its origin has its ACK_FWD)
-    target: Endpoint  # the route of the target's unit that holds it (semq.units)
+    target: Endpoint  # the route of the target's unit that holds it (semq.umxt_protocol.units)
     lk0: LK0
     key: tuple[int, str, int, int, int]
     expires: int | None
@@ -289,7 +289,7 @@ class PlatformCore(HeldWrites):
             Endpoint(node_type=t, node_id=i)
             for t, i in self.conn.execute("SELECT node_type, node_id FROM nodes WHERE revoked=0")
         }
-        # Organizations that run several units (semq.units), and how many:
+        # Organizations that run several units (semq.umxt_protocol.units), and how many:
         # their documents are spread over the units by LK0.
         self.units: dict[Endpoint, int] = {}
         # Clustered: when each organization not in ``units`` was last looked
@@ -347,7 +347,7 @@ class PlatformCore(HeldWrites):
 
     def _relay_routes(self, raw: RawFrame) -> list[tuple[Endpoint, RawFrame]]:
         """Where an ack, inquiry or answer for ``raw.target`` goes: to the
-        unit of the record it names (semq.units), split per unit when its
+        unit of the record it names (semq.umxt_protocol.units), split per unit when its
         items are about several (an inquiry about documents held by
         different units). A batch with a receipt is never split (the
         receiver signed it whole): the node sends one per unit."""
@@ -476,7 +476,7 @@ class PlatformCore(HeldWrites):
 
     def register(self, node_ids: Sequence[str], units: int | None = None) -> None:
         """Make organizations known (again, if revoked); ``units``: grant
-        each that many units (semq.units), else an organization new here is
+        each that many units (semq.umxt_protocol.units), else an organization new here is
         granted one and a known one keeps its grant."""
         ts = now_ms()
         try:
@@ -501,7 +501,7 @@ class PlatformCore(HeldWrites):
     def units_granted(self, org: Endpoint) -> int:
         """How many units the operator granted ``org`` (1 unless granted
         more): what its HELLO may claim, and what its connection allowance
-        counts (semq.bounds)."""
+        counts (semq.settings.bounds)."""
         row = self.conn.execute("SELECT units_granted FROM nodes WHERE node_type=? AND node_id=?",
                                 (int(org.node_type), org.node_id)).fetchone()
         return 1 if row is None else int(row[0])
@@ -520,7 +520,7 @@ class PlatformCore(HeldWrites):
         return bool(row)
 
     def connected(self, ep: Endpoint, units: int = 1) -> bool:
-        """A node completed HELLO (``ep``: the route of its unit, semq.units;
+        """A node completed HELLO (``ep``: the route of its unit, semq.umxt_protocol.units;
         ``units``: how many its organization runs). Returns False if it is
         not allowed. Its in-flight stored copies go again (SPEC P.2; it
         deduplicates)."""
@@ -670,7 +670,7 @@ class PlatformCore(HeldWrites):
         self._seen = []  # `seen` rows of this batch, written in one executemany
         self._stores = []
         store_ctx = (out, events, acks)
-        # ``sender`` is the route of the connection's unit (semq.units): acks
+        # ``sender`` is the route of the connection's unit (semq.umxt_protocol.units): acks
         # go back to it; the frames speak as its organization.
         org_ep = route_org(sender)
         with self._tx():

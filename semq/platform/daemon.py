@@ -21,10 +21,12 @@ from typing import Final
 
 import trio
 
-from semq._db import STORE_ERRORS
-from semq._gate import StoreGate
-from semq.admission import Admission, raise_descriptor_limit
-from semq.bounds import (
+from semq.identity.crypto import CryptoError
+from semq.identity.security import PlatformSecurity
+from semq.session.admission import Admission, raise_descriptor_limit
+from semq.session.ports import BatchObserver, DrainSignal
+from semq.session.transport import ByteBudget, ConnectionClosed, FramePump, FrameStream
+from semq.settings.bounds import (
     FD_RESERVE,
     PLATFORM_BUFFER_MIB_PER_ORG,
     PLATFORM_HANDSHAKES,
@@ -32,11 +34,9 @@ from semq.bounds import (
     PLATFORM_MAX_CONNECTIONS,
     PLATFORM_PRE_AUTH_BYTES,
 )
-from semq.crypto import CryptoError
-from semq.events import now_ms
-from semq.ports import BatchObserver, DrainSignal
-from semq.security import PlatformSecurity
-from semq.transport import ByteBudget, ConnectionClosed, FramePump, FrameStream
+from semq.store.db import STORE_ERRORS
+from semq.store.gate import StoreGate
+from semq.tracking.events import now_ms
 from semq.umxt_protocol import (
     DEFAULT_MAX_FRAME,
     CertRequest,
@@ -63,7 +63,7 @@ from semq.umxt_protocol import (
     encode_frame,
     frame_save_fwd,
 )
-from semq.units import MAX_UNITS, route_of, route_org
+from semq.umxt_protocol.units import MAX_UNITS, route_of, route_org
 
 from .core import PlatformCore, PlatformOutput, Room
 
@@ -86,11 +86,11 @@ class PlatformSettings:
     # the TLS handshake on; without security, from HELLO). A node needs
     # one; more while it reconnects.
     max_connections_per_org: int = 4
-    # Units one organization's node may run (semq.units): what its HELLO
+    # Units one organization's node may run (semq.umxt_protocol.units): what its HELLO
     # may claim at most; each unit granted to it (semq platform register
     # --units) holds a connection, one more each beyond the first.
     max_units_per_org: int = 8
-    # The listener's bounds (semq.bounds): connections in all, connections
+    # The listener's bounds (semq.settings.bounds): connections in all, connections
     # not authenticated yet, descriptors kept for the relay's own use, and
     # the bytes one organization's connections may buffer together.
     max_connections: int = PLATFORM_MAX_CONNECTIONS
@@ -98,7 +98,7 @@ class PlatformSettings:
     fd_reserve: int = FD_RESERVE
     max_buffer_per_org: int = PLATFORM_BUFFER_MIB_PER_ORG << 20
     housekeeping_interval: float = 3600.0
-    # Mutual TLS 1.3 and the certificate directory (semq.security); None = plain TCP.
+    # Mutual TLS 1.3 and the certificate directory (semq.identity.security); None = plain TCP.
     security: PlatformSecurity | None = None
     crl_check_interval: float = 2.0
 
@@ -166,7 +166,7 @@ Forwards = Mapping[Endpoint, list[bytes]]
 
 
 class ForwardPort:
-    """The daemon's RelayPort (semq.ports): the store thread puts
+    """The daemon's RelayPort (semq.session.ports): the store thread puts
     the frames for online targets here before its batch's commit; they go
     into a memory channel that the sessions drain on the event loop
     (``PlatformDaemon._drain_forwards``). It holds a trio token and the
@@ -200,7 +200,7 @@ class PlatformDaemon:
         self.s = settings
         self.gate = StoreGate()
         self.sessions: dict[Endpoint, Session] = {}
-        # Who may hold a connection (semq.admission). ``grants``: the units
+        # Who may hold a connection (semq.session.admission). ``grants``: the units
         # granted to each organization seen (PlatformCore.units_granted), for
         # its allowance.
         self.admission = Admission("platform", total=settings.max_connections, handshakes=settings.max_handshakes,
@@ -405,7 +405,7 @@ class PlatformDaemon:
                                 f"units {body.units} exceeds the {min(MAX_UNITS, self.s.max_units_per_org)}"
                                 " an organization may run here (max_units_per_org)")
             return
-        # Each unit of a node is its own session, under its route (semq.units).
+        # Each unit of a node is its own session, under its route (semq.umxt_protocol.units).
         ep = route_of(org, body.semq_id)
         try:
             # The units an organization runs are the operator's grant, never
@@ -484,7 +484,7 @@ class PlatformDaemon:
 
     async def _reader(self, session: Session, pump: FramePump, pending: list[RawFrame]) -> None:
         fs, ep = session.fs, session.endpoint
-        org = route_org(ep)  # (ep: the route of the node's unit, semq.units)
+        org = route_org(ep)  # (ep: the route of the node's unit, semq.umxt_protocol.units)
         batch = pending
         while True:
             if not batch:

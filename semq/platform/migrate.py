@@ -35,10 +35,10 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Final
 
-from semq._db import StoreError, _drop_new_journals, next_row_id
-from semq._pg import PgConn, is_pg_url, redact
-from semq.config import Config, write_config
 from semq.ops.backup import _wal_index_lock, store_in_use
+from semq.settings.config import Config, write_config
+from semq.store.db import StoreError, _drop_new_journals, next_row_id
+from semq.store.pg import PgConn, is_pg_url, redact
 
 from .chunks import CHUNK_DIR, ChunkFiles
 from .cluster import share_ca

@@ -18,8 +18,8 @@ from peewee import (
 )
 from playhouse.sqlite_ext import AutoIncrementField
 
-from semq._db import StoreError, create_tables, open_store
-from semq._pg import CONNECT_TIMEOUT_S, PgDatabase, is_pg_url, redact
+from semq.store.db import StoreError, create_tables, open_store
+from semq.store.pg import CONNECT_TIMEOUT_S, PgDatabase, is_pg_url, redact
 from semq.umxt_protocol import Kind
 
 from .engine import StoredEvent, StoredState, stored_step
@@ -138,7 +138,7 @@ _UNITS: Final = "ALTER TABLE nodes ADD COLUMN units INTEGER NOT NULL DEFAULT 1"
 
 
 def _v5(db: SqliteDatabase) -> None:
-    """How many units each organization runs (semq.units): the platform
+    """How many units each organization runs (semq.umxt_protocol.units): the platform
     spreads its deliveries over them by LK0, also while they are offline."""
     db.execute_sql(_UNITS)
 

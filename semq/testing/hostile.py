@@ -1,4 +1,4 @@
-"""Hostile peers, for the tests and the flood benchmark of semq.bounds.
+"""Hostile peers, for the tests and the flood benchmark of semq.settings.bounds.
 
 What an enrolled organization with bad intent, or a stranger, can do at a
 listener (the platform's, a node's direct-link listener): connect and say
@@ -26,9 +26,9 @@ from typing import NamedTuple
 
 import trio
 
+from semq.identity.security import NodeSecurity
 from semq.node.large import ChunkSealer, Manifest
-from semq.security import NodeSecurity
-from semq.transport import FrameStream
+from semq.session.transport import FrameStream
 from semq.umxt_protocol import (
     CHUNK_COMPRESSED,
     LK0,
@@ -366,10 +366,10 @@ def forge_large(directory: Path, target: str, size: int = 6 << 20) -> LargeForge
     the (stopped) node at ``directory`` and claim its manifest, as the node
     would before sending it. The node must hold ``target``'s certificate
     (it sent ``target`` a document before)."""
-    from semq.config import load_config
     from semq.node.api import NodeClient
     from semq.node.core import NodeCore
     from semq.node.large_out import pending
+    from semq.settings.config import load_config
 
     directory = Path(directory)
     src = directory / "forged.bin"

@@ -126,7 +126,7 @@ class InquiryResp:
 class Nack:
     """The message ``lk0`` was not taken: the platform neither forwarded nor
     stored it, or its target refused it. ``proof``: a target's signed refusal
-    (semq.crypto, docs/security.md "Refusals"); empty from the platform."""
+    (semq.identity.crypto, docs/security.md "Refusals"); empty from the platform."""
 
     lk0: LK0
     code: ResultCode
@@ -205,7 +205,7 @@ class Hello:
     window: int = 1024
     software: str = "semq"
     token: bytes = b""
-    units: int = 1  # the node's units (semq.units): this one is ``semq_id`` of them
+    units: int = 1  # the node's units (semq.umxt_protocol.units): this one is ``semq_id`` of them
 
     def __post_init__(self) -> None:
         _check_int("semq_id", self.semq_id, 1, 0xFFFF)

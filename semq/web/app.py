@@ -32,7 +32,7 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from semq.bounds import CONSOLE_FORM_S, CONSOLE_MAX_FORM
+from semq.settings.bounds import CONSOLE_FORM_S, CONSOLE_MAX_FORM
 
 from .audit import AuditLog
 from .backend import ACTIONS, ActionError, ConsoleBackend, Selection, parse_lk0, parse_selection

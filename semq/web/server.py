@@ -16,8 +16,8 @@ from typing import Any
 
 import trio
 
-from semq.bounds import CONSOLE_HANDSHAKE_S, CONSOLE_IDLE_S, CONSOLE_MAX_HEADER
 from semq.ops.admin import Handler
+from semq.settings.bounds import CONSOLE_HANDSHAKE_S, CONSOLE_IDLE_S, CONSOLE_MAX_HEADER
 
 from . import parse_web_address
 from .app import Console, make_app
@@ -70,7 +70,7 @@ async def serve_console(console: Console, tls: ConsoleTLS, host: str, port: int,
     cfg.errorlog = logging.getLogger("semq.web.http")
     cfg.include_server_header = False
     cfg.graceful_timeout = 1.0
-    # Bounds on a hostile client (semq.bounds, "web console"). HTTP/1.1 only:
+    # Bounds on a hostile client (semq.settings.bounds, "web console"). HTTP/1.1 only:
     # the pages are few and small, and HTTP/2 would bring a second parser
     # with its own limits (100 streams per connection, 64 KiB of headers).
     cfg.alpn_protocols = ["http/1.1"]

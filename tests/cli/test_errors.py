@@ -125,14 +125,14 @@ def test_a_failed_enrolling_init_leaves_nothing_behind(dirs: Path, platform: str
 
 def test_an_enrolment_refused_after_the_keys_were_written_leaves_nothing_behind(
         tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
-    import semq.security
+    import semq.identity.security
 
     assert run(capsys, "platform", "init", "--dir", str(tmp_path / "P"))[0] == 0
 
     def refused(*_a: object, **_k: object) -> None:
-        raise semq.security.SecurityError("the CA refused the request")
+        raise semq.identity.security.SecurityError("the CA refused the request")
 
-    monkeypatch.setattr(semq.security, "enroll", refused)
+    monkeypatch.setattr(semq.identity.security, "enroll", refused)
     target = tmp_path / "B"
     rc, _, err = run(capsys, "node", "init", "--dir", str(target), "--org", "56001", "--enroll-from",
                      str(tmp_path / "P"))

@@ -598,7 +598,7 @@ async def test_a_document_waits_for_its_targets_certificate_and_goes_once_it_is_
     within its CA check (2 s) and pushes C's certificate to A, which seals
     the document to it at once, without waiting for its own next ask; C,
     once connected, opens it."""
-    from semq.security import (
+    from semq.identity.security import (
         NodeSecurity,
         PlatformSecurity,
         enroll,
@@ -690,7 +690,7 @@ async def test_a_node_of_several_units_has_a_session_per_unit_within_the_limit(
     organization saying it runs more units than the platform allows is
     refused with the limit, and one saying a unit above its count cannot
     even encode it."""
-    from semq.units import route_of
+    from semq.umxt_protocol.units import route_of
 
     pcore = platform_core(tmp_path)
     pcore.register([A])

@@ -20,11 +20,11 @@ import pytest
 import trio
 import trio.testing
 
-from semq.config import Address
 from semq.node.core import NewDocument, NodeCore
 from semq.node.daemon import INITIAL_DELAY, NodeDaemon, NodeSettings
 from semq.platform.core import PlatformCore
 from semq.platform.daemon import PlatformDaemon, PlatformSettings
+from semq.settings.config import Address
 from tests._memwire import (
     A,
     B,

@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 from semq.cli import main as semq_main
-from semq.security import NodeSecurity
+from semq.identity.security import NodeSecurity
 from semq.testing.faultproxy import Direction, FaultPlan, RefuseMode
 from semq.umxt_protocol import (
     LK0,

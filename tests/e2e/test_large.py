@@ -272,8 +272,8 @@ def test_a_user_of_the_receiver_reads_a_large_document_by_blocks_and_no_one_else
     """A large document for alice at B: her application reads it over the
     user socket by blocks (``semq inbox save`` with her token); bob's token
     cannot, and a block over the limit is refused with one line."""
-    from semq.bounds import USER_BLOCK_BYTES
     from semq.ops.usersock import UserClient, UserSocketError
+    from semq.settings.bounds import USER_BLOCK_BYTES
 
     cluster.add_org(A)
     cluster.add_org(B)

@@ -1,7 +1,7 @@
 """Hostile peers at the listeners, against real processes on 127.0.0.1: an
 enrolled organization with bad intent and a stranger try to take a node's
 direct-link listener or the platform's away from everyone else, and each
-is held to the bounds declared in semq.bounds while the other
+is held to the bounds declared in semq.settings.bounds while the other
 organizations' documents keep flowing. Every wait is bounded."""
 
 from __future__ import annotations

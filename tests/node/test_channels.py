@@ -247,7 +247,7 @@ def test_a_purged_ordered_document_is_announced_and_an_announced_one_is_not_requ
 def test_the_envelope_flag_is_bound_by_the_documents_signature() -> None:
     """A relay that clears or sets FLAG_ENVELOPE changes the AAD the
     document was signed over: the receiver refuses it (BAD_SIGNATURE)."""
-    from semq.crypto import BOUND_FLAGS, raw_frame_aad
+    from semq.identity.crypto import BOUND_FLAGS, raw_frame_aad
     from semq.umxt_protocol import FLAG_ENVELOPE, Endpoint, encode_data, rewrite_header
 
     assert BOUND_FLAGS & FLAG_ENVELOPE

@@ -11,8 +11,6 @@ from pathlib import Path
 import pytest
 import trio
 
-from semq._db import open_store
-from semq._gate import StoreGate
 from semq.cli import main as semq_main
 from semq.node._access import write_tx
 from semq.node.api import NodeClient
@@ -21,6 +19,8 @@ from semq.node.capabilities import TxSettings
 from semq.node.core import NewDocument, NodeCore
 from semq.node.store import MIGRATIONS, SEED_MODELS
 from semq.node.txn import Transactions, TxState
+from semq.store.db import open_store
+from semq.store.gate import StoreGate
 
 A, B = "10008", "56001"
 

@@ -391,8 +391,8 @@ def test_the_inbox_folder_leaves_the_documents_of_users_to_their_applications(ro
 
 
 def test_a_store_from_before_folders_gets_the_watch_table_at_open(tmp_path: Path) -> None:
-    from semq._db import open_store
     from semq.node.store import MIGRATIONS, _v12_watch
+    from semq.store.db import open_store
 
     path = tmp_path / "node.sqlite"
     before = MIGRATIONS[:MIGRATIONS.index(_v12_watch)]

@@ -15,11 +15,11 @@ from typing import Any
 
 import pytest
 
-from semq.events import now_ms
 from semq.node.core import NewDocument, NodeCore
 from semq.node.large import CHUNK_SIZE, Manifest, copy_in
 from semq.node.large_in import ALL_CHUNKS, RESUME
 from semq.node.large_out import Outgoing, _Transfer, pending
+from semq.tracking.events import now_ms
 from semq.umxt_protocol import (
     AckBatch,
     AckEntry,
@@ -310,7 +310,7 @@ def test_a_full_disk_at_the_receiver_is_the_stores_error_and_loses_nothing(
     import errno
 
     import semq.node.large_in as large_in
-    from semq._db import STORE_ERRORS
+    from semq.store.db import STORE_ERRORS
 
     a, b = cores
     content = os.urandom(2 * CHUNK_SIZE + 3)

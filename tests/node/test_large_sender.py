@@ -15,11 +15,11 @@ import pytest
 import trio
 import trio.testing
 
-from semq._gate import StoreGate
 from semq.node.core import NewDocument, NodeCore
 from semq.node.large import Manifest
 from semq.node.large_out import STALL_S, LargeSender, Outgoing, pending
-from semq.transport import FrameStream
+from semq.session.transport import FrameStream
+from semq.store.gate import StoreGate
 from semq.umxt_protocol import Chunk, Kind
 
 CHUNK = 4096

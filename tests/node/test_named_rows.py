@@ -29,7 +29,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "semq"
-EXCLUDED = ("semq/node/writebehind.py", "semq/platform/", "semq/umxt_protocol/", "semq/analytics/", "semq/crypto/")
+EXCLUDED = ("semq/node/writebehind.py", "semq/platform/", "semq/umxt_protocol/", "semq/analytics/", "semq/identity/crypto/")
 
 # The names rows are bound to in this code base (a row, a held row, a hit,
 # a candidate...).

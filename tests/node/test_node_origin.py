@@ -53,7 +53,7 @@ def _states(path: Path) -> list[tuple[int, int, int]]:
 
 
 class _Port:
-    """A FramePort (semq.ports) that hands the claim's frames to a test function."""
+    """A FramePort (semq.session.ports) that hands the claim's frames to a test function."""
 
     def __init__(self, put: Callable[[list[bytes]], None]) -> None:
         self.put = put

@@ -14,13 +14,13 @@ from typing import Any
 import pytest
 import trio
 
-from semq._gate import StoreGate
-from semq.config import Address
 from semq.node.core import NewDocument, NodeCore
 from semq.node.daemon import NodeSettings
 from semq.ops.admin import AdminCommandError, DrainControl
 from semq.ops.handlers import node_busy, node_handlers, platform_busy, platform_handlers
 from semq.platform.core import PlatformCore
+from semq.settings.config import Address
+from semq.store.gate import StoreGate
 from semq.umxt_protocol import AppKey, Endpoint, FrameDecoder, SaveFwd
 
 A, B = "10008", "56001"

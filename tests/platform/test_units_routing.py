@@ -1,4 +1,4 @@
-"""Several units of one organization at the platform (semq.units), driven
+"""Several units of one organization at the platform (semq.umxt_protocol.units), driven
 as the daemon drives PlatformCore: each unit's connection is its route; a
 document goes to the unit its LK0 picks, online or stored for it; acks go
 to the unit whose record they name; inquiries about documents of several
@@ -25,7 +25,7 @@ from semq.umxt_protocol import (
     InquiryTopic,
     Kind,
 )
-from semq.units import holder, route_of, route_org, route_unit, unit_for
+from semq.umxt_protocol.units import holder, route_of, route_org, route_unit, unit_for
 from tests.platform.test_platform_store import _data, _raw
 
 A, B = "10008", "56001"

@@ -1,5 +1,5 @@
 """Where the keys and certificates of a data directory live, and the few
-operations the CLI and daemons need (semq.crypto does the cryptography).
+operations the CLI and daemons need (semq.identity.crypto does the cryptography).
 
 Platform directory::
 
@@ -13,7 +13,7 @@ Node directory::
     node.pem                             the certificate the platform issued
     ca.pem                               the platform's CA certificate
     crl.pem                              the newest revocation list the platform sent (CRL frames)
-    pins.json                            the certificates of other organizations it trusts (semq.trust)
+    pins.json                            the certificates of other organizations it trusts (semq.identity.trust)
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from typing import Final
 from cryptography import x509
 from cryptography.hazmat.primitives.serialization import Encoding
 
-from semq.crypto import (
+from semq.identity.crypto import (
     DEFAULT_CRL_DAYS,
     CertificateAuthority,
     CertificateDirectory,
@@ -60,7 +60,7 @@ from semq.crypto import (
     server_ssl_context,
     verify_crl,
 )
-from semq.trust import Admission, PinStore
+from semq.identity.trust import Admission, PinStore
 from semq.umxt_protocol import CertResponse, Endpoint, NodeType, ResultCode
 
 __all__ = [
@@ -80,7 +80,7 @@ __all__ = [
     "waiting_reason",
 ]
 
-log = logging.getLogger("semq.security")
+log = logging.getLogger("semq.identity.security")
 
 #: Why a document to a known organization waits for a certificate (it stays
 #: SS_INIT with this code, is retried with backoff, and goes once a usable,
@@ -123,7 +123,7 @@ def init_platform_pki(pdir: Path, platform_id: str, names: list[str]) -> None:
     ca.save(_ca_dir(pdir))
     tls = pdir / "tls"
     ensure_private_directory(tls)
-    from semq.crypto import save_private_key
+    from semq.identity.crypto import save_private_key
 
     save_private_key(tls / "server.key.pem", key)
     save_certificate(tls / "server.pem", cert)
@@ -194,7 +194,7 @@ def rollover_keys(ndir: Path, org: str, *, endorse: bool = True) -> Path:
     certificate request; the current identity keeps working until the new
     certificate is imported (``import_certificate``). With ``endorse`` the
     request carries the current signing key's endorsement of the new keys
-    (semq.crypto.Endorsement): nodes that pinned the current certificate
+    (semq.identity.crypto.Endorsement): nodes that pinned the current certificate
     then accept the new one without their operator."""
     nd = ndir / "next"
     if nd.exists():
@@ -499,7 +499,7 @@ class NodeSecurity:
     def accept_response(self, response: CertResponse) -> CertAnswer:
         """Apply the platform's CERT_RESPONSE: verify every certificate (CA,
         revocation list, validity, organization), keep those the pins allow
-        (semq.trust: first use pins them; later only pinned ones and
+        (semq.identity.trust: first use pins them; later only pinned ones and
         rollovers endorsed by a pinned key), and make them what the node
         seals to and verifies with. Public-key work and, on a change, a
         write of pins.json: call it off the event loop."""
@@ -545,7 +545,7 @@ class NodeSecurity:
         pinned here: used from the start, so a node that restarts verifies
         the receipts that come first and seals without asking the platform
         (it asks anyway, and its answers replace these)."""
-        from semq.crypto import load_certificates
+        from semq.identity.crypto import load_certificates
 
         d = self.ndir / "certs"
         if not d.is_dir():
@@ -568,7 +568,7 @@ class NodeSecurity:
     def remember(self, org: str) -> None:
         """Keep the verified certificates of ``org`` on disk (certs/ORG.pem)
         so receipts can be checked later without the daemon."""
-        from semq.crypto import save_certificates
+        from semq.identity.crypto import save_certificates
 
         certs = self.certs(org)
         if certs:

@@ -1,4 +1,4 @@
-"""Who may hold a connection on a listener (semq.bounds).
+"""Who may hold a connection on a listener (semq.settings.bounds).
 
 A listener admits a connection in two steps. ``enter`` when it is accepted:
 it counts as *handshaking* (TLS, then HELLO) until it has proved who it is,
@@ -25,7 +25,7 @@ from typing import Any, Final
 
 __all__ = ["Admission", "open_descriptors", "raise_descriptor_limit"]
 
-log = logging.getLogger("semq.admission")
+log = logging.getLogger("semq.session.admission")
 
 _FD_DIR: Final = "/proc/self/fd"
 _LOG_EVERY: Final = 100  # refusals of one kind logged once per this many (a flood must not flood the log)

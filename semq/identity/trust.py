@@ -7,7 +7,7 @@ for an organization (from the platform's directory, verified against the CA)
 are **pinned**, and later a certificate that is not pinned is refused — not
 sealed to, not verified with — unless
 
-* it is a **rollover**: it carries an endorsement (semq.crypto.Endorsement)
+* it is a **rollover**: it carries an endorsement (semq.identity.crypto.Endorsement)
   signed by the key of a pinned certificate of the same organization, which
   ``semq node rollover`` makes and the CA copies into the new certificate; or
 * the node's operator accepts it: ``semq node trust ORG FINGERPRINT``.
@@ -44,7 +44,7 @@ from typing import Any, Final
 
 from cryptography.hazmat.primitives.asymmetric import ed25519
 
-from semq.crypto import NodeCertificate, format_time, write_private_file
+from semq.identity.crypto import NodeCertificate, format_time, write_private_file
 
 __all__ = [
     "PINS_FILE",

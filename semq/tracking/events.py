@@ -13,7 +13,7 @@ from typing import IO, Any
 
 import orjson
 
-_log = logging.getLogger("semq.events")
+_log = logging.getLogger("semq.tracking.events")
 
 __all__ = ["EventLog", "now_ms"]
 
@@ -25,7 +25,7 @@ def now_ms() -> int:
 class EventLog:
     def __init__(self, directory: Path, logger: str, role_default: str, *, unit: int = 1) -> None:
         self.directory = Path(directory)
-        # Each unit of a node (semq.units) appends to its own file.
+        # Each unit of a node (semq.umxt_protocol.units) appends to its own file.
         self._suffix = "" if unit == 1 else f"-unit{unit}"
         self.logger = logger
         self.role = role_default
@@ -45,7 +45,7 @@ class EventLog:
                 self.directory.mkdir(parents=True, mode=0o700)
             # Owner-only (0600, like the store): the log says who exchanged
             # what with whom. The daemons refuse logs others can read
-            # (semq.config.check_private_paths).
+            # (semq.settings.config.check_private_paths).
             fd = os.open(self.directory / f"events-{day}{self._suffix}.jsonl", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
             self._file = os.fdopen(fd, "ab")
             self._day = day

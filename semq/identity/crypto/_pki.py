@@ -804,7 +804,7 @@ class CertificateAuthority:
     def current_certificates(self, org: str, *, now: dt.datetime | None = None) -> list[x509.Certificate]:
         """Node certificates of ``org`` usable at ``now``: not revoked, within
         their validity. Newest first. (An organization holds one identity;
-        a second certificate is a rollover: semq.security.enroll.)"""
+        a second certificate is a rollover: semq.identity.security.enroll.)"""
         t = _aware(now) if now is not None else _now()
         return [c for c in self.certificates_of(org) if c.serial_number not in self.revoked
                 and c.not_valid_before_utc <= t <= c.not_valid_after_utc]

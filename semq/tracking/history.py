@@ -8,7 +8,7 @@ document's rows. It lives beside the store, in ``history.sqlite`` (one per
 unit of a node), and is kept ``history_days`` (default 90).
 
 Writing it stays off the hot path: the daemon starts ``python -m
-semq.history`` beside it, a process of its own at the scheduler's idle
+semq.tracking.history`` beside it, a process of its own at the scheduler's idle
 priority (``SCHED_IDLE``: it runs only on CPU time nothing else wants),
 that reads what the event log files gained, folds each batch into one
 upsert per document (its steps appended to the row as compact JSON) and
@@ -59,7 +59,7 @@ __all__ = [
     "history_paths",
 ]
 
-log = logging.getLogger("semq.history")
+log = logging.getLogger("semq.tracking.history")
 
 HISTORY_FILE: Final = "history.sqlite"
 MAX_STEPS: Final = 200  # steps kept per row: a document sent again for ever cannot grow its row for ever
@@ -74,7 +74,7 @@ _NO_STATE: Final = frozenset({"cleaned", "inquiry", "reack", "reack2", "duplicat
 # state of a new row only.
 _WEAK: Final = frozenset({"received"})
 # The states most documents end in, at each side: as a search filter they
-# select little (semq.history.HistoryReader.search).
+# select little (semq.tracking.history.HistoryReader.search).
 _COMMON_STATES: Final = frozenset({"ack2", "ack2_sent", "inbox", "acked", "forwarded", "delivered"})
 # Attributes written once per message and logger (docs/events.md).
 _ATTRS: Final = ("domain", "data_type", "subtype", "key", "size", "save_fwd", "priority",
@@ -605,7 +605,7 @@ def idle_priority() -> str:
 
 def run_indexer(events_dir: Path, path: Path, days: int, parent: int, interval: float = 0.5) -> int:
     """Index until ``parent`` is gone or SIGTERM: the process the daemon
-    starts (``python -m semq.history``)."""
+    starts (``python -m semq.tracking.history``)."""
     import signal
 
     stop = threading.Event()
@@ -633,7 +633,7 @@ def run_indexer(events_dir: Path, path: Path, days: int, parent: int, interval: 
 def main(argv: Sequence[str] | None = None) -> int:
     import argparse
 
-    p = argparse.ArgumentParser(prog="python -m semq.history",
+    p = argparse.ArgumentParser(prog="python -m semq.tracking.history",
                                 description="index a daemon's event logs into its delivery history (the daemon"
                                             " starts this itself)")
     p.add_argument("--events", required=True, help="the event log directory")

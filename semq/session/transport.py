@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import trio
 
-from semq.bounds import LINK_BUFFER_BYTES
-from semq.config import parse_hostport  # one definition, also used to check semq.toml
+from semq.settings.bounds import LINK_BUFFER_BYTES
+from semq.settings.config import parse_hostport  # one definition, also used to check semq.toml
 from semq.umxt_protocol import (
     DEFAULT_MAX_FRAME,
     Endpoint,
@@ -33,7 +33,7 @@ class ConnectionClosed(Exception):
 
 class ByteBudget:
     """The bytes one identity (an organization) may have buffered, all its
-    connections together (semq.bounds: ``max_buffer_mib_per_org``).
+    connections together (semq.settings.bounds: ``max_buffer_mib_per_org``).
 
     Each connection holds a reservation: the frames its pump keeps for the
     consumer, plus what its decoder holds or is about to (``claim``: a frame

@@ -161,7 +161,7 @@ class PgConn:
 
 
 def _peewee_error(e: Exception) -> Exception:
-    """psycopg's errors as peewee's (the cores catch those: semq._db.STORE_ERRORS)."""
+    """psycopg's errors as peewee's (the cores catch those: semq.store.db.STORE_ERRORS)."""
     import psycopg
 
     if isinstance(e, psycopg.OperationalError):

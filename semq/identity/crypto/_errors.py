@@ -1,4 +1,4 @@
-"""Errors of ``semq.crypto``.
+"""Errors of ``semq.identity.crypto``.
 
 Every error is one line naming the value and the reason or limit (STYLE 3)
 and carries ``code``: the UMX-T result code a daemon sends back to the peer
@@ -22,7 +22,7 @@ __all__ = [
 
 
 class CryptoError(Exception):
-    """Base of every ``semq.crypto`` error. ``code`` is the result code to
+    """Base of every ``semq.identity.crypto`` error. ``code`` is the result code to
     report to the peer (ResultCode)."""
 
     default_code: ResultCode = ResultCode.INTERNAL_ERROR

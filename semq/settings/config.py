@@ -12,7 +12,7 @@ docs/operations.md lists the keys from ``SETTINGS`` (a test compares them).
 
 The data directory and the private files in it (stores with their -wal and
 -shm, keys, event logs) are owner-only; ``check_private_paths`` is what a
-daemon runs at start (the keys have their own check in semq.crypto).
+daemon runs at start (the keys have their own check in semq.identity.crypto).
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from typing import Any, Final, NamedTuple
 
 import tomli_w
 
-from semq.bounds import (
+from semq.settings.bounds import (
     CONFIG_MAX_BYTES,
     DIRECT_HANDSHAKES,
     DIRECT_MAX_LINKS,
@@ -42,7 +42,7 @@ from semq.bounds import (
     PLATFORM_MAX_CONNECTIONS,
     USER_MAX_CONNECTIONS,
 )
-from semq.units import MAX_UNITS
+from semq.umxt_protocol.units import MAX_UNITS
 
 __all__ = [
     "CONFIG_NAME",
@@ -413,7 +413,7 @@ class Config:
         "boolean", "true or false",
         doc="mutual TLS, end-to-end encryption and signatures (docs/security.md); set by init"))
 
-    # Not in the file: which of the node's units this process is (semq.units).
+    # Not in the file: which of the node's units this process is (semq.umxt_protocol.units).
     unit: int = field(default=1, metadata={"rule": None})
 
     def for_unit(self, unit: int) -> Config:
@@ -601,7 +601,7 @@ def write_config(cfg: Config) -> Path:
 def private_paths(cfg: Config) -> Iterator[tuple[Path, int]]:
     """The data directory and the private files in it that exist, each with
     the mode it must not exceed: the store with its -wal and -shm, and the
-    delivery event logs. (Keys are checked by semq.crypto when loaded.)"""
+    delivery event logs. (Keys are checked by semq.identity.crypto when loaded.)"""
     yield cfg.directory, PRIVATE_DIR_MODE
     if cfg.unit_dir != cfg.directory:
         yield cfg.unit_dir, PRIVATE_DIR_MODE

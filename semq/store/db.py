@@ -417,7 +417,7 @@ def _create_private(path: Path) -> None:
     directory 0700 if made here): a node's store holds its documents in
     plaintext. SQLite gives the -wal and -shm files the mode of the store
     file, so they are owner-only too; the daemons refuse a store others can
-    read (semq.config.check_private_paths)."""
+    read (semq.settings.config.check_private_paths)."""
     if not path.parent.is_dir():
         path.parent.mkdir(parents=True, mode=0o700)
         os.chmod(path.parent, 0o700)  # mkdir's mode is filtered by the umask

@@ -122,7 +122,7 @@ class CertificateDirectory:
         """The certificates of the platform's answer that verify (CA, CRL,
         validity) and name ``response.endpoint``'s organization, newest
         first, and the errors of the others. Changes nothing (a node filters
-        them through its pins first: semq.trust). Raises UnknownCertificate
+        them through its pins first: semq.identity.trust). Raises UnknownCertificate
         for an answer with an error code."""
         org = _org_of(response.endpoint)
         if response.code is not ResultCode.OK:

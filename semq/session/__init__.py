@@ -1,0 +1,4 @@
+"""Connections: UMX-T framed over any trio stream, with the per-identity
+byte budget (``transport``), who a listener admits (``admission``), the
+narrow interfaces between the layers (``ports``), and the client side of a
+node's local sockets' waits (``inbox_wait``)."""
