@@ -265,7 +265,13 @@ async def test_a_connection_without_a_whole_request_is_closed_after_the_idle_tim
                 closed = True
                 break
             with trio.move_on_after(10):
-                if await stream.receive_some(65536) == b"":
+                try:
+                    # The server closes with bytes of ours unread: the kernel
+                    # may report that as a reset rather than an end of stream.
+                    if await stream.receive_some(65536) == b"":
+                        closed = True
+                        break
+                except trio.BrokenResourceError:
                     closed = True
                     break
         assert closed and trio.current_time() - t0 == pytest.approx(ADMIN_IDLE_S, abs=10.1)
