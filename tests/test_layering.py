@@ -31,8 +31,6 @@ LAYERS: dict[str, int] = {
     "semq.node.direct": 5,
     "semq.ops": 6,
     "semq.web": 6,  # the web console: served by OpsRuntime beside the admin socket, calling its handlers
-    # an operation over a stopped platform, beside backup/restore (it reuses their in-use check)
-    "semq.platform.migrate": 6,
     "semq.cli": 7, "semq.testing": 7, "semq.__main__": 7,
 }
 BASE = "semq"  # the package's __init__: only the version, for anyone

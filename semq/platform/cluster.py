@@ -43,6 +43,8 @@ import uuid
 from pathlib import Path
 from typing import Any, Final
 
+from semq.store.db import StoreError
+from semq.store.pg import PgListener
 from semq.tracking.events import now_ms
 from semq.umxt_protocol import Endpoint, NodeType
 
@@ -236,58 +238,38 @@ def _parse(line: str) -> tuple[Endpoint, bytes | None] | None:
 
 
 class WakeListener:
-    """The instance's own connection that LISTENs on its channel; ``wait``
-    blocks (on a worker thread) until notifications arrive or ``timeout``
-    passes, and returns the organizations to wake. A lost connection is
-    opened again on the next call (the sweep covers the gap)."""
+    """The instance's own connection that LISTENs on its channel
+    (semq.store.pg.PgListener); ``wait`` blocks (on a worker thread) until
+    notifications arrive or ``timeout`` passes, and returns the
+    organizations to wake. A lost connection is opened again on the next
+    call (the sweep covers the gap)."""
 
     def __init__(self, url: str, instance: str) -> None:
         self.url = url
         self.instance = instance
-        self._conn: Any = None
-
-    def _connect(self) -> Any:
-        import psycopg
-
-        conn = psycopg.connect(self.url, autocommit=True, connect_timeout=5)
-        conn.execute(f"LISTEN {channel(self.instance)}")
-        return conn
+        self._listener = PgListener(url, channel(instance))
 
     def wait(self, timeout: float) -> list[tuple[Endpoint, bytes | None]]:
-        import psycopg
-
         try:
-            if self._conn is None or self._conn.closed:
-                self._conn = self._connect()
-            out: list[tuple[Endpoint, bytes | None]] = []
-            # Back with the first notification (the generator would otherwise
-            # wait out the whole timeout), and whatever else has arrived by then.
-            for timeout_s in (timeout, 0.0):
-                for n in self._conn.notifies(timeout=timeout_s, stop_after=1 if timeout_s else 1000):
-                    for line in n.payload.splitlines():
-                        got = _parse(line)
-                        if got is None:
-                            # Anything else on the channel (whoever may NOTIFY
-                            # in the database) is skipped, never fatal.
-                            log.warning("cluster wake-ups: a malformed notification skipped: %.80r", line)
-                        else:
-                            out.append(got)
-                if not out:
-                    break
-            return out
-        except psycopg.Error as e:
+            payloads = self._listener.wait(timeout)
+        except StoreError as e:
             log.warning("cluster wake-ups: %s; the sweep covers the gap", " ".join(str(e).split()))
-            self.close()
             time.sleep(min(timeout, 1.0))
             return []
+        out: list[tuple[Endpoint, bytes | None]] = []
+        for payload in payloads:
+            for line in payload.splitlines():
+                got = _parse(line)
+                if got is None:
+                    # Anything else on the channel (whoever may NOTIFY
+                    # in the database) is skipped, never fatal.
+                    log.warning("cluster wake-ups: a malformed notification skipped: %.80r", line)
+                else:
+                    out.append(got)
+        return out
 
     def close(self) -> None:
-        if self._conn is not None:
-            try:
-                self._conn.close()
-            except Exception:
-                pass
-            self._conn = None
+        self._listener.close()
 
 
 def _crl_number(data: bytes) -> int:
@@ -317,8 +299,6 @@ def _same_ca(conn: Any, ca_dir: Path) -> None:
     whose directory holds another CA (a directory made by a second ``semq
     platform init`` instead of copied) is refused: it would mix certificates
     of two authorities into every instance's directory."""
-    from semq.store.db import StoreError
-
     mine = hashlib.sha256((ca_dir / "ca.pem").read_bytes()).hexdigest()
     conn.execute("INSERT INTO ca_files (name, data) VALUES ('ca.sha256', ?) ON CONFLICT (name) DO NOTHING",
                  (mine.encode(),))

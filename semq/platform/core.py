@@ -39,7 +39,7 @@ from semq.store.db import (
     take_held,
     translate,
 )
-from semq.store.pg import PgConn, PgDatabase, is_pg_url, pg_array, redact
+from semq.store.pg import PgConn, PgDatabase, declare_key, is_pg_url, pg_array, redact
 from semq.tracking.events import EventLog, now_ms
 from semq.umxt_protocol import (
     FLAG_KEY_SEALED,
@@ -145,6 +145,10 @@ class PlatformOutput:
     def add(self, target: Endpoint, frame: Frame) -> None:
         self.sends[target].append(encode_frame(frame))
 
+
+# (For semq.store.pg.translate_sql: the upserts of these tables name no key.)
+declare_key("seen", ("origin_type", "origin_id", "semq_id", "semq_db_id", "record_id"), ("action", "lk1", "seen_ms"))
+declare_key("nodes", ("node_type", "node_id"))
 
 _STORED_STATES: Final = {int(s): s for s in StoredState}
 _DATA: Final = int(Kind.DATA)

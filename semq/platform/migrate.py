@@ -22,9 +22,10 @@ Chunks of large documents that the SQLite platform keeps in files
 which every instance can read; a file that is missing or does not hold its
 chunk stops the migration with its name, nothing written.
 
-This module runs operations over a stopped platform and reuses what
-``semq backup``/``restore`` know about a store in use (semq.ops.backup), so
-it sits in the ops layer (tests/test_layering.py)."""
+Whether the platform still runs is what the store tells (semq.store.inuse:
+a process holding it open, a fresh status.json), the check ``semq
+backup``/``restore`` make after asking the admin socket; ``in_use`` may
+ask more (the command asks the admin socket too)."""
 
 from __future__ import annotations
 
@@ -35,9 +36,9 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Final
 
-from semq.ops.backup import _wal_index_lock, store_in_use
 from semq.settings.config import Config, write_config
-from semq.store.db import StoreError, _drop_new_journals, next_row_id
+from semq.store.db import StoreError, _drop_new_journals, next_row_id, open_read_only
+from semq.store.inuse import store_in_use, wal_index_lock
 from semq.store.pg import PgConn, is_pg_url, redact
 
 from .chunks import CHUNK_DIR, ChunkFiles
@@ -113,12 +114,14 @@ def _describe(check: tuple[int, ...]) -> str:
 
 
 def migrate_to_pg(cfg: Config, url: str, *, progress: Progress | None = None,
-                  progress_rows: int = PROGRESS_ROWS) -> MigrateInfo:
+                  progress_rows: int = PROGRESS_ROWS,
+                  in_use: Callable[[Path], str | None] = store_in_use) -> MigrateInfo:
     """Copy the stopped platform of ``cfg`` from its SQLite store into the
     PostgreSQL database ``url`` (its schema made there if absent), check
     it, commit, then write ``store = url`` into the directory's semq.toml.
     ``progress`` is called every ``progress_rows`` rows of a table and at
-    its end.
+    its end; ``in_use`` says why the platform's directory is in use, or
+    None (by default what its store tells: semq.store.inuse).
 
     Raises MigrateRefused (nothing written anywhere) for a directory whose
     configuration names a PostgreSQL store already, a platform that runs,
@@ -137,7 +140,7 @@ def migrate_to_pg(cfg: Config, url: str, *, progress: Progress | None = None,
     sqlite_path = cfg.store_path
     if not sqlite_path.is_file():
         raise MigrateRefused(f"no platform store at {sqlite_path}")
-    why = store_in_use(cfg.directory)
+    why = in_use(cfg.directory)
     if why:
         raise MigrateRefused(f"refusing to migrate {sqlite_path}: {why}; stop the platform first"
                              " ('semq admin drain --wait' or 'systemctl stop ...')")
@@ -191,7 +194,7 @@ def migrate_to_pg(cfg: Config, url: str, *, progress: Progress | None = None,
         # can open the SQLite store: a platform started since the check above
         # is refused here, and none can start on the old store until the
         # configuration names the new one.
-        with _wal_index_lock(sqlite_path) as free:
+        with wal_index_lock(sqlite_path) as free:
             if not free:
                 raise MigrateRefused(f"refusing to migrate {sqlite_path}: it was opened by another process"
                                      " meanwhile; stop the platform first")
@@ -206,7 +209,7 @@ def migrate_to_pg(cfg: Config, url: str, *, progress: Progress | None = None,
         _rollback(pg)
         if src is not None:
             src.close()
-            with _wal_index_lock(sqlite_path) as free:
+            with wal_index_lock(sqlite_path) as free:
                 if free:  # (not under a process that opened the store meanwhile)
                     _drop_new_journals(journals, had)
         raise
@@ -227,13 +230,7 @@ def _open_read_only(path: Path) -> sqlite3.Connection:
     """The SQLite store, read-only (never checkpointed or migrated by us),
     with its schema version checked (the columns copied are those of every
     version up to this software's)."""
-    conn = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True, isolation_level=None)
-    try:
-        row = conn.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()
-    except sqlite3.DatabaseError as e:
-        conn.close()
-        raise StoreError(f"{path} is not a platform store ({e})") from e
-    version = int(row[0]) if row else 0
+    conn, version = open_read_only(path, "platform store")
     if not 0 < version <= len(MIGRATIONS):
         conn.close()
         raise StoreError(f"platform store {path} has schema version {version}; this software reads"

@@ -18,10 +18,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, Final
 
+from semq.store.pg import declare_key
 from semq.umxt_protocol import Endpoint, NodeType, PeerAnnounce, PeerInfo, ResultCode
 
 __all__ = ["announce", "listing", "lookup", "observed_addresses", "withdraw"]
 
+declare_key("peers", ("node_id",), ("addresses", "allowed", "fingerprint", "expires_ms", "announced_ms"))
 _SEP: Final = "\n"  # between addresses and ids in a row (neither may hold one: printable text)
 
 
