@@ -25,7 +25,7 @@ from typing import Any, Final, NamedTuple
 
 from peewee import SqliteDatabase
 
-from semq.node.engine import OperatorAction, TransitionRefused, stored_operator_step
+from semq.node.engine import OperatorAction, TransitionRefused
 from semq.session.ports import RelayPort
 from semq.store.db import (
     HOLD_MS,
@@ -80,7 +80,16 @@ from semq.umxt_protocol.units import MAX_UNITS, UNIT_SEP, holder, route_of, rout
 
 from .chunks import CHUNK_DIR, MAX_KEPT_FILES, ChunkFiles, chunk_file_name
 from .cluster import HOP_MAX_FRAME, Presence
-from .engine import STORED_TABLE, Route, StoredEvent, StoredState, route, state_answer, stored_step
+from .engine import (
+    STORED_TABLE,
+    Route,
+    StoredEvent,
+    StoredState,
+    route,
+    state_answer,
+    stored_operator_step,
+    stored_step,
+)
 from .store import SENT_COPIES, open_platform_store
 
 __all__ = ["PlatformCore", "PlatformOutput", "Room"]

@@ -6,11 +6,8 @@ import os
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any, Final, NamedTuple
 
-from semq.node.engine import (
-    STORED_OPERATOR,
-    OperatorAction,
-)
-from semq.platform.engine import StoredState
+from semq.node.engine import OperatorAction
+from semq.platform.engine import STORED_OPERATOR, StoredState
 from semq.tracking.events import now_ms
 
 from ..admin import AdminCommandError, DrainControl, Handler
@@ -283,7 +280,7 @@ def platform_handlers(
 
     async def run_apply(args: dict[str, Any], action: OperatorAction) -> dict[str, Any]:
         """Apply ``action`` to the selected stored rows whose state allows it
-        (semq.node.engine.STORED_OPERATOR_TABLE); the others are ``skipped``."""
+        (semq.platform.engine.STORED_OPERATOR_TABLE); the others are ``skipped``."""
         verb = action.value
         clauses, params, _explicit = _selection(args, StoredState, state_col="state", time_col="stored_ms")
         if action is not OperatorAction.PURGE:
