@@ -78,8 +78,9 @@ from semq.umxt_protocol import (
 )
 from semq.umxt_protocol.units import MAX_UNITS, UNIT_SEP, holder, route_of, route_org, unit_for
 
+from .cafiles import share_ca
 from .chunks import CHUNK_DIR, MAX_KEPT_FILES, ChunkFiles, chunk_file_name
-from .cluster import HOP_MAX_FRAME, Presence
+from .cluster import HOP_MAX_FRAME, LIVE_MS, Presence
 from .engine import (
     STORED_TABLE,
     Route,
@@ -90,6 +91,7 @@ from .engine import (
     stored_operator_step,
     stored_step,
 )
+from .peers import Peers, observed_addresses
 from .store import SENT_COPIES, open_platform_store
 
 __all__ = ["PlatformCore", "PlatformOutput", "Room"]
@@ -280,6 +282,7 @@ class PlatformCore(HeldWrites):
         # Several instances on one PostgreSQL store: who holds which
         # organization's connection (None on SQLite: one process).
         self.presence: Presence | None = Presence(self.conn, instance) if self.pg and instance else None
+        self.peers = Peers(self.conn)
         self._stored_since_analyze = 0
         self._analyzed_at = 0.0
         # SQLite's scalar min() is PostgreSQL's LEAST().
@@ -584,28 +587,22 @@ class PlatformCore(HeldWrites):
     def announce_peer(self, ep: Endpoint, body: PeerAnnounce, observed_host: str | None, fingerprint: str) -> None:
         """``ep`` listens for direct links (PEER_ANNOUNCE; ttl 0 withdraws):
         recorded in the store, shared by every instance (semq.platform.peers)."""
-        from . import peers
-
         ts = now_ms()
         with self._tx():
             if body.ttl_s == 0:
-                peers.withdraw(self.conn, ep)
+                self.peers.withdraw(ep)
             else:
-                peers.announce(self.conn, ep, peers.observed_addresses(body, observed_host), body.allowed,
-                               fingerprint, ts + body.ttl_s * 1000, ts)
+                self.peers.announce(ep, observed_addresses(body, observed_host), body.allowed,
+                                    fingerprint, ts + body.ttl_s * 1000, ts)
         self._emit([{"ts": ts, "event": "peer_announced", "node": ep.node_id, "ttl_s": body.ttl_s}])
 
     def announced(self) -> list[dict[str, Any]]:
         """The organizations that announced direct-link addresses, live or expired."""
-        from . import peers
-
-        return peers.listing(self.conn, now_ms())
+        return self.peers.listing(now_ms())
 
     def lookup_peer(self, asker: Endpoint, about: Endpoint) -> PeerInfo:
         """The answer to ``asker``'s PEER_LOOKUP about ``about``."""
-        from . import peers
-
-        return peers.lookup(self.conn, asker, about, now_ms(), self.is_known(about))
+        return self.peers.lookup(asker, about, now_ms(), self.is_known(about))
 
     # ------------------------------------------------------------ instances
 
@@ -622,12 +619,10 @@ class PlatformCore(HeldWrites):
 
     def share_ca(self, ca_dir: Path) -> list[str]:
         """PostgreSQL store: the CA's public files made the same here and
-        in the store (semq.platform.cluster.share_ca). Returns the names
+        in the store (semq.platform.cafiles.share_ca). Returns the names
         written into ``ca_dir``."""
         if not self.pg:
             return []
-        from .cluster import share_ca
-
         with self._tx():
             return share_ca(self.conn, ca_dir)
 
@@ -640,7 +635,11 @@ class PlatformCore(HeldWrites):
         with self._tx():
             self.presence.heartbeat()
             self.presence.forget_stale()
-            waiting = self.presence.waiting()
+            held_here, params = self.presence.held_here()
+            waiting = [Endpoint(node_type=NodeType(tt), node_id=i) for tt, i in self.conn.execute(
+                f"SELECT t.node_type, t.node_id FROM ({held_here}) t WHERE EXISTS"
+                " (SELECT 1 FROM stored s WHERE s.target_type=t.node_type AND s.target_id=t.node_id"
+                f" AND s.state={_SS_INIT})", params).fetchall()]
             fenced = [ep for ep in list(self.presence.epochs) if not self.presence.holds(ep)]
             self.load_units()  # (learnt from a HELLO at another instance)
         self._fresh_statistics()
@@ -1405,7 +1404,7 @@ class PlatformCore(HeldWrites):
         ts = now_ms()
         with self.db.atomic("IMMEDIATE"):
             n = int(self.conn.execute("DELETE FROM seen WHERE seen_ms < ?", (ts - SEEN_RETENTION_MS,)).rowcount)
-            n += int(self.conn.execute("DELETE FROM peers WHERE expires_ms < ?", (ts - 86_400_000,)).rowcount)
+            n += self.peers.expire(ts - 86_400_000)
             referenced = {f for (f,) in self.conn.execute("SELECT DISTINCT ref FROM stored WHERE ref IS NOT NULL")}
         if self.chunks is not None:
             n += self.chunks.sweep(referenced)  # files whose rows went another way (purge, crash)
@@ -1441,15 +1440,14 @@ class PlatformCore(HeldWrites):
     def instances(self) -> list[dict[str, Any]]:
         """PostgreSQL store: the instances running on it (heartbeat within
         LIVE_MS, else listed as gone) and how many organizations each holds."""
-        from .cluster import LIVE_MS
-
+        if self.presence is None:
+            return [{"id": r.id, "address": r.address, "pid": r.pid, "heartbeat_ms": r.heartbeat_ms,
+                     "alive": now_ms() - r.heartbeat_ms <= LIVE_MS, "holds": r.holds, "this": False}
+                    for r in Presence(self.conn, "").instances()]
         ts = now_ms()
-        return [{"id": i, "address": addr, "pid": pid, "heartbeat_ms": hb, "alive": ts - hb <= LIVE_MS,
-                 "holds": int(n), "this": self.presence is not None and i == self.presence.instance}
-                for i, addr, pid, hb, n in self.conn.execute(
-                    "SELECT i.id, i.address, i.pid, i.heartbeat_ms, count(p.node_id) FROM instances i"
-                    " LEFT JOIN presence p ON p.instance = i.id GROUP BY i.id, i.address, i.pid, i.heartbeat_ms"
-                    " ORDER BY i.address").fetchall()]
+        return [{"id": r.id, "address": r.address, "pid": r.pid, "heartbeat_ms": r.heartbeat_ms,
+                 "alive": ts - r.heartbeat_ms <= LIVE_MS, "holds": r.holds, "this": r.id == self.presence.instance}
+                for r in self.presence.instances()]
 
 
 _ = (HEADER_SIZE, NodeType)

@@ -41,8 +41,8 @@ from semq.store.db import StoreError, _drop_new_journals, next_row_id, open_read
 from semq.store.inuse import store_in_use, wal_index_lock
 from semq.store.pg import PgConn, is_pg_url, redact
 
+from .cafiles import count_ca_files, share_ca
 from .chunks import CHUNK_DIR, ChunkFiles
-from .cluster import share_ca
 from .store import MIGRATIONS, MODELS, open_pg_store
 
 __all__ = ["COPIED_TABLES", "PROGRESS_ROWS", "MigrateError", "MigrateInfo", "MigrateRefused", "migrate_to_pg"]
@@ -180,7 +180,7 @@ def migrate_to_pg(cfg: Config, url: str, *, progress: Progress | None = None,
         ca_dir = cfg.directory / "ca"
         if cfg.security and ca_dir.is_dir():
             share_ca(PgConn(db), ca_dir)
-            ca_files = int(pg.execute("SELECT count(*) FROM ca_files WHERE name <> 'ca.sha256'").fetchone()[0])
+            ca_files = count_ca_files(PgConn(db))
 
         got = _checks(lambda sql: pg.execute(sql))
         for t in _CHECKS:
