@@ -33,13 +33,12 @@ from semq.store.db import (
     HeldWrites,
     SendOrder,
     delete_by_id,
-    next_row_id,
     rows_by_id,
     split_held,
     take_held,
     translate,
 )
-from semq.store.pg import PgConn, PgDatabase, declare_key, is_pg_url, pg_array, redact
+from semq.store.pg import PgDatabase, is_pg_url, redact, store_connection
 from semq.tracking.events import EventLog, now_ms
 from semq.umxt_protocol import (
     FLAG_KEY_SEALED,
@@ -76,7 +75,7 @@ from semq.umxt_protocol import (
     relay_bytes,
     relay_frame_bytes,
 )
-from semq.umxt_protocol.units import MAX_UNITS, UNIT_SEP, holder, route_of, route_org, unit_for
+from semq.umxt_protocol.units import UNIT_SEP, holder, route_of, route_org, unit_for
 
 from .cafiles import share_ca
 from .chunks import CHUNK_DIR, MAX_KEPT_FILES, ChunkFiles, chunk_file_name
@@ -91,7 +90,9 @@ from .engine import (
     stored_operator_step,
     stored_step,
 )
+from .nodes import Nodes
 from .peers import Peers, observed_addresses
+from .seen import SEEN_RETENTION_MS, SeenAction, SeenDocuments
 from .store import SENT_COPIES, open_platform_store
 
 __all__ = ["PlatformCore", "PlatformOutput", "Room"]
@@ -104,13 +105,12 @@ absent is offline. The daemon takes it on the event loop just before a store
 call; ``handle`` subtracts what its own batch forwards."""
 
 
-SEEN_RETENTION_MS: Final = 30 * 24 * 3600 * 1000
 MAX_INQUIRY_BACKOFF_MS: Final = 15 * 60 * 1000
 # (CHUNK and CHUNK_ACK: a large document's content and its receiver's
 # progress, semq.node.large; relayed like an ACK2, never opened.)
 _RELAYED: Final = frozenset({Kind.ACK2, Kind.REACK2, Kind.INQUIRY, Kind.INQUIRY_RESP, Kind.ACK_BATCH, Kind.NACK,
                              Kind.CHUNK, Kind.CHUNK_ACK})
-_FORWARDED, _STORED, _DROPPED = 1, 2, 3
+_FORWARDED, _STORED, _DROPPED = int(SeenAction.FORWARDED), int(SeenAction.STORED), int(SeenAction.DROPPED)
 _PLATFORM_FLAG: Final = int(AckFlag.PLATFORM)
 _FORWARDED_FLAG: Final = int(ForwardFlag.FORWARDED)
 _STORED_FLAG: Final = int(ForwardFlag.STORED)
@@ -156,10 +156,6 @@ class PlatformOutput:
     def add(self, target: Endpoint, frame: Frame) -> None:
         self.sends[target].append(encode_frame(frame))
 
-
-# (For semq.store.pg.translate_sql: the upserts of these tables name no key.)
-declare_key("seen", ("origin_type", "origin_id", "semq_id", "semq_db_id", "record_id"), ("action", "lk1", "seen_ms"))
-declare_key("nodes", ("node_type", "node_id"))
 
 _STORED_STATES: Final = {int(s): s for s in StoredState}
 _DATA: Final = int(Kind.DATA)
@@ -278,7 +274,7 @@ class PlatformCore(HeldWrites):
         # Chunks of large documents kept for absent receivers: in files, by
         # reference (SQLite); rows of the shared store (PostgreSQL).
         self.chunks: ChunkFiles | None = None if self.pg else ChunkFiles(Path(store_path).parent / CHUNK_DIR)
-        self.conn: Any = PgConn(self.db) if isinstance(self.db, PgDatabase) else self.db.connection()
+        self.conn, self.dialect = store_connection(self.db)
         # Several instances on one PostgreSQL store: who holds which
         # organization's connection (None on SQLite: one process).
         self.presence: Presence | None = Presence(self.conn, instance) if self.pg and instance else None
@@ -293,7 +289,7 @@ class PlatformCore(HeldWrites):
         self.inquiry_ms = int(inquiry_interval * 1000)
         self.auto_register = auto_register
         self.log = EventLog(events_dir, f"platform:{platform_id}", "platform") if events_dir else None
-        self._seen: list[tuple[Any, ...]] = []
+        self.seen = SeenDocuments(self.conn, self.dialect)
         # Stored copies delivered whose SS_SENT is not written yet (SS_INIT
         # on disk), by id, oldest first (claim_stored says why); and where
         # each target's claims read its send order from (after those).
@@ -301,46 +297,18 @@ class PlatformCore(HeldWrites):
         self._order = SendOrder("stored")
         # DATA of this batch to store, written by _flush_stores in one go.
         self._stores: list[_Store] = []
-        self.known: set[Endpoint] = {
-            Endpoint(node_type=t, node_id=i)
-            for t, i in self.conn.execute("SELECT node_type, node_id FROM nodes WHERE revoked=0")
-        }
-        # Organizations that run several units (semq.umxt_protocol.units), and how many:
-        # their documents are spread over the units by LK0.
-        self.units: dict[Endpoint, int] = {}
-        # Clustered: when each organization not in ``units`` was last looked
-        # up in the shared store (monotonic s): one of its units may have
-        # said hello at another instance since this one read them.
-        self._units_read: dict[Endpoint, float] = {}
+        self.nodes = Nodes(self.conn, clustered=self.presence is not None)
+        self.known = self.nodes.known
+        self.units = self.nodes.units
         self._routes: dict[tuple[Endpoint, int], Endpoint] = {}
-        self.load_units()
 
     def load_units(self) -> None:
         """Read the organizations' unit counts again (another instance of a
         clustered platform may have learnt one from a HELLO)."""
-        self.units = {Endpoint(node_type=t, node_id=i): n for t, i, n in self.conn.execute(
-            "SELECT node_type, node_id, units FROM nodes WHERE units > 1")}
+        self.nodes.load_units()
 
     def _units_of(self, target: Endpoint) -> int | None:
-        """How many units ``target`` runs, when more than one. Clustered,
-        an organization not known to run several is looked up again in the
-        shared store at most every _UNITS_READ_S (its first HELLO as a node
-        of several units may have reached another instance)."""
-        n = self.units.get(target)
-        if n is not None or self.presence is None:
-            return n
-        now = time.monotonic()
-        if now - self._units_read.get(target, -_UNITS_READ_S) < _UNITS_READ_S:
-            return None
-        if len(self._units_read) > 100_000:
-            self._units_read.clear()
-        self._units_read[target] = now
-        row = self.conn.execute("SELECT units FROM nodes WHERE node_type=? AND node_id=?",
-                                (int(target.node_type), target.node_id)).fetchone()
-        if row is None or row[0] <= 1:
-            return None
-        self.units[target] = int(row[0])
-        return self.units[target]
+        return self.nodes.units_of(target)
 
     def _route(self, target: Endpoint, lk0: LK0, ordered: bool = False) -> Endpoint:
         """Where a document for ``target`` goes: the route of the unit that
@@ -413,18 +381,8 @@ class PlatformCore(HeldWrites):
     def set_units(self, org: Endpoint, units: int) -> None:
         """``org`` runs ``units`` units (its HELLO says so), inside the
         caller's transaction."""
-        if units > MAX_UNITS:
-            raise RemoteProtocolError(f"units {units} exceeds the limit of {MAX_UNITS}", ResultCode.INVALID_FIELD)
-        (known,) = self.conn.execute("SELECT units FROM nodes WHERE node_type=? AND node_id=?",
-                                     (int(org.node_type), org.node_id)).fetchone() or (1,)
-        if known != units:
-            self.conn.execute("UPDATE nodes SET units=? WHERE node_type=? AND node_id=?",
-                              (units, int(org.node_type), org.node_id))
+        if self.nodes.set_units(org, units):
             self._reroute_waiting(org, units)
-        if units > 1:
-            self.units[org] = units
-        else:
-            self.units.pop(org, None)
 
     def _reroute_waiting(self, org: Endpoint, units: int) -> None:
         """``org`` now runs ``units`` units: its stored documents not yet
@@ -497,43 +455,26 @@ class PlatformCore(HeldWrites):
         ts = now_ms()
         try:
             with self.db.atomic("IMMEDIATE"):
-                for nid in node_ids:
-                    ep = Endpoint.org(nid)
-                    self.conn.execute(
-                        "INSERT INTO nodes (node_type, node_id, registered_ms, units_granted) VALUES (?,?,?,?)"
-                        " ON CONFLICT DO UPDATE SET revoked=0"
-                        + ("" if units is None else ", units_granted=excluded.units_granted"),
-                        (int(ep.node_type), ep.node_id, ts, units or 1),
-                    )
-                    self.known.add(ep)
+                self.nodes.register(node_ids, units, ts)
         except STORE_ERRORS as e:
             raise translate(e, self.path, "platform store") from e
 
     def granted(self) -> dict[str, int]:
         """The organizations granted more than one unit, and how many."""
-        return {i: int(n) for i, n in self.conn.execute(
-            "SELECT node_id, units_granted FROM nodes WHERE units_granted > 1 AND revoked=0")}
+        return self.nodes.granted()
 
     def units_granted(self, org: Endpoint) -> int:
         """How many units the operator granted ``org`` (1 unless granted
         more): what its HELLO may claim, and what its connection allowance
         counts (semq.settings.bounds)."""
-        row = self.conn.execute("SELECT units_granted FROM nodes WHERE node_type=? AND node_id=?",
-                                (int(org.node_type), org.node_id)).fetchone()
-        return 1 if row is None else int(row[0])
+        return self.nodes.units_granted(org)
 
     def is_known(self, ep: Endpoint) -> bool:
         """Registered and not revoked. The set is a cache of the nodes table:
         an organization enrolled or registered by another process while the
         relay runs (``semq platform enroll``, ``node init --enroll-from``) is
         found there on its first use."""
-        if ep in self.known:
-            return True
-        row = self.conn.execute("SELECT 1 FROM nodes WHERE node_type=? AND node_id=? AND revoked=0",
-                                (int(ep.node_type), ep.node_id)).fetchone()
-        if row:
-            self.known.add(ep)
-        return bool(row)
+        return self.nodes.is_known(ep)
 
     def connected(self, ep: Endpoint, units: int = 1) -> bool:
         """A node completed HELLO (``ep``: the route of its unit, semq.umxt_protocol.units;
@@ -544,18 +485,11 @@ class PlatformCore(HeldWrites):
         org = route_org(ep)
         with self._tx():
             self.write_held()  # the attempts of the copies in flight, before they go again
-            if not self.is_known(org):
+            if not self.nodes.is_known(org):
                 if not self.auto_register:
                     return False
-                self.conn.execute(
-                    "INSERT OR IGNORE INTO nodes (node_type, node_id, registered_ms) VALUES (?,?,?)",
-                    (int(org.node_type), org.node_id, ts),
-                )
-                self.known.add(org)
-            self.conn.execute(
-                "UPDATE nodes SET last_seen_ms=? WHERE node_type=? AND node_id=?",
-                (ts, int(org.node_type), org.node_id),
-            )
+                self.nodes.admit(org, ts)
+            self.nodes.connected(org, ts)
             self.set_units(org, units)
             for was, now in _ON_RECONNECT:  # (no chains in the table: one UPDATE each)
                 self.conn.execute("UPDATE stored SET state=? WHERE target_type=? AND target_id=? AND state=?",
@@ -679,7 +613,7 @@ class PlatformCore(HeldWrites):
         ts = now_ms()
         events: list[dict[str, Any]] = []
         acks: dict[tuple[Kind, Endpoint], list[AckEntry]] = defaultdict(list)
-        self._seen = []  # `seen` rows of this batch, written in one executemany
+        self.seen.begin()  # `seen` rows of this batch, written in one statement
         self._stores = []
         store_ctx = (out, events, acks)
         # ``sender`` is the route of the connection's unit (semq.umxt_protocol.units): acks
@@ -703,7 +637,7 @@ class PlatformCore(HeldWrites):
                 try:
                     if raw.target == self.me:
                         self._flush_stores(*store_ctx)  # an inquiry in the same batch reads them
-                        self._flush_seen()
+                        self.seen.flush()
                         self._for_me(sender, raw, ts, out, events, acks)
                     elif raw.kind is Kind.DATA:
                         self._data(sender, raw, ts, out, events, acks, online)
@@ -715,7 +649,7 @@ class PlatformCore(HeldWrites):
                 except RemoteProtocolError as e:
                     out.errors.append((e.code, str(e)))
             self._flush_stores(*store_ctx)
-            self._flush_seen()
+            self.seen.flush()
             if self.chunks is not None:
                 self.chunks.sync()  # the chunks kept, on disk before the rows naming them commit
             if self.presence is not None:
@@ -762,11 +696,11 @@ class PlatformCore(HeldWrites):
             lk1_id = found.get(copy_key, 0)
             if not lk1_id:
                 if not new_ids:
-                    new_ids = self._new_ids(len(stores))
+                    new_ids = self.dialect.new_ids(self.conn, "stored", len(stores))
                 lk1_id = found[copy_key] = new_ids.pop()
                 new_rows.append((lk1_id, int(target.node_type), target.node_id, *key, raw.priority, st.expires,
                                  st.ts, raw.raw))
-            self._seen.append((*key, _STORED, lk1_id, st.ts))
+            self.seen.add((*key, _STORED, lk1_id, st.ts))
             lk0 = st.lk0
             if raw.reliable and st.sender is not None:  # (best effort, or handed over: stored, not acked)
                 acks[(Kind.ACK_SAVE, st.sender)].append(AckEntry(
@@ -809,41 +743,6 @@ class PlatformCore(HeldWrites):
                 f" AND semq_db_id=k.d AND record_id=k.r WHERE {_WAITING}",
                 [v for st in chunk for v in st.key],
             ).fetchall()
-
-    def _new_ids(self, n: int) -> list[int]:
-        """``n`` ids for new stored copies (LK1), inside the caller's
-        transaction, to be taken with ``pop()``: on SQLite the next ones of
-        the table (this process is its one writer), on PostgreSQL from the
-        table's sequence (shared by every instance; gaps are harmless)."""
-        if self.pg:
-            got = [int(i) for (i,) in self.conn.execute(
-                "SELECT nextval('stored_id_seq') FROM generate_series(1, ?)", (n,)).fetchall()]
-            return sorted(got, reverse=True)
-        first = next_row_id(self.conn, "stored")
-        return list(range(first + n - 1, first - 1, -1))
-
-    def _flush_seen(self) -> None:
-        if not self._seen:
-            return
-        if self.pg:
-            # One statement per batch, not one execution per document: the
-            # server plans and runs a statement once per batch (the
-            # per-document upserts were a fifth of an instance's time and
-            # most of the server's). A key twice in a batch: the last row,
-            # as the upserts one after another left it.
-            # (Arrays of numbers and short ids, one prepared statement: a
-            # multi-row VALUES of as many parameters was re-planned per batch
-            # and cost the instance and the server twice as much.)
-            rows = list({r[:5]: r for r in self._seen}.values())
-            self.conn.execute(
-                "INSERT INTO seen SELECT * FROM unnest(?::integer[], ?::text[], ?::integer[], ?::integer[],"
-                " ?::bigint[], ?::integer[], ?::bigint[], ?::bigint[])"
-                " ON CONFLICT (origin_type, origin_id, semq_id, semq_db_id, record_id) DO UPDATE"
-                " SET action=EXCLUDED.action, lk1=EXCLUDED.lk1, seen_ms=EXCLUDED.seen_ms",
-                [pg_array(col) for col in zip(*rows, strict=True)])
-        else:
-            self.conn.executemany("INSERT OR REPLACE INTO seen VALUES (?,?,?,?,?,?,?,?)", self._seen)
-        self._seen = []
 
     @staticmethod
     def _event(raw: RawFrame, lk0: LK0, ts: int, event: str, **extra: Any) -> dict[str, Any]:
@@ -907,7 +806,7 @@ class PlatformCore(HeldWrites):
                 out.forwards[dest].append(b)
                 out.forward_bytes[dest] += len(b)
             if reliable:
-                self._seen.append((*key, _FORWARDED, 0, ts))
+                self.seen.add((*key, _FORWARDED, 0, ts))
                 acks[(Kind.ACK_FWD, sender)].append(AckEntry(
                     1, 1, 0, lk0.semq_id, lk0.semq_db_id, lk0.record_id, _PLATFORM_FLAG, _FORWARDED_FLAG))
             events.append({"ts": ts, "event": "forwarded", "lk0": lk0_text, "source": origin.node_id,
@@ -921,7 +820,7 @@ class PlatformCore(HeldWrites):
                 events.append(self._event(raw, lk0, ts, "refused", code=int(ResultCode.QUOTA_EXCEEDED)))
                 return
             self._stores.append(_Store(raw, sender, dest, lk0, key, expires, ts))
-        elif where is Route.DROP and self._forwarded_before(key):
+        elif where is Route.DROP and self.seen.forwarded_before(key):
             # A copy sent again whose first copy this platform forwarded (its
             # origin lost the ACK_FWD, e.g. in a crash): forwarded is the
             # answer, not dropped; the origin asks the target whether it
@@ -931,7 +830,7 @@ class PlatformCore(HeldWrites):
             events.append({"ts": ts, "event": "forwarded", "lk0": lk0_text, "source": origin.node_id,
                            "target": target.node_id, "detail": "forwarded before"})
         elif where in (Route.DROP, Route.REFUSE):
-            self._seen.append((*key, _DROPPED, 0, ts))
+            self.seen.add((*key, _DROPPED, 0, ts))
             text = {ResultCode.UNKNOWN_TARGET: f"target {target} is not known to the platform",
                     ResultCode.EXPIRED: "the document expired before it could be delivered",
                     }.get(code, f"target {target} is offline and SaveFwd=1: discarded")
@@ -941,14 +840,6 @@ class PlatformCore(HeldWrites):
                                       code=int(code)))
         else:  # DISCARD: best effort, never acked (SPEC: Reliable=0)
             events.append(self._event(raw, lk0, ts, "dropped", code=int(code)))
-
-    def _forwarded_before(self, key: tuple[int, str, int, int, int]) -> bool:
-        """Whether the document ``key`` (an LK0) was forwarded by this
-        platform before (its ``seen`` row, this batch's included)."""
-        self._flush_seen()
-        row = self.conn.execute("SELECT action FROM seen WHERE origin_type=? AND origin_id=? AND semq_id=? AND"
-                                " semq_db_id=? AND record_id=?", key).fetchone()
-        return row is not None and row[0] == _FORWARDED
 
     def _quota_allows(self, origin_type: int, origin_id: str, size: int) -> bool:
         """Whether ``size`` more bytes of ``origin_id``'s documents fit its
@@ -1066,7 +957,7 @@ class PlatformCore(HeldWrites):
         out = PlatformOutput()
         events: list[dict[str, Any]] = []
         acks: dict[tuple[Kind, Endpoint], list[AckEntry]] = defaultdict(list)
-        self._seen = []
+        self.seen.begin()
         self._stores = []
         dec = FrameDecoder()
         dec.receive_data(b"".join(frames))
@@ -1084,7 +975,7 @@ class PlatformCore(HeldWrites):
                         out.stored_for.add(target)
                         self._store_relayed(part, ts, target)
             self._flush_stores(out, events, acks)
-            self._flush_seen()
+            self.seen.flush()
             if self.presence is not None and out.stored_for:
                 self.presence.wake(out.stored_for)  # (one that moved on to a third instance)
         self._emit(events)
@@ -1138,12 +1029,9 @@ class PlatformCore(HeldWrites):
                         # (metadata stays between the two parties).
                         answers.append(InquiryAnswer(lk, InquiryResult.NO_RECORD))
                         continue
-                    row = self.conn.execute(
-                        "SELECT action, lk1 FROM seen WHERE origin_type=? AND origin_id=? AND semq_id=? AND"
-                        " semq_db_id=? AND record_id=?",
-                        (int(lk.endpoint.node_type), lk.endpoint.node_id, lk.semq_id, lk.semq_db_id, lk.record_id),
-                    ).fetchone()
-                    action, lk1 = row or (None, 0)
+                    action, lk1 = self.seen.action(
+                        (int(lk.endpoint.node_type), lk.endpoint.node_id, lk.semq_id, lk.semq_db_id, lk.record_id)
+                    ) or (None, 0)
                     result = InquiryResult.NOT_RECEIVED
                     if action == _FORWARDED:
                         result = InquiryResult.FORWARDED
@@ -1403,7 +1291,7 @@ class PlatformCore(HeldWrites):
         status shows them expired: a listener that went away)."""
         ts = now_ms()
         with self.db.atomic("IMMEDIATE"):
-            n = int(self.conn.execute("DELETE FROM seen WHERE seen_ms < ?", (ts - SEEN_RETENTION_MS,)).rowcount)
+            n = self.seen.expire(ts - SEEN_RETENTION_MS)
             n += self.peers.expire(ts - 86_400_000)
             referenced = {f for (f,) in self.conn.execute("SELECT DISTINCT ref FROM stored WHERE ref IS NOT NULL")}
         if self.chunks is not None:
@@ -1415,7 +1303,7 @@ class PlatformCore(HeldWrites):
     def counts(self) -> dict[str, Any]:
         c = self.conn
         (relayed,) = c.execute(f"SELECT count(*) FROM stored WHERE kind NOT IN ({_DATA}, {int(Kind.CHUNK)})").fetchone()
-        (seen,) = c.execute("SELECT count(*) FROM seen").fetchone()
+        seen = self.seen.count()
         per_target = {
             f"{tid}": {"stored": n, "oldest_ms": oldest}
             for tid, n, oldest in c.execute(

@@ -187,10 +187,10 @@ def test_held_copies_go_again_after_a_reconnect_or_a_failed_commit(
         def fail(*_a: object) -> None:
             raise sqlite3.OperationalError("disk I/O error")
 
-        monkeypatch.setattr(core, "_flush_seen", fail)
+        monkeypatch.setattr(core.seen, "flush", fail)  # (the batch's last write: semq.platform.seen)
         with pytest.raises(sqlite3.OperationalError):
             core.handle(a, _raw(_data(a, b, 9)), OFFLINE)
-        monkeypatch.delattr(core, "_flush_seen")
+        monkeypatch.delattr(core.seen, "flush")
         assert not core.held()
         assert core.claim_stored(b, 10)[1] == 2 and core.claim_stored(c, 10)[1] == 0
     finally:
