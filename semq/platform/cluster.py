@@ -39,14 +39,16 @@ import os
 import socket
 import time
 import uuid
-from typing import Any, Final, NamedTuple
+from typing import Any, Final
 
 from semq.store.db import StoreError
 from semq.store.pg import PgListener
 from semq.tracking.events import now_ms
 from semq.umxt_protocol import Endpoint, NodeType
 
-__all__ = ["HOP_MAX_FRAME", "LIVE_MS", "SWEEP_S", "InstanceRow", "Presence", "WakeListener", "new_instance_id"]
+from .views import InstanceRow
+
+__all__ = ["HOP_MAX_FRAME", "LIVE_MS", "SWEEP_S", "Presence", "WakeListener", "new_instance_id"]
 
 log = logging.getLogger("semq.platform")
 
@@ -71,16 +73,6 @@ def new_instance_id() -> str:
 def channel(instance: str) -> str:
     """The NOTIFY channel an instance listens on (an identifier: quoted)."""
     return '"' + f"{_CHANNEL_PREFIX}{instance}"[:63] + '"'  # (identifiers: at most 63 bytes)
-
-
-class InstanceRow(NamedTuple):
-    """An instance on the store, as the status lists it."""
-
-    id: str
-    address: str
-    pid: int
-    heartbeat_ms: int
-    holds: int  # organizations whose presence row names it
 
 
 class Presence:

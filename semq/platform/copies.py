@@ -14,11 +14,10 @@ at import (``_DELIVERED``, ``_ON_RECONNECT``).
 Held in memory, in the order they are written (docs/design.md, "States
 held in memory for up to a second"):
 
-1. the batch's new copies (``queue``), written by ``flush`` in one look-up
-   of earlier copies and one INSERT, with their ids given there (the one
-   writer, in its transaction) so the ACK_SAVE can name them; each gets
-   its ``seen`` row then (semq.platform.seen), which is why ``flush``
-   comes before the ``seen`` rows are written;
+1. the batch's new copies (``queue``), written by ``flush`` (one look-up
+   of earlier copies, one INSERT, their ids given there so the ACK_SAVE
+   can name them), each with its ``seen`` row (semq.platform.seen): so
+   ``flush`` comes before the ``seen`` rows are written;
 2. the ``SS_SENT`` of delivered copies (``HeldDelivery``: SS_INIT on disk),
    written by ``write_held`` when a second old, by an inquiry round, a
    reconnect, the operator's commands and a clean stop; and where each
@@ -32,7 +31,6 @@ from __future__ import annotations
 import time
 from collections import defaultdict
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from functools import partial
 from typing import Any, Final, NamedTuple
 
@@ -65,26 +63,16 @@ from semq.umxt_protocol import (
     relay_bytes,
     relay_frame_bytes,
 )
-from semq.umxt_protocol.units import UNIT_SEP, holder, route_of
+from semq.umxt_protocol.units import UNIT_SEP
 
 from .batch import Events, PlatformBatch, event
 from .chunks import ChunkFiles
 from .engine import STORED_TABLE, StoredEvent, StoredState, stored_operator_step, stored_step
 from .seen import SeenAction, SeenDocuments, SeenKey
 from .store import SENT_COPIES
+from .views import StoredAdminRow, StoredDepth, StoredSelection, StoredTotals, select_list
 
-__all__ = [
-    "MAX_INQUIRY_BACKOFF_MS",
-    "ClaimedRow",
-    "DueCopy",
-    "HeldDelivery",
-    "NewCopy",
-    "StoredAdminRow",
-    "StoredCopies",
-    "StoredDepth",
-    "StoredSelection",
-    "StoredTotals",
-]
+__all__ = ["MAX_INQUIRY_BACKOFF_MS", "ClaimedRow", "DueCopy", "HeldDelivery", "NewCopy", "StoredCopies"]
 
 MAX_INQUIRY_BACKOFF_MS: Final = 15 * 60 * 1000
 _DUE_MAX: Final = 4000  # copies one inquiry round reads
@@ -178,105 +166,37 @@ class DueCopy(NamedTuple):
     record_id: int
 
 
-class StoredAdminRow(NamedTuple):
-    """A stored row as the console shows it: no frame, its size.
-    ``origin_id`` .. ``record_id`` are the LK0 of a DATA copy (zero for a
-    relayed ack or inquiry)."""
-
-    id: int
-    target_id: str
-    kind: int
-    origin_id: str
-    semq_id: int
-    semq_db_id: int
-    record_id: int
-    state: int
-    priority: int
-    expires_ms: int | None
-    stored_ms: int
-    attempts: int
-    last_sent_ms: int | None
-    inquiries: int
-    size: int
-
-    @property
-    def lk0_key(self) -> tuple[str, int, int, int]:
-        return (self.origin_id, self.semq_id, self.semq_db_id, self.record_id)
+_ON: Final = (object(),)
 
 
-class StoredDepth(NamedTuple):
-    """Stored rows per target, kind (DATA or relayed) and state."""
-
-    target_id: str
-    is_data: int
-    state: int
-    rows: int  # count(*) (``count`` is a tuple's method)
-    oldest_ms: int
-
-
-class StoredTotals(NamedTuple):
-    """What the status counts: DATA copies per target (how many, the
-    oldest), relayed frames waiting, kept chunks and their bytes."""
-
-    per_target: dict[str, tuple[int, int]]
-    relayed: int
-    chunks: int
-    chunk_bytes: int
-
-
-@dataclass(frozen=True, kw_only=True)
-class StoredSelection:
-    """Which rows the console means; every field given narrows it."""
-
-    ids: tuple[int, ...] = ()
-    after: int | None = None  # ids above this one
-    kind: str = "all"  # "data" (documents), "relayed" (acks, inquiries, chunks) or "all"
-    states: tuple[int, ...] = ()
-    target: str | None = None
-    origin: str | None = None
-    stored_before_ms: int | None = None
-
-    def where(self) -> tuple[str, list[Any]]:
-        """The WHERE clause (empty for everything) and its parameters."""
-        clauses: list[str] = []
-        params: list[Any] = []
-        if self.ids:
-            clauses.append(f"id IN ({','.join('?' * len(self.ids))})")
-            params.extend(self.ids)
-        if self.after is not None:
-            clauses.append("id > ?")
-            params.append(self.after)
-        if self.kind == "data":
-            clauses.append(f"kind={_DATA}")
-        elif self.kind == "relayed":
-            clauses.append(f"kind!={_DATA}")
-        if self.states:
-            clauses.append(f"state IN ({','.join('?' * len(self.states))})")
-            params.extend(self.states)
-        if self.target:
-            clauses.append("target_id=?")
-            params.append(self.target)
-        if self.origin:
-            clauses.append("origin_id=?")
-            params.append(self.origin)
-        if self.stored_before_ms is not None:
-            clauses.append("stored_ms < ?")
-            params.append(self.stored_before_ms)
-        return (" WHERE " + " AND ".join(clauses)) if clauses else "", params
-
-
-def _columns(row: type[tuple[Any, ...]], exprs: dict[str, str]) -> str:
-    """The SELECT list of a named row: its fields, ``exprs`` for those not columns."""
-    return ", ".join(f"{exprs[f]} AS {f}" if f in exprs else f for f in row._fields)  # type: ignore[attr-defined]
+def _where(sel: StoredSelection) -> tuple[str, list[Any]]:
+    """The WHERE clause of a console's selection (empty: everything), and its
+    parameters: each clause whose values are given (``_ON``: a clause with none)."""
+    clauses: list[str] = []
+    params: list[Any] = []
+    for clause, values in (
+            (f"id IN ({','.join('?' * len(sel.ids))})", sel.ids),
+            ("id > ?", () if sel.after is None else (sel.after,)),
+            (f"kind={_DATA}", _ON if sel.kind == "data" else ()),
+            (f"kind!={_DATA}", _ON if sel.kind == "relayed" else ()),
+            (f"state IN ({','.join('?' * len(sel.states))})", sel.states),
+            ("target_id=?", (sel.target,) if sel.target else ()),
+            ("origin_id=?", (sel.origin,) if sel.origin else ()),
+            (f"origin_id=? AND semq_id=? AND semq_db_id=? AND record_id=? AND kind={_DATA}", sel.document or ()),
+            ("stored_ms < ?", () if sel.stored_before_ms is None else (sel.stored_before_ms,))):
+        if values:
+            clauses.append(clause)
+            params.extend(v for v in values if v is not _ON[0])
+    return (" WHERE " + " AND ".join(clauses)) if clauses else "", params
 
 
 _HELD_SENT_MS: Final = HeldDelivery._fields.index("sent_ms")
 _CLAIM_SELECT: Final = f"SELECT {', '.join(ClaimedRow._fields)} FROM stored"
 _CLAIMED_PRIORITY: Final = ClaimedRow._fields.index("priority")
 _DUE_SELECT: Final = f"SELECT {', '.join(DueCopy._fields)} FROM stored INDEXED BY stored_sent"
-_ADMIN_COLS: Final = _columns(StoredAdminRow, {"size": _SIZE})
-_DEPTH_COLS: Final = _columns(StoredDepth, {"is_data": f"kind={_DATA}", "rows": "count(*)",
-                                              "oldest_ms": "min(stored_ms)"})
+_ADMIN_COLS: Final = select_list(StoredAdminRow, {"size": _SIZE})
+_DEPTH_COLS: Final = select_list(StoredDepth, {"is_data": f"kind={_DATA}", "rows": "count(*)",
+                                                 "oldest_ms": "min(stored_ms)"})
 # Named rows made without the Python frame of their __new__ or _make (one of
 # each per delivered copy); _CLAIM_SELECT reads exactly ClaimedRow's fields.
 _new: Final = tuple.__new__
@@ -586,26 +506,22 @@ class StoredCopies:
             self.conn.execute("UPDATE stored SET state=? WHERE target_type=? AND target_id=? AND state=?",
                               (now, int(ep.node_type), ep.node_id, was))
 
-    def reroute(self, org: Endpoint, units: int) -> None:
-        """``org`` now runs ``units`` units: its stored documents not yet
-        delivered go to the unit each one's LK0 picks among them (stored
-        before its first HELLO as a node of several units, they wait for
-        unit 1). Delivered ones stay with the unit that has them. Documents
-        of ordered channels stay with (or go to) unit 1."""
-        pattern = org.node_id + UNIT_SEP + "%"
-        rows = self.conn.execute(
-            f"SELECT id, origin_type, origin_id, semq_id, semq_db_id, record_id, target_id, frame FROM stored"
-            f" WHERE target_type=? AND (target_id=? OR target_id LIKE ?) AND {_WAITING}",
-            (int(org.node_type), org.node_id, pattern)).fetchall()
-        moves = []
-        for rid, ot, oid, sid, did, rec, tid, frame in rows:
+    def undelivered_of(self, org: Endpoint) -> list[tuple[int, LK0, str, bool]]:
+        """(id, LK0, target id, ordered) of the documents waiting for
+        ``org`` or any of its units, the delivered ones (held) left out."""
+        out = []
+        for rid, ot, oid, sid, did, rec, tid, frame in self.conn.execute(
+                f"SELECT id, origin_type, origin_id, semq_id, semq_db_id, record_id, target_id, frame FROM stored"
+                f" WHERE target_type=? AND (target_id=? OR target_id LIKE ?) AND {_WAITING}",
+                (int(org.node_type), org.node_id, org.node_id + UNIT_SEP + "%")).fetchall():
             if rid in self._held:
                 continue  # (delivered: its SS_SENT is held in memory)
             lk0 = LK0(endpoint=Endpoint(node_type=ot, node_id=oid), semq_id=sid, semq_db_id=did, record_id=rec)
-            ordered = len(frame) > _FLAGS_AT and bool(bytes(frame[_FLAGS_AT:_FLAGS_AT + 1])[0] & FLAG_ORDERED)
-            want = route_of(org, 1 if ordered else holder(lk0, units)).node_id
-            if want != tid:
-                moves.append((want, rid))
+            out.append((rid, lk0, tid, len(frame) > _FLAGS_AT and bool(frame[_FLAGS_AT] & FLAG_ORDERED)))
+        return out
+
+    def retarget(self, moves: Sequence[tuple[str, int]]) -> None:
+        """Waiting documents given to another route ((target id, id) each)."""
         if moves:
             self.conn.executemany(f"UPDATE stored SET target_id=? WHERE id=? AND {_WAITING}", moves)
             self._order.forget()
@@ -701,16 +617,10 @@ class StoredCopies:
         """The rows ``sel`` selects, by id (``oldest_first``: by the time
         stored), at most ``limit``; their states as written (the console
         writes what is held first)."""
-        where, params = sel.where()
+        where, params = _where(sel)
         order = "stored_ms, id" if oldest_first else "id"
         return [StoredAdminRow._make(r) for r in self.conn.execute(
             f"SELECT {_ADMIN_COLS} FROM stored{where} ORDER BY {order} LIMIT ?", (*params, limit))]
-
-    def of_document(self, origin_id: str, semq_id: int, semq_db_id: int, record_id: int) -> list[StoredAdminRow]:
-        """The copies of one document (its origin named by id), by id."""
-        return [StoredAdminRow._make(r) for r in self.conn.execute(
-            f"SELECT {_ADMIN_COLS} FROM stored WHERE origin_id=? AND semq_id=? AND semq_db_id=? AND record_id=?"
-            f" AND kind={_DATA} ORDER BY id", (origin_id, semq_id, semq_db_id, record_id))]
 
     def older(self, before_ms: int) -> tuple[int, int]:
         """How many (DATA, relayed) rows were stored before ``before_ms``."""

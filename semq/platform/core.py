@@ -382,7 +382,7 @@ class PlatformCore(HeldWrites):
         """``org`` runs ``units`` units (its HELLO says so), inside the
         caller's transaction: its waiting documents are spread over them."""
         if self.nodes.set_units(org, units):
-            self.copies.reroute(org, units)
+            self.router.spread(org, units)
 
     def connected(self, ep: Endpoint, units: int = 1) -> bool:
         """A node completed HELLO (``ep``: the route of its unit, semq.umxt_protocol.units;

@@ -17,27 +17,21 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from typing import Any, Final, NamedTuple
+from typing import Any, Final
 
 from semq.store.pg import declare_key
 from semq.umxt_protocol import Endpoint, RemoteProtocolError, ResultCode
 from semq.umxt_protocol.units import MAX_UNITS
 
-__all__ = ["NodeRow", "Nodes"]
+from .views import NodeRow
+
+__all__ = ["Nodes"]
 
 # (For semq.store.pg.translate_sql: ``register``'s upsert names no key.)
 declare_key("nodes", ("node_type", "node_id"))
 
 _UNITS_READ_S: Final = 0.5  # clustered: how often an organization's number of units is read again
 _CACHE_MAX: Final = 100_000  # entries of a look-up cache before it is emptied
-
-
-class NodeRow(NamedTuple):
-    """An organization as the console lists it."""
-
-    node_id: str
-    last_seen_ms: int | None
-    revoked: int  # 1: revoked (``semq platform revoke``)
 
 
 class Nodes:

@@ -13,24 +13,22 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from contextlib import AbstractContextManager
-from typing import NamedTuple
+from typing import Final
 
 from semq.node.engine import OperatorAction
 
-from .copies import StoredAdminRow, StoredCopies, StoredDepth, StoredSelection
+from .copies import StoredCopies
 from .engine import STORED_OPERATOR_TABLE, StoredState
-from .nodes import NodeRow, Nodes
-from .seen import SeenDocuments, SeenRow
+from .nodes import Nodes
+from .seen import SeenDocuments
+from .views import SeenRow, StoredAdminRow, StoredSelection, StoredStatus
 
-__all__ = ["Operator", "StoredStatus"]
+__all__ = ["Operator"]
 
 
-class StoredStatus(NamedTuple):
-    """What ``status`` shows of the store."""
-
-    depths: list[StoredDepth]
-    nodes: list[NodeRow]
-    oldest_ms: int | None  # the oldest stored document's time (None: none)
+# The copies of one document shown at most: one per route it was stored
+# for, and one more per resend while a copy was delivered.
+_COPIES_MAX: Final = 10_000
 
 
 def _applies(state: int, action: OperatorAction) -> bool:
@@ -71,8 +69,7 @@ class Operator:
         if rid is not None:
             rows = self.copies.select(StoredSelection(ids=(rid,)), 1)
         else:
-            assert lk0 is not None
-            rows = self.copies.of_document(*lk0)
+            rows = self.copies.select(StoredSelection(document=lk0), _COPIES_MAX)
         key = lk0 if lk0 is not None else (rows[0].lk0_key if rows else None)
         return rows, None if key is None else self.seen.find(*key)
 

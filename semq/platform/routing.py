@@ -111,6 +111,15 @@ class Router:
             r = self._routes[(org, unit)] = route_of(org, unit)
         return r
 
+    def spread(self, org: Endpoint, units: int) -> None:
+        """``org`` now runs ``units`` units: its stored documents not yet
+        delivered go to the unit each one's LK0 picks among them (stored
+        before its first HELLO as a node of several units, they wait for
+        unit 1). Delivered ones stay with the unit that has them. Documents
+        of ordered channels stay with (or go to) unit 1."""
+        self.copies.retarget([(want, rid) for rid, lk0, tid, ordered in self.copies.undelivered_of(org)
+                              if (want := route_of(org, 1 if ordered else holder(lk0, units)).node_id) != tid])
+
     def relay_routes(self, raw: RawFrame) -> list[tuple[Endpoint, RawFrame]]:
         """Where an ack, inquiry or answer for ``raw.target`` goes: to the
         unit of the record it names (semq.umxt_protocol.units), split per unit when its

@@ -21,12 +21,14 @@ ends as its last row, as one upsert after another would leave it."""
 from __future__ import annotations
 
 from enum import IntEnum
-from typing import Any, Final, NamedTuple
+from typing import Any, Final
 
 from semq.store.db import Dialect
 from semq.store.pg import declare_key
 
-__all__ = ["SEEN_RETENTION_MS", "SeenAction", "SeenDocuments", "SeenKey", "SeenRow"]
+from .views import SeenRow
+
+__all__ = ["SEEN_RETENTION_MS", "SeenAction", "SeenDocuments", "SeenKey"]
 
 SEEN_RETENTION_MS: Final = 30 * 24 * 3600 * 1000
 
@@ -40,14 +42,6 @@ class SeenAction(IntEnum):
     FORWARDED = 1  # handed to its target's connection (here, or one hop to another instance)
     STORED = 2  # a copy was stored (``lk1``): it waits, or its target acked it
     DROPPED = 3  # dropped or refused: its origin got a NACK
-
-
-class SeenRow(NamedTuple):
-    """What the console shows of a document's row."""
-
-    action: int  # SeenAction
-    lk1: int  # the stored copy's id (STORED), else 0
-    seen_ms: int
 
 
 # Every column in the table's order, with its SQL type (the PostgreSQL
