@@ -37,25 +37,26 @@ from pathlib import Path
 from typing import Any, Final
 
 from semq.settings.config import Config, write_config
-from semq.store.db import StoreError, _drop_new_journals, next_row_id, open_read_only
+from semq.store.db import StoreError, _drop_new_journals, open_read_only
 from semq.store.inuse import store_in_use, wal_index_lock
 from semq.store.pg import PgConn, is_pg_url, redact
 
 from .cafiles import count_ca_files, share_ca
 from .chunks import CHUNK_DIR, ChunkFiles
-from .store import MIGRATIONS, MODELS, open_pg_store
+from .store import (
+    COPIED_TABLES,
+    MIGRATIONS,
+    carry_stored_ids,
+    copy_table,
+    has_refs,
+    lock_pg_tables,
+    open_pg_store,
+    store_checks,
+)
 
 __all__ = ["COPIED_TABLES", "PROGRESS_ROWS", "MigrateError", "MigrateInfo", "MigrateRefused", "migrate_to_pg"]
 
-# The tables that hold the platform's state, in the order they are copied.
-# (``meta`` is the schema version, which each store has its own of; the
-# PostgreSQL-only tables start empty.)
-COPIED_TABLES: Final = ("nodes", "seen", "stored")
-# Every table of a platform store on PostgreSQL: a target with a row in any
-# of them is in use by (or was used by) some platform.
-_PG_TABLES: Final = ("stored", "seen", "nodes", "instances", "presence", "ca_files")
 PROGRESS_ROWS: Final = 50_000  # a progress report every this many rows of a table
-_COLUMNS: Final = {m._meta.table_name: tuple(f.column_name for f in m._meta.sorted_fields) for m in MODELS}
 
 Progress = Callable[[str, int, int], None]  # (table, rows copied, rows in the table)
 
@@ -84,29 +85,6 @@ class MigrateInfo:
     ca_files: int = 0
     seconds: float = 0.0
     config: Path = field(default_factory=Path)
-
-
-# (count, and for ``stored`` sum(id), sum(length(frame))), the same SQL for
-# both (a kept chunk's length is its file's part, ``ref_length``, in SQLite,
-# and its frame's in PostgreSQL).
-_CHECKS: Final = {
-    "stored": "SELECT count(*), coalesce(sum(id), 0), coalesce(sum(coalesce(ref_length, length(frame))), 0)"
-              " FROM stored",
-    "seen": "SELECT count(*) FROM seen",
-    "nodes": "SELECT count(*) FROM nodes",
-}
-
-
-def _checks(execute: Callable[[str], Any], refs: bool = True) -> dict[str, tuple[int, ...]]:
-    """The checks' values (``refs``: the store has the kept chunks' columns,
-    schema 6 and later; before, every frame is in its row)."""
-    return {t: tuple(int(v) for v in execute(sql if refs else sql.replace("coalesce(ref_length, length(frame))",
-                                                                          "length(frame)")).fetchone())
-            for t, sql in _CHECKS.items()}
-
-
-def _has_refs(src: sqlite3.Connection) -> bool:
-    return any(col[1] == "ref" for col in src.execute("PRAGMA table_info(stored)"))
 
 
 def _describe(check: tuple[int, ...]) -> str:
@@ -155,26 +133,19 @@ def migrate_to_pg(cfg: Config, url: str, *, progress: Progress | None = None,
         src = _open_read_only(sqlite_path)
         # One read transaction: the counts and the rows are the store as of one commit.
         src.execute("BEGIN")
-        expect = _checks(src.execute, _has_refs(src))
-        # Two migrations into one database wait for each other here; a
-        # platform instance already on it cannot write meanwhile.
-        pg.execute("LOCK TABLE " + ", ".join(_PG_TABLES) + " IN SHARE ROW EXCLUSIVE MODE")
-        held = {t: int(pg.execute(f"SELECT count(*) FROM {t}").fetchone()[0]) for t in _PG_TABLES}
+        refs = has_refs(src)
+        expect = store_checks(src.execute, refs)
+        held = lock_pg_tables(pg)
         if any(held.values()):
             raise MigrateRefused(
                 f"{where} already holds a platform store with rows ("
                 + ", ".join(f"{t} {n}" for t, n in held.items() if n)
                 + "); migrate into an empty database (or one made by 'semq platform init --store' and never run)")
 
-        chunks = ChunkFiles(sqlite_path.parent / CHUNK_DIR) if _has_refs(src) else None
-        rows = {t: _copy(src, pg, t, expect[t][0], progress, progress_rows, chunks) for t in COPIED_TABLES}
-        # The next stored copy's id: above every id the SQLite store ever
-        # gave (AUTOINCREMENT: also those of copies deleted since; an id is
-        # an LK1 a node may still hold), and never below the sequence's own.
-        next_id = next_row_id(src, "stored")
-        last, called = pg.execute("SELECT last_value, is_called FROM stored_id_seq").fetchone()
-        next_id = max(next_id, int(last) + 1 if called else int(last))
-        pg.execute("SELECT setval('stored_id_seq', %s, false)", (next_id,))
+        read_ref = _kept_chunks(ChunkFiles(sqlite_path.parent / CHUNK_DIR)) if refs else None
+        rows = {t: copy_table(src, pg, t, read_ref, _reporter(progress, t, expect[t][0]), progress_rows)
+                for t in COPIED_TABLES}
+        next_id = carry_stored_ids(src, pg)
 
         ca_files = 0
         ca_dir = cfg.directory / "ca"
@@ -182,8 +153,8 @@ def migrate_to_pg(cfg: Config, url: str, *, progress: Progress | None = None,
             share_ca(PgConn(db), ca_dir)
             ca_files = count_ca_files(PgConn(db))
 
-        got = _checks(lambda sql: pg.execute(sql))
-        for t in _CHECKS:
+        got = store_checks(lambda sql: pg.execute(sql))
+        for t in expect:  # (stored, seen, nodes: the first that differs is named)
             if got[t] != expect[t]:
                 raise MigrateError(f"table {t} differs after the copy (SQLite: {_describe(expect[t])};"
                                    f" PostgreSQL: {_describe(got[t])}); rolled back, nothing changed")
@@ -238,28 +209,21 @@ def _open_read_only(path: Path) -> sqlite3.Connection:
     return conn
 
 
-def _copy(src: sqlite3.Connection, pg: Any, table: str, total: int, progress: Progress | None,
-          every: int, chunks: ChunkFiles | None = None) -> int:
-    cols = ", ".join(_COLUMNS[table])
-    n = 0
-    refs = chunks is not None and table == "stored"
-    frame_at = _COLUMNS[table].index("frame") if refs else -1
-    with pg.cursor() as cur, cur.copy(f"COPY {table} ({cols}) FROM STDIN") as copy:
-        for row in src.execute(f"SELECT {cols}{', ref, ref_offset, ref_length' if refs else ''} FROM {table}"):
-            if refs:
-                *row, ref, offset, length = row
-                if ref is not None:
-                    assert chunks is not None
-                    kept = chunks.read(ref, offset, length)
-                    if kept is None:
-                        raise MigrateError(f"the kept chunk in {chunks.dir / ref} at offset {offset} is missing or"
-                                           " damaged; rolled back, nothing changed (purge its row with"
-                                           " 'semq admin purge', or put the file back)")
-                    row[frame_at] = kept.raw
-            copy.write_row(row)
-            n += 1
-            if progress is not None and n % every == 0:
-                progress(table, n, total)
-    if progress is not None and n % every:
-        progress(table, n, total)
-    return n
+def _reporter(progress: Progress | None, table: str, total: int) -> Callable[[int], None] | None:
+    """``progress`` for one table."""
+    if progress is None:
+        return None
+    return lambda n: progress(table, n, total)
+
+
+def _kept_chunks(chunks: ChunkFiles) -> Callable[[str, int, int], bytes]:
+    """A kept chunk's frame from its file (semq.platform.chunks); MigrateError
+    naming the file when it is missing or does not hold the chunk."""
+    def read(ref: str, offset: int, length: int) -> bytes:
+        kept = chunks.read(ref, offset, length)
+        if kept is None:
+            raise MigrateError(f"the kept chunk in {chunks.dir / ref} at offset {offset} is missing or"
+                               " damaged; rolled back, nothing changed (purge its row with"
+                               " 'semq admin purge', or put the file back)")
+        return kept.raw
+    return read
