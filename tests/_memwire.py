@@ -404,14 +404,18 @@ def couple_clocks(monkeypatch: pytest.MonkeyPatch, clock: trio.testing.MockClock
     in fake time. Returns that clock. (``MockClock.current_time`` is safe
     from the store threads: it reads, never moves, the clock.)"""
     import semq.node.batch
+    import semq.platform.copies
     import semq.platform.core
+    import semq.platform.nodes
+    import semq.platform.quota
 
     def now_ms() -> int:
         return start_ms + int(clock.current_time() * 1000)
 
     monkeypatch.setattr(semq.node.batch, "now_ms", now_ms)
-    monkeypatch.setattr(semq.platform.core, "now_ms", now_ms)
-    monkeypatch.setattr(semq.platform.core, "time", _Monotonic(clock))
+    monkeypatch.setattr(semq.platform.core, "now_ms", now_ms)  # (the facade reads the clock for its roles)
+    for module in (semq.platform.quota, semq.platform.nodes, semq.platform.copies):  # their monotonic clocks
+        monkeypatch.setattr(module, "time", _Monotonic(clock))
     return now_ms
 
 

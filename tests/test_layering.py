@@ -31,8 +31,6 @@ LAYERS: dict[str, int] = {
     "semq.node.direct": 5,
     "semq.ops": 6,
     "semq.web": 6,  # the web console: served by OpsRuntime beside the admin socket, calling its handlers
-    # an operation over a stopped platform, beside backup/restore (it reuses their in-use check)
-    "semq.platform.migrate": 6,
     "semq.cli": 7, "semq.testing": 7, "semq.__main__": 7,
 }
 BASE = "semq"  # the package's __init__: only the version, for anyone
@@ -103,3 +101,62 @@ def test_analytics_stands_apart() -> None:
     wrong = [f"{m} imports {t}" for m, imports in _graph().items() if m.startswith(APART)
              for t in imports if not t.startswith(APART)]
     assert not wrong, "\n".join(wrong)
+
+
+def _loops(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The import loops of ``graph`` (its strongly connected components of
+    more than one module)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on: set[str] = set()
+    out: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in graph.get(v, ()):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                out.append(sorted(comp))
+
+    for m in sorted(graph):
+        if m not in index:
+            visit(m)
+    return out
+
+
+def test_the_platform_and_the_node_import_one_way() -> None:
+    """The platform's modules import one another one way, and the two
+    packages too: the platform uses the node's engine (its operator
+    actions: semq.platform.engine), the node knows nothing of the platform."""
+    graph = _graph()
+    platform = {m for m in graph if m.startswith("semq.platform")}
+    assert _loops({m: graph[m] & platform for m in platform}) == []
+
+    def package(m: str) -> str:
+        return ".".join(m.split(".")[:2])
+
+    packages: dict[str, set[str]] = {"semq.node": set(), "semq.platform": set()}
+    for m, imports in graph.items():
+        if package(m) in packages:
+            packages[package(m)] |= {package(t) for t in imports if package(t) in packages} - {package(m)}
+    assert _loops(packages) == [], packages
+
+
+def test_the_loop_check_finds_a_loop() -> None:
+    assert _loops({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}, "e": set()}) == [["a", "b", "c"]]
+    assert _loops({"a": {"b"}, "b": set()}) == []

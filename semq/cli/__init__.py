@@ -276,8 +276,7 @@ def cmd_platform_revoke(args: argparse.Namespace) -> int:
         except CryptoError as e:
             raise UsageError(str(e)) from None
         if not args.serial:
-            with core.db.atomic("IMMEDIATE"):
-                core.conn.execute("UPDATE nodes SET revoked=1 WHERE node_id=?", (args.org,))
+            core.revoke(args.org)
         core.share_ca(cfg.directory / "ca")
     finally:
         core.close()

@@ -15,15 +15,11 @@ from enum import Enum, IntEnum
 from functools import lru_cache
 from typing import Final, Generic, TypeVar
 
-from semq.platform.engine import StoredState  # the same layer: the engines
-
 __all__ = [
     "OPERATOR",
     "OPERATOR_TABLE",
     "ORIGIN_TABLE",
     "PENDING_ACK_TABLE",
-    "STORED_OPERATOR",
-    "STORED_OPERATOR_TABLE",
     "TX",
     "TX_TABLE",
     "AckEvent",
@@ -46,8 +42,6 @@ __all__ = [
     "receive_decision",
     "receiver_may_clean",
     "sql_in",
-    "stored_operator_states",
-    "stored_operator_step",
     "tx_result",
     "tx_states",
     "tx_step",
@@ -291,20 +285,6 @@ OPERATOR_TABLE: Final[dict[tuple[SendState, OperatorAction], SendState | None]] 
     (S.SS_FAILED, _A.PURGE_DEAD): None,
 }
 
-#: The platform's stored copies (SPEC P.2, P.3): requeue and resend are one
-#: (it has no failed state): a copy delivered and not acked goes again; purge
-#: deletes any copy (the origin of a SaveFwd 3 document still asks for it).
-STORED_OPERATOR_TABLE: Final[dict[tuple[StoredState, OperatorAction], StoredState | None]] = {
-    (StoredState.SS_SENT, _A.REQUEUE): StoredState.SS_INIT,
-    (StoredState.SS_ACK, _A.REQUEUE): StoredState.SS_INIT,
-    (StoredState.SS_SENT, _A.RESEND): StoredState.SS_INIT,
-    (StoredState.SS_ACK, _A.RESEND): StoredState.SS_INIT,
-    (StoredState.SS_INIT, _A.PURGE): None,
-    (StoredState.SS_SENT, _A.PURGE): None,
-    (StoredState.SS_ACK, _A.PURGE): None,
-}
-
-
 _St = TypeVar("_St", bound=IntEnum)
 _Act = TypeVar("_Act", bound=Enum)
 
@@ -348,7 +328,6 @@ class ActionTable(Generic[_St, _Act]):
 
 
 OPERATOR: Final = ActionTable(OPERATOR_TABLE, "record")
-STORED_OPERATOR: Final = ActionTable(STORED_OPERATOR_TABLE, "stored copy")
 
 
 def operator_step(state: SendState, action: OperatorAction, *, record: int | None = None) -> SendState | None:
@@ -356,20 +335,9 @@ def operator_step(state: SendState, action: OperatorAction, *, record: int | Non
     return OPERATOR.step(state, action, record)
 
 
-def stored_operator_step(state: StoredState, action: OperatorAction, *,
-                         record: int | None = None) -> StoredState | None:
-    """operator_step for the platform's stored copies (STORED_OPERATOR_TABLE)."""
-    return STORED_OPERATOR.step(state, action, record)
-
-
 def operator_states(action: OperatorAction) -> tuple[SendState, ...]:
     """The pending-send states ``action`` applies to, in state order."""
     return OPERATOR.states(action)
-
-
-def stored_operator_states(action: OperatorAction) -> tuple[StoredState, ...]:
-    """The stored-copy states ``action`` applies to, in state order."""
-    return STORED_OPERATOR.states(action)
 
 
 def operator_result(action: OperatorAction) -> SendState | None:

@@ -45,7 +45,6 @@ kept next to the new ones as ``<name>.before-restore-<time>``.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import hashlib
 import io
 import json
@@ -56,8 +55,7 @@ import sqlite3
 import tarfile
 import tempfile
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager, suppress
+from contextlib import suppress
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any, Final
@@ -66,6 +64,8 @@ from semq import __version__
 from semq.identity.crypto import ensure_private_directory
 from semq.settings.bounds import BACKUP_MAX_MEMBER_RATIO, BACKUP_MAX_META
 from semq.store.db import SQLITE_MAGIC
+from semq.store.inuse import STORE_NAMES, wal_index_lock
+from semq.store.inuse import store_in_use as store_open
 
 from ._paths import admin_socket_path
 from ._tarscan import ArchiveError, ArchiveTooLarge, bounded_stream, scan
@@ -87,11 +87,8 @@ __all__ = [
 
 BACKUP_FORMAT: Final = 1
 MANIFEST_NAME: Final = "semq-backup.json"
-STORE_NAMES: Final = {"node": "node.sqlite", "platform": "platform.sqlite"}
-_WAL_INDEX_DMS: Final = 128  # SQLite unix VFS: the "dead man switch" lock byte of the -shm file
 _PUBLIC_DIRS: Final = ("", "certs", "ca", "ca/issued", "tls")
 _KEY_DIRS: Final = ("keys", "ca", "tls")
-_STATUS_FRESH_MS: Final = 5000
 _UNIT_STORE: Final = re.compile(r"unit-([2-9]|[1-9][0-9])/node\.sqlite")  # the store of a node's unit K > 1
 # Large documents' contents (semq.node.large) and the chunks a platform keeps (semq.platform.chunks).
 _LARGE_FILE: Final = re.compile(r"(unit-([2-9]|[1-9][0-9])/)?large/(in|out)/[A-Za-z0-9._:@-]+\.doc"
@@ -337,49 +334,11 @@ def backup(directory: Path, out: Path, *, include_keys: bool = False) -> BackupI
 # ---------------------------------------------------------------- in use?
 
 
-@contextmanager
-def _wal_index_lock(store: Path) -> Iterator[bool]:
-    """Try SQLite's own WAL-index lock: every connection to a WAL store
-    holds a shared lock on the -shm file's DMS byte while it is open, and a
-    connection cannot open while someone holds it exclusively. Yields False
-    if another process has the store open; while it yields True, no process
-    can open the store. (POSIX locks are per process: do not call this in
-    a process that has the store open itself.)"""
-    shm = Path(f"{store}-shm")
-    try:
-        fd = os.open(shm, os.O_RDWR)
-    except FileNotFoundError:
-        yield True  # nobody has it open in WAL mode
-        return
-    try:
-        try:
-            fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB, 1, _WAL_INDEX_DMS, os.SEEK_SET)
-        except OSError:
-            yield False
-            return
-        try:
-            yield True
-        finally:
-            with suppress(OSError):
-                fcntl.lockf(fd, fcntl.LOCK_UN, 1, _WAL_INDEX_DMS, os.SEEK_SET)
-    finally:
-        os.close(fd)
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def store_in_use(directory: Path) -> str | None:
     """Why the store in ``directory`` must not be replaced now, or None: a
-    daemon answering on the admin socket; a process holding the store open
-    (SQLite's WAL-index lock); a fresh status.json of a live process."""
+    daemon answering on the admin socket; then what the store tells
+    (semq.store.inuse: a process holding it open, a fresh status.json of a
+    live process)."""
     from .admin import AdminError, AdminUnavailable, admin_request
 
     directory = Path(directory)
@@ -393,20 +352,7 @@ def store_in_use(directory: Path) -> str | None:
             pass  # a stale socket file
         except AdminError as e:
             return f"something listens on {sock} ({e})"
-    for name in STORE_NAMES.values():
-        store = directory / name
-        if store.exists():
-            with _wal_index_lock(store) as free:
-                if not free:
-                    return f"{store} is open in another process (a running daemon or application)"
-    try:
-        st = json.loads((directory / "status.json").read_text("utf-8"))
-        pid, t = int(st.get("pid", 0)), int(st.get("time_ms", 0))
-    except (OSError, ValueError, TypeError, AttributeError):
-        return None
-    if pid and pid != os.getpid() and time.time() * 1000 - t < _STATUS_FRESH_MS and _pid_alive(pid):
-        return f"a daemon (pid {pid}) reported its status {(time.time() * 1000 - t) / 1000:.1f} s ago"
-    return None
+    return store_open(directory)
 
 
 # ---------------------------------------------------------------- restore
@@ -463,7 +409,7 @@ def compact(directory: Path) -> CompactInfo:
     before = _store_bytes(store)
     with tempfile.TemporaryDirectory(prefix=".compact-", dir=directory) as tmpd:
         tmp = Path(tmpd) / store.name
-        with _wal_index_lock(store) as free:
+        with wal_index_lock(store) as free:
             if not free:
                 raise RestoreRefused(f"refusing to compact {store}: another process just opened it")
             snap = snapshot_store(store, tmp)
@@ -704,7 +650,7 @@ def restore(archive: Path, directory: Path, *, force: bool = False) -> RestoreIn
         with contextlib.ExitStack() as locks:
             for rel in stores:
                 target_store = directory / rel
-                if not locks.enter_context(_wal_index_lock(target_store)):  # opened since the check above
+                if not locks.enter_context(wal_index_lock(target_store)):  # opened since the check above
                     raise RestoreRefused(f"refusing to restore: {target_store} was just opened by another process")
             for rel in existing:
                 dst = directory / rel

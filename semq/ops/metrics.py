@@ -366,33 +366,25 @@ def node_snapshot(core: Any, stuck_after: float) -> dict[str, Any]:
 
 
 def platform_snapshot(core: Any, stuck_after: float) -> dict[str, Any]:
-    """On the store thread: gauges of the platform's store and its nodes."""
+    """On the store thread: gauges of the platform's store and its nodes,
+    as their owners count them (semq.platform.copies, nodes): delivered
+    copies whose SS_SENT is held in memory counted where they are, without
+    writing them (docs/design.md)."""
     from semq.platform.engine import StoredState
-    from semq.umxt_protocol import Kind
 
-    c = core.conn
     cutoff = int(time.time() * 1000 - stuck_after * 1000)
     msgs: dict[tuple[str, str], int] = {("stored", s.name): 0 for s in StoredState if s is not StoredState.SS_ACK}
-    msgs[("relayed", "waiting")] = 0
-    msgs[("chunks", "kept")] = 0  # a large document's chunks kept for an absent receiver
-    for kind, s, n in c.execute("SELECT kind, state, count(*) FROM stored GROUP BY kind, state"):
-        if kind == Kind.DATA:
-            try:
-                msgs[("stored", StoredState(s).name)] = n
-            except ValueError:
-                msgs[("stored", str(s))] = n
-        elif kind == Kind.CHUNK:
-            msgs[("chunks", "kept")] += n
-        else:
-            msgs[("relayed", "waiting")] += n
-    # Delivered copies whose SS_SENT is held in memory (docs/design.md).
-    moved = min(core.held_count(), msgs[("stored", "SS_INIT")])
-    msgs[("stored", "SS_INIT")] -= moved
-    msgs[("stored", "SS_SENT")] += moved
-    oldest = c.execute("SELECT min(stored_ms) FROM stored WHERE kind=1").fetchone()[0]
-    stuck = c.execute("SELECT count(*) FROM stored WHERE stored_ms < ?", (cutoff,)).fetchone()[0]
-    nodes = {i: ls for i, ls, rv in c.execute("SELECT node_id, last_seen_ms, revoked FROM nodes") if not rv}
-    return {"messages": msgs, "oldest_ms": oldest, "stuck": stuck, "nodes": nodes}
+    copies, relayed, chunks = core.copies.state_counts()
+    msgs[("relayed", "waiting")] = relayed
+    msgs[("chunks", "kept")] = chunks  # a large document's chunks kept for an absent receiver
+    for s, n in copies.items():
+        try:
+            msgs[("stored", StoredState(s).name)] = n
+        except ValueError:
+            msgs[("stored", str(s))] = n
+    stuck = sum(core.copies.older(cutoff))
+    nodes = {n.node_id: n.last_seen_ms for n in core.nodes.rows() if not n.revoked}
+    return {"messages": msgs, "oldest_ms": core.copies.oldest_ms(), "stuck": stuck, "nodes": nodes}
 
 
 async def poll_store(metrics: Metrics, daemon: Any, core: Any, *, interval: float = 15.0,

@@ -21,8 +21,10 @@ from peewee import SQL, DatabaseError, Model, OperationalError, SqliteDatabase
 
 __all__ = [
     "HOLD_MS",
+    "SKIP_LOCKED",
     "SQLITE_MAGIC",
     "STORE_ERRORS",
+    "Dialect",
     "HeldWrites",
     "SendOrder",
     "StoreError",
@@ -30,6 +32,7 @@ __all__ = [
     "backup_store",
     "create_tables",
     "delete_by_id",
+    "open_read_only",
     "open_store",
     "rows_by_id",
     "split_held",
@@ -111,9 +114,10 @@ _IN_CHUNK: Final = 500  # ids per IN list (SQLite's default limit on host parame
 
 
 def rows_by_id(conn: sqlite3.Connection, select: str, ids: Sequence[int], where: str = "",
-               params: Sequence[object] = (), key: str = "id") -> list[Any]:
+               params: Sequence[object] = (), key: str = "id", suffix: str = "") -> list[Any]:
     """The rows of ``select`` (``SELECT key, cols FROM table``: the integer
-    primary key ``key`` first) whose key is in ``ids``, plus ``AND where`` with ``params``.
+    primary key ``key`` first) whose key is in ``ids``, plus ``AND where`` with ``params``
+    (``suffix`` ends each statement: ``SKIP_LOCKED``).
     Acks name rows claimed together, so their ids are mostly one dense run:
     then one range scan of the table, filtered here, instead of an IN list,
     which SQLite sorts into a temporary b-tree before seeking each id (2.5 of
@@ -125,16 +129,68 @@ def rows_by_id(conn: sqlite3.Connection, select: str, ids: Sequence[int], where:
     extra = f" AND {where}" if where else ""
     if hi - lo < 2 * len(ids) + 64:
         wanted = set(ids)
-        rows = conn.execute(f"{select} WHERE {key} BETWEEN ? AND ?{extra}", (lo, hi, *params)).fetchall()
+        rows = conn.execute(f"{select} WHERE {key} BETWEEN ? AND ?{extra}{suffix}", (lo, hi, *params)).fetchall()
         if hi - lo + 1 == len(wanted):  # the range is exactly the ids asked for
             return rows
         return [r for r in rows if r[0] in wanted]
     out: list[Any] = []
     for i in range(0, len(ids), _IN_CHUNK):
         chunk = ids[i:i + _IN_CHUNK]
-        out += conn.execute(f"{select} WHERE {key} IN ({','.join('?' * len(chunk))}){extra}",
+        out += conn.execute(f"{select} WHERE {key} IN ({','.join('?' * len(chunk))}){extra}{suffix}",
                             (*chunk, *params)).fetchall()
     return out
+
+
+# Rows a claim reads are locked for its transaction, skipping those another
+# claim holds: PostgreSQL's ``FOR UPDATE SKIP LOCKED`` (several platform
+# instances claim from one store). On SQLite a comment: the one writer's
+# IMMEDIATE transaction holds the whole store (semq.store.pg.translate_sql
+# makes it the clause).
+SKIP_LOCKED: Final = " /* FOR UPDATE SKIP LOCKED */"
+_KEYS_PER_LOOKUP: Final = 1000  # composite keys per look-up (SQLite: host parameters, 5 per key)
+
+
+class Dialect:
+    """What differs between the stores beyond a statement's words (those
+    ``semq.store.pg.translate_sql`` rewrites), SQLite's way; PostgreSQL's
+    is ``semq.store.pg.PgDialect``. The table owners ask it, never which
+    store they are on (``semq.store.pg.store_connection`` hands out the
+    connection and its dialect together)."""
+
+    def new_ids(self, conn: Any, table: str, n: int) -> list[int]:
+        """``n`` ids for new rows of ``table`` (an AUTOINCREMENT ``id``),
+        inside the caller's write transaction, highest first (taken with
+        ``pop()``): the next ones of the table, never one used before (this
+        connection is its one writer), so the rows can be named before the
+        one ``executemany`` that inserts them."""
+        first = next_row_id(conn, table)
+        return list(range(first + n - 1, first - 1, -1))
+
+    def upsert_many(self, conn: Any, table: str, columns: Sequence[tuple[str, str]], key: int,
+                    rows: Sequence[tuple[Any, ...]]) -> None:
+        """``rows`` written into ``table`` in one go, each replacing the row
+        of its key; a key twice: the last row. ``columns`` are every column
+        of the table in its order, as (name, SQL type); the first ``key`` of
+        them are its primary key."""
+        if rows:
+            conn.executemany(f"INSERT OR REPLACE INTO {table} VALUES ({','.join('?' * len(columns))})", rows)
+
+    def rows_by_keys(self, conn: Any, select: str, table: str, on: Sequence[tuple[str, str]],
+                     keys: Sequence[tuple[Any, ...]], where: str = "") -> Iterator[list[Any]]:
+        """Lists of the rows of ``SELECT select FROM table`` whose columns
+        ``on`` ((name, SQL type) each) equal one of ``keys``, ``AND where``.
+        SQLite: a join from the keys, a thousand at a time (row values
+        ``IN (VALUES ...)`` would scan the table)."""
+        aliases = [f"k{i}" for i in range(len(on))]
+        join = " AND ".join(f"{c}=k.{a}" for (c, _t), a in zip(on, aliases, strict=True))
+        one = "(" + ",".join("?" * len(on)) + ")"
+        extra = f" WHERE {where}" if where else ""
+        for i in range(0, len(keys), _KEYS_PER_LOOKUP):
+            chunk = keys[i:i + _KEYS_PER_LOOKUP]
+            yield conn.execute(
+                f"WITH k({', '.join(aliases)}) AS (VALUES {','.join([one] * len(chunk))})"
+                f" SELECT {select} FROM k CROSS JOIN {table} ON {join}{extra}",
+                [v for k in chunk for v in k]).fetchall()
 
 
 # How long a write that promises nothing waits in memory for the frame that
@@ -444,6 +500,20 @@ def _is_sqlite(path: Path) -> bool:
         return "not a database" not in str(e)  # other errors (locked, ...) are for the real open
     finally:
         probe.close()
+
+
+def open_read_only(path: Path, kind: str = "store") -> tuple[sqlite3.Connection, int]:
+    """A store opened read-only (never checkpointed or migrated here; in
+    autocommit: the caller opens its own read transaction), and its schema
+    version (0 if it has none). Raises StoreError, the driver's error
+    chained, for a file SQLite cannot read as a store."""
+    conn = sqlite3.connect(f"{Path(path).resolve().as_uri()}?mode=ro", uri=True, isolation_level=None)
+    try:
+        row = conn.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()
+    except sqlite3.DatabaseError as e:
+        conn.close()
+        raise StoreError(f"{path} is not a {kind} ({e})") from e
+    return conn, int(row[0]) if row else 0
 
 
 def create_tables(db: SqliteDatabase, models: Sequence[type[Model]]) -> None:

@@ -1,5 +1,5 @@
 """The tables of what a person or a node feature does to a row (semq.node.engine:
-OPERATOR_TABLE, STORED_OPERATOR_TABLE, TX_TABLE), over every (state, action)
+OPERATOR_TABLE, TX_TABLE; semq.platform.engine: STORED_OPERATOR_TABLE), over every (state, action)
 pair; and the rule that the modules applying them name states only through
 the IntEnums (STYLE: "a state changes only through an engine table; SQL
 names states through the IntEnums")."""
@@ -15,7 +15,6 @@ import pytest
 
 from semq.node.engine import (
     OPERATOR_TABLE,
-    STORED_OPERATOR_TABLE,
     TX_TABLE,
     OperatorAction,
     SendState,
@@ -26,13 +25,16 @@ from semq.node.engine import (
     operator_states,
     operator_step,
     sql_in,
-    stored_operator_states,
-    stored_operator_step,
     tx_result,
     tx_states,
     tx_step,
 )
-from semq.platform.engine import StoredState
+from semq.platform.engine import (
+    STORED_OPERATOR_TABLE,
+    StoredState,
+    stored_operator_states,
+    stored_operator_step,
+)
 
 S, P, T, OA, TA = SendState, StoredState, TxState, OperatorAction, TxAction
 

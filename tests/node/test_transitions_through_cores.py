@@ -181,7 +181,7 @@ _WRITES = re.compile(r"UPDATE\s+(outbox|stored|inbound)\s+SET[^\"']*\b(state|p_a
 ALLOWED = {
     "semq/node/origin.py", "semq/node/receiver.py", "semq/node/writebehind.py", "semq/node/store.py",
     "semq/node/operator.py",
-    "semq/platform/core.py", "semq/platform/store.py",
+    "semq/platform/copies.py", "semq/platform/store.py",
 }
 
 

@@ -370,8 +370,8 @@ async def test_node_commands_follow_the_operator_table_in_every_state(tmp_path: 
 @pytest.mark.parametrize("verb", ["requeue", "resend", "purge"])
 async def test_platform_commands_follow_the_stored_operator_table_in_every_state(tmp_path: Path,
                                                                                  verb: str) -> None:
-    from semq.node.engine import STORED_OPERATOR_TABLE, OperatorAction
-    from semq.platform.engine import StoredState
+    from semq.node.engine import OperatorAction
+    from semq.platform.engine import STORED_OPERATOR_TABLE, StoredState
 
     action = OperatorAction(verb)
     states = list(StoredState)

@@ -29,8 +29,8 @@ Commands (``args`` in parentheses; every command answers JSON):
 Documents' contents and keys are never returned: rows carry sizes only.
 Which rows requeue / resend / purge take, and the state they leave them in,
 is decided by semq.node.engine.OPERATOR_TABLE (a node's pending-send rows)
-and STORED_OPERATOR_TABLE (the platform's stored copies); rows in any other
-state are reported ``skipped``.
+and semq.platform.engine.STORED_OPERATOR_TABLE (the platform's stored
+copies); rows in any other state are reported ``skipped``.
 """
 
 from __future__ import annotations

@@ -3,39 +3,36 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Iterator, Sequence
-from typing import Any, Final, NamedTuple
+from dataclasses import replace
+from typing import Any, Final
 
-from semq.node.engine import (
-    STORED_OPERATOR,
-    OperatorAction,
-)
+from semq.node.engine import OperatorAction
 from semq.platform.engine import StoredState
+from semq.platform.seen import SeenAction
+from semq.platform.views import SeenRow, StoredAdminRow, StoredSelection
 from semq.tracking.events import now_ms
+from semq.umxt_protocol import Kind
 
 from ..admin import AdminCommandError, DrainControl, Handler
 from ._common import (
-    _DATA_KIND,
     DEFAULT_STUCK_AFTER,
     MAX_SELECT,
     ReloadCallback,
-    _applicable,
     _common,
+    _ids,
     _int,
     _limit,
     _lk0,
     _log,
     _result,
     _seconds,
-    _select,
-    _selection,
-    _sql_where,
     _states,
-    _where,
     store_bytes,
 )
 
 __all__ = ["platform_busy", "platform_handlers"]
+
+_DATA: Final = int(Kind.DATA)
 
 
 def platform_busy(daemon: Any) -> int:
@@ -44,53 +41,7 @@ def platform_busy(daemon: Any) -> int:
     return sum(int(s.queued) + int(s.in_flight) for s in list(daemon.sessions.values()))
 
 
-class StoredAdminRow(NamedTuple):
-    """A platform's stored copy (``stored``: its pending-send table) as the
-    console shows it: no frame, its size. ``origin_id`` .. ``record_id`` are
-    the LK0 of a DATA copy (zero for a relayed ack or inquiry)."""
-
-    id: int
-    target_id: str
-    kind: int
-    origin_id: str
-    semq_id: int
-    semq_db_id: int
-    record_id: int
-    state: int
-    priority: int
-    expires_ms: int | None
-    stored_ms: int
-    attempts: int
-    last_sent_ms: int | None
-    inquiries: int
-    size: int
-
-    @property
-    def lk0_key(self) -> tuple[str, int, int, int]:
-        return (self.origin_id, self.semq_id, self.semq_db_id, self.record_id)
-
-
-# The SELECT list from the fields; a stored copy's size is its frame's (a kept chunk's is in its file).
-_STORED_COLS: Final = _select(StoredAdminRow, {"size": "coalesce(ref_length, length(frame))"})
-
-
-class _StoredDepth(NamedTuple):
-    """``status``: stored copies per target, kind (DATA or relayed) and state."""
-
-    target_id: str
-    is_data: int
-    state: int
-    rows: int  # count(*) (``count`` is a tuple's method)
-    oldest_ms: int
-
-
-_STORED_DEPTH_COLS: Final = _select(_StoredDepth, {"is_data": "kind=1", "rows": "count(*)",
-                                                   "oldest_ms": "min(stored_ms)"})
-
-
 def _kind_name(kind: int) -> str:
-    from semq.umxt_protocol import Kind
-
     try:
         return Kind(kind).name
     except ValueError:
@@ -107,7 +58,7 @@ def _stored_state(v: int) -> str:
 def _stored_row(r: StoredAdminRow) -> dict[str, Any]:
     """A stored copy as the console answers it."""
     return {
-        "id": r.id, "lk1": f"1/1/{r.id}" if r.kind == _DATA_KIND else None, "target": r.target_id,
+        "id": r.id, "lk1": f"1/1/{r.id}" if r.kind == _DATA else None, "target": r.target_id,
         "kind": _kind_name(r.kind), "origin": r.origin_id,
         "lk0": f"{r.origin_id}/{r.semq_id}/{r.semq_db_id}/{r.record_id}" if r.record_id else None,
         "state": _stored_state(r.state), "priority": r.priority, "expires_ms": r.expires_ms,
@@ -116,8 +67,39 @@ def _stored_row(r: StoredAdminRow) -> dict[str, Any]:
     }
 
 
-def _stored_rows(rows: Iterable[Sequence[Any]]) -> Iterator[StoredAdminRow]:
-    return map(StoredAdminRow._make, rows)
+def _seen(s: SeenRow | None) -> dict[str, Any] | None:
+    """What became of a document, as the console answers it."""
+    if s is None:
+        return None
+    try:
+        action = SeenAction(s.action).name.lower()
+    except ValueError:
+        action = str(s.action)
+    return {"action": action, "lk1": s.lk1 or None, "seen_ms": s.seen_ms}
+
+
+def _kind(args: dict[str, Any], default: str = "data") -> str:
+    kind = str(args.get("kind") or default)
+    if kind not in ("data", "relayed", "all"):
+        raise AdminCommandError(f"kind {kind!r} is not data, relayed or all")
+    return kind
+
+
+def _before(args: dict[str, Any], name: str) -> int | None:
+    """``older_than`` seconds as the time a row must be stored before (None: not given)."""
+    older = _seconds(args, name)
+    return None if older is None else now_ms() - int(older * 1000)
+
+
+def _selection(args: dict[str, Any]) -> StoredSelection:
+    """The rows requeue/resend/purge take: explicit ids, or filters; a
+    selection of everything needs ``all: true`` (an operator's typo must
+    not purge a store)."""
+    sel = StoredSelection(ids=tuple(_ids(args)), states=tuple(_states(args, StoredState)),
+                          target=args.get("target") or None, stored_before_ms=_before(args, "older_than"))
+    if not (sel.ids or sel.states or sel.target or sel.stored_before_ms is not None or args.get("all")):
+        raise AdminCommandError("name record ids, or filters (state, target, older_than), or all=true")
+    return sel
 
 
 def platform_handlers(
@@ -140,20 +122,12 @@ def platform_handlers(
         return {ep.node_id for ep in list(daemon.sessions)}
 
     def _snapshot() -> dict[str, Any]:
-        core.write_held_now()
-        c = core.conn
+        st = core.operator.status()  # (the states held in memory written first)
         counts = core.counts()
-        queues = [
-            {"target": q.target_id, "kind": "DATA" if q.is_data else "relayed", "state": _stored_state(q.state),
-             "count": q.rows, "oldest_ms": q.oldest_ms}
-            for q in map(_StoredDepth._make, c.execute(
-                f"SELECT {_STORED_DEPTH_COLS} FROM stored"
-                " GROUP BY target_id, kind=1, state ORDER BY target_id, kind=1 DESC, state"))
-        ]
-        nodes = [{"node": i, "last_seen_ms": ls, "revoked": bool(rv)}
-                 for i, ls, rv in c.execute("SELECT node_id, last_seen_ms, revoked FROM nodes ORDER BY node_id")]
-        oldest = c.execute("SELECT min(stored_ms) FROM stored WHERE kind=1").fetchone()[0]
-        return {**counts, "queues": queues, "nodes": nodes, "oldest_unconfirmed_ms": oldest}
+        queues = [{"target": q.target_id, "kind": "DATA" if q.is_data else "relayed",
+                   "state": _stored_state(q.state), "count": q.rows, "oldest_ms": q.oldest_ms} for q in st.depths]
+        nodes = [{"node": n.node_id, "last_seen_ms": n.last_seen_ms, "revoked": bool(n.revoked)} for n in st.nodes]
+        return {**counts, "queues": queues, "nodes": nodes, "oldest_unconfirmed_ms": st.oldest_ms}
 
     async def status(args: dict[str, Any]) -> dict[str, Any]:
         snap = await daemon.gate.run(_snapshot)
@@ -178,31 +152,15 @@ def platform_handlers(
             out["commit_batches"] = metrics.batch_summary()
         return out
 
-    def _kind_clause(args: dict[str, Any], clauses: list[str]) -> None:
-        kind = str(args.get("kind") or "data")
-        if kind == "data":
-            clauses.append("kind=1")
-        elif kind == "relayed":
-            clauses.append("kind!=1")
-        elif kind != "all":
-            raise AdminCommandError(f"kind {kind!r} is not data, relayed or all")
-
     async def list_(args: dict[str, Any]) -> dict[str, Any]:
         limit = _limit(args)
-        after = _int(args, "after", 0) or 0
-        clauses: list[str] = ["id > ?"]
-        params: list[Any] = [after]
-        _kind_clause(args, clauses)
-        _where(clauses, params, state_col="state", states=_states(args, StoredState),
-               target=args.get("target") or None, time_col="stored_ms", older_than=_seconds(args, "older_than"))
-        if args.get("origin"):
-            clauses.append("origin_id=?")
-            params.append(str(args["origin"]))
+        sel = StoredSelection(after=_int(args, "after", 0) or 0, kind=_kind(args),
+                              states=tuple(_states(args, StoredState)), target=args.get("target") or None,
+                              origin=str(args["origin"]) if args.get("origin") else None,
+                              stored_before_ms=_before(args, "older_than"))
 
         def q() -> list[dict[str, Any]]:
-            core.write_held_now()
-            return [_stored_row(r) for r in _stored_rows(core.conn.execute(
-                f"SELECT {_STORED_COLS} FROM stored{_sql_where(clauses)} ORDER BY id LIMIT ?", (*params, limit)))]
+            return [_stored_row(r) for r in core.operator.rows(sel, limit)]
 
         rows = await daemon.gate.run(q)
         on = online_ids()
@@ -217,25 +175,8 @@ def platform_handlers(
             raise AdminCommandError("show needs an id (LK1 record id) or an lk0")
 
         def q() -> dict[str, Any]:
-            core.write_held_now()
-            c = core.conn
-            if rid is not None:
-                rows = list(_stored_rows(c.execute(f"SELECT {_STORED_COLS} FROM stored WHERE id=?", (rid,))))
-            else:
-                assert lk0 is not None
-                rows = list(_stored_rows(c.execute(
-                    f"SELECT {_STORED_COLS} FROM stored WHERE origin_id=? AND semq_id=? AND"
-                    " semq_db_id=? AND record_id=? AND kind=1 ORDER BY id", lk0)))
-            seen = None
-            key = lk0 if lk0 is not None else (rows[0].lk0_key if rows else None)
-            if key is not None:
-                s = c.execute("SELECT action, lk1, seen_ms FROM seen WHERE origin_id=? AND semq_id=? AND"
-                              " semq_db_id=? AND record_id=?", key).fetchone()
-                if s is not None:
-                    action, lk1, seen_ms = s
-                    seen = {"action": {1: "forwarded", 2: "stored", 3: "dropped"}.get(action, str(action)),
-                            "lk1": lk1 or None, "seen_ms": seen_ms}
-            return {"rows": [_stored_row(r) for r in rows], "seen": seen}
+            rows, seen = core.operator.show(rid, lk0)
+            return {"rows": [_stored_row(r) for r in rows], "seen": _seen(seen)}
 
         res: dict[str, Any] = await daemon.gate.run(q)
         if not res["rows"] and res["seen"] is None:
@@ -254,15 +195,8 @@ def platform_handlers(
         limit = _limit(args)
 
         def q() -> tuple[list[dict[str, Any]], int, int]:
-            core.write_held_now()
-            cutoff = now_ms() - int(older * 1000)
-            c = core.conn
-            rows = [_stored_row(r) for r in _stored_rows(c.execute(
-                f"SELECT {_STORED_COLS} FROM stored WHERE stored_ms < ? ORDER BY stored_ms, id LIMIT ?",
-                (cutoff, limit)))]
-            n_data = c.execute("SELECT count(*) FROM stored WHERE kind=1 AND stored_ms < ?", (cutoff,)).fetchone()[0]
-            n_rel = c.execute("SELECT count(*) FROM stored WHERE kind!=1 AND stored_ms < ?", (cutoff,)).fetchone()[0]
-            return rows, n_data, n_rel
+            rows, n_data, n_rel = core.operator.stuck(now_ms() - int(older * 1000), limit)
+            return [_stored_row(r) for r in rows], n_data, n_rel
 
         rows, n_data, n_rel = await daemon.gate.run(q)
         on = online_ids()
@@ -283,25 +217,18 @@ def platform_handlers(
 
     async def run_apply(args: dict[str, Any], action: OperatorAction) -> dict[str, Any]:
         """Apply ``action`` to the selected stored rows whose state allows it
-        (semq.node.engine.STORED_OPERATOR_TABLE); the others are ``skipped``."""
+        (semq.platform.engine.STORED_OPERATOR_TABLE); the others are ``skipped``."""
         verb = action.value
-        clauses, params, _explicit = _selection(args, StoredState, state_col="state", time_col="stored_ms")
-        if action is not OperatorAction.PURGE:
-            clauses.append(f"kind={_DATA_KIND}")  # relayed acks/inquiries are sent once; their ends ask again
-        elif args.get("kind"):
-            _kind_clause(args, clauses)
+        sel = _selection(args)
+        # Relayed acks/inquiries are sent once (their ends ask again): only
+        # purge takes them, and only when asked to.
+        sel = replace(sel, kind="data" if action is not OperatorAction.PURGE else _kind(args, "all"))
         dry = bool(args.get("dry_run"))
 
         def work() -> dict[str, Any]:
             ts = now_ms()
-            with core.db.atomic("IMMEDIATE"):
-                core.write_held()  # the states the operator selects by are on disk
-                rows = [_stored_row(r) for r in _stored_rows(core.conn.execute(
-                    f"SELECT {_STORED_COLS} FROM stored{_sql_where(clauses)} ORDER BY id LIMIT ?",
-                    (*params, MAX_SELECT + 1)))]
-                rows, more, ok = _applicable(rows, STORED_OPERATOR, StoredState, action)
-                if not dry:
-                    core.operator_apply(action, [(r["id"], int(StoredState[r["state"]])) for r in ok])
+            selected, more, applied = core.operator.apply(action, sel, limit=MAX_SELECT, dry=dry)
+            rows, ok = [_stored_row(r) for r in selected], [_stored_row(r) for r in applied]
             if not dry and ok and action is OperatorAction.PURGE:
                 _log(core, [{"ts": ts, "event": "dropped", "lk0": r["lk0"], "source": r["origin"],
                              "target": r["target"], "lk1": r["lk1"], "code": 0,
