@@ -13,8 +13,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 from .aggregates import _aggregates, _histogram, _message_rows, _stuck_and_failed_rows
@@ -23,6 +21,7 @@ from .errors import ReportError
 from .facts import _merge_facts, _message_facts, message_facts
 from .inputs import Inputs
 from .legs import _derive
+from .options import ReportOptions
 from .periods import offline_periods
 from .permessage import _DICT_COLUMNS, PARTIAL_STRINGS, _per_message
 from .reading import _expand, _message_sources, _Sources
@@ -31,18 +30,6 @@ from .sparkutil import _literal_table, _Stopwatch, _t
 from .tables import ReportData
 
 __all__ = ["ReportOptions", "build_report"]
-
-@dataclass(frozen=True, kw_only=True)
-class ReportOptions:
-    """What `semq report latency` was asked."""
-
-    since_ms: int | None = None
-    until_ms: int | None = None
-    stuck_after_ms: int = 3_600_000
-    progress: Callable[[str], None] = lambda _msg: None
-    # Also collect the per-message table ("messages": legs, outcome, place of
-    # every message). For tests and small logs: it brings every row to the driver.
-    with_messages: bool = False
 
 
 def _lookup(spark: Any, sources: _Sources, listed: Any | None,

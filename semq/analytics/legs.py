@@ -12,14 +12,12 @@ message from the per-message table.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Final
+from typing import Any, Final
 
+from .options import ReportOptions
 from .periods import OfflinePeriod
 from .permessage import PARTIAL_STRINGS
 from .sparkutil import DAY_MS, HOUR_MS, _literal_table, _t
-
-if TYPE_CHECKING:
-    from .latency import ReportOptions
 
 __all__ = ["LEGS", "LEG_NAMES", "OUTCOMES", "PERCENTILES", "PLACES", "Leg"]
 
