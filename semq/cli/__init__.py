@@ -18,6 +18,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Final, NoReturn
 
+import trio
+
 from semq import __version__
 from semq.cli.bulk import BULK_BATCH, format_size
 from semq.cli.content import write_content
@@ -451,6 +453,18 @@ def _run_daemon(cfg: Config, make: Callable[[], Any], status: Callable[[Any], di
     return 0
 
 
+async def serve_web_console(role: str, directory: Path, handlers: dict[str, Any], host: str, port: int, *,
+                            ident: str, config: Any = None,
+                            task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED) -> None:
+    """The web console OpsRuntime serves with ``--web`` (its ConsoleFactory:
+    semq.web.server.serve_daemon_console), imported only when a daemon
+    serves one: Starlette, Hypercorn and Jinja2 are heavy."""
+    from semq.web.server import serve_daemon_console
+
+    await serve_daemon_console(role, directory, handlers, host, port, ident=ident, config=config,
+                               task_status=task_status)
+
+
 def _first_leaf(eg: BaseExceptionGroup[OSError]) -> OSError:
     """The first exception of a (nested) exception group."""
     e: BaseException = eg
@@ -520,7 +534,8 @@ def cmd_platform_run(args: argparse.Namespace, daemon_class: Any = None) -> int:
                                 max_buffer_per_org=cfg.max_buffer_mib_per_org << 20)
     from semq.ops.runtime import OpsRuntime, ops_options
 
-    ops = OpsRuntime("platform", cfg.directory, core, ops_options(args), history_days=cfg.history_days)
+    ops = OpsRuntime("platform", cfg.directory, core, ops_options(args), history_days=cfg.history_days,
+                     console=serve_web_console)
     try:
         return _run_daemon(
             cfg, lambda: daemon_class(core, settings),
@@ -758,7 +773,7 @@ def cmd_node_run(args: argparse.Namespace) -> int:
     # The user socket is served by unit 1 (its answers cover every unit's store).
     ops = OpsRuntime("node", cfg.directory, core, ops_options(args), admin_dir=cfg.unit_dir,
                      user_socket=user_socket_path(cfg) if cfg.unit == 1 else None, config=cfg,
-                     history_days=cfg.history_days)
+                     history_days=cfg.history_days, console=serve_web_console)
     try:
         return _run_daemon(
             cfg, lambda: NodeDaemon(core, settings),
