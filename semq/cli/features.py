@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 from typing import Any, Final
 
-from semq.cli import format_age
+from semq.cli._common import format_age
 from semq.ops.display import MAX_LIMIT, check_count, is_time_key, shown, when
 from semq.settings.config import ConfigError, data_dir, load_config
 
