@@ -272,7 +272,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     register_ops(sub)
     register_watch(sub)  # semq watch: outbox and inbox folders (semq.node.folders)
-    from semq.cli.features import register as register_features
+    from semq.cli.capabilities import register as register_features
     from semq.web.cli import register as register_console
 
     register_console(sub)  # semq console user add|list|remove (the web console's accounts)
@@ -287,6 +287,6 @@ def build_parser() -> argparse.ArgumentParser:
     from semq.cli.examples import add_examples
     from semq.cli.guide import register as register_guide
 
-    register_guide(sub)  # semq help TOPIC, semq completion, semq config reference
+    register_guide(sub, build_parser)  # semq help TOPIC, semq completion, semq config reference
     add_examples(p)  # every command's examples, in its --help
     return p
