@@ -2,14 +2,17 @@
 2 a user's mistake; errors are one line on stderr (``--verbose`` for the
 traceback).
 
-One module per command group, each importing only the ones below it, and
-none this package (which only re-exports):
+One module per command group, holding its commands and registering their
+parsers (``register``); each imports only the modules below it, and none
+imports this package (which only re-exports):
 
-    app (main, run_command)  <-  parser (the tree of commands)
+    app (main, run_command)  <-  parser (the tree: every group's register)
       <-  platform, node, send, inbox, status, users, bulk, watch, receive,
-          capabilities, guide (the commands; node and send use platform,
-          bulk and users)
+          capabilities, guide (the groups; node uses platform, platform
+          status, send bulk and users; guide is handed the tree's builder)
       <-  daemons (running one), _common (what every command shares)
+
+``python -m semq.cli.features`` (features.py) sits above app.
 """
 
 from __future__ import annotations

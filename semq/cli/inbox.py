@@ -8,17 +8,18 @@ import argparse
 import json
 import os
 import sys
+import textwrap
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from semq.cli._common import UsageError, app_key_shown, client_of, format_age, format_time
 from semq.cli.content import write_content
-from semq.cli.users import token_of, user_client
+from semq.cli.users import token_of, user_client, user_options
 from semq.ops.display import MAX_LIMIT, shown
 from semq.umxt_protocol import ProtocolError
 
-__all__ = ["INBOX_HEADER", "INBOX_LIMIT", "cmd_inbox", "doc_id"]
+__all__ = ["INBOX_HEADER", "INBOX_LIMIT", "cmd_inbox", "doc_id", "register"]
 
 
 INBOX_LIMIT = MAX_LIMIT  # documents one 'semq inbox' lists at most (shown: semq.ops.display)
@@ -65,6 +66,7 @@ def _inbox_as_user(args: argparse.Namespace, token: str) -> int:
 
 
 def _inbox_as(me: Any, args: argparse.Namespace) -> int:
+    """``semq inbox`` as a user, through the node's user socket (``me``)."""
     from semq.ops.usersock import UserSocketError
 
     try:
@@ -82,33 +84,10 @@ def _inbox_as(me: Any, args: argparse.Namespace) -> int:
             return 0
         if not args.ids:
             raise UsageError(f"inbox {args.action} needs a document id or LK0")
-
-        def resolve(text: str) -> int:
-            if text.isdigit():
-                return int(text)
-            lk0 = _lk0_arg(text)
-            for i in me.inbox(unread=False, limit=INBOX_LIMIT):
-                if i["lk0"] == str(lk0):
-                    return int(i["id"])
-            raise _NotInInbox(f"document {text} is not in the inbox of {args.user}")
-
         if args.action == "ack":
-            rc = 0
-            ids = []
-            for text in args.ids:
-                try:
-                    item_id = resolve(text)
-                    me.get(item_id)
-                except (_NotInInbox, UserSocketError):
-                    print(f"error: document {text} is not in the inbox{_of(args.user)}", file=sys.stderr)
-                    rc = 1
-                    continue
-                ids.append(item_id)
-            if ids:
-                print(f"acknowledged {me.acknowledge(ids)}")
-            return rc
+            return _ack_as(me, args)
         try:
-            item = me.get(resolve(args.ids[0]))
+            item = me.get(_resolve(me, args.ids[0], args.user))
         except (_NotInInbox, UserSocketError):
             print(f"error: document {args.ids[0]} is not in the inbox{_of(args.user)}", file=sys.stderr)
             return 1
@@ -131,6 +110,38 @@ def _inbox_as(me: Any, args: argparse.Namespace) -> int:
         raise UsageError(str(e)) from None
     sys.stdout.flush()
     return 0
+
+
+def _resolve(me: Any, text: str, user: str) -> int:
+    """The inbox id of a user's document named by its id or its LK0."""
+    if text.isdigit():
+        return int(text)
+    lk0 = _lk0_arg(text)
+    for i in me.inbox(unread=False, limit=INBOX_LIMIT):
+        if i["lk0"] == str(lk0):
+            return int(i["id"])
+    raise _NotInInbox(f"document {text} is not in the inbox of {user}")
+
+
+def _ack_as(me: Any, args: argparse.Namespace) -> int:
+    """``semq inbox ack`` as a user: 1 when one of the documents is not in
+    its inbox (the others are acknowledged)."""
+    from semq.ops.usersock import UserSocketError
+
+    rc = 0
+    ids = []
+    for text in args.ids:
+        try:
+            item_id = _resolve(me, text, args.user)
+            me.get(item_id)
+        except (_NotInInbox, UserSocketError):
+            print(f"error: document {text} is not in the inbox{_of(args.user)}", file=sys.stderr)
+            rc = 1
+            continue
+        ids.append(item_id)
+    if ids:
+        print(f"acknowledged {me.acknowledge(ids)}")
+    return rc
 
 
 def _text_only(args: argparse.Namespace) -> bool:
@@ -212,32 +223,10 @@ def cmd_inbox(args: argparse.Namespace) -> int:
             return 0
         if not args.ids:
             raise UsageError(f"inbox {args.action} needs a document id or LK0")
-
-        def get(text: str) -> Any:
-            if text.isdigit():
-                return node.get(int(text), user=args.user)
-            return node.find(_lk0_arg(text), user=args.user)
-
         if args.action == "ack":
-            rc = 0
-            ids = []
-            for text in args.ids:
-                try:
-                    item = get(text)
-                except KeyError:
-                    print(f"error: document {text} is not in the inbox{_of(args.user)}", file=sys.stderr)
-                    rc = 1
-                    continue
-                if item.consumed_ms is not None:
-                    print(f"document {text} was acknowledged already, {format_time(item.consumed_ms)}",
-                          file=sys.stderr)
-                    continue
-                ids.append(item.id)
-            if ids:
-                print(f"acknowledged {node.acknowledge(ids, user=args.user)}")
-            return rc
+            return _ack(node, args)
         try:
-            item = get(args.ids[0])
+            item = _find(node, args.ids[0], args.user)
         except KeyError:
             print(f"error: document {args.ids[0]} is not in the inbox{_of(args.user)}", file=sys.stderr)
             return 1
@@ -247,18 +236,91 @@ def cmd_inbox(args: argparse.Namespace) -> int:
             item.save(Path(args.ids[1]))
             print(f"saved {item.size} bytes to {args.ids[1]}")
             return 0
-        who = "".join(f"\n{k}: {shown(v)}" for k, v in (("from_user", item.from_user), ("to_user", item.to_user),
-                                                         ("channel", item.channel)) if v)
-        acked = (f"\nacknowledged: {format_time(item.consumed_ms)}" if item.consumed_ms is not None
-                 else "\nacknowledged: no")
-        print(f"id: {item.id}\nlk0: {item.lk0}\nfrom: {shown(item.lk0.endpoint.node_id)}{who}"
-              f"\napp_key: {app_key_shown(item.app_key)}\nsave_fwd: {item.save_fwd}\npriority: {item.priority}"
-              f"\nsize: {item.size}" + (f"\nfile: {item.path}" if item.path is not None else "")
-              + f"\ncreated: {format_time(item.created_ms)}"
-              f"\nreceived: {format_time(item.received_ms)} ({format_age(item.received_ms)} ago){acked}\n")
-        sys.stdout.flush()
-        with item.open() as f:  # (a large document by blocks, never whole in memory)
-            if not write_content(iter(lambda: f.read(1 << 20), b""), sys.stdout.buffer, text_only=_text_only(args)):
-                return _not_text(item.id, item.size)
-        sys.stdout.flush()
-        return 0
+        return _show(item, args)
+
+
+def _find(node: Any, text: str, user: str | None) -> Any:
+    """A document of the inbox named by its id or its LK0 (KeyError if none)."""
+    if text.isdigit():
+        return node.get(int(text), user=user)
+    return node.find(_lk0_arg(text), user=user)
+
+
+def _ack(node: Any, args: argparse.Namespace) -> int:
+    """``semq inbox ack``: 1 when one of the documents is not in the inbox
+    (the others are acknowledged); one acknowledged already is said."""
+    rc = 0
+    ids = []
+    for text in args.ids:
+        try:
+            item = _find(node, text, args.user)
+        except KeyError:
+            print(f"error: document {text} is not in the inbox{_of(args.user)}", file=sys.stderr)
+            rc = 1
+            continue
+        if item.consumed_ms is not None:
+            print(f"document {text} was acknowledged already, {format_time(item.consumed_ms)}",
+                  file=sys.stderr)
+            continue
+        ids.append(item.id)
+    if ids:
+        print(f"acknowledged {node.acknowledge(ids, user=args.user)}")
+    return rc
+
+
+def _show(item: Any, args: argparse.Namespace) -> int:
+    """``semq inbox show``: the document's fields, then its contents (text
+    only on a terminal, unless ``--raw``)."""
+    who = "".join(f"\n{k}: {shown(v)}" for k, v in (("from_user", item.from_user), ("to_user", item.to_user),
+                                                     ("channel", item.channel)) if v)
+    acked = (f"\nacknowledged: {format_time(item.consumed_ms)}" if item.consumed_ms is not None
+             else "\nacknowledged: no")
+    print(f"id: {item.id}\nlk0: {item.lk0}\nfrom: {shown(item.lk0.endpoint.node_id)}{who}"
+          f"\napp_key: {app_key_shown(item.app_key)}\nsave_fwd: {item.save_fwd}\npriority: {item.priority}"
+          f"\nsize: {item.size}" + (f"\nfile: {item.path}" if item.path is not None else "")
+          + f"\ncreated: {format_time(item.created_ms)}"
+          f"\nreceived: {format_time(item.received_ms)} ({format_age(item.received_ms)} ago){acked}\n")
+    sys.stdout.flush()
+    with item.open() as f:  # (a large document by blocks, never whole in memory)
+        if not write_content(iter(lambda: f.read(1 << 20), b""), sys.stdout.buffer, text_only=_text_only(args)):
+            return _not_text(item.id, item.size)
+    sys.stdout.flush()
+    return 0
+
+def register(sub: Any, common: argparse.ArgumentParser) -> None:
+    """``semq inbox``."""
+    x = sub.add_parser(
+        "inbox", parents=[common], help="documents that arrived",
+        description=textwrap.fill("List the documents that arrived (unacknowledged ones by default), show or save one, acknowledge"
+                    " them, or follow the inbox: each document printed as it arrives, woken by the running node"
+                    " daemon (no polling).", 79),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="examples:\n"
+               "  semq inbox --dir B                      # unacknowledged documents, oldest first\n"
+               "  semq inbox --dir B show 17              # one document: its fields, then its contents\n"
+               "  semq inbox --dir B show 10008/1/1/1795329835412001   # the same, by its LK0\n"
+               "  semq inbox --dir B save 17 order.xml\n"
+               "  semq inbox --dir B ack 17 18\n"
+               "  semq inbox --dir B --follow --json      # one JSON line per document as it arrives\n"
+               "  semq inbox --dir B --follow --ack       # print each new document, then acknowledge it")
+    x.add_argument("action", nargs="?", default="list", choices=["list", "show", "save", "ack"],
+                   help="list (default); show ID|LK0: its fields and contents; save ID|LK0 FILE: its contents to"
+                        " FILE; ack ID|LK0...: the application has processed them")
+    x.add_argument("ids", nargs="*", metavar="ID|LK0", help="inbox document ids (the ID column) or LK0s")
+    x.add_argument("--all", action="store_true", help="include acknowledged documents (list)")
+    x.add_argument("--limit", type=int, default=100, metavar="N",
+                   help=f"list at most N documents, 1..{INBOX_LIMIT} (default 100)")
+    x.add_argument("--json", action="store_true",
+                   help="JSON for programs (times in ms since the epoch); with --follow one JSON object per line")
+    x.add_argument("--follow", "-f", action="store_true",
+                   help="print each unacknowledged document, then each new one as it arrives, until interrupted"
+                        " (the node daemon wakes it; without a daemon it tries again every second)")
+    x.add_argument("--after", type=int, default=0, metavar="ID",
+                   help="--follow: start with the documents above inbox id ID (default 0: every unacknowledged one)")
+    x.add_argument("--ack", action="store_true", help="--follow: acknowledge each document once it is printed")
+    x.add_argument("--raw", action="store_true",
+                   help="show: write the contents to a terminal even when they are not text (without it, binary"
+                        " contents or control characters are refused on a terminal; a pipe or a file always gets"
+                        " the bytes)")
+    user_options(x, "only this user's documents")
+    x.set_defaults(func=cmd_inbox)

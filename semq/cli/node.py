@@ -20,6 +20,7 @@ from semq.cli.daemons import (
     serve_web_console,
 )
 from semq.cli.platform import register_orgs
+from semq.ops.runtime import add_run_options
 from semq.session.transport import parse_hostport
 from semq.settings.config import (
     PRIVATE_DIR_MODE,
@@ -34,8 +35,14 @@ from semq.settings.config import (
     write_config,
 )
 
-__all__ = ["cmd_node_import", "cmd_node_init", "cmd_node_rollover", "cmd_node_run", "cmd_node_trust",
-           "direct_options"]
+__all__ = [
+    "cmd_node_import",
+    "cmd_node_init",
+    "cmd_node_rollover",
+    "cmd_node_run",
+    "cmd_node_trust",
+    "register",
+]
 
 
 def cmd_node_init(args: argparse.Namespace) -> int:
@@ -217,7 +224,7 @@ def cmd_node_import(args: argparse.Namespace) -> int:
     return 0
 
 
-def direct_options(x: argparse.ArgumentParser, *, init: bool) -> None:
+def _direct_options(x: argparse.ArgumentParser, *, init: bool) -> None:
     default = " (default: the configuration's)" if not init else ""
     x.add_argument("--listen", metavar="HOST:PORT",
                    help="accept direct links from other nodes here (port 0: any free port); off unless given"
@@ -283,19 +290,7 @@ def cmd_node_run(args: argparse.Namespace) -> int:
 
         watch_supervisor()  # (started by 'semq node run': stop when it is gone)
     elif cfg.units > 1:
-        # One process per unit, each this command with --unit K (semq.ops.units).
-        from semq.ops.units import supervise_units
-
-        parse_platform_addresses(platform)  # a mistake is said once, here
-        _direct_settings(args, cfg)
-        missing = [k for k in range(1, cfg.units + 1) if not cfg.for_unit(k).store_path.exists()]
-        if missing:
-            raise UsageError(f"units = {cfg.units} in {cfg.directory / 'semq.toml'}, but unit {missing[0]} has no"
-                             f" store ({cfg.for_unit(missing[0]).store_path}): the units are set by"
-                             " 'semq node init --units N'")
-        check_ops_addresses(args, cfg.directory, units=cfg.units)  # said once, not by a unit restarted again
-        return supervise_units(cfg.org, getattr(args, "argv", None) or ["node", "run", "--dir", str(cfg.directory)],
-                               cfg.units, platform=platform, stop_timeout=(args.drain_timeout or 60.0) + 30)
+        return _supervise(args, cfg, platform)
     addresses = parse_platform_addresses(platform)  # checked by inquiry_interval_of
     check_private_paths(cfg)  # before the keys (NodeSecurity checks those) and the store
     direct = _direct_settings(args, cfg)
@@ -345,3 +340,67 @@ def cmd_node_run(args: argparse.Namespace) -> int:
     finally:
         ops.close()
         core.close()
+
+
+
+def _supervise(args: argparse.Namespace, cfg: Config, platform: str) -> int:
+    """``semq node run`` of a node of several units: one process per unit,
+    each this command with ``--unit K``, supervised (semq.ops.units). What
+    is wrong with the command line is said once, here, not by each unit
+    restarted again."""
+    from semq.ops.units import supervise_units
+
+    parse_platform_addresses(platform)
+    _direct_settings(args, cfg)
+    missing = [k for k in range(1, cfg.units + 1) if not cfg.for_unit(k).store_path.exists()]
+    if missing:
+        raise UsageError(f"units = {cfg.units} in {cfg.directory / 'semq.toml'}, but unit {missing[0]} has no"
+                         f" store ({cfg.for_unit(missing[0]).store_path}): the units are set by"
+                         " 'semq node init --units N'")
+    check_ops_addresses(args, cfg.directory, units=cfg.units)
+    return supervise_units(cfg.org, getattr(args, "argv", None) or ["node", "run", "--dir", str(cfg.directory)],
+                           cfg.units, platform=platform, stop_timeout=(args.drain_timeout or 60.0) + 30)
+
+def register(sub: Any, common: argparse.ArgumentParser) -> None:
+    """``semq node init|rollover|trust|import|run``."""
+    node = sub.add_parser("node", help="an organization's node").add_subparsers(dest="sub", required=True)
+    x = node.add_parser("init", parents=[common], help="create the node's config and store")
+    x.add_argument("--org", required=True, help="the organization id: a number, e.g. 10008")
+    x.add_argument("--platform", default="127.0.0.1:7410", metavar="HOST:PORT[,HOST:PORT...]",
+                   help="the platform's address; several: tried in turn, the next when one fails"
+                        " (default 127.0.0.1:7410)")
+    x.add_argument("--no-security", action="store_true", help="plain TCP, no keys (testing only)")
+    x.add_argument("--enroll-from", metavar="PLATFORM_DIR",
+                   help="platform directory on this machine: enroll at once (demo, tests, one-host setups)")
+    _direct_options(x, init=True)
+    x.add_argument("--units", type=int, default=1, metavar="N",
+                   help="run the node as N processes (units), each with its own store, to spread its load over"
+                        " cores (default 1; see docs/operations.md)")
+    x.set_defaults(func=cmd_node_init)
+    x = node.add_parser("rollover", parents=[common], help="new keys and certificate; the old one overlaps")
+    x.add_argument("--enroll-from", metavar="PLATFORM_DIR", help="enroll at once with a platform on this host")
+    x.add_argument("--no-endorse", action="store_true",
+                   help="the current key is lost or revoked: no endorsement by it (nodes that pinned the current"
+                        " certificate then need their operator's 'semq node trust')")
+    x.set_defaults(func=cmd_node_rollover)
+    x = node.add_parser("trust", parents=[common],
+                        help="another organization's certificates this node trusts (pinned, refused); accept one")
+    x.add_argument("org", help="the organization")
+    x.add_argument("fingerprint", nargs="?", help="accept this certificate (SHA-256 fingerprint, or a unique"
+                                                  " prefix of a refused one)")
+    x.add_argument("--forget", metavar="FINGERPRINT", help="no longer trust this pinned certificate")
+    x.add_argument("--json", action="store_true", help="what is pinned and refused, as JSON")
+    x.set_defaults(func=cmd_node_trust)
+    x = node.add_parser("import", parents=[common], help="install the certificate the platform issued")
+    x.add_argument("--cert", required=True, metavar="FILE", help="the certificate the platform issued (ORG.pem)")
+    x.add_argument("--ca", required=True, metavar="FILE", help="the platform's ca.pem")
+    x.set_defaults(func=cmd_node_import)
+    x = node.add_parser("run", parents=[common], help="run the node daemon")
+    x.add_argument("--platform", metavar="HOST:PORT[,HOST:PORT...]",
+                   help="the platform's address or addresses (default: the configuration's)")
+    x.add_argument("--inquiry-interval", metavar="SECONDS", help="default: the configuration's (15)")
+    _direct_options(x, init=False)
+    x.add_argument("--unit", type=int, metavar="K",
+                   help="run only unit K of a node of several units (semq node run starts each one this way)")
+    add_run_options(x)
+    x.set_defaults(func=cmd_node_run)

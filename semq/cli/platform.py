@@ -18,7 +18,9 @@ from semq.cli.daemons import (
     run_daemon,
     serve_web_console,
 )
+from semq.cli.status import cmd_status
 from semq.identity.crypto import CryptoError
+from semq.ops.runtime import add_run_options
 from semq.session.transport import parse_hostport
 from semq.settings.config import (
     Config,
@@ -28,8 +30,17 @@ from semq.settings.config import (
     write_config,
 )
 
-__all__ = ["cmd_platform_enroll", "cmd_platform_init", "cmd_platform_migrate", "cmd_platform_register",
-           "cmd_platform_revoke", "cmd_platform_run", "register_orgs", "units_option"]
+__all__ = [
+    "cmd_platform_enroll",
+    "cmd_platform_init",
+    "cmd_platform_migrate",
+    "cmd_platform_register",
+    "cmd_platform_revoke",
+    "cmd_platform_run",
+    "register",
+    "register_orgs",
+    "units_option",
+]
 
 
 def cmd_platform_init(args: argparse.Namespace) -> int:
@@ -222,3 +233,55 @@ def cmd_platform_run(args: argparse.Namespace, daemon_class: Any = None) -> int:
     finally:
         ops.close()
         core.close()
+
+
+def register(sub: Any, common: argparse.ArgumentParser) -> None:
+    """``semq platform init|migrate|run|register|enroll|revoke|status``."""
+    plat = sub.add_parser("platform", help="the relay").add_subparsers(dest="sub", required=True)
+    x = plat.add_parser("init", parents=[common], help="create the platform's config, store and CA")
+    x.add_argument("--listen", default="127.0.0.1:7410", metavar="HOST:PORT",
+                   help="where the relay listens (default 127.0.0.1:7410; port 0: any free port at each start)")
+    x.add_argument("--id", default="platform", help="the platform's endpoint id (default platform)")
+    x.add_argument("--name", action="append", default=[], help="extra DNS name / IP for the TLS certificate")
+    x.add_argument("--no-security", action="store_true", help="plain TCP, no CA (testing only)")
+    x.add_argument("--store", metavar="URL",
+                   help="keep the store in PostgreSQL (postgresql://USER@HOST:PORT/DB) instead of the SQLite file"
+                        " platform.sqlite: several 'semq platform run' on copies of this directory then form one"
+                        " platform")
+    x.set_defaults(func=cmd_platform_init)
+    x = plat.add_parser(
+        "migrate", parents=[common], help="move a stopped platform's SQLite store into PostgreSQL",
+        description="Copy the stopped platform's store (platform.sqlite) into an empty PostgreSQL database in"
+                    " one transaction, check the row counts, then name the database in semq.toml."
+                    " platform.sqlite is kept as it was.")
+    x.add_argument("--to", required=True, metavar="URL",
+                   help="the PostgreSQL database to move the store into (postgresql://USER@HOST:PORT/DB): empty,"
+                        " or made by 'semq platform init --store' and never run")
+    x.set_defaults(func=cmd_platform_migrate)
+    x = plat.add_parser("run", parents=[common], help="run the relay")
+    x.add_argument("--listen", help="HOST:PORT (port 0 = any free port)")
+    x.add_argument("--inquiry-interval", metavar="SECONDS", help="default: the configuration's (15)")
+    add_run_options(x)
+    x.set_defaults(func=cmd_platform_run)
+    x = plat.add_parser("register", parents=[common], help="make organizations known (and grant them units)")
+    x.add_argument("orgs", nargs="+", metavar="ORG", help="organization ids, e.g. 77000")
+    x.add_argument("--units", type=int, metavar="N",
+                   help="grant each N units (its node may run that many, each holding a connection);"
+                        " default: 1 for an organization new here, a known one keeps its grant")
+    x.set_defaults(func=cmd_platform_register)
+    x = plat.add_parser("enroll", parents=[common], help="issue a certificate from a node's request")
+    x.add_argument("csr", help="the node's node.csr.pem")
+    x.add_argument("--org", help="organization the request must name")
+    x.add_argument("--rollover", action="store_true",
+                   help="the organization already holds a valid certificate: issue a second one (key rollover)")
+    x.add_argument("--out", help="certificate file to write (default ORG.pem)")
+    x.add_argument("--units", type=int, metavar="N",
+                   help="grant the organization N units (default: 1, or what it was granted before)")
+    x.set_defaults(func=cmd_platform_enroll)
+    x = plat.add_parser("revoke", parents=[common], help="revoke an organization's certificates")
+    x.add_argument("org", nargs="?", default="", help="the organization whose certificates to revoke")
+    x.add_argument("--serial", help="revoke one certificate by serial (hex) instead")
+    x.set_defaults(func=cmd_platform_revoke)
+    x = plat.add_parser("status", parents=[common], help="stored messages, online nodes")
+    x.add_argument("--json", action="store_true", help="as JSON, for programs")
+    x.set_defaults(func=cmd_status)

@@ -13,9 +13,10 @@ from typing import Any
 from semq.cli._common import UsageError, client_of, config_of, format_age
 from semq.cli.bulk import format_size
 from semq.ops.display import MAX_LIMIT, check_count, is_time_key, shown, when
+from semq.ops.runtime import live_status
 from semq.settings.config import Config
 
-__all__ = ["cmd_messages", "cmd_status"]
+__all__ = ["cmd_messages", "cmd_status", "register"]
 
 
 def cmd_messages(args: argparse.Namespace) -> int:
@@ -91,56 +92,66 @@ def _cert_status(cfg: Config) -> None:
 
 def cmd_status(args: argparse.Namespace) -> int:
     cfg = config_of(args)
-    from semq.ops.runtime import live_status
-
     live = live_status(cfg.unit_dir, timeout=2.0) or _daemon_status(cfg)
     if cfg.role == "node":
-        from semq.node.api import NodeClient
+        return _node_status(args, cfg, live)
+    return _platform_status(args, cfg, live)
 
-        with NodeClient(cfg.directory, config=cfg) as client:
-            counts = client.status()
-        per_unit = counts.pop("units", None)
-        data = {"role": "node", "org": cfg.org, "platform": cfg.platform, "daemon": live, **counts}
-        if per_unit is not None:
-            # A node of several units: each one's daemon and counts.
-            data["units"] = [{"unit": k, "daemon": live_status(u.unit_dir, timeout=2.0) or _daemon_status(u), **c}
-                             for k, c in enumerate(per_unit, 1) for u in [cfg.for_unit(k)]]
-        if args.json:
-            print(json.dumps(data))
-            return 0
 
-        def connection(live: dict[str, Any] | None) -> str:
-            if live is None:
-                return "not running"
-            if live.get("connected"):
-                return f"running, connected to {live.get('platform') or cfg.platform}"
-            return f"running, NOT connected to {','.join(live.get('platforms') or [cfg.platform])}"
+def _node_status(args: argparse.Namespace, cfg: Config, live: dict[str, Any] | None) -> int:
+    """``semq status`` of a node: its daemon (each unit's), its store's
+    counts, its certificate."""
+    from semq.node.api import NodeClient
 
-        if per_unit is None:
-            print(f"node {cfg.org} ({cfg.directory})\n  daemon: {connection(live)}")
-        else:
-            print(f"node {cfg.org} ({cfg.directory}), {cfg.units} units")
-            for u in data["units"]:
-                st = u["outbox"]
-                print(f"  unit {u['unit']}: {connection(u['daemon'])}; pending-send {sum(st.values())},"
-                      f" pending-ack {u['pending_ack']}, inbox {u['inbox_unread']} unread")
-        if live is not None:
-            from semq.ops.cli import direct_lines
-
-            for line in direct_lines(live.get("direct")):
-                print(line)
-        states = counts["outbox"]
-        print("  pending-send: " + (", ".join(f"{k}={v}" for k, v in states.items()) or "empty"))
-        print(f"  pending-ack: {counts['pending_ack']}   inbox: {counts['inbox_unread']} unread"
-              f" / {counts['inbox_total']}   dedup: {counts['dedup']}")
-        print(f"  oldest unconfirmed: {format_age(counts['oldest_unconfirmed_ms'])}")
-        for w in counts.get("channels_waiting") or []:
-            print(f"  ordered {shown(w['text'])}, since {format_age(w['since_ms'])} ago")
-        if cfg.security:
-            _cert_status(cfg)
-        else:
-            print("  security: OFF")
+    with NodeClient(cfg.directory, config=cfg) as client:
+        counts = client.status()
+    per_unit = counts.pop("units", None)
+    data = {"role": "node", "org": cfg.org, "platform": cfg.platform, "daemon": live, **counts}
+    if per_unit is not None:
+        # A node of several units: each one's daemon and counts.
+        data["units"] = [{"unit": k, "daemon": live_status(u.unit_dir, timeout=2.0) or _daemon_status(u), **c}
+                         for k, c in enumerate(per_unit, 1) for u in [cfg.for_unit(k)]]
+    if args.json:
+        print(json.dumps(data))
         return 0
+
+    def connection(live: dict[str, Any] | None) -> str:
+        if live is None:
+            return "not running"
+        if live.get("connected"):
+            return f"running, connected to {live.get('platform') or cfg.platform}"
+        return f"running, NOT connected to {','.join(live.get('platforms') or [cfg.platform])}"
+
+    if per_unit is None:
+        print(f"node {cfg.org} ({cfg.directory})\n  daemon: {connection(live)}")
+    else:
+        print(f"node {cfg.org} ({cfg.directory}), {cfg.units} units")
+        for u in data["units"]:
+            st = u["outbox"]
+            print(f"  unit {u['unit']}: {connection(u['daemon'])}; pending-send {sum(st.values())},"
+                  f" pending-ack {u['pending_ack']}, inbox {u['inbox_unread']} unread")
+    if live is not None:
+        from semq.ops.cli import direct_lines
+
+        for line in direct_lines(live.get("direct")):
+            print(line)
+    states = counts["outbox"]
+    print("  pending-send: " + (", ".join(f"{k}={v}" for k, v in states.items()) or "empty"))
+    print(f"  pending-ack: {counts['pending_ack']}   inbox: {counts['inbox_unread']} unread"
+          f" / {counts['inbox_total']}   dedup: {counts['dedup']}")
+    print(f"  oldest unconfirmed: {format_age(counts['oldest_unconfirmed_ms'])}")
+    for w in counts.get("channels_waiting") or []:
+        print(f"  ordered {shown(w['text'])}, since {format_age(w['since_ms'])} ago")
+    if cfg.security:
+        _cert_status(cfg)
+    else:
+        print("  security: OFF")
+    return 0
+
+
+def _platform_status(args: argparse.Namespace, cfg: Config, live: dict[str, Any] | None) -> int:
+    """``semq status`` of the platform: its daemon, the nodes it knows, what
+    it stores and relays, its instances on a PostgreSQL store."""
     from semq.platform.core import PlatformCore
 
     pcore = PlatformCore(cfg.platform_store, cfg.platform_id)
@@ -174,3 +185,17 @@ def cmd_status(args: argparse.Namespace) -> int:
             state = "running" if i["alive"] else "gone (no heartbeat)"
             print(f"    {i['address']:<22} {state}, pid {i['pid']}, holds {i['holds']} organization(s)")
     return 0
+
+
+def register(sub: Any, common: argparse.ArgumentParser) -> None:
+    """``semq messages`` and ``semq status``."""
+    x = sub.add_parser("messages", parents=[common], help="pending-send rows with state and age")
+    x.add_argument("--limit", type=int, default=100, metavar="N",
+                   help=f"at most N rows (1..{MAX_LIMIT}, default 100)")
+    x.add_argument("--receipt", metavar="LK0", help="show the signed delivery receipt of a document, verified")
+    x.add_argument("--json", action="store_true", help="as JSON, with the raw values (times in epoch ms)")
+    x.set_defaults(func=cmd_messages)
+
+    x = sub.add_parser("status", parents=[common], help="node or platform status")
+    x.add_argument("--json", action="store_true", help="as JSON, for programs")
+    x.set_defaults(func=cmd_status)

@@ -13,7 +13,7 @@ from typing import Any
 from semq.cli._common import UsageError, client_of, config_of, format_age
 from semq.settings.config import Config
 
-__all__ = ["cmd_user", "token_of", "user_client", "user_options"]
+__all__ = ["cmd_user", "register", "token_of", "user_client", "user_options"]
 
 
 def token_of(args: argparse.Namespace) -> str | None:
@@ -71,3 +71,14 @@ def cmd_user(args: argparse.Namespace) -> int:
             return 0
         except UserError as e:
             raise UsageError(str(e)) from None
+
+
+def register(sub: Any, common: argparse.ArgumentParser) -> None:
+    """``semq user``."""
+    x = sub.add_parser("user", parents=[common], help="users inside this organization and their tokens")
+    x.add_argument("action", choices=["add", "list", "remove"],
+                   help="add a user (prints its token once), list them, or remove one")
+    x.add_argument("name", nargs="?", help="user name: a-z 0-9 . _ -, starting with a letter (e.g. alice)")
+    x.add_argument("--os-user", default="", metavar="ACCOUNT",
+                   help="add: also accept this operating-system account on the user socket, without a token")
+    x.set_defaults(func=cmd_user)
