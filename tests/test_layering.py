@@ -7,11 +7,16 @@ layers below it. From the bottom up, as the folders say:
       <-  store (opening, the gate), session (framed connections, admission,
           the ports between layers), tracking (event log, history)
       <-  engines  <-  cores (node and platform stores, cores, the node's features and API)
-      <-  daemons  <-  ops, web  <-  cli, testing
+      <-  daemons  <-  ops  <-  web  <-  cli, testing
 
 and analytics stands apart: it imports nothing of SEMQ but itself (it reads
 the event logs, not the daemons). Imports under ``if TYPE_CHECKING:`` count
-too: a daemon knows ops only through semq.session.ports."""
+too: a daemon knows ops only through semq.session.ports, and ops knows the
+web console only as the factory the command hands OpsRuntime.
+
+No import loop either, anywhere: not between two modules of one layer, not
+through a package's ``__init__`` (a package that re-exports its submodules
+is above them; they import each other, never the package)."""
 
 from __future__ import annotations
 
@@ -30,11 +35,25 @@ LAYERS: dict[str, int] = {
     "semq.node.daemon": 5, "semq.platform.daemon": 5, "semq.node.background": 5,
     "semq.node.direct": 5,
     "semq.ops": 6,
-    "semq.web": 6,  # the web console: served by OpsRuntime beside the admin socket, calling its handlers
-    "semq.cli": 7, "semq.testing": 7, "semq.__main__": 7,
+    # the web console: calls the ops handlers; OpsRuntime serves it through the
+    # factory the command hands it (semq.ops.runtime.ConsoleFactory)
+    "semq.web": 7,
+    "semq.cli": 8, "semq.testing": 8, "semq.__main__": 8,
 }
 BASE = "semq"  # the package's __init__: only the version, for anyone
 APART = "semq.analytics"
+
+# Loops that other branches are removing as this check lands: until they
+# merge, a loop among these modules only (all of them, or some) passes, each
+# entry naming who removes it. Any other loop fails. To be emptied when
+# their work is in.
+KNOWN_LOOPS: dict[frozenset[str], str] = {
+    frozenset({"semq.node.channels", "semq.node.origin"}): "the arch-node branch (semq/node)",
+    frozenset({"semq.node.core", "semq.node.housekeeping", "semq.node.inquiries", "semq.node.large_in",
+               "semq.node.large_out", "semq.node.receiver"}): "the arch-node branch (semq/node)",
+    frozenset({"semq.node._access", "semq.node.api"}): "the arch-node branch (semq/node)",
+    frozenset({"semq.node.daemon", "semq.node.direct"}): "the arch-session branch (node/daemon.py, node/direct.py)",
+}
 
 
 def _module(path: Path) -> str:
@@ -52,7 +71,17 @@ def _layer(module: str) -> int | None:
     return None if best is None else best[1]
 
 
+def _is_module(name: str) -> bool:
+    path = ROOT.parent / name.replace(".", "/")
+    return path.with_suffix(".py").is_file() or (path / "__init__.py").is_file()
+
+
 def _imports(path: Path, module: str) -> set[str]:
+    """What ``module`` imports, at the top, inside functions and under
+    TYPE_CHECKING alike. ``from P import name`` imports the submodule
+    ``P.name`` when there is one, else ``P``: like ``import P.name``, it
+    runs P's ``__init__`` first only as the parent every submodule has,
+    which is not counted (a package is above its submodules)."""
     tree = ast.parse(path.read_text("utf-8"))
     package = module if path.name == "__init__.py" else module.rpartition(".")[0]
     out = set()
@@ -63,17 +92,82 @@ def _imports(path: Path, module: str) -> set[str]:
             if node.level:
                 base = package.split(".")
                 base = base[:len(base) - (node.level - 1)]
-                target = ".".join(base + ([node.module] if node.module else []))
-                names = [f"{target}.{a.name}" for a in node.names]
-                out |= {target, *(n for n in names if (ROOT.parent / n.replace(".", "/")).exists()
-                                  or (ROOT.parent / (n.replace(".", "/") + ".py")).exists())}
-            elif node.module:
-                out.add(node.module)
+                source = ".".join(base + ([node.module] if node.module else []))
+            else:
+                source = node.module or ""
+            for a in node.names:
+                sub = f"{source}.{a.name}"
+                out.add(sub if _is_module(sub) else source)
     return {m for m in out if m == "semq" or m.startswith("semq.")}
 
 
 def _graph() -> dict[str, set[str]]:
     return {_module(p): _imports(p, _module(p)) for p in sorted(ROOT.rglob("*.py"))}
+
+
+def _module_graph() -> dict[str, set[str]]:
+    """Module -> the modules it imports (a name imported from a module is
+    that module)."""
+    graph = _graph()
+
+    def resolve(name: str) -> str:
+        while name not in graph and "." in name:
+            name = name.rpartition(".")[0]
+        return name
+
+    return {m: {t for t in map(resolve, imports) if t != m and t in graph} for m, imports in graph.items()}
+
+
+def _loops(graph: dict[str, set[str]]) -> list[frozenset[str]]:
+    """The import loops: the strongly connected components of more than one
+    module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[frozenset[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(graph.get(v, ())):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = set()
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.add(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(frozenset(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def _cycle(graph: dict[str, set[str]], loop: frozenset[str]) -> list[str]:
+    """One shortest way round ``loop``, from its first module back to it."""
+    first = min(loop)
+    paths = {first: [first]}
+    todo = [first]
+    while todo:
+        v = todo.pop(0)
+        for w in sorted(graph[v] & loop):
+            if w == first:
+                return [*paths[v], first]
+            if w not in paths:
+                paths[w] = [*paths[v], w]
+                todo.append(w)
+    raise AssertionError(f"{sorted(loop)} is not a loop")  # pragma: no cover
 
 
 def test_every_module_has_a_layer() -> None:
@@ -103,60 +197,30 @@ def test_analytics_stands_apart() -> None:
     assert not wrong, "\n".join(wrong)
 
 
-def _loops(graph: dict[str, set[str]]) -> list[list[str]]:
-    """The import loops of ``graph`` (its strongly connected components of
-    more than one module)."""
-    index: dict[str, int] = {}
-    low: dict[str, int] = {}
-    stack: list[str] = []
-    on: set[str] = set()
-    out: list[list[str]] = []
+def test_no_import_loop() -> None:
+    graph = _module_graph()
+    loops = [f"{' -> '.join(_cycle(graph, loop))}  (the loop: {', '.join(sorted(loop))})"
+             for loop in _loops(graph) if not any(loop <= known for known in KNOWN_LOOPS)]
+    assert not loops, "import loops:\n" + "\n".join(sorted(loops))
 
-    def visit(v: str) -> None:
-        index[v] = low[v] = len(index)
-        stack.append(v)
-        on.add(v)
-        for w in graph.get(v, ()):
-            if w not in index:
-                visit(w)
-                low[v] = min(low[v], low[w])
-            elif w in on:
-                low[v] = min(low[v], index[w])
-        if low[v] == index[v]:
-            comp = []
-            while True:
-                w = stack.pop()
-                on.discard(w)
-                comp.append(w)
-                if w == v:
-                    break
-            if len(comp) > 1:
-                out.append(sorted(comp))
 
-    for m in sorted(graph):
-        if m not in index:
-            visit(m)
-    return out
+def test_the_loop_check_finds_loops() -> None:
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a", "d"}, "d": set(), "e": {"e2"}, "e2": {"e"}}
+    assert sorted(map(sorted, _loops(graph))) == [["a", "b", "c"], ["e", "e2"]]
+    assert _cycle(graph, frozenset({"a", "b", "c"})) == ["a", "b", "c", "a"]
+    assert _loops({"a": {"b"}, "b": set()}) == []
 
 
 def test_the_platform_and_the_node_import_one_way() -> None:
-    """The platform's modules import one another one way, and the two
-    packages too: the platform uses the node's engine (its operator
-    actions: semq.platform.engine), the node knows nothing of the platform."""
-    graph = _graph()
-    platform = {m for m in graph if m.startswith("semq.platform")}
-    assert _loops({m: graph[m] & platform for m in platform}) == []
+    """The two packages import one way: the platform uses the node's engine
+    (its operator actions: semq.platform.engine), the node knows nothing of
+    the platform."""
 
     def package(m: str) -> str:
         return ".".join(m.split(".")[:2])
 
     packages: dict[str, set[str]] = {"semq.node": set(), "semq.platform": set()}
-    for m, imports in graph.items():
+    for m, imports in _graph().items():
         if package(m) in packages:
             packages[package(m)] |= {package(t) for t in imports if package(t) in packages} - {package(m)}
     assert _loops(packages) == [], packages
-
-
-def test_the_loop_check_finds_a_loop() -> None:
-    assert _loops({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}, "e": set()}) == [["a", "b", "c"]]
-    assert _loops({"a": {"b"}, "b": set()}) == []

@@ -42,6 +42,10 @@ import time
 from dataclasses import dataclass
 from typing import Any, Final
 
+from semq.cli._common import UsageError, app_key_shown, client_of, format_time
+from semq.cli.inbox import doc_id
+from semq.ops.display import shown
+
 __all__ = ["MAX_BACKOFF", "register"]
 
 log = logging.getLogger("semq.receive")
@@ -273,8 +277,6 @@ class Receiver:
 
 
 def cmd_receive(args: argparse.Namespace) -> int:
-    from semq.cli import UsageError, _client
-
     if args.parked:
         return _parked(args)
     if args.retry:
@@ -292,7 +294,7 @@ def cmd_receive(args: argparse.Namespace) -> int:
         raise KeyboardInterrupt
 
     signal.signal(signal.SIGTERM, stop)
-    with _client(args) as node:
+    with client_of(args) as node:
         receiver = Receiver(node, args)
         try:
             return receiver.run()
@@ -303,10 +305,9 @@ def cmd_receive(args: argparse.Namespace) -> int:
 
 
 def _parked(args: argparse.Namespace) -> int:
-    from semq.cli import _app_key_shown, _client, format_time, shown
     from semq.node.receiving import parked
 
-    with _client(args) as node:
+    with client_of(args) as node:
         rows = parked(node)
     if args.json:
         print(json.dumps([{"id": t.inbox_id, "lk0": str(i.lk0), "from": i.lk0.endpoint.node_id,
@@ -317,21 +318,20 @@ def _parked(args: argparse.Namespace) -> int:
     print(f"{'ID':>6}  {'LK0':<28} {'APPKEY':<32} {'TRIES':>5} {'LAST':<12} {'PARKED':<19}  STDERR")
     for t, i in rows:
         tail = shown(" ".join(t.stderr_tail.split())[-60:])
-        print(f"{t.inbox_id:>6}  {i.lk0!s:<28} {_app_key_shown(i.app_key):<32} {t.tries:>5}"
+        print(f"{t.inbox_id:>6}  {i.lk0!s:<28} {app_key_shown(i.app_key):<32} {t.tries:>5}"
               f" {_describe(t.last_code, False):<12} {format_time(t.parked_ms):<19}  {tail}")
     print(f"{len(rows)} parked document(s); 'semq receive --retry ID' gives one back", file=sys.stderr)
     return 0
 
 
 def _retry(args: argparse.Namespace) -> int:
-    from semq.cli import _client, _doc_id
     from semq.node.receiving import retry
 
     rc = 0
-    with _client(args) as node:
+    with client_of(args) as node:
         for text in args.retry:
             try:
-                retry(node, _doc_id(text))
+                retry(node, doc_id(text))
             except KeyError as e:
                 print(f"error: {e.args[0]}", file=sys.stderr)
                 rc = 1

@@ -45,12 +45,11 @@ def one_error(err: str, *fragments: str) -> str:
 def dirs(tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     """A platform P and a node A without security, nothing running; a daemon
     that gets as far as starting fails the test."""
-    import semq.cli
-
     def started(*_a: object, **_k: object) -> int:
         raise AssertionError("the daemon started")
 
-    monkeypatch.setattr(semq.cli, "_run_daemon", started)
+    monkeypatch.setattr("semq.cli.platform.run_daemon", started)
+    monkeypatch.setattr("semq.cli.node.run_daemon", started)
     monkeypatch.delenv("SEMQ_DIR", raising=False)
     monkeypatch.chdir(tmp_path)
     assert run(capsys, "platform", "init", "--dir", "P", "--no-security", "--listen", f"127.0.0.1:{free_port()}")[0] == 0

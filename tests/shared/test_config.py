@@ -55,12 +55,11 @@ def dirs(tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest
     """A platform P and a node A (security off: quick), nothing running. A
     run command that gets as far as starting its daemon fails the test at
     once instead of running (these tests are about what stops it before)."""
-    import semq.cli
-
     def started(*_a: object, **_k: object) -> int:
         raise AssertionError("the daemon started")
 
-    monkeypatch.setattr(semq.cli, "_run_daemon", started)
+    monkeypatch.setattr("semq.cli.platform.run_daemon", started)
+    monkeypatch.setattr("semq.cli.node.run_daemon", started)
     monkeypatch.delenv("SEMQ_DIR", raising=False)
     monkeypatch.chdir(tmp_path)
     port = free_port()

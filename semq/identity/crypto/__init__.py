@@ -31,6 +31,7 @@ from ._aad import (
     parse_document_aad,
     raw_frame_aad,
 )
+from ._ca import CertificateAuthority
 from ._directory import MAX_CERTS_PER_ORG, CertificateDirectory
 from ._document import (
     ProtectedDocument,
@@ -90,7 +91,6 @@ from ._pki import (
     ROLLOVER_PREFIX,
     SEMQ_ROLLOVER_OID,
     SEMQ_X25519_OID,
-    CertificateAuthority,
     Endorsement,
     NodeCertificate,
     NodeIdentity,

@@ -19,6 +19,7 @@ from cryptography import x509
 
 from semq.umxt_protocol import CertResponse, Endpoint, NodeType, ResultCode
 
+from ._ca import CertificateAuthority
 from ._errors import (
     CertificateError,
     CertificateExpired,
@@ -26,7 +27,6 @@ from ._errors import (
     UnknownCertificate,
 )
 from ._pki import (
-    CertificateAuthority,
     NodeCertificate,
     expiring_within,
     format_time,
