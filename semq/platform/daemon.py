@@ -16,6 +16,7 @@ import math
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from functools import partial
 from types import MappingProxyType
 from typing import Final
 
@@ -25,7 +26,8 @@ from semq.identity.crypto import CryptoError
 from semq.identity.security import PlatformSecurity
 from semq.session.admission import Admission, raise_descriptor_limit
 from semq.session.ports import BatchObserver, DrainSignal
-from semq.session.transport import ByteBudget, ConnectionClosed, FramePump, FrameStream
+from semq.session.reader import Handler, SessionReader, first_exception
+from semq.session.transport import ByteBudget, ConnectionClosed, FrameStream
 from semq.settings.bounds import (
     FD_RESERVE,
     PLATFORM_BUFFER_MIB_PER_ORG,
@@ -52,8 +54,6 @@ from semq.umxt_protocol import (
     PeerAnnounce,
     PeerInfo,
     PeerLookup,
-    Ping,
-    Pong,
     ProtocolError,
     RawFrame,
     RemoteProtocolError,
@@ -453,14 +453,11 @@ class PlatformDaemon:
                     nursery.start_soon(self._writer, session, nursery.cancel_scope)
                     nursery.start_soon(self._deliverer, session)
                     nursery.start_soon(self._drain_forwards)
-                    pump = FramePump(fs)
-                    nursery.start_soon(pump.run)
-                    await self._reader(session, pump, first[1:])
-                    nursery.cancel_scope.cancel()
+                    await self._reader(session).run(first[1:])
         except* ConnectionClosed:
-            pass
+            pass  # (also BYE, and a node that spoke for another organization: told why)
         except* RemoteProtocolError as eg:
-            err = eg.exceptions[0]
+            err = first_exception(eg)
             assert isinstance(err, RemoteProtocolError)
             log.warning("%s sent bad bytes (code %d): %s", ep, err.code, err)
             await fs.send_error(self.core.me, ep, err.code, str(err))
@@ -482,82 +479,89 @@ class PlatformDaemon:
             if budget is not None and not len(budget):
                 del self.budgets[org.node_id]
 
-    async def _reader(self, session: Session, pump: FramePump, pending: list[RawFrame]) -> None:
-        fs, ep = session.fs, session.endpoint
-        org = route_org(ep)  # (ep: the route of the node's unit, semq.umxt_protocol.units)
-        batch = pending
-        while True:
-            if not batch:
-                with trio.fail_after(self.s.idle_timeout):
-                    batch = await pump.take()
-            msgs = []
-            for raw in batch:
-                if raw.kind.is_message:
-                    msgs.append(raw)
-                elif raw.kind is Kind.PING:
-                    ping = raw.frame().body
-                    assert isinstance(ping, Ping)
-                    session.enqueue([encode_frame(Frame(kind=Kind.PONG, source=self.core.me, target=org,
-                                                        body=Pong(nonce=ping.nonce, time_ms=now_ms())))])
-                elif raw.kind is Kind.BYE:
-                    return
-                elif raw.kind is Kind.HELLO:
-                    raise RemoteProtocolError("HELLO on an established session", ResultCode.UNEXPECTED_FRAME)
-                elif raw.kind is Kind.CERT_REQUEST:
-                    req = raw.frame().body
-                    assert isinstance(req, CertRequest)
-                    session.enqueue([await self._cert_response(org, req.endpoint)])
-                elif raw.kind is Kind.PEER_ANNOUNCE:
-                    ann = raw.frame().body
-                    assert isinstance(ann, PeerAnnounce)
-                    now = trio.current_time()
-                    if now - session.announced_at < _ANNOUNCE_EVERY:
-                        # A node renews at a third of the lifetime: more than one
-                        # a second is a loop or a flood, not worth a write each.
-                        self.stats["announce_ignored"] = self.stats.get("announce_ignored", 0) + 1
-                        continue
-                    session.announced_at = now
-                    try:
-                        await self.gate.run(self.core.announce_peer, org, ann, session.seen.host,
-                                            session.seen.fingerprint)
-                    except STORE_ERRORS as e:  # the node announces again within its lifetime
-                        log.error("direct-link addresses of %s not recorded: store error: %s", ep, e)
-                elif raw.kind is Kind.PEER_LOOKUP:
-                    look = raw.frame().body
-                    assert isinstance(look, PeerLookup)
-                    try:
-                        info = await self.gate.run(self.core.lookup_peer, org, look.endpoint)
-                    except STORE_ERRORS as e:
-                        log.error("direct-link look-up of %s for %s failed: store error: %s", look.endpoint, ep, e)
-                        info = PeerInfo(endpoint=look.endpoint, code=ResultCode.STORE_ERROR)
-                    session.enqueue([encode_frame(Frame(kind=Kind.PEER_INFO, source=self.core.me, target=org,
-                                                        body=info))])
-            batch = []
-            if not msgs:
-                continue
-            msgs = self._incoming(session, msgs)
-            msgs = self._over_window(session, msgs)
-            if not msgs:
-                continue
-            self.stats["frames_in"] += len(msgs)
-            t0 = time.perf_counter()
-            out = await self.gate.run(self.core.handle, ep, msgs, self._room(msgs), None, self._forwarder())
-            if self.metrics is not None:
-                self.metrics.observe_batch(len(msgs), time.perf_counter() - t0)
-            self._dispatch(out)
-            errors = [encode_frame(Frame(kind=Kind.ERROR, source=self.core.me, target=org,
-                                         body=Error(code=code, message=text[:1024])))
-                      for code, text in out.errors]
-            for code, text in out.errors:
-                self.stats["refused"] += 1
-                log.warning("refused from %s (%s): %s", ep, code.name, text)
-            if any(code is ResultCode.SOURCE_MISMATCH for code, _ in out.errors):
-                # An organization speaks only as itself: say why, then close
-                # (written directly: the writer task is about to be cancelled).
-                with trio.move_on_after(2):
-                    await fs.send(b"".join([*session.queue, *errors]))
-                return
-            session.enqueue(errors)
+    def _reader(self, session: Session) -> SessionReader:
+        """The session's reader (semq.session.reader): what the relay
+        registers. A node's ERROR is not logged (a node must not fill the
+        relay's log); a PONG goes through the session's queue, like every
+        frame the relay writes."""
+        org = route_org(session.endpoint)  # (the endpoint: the route of the node's unit, semq.umxt_protocol.units)
+
+        async def send(frame: bytes) -> None:
+            session.enqueue([frame])
+
+        handlers: dict[Kind, Handler] = {
+            Kind.HELLO: self._hello_again,
+            Kind.CERT_REQUEST: partial(self._cert_request, session),
+            Kind.PEER_ANNOUNCE: partial(self._peer_announce, session),
+            Kind.PEER_LOOKUP: partial(self._peer_lookup, session),
+        }
+        return SessionReader(session.fs, me=self.core.me, peer=org, name=str(session.endpoint),
+                             messages=partial(self._messages, session), handlers=handlers, send=send,
+                             idle=self.s.idle_timeout, log_errors=False, log=log)
+
+    @staticmethod
+    async def _hello_again(_raw: RawFrame) -> None:
+        raise RemoteProtocolError("HELLO on an established session", ResultCode.UNEXPECTED_FRAME)
+
+    async def _cert_request(self, session: Session, raw: RawFrame) -> None:
+        req = raw.frame().body
+        assert isinstance(req, CertRequest)
+        session.enqueue([await self._cert_response(route_org(session.endpoint), req.endpoint)])
+
+    async def _peer_announce(self, session: Session, raw: RawFrame) -> None:
+        ann = raw.frame().body
+        assert isinstance(ann, PeerAnnounce)
+        now = trio.current_time()
+        if now - session.announced_at < _ANNOUNCE_EVERY:
+            # A node renews at a third of the lifetime: more than one a
+            # second is a loop or a flood, not worth a write each.
+            self.stats["announce_ignored"] = self.stats.get("announce_ignored", 0) + 1
+            return
+        session.announced_at = now
+        try:
+            await self.gate.run(self.core.announce_peer, route_org(session.endpoint), ann, session.seen.host,
+                                session.seen.fingerprint)
+        except STORE_ERRORS as e:  # the node announces again within its lifetime
+            log.error("direct-link addresses of %s not recorded: store error: %s", session.endpoint, e)
+
+    async def _peer_lookup(self, session: Session, raw: RawFrame) -> None:
+        look = raw.frame().body
+        assert isinstance(look, PeerLookup)
+        org = route_org(session.endpoint)
+        try:
+            info = await self.gate.run(self.core.lookup_peer, org, look.endpoint)
+        except STORE_ERRORS as e:
+            log.error("direct-link look-up of %s for %s failed: store error: %s", look.endpoint, session.endpoint, e)
+            info = PeerInfo(endpoint=look.endpoint, code=ResultCode.STORE_ERROR)
+        session.enqueue([encode_frame(Frame(kind=Kind.PEER_INFO, source=self.core.me, target=org, body=info))])
+
+    async def _messages(self, session: Session, msgs: list[RawFrame]) -> None:
+        """One batch of a node's message frames: one store transaction."""
+        msgs = self._incoming(session, msgs)
+        msgs = self._over_window(session, msgs)
+        if not msgs:
+            return
+        ep = session.endpoint
+        org = route_org(ep)
+        self.stats["frames_in"] += len(msgs)
+        t0 = time.perf_counter()
+        out = await self.gate.run(self.core.handle, ep, msgs, self._room(msgs), None, self._forwarder())
+        if self.metrics is not None:
+            self.metrics.observe_batch(len(msgs), time.perf_counter() - t0)
+        self._dispatch(out)
+        errors = [encode_frame(Frame(kind=Kind.ERROR, source=self.core.me, target=org,
+                                     body=Error(code=code, message=text[:1024])))
+                  for code, text in out.errors]
+        for code, text in out.errors:
+            self.stats["refused"] += 1
+            log.warning("refused from %s (%s): %s", ep, code.name, text)
+        if any(code is ResultCode.SOURCE_MISMATCH for code, _ in out.errors):
+            # An organization speaks only as itself: say why, then close
+            # (written directly: the writer task is about to be cancelled).
+            with trio.move_on_after(2):
+                await session.fs.send(b"".join([*session.queue, *errors]))
+            raise ConnectionClosed(f"{ep} spoke for another organization: closed")
+        session.enqueue(errors)
 
     def _incoming(self, session: Session, msgs: list[RawFrame]) -> list[RawFrame]:
         """The message frames a node sent, before they are handled. Here,
