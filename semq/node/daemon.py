@@ -9,7 +9,6 @@ node is given their addresses and fails over between them
 from __future__ import annotations
 
 import logging
-import math
 import random
 import sqlite3
 import ssl
@@ -23,12 +22,13 @@ from typing import TYPE_CHECKING
 import trio
 
 from semq.identity.crypto import CryptoError
+from semq.session.early import EarlySends
 from semq.session.ports import BatchObserver, DrainSignal, InboxSignal
-from semq.session.transport import ConnectionClosed, FramePump, FrameStream
+from semq.session.reader import Handler, SessionIdle, SessionReader, ping_every
+from semq.session.transport import ConnectionClosed, FrameStream
 from semq.settings.config import Address
 from semq.store.db import STORE_ERRORS
 from semq.store.gate import StoreGate
-from semq.tracking.events import now_ms
 from semq.umxt_protocol import (
     CertRequest,
     CertResponse,
@@ -42,8 +42,6 @@ from semq.umxt_protocol import (
     Nack,
     NodeType,
     PeerInfo,
-    Ping,
-    Pong,
     RawFrame,
     RemoteProtocolError,
     ResultCode,
@@ -144,31 +142,6 @@ def _first(eg: BaseExceptionGroup[BaseException]) -> BaseException:
     return e
 
 
-class EarlySends:
-    """The claims' FramePort (semq.session.ports) for one session: the DATA frames
-    a claim hands over on the store thread, just before its commit, are
-    passed to the event loop as data and written by the session's
-    ``_early_sender``. A session that is over drops them: the rows go again
-    in the next one."""
-
-    def __init__(self, token: trio.lowlevel.TrioToken, chunks: trio.MemorySendChannel[bytes]) -> None:
-        self._token = token
-        self._chunks = chunks
-
-    def put(self, frames: list[bytes]) -> None:
-        chunk = b"".join(frames)
-        try:
-            self._token.run_sync_soon(self._queue, chunk)
-        except trio.RunFinishedError:
-            pass
-
-    def _queue(self, chunk: bytes) -> None:
-        try:
-            self._chunks.send_nowait(chunk)
-        except (trio.ClosedResourceError, trio.BrokenResourceError):
-            pass  # the session is over
-
-
 class NodeDaemon:
     def __init__(self, core: NodeCore, settings: NodeSettings) -> None:
         self.core = core
@@ -192,8 +165,6 @@ class NodeDaemon:
         self.waiting: dict[Endpoint, ResultCode] = {}  # organizations our documents wait for, and why
         self._certs_limiter = trio.CapacityLimiter(1)  # certificate and pin work, off the event loop
         self.deferred: list[RawFrame] = []  # DATA waiting for its origin's certificate
-        # The claims' FramePort of the current session: DATA leaves before the commit.
-        self._early: EarlySends | None = None
         self._watch: sqlite3.Connection | None = None  # see _wait_for_work
         self._watch_every = settings.watch_interval
         # semq.ops sets these when the daemon runs from the CLI.
@@ -263,6 +234,9 @@ class NodeDaemon:
             store_failed = False
             try:
                 await self._session(here)
+            except* SessionIdle:
+                log.warning("no traffic from the platform for %.0f s: reconnecting", self.s.idle_timeout)
+                why = "nothing received in time"
             except* trio.TooSlowError:
                 why = "no answer in time"  # connect_timeout or hello_timeout
             except* (OSError, ConnectionClosed) as eg:
@@ -350,20 +324,18 @@ class NodeDaemon:
             self.retry.clear()  # a new session: ask at once again
             self.sessions += 1
             log.info("connected to %s at %s", welcome.source, address)
-            self.last_rx = trio.current_time()
             self.platform_fs = fs
-            early_send, early_receive = trio.open_memory_channel[bytes](math.inf)  # bounded by the window
-            async with early_send, early_receive, trio.open_nursery() as nursery:
-                self._early = EarlySends(trio.lowlevel.current_trio_token(), early_send)
+            async with trio.open_nursery() as nursery:
+                early = EarlySends()  # the claims' FramePort: DATA leaves before the commit
                 nursery.start_soon(self._announcer, fs)
-                nursery.start_soon(self._early_sender, fs, early_receive)
-                nursery.start_soon(self._reader, fs, first[1:], nursery.cancel_scope)
-                nursery.start_soon(self._sender, fs)
+                nursery.start_soon(early.run, fs)
+                nursery.start_soon(self._reader(fs).run, first[1:])
+                nursery.start_soon(self._sender, fs, early)
                 nursery.start_soon(self.large.run, fs)
                 # Large documents coming in: their origins go on from what we hold.
                 await fs.send(b"".join(await self.gate.run(self.core.receiver.large.resume_acks)))
                 nursery.start_soon(self._inquirer, fs)
-                nursery.start_soon(self._pinger, fs, nursery.cancel_scope)
+                nursery.start_soon(ping_every, fs, me, self.core.platform, self.s.ping_interval)
                 if self.core.sec is not None:
                     nursery.start_soon(self._refresher, fs)
         finally:
@@ -420,70 +392,58 @@ class NodeDaemon:
         self.deferred = (self.deferred + out.deferred)[-10_000:]
         return out
 
-    async def _reader(self, fs: FrameStream, pending: list[RawFrame], scope: trio.CancelScope) -> None:
-        try:
-            pump = FramePump(fs)
-            async with trio.open_nursery() as reading:
-                reading.start_soon(pump.run)
-                await self._read_loop(fs, pump, pending)
-        finally:
-            scope.cancel()
+    def _reader(self, fs: FrameStream) -> SessionReader:
+        """The platform session's reader (semq.session.reader): what a node
+        registers for its platform session."""
+        handlers: dict[Kind, Handler] = {Kind.CERT_RESPONSE: self._cert_response, Kind.CRL: self._crl,
+                                         Kind.PEER_INFO: self._peer_info}
+        return SessionReader(fs, me=self.core.me, peer=self.core.platform, name="platform",
+                             messages=partial(self._messages, fs), handlers=handlers,
+                             screen=partial(self._screen, fs), idle=self.s.idle_timeout, log=log)
 
-    async def _read_loop(self, fs: FrameStream, pump: FramePump, pending: list[RawFrame]) -> None:
-        batch = pending
-        while True:
-            if not batch:
-                batch = await pump.take()
-            self.last_rx = trio.current_time()
-            batch, nacks = self._over_window(batch)
-            if nacks:
-                await fs.send(nacks)
-            msgs = []
-            for raw in batch:
-                if raw.kind.is_message:
-                    msgs.append(raw)
-                elif raw.kind is Kind.PING:
-                    ping = raw.frame().body
-                    assert isinstance(ping, Ping)
-                    await fs.send(encode_frame(Frame(kind=Kind.PONG, source=self.core.me, target=raw.source,
-                                                     body=Pong(nonce=ping.nonce, time_ms=now_ms()))))
-                elif raw.kind is Kind.ERROR:
-                    err = raw.frame().body
-                    assert isinstance(err, Error)
-                    log.warning("platform says %s (%d): %s", err.code.name, err.code, err.message)
-                elif raw.kind is Kind.BYE:
-                    raise ConnectionClosed("platform said BYE")
-                elif raw.kind is Kind.CERT_RESPONSE:
-                    if await self._certificates(raw):
-                        msgs, self.deferred = self.deferred + msgs, []
-                elif raw.kind is Kind.CRL:
-                    await self._crl(raw)
-                elif raw.kind is Kind.PEER_INFO:
-                    info = raw.frame().body
-                    assert isinstance(info, PeerInfo)
-                    self.links.on_info(info)
-            batch = []
-            if msgs:
-                out = await self.absorb(msgs)
-                if out.chunk_acks:
-                    self.large.acked(out.chunk_acks)
-                direct = self.links.settled(out.settled_ids) if out.settled_ids else 0
-                self.in_flight = max(0, self.in_flight - (out.settled - direct))
-                if out.over_window:
-                    # Multiplicative decrease; _sender grows it back slowly.
-                    self.window = max(16, self.window // 2)
-                    log.warning("platform says over the window: window now %d", self.window)
-                if out.settled:
-                    self._wake.set()
-                if out.over_quota:
-                    now = trio.current_time()
-                    for target in out.over_quota:
-                        _, pause = self.over_quota.get(target, (0.0, QUOTA_PAUSE / 2))
-                        pause = min(QUOTA_PAUSE_MAX, pause * 2)
-                        self.over_quota[target] = (now + pause, pause)
-                    log.warning("the platform's storage quota for our documents is used up: documents to %s"
-                                " wait and go again later", ", ".join(sorted(out.over_quota)))
-                await fs.send(b"".join(out.data) + self._ask(out.missing))
+    async def _screen(self, fs: FrameStream, batch: list[RawFrame]) -> list[RawFrame]:
+        """Stored copies beyond our window are refused before anything of
+        the batch is handled (_over_window)."""
+        batch, nacks = self._over_window(batch)
+        if nacks:
+            await fs.send(nacks)
+        return batch
+
+    async def _cert_response(self, raw: RawFrame) -> list[RawFrame] | None:
+        """Certificates came: the documents deferred for want of them are
+        handled with this batch, ahead of its own."""
+        if await self._certificates(raw):
+            released, self.deferred = self.deferred, []
+            return released
+        return None
+
+    async def _peer_info(self, raw: RawFrame) -> None:
+        info = raw.frame().body
+        assert isinstance(info, PeerInfo)
+        self.links.on_info(info)
+
+    async def _messages(self, fs: FrameStream, msgs: list[RawFrame]) -> None:
+        """One batch of message frames from the platform: one transaction."""
+        out = await self.absorb(msgs)
+        if out.chunk_acks:
+            self.large.acked(out.chunk_acks)
+        direct = self.links.settled(out.settled_ids) if out.settled_ids else 0
+        self.in_flight = max(0, self.in_flight - (out.settled - direct))
+        if out.over_window:
+            # Multiplicative decrease; _sender grows it back slowly.
+            self.window = max(16, self.window // 2)
+            log.warning("platform says over the window: window now %d", self.window)
+        if out.settled:
+            self._wake.set()
+        if out.over_quota:
+            now = trio.current_time()
+            for target in out.over_quota:
+                _, pause = self.over_quota.get(target, (0.0, QUOTA_PAUSE / 2))
+                pause = min(QUOTA_PAUSE_MAX, pause * 2)
+                self.over_quota[target] = (now + pause, pause)
+            log.warning("the platform's storage quota for our documents is used up: documents to %s"
+                        " wait and go again later", ", ".join(sorted(out.over_quota)))
+        await fs.send(b"".join(out.data) + self._ask(out.missing))
 
     def _over_window(self, batch: list[RawFrame]) -> tuple[list[RawFrame], bytes]:
         """Seed 004 flow control, this side. Our HELLO announced a window:
@@ -525,7 +485,7 @@ class NodeDaemon:
                     len(over), limit)
         return [m for m in batch if id(m) not in skip], b"".join(nacks)
 
-    async def _sender(self, fs: FrameStream) -> None:
+    async def _sender(self, fs: FrameStream, early: EarlySends) -> None:
         while True:
             room = self.window - self.in_flight
             if self.drain is not None and self.drain.requested:
@@ -542,7 +502,7 @@ class NodeDaemon:
                     self.over_quota = {t: v for t, v in self.over_quota.items() if v[0] + v[1] > now}
                     skip |= {t for t, (until, _) in self.over_quota.items() if until > now}
                 direct = self.links.up_targets()  # their documents go over their direct links
-                out = await self.gate.run(self.core.claim, min(self.s.batch, room), skip | direct, self._early)
+                out = await self.gate.run(self.core.claim, min(self.s.batch, room), skip | direct, early)
                 if out.local:
                     await self.loopback(out.local)
                 if out.targets:
@@ -616,14 +576,6 @@ class NodeDaemon:
                 self.s.watch_interval = 0
                 return None
         return self._watch
-
-    @staticmethod
-    async def _early_sender(fs: FrameStream, chunks: trio.MemoryReceiveChannel[bytes]) -> None:
-        """Writes the DATA the claims handed to ``EarlySends`` on the store
-        thread, in order, while their commits wait for the disk
-        (NodeCore.claim says why that is safe)."""
-        async for chunk in chunks:
-            await fs.send(chunk)
 
     def _retry_after(self, ep: Endpoint) -> float:
         return self.retry.get(ep, self.s.cert_retry)
@@ -794,18 +746,6 @@ class NodeDaemon:
             await trio.sleep(step)
             out = await self.gate.run(self.core.inquiries)
             await fs.send(b"".join(out.data))
-
-    async def _pinger(self, fs: FrameStream, scope: trio.CancelScope) -> None:
-        nonce = 0
-        while True:
-            await trio.sleep(self.s.ping_interval)
-            if trio.current_time() - self.last_rx > self.s.idle_timeout:
-                log.warning("no traffic from the platform for %.0f s: reconnecting", self.s.idle_timeout)
-                scope.cancel()
-                return
-            nonce += 1
-            await fs.send(encode_frame(Frame(kind=Kind.PING, source=self.core.me, target=self.core.platform,
-                                             body=Ping(nonce=nonce, time_ms=now_ms()))))
 
     async def loopback(self, data: list[bytes]) -> None:
         """Documents for users of this node itself (a claim's ``out.local``):

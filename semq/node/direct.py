@@ -36,7 +36,6 @@ own, if that one listens.
 from __future__ import annotations
 
 import logging
-import math
 import sqlite3
 from dataclasses import dataclass, field
 from functools import partial
@@ -47,7 +46,9 @@ import trio
 
 from semq.identity.crypto import CryptoError, peer_certificate
 from semq.session.admission import Admission, raise_descriptor_limit
-from semq.session.transport import ByteBudget, ConnectionClosed, FramePump, FrameStream
+from semq.session.early import EarlySends
+from semq.session.reader import SessionReader, ping_every
+from semq.session.transport import ByteBudget, ConnectionClosed, FrameStream
 from semq.settings.bounds import (
     DIRECT_HANDSHAKES,
     DIRECT_HELLO_S,
@@ -70,8 +71,6 @@ from semq.umxt_protocol import (
     PeerAnnounce,
     PeerInfo,
     PeerLookup,
-    Ping,
-    Pong,
     RawFrame,
     RemoteProtocolError,
     ResultCode,
@@ -471,17 +470,14 @@ class DirectLinks:
 
     async def _outbound(self, link: Link, fs: FrameStream, first: list[RawFrame]) -> None:
         peer = Endpoint.org(link.peer)
-        early_send, early_receive = trio.open_memory_channel[bytes](math.inf)
-        from .daemon import EarlySends
-
-        async with early_send, early_receive, trio.open_nursery() as nursery:
-            port = EarlySends(trio.lowlevel.current_trio_token(), early_send)
-            nursery.start_soon(self.d._early_sender, fs, early_receive)
-            nursery.start_soon(self._reader, link, peer, fs, first, nursery.cancel_scope)
-            nursery.start_soon(self._pinger, fs, peer)
+        async with trio.open_nursery() as nursery:
+            port = EarlySends()
+            nursery.start_soon(port.run, fs)
+            nursery.start_soon(self._reader, link, peer, fs, first)
+            nursery.start_soon(ping_every, fs, self.d.core.me, peer, self.d.s.ping_interval)
             await self._sender(link, fs, port)
 
-    async def _sender(self, link: Link, fs: FrameStream, port: Any) -> None:
+    async def _sender(self, link: Link, fs: FrameStream, port: EarlySends) -> None:
         """Claims the target's documents while the window has room. Returns
         (closing the link) after ``idle_close`` s with nothing to send and
         nothing in flight: the next document relayed to the target brings
@@ -570,67 +566,37 @@ class DirectLinks:
                 return
             every = min(self.d.s.watch_max, every * 1.5)
 
-    async def _pinger(self, fs: FrameStream, peer: Endpoint) -> None:
-        nonce = 0
-        while True:
-            await trio.sleep(self.d.s.ping_interval)
-            nonce += 1
-            await fs.send(encode_frame(Frame(kind=Kind.PING, source=self.d.core.me, target=peer,
-                                             body=Ping(nonce=nonce, time_ms=now_ms()))))
+    async def _reader(self, link: Link, peer: Endpoint, fs: FrameStream, first: list[RawFrame]) -> None:
+        """Frames from the peer of a link (either direction), read by the
+        session layer (semq.session.reader): each must come from it;
+        documents and acks are handled as from the platform, the answers go
+        back on the link."""
+        me = self.d.core.me
 
-    async def _reader(self, link: Link, peer: Endpoint, fs: FrameStream, first: list[RawFrame],
-                      scope: trio.CancelScope) -> None:
-        """Frames from the peer of a link (either direction): each must come
-        from it; documents and acks are handled as from the platform, the
-        answers go back on the link."""
-        try:
-            pump = FramePump(fs)
-            async with trio.open_nursery() as reading:
-                reading.start_soon(pump.run)
-                batch = first
-                while True:
-                    if not batch:
-                        with trio.fail_after(self.s.idle_timeout):
-                            batch = await pump.take()
-                    msgs = []
-                    for raw in batch:
-                        if raw.source != peer or raw.origin != peer:
-                            # Answered here: raised inside the nursery, it
-                            # leaves as an ExceptionGroup.
-                            e = RemoteProtocolError(f"{raw.kind.name} claims source {raw.source} / origin"
-                                                    f" {raw.origin} on the direct link of {peer}",
-                                                    ResultCode.SOURCE_MISMATCH)
-                            log.warning("direct link of %s closed: %s", peer, e)
-                            await fs.send_error(self.d.core.me, peer, e.code, str(e))
-                            raise e
-                        if raw.kind.is_message:
-                            msgs.append(raw)
-                        elif raw.kind is Kind.PING:
-                            ping = raw.frame().body
-                            assert isinstance(ping, Ping)
-                            await fs.send(encode_frame(Frame(kind=Kind.PONG, source=self.d.core.me, target=peer,
-                                                             body=Pong(nonce=ping.nonce, time_ms=now_ms()))))
-                        elif raw.kind is Kind.ERROR:
-                            err = raw.frame().body
-                            assert isinstance(err, Error)
-                            log.warning("%s says on the direct link %s (%d): %s", peer, err.code.name, err.code,
-                                        err.message)
-                        elif raw.kind is Kind.BYE:
-                            raise ConnectionClosed(f"{peer} said BYE")
-                    batch = []
-                    if not msgs:
-                        continue
-                    link.received += len(msgs)
-                    out = await self.d.absorb(msgs, peer)
-                    if out.missing:  # (a certificate to verify an origin's signature)
-                        await self.d.ask_platform(out.missing)
-                    if out.settled_ids:
-                        link.ids.difference_update(out.settled_ids)
-                        link.in_flight = max(0, link.in_flight - out.settled)
-                        link.wake.set()
-                    await fs.send(b"".join(out.data))
-        finally:
-            scope.cancel()
+        async def only_from_peer(batch: list[RawFrame]) -> list[RawFrame]:
+            for raw in batch:
+                if raw.source != peer or raw.origin != peer:
+                    e = RemoteProtocolError(f"{raw.kind.name} claims source {raw.source} / origin {raw.origin}"
+                                            f" on the direct link of {peer}", ResultCode.SOURCE_MISMATCH)
+                    log.warning("direct link of %s closed: %s", peer, e)
+                    await fs.send_error(me, peer, e.code, str(e))
+                    raise e
+            return batch
+
+        async def messages(msgs: list[RawFrame]) -> None:
+            link.received += len(msgs)
+            out = await self.d.absorb(msgs, peer)
+            if out.missing:  # (a certificate to verify an origin's signature)
+                await self.d.ask_platform(out.missing)
+            if out.settled_ids:
+                link.ids.difference_update(out.settled_ids)
+                link.in_flight = max(0, link.in_flight - out.settled)
+                link.wake.set()
+            await fs.send(b"".join(out.data))
+
+        reader = SessionReader(fs, me=me, peer=peer, name=str(peer), messages=messages, screen=only_from_peer,
+                               idle=self.s.idle_timeout, log=log)
+        await reader.run(first)
 
     # ------------------------------------------------------------ our listener
 
@@ -758,8 +724,7 @@ class DirectLinks:
         try:
             await fs.send(encode_frame(Frame(kind=Kind.WELCOME, source=me, target=org,
                                              body=Welcome(window=self.d.s.window, server_time_ms=now_ms()))))
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(self._reader, link, org, fs, first[1:], nursery.cancel_scope)
+            await self._reader(link, org, fs, first[1:])
         except* (ConnectionClosed, OSError, trio.BrokenResourceError, RemoteProtocolError, trio.TooSlowError) as eg:
             link.error = _why(eg)
         finally:
