@@ -64,11 +64,11 @@ def clock(autojump_clock: trio.testing.MockClock, monkeypatch: pytest.MonkeyPatc
     loop (InlineGate), so it may jump the moment every task waits; the
     cores' clocks follow it (couple_clocks); the reconnect jitter is seeded.
     A run is then the same every time, however loaded the machine."""
-    import semq.node.daemon
+    import semq.node.daemon.node
 
     autojump_clock.autojump_threshold = 0
     couple_clocks(monkeypatch, autojump_clock)
-    monkeypatch.setattr(semq.node.daemon, "random", random.Random(0))
+    monkeypatch.setattr(semq.node.daemon.node, "random", random.Random(0))
     return autojump_clock
 
 

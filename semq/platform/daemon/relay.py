@@ -65,7 +65,7 @@ from semq.umxt_protocol import (
 )
 from semq.umxt_protocol.units import MAX_UNITS, route_of, route_org
 
-from .core import PlatformCore, PlatformOutput, Room
+from ..core import PlatformCore, PlatformOutput, Room
 
 __all__ = ["ForwardPort", "PlatformDaemon", "PlatformSettings", "Session"]
 
@@ -683,7 +683,7 @@ class PlatformDaemon:
         SWEEP_S the heartbeat, the look for frames stored for the
         organizations held here (the guarantee behind the wake-ups), and the
         end of sessions a newer connection at another instance took over."""
-        from .cluster import SWEEP_S
+        from ..cluster import SWEEP_S
 
         while True:
             await trio.sleep(SWEEP_S)
@@ -702,7 +702,7 @@ class PlatformDaemon:
     async def _wake_listener(self) -> None:
         """Wake-ups from other instances that stored frames for organizations
         held here (LISTEN on the instance's own connection)."""
-        from .cluster import WakeListener
+        from ..cluster import WakeListener
 
         assert self.core.presence is not None
         listener = WakeListener(self.core.store_url, self.core.presence.instance)

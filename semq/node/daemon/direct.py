@@ -79,7 +79,7 @@ from semq.umxt_protocol import (
 )
 
 if TYPE_CHECKING:
-    from .daemon import NodeDaemon
+    from .node import NodeDaemon
 
 __all__ = ["DirectLinks", "DirectSettings", "LinkRefused"]
 

@@ -49,10 +49,10 @@ from semq.umxt_protocol import (
     encode_frame,
 )
 
-from .batch import Output
-from .core import NodeCore
+from ..batch import Output
+from ..core import NodeCore
+from ..large_out import LargeSender
 from .direct import DirectLinks, DirectSettings
-from .large_out import LargeSender
 
 if TYPE_CHECKING:
     from semq.identity.security import CertAnswer
