@@ -627,8 +627,8 @@ async def test_a_document_waits_for_its_targets_certificate_and_goes_once_it_is_
                        == [(0, int(ResultCode.UNKNOWN_CERTIFICATE))], "C's waiting", 10)
         await trio.sleep(30)
         assert rows(a, "SELECT state FROM outbox WHERE id=?", to_c) == [(0,)]  # still waiting, not failed
-        assert da.waiting == {Endpoint.org(C): ResultCode.UNKNOWN_CERTIFICATE}
-        assert 20 <= da.retry[Endpoint.org(C)] <= 40  # asked after 5, 10, 20 s ...
+        assert da.certs.waiting == {Endpoint.org(C): ResultCode.UNKNOWN_CERTIFICATE}
+        assert 20 <= da.certs.retry[Endpoint.org(C)] <= 40  # asked after 5, 10, 20 s ...
         _, cert = enroll(pdir, csr[C], C, tmp_path / C / "issued.pem")
         t0 = trio.current_time()
         await wait_for(lambda: rows(a, "SELECT state, code FROM outbox WHERE id=?", to_c) == [(3, 0)],

@@ -1,6 +1,14 @@
 """``semq node run``: the organization's daemon, a thin trio shell around
 NodeCore. Connects to the platform with reconnect and backoff, sends SS_INIT
-rows in batches, applies every ack, runs inquiries, answers them.
+rows in batches, applies every ack, runs inquiries, answers them; runs the
+direct links (semq.node.daemon.direct), which know it only as their
+``LinkHost`` (semq.node.daemon.link).
+
+The platform session is read by the session layer (semq.session.reader):
+the node registers its handler of a batch's message frames (``_messages``),
+its screen (stored copies over our window, ``_over_window``) and its
+session kinds (CERT_RESPONSE and CRL: semq.node.daemon.certificates;
+PEER_INFO: the direct links).
 
 The platform may be several identical instances (one shared store): the
 node is given their addresses and fails over between them
@@ -10,29 +18,22 @@ from __future__ import annotations
 
 import logging
 import random
-import sqlite3
-import ssl
 import time
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from collections.abc import Callable, Collection
 from functools import partial
-from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import trio
 
-from semq.identity.crypto import CryptoError
 from semq.session.early import EarlySends
-from semq.session.ports import BatchObserver, DrainSignal, InboxSignal
+from semq.session.ports import BatchObserver, DrainSignal, FramePort, InboxSignal
 from semq.session.reader import Handler, SessionIdle, SessionReader, ping_every
 from semq.session.transport import ConnectionClosed, FrameStream
 from semq.settings.config import Address
 from semq.store.db import STORE_ERRORS
 from semq.store.gate import StoreGate
 from semq.umxt_protocol import (
-    CertRequest,
-    CertResponse,
-    Crl,
+    LK0,
     Endpoint,
     Error,
     Frame,
@@ -40,8 +41,8 @@ from semq.umxt_protocol import (
     Hello,
     Kind,
     Nack,
-    NodeType,
     PeerInfo,
+    PeerLookup,
     RawFrame,
     RemoteProtocolError,
     ResultCode,
@@ -52,79 +53,24 @@ from semq.umxt_protocol import (
 from ..batch import Output
 from ..core import NodeCore
 from ..large_out import LargeSender
-from .direct import DirectLinks, DirectSettings
+from .certificates import Certificates
+from .direct import DirectLinks
+from .settings import INITIAL_DELAY, NodeSettings
+from .watch import StoreWatch
 
 if TYPE_CHECKING:
-    from semq.identity.security import CertAnswer
+    from semq.identity.security import NodeSecurity
 
-__all__ = ["NodeDaemon", "NodeSettings"]
+__all__ = ["GAP_POLL", "LOCAL_POLL", "QUOTA_PAUSE", "QUOTA_PAUSE_MAX", "NodeDaemon", "copies_over"]
 
 log = logging.getLogger("semq.node")
+
+T = TypeVar("T")
 
 QUOTA_PAUSE = 2.0  # s before documents to a target go again after QUOTA_EXCEEDED
 QUOTA_PAUSE_MAX = 60.0
 LOCAL_POLL = 0.2  # s between looks for documents to this node's own users while the platform is away
 GAP_POLL = 1.0  # s between looks for failed ordered documents to announce
-
-
-INITIAL_DELAY = 0.1  # s before reconnecting after a steady session; doubles each failed round
-
-
-@dataclass
-class NodeSettings:
-    # The platform's addresses (semq.settings.config.parse_platform_addresses), tried
-    # in turn: the next one when connecting fails or a session ends early.
-    addresses: list[Address] = field(default_factory=lambda: [Address("127.0.0.1", 7410)])
-    window: int = 4096  # DATA frames in flight without platform ack
-    units: int = 1  # the node's units (semq.umxt_protocol.units); this one is the core's ``unit``
-    # Rows claimed per transaction. 1024 rather than 512: one claim commit
-    # (fsync) and one ACK batch per 1,024 documents; scripts/bench e2e,
-    # alternated: store +9%, online +5%, full-load p50 47 -> 81-92 ms,
-    # half load unchanged (batches are small there); 2048 added ~4% online,
-    # nothing to store, and doubled full-load latency again.
-    batch: int = 1024
-    poll_interval: float = 0.05  # s between looks at the pending-send table when idle
-    connect_timeout: float = 5.0
-    hello_timeout: float = 10.0
-    ping_interval: float = 10.0
-    idle_timeout: float = 45.0
-    backoff_max: float = 5.0
-    # A session that got WELCOME and lasted this long (s) proves its address:
-    # after it the node dials that address again first, after INITIAL_DELAY.
-    # A shorter one counts as a failed attempt, so a platform that welcomes
-    # and drops at once is not redialled ten times a second.
-    steady_after: float = 5.0
-    housekeeping_interval: float = 3600.0
-    # How to reach the platform at an address: None = TCP. Tests pass a
-    # function returning one end of trio.testing.memory_stream_pair().
-    connect: Callable[[Address], Awaitable[trio.abc.Stream]] | None = None
-    # Mutual TLS 1.3 (semq.identity.security.NodeSecurity.ssl_context()); None = plain TCP.
-    ssl_context: ssl.SSLContext | None = None
-    # Certificates (security on). A document to an organization without a
-    # usable, trusted certificate waits: asked again after cert_retry s,
-    # doubling up to cert_retry_max (the platform also pushes a new one).
-    cert_retry: float = 5.0
-    cert_retry_max: float = 300.0
-    # Direct links to other nodes (semq.node.direct): listening, policy, retries.
-    direct: DirectSettings = field(default_factory=DirectSettings)
-    cert_refresh: float = 300.0  # s between look-ups of every organization held (besides the pushes)
-    pins_check: float = 1.0  # s between looks at pins.json ('semq node trust' from another process)
-    # s between looks at the store's data_version while idle: a document an
-    # application writes into the store (another process) is claimed within
-    # this, not within poll_interval. 0 = off.
-    watch_interval: float = 0.002
-    watch_max: float = 0.05  # ... stretched up to this while nothing changes
-
-    @property
-    def host(self) -> str:
-        """The first platform address's host (``NodeDaemon.address`` is the
-        one connected now)."""
-        return self.addresses[0].host
-
-    @property
-    def port(self) -> int:
-        """The first platform address's port."""
-        return self.addresses[0].port
 
 
 def _jitter(delay: float) -> float:
@@ -142,6 +88,33 @@ def _first(eg: BaseExceptionGroup[BaseException]) -> BaseException:
     return e
 
 
+def copies_over(batch: list[RawFrame], limit: int) -> list[tuple[RawFrame, LK0]]:
+    """The stored copies (DATA with an LK1) of one read beyond the first
+    ``limit``, with their LK0s. Our HELLO announced a window: the number of
+    stored copies the platform may have in flight to us without our ACK; we
+    ACK each read after its commit, so the copies beyond the window in one
+    read are over it. Forwarded documents (no LK1) are bounded upstream by
+    their origin's window and the platform's per-node high-water mark, not
+    by this window."""
+    if sum(m.kind is Kind.DATA for m in batch) <= limit:
+        return []  # the common case: no prefix parsed
+    # A long read of forwarded documents (an origin sending faster than we
+    # store): count the LK1s before parsing every prefix. Every copy counted
+    # below is counted here too, so within the limit here is within it below.
+    if sum(1 for m in batch if m.kind is Kind.DATA and m.lk1_record_id()) <= limit:
+        return []
+    copies = []
+    for m in batch:
+        if m.kind is Kind.DATA:
+            try:
+                lk0, lk1, _, _ = m.data_prefix()
+            except RemoteProtocolError:
+                continue  # malformed: refused when handled
+            if lk1 is not None:
+                copies.append((m, lk0))
+    return copies[limit:]
+
+
 class NodeDaemon:
     def __init__(self, core: NodeCore, settings: NodeSettings) -> None:
         self.core = core
@@ -156,17 +129,14 @@ class NodeDaemon:
         self.stats = {"sent": 0, "received": 0, "delivered": 0, "refused": 0}
         self.granted = self.window = self.platform_window = settings.window
         self.told_window = settings.window  # the window our HELLO announced
-        self.asked: dict[Endpoint, float] = {}  # certificate look-ups in flight: endpoint -> when
         # Targets whose documents the platform refused for our storage quota:
         # target -> (resume at, the pause that led there); the pause doubles
         # while the quota stays used up, up to QUOTA_PAUSE_MAX.
         self.over_quota: dict[str, tuple[float, float]] = {}
-        self.retry: dict[Endpoint, float] = {}  # s until an organization without a usable certificate is asked again
-        self.waiting: dict[Endpoint, ResultCode] = {}  # organizations our documents wait for, and why
-        self._certs_limiter = trio.CapacityLimiter(1)  # certificate and pin work, off the event loop
-        self.deferred: list[RawFrame] = []  # DATA waiting for its origin's certificate
-        self._watch: sqlite3.Connection | None = None  # see _wait_for_work
-        self._watch_every = settings.watch_interval
+        # The certificates of other organizations (asked, applied, waited for).
+        self.certs = Certificates(core, settings, self._store, self._wake_senders)
+        # Other processes' commits (an application's send): one look for every sender.
+        self.watch = StoreWatch(core.path, settings)
         # semq.ops sets these when the daemon runs from the CLI.
         self.drain: DrainSignal | None = None  # 'semq admin drain': claim nothing new
         self.metrics: BatchObserver | None = None
@@ -174,6 +144,14 @@ class NodeDaemon:
         self.platform_fs: FrameStream | None = None  # the platform session's stream, while there is one
         self.links = DirectLinks(self, settings.direct)
         self.large = LargeSender(core, self.gate)  # chunks of our large documents (semq.node.large_out)
+
+    async def _store(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        """A store call through the daemon's gate (the one the daemon holds
+        now: tests put one of their own in its place)."""
+        return await self.gate.run(fn, *args, **kwargs)
+
+    def _wake_senders(self) -> None:
+        self._wake.set()
 
     def set_window(self, window: int) -> None:
         """A new configured window (reload): applies to the current session
@@ -197,9 +175,7 @@ class NodeDaemon:
                 task_status.started(self.links.bound)
                 await self._run()
         finally:
-            if self._watch is not None:
-                self._watch.close()
-                self._watch = None
+            self.watch.close()
 
     async def _run(self) -> None:
         async with trio.open_nursery() as nursery:
@@ -320,8 +296,7 @@ class NodeDaemon:
             self.address = address
             self._welcomed_at = trio.current_time()
             self.in_flight = 0
-            self.asked.clear()
-            self.retry.clear()  # a new session: ask at once again
+            self.certs.new_session()  # a new session: ask at once again
             self.sessions += 1
             log.info("connected to %s at %s", welcome.source, address)
             self.platform_fs = fs
@@ -337,7 +312,7 @@ class NodeDaemon:
                 nursery.start_soon(self._inquirer, fs)
                 nursery.start_soon(ping_every, fs, me, self.core.platform, self.s.ping_interval)
                 if self.core.sec is not None:
-                    nursery.start_soon(self._refresher, fs)
+                    nursery.start_soon(self.certs.refresher, fs)
         finally:
             self.platform_fs = None
             await fs.aclose()
@@ -346,9 +321,10 @@ class NodeDaemon:
         """Where our listener is, told to the platform at the start of each
         session and renewed at a third of its lifetime."""
         while True:
-            frame = self.links.announcement()
-            if frame is not None:
-                await fs.send(frame)
+            body = self.links.announcement()
+            if body is not None:
+                await fs.send(encode_frame(Frame(kind=Kind.PEER_ANNOUNCE, source=self.core.me,
+                                                 target=self.core.platform, body=body)))
             await trio.sleep(max(1.0, self.links.s.announce_ttl / 3))
 
     async def ask_platform(self, missing: set[Endpoint]) -> None:
@@ -358,13 +334,12 @@ class NodeDaemon:
         fs = self.platform_fs
         if fs is None:
             return
-        frames = self._ask(missing)
+        frames = self.certs.ask(missing)
         if frames:
             try:
                 await fs.send(frames)
             except ConnectionClosed:
-                for ep in missing:  # not asked after all
-                    self.asked.pop(ep, None)
+                self.certs.not_asked(missing)
 
     async def absorb(self, msgs: list[RawFrame], direct: Endpoint | None = None) -> Output:
         """Apply message frames (from the platform or a direct link) in one
@@ -388,14 +363,13 @@ class NodeDaemon:
             # documents stay open (counted; the frames are logged above).
             self.stats["bad_receipts"] = self.stats.get("bad_receipts", 0) + out.bad_receipts
             self.stats["bad_refusals"] = self.stats.get("bad_refusals", 0) + out.bad_refusals
-        # Bounded: beyond it the origin's inquiry brings them again.
-        self.deferred = (self.deferred + out.deferred)[-10_000:]
+        self.certs.defer(out.deferred)
         return out
 
     def _reader(self, fs: FrameStream) -> SessionReader:
         """The platform session's reader (semq.session.reader): what a node
         registers for its platform session."""
-        handlers: dict[Kind, Handler] = {Kind.CERT_RESPONSE: self._cert_response, Kind.CRL: self._crl,
+        handlers: dict[Kind, Handler] = {Kind.CERT_RESPONSE: self.certs.response, Kind.CRL: self.certs.crl,
                                          Kind.PEER_INFO: self._peer_info}
         return SessionReader(fs, me=self.core.me, peer=self.core.platform, name="platform",
                              messages=partial(self._messages, fs), handlers=handlers,
@@ -408,14 +382,6 @@ class NodeDaemon:
         if nacks:
             await fs.send(nacks)
         return batch
-
-    async def _cert_response(self, raw: RawFrame) -> list[RawFrame] | None:
-        """Certificates came: the documents deferred for want of them are
-        handled with this batch, ahead of its own."""
-        if await self._certificates(raw):
-            released, self.deferred = self.deferred, []
-            return released
-        return None
 
     async def _peer_info(self, raw: RawFrame) -> None:
         info = raw.frame().body
@@ -443,38 +409,17 @@ class NodeDaemon:
                 self.over_quota[target] = (now + pause, pause)
             log.warning("the platform's storage quota for our documents is used up: documents to %s"
                         " wait and go again later", ", ".join(sorted(out.over_quota)))
-        await fs.send(b"".join(out.data) + self._ask(out.missing))
+        await fs.send(b"".join(out.data) + self.certs.ask(out.missing))
 
     def _over_window(self, batch: list[RawFrame]) -> tuple[list[RawFrame], bytes]:
-        """Seed 004 flow control, this side. Our HELLO announced a window:
-        the number of stored copies (DATA with an LK1) the platform may have
-        in flight to us without our ACK. We ACK each read after its commit,
-        so stored copies beyond the window in one read are over it: refused
-        with OVER_WINDOW, nothing stored; the platform puts them back in its
-        queue and halves its delivery window. Forwarded documents (no LK1)
-        are bounded upstream by their origin's window and the platform's
-        per-node high-water mark, not by this window."""
+        """Seed 004 flow control, this side (``copies_over``): the stored
+        copies beyond our window in one read are refused with OVER_WINDOW,
+        nothing stored; the platform puts them back in its queue and halves
+        its delivery window. Returns the rest of the batch and the NACKs."""
         limit = self.told_window
-        if sum(m.kind is Kind.DATA for m in batch) <= limit:
-            return batch, b""  # the common case: no prefix parsed
-        # A long read of forwarded documents (an origin sending faster than
-        # we store): count the LK1s before parsing every prefix. Every copy
-        # counted below is counted here too, so within the limit here is
-        # within it below.
-        if sum(1 for m in batch if m.kind is Kind.DATA and m.lk1_record_id()) <= limit:
+        over = copies_over(batch, limit)
+        if not over:
             return batch, b""
-        copies = []
-        for m in batch:
-            if m.kind is Kind.DATA:
-                try:
-                    lk0, lk1, _, _ = m.data_prefix()
-                except RemoteProtocolError:
-                    continue  # malformed: refused when handled
-                if lk1 is not None:
-                    copies.append((m, lk0))
-        if len(copies) <= limit:
-            return batch, b""
-        over = copies[limit:]
         nacks = [encode_frame(Frame(kind=Kind.NACK, source=self.core.me, target=self.core.platform,
                                     body=Nack(lk0=lk0, code=ResultCode.OVER_WINDOW,
                                               message=f"over the window of {limit} frames")))
@@ -488,7 +433,7 @@ class NodeDaemon:
     async def _sender(self, fs: FrameStream, early: EarlySends) -> None:
         while True:
             room = self.window - self.in_flight
-            if self.drain is not None and self.drain.requested:
+            if self.draining:
                 room = 0  # draining: acks for what is in flight still come in
             drained = False  # the table had nothing to claim: watch it for new rows
             if room > 0 and self.links.s.policy == "only" and self.links.enabled:
@@ -496,7 +441,7 @@ class NodeDaemon:
                 drained = True
             if room > 0:
                 now = trio.current_time()
-                skip = frozenset(ep.node_id for ep, t in self.asked.items() if now - t < self._retry_after(ep))
+                skip = self.certs.skip(now)
                 if self.over_quota:
                     # (Remembered one pause past its end: a refusal then doubles it.)
                     self.over_quota = {t: v for t, v in self.over_quota.items() if v[0] + v[1] > now}
@@ -507,7 +452,7 @@ class NodeDaemon:
                     await self.loopback(out.local)
                 if out.targets:
                     self.links.consider(out.targets)
-                ask = self._ask(out.missing)
+                ask = self.certs.ask(out.missing)
                 if ask:
                     await fs.send(ask)
                 n = out.early + len(out.data)
@@ -527,218 +472,10 @@ class NodeDaemon:
 
     async def _wait_for_work(self) -> None:
         """Until woken (acks settled, a certificate came, a reload) or another
-        process committed to the store (``PRAGMA data_version`` of a
-        read-only connection changes when any other connection commits: an
-        application's ``semq send``). A few microseconds per look on the
-        event loop; the claim itself stays on the store thread."""
-        watch = self._watcher()
-        if watch is None:
-            await self._wake.wait()
-            return
-        try:
-            seen = watch.execute("PRAGMA data_version").fetchone()[0]
-        except sqlite3.Error:
-            self._watch = None
-            await self._wake.wait()
-            return
-        # Every watch_interval right after activity, stretched by half at each
-        # look that finds nothing, up to watch_max: a burst of sends is seen
-        # within milliseconds, an idle node looks 20 times a second.
-        every = self._watch_every
-        while not self._wake.is_set():
-            with trio.move_on_after(every):
-                await self._wake.wait()
-                break
-            try:
-                if watch.execute("PRAGMA data_version").fetchone()[0] != seen:
-                    self.links.poke()  # new documents may be for a direct link
-                    break
-            except sqlite3.Error:
-                self._watch = None
-                await self._wake.wait()
-                return
-            every = min(self.s.watch_max, every * 1.5)
-            self._watch_every = every
-        else:
-            return
-        self._watch_every = self.s.watch_interval
-
-    def _watcher(self) -> sqlite3.Connection | None:
-        """The read-only connection for data_version (opened once; None when
-        watching is off or the store cannot be opened that way)."""
-        if self.s.watch_interval <= 0:
-            return None
-        if self._watch is None:
-            try:
-                uri = Path(self.core.path).resolve().as_uri() + "?mode=ro"  # percent-encoded
-                self._watch = sqlite3.connect(uri, uri=True, check_same_thread=False, timeout=0)
-            except sqlite3.Error:
-                self.s.watch_interval = 0
-                return None
-        return self._watch
-
-    def _retry_after(self, ep: Endpoint) -> float:
-        return self.retry.get(ep, self.s.cert_retry)
-
-    def _ask(self, missing: set[Endpoint]) -> bytes:
-        """CERT_REQUEST frames for certificates not asked for recently (an
-        organization that had none usable is asked again with backoff)."""
-        now = trio.current_time()
-        frames = []
-        for ep in missing:
-            if now - self.asked.get(ep, -1e9) >= self._retry_after(ep):
-                self.asked[ep] = now
-                frames.append(self._request(ep))
-        return b"".join(frames)
-
-    def _request(self, ep: Endpoint) -> bytes:
-        return encode_frame(Frame(kind=Kind.CERT_REQUEST, source=self.core.me, target=self.core.platform,
-                                  body=CertRequest(endpoint=ep)))
-
-    async def _certificates(self, raw: RawFrame) -> bool:
-        """Apply a CERT_RESPONSE (asked for, or pushed by the platform after
-        a rollover, an enrollment or a revocation): every certificate is
-        verified against the CA and the revocation list and filtered
-        through the pins (NodeSecurity.accept_response, in a worker
-        thread). True if the organization now has usable certificates;
-        otherwise our documents to it wait, or fail if the platform does
-        not know it (_no_certificate)."""
-        body = raw.frame().body
-        assert isinstance(body, CertResponse)
-        sec = self.core.sec
-        if sec is None:
-            return False
-        ep = body.endpoint
-        held = ep.node_type is NodeType.ORGANIZATION and bool(sec.directory.certificates(ep))
-        if not (held or ep in self.asked or ep in self.waiting):
-            return False  # a push about an organization we have nothing to do with
-        try:
-            answer = await trio.to_thread.run_sync(sec.accept_response, body, limiter=self._certs_limiter)
-        except (OSError, ValueError) as e:
-            # pins.json cannot be written (disk full) or read (damaged): use
-            # nothing we could not pin; asked again later.
-            log.error("certificates of %s not applied: %s", ep, e)
-            return False
-        self._log_answer(answer)
-        if answer.code is not ResultCode.OK:
-            await self._no_certificate(ep, answer)
-            return False
-        self.asked.pop(ep, None)
-        self.retry.pop(ep, None)
-        if self.waiting.pop(ep, None) is not None:
-            from semq.identity.security import WAITING_CODES
-
-            await self.gate.run(self.core.wait_target, ep, ResultCode.OK, WAITING_CODES)
-            log.info("%s has a usable certificate again: its documents go", ep)
-        self._wake.set()
-        return True
-
-    def _log_answer(self, answer: CertAnswer) -> None:
-        adm = answer.admission
-        if adm is None:
-            return
-        org = answer.endpoint.node_id
-        for c, how in adm.pinned:
-            if adm.pinned_before:
-                log.warning("new certificate of organization %s accepted and pinned: fingerprint %s (serial"
-                            " 0x%x), %s", org, c.fingerprint, c.serial, how)
-            else:
-                log.info("certificate of organization %s pinned on first use: fingerprint %s (serial 0x%x)",
-                         org, c.fingerprint, c.serial)
-        for c, why in adm.new_refusals:
-            log.warning("certificate of organization %s NOT TRUSTED (%s): fingerprint %s (serial 0x%x) is %s;"
-                        " it is not used (pinned: %s). If %s really has new keys, compare this fingerprint"
-                        " with them out of band, then run: semq node trust %s %s",
-                        org, ResultCode.CERT_NOT_TRUSTED.name, c.fingerprint, c.serial, why,
-                        ", ".join(adm.pinned_before) or "none", org, org, c.fingerprint)
-
-    async def _no_certificate(self, ep: Endpoint, answer: CertAnswer) -> None:
-        """No usable, trusted certificate of ``ep``. An organization the
-        platform does not know (UNKNOWN_TARGET): our documents to it fail,
-        like UNKNOWN_TARGET without security. A known one (no certificate
-        yet, revoked without a successor, expired, not trusted here): a
-        passing condition — our SaveFwd 2/3 documents to it stay SS_INIT
-        with the reason as their code and are retried with backoff;
-        SaveFwd 1 ones fail as they would offline. Documents from it
-        cannot be verified: dropped; its inquiries bring them again."""
-        from semq.identity.security import WAITING_CODES
-
-        code = answer.code
-        detail = answer.detail or f"no usable certificate for {ep}"
-        if code is ResultCode.UNKNOWN_TARGET:
-            n = await self.gate.run(self.core.fail_target, ep, code, detail)
-            waiting = 0
-            self.waiting.pop(ep, None)
-        else:
-            if int(code) not in WAITING_CODES:
-                code = ResultCode.UNKNOWN_CERTIFICATE
-            n = await self.gate.run(partial(self.core.fail_target, ep, code, detail, save_fwd=1))
-            waiting = await self.gate.run(self.core.wait_target, ep, code, WAITING_CODES)
-            delay = min(self.s.cert_retry_max, 2 * self.retry[ep]) if ep in self.retry else self.s.cert_retry
-            self.retry[ep] = delay
-            self.asked[ep] = trio.current_time()
-            if self.waiting.get(ep) is not code:
-                log.warning("documents to %s wait for a certificate: %s (%s); asking again in %.0f s, then"
-                            " less often", ep, code.name, detail, delay)
-            self.waiting[ep] = code
-        before = len(self.deferred)
-        self.deferred = [d for d in self.deferred if d.origin != ep]
-        if n or waiting or before != len(self.deferred):
-            log.warning("no certificate for %s (%s): %d document(s) to it failed, %d marked waiting, %d from it"
-                        " dropped", ep, code.name, n, waiting, before - len(self.deferred))
-
-    async def _crl(self, raw: RawFrame) -> None:
-        """The platform's revocation list: checked against the CA and applied
-        if newer than ours (then kept for the next start). Senders stop
-        sealing to a revoked certificate at the next claim."""
-        sec = self.core.sec
-        if sec is None:
-            return
-        body = raw.frame().body
-        assert isinstance(body, Crl)
-        try:
-            applied = await trio.to_thread.run_sync(sec.apply_crl, body.der, limiter=self._certs_limiter)
-        except (CryptoError, OSError) as e:
-            log.warning("revocation list from the platform not applied: %s", e)
-            return
-        if applied:
-            crl = sec.directory.crl
-            log.info("revocation list applied (%d revoked certificate(s))", len(list(crl)) if crl else 0)
-            self._wake.set()
-
-    async def _refresher(self, fs: FrameStream) -> None:
-        """The pull side of certificate updates (the platform pushes them
-        too): every cert_refresh s, from the start of a session, ask for the
-        certificates of every organization held; and when pins.json changes
-        (``semq node trust`` in another process) read it again and ask for
-        the organizations whose pins changed."""
-        sec = self.core.sec
-        assert sec is not None
-        me = self.core.me.node_id
-        last = -1e18
-        while True:
-            now = trio.current_time()
-            if now - last >= self.s.cert_refresh:
-                last = now
-                orgs = [Endpoint.org(o) for o in sec.directory.orgs() if o != me]
-                if orgs:
-                    await fs.send(b"".join(self._request(ep) for ep in orgs))
-            if sec.pins.changed():
-                before = sec.pins.snapshot()
-                try:
-                    await trio.to_thread.run_sync(sec.pins.reload, limiter=self._certs_limiter)
-                except (ValueError, OSError) as e:
-                    log.error("%s", e)
-                else:
-                    after = sec.pins.snapshot()
-                    changed = sorted(o for o in before.keys() | after.keys() if before.get(o) != after.get(o))
-                    if changed:
-                        log.info("pins changed for %s: asking for their certificates again", ", ".join(changed))
-                        eps = [Endpoint.org(o) for o in changed]
-                        for ep in eps:
-                            self.retry.pop(ep, None)
-                        await fs.send(b"".join(self._request(ep) for ep in eps))
-            await trio.sleep(self.s.pins_check)
+        process committed to the store (an application's ``semq send``:
+        semq.node.daemon.watch), which may have documents for the links too."""
+        if await self.watch.wait(self._wake, self.watch.version(), keep_pace=True):
+            self.links.poke()  # new documents may be for a direct link
 
     async def _inquirer(self, fs: FrameStream) -> None:
         step = max(0.05, min(1.0, self.core.inquiry_ms / 3000))
@@ -775,17 +512,11 @@ class NodeDaemon:
         seen: int | None = None  # the store's data_version at the last claim
         while True:
             idle = not self.connected or (self.links.s.policy == "only" and self.links.enabled)
-            if idle and not (self.drain is not None and self.drain.requested):
+            if idle and not self.draining:
                 # Only when something was committed since the last look (an
                 # application's send): no write lock five times a second on
                 # an idle node, and the states held in memory stay there.
-                version = None
-                watch = self._watcher()
-                if watch is not None:
-                    try:
-                        version = int(watch.execute("PRAGMA data_version").fetchone()[0])
-                    except sqlite3.Error:
-                        version = None
+                version = self.watch.version()
                 if version is None or version != seen:
                     seen = version
                     out = await self.gate.run(partial(self.core.claim, self.s.batch, only=me, write_held=False))
@@ -807,4 +538,40 @@ class NodeDaemon:
             await self.gate.run(self.core.housekeeping)
 
 
-_ = Endpoint
+    # ------------------------------------------------------------ LinkHost (semq.node.daemon.link)
+
+    @property
+    def me(self) -> Endpoint:
+        return self.core.me
+
+    @property
+    def sec(self) -> NodeSecurity | None:
+        return self.core.sec
+
+    @property
+    def draining(self) -> bool:
+        return self.drain is not None and self.drain.requested
+
+    async def claim_for(self, target: str, limit: int, port: FramePort) -> Output:
+        return await self.gate.run(partial(self.core.claim, limit, frozenset(), port, only=target))
+
+    async def send_again(self, ids: Collection[int]) -> int:
+        return await self.gate.run(self.core.send_again, ids)
+
+    async def pending_targets(self) -> set[str]:
+        return await self.gate.run(self.core.pending_targets)
+
+    async def look_up(self, org: str) -> bool:
+        fs = self.platform_fs
+        if fs is None:
+            return False
+        try:
+            await fs.send(encode_frame(Frame(kind=Kind.PEER_LOOKUP, source=self.core.me, target=self.core.platform,
+                                             body=PeerLookup(endpoint=Endpoint.org(org)))))
+        except ConnectionClosed:
+            return False
+        return True
+
+    def sent_direct(self, n: int) -> None:
+        self.stats["sent"] += n
+        self.stats["sent_direct"] = self.stats.get("sent_direct", 0) + n
