@@ -6,55 +6,44 @@ copies delivered but not acked.
 What crosses into the store thread is data: a snapshot of the targets'
 room (``_room``) and, for the frames that leave before a commit, the
 daemon's one ``ForwardPort`` (STYLE, "data crosses the thread boundary, not
-closures")."""
+closures").
+
+A connection comes in through the ``Door`` (semq.platform.daemon.door: TLS,
+admission, HELLO); an accepted one is a ``Session`` (its queue and writer,
+semq.platform.daemon.session) read by the session layer
+(semq.session.reader), with what the relay registers (``_reader``); the
+CA's state is the ``CaWatch``'s (semq.platform.daemon.ca)."""
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import math
 import time
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
 from functools import partial
 from types import MappingProxyType
-from typing import Final
+from typing import Any, Final, TypeVar
 
 import trio
 
-from semq.identity.crypto import CryptoError
-from semq.identity.security import PlatformSecurity
-from semq.session.admission import Admission, raise_descriptor_limit
+from semq.session.admission import raise_descriptor_limit
 from semq.session.ports import BatchObserver, DrainSignal
 from semq.session.reader import Handler, SessionReader, first_exception
 from semq.session.transport import ByteBudget, ConnectionClosed, FrameStream
-from semq.settings.bounds import (
-    FD_RESERVE,
-    PLATFORM_BUFFER_MIB_PER_ORG,
-    PLATFORM_HANDSHAKES,
-    PLATFORM_HELLO_S,
-    PLATFORM_MAX_CONNECTIONS,
-    PLATFORM_PRE_AUTH_BYTES,
-)
 from semq.store.db import STORE_ERRORS
 from semq.store.gate import StoreGate
 from semq.tracking.events import now_ms
 from semq.umxt_protocol import (
-    DEFAULT_MAX_FRAME,
     CertRequest,
-    CertResponse,
-    Crl,
     Endpoint,
     Error,
     Frame,
     Hello,
     Kind,
     Nack,
-    NodeType,
     PeerAnnounce,
     PeerInfo,
     PeerLookup,
-    ProtocolError,
     RawFrame,
     RemoteProtocolError,
     ResultCode,
@@ -66,132 +55,22 @@ from semq.umxt_protocol import (
 from semq.umxt_protocol.units import MAX_UNITS, route_of, route_org
 
 from ..core import PlatformCore, PlatformOutput, Room
+from .ca import CaWatch
+from .door import Door
+from .session import ForwardPort, Forwards, Seen, Session
+from .settings import PlatformSettings
 
-__all__ = ["ForwardPort", "PlatformDaemon", "PlatformSettings", "Session"]
+__all__ = ["PlatformDaemon"]
 
 log = logging.getLogger("semq.platform")
 
-
-@dataclass
-class PlatformSettings:
-    host: str = "127.0.0.1"
-    port: int = 7410
-    window: int = 4096  # stored copies in flight to one node without its ACK
-    batch: int = 512
-    high_water: int = 16 * 1024 * 1024  # bytes queued for one node before it counts as offline
-    hello_timeout: float = PLATFORM_HELLO_S
-    idle_timeout: float = 60.0
-    max_frame: int = DEFAULT_MAX_FRAME
-    # Connections one organization may hold at once (its certificate's, from
-    # the TLS handshake on; without security, from HELLO). A node needs
-    # one; more while it reconnects.
-    max_connections_per_org: int = 4
-    # Units one organization's node may run (semq.umxt_protocol.units): what its HELLO
-    # may claim at most; each unit granted to it (semq platform register
-    # --units) holds a connection, one more each beyond the first.
-    max_units_per_org: int = 8
-    # The listener's bounds (semq.settings.bounds): connections in all, connections
-    # not authenticated yet, descriptors kept for the relay's own use, and
-    # the bytes one organization's connections may buffer together.
-    max_connections: int = PLATFORM_MAX_CONNECTIONS
-    max_handshakes: int = PLATFORM_HANDSHAKES
-    fd_reserve: int = FD_RESERVE
-    max_buffer_per_org: int = PLATFORM_BUFFER_MIB_PER_ORG << 20
-    housekeeping_interval: float = 3600.0
-    # Mutual TLS 1.3 and the certificate directory (semq.identity.security); None = plain TCP.
-    security: PlatformSecurity | None = None
-    crl_check_interval: float = 2.0
+T = TypeVar("T")
 
 
-_SLICE = 1 << 20  # bytes per write to a node
 _ANNOUNCE_EVERY: Final = 1.0  # s: at most one direct-link announcement recorded per session per second
 _HEADER_MIN: Final = 6  # bytes frame_save_fwd reads at least (a shorter string is no frame: stored, refused there)
 _DISCARD: Final = int(SaveFwd.DISCARD)
 _IDLE_LOOK = 30.0  # s: an idle session's safety look at the store
-
-
-@dataclass
-class _Admitted:
-    """Which organization a connection was admitted as (Admission), once known."""
-
-    org: str | None = None
-
-
-@dataclass
-class _Seen:
-    """What the platform saw of a connection: the host it came from (a
-    direct-link announcement may ask for it) and the fingerprint of the
-    certificate it presented."""
-
-    host: str | None
-    fingerprint: str = ""
-
-
-def _peer_host(stream: trio.abc.Stream) -> str | None:
-    sock = getattr(stream, "socket", None)
-    try:
-        return str(sock.getpeername()[0]) if sock is not None else None
-    except (OSError, IndexError):
-        return None
-
-
-class Session:
-    """One connected node: its outgoing queue (bounded by high_water: a slow
-    node gets its documents stored, not buffered) and its delivery window."""
-
-    def __init__(self, endpoint: Endpoint, fs: FrameStream, window: int) -> None:
-        self.endpoint = endpoint
-        self.fs = fs
-        self.queue: list[bytes] = []
-        self.queued = 0
-        self.window = self.max_window = window
-        self.in_flight = 0
-        # Stored copies may wait for this node: true at the start, set when
-        # something is stored for it, cleared when a claim finds nothing.
-        self.pending = True
-        self.wake_writer = trio.Event()
-        self.wake_deliver = trio.Event()
-        self.cancel_scope = trio.CancelScope()
-        self.seen = _Seen(None)
-        self.announced_at = -1e9  # when its last direct-link announcement was recorded (trio time)
-
-    def enqueue(self, data: Sequence[bytes]) -> None:
-        if data:
-            self.queue.extend(data)
-            self.queued += sum(map(len, data))
-            self.wake_writer.set()
-
-
-Forwards = Mapping[Endpoint, list[bytes]]
-
-
-class ForwardPort:
-    """The daemon's RelayPort (semq.session.ports): the store thread puts
-    the frames for online targets here before its batch's commit; they go
-    into a memory channel that the sessions drain on the event loop
-    (``PlatformDaemon._drain_forwards``). It holds a trio token and the
-    channel's send end, nothing of the daemon. ``put`` does not wait for the
-    event loop (``run_sync_soon``, not ``from_thread.run_sync``): the commit
-    goes on while the frames travel."""
-
-    def __init__(self, token: trio.lowlevel.TrioToken, channel: trio.MemorySendChannel[Forwards]) -> None:
-        self._token = token
-        self._channel = channel
-
-    def put(self, frames: Forwards) -> None:
-        """On the store thread."""
-        try:
-            self._token.run_sync_soon(self._send, frames)
-        except trio.RunFinishedError:
-            pass  # the relay has stopped: lost as on a broken connection
-
-    def _send(self, frames: Forwards) -> None:
-        # On the event loop, outside any task: it must not raise (the
-        # channel's buffer is unbounded; each item is one batch's frames).
-        try:
-            self._channel.send_nowait(frames)
-        except (trio.ClosedResourceError, trio.BrokenResourceError):
-            pass
 
 
 class PlatformDaemon:
@@ -200,17 +79,14 @@ class PlatformDaemon:
         self.s = settings
         self.gate = StoreGate()
         self.sessions: dict[Endpoint, Session] = {}
-        # Who may hold a connection (semq.session.admission). ``grants``: the units
-        # granted to each organization seen (PlatformCore.units_granted), for
-        # its allowance.
-        self.admission = Admission("platform", total=settings.max_connections, handshakes=settings.max_handshakes,
-                                   per_identity=self._allowance, reserve=settings.fd_reserve)
-        self.grants: dict[str, int] = {}
+        self.grants: dict[str, int] = {}  # units granted to each organization seen (PlatformCore.units_granted)
         self.budgets: dict[str, ByteBudget] = {}  # organization -> its connections' byte budget
         self.port: int | None = None
         self.stats = {"connections": 0, "frames_in": 0, "refused": 0, "tls_refused": 0}
-        self.ssl_context = settings.security.ssl_context() if settings.security else None
-        self._ca_lock = trio.Lock()  # one reload of the CA state at a time (_ca_check)
+        self.ca = CaWatch(settings, core, self._store, self.sessions)
+        # A connection's way in (TLS, who may hold a connection: semq.session.admission; HELLO).
+        self.door = Door(settings, core, self.ca, self.grants, self.stats, self._session)
+        self.admission = self.door.admission
         # semq.ops sets these when the daemon runs from the CLI.
         self.drain: DrainSignal | None = None  # 'semq admin drain': no new sessions or deliveries
         self.metrics: BatchObserver | None = None
@@ -218,6 +94,11 @@ class PlatformDaemon:
         self._forward_port: ForwardPort | None = None
         self._forwards_in: trio.MemoryReceiveChannel[Forwards] | None = None
         self._drain_lock = trio.Lock()
+
+    async def _store(self, fn: Callable[..., T], *args: Any) -> T:
+        """A store call through the relay's gate (the one it holds now:
+        tests put one of their own in its place)."""
+        return await self.gate.run(fn, *args)
 
     def _room(self, msgs: Sequence[RawFrame] = ()) -> Room:
         """The snapshot a store call routes by (core.Room): each connected
@@ -267,12 +148,12 @@ class PlatformDaemon:
                 nursery.start_soon(self._inquirer)
                 nursery.start_soon(self._housekeeping)
                 if self.s.security is not None:
-                    nursery.start_soon(self._watch_crl)
+                    nursery.start_soon(self.ca.watch)
                 if self.core.presence is not None:
                     await self.gate.run(self.core.join_cluster, f"{self.s.host}:{self.port}")
                     if self.s.security is not None:
                         await self.gate.run(self.core.share_ca, self.s.security.pdir / "ca")
-                        await self._ca_check()
+                        await self.ca.check()
                     nursery.start_soon(self._sweeper)
                     nursery.start_soon(self._wake_listener)
                 await nursery.start(trio.serve_listeners, self._handle, listeners)
@@ -286,72 +167,9 @@ class PlatformDaemon:
                         log.warning("leaving the cluster: %s (the others take this instance as gone"
                                     " when its heartbeat stops)", e)
 
-    async def _tls(self, stream: trio.abc.Stream) -> tuple[trio.abc.Stream, str, str] | None:
-        """Mutual TLS 1.3: a certificate not issued by our CA, expired or
-        revoked is refused at the handshake. Returns the stream, the
-        organization the client certificate names and its fingerprint, or
-        None (closed)."""
-        assert self.ssl_context is not None and self.s.security is not None
-        tls = trio.SSLStream(stream, self.ssl_context, server_side=True)
-        try:
-            with trio.fail_after(self.s.hello_timeout):
-                await tls.do_handshake()
-            der = tls.getpeercert(binary_form=True)
-            org = self.s.security.peer_org(der)
-            fp = hashlib.sha256(der).hexdigest() if der else ""
-        except (trio.BrokenResourceError, trio.TooSlowError, CryptoError) as e:
-            self.stats["tls_refused"] += 1
-            log.warning("TLS handshake refused: %s", e.__cause__ or e)
-            with trio.move_on_after(1) as scope:
-                scope.shield = True
-                await stream.aclose()
-            return None
-        return tls, org, fp
-
     async def _handle(self, stream: trio.abc.Stream) -> None:
-        self.stats["connections"] += 1
-        adm = self.admission
-        if adm.enter() is not None:  # (said in the log, rate-limited)
-            self.stats["connections_refused"] = self.stats.get("connections_refused", 0) + 1
-            with trio.move_on_after(1) as scope:
-                scope.shield = True
-                await stream.aclose()
-            return
-        admitted = _Admitted()
-        try:
-            await self._connection(stream, admitted)
-        finally:
-            adm.leave(admitted.org)
-
-    async def _connection(self, stream: trio.abc.Stream, admitted: _Admitted) -> None:
-        bound: str | None = None
-        seen = _Seen(_peer_host(stream))
-        if self.ssl_context is not None:
-            res = await self._tls(stream)
-            if res is None:
-                return
-            stream, bound, seen.fingerprint = res
-        # Until its HELLO is accepted, a peer gets no more than a small frame.
-        fs = FrameStream(stream, max_frame=min(PLATFORM_PRE_AUTH_BYTES, self.s.max_frame))
-        if bound is not None and not await self._admit(fs, bound, admitted):
-            return
-        await self._serve(fs, bound, seen, admitted)
-
-    def _allowance(self, org: str) -> int:
-        """Connections ``org`` may hold: ``max_connections_per_org``, one more
-        per unit granted beyond the first (never what its HELLO says)."""
-        units = min(self.grants.get(org, 1), self.s.max_units_per_org)
-        return self.s.max_connections_per_org + units - 1
-
-    async def _admit(self, fs: FrameStream, org: str, admitted: _Admitted) -> bool:
-        """Count the connection for ``org`` (Admission), or refuse it."""
-        why = self.admission.admit(org)
-        if why is not None:
-            self.stats["connections_refused"] = self.stats.get("connections_refused", 0) + 1
-            await fs.send_error(self.core.me, Endpoint.org(org), ResultCode.TOO_MANY_CONNECTIONS, why)
-            return False
-        admitted.org = org
-        return True
+        """One connection the listener accepted (through the Door)."""
+        await self.door.handle(stream)
 
     def _budget(self, org: str) -> ByteBudget:
         b = self.budgets.get(org)
@@ -359,41 +177,8 @@ class PlatformDaemon:
             b = self.budgets[org] = ByteBudget(max(self.s.max_buffer_per_org, self.s.max_frame))
         return b
 
-    async def _serve(self, fs: FrameStream, bound: str | None, seen: _Seen, admitted: _Admitted) -> None:
-        try:
-            with trio.fail_after(self.s.hello_timeout):
-                first = await fs.receive_batch()
-        except trio.TooSlowError:
-            await fs.send_error(self.core.me, None, ResultCode.HANDSHAKE_TIMEOUT, "no HELLO within the time limit")
-            return
-        except RemoteProtocolError as e:
-            await fs.send_error(self.core.me, None, e.code, str(e))
-            return
-        except ConnectionClosed:
-            await fs.aclose()
-            return
-        hello = first[0]
-        if hello.kind is not Kind.HELLO:
-            await fs.send_error(self.core.me, hello.source, ResultCode.NOT_AUTHENTICATED,
-                                f"first frame must be HELLO, not {hello.kind.name}")
-            return
-        try:
-            body = hello.frame().body
-            assert isinstance(body, Hello)
-        except ProtocolError as e:
-            await fs.send_error(self.core.me, hello.source, e.code, str(e))
-            return
-        ep = hello.source
-        if ep.node_type is not NodeType.ORGANIZATION:
-            await fs.send_error(self.core.me, ep, ResultCode.AUTH_FAILED,
-                                f"only organizations connect here, not a {ep.node_type.name.lower()} ({ep})")
-            return
-        if bound is None and not await self._admit(fs, ep.node_id, admitted):
-            return  # (without TLS the organization is known from HELLO on)
-        await self._session(fs, ep, hello, body, first, bound, seen)
-
     async def _session(self, fs: FrameStream, org: Endpoint, hello: RawFrame, body: Hello, first: list[RawFrame],
-                       bound: str | None, seen: _Seen) -> None:
+                       bound: str | None, seen: Seen) -> None:
         if bound is not None and org != Endpoint.org(bound):
             # An organization can only speak as itself (SPEC "Security").
             log.warning("certificate of %s used to claim %s: refused", bound, org)
@@ -447,10 +232,10 @@ class PlatformDaemon:
                                                           session_id=self.stats["connections"]))))
             if self.s.security is not None:
                 # The node applies revocations that happened while it was away.
-                session.enqueue([self._crl_frame(route_org(ep))])
+                session.enqueue([self.ca.crl_frame(route_org(ep))])
             with session.cancel_scope:
                 async with trio.open_nursery() as nursery:
-                    nursery.start_soon(self._writer, session, nursery.cancel_scope)
+                    nursery.start_soon(session.write)
                     nursery.start_soon(self._deliverer, session)
                     nursery.start_soon(self._drain_forwards)
                     await self._reader(session).run(first[1:])
@@ -506,7 +291,7 @@ class PlatformDaemon:
     async def _cert_request(self, session: Session, raw: RawFrame) -> None:
         req = raw.frame().body
         assert isinstance(req, CertRequest)
-        session.enqueue([await self._cert_response(route_org(session.endpoint), req.endpoint)])
+        session.enqueue([await self.ca.cert_response(route_org(session.endpoint), req.endpoint)])
 
     async def _peer_announce(self, session: Session, raw: RawFrame) -> None:
         ann = raw.frame().body
@@ -622,29 +407,6 @@ class PlatformDaemon:
             if s is not None:
                 s.pending = True
                 s.wake_deliver.set()
-
-    async def _writer(self, session: Session, scope: trio.CancelScope) -> None:
-        try:
-            while True:
-                await session.wake_writer.wait()
-                session.wake_writer = trio.Event()
-                q = session.queue
-                while q:
-                    # ~1 MiB per send: coalesced, yet never a second copy of a
-                    # whole queue; ``queued`` (what high_water bounds) counts
-                    # a slice until it is written.
-                    end, size = 0, 0
-                    while end < len(q) and size < _SLICE:
-                        size += len(q[end])
-                        end += 1
-                    chunk = b"".join(q[:end])
-                    del q[:end]
-                    await session.fs.send(chunk)
-                    session.queued -= size
-                if session.in_flight < session.window:
-                    session.wake_deliver.set()
-        finally:
-            scope.cancel()
 
     async def _deliverer(self, session: Session) -> None:
         """SPEC P.2: stored copies go out when their target is connected, in
@@ -769,88 +531,6 @@ class PlatformDaemon:
                 s = self.sessions.get(target)
                 if s is not None:
                     s.enqueue(data)
-
-    async def _cert_response(self, to: Endpoint, about: Endpoint) -> bytes:
-        """The answer to a CERT_REQUEST: the usable certificates the CA
-        issued; or, for an organization without one, why: CERT_REVOKED,
-        AUTH_FAILED (expired), UNKNOWN_CERTIFICATE (known here, none
-        issued yet) — the node's documents to it wait — or UNKNOWN_TARGET
-        (the platform does not know it: they fail)."""
-        sec = self.s.security
-        body: CertResponse | None
-        if sec is None:
-            body = CertResponse(endpoint=about, code=ResultCode.UNKNOWN_CERTIFICATE)
-        else:
-            body = sec.cert_response(about)
-            if body is None:
-                # Perhaps enrolled a moment ago by another process (semq
-                # platform enroll, node init --enroll-from): the CA issued
-                # it, so it is served from then on, not from our next look.
-                await self._ca_check()
-                body = sec.cert_response(about)
-            if body is None:
-                known = about.node_type is NodeType.ORGANIZATION and await self.gate.run(self.core.is_known, about)
-                body = CertResponse(endpoint=about,
-                                    code=ResultCode.UNKNOWN_CERTIFICATE if known else ResultCode.UNKNOWN_TARGET)
-        return encode_frame(Frame(kind=Kind.CERT_RESPONSE, source=self.core.me, target=to, body=body))
-
-    def _crl_frame(self, to: Endpoint) -> bytes:
-        assert self.s.security is not None
-        return encode_frame(Frame(kind=Kind.CRL, source=self.core.me, target=to,
-                                  body=Crl(der=self.s.security.crl_der)))
-
-    async def _watch_crl(self) -> None:
-        """``semq platform revoke`` / ``enroll`` rewrite the CA files; pick
-        them up without a restart (_ca_check)."""
-        while True:
-            await trio.sleep(self.s.crl_check_interval)
-            if self.core.pg:  # another instance's enrollments and revocations, through the store
-                try:
-                    await self.gate.run(self.core.share_ca, self.s.security.pdir / "ca")  # type: ignore[union-attr]
-                except (*STORE_ERRORS, OSError) as e:
-                    log.error("sharing the CA state through the store: %s", e)
-            await self._ca_check()
-
-    async def _ca_check(self) -> None:
-        """If the CA's state changed (two stats; or its revocation list is
-        due for re-signing): reload it — new TLS context, new directory —
-        and tell every connected node: the new revocation list (CRL frame)
-        and, for each organization whose usable certificates changed (a
-        rollover, an enrollment, a revocation), its new CERT_RESPONSE, so
-        senders stop sealing to a revoked key and pick up a new one within
-        seconds. Sessions of revoked organizations are closed."""
-        sec = self.s.security
-        assert sec is not None
-        async with self._ca_lock:
-            if not sec.changed():
-                return
-            before, crl_before = dict(sec.fingerprints), sec.crl_der
-            try:
-                await trio.to_thread.run_sync(sec.reload)
-            except (OSError, CryptoError) as e:
-                # e.g. a file half-restored by hand, a full disk: keep serving
-                # with what we hold, look again at the next check.
-                log.error("cannot reload the CA state: %s", e)
-                return
-            self.ssl_context = sec.ssl_context()
-            after = sec.fingerprints
-            changed = sorted(o for o in before.keys() | after.keys() if before.get(o) != after.get(o))
-            revoked = sec.revoked_orgs()
-            answers = [sec.cert_response(Endpoint.org(o)) for o in changed]
-            for ep, session in list(self.sessions.items()):
-                if ep.node_id in revoked:
-                    log.warning("%s is revoked: closing its session", ep)
-                    session.enqueue([encode_frame(Frame(kind=Kind.ERROR, source=self.core.me, target=route_org(ep),
-                                                        body=Error(code=ResultCode.CERT_REVOKED,
-                                                                   message="certificate revoked")))])
-                    session.cancel_scope.deadline = trio.current_time() + 1
-                    continue
-                push = [self._crl_frame(route_org(ep))] if sec.crl_der != crl_before else []
-                push += [encode_frame(Frame(kind=Kind.CERT_RESPONSE, source=self.core.me, target=route_org(ep), body=a))
-                         for a in answers if a is not None]
-                session.enqueue(push)
-            log.info("CA state reloaded (%d revoked organizations; certificates changed for %s)", len(revoked),
-                     ", ".join(changed) or "none")
 
     async def _housekeeping(self) -> None:
         while True:
