@@ -27,7 +27,7 @@ import trio
 
 from semq.session.early import EarlySends
 from semq.session.ports import BatchObserver, DrainSignal, FramePort, InboxSignal
-from semq.session.reader import Handler, SessionIdle, SessionReader, ping_every
+from semq.session.reader import Handler, SessionIdle, SessionReader, first_exception, ping_every
 from semq.session.transport import ConnectionClosed, FrameStream
 from semq.settings.config import Address
 from semq.store.db import STORE_ERRORS
@@ -77,15 +77,6 @@ def _jitter(delay: float) -> float:
     """``delay`` times 0.5..1.5: nodes cut off together do not all come
     back at the same instant."""
     return delay * (0.5 + random.random())
-
-
-def _first(eg: BaseExceptionGroup[BaseException]) -> BaseException:
-    """The first exception in ``eg``, out of any nested groups (the
-    session's nurseries nest them)."""
-    e: BaseException = eg
-    while isinstance(e, BaseExceptionGroup):
-        e = e.exceptions[0]
-    return e
 
 
 def copies_over(batch: list[RawFrame], limit: int) -> list[tuple[RawFrame, LK0]]:
@@ -180,7 +171,7 @@ class NodeDaemon:
     async def _run(self) -> None:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self._housekeeping)
-            # Transactional check-backs, dead-letter sweep (semq.node.background):
+            # Transactional check-backs, dead-letter sweep (semq.node.daemon.background):
             # through this daemon's own core and store gate, never a second
             # connection to the same store.
             from .background import run_background_tasks
@@ -216,13 +207,13 @@ class NodeDaemon:
             except* trio.TooSlowError:
                 why = "no answer in time"  # connect_timeout or hello_timeout
             except* (OSError, ConnectionClosed) as eg:
-                why = str(_first(eg)) or "the connection closed"
+                why = str(first_exception(eg)) or "the connection closed"
             except* STORE_ERRORS as eg:
                 # Disk full, read-only, locked: keep everything, retry later.
-                log.error("store error, retrying: %s", _first(eg))
+                log.error("store error, retrying: %s", first_exception(eg))
                 store_failed = True
             except* RemoteProtocolError as eg:
-                e = _first(eg)
+                e = first_exception(eg)
                 assert isinstance(e, RemoteProtocolError)
                 log.warning("protocol error from platform %s (code %d): %s", here, e.code, e)
                 why = e
