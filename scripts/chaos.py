@@ -22,7 +22,7 @@ per instance), kills hit one instance at a time, and with a server of the
 run's own the faults include restarts of PostgreSQL itself.
 
 With ``--direct`` (every node) or ``--direct some`` (a seeded half) the
-nodes listen for direct links (semq.node.direct) on a fixed port each, and
+nodes listen for direct links (semq.node.daemon.direct) on a fixed port each, and
 announce the address of a fault proxy of their own in front of it, so a
 restarted node listens again where it was announced. Documents to them go
 over mutual-TLS direct links when one works, else through the platform. The

@@ -163,7 +163,7 @@ class Wire:
         # about delivered, unacknowledged copies and the CA watch.
         nursery.start_soon(platform._inquirer)
         if platform.s.security is not None:
-            nursery.start_soon(platform._watch_crl)
+            nursery.start_soon(platform.ca.watch)
         self.nursery = nursery
         self.tap = tap
         self.links: dict[str, list[trio.abc.Stream]] = {}

@@ -32,8 +32,7 @@ LAYERS: dict[str, int] = {
     "semq.store": 2, "semq.session": 2, "semq.tracking": 2,
     "semq.node.engine": 3, "semq.platform.engine": 3,
     "semq.node": 4, "semq.platform": 4,
-    "semq.node.daemon": 5, "semq.platform.daemon": 5, "semq.node.background": 5,
-    "semq.node.direct": 5,
+    "semq.node.daemon": 5, "semq.platform.daemon": 5,  # (packages: the trio halves)
     "semq.ops": 6,
     # the web console: calls the ops handlers; OpsRuntime serves it through the
     # factory the command hands it (semq.ops.runtime.ConsoleFactory)

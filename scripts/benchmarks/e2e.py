@@ -843,7 +843,7 @@ def code_version() -> str:
 #   told it does not);
 # - direct: B runs with --listen 127.0.0.1:0 and announces it; A dials B
 #   after its first documents went through the platform, then sends B's
-#   documents over the link (semq/node/direct.py).
+#   documents over the link (semq/node/daemon/direct.py).
 PATHS: Final = ("relay", "direct")
 LISTEN_ANY: Final = "127.0.0.1:0"
 WARMUP: Final = 10  # documents sent and confirmed before a --direct phase's N (not measured)

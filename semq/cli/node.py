@@ -243,7 +243,7 @@ def _direct_options(x: argparse.ArgumentParser, *, init: bool) -> None:
 def _direct_settings(args: argparse.Namespace, cfg: Config) -> Any:
     """The node's direct-link settings: the configuration, overridden by
     ``semq node run``'s options (checked like the keys)."""
-    from semq.node.direct import DirectSettings
+    from semq.node.daemon import DirectSettings
 
     if args.listen:
         require_port(args.listen, "--listen")

@@ -132,7 +132,7 @@ def test_cli_dead_list_requeue_purge_sweep_and_errors(node: Path, capsys: pytest
 
 
 def test_maintenance_runs_the_configured_sweep(node: Path) -> None:
-    from semq.node.background import maintain
+    from semq.node.daemon.background import maintain
 
     assert seed(["dead", "config", "--dir", str(node), "--max-attempts", "2"]) == 0
     with NodeClient(node) as n:
