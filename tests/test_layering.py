@@ -29,6 +29,7 @@ LAYERS: dict[str, int] = {
     "semq.node": 4, "semq.platform": 4,
     "semq.node.daemon": 5, "semq.platform.daemon": 5, "semq.node.background": 5,
     "semq.node.direct": 5,
+    "semq.node.large_sender": 5,  # the daemon's chunk sender (trio), beside the daemon
     "semq.ops": 6,
     "semq.web": 6,  # the web console: served by OpsRuntime beside the admin socket, calling its handlers
     # an operation over a stopped platform, beside backup/restore (it reuses their in-use check)

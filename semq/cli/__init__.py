@@ -844,7 +844,7 @@ def cmd_send(args: argparse.Namespace) -> int:
         raise UsageError("--transactional sends to an organization: not with --ordered, --user or a colleague")
     if args.transactional:
         # Seed 002: a half message, sent only after 'semq tx commit ID'.
-        from semq.node.txn import Transactions
+        from semq.node.features.txn import Transactions
 
         with _client(args) as node:
             known = node.knows(args.to)

@@ -150,7 +150,7 @@ class Receiver:
 
     def _load(self, *, clean: bool = False) -> None:
         """Tries and parked documents from the store (they survive a restart)."""
-        from semq.node.receiving import tries
+        from semq.node.features.receiving import tries
 
         self.tries = tries(self.node, clean=clean)
         self.held = set()
@@ -199,7 +199,7 @@ class Receiver:
         return None, due_in
 
     def _run_one(self, item: Any) -> None:
-        from semq.node.receiving import acknowledge, failed
+        from semq.node.features.receiving import acknowledge, failed
 
         try:
             fresh = self.node.get(item.id)
@@ -304,7 +304,7 @@ def cmd_receive(args: argparse.Namespace) -> int:
 
 def _parked(args: argparse.Namespace) -> int:
     from semq.cli import _app_key_shown, _client, format_time, shown
-    from semq.node.receiving import parked
+    from semq.node.features.receiving import parked
 
     with _client(args) as node:
         rows = parked(node)
@@ -325,7 +325,7 @@ def _parked(args: argparse.Namespace) -> int:
 
 def _retry(args: argparse.Namespace) -> int:
     from semq.cli import _client, _doc_id
-    from semq.node.receiving import retry
+    from semq.node.features.receiving import retry
 
     rc = 0
     with _client(args) as node:

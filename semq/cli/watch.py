@@ -80,7 +80,7 @@ def _folder(path: str, flag: str) -> Path:
 def cmd_watch(args: argparse.Namespace) -> int:
     from semq.cli import UsageError, _cfg, _check_address, _check_colleague
     from semq.node.api import NodeClient
-    from semq.node.folders import FolderOptions, InboxFolder, OutboxFolder
+    from semq.node.features.folders import FolderOptions, InboxFolder, OutboxFolder
 
     if not args.outbox and not args.inbox:
         raise UsageError("nothing to watch: give --outbox DIR (with --to) and/or --inbox DIR")
@@ -150,7 +150,7 @@ def _loop(out: Any, into: Any, interval: float, stop: _Stop) -> None:
 
 def register(sub: Any) -> None:
     """Add ``semq watch`` to semq's subparsers (``build_parser`` calls this)."""
-    from semq.node.folders import WATCH_BATCH
+    from semq.node.features.folders import WATCH_BATCH
 
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--dir", help="data directory (default $SEMQ_DIR or ./semq-data)", default=argparse.SUPPRESS)

@@ -62,7 +62,7 @@ class Output:
     # there is used up (QUOTA_EXCEEDED); the rows went back to SS_INIT.
     over_quota: set[str] = field(default_factory=set)
     errors: list[tuple[ResultCode, str]] = field(default_factory=list)
-    # CHUNK_ACKs for our large documents: (semq.node.large_out.Outgoing,
+    # CHUNK_ACKs for our large documents: (semq.node.large.outgoing.Outgoing,
     # through, resume, stored at the platform), for the daemon's LargeSender.
     chunk_acks: list[tuple[Any, int, bool, bool]] = field(default_factory=list)
 

@@ -50,11 +50,11 @@ from .batch import Batch, NodeContext, Output
 from .engine import OriginEvent, SendState
 from .housekeeping import FAILED_RETENTION_MS, Housekeeping
 from .inquiries import RECEIPT_BATCH, Inquiries
-from .large_out import chunk_ack, confirmed, stored_manifests
-from .operator import Operator
-from .origin import NewDocument, Origin, document_flags
-from .receipts import RECEIPT_RETENTION_MS, Receipts
-from .receiver import DEDUP_RETENTION_MS, Receiver
+from .large.outgoing import chunk_ack, confirmed, stored_manifests
+from .origin.operator import Operator
+from .origin.receipts import RECEIPT_RETENTION_MS, Receipts
+from .origin.role import NewDocument, Origin, document_flags
+from .receiver.role import DEDUP_RETENTION_MS, Receiver
 from .store import open_node_store
 from .writebehind import MAX_INQUIRY_BACKOFF_MS, WriteBehind
 
@@ -152,7 +152,7 @@ class NodeCore(HeldWrites):
         self.receiver = Receiver(ctx)
         self.inquiry = Inquiries(ctx, self.origin, self.receiver)
         self.house = Housekeeping(ctx)
-        # The operator's and the features' transitions (semq.node.dead, semq.ops);
+        # The operator's and the features' transitions (semq.node.features.dead, semq.ops);
         # an ordered document deleted by them is announced to its receiver first.
         self.operator = Operator(ctx, lambda ids: self.origin.announce_gaps(nullcontext, ids))
         # How each frame kind is handled within a batch (frames for another
@@ -288,12 +288,12 @@ class NodeCore(HeldWrites):
         return out
 
     def announce_gaps(self, ids: Collection[int] | None = None) -> int:
-        """Queue gap notices for failed ordered documents (semq.node.channels)."""
+        """Queue gap notices for failed ordered documents (semq.node.receiver.channels)."""
         return self.origin.announce_gaps(self._tx, ids)
 
     def waiting_channels(self) -> list[Any]:
         """The ordered channels that hold documents back (ChannelWait)."""
-        from .channels import waiting_channels
+        from .receiver.channels import waiting_channels
 
         return waiting_channels(self.conn, self.ctx.unit)
 

@@ -54,7 +54,7 @@ from semq.umxt_protocol import (
 from .batch import Output
 from .core import NodeCore
 from .direct import DirectLinks, DirectSettings
-from .large_out import LargeSender
+from .large_sender import LargeSender
 
 if TYPE_CHECKING:
     from semq.identity.security import CertAnswer

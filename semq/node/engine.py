@@ -286,7 +286,7 @@ OPERATOR_TABLE: Final[dict[tuple[SendState, OperatorAction], SendState | None]] 
     (S.SS_ACK2, _A.PURGE): None,
     (S.SS_FAILED, _A.PURGE): None,
     # Only rows waiting to be sent: a row in flight keeps its window credit
-    # and its answer (semq.node.dead.sweep, fail_target).
+    # and its answer (semq.node.features.dead.sweep, fail_target).
     (S.SS_INIT, _A.DEAD_LETTER): S.SS_FAILED,
     (S.SS_FAILED, _A.PURGE_DEAD): None,
 }
@@ -381,11 +381,11 @@ def _name(state: int) -> str:
     return state.name if isinstance(state, Enum) else str(state)
 
 
-# -- transactional half messages (seed 002; semq.node.txn)
+# -- transactional half messages (seed 002; semq.node.features.txn)
 
 
 class TxState(IntEnum):
-    """States of a half message (docs/seed-capabilities.md); semq.node.txn
+    """States of a half message (docs/seed-capabilities.md); semq.node.features.txn
     re-exports it."""
 
     HALF = 0  # stored, not sent; waiting for commit / rollback / check-back
@@ -409,7 +409,7 @@ _T = TxState
 _TA = TxAction
 
 #: (state, action) -> next state, None: deleted. COMMITTED and ROLLED_BACK
-#: are final and exclude each other; anything else is refused (semq.node.txn
+#: are final and exclude each other; anything else is refused (semq.node.features.txn
 #: answers a repeated commit / rollback with the earlier result: idempotent).
 TX_TABLE: Final[dict[tuple[TxState, TxAction], TxState | None]] = {
     (_T.HALF, _TA.COMMIT): _T.COMMITTED,

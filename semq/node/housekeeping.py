@@ -7,10 +7,10 @@ from pathlib import Path
 from typing import Any, Final
 
 from .batch import NodeContext
-from .channels import waiting_channels
 from .engine import SendState
-from .receipts import RECEIPT_RETENTION_MS
-from .receiver import DEDUP_RETENTION_MS
+from .origin.receipts import RECEIPT_RETENTION_MS
+from .receiver.channels import waiting_channels
+from .receiver.role import DEDUP_RETENTION_MS
 
 __all__ = ["FAILED_RETENTION_MS", "INBOX_READ_RETENTION_MS", "Housekeeping"]
 
@@ -83,7 +83,7 @@ class Housekeeping:
             "inbox_total": c.execute("SELECT count(*) FROM inbox").fetchone()[0],
             "dedup": c.execute("SELECT count(*) FROM dedup").fetchone()[0],
             "oldest_unconfirmed_ms": oldest,
-            # Ordered channels holding documents back (semq.node.channels).
+            # Ordered channels holding documents back (semq.node.receiver.channels).
             "channels_waiting": [{"origin": w.origin, "channel": w.channel, "held": w.held, "waits_for": w.lk0,
                                   "since_ms": w.since_ms, "text": w.describe()}
                                  for w in waiting_channels(c, self.ctx.unit)],

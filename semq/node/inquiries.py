@@ -34,8 +34,8 @@ from semq.umxt_protocol import (
 
 from .batch import Batch, Events, NodeContext, Output
 from .engine import OriginEvent
-from .origin import Origin
-from .receiver import Receiver
+from .origin.role import Origin
+from .receiver.role import Receiver
 
 __all__ = ["INBOUND_SWEEP", "INQUIRY_BATCH", "Inquiries"]
 

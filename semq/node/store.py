@@ -193,10 +193,10 @@ class TxHalf(Model):
     """Transactional "half" messages (seed 002): held here and never sent
     until the producer commits — then copied into the outbox in the same
     SQLite transaction that marks them COMMITTED — or rolls back
-    (semq.node.txn, docs/seed-capabilities.md)."""
+    (semq.node.features.txn, docs/seed-capabilities.md)."""
 
     id = AutoIncrementField()
-    state = IntegerField(default=0)  # semq.node.txn.TxState
+    state = IntegerField(default=0)  # semq.node.features.txn.TxState
     target_id = TextField()
     save_fwd = IntegerField(default=3)
     ack2 = BooleanField(default=True)
@@ -263,7 +263,7 @@ class QueueName(Model):
 
 class QueueItem(Model):
     """An item of a local queue; in flight while ``lease_until_ms`` is set
-    and in the future (semq.node.queues)."""
+    and in the future (semq.node.features.queues)."""
 
     id = AutoIncrementField()
     queue = TextField()
@@ -376,7 +376,7 @@ def _v9(db: SqliteDatabase) -> None:
 
 
 def _v10(db: SqliteDatabase) -> None:
-    """Users and ordered channels (semq.node.envelope, semq.node.channels).
+    """Users and ordered channels (semq.node.envelope, semq.node.receiver.channels).
     ``outbox.envelope``: the bytes that start the document's AppData on the
     wire (NULL: none), with the users, channel and place it names kept in
     columns for reading; ``outbox.gap``: 1 once a failed ordered document's
@@ -423,7 +423,7 @@ def _v10(db: SqliteDatabase) -> None:
 
 
 def _v11_receive(db: SqliteDatabase) -> None:
-    """``semq receive`` (semq.node.receiving): per inbox document its
+    """``semq receive`` (semq.node.features.receiving): per inbox document its
     command failed for, the tries so far, the last exit status and the end
     of its stderr, when the next try is due, and once it has failed too
     often, when it was parked (a dead letter of the receiving side). The
@@ -435,7 +435,7 @@ def _v11_receive(db: SqliteDatabase) -> None:
 
 
 def _v12_watch(db: SqliteDatabase) -> None:
-    """Folders (``semq watch``, semq.node.folders). ``watch_files``: each
+    """Folders (``semq watch``, semq.node.features.folders). ``watch_files``: each
     file taken from an outbox folder, written in the transaction that
     accepts its document — the folder and the file's name (bytes, as the file
     system gives it), its SHA-256, size and the document's LK0 — and

@@ -476,7 +476,7 @@ def backup_store(db: SqliteDatabase, dest: Path) -> Path:
 
 class StoreFileError(sqlite3.OperationalError):
     """An I/O error on a file the store's rows name (a large document's
-    content, semq.node.large_in): the store's own error, handled as one
+    content, semq.node.large.incoming): the store's own error, handled as one
     (disk full: the batch rolls back, nothing is acknowledged, the daemon
     says so and tries again later), not as a network failure."""
 

@@ -27,7 +27,7 @@ from typing import NamedTuple
 import trio
 
 from semq.identity.security import NodeSecurity
-from semq.node.large import ChunkSealer, Manifest
+from semq.node.large.manifest import ChunkSealer, Manifest
 from semq.session.transport import FrameStream
 from semq.umxt_protocol import (
     CHUNK_COMPRESSED,
@@ -368,7 +368,7 @@ def forge_large(directory: Path, target: str, size: int = 6 << 20) -> LargeForge
     (it sent ``target`` a document before)."""
     from semq.node.api import NodeClient
     from semq.node.core import NodeCore
-    from semq.node.large_out import pending
+    from semq.node.large.outgoing import pending
     from semq.settings.config import load_config
 
     directory = Path(directory)

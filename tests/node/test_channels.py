@@ -1,5 +1,5 @@
 """Users and ordered channels in the node core (semq.node.envelope,
-semq.node.channels): two cores wired by hand, frames delivered in any order."""
+semq.node.receiver.channels): two cores wired by hand, frames delivered in any order."""
 
 from __future__ import annotations
 
@@ -12,7 +12,6 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from semq.node.channels import waiting_channels
 from semq.node.core import NewDocument, NodeCore
 from semq.node.envelope import (
     MAX_ENVELOPE,
@@ -22,6 +21,7 @@ from semq.node.envelope import (
     parse_address,
     split_envelope,
 )
+from semq.node.receiver.channels import waiting_channels
 from semq.node.users import UserError, add_user, authenticate, user_for_os_account
 from semq.umxt_protocol import AppKey, Kind, ResultCode
 from tests._frames import decoded, raws
@@ -343,7 +343,7 @@ def test_an_origin_cannot_fill_the_receivers_store_with_held_documents(
     held is refused OVER_WINDOW (not stored, no receipt; its origin sends it
     again later); one that follows in order still goes in, and so does the
     refused one once the gap closed."""
-    from semq.node import channels
+    from semq.node.receiver import channels
 
     monkeypatch.setattr(channels, "MAX_HELD_PER_ORIGIN", 3)
     a, b = pair

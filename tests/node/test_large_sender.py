@@ -1,4 +1,4 @@
-"""The origin's chunk sender (semq.node.large_out.LargeSender) over a trio
+"""The origin's chunk sender (semq.node.large_sender.LargeSender) over a trio
 memory stream: a probe per document at the start of a session, then at most
 a window of each in flight, documents in turn (priority first), a RESUME
 rewinds, the platform's "kept" acknowledgements give credit, and silence
@@ -16,8 +16,9 @@ import trio
 import trio.testing
 
 from semq.node.core import NewDocument, NodeCore
-from semq.node.large import Manifest
-from semq.node.large_out import STALL_S, LargeSender, Outgoing, pending
+from semq.node.large.manifest import Manifest
+from semq.node.large.outgoing import Outgoing, pending
+from semq.node.large_sender import STALL_S, LargeSender
 from semq.session.transport import FrameStream
 from semq.store.gate import StoreGate
 from semq.umxt_protocol import Chunk, Kind

@@ -106,8 +106,9 @@ def test_every_allowance_is_still_needed() -> None:
 def test_the_named_rows_select_lists_match_the_node_store(tmp_path: Path) -> None:
     """Each named row's SELECT list compiles against a fresh node store:
     a renamed or dropped column is an error here, not a shifted value."""
-    from semq.node import api, queues
+    from semq.node.api import client as api
     from semq.node.core import NodeCore
+    from semq.node.features import queues
     from semq.node.writebehind import (
         DeadLetterRow,
         HalfMessageRow,

@@ -355,8 +355,8 @@ def test_fail_target_and_the_attempt_limit_leave_rows_in_flight_alone(
     """Rows whose SS_SENT is held are SS_INIT on disk, yet in flight: making
     the unsent documents of a target dead letters, or applying the attempt
     limit, writes the held states first and so leaves them alone."""
-    from semq.node import dead
     from semq.node.engine import SendState
+    from semq.node.features import dead
     from semq.umxt_protocol import ResultCode
 
     a, store = _claimed(tmp_path, 2)
@@ -441,7 +441,7 @@ def test_a_row_left_out_of_a_claim_is_claimed_later(tmp_path: Path, node_clock: 
     a = NodeCore(store, A, create=True, platform=P)
     try:
         a.accept([NewDocument(target=B, app_data=b"doc %d" % i) for i in range(4)])
-        from semq.node.origin import Origin
+        from semq.node.origin.role import Origin
 
         real = Origin._protect
         monkeypatch.setattr(Origin, "_protect", lambda self, rows, out: ([r for r in rows if r.id != 2], {}))

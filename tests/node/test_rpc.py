@@ -13,8 +13,8 @@ import pytest
 import trio
 
 from semq.cli.features import main as seed
-from semq.node import rpc
 from semq.node.api import NodeClient
+from semq.node.features import rpc
 from tests._procs import Cluster, wait_until
 
 pytestmark = pytest.mark.e2e

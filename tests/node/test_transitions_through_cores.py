@@ -179,8 +179,8 @@ _WRITES = re.compile(r"UPDATE\s+(outbox|stored|inbound)\s+SET[^\"']*\b(state|p_a
 #: The modules where a store's state is written: the cores' roles, the
 #: write-behind, and the stores' migrations.
 ALLOWED = {
-    "semq/node/origin.py", "semq/node/receiver.py", "semq/node/writebehind.py", "semq/node/store.py",
-    "semq/node/operator.py",
+    "semq/node/origin/role.py", "semq/node/receiver/role.py", "semq/node/writebehind.py", "semq/node/store.py",
+    "semq/node/origin/operator.py",
     "semq/platform/core.py", "semq/platform/store.py",
 }
 

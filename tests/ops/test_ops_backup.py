@@ -317,7 +317,7 @@ def test_a_backup_holds_large_documents_contents(tmp_path: Path) -> None:
     import os
 
     from semq.node.api import NodeClient
-    from semq.node.large_out import pending
+    from semq.node.large.outgoing import pending
 
     src_dir, dst_dir = tmp_path / "a", tmp_path / "restored"
     init_node(src_dir)

@@ -12,7 +12,7 @@ import pytest
 import trio
 import trio.testing
 
-from semq.node.api import _TOP, _TOP_OF_USER, inbox_top
+from semq.node.api.client import _TOP, _TOP_OF_USER, inbox_top
 from semq.node.core import NodeCore
 from semq.ops.admin import DrainControl, admin_request, serve_admin
 from semq.ops.handlers import node_handlers

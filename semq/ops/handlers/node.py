@@ -120,7 +120,7 @@ def _node_event(core: Any, row: dict[str, Any], event: str, ts: int, detail: str
 
 
 def _channel_wait(w: Any) -> dict[str, Any]:
-    """A semq.node.channels.ChannelWait as the console shows it."""
+    """A semq.node.receiver.channels.ChannelWait as the console shows it."""
     return {"origin": w.origin, "channel": w.channel, "held": w.held, "waits_for": w.lk0, "since_ms": w.since_ms,
             "text": w.describe()}
 
@@ -322,7 +322,7 @@ def node_handlers(
             if not dry and ok:
                 if action is OperatorAction.PURGE:
                     # A live row given up is a failure ("dead"); a failed row
-                    # (a dead letter already) is only cleaned up (semq.node.dead).
+                    # (a dead letter already) is only cleaned up (semq.node.features.dead).
                     recs = [_node_event(core, r, "cleaned" if r["state"] == SendState.SS_FAILED.name else "dead", ts,
                                         "purged by the operator") for r in ok]
                 else:

@@ -12,7 +12,7 @@ import sqlite3
 import time
 from typing import Final, NamedTuple
 
-from .api import InboxItem, NodeClient
+from ..api import InboxItem, NodeClient
 
 __all__ = ["STDERR_TAIL", "TryRow", "acknowledge", "failed", "parked", "retry", "tries"]
 

@@ -36,15 +36,15 @@ from typing import TYPE_CHECKING, Any, Final
 from semq.tracking.events import now_ms
 from semq.umxt_protocol import LK0, NodeType
 
+from ..api import UNIT_IDS
+from ..writebehind import RpcRequestRow, columns
 from ._access import core_of, write_tx
-from .api import UNIT_IDS
-from .writebehind import RpcRequestRow, columns
 
 if TYPE_CHECKING:
     import trio
 
-    from .api import InboxItem, NodeClient
-    from .core import NodeCore
+    from ..api import InboxItem, NodeClient
+    from ..core import NodeCore
 
 __all__ = [
     "REPLY",

@@ -33,8 +33,7 @@ from typing import TYPE_CHECKING, Any, Final
 from semq.tracking.events import now_ms
 from semq.umxt_protocol import LK0, AppKey, ResultCode
 
-from ._access import core_of, log_events, write_tx
-from .engine import (
+from ..engine import (
     OperatorAction,
     SendState,
     TransitionRefused,
@@ -43,11 +42,12 @@ from .engine import (
     operator_step,
     sql_in,
 )
-from .writebehind import DeadLetterRow, columns
+from ..writebehind import DeadLetterRow, columns
+from ._access import core_of, log_events, write_tx
 
 if TYPE_CHECKING:
-    from .api import NodeClient
-    from .core import NodeCore
+    from ..api import NodeClient
+    from ..core import NodeCore
 
 __all__ = ["REASONS", "DeadLetter", "DeadLetterError", "DeadLetters", "RequeueResult", "fail_target",
            "reason", "sweep"]

@@ -48,13 +48,12 @@ from semq.umxt_protocol import (
     encode_data,
 )
 
-from .batch import Events, NodeContext, Output
-from .engine import ORIGIN_TABLE, OriginEvent, SendState, origin_step
-from .envelope import MAX_ENVELOPE, Envelope, encode_envelope
-from .large import Manifest
-from .limits import MAX_DOCUMENT_SIZE, DocumentTooLarge
-from .receipts import Receipts, document_flags
-from .writebehind import (
+from ..batch import Events, NodeContext, Output
+from ..engine import ORIGIN_TABLE, OriginEvent, SendState, origin_step
+from ..envelope import MAX_ENVELOPE, Envelope, encode_envelope
+from ..large.manifest import Manifest
+from ..limits import MAX_DOCUMENT_SIZE, DocumentTooLarge
+from ..writebehind import (
     MAX_INQUIRY_BACKOFF_MS,
     ClaimRow,
     HeldFwd,
@@ -63,6 +62,7 @@ from .writebehind import (
     PendingSendRow,
     columns,
 )
+from .receipts import Receipts, document_flags
 
 __all__ = ["NewDocument", "Origin", "document_flags"]
 
@@ -132,7 +132,7 @@ class NewDocument:
     to_user: str = ""
     channel: str = ""
     # A gap notice: the record id of the failed ordered document whose place
-    # it takes (and that document's ``prev``); made by semq.node.channels.
+    # it takes (and that document's ``prev``); made by semq.node.receiver.channels.
     skipped: int = 0
     gap_prev: int = 0
     # A large document (semq.node.large): ``app_data`` is its manifest and
@@ -261,7 +261,7 @@ class Origin:
     def announce_gaps(self, tx: Callable[[], Any], ids: Collection[int] | None = None) -> int:
         """Queue a gap notice for each failed ordered document not announced
         yet (``ids``: of those only), marking it announced, in one
-        transaction (semq.node.channels). Returns how many."""
+        transaction (semq.node.receiver.channels). Returns how many."""
         from .channels import gap_notices, gaps_due
 
         if ids is None and not gaps_due(self.ctx.conn):
@@ -287,7 +287,7 @@ class Origin:
         skip = sorted(skip_targets)
         if only is not None:  # one target's documents (a direct link to it)
             # (Large documents go through the platform session, which sends
-            # their chunks: semq.node.large_out.)
+            # their chunks: semq.node.large.outgoing.)
             where, skip = f"state={_SS_INIT} AND target_id=? AND large=0", [only]
         elif skip:
             where = f"state={_SS_INIT} AND target_id NOT IN ({','.join('?' * len(skip))})"

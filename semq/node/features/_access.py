@@ -21,10 +21,10 @@ from peewee import DatabaseError
 from semq.store.db import translate
 from semq.tracking.events import EventLog
 
-from .core import NodeCore
+from ..core import NodeCore
 
 if TYPE_CHECKING:
-    from .api import NodeClient
+    from ..api import NodeClient
 
 __all__ = ["core_of", "log_events", "node_dir", "write_tx"]
 

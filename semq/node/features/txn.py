@@ -50,15 +50,15 @@ from typing import TYPE_CHECKING, Any, Final, Protocol, TypeVar
 from semq.tracking.events import now_ms
 from semq.umxt_protocol import LK0, AppKey, Data, Endpoint, Frame, Kind, ProtocolError, SaveFwd
 
+from ..core import NewDocument, NodeCore
+from ..engine import TransitionRefused, TxAction, TxState, sql_in, tx_result, tx_states, tx_step
+from ..limits import check_document_size
+from ..writebehind import HalfMessageRow, columns
 from ._access import core_of, node_dir, write_tx
 from .capabilities import CAPABILITIES_NAME, TxSettings, load_capabilities
-from .core import NewDocument, NodeCore
-from .engine import TransitionRefused, TxAction, TxState, sql_in, tx_result, tx_states, tx_step
-from .limits import check_document_size
-from .writebehind import HalfMessageRow, columns
 
 if TYPE_CHECKING:
-    from .api import NodeClient
+    from ..api import NodeClient
 
 __all__ = [
     "CheckReport",
@@ -523,7 +523,7 @@ def open_node(node: NodeClient | NodeCore | str | os.PathLike[str]) -> NodeClien
     """A directory opens a NodeClient of its own; a NodeClient / NodeCore
     is used as it is."""
     if isinstance(node, str | os.PathLike):
-        from .api import NodeClient
+        from ..api import NodeClient
 
         return NodeClient(Path(node))
     return node

@@ -19,7 +19,7 @@ signed NACK, like any refused document.
 
 A chunk out of order is not written. After a gap (one lost on a cut
 connection or in a restart) the origin is told to go on from what we have
-with a CHUNK_ACK whose code is RESUME (semq.node.large_out rewinds to it);
+with a CHUNK_ACK whose code is RESUME (semq.node.large.outgoing rewinds to it);
 a copy of one we have (a probe, a resend) is answered with an ordinary
 CHUNK_ACK saying where we are.
 """
@@ -57,14 +57,14 @@ from semq.umxt_protocol import (
     encode_frame,
 )
 
-from .batch import Batch, NodeContext
-from .envelope import NO_ENVELOPE, Envelope, encode_envelope, split_envelope
-from .large import ChunkError, ChunkOpener, Manifest, hash_prefix
-from .large_out import WINDOW_BYTES
-from .writebehind import columns
+from ..batch import Batch, NodeContext
+from ..envelope import NO_ENVELOPE, Envelope, encode_envelope, split_envelope
+from ..writebehind import columns
+from .manifest import ChunkError, ChunkOpener, Manifest, hash_prefix
+from .outgoing import WINDOW_BYTES
 
 if TYPE_CHECKING:
-    from .receiver import Receiver
+    from ..receiver.role import Receiver
 
 __all__ = ["ACK_EVERY_BYTES", "ALL_CHUNKS", "MAX_BAD_CHUNKS", "RESUME", "LargeIn"]
 

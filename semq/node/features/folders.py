@@ -52,10 +52,10 @@ from typing import Any, Final, NamedTuple
 
 from semq.umxt_protocol import LK0, AppKey, LocalProtocolError
 
+from ..api import InboxItem, NodeClient
+from ..core import NodeCore
+from ..limits import MAX_DOCUMENT_SIZE, DocumentTooLarge
 from ._access import write_tx
-from .api import InboxItem, NodeClient
-from .core import NodeCore
-from .limits import MAX_DOCUMENT_SIZE, DocumentTooLarge
 
 __all__ = [
     "FAILED_DIR",

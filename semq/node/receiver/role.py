@@ -42,14 +42,14 @@ from semq.umxt_protocol import (
     ResultCode,
 )
 
+from ..batch import Batch, NodeContext
+from ..engine import AckEvent, AckStatus, pending_ack_step, receive_decision, receiver_may_clean
+from ..envelope import NO_ENVELOPE, Envelope, EnvelopeError, split_envelope
+from ..large.incoming import LargeIn
+from ..limits import DEFAULT_MAX_DOCUMENT
+from ..writebehind import MAX_INQUIRY_BACKOFF_MS, ConfirmRow, PendingAckRow, columns
 from . import channels
-from .batch import Batch, NodeContext
 from .channels import INBOX_COLUMNS, ChannelsIn
-from .engine import AckEvent, AckStatus, pending_ack_step, receive_decision, receiver_may_clean
-from .envelope import NO_ENVELOPE, Envelope, EnvelopeError, split_envelope
-from .large_in import LargeIn
-from .limits import DEFAULT_MAX_DOCUMENT
-from .writebehind import MAX_INQUIRY_BACKOFF_MS, ConfirmRow, PendingAckRow, columns
 
 __all__ = ["DEDUP_RETENTION_MS", "Receiver"]
 
@@ -91,7 +91,7 @@ class Receiver:
         self.channels = ChannelsIn()
         self._first_unit: sqlite3.Connection | None = None  # read-only, opened when first asked
         self._users: frozenset[str] | None = None  # this node's users, read when a document names one
-        self.large = LargeIn(ctx, self, DEFAULT_MAX_DOCUMENT)  # large documents under way (semq.node.large_in)
+        self.large = LargeIn(ctx, self, DEFAULT_MAX_DOCUMENT)  # large documents under way (semq.node.large.incoming)
 
     # ------------------------------------------------------------ a batch
 
@@ -270,7 +270,7 @@ class Receiver:
                  ak: AppKey, env: Envelope, size: int | None = None) -> None:
         """A document that opened and verified: into the inbox the first
         time, acknowledged as it asked. ``size``: a large document whose
-        content is whole (semq.node.large_in), delivered with an empty body."""
+        content is whole (semq.node.large.incoming), delivered with an empty body."""
         ts, out, events = b.ts, b.out, b.events
         lk0, lk1 = d.lk0, d.lk1
         key = (int(lk0.endpoint.node_type), lk0.endpoint.node_id, lk0.semq_id, lk0.semq_db_id, lk0.record_id)
@@ -398,7 +398,7 @@ class Receiver:
 
     def _ordered(self, b: Batch, lk0: LK0, env: Envelope, row: tuple[Any, ...]) -> None:
         """A new document of an ordered channel: to the inbox with the held
-        ones it releases, or held (semq.node.channels). A gap notice for a
+        ones it releases, or held (semq.node.receiver.channels). A gap notice for a
         document that did arrive is dropped (it was handed over in its
         place); one for a document that did not takes its place, and a
         late copy of that document is then a duplicate."""

@@ -1,7 +1,7 @@
 """The operator's and the node features' transitions of pending-send rows,
 applied to the store: the admin console's requeue / resend / purge
 (docs/operations.md) and the dead letters' requeue, purge and rules
-(semq.node.dead). What each action may do to which state is decided by
+(semq.node.features.dead). What each action may do to which state is decided by
 ``OPERATOR_TABLE`` (semq.node.engine); this role only writes it."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import Final
 
-from .batch import NodeContext
-from .engine import OperatorAction, SendState, TransitionRefused, operator_step
+from ..batch import NodeContext
+from ..engine import OperatorAction, SendState, TransitionRefused, operator_step
 
 __all__ = ["Operator"]
 
@@ -29,7 +29,7 @@ class Operator:
     def __init__(self, ctx: NodeContext, announce_gaps: Callable[[list[int]], int] | None = None) -> None:
         self.ctx = ctx
         # Queues the gap notices of ordered documents about to be deleted
-        # (semq.node.channels), in the caller's transaction.
+        # (semq.node.receiver.channels), in the caller's transaction.
         self.announce_gaps = announce_gaps
 
     def apply(self, action: OperatorAction, rows: Sequence[tuple[int, int]], ts: int, *, code: int = 0,

@@ -1,34 +1,23 @@
-"""Ordered channels (SPEC "Ordered channels"; the chain rules are in
-semq.node.envelope): the receiver's order, the origin's gap notices, and
-what waits.
+"""Ordered channels, the receiver's side (SPEC "Ordered channels"; the
+chain rules are in semq.node.envelope; the origin's side, its numbering and
+gap notices, is semq.node.origin.channels).
 
-Receiver: ``ChannelsIn.place`` decides, inside the batch's transaction,
-whether a newly received ordered document goes to the inbox now (it follows
-the one handed over last) or is held in ``channel_held``; a document that
-closes a gap releases the held ones that follow it, in order. A held document
-is in the store, so it is acknowledged like any other.
-
-Origin: an ordered document that fails (refused, dropped, expired) is
-announced by a gap notice in its place (``gap_notices``), so the receiver's
-channel moves on and its application is told; the failed row is marked
-``gap = 1`` in the same transaction. A purged dead letter is announced the
-same way first.
+``ChannelsIn.place`` decides, inside the batch's transaction, whether a
+newly received ordered document goes to the inbox now (it follows the one
+handed over last) or is held in ``channel_held``; a document that closes a
+gap releases the held ones that follow it, in order. A held document is in
+the store, so it is acknowledged like any other.
 """
 
 from __future__ import annotations
 
-import json
 import sqlite3
-from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, Final
 
-from semq.umxt_protocol import AppKey
+from ..envelope import Envelope
 
-from .engine import SendState
-from .envelope import GAP_DOMAIN, GAP_TYPE, Envelope
-
-__all__ = ["INBOX_COLUMNS", "MAX_HELD_PER_ORIGIN", "ChannelWait", "ChannelsIn", "InboxValues", "gap_notices", "gaps_due", "waiting_channels"]
+__all__ = ["INBOX_COLUMNS", "MAX_HELD_PER_ORIGIN", "ChannelWait", "ChannelsIn", "InboxValues", "waiting_channels"]
 
 #: An inbox row's values, in the order of ``INBOX_INSERT``'s columns.
 InboxValues = tuple[Any, ...]
@@ -38,7 +27,6 @@ INBOX_COLUMNS: Final = ("origin_type, origin_id, semq_id, semq_db_id, record_id,
 _HELD_INSERT: Final = f"INSERT INTO channel_held (prev, pos, {INBOX_COLUMNS}) VALUES ({','.join('?' * 21)})"
 _HELD_NEXT: Final = (f"SELECT id, pos, {INBOX_COLUMNS} FROM channel_held WHERE origin_id=? AND channel=? AND prev=?"
                      f" ORDER BY id LIMIT 1")
-_FAILED: Final = int(SendState.SS_FAILED)
 # Documents of one origin a receiver holds back at most, over all its
 # channels: an enrolled organization must not fill the store with
 # documents that name predecessors that never come. Past it an ordered
@@ -151,36 +139,3 @@ def waiting_channels(conn: sqlite3.Connection, unit: int = 1) -> list[ChannelWai
         out.append(ChannelWait(origin=origin, channel=channel, held=int(held), last=int(last),
                                waits_for=int(r[0] or 0), since_ms=int(moved), unit=unit))
     return out
-
-
-def gaps_due(conn: sqlite3.Connection) -> bool:
-    """Whether a failed ordered document waits for its gap notice."""
-    return conn.execute(f"SELECT 1 FROM outbox WHERE channel != '' AND gap = 0 AND state = {_FAILED}"
-                        " LIMIT 1").fetchone() is not None
-
-
-def gap_notices(conn: sqlite3.Connection, me: str, unit: int, *, encrypt: bool,
-                ids: Iterable[int] | None = None, limit: int = 1000) -> tuple[list[Any], list[int]]:
-    """The gap notices for failed ordered documents not announced yet
-    (``ids``: only those, e.g. dead letters about to be purged): the
-    NewDocuments to accept, and the failed rows to mark ``gap = 1`` — in
-    the same transaction."""
-    from .origin import NewDocument
-
-    cols = "id, target_id, channel, prev_id, code, from_user, to_user, priority"
-    if ids is None:
-        rows = conn.execute(f"SELECT {cols} FROM outbox WHERE channel != '' AND gap = 0 AND state = {_FAILED}"
-                            " ORDER BY id LIMIT ?", (limit,)).fetchall()
-    else:
-        wanted = list(ids)
-        rows = [r for i in wanted for r in conn.execute(
-            f"SELECT {cols} FROM outbox WHERE id=? AND channel != '' AND gap = 0", (i,)).fetchall()]
-    docs = []
-    for rid, target, channel, prev, code, from_user, to_user, priority in rows:
-        lk0 = f"{me}/{unit}/1/{rid}"
-        docs.append(NewDocument(
-            target=target, app_data=json.dumps({"lk0": lk0, "code": int(code)}).encode(),
-            app_key=AppKey(domain=GAP_DOMAIN, data_type=GAP_TYPE, subtype=channel, key=lk0),
-            priority=priority, encrypt=encrypt, from_user=from_user, to_user=to_user, channel=channel,
-            skipped=rid, gap_prev=prev))
-    return docs, [r[0] for r in rows]

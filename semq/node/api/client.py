@@ -33,19 +33,19 @@ from semq.session.inbox_wait import ADMIN_SOCKET_NAME, MAX_WAIT, DaemonAway, awa
 from semq.settings.config import ORG_ID_ALLOWED, Config, ConfigError, load_config
 from semq.umxt_protocol import LK0, AppKey, Endpoint, NodeType, ResultCode, SaveFwd
 
-from .core import NewDocument, NodeCore
-from .engine import SendState
-from .envelope import GAP_DOMAIN, GAP_TYPE, EnvelopeError, check_channel, check_user, parse_address
-from .large import Manifest, copy_in, move_in
-from .limits import (
+from ..core import NewDocument, NodeCore
+from ..engine import SendState
+from ..envelope import GAP_DOMAIN, GAP_TYPE, EnvelopeError, check_channel, check_user, parse_address
+from ..large.manifest import Manifest, copy_in, move_in
+from ..limits import (
     MAX_DOCUMENT_SIZE,
     BadTarget,
     DocumentTooLarge,
     LargeDocumentTooLarge,
     check_target,
 )
-from .users import User, add_user, list_users, remove_user
-from .writebehind import InboxRow, MessageRow, columns
+from ..users import User, add_user, list_users, remove_user
+from ..writebehind import InboxRow, MessageRow, columns
 
 __all__ = ["MAX_DOCUMENT_SIZE", "BadTarget", "DocumentTooLarge", "InboxItem", "NodeClient", "OutboxRow", "inbox_top"]
 
@@ -354,7 +354,7 @@ class NodeClient:
         ``also(conn, lk0s)`` is called inside that transaction, on the store
         that took the documents, with their LK0s: what it writes commits
         with the documents or not at all (``semq watch`` records which file
-        each document came from: semq.node.folders). Without it the
+        each document came from: semq.node.features.folders). Without it the
         documents are accepted exactly as before."""
         me = self.config.org
         addresses: dict[str, tuple[str, str]] = {}
@@ -408,7 +408,7 @@ class NodeClient:
             self._turn += 1
         if also is None:
             return core.accept(news)
-        from ._access import write_tx
+        from ..features._access import write_tx
 
         with write_tx(core) as conn:  # accept() joins it as a savepoint
             lk0s = core.accept(news)

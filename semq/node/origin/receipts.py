@@ -43,8 +43,8 @@ from semq.umxt_protocol import (
     ResultCode,
 )
 
-from .batch import Events, NodeContext, Output
-from .writebehind import write_digests
+from ..batch import Events, NodeContext, Output
+from ..writebehind import write_digests
 
 __all__ = ["RECEIPT_RETENTION_MS", "Receipts", "document_flags"]
 

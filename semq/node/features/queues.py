@@ -2,7 +2,7 @@
 queue interface: create, destroy, enqueue, dequeue, recover), so an
 application can use SEMQ as its local durable queue too.
 
-    from semq.node.queues import LocalQueues
+    from semq.node.features.queues import LocalQueues
     with LocalQueues("/srv/semq/acme") as q:
         q.create("invoices", exist_ok=True)
         q.enqueue("invoices", b"...")
@@ -40,12 +40,12 @@ from typing import TYPE_CHECKING, Any, Final, NamedTuple
 
 from semq.tracking.events import now_ms
 
+from ..writebehind import QueueItemRow, columns
 from ._access import core_of, write_tx
-from .writebehind import QueueItemRow, columns
 
 if TYPE_CHECKING:
-    from .api import NodeClient
-    from .core import NodeCore
+    from ..api import NodeClient
+    from ..core import NodeCore
 
 __all__ = ["MAX_ITEM_BYTES", "LocalQueues", "QueueError", "QueueItem", "QueueStats"]
 
@@ -130,7 +130,7 @@ class LocalQueues:
     def __init__(self, node: NodeClient | NodeCore | str | os.PathLike[str]) -> None:
         self._own: Any = None
         if isinstance(node, str | os.PathLike):
-            from .api import NodeClient
+            from ..api import NodeClient
 
             node = self._own = NodeClient(Path(node))
         self.core = core_of(node)
