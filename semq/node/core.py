@@ -28,7 +28,7 @@ from peewee import SqliteDatabase
 from semq.identity.crypto import make_batch_receipt
 from semq.identity.security import NodeSecurity
 from semq.session.ports import FramePort
-from semq.store.db import HOLD_MS, STORE_ERRORS, HeldWrites, rows_by_id, split_held
+from semq.store.db import HOLD_MS, STORE_ERRORS, HeldWrites
 from semq.tracking.events import EventLog
 from semq.umxt_protocol import (
     LK0,
@@ -304,28 +304,18 @@ class NodeCore(HeldWrites):
 
     def send_again(self, ids: Collection[int]) -> int:
         """Documents sent on a direct link that broke before their answer
-        came: those still SS_SENT go back to SS_INIT and are sent again, on
-        whichever path is up (the receiver suppresses a copy it already
-        has) — except SaveFwd 1, which goes to SS_ACK_FWD, as a forwarded
-        one: the target may hold it already (its ACK2 lost with the link),
-        and a copy sent again through the platform while the target is
-        offline would be dropped there and reported dropped (301) though
-        delivered (scripts/chaos --seed 5 --docs 1000 --minutes 1 --orgs 4
-        --direct some). Its inquiry to the target settles it: delivered, or
-        reported dropped. Rows answered meanwhile are left as they are.
-        Returns how many were taken off the link."""
+        came (``LINK_LOST``): those still SS_SENT go back to SS_INIT and are
+        sent again, on whichever path is up — except SaveFwd 1, taken as
+        forwarded and asked about (ORIGIN_TABLE says why). Rows answered
+        meanwhile are left as they are. Returns how many were taken off the
+        link."""
         if not ids:
             return 0
         ts = self.ctx.now()
         out = Output()
         events: list[dict[str, Any]] = []
         with self._tx():
-            hits, rest = split_held(list(ids), self.ctx.held.sent)
-            sf1 = {rid for rid, h in hits if h.save_fwd < 2}
-            sf1.update(rid for rid, save_fwd in rows_by_id(self.conn, "SELECT id, save_fwd FROM outbox", rest)
-                       if save_fwd < 2)
-            self.origin.apply([(rid, OriginEvent.PLATFORM_HAS if rid in sf1 else OriginEvent.PLATFORM_LACKS)
-                               for rid in ids], ts, out, events, None)
+            self.origin.apply([(rid, OriginEvent.LINK_LOST) for rid in ids], ts, out, events, None)
         self.ctx.emit(events)
         return out.settled
 

@@ -75,8 +75,12 @@ _SS_ACK_FWD: Final = int(S.SS_ACK_FWD)
 _DISCARD: Final = int(SaveFwd.DISCARD)  # SaveFwd 1: forwarded or dropped, never stored
 _SS_ACK: Final = int(S.SS_ACK)
 _SS_ACK2: Final = int(S.SS_ACK2)
-# The states the table gives an expired and a given-up row.
+# The states the table gives an expired and a given-up row, and a SaveFwd 1
+# row handed to its target's direct link; a row sent otherwise is SS_SENT
+# either way (held in memory: semq.node.writebehind).
 _EXPIRED_TO: Final = int(ORIGIN_TABLE[(S.SS_INIT, OriginEvent.EXPIRED)][0])
+_DIRECT_ONCE_TO: Final = int(ORIGIN_TABLE[(S.SS_INIT, OriginEvent.SENT_DIRECT_ONCE)][0])
+assert ORIGIN_TABLE[(S.SS_INIT, OriginEvent.SENT_DIRECT)] == ORIGIN_TABLE[(S.SS_INIT, OriginEvent.SENT)]
 _GIVEN_UP_TO: Final = int(ORIGIN_TABLE[(S.SS_INIT, OriginEvent.CANNOT_SEND)][0])
 _OUT_COLS: Final = columns(PendingSendRow)
 _CLAIM_COLS: Final = columns(ClaimRow)
@@ -92,13 +96,16 @@ _make_step_row = partial(_new, OriginRow)
 _Sealed = tuple[bytes, bytes, bool, bytes | None]
 _EVENT_NAME: Final = {OriginEvent.ACK_FWD: "ack_fwd", OriginEvent.ACK_SAVE: "ack_save",
                       OriginEvent.NACK: "nack", OriginEvent.PLATFORM_LACKS: "resend",
-                      OriginEvent.TARGET_LACKS: "resend", OriginEvent.EXPIRED: "expired",
-                      OriginEvent.CANNOT_SEND: "nack", OriginEvent.SENT: "sent"}
+                      OriginEvent.TARGET_LACKS: "resend", OriginEvent.TARGET_LACKS_STORED: "resend",
+                      OriginEvent.LINK_LOST: "resend", OriginEvent.EXPIRED: "expired",
+                      OriginEvent.CANNOT_SEND: "nack", OriginEvent.SENT: "sent", OriginEvent.SENT_DIRECT: "sent",
+                      OriginEvent.SENT_DIRECT_ONCE: "sent"}
 _SEND_STATES: Final = {int(s): s for s in SendState}
 # The event-log name of each origin event (PLATFORM_HAS: the platform had it,
-# its ack was lost: logged as the ack_fwd it stands for).
+# its ack was lost; LINK_LOST_ONCE: taken as forwarded: logged as the ack_fwd
+# they stand for).
 _EVENT_NAMES: Final = {ev: _EVENT_NAME.get(ev, "ack2") for ev in OriginEvent} | {
-    OriginEvent.PLATFORM_HAS: "ack_fwd"}
+    OriginEvent.PLATFORM_HAS: "ack_fwd", OriginEvent.LINK_LOST_ONCE: "ack_fwd"}
 # origin_step per (state, event, save_fwd, ack2) of a row: pure, so computed
 # once per combination (a dict look-up instead of lru_cache's keyword key).
 _STEPS: dict[tuple[int, OriginEvent, int, int], Any] = {}
@@ -354,12 +361,8 @@ class Origin:
             if not local:
                 out.targets.add(target_id)
             if r.reliable and only is not None and r.save_fwd == _DISCARD:
-                # SaveFwd 1 on a direct link: handed to the target's link is
-                # what a relay's forward is, and written so at once (not
-                # held): after a crash the row must not be sent again
-                # through a platform that never saw it and would drop it
-                # for a target offline there (reported dropped, though
-                # delivered). Its inquiry asks the target.
+                # SaveFwd 1 on a direct link (SENT_DIRECT_ONCE): written as
+                # forwarded at once, never held (ORIGIN_TABLE says why).
                 forwarded.append((attempt, ts, ts, ts, ctx.held.first_inquiry(ts, attempt), rid))
                 if digest is not None:
                     fwd_digests.append((rid, target_id, digest))
@@ -382,7 +385,7 @@ class Origin:
                 gone.append(rid)
         delete_by_id(conn, "outbox", gone)
         if forwarded:
-            conn.executemany(f"UPDATE outbox SET state={_SS_ACK_FWD}, attempts=?, sent_ms=?, state_ms=?, code=0,"
+            conn.executemany(f"UPDATE outbox SET state={_DIRECT_ONCE_TO}, attempts=?, sent_ms=?, state_ms=?, code=0,"
                              f" inquiries=0, last_inquiry_ms=?, due_ms=? WHERE id=? AND state={_SS_INIT}", forwarded)
             self.receipts.write_digests(fwd_digests)
         # (state_ms: the failed row's 7 days count from now.)
@@ -567,7 +570,7 @@ class Origin:
             lk0 = f"{me}/{ctx.unit}/1/{rid}"
             if new_state is SendState.SS_FAILED:
                 row_code, row_detail = code, detail
-                if event is OriginEvent.TARGET_LACKS:
+                if o.event is OriginEvent.TARGET_LACKS_ONCE:
                     # SaveFwd 1 forwarded, lost on the way: dropped, and said so.
                     row_code = int(ResultCode.TARGET_OFFLINE_DROPPED)
                     row_detail = "forwarded but not received by the target"
@@ -575,7 +578,7 @@ class Origin:
                                "target": target_id, "attempt": attempts, "code": row_code, "detail": row_detail})
             else:
                 row_code = code
-                events.append({"ts": ts, "role": "origin", "event": _EVENT_NAMES[event], "lk0": lk0,
+                events.append({"ts": ts, "role": "origin", "event": _EVENT_NAMES[o.event], "lk0": lk0,
                                "source": me, "target": target_id, "attempt": attempts})
             if state_no == _SS_SENT:
                 out.settled += 1  # no longer in flight: window credit
