@@ -216,7 +216,7 @@ def cmd_tx_check(args: argparse.Namespace) -> int:
 def cmd_tx_watch(args: argparse.Namespace) -> int:
     import trio
 
-    from semq.node.features.txn import run_checkbacks
+    from semq.node.features.tasks import run_checkbacks
 
     d = load_config(_dir(args)).directory
 

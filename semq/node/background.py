@@ -19,7 +19,8 @@ from typing import TYPE_CHECKING, Final
 
 from .features import dead, rpc
 from .features.capabilities import load_capabilities
-from .features.txn import Checkback, StoreRunner, Transactions, open_node, run_checkbacks
+from .features.tasks import run_checkbacks
+from .features.txn import Checkback, StoreRunner, Transactions, open_node
 
 if TYPE_CHECKING:
     from .api import NodeClient

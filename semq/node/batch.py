@@ -1,8 +1,8 @@
 """What the node core's roles share: the store and identity (``NodeContext``),
 one batch's working state (``Batch``) and what a batch produced (``Output``).
 
-The roles (semq.node.origin, receiver, receipts, inquiries, housekeeping)
-hold no per-batch state of their own: a batch's dedup look-ups, rows to
+The roles (semq.node.origin, semq.node.receiver, inquiries, housekeeping)
+and the owners of the tables hold no per-batch state of their own: a batch's dedup look-ups, rows to
 insert, acks to send and confirmations found travel in its ``Batch``, made
 by the facade (semq.node.core) for one transaction and dropped after it.
 """
@@ -29,8 +29,6 @@ from semq.umxt_protocol import (
     ResultCode,
     encode_frame,
 )
-
-from .writebehind import WriteBehind
 
 __all__ = ["Batch", "Events", "NodeContext", "Output"]
 
@@ -74,7 +72,7 @@ class Output:
 class NodeContext:
     """The store and identity every role of the node core works with.
     ``inquiry_ms``, ``skew_ms``, ``platform`` and ``log`` change at run
-    time (a reload, the platform's WELCOME, the API's held log)."""
+    time (a reload, the platform's WELCOME, a transaction's log kept until its commit)."""
 
     path: Path
     db: SqliteDatabase
@@ -83,14 +81,13 @@ class NodeContext:
     platform: Endpoint
     sec: NodeSecurity | None
     log: EventLog | None
-    held: WriteBehind
     inquiry_ms: int
     skew_ms: int
     unit: int = 1  # this process's unit of the node (semq_id of its LK0s; semq.umxt_protocol.units)
     units: int = 1  # the node's units (semq.umxt_protocol.units)
     # Unit 1's store, for a unit K > 1 of the node: unit 1 keeps the ordered
     # channels, so it may hold a document whose LK0 picks this unit
-    # (Receiver.received_digest looks there too). None: this is unit 1.
+    # (semq.node.receiver.inbox looks there too). None: this is unit 1.
     first_unit_store: Path | None = None
 
     def lk0(self, record_id: int) -> LK0:

@@ -147,12 +147,12 @@ class Inquiries:
             # TARGET_HAS means B has it; SPEC A.5: answer REACK2 so B may clean up.
             self.origin.apply(items, b.ts, b.out, b.events, b.acks, peer=frame.origin)
         else:
-            self.ctx.held.write()  # the look-ups below read the pending-ack table
-            ids = self.receiver.rows_answered([lk for lk, _ in r.answers], frame.origin, from_platform)
+            pending = self.receiver.pending
+            ids = pending.answered([lk for lk, _ in r.answers], frame.origin, from_platform)
             if from_platform:
-                self.receiver.confirm(ids, (), b.ts, b.events)
+                pending.confirm(ids, (), b.ts, b.events)
             else:
-                self.receiver.confirm((), [(i, frame.origin.node_id) for i in ids], b.ts, b.events)
+                pending.confirm((), [(i, frame.origin.node_id) for i in ids], b.ts, b.events)
 
     def due(self, ts: int, out: Output, events: Events) -> None:
         """One round of our own inquiries, inside the caller's transaction."""

@@ -31,7 +31,7 @@ import trio
 from semq.umxt_protocol import Chunk, Endpoint, Frame, Kind, encode_frame
 
 from .large.manifest import ChunkSealer
-from .large.outgoing import WINDOW_BYTES, Outgoing, pending
+from .large.outgoing import WINDOW_BYTES, Outgoing
 
 if TYPE_CHECKING:
     from semq.session.transport import FrameStream
@@ -152,7 +152,7 @@ class LargeSender:
         """Send chunks over ``fs`` until cancelled (the session ends). Every
         transfer under way starts with a probe: what the receiver holds is
         not known after a new session."""
-        docs = await self.gate.run(pending, self.core.ctx)
+        docs = await self.gate.run(self.core.large_out.pending)
         known = {d.record_id for d in docs}
         for rid in [r for r in self.transfers if r not in known]:
             self.forget([rid])

@@ -18,7 +18,7 @@ import pytest
 from semq.node.core import NewDocument, NodeCore
 from semq.node.large.incoming import ALL_CHUNKS, RESUME
 from semq.node.large.manifest import CHUNK_SIZE, Manifest, copy_in
-from semq.node.large.outgoing import Outgoing, pending
+from semq.node.large.outgoing import Outgoing
 from semq.node.large_sender import _Transfer
 from semq.tracking.events import now_ms
 from semq.umxt_protocol import (
@@ -77,7 +77,7 @@ def _send(a: NodeCore, tmp_path: Path, content: bytes) -> tuple[Outgoing, list[b
     a.accept([NewDocument(target=B, app_data=m.encode(), large_path=str(copy.relative_to(base)))])
     out = a.claim(10)
     assert len(out.data) == 1
-    docs = pending(a.ctx)
+    docs = a.large_out.pending()
     assert len(docs) == 1 and docs[0].manifest == m
     return docs[0], out.data
 

@@ -17,7 +17,7 @@ import trio.testing
 
 from semq.node.core import NewDocument, NodeCore
 from semq.node.large.manifest import Manifest
-from semq.node.large.outgoing import Outgoing, pending
+from semq.node.large.outgoing import Outgoing
 from semq.node.large_sender import STALL_S, LargeSender
 from semq.session.transport import FrameStream
 from semq.store.gate import StoreGate
@@ -48,7 +48,7 @@ def _doc(core: NodeCore, tmp_path: Path, name: str, chunks: int, priority: int =
 
 def _docs(core: NodeCore) -> list[Outgoing]:
     core.claim(10)  # the manifests sent: their transfers are under way
-    return sorted(pending(core.ctx), key=lambda d: d.record_id)
+    return sorted(core.large_out.pending(), key=lambda d: d.record_id)
 
 
 def _session(core: NodeCore) -> tuple[LargeSender, FrameStream, FrameStream]:

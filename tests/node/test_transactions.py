@@ -20,6 +20,7 @@ from semq.cli import main as semq_main
 from semq.cli.features import main as seed
 from semq.node.api import NodeClient
 from semq.node.features.capabilities import TxSettings
+from semq.node.features.tasks import run_checkbacks
 from semq.node.features.txn import (
     Decision,
     HalfMessage,
@@ -27,7 +28,6 @@ from semq.node.features.txn import (
     TxChecker,
     TxError,
     TxState,
-    run_checkbacks,
 )
 from semq.umxt_protocol import LocalProtocolError
 from tests._procs import Cluster, wait_until

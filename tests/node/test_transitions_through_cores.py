@@ -7,7 +7,7 @@ the frame (or call) that carries the event goes through ``NodeCore``, and
 the row ends where ``origin_step`` says: the core decides nothing itself.
 The same for the receiver's pending-ack confirmations (PENDING_ACK_TABLE)
 and the platform's stored copies (STORED_TABLE, through ``PlatformCore``).
-And no module outside the cores and the write-behind writes a state
+And no module outside the owners of the state tables writes a state
 column in SQL.
 """
 
@@ -147,7 +147,7 @@ def test_each_origin_pair_goes_where_the_table_says(tmp_path: Path, state: SendS
             ANY_STATE[way](core)
         else:
             CALLS[way](core)
-        core.write_held_now()
+        core.write_deferred_now()
         want = origin_step(state, event, save_fwd=save_fwd, ack2=ack2)
         # A pair the table leaves unchanged leaves the row alone (a late or
         # duplicate frame never moves it); a change cleans it when it may go.
@@ -189,11 +189,11 @@ def test_each_confirmation_goes_where_the_pending_ack_table_says(
 # A state column written in SQL: ``UPDATE <table> SET ... state=`` (or
 # p_ack / s_ack), or an INSERT that names a state column.
 _WRITES = re.compile(r"UPDATE\s+(outbox|stored|inbound)\s+SET[^\"']*\b(state|p_ack|s_ack)\s*=", re.I)
-#: The modules where a store's state is written: the cores' roles, the
-#: write-behind, and the stores' migrations.
+#: The modules where a store's state is written: the owners of the node's
+#: state tables (semq.node.origin.outbox, semq.node.receiver.pending_ack),
+#: the platform's core, and the stores' migrations.
 ALLOWED = {
-    "semq/node/origin/role.py", "semq/node/receiver/role.py", "semq/node/writebehind.py", "semq/node/store.py",
-    "semq/node/origin/operator.py",
+    "semq/node/origin/outbox.py", "semq/node/receiver/pending_ack.py", "semq/node/store.py",
     "semq/platform/core.py", "semq/platform/store.py",
 }
 

@@ -11,18 +11,8 @@
 in the node's store when it returns, and goes out when the daemon runs.
 """
 
-from .client import (
-    KNOWS_ROWS,
-    MAX_DOCUMENT_SIZE,
-    UNIT_IDS,
-    BadTarget,
-    Cursor,
-    DocumentTooLarge,
-    InboxItem,
-    NodeClient,
-    OutboxRow,
-    inbox_top,
-)
+from .client import KNOWS_ROWS, MAX_DOCUMENT_SIZE, BadTarget, DocumentTooLarge, NodeClient
+from .items import UNIT_IDS, Cursor, InboxItem, OutboxRow
 
 __all__ = ["KNOWS_ROWS", "MAX_DOCUMENT_SIZE", "UNIT_IDS", "BadTarget", "Cursor", "DocumentTooLarge", "InboxItem",
-           "NodeClient", "OutboxRow", "inbox_top"]
+           "NodeClient", "OutboxRow"]

@@ -16,11 +16,6 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from peewee import DatabaseError
-
-from semq.store.db import translate
-from semq.tracking.events import EventLog
-
 from ..core import NodeCore
 
 if TYPE_CHECKING:
@@ -44,46 +39,19 @@ def node_dir(node: NodeClient | NodeCore) -> Path:
     return core_of(node).path.parent
 
 
-class _HeldEvents(EventLog):
-    """Collects the records NodeCore (and we) log inside a transaction that
-    is not committed yet; they are written to the real log after COMMIT."""
-
-    def __init__(self) -> None:
-        super().__init__(Path("."), "", "")
-        self.records: list[dict[str, Any]] = []
-
-    def write(self, records: list[dict[str, Any]]) -> None:
-        self.records.extend(records)
-
-    def close(self) -> None:
-        pass
-
-
 @contextmanager
 def write_tx(core: NodeCore) -> Iterator[sqlite3.Connection]:
-    """One write transaction on the node store (BEGIN IMMEDIATE, so the busy
-    timeout applies when the daemon writes at the same time). NodeCore
-    methods called inside it (``accept``) join it as a savepoint: their rows
-    commit or vanish together with ours. Log records written through
-    ``core.log`` inside it reach the delivery log only after the commit.
-
-    Raises StoreError (disk full, read-only, locked) with nothing written."""
-    real = core.log
-    held = _HeldEvents()
-    core.log = held if real is not None else None
-    try:
-        with core.db.atomic("IMMEDIATE"):
-            core.reread_send_order()  # a requeued dead letter is SS_INIT again
-            yield core.conn
-    except (sqlite3.Error, DatabaseError) as e:
-        raise translate(e, core.path, "node store") from e
-    finally:
-        core.log = real
-    if real is not None and held.records:
-        real.write(held.records)
+    """One write transaction on the node store (``NodeCore.transaction``:
+    BEGIN IMMEDIATE, records logged inside it reach the delivery log after
+    the commit, the store's errors translated: StoreError with nothing
+    written). Yields the connection for the feature's own tables; the
+    node's tables are its owners' (``core.outbox``, ``core.inbox``, ...),
+    whose methods join the transaction, as ``accept`` does."""
+    with core.transaction():
+        yield core.conn
 
 
 def log_events(core: NodeCore, records: list[dict[str, Any]]) -> None:
-    """Log records (inside ``write_tx``: held until the commit)."""
+    """Log records (inside ``write_tx``: kept until the commit)."""
     if core.log is not None and records:
         core.log.write(records)

@@ -43,7 +43,6 @@ from __future__ import annotations
 import hashlib
 import os
 import re
-import sqlite3
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -400,10 +399,9 @@ class OutboxFolder:
         folder = self._folder
         rows: list[tuple[NodeCore, int]] = []
 
-        def record(conn: sqlite3.Connection, lk0s: list[LK0]) -> None:
-            core = next(c for c in self.node.cores if c.conn is conn)
+        def record(core: NodeCore, lk0s: list[LK0]) -> None:
             for f, lk0 in zip(ready, lk0s, strict=True):
-                cur = conn.execute(
+                cur = core.conn.execute(
                     "INSERT INTO watch_files (folder, name, sha256, size, lk0, accepted_ms) VALUES (?,?,?,?,?,?)",
                     (folder, os.fsencode(f.name), f.sha256, len(f.data), str(lk0), ts))
                 rows.append((core, int(cur.lastrowid or 0)))

@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING, Any, Final, NamedTuple
 
 from semq.tracking.events import now_ms
 
-from ..writebehind import QueueItemRow, columns
+from ..rows import columns
 from ._access import core_of, write_tx
 
 if TYPE_CHECKING:
@@ -53,7 +53,17 @@ NAME_RE: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:/-]{0,127}")
 MAX_ITEM_BYTES: Final = 64 * 1024 * 1024  # the frame limit: an item can always be sent on as a document
 DEFAULT_LEASE: Final = 30.0  # s
 
-# The rows read by name (semq.node.writebehind); the SELECT lists are made
+class QueueItemRow(NamedTuple):
+    """An item of a local queue (``queue_items``, seed 004)."""
+
+    id: int
+    data: bytes
+    enqueued_ms: int
+    deliveries: int
+    lease_until_ms: int | None
+
+
+# The rows read by name (semq.node.rows.columns); the SELECT lists are made
 # from their fields.
 _ITEM_COLS: Final = columns(QueueItemRow)
 

@@ -15,9 +15,10 @@ and sends the chunks).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Final, NamedTuple
+from typing import Any, Final, NamedTuple, Protocol, TypeVar
 
 from semq.umxt_protocol import (
     LK0,
@@ -30,10 +31,9 @@ from semq.umxt_protocol import (
 
 from ..batch import Batch, NodeContext
 from ..engine import SendState
-from ..writebehind import columns
 from .manifest import Manifest
 
-__all__ = ["WINDOW_BYTES", "Outgoing", "chunk_ack", "confirmed", "pending", "stored_manifests"]
+__all__ = ["WINDOW_BYTES", "DocRow", "LargeOut", "OutboxView", "Outgoing"]
 
 # Bytes of one document in flight beyond what its receiver committed: four
 # of its acknowledgements (semq.node.large.incoming.ACK_EVERY_BYTES), so that the
@@ -56,90 +56,137 @@ class Outgoing:
     manifest: Manifest
 
 
-class _Row(NamedTuple):
-    """A large document's pending-send row with its ``large_out`` row."""
+R = TypeVar("R", bound=tuple[Any, ...])
+
+
+class DocRow(NamedTuple):
+    """What the chunk sender needs of a large document's pending-send row."""
 
     id: int
     target_type: int
     target_id: str
     priority: int
-    state: int
-    path: str
-    manifest: bytes
+    state: int  # the real state (a deferred one from memory)
 
 
-_SELECT: Final = (f"SELECT {columns(_Row)} FROM (SELECT o.id, o.target_type, o.target_id, o.priority, o.state,"
-                  " l.path, l.manifest FROM outbox o JOIN large_out l ON l.id = o.id)")
+class OutboxView(Protocol):
+    """What this owner asks of the pending-send table's
+    (semq.node.origin.outbox.Outbox), passed in by NodeCore."""
+
+    def by_ids(self, row: type[R], ids: Sequence[int]) -> dict[int, R]: ...
+
+    def postpone_inquiry(self, rid: int, until_ms: int) -> None: ...
 
 
-def _outgoing(ctx: NodeContext, r: _Row) -> Outgoing:
-    p = Path(r.path)
-    if not p.is_absolute():
-        p = Path(ctx.path).parent / p
-    return Outgoing(record_id=r.id, lk0=ctx.lk0(r.id),
-                    target=Endpoint(node_type=NodeType(r.target_type), node_id=r.target_id),
-                    priority=r.priority, path=p, manifest=Manifest.decode(r.manifest))
+class LargeOut:
+    """Our large documents' content (``large_out``: one row per manifest
+    row of the outbox, naming its file) until the document is confirmed."""
 
+    def __init__(self, ctx: NodeContext, outbox: OutboxView) -> None:
+        self.ctx = ctx
+        self.outbox = outbox
+        self.base = Path(ctx.path).parent  # rows name files relative to it (a restore may move it)
 
-def chunk_ack(ctx: NodeContext, b: Batch, raw: RawFrame) -> None:
-    """A CHUNK_ACK from a receiver, in the batch's transaction: for one of
-    our large documents still open, addressed to that receiver, it goes to
-    the sender (``b.out.chunk_acks``); anything else is ignored (an
-    organization cannot steer another's transfer)."""
-    frame = raw.frame()
-    body = frame.body
-    assert isinstance(body, ChunkAck)
-    lk0 = body.lk0
-    if lk0.endpoint != ctx.me or lk0.semq_id != ctx.unit:
-        return
-    found = ctx.conn.execute(_SELECT + " WHERE id=?", (lk0.record_id,)).fetchone()
-    if found is None:
-        return
-    row = _Row._make(found)
-    stored = frame.origin.node_type is NodeType.PLATFORM  # "chunk through-1 is stored here"
-    if not stored and row.target_id != frame.origin.node_id:
-        return
-    if body.code not in (ResultCode.OK, _RESUME):
-        return  # (a whole document is refused with a signed NACK, not here)
-    if not stored:
-        # Its receiver is working on it: the manifest's inquiry waits (asked
-        # now, it would hear "not received" and send the manifest again,
-        # one more attempt, for a transfer that is going well).
-        ctx.conn.execute("UPDATE outbox SET due_ms=max(coalesce(due_ms, 0), ?), inquiries=0 WHERE id=?",
-                         (b.ts + ctx.inquiry_ms, row.id))
-    b.out.chunk_acks.append((_outgoing(ctx, row), body.through, body.code == _RESUME and not stored, stored))
+    def _outgoing(self, r: DocRow, path: str, manifest: bytes) -> Outgoing:
+        p = Path(path)
+        if not p.is_absolute():
+            p = self.base / p
+        return Outgoing(record_id=r.id, lk0=self.ctx.lk0(r.id),
+                        target=Endpoint(node_type=NodeType(r.target_type), node_id=r.target_id),
+                        priority=r.priority, path=p, manifest=Manifest.decode(manifest))
 
+    def _with_rows(self, kept: Sequence[tuple[int, str, bytes]]) -> list[tuple[DocRow, str, bytes]]:
+        """Our rows ``kept`` (id, path, manifest) with their pending-send rows."""
+        rows = self.outbox.by_ids(DocRow, [i for i, _, _ in kept])
+        return [(rows[i], path, m) for i, path, m in kept if i in rows]
 
-def stored_manifests(ctx: NodeContext, b: Batch, record_ids: list[int]) -> None:
-    """ACK_SAVE for these rows: those that are large documents start
-    sending their chunks to the platform, which keeps them for the
-    receiver (``b.out.chunk_acks``, as from the platform: no credit yet)."""
-    if not record_ids or ctx.conn.execute("SELECT 1 FROM large_out LIMIT 1").fetchone() is None:
-        return
-    marks = ",".join("?" * len(record_ids))
-    for found in ctx.conn.execute(_SELECT + f" WHERE id IN ({marks})", record_ids):
-        b.out.chunk_acks.append((_outgoing(ctx, _Row._make(found)), 0, False, True))
+    def accepted(self, docs: Sequence[tuple[int, str, bytes, int, int]]) -> None:
+        """Documents accepted as large (record id, path relative to the
+        store's directory, manifest, size, time), in the accepting transaction."""
+        self.ctx.conn.executemany("INSERT INTO large_out (id, path, manifest, size, created_ms) VALUES (?,?,?,?,?)",
+                                  docs)
 
+    def chunk_ack(self, b: Batch, raw: RawFrame) -> None:
+        """A CHUNK_ACK from a receiver, in the batch's transaction: for one of
+        our large documents still open, addressed to that receiver, it goes to
+        the sender (``b.out.chunk_acks``); anything else is ignored (an
+        organization cannot steer another's transfer)."""
+        ctx = self.ctx
+        frame = raw.frame()
+        body = frame.body
+        assert isinstance(body, ChunkAck)
+        lk0 = body.lk0
+        if lk0.endpoint != ctx.me or lk0.semq_id != ctx.unit:
+            return
+        kept = ctx.conn.execute("SELECT id, path, manifest FROM large_out WHERE id=?", (lk0.record_id,)).fetchall()
+        found = self._with_rows(kept)
+        if not found:
+            return
+        row, path, manifest = found[0]
+        stored = frame.origin.node_type is NodeType.PLATFORM  # "chunk through-1 is stored here"
+        if not stored and row.target_id != frame.origin.node_id:
+            return
+        if body.code not in (ResultCode.OK, _RESUME):
+            return  # (a whole document is refused with a signed NACK, not here)
+        if not stored:
+            # Its receiver is working on it: the manifest's inquiry waits (asked
+            # now, it would hear "not received" and send the manifest again,
+            # one more attempt, for a transfer that is going well).
+            self.outbox.postpone_inquiry(row.id, b.ts + ctx.inquiry_ms)
+        b.out.chunk_acks.append((self._outgoing(row, path, manifest), body.through,
+                                 body.code == _RESUME and not stored, stored))
 
-def confirmed(ctx: NodeContext, record_ids: list[int]) -> None:
-    """ACK2 (with its receipt, with security) for these rows: the copies of
-    those that are large documents go now, not at the next housekeeping
-    (nothing is sent from them again: the document is delivered)."""
-    if not record_ids or ctx.conn.execute("SELECT 1 FROM large_out LIMIT 1").fetchone() is None:
-        return
-    marks = ",".join("?" * len(record_ids))
-    done = ctx.conn.execute(f"SELECT id, path FROM large_out WHERE id IN ({marks})", record_ids).fetchall()
-    if not done:
-        return
-    ctx.conn.executemany("DELETE FROM large_out WHERE id=?", [(i,) for i, _ in done])
-    base = Path(ctx.path).parent
-    for _, path in done:
-        (base / path).unlink(missing_ok=True)
+    def _any(self) -> bool:
+        """Whether we have a large document at all (the acks of every batch ask)."""
+        return self.ctx.conn.execute("SELECT 1 FROM large_out LIMIT 1").fetchone() is not None
 
+    def stored_manifests(self, b: Batch, record_ids: list[int]) -> None:
+        """ACK_SAVE for these rows: those that are large documents start
+        sending their chunks to the platform, which keeps them for the
+        receiver (``b.out.chunk_acks``, as from the platform: no credit yet)."""
+        if not record_ids or not self._any():
+            return
+        marks = ",".join("?" * len(record_ids))
+        kept = self.ctx.conn.execute(f"SELECT id, path, manifest FROM large_out WHERE id IN ({marks})",
+                                     record_ids).fetchall()
+        for row, path, manifest in self._with_rows(kept):
+            b.out.chunk_acks.append((self._outgoing(row, path, manifest), 0, False, True))
 
-def pending(ctx: NodeContext) -> list[Outgoing]:
-    """Our large documents whose manifest has been sent and that are not
-    confirmed yet: the transfers a new session takes up."""
-    held = ctx.held.sent  # (sent rows whose state is held in memory are SS_INIT on disk)
-    rows = map(_Row._make, ctx.conn.execute(_SELECT))
-    return [_outgoing(ctx, r) for r in rows if r.state in _SENT_STATES or r.id in held]
+    def confirmed(self, record_ids: list[int]) -> None:
+        """ACK2 (with its receipt, with security) for these rows: the copies of
+        those that are large documents go now, not at the next housekeeping
+        (nothing is sent from them again: the document is delivered)."""
+        if not record_ids or not self._any():
+            return
+        marks = ",".join("?" * len(record_ids))
+        done = self.ctx.conn.execute(f"SELECT id, path FROM large_out WHERE id IN ({marks})", record_ids).fetchall()
+        self._forget(done)
+
+    def _forget(self, done: Sequence[tuple[int, str]]) -> None:
+        if not done:
+            return
+        self.ctx.conn.executemany("DELETE FROM large_out WHERE id=?", [(i,) for i, _ in done])
+        for _, path in done:
+            (self.base / path).unlink(missing_ok=True)  # (an absolute path stays itself)
+
+    def pending(self) -> list[Outgoing]:
+        """Our large documents whose manifest has been sent and that are not
+        confirmed yet: the transfers a new session takes up."""
+        kept = self.ctx.conn.execute("SELECT id, path, manifest FROM large_out").fetchall()
+        return [self._outgoing(r, path, m) for r, path, m in self._with_rows(kept) if r.state in _SENT_STATES]
+
+    def sizes(self, record_ids: Sequence[int]) -> dict[int, int]:
+        """The content's size of those of ``record_ids`` that are large documents."""
+        if not record_ids:
+            return {}
+        marks = ",".join("?" * len(record_ids))
+        return {int(i): int(n) for i, n in self.ctx.conn.execute(
+            f"SELECT id, size FROM large_out WHERE id IN ({marks})", list(record_ids))}
+
+    def clean(self, live_ids_sql: str) -> int:
+        """The rows and files of documents whose pending-send row is gone
+        (``live_ids_sql``, the outbox's: confirmed, or failed and purged).
+        Returns rows removed."""
+        done = self.ctx.conn.execute(f"SELECT id, path FROM large_out WHERE id NOT IN ({live_ids_sql})").fetchall()
+        self._forget(done)
+        return len(done)

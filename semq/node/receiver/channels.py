@@ -13,17 +13,14 @@ from __future__ import annotations
 
 import sqlite3
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Final
 
+from ..batch import NodeContext
 from ..envelope import Envelope
+from .inbox import INBOX_COLUMNS, InboxValues
 
-__all__ = ["INBOX_COLUMNS", "MAX_HELD_PER_ORIGIN", "ChannelWait", "ChannelsIn", "InboxValues", "waiting_channels"]
+__all__ = ["MAX_HELD_PER_ORIGIN", "ChannelWait", "ChannelsIn", "waiting_channels"]
 
-#: An inbox row's values, in the order of ``INBOX_INSERT``'s columns.
-InboxValues = tuple[Any, ...]
-INBOX_COLUMNS: Final = ("origin_type, origin_id, semq_id, semq_db_id, record_id, domain, data_type, subtype, key,"
-                        " save_fwd, priority, created_ms, received_ms, encrypt, app_data, signer, from_user,"
-                        " to_user, channel")
 _HELD_INSERT: Final = f"INSERT INTO channel_held (prev, pos, {INBOX_COLUMNS}) VALUES ({','.join('?' * 21)})"
 _HELD_NEXT: Final = (f"SELECT id, pos, {INBOX_COLUMNS} FROM channel_held WHERE origin_id=? AND channel=? AND prev=?"
                      f" ORDER BY id LIMIT 1")
@@ -36,10 +33,13 @@ MAX_HELD_PER_ORIGIN: Final = 100_000
 
 
 class ChannelsIn:
-    """The receiver's ordered channels, one batch at a time (the state read
-    in a batch is dropped at its start: a rolled-back batch leaves none)."""
+    """The receiver's ordered channels (``channel_in``: where each is;
+    ``channel_held``: the documents held back), one batch at a time (the
+    state read in a batch is dropped at its start: a rolled-back batch
+    leaves none)."""
 
-    def __init__(self) -> None:
+    def __init__(self, ctx: NodeContext) -> None:
+        self.ctx = ctx
         self._state: dict[tuple[str, str], list[int]] = {}  # (origin, channel) -> [last_pos, held]
         self._dirty: set[tuple[str, str]] = set()
 
@@ -47,36 +47,36 @@ class ChannelsIn:
         self._state.clear()
         self._dirty.clear()
 
-    def _get(self, conn: sqlite3.Connection, k: tuple[str, str]) -> list[int]:
+    def _get(self, k: tuple[str, str]) -> list[int]:
         st = self._state.get(k)
         if st is None:
-            r = conn.execute("SELECT last_pos, held FROM channel_in WHERE origin_id=? AND channel=?", k).fetchone()
+            r = self.ctx.conn.execute("SELECT last_pos, held FROM channel_in WHERE origin_id=? AND channel=?", k).fetchone()
             last, held = r if r else (0, 0)
             st = self._state[k] = [int(last), int(held)]
         return st
 
-    def would_hold(self, conn: sqlite3.Connection, origin_id: str, env: Envelope) -> bool:
+    def would_hold(self, origin_id: str, env: Envelope) -> bool:
         """Whether a new document of ``env``'s channel would be held now."""
-        return env.prev != self._get(conn, (origin_id, env.channel))[0]
+        return env.prev != self._get((origin_id, env.channel))[0]
 
-    def held_from(self, conn: sqlite3.Connection, origin_id: str) -> int:
+    def held_from(self, origin_id: str) -> int:
         """How many documents of ``origin_id`` are held, over its channels
         (this batch's changes included)."""
-        held = {ch: int(n) for ch, n in conn.execute(
+        held = {ch: int(n) for ch, n in self.ctx.conn.execute(
             "SELECT channel, held FROM channel_in WHERE origin_id=? AND held > 0", (origin_id,))}
         for (o, ch), (_, n) in self._state.items():
             if o == origin_id:
                 held[ch] = n
         return sum(held.values())
 
-    def place(self, conn: sqlite3.Connection, origin_id: str, env: Envelope, pos: int,
-              row: InboxValues) -> list[InboxValues]:
+    def place(self, origin_id: str, env: Envelope, pos: int, row: InboxValues) -> list[InboxValues]:
         """The inbox rows to write now, in order: ``row`` and the held ones
         it releases, or none (``row`` is held: it does not follow the last
         one handed over). ``pos``: the document's place (its record id; a
         gap notice's is the failed document's)."""
+        conn = self.ctx.conn
         k = (origin_id, env.channel)
-        st = self._get(conn, k)
+        st = self._get(k)
         self._dirty.add(k)
         if env.prev != st[0]:
             conn.execute(_HELD_INSERT, (env.prev, pos, *row))
@@ -95,13 +95,17 @@ class ChannelsIn:
             out.append(tuple(values))
         return out
 
-    def flush(self, conn: sqlite3.Connection, ts: int) -> None:
+    def flush(self, ts: int) -> None:
         """Write the channels this batch moved (in its transaction)."""
         if self._dirty:
-            conn.executemany(
+            self.ctx.conn.executemany(
                 "INSERT OR REPLACE INTO channel_in (origin_id, channel, last_pos, held, moved_ms) VALUES (?,?,?,?,?)",
                 [(*k, *self._state[k], ts) for k in self._dirty])
             self._dirty.clear()
+
+    def waiting(self) -> list[ChannelWait]:
+        """The channels of this store that hold documents back."""
+        return waiting_channels(self.ctx.conn, self.ctx.unit)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -123,6 +127,7 @@ class ChannelWait:
     def describe(self) -> str:
         return (f"channel {self.channel} from {self.origin} waits for LK0 {self.lk0}"
                 f" ({self.held} document{'s' if self.held != 1 else ''} held)")
+
 
 
 def waiting_channels(conn: sqlite3.Connection, unit: int = 1) -> list[ChannelWait]:
