@@ -28,7 +28,6 @@ from typing import Any, Final, TypeVar
 
 from peewee import SqliteDatabase
 
-from semq.identity.crypto import make_batch_receipt
 from semq.identity.security import NodeSecurity
 from semq.session.ports import FramePort
 from semq.store.db import STORE_ERRORS, translate
@@ -41,7 +40,6 @@ from semq.umxt_protocol import (
     Chunk,
     Data,
     Endpoint,
-    Frame,
     Kind,
     NodeType,
     RawFrame,
@@ -52,7 +50,7 @@ from semq.umxt_protocol import (
 from .batch import Batch, NodeContext, Output
 from .engine import OPERATOR, OperatorAction, OriginEvent, SendState, TransitionRefused
 from .housekeeping import FAILED_RETENTION_MS, Housekeeping
-from .inquiries import RECEIPT_BATCH, Inquiries
+from .inquiries import Inquiries
 from .large.outgoing import LargeOut
 from .origin.channels import ChannelsOut
 from .origin.documents import NewDocument, document_flags
@@ -91,26 +89,6 @@ R = TypeVar("R", bound=tuple[Any, ...])
 DEFAULT_CLOCK_SKEW_MS: Final = 10 * 60 * 1000
 _ACK_EVENTS: Final = {Kind.ACK_FWD: OriginEvent.ACK_FWD, Kind.ACK_SAVE: OriginEvent.ACK_SAVE,
                       Kind.ACK2: OriginEvent.ACK2}
-
-
-def _by_unit(entries: list[AckEntry], digests: list[Any]) -> list[tuple[list[AckEntry], list[Any]]]:
-    """Acks for one peer, one list per unit of the peer whose record they
-    name (``dest_semq_id``, semq.umxt_protocol.units): the relay gives each unit its own,
-    and a batch receipt signs one list whole. ``digests`` (aligned with
-    ``entries``, or not given) go with their entries."""
-    if not entries:
-        return []
-    first = entries[0].dest_semq_id
-    if all(e.dest_semq_id == first for e in entries):  # one unit: the common case, nothing copied
-        return [(entries, digests)]
-    aligned = len(digests) == len(entries)
-    groups: dict[int, tuple[list[AckEntry], list[Any]]] = {}
-    for i, e in enumerate(entries):
-        g = groups.setdefault(e.dest_semq_id, ([], []))
-        g[0].append(e)
-        if aligned:
-            g[1].append(digests[i])
-    return list(groups.values())
 
 
 def _merged(a: Output, b: Output) -> Output:
@@ -473,7 +451,7 @@ class NodeCore:
                     c = raw.frame().body
                     assert isinstance(c, Chunk)
                     self.receiver.large.refuse_transfer(b, c.lk0, ResultCode.INTERNAL_ERROR, detail)
-                self._send_acks(b)
+                b.ack_frames(self.me, self.sec)
         except STORE_ERRORS:
             raise
         except Exception:
@@ -512,25 +490,9 @@ class NodeCore:
             receiver.flush(b)
             receiver.flush_confirmations(b)
             receiver.reserve_ids(b)
-            self._send_acks(b)
+            b.ack_frames(self.me, self.sec)
         self.ctx.emit(b.events)
         return b.out
-
-    def _send_acks(self, b: Batch) -> None:
-        """The batch's acks, one ACK_BATCH per (kind, peer) and up to
-        RECEIPT_BATCH entries; ACK2s with one receipt over their documents'
-        digests (docs/security.md)."""
-        sec = self.sec
-        for (kind, target), all_entries in b.acks.items():
-            all_digests = b.digests.get(target, []) if kind is Kind.ACK2 else []
-            for entries, digests in _by_unit(all_entries, all_digests):
-                for i in range(0, len(entries), RECEIPT_BATCH):
-                    receipt = b""
-                    if sec is not None and len(digests) == len(entries):
-                        receipt = make_batch_receipt(digests[i:i + RECEIPT_BATCH], sec.identity.keys.signing_key)
-                    b.out.add(Frame(kind=Kind.ACK_BATCH, source=self.me, target=target,
-                                    body=AckBatch(ack_kind=kind, entries=tuple(entries[i:i + RECEIPT_BATCH]),
-                                                  receipt=receipt)))
 
     def _ack_batch(self, b: Batch, raw: RawFrame) -> None:
         frame = raw.frame()
@@ -553,24 +515,10 @@ class NodeCore:
         to the receiver role. ACK from a node is for the platform only."""
         if kind is Kind.ACK2 and self.sec is not None:
             # With security a delivery is confirmed only by the receiver's
-            # signed receipt for exactly these documents and digests
-            # (SPEC "What a receipt proves"): entries it does not cover
-            # change nothing; their rows ask the target again.
-            proven = self.receipts.keep(entries, peer, receipt, b.ts, b.out) if receipt else set()
-            if len(proven) < len(entries):
-                bad = [e for e in entries if e.dest_ref_id not in proven]
-                b.out.bad_receipts += len(bad)
-                me = self.me.node_id
-                b.events.extend({"ts": b.ts, "role": "origin", "event": "bad_receipt",
-                                 "lk0": f"{me}/{e.dest_semq_id}/{e.dest_semq_db_id}/{e.dest_ref_id}",
-                                 "source": me, "target": peer.node_id,
-                                 "code": int(ResultCode.BAD_RECEIPT)} for e in bad[:100])
-                b.out.errors.append((ResultCode.BAD_RECEIPT,
-                                     f"ACK2 from {peer} for {len(bad)} document(s) without a receipt that"
-                                     " verifies: left open"))
-                entries = [e for e in entries if e.dest_ref_id in proven]
-                if not entries:
-                    return
+            # signed receipt (SPEC "What a receipt proves").
+            entries = self.receipts.proven(b, entries, peer, receipt)
+            if not entries:
+                return
         ev = _ACK_EVENTS.get(kind)
         if ev is not None:
             self.origin.apply([(e.dest_ref_id, ev, e) for e in entries], b.ts, b.out, b.events,

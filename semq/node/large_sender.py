@@ -117,7 +117,7 @@ class LargeSender:
                 self.stats["chunks_kept_by_platform"] += int(through > 0)
                 t.kept_count += int(through > 0)
                 if through - 1 <= max(t.through, t.kept):
-                    t.kept = max(t.kept, through)  # the platform holds every chunk below
+                    t.kept = max(t.kept, through)  # the platform keeps every chunk below
                 continue
             if through >= doc.manifest.chunks:
                 done.append({"event": "large_sent", "lk0": str(doc.lk0), "target": doc.target.node_id,

@@ -22,7 +22,7 @@ from peewee import (
 )
 from playhouse.sqlite_ext import AutoIncrementField
 
-from semq.store.db import StoreError, create_tables, next_row_id, open_store
+from semq.store.db import STORE_ERRORS, create_tables, next_row_id, open_store, translate
 
 from .engine import SendState
 
@@ -190,7 +190,7 @@ def _v2(db: SqliteDatabase) -> None:
 
 
 class TxHalf(Model):
-    """Transactional "half" messages (seed 002): held here and never sent
+    """Transactional "half" messages (seed 002): kept here and never sent
     until the producer commits — then copied into the outbox in the same
     SQLite transaction that marks them COMMITTED — or rolls back
     (semq.node.features.txn, docs/seed-capabilities.md)."""
@@ -546,7 +546,7 @@ def open_node_store(path: Path, *, create: bool = False, synchronous: str = "FUL
     if incarnation is not None:
         try:
             begin_incarnation(db.connection(), incarnation)
-        except sqlite3.Error as e:
+        except STORE_ERRORS as e:
             db.close()
-            raise StoreError(f"node store {path} cannot be initialised: {e}") from e
+            raise translate(e, path, "node store") from e
     return db

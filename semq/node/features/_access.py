@@ -4,7 +4,7 @@ local queues) share: how they reach a node's store and how they write to it.
 They run next to NodeCore on the same SQLite file, with their own
 connection (an application process, the CLI, or a task of the node daemon)
 or on a NodeCore they are given. Every write is one ``BEGIN IMMEDIATE``
-transaction; events for the delivery log are held back until it committed
+transaction; events for the delivery log are kept back until it committed
 (docs/events.md: the log never claims more than the store holds).
 """
 

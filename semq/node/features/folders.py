@@ -321,10 +321,10 @@ class OutboxFolder:
 
     def _accepted_before(self, name: str, pending: dict[bytes, tuple[NodeCore, _Pending]]) -> bool:
         """Whether ``name`` is the file a row not moved yet records (same digest)."""
-        held = pending.get(os.fsencode(name))
-        if held is None:
+        found = pending.get(os.fsencode(name))
+        if found is None:
             return False
-        _, row = held
+        _, row = found
         try:
             return hashlib.sha256((self.path / name).read_bytes()).digest() == bytes(row.sha256)
         except OSError:
@@ -354,9 +354,9 @@ class OutboxFolder:
                 self._seen[name] = (st.st_size, st.st_mtime_ns)  # written to again: wait for it
                 continue
             digest = hashlib.sha256(data).digest()
-            held = pending.get(os.fsencode(name))
-            if held is not None:
-                core, row = held
+            taken = pending.get(os.fsencode(name))
+            if taken is not None:
+                core, row = taken
                 if bytes(row.sha256) == digest:
                     recovered.append((name, core, row))
                     continue

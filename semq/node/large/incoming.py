@@ -83,7 +83,7 @@ RESUME: Final = ResultCode.UNEXPECTED_FRAME
 # than this long after the last RESUME.
 RESUME_AGAIN_MS: Final = 2000
 ALL_CHUNKS: Final = 0xFFFF_FFFF  # CHUNK_ACK through: "delivered already, stop"
-# Bytes of chunks held in memory while their origin's certificate is asked
+# Bytes of chunks kept in memory while their origin's certificate is asked
 # for (the manifest waits for it too).
 MAX_DEFERRED_BYTES: Final = DEFERRED_CHUNK_BYTES
 # A refused transfer is remembered this long: its manifest sent again before

@@ -5,7 +5,7 @@ The manifest is an outbox row like any document's (``large=1``): claimed,
 sealed, signed, acknowledged and confirmed by ACK2 with a receipt through the
 usual machinery. Its content stays in the file ``large_out.path`` names,
 and its chunks are made from that file when they are sent — never stored
-twice, never held whole in memory.
+twice, never read whole into memory.
 
 Here: which of our large documents are under way, and what a batch's
 CHUNK_ACK, ACK_SAVE and ACK2 mean for them (``b.out.chunk_acks``, for the

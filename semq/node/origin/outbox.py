@@ -24,7 +24,11 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any, Final, NamedTuple, TypeVar
 
-from semq.store.db import SendOrder, delete_by_id, next_row_id, rows_by_id, split_held, take_held
+from semq.store.db import SendOrder, delete_by_id, next_row_id, rows_by_id
+from semq.store.db import (
+    split_held as split_deferred,  # (the store layer's names, shared with the platform)
+)
+from semq.store.db import take_held as take_deferred
 from semq.umxt_protocol import (
     AckEntry,
     AckFlag,
@@ -247,7 +251,7 @@ class Outbox:
         if before_ms is None:
             self.order.forget()  # the operator's commands, close, reconnect, dead letters
         conn = self.ctx.conn
-        sent = take_held(self.sent, before_ms, 0) if self.sent else []
+        sent = take_deferred(self.sent, before_ms, 0) if self.sent else []
         if sent:
             ms = self.ctx.inquiry_ms
             conn.executemany(
@@ -256,7 +260,7 @@ class Outbox:
                 [(h.attempts, h.claimed_ms, h.claimed_ms, h.claimed_ms, first_inquiry(h.claimed_ms, h.attempts, ms),
                   rid) for rid, h in sent])
             self._write_digests([(rid, h.target_id, h.digest) for rid, h in sent if h.digest is not None])
-        fwd = take_held(self.fwd, before_ms, 0) if self.fwd else []
+        fwd = take_deferred(self.fwd, before_ms, 0) if self.fwd else []
         if fwd:  # (a row in any other state was written since)
             conn.executemany(
                 f"UPDATE outbox SET state={_FWD_TO}, state_ms=?, code=?, inquiries=0, last_inquiry_ms=?,"
@@ -288,7 +292,7 @@ class Outbox:
     def deferred_digests(self, ids: Sequence[int]) -> tuple[dict[int, bytes], list[int]]:
         """The digests of ``ids`` deferred with their SS_SENT (not in
         ``receipts`` yet), and the ids that have none here."""
-        hits, rest = split_held(ids, self.sent)
+        hits, rest = split_deferred(ids, self.sent)
         out: dict[int, bytes] = {}
         for rid, h in hits:
             if h.digest is not None:
@@ -329,7 +333,7 @@ class Outbox:
         that one (a direct link; large documents go through the platform
         session). Returns the rows and what ``claimed`` needs to move the
         send order on."""
-        conn, held = self.ctx.conn, self.sent
+        conn, sent = self.ctx.conn, self.sent
         if only is not None:
             where, params = f"state={_SS_INIT} AND target_id=? AND large=0", [only]
         elif skip:
@@ -340,12 +344,12 @@ class Outbox:
             # One target's rows through the covering index; the deferred ones
             # (SS_INIT on disk) are not claimed again.
             ids = [i for (i,) in conn.execute(f"SELECT id FROM outbox WHERE {where} ORDER BY priority DESC, id LIMIT ?",
-                                              (only, limit + len(held))) if i not in held][:limit]
+                                              (only, limit + len(sent))) if i not in sent][:limit]
             found = {r.id: r for r in map(_make_claim, rows_by_id(conn, f"SELECT {_CLAIM_COLS} FROM outbox", ids))}
             rows = [found[i] for i in ids if i in found]
             levels = SendOrder.levels(rows, ClaimRow._fields.index("priority"))
-        elif held:
-            ids, levels = self.order.ids(conn, where, params, limit, held)
+        elif sent:
+            ids, levels = self.order.ids(conn, where, params, limit, sent)
             found = {r.id: r for r in map(_make_claim, rows_by_id(conn, f"SELECT {_CLAIM_COLS} FROM outbox", ids))}
             rows = [found[i] for i in ids]
         else:
@@ -389,15 +393,15 @@ class Outbox:
         ctx = self.ctx
         answers: list[tuple[int, InquiryResult]] = []
         ids = [it[0] for it in items]
-        held, held_sent = self.fwd, self.sent
+        fwd, sent = self.fwd, self.sent
         # A claimed row whose SS_SENT is deferred is SS_INIT on disk and its
         # other columns never change: from memory (an ACK_FWD and an ACK2
         # per document; reading them was ~1.1 us a row, scripts/bench
         # pipeline). The rest are read.
         # Per row: (target, state, SaveFwd, Ack2, attempts), all a step needs.
         rows: dict[int, tuple[str, int, int, int, int]] = {}
-        if held_sent:
-            hits, ids = split_held(ids, held_sent)
+        if sent:
+            hits, ids = split_deferred(ids, sent)
             for rid, h in hits:
                 rows[rid] = (h.target_id, _SS_INIT, h.save_fwd, h.ack2, h.attempts - 1)
         if ids:
@@ -424,13 +428,13 @@ class Outbox:
             if only is not None and only != target_id:
                 answers.append((rid, InquiryResult.NO_RECORD))
                 continue
-            sent_at = held_sent.get(rid) if held_sent else None
+            sent_at = sent.get(rid) if sent else None
             if sent_at is not None:
                 attempts = sent_at.attempts
                 if state_no == _SS_INIT:
                     state_no = _SS_SENT  # claimed; SS_INIT on disk
-            held_at = held.pop(rid, None) if held else None
-            if held_at is not None and state_no == _SS_SENT:
+            fwd_at = fwd.pop(rid, None) if fwd else None
+            if fwd_at is not None and state_no == _SS_SENT:
                 state_no = _SS_ACK_FWD  # its ACK_FWD came; the row on disk says SS_SENT
             key = (state_no, event, save_fwd, ack2)
             o = steps.get(key)
@@ -443,8 +447,8 @@ class Outbox:
                     reack2 = acks[(Kind.REACK2, peer)]
                 reack2.append(AckEntry(ctx.unit, 1, rid, e.src_semq_id, e.src_semq_db_id, e.src_ref_id, _DELIVERY, 0))
             if not o.changed:
-                if held_at is not None:
-                    held[rid] = held_at
+                if fwd_at is not None:
+                    fwd[rid] = fwd_at
                 continue
             new_state = o.state
             if new_state is SendState.SS_INIT:
@@ -469,7 +473,7 @@ class Outbox:
             if o.clean:
                 deletes.append(rid)
                 if sent_at is not None:
-                    del held_sent[rid]
+                    del sent[rid]
                     if sent_at.digest is not None:
                         digests.append((rid, sent_at.target_id, sent_at.digest))
                 events.append({"ts": ts, "role": "origin", "event": "cleaned", "lk0": lk0, "source": me,
@@ -481,10 +485,10 @@ class Outbox:
                 # (py-spy, scripts/bench e2e). Nothing we send depends on it:
                 # lost in a crash, the row is SS_SENT, asks the platform and
                 # hears "forwarded" again.
-                held[rid] = _new(DeferredFwd, (ts, row_code))
+                fwd[rid] = _new(DeferredFwd, (ts, row_code))
             elif sent_at is not None:
                 # Its deferred SS_SENT goes with the new state: one UPDATE.
-                del held_sent[rid]
+                del sent[rid]
                 if sent_at.digest is not None:
                     digests.append((rid, sent_at.target_id, sent_at.digest))
                 sent_updates.append((int(new_state), ts, row_code, ts, first(ts, attempts),
@@ -643,9 +647,9 @@ class Outbox:
         """Rows per state, the deferred states counted where they are (a
         deferred SS_SENT is SS_INIT on disk, a deferred SS_ACK_FWD SS_SENT)."""
         states = {int(s): int(n) for s, n in self.ctx.conn.execute("SELECT state, count(*) FROM outbox GROUP BY state")}
-        for held, below, above in ((self.sent, _SS_INIT, _SS_SENT), (self.fwd, _SS_SENT, _SS_ACK_FWD)):
-            if held:
-                moved = min(len(held), states.get(below, 0))
+        for deferred, below, above in ((self.sent, _SS_INIT, _SS_SENT), (self.fwd, _SS_SENT, _SS_ACK_FWD)):
+            if deferred:
+                moved = min(len(deferred), states.get(below, 0))
                 states[below] = states.get(below, 0) - moved
                 states[above] = states.get(above, 0) + moved
         return states

@@ -37,7 +37,7 @@ from semq.umxt_protocol import (
     ResultCode,
 )
 
-from ..batch import Events, NodeContext, Output
+from ..batch import Batch, Events, NodeContext, Output
 from .documents import document_flags
 from .outbox import Outbox
 
@@ -141,7 +141,7 @@ class Receipts:
             (receiver.node_id, receipt,
              b"".join([_LK0_REF.pack(lk.semq_id, lk.semq_db_id, lk.record_id) for lk, _ in manifest]), ts))
         batch_id = int(cur.lastrowid or 0)
-        # One write per document: a new row for a digest held in memory, the
+        # One write per document: a new row for a digest deferred in memory, the
         # row's receipt columns for one written before (its digest kept).
         ctx.conn.executemany(
             "INSERT INTO receipts (record_id, target_id, digest, receipt, verified, received_ms, batch_id,"
@@ -154,9 +154,28 @@ class Receipts:
         self.outbox.digests_written(ids)
         return set(ids) if verified else set()
 
+    def proven(self, b: Batch, entries: Sequence[AckEntry], peer: Endpoint, receipt: bytes) -> Sequence[AckEntry]:
+        """The entries of an ACK2 from ``peer`` that its receipt proves (its
+        signed receipt for exactly these documents and digests: ``keep``).
+        Entries it does not cover change nothing (counted, logged, reported
+        once): their rows ask the target again."""
+        proven = self.keep(entries, peer, receipt, b.ts, b.out) if receipt else set()
+        if len(proven) == len(entries):
+            return entries
+        bad = [e for e in entries if e.dest_ref_id not in proven]
+        b.out.bad_receipts += len(bad)
+        me = self.ctx.me.node_id
+        b.events.extend({"ts": b.ts, "role": "origin", "event": "bad_receipt",
+                         "lk0": f"{me}/{e.dest_semq_id}/{e.dest_semq_db_id}/{e.dest_ref_id}",
+                         "source": me, "target": peer.node_id, "code": int(ResultCode.BAD_RECEIPT)}
+                        for e in bad[:100])
+        b.out.errors.append((ResultCode.BAD_RECEIPT, f"ACK2 from {peer} for {len(bad)} document(s) without a receipt"
+                                                     " that verifies: left open"))
+        return [e for e in entries if e.dest_ref_id in proven]
+
     def digests_of(self, ids: Sequence[int]) -> dict[int, bytes]:
-        """The digests our documents ``ids`` were signed with: held with
-        their SS_SENT, else from ``receipts``, else (a crash lost the held
+        """The digests our documents ``ids`` were signed with: deferred with
+        their SS_SENT, else from ``receipts``, else (a crash lost the deferred
         digest of a row still pending) made again from the row: its salt
         is deterministic, so it is the digest the document was signed with."""
         conn = self.ctx.conn
@@ -202,7 +221,7 @@ class Receipts:
 
     def proof(self, record_id: int) -> tuple[str, bytes, bytes, int] | None:
         """(receiver, digest, self-standing receipt, received_ms) of one of our
-        documents, or None when no receipt is held. A receipt of a batch is
+        documents, or None when no receipt is kept. A receipt of a batch is
         turned into the document's own proof (form 3) here."""
         conn = self.ctx.conn
         row = conn.execute(

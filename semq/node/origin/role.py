@@ -240,7 +240,7 @@ class Origin:
                 out.targets.add(target_id)
             if r.reliable and only is not None and r.save_fwd == _DISCARD:
                 # SaveFwd 1 on a direct link (SENT_DIRECT_ONCE): written as
-                # forwarded at once, never held (ORIGIN_TABLE says why).
+                # forwarded at once, never deferred (ORIGIN_TABLE says why).
                 forwarded.append((attempt, ts, ts, ts, outbox.first_inquiry(ts, attempt), rid))
                 if digest is not None:
                     fwd_digests.append((rid, target_id, digest))
@@ -251,7 +251,7 @@ class Origin:
                 # origin's ~30 per document, its WAL pages more at the
                 # fsync. Nothing we send depends on it: lost in a crash, the
                 # row is SS_INIT and goes again (the platform and the
-                # receiver suppress the duplicate). Written after HOLD_MS
+                # receiver suppress the duplicate). Written after DEFER_MS
                 # (semq.node.origin.outbox); every step reads it from memory
                 # meanwhile, and the claims skip it. The digest a document
                 # was signed with stays with it (the receipt that names it

@@ -22,7 +22,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, Final, NamedTuple, TypeVar
 
-from semq.store.db import next_row_id, rows_by_id, split_held, take_held
+from semq.store.db import next_row_id, rows_by_id
+from semq.store.db import (
+    split_held as split_deferred,  # (the store layer's names, shared with the platform)
+)
+from semq.store.db import take_held as take_deferred
 from semq.umxt_protocol import LK0, Endpoint
 
 from ..batch import Batch, NodeContext
@@ -124,7 +128,7 @@ class PendingAcks:
         costs no statement.)"""
         if not self.deferred:
             return
-        rows = [row for _, row in take_held(self.deferred, before_ms, _RECEIVED_AT)]
+        rows = [row for _, row in take_deferred(self.deferred, before_ms, _RECEIVED_AT)]
         if rows:
             keys = self.deferred_keys
             for row in rows:
@@ -208,11 +212,11 @@ class PendingAcks:
         ids = list(dict.fromkeys([*p_ids, *got_s]))
         me = self.ctx.me.node_id
         done, marked = [], []
-        held = self.deferred
+        waiting = self.deferred
         # A deferred PendingAckRow has every field of a _ConfirmRow, by the same names.
         rows: list[_ConfirmRow | PendingAckRow] = []
-        if held:  # rows still in memory: confirmed there, never written if complete
-            hits, ids = split_held(ids, held)
+        if waiting:  # rows still in memory: confirmed there, never written if complete
+            hits, ids = split_deferred(ids, waiting)
             rows += [h for _, h in hits]
         if ids:
             rows += map(_ConfirmRow._make, rows_by_id(self.ctx.conn, f"SELECT {_CONFIRM_COLS} FROM inbound", ids))
@@ -229,17 +233,17 @@ class PendingAcks:
                 events.append({"ts": ts, "role": "receiver", "event": "reack2", "lk0": lk0,
                                "source": origin, "target": me})
             p_ack, s_ack, clean = _CONFIRMED[(r.p_ack, r.s_ack, by_p, by_s)]
-            deferred = held.get(rid) if held else None
+            deferred = waiting.get(rid) if waiting else None
             if clean:
                 if deferred is not None:
-                    del held[rid]
+                    del waiting[rid]
                     self.deferred_keys.pop(deferred.lk0_key, None)
                 else:
                     done.append((rid,))
                 events.append({"ts": ts, "role": "receiver", "event": "cleaned", "lk0": lk0,
                                "source": origin, "target": me})
             elif deferred is not None:
-                held[rid] = tuple.__new__(PendingAckRow, (*deferred[:_CONFIRMED_AT.start], p_ack, s_ack,
+                waiting[rid] = tuple.__new__(PendingAckRow, (*deferred[:_CONFIRMED_AT.start], p_ack, s_ack,
                                                           *deferred[_CONFIRMED_AT.stop:]))
             else:
                 marked.append((p_ack, s_ack, rid))

@@ -150,7 +150,7 @@ class Receiver:
                 except CryptoError as e:
                     got = e
         if isinstance(got, UnknownCertificate) and self._first_unknown_key(frame.origin, b.ts):
-            # Signed by a key of the origin we do not hold yet (it rolled
+            # Signed by a key of the origin we do not have yet (it rolled
             # over, and the platform's push has not reached us): ask for its
             # certificates and handle it again when they come. Only once a
             # minute per origin: if the key is still unknown after that, it
