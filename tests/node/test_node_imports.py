@@ -38,7 +38,7 @@ ORDER: dict[str, int] = {
 #: which an application calls from trio.
 TRIO = {"semq.node.daemon", "semq.node.direct", "semq.node.background", "semq.node.large_sender",
         "semq.node.features.tasks"}
-TRIO_WHEN_CALLED = {"semq.node.api.client"}
+TRIO_WHEN_CALLED = {"semq.node.api.following"}
 #: Loops still being taken apart elsewhere, each with who and why (remove
 #: the entry when it is gone: test_every_allowed_loop_is_still_there).
 ALLOWED_LOOPS = {
