@@ -9,7 +9,7 @@ from typing import Any, Final
 from .batch import NodeContext
 from .engine import SendState
 from .large.outgoing import LargeOut
-from .origin.outbox import Outbox, OutboxFilter
+from .origin.outbox import LIVE_IDS, Outbox, OutboxFilter
 from .origin.receipts import Receipts
 from .receiver.inbox import Inbox
 from .receiver.pending_ack import PendingAcks
@@ -45,13 +45,13 @@ class Housekeeping:
         # a transfer to us idle longer than the duplicate suppression
         # remembers (its origin gave up long ago).
         removed, gone = self.inbox.clean(ts - DEDUP_RETENTION_MS, ts - INBOX_READ_RETENTION_MS)
-        n += removed + self.large_out.clean(self.outbox.live_ids_sql())
+        n += removed + self.large_out.clean(LIVE_IDS)
         idle, files = self.receiver.large.clean(ts - DEDUP_RETENTION_MS)
         n += idle
         base = Path(self.ctx.path).parent
         for p in [*gone, *files]:
             (base / p).unlink(missing_ok=True)  # (an absolute path stays itself)
-        return n + self.receipts.clean(ts, self.outbox.live_ids_sql())
+        return n + self.receipts.clean(ts, LIVE_IDS)
 
     def state_counts(self) -> dict[str, int]:
         """Pending-send rows per state name (an unknown state by its

@@ -3,18 +3,14 @@
 Every statement on ``outbox`` is here, and so are the writes the origin
 defers (docs/design.md, "States held in memory for up to a second"): a
 claimed row's SS_SENT (``sent``: SS_INIT on disk, the claims skip it) and
-its SS_ACK_FWD (``fwd``: SS_SENT on disk), written together by
-``write_deferred`` when NodeCore says, SS_SENT first. The owner answers
-with the real state: the step of an ack reads a deferred row from memory,
-a count moves the deferred rows to the state they are in, ``by_ids``
-gives their real state, and a query that filters on the columns a
-deferred write changes (``rows``, the counts of ``open``) writes them
-first, in the caller's transaction or one of its own (``settle``).
-
-``apply`` is the pending-send state machine applied to the rows
-(``ORIGIN_TABLE`` decides every step: semq.node.engine); the origin's role
-(semq.node.origin.role) says what happened, this module writes what it
-makes of the rows, in the order the hot path needs.
+its SS_ACK_FWD (``fwd``: SS_SENT on disk), written by ``write_deferred``
+when NodeCore says, SS_SENT first. It answers with the real state: a step
+reads a deferred row from memory, a count moves it to the state it is in,
+``by_ids`` says its state, and a query that filters on what a deferred
+write changes (``rows``, ``open_counts``, ``depth``) writes it first
+(``settle``). ``apply`` is ``ORIGIN_TABLE`` (semq.node.engine) applied to
+the rows, in the order the hot path needs; the role (semq.node.origin.role)
+says what happened.
 """
 
 from __future__ import annotations
@@ -44,7 +40,7 @@ from ..batch import Events, NodeContext, Output
 from ..engine import ORIGIN_TABLE, OperatorAction, OriginEvent, SendState, origin_step, sql_in
 from ..rows import MAX_INQUIRY_BACKOFF_MS, columns, first_inquiry
 
-__all__ = ["ClaimRow", "DeferredFwd", "DeferredSent", "Outbox", "OutboxFilter", "PendingSendRow"]
+__all__ = ["LIVE_IDS", "ClaimRow", "DeferredFwd", "DeferredSent", "Outbox", "OutboxFilter", "PendingSendRow"]
 
 R = TypeVar("R", bound=tuple[Any, ...])
 S = SendState
@@ -80,14 +76,12 @@ _SEND_STATES: Final = {int(s): s for s in SendState}
 # The event-log name of each origin event (PLATFORM_HAS: the platform had it,
 # its ack was lost; LINK_LOST_ONCE: taken as forwarded: logged as the ack_fwd
 # they stand for).
-_EVENT_NAME: Final = {OriginEvent.ACK_FWD: "ack_fwd", OriginEvent.ACK_SAVE: "ack_save",
-                      OriginEvent.NACK: "nack", OriginEvent.PLATFORM_LACKS: "resend",
-                      OriginEvent.TARGET_LACKS: "resend", OriginEvent.TARGET_LACKS_STORED: "resend",
-                      OriginEvent.LINK_LOST: "resend", OriginEvent.EXPIRED: "expired",
-                      OriginEvent.CANNOT_SEND: "nack", OriginEvent.SENT: "sent", OriginEvent.SENT_DIRECT: "sent",
-                      OriginEvent.SENT_DIRECT_ONCE: "sent"}
-_EVENT_NAMES: Final = {ev: _EVENT_NAME.get(ev, "ack2") for ev in OriginEvent} | {
-    OriginEvent.PLATFORM_HAS: "ack_fwd", OriginEvent.LINK_LOST_ONCE: "ack_fwd"}
+_E = OriginEvent
+_EVENT_NAMES: Final = {ev: "ack2" for ev in OriginEvent} | {
+    _E.ACK_FWD: "ack_fwd", _E.ACK_SAVE: "ack_save", _E.NACK: "nack", _E.CANNOT_SEND: "nack", _E.EXPIRED: "expired",
+    _E.PLATFORM_LACKS: "resend", _E.TARGET_LACKS: "resend", _E.TARGET_LACKS_STORED: "resend", _E.LINK_LOST: "resend",
+    _E.SENT: "sent", _E.SENT_DIRECT: "sent", _E.SENT_DIRECT_ONCE: "sent",
+    _E.PLATFORM_HAS: "ack_fwd", _E.LINK_LOST_ONCE: "ack_fwd"}
 # origin_step per (state, event, save_fwd, ack2) of a row: pure, so computed
 # once per combination (a dict look-up instead of lru_cache's keyword key).
 _STEPS: dict[tuple[int, OriginEvent, int, int], Any] = {}
@@ -215,6 +209,9 @@ _make_claim: Final = partial(_new, ClaimRow)
 _make_step_row: Final = partial(_new, _StepRow)
 _CLAIM_COLS: Final = columns(ClaimRow)
 _STEP_COLS: Final = columns(_StepRow)
+#: Every row's id, as a subquery: for the cleanups of the owners of receipts
+#: and large documents, which keep what a row still needs.
+LIVE_IDS: Final = "SELECT id FROM outbox"
 _PENDING_COLS: Final = columns(PendingSendRow)
 
 
@@ -227,10 +224,11 @@ class Outbox:
         # The digests our documents were signed with go to their owner
         # (semq.node.origin.receipts) with the row's state that needs them.
         self._write_digests = write_digests
-        self.sent: dict[int, DeferredSent] = {}  # oldest first
-        self.fwd: dict[int, DeferredFwd] = {}
-        #: A claim defers a row's SS_SENT (one per document sent: a dict store).
-        self.defer_sent: Callable[[int, DeferredSent], None] = self.sent.__setitem__
+        #: The deferred SS_SENT by record id, oldest first. A claim stores
+        #: each row it sends here (semq.node.origin.role: one dict store per
+        #: document, the hot path's cost of it); every other use is this owner's.
+        self.sent: dict[int, DeferredSent] = {}
+        self.fwd: dict[int, DeferredFwd] = {}  # the deferred SS_ACK_FWD, oldest first
         # Where the claims read the send order from: after the deferred rows.
         # Forgotten whenever a row may have become SS_INIT below that point
         # (a resend, the operator, another process: every inquiry round).
@@ -690,11 +688,6 @@ class Outbox:
         """Whether one of the ``newest`` rows is for ``org`` (no index on the target alone)."""
         return self.ctx.conn.execute("SELECT 1 FROM (SELECT target_id AS o FROM outbox ORDER BY id DESC LIMIT ?)"
                                      " WHERE o=? LIMIT 1", (newest, org)).fetchone() is not None
-
-    def live_ids_sql(self) -> str:
-        """A subquery of every row's id, for a cleanup that keeps what a
-        row still needs (the owners of receipts and large documents)."""
-        return "SELECT id FROM outbox"
 
     def clean_failed(self, before_ms: int) -> int:
         """Failed rows whose state is older than ``before_ms``, deleted

@@ -207,7 +207,7 @@ class Origin:
         me, me_id, unit = ctx.me, ctx.me.node_id, ctx.unit
         data = out.data
         secure = ctx.sec is not None
-        defer = outbox.defer_sent
+        deferred = outbox.sent  # (the claim's entry into the outbox's deferred SS_SENT: a dict store)
         for r in rows:
             rid, expires, target_id, attempt = r.id, r.expires_ms, r.target_id, r.attempts + 1
             if expires is not None and expires <= ts:
@@ -257,7 +257,7 @@ class Origin:
                 # was signed with stays with it (the receipt that names it
                 # usually comes with the ACK2, and the row is written once,
                 # with it); a best-effort document gets no receipt.
-                defer(rid, _new(DeferredSent, (ts, attempt, target_id, r.save_fwd, r.ack2, digest)))
+                deferred[rid] = _new(DeferredSent, (ts, attempt, target_id, r.save_fwd, r.ack2, digest))
                 out.sent_ids.append(rid)
             else:
                 gone.append(rid)
