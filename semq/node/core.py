@@ -246,12 +246,13 @@ class NodeCore:
         vanish together. Records logged inside it (``log``) reach the
         delivery log only after the commit. The one point where the store's
         errors are translated: raises StoreError (disk full, read-only,
-        locked) with nothing written."""
+        locked) with nothing written. (What the owners defer stays: a
+        feature's refusal, raised inside, is no reason to drop it.)"""
         real = self.ctx.log
         pending = _LogAfterCommit()
         self.ctx.log = pending if real is not None else None
         try:
-            with self._tx():
+            with self.db.atomic("IMMEDIATE"):
                 yield
         except STORE_ERRORS as e:
             raise translate(e, self.path, "node store") from e

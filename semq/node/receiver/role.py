@@ -68,7 +68,7 @@ class Receiver:
         self.ctx = ctx
         self.inbox = inbox
         self.pending = pending
-        self.users_ = users
+        self.users = users
         self._unknown_key_at: dict[Endpoint, int] = {}  # origin -> when a document of it waited for its key
         self.channels = ChannelsIn(ctx)
         self._users: frozenset[str] | None = None  # this node's users, read when a document names one
@@ -190,7 +190,7 @@ class Receiver:
         # for it: only the channel's place. It is never refused for its
         # user (one refused for an unknown user, like the document it
         # stands for, would hold the organization's channel for ever).
-        if env.to_user and not env.skipped and env.to_user not in self.users():
+        if env.to_user and not env.skipped and env.to_user not in self._user_names():
             self.refuse(b, frame, d, ResultCode.UNKNOWN_TARGET,
                          f"{env.to_user} is not a user of organization {self.ctx.me.node_id}")
             return
@@ -206,10 +206,10 @@ class Receiver:
                 return
         self._receive(b, frame, d, doc, digest, signer, app_key, env)
 
-    def users(self) -> frozenset[str]:
+    def _user_names(self) -> frozenset[str]:
         """This node's users (read once per batch that names one)."""
         if self._users is None:
-            self._users = self.users_.names()
+            self._users = self.users.names()
         return self._users
 
     def _first_unknown_key(self, origin: Endpoint, ts: int) -> bool:
