@@ -1,8 +1,9 @@
-"""semq/node/ is grouped by role, and its imports point down the reading
-order of docs/architecture.md ("semq/node/, by role"): no module imports
-one of a later group, and no two modules — nor two packages — import each
-other, directly or round a loop. The store thread's half (everything below
-the trio shell) never imports trio.
+"""semq/node/ is grouped by role, and its imports point one way, in the
+order of docs/architecture.md ("semq/node/, by role": engine ← store ←
+users, large ← origin, receiver ← inquiries ← core ← api ← features ← the
+trio shell): no module imports one of a later group, and no two modules —
+nor two packages — import each other, directly or round a loop. The store
+thread's half (everything below the trio shell) never imports trio.
 
 The same parse of every module's imports as tests/test_layering.py (the
 ones inside functions and under ``if TYPE_CHECKING:`` count too)."""
@@ -19,8 +20,8 @@ from tests.test_layering import ROOT, _graph
 
 NODE = "semq.node"
 
-#: The groups of semq/node/ in reading order (docs/architecture.md): a
-#: module imports only from its own group or an earlier one.
+#: The groups of semq/node/ in the order of their imports (docs/architecture.md):
+#: a module imports only from its own group or an earlier one.
 ORDER: dict[str, int] = {
     "semq.node": 0, "semq.node.engine": 0, "semq.node.envelope": 0, "semq.node.limits": 0,  # what a document is
     "semq.node.store": 1, "semq.node.rows": 1, "semq.node.batch": 1,  # the schema, rows by name, a batch
