@@ -105,8 +105,8 @@ import semq
 from semq.cli import build_parser
 from semq.cli import main as semq_main
 from semq.node.api import NodeClient
-from semq.node.channels import waiting_channels
 from semq.node.envelope import GAP_DOMAIN, GAP_TYPE
+from semq.node.receiver.channels import waiting_channels
 from semq.testing.faultproxy import FaultPlan, FaultProxy
 from semq.testing.netports import free_port
 from semq.umxt_protocol import LK0, Endpoint

@@ -120,7 +120,7 @@ def _tx_row(m: Any) -> dict[str, Any]:
 
 
 def cmd_tx_send(args: argparse.Namespace) -> int:
-    from semq.node.txn import Transactions
+    from semq.node.features.txn import Transactions
 
     data = _read(args.file)
     with _client(args) as node:
@@ -139,7 +139,7 @@ def cmd_tx_send(args: argparse.Namespace) -> int:
 
 
 def cmd_tx_commit(args: argparse.Namespace) -> int:
-    from semq.node.txn import Transactions
+    from semq.node.features.txn import Transactions
 
     with _client(args) as node:
         lk0 = Transactions(node).commit(args.id, by="cli")
@@ -150,7 +150,7 @@ def cmd_tx_commit(args: argparse.Namespace) -> int:
 
 
 def cmd_tx_rollback(args: argparse.Namespace) -> int:
-    from semq.node.txn import Transactions
+    from semq.node.features.txn import Transactions
 
     with _client(args) as node:
         Transactions(node).rollback(args.id, by="cli", note=args.note)
@@ -159,7 +159,7 @@ def cmd_tx_rollback(args: argparse.Namespace) -> int:
 
 
 def cmd_tx_list(args: argparse.Namespace) -> int:
-    from semq.node.txn import Transactions
+    from semq.node.features.txn import Transactions
 
     with _client(args) as node:
         rows = Transactions(node).list(states=None if args.all else _open(),
@@ -179,13 +179,13 @@ def cmd_tx_list(args: argparse.Namespace) -> int:
 
 
 def _open() -> Any:
-    from semq.node.txn import TxState
+    from semq.node.features.txn import TxState
 
     return (TxState.HALF, TxState.NEEDS_ATTENTION)
 
 
 def cmd_tx_show(args: argparse.Namespace) -> int:
-    from semq.node.txn import Transactions
+    from semq.node.features.txn import Transactions
 
     with _client(args) as node:
         m = Transactions(node).get(args.id)
@@ -198,7 +198,7 @@ def cmd_tx_show(args: argparse.Namespace) -> int:
 
 
 def cmd_tx_check(args: argparse.Namespace) -> int:
-    from semq.node.txn import TxChecker
+    from semq.node.features.txn import TxChecker
 
     with _client(args) as node:
         report = TxChecker(node).run_due()
@@ -215,7 +215,7 @@ def cmd_tx_check(args: argparse.Namespace) -> int:
 def cmd_tx_watch(args: argparse.Namespace) -> int:
     import trio
 
-    from semq.node.txn import run_checkbacks
+    from semq.node.features.tasks import run_checkbacks
 
     d = load_config(_dir(args)).directory
 
@@ -233,7 +233,7 @@ def cmd_tx_watch(args: argparse.Namespace) -> int:
 
 
 def cmd_tx_config(args: argparse.Namespace) -> int:
-    from semq.node.capabilities import load_capabilities, update_capabilities
+    from semq.node.features.capabilities import load_capabilities, update_capabilities
 
     d = load_config(_dir(args)).directory
     # The first check-back may be at once (0); the others need a period.
@@ -255,7 +255,7 @@ def cmd_tx_config(args: argparse.Namespace) -> int:
 
 
 def cmd_request(args: argparse.Namespace) -> int:
-    from semq.node import rpc
+    from semq.node.features import rpc
 
     data = _read(args.file)
     with _client(args) as node:
@@ -284,7 +284,7 @@ def cmd_request(args: argparse.Namespace) -> int:
 
 
 def cmd_reply(args: argparse.Namespace) -> int:
-    from semq.node import rpc
+    from semq.node.features import rpc
 
     data = _read(args.file)
     with _client(args) as node:
@@ -297,7 +297,7 @@ def cmd_reply(args: argparse.Namespace) -> int:
 
 
 def cmd_requests(args: argparse.Namespace) -> int:
-    from semq.node import rpc
+    from semq.node.features import rpc
 
     with _client(args) as node:
         rows = rpc.incoming(node, include_answered=args.all, limit=check_count(args.limit, "--limit", 1, MAX_LIMIT))
@@ -315,7 +315,7 @@ def cmd_requests(args: argparse.Namespace) -> int:
 
 
 def cmd_replies(args: argparse.Namespace) -> int:
-    from semq.node import rpc
+    from semq.node.features import rpc
 
     with _client(args) as node:
         if args.take:
@@ -365,7 +365,7 @@ def _ids(args: argparse.Namespace, what: str) -> list[str] | None:
 
 
 def cmd_dead_list(args: argparse.Namespace) -> int:
-    from semq.node.dead import DeadLetters
+    from semq.node.features.dead import DeadLetters
 
     with _client(args) as node:
         rows = DeadLetters(node).list(limit=check_count(args.limit, "--limit", 1, MAX_LIMIT))
@@ -383,7 +383,7 @@ def cmd_dead_list(args: argparse.Namespace) -> int:
 
 
 def cmd_dead_requeue(args: argparse.Namespace) -> int:
-    from semq.node.dead import DeadLetters
+    from semq.node.features.dead import DeadLetters
 
     refs = _ids(args, "requeue")
     if args.expires_in is not None and args.no_expiry:
@@ -400,7 +400,7 @@ def cmd_dead_requeue(args: argparse.Namespace) -> int:
 
 
 def cmd_dead_purge(args: argparse.Namespace) -> int:
-    from semq.node.dead import DeadLetters
+    from semq.node.features.dead import DeadLetters
 
     refs = _ids(args, "purge")
     with _client(args) as node:
@@ -410,8 +410,8 @@ def cmd_dead_purge(args: argparse.Namespace) -> int:
 
 
 def cmd_dead_sweep(args: argparse.Namespace) -> int:
-    from semq.node.capabilities import load_capabilities
-    from semq.node.dead import sweep
+    from semq.node.features.capabilities import load_capabilities
+    from semq.node.features.dead import sweep
 
     with _client(args) as node:
         check_count(args.max_attempts, "--max-attempts", 1, 1_000_000)
@@ -425,7 +425,7 @@ def cmd_dead_sweep(args: argparse.Namespace) -> int:
 
 
 def cmd_dead_config(args: argparse.Namespace) -> int:
-    from semq.node.capabilities import load_capabilities, update_capabilities
+    from semq.node.features.capabilities import load_capabilities, update_capabilities
 
     d = load_config(_dir(args)).directory
     check_count(args.max_attempts, "--max-attempts", 0, 1_000_000)
@@ -440,7 +440,7 @@ def cmd_dead_config(args: argparse.Namespace) -> int:
 
 
 def cmd_queue(args: argparse.Namespace) -> int:
-    from semq.node.queues import LocalQueues
+    from semq.node.features.queues import LocalQueues
 
     node = _client(args)
     try:

@@ -48,7 +48,7 @@ def build_parser() -> argparse.ArgumentParser:
     register_user(sub, common)
     register_status(sub, common)  # messages, status
     register_ops(sub)
-    register_watch(sub)  # semq watch: outbox and inbox folders (semq.node.folders)
+    register_watch(sub)  # semq watch: outbox and inbox folders (semq.node.features.folders)
     from semq.cli.capabilities import register as register_features
     from semq.web.cli import register as register_console
 

@@ -14,7 +14,7 @@ Contract (docs/cli.md, "semq receive"):
   after ``--backoff`` seconds, doubling each time (at most
   ``MAX_BACKOFF``); after ``--max-tries`` failed runs it is *parked*: left
   unacknowledged, recorded with its tries, last exit status and the end of
-  its stderr (semq.node.receiving), listed by ``--parked`` and given back
+  its stderr (semq.node.features.receiving), listed by ``--parked`` and given back
   by ``--retry ID``.
 - at least once: a document is acknowledged only after its command
   exited 0. If ``semq receive`` dies while a command runs (SIGKILL, power)
@@ -154,7 +154,7 @@ class Receiver:
 
     def _load(self, *, clean: bool = False) -> None:
         """Tries and parked documents from the store (they survive a restart)."""
-        from semq.node.receiving import tries
+        from semq.node.features.receiving import tries
 
         self.tries = tries(self.node, clean=clean)
         self.held = set()
@@ -203,7 +203,7 @@ class Receiver:
         return None, due_in
 
     def _run_one(self, item: Any) -> None:
-        from semq.node.receiving import acknowledge, failed
+        from semq.node.features.receiving import acknowledge, failed
 
         try:
             fresh = self.node.get(item.id)
@@ -305,7 +305,7 @@ def cmd_receive(args: argparse.Namespace) -> int:
 
 
 def _parked(args: argparse.Namespace) -> int:
-    from semq.node.receiving import parked
+    from semq.node.features.receiving import parked
 
     with client_of(args) as node:
         rows = parked(node)
@@ -325,7 +325,7 @@ def _parked(args: argparse.Namespace) -> int:
 
 
 def _retry(args: argparse.Namespace) -> int:
-    from semq.node.receiving import retry
+    from semq.node.features.receiving import retry
 
     rc = 0
     with client_of(args) as node:

@@ -94,7 +94,7 @@ def _send_half(args: argparse.Namespace, cfg: Config, org: str, data: bytes) -> 
     after 'semq tx commit ID'."""
     if args.ordered or args.user or org == cfg.org:
         raise UsageError("--transactional sends to an organization: not with --ordered, --user or a colleague")
-    from semq.node.txn import Transactions
+    from semq.node.features.txn import Transactions
 
     with client_of(args) as node:
         known = node.knows(args.to)

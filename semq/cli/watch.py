@@ -1,5 +1,5 @@
 """``semq watch``: an outbox folder whose complete files are sent, and an
-inbox folder each arriving document is written to (semq.node.folders
+inbox folder each arriving document is written to (semq.node.features.folders
 holds the rules; this is the command around them).
 
 One synchronous loop: scan the outbox, drain the inbox, sleep until the
@@ -76,7 +76,7 @@ def _folder(path: str, flag: str) -> Path:
 
 def cmd_watch(args: argparse.Namespace) -> int:
     from semq.node.api import NodeClient
-    from semq.node.folders import FolderOptions, InboxFolder, OutboxFolder
+    from semq.node.features.folders import FolderOptions, InboxFolder, OutboxFolder
 
     if not args.outbox and not args.inbox:
         raise UsageError("nothing to watch: give --outbox DIR (with --to) and/or --inbox DIR")
@@ -146,7 +146,7 @@ def _loop(out: Any, into: Any, interval: float, stop: _Stop) -> None:
 
 def register(sub: Any) -> None:
     """Add ``semq watch`` to semq's subparsers (``build_parser`` calls this)."""
-    from semq.node.folders import WATCH_BATCH
+    from semq.node.features.folders import WATCH_BATCH
 
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--dir", help="data directory (default $SEMQ_DIR or ./semq-data)", default=argparse.SUPPRESS)

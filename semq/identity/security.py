@@ -585,7 +585,7 @@ class NodeSecurity:
         both present this node's certificate and require the peer's, issued
         by the CA. The peer's organization, revocation and (dialling) that
         it is a certificate this node holds for the organization it meant
-        to reach are checked after the handshake (semq.node.direct): a node
+        to reach are checked after the handshake (semq.node.daemon.direct): a node
         certificate names an organization, not a host."""
         cert, key, ca = self.ndir / "node.pem", self.ndir / "keys" / "sign.key.pem", self.ndir / "ca.pem"
         server = server_ssl_context(cert_file=cert, key_file=key, ca_file=ca)
@@ -593,7 +593,7 @@ class NodeSecurity:
         # Node certificates are issued for TLS clients (the platform's
         # connections), so OpenSSL's purpose check would refuse one a
         # listening node presents. The dialler verifies it in full after
-        # the handshake instead (semq.node.direct: CA, revocation list,
+        # the handshake instead (semq.node.daemon.direct: CA, revocation list,
         # validity, organization, and one this node already trusts); the
         # handshake has proven the peer holds its key either way.
         client.check_hostname = False

@@ -346,22 +346,23 @@ def instrument_core(core: Any, metrics: Metrics) -> None:
 
 def node_snapshot(core: Any, stuck_after: float) -> dict[str, Any]:
     """On the store thread: gauges of a node's store."""
-    from semq.node.engine import SendState, sql_in
+    from semq.node.engine import SendState
+    from semq.node.origin.outbox import OutboxFilter
 
     # Not yet confirmed end to end (SPEC A.5), as the admin console's ``stuck``.
-    open_ = sql_in((SendState.SS_INIT, SendState.SS_SENT, SendState.SS_ACK_FWD, SendState.SS_ACK))
-    c = core.conn
+    open_ = OutboxFilter(reliable=True, states=(SendState.SS_INIT, SendState.SS_SENT, SendState.SS_ACK_FWD,
+                                                SendState.SS_ACK))
     cutoff = int(time.time() * 1000 - stuck_after * 1000)
     msgs: dict[tuple[str, str], int] = {("outbox", s.name): 0 for s in SendState}
-    # Both count what the node holds in memory for up to 1 s (docs/design.md).
+    # The owners count what the node defers in memory for up to 1 s where it
+    # is (docs/design.md), without writing it.
     for name, n in core.state_counts().items():
         msgs[("outbox", name)] = n
     msgs[("inbound", "pending_ack")] = core.pending_ack_count()
-    msgs[("inbox", "unread")] = c.execute("SELECT count(*) FROM inbox WHERE consumed_ms IS NULL").fetchone()[0]
-    oldest = c.execute(f"SELECT min(created_ms) FROM outbox WHERE reliable=1 AND state IN ({open_})").fetchone()[0]
-    stuck = c.execute(f"SELECT count(*) FROM outbox WHERE reliable=1 AND state IN ({open_}) AND created_ms < ?",
-                      (cutoff,)).fetchone()[0]
-    stuck += c.execute("SELECT count(*) FROM inbound WHERE received_ms < ?", (cutoff,)).fetchone()[0]
+    msgs[("inbox", "unread")] = core.inbox.count(unread=True)
+    oldest = core.outbox.oldest(open_)
+    stuck = core.outbox.count(OutboxFilter(reliable=True, states=open_.states, created_before=cutoff))
+    stuck += core.pending_acks.count(received_before=cutoff)
     return {"messages": msgs, "oldest_ms": oldest, "stuck": stuck}
 
 

@@ -83,9 +83,9 @@ from typing import Any, Final
 
 import trio
 
-from semq.node.api import InboxItem, NodeClient, inbox_top
+from semq.node.api import InboxItem, NodeClient
 from semq.node.limits import DocumentRefused
-from semq.node.users import UserError, authenticate, user_for_os_account
+from semq.node.users import UserError
 from semq.session.inbox_wait import ADMIN_SOCKET_NAME, DaemonAway, WaitRefused, await_any
 from semq.settings.bounds import (
     USER_AUTH_BYTES,
@@ -184,19 +184,18 @@ class UserSession:
         if user and user != self.user:
             raise AdminCommandError(f"this connection is {self.user}'s (its first line); a request as {user}"
                                     " needs a connection of its own")
-        conn = client.core.conn
         if token:
             try:
-                authenticate(conn, self.user, token)
+                client.authenticate(self.user, token)
             except UserError as e:
                 raise AdminCommandError(str(e)) from None
         if self.account:
-            if user_for_os_account(conn, self.account) != self.user:
+            if client.user_for_os_account(self.account) != self.user:
                 raise AdminCommandError(f"the account {self.account} is no longer tied to user {self.user}:"
                                         " connect again")
         else:
             try:
-                authenticate(conn, self.user, self._token)
+                client.authenticate(self.user, self._token)
             except UserError:
                 raise AdminCommandError(f"user {self.user} was removed or given a new token since this connection"
                                         " authenticated: connect again") from None
@@ -213,16 +212,15 @@ def _prove(client: NodeClient, args: dict[str, Any], peer_uid: int | None) -> Us
     the account the kernel named. Raises AdminCommandError (a wrong token
     and an unknown user get the same words)."""
     user, token = _strings(args)
-    conn = client.core.conn
     if token:
         if not user:
             raise AdminCommandError("a token needs its user name (user)")
         try:
-            return UserSession(authenticate(conn, user, token), _token=token)
+            return UserSession(client.authenticate(user, token), _token=token)
         except UserError as e:
             raise AdminCommandError(str(e)) from None
     account = _account(peer_uid)
-    name = user_for_os_account(conn, account)
+    name = client.user_for_os_account(account)
     if name is None or (user and user != name):
         raise AdminCommandError(f"no token, and the account {account or peer_uid!r} is not tied to"
                                 f" {'user ' + user if user else 'a user'} of this node")
@@ -491,7 +489,7 @@ def user_handlers(cfg: Config, waiters: Any = None, *, store: _Store | None = No
         timeout = wait_timeout(args.get("timeout"))
 
         async def check() -> tuple[bool, list[int]]:
-            tops = await run(lambda: [inbox_top(core.conn, user) for core in client().cores])
+            tops = await run(lambda: client().inbox_tops(user))
             return any(t > a for t, a in zip(tops, cursor, strict=True)), tops
 
         if cfg.units == 1:

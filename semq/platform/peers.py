@@ -10,7 +10,7 @@ the target allows it: the target's allow-list, empty meaning every
 organization the platform admits. Like Syncthing's global discovery, the
 directory only says where to try: what makes a direct link trustworthy is
 the mutual TLS between the two nodes, checked against the CA and the
-certificates each already holds of the other (semq.node.direct).
+certificates each already holds of the other (semq.node.daemon.direct).
 """
 
 from __future__ import annotations

@@ -96,7 +96,7 @@ class Router:
         """Where a document for ``target`` goes: the route of the unit that
         holds it (the target itself for an organization of one unit). A
         document of an ordered channel (DATA flag Ordered) goes to unit 1:
-        one store keeps the channel's order (semq.node.channels)."""
+        one store keeps the channel's order (semq.node.origin.channels)."""
         n = self.nodes.units_of(target)
         if n is None:
             return target
@@ -254,7 +254,7 @@ class Router:
         messages: forwarded, or stored while the target is offline. A
         large document's chunk stored here is acknowledged to its origin
         (a CHUNK_ACK from the platform, after the commit): it may send the
-        rest while its receiver is away (semq.node.large_out)."""
+        rest while its receiver is away (semq.node.large.outgoing)."""
         if UNIT_SEP in raw.target.node_id:  # a unit's route is the platform's, never a frame's target
             raise RemoteProtocolError(f"{raw.kind.name} for unknown target {raw.target}", ResultCode.UNKNOWN_TARGET)
         out, presence, online = b.out, self.presence, b.online

@@ -26,6 +26,7 @@ __all__ = [
     "STORE_ERRORS",
     "Dialect",
     "HeldWrites",
+    "ReadOnlyStore",
     "SendOrder",
     "StoreError",
     "StoreFileError",
@@ -546,12 +547,39 @@ def backup_store(db: SqliteDatabase, dest: Path) -> Path:
 
 class StoreFileError(sqlite3.OperationalError):
     """An I/O error on a file the store's rows name (a large document's
-    content, semq.node.large_in): the store's own error, handled as one
+    content, semq.node.large.incoming): the store's own error, handled as one
     (disk full: the batch rolls back, nothing is acknowledged, the daemon
     says so and tries again later), not as a network failure."""
 
 
 STORE_ERRORS: Final = (sqlite3.Error, DatabaseError, OperationalError)
+
+
+class ReadOnlyStore:
+    """Another store, read now and then (a node's unit reading unit 1's
+    dedup table): connected read-only when first asked. A store that cannot
+    be read now answers nothing, as if the row were absent: the reader's
+    answer is "not here, as far as we can tell", never an error."""
+
+    def __init__(self, path: Path | str) -> None:
+        self.path = Path(path)
+        self._conn: sqlite3.Connection | None = None
+
+    def one(self, sql: str, params: Sequence[object] = ()) -> tuple[Any, ...] | None:
+        """The first row of ``sql``, or None (none, or the store unreadable)."""
+        try:
+            if self._conn is None:
+                uri = self.path.resolve().as_uri() + "?mode=ro"
+                self._conn = sqlite3.connect(uri, uri=True, check_same_thread=False, timeout=5)
+            row = self._conn.execute(sql, params).fetchone()
+        except STORE_ERRORS:
+            return None
+        return None if row is None else tuple(row)
+
+    def close(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
 
 
 def translate(e: BaseException, path: Path | str, kind: str = "store") -> StoreError:

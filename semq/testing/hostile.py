@@ -27,7 +27,7 @@ from typing import NamedTuple
 import trio
 
 from semq.identity.security import NodeSecurity
-from semq.node.large import ChunkSealer, Manifest
+from semq.node.large.manifest import ChunkSealer, Manifest
 from semq.session.transport import FrameStream
 from semq.umxt_protocol import (
     CHUNK_COMPRESSED,
@@ -368,7 +368,6 @@ def forge_large(directory: Path, target: str, size: int = 6 << 20) -> LargeForge
     (it sent ``target`` a document before)."""
     from semq.node.api import NodeClient
     from semq.node.core import NodeCore
-    from semq.node.large_out import pending
     from semq.settings.config import load_config
 
     directory = Path(directory)
@@ -382,7 +381,7 @@ def forge_large(directory: Path, target: str, size: int = 6 << 20) -> LargeForge
         out = core.claim(10)
         if out.missing or not out.data:
             raise RuntimeError(f"the node at {directory} cannot seal for {target} (no certificate held)")
-        doc = pending(core.ctx)[0]
+        doc = core.large_out.pending()[0]
         return LargeForgery(out.data, doc.lk0, doc.manifest, core.me, Endpoint.org(target))
     finally:
         core.close()

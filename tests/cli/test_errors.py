@@ -174,7 +174,7 @@ def test_sigterm_stops_the_daemons_with_nothing_alarming_in_their_logs(tmp_path:
 
 
 def test_control_characters_are_escaped_and_times_shown(dirs: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from semq.node.txn import Transactions
+    from semq.node.features.txn import Transactions
 
     with NodeClient(dirs / A) as node:
         node.send("56001", b"x", data_type="INVOICE", key=NASTY)

@@ -17,8 +17,8 @@ from typing import Any
 
 import pytest
 
-from semq.node.large_in import ACK_EVERY_BYTES
-from semq.node.large_out import WINDOW_BYTES
+from semq.node.large.incoming import ACK_EVERY_BYTES
+from semq.node.large.outgoing import WINDOW_BYTES
 from semq.testing.faultproxy import FaultPlan
 from tests._procs import Cluster, ThreadedFaultProxy, read_status, set_config, wait_until
 

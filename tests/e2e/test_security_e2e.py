@@ -307,7 +307,7 @@ def test_forged_receipt_is_kept_unverified(tmp_path: Path, capsys: pytest.Captur
     a = NodeCore(tmp_path / "a.sqlite", A, create=True, synchronous="OFF", security=sa)
     [lk0] = a.accept([NewDocument(target=B, app_data=b"order", encrypt=True)])
     [data] = _frames(b"".join(a.claim(10).data))
-    a.write_held_now()  # (the digest is held with the claimed row until then)
+    a.write_deferred_now()  # (the digest is held with the claimed row until then)
     digest = a.conn.execute("SELECT digest FROM receipts WHERE record_id=?", (lk0.record_id,)).fetchone()[0]
     forger = NodeKeys.generate()  # not B's key
     entry = AckEntry(1, 1, 1, 1, 1, lk0.record_id, int(AckFlag.DELIVERY), 0)
@@ -370,7 +370,7 @@ def test_a_resent_document_keeps_its_digest_and_its_receipt_verifies(tmp_path: P
     try:
         lk0s = a.accept([NewDocument(target=B, app_data=f"order {i}".encode(), encrypt=True) for i in range(3)])
         first = a.claim(10).data
-        a.write_held_now()  # (the digests are held with the claimed rows until then)
+        a.write_deferred_now()  # (the digests are held with the claimed rows until then)
         digests = a.conn.execute("SELECT digest FROM receipts ORDER BY record_id").fetchall()
         out_first = b.handle(_relayed(first))  # its ACK2 is held up (lost, or late)
         assert out_first.delivered == 3

@@ -220,8 +220,8 @@ def test_admin_backup_and_restore_take_every_unit(cluster: Cluster, tmp_path: Pa
 def test_requests_replies_and_dead_letters_across_units(cluster: Cluster) -> None:
     """Requests and replies find each other whichever unit holds them; the
     dead letters of every unit are one list."""
-    from semq.node import rpc
-    from semq.node.dead import DeadLetters
+    from semq.node.features import rpc
+    from semq.node.features.dead import DeadLetters
 
     _start(cluster, 2)
     with NodeClient(cluster.root / A) as a, NodeClient(cluster.root / B) as b:

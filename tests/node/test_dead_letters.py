@@ -14,7 +14,7 @@ import pytest
 from semq.cli import main as semq_main
 from semq.cli.features import main as seed
 from semq.node.api import NodeClient
-from semq.node.dead import DeadLetterError, DeadLetters, reason, sweep
+from semq.node.features.dead import DeadLetterError, DeadLetters, reason, sweep
 from tests._procs import Cluster, wait_until
 
 A, B = "10008", "56001"
@@ -188,8 +188,8 @@ def test_dead_letter_actions_follow_the_operator_table_in_every_state(node: Path
     states OPERATOR_TABLE gives them (the others: "is not a dead letter"),
     ``refs=None`` takes all of those; sweep and fail_target make dead
     letters only of the states DEAD_LETTER applies to."""
-    from semq.node.dead import fail_target
     from semq.node.engine import OPERATOR_TABLE, OperatorAction, SendState
+    from semq.node.features.dead import fail_target
 
     states = list(SendState)
 

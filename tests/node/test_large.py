@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from semq.node.large import (
+from semq.node.large.manifest import (
     CHUNK_SIZE,
     COMPRESS_NONE,
     ChunkError,

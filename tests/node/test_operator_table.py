@@ -39,7 +39,7 @@ from semq.platform.engine import (
 S, P, T, OA, TA = SendState, StoredState, TxState, OperatorAction, TxAction
 
 # What each action applied to before the tables existed (the SQL of
-# semq/ops/handlers.py, semq/node/dead.py and semq/node/txn.py), written out
+# semq/ops/handlers.py, semq/node/features/dead.py and semq/node/features/txn.py), written out
 # by hand once more: the tables must not drift from it unnoticed.
 NODE_EXPECTED: dict[OperatorAction, tuple[set[SendState], SendState | None]] = {
     OA.REQUEUE: ({S.SS_FAILED}, S.SS_INIT),
@@ -134,7 +134,7 @@ def test_an_unknown_row_and_the_sql_text() -> None:
 # ---------------------------------------------------------------- the source rule
 
 ROOT = Path(__file__).resolve().parents[2] / "semq"
-SCANNED = sorted([*ROOT.glob("ops/*.py"), *(ROOT / "node" / n for n in ("dead.py", "txn.py", "queues.py", "rpc.py"))])
+SCANNED = sorted([*ROOT.glob("ops/*.py"), *(ROOT / "node" / "features" / n for n in ("dead.py", "txn.py", "queues.py", "rpc.py"))])
 STATE_COLS = r"(?:state|p_ack|s_ack|p_ack_status|s_ack_status)"
 # A state column compared with, or set to, a bare number: state=0, p_ack != 1,
 # state IN (1, 2), state BETWEEN 1 AND 3, state<>9.

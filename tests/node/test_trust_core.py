@@ -60,7 +60,7 @@ def _frames(out: Output) -> list[Frame]:
 
 
 def _outbox(core: NodeCore) -> list[tuple[int, int]]:
-    core.write_held_now()
+    core.write_deferred_now()
     return core.conn.execute("SELECT state, code FROM outbox ORDER BY id").fetchall()
 
 
@@ -182,7 +182,7 @@ def test_only_the_origin_confirms_a_pending_ack_and_only_the_platform_its_hop(
     a, b = cores
     a.accept([NewDocument(target=B, app_data=b"x", encrypt=True)])
     b.handle(_relayed(a.claim(10).data))
-    b.write_held_now()
+    b.write_deferred_now()
     [(rid, p_ack, s_ack)] = b.conn.execute("SELECT id, p_ack, s_ack FROM inbound").fetchall()
     assert (p_ack, s_ack) == (1, 0)
 
@@ -194,7 +194,7 @@ def test_only_the_origin_confirms_a_pending_ack_and_only_the_platform_its_hop(
 
     b.handle(reack2(C))  # a third organization
     b.handle(reack2(A, Kind.REACK))  # the origin speaking for the platform
-    b.write_held_now()
+    b.write_deferred_now()
     assert b.conn.execute("SELECT p_ack, s_ack FROM inbound").fetchall() == [(1, 0)]
     b.handle(reack2(A))  # the origin
     assert b.pending_ack_count() == 0

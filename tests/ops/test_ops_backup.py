@@ -317,7 +317,6 @@ def test_a_backup_holds_large_documents_contents(tmp_path: Path) -> None:
     import os
 
     from semq.node.api import NodeClient
-    from semq.node.large_out import pending
 
     src_dir, dst_dir = tmp_path / "a", tmp_path / "restored"
     init_node(src_dir)
@@ -334,7 +333,7 @@ def test_a_backup_holds_large_documents_contents(tmp_path: Path) -> None:
     try:
         with core.db.atomic():
             core.conn.execute("UPDATE outbox SET state=1")  # as if sent: a transfer to take up
-        (doc,) = pending(core.ctx)
+        (doc,) = core.large_out.pending()
         assert doc.record_id == lk0.record_id and doc.path.read_bytes() == content
         assert doc.path.is_relative_to(dst_dir)
     finally:

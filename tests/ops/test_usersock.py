@@ -28,7 +28,7 @@ import trio
 
 from semq.cli import main as semq_main
 from semq.node.api import NodeClient
-from semq.node.large import Manifest
+from semq.node.large.manifest import Manifest
 from semq.ops.admin import Limits, serve_admin
 from semq.ops.uploads import UPLOADS_DIR, Uploads
 from semq.ops.usersock import (

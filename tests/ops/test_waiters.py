@@ -12,8 +12,8 @@ import pytest
 import trio
 import trio.testing
 
-from semq.node.api import _TOP, _TOP_OF_USER, inbox_top
 from semq.node.core import NodeCore
+from semq.node.receiver.inbox import _TOP, _TOP_OF_USER
 from semq.ops.admin import DrainControl, admin_request, serve_admin
 from semq.ops.handlers import node_handlers
 from semq.ops.waiters import ADMIN_WAITS, InboxWaiters, WaitLimitReached
@@ -144,7 +144,7 @@ async def test_wait_inbox_over_the_admin_socket(tmp_path: Path) -> None:
             assert (await await_any([(sock, {"after_id": 1})], 0.2))[0]["ready"] is False
             # Acknowledged: no longer waited for.
             core.conn.execute("UPDATE inbox SET consumed_ms=1")
-            assert inbox_top(core.conn) == 0
+            assert core.inbox.top() == 0
             assert (await await_any([(sock, {"after_id": 0})], 0.2))[0]["ready"] is False
             with pytest.raises(WaitRefused, match="timeout 'x' is not a number"):
                 await await_any([(sock, {"after_id": 0, "timeout": "x"})], 1)

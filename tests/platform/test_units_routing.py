@@ -171,7 +171,7 @@ def _ordered(src: Endpoint, dst: Endpoint, record_id: int) -> Frame:
 def test_documents_of_ordered_channels_go_to_unit_1_online_stored_and_rerouted(core: PlatformCore) -> None:
     """A document with flag Ordered goes to the first unit whatever its LK0
     picks — forwarded, stored for it, and kept there when the node's unit
-    count changes — so one store keeps each channel (semq.node.channels)."""
+    count changes — so one store keeps each channel (semq.node.origin.channels)."""
     assert core.connected(EA)
     # Stored before B's first HELLO as a node of 3 units: they stay with unit 1.
     out = core.handle(EA, [_raw(_ordered(EA, EB, r))[0] for r in range(1, 61)], {EA: ROOM})

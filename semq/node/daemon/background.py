@@ -17,9 +17,10 @@ import os
 from functools import partial
 from typing import TYPE_CHECKING, Final
 
-from .. import dead, rpc
-from ..capabilities import load_capabilities
-from ..txn import Checkback, StoreRunner, Transactions, open_node, run_checkbacks
+from ..features import dead, rpc
+from ..features.capabilities import load_capabilities
+from ..features.tasks import run_checkbacks
+from ..features.txn import Checkback, StoreRunner, Transactions, open_node
 
 if TYPE_CHECKING:
     from ..api import NodeClient
@@ -36,7 +37,7 @@ def maintain(node: NodeClient | NodeCore, *, retention: bool = True) -> dict[str
     """One maintenance pass (sync): the max-attempts sweep when
     ``[dead] max_attempts`` is set, and with ``retention`` the purge of
     decided half messages (7 days) and old request/reply records (30 days)."""
-    from .._access import node_dir
+    from ..features._access import node_dir
 
     caps = load_capabilities(node_dir(node))
     out = {"dead": dead.sweep(node, caps.dead.max_attempts)}

@@ -52,9 +52,9 @@ from semq.umxt_protocol import (
 
 from ..batch import Output
 from ..core import NodeCore
-from ..large_out import LargeSender
 from .certificates import Certificates
 from .direct import DirectLinks
+from .large_sender import LargeSender
 from .settings import INITIAL_DELAY, NodeSettings
 from .watch import StoreWatch
 
@@ -134,7 +134,7 @@ class NodeDaemon:
         self.inbox_signal: InboxSignal | None = None  # told after a commit put documents into the inbox
         self.platform_fs: FrameStream | None = None  # the platform session's stream, while there is one
         self.links = DirectLinks(self, settings.direct)
-        self.large = LargeSender(core, self.gate)  # chunks of our large documents (semq.node.large_out)
+        self.large = LargeSender(core, self.gate)  # chunks of our large documents (semq.node.daemon.large_sender)
 
     async def _store(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         """A store call through the daemon's gate (the one the daemon holds
@@ -517,7 +517,7 @@ class NodeDaemon:
             await trio.sleep(LOCAL_POLL)
 
     async def _gaps(self) -> None:
-        """Failed ordered documents get their gap notices (semq.node.channels)."""
+        """Failed ordered documents get their gap notices (semq.node.origin.channels)."""
         while True:
             await trio.sleep(GAP_POLL)
             if await self.gate.run(self.core.announce_gaps):

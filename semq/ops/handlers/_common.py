@@ -18,7 +18,6 @@ from semq.node.engine import (
     SendState,
     TransitionRefused,
 )
-from semq.node.writebehind import InboundAdminRow, OutboxAdminRow, columns
 from semq.platform.engine import StoredState
 from semq.tracking.events import now_ms
 
@@ -257,7 +256,7 @@ def _log(core: Any, records: list[dict[str, Any]]) -> None:
         core.log.write(records)
 
 
-# ---------------------------------------------------------------- node
+# ---------------------------------------------------------------- rows by name
 
 
 def _select(row: type[tuple[Any, ...]], exprs: dict[str, str]) -> str:
@@ -269,11 +268,3 @@ def _select(row: type[tuple[Any, ...]], exprs: dict[str, str]) -> str:
     if unknown:
         raise ValueError(f"{row.__name__} has no field {sorted(unknown)}")
     return ", ".join(f"{exprs[f]} AS {f}" if f in exprs else f for f in fields)
-
-
-# The node's rows as the console reads them, by name (semq.node.writebehind):
-# the SELECT lists are made from the rows' fields.
-_NODE_COLS: Final = columns(OutboxAdminRow)
-_INBOUND_COLS: Final = columns(InboundAdminRow)
-
-

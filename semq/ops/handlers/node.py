@@ -4,24 +4,16 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from collections.abc import Iterable, Iterator, Sequence
 from functools import partial
-from typing import Any, Final, NamedTuple
+from typing import Any, NamedTuple
 
 from semq.identity.security import WAITING_CODES, waiting_reason
-from semq.node.engine import (
-    OPERATOR,
-    AckStatus,
-    OperatorAction,
-    SendState,
-)
-from semq.node.writebehind import InboundAdminRow, OutboxAdminRow
+from semq.node.engine import AckStatus, OperatorAction, SendState
+from semq.node.origin.outbox import OutboxFilter
 from semq.tracking.events import now_ms
 
 from ..admin import AdminCommandError, DrainControl, Handler, until_hangup
 from ._common import (
-    _INBOUND_COLS,
-    _NODE_COLS,
     _NODE_PLACE,
     _OPEN,
     _SS_INIT,
@@ -29,19 +21,15 @@ from ._common import (
     DEFAULT_STUCK_AFTER,
     MAX_SELECT,
     ReloadCallback,
-    _applicable,
     _common,
+    _ids,
     _int,
     _limit,
     _lk0,
     _log,
     _result,
     _seconds,
-    _select,
-    _selection,
-    _sql_where,
     _states,
-    _where,
     store_bytes,
 )
 
@@ -53,16 +41,47 @@ def node_busy(daemon: Any) -> int:
     return int(daemon.in_flight)
 
 
-class _OutboxDepth(NamedTuple):
-    """``status``: pending-send rows per target and state."""
+class OutboxAdminRow(NamedTuple):
+    """A pending-send row as the admin console shows it (no contents)."""
 
+    id: int
+    target_type: int
     target_id: str
     state: int
-    rows: int  # count(*) (``count`` is a tuple's method)
-    oldest_ms: int
+    save_fwd: int
+    ack2: int
+    reliable: int
+    priority: int
+    domain: str
+    data_type: str
+    subtype: str
+    key: str
+    created_ms: int
+    expires_ms: int | None
+    attempts: int
+    inquiries: int
+    sent_ms: int | None
+    state_ms: int | None
+    last_inquiry_ms: int | None
+    code: int
+    encrypt: int
+    size: int
 
+class InboundAdminRow(NamedTuple):
+    """A pending-ack row (seed tb_0030) as the admin console shows it."""
 
-_OUTBOX_DEPTH_COLS: Final = _select(_OutboxDepth, {"rows": "count(*)", "oldest_ms": "min(created_ms)"})
+    id: int
+    origin_id: str
+    semq_id: int
+    semq_db_id: int
+    record_id: int
+    lk1_record_id: int
+    platform_id: str
+    p_ack: int
+    s_ack: int
+    received_ms: int
+    last_inquiry_ms: int
+    inquiries: int
 
 
 def _send_state(v: int) -> str:
@@ -100,12 +119,19 @@ def _inbound_row(r: InboundAdminRow) -> dict[str, Any]:
     }
 
 
-def _outbox_rows(rows: Iterable[Sequence[Any]]) -> Iterator[OutboxAdminRow]:
-    return map(OutboxAdminRow._make, rows)
-
-
-def _inbound_rows(rows: Iterable[Sequence[Any]]) -> Iterator[InboundAdminRow]:
-    return map(InboundAdminRow._make, rows)
+def _filter(args: dict[str, Any], *, after: int = 0, selecting: bool = False) -> OutboxFilter:
+    """The pending-send rows a command names: its ``state``, ``target`` and
+    ``older_than`` filters (and with ``selecting``, its ``ids``: requeue,
+    resend and purge, which name ids or filters, or ``all: true`` — an
+    operator's typo must not purge a store)."""
+    ids = _ids(args) if selecting else []
+    states = _states(args, SendState)
+    target = args.get("target") or None
+    older = _seconds(args, "older_than")
+    if selecting and not (ids or states or target or older is not None) and not args.get("all"):
+        raise AdminCommandError("name record ids, or filters (state, target, older_than), or all=true")
+    return OutboxFilter(after_id=after, ids=ids, states=states, target=str(target) if target else None,
+                        created_before=None if older is None else now_ms() - int(older * 1000))
 
 
 def _node_event(core: Any, row: dict[str, Any], event: str, ts: int, detail: str) -> dict[str, Any]:
@@ -120,7 +146,7 @@ def _node_event(core: Any, row: dict[str, Any], event: str, ts: int, detail: str
 
 
 def _channel_wait(w: Any) -> dict[str, Any]:
-    """A semq.node.channels.ChannelWait as the console shows it."""
+    """A semq.node.receiver.channels.ChannelWait as the console shows it."""
     return {"origin": w.origin, "channel": w.channel, "held": w.held, "waits_for": w.lk0, "since_ms": w.since_ms,
             "text": w.describe()}
 
@@ -138,7 +164,7 @@ def node_handlers(
     """Admin commands of a running node. ``daemon`` is a
     semq.node.daemon.NodeDaemon (uses ``gate``, ``connected``, ``address``, ``links``,
     ``s.addresses``, ``sessions``, ``in_flight``, ``stats``, ``wake()``); ``core`` its
-    NodeCore (``conn``/``db`` on the store thread only, ``me``, ``path``,
+    NodeCore (its tables' owners asked on the store thread only, ``me``, ``path``,
     ``log``); ``metrics`` an optional semq.ops.metrics.Metrics; ``waiters``
     a semq.ops.waiters.InboxWaiters (then ``wait_inbox`` is served)."""
     org = core.me.node_id
@@ -146,14 +172,9 @@ def node_handlers(
     handlers = _common("node", org, drain, reload)
 
     def _snapshot() -> dict[str, Any]:
-        core.write_held_now()
-        c = core.conn
         counts = core.counts()
-        queues = [
-            {"target": q.target_id, "state": _send_state(q.state), "count": q.rows, "oldest_ms": q.oldest_ms}
-            for q in map(_OutboxDepth._make, c.execute(
-                f"SELECT {_OUTBOX_DEPTH_COLS} FROM outbox GROUP BY target_id, state ORDER BY target_id, state"))
-        ]
+        queues = [{"target": target, "state": _send_state(state), "count": n, "oldest_ms": oldest}
+                  for target, state, n, oldest in core.outbox.depth()]
         return {**counts, "queues": queues}
 
     async def status(args: dict[str, Any]) -> dict[str, Any]:
@@ -180,33 +201,18 @@ def node_handlers(
         older = _seconds(args, "older_than")
         if table == "inbound":
             def q_in() -> list[dict[str, Any]]:
-                core.write_held_now()
-                clauses: list[str] = ["id > ?"]
-                params: list[Any] = [after]
-                if older is not None:
-                    clauses.append("received_ms < ?")
-                    params.append(now_ms() - int(older * 1000))
-                if args.get("origin"):
-                    clauses.append("origin_id=?")
-                    params.append(str(args["origin"]))
-                return [_inbound_row(r) for r in _inbound_rows(core.conn.execute(
-                    f"SELECT {_INBOUND_COLS} FROM inbound{_sql_where(clauses)} ORDER BY id LIMIT ?",
-                    (*params, limit)))]
+                return [_inbound_row(r) for r in core.pending_acks.rows(
+                    InboundAdminRow, after_id=after, limit=limit,
+                    received_before=None if older is None else now_ms() - int(older * 1000),
+                    origin=str(args["origin"]) if args.get("origin") else None)]
             rows = await daemon.gate.run(q_in)
             return {"table": "inbound", "count": len(rows), "rows": rows}
         if table != "outbox":
             raise AdminCommandError(f"table {table!r} is not outbox or inbound")
-        states = _states(args, SendState)
-        target = args.get("target") or None
+        where = _filter(args, after=after)
 
         def q() -> list[dict[str, Any]]:
-            core.write_held_now()
-            clauses: list[str] = ["id > ?"]
-            params: list[Any] = [after]
-            _where(clauses, params, state_col="state", states=states, target=target, time_col="created_ms",
-                   older_than=older)
-            return [_node_row(r, store) for r in _outbox_rows(core.conn.execute(
-                f"SELECT {_NODE_COLS} FROM outbox{_sql_where(clauses)} ORDER BY id LIMIT ?", (*params, limit)))]
+            return [_node_row(r, store) for r in core.outbox.rows(OutboxAdminRow, where, limit=limit)]
 
         rows = await daemon.gate.run(q)
         return {"table": "outbox", "count": len(rows), "rows": rows}
@@ -226,24 +232,19 @@ def node_handlers(
         table = str(args.get("table") or "outbox")
 
         def q() -> dict[str, Any] | None:
-            core.write_held_now()
             if table == "inbound":
-                got = core.conn.execute(f"SELECT {_INBOUND_COLS} FROM inbound WHERE id=?", (rid,)).fetchone()
-                return None if got is None else _inbound_row(InboundAdminRow._make(got))
-            got = core.conn.execute(f"SELECT {_NODE_COLS} FROM outbox WHERE id=?", (rid,)).fetchone()
-            if got is None:
+                got = core.pending_acks.rows(InboundAdminRow, after_id=rid - 1, limit=1)
+                return _inbound_row(got[0]) if got and got[0].id == rid else None
+            found = core.outbox.rows(OutboxAdminRow, OutboxFilter(ids=(rid,)))
+            if not found:
                 return None
-            row = _node_row(OutboxAdminRow._make(got), store)
-            try:
-                rc = core.conn.execute("SELECT verified, received_ms FROM receipts WHERE record_id=?",
-                                       (rid,)).fetchone()
-            except Exception:  # schema v1: no receipts table
-                rc = None
-            if rc is None:
+            row = _node_row(found[0], store)
+            receipt = core.receipts.verified(rid)
+            if receipt is None:
                 row["receipt"] = None
             else:
-                verified, received_ms = rc
-                row["receipt"] = {"verified": bool(verified), "received_ms": received_ms}
+                verified, received_ms = receipt
+                row["receipt"] = {"verified": verified, "received_ms": received_ms}
             return row
 
         row = await daemon.gate.run(q)
@@ -257,19 +258,14 @@ def node_handlers(
         limit = _limit(args)
 
         def q() -> dict[str, Any]:
-            core.write_held_now()
             cutoff = now_ms() - int(older * 1000)
-            c = core.conn
+            stuck = OutboxFilter(reliable=True, states=_OPEN, created_before=cutoff)
             by_place: dict[str, int] = {}
-            for s, code, n in c.execute(
-                f"SELECT state, code, count(*) FROM outbox WHERE reliable=1 AND state IN ({','.join('?' * len(_OPEN))})"
-                " AND created_ms < ? GROUP BY state, code", (*_OPEN, cutoff)):
+            for s, code, n in core.outbox.open_counts(stuck):
                 place = _WAITING_PLACE if s == _SS_INIT and code in WAITING_CODES else _NODE_PLACE[SendState(s)]
                 by_place[place] = by_place.get(place, 0) + n
             rows = []
-            for r in _outbox_rows(c.execute(
-                f"SELECT {_NODE_COLS} FROM outbox WHERE reliable=1 AND state IN ({','.join('?' * len(_OPEN))})"
-                " AND created_ms < ? ORDER BY created_ms, id LIMIT ?", (*_OPEN, cutoff, limit))):
+            for r in core.outbox.rows(OutboxAdminRow, stuck, limit=limit, order="created"):
                 row = _node_row(r, store)
                 row["place"] = _NODE_PLACE[SendState(r.state)]
                 if r.state == _SS_INIT and r.code in WAITING_CODES:
@@ -280,11 +276,11 @@ def node_handlers(
                 row["age_s"] = round((now_ms() - r.created_ms) / 1000, 1)
                 rows.append(row)
             # Received here, but a confirmation of our ACK/ACK2 is missing.
-            n_in = c.execute("SELECT count(*) FROM inbound WHERE received_ms < ?", (cutoff,)).fetchone()[0]
+            n_in = core.pending_acks.count(received_before=cutoff)
             if n_in:
                 by_place["received_confirmation_missing"] = n_in
-            for a in _inbound_rows(c.execute(f"SELECT {_INBOUND_COLS} FROM inbound WHERE received_ms < ? ORDER BY"
-                                             " received_ms LIMIT ?", (cutoff, max(0, limit - len(rows))))):
+            for a in core.pending_acks.rows(InboundAdminRow, received_before=cutoff, limit=max(0, limit - len(rows)),
+                                            order="received"):
                 row = _inbound_row(a)
                 row["place"] = "received_confirmation_missing"
                 row["age_s"] = round((now_ms() - a.received_ms) / 1000, 1)
@@ -305,24 +301,20 @@ def node_handlers(
         (semq.node.engine.OPERATOR_TABLE decides which and to what); the
         others are reported ``skipped``."""
         verb = action.value
-        clauses, params, _explicit = _selection(args, SendState, state_col="state", time_col="created_ms")
+        where = _filter(args, selecting=True)
         dry = bool(args.get("dry_run"))
 
         def work() -> dict[str, Any]:
             ts = now_ms()
-            with core.db.atomic("IMMEDIATE"):
-                core.write_held()  # the states the operator selects by are on disk
-                rows = [_node_row(r, store) for r in _outbox_rows(core.conn.execute(
-                    f"SELECT {_NODE_COLS} FROM outbox{_sql_where(clauses)} ORDER BY id LIMIT ?",
-                    (*params, MAX_SELECT + 1)))]
-                rows, more, ok = _applicable(rows, OPERATOR, SendState, action)
-                if not dry:
-                    # The state read above is the one the table was asked about.
-                    core.operator.apply(action, [(r["id"], int(SendState[r["state"]])) for r in ok], ts)
+            # The pending-send table's owner reads the rows' real states and
+            # OPERATOR_TABLE says which it applies to, in one transaction.
+            found, more, applied = core.operate(action, where, OutboxAdminRow, limit=MAX_SELECT, dry_run=dry)
+            rows = [_node_row(r, store) for r in found]
+            ok = [r for r in rows if r["id"] in set(applied)]
             if not dry and ok:
                 if action is OperatorAction.PURGE:
                     # A live row given up is a failure ("dead"); a failed row
-                    # (a dead letter already) is only cleaned up (semq.node.dead).
+                    # (a dead letter already) is only cleaned up (semq.node.features.dead).
                     recs = [_node_event(core, r, "cleaned" if r["state"] == SendState.SS_FAILED.name else "dead", ts,
                                         "purged by the operator") for r in ok]
                 else:
@@ -368,8 +360,6 @@ def node_handlers(
 
 
 def _wait_inbox(daemon: Any, core: Any, waiters: Any) -> Handler:
-    from semq.node.api import inbox_top
-
     from ..waiters import wait_timeout
 
     @until_hangup
@@ -386,7 +376,7 @@ def _wait_inbox(daemon: Any, core: Any, waiters: Any) -> Handler:
         timeout = wait_timeout(args.get("timeout"))
 
         async def check() -> tuple[bool, int]:
-            top = int(await daemon.gate.run(partial(inbox_top, core.conn, user)))
+            top = int(await daemon.gate.run(partial(core.inbox.top, user)))
             return top > after, top
 
         return dict(await waiters.wait(check, timeout=timeout, pool="admin"))

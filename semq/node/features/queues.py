@@ -2,7 +2,7 @@
 queue interface: create, destroy, enqueue, dequeue, recover), so an
 application can use SEMQ as its local durable queue too.
 
-    from semq.node.queues import LocalQueues
+    from semq.node.features.queues import LocalQueues
     with LocalQueues("/srv/semq/acme") as q:
         q.create("invoices", exist_ok=True)
         q.enqueue("invoices", b"...")
@@ -40,12 +40,12 @@ from typing import TYPE_CHECKING, Any, Final, NamedTuple
 
 from semq.tracking.events import now_ms
 
+from ..rows import columns
 from ._access import core_of, write_tx
-from .writebehind import QueueItemRow, columns
 
 if TYPE_CHECKING:
-    from .api import NodeClient
-    from .core import NodeCore
+    from ..api import NodeClient
+    from ..core import NodeCore
 
 __all__ = ["MAX_ITEM_BYTES", "LocalQueues", "QueueError", "QueueItem", "QueueStats"]
 
@@ -53,7 +53,17 @@ NAME_RE: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:/-]{0,127}")
 MAX_ITEM_BYTES: Final = 64 * 1024 * 1024  # the frame limit: an item can always be sent on as a document
 DEFAULT_LEASE: Final = 30.0  # s
 
-# The rows read by name (semq.node.writebehind); the SELECT lists are made
+class QueueItemRow(NamedTuple):
+    """An item of a local queue (``queue_items``, seed 004)."""
+
+    id: int
+    data: bytes
+    enqueued_ms: int
+    deliveries: int
+    lease_until_ms: int | None
+
+
+# The rows read by name (semq.node.rows.columns); the SELECT lists are made
 # from their fields.
 _ITEM_COLS: Final = columns(QueueItemRow)
 
@@ -130,7 +140,7 @@ class LocalQueues:
     def __init__(self, node: NodeClient | NodeCore | str | os.PathLike[str]) -> None:
         self._own: Any = None
         if isinstance(node, str | os.PathLike):
-            from .api import NodeClient
+            from ..api import NodeClient
 
             node = self._own = NodeClient(Path(node))
         self.core = core_of(node)

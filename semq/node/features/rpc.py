@@ -17,7 +17,8 @@ records each request it answered (``rpc_answers``), so it answers once.
 Patterns (docs/seed-capabilities.md):
 
 - pseudo-synchronous inquiry / update: ``request(...)`` sends and waits for
-  the reply (``request_async`` in trio), or raises ReplyTimeout;
+  the reply (``request_async`` in trio: semq.node.features.tasks), or
+  raises ReplyTimeout;
 - asynchronous inquiry: ``send_request(...)`` now, ``replies()`` /
   ``take_reply(...)`` later — a reply that came after a timeout is still
   matched to its request;
@@ -27,24 +28,21 @@ Patterns (docs/seed-capabilities.md):
 from __future__ import annotations
 
 import time
-import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Any, Final, NamedTuple
 
 from semq.tracking.events import now_ms
 from semq.umxt_protocol import LK0, NodeType
 
+from ..api import UNIT_IDS
+from ..rows import columns
 from ._access import core_of, write_tx
-from .api import UNIT_IDS
-from .writebehind import RpcRequestRow, columns
 
 if TYPE_CHECKING:
-    import trio
-
-    from .api import InboxItem, NodeClient
-    from .core import NodeCore
+    from ..api import InboxItem, NodeClient
+    from ..core import NodeCore
 
 __all__ = [
     "REPLY",
@@ -61,7 +59,6 @@ __all__ = [
     "replies",
     "reply",
     "request",
-    "request_async",
     "send_request",
     "take_reply",
     "unmatched_replies",
@@ -72,6 +69,19 @@ RPC_DOMAIN: Final = "semq.rpc"  # AppKey domain of requests and replies
 REQUEST: Final = "request"  # AppKey subtype of a request
 REPLY: Final = "reply"  # AppKey subtype of a reply; its key is the request's LK0
 POLL: Final = 0.05  # s between looks at the inbox while waiting
+
+
+class RpcRequestRow(NamedTuple):
+    """A request this node sent (``rpc_requests``) and its reply, if matched."""
+
+    record_id: int
+    target_id: str
+    data_type: str
+    sent_ms: int
+    timeout_ms: int
+    reply_inbox_id: int | None
+    replied_ms: int | None
+    taken_ms: int | None
 
 
 class RpcError(ValueError):
@@ -170,13 +180,9 @@ def _stores(node: NodeClient) -> list[tuple[NodeCore, Callable[[int], int]]]:
 def _find_reply(node: NodeClient, key: str, target: str) -> int | None:
     """The node's inbox id of the first reply with ``key`` from ``target``."""
     for core, as_id in _stores(node):
-        # Literal domain/subtype: the partial index inbox_rpc_reply applies.
-        cand = core.conn.execute(
-            "SELECT id FROM inbox WHERE domain='semq.rpc' AND subtype='reply' AND key=? AND origin_type=?"
-            " AND origin_id=? ORDER BY id LIMIT 1", (key, int(NodeType.ORGANIZATION), target),
-        ).fetchone()
+        cand = core.inbox.reply_to(key, int(NodeType.ORGANIZATION), target)
         if cand is not None:
-            return as_id(cand[0])
+            return as_id(cand)
     return None
 
 
@@ -213,7 +219,7 @@ def poll_reply(node: NodeClient, request: LK0 | int | str, *, take: bool = True)
             if take:
                 conn.execute("UPDATE rpc_requests SET taken_ms=? WHERE record_id=? AND taken_ms IS NULL", (ts, rid))
                 if one_store:
-                    conn.execute("UPDATE inbox SET consumed_ms=? WHERE id=? AND consumed_ms IS NULL", (ts, inbox_id))
+                    core.inbox.acknowledge([inbox_id], ts)
             inbox_id = conn.execute("SELECT reply_inbox_id FROM rpc_requests WHERE record_id=?",
                                     (rid,)).fetchone()[0]
         if take and not one_store:
@@ -251,34 +257,6 @@ def request(node: NodeClient, to: str, data: bytes, *, data_type: str, timeout: 
     return wait_reply(node, lk0, timeout)
 
 
-_limiters: weakref.WeakKeyDictionary[Any, trio.CapacityLimiter] = weakref.WeakKeyDictionary()
-
-
-async def request_async(node: NodeClient, to: str, data: bytes, *, data_type: str, timeout: float = 10.0,
-                        poll: float = POLL, **options: Any) -> Reply:
-    """``request`` for trio programs: store work runs on a worker thread
-    (one at a time per node), waiting is ``trio.sleep`` (cancellable; a
-    fake clock makes the timeout instant). Raises ReplyTimeout."""
-    import trio
-
-    core = core_of(node)
-    limiter = _limiters.get(core)
-    if limiter is None:
-        limiter = _limiters[core] = trio.CapacityLimiter(1)
-
-    def _send() -> LK0:
-        return send_request(node, to, data, data_type=data_type, timeout=timeout, **options)
-
-    lk0 = await trio.to_thread.run_sync(_send, limiter=limiter)
-    with trio.move_on_after(timeout):
-        while True:
-            got = await trio.to_thread.run_sync(poll_reply, node, lk0, limiter=limiter)
-            if got is not None:
-                return got
-            await trio.sleep(poll)
-    raise ReplyTimeout(lk0, to, timeout)
-
-
 def take_reply(node: NodeClient, request: LK0 | int | str) -> Reply:
     """The reply to an earlier request (asynchronous pattern), taken.
     Raises RpcError if it has not come."""
@@ -311,8 +289,7 @@ def unmatched_replies(node: NodeClient) -> list[tuple[InboxItem, str]]:
     out = []
     matched = {i for (i,) in core.conn.execute(
         "SELECT reply_inbox_id FROM rpc_requests WHERE reply_inbox_id IS NOT NULL")}
-    ids = [as_id(i) for store, as_id in _stores(node) for (i,) in store.conn.execute(
-        "SELECT id FROM inbox WHERE domain='semq.rpc' AND subtype='reply' AND consumed_ms IS NULL ORDER BY id")]
+    ids = [as_id(i) for store, as_id in _stores(node) for i in store.inbox.rpc_ids(REPLY, unread=True)]
     for i in ids:
         if i in matched:
             continue
@@ -346,16 +323,32 @@ def is_request(item: InboxItem) -> bool:
 def incoming(node: NodeClient, *, include_answered: bool = False, limit: int = 1000) -> list[tuple[InboxItem, LK0 | None]]:
     """Requests that arrived, with the LK0 of our reply (None: unanswered).
     Default: unanswered ones not acknowledged by other means."""
-    q = ("SELECT i.id, a.reply_record_id FROM inbox i LEFT JOIN rpc_answers a ON a.request_inbox_id = i.id"
-         " WHERE i.domain='semq.rpc' AND i.subtype='request'"
-         + ("" if include_answered else " AND a.request_inbox_id IS NULL AND i.consumed_ms IS NULL")
-         + " ORDER BY i.id LIMIT ?")
     # Each unit's requests with the answers it recorded (``reply`` answers
     # from the unit that holds the request).
     found = [(as_id(i), store.ctx.lk0(r) if r else None)
-             for store, as_id in _stores(node) for i, r in store.conn.execute(q, (limit,)).fetchall()]
+             for store, as_id in _stores(node) for i, r in _requests(store, include_answered, limit)]
     found.sort(key=lambda x: x[0])
     return [(node.get(i), lk) for i, lk in found[:limit]]
+
+
+def _requests(store: NodeCore, include_answered: bool, limit: int) -> list[tuple[int, int | None]]:
+    """A store's request documents (``include_answered``: all of them;
+    else those unacknowledged and unanswered) with the record id of our
+    reply, at most ``limit``, in id order."""
+    out: list[tuple[int, int | None]] = []
+    after = 0
+    while len(out) < limit:
+        ids = store.inbox.rpc_ids(REQUEST, unread=not include_answered, after_id=after, limit=limit)
+        if not ids:
+            break
+        answers = dict(store.conn.execute(
+            f"SELECT request_inbox_id, reply_record_id FROM rpc_answers WHERE request_inbox_id IN"
+            f" ({','.join('?' * len(ids))})", ids).fetchall())
+        out += [(i, answers.get(i)) for i in ids if include_answered or i not in answers]
+        if len(ids) < limit:
+            break
+        after = ids[-1]
+    return out[:limit]
 
 
 def reply(
@@ -396,7 +389,7 @@ def reply(
         ts = now_ms()
         conn.execute("INSERT INTO rpc_answers (request_inbox_id, reply_record_id, replied_ms) VALUES (?,?,?)",
                      (row, lk0.record_id, ts))
-        conn.execute("UPDATE inbox SET consumed_ms=? WHERE id=? AND consumed_ms IS NULL", (ts, row))
+        core.inbox.acknowledge([row], ts)
     return lk0
 
 

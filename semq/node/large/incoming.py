@@ -19,7 +19,7 @@ signed NACK, like any refused document.
 
 A chunk out of order is not written. After a gap (one lost on a cut
 connection or in a restart) the origin is told to go on from what we have
-with a CHUNK_ACK whose code is RESUME (semq.node.large_out rewinds to it);
+with a CHUNK_ACK whose code is RESUME (semq.node.large.outgoing rewinds to it);
 a copy of one we have (a probe, a resend) is answered with an ordinary
 CHUNK_ACK saying where we are.
 """
@@ -33,7 +33,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Final, NamedTuple
+from typing import Any, Final, NamedTuple, Protocol
 
 from semq.identity.crypto import ensure_private_directory
 from semq.settings.bounds import DEFERRED_CHUNK_BYTES
@@ -57,16 +57,13 @@ from semq.umxt_protocol import (
     encode_frame,
 )
 
-from .batch import Batch, NodeContext
-from .envelope import NO_ENVELOPE, Envelope, encode_envelope, split_envelope
-from .large import ChunkError, ChunkOpener, Manifest, hash_prefix
-from .large_out import WINDOW_BYTES
-from .writebehind import columns
+from ..batch import Batch, NodeContext
+from ..envelope import NO_ENVELOPE, Envelope, encode_envelope, split_envelope
+from ..rows import columns
+from .manifest import ChunkError, ChunkOpener, Manifest, hash_prefix
+from .outgoing import WINDOW_BYTES
 
-if TYPE_CHECKING:
-    from .receiver import Receiver
-
-__all__ = ["ACK_EVERY_BYTES", "ALL_CHUNKS", "MAX_BAD_CHUNKS", "RESUME", "LargeIn"]
+__all__ = ["ACK_EVERY_BYTES", "ALL_CHUNKS", "MAX_BAD_CHUNKS", "RESUME", "Delivery", "LargeIn"]
 
 # Chunks are synced and acknowledged every this many bytes (and at the end):
 # a quarter of the origin's window (large_out.WINDOW_BYTES), so it never waits.
@@ -86,7 +83,7 @@ RESUME: Final = ResultCode.UNEXPECTED_FRAME
 # than this long after the last RESUME.
 RESUME_AGAIN_MS: Final = 2000
 ALL_CHUNKS: Final = 0xFFFF_FFFF  # CHUNK_ACK through: "delivered already, stop"
-# Bytes of chunks held in memory while their origin's certificate is asked
+# Bytes of chunks kept in memory while their origin's certificate is asked
 # for (the manifest waits for it too).
 MAX_DEFERRED_BYTES: Final = DEFERRED_CHUNK_BYTES
 # A refused transfer is remembered this long: its manifest sent again before
@@ -95,6 +92,25 @@ MAX_DEFERRED_BYTES: Final = DEFERRED_CHUNK_BYTES
 REFUSED_HOLD_MS: Final = 60_000
 _REFUSED_KEPT: Final = 1024  # refusals remembered at most (the oldest go first)
 _OPEN_FILES: Final = 64  # transfers kept open (file, hasher) at once; others reopen when a chunk comes
+
+
+class Delivery(Protocol):
+    """What the receiver does for a large document (semq.node.receiver.role.Receiver,
+    passed in: this package sits below the roles)."""
+
+    def refuse(self, b: Batch, frame: Frame, d: Data, code: ResultCode, detail: str) -> None:
+        """Refuse the document (a signed NACK to its origin)."""
+        ...
+
+    def deliver_large(self, b: Batch, frame: Frame, d: Data, digest: bytes | None, signer: str, ak: AppKey,
+                      env: Envelope, size: int, key: tuple[int, str, int, int, int], path: str) -> None:
+        """Deliver the whole document, its content in ``path`` (relative to
+        the store's directory), as a one-frame document is delivered."""
+        ...
+
+    def delivered(self, key: tuple[int, str, int, int, int]) -> bool:
+        """Whether the document with that LK0 was received already."""
+        ...
 
 
 @dataclass
@@ -149,7 +165,7 @@ _KEPT: Final = columns(_Kept)
 class LargeIn:
     """Transfers of large documents to this node, for the Receiver."""
 
-    def __init__(self, ctx: NodeContext, receiver: Receiver, max_size: int) -> None:
+    def __init__(self, ctx: NodeContext, receiver: Delivery, max_size: int) -> None:
         self.ctx = ctx
         self.receiver = receiver
         self.max_size = max_size
@@ -172,25 +188,25 @@ class LargeIn:
         t = self._load(key)
         refused = self._refused.get(key) if t is None else None
         if refused is not None and b.ts - refused[0] < REFUSED_HOLD_MS:
-            self.receiver._refuse(b, frame, d, refused[1], f"large document: {refused[2]}")
+            self.receiver.refuse(b, frame, d, refused[1], f"large document: {refused[2]}")
             return
         if t is None:
             try:
                 m = Manifest.decode(doc)
             except ChunkError as e:
-                self.receiver._refuse(b, frame, d, e.code, f"large document manifest: {e}")
+                self.receiver.refuse(b, frame, d, e.code, f"large document manifest: {e}")
                 return
             if m.size > self.max_size:
-                self.receiver._refuse(b, frame, d, ResultCode.TOO_LARGE,
+                self.receiver.refuse(b, frame, d, ResultCode.TOO_LARGE,
                                       f"large document of {m.size} bytes exceeds this node's limit of"
                                       f" {self.max_size} bytes (max_document_mib)")
                 return
             if env.channel:
-                self.receiver._refuse(b, frame, d, ResultCode.INVALID_FIELD,
+                self.receiver.refuse(b, frame, d, ResultCode.INVALID_FIELD,
                                       f"ordered channel {env.channel}: a large document cannot be ordered")
                 return
             if d.expires_ms is not None and d.expires_ms <= b.ts:
-                self.receiver._refuse(b, frame, d, ResultCode.EXPIRED, f"the document expired at {d.expires_ms}")
+                self.receiver.refuse(b, frame, d, ResultCode.EXPIRED, f"the document expired at {d.expires_ms}")
                 return
             ensure_private_directory(self.dir)  # large/ and large/in/, each 0700
             path = self.dir / f"{key[1]}_{key[2]}_{key[3]}_{key[4]}.doc"
@@ -232,7 +248,7 @@ class LargeIn:
         if t is None:
             origin = lk0.endpoint
             sec = self.ctx.sec
-            if sec is not None and not self._delivered(key) and not sec.certs(origin):
+            if sec is not None and not self.receiver.delivered(key) and not sec.certs(origin):
                 # Its manifest waits for the origin's certificate (first
                 # contact): the chunks wait with it, up to a bound; past it
                 # they are dropped and the origin sends them again when told.
@@ -242,7 +258,7 @@ class LargeIn:
                     b.out.deferred.append(raw)
                     b.out.missing.add(origin)
                 return
-            if key in b.known or self._delivered(key):
+            if key in b.known or self.receiver.delivered(key):
                 # Whole and delivered: the origin may stop (its ACK2 follows
                 # through the usual inquiries if it was lost).
                 b.out.add(Frame(kind=Kind.CHUNK_ACK, source=self.ctx.me, target=lk0.endpoint,
@@ -344,11 +360,8 @@ class LargeIn:
         env = NO_ENVELOPE if r.envelope is None else split_envelope(r.envelope)[0]
         self._close(t)
         self.ctx.conn.execute("DELETE FROM large_in WHERE id=?", (t.row_id,))
-        self.receiver._receive(b, frame, d, b"", r.digest, r.signer, ak, env, size=m.size)
-        self.receiver.flush(b)
-        self.ctx.conn.execute(
-            "UPDATE inbox SET path=?, size=? WHERE origin_type=? AND origin_id=? AND semq_id=? AND semq_db_id=?"
-            " AND record_id=?", (t.path.relative_to(self.base).as_posix(), m.size, *t.key))
+        self.receiver.deliver_large(b, frame, d, r.digest, r.signer, ak, env, m.size, t.key,
+                                    t.path.relative_to(self.base).as_posix())
         b.events.append({"ts": b.ts, "role": "receiver", "event": "large_complete", "lk0": str(t.lk0),
                          "source": t.lk0.endpoint.node_id, "target": self.ctx.me.node_id, "size": m.size})
 
@@ -374,7 +387,7 @@ class LargeIn:
         self.ctx.conn.execute("DELETE FROM large_in WHERE id=?", (t.row_id,))
         for f in kept:
             frame, d = _frame_of(f)
-            self.receiver._refuse(b, frame, d, code, f"large document: {detail}")
+            self.receiver.refuse(b, frame, d, code, f"large document: {detail}")
 
     # ------------------------------------------------------------ sessions and failures
 
@@ -468,10 +481,12 @@ class LargeIn:
         t.hasher = None
         self._open.pop(t.key, None)
 
-    def _delivered(self, key: tuple[int, str, int, int, int]) -> bool:
-        return self.ctx.conn.execute(
-            "SELECT 1 FROM dedup WHERE origin_type=? AND origin_id=? AND semq_id=? AND semq_db_id=?"
-            " AND record_id=?", key).fetchone() is not None
+    def clean(self, before_ms: int) -> tuple[int, list[str]]:
+        """Transfers idle since before ``before_ms`` (their origin gave up
+        long ago), forgotten: rows removed, and their files to remove."""
+        idle = self.ctx.conn.execute("SELECT id, path FROM large_in WHERE updated_ms < ?", (before_ms,)).fetchall()
+        self.ctx.conn.executemany("DELETE FROM large_in WHERE id=?", [(i,) for i, _ in idle])
+        return len(idle), [p for _, p in idle]
 
 
 def _frame_of(kept: bytes) -> tuple[Frame, Data]:

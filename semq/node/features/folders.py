@@ -43,7 +43,6 @@ from __future__ import annotations
 import hashlib
 import os
 import re
-import sqlite3
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -52,10 +51,10 @@ from typing import Any, Final, NamedTuple
 
 from semq.umxt_protocol import LK0, AppKey, LocalProtocolError
 
+from ..api import InboxItem, NodeClient
+from ..core import NodeCore
+from ..limits import MAX_DOCUMENT_SIZE, DocumentTooLarge
 from ._access import write_tx
-from .api import InboxItem, NodeClient
-from .core import NodeCore
-from .limits import MAX_DOCUMENT_SIZE, DocumentTooLarge
 
 __all__ = [
     "FAILED_DIR",
@@ -322,10 +321,10 @@ class OutboxFolder:
 
     def _accepted_before(self, name: str, pending: dict[bytes, tuple[NodeCore, _Pending]]) -> bool:
         """Whether ``name`` is the file a row not moved yet records (same digest)."""
-        held = pending.get(os.fsencode(name))
-        if held is None:
+        found = pending.get(os.fsencode(name))
+        if found is None:
             return False
-        _, row = held
+        _, row = found
         try:
             return hashlib.sha256((self.path / name).read_bytes()).digest() == bytes(row.sha256)
         except OSError:
@@ -355,9 +354,9 @@ class OutboxFolder:
                 self._seen[name] = (st.st_size, st.st_mtime_ns)  # written to again: wait for it
                 continue
             digest = hashlib.sha256(data).digest()
-            held = pending.get(os.fsencode(name))
-            if held is not None:
-                core, row = held
+            taken = pending.get(os.fsencode(name))
+            if taken is not None:
+                core, row = taken
                 if bytes(row.sha256) == digest:
                     recovered.append((name, core, row))
                     continue
@@ -400,10 +399,9 @@ class OutboxFolder:
         folder = self._folder
         rows: list[tuple[NodeCore, int]] = []
 
-        def record(conn: sqlite3.Connection, lk0s: list[LK0]) -> None:
-            core = next(c for c in self.node.cores if c.conn is conn)
+        def record(core: NodeCore, lk0s: list[LK0]) -> None:
             for f, lk0 in zip(ready, lk0s, strict=True):
-                cur = conn.execute(
+                cur = core.conn.execute(
                     "INSERT INTO watch_files (folder, name, sha256, size, lk0, accepted_ms) VALUES (?,?,?,?,?,?)",
                     (folder, os.fsencode(f.name), f.sha256, len(f.data), str(lk0), ts))
                 rows.append((core, int(cur.lastrowid or 0)))

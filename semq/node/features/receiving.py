@@ -4,15 +4,16 @@ letters). One row per inbox document of this store (``receive_tries``,
 schema ``_v11_receive``); the row goes in the transaction that
 acknowledges the document, so "acknowledged" and "no tries left over" are
 one commit. Rows survive a restart of ``semq receive``: a document's tries
-go on counting where they were."""
+go on counting where they were. The rows are the inbox's owner's
+(semq.node.receiver.inbox): tries and acknowledgement are one state
+machine."""
 
 from __future__ import annotations
 
-import sqlite3
 import time
 from typing import Final, NamedTuple
 
-from .api import InboxItem, NodeClient
+from ..api import InboxItem, NodeClient
 
 __all__ = ["STDERR_TAIL", "TryRow", "acknowledge", "failed", "parked", "retry", "tries"]
 
@@ -32,9 +33,6 @@ class TryRow(NamedTuple):
     parked_ms: int | None  # set once parked: not tried again until ``retry``
 
 
-_COLS: Final = "inbox_id, tries, last_code, stderr_tail, first_ms, last_ms, next_ms, parked_ms"
-
-
 def _node_id(node: NodeClient, unit: int, row: int) -> int:
     return node._item_id(unit, row)
 
@@ -44,49 +42,36 @@ def tries(node: NodeClient, *, clean: bool = False) -> dict[int, TryRow]:
     rows of documents acknowledged elsewhere (``semq inbox ack``)."""
     out = {}
     for core in node.cores:
-        conn = core.conn
         if clean:
-            with core.db.atomic("IMMEDIATE"):
-                conn.execute("DELETE FROM receive_tries WHERE inbox_id NOT IN"
-                             " (SELECT id FROM inbox WHERE consumed_ms IS NULL)")
-        for r in map(TryRow._make, conn.execute(f"SELECT {_COLS} FROM receive_tries")):
+            with core.transaction():
+                rows = core.inbox.tries(TryRow, clean=True)
+        else:
+            rows = core.inbox.tries(TryRow)
+        for r in rows:
             nid = _node_id(node, core.unit, r.inbox_id)
             out[nid] = r._replace(inbox_id=nid)
     return out
 
 
-def _where(node: NodeClient, item_id: int) -> tuple[sqlite3.Connection, object, int]:
-    core, row = node._unit_core(item_id)
-    return core.conn, core.db, row
-
-
 def acknowledge(node: NodeClient, item: InboxItem) -> bool:
     """The command took ``item``: acknowledged and its tries forgotten, in
     one transaction. False when it was acknowledged already."""
-    conn, db, row = _where(node, item.id)
-    ts = int(time.time() * 1000)
-    with db.atomic("IMMEDIATE"):  # type: ignore[attr-defined]
-        n = conn.execute("UPDATE inbox SET consumed_ms=? WHERE id=? AND consumed_ms IS NULL", (ts, row)).rowcount
-        conn.execute("DELETE FROM receive_tries WHERE inbox_id=?", (row,))
-    return bool(n)
+    core, row = node._unit_core(item.id)
+    with core.transaction():
+        return core.inbox.taken(row, int(time.time() * 1000))
 
 
 def failed(node: NodeClient, item: InboxItem, *, code: int | None, stderr_tail: str, next_ms: int,
            park: bool) -> TryRow:
     """One more failed try of ``item`` (committed): its exit status, the
     end of its stderr, when the next is due; ``park``: no more tries."""
-    conn, db, row = _where(node, item.id)
+    core, row = node._unit_core(item.id)
     ts = int(time.time() * 1000)
-    tail = stderr_tail[-STDERR_TAIL:]
-    with db.atomic("IMMEDIATE"):  # type: ignore[attr-defined]
-        conn.execute(
-            "INSERT INTO receive_tries (inbox_id, tries, last_code, stderr_tail, first_ms, last_ms, next_ms,"
-            " parked_ms) VALUES (?, 1, ?, ?, ?, ?, ?, ?) ON CONFLICT (inbox_id) DO UPDATE SET"
-            " tries = tries + 1, last_code = excluded.last_code, stderr_tail = excluded.stderr_tail,"
-            " last_ms = excluded.last_ms, next_ms = excluded.next_ms, parked_ms = excluded.parked_ms",
-            (row, code, tail, ts, ts, next_ms, ts if park else None))
-        got = conn.execute(f"SELECT {_COLS} FROM receive_tries WHERE inbox_id=?", (row,)).fetchone()
-    return TryRow._make(got)._replace(inbox_id=item.id)
+    with core.transaction():
+        core.inbox.failed_try(row, ts, code=code, stderr_tail=stderr_tail[-STDERR_TAIL:], next_ms=next_ms, park=park)
+        got = core.inbox.tries_of(TryRow, row)
+    assert got is not None
+    return got._replace(inbox_id=item.id)
 
 
 def parked(node: NodeClient) -> list[tuple[TryRow, InboxItem]]:
@@ -109,15 +94,14 @@ def retry(node: NodeClient, item_id: int) -> TryRow:
     semq.session.inbox_wait.MAX_WAIT seconds; else the next one started). Raises
     KeyError naming what is wrong."""
     try:
-        conn, db, row = _where(node, item_id)
+        core, row = node._unit_core(item_id)
     except KeyError:
         raise KeyError(f"document {item_id} is not in the inbox") from None
     ts = int(time.time() * 1000)
-    with db.atomic("IMMEDIATE"):  # type: ignore[attr-defined]
-        got = conn.execute(f"SELECT {_COLS} FROM receive_tries WHERE inbox_id=?", (row,)).fetchone()
-        if got is None or TryRow._make(got).parked_ms is None:
-            unread = conn.execute("SELECT 1 FROM inbox WHERE id=? AND consumed_ms IS NULL", (row,)).fetchone()
-            raise KeyError(f"document {item_id} is not parked" if unread
+    with core.transaction():
+        got = core.inbox.tries_of(TryRow, row)
+        if got is None or got.parked_ms is None:
+            raise KeyError(f"document {item_id} is not parked" if core.inbox.unread(row)
                            else f"document {item_id} is not in the inbox")
-        conn.execute("UPDATE receive_tries SET tries=0, parked_ms=NULL, next_ms=? WHERE inbox_id=?", (ts, row))
-    return TryRow._make(got)._replace(inbox_id=item_id, tries=0, parked_ms=None, next_ms=ts)
+        core.inbox.retry(row, ts)
+    return got._replace(inbox_id=item_id, tries=0, parked_ms=None, next_ms=ts)

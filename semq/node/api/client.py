@@ -14,155 +14,41 @@ in the node's store when it returns, and goes out when the daemon runs.
 from __future__ import annotations
 
 import errno
-import heapq
-import io
 import json
 import logging
 import os
-import shutil
-import sqlite3
 import stat
 import time
-from collections.abc import AsyncIterator, Callable, Iterator
-from dataclasses import dataclass
-from functools import partial
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, BinaryIO, Final
+from typing import Any, Final
 
-from semq.session.inbox_wait import ADMIN_SOCKET_NAME, MAX_WAIT, DaemonAway, await_any, wait_any
 from semq.settings.config import ORG_ID_ALLOWED, Config, ConfigError, load_config
 from semq.umxt_protocol import LK0, AppKey, Endpoint, NodeType, ResultCode, SaveFwd
 
-from .core import NewDocument, NodeCore
-from .engine import SendState
-from .envelope import GAP_DOMAIN, GAP_TYPE, EnvelopeError, check_channel, check_user, parse_address
-from .large import Manifest, copy_in, move_in
-from .limits import (
+from ..core import NewDocument, NodeCore
+from ..engine import SendState
+from ..envelope import EnvelopeError, check_channel, check_user, parse_address
+from ..large.manifest import Manifest, copy_in, move_in
+from ..limits import (
     MAX_DOCUMENT_SIZE,
     BadTarget,
     DocumentTooLarge,
     LargeDocumentTooLarge,
     check_target,
 )
-from .users import User, add_user, list_users, remove_user
-from .writebehind import InboxRow, MessageRow, columns
+from ..origin.outbox import OutboxFilter
+from ..users import User, add_user, authenticate, list_users, remove_user, user_for_os_account
+from .following import Following
+from .items import UNIT_IDS, Cursor, InboxItem, InboxRow, MessageRow, OutboxRow
 
-__all__ = ["MAX_DOCUMENT_SIZE", "BadTarget", "DocumentTooLarge", "InboxItem", "NodeClient", "OutboxRow", "inbox_top"]
+__all__ = ["KNOWS_ROWS", "MAX_DOCUMENT_SIZE", "UNIT_IDS", "BadTarget", "Cursor", "DocumentTooLarge", "InboxItem",
+           "NodeClient", "OutboxRow"]
 
 log = logging.getLogger("semq.node.api")
 
 KNOWS_ROWS: Final = 10_000  # newest rows of an unindexed table NodeClient.knows reads
-# A node of several units (semq.umxt_protocol.units) numbers its inbox as one: the id of
-# unit K's row R is R * UNIT_IDS + K (row 17 of unit 2: 1702). A node of one
-# unit shows its rows' own ids.
-UNIT_IDS: Final = 100
-
-# The rows read here by name (semq.node.writebehind): the SELECT lists are
-# made from the named rows' fields.
-_INBOX_COLS: Final = columns(InboxRow)
-# A failed row refused by its target (SS_FAILED with a signed refusal) says
-# who refused it: the join's column is named ``refused_by`` in a derived
-# table, so the outer SELECT list is still the row's fields.
-_MESSAGES: Final = (
-    f"SELECT {columns(MessageRow)} FROM (SELECT o.*, f.target_id AS refused_by FROM outbox o"
-    f" LEFT JOIN refusals f ON f.record_id = o.id AND o.state = {int(SendState.SS_FAILED)}) ORDER BY id LIMIT ?")
-# The highest unacknowledged row of a store's inbox (of one user's documents):
-# what a wait_inbox compares with (semq.ops.waiters). Down the (consumed_ms,
-# id) and (to_user, id) indexes from their end.
-_TOP: Final = "SELECT id FROM inbox WHERE consumed_ms IS NULL ORDER BY id DESC LIMIT 1"
-_TOP_OF_USER: Final = ("SELECT id FROM inbox WHERE to_user = ? AND to_user != '' AND consumed_ms IS NULL"
-                       " ORDER BY id DESC LIMIT 1")
-_AFTER: Final = f"SELECT {_INBOX_COLS} FROM inbox WHERE id > ? AND consumed_ms IS NULL ORDER BY id LIMIT ?"
-_AFTER_OF_USER: Final = (f"SELECT {_INBOX_COLS} FROM inbox WHERE id > ? AND to_user = ? AND to_user != ''"
-                         " AND consumed_ms IS NULL ORDER BY id LIMIT ?")
-_MESSAGES_OF_USER: Final = _MESSAGES.replace(" ORDER BY id LIMIT ?", " WHERE from_user = ? ORDER BY id LIMIT ?")
-
-
-def inbox_top(conn: sqlite3.Connection, user: str | None = None) -> int:
-    """The highest row id of an unacknowledged document in this store's
-    inbox (``user``: of that user's documents), 0 when there is none."""
-    row = conn.execute(_TOP_OF_USER, (user,)).fetchone() if user else conn.execute(_TOP).fetchone()
-    return int(row[0]) if row else 0
-
-
-#: Where a follower is: per unit (1..N), the last row id it was given.
-Cursor = tuple[int, ...]
-
-
-@dataclass(frozen=True)
-class InboxItem:
-    id: int  # this node's id of the document (see UNIT_IDS)
-    lk0: LK0
-    app_key: AppKey
-    save_fwd: int
-    priority: int
-    created_ms: int
-    received_ms: int
-    encrypted: bool
-    app_data: bytes
-    consumed_ms: int | None
-    unit: int = 1  # the unit that received it (semq.umxt_protocol.units)
-    from_user: str = ""  # the sending organization's user ("": the organization)
-    to_user: str = ""  # the user of this node it is for ("": the organization)
-    channel: str = ""  # its ordered channel ("": unordered)
-    # A large document (semq.node.large) is not read into memory: ``path``
-    # is its file in the data directory (read it, copy it; it goes a day
-    # after it is acknowledged) and ``app_data`` is empty.
-    path: Path | None = None
-    large_size: int = 0
-
-    @property
-    def size(self) -> int:
-        """Bytes of the document."""
-        return len(self.app_data) if self.path is None else self.large_size
-
-    def open(self) -> BinaryIO:
-        """The document as a binary file object (a large one is not read whole)."""
-        return io.BytesIO(self.app_data) if self.path is None else open(self.path, "rb")
-
-    def content(self) -> bytes:
-        """The whole document in memory (for a large one: read from its file)."""
-        return self.app_data if self.path is None else self.path.read_bytes()
-
-    def save(self, dest: Path) -> None:
-        """Write the document to ``dest`` (a large one copied by blocks)."""
-        if self.path is None:
-            dest.write_bytes(self.app_data)
-        else:
-            shutil.copyfile(self.path, dest)
-
-    @property
-    def gap(self) -> bool:
-        """A gap notice: the document of ``channel`` named by the AppKey's
-        key failed at its origin, and the channel moved on without it."""
-        return self.app_key.domain == GAP_DOMAIN and self.app_key.data_type == GAP_TYPE
-
-
-@dataclass(frozen=True)
-class OutboxRow:
-    lk0: LK0
-    target: str
-    state: SendState
-    app_key: AppKey
-    save_fwd: int
-    ack2: bool
-    priority: int
-    created_ms: int
-    attempts: int
-    inquiries: int
-    code: int
-    size: int
-    # Why a failed row failed, in words: the result code's name, and for a
-    # target's signed refusal, who refused it (verified when it came).
-    note: str = ""
-    from_user: str = ""
-    to_user: str = ""
-    channel: str = ""
-
-
-def _large_size(core: NodeCore, record_id: int) -> int:
-    """A large document's size (its row's AppData is the manifest)."""
-    return next((int(n) for (n,) in core.conn.execute("SELECT size FROM large_out WHERE id=?", (record_id,))), 0)
+_FAILED: Final = int(SendState.SS_FAILED)
 
 
 def _note(state: int, code: int, refused_by: str | None) -> str:
@@ -177,7 +63,7 @@ def _note(state: int, code: int, refused_by: str | None) -> str:
     return name if state == SendState.SS_FAILED else f"last: {name}"
 
 
-class NodeClient:
+class NodeClient(Following):
     """The node's documents, for applications. A node of several units
     (semq.umxt_protocol.units) is one node here: sends are spread over its units' stores
     (one call's documents stay together, in one transaction), and the inbox,
@@ -294,7 +180,7 @@ class NodeClient:
         is sent as one document; a larger one, up to ``max_document_mib``,
         as a **large document** (semq.node.large): copied into the data
         directory first (``progress(n)`` after each block), then sent in
-        chunks, never held whole in memory. Raises LargeDocumentTooLarge
+        chunks, never read whole into memory. Raises LargeDocumentTooLarge
         for a file over the limit (nothing stored), OSError for one that
         cannot be read, and ``send``'s errors.
 
@@ -345,16 +231,16 @@ class NodeClient:
             raise
 
     def send_many(self, docs: list[dict[str, Any]], *, unit: int | None = None,
-                  also: Callable[[sqlite3.Connection, list[LK0]], None] | None = None) -> list[LK0]:
+                  also: Callable[[NodeCore, list[LK0]], None] | None = None) -> list[LK0]:
         """Accept several documents in one transaction (much faster); the
         errors of ``send``, and then nothing of the call is accepted. A node
         of several units takes them into its next unit in turn (``unit``:
         into that one).
 
-        ``also(conn, lk0s)`` is called inside that transaction, on the store
-        that took the documents, with their LK0s: what it writes commits
+        ``also(core, lk0s)`` is called inside that transaction, with the
+        store's NodeCore that took the documents and their LK0s: what it writes commits
         with the documents or not at all (``semq watch`` records which file
-        each document came from: semq.node.folders). Without it the
+        each document came from: semq.node.features.folders). Without it the
         documents are accepted exactly as before."""
         me = self.config.org
         addresses: dict[str, tuple[str, str]] = {}
@@ -408,15 +294,13 @@ class NodeClient:
             self._turn += 1
         if also is None:
             return core.accept(news)
-        from ._access import write_tx
-
-        with write_tx(core) as conn:  # accept() joins it as a savepoint
+        with core.transaction():  # accept() joins it as a savepoint
             lk0s = core.accept(news)
-            also(conn, lk0s)
+            also(core, lk0s)
         return lk0s
 
     def _user_names(self) -> set[str]:
-        return {u.name for u in list_users(self.core.conn)}
+        return set(self.core.users.names())
 
     def _address(self, to: str) -> tuple[str, str]:
         """(organization, user) of a ``to`` address, checked (BadTarget)."""
@@ -438,14 +322,22 @@ class NodeClient:
 
     def users(self) -> list[User]:
         """This node's users (semq.node.users)."""
-        return list_users(self.core.conn)
+        return list_users(self.core.users)
 
     def add_user(self, name: str, *, os_user: str = "") -> str:
         """Add a user; returns its token (shown once: only its digest is kept)."""
-        return add_user([c.conn for c in self.cores], name, os_user=os_user)
+        return add_user([c.users for c in self.cores], name, os_user=os_user)
 
     def remove_user(self, name: str) -> None:
-        remove_user([c.conn for c in self.cores], name)
+        remove_user([c.users for c in self.cores], name)
+
+    def authenticate(self, name: str, token: str) -> str:
+        """``name`` if ``token`` is its token; UserError otherwise (semq.node.users)."""
+        return authenticate(self.core.users, name, token)
+
+    def user_for_os_account(self, account: str) -> str | None:
+        """The user tied to that operating-system account, if any (semq.node.users)."""
+        return user_for_os_account(self.core.users, account)
 
     def knows(self, org: str) -> bool:
         """Whether this node has heard of organization ``org``: it holds its
@@ -457,16 +349,11 @@ class NodeClient:
         exists: the platform decides (``semq send`` warns)."""
         if (self.config.directory / "certs" / f"{org}.pem").exists():
             return True
+        org_type = int(NodeType.ORGANIZATION)
         for core in self.cores:
-            q = core.conn.execute
-            if q("SELECT 1 FROM dedup WHERE origin_type=? AND origin_id=? LIMIT 1",
-                 (int(NodeType.ORGANIZATION), org)).fetchone():
+            if (core.inbox.knows(org_type, org, KNOWS_ROWS) or core.outbox.recently_for(org, KNOWS_ROWS)
+                    or core.receipts.recently_for(org, KNOWS_ROWS)):
                 return True
-            for table, id_col, col in (("outbox", "id", "target_id"), ("inbox", "id", "origin_id"),
-                                       ("receipts", "record_id", "target_id")):
-                if q(f"SELECT 1 FROM (SELECT {col} AS o FROM {table} ORDER BY {id_col} DESC LIMIT ?) WHERE o=?"
-                     " LIMIT 1", (KNOWS_ROWS, org)).fetchone():
-                    return True
         return False
 
     def inbox(self, *, unread: bool = True, limit: int = 1000, after_id: int = 0,
@@ -474,14 +361,13 @@ class NodeClient:
         """The inbox in id order (every unit's, for a node of several),
         documents with an id above ``after_id``, at most ``limit``;
         ``user``: only those for that user of this node."""
-        q = (f"SELECT {_INBOX_COLS} FROM inbox WHERE id > ?" + (" AND consumed_ms IS NULL" if unread else "")
-             + (" AND to_user = ? AND to_user != ''" if user else "") + " ORDER BY id LIMIT ?")
-        tail = (user, limit) if user else (limit,)
         item = self._item
         if len(self.cores) == 1:
-            return [item(r) for r in map(InboxRow._make, self.core.conn.execute(q, (after_id, *tail)))]
+            return [item(r) for r in self.core.inbox.rows(InboxRow, after_id=after_id, unread=unread, user=user,
+                                                          limit=limit)]
         items = [item(r, k) for k, core in enumerate(self.cores, 1)
-                 for r in map(InboxRow._make, core.conn.execute(q, ((after_id - k) // UNIT_IDS, *tail)))]
+                 for r in core.inbox.rows(InboxRow, after_id=(after_id - k) // UNIT_IDS, unread=unread, user=user,
+                                          limit=limit)]
         items.sort(key=lambda it: it.id)
         return items[:limit]
 
@@ -489,20 +375,18 @@ class NodeClient:
         """One inbox document; ``user``: only if it is that user's (KeyError
         with the same words as for a missing one otherwise)."""
         core, row = self._unit_core(item_id)
-        r = core.conn.execute(f"SELECT {_INBOX_COLS} FROM inbox WHERE id=?", (row,)).fetchone()
-        if r is None or (user is not None and InboxRow._make(r).to_user != user):
+        r = core.inbox.get(InboxRow, row)
+        if r is None or (user is not None and r.to_user != user):
             raise KeyError(f"no inbox document {item_id}")
-        return self._item(InboxRow._make(r), core.unit)
+        return self._item(r, core.unit)
 
     def find(self, lk0: LK0, *, user: str | None = None) -> InboxItem:
         """The inbox document named by its LK0 (every unit's inbox);
         KeyError like ``get`` when there is none (or it is another user's)."""
-        key = (lk0.endpoint.node_id, lk0.semq_id, lk0.semq_db_id, lk0.record_id)
         for core in self.cores:
-            r = core.conn.execute(f"SELECT {_INBOX_COLS} FROM inbox WHERE origin_id=? AND semq_id=? AND semq_db_id=?"
-                                  " AND record_id=? ORDER BY id LIMIT 1", key).fetchone()
-            if r is not None and (user is None or InboxRow._make(r).to_user == user):
-                return self._item(InboxRow._make(r), core.unit)
+            r = core.inbox.find(InboxRow, lk0.endpoint.node_id, lk0.semq_id, lk0.semq_db_id, lk0.record_id)
+            if r is not None and (user is None or r.to_user == user):
+                return self._item(r, core.unit)
         raise KeyError(f"no inbox document {lk0}")
 
     def _item(self, r: InboxRow, unit: int = 1) -> InboxItem:
@@ -529,27 +413,19 @@ class NodeClient:
                 continue
             by_core.setdefault(core.unit, []).append(row)
         done = 0
-        only = " AND to_user=?" if user is not None else ""
         for unit, rows in by_core.items():
-            core = self.cores[unit - 1]
-            with core.db.atomic("IMMEDIATE"):
-                cur = core.conn.executemany(
-                    f"UPDATE inbox SET consumed_ms=? WHERE id=? AND consumed_ms IS NULL{only}",
-                    [(ts, i, user) if user is not None else (ts, i) for i in rows])
-            done += int(cur.rowcount)
+            done += self.cores[unit - 1].acknowledge(rows, ts, user)
         return done
 
     def receive(self, *, timeout: float = 10.0, poll: float = 0.1, user: str | None = None) -> Iterator[InboxItem]:
         """Yield unread documents as they arrive, until ``timeout`` passes
         with nothing new; ``user``: only those for that user of this node."""
         last = [0] * len(self.cores)  # per unit: the last row yielded
-        q = (f"SELECT {_INBOX_COLS} FROM inbox WHERE id > ? AND consumed_ms IS NULL"
-             + (" AND to_user = ? AND to_user != ''" if user else "") + " ORDER BY id LIMIT 1000")
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             got = False
             for k, core in enumerate(self.cores, 1):
-                for r in map(InboxRow._make, core.conn.execute(q, (last[k - 1], user) if user else (last[k - 1],))):
+                for r in core.inbox.rows(InboxRow, after_id=last[k - 1], user=user, limit=1000):
                     last[k - 1] = r.id
                     got = True
                     yield self._item(r, k)
@@ -558,140 +434,24 @@ class NodeClient:
             else:
                 time.sleep(poll)
 
-    # ------------------------------------------------------------ following
-
-    def cursor(self, after_id: int = 0) -> Cursor:
-        """A follower's position from an inbox id: per unit, the row its
-        next document must be above (for one unit, ``(after_id,)``)."""
-        if len(self.cores) == 1:
-            return (max(0, after_id),)
-        return tuple(max(0, (after_id - k) // UNIT_IDS) for k in range(1, len(self.cores) + 1))
-
-    def inbox_after(self, cursor: Cursor, *, user: str | None = None, limit: int = 1000) -> list[InboxItem]:
-        """Unacknowledged documents above ``cursor`` (every unit's, each
-        unit's in id order, at most ``limit`` from each)."""
-        per_unit = []
-        for k, core in enumerate(self.cores, 1):
-            args = (cursor[k - 1], user, limit) if user else (cursor[k - 1], limit)
-            per_unit.append([self._item(r, k) for r in map(
-                InboxRow._make, core.conn.execute(_AFTER_OF_USER if user else _AFTER, args))])
-        if len(per_unit) == 1:
-            return per_unit[0]
-        # The units' documents by arrival, each unit's in its own id order (an
-        # ordered channel's documents keep theirs even when held ones came later).
-        return list(heapq.merge(*per_unit, key=lambda it: it.received_ms))
-
-    def advance(self, cursor: Cursor, item: InboxItem) -> Cursor:
-        """``cursor`` moved past ``item``."""
-        row = item.id if len(self.cores) == 1 else item.id // UNIT_IDS
-        if row <= cursor[item.unit - 1]:
-            return cursor
-        return (*cursor[:item.unit - 1], row, *cursor[item.unit:])
-
-    def _wait_requests(self, cursor: Cursor, user: str | None) -> list[tuple[Path, dict[str, Any]]]:
-        cfg = self.config
-        return [(cfg.for_unit(k).unit_dir / ADMIN_SOCKET_NAME,
-                 {"after_id": cursor[k - 1], **({"user": user} if user else {})})
-                for k in range(1, len(self.cores) + 1)]
-
-    def wait(self, cursor: Cursor, *, user: str | None = None, timeout: float = MAX_WAIT) -> bool:
-        """Block until the inbox holds an unacknowledged document above
-        ``cursor`` (True) or ``timeout`` passes (False, at most MAX_WAIT s),
-        woken by the running daemon (every unit's: its admin socket) when
-        it commits one: no polling. Raises semq.session.inbox_wait.DaemonAway when
-        a unit's daemon does not answer, WaitRefused with its error line."""
-        got = wait_any(self._wait_requests(cursor, user), timeout)
-        return any(r.get("ready") for r in got.values())
-
-    async def await_(self, cursor: Cursor, *, user: str | None = None, timeout: float = MAX_WAIT) -> bool:
-        """``wait`` for trio."""
-        got = await await_any(self._wait_requests(cursor, user), timeout)
-        return any(r.get("ready") for r in got.values())
-
-    def follow(self, after_id: int = 0, user: str | None = None,
-               timeout: float | None = None) -> Iterator[InboxItem]:
-        """Yield each unacknowledged document with an id above ``after_id``,
-        then each new one as it arrives, once, until ``timeout`` seconds
-        pass without one (None: for ever); ``user``: only that user's.
-
-        The running daemon wakes it when a commit puts documents into the
-        inbox (``wait``): the store is read once per wake, never in a
-        loop. While no daemon answers it tries again every second (said
-        once in the log, at WARNING). Documents stay unacknowledged
-        (``acknowledge``): a new follower from 0 is given them again."""
-        cursor = self.cursor(after_id)
-        away = False
-        last = time.monotonic()
-        while True:
-            items = self.inbox_after(cursor, user=user)
-            for item in items:
-                cursor = self.advance(cursor, item)
-                yield item
-            now = time.monotonic()
-            if items:
-                last = now
-            span = MAX_WAIT if timeout is None else min(MAX_WAIT, timeout - (now - last))
-            if span <= 0:
-                return
-            try:
-                self.wait(cursor, user=user, timeout=span)
-            except DaemonAway as e:
-                if not away:
-                    log.warning("%s: waiting for the node daemon, trying again every second", e)
-                    away = True
-                time.sleep(min(1.0, span))
-                continue
-            if away:
-                log.warning("the node daemon answers again")
-                away = False
-
-    async def afollow(self, after_id: int = 0, user: str | None = None,
-                      timeout: float | None = None) -> AsyncIterator[InboxItem]:
-        """``follow`` for trio: ``async for item in node.afollow(): ...``.
-        The store is read on a worker thread (one at a time)."""
-        import trio
-
-        limiter = trio.CapacityLimiter(1)
-        cursor = self.cursor(after_id)
-        away = False
-        last = trio.current_time()
-        while True:
-            items = await trio.to_thread.run_sync(partial(self.inbox_after, cursor, user=user), limiter=limiter)
-            for item in items:
-                cursor = self.advance(cursor, item)
-                yield item
-            now = trio.current_time()
-            if items:
-                last = now
-            span = MAX_WAIT if timeout is None else min(MAX_WAIT, timeout - (now - last))
-            if span <= 0:
-                return
-            try:
-                await self.await_(cursor, user=user, timeout=span)
-            except DaemonAway as e:
-                if not away:
-                    log.warning("%s: waiting for the node daemon, trying again every second", e)
-                    away = True
-                await trio.sleep(min(1.0, span))
-                continue
-            if away:
-                log.warning("the node daemon answers again")
-                away = False
-
     def messages(self, *, limit: int = 1000, user: str | None = None) -> list[OutboxRow]:
         """The documents this node sent and has not cleaned up (every
         unit's); ``user``: only those that user sent."""
         me = self.core.me
-        q, args = (_MESSAGES_OF_USER, (user, limit)) if user else (_MESSAGES, (limit,))
-        rows = [OutboxRow(lk0=LK0(endpoint=me, semq_id=core.unit, record_id=r.id), target=r.target_id,
-                          state=SendState(r.state),
-                          app_key=AppKey(domain=r.domain, data_type=r.data_type, subtype=r.subtype, key=r.key),
-                          save_fwd=r.save_fwd, ack2=bool(r.ack2), priority=r.priority, created_ms=r.created_ms,
-                          attempts=r.attempts, inquiries=r.inquiries, code=r.code,
-                          size=_large_size(core, r.id) if r.large else r.size,
-                          note=_note(r.state, r.code, r.refused_by), from_user=r.from_user, to_user=r.to_user,
-                          channel=r.channel)
-                for core in self.cores for r in map(MessageRow._make, core.conn.execute(q, args))]
+        rows = []
+        for core in self.cores:
+            found = core.outbox.rows(MessageRow, OutboxFilter(from_user=user) if user else OutboxFilter(), limit=limit)
+            refused = core.receipts.refusers([r.id for r in found if r.state == _FAILED])
+            sizes = core.large_out.sizes([r.id for r in found if r.large])
+            rows += [OutboxRow(lk0=LK0(endpoint=me, semq_id=core.unit, record_id=r.id), target=r.target_id,
+                               state=SendState(r.state),
+                               app_key=AppKey(domain=r.domain, data_type=r.data_type, subtype=r.subtype, key=r.key),
+                               save_fwd=r.save_fwd, ack2=bool(r.ack2), priority=r.priority, created_ms=r.created_ms,
+                               attempts=r.attempts, inquiries=r.inquiries, code=r.code,
+                               size=sizes.get(r.id, 0) if r.large else r.size,
+                               note=_note(r.state, r.code, refused.get(r.id)), from_user=r.from_user,
+                               to_user=r.to_user, channel=r.channel)
+                     for r in found]
         if len(self.cores) > 1:
             rows.sort(key=lambda o: (o.created_ms, o.lk0.record_id))
         return rows[:limit]

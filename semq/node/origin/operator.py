@@ -1,35 +1,30 @@
 """The operator's and the node features' transitions of pending-send rows,
 applied to the store: the admin console's requeue / resend / purge
 (docs/operations.md) and the dead letters' requeue, purge and rules
-(semq.node.dead). What each action may do to which state is decided by
-``OPERATOR_TABLE`` (semq.node.engine); this role only writes it."""
+(semq.node.features.dead). What each action may do to which state is decided by
+``OPERATOR_TABLE`` (semq.node.engine); the pending-send table's owner
+(semq.node.origin.outbox) writes it."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from typing import Final
 
-from .batch import NodeContext
-from .engine import OperatorAction, SendState, TransitionRefused, operator_step
+from ..engine import OperatorAction, SendState, TransitionRefused, operator_step
+from .outbox import Outbox
 
 __all__ = ["Operator"]
 
 _STATES: Final = {int(s): s for s in SendState}
-# What else an action resets on a row it moves: a requeued (failed) row
-# starts afresh under the same LK0; a resent one starts a new inquiry
-# schedule; a dead letter carries why.
-_RESETS: Final = {
-    OperatorAction.REQUEUE: ", code=0, attempts=0, inquiries=0, sent_ms=NULL, last_inquiry_ms=NULL",
-    OperatorAction.RESEND: ", inquiries=0, last_inquiry_ms=NULL",
-    OperatorAction.DEAD_LETTER: ", code=:code",
-}
 
 
 class Operator:
-    def __init__(self, ctx: NodeContext, announce_gaps: Callable[[list[int]], int] | None = None) -> None:
-        self.ctx = ctx
+    """The operator's and the node features' transitions of pending-send rows."""
+
+    def __init__(self, outbox: Outbox, announce_gaps: Callable[[list[int]], int] | None = None) -> None:
+        self.outbox = outbox
         # Queues the gap notices of ordered documents about to be deleted
-        # (semq.node.channels), in the caller's transaction.
+        # (semq.node.origin.channels), in the caller's transaction.
         self.announce_gaps = announce_gaps
 
     def apply(self, action: OperatorAction, rows: Sequence[tuple[int, int]], ts: int, *, code: int = 0,
@@ -38,11 +33,11 @@ class Operator:
         transaction)) where OPERATOR_TABLE allows it; returns the ids it
         applied to (a row in a state the action does not apply to is left
         as it is). ``expires``: a requeued row's new expiry, per id. Inside
-        the caller's transaction, with the held writes written."""
+        the caller's transaction, on the states as read there (the owner's
+        real states: semq.node.origin.outbox.Outbox.rows)."""
         deletes: list[tuple[int, int]] = []
         moves: list[dict[str, object]] = []
         done: list[int] = []
-        conn = self.ctx.conn
         announced: set[int] = set()
         if action is OperatorAction.REQUEUE and rows:
             # An ordered document whose receiver was told it failed (a gap
@@ -50,8 +45,7 @@ class Operator:
             # channel has moved on. It is left failed; send it anew.
             # (Few rows: failed ordered documents, kept FAILED_RETENTION_MS;
             # read through the send-order index's state.)
-            announced = {i for (i,) in conn.execute(
-                f"SELECT id FROM outbox WHERE state={int(SendState.SS_FAILED)} AND gap=1")}
+            announced = self.outbox.announced()
         for rid, state_no in rows:
             if rid in announced:
                 continue
@@ -72,11 +66,5 @@ class Operator:
                 moves.append(move)
         if deletes and self.announce_gaps is not None:
             self.announce_gaps([rid for rid, _ in deletes])
-        conn.executemany("DELETE FROM outbox WHERE id=? AND state=?", deletes)
-        if moves:
-            expiry = ", expires_ms=:expires" if expires is not None else ""
-            conn.executemany(f"UPDATE outbox SET state=:new, state_ms=:ts{_RESETS.get(action, '')}{expiry}"
-                             " WHERE id=:id AND state=:old", moves)
-            if any(m["new"] == int(SendState.SS_INIT) for m in moves):
-                self.ctx.held.order.forget()  # to be sent again: the claims must read it
+        self.outbox.operate(action, deletes, moves, expiry=expires is not None)
         return done

@@ -1,20 +1,19 @@
-"""The receiver role of a node: the inbox, the dedup table and the
-pending-ack table (seed tb_0030).
+"""The receiver's role: documents for us, from their DATA to their acks.
 
 A DATA for us is checked (signature, seal, expiry, creation time), its LK0
 looked up in the dedup table, and, the first time, put in the inbox; its
 acks (ACK to the platform for a stored copy, ACK2 with a receipt to the
 origin) leave after the commit (SPEC B.1, B.4). A pending-ack row waits for
-their confirmations, REACK and REACK2, through ``PENDING_ACK_TABLE``
-(semq.node.engine), and asks for them when they are late (B.2).
+their confirmations, REACK and REACK2, and asks for them when they are
+late (B.2). The SQL is the owners': ``Inbox`` (inbox, dedup),
+``PendingAcks`` (the pending-ack table), ``ChannelsIn`` (ordered
+channels), ``Users``, ``LargeIn`` (large documents under way).
 """
 
 from __future__ import annotations
 
-import sqlite3
 from collections import defaultdict
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any, Final
 
 from semq.identity.crypto import (
@@ -25,7 +24,6 @@ from semq.identity.crypto import (
     raw_frame_aad,
     split_app_key,
 )
-from semq.store.db import next_row_id, rows_by_id, split_held
 from semq.umxt_protocol import (
     LK0,
     AckEntry,
@@ -42,56 +40,39 @@ from semq.umxt_protocol import (
     ResultCode,
 )
 
+from ..batch import Batch, NodeContext
+from ..engine import AckStatus, receive_decision
+from ..envelope import NO_ENVELOPE, Envelope, EnvelopeError, split_envelope
+from ..large.incoming import LargeIn
+from ..limits import DEFAULT_MAX_DOCUMENT
+from ..users import Users
 from . import channels
-from .batch import Batch, NodeContext
-from .channels import INBOX_COLUMNS, ChannelsIn
-from .engine import AckEvent, AckStatus, pending_ack_step, receive_decision, receiver_may_clean
-from .envelope import NO_ENVELOPE, Envelope, EnvelopeError, split_envelope
-from .large_in import LargeIn
-from .limits import DEFAULT_MAX_DOCUMENT
-from .writebehind import MAX_INQUIRY_BACKOFF_MS, ConfirmRow, PendingAckRow, columns
+from .channels import ChannelsIn
+from .inbox import GAP_MARK, Inbox, LK0Key
+from .pending_ack import PendingAckRow, PendingAcks
 
-__all__ = ["DEDUP_RETENTION_MS", "Receiver"]
+__all__ = ["DEDUP_RETENTION_MS", "GAP_MARK", "Receiver"]
 
 DEDUP_RETENTION_MS: Final = 30 * 24 * 3600 * 1000  # docs/exactly-once.md
-# The dedup "digest" of an ordered document whose place a gap notice took
-# (a real digest is 32 bytes): a copy arriving later is refused, not acked.
-GAP_MARK: Final = b"gap"
-_CONFIRM_COLS: Final = columns(ConfirmRow)
-_PENDING_COLS: Final = columns(PendingAckRow)
 _AS_INIT: Final = int(AckStatus.AS_INIT)
 _AS_ACK: Final = int(AckStatus.AS_ACK)
 _new: Final = tuple.__new__  # a named row without the Python frame of its __new__ (one per document)
 # receive_decision per (duplicate, has_lk1, ack2, reliable): pure, computed once.
 _DECISIONS: dict[tuple[bool, bool, bool, bool], Any] = {}
-# Per stored (p_ack, s_ack) and who confirmed (platform, origin): the pair
-# after it and whether the row may go (PENDING_ACK_TABLE, receiver_may_clean).
-_CONFIRMED: Final[dict[tuple[int, int, bool, bool], tuple[int, int, bool]]] = {}
-for _p in AckStatus:
-    for _s in AckStatus:
-        for _by_p in (False, True):
-            for _by_s in (False, True):
-                _pair = (_p, _s)
-                if _by_p:
-                    _pair = pending_ack_step(*_pair, AckEvent.PLATFORM_CONFIRMS)
-                if _by_s:
-                    _pair = pending_ack_step(*_pair, AckEvent.ORIGIN_CONFIRMS)
-                _CONFIRMED[(int(_p), int(_s), _by_p, _by_s)] = (int(_pair[0]), int(_pair[1]),
-                                                               receiver_may_clean(*_pair))
 
 
 class Receiver:
     """Documents arriving for us, and the confirmations of our acks."""
 
-    def __init__(self, ctx: NodeContext) -> None:
+    def __init__(self, ctx: NodeContext, inbox: Inbox, pending: PendingAcks, users: Users) -> None:
         self.ctx = ctx
-        self._inbound_floor = 0  # no pending-ack id below this is given out again
-        self._inbound_sweep = 0  # the pending-ack id after which the next inquiry round reads
+        self.inbox = inbox
+        self.pending = pending
+        self.users = users
         self._unknown_key_at: dict[Endpoint, int] = {}  # origin -> when a document of it waited for its key
-        self.channels = ChannelsIn()
-        self._first_unit: sqlite3.Connection | None = None  # read-only, opened when first asked
+        self.channels = ChannelsIn(ctx)
         self._users: frozenset[str] | None = None  # this node's users, read when a document names one
-        self.large = LargeIn(ctx, self, DEFAULT_MAX_DOCUMENT)  # large documents under way (semq.node.large_in)
+        self.large = LargeIn(ctx, self, DEFAULT_MAX_DOCUMENT)  # large documents under way (semq.node.large.incoming)
 
     # ------------------------------------------------------------ a batch
 
@@ -142,9 +123,7 @@ class Receiver:
                 origin = raw.origin  # LK0's endpoint (checked when the frame is decoded)
                 groups[(int(origin.node_type), origin.node_id, semq_id, db_id)].append(rid)
         for g, rids in groups.items():
-            for (rid,) in rows_by_id(self.ctx.conn, "SELECT record_id FROM dedup", rids, key="record_id",
-                                     where="origin_type=? AND origin_id=? AND semq_id=? AND semq_db_id=?",
-                                     params=g):
+            for rid in self.inbox.known(g, rids):
                 b.known.add((*g, rid))
 
     def data(self, b: Batch, raw: RawFrame) -> None:
@@ -171,7 +150,7 @@ class Receiver:
                 except CryptoError as e:
                     got = e
         if isinstance(got, UnknownCertificate) and self._first_unknown_key(frame.origin, b.ts):
-            # Signed by a key of the origin we do not hold yet (it rolled
+            # Signed by a key of the origin we do not have yet (it rolled
             # over, and the platform's push has not reached us): ask for its
             # certificates and handle it again when they come. Only once a
             # minute per origin: if the key is still unknown after that, it
@@ -181,7 +160,7 @@ class Receiver:
             return
         if isinstance(got, CryptoError):
             # Never delivered; the origin sees it (its row fails with the code).
-            self._refuse(b, frame, body, getattr(got, "code", ResultCode.BAD_SIGNATURE), str(got))
+            self.refuse(b, frame, body, getattr(got, "code", ResultCode.BAD_SIGNATURE), str(got))
             return
         self._open_envelope(b, frame, body, doc, got.digest, got.signer.org, app_key)
 
@@ -195,7 +174,7 @@ class Receiver:
         try:
             env, doc = split_envelope(doc)
         except EnvelopeError as e:
-            self._refuse(b, frame, d, ResultCode.INVALID_FIELD, str(e))
+            self.refuse(b, frame, d, ResultCode.INVALID_FIELD, str(e))
             return
         if env.channel and self.ctx.unit != 1 and d.lk0.endpoint != self.ctx.me:
             # The platform delivers ordered documents (flag Ordered) to unit 1,
@@ -203,7 +182,7 @@ class Receiver:
             # platform spread it by LK0) would wait for ever for ones held in
             # another store. Refused (signed): its origin announces the gap,
             # which goes to unit 1, and the channel goes on.
-            self._refuse(b, frame, d, ResultCode.INVALID_FIELD,
+            self.refuse(b, frame, d, ResultCode.INVALID_FIELD,
                          f"ordered channel {env.channel}: unit {self.ctx.unit} of organization"
                          f" {self.ctx.me.node_id} does not keep channels (unit 1 does)")
             return
@@ -211,27 +190,26 @@ class Receiver:
         # for it: only the channel's place. It is never refused for its
         # user (one refused for an unknown user, like the document it
         # stands for, would hold the organization's channel for ever).
-        if env.to_user and not env.skipped and env.to_user not in self.users():
-            self._refuse(b, frame, d, ResultCode.UNKNOWN_TARGET,
+        if env.to_user and not env.skipped and env.to_user not in self._user_names():
+            self.refuse(b, frame, d, ResultCode.UNKNOWN_TARGET,
                          f"{env.to_user} is not a user of organization {self.ctx.me.node_id}")
             return
         if env.channel and not env.skipped:
             lk0 = d.lk0
             o = lk0.endpoint
-            conn = self.ctx.conn
             if ((int(o.node_type), o.node_id, lk0.semq_id, lk0.semq_db_id, lk0.record_id) not in b.known
-                    and self.channels.would_hold(conn, o.node_id, env)
-                    and (n := self.channels.held_from(conn, o.node_id)) >= channels.MAX_HELD_PER_ORIGIN):
-                self._refuse(b, frame, d, ResultCode.OVER_WINDOW,
+                    and self.channels.would_hold(o.node_id, env)
+                    and (n := self.channels.held_from(o.node_id)) >= channels.MAX_HELD_PER_ORIGIN):
+                self.refuse(b, frame, d, ResultCode.OVER_WINDOW,
                              f"{n} documents of {o.node_id} are held waiting for earlier ones of their channels"
                              f" (limit {channels.MAX_HELD_PER_ORIGIN}); send it again later")
                 return
         self._receive(b, frame, d, doc, digest, signer, app_key, env)
 
-    def users(self) -> frozenset[str]:
+    def _user_names(self) -> frozenset[str]:
         """This node's users (read once per batch that names one)."""
         if self._users is None:
-            self._users = frozenset(r[0] for r in self.ctx.conn.execute("SELECT name FROM users"))
+            self._users = self.users.names()
         return self._users
 
     def _first_unknown_key(self, origin: Endpoint, ts: int) -> bool:
@@ -243,7 +221,7 @@ class Receiver:
         self._unknown_key_at[origin] = ts
         return True
 
-    def _refuse(self, b: Batch, frame: Frame, d: Data, code: ResultCode, detail: str) -> None:
+    def refuse(self, b: Batch, frame: Frame, d: Data, code: ResultCode, detail: str) -> None:
         """A document that does not reach the inbox (it does not open or
         verify, it expired, it is stale): no dedup row, no ACK2, no receipt.
         A stored copy is settled at the platform (ACK: it has left its
@@ -270,7 +248,7 @@ class Receiver:
                  ak: AppKey, env: Envelope, size: int | None = None) -> None:
         """A document that opened and verified: into the inbox the first
         time, acknowledged as it asked. ``size``: a large document whose
-        content is whole (semq.node.large_in), delivered with an empty body."""
+        content is whole (semq.node.large.incoming), delivered with an empty body."""
         ts, out, events = b.ts, b.out, b.events
         lk0, lk1 = d.lk0, d.lk1
         key = (int(lk0.endpoint.node_type), lk0.endpoint.node_id, lk0.semq_id, lk0.semq_db_id, lk0.record_id)
@@ -283,7 +261,7 @@ class Receiver:
             # Its place in the channel went to a gap notice: the application
             # was told it failed. It is not delivered, and gets no receipt
             # (a receipt says "in my inbox").
-            self._refuse(b, frame, d, ResultCode.GAP_ANNOUNCED, f"the document's place in channel {env.channel}"
+            self.refuse(b, frame, d, ResultCode.GAP_ANNOUNCED, f"the document's place in channel {env.channel}"
                          " was announced failed by its origin before it arrived")
             return
         if not duplicate:
@@ -292,12 +270,12 @@ class Receiver:
             # replay could not outlive its dedup row (signed times, with
             # security: docs/exactly-once.md).
             if d.expires_ms is not None and d.expires_ms <= ts:
-                self._refuse(b, frame, d, ResultCode.EXPIRED, f"the document expired at {d.expires_ms}, before"
+                self.refuse(b, frame, d, ResultCode.EXPIRED, f"the document expired at {d.expires_ms}, before"
                              f" it reached the inbox at {ts}")
                 return
             created = d.created_ms
             if created and not b.window[0] <= created <= b.window[1]:
-                self._refuse(b, frame, d, ResultCode.STALE, f"created at {created}, outside this receiver's"
+                self.refuse(b, frame, d, ResultCode.STALE, f"created at {created}, outside this receiver's"
                              f" window of {DEDUP_RETENTION_MS // 86_400_000} days (clock skew"
                              f" {self.ctx.skew_ms // 1000} s): a replay cannot be told apart")
                 return
@@ -343,7 +321,6 @@ class Receiver:
             else:
                 self._ordered(b, lk0, env, row)
         inbound_id = 0
-        wb = self.ctx.held
         # Answered on a direct link, the ACK2 gets no REACK2: an ACK2 lost
         # with the link brings the document again (its origin sends what a
         # broken link left unanswered), and this duplicate is answered
@@ -351,7 +328,7 @@ class Receiver:
         # comes. (A direct copy that waited for its origin's certificate is
         # answered through the platform, and confirmed there.)
         if dec.keep_row and b.direct is None:
-            # Held in memory, not written: the confirmations (REACK2, and
+            # Deferred, not written: the confirmations (REACK2, and
             # REACK for a stored copy) usually come within a fraction of a
             # second and end the row, so its INSERT and DELETE (~8% of a
             # receiver's time, py-spy) are not made. Nothing we sent
@@ -359,21 +336,17 @@ class Receiver:
             # table before the ACK/ACK2 leave, and those answer the
             # inquiries of an origin or platform that missed an ack. Lost
             # in a crash, only our own asking about confirmations is lost
-            # (semq.node.writebehind).
-            inbound_id = self._inbound_id(b)
-            wb.hold_inbound(key, _new(PendingAckRow, (
+            # (semq.node.receiver.pending_ack).
+            inbound_id = self.pending.next_id(b)
+            self.pending.defer(key, _new(PendingAckRow, (
                 inbound_id, *key, lk1.semq_id if lk1 else 0, lk1.semq_db_id if lk1 else 0,
                 lk1.record_id if lk1 else 0, int(frame.source.node_type), frame.source.node_id,
                 _AS_INIT if dec.send_ack else _AS_ACK, _AS_INIT if dec.send_ack2 else _AS_ACK, ts, ts)))
         elif duplicate and (dec.send_ack or dec.send_ack2):
-            inbound_id = wb.inbound_keys.get(key, 0)
+            inbound_id = self.pending.deferred_keys.get(key, 0)
             if not inbound_id:
                 self.flush(b)
-                row = self.ctx.conn.execute(
-                    "SELECT id FROM inbound WHERE origin_type=? AND origin_id=? AND semq_id=? AND"
-                    " semq_db_id=? AND record_id=?", key,
-                ).fetchone()
-                inbound_id = int(row[0]) if row else 0
+                inbound_id = self.pending.id_of(key)
         if dec.send_ack and lk1 is not None:
             b.acks[(Kind.ACK, frame.source)].append(AckEntry(
                 self.ctx.unit, 1, inbound_id, lk1.semq_id, lk1.semq_db_id, lk1.record_id, int(AckFlag.PLATFORM), 0))
@@ -385,20 +358,17 @@ class Receiver:
             events.append({"ts": ts, "role": "receiver", "lk0": lk0_text, "source": source, "target": me,
                            "event": "ack2_sent"})
 
-    def _gap_marked(self, b: Batch, key: tuple[Any, ...]) -> bool:
+    def _gap_marked(self, b: Batch, key: LK0Key) -> bool:
         """Whether a gap notice took this ordered document's place (its
         dedup row carries GAP_MARK instead of a digest)."""
         for *k, _ts, digest in b.new_dedup:
             if digest == GAP_MARK and tuple(k) == key:
                 return True
-        found = self.ctx.conn.execute(
-            "SELECT 1 FROM dedup WHERE origin_type=? AND origin_id=? AND semq_id=? AND semq_db_id=?"
-            " AND record_id=? AND digest=?", (*key, GAP_MARK)).fetchone()
-        return found is not None
+        return self.inbox.gap_marked(key)
 
     def _ordered(self, b: Batch, lk0: LK0, env: Envelope, row: tuple[Any, ...]) -> None:
         """A new document of an ordered channel: to the inbox with the held
-        ones it releases, or held (semq.node.channels). A gap notice for a
+        ones it releases, or held (semq.node.receiver.channels). A gap notice for a
         document that did arrive is dropped (it was handed over in its
         place); one for a document that did not takes its place, and a
         late copy of that document is then a duplicate."""
@@ -406,16 +376,14 @@ class Receiver:
         pos = lk0.record_id
         if env.skipped:
             gone = (int(origin.node_type), origin.node_id, lk0.semq_id, lk0.semq_db_id, env.skipped)
-            if gone in b.known or self.ctx.conn.execute(
-                    "SELECT 1 FROM dedup WHERE origin_type=? AND origin_id=? AND semq_id=? AND semq_db_id=?"
-                    " AND record_id=?", gone).fetchone():
+            if gone in b.known or self.inbox.has(gone):
                 b.events.append({"ts": ts, "role": "receiver", "lk0": str(lk0), "source": origin.node_id,
                                  "target": self.ctx.me.node_id, "event": "gap_dropped", "channel": env.channel})
                 return
             b.known.add(gone)
             b.new_dedup.append((*gone, ts, GAP_MARK))
             pos = env.skipped
-        rows = self.channels.place(self.ctx.conn, origin.node_id, env, pos, row)
+        rows = self.channels.place(origin.node_id, env, pos, row)
         me = self.ctx.me.node_id
         if not rows:
             b.events.append({"ts": ts, "role": "receiver", "lk0": str(lk0), "source": origin.node_id,
@@ -427,46 +395,28 @@ class Receiver:
             b.events.append({"ts": ts, "role": "receiver", "lk0": f"{oid}/{sid}/{did}/{rid}", "source": oid,
                              "target": me, "event": "inbox", "channel": env.channel})
 
-    # Row ids of the pending-ack table are assigned here, inside the
-    # IMMEDIATE transaction (we are the only writer), so acks can name them
-    # before the rows are written.
-
-    def _inbound_id(self, b: Batch) -> int:
-        if not b.next_inbound:
-            b.next_inbound = max(next_row_id(self.ctx.conn, "inbound"), self._inbound_floor)
-        rid = b.next_inbound
-        b.next_inbound += 1
-        self._inbound_floor = b.next_inbound
-        return rid
-
     def reserve_ids(self, b: Batch) -> None:
-        """The ids given out in this batch are never given out again, even
-        after a crash that loses the held rows (a late confirmation naming
-        one must not confirm another row): AUTOINCREMENT's sequence,
-        updated in the batch's transaction."""
-        if not b.next_inbound:
-            return
-        hi = self._inbound_floor - 1
-        if hi <= 0:
-            return
-        conn = self.ctx.conn
-        if not conn.execute("UPDATE sqlite_sequence SET seq=? WHERE name='inbound' AND seq<?", (hi, hi)).rowcount:
-            conn.execute("INSERT INTO sqlite_sequence (name, seq) SELECT 'inbound', ?"
-                         " WHERE NOT EXISTS (SELECT 1 FROM sqlite_sequence WHERE name='inbound')", (hi,))
+        """The pending-ack ids given out in this batch are never given out again."""
+        self.pending.reserve_ids(b)
 
     def flush(self, b: Batch) -> None:
-        """Write the batch's new dedup and inbox rows (one executemany each)."""
-        conn = self.ctx.conn
-        if b.new_dedup:
-            conn.executemany(
-                "INSERT OR IGNORE INTO dedup (origin_type, origin_id, semq_id, semq_db_id, record_id,"
-                " received_ms, digest) VALUES (?,?,?,?,?,?,?)", b.new_dedup)
-            b.new_dedup.clear()
-        if b.new_inbox:
-            conn.executemany(
-                f"INSERT INTO inbox ({INBOX_COLUMNS}) VALUES ({','.join('?' * 19)})", b.new_inbox)
-            b.new_inbox.clear()
-        self.channels.flush(conn, b.ts)
+        """Write the batch's new dedup and inbox rows (one executemany each)
+        and the channels it moved."""
+        self.inbox.write(b.new_dedup, b.new_inbox)
+        self.channels.flush(b.ts)
+
+    # ------------------------------------------------------------ large documents (semq.node.large.incoming.Delivery)
+
+    def deliver_large(self, b: Batch, frame: Frame, d: Data, digest: bytes | None, signer: str, ak: AppKey,
+                      env: Envelope, size: int, key: LK0Key, path: str) -> None:
+        """A large document whose content is whole: received as a one-frame
+        document is (with an empty body), its inbox row naming its file."""
+        self._receive(b, frame, d, b"", digest, signer, ak, env, size=size)
+        self.flush(b)
+        self.inbox.name_file(key, path, size)
+
+    def delivered(self, key: LK0Key) -> bool:
+        return self.inbox.has(key)
 
     # ------------------------------------------------------------ confirmations
 
@@ -485,116 +435,16 @@ class Receiver:
         if b.reacks or b.reack2s:
             p_ids, s_acks = b.reacks, b.reack2s
             b.reacks, b.reack2s = [], []
-            self.confirm(p_ids, s_acks, b.ts, b.events)
-
-    def confirm(self, p_ids: Sequence[int], s_acks: Sequence[tuple[int, str]], ts: int,
-                events: list[dict[str, Any]]) -> None:
-        """Apply confirmations to pending-ack rows: the platform's
-        (``p_ids``) and the origins' (``s_acks``: (id, sender org); only the
-        row's origin confirms it, anything else changes nothing), through
-        PENDING_ACK_TABLE; a row with every confirmation it needs is deleted
-        instead of updated (SPEC B.2). Each confirmation is logged, the
-        clean-up too. Both kinds at once: a drained copy's REACK (from the
-        platform) and REACK2 (from the origin) often arrive in the same
-        read, and the row then goes in one DELETE instead of an UPDATE and
-        a DELETE."""
-        if not p_ids and not s_acks:
-            return
-        got_p, got_s = set(p_ids), dict(s_acks)
-        ids = list(dict.fromkeys([*p_ids, *got_s]))
-        me = self.ctx.me.node_id
-        done, marked = [], []
-        wb = self.ctx.held
-        held = wb.inbound
-        # A held PendingAckRow has every field of a ConfirmRow, by the same names.
-        rows: list[ConfirmRow | PendingAckRow] = []
-        if held:  # rows still in memory: confirmed there, never written if complete
-            hits, ids = split_held(ids, held)
-            rows += [h for _, h in hits]
-        if ids:
-            rows += map(ConfirmRow._make, rows_by_id(self.ctx.conn, f"SELECT {_CONFIRM_COLS} FROM inbound", ids))
-        for r in rows:
-            rid, origin = r.id, r.origin_id
-            lk0 = f"{origin}/{r.semq_id}/{r.semq_db_id}/{r.record_id}"
-            by_p, by_s = rid in got_p, got_s.get(rid) == origin
-            if not (by_p or by_s):
-                continue  # a REACK2 from someone else than the document's origin
-            if by_p:
-                events.append({"ts": ts, "role": "receiver", "event": "reack", "lk0": lk0,
-                               "source": origin, "target": me})
-            if by_s:
-                events.append({"ts": ts, "role": "receiver", "event": "reack2", "lk0": lk0,
-                               "source": origin, "target": me})
-            p_ack, s_ack, clean = _CONFIRMED[(r.p_ack, r.s_ack, by_p, by_s)]
-            in_memory = held and rid in held
-            if clean:
-                if in_memory:
-                    wb.forget_inbound(rid)
-                else:
-                    done.append((rid,))
-                events.append({"ts": ts, "role": "receiver", "event": "cleaned", "lk0": lk0,
-                               "source": origin, "target": me})
-            elif in_memory:
-                wb.confirm_held(rid, p_ack, s_ack)
-            else:
-                marked.append((p_ack, s_ack, rid))
-        self.ctx.conn.executemany("UPDATE inbound SET p_ack=?, s_ack=? WHERE id=?", marked)
-        self.ctx.conn.executemany("DELETE FROM inbound WHERE id=?", done)
-
-    def rows_answered(self, answers: Sequence[LK0], peer: Endpoint, from_platform: bool) -> list[int]:
-        """The pending-ack rows a STATE answer from ``peer`` is about (every
-        answer — marked, already acked, no record — confirms: SPEC B.2). The
-        held rows must be written first."""
-        conn = self.ctx.conn
-        ids = []
-        for lk in answers:
-            if from_platform:
-                row = conn.execute(
-                    "SELECT id FROM inbound INDEXED BY inbound_lk1 WHERE lk1_record_id=? AND lk1_record_id != 0"
-                    " AND lk1_semq_id=? AND lk1_semq_db_id=? AND platform_id=?",
-                    (lk.record_id, lk.semq_id, lk.semq_db_id, peer.node_id),
-                ).fetchone()
-            elif lk.endpoint != peer:
-                continue  # only a document's origin answers for it
-            else:
-                row = conn.execute(
-                    "SELECT id FROM inbound WHERE origin_type=? AND origin_id=? AND semq_id=? AND"
-                    " semq_db_id=? AND record_id=?",
-                    (int(lk.endpoint.node_type), lk.endpoint.node_id, lk.semq_id, lk.semq_db_id, lk.record_id),
-                ).fetchone()
-            if row:
-                ids.append(int(row[0]))
-        return ids
+            self.pending.confirm(p_ids, s_acks, b.ts, b.events)
 
     def close(self) -> None:
-        if self._first_unit is not None:
-            self._first_unit.close()
-            self._first_unit = None
+        self.inbox.close()
 
     def received_digest(self, lk: LK0) -> tuple[bool, bytes | None]:
-        """Whether the document ``lk`` reached our inbox (its dedup row),
-        and the digest it was signed with (for a receipt). A unit other
-        than the first also looks in unit 1's store: the platform delivers
-        the documents of ordered channels there, whatever unit their LK0
-        picks (the one the origin's inquiry reaches)."""
-        key = (int(lk.endpoint.node_type), lk.endpoint.node_id, lk.semq_id, lk.semq_db_id, lk.record_id)
-        sql = ("SELECT digest FROM dedup WHERE origin_type=? AND origin_id=? AND semq_id=? AND"
-               " semq_db_id=? AND record_id=?")
-        row = self.ctx.conn.execute(sql, key).fetchone()
-        if row is None and self.ctx.first_unit_store is not None:
-            try:
-                if self._first_unit is None:
-                    uri = Path(self.ctx.first_unit_store).resolve().as_uri() + "?mode=ro"
-                    self._first_unit = sqlite3.connect(uri, uri=True, check_same_thread=False, timeout=5)
-                row = self._first_unit.execute(sql, key).fetchone()
-            except sqlite3.Error:
-                row = None  # unit 1's store unreadable now: not here, as far as we can tell
-        if row is None:
-            return False, None
-        (digest,) = row
-        if digest == GAP_MARK:  # a gap notice took its place: it never reached the inbox
-            return False, None
-        return True, digest
+        """Whether the document ``lk`` reached our inbox, and the digest it
+        was signed with (for a receipt: semq.node.receiver.inbox)."""
+        return self.inbox.received_digest(
+            (int(lk.endpoint.node_type), lk.endpoint.node_id, lk.semq_id, lk.semq_db_id, lk.record_id))
 
     # ------------------------------------------------------------ inquiries
 
@@ -605,22 +455,7 @@ class Receiver:
         set. At most ``sweep`` rows per round, in id order from where the
         last round stopped, so a huge table is asked about over several
         rounds (a row waits at most size/sweep rounds more)."""
-        conn = self.ctx.conn
-        start = self._inbound_sweep
-        edge = conn.execute("SELECT id FROM inbound WHERE id > ? ORDER BY id LIMIT 1 OFFSET ?",
-                            (start, sweep - 1)).fetchone()
-        end = int(edge[0]) if edge else 1 << 62
-        inb = [PendingAckRow._make(r) for r in conn.execute(
-            f"SELECT {_PENDING_COLS} FROM inbound"
-            f" WHERE id > ? AND id <= ? AND (p_ack={_AS_INIT} OR s_ack={_AS_INIT})"
-            f" AND last_inquiry_ms + min(?, ? * (1 << min(inquiries, 6))) <= ? ORDER BY id LIMIT ?",
-            (start, end, MAX_INQUIRY_BACKOFF_MS, self.ctx.inquiry_ms, ts, limit))]
-        # Resume after the last row read: the rest of this window when the
-        # LIMIT cut it, the next window, or from the start after the end.
-        if len(inb) == limit:
-            self._inbound_sweep = inb[-1].id
-        else:
-            self._inbound_sweep = end if edge else 0
+        inb = self.pending.due(ts, limit, sweep)
         to_p: dict[Endpoint, list[LK0]] = defaultdict(list)
         to_o: dict[Endpoint, list[LK0]] = defaultdict(list)
         for r in inb:
@@ -632,6 +467,4 @@ class Receiver:
                 oe = Endpoint(node_type=NodeType(r.origin_type), node_id=r.origin_id)
                 to_o[oe].append(LK0(endpoint=oe, semq_id=r.semq_id, semq_db_id=r.semq_db_id,
                                     record_id=r.record_id))
-        conn.executemany("UPDATE inbound SET last_inquiry_ms=?, inquiries=inquiries+1 WHERE id=?",
-                         [(ts, r.id) for r in inb])
         return to_p, to_o

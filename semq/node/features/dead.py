@@ -18,8 +18,9 @@ housekeeping after 7 days (core.FAILED_RETENTION_MS). This is seed 001's
 
 Which rows each of these takes and the state it leaves them in is
 semq.node.engine.OPERATOR_TABLE's to say (REQUEUE, PURGE_DEAD, and
-DEAD_LETTER for ``sweep`` and ``fail_target``); the SQL here is built from
-it and names no state by number.
+DEAD_LETTER for ``sweep`` and ``fail_target``); the rows are read and
+written by the pending-send table's owner (semq.node.origin.outbox), asked
+with the states the table names.
 """
 
 from __future__ import annotations
@@ -28,26 +29,24 @@ import builtins
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Any, Final, NamedTuple
 
 from semq.tracking.events import now_ms
 from semq.umxt_protocol import LK0, AppKey, ResultCode
 
-from ._access import core_of, log_events, write_tx
-from .engine import (
+from ..engine import (
     OperatorAction,
     SendState,
     TransitionRefused,
-    operator_result,
     operator_states,
     operator_step,
-    sql_in,
 )
-from .writebehind import DeadLetterRow, columns
+from ..origin.outbox import OutboxFilter
+from ._access import core_of, log_events
 
 if TYPE_CHECKING:
-    from .api import NodeClient
-    from .core import NodeCore
+    from ..api import NodeClient
+    from ..core import NodeCore
 
 __all__ = ["REASONS", "DeadLetter", "DeadLetterError", "DeadLetters", "RequeueResult", "fail_target",
            "reason", "sweep"]
@@ -55,20 +54,9 @@ __all__ = ["REASONS", "DeadLetter", "DeadLetterError", "DeadLetters", "RequeueRe
 _FAILED: Final = int(SendState.SS_FAILED)  # a dead letter's state: what ``list`` shows
 
 
-def _from(action: OperatorAction) -> str:
-    """``IN (...)`` text: the states ``action`` takes rows from."""
-    return f"IN ({sql_in(operator_states(action))})"
-
-
-def _to(action: OperatorAction) -> int:
-    nxt = operator_result(action)
-    assert nxt is not None, f"{action.value} deletes rows"
-    return int(nxt)
-
-
 # Which rows each action takes, and the state it leaves them in, come from
-# semq.node.engine.OPERATOR_TABLE; the SQL below is built from it.
-_DYING: Final = _from(OperatorAction.DEAD_LETTER)  # SS_INIT: waiting to be sent
+# semq.node.engine.OPERATOR_TABLE; the owner is asked with them.
+_DYING: Final = operator_states(OperatorAction.DEAD_LETTER)  # SS_INIT: waiting to be sent
 _WAITING: Final = int(SendState.SS_INIT)
 
 #: Result code -> the reason a person reads in ``semq dead``.
@@ -92,6 +80,35 @@ def reason(code: int) -> str:
         return ResultCode(code).name.lower().replace("_", " ")
     except ValueError:
         return f"result code {code}"
+
+
+class DeadLetterRow(NamedTuple):
+    """A pending-send row as the dead letters read it (``state_ms`` is when
+    it failed)."""
+
+    id: int
+    target_id: str
+    code: int
+    domain: str
+    data_type: str
+    subtype: str
+    key: str
+    save_fwd: int
+    priority: int
+    attempts: int
+    created_ms: int
+    state_ms: int
+    expires_ms: int | None
+    size: int
+    state: int
+
+
+class _Waiting(NamedTuple):
+    """A row the dead-letter rules look at."""
+
+    id: int
+    target_id: str
+    attempts: int
 
 
 class DeadLetterError(ValueError):
@@ -120,7 +137,6 @@ class RequeueResult:
     skipped_expired: list[LK0] = field(default_factory=list)  # --all without a new expiry
 
 
-_COLS: Final = columns(DeadLetterRow)
 
 
 class DeadLetters:
@@ -144,8 +160,7 @@ class DeadLetters:
             if isinstance(r, LK0):
                 unit = r.semq_id
             else:
-                unit = next((u.core.unit for u in self._units if u.core.conn.execute(
-                    "SELECT 1 FROM outbox WHERE id=?", (r,)).fetchone()), 1)
+                unit = next((u.core.unit for u in self._units if u.core.outbox.target_of(r) is not None), 1)
             if not 1 <= unit <= len(self._units):
                 raise DeadLetterError(f"{ref} names unit {unit}; this node has units 1..{len(self._units)}")
             out.setdefault(unit, []).append(r)
@@ -163,9 +178,8 @@ class DeadLetters:
             letters = [d for u in self._units for d in u.list(limit=limit)]
             letters.sort(key=lambda d: (d.failed_ms, d.lk0.semq_id, d.lk0.record_id))
             return letters[:limit]
-        rows = self.core.conn.execute(f"SELECT {_COLS} FROM outbox WHERE state=? ORDER BY id LIMIT ?",
-                                      (_FAILED, limit))
-        return [self._letter(r) for r in map(DeadLetterRow._make, rows)]
+        rows = self.core.outbox.rows(DeadLetterRow, OutboxFilter(states=(_FAILED,)), limit=limit)
+        return [self._letter(r) for r in rows]
 
     def record_id(self, ref: int | str | LK0) -> int:
         """A record id from an id, ``NODE/1/1/ID`` text or an LK0 of ours."""
@@ -177,22 +191,21 @@ class DeadLetters:
             return ref.record_id
         return int(ref)
 
-    def _select(self, conn: Any, refs: Iterable[int | str | LK0] | None,
-                action: OperatorAction) -> builtins.list[DeadLetter]:
+    def _select(self, refs: Iterable[int | str | LK0] | None, action: OperatorAction) -> builtins.list[DeadLetter]:
         """The rows ``action`` takes: every one it applies to (``refs`` None),
         or these, each of which must be one (DeadLetterError otherwise)."""
+        outbox = self.core.outbox
         if refs is None:
-            return [self._letter(r) for r in map(DeadLetterRow._make, conn.execute(
-                f"SELECT {_COLS} FROM outbox WHERE state {_from(action)} ORDER BY id"))]
+            return [self._letter(r) for r in outbox.rows(DeadLetterRow, OutboxFilter(states=operator_states(action)))]
         out = []
         for ref in refs:
             rid = self.record_id(ref)
-            got = conn.execute(f"SELECT {_COLS} FROM outbox WHERE id=?", (rid,)).fetchone()
+            got = outbox.rows(DeadLetterRow, OutboxFilter(ids=(rid,)))
             lk0 = self.core.ctx.lk0(rid)
-            if got is None:
+            if not got:
                 raise DeadLetterError(f"no document {lk0} in the pending-send table (delivered and cleaned"
                                       " up, or purged)")
-            r = DeadLetterRow._make(got)
+            r = got[0]
             try:
                 operator_step(SendState(r.state), action, record=rid)
             except TransitionRefused as e:
@@ -221,8 +234,8 @@ class DeadLetters:
             return result
         result = RequeueResult()
         ts = now_ms()
-        with write_tx(self.core) as conn:
-            letters = self._select(conn, refs, OperatorAction.REQUEUE)
+        with self.core.transaction():
+            letters = self._select(refs, OperatorAction.REQUEUE)
             updates: dict[int, int | None] = {}
             events = []
             for d in letters:
@@ -252,8 +265,8 @@ class DeadLetters:
                      else self._by_unit(refs))
             return sum(self._units[unit - 1].purge(unit_refs) for unit, unit_refs in parts.items())
         ts = now_ms()
-        with write_tx(self.core) as conn:
-            letters = self._select(conn, refs, OperatorAction.PURGE_DEAD)
+        with self.core.transaction():
+            letters = self._select(refs, OperatorAction.PURGE_DEAD)
             self.core.operator.apply(OperatorAction.PURGE_DEAD, [(d.lk0.record_id, _FAILED) for d in letters], ts)
             log_events(self.core, [self._event(d, "cleaned", ts, detail="purged from the dead letters")
                                    for d in letters])
@@ -275,10 +288,9 @@ def sweep(node: NodeClient | NodeCore, max_attempts: int) -> int:
     core = core_of(node)
     ts = now_ms()
     code = int(ResultCode.TOO_MANY_ATTEMPTS)
-    with write_tx(core) as conn:
-        core.write_held()  # the daemon's claimed rows are in flight, not SS_INIT
-        rows = conn.execute(f"SELECT id, target_id, attempts FROM outbox WHERE state {_DYING} AND attempts >= ?",
-                            (max_attempts,)).fetchall()
+    with core.transaction():
+        # (The owner's real states: the daemon's claimed rows are in flight, not SS_INIT.)
+        rows = core.outbox.rows(_Waiting, OutboxFilter(states=_DYING, min_attempts=max_attempts))
         core.operator.apply(OperatorAction.DEAD_LETTER, [(rid, _WAITING) for rid, _t, _a in rows], ts, code=code)
         log_events(core, [{"ts": ts, "role": "origin", "event": "dead", "lk0": core.ctx.lk0_text(rid),
                            "source": core.me.node_id, "target": target, "attempt": attempts, "code": code,
@@ -295,12 +307,11 @@ def fail_target(node: NodeClient | NodeCore, target: str, code: int = int(Result
     platform's UNKNOWN_TARGET NACK never comes). Returns the count."""
     core = core_of(node)
     ts = now_ms()
-    with write_tx(core) as conn:
-        core.write_held()  # the daemon's claimed rows are in flight, not SS_INIT
-        rows = conn.execute(f"SELECT id, attempts FROM outbox WHERE state {_DYING} AND target_id=?",
-                            (target,)).fetchall()
-        core.operator.apply(OperatorAction.DEAD_LETTER, [(rid, _WAITING) for rid, _a in rows], ts, code=code)
+    with core.transaction():
+        # (The owner's real states: the daemon's claimed rows are in flight, not SS_INIT.)
+        rows = core.outbox.rows(_Waiting, OutboxFilter(states=_DYING, target=target))
+        core.operator.apply(OperatorAction.DEAD_LETTER, [(rid, _WAITING) for rid, _t, _a in rows], ts, code=code)
         log_events(core, [{"ts": ts, "role": "origin", "event": "dead", "lk0": core.ctx.lk0_text(rid),
                            "source": core.me.node_id, "target": target, "attempt": attempts, "code": code,
-                           "detail": detail or reason(code)} for rid, attempts in rows])
+                           "detail": detail or reason(code)} for rid, _t, attempts in rows])
     return len(rows)

@@ -11,9 +11,10 @@ so that ``semq messages --receipt`` can show a self-standing proof.
 from __future__ import annotations
 
 import os
+import sqlite3
 import struct
-from collections.abc import Sequence
-from typing import Final
+from collections.abc import Iterable, Sequence
+from typing import Final, NamedTuple
 
 from semq.identity.crypto import (
     CryptoError,
@@ -26,15 +27,8 @@ from semq.identity.crypto import (
     verify_batch_receipt,
     verify_refusal,
 )
-from semq.store.db import rows_by_id, split_held
+from semq.store.db import rows_by_id
 from semq.umxt_protocol import (
-    FLAG_ACK2,
-    FLAG_ENCRYPT,
-    FLAG_ENVELOPE,
-    FLAG_KEY_SEALED,
-    FLAG_LARGE,
-    FLAG_ORDERED,
-    FLAG_RELIABLE,
     LK0,
     AckEntry,
     Endpoint,
@@ -43,35 +37,57 @@ from semq.umxt_protocol import (
     ResultCode,
 )
 
-from .batch import Events, NodeContext, Output
-from .writebehind import write_digests
+from ..batch import Batch, Events, NodeContext, Output
+from .documents import document_flags
+from .outbox import Outbox
 
-__all__ = ["RECEIPT_RETENTION_MS", "Receipts", "document_flags"]
+__all__ = ["RECEIPT_RETENTION_MS", "Receipts", "write_digests"]
 
 RECEIPT_RETENTION_MS: Final = 400 * 24 * 3600 * 1000  # proofs of delivery: over a year
 _LK0_REF: Final = struct.Struct(">HHQ")  # semq_id, semq_db_id, record_id of a batch receipt's entry
 
 
-def document_flags(reliable: bool, ack2: bool, encrypt: bool, key_sealed: bool, envelope: bool = False,
-                   ordered: bool = False, large: bool = False) -> int:
-    """The DATA header flags a document is sent with (its AAD binds them)."""
-    return ((FLAG_RELIABLE if reliable else 0) | (FLAG_ACK2 if ack2 else 0)
-            | (FLAG_ENCRYPT if encrypt else 0) | (FLAG_KEY_SEALED if key_sealed else 0)
-            | (FLAG_ENVELOPE if envelope else 0) | (FLAG_ORDERED if ordered else 0)
-            | (FLAG_LARGE if large else 0))
+class _Signed(NamedTuple):
+    """What ``signed_form`` reads of a pending-send row."""
+
+    id: int
+    target_type: int
+    target_id: str
+    save_fwd: int
+    ack2: int
+    reliable: int
+    priority: int
+    domain: str
+    data_type: str
+    subtype: str
+    key: str
+    created_ms: int
+    expires_ms: int | None
+    encrypt: int
+    clear_key: int
+    app_data: bytes
+    envelope: bytes | None
+    channel: str
+    large: int
 
 
-# What ``signed_form`` reads of a pending-send row.
-_SIGNED_FIELDS: Final = ("id", "target_type", "target_id", "save_fwd", "ack2", "reliable", "priority", "domain",
-                         "data_type", "subtype", "key", "created_ms", "expires_ms", "encrypt", "clear_key",
-                         "app_data", "envelope", "channel", "large")
+def write_digests(conn: sqlite3.Connection, rows: Iterable[tuple[int, str, bytes]]) -> None:
+    """The digests (record id, target, digest) our documents were signed
+    with, kept apart from the pending-send rows: a receipt may come after an
+    inquiry answer has cleaned the row. A copy's digest is its first's
+    (deterministic salts), so an existing row stays. (The outbox writes them
+    with the row's state that needs them: semq.node.origin.outbox.)"""
+    conn.executemany(
+        "INSERT OR IGNORE INTO receipts (record_id, target_id, digest, receipt, verified, received_ms)"
+        " VALUES (?, ?, ?, x'', 0, 0)", rows)
 
 
 class Receipts:
     """The origin's proofs of delivery and refusal."""
 
-    def __init__(self, ctx: NodeContext) -> None:
+    def __init__(self, ctx: NodeContext, outbox: Outbox) -> None:
         self.ctx = ctx
+        self.outbox = outbox  # the digests deferred with a claimed row's SS_SENT, and the rows themselves
         self._salt_key: bytes | None = None  # read by the first claim with security
 
     def salt_key(self) -> bytes:
@@ -125,7 +141,7 @@ class Receipts:
             (receiver.node_id, receipt,
              b"".join([_LK0_REF.pack(lk.semq_id, lk.semq_db_id, lk.record_id) for lk, _ in manifest]), ts))
         batch_id = int(cur.lastrowid or 0)
-        # One write per document: a new row for a digest held in memory, the
+        # One write per document: a new row for a digest deferred in memory, the
         # row's receipt columns for one written before (its digest kept).
         ctx.conn.executemany(
             "INSERT INTO receipts (record_id, target_id, digest, receipt, verified, received_ms, batch_id,"
@@ -135,26 +151,35 @@ class Receipts:
             " WHERE receipts.verified <= excluded.verified",  # (an unverified receipt never replaces a proof)
             [(lk.record_id, receiver.node_id, d, verified, ts, batch_id, i) for i, (lk, d) in enumerate(manifest)],
         )
-        held = ctx.held.sent
-        for rid in ids:  # written: nothing left to write when the SS_SENT leaves memory
-            h = held.get(rid)
-            if h is not None and h.digest is not None:
-                held[rid] = h.written()
+        self.outbox.digests_written(ids)
         return set(ids) if verified else set()
 
+    def proven(self, b: Batch, entries: Sequence[AckEntry], peer: Endpoint, receipt: bytes) -> Sequence[AckEntry]:
+        """The entries of an ACK2 from ``peer`` that its receipt proves (its
+        signed receipt for exactly these documents and digests: ``keep``).
+        Entries it does not cover change nothing (counted, logged, reported
+        once): their rows ask the target again."""
+        proven = self.keep(entries, peer, receipt, b.ts, b.out) if receipt else set()
+        if len(proven) == len(entries):
+            return entries
+        bad = [e for e in entries if e.dest_ref_id not in proven]
+        b.out.bad_receipts += len(bad)
+        me = self.ctx.me.node_id
+        b.events.extend({"ts": b.ts, "role": "origin", "event": "bad_receipt",
+                         "lk0": f"{me}/{e.dest_semq_id}/{e.dest_semq_db_id}/{e.dest_ref_id}",
+                         "source": me, "target": peer.node_id, "code": int(ResultCode.BAD_RECEIPT)}
+                        for e in bad[:100])
+        b.out.errors.append((ResultCode.BAD_RECEIPT, f"ACK2 from {peer} for {len(bad)} document(s) without a receipt"
+                                                     " that verifies: left open"))
+        return [e for e in entries if e.dest_ref_id in proven]
+
     def digests_of(self, ids: Sequence[int]) -> dict[int, bytes]:
-        """The digests our documents ``ids`` were signed with: held with
-        their SS_SENT, else from ``receipts``, else (a crash lost the held
+        """The digests our documents ``ids`` were signed with: deferred with
+        their SS_SENT, else from ``receipts``, else (a crash lost the deferred
         digest of a row still pending) made again from the row: its salt
         is deterministic, so it is the digest the document was signed with."""
         conn = self.ctx.conn
-        hits, rest = split_held(ids, self.ctx.held.sent)
-        out: dict[int, bytes] = {}
-        for rid, h in hits:
-            if h.digest is not None:
-                out[rid] = h.digest
-            else:
-                rest.append(rid)
+        out, rest = self.outbox.deferred_digests(ids)
         if rest:
             out.update(rows_by_id(conn, "SELECT record_id, digest FROM receipts", rest, key="record_id"))
         missing = [rid for rid in rest if rid not in out]
@@ -166,10 +191,9 @@ class Receipts:
                 row = conn.execute("SELECT value FROM meta WHERE key='document_salt_key'").fetchone()
                 salt_key = bytes.fromhex(row[0]) if row else None
             if salt_key is not None:
-                for row in rows_by_id(conn, f"SELECT {', '.join(_SIGNED_FIELDS)} FROM outbox", missing):
-                    fields = dict(zip(_SIGNED_FIELDS, row, strict=True))
-                    aad, body = self.signed_form(**fields)
-                    out[fields["id"]] = document_digest(aad, body, document_salt(salt_key, aad))
+                for rid, row in self.outbox.by_ids(_Signed, missing).items():
+                    aad, body = self.signed_form(**row._asdict())
+                    out[rid] = document_digest(aad, body, document_salt(salt_key, aad))
         return out
 
     def signed_form(self, *, id: int, target_type: int, target_id: str, save_fwd: int, ack2: int,
@@ -197,7 +221,7 @@ class Receipts:
 
     def proof(self, record_id: int) -> tuple[str, bytes, bytes, int] | None:
         """(receiver, digest, self-standing receipt, received_ms) of one of our
-        documents, or None when no receipt is held. A receipt of a batch is
+        documents, or None when no receipt is kept. A receipt of a batch is
         turned into the document's own proof (form 3) here."""
         conn = self.ctx.conn
         row = conn.execute(
@@ -248,6 +272,31 @@ class Receipts:
                               " received_ms) VALUES (?,?,?,?,?)",
                               (record_id, target.node_id, int(nack.code), nack.proof, ts))
 
-    def write_digests(self, rows: Sequence[tuple[int, str, bytes]]) -> None:
-        write_digests(self.ctx.conn, rows)
+    def refusers(self, ids: Sequence[int]) -> dict[int, str]:
+        """Who refused which of our documents ``ids`` (a target's signed refusal)."""
+        return dict(rows_by_id(self.ctx.conn, "SELECT record_id, target_id FROM refusals", ids, key="record_id"))
+
+    def verified(self, record_id: int) -> tuple[bool, int] | None:
+        """(verified, received_ms) of the receipt row of one of our
+        documents (None: none yet)."""
+        for verified, received_ms in self.ctx.conn.execute(
+                "SELECT verified, received_ms FROM receipts WHERE record_id=?", (record_id,)):
+            return bool(verified), int(received_ms)
+        return None
+
+    def recently_for(self, org: str, newest: int) -> bool:
+        """Whether one of the ``newest`` receipt rows is of a document for ``org``."""
+        return self.ctx.conn.execute("SELECT 1 FROM (SELECT target_id AS o FROM receipts ORDER BY record_id DESC"
+                                     " LIMIT ?) WHERE o=? LIMIT 1", (newest, org)).fetchone() is not None
+
+    def clean(self, ts: int, live_ids_sql: str) -> int:
+        """Receipts past their retention (digests without a receipt only once
+        their row is gone: ``live_ids_sql``, the outbox's), and the batches
+        whose documents went with them. Returns rows removed."""
+        n = int(self.ctx.conn.execute(
+            "DELETE FROM receipts WHERE received_ms < ? AND (received_ms > 0 OR record_id NOT IN"
+            f" ({live_ids_sql}))", (ts - RECEIPT_RETENTION_MS,)).rowcount)
+        # A batch's rows share its received_ms: they go together.
+        self.ctx.conn.execute("DELETE FROM receipt_batches WHERE received_ms < ?", (ts - RECEIPT_RETENTION_MS,))
+        return n
 

@@ -45,20 +45,20 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Final, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Final, NamedTuple, Protocol, TypeVar
 
 from semq.tracking.events import now_ms
 from semq.umxt_protocol import LK0, AppKey, Data, Endpoint, Frame, Kind, ProtocolError, SaveFwd
 
+from ..core import NewDocument, NodeCore
+from ..engine import TransitionRefused, TxAction, TxState, sql_in, tx_result, tx_states, tx_step
+from ..limits import check_document_size
+from ..rows import columns
 from ._access import core_of, node_dir, write_tx
 from .capabilities import CAPABILITIES_NAME, TxSettings, load_capabilities
-from .core import NewDocument, NodeCore
-from .engine import TransitionRefused, TxAction, TxState, sql_in, tx_result, tx_states, tx_step
-from .limits import check_document_size
-from .writebehind import HalfMessageRow, columns
 
 if TYPE_CHECKING:
-    from .api import NodeClient
+    from ..api import NodeClient
 
 __all__ = [
     "CheckReport",
@@ -70,7 +70,6 @@ __all__ = [
     "TxChecker",
     "TxError",
     "TxState",
-    "run_checkbacks",
     "run_command_checkback",
 ]
 
@@ -94,6 +93,32 @@ def _to(action: TxAction) -> int:
     nxt = tx_result(action)
     assert nxt is not None, f"{action.value} deletes rows"
     return int(nxt)
+
+
+class HalfMessageRow(NamedTuple):
+    """A half message (``tx_half``, seed 002) as the transactions read it."""
+
+    id: int
+    state: int
+    target_id: str
+    domain: str
+    data_type: str
+    subtype: str
+    key: str
+    save_fwd: int
+    ack2: int
+    reliable: int
+    priority: int
+    expires_ms: int | None
+    encrypt: int
+    app_data: bytes
+    created_ms: int
+    state_ms: int
+    checks: int
+    next_check_ms: int | None
+    outbox_id: int | None  # the pending-send row once committed
+    decided_by: str
+    note: str
 
 
 class Decision(Enum):
@@ -523,50 +548,10 @@ def open_node(node: NodeClient | NodeCore | str | os.PathLike[str]) -> NodeClien
     """A directory opens a NodeClient of its own; a NodeClient / NodeCore
     is used as it is."""
     if isinstance(node, str | os.PathLike):
-        from .api import NodeClient
+        from ..api import NodeClient
 
         return NodeClient(Path(node))
     return node
-
-
-async def run_checkbacks(
-    node: NodeClient | NodeCore | str | os.PathLike[str], interval: float = 1.0, *,
-    checkback: Checkback | None = None, settings: TxSettings | None = None, gate: StoreRunner | None = None,
-) -> None:
-    """Run check-backs until cancelled: every ``interval`` seconds, ask
-    about each due half message and apply the answer.
-
-    ``node``: a data directory (a connection of our own, e.g. ``semq tx
-    watch``), or — inside the node daemon — its NodeCore together with its
-    store ``gate``: the store work then runs through the gate, and the
-    check-back itself (seconds, maybe) runs on a thread of its own, outside
-    it. (Do not open a second connection to the store inside the daemon's
-    process: see docs/seed-capabilities.md, "Wiring".) Errors are logged
-    and retried; they never end the task."""
-    import trio
-
-    from semq.store.gate import StoreGate
-
-    own = isinstance(node, str | os.PathLike)
-    runner: StoreRunner = gate if gate is not None else StoreGate()
-    store = await runner.run(open_node, node)
-    checker = TxChecker(store, settings=settings, checkback=checkback)
-    try:
-        while True:
-            delay = interval
-            try:
-                for msg in await runner.run(checker.claim_due):
-                    decision, note = await trio.to_thread.run_sync(checker.ask, msg)
-                    r = await runner.run(checker.apply, msg, decision, note)
-                    for tx_id, err in r.errors:
-                        log.warning("transaction %d: %s", tx_id, err)
-            except Exception:  # a store or config problem: keep the daemon, try again
-                delay = max(interval, 5.0)
-                log.exception("check-back round failed; retrying in %.0f s", delay)
-            await trio.sleep(delay)
-    finally:
-        if own:
-            store.close()
 
 
 _crash_hooks: dict[str, Callable[[], None]] = {}

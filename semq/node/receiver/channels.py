@@ -1,44 +1,29 @@
-"""Ordered channels (SPEC "Ordered channels"; the chain rules are in
-semq.node.envelope): the receiver's order, the origin's gap notices, and
-what waits.
+"""Ordered channels, the receiver's side (SPEC "Ordered channels"; the
+chain rules are in semq.node.envelope; the origin's side, its numbering and
+gap notices, is semq.node.origin.channels).
 
-Receiver: ``ChannelsIn.place`` decides, inside the batch's transaction,
-whether a newly received ordered document goes to the inbox now (it follows
-the one handed over last) or is held in ``channel_held``; a document that
-closes a gap releases the held ones that follow it, in order. A held document
-is in the store, so it is acknowledged like any other.
-
-Origin: an ordered document that fails (refused, dropped, expired) is
-announced by a gap notice in its place (``gap_notices``), so the receiver's
-channel moves on and its application is told; the failed row is marked
-``gap = 1`` in the same transaction. A purged dead letter is announced the
-same way first.
+``ChannelsIn.place`` decides, inside the batch's transaction, whether a
+newly received ordered document goes to the inbox now (it follows the one
+handed over last) or is held in ``channel_held``; a document that closes a
+gap releases the held ones that follow it, in order. A held document is in
+the store, so it is acknowledged like any other.
 """
 
 from __future__ import annotations
 
-import json
 import sqlite3
-from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Final
 
-from semq.umxt_protocol import AppKey
+from ..batch import NodeContext
+from ..envelope import Envelope
+from .inbox import INBOX_COLUMNS, InboxValues
 
-from .engine import SendState
-from .envelope import GAP_DOMAIN, GAP_TYPE, Envelope
+__all__ = ["MAX_HELD_PER_ORIGIN", "ChannelWait", "ChannelsIn", "waiting_channels"]
 
-__all__ = ["INBOX_COLUMNS", "MAX_HELD_PER_ORIGIN", "ChannelWait", "ChannelsIn", "InboxValues", "gap_notices", "gaps_due", "waiting_channels"]
-
-#: An inbox row's values, in the order of ``INBOX_INSERT``'s columns.
-InboxValues = tuple[Any, ...]
-INBOX_COLUMNS: Final = ("origin_type, origin_id, semq_id, semq_db_id, record_id, domain, data_type, subtype, key,"
-                        " save_fwd, priority, created_ms, received_ms, encrypt, app_data, signer, from_user,"
-                        " to_user, channel")
 _HELD_INSERT: Final = f"INSERT INTO channel_held (prev, pos, {INBOX_COLUMNS}) VALUES ({','.join('?' * 21)})"
 _HELD_NEXT: Final = (f"SELECT id, pos, {INBOX_COLUMNS} FROM channel_held WHERE origin_id=? AND channel=? AND prev=?"
                      f" ORDER BY id LIMIT 1")
-_FAILED: Final = int(SendState.SS_FAILED)
 # Documents of one origin a receiver holds back at most, over all its
 # channels: an enrolled organization must not fill the store with
 # documents that name predecessors that never come. Past it an ordered
@@ -48,10 +33,13 @@ MAX_HELD_PER_ORIGIN: Final = 100_000
 
 
 class ChannelsIn:
-    """The receiver's ordered channels, one batch at a time (the state read
-    in a batch is dropped at its start: a rolled-back batch leaves none)."""
+    """The receiver's ordered channels (``channel_in``: where each is;
+    ``channel_held``: the documents held back), one batch at a time (the
+    state read in a batch is dropped at its start: a rolled-back batch
+    leaves none)."""
 
-    def __init__(self) -> None:
+    def __init__(self, ctx: NodeContext) -> None:
+        self.ctx = ctx
         self._state: dict[tuple[str, str], list[int]] = {}  # (origin, channel) -> [last_pos, held]
         self._dirty: set[tuple[str, str]] = set()
 
@@ -59,36 +47,36 @@ class ChannelsIn:
         self._state.clear()
         self._dirty.clear()
 
-    def _get(self, conn: sqlite3.Connection, k: tuple[str, str]) -> list[int]:
+    def _get(self, k: tuple[str, str]) -> list[int]:
         st = self._state.get(k)
         if st is None:
-            r = conn.execute("SELECT last_pos, held FROM channel_in WHERE origin_id=? AND channel=?", k).fetchone()
+            r = self.ctx.conn.execute("SELECT last_pos, held FROM channel_in WHERE origin_id=? AND channel=?", k).fetchone()
             last, held = r if r else (0, 0)
             st = self._state[k] = [int(last), int(held)]
         return st
 
-    def would_hold(self, conn: sqlite3.Connection, origin_id: str, env: Envelope) -> bool:
+    def would_hold(self, origin_id: str, env: Envelope) -> bool:
         """Whether a new document of ``env``'s channel would be held now."""
-        return env.prev != self._get(conn, (origin_id, env.channel))[0]
+        return env.prev != self._get((origin_id, env.channel))[0]
 
-    def held_from(self, conn: sqlite3.Connection, origin_id: str) -> int:
+    def held_from(self, origin_id: str) -> int:
         """How many documents of ``origin_id`` are held, over its channels
         (this batch's changes included)."""
-        held = {ch: int(n) for ch, n in conn.execute(
+        held = {ch: int(n) for ch, n in self.ctx.conn.execute(
             "SELECT channel, held FROM channel_in WHERE origin_id=? AND held > 0", (origin_id,))}
         for (o, ch), (_, n) in self._state.items():
             if o == origin_id:
                 held[ch] = n
         return sum(held.values())
 
-    def place(self, conn: sqlite3.Connection, origin_id: str, env: Envelope, pos: int,
-              row: InboxValues) -> list[InboxValues]:
+    def place(self, origin_id: str, env: Envelope, pos: int, row: InboxValues) -> list[InboxValues]:
         """The inbox rows to write now, in order: ``row`` and the held ones
         it releases, or none (``row`` is held: it does not follow the last
         one handed over). ``pos``: the document's place (its record id; a
         gap notice's is the failed document's)."""
+        conn = self.ctx.conn
         k = (origin_id, env.channel)
-        st = self._get(conn, k)
+        st = self._get(k)
         self._dirty.add(k)
         if env.prev != st[0]:
             conn.execute(_HELD_INSERT, (env.prev, pos, *row))
@@ -107,13 +95,17 @@ class ChannelsIn:
             out.append(tuple(values))
         return out
 
-    def flush(self, conn: sqlite3.Connection, ts: int) -> None:
+    def flush(self, ts: int) -> None:
         """Write the channels this batch moved (in its transaction)."""
         if self._dirty:
-            conn.executemany(
+            self.ctx.conn.executemany(
                 "INSERT OR REPLACE INTO channel_in (origin_id, channel, last_pos, held, moved_ms) VALUES (?,?,?,?,?)",
                 [(*k, *self._state[k], ts) for k in self._dirty])
             self._dirty.clear()
+
+    def waiting(self) -> list[ChannelWait]:
+        """The channels of this store that hold documents back."""
+        return waiting_channels(self.ctx.conn, self.ctx.unit)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -137,6 +129,7 @@ class ChannelWait:
                 f" ({self.held} document{'s' if self.held != 1 else ''} held)")
 
 
+
 def waiting_channels(conn: sqlite3.Connection, unit: int = 1) -> list[ChannelWait]:
     """The channels of this store that hold documents back, and what each
     waits for: the document the earliest held one follows."""
@@ -151,36 +144,3 @@ def waiting_channels(conn: sqlite3.Connection, unit: int = 1) -> list[ChannelWai
         out.append(ChannelWait(origin=origin, channel=channel, held=int(held), last=int(last),
                                waits_for=int(r[0] or 0), since_ms=int(moved), unit=unit))
     return out
-
-
-def gaps_due(conn: sqlite3.Connection) -> bool:
-    """Whether a failed ordered document waits for its gap notice."""
-    return conn.execute(f"SELECT 1 FROM outbox WHERE channel != '' AND gap = 0 AND state = {_FAILED}"
-                        " LIMIT 1").fetchone() is not None
-
-
-def gap_notices(conn: sqlite3.Connection, me: str, unit: int, *, encrypt: bool,
-                ids: Iterable[int] | None = None, limit: int = 1000) -> tuple[list[Any], list[int]]:
-    """The gap notices for failed ordered documents not announced yet
-    (``ids``: only those, e.g. dead letters about to be purged): the
-    NewDocuments to accept, and the failed rows to mark ``gap = 1`` — in
-    the same transaction."""
-    from .origin import NewDocument
-
-    cols = "id, target_id, channel, prev_id, code, from_user, to_user, priority"
-    if ids is None:
-        rows = conn.execute(f"SELECT {cols} FROM outbox WHERE channel != '' AND gap = 0 AND state = {_FAILED}"
-                            " ORDER BY id LIMIT ?", (limit,)).fetchall()
-    else:
-        wanted = list(ids)
-        rows = [r for i in wanted for r in conn.execute(
-            f"SELECT {cols} FROM outbox WHERE id=? AND channel != '' AND gap = 0", (i,)).fetchall()]
-    docs = []
-    for rid, target, channel, prev, code, from_user, to_user, priority in rows:
-        lk0 = f"{me}/{unit}/1/{rid}"
-        docs.append(NewDocument(
-            target=target, app_data=json.dumps({"lk0": lk0, "code": int(code)}).encode(),
-            app_key=AppKey(domain=GAP_DOMAIN, data_type=GAP_TYPE, subtype=channel, key=lk0),
-            priority=priority, encrypt=encrypt, from_user=from_user, to_user=to_user, channel=channel,
-            skipped=rid, gap_prev=prev))
-    return docs, [r[0] for r in rows]
