@@ -215,3 +215,42 @@ def test_the_platform_and_the_node_import_one_way() -> None:
         if package(m) in packages:
             packages[package(m)] |= {package(t) for t in imports if package(t) in packages} - {package(m)}
     assert _loops(packages) == [], packages
+
+
+#: The sans-IO layers (STYLE 1): the wire format, the settings and bounds,
+#: the engines' tables and the cryptography are pure — no event loop, no
+#: socket, no store driver. The cores' store-thread halves run on a worker
+#: thread: no event loop there either (tests/node/test_node_imports.py holds
+#: the node's to it, this test the platform's).
+PURE: tuple[str, ...] = ("semq.umxt_protocol", "semq.settings", "semq.node.engine", "semq.platform.engine",
+                         "semq.identity.crypto")
+# (ssl is not here: crypto builds the TLS contexts the shells use; building one does no I/O.)
+IO: frozenset[str] = frozenset({"trio", "socket", "sqlite3", "peewee", "psycopg", "selectors", "asyncio"})
+STORE_THREAD: tuple[str, ...] = ("semq.platform",)
+SHELLS: tuple[str, ...] = ("semq.platform.daemon",)  # the platform's trio half
+
+
+def _io_imports(path: Path) -> set[str]:
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text("utf-8"))):
+        if isinstance(node, ast.Import):
+            out |= {a.name.split(".")[0] for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            out.add(node.module.split(".")[0])
+    return out
+
+
+def _under(module: str, prefixes: tuple[str, ...]) -> bool:
+    return any(module == p or module.startswith(p + ".") for p in prefixes)
+
+
+def test_the_sans_io_layers_import_no_io() -> None:
+    wrong = [f"{_module(p)} imports {sorted(_io_imports(p) & IO)}" for p in sorted(ROOT.rglob("*.py"))
+             if _under(_module(p), PURE) and _io_imports(p) & IO]
+    assert not wrong, "\n".join(wrong)
+
+
+def test_the_platforms_store_thread_half_imports_no_event_loop() -> None:
+    wrong = [_module(p) for p in sorted(ROOT.rglob("*.py"))
+             if _under(_module(p), STORE_THREAD) and not _under(_module(p), SHELLS) and "trio" in _io_imports(p)]
+    assert not wrong, wrong
