@@ -317,7 +317,12 @@ async def big_frames_in_sessions(host: str, port: int, who: Identity, platform_i
             await stream.send_all(_header(Kind.DATA, who.org, target, size))
             sent = await _stream_body(stream, size, seconds)
             out.bytes_read += sent
-            out.held += sent < size or not await _closed_by_peer(stream, 0.5)
+            # Still open at the end: the relay neither closed it (a newer
+            # session of the same unit replaces an older one) nor refused it.
+            if await _closed_by_peer(stream, 0.5):
+                out.closed += 1
+            else:
+                out.held += 1
         except Exception as e:  # (as above)
             out.closed += 1
             if len(out.errors) < 5:

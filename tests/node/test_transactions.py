@@ -373,14 +373,7 @@ def test_e2e_commit_delivers_rollback_never_and_checkback_decides(cluster: Clust
     assert sorted(cluster.inbox(B).values()) == [b"C7", b"keep"]
 
 
-def _daemon_runs_seed_tasks() -> bool:
-    import semq.node
-
-    return "run_background_tasks" in (Path(semq.node.__file__).parent / "daemon.py").read_text()
-
-
 @pytest.mark.e2e
-@pytest.mark.skipif(not _daemon_runs_seed_tasks(), reason="the node daemon does not start run_background_tasks yet")
 def test_e2e_node_daemon_runs_the_checkbacks(cluster: Cluster, tmp_path: Path) -> None:
     for o in (A, B):
         cluster.add_org(o)
