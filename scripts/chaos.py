@@ -22,7 +22,7 @@ per instance), kills hit one instance at a time, and with a server of the
 run's own the faults include restarts of PostgreSQL itself.
 
 With ``--direct`` (every node) or ``--direct some`` (a seeded half) the
-nodes listen for direct links (semq.node.direct) on a fixed port each, and
+nodes listen for direct links (semq.node.daemon.direct) on a fixed port each, and
 announce the address of a fault proxy of their own in front of it, so a
 restarted node listens again where it was announced. Documents to them go
 over mutual-TLS direct links when one works, else through the platform. The
@@ -36,7 +36,7 @@ carrying documents). The checks stay, and some documents must have been
 delivered over a direct link.
 
 With ``--units N`` a seeded half of the nodes (at least one; every node with
-``--units-on all``) run as N units (semq.units): ``semq node run`` is then a
+``--units-on all``) run as N units (semq.umxt_protocol.units): ``semq node run`` is then a
 supervisor of N unit processes, each with its own store, and every node
 sends to and receives from every other one, so a node of several units does
 both. Every check reads every unit store of a node, and a document is named
@@ -50,7 +50,7 @@ seed's schedule without ``--units`` stays as it was) SIGKILLs single unit
 processes (the pid in the unit's status.json, checked to be a child of the
 node's supervisor) and waits for the supervisor to start each again. The
 checks add: each document is in the unit the platform routes it to
-(semq.units.holder), and a unit that exits but by those kills (or stops:
+(semq.umxt_protocol.units.holder), and a unit that exits but by those kills (or stops:
 a unit that exits 0 is not started again) is a finding.
 Units and direct links are exclusive (a node of several units takes none).
 
@@ -105,12 +105,12 @@ import semq
 from semq.cli import build_parser
 from semq.cli import main as semq_main
 from semq.node.api import NodeClient
-from semq.node.channels import waiting_channels
 from semq.node.envelope import GAP_DOMAIN, GAP_TYPE
+from semq.node.receiver.channels import waiting_channels
 from semq.testing.faultproxy import FaultPlan, FaultProxy
 from semq.testing.netports import free_port
 from semq.umxt_protocol import LK0, Endpoint
-from semq.units import holder
+from semq.umxt_protocol.units import holder
 
 __all__ = ["ChaosConfig", "ChaosReport", "Net", "main", "run_chaos", "run_chaos_async"]
 
@@ -274,7 +274,7 @@ class Net:
     """A platform and organizations in one directory, as real processes.
     ``security``: True/False, or None for the CLI's default (on when the CLI
     has it). Nodes may be pointed at another address (a fault proxy) when
-    started, and may run as several units (semq.units): the node's process
+    started, and may run as several units (semq.umxt_protocol.units): the node's process
     is then their supervisor, and its stores are every unit's.
     Synchronous; every wait is bounded."""
 
@@ -327,7 +327,7 @@ class Net:
         ``platform``: the address it runs against (default: the platform);
         ``direct``: its direct-link options for ``semq node init``
         (``--listen``, ``--announce``...; they need security); ``units``:
-        its units (semq.units; a node of several takes no direct links)."""
+        its units (semq.umxt_protocol.units; a node of several takes no direct links)."""
         d = self.root / org
         addr = f"127.0.0.1:{self.port}"
         args = ["node", "init", "--dir", str(d), "--org", org, "--platform", addr, *(direct or [])]
@@ -358,7 +358,7 @@ class Net:
         self.procs[name].start()
 
     def kill(self, name: str, sig: int = signal.SIGKILL, *, units_sig: int | None = None) -> None:
-        """Stop a process and wait for it; a node's units (semq.units) are
+        """Stop a process and wait for it; a node's units (semq.umxt_protocol.units) are
         waited for too (they stop when they see their supervisor gone);
         ``units_sig``: sent to them at once as well."""
         self.procs[name].kill(sig, children_sig=units_sig)
@@ -374,7 +374,7 @@ class Net:
 
     def unit_dir(self, org: str, unit: int) -> Path:
         """Where unit ``unit`` of ``org``'s node keeps its store and status
-        (semq.config.Config.unit_dir)."""
+        (semq.settings.config.Config.unit_dir)."""
         return self.dir(org) if unit == 1 else self.dir(org) / f"unit-{unit}"
 
     def unit_pid(self, org: str, unit: int) -> int | None:
@@ -420,7 +420,7 @@ class Net:
         if name == "P" and self.store:
             import psycopg
 
-            from semq._pg import translate_sql
+            from semq.store.pg import translate_sql
 
             with psycopg.connect(self.store, autocommit=True, connect_timeout=10) as pc:
                 return [tuple(r) for r in pc.execute(translate_sql(sql), args or None).fetchall()]
@@ -522,7 +522,7 @@ class ChaosConfig:
     # half, at least one): see the module's docstring.
     direct: str = ""
     direct_faults_per_minute: float = 12.0  # the direct schedule's faults (cuts, blocks, platform away)
-    # Units (semq.units): 1, or the units of the nodes that run several: a
+    # Units (semq.umxt_protocol.units): 1, or the units of the nodes that run several: a
     # seeded half, at least one ("some"), or every node ("all"); see the
     # module's docstring. Exclusive with ``direct``.
     units: int = 1
@@ -1183,7 +1183,7 @@ class _Run:
                 r.delivered += 1
                 m["delivered"] += 1
             # The platform hands a document to one unit of its target, the
-            # same for every copy (semq.units.holder): each unit's duplicate
+            # same for every copy (semq.umxt_protocol.units.holder): each unit's duplicate
             # suppression sees only its own. A document of an ordered
             # channel goes to unit 1, which keeps the channels.
             units = net.units[d.target]
@@ -1564,7 +1564,7 @@ def main(argv: list[str] | None = None) -> int:
                    help="nodes listen for direct links, each behind a fault proxy of its own: every node (all,"
                         " the default when given) or a seeded half (some); the faults reach the links too")
     p.add_argument("--units", type=int, default=1, metavar="N",
-                   help="some nodes run as N units (semq.units), single units SIGKILLed among the faults")
+                   help="some nodes run as N units (semq.umxt_protocol.units), single units SIGKILLed among the faults")
     p.add_argument("--units-on", choices=["some", "all"], default="some",
                    help="with --units: a seeded half of the nodes (some, the default; at least one) or every one")
     p.add_argument("--unit-kills-per-minute", type=float, default=12.0,

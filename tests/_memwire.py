@@ -42,12 +42,12 @@ import pytest
 import trio
 import trio.testing
 
-from semq._gate import StoreGate
-from semq.config import Address
 from semq.node.core import NewDocument, NodeCore
 from semq.node.daemon import NodeDaemon, NodeSettings
 from semq.platform.core import PlatformCore
 from semq.platform.daemon import PlatformDaemon, PlatformSettings
+from semq.settings.config import Address
+from semq.store.gate import StoreGate
 from semq.umxt_protocol import Frame, FrameDecoder, Kind, RawFrame, encode_frame
 
 __all__ = [
@@ -163,7 +163,7 @@ class Wire:
         # about delivered, unacknowledged copies and the CA watch.
         nursery.start_soon(platform._inquirer)
         if platform.s.security is not None:
-            nursery.start_soon(platform._watch_crl)
+            nursery.start_soon(platform.ca.watch)
         self.nursery = nursery
         self.tap = tap
         self.links: dict[str, list[trio.abc.Stream]] = {}
@@ -404,14 +404,18 @@ def couple_clocks(monkeypatch: pytest.MonkeyPatch, clock: trio.testing.MockClock
     in fake time. Returns that clock. (``MockClock.current_time`` is safe
     from the store threads: it reads, never moves, the clock.)"""
     import semq.node.batch
+    import semq.platform.copies
     import semq.platform.core
+    import semq.platform.nodes
+    import semq.platform.quota
 
     def now_ms() -> int:
         return start_ms + int(clock.current_time() * 1000)
 
     monkeypatch.setattr(semq.node.batch, "now_ms", now_ms)
-    monkeypatch.setattr(semq.platform.core, "now_ms", now_ms)
-    monkeypatch.setattr(semq.platform.core, "time", _Monotonic(clock))
+    monkeypatch.setattr(semq.platform.core, "now_ms", now_ms)  # (the facade reads the clock for its roles)
+    for module in (semq.platform.quota, semq.platform.nodes, semq.platform.copies):  # their monotonic clocks
+        monkeypatch.setattr(module, "time", _Monotonic(clock))
     return now_ms
 
 

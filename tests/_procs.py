@@ -21,7 +21,7 @@ from typing import Any
 import trio
 
 from semq.cli import main as semq_main
-from semq.config import load_config, write_config
+from semq.settings.config import load_config, write_config
 from semq.testing.faultproxy import FaultPlan, FaultProxy
 from semq.testing.netports import free_port
 
@@ -67,7 +67,7 @@ class _PgQuery:
         self.c = psycopg.connect(url, autocommit=True)
 
     def execute(self, sql: str, args: Any = ()) -> Any:
-        from semq._pg import translate_sql
+        from semq.store.pg import translate_sql
 
         return self.c.execute(translate_sql(sql), args or None)
 
@@ -111,7 +111,7 @@ class Cluster:
         """An organization whose node knows every instance of the platform
         (tried from ``prefer`` on), or ``instance`` only. ``direct``: its
         direct-link options (``--listen 127.0.0.1:0``, ``--direct only``...);
-        ``units``: its node's units (semq.units)."""
+        ``units``: its node's units (semq.umxt_protocol.units)."""
         d = self.root / org
         self.units[org] = units
         if units > 1:

@@ -102,7 +102,7 @@ A, B = "10008", "56001"
 NODE_DIR: Final = {A: "A", B: "B"}  # each organization's directory in a Cluster
 SEMQ: Final = [sys.executable, "-m", "semq"]
 
-MAX_UNITS: Final = 32  # semq.units.MAX_UNITS (checked before any semq import)
+MAX_UNITS: Final = 32  # semq.umxt_protocol.units.MAX_UNITS (checked before any semq import)
 
 # Performance targets (2 cores, security off).
 TARGETS: Final = {"online": 15_000, "store": 20_000, "drain": 45_000}
@@ -161,7 +161,7 @@ class Cluster:
     other). ``pg_pid``: the PostgreSQL server's postmaster, whose CPU (with
     its children's, the backends) is read as the daemons' is, as "PG".
 
-    ``units``: how many units (semq.units) node "A" or "B" runs as (default
+    ``units``: how many units (semq.umxt_protocol.units) node "A" or "B" runs as (default
     1). Such a node is initialised with ``--units N``; ``start`` runs its
     supervisor and reads each unit's PID from the unit's status.json. Its
     processes are then named "B/sup" (the supervisor) and "B/1".."B/N" in
@@ -372,7 +372,7 @@ class Cluster:
         if who == "P" and self.store:
             import psycopg
 
-            from semq._pg import translate_sql
+            from semq.store.pg import translate_sql
 
             with psycopg.connect(self.store, autocommit=True) as pc:
                 row = pc.execute(translate_sql(sql)).fetchone()
@@ -398,8 +398,8 @@ class Cluster:
 
     def routes(self, org: str) -> list[str]:
         """How the platform names ``org``'s connections: the organization for
-        unit 1, ``ORG:K`` for unit K (semq.units.route_of)."""
-        from semq.units import UNIT_SEP
+        unit 1, ``ORG:K`` for unit K (semq.umxt_protocol.units.route_of)."""
+        from semq.umxt_protocol.units import UNIT_SEP
 
         return [org, *(f"{org}{UNIT_SEP}{k}" for k in range(2, self.units[NODE_DIR[org]] + 1))]
 
@@ -626,7 +626,7 @@ def _cluster(tmp: Path, name: str, a: argparse.Namespace, **kw: Any) -> Cluster:
         c = Cluster(root, a.synchronous, a.phase_timeout, a.secure, store=pg.new_database(),
                     platforms=getattr(a, "platforms", 1), pg_pid=pg.pid, **kw)
     if getattr(a, "history", True) is False:
-        # The delivery history off (semq.history; on by default): what it costs.
+        # The delivery history off (semq.tracking.history; on by default): what it costs.
         for d in ("A", "B", *c.instances):
             cfg = root / d / "semq.toml"
             text = cfg.read_text()
@@ -843,7 +843,7 @@ def code_version() -> str:
 #   told it does not);
 # - direct: B runs with --listen 127.0.0.1:0 and announces it; A dials B
 #   after its first documents went through the platform, then sends B's
-#   documents over the link (semq/node/direct.py).
+#   documents over the link (semq/node/daemon/direct.py).
 PATHS: Final = ("relay", "direct")
 LISTEN_ANY: Final = "127.0.0.1:0"
 WARMUP: Final = 10  # documents sent and confirmed before a --direct phase's N (not measured)
@@ -1059,7 +1059,7 @@ _T = TypeVar("_T")
 def _in_scratch(a: argparse.Namespace, prefix: str, work: Callable[[Path], _T]) -> _T | None:
     """``work`` in a fresh scratch directory (removed after, unless --keep);
     None, with one error line printed, when it failed."""
-    from semq._db import StoreError
+    from semq.store.db import StoreError
 
     base = Path(tempfile.mkdtemp(prefix=prefix))
     try:

@@ -7,7 +7,7 @@ bad intent. Each phase floods one surface with semq.testing.hostile while A
 sends B documents through the platform, and reports the flood (connections
 tried, held, welcomed, closed; bytes the listener read before closing),
 the attacked process's RSS and descriptors before and at their peak
-(sampled every 0.2 s), the bound declared for that surface (semq.bounds,
+(sampled every 0.2 s), the bound declared for that surface (semq.settings.bounds,
 docs/security.md "Bounds") and how long A's documents took meanwhile.
 
 Phases (``--phases``, default all):
@@ -52,7 +52,7 @@ DOCS: Final = 200  # A's documents to B during each phase
 class Phase:
     name: str
     target: str  # the process attacked: "P" or "B"
-    bound: str  # what semq.bounds promises, in words
+    bound: str  # what semq.settings.bounds promises, in words
     rss_limit: float  # MiB over the process's RSS before the flood that the phase must stay within
     fd_limit: int  # descriptors over those before
     attack: Callable[[], Awaitable[Any]]
@@ -138,7 +138,7 @@ def _user_socket_flood(path: Path, n: int, size: int, seconds: float) -> tuple[i
 
 
 def run_flood(a: argparse.Namespace, tmp: Path) -> tuple[list[list[str]], list[str], bool]:
-    from semq.config import load_config, write_config
+    from semq.settings.config import load_config, write_config
     from semq.testing import hostile
     from semq.testing.hostile import Identity
 
@@ -230,7 +230,7 @@ def run_flood(a: argparse.Namespace, tmp: Path) -> tuple[list[list[str]], list[s
     finally:
         c.stop_all()
     notes = [f"--connections {n}; each phase: A sends B {DOCS} documents through the platform meanwhile.",
-             "bounds: semq.bounds (docs/security.md, \"Bounds\"); RSS peaks sampled every 0.2 s.",
+             "bounds: semq.settings.bounds (docs/security.md, \"Bounds\"); RSS peaks sampled every 0.2 s.",
              "2 vCPUs shared with other work: figures move by +-20-30 %."]
     notes += [f"FAILED: {p}" for p in problems]
     return rows, notes, not problems

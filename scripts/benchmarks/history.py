@@ -29,7 +29,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from semq.history import HISTORY_FILE, HistoryIndexer, HistoryReader
+from semq.tracking.history import HISTORY_FILE, HistoryIndexer, HistoryReader
 
 ORG = "10008"
 PEERS = [str(56001 + i) for i in range(20)]

@@ -137,7 +137,7 @@ def reset_peak(pid: int) -> bool:
 
 def helpers(daemons: dict[str, int]) -> dict[str, int]:
     """The daemons' child processes (the delivery history's indexers,
-    ``python -m semq.history``), as "NAME/child-PID"."""
+    ``python -m semq.tracking.history``), as "NAME/child-PID"."""
     out: dict[str, int] = {}
     for entry in os.listdir("/proc"):
         if entry.isdigit():
@@ -620,7 +620,7 @@ def measure_size(c: e2e.Cluster, inbox: Inbox, mib: int, a: argparse.Namespace, 
 
 
 def run(a: argparse.Namespace, root: Path) -> dict[str, Any]:
-    from semq.config import load_config
+    from semq.settings.config import load_config
 
     sizes: list[int] = a.sizes
     largest = sizes[-1]

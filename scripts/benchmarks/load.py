@@ -995,7 +995,7 @@ def main(argv: list[str] | None = None) -> int:
     if a.what == "backlog" and a.docs < 1:
         print("error: --docs must be >= 1", file=sys.stderr)
         return 2
-    from semq._db import StoreError
+    from semq.store.db import StoreError
     from semq.testing.loadgen import LoadGenError
 
     version = code_version()  # before any process starts: the tree may change during a long run
@@ -1023,7 +1023,7 @@ def main(argv: list[str] | None = None) -> int:
                  else f"SEMQ load: a backlog of {a.docs:,} documents for one offline node" if a.what == "backlog"
                  else "SEMQ load: hostile floods at every listener, beside the declared bounds" if a.what == "flood"
                  else f"SEMQ load: {a.connections} connections sending maximum-size frames")
-        header = (["phase", "attacked process", "bound (semq.bounds)", "A's documents", "flood"]
+        header = (["phase", "attacked process", "bound (semq.settings.bounds)", "A's documents", "flood"]
                   if a.what == "flood" else ["", "measured"])
         print_table(title, header, rows, notes)
     return 0 if ok else 1

@@ -89,7 +89,7 @@ def run_once(root: Path, n: int, secure: bool, synchronous: str, profile: str | 
     sec: dict[str, Any] = {}
     psec = None
     if secure:
-        from semq.security import NodeSecurity, PlatformSecurity
+        from semq.identity.security import NodeSecurity, PlatformSecurity
 
         psec = PlatformSecurity(root / "P")
         sec = {d: NodeSecurity(root / d) for d in ("A", "B")}

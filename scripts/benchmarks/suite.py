@@ -95,7 +95,7 @@ DEFAULT_BUDGET: Final = 1800.0  # s; the full mode takes ~8 min on a quiet machi
 QUICK_BUDGET: Final = 300.0
 HARD_GRACE: Final = 180.0  # s after the budget: stop whatever runs
 BATCH: Final = 512  # a node's claim batch = rows per transaction = frames per send
-READ_SIZE: Final = 256 * 1024  # semq.transport.READ_SIZE
+READ_SIZE: Final = 256 * 1024  # semq.session.transport.READ_SIZE
 SQLITE_ROWS_PER_DOC: Final = 5  # limit rows = 5 x count (long enough to time)
 LOOPBACK_FRAMES_PER_DOC: Final = 100  # loopback frames = 100 x count
 WORKER_TIMEOUT: Final = 120.0
@@ -270,14 +270,14 @@ class RssSampler:
 def _worker_sqlite(path: str, rows: int, batch: int, synchronous: str) -> dict[str, Any]:
     """Insert ``rows`` 1 KiB rows, ``batch`` per transaction, WAL, ``synchronous``,
     the page size of SEMQ's stores."""
-    from semq._db import PAGE_SIZE
+    from semq.store.db import PAGE_SIZE
 
     con = sqlite3.connect(path, isolation_level=None)
     try:
-        con.execute(f"PRAGMA page_size={PAGE_SIZE}")  # as semq._db (before WAL)
+        con.execute(f"PRAGMA page_size={PAGE_SIZE}")  # as semq.store.db (before WAL)
         con.execute("PRAGMA journal_mode=wal")
         con.execute(f"PRAGMA synchronous={synchronous}")
-        con.execute("PRAGMA cache_size=-16000")  # as semq._db
+        con.execute("PRAGMA cache_size=-16000")  # as semq.store.db
         con.execute("CREATE TABLE docs (id INTEGER PRIMARY KEY, key TEXT NOT NULL, data BLOB NOT NULL)")
         secs = 0.0
         for i in range(0, rows, batch):
@@ -959,7 +959,7 @@ def history_catch_up(n: int, timeout: float = 120.0) -> Callable[[Any], dict[str
 
     def indexer_cpu(c: Any) -> float | None:
         """CPU seconds of the daemons' indexer processes (their children
-        running semq.history): all they did since the phase began."""
+        running semq.tracking.history): all they did since the phase began."""
         daemons = set(c.pids().values())
         total = 0.0
         for d in Path("/proc").iterdir():
@@ -970,7 +970,7 @@ def history_catch_up(n: int, timeout: float = 120.0) -> Callable[[Any], dict[str
                 cmd = (d / "cmdline").read_bytes()
             except OSError:
                 continue
-            if b"semq.history" in cmd and int(stat[stat.rindex(")") + 2:].split()[1]) in daemons:
+            if b"semq.tracking.history" in cmd and int(stat[stat.rindex(")") + 2:].split()[1]) in daemons:
                 total += e2e.cpu_seconds(int(d.name)) or 0.0
         return total or None
 

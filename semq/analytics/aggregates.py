@@ -13,16 +13,14 @@ from __future__ import annotations
 import collections
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Final
+from typing import Any, Final
 
 from .legs import _CROSS_LEGS, LEG_NAMES, OUTCOMES, PERCENTILES
+from .options import ReportOptions
 from .permessage import PARTIAL_STRINGS
 from .report_tables import _aggregate_table, _legs_table, _MessageRows
 from .sparkutil import DAY_MS, _t
 from .tables import Table
-
-if TYPE_CHECKING:
-    from .latency import ReportOptions
 
 __all__ = ["HIST_BINS_PER_DECADE", "SKETCH_K"]
 

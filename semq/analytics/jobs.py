@@ -50,8 +50,9 @@ from __future__ import annotations
 from .aggregates import HIST_BINS_PER_DECADE, SKETCH_K
 from .compaction import compact
 from .facts import facts_columns, message_facts
-from .latency import ReportOptions, build_report
+from .latency import build_report
 from .legs import LEG_NAMES, LEGS, OUTCOMES, PERCENTILES, PLACES, Leg
+from .options import ReportOptions
 from .permessage import (
     IDENTITY_FIELDS,
     PARTIAL_STRINGS,

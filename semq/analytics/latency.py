@@ -13,16 +13,15 @@ from __future__ import annotations
 import dataclasses
 import functools
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
-from .aggregates import _aggregates, _histogram, _message_rows, _stuck_and_failed_rows
+from .aggregates import _Aggregated, _aggregates, _histogram, _message_rows, _stuck_and_failed_rows
 from .clocks import ClockOffset, OrderBound, estimate_offsets
 from .errors import ReportError
-from .facts import _merge_facts, _message_facts, message_facts
+from .facts import _Facts, _merge_facts, _message_facts, message_facts
 from .inputs import Inputs
 from .legs import _derive
+from .options import ReportOptions
 from .periods import offline_periods
 from .permessage import _DICT_COLUMNS, PARTIAL_STRINGS, _per_message
 from .reading import _expand, _message_sources, _Sources
@@ -31,18 +30,6 @@ from .sparkutil import _literal_table, _Stopwatch, _t
 from .tables import ReportData
 
 __all__ = ["ReportOptions", "build_report"]
-
-@dataclass(frozen=True, kw_only=True)
-class ReportOptions:
-    """What `semq report latency` was asked."""
-
-    since_ms: int | None = None
-    until_ms: int | None = None
-    stuck_after_ms: int = 3_600_000
-    progress: Callable[[str], None] = lambda _msg: None
-    # Also collect the per-message table ("messages": legs, outcome, place of
-    # every message). For tests and small logs: it brings every row to the driver.
-    with_messages: bool = False
 
 
 def _lookup(spark: Any, sources: _Sources, listed: Any | None,
@@ -122,30 +109,8 @@ def build_report(spark: Any, inputs: Inputs, options: ReportOptions | None = Non
     sources = _message_sources(spark, inputs, opts.since_ms, opts.until_ms)
     if sources.describe():
         opts.progress(sources.describe())
-    final, stored_facts = sources.final, sources.facts
-    fast = final is not None and stored_facts is not None
-    grouped = _per_message(sources.events, sources.partials, partials_distinct=sources.partials_distinct,
-                           strings=fast)
-    if fast:
-        assert final is not None and stored_facts is not None
-        # The closed messages' rows are read once, by the first aggregation
-        # over the legs; their facts were stored with them. Only the open
-        # messages are merged here (and stored, for the facts and the legs).
-        # The stored rows have the types the same aggregations give (each
-        # DataFrame call costs the driver an analysis of the plan: no casts).
-        opened = stored = grouped.localCheckpoint(eager=False)
-        facts_rows = _merge_facts(stored_facts.unionByName(message_facts(opened)))
-        grouped = final.unionByName(opened)
-    else:
-        # localCheckpoint keeps the rows as they are (memory, spilling to
-        # disk); persist() would first build compressed column batches, which
-        # measured several times slower on this 1 M-row table. Not eager: the
-        # first job over the table (the facts) computes and stores it in the
-        # same pass, instead of a count job storing it and the facts job
-        # reading it back.
-        grouped = stored = grouped.localCheckpoint(eager=False)
-        facts_rows = message_facts(grouped)
-    facts = _message_facts(facts_rows.collect())
+    fast = sources.final is not None and sources.facts is not None
+    grouped, stored, facts = _join(sources, fast)
     watch.lap("join events by LK0", f"{facts.total_messages:,} messages, {facts.duplicates:,} "
               f"duplicate lines ignored, {facts.malformed:,} malformed")
     if not facts.total_messages:
@@ -156,17 +121,10 @@ def build_report(spark: Any, inputs: Inputs, options: ReportOptions | None = Non
     offsets = estimate_offsets(facts.bounds, {facts.names[h] for h in facts.messages})
     watch.lap("clock offsets", f"{len(offsets)} clocks, {len(periods)} offline periods")
     off_by_hash = {h: offsets[n].offset_ms for h, n in facts.names.items() if n in offsets}
-    last_by_logger = {facts.names[h]: ts for h, ts in facts.last.items()}
-    for lg, _node, ts, _ev in facts.node_events:
-        last_by_logger[lg] = max(last_by_logger.get(lg, ts), ts)
-    by_name = {n: h for h, n in facts.names.items()}
-    as_of = max(
-        (last - off_by_hash.get(by_name.get(lg, 0), 0) for lg, last in last_by_logger.items()),
-        default=0,
-    )
+    as_of = _as_of(facts, off_by_hash)
 
     messages = grouped.where(~grouped["k"].startswith("\u0001")).withColumnRenamed("k", "lk0")
-    # Stored by the first aggregation over it (see grouped above).
+    # Stored by the first aggregation over it (see grouped in _join).
     detail = _derive(spark, messages, off_by_hash, periods, as_of, opts).localCheckpoint(eager=False)
     stored.unpersist()
     watch.lap("legs per message")
@@ -215,32 +173,78 @@ def build_report(spark: Any, inputs: Inputs, options: ReportOptions | None = Non
     report.add(_skew_table(offsets, bounds))
     report.add(_offline_table(periods, offsets, as_of))
     report.add(_inputs_table(facts, names, offsets))
-    report.meta.update(
-        {
-            "generated_at": int(time.time() * 1000),
-            "inputs": inputs.describe(),
-            "since_ms": opts.since_ms,
-            "until_ms": opts.until_ms,
-            "window_start_ms": aggregated.window_start,
-            "window_end_ms": aggregated.window_end,
-            "as_of_ms": as_of,
-            "stuck_after_ms": opts.stuck_after_ms,
-            "events": sum(facts.lines.values()) + facts.malformed,
-            "duplicate_events": facts.duplicates,
-            "malformed_events": facts.malformed,
-            "messages": aggregated.messages,
-            "reference_clock": next(
-                (o.reference for o in offsets.values()), None
-            ),
-            "master": spark.sparkContext.master,
-            # Dates of compacted datasets read as per-message partials / as events.
-            "compacted_dates": {"partials": sources.partial_days, "events": sources.event_days},
-            # Closed messages taken from their finished rows (dates of one compaction run).
-            "compacted_final": sources.final is not None,
-            "stage_seconds": dict(watch.stages),
-        }
-    )
+    report.meta.update(_meta(spark, inputs, sources, opts, facts, aggregated, offsets, as_of, watch))
     return report
+
+
+def _join(sources: _Sources, fast: bool) -> tuple[Any, Any, _Facts]:
+    """Each message's events joined (and, with compacted finished rows, the
+    closed messages' rows beside the open ones): (the per-message table,
+    what to unpersist once the legs are stored, the facts collected)."""
+    final, stored_facts = sources.final, sources.facts
+    grouped = _per_message(sources.events, sources.partials, partials_distinct=sources.partials_distinct,
+                           strings=fast)
+    if fast:
+        assert final is not None and stored_facts is not None
+        # The closed messages' rows are read once, by the first aggregation
+        # over the legs; their facts were stored with them. Only the open
+        # messages are merged here (and stored, for the facts and the legs).
+        # The stored rows have the types the same aggregations give (each
+        # DataFrame call costs the driver an analysis of the plan: no casts).
+        opened = stored = grouped.localCheckpoint(eager=False)
+        facts_rows = _merge_facts(stored_facts.unionByName(message_facts(opened)))
+        grouped = final.unionByName(opened)
+    else:
+        # localCheckpoint keeps the rows as they are (memory, spilling to
+        # disk); persist() would first build compressed column batches, which
+        # measured several times slower on this 1 M-row table. Not eager: the
+        # first job over the table (the facts) computes and stores it in the
+        # same pass, instead of a count job storing it and the facts job
+        # reading it back.
+        grouped = stored = grouped.localCheckpoint(eager=False)
+        facts_rows = message_facts(grouped)
+    return grouped, stored, _message_facts(facts_rows.collect())
+
+
+def _as_of(facts: _Facts, off_by_hash: dict[int, int]) -> int:
+    """The time the report is as of: the last event any logger wrote,
+    corrected by its clock's offset."""
+    last_by_logger = {facts.names[h]: ts for h, ts in facts.last.items()}
+    for lg, _node, ts, _ev in facts.node_events:
+        last_by_logger[lg] = max(last_by_logger.get(lg, ts), ts)
+    by_name = {n: h for h, n in facts.names.items()}
+    return max(
+        (last - off_by_hash.get(by_name.get(lg, 0), 0) for lg, last in last_by_logger.items()),
+        default=0,
+    )
+
+
+def _meta(spark: Any, inputs: Inputs, sources: _Sources, opts: ReportOptions, facts: _Facts, aggregated: _Aggregated,
+          offsets: dict[str, ClockOffset], as_of: int, watch: _Stopwatch) -> dict[str, Any]:
+    """What the report says about itself: its window, its inputs, its counts, its stages' times."""
+    return {
+        "generated_at": int(time.time() * 1000),
+        "inputs": inputs.describe(),
+        "since_ms": opts.since_ms,
+        "until_ms": opts.until_ms,
+        "window_start_ms": aggregated.window_start,
+        "window_end_ms": aggregated.window_end,
+        "as_of_ms": as_of,
+        "stuck_after_ms": opts.stuck_after_ms,
+        "events": sum(facts.lines.values()) + facts.malformed,
+        "duplicate_events": facts.duplicates,
+        "malformed_events": facts.malformed,
+        "messages": aggregated.messages,
+        "reference_clock": next(
+            (o.reference for o in offsets.values()), None
+        ),
+        "master": spark.sparkContext.master,
+        # Dates of compacted datasets read as per-message partials / as events.
+        "compacted_dates": {"partials": sources.partial_days, "events": sources.event_days},
+        # Closed messages taken from their finished rows (dates of one compaction run).
+        "compacted_final": sources.final is not None,
+        "stage_seconds": dict(watch.stages),
+    }
 
 
 def _rename_offsets(offsets: dict[str, ClockOffset], renamed: dict[str, str]) -> dict[str, ClockOffset]:

@@ -12,14 +12,12 @@ message from the per-message table.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Final
+from typing import Any, Final
 
+from .options import ReportOptions
 from .periods import OfflinePeriod
 from .permessage import PARTIAL_STRINGS
 from .sparkutil import DAY_MS, HOUR_MS, _literal_table, _t
-
-if TYPE_CHECKING:
-    from .latency import ReportOptions
 
 __all__ = ["LEGS", "LEG_NAMES", "OUTCOMES", "PERCENTILES", "PLACES", "Leg"]
 
@@ -66,9 +64,26 @@ LEG_NAMES: Final = tuple(leg.name for leg in LEGS)
 _CROSS_LEGS: Final = tuple(leg.name for leg in LEGS if leg.clock == "cross")
 
 
-def _derive(spark: Any, messages: Any, offsets: dict[int, int], periods: list[OfflinePeriod],
-            as_of: int, opts: ReportOptions) -> Any:
-    """Per-message legs on one clock, skew-corrected cross legs, outcome and place."""
+def _ref(col: str) -> Any:
+    """A timestamp moved to the reference clock (by its party's offset)."""
+    from pyspark.sql import functions as F
+
+    return F.col(col) - F.col(f"{col[0]}_off")
+
+
+def _clamp(x: Any) -> Any:
+    """A leg no shorter than 0; greatest() would turn a missing leg into 0:
+    a missing leg stays null."""
+    from pyspark.sql import functions as F
+
+    return F.when(x.isNotNull(), F.greatest(x, F.lit(0)))
+
+
+def _with_legs(messages: Any, offsets: dict[int, int]) -> Any:
+    """The per-message table with each party's clock offset, the message's
+    first time on the reference clock (``t0``) and its legs: those on one
+    clock as they are, the cross-clock ones skew-corrected (and flagged when
+    the correction had to clamp them)."""
     from pyspark.sql import functions as F
 
     c = F.col
@@ -82,15 +97,7 @@ def _derive(spark: Any, messages: Any, offsets: dict[int, int], periods: list[Of
         .cast(_t("long")).alias(f"{prefix}_off")
         for prefix in ("o", "p", "r")
     ])
-
-    def ref(col: str) -> Any:
-        """A timestamp moved to the reference clock."""
-        return c(col) - c(f"{col[0]}_off")
-
-    def clamp(x: Any) -> Any:
-        # greatest() would turn a missing leg into 0; a missing leg stays null.
-        return F.when(x.isNotNull(), F.greatest(x, F.lit(0)))
-
+    ref, clamp = _ref, _clamp
     p_ack = F.least(c("o_ack_fwd"), c("o_ack_save"))
     p_out = F.coalesce(c("p_delivered"), c("p_forwarded"))
     e2e = clamp(c("o_ack2") - c("o_queued"))
@@ -101,7 +108,7 @@ def _derive(spark: Any, messages: Any, offsets: dict[int, int], periods: list[Of
     }
     t0 = F.coalesce(ref("o_queued"), ref("o_sent"), ref("p_received"), ref("r_received"),
                     ref("r_inbox"), c("first_ts"))
-    m = m.select(
+    return m.select(
         "*",
         t0.alias("t0"),
         clamp(c("o_sent") - c("o_queued")).alias("queue_ms"),
@@ -121,6 +128,15 @@ def _derive(spark: Any, messages: Any, offsets: dict[int, int], periods: list[Of
             for name, raw in raw_cross.items()
         ],
     )
+
+
+def _derive(spark: Any, messages: Any, offsets: dict[int, int], periods: list[OfflinePeriod],
+            as_of: int, opts: ReportOptions) -> Any:
+    """Per-message legs on one clock, skew-corrected cross legs, outcome and place."""
+    from pyspark.sql import functions as F
+
+    c = F.col
+    m = _with_legs(messages, offsets)
     if opts.since_ms is not None:
         m = m.where(c("t0") >= opts.since_ms)
     if opts.until_ms is not None:
@@ -132,8 +148,8 @@ def _derive(spark: Any, messages: Any, offsets: dict[int, int], periods: list[Of
     ack2_asked = F.coalesce(c("ack2"), F.lit(True))
     confirmed = c("o_ack2").isNotNull() | c("r_reack2").isNotNull()
     received = c("r_received").isNotNull() | c("r_inbox").isNotNull() | c("p_acked").isNotNull()
-    failed_at = F.least(ref("o_nack"), ref("p_dropped"), ref("p_refused"), ref("o_expired"),
-                        ref("o_dead"))
+    failed_at = F.least(_ref("o_nack"), _ref("p_dropped"), _ref("p_refused"), _ref("o_expired"),
+                        _ref("o_dead"))
     failure = (
         F.when(c("p_dropped").isNotNull(), "dropped")
         .when(c("p_refused").isNotNull(), "refused")
@@ -163,9 +179,9 @@ def _derive(spark: Any, messages: Any, offsets: dict[int, int], periods: list[Of
     )
     since = (
         F.when(c("r_received").isNotNull() | c("r_inbox").isNotNull(),
-               F.coalesce(ref("r_inbox"), ref("r_received")))
-        .when(c("p_stored").isNotNull(), ref("p_stored"))
-        .when(c("p_forwarded").isNotNull(), ref("p_forwarded"))
+               F.coalesce(_ref("r_inbox"), _ref("r_received")))
+        .when(c("p_stored").isNotNull(), _ref("p_stored"))
+        .when(c("p_forwarded").isNotNull(), _ref("p_forwarded"))
         .otherwise(c("t0"))
     )
     evidence = F.concat_ws(

@@ -25,11 +25,20 @@ from contextlib import ExitStack
 from pathlib import Path
 from typing import IO, Any, Final, NamedTuple
 
-from semq.config import Config
+from semq.cli._common import (
+    UsageError,
+    check_address,
+    check_colleague,
+    client_of,
+    config_of,
+    warn_unknown_target,
+)
+from semq.cli.users import token_of
 from semq.node.limits import check_document_size
+from semq.settings.config import Config
 from semq.umxt_protocol import AppKey, LocalProtocolError
 
-__all__ = ["BULK_BATCH", "BULK_BATCH_BYTES", "NDJSON_FIELDS", "cmd_send_bulk", "format_size"]
+__all__ = ["BULK_BATCH", "BULK_BATCH_BYTES", "NDJSON_FIELDS", "cmd_send_bulk", "format_size", "progress_bar"]
 
 BULK_BATCH: Final = 1000  # documents per transaction (send_many)
 BULK_BATCH_BYTES: Final = 64 << 20  # ... and at most this many bytes of them, so memory stays bounded
@@ -70,13 +79,11 @@ class _Checks:
         self.known: dict[str, bool] = {}
 
     def item(self, where: str, doc: dict[str, Any]) -> None:
-        from semq.cli import UsageError, _check_address, _check_colleague
-
         try:
             to = doc["to"]
             if to not in self.targets:
-                org = _check_address(to, self.cfg.org)
-                _check_colleague(self.node, to)
+                org = check_address(to, self.cfg.org)
+                check_colleague(self.node, to)
                 self.targets[to] = org
                 if org not in self.known:
                     self.known[org] = org == self.cfg.org or self.node.knows(org)
@@ -100,8 +107,6 @@ def _base(args: argparse.Namespace) -> dict[str, Any]:
 def _files(names: list[str]) -> list[Path]:
     """The files named, a directory's regular files (directly in it, in name
     order) in its place; UsageError for a name that is neither."""
-    from semq.cli import UsageError
-
     out: list[Path] = []
     for name in names:
         if name == "-":
@@ -120,8 +125,6 @@ def _files(names: list[str]) -> list[Path]:
 def _file_items(paths: list[Path], args: argparse.Namespace, checks: _Checks) -> tuple[list[_Item], int]:
     """Every file checked by its size and name before anything is sent; the
     items (contents read later, batch by batch) and their total size."""
-    from semq.cli import UsageError
-
     base = _base(args)
     items = []
     total = 0
@@ -139,8 +142,6 @@ def _file_items(paths: list[Path], args: argparse.Namespace, checks: _Checks) ->
 
 
 def _read(item: _Item) -> _Item:
-    from semq.cli import UsageError
-
     path = item.doc.get("path")
     if path is None:
         return item
@@ -156,8 +157,6 @@ def _read(item: _Item) -> _Item:
 def _ndjson_items(stream: IO[bytes], args: argparse.Namespace) -> Iterator[_Item]:
     """One item per non-blank line; UsageError naming the line for one that
     is not a JSON object of the NDJSON_FIELDS with exactly one content."""
-    from semq.cli import UsageError
-
     base = _base(args)
     for n, raw in enumerate(stream, 1):
         where = f"line {n}"
@@ -223,7 +222,7 @@ def _batches(items: Iterable[_Item], size: int) -> Iterator[list[_Item]]:
         yield batch
 
 
-def _progress(total: int | None, unit: str) -> Any:
+def progress_bar(total: int | None, unit: str) -> Any:
     """A progress bar on stderr when it is a terminal and the run lasts more
     than PROGRESS_DELAY; None otherwise."""
     if not sys.stderr.isatty():
@@ -239,9 +238,7 @@ def _progress(total: int | None, unit: str) -> Any:
 
 def cmd_send_bulk(args: argparse.Namespace) -> int:
     """``semq send`` with several files, a directory, or ``--ndjson``."""
-    from semq.cli import UsageError, _cfg, _client, _token, _unknown_target_warning
-
-    if _token(args) is not None:
+    if token_of(args) is not None:
         raise UsageError("sending several documents is for the node's operator (it writes the node's store),"
                          " not through a user's token")
     if args.transactional:
@@ -252,9 +249,9 @@ def cmd_send_bulk(args: argparse.Namespace) -> int:
         raise UsageError("--type is required: the AppKey data type, e.g. ORDER")
     if args.ndjson and len(args.files) != 1:
         raise UsageError(f"--ndjson reads one input (a file, or - for standard input), not {len(args.files)}")
-    cfg = _cfg(args, "node")
+    cfg = config_of(args, "node")
     total: int | None = None
-    with _client(args) as node, ExitStack() as closing:
+    with client_of(args) as node, ExitStack() as closing:
         checks = _Checks(cfg, node)
         items: Iterable[_Item]
         if args.ndjson:
@@ -272,7 +269,7 @@ def cmd_send_bulk(args: argparse.Namespace) -> int:
             unit = "B"
         sent = size = 0
         start = time.monotonic()
-        bar = _progress(total, unit)
+        bar = progress_bar(total, unit)
         try:
             for batch in _batches(items, args.batch):
                 for item in batch:
@@ -300,7 +297,7 @@ def cmd_send_bulk(args: argparse.Namespace) -> int:
                 bar.close()
         seconds = time.monotonic() - start
     for org, k in checks.known.items():
-        _unknown_target_warning(k, org)
+        warn_unknown_target(k, org)
     if not args.quiet:
         targets = list(dict.fromkeys(checks.targets))
         to = ", ".join(targets[:3]) + (f" and {len(targets) - 3} more" if len(targets) > 3 else "")

@@ -3,13 +3,19 @@
 
 Shell completion is generated from the argparse parser by shtab, so it
 knows every command and option the parser knows, with no list of ours to
-keep up to date; it is imported only when a completion script is made."""
+keep up to date; it is imported only when a completion script is made.
+
+These commands explain the whole tree of commands, which registers them:
+the tree hands ``register`` the function that builds it (``build``), so
+this module never imports it back."""
 
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +25,8 @@ __all__ = ["completion_path", "completion_script", "register"]
 
 SHELLS = ("bash", "zsh")
 
+Build = Callable[[], argparse.ArgumentParser]  # the whole tree of semq's commands (semq.cli.parser.build_parser)
+
 
 class GuideUsageError(ValueError):
     """A mistake in these commands (exit 2 through semq.cli.run_command)."""
@@ -27,8 +35,7 @@ class GuideUsageError(ValueError):
 # ---------------------------------------------------------------- help
 
 
-def cmd_help(args: argparse.Namespace) -> int:
-    from semq.cli import build_parser
+def cmd_help(args: argparse.Namespace, *, build: Build) -> int:
     from semq.cli.topics import TOPICS, topic_text
 
     words = [w.lower() for w in args.topic]
@@ -43,7 +50,7 @@ def cmd_help(args: argparse.Namespace) -> int:
     if len(words) == 1 and words[0] in TOPICS:
         print(topic_text(words[0]))
         return 0
-    root = build_parser()
+    root = build()
     for path, parser in walk(root):
         if path and list(path) == words:
             parser.print_help()
@@ -73,15 +80,14 @@ def _mark_paths(parser: argparse.ArgumentParser) -> None:
                 a.complete = shtab.FILE  # type: ignore[attr-defined]
 
 
-def completion_script(shell: str) -> str:
-    """The completion script of ``semq`` for ``shell`` (bash or zsh)."""
+def completion_script(shell: str, build: Build) -> str:
+    """The completion script of ``semq`` (the tree ``build`` makes) for
+    ``shell`` (bash or zsh)."""
     import shtab
-
-    from semq.cli import build_parser
 
     if shell not in SHELLS:
         raise GuideUsageError(f"--shell {shell!r} is not supported; allowed: {', '.join(SHELLS)}")
-    parser = build_parser()
+    parser = build()
     _mark_paths(parser)
     text: str = shtab.complete(parser, shell=shell)
     return text
@@ -108,14 +114,14 @@ def _default_shell() -> str:
     return name if name in SHELLS else "bash"
 
 
-def cmd_completion_show(args: argparse.Namespace) -> int:
-    sys.stdout.write(completion_script(args.shell or _default_shell()))
+def cmd_completion_show(args: argparse.Namespace, *, build: Build) -> int:
+    sys.stdout.write(completion_script(args.shell or _default_shell(), build))
     return 0
 
 
-def cmd_completion_install(args: argparse.Namespace) -> int:
+def cmd_completion_install(args: argparse.Namespace, *, build: Build) -> int:
     shell = args.shell or _default_shell()
-    text = completion_script(shell)
+    text = completion_script(shell, build)
     path = completion_path(shell)
     existed = path.exists()
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -145,7 +151,7 @@ def cmd_completion_install(args: argparse.Namespace) -> int:
 
 
 def cmd_config_reference(args: argparse.Namespace) -> int:
-    from semq.config import settings_reference, settings_table
+    from semq.settings.config import settings_reference, settings_table
 
     sys.stdout.write(settings_table() if args.format == "markdown" else settings_reference())
     return 0
@@ -154,28 +160,29 @@ def cmd_config_reference(args: argparse.Namespace) -> int:
 # ---------------------------------------------------------------- parser
 
 
-def register(sub: Any) -> None:
-    """Add ``help``, ``completion`` and ``config`` to semq's subparsers."""
+def register(sub: Any, build: Build) -> None:
+    """Add ``help``, ``completion`` and ``config`` to semq's subparsers;
+    ``build`` makes the whole tree they explain."""
     x = sub.add_parser("help", help="explain the states, result codes, SaveFwd, LK0, ACK2; or a command",
                        description="Without a topic: the topics. With one: its explanation, printed from the"
                                    " definitions the code uses. With a command (semq help admin list): its"
                                    " options and examples.")
     x.add_argument("topic", nargs="*", metavar="TOPIC|COMMAND",
                    help="states, codes, savefwd, lk0, ack2; or a command, e.g. admin list")
-    x.set_defaults(func=cmd_help)
+    x.set_defaults(func=functools.partial(cmd_help, build=build))
 
     comp = sub.add_parser("completion", help="shell completion for semq (bash, zsh)").add_subparsers(
         dest="sub", required=True)
     shells = ", ".join(SHELLS)
     x = comp.add_parser("show", help="print the completion script")
     x.add_argument("--shell", choices=SHELLS, help=f"{shells} (default: the one $SHELL names, else bash)")
-    x.set_defaults(func=cmd_completion_show)
+    x.set_defaults(func=functools.partial(cmd_completion_show, build=build))
     x = comp.add_parser("install", help="write the completion script where the shell finds it",
                         description="bash: ~/.local/share/bash-completion/completions/semq (loaded by"
                                     " bash-completion); zsh: ~/.zfunc/_semq (put ~/.zfunc on fpath)."
                                     " Says what it wrote and what to do next.")
     x.add_argument("--shell", choices=SHELLS, help=f"{shells} (default: the one $SHELL names, else bash)")
-    x.set_defaults(func=cmd_completion_install)
+    x.set_defaults(func=functools.partial(cmd_completion_install, build=build))
 
     cfg = sub.add_parser("config", help="the semq.toml keys").add_subparsers(dest="sub", required=True)
     x = cfg.add_parser("reference", help="every semq.toml key: type, default, values allowed, SIGHUP reload")

@@ -14,7 +14,7 @@ Contract (docs/cli.md, "semq receive"):
   after ``--backoff`` seconds, doubling each time (at most
   ``MAX_BACKOFF``); after ``--max-tries`` failed runs it is *parked*: left
   unacknowledged, recorded with its tries, last exit status and the end of
-  its stderr (semq.node.receiving), listed by ``--parked`` and given back
+  its stderr (semq.node.features.receiving), listed by ``--parked`` and given back
   by ``--retry ID``.
 - at least once: a document is acknowledged only after its command
   exited 0. If ``semq receive`` dies while a command runs (SIGKILL, power)
@@ -41,6 +41,10 @@ import textwrap
 import time
 from dataclasses import dataclass
 from typing import Any, Final
+
+from semq.cli._common import UsageError, app_key_shown, client_of, format_time
+from semq.cli.inbox import doc_id
+from semq.ops.display import shown
 
 __all__ = ["MAX_BACKOFF", "register"]
 
@@ -150,7 +154,7 @@ class Receiver:
 
     def _load(self, *, clean: bool = False) -> None:
         """Tries and parked documents from the store (they survive a restart)."""
-        from semq.node.receiving import tries
+        from semq.node.features.receiving import tries
 
         self.tries = tries(self.node, clean=clean)
         self.held = set()
@@ -199,7 +203,7 @@ class Receiver:
         return None, due_in
 
     def _run_one(self, item: Any) -> None:
-        from semq.node.receiving import acknowledge, failed
+        from semq.node.features.receiving import acknowledge, failed
 
         try:
             fresh = self.node.get(item.id)
@@ -238,7 +242,7 @@ class Receiver:
                   file=sys.stderr, flush=True)
 
     def run(self) -> int:
-        from semq.inbox_wait import MAX_WAIT, DaemonAway
+        from semq.session.inbox_wait import MAX_WAIT, DaemonAway
 
         node = self.node
         self._load(clean=True)
@@ -273,8 +277,6 @@ class Receiver:
 
 
 def cmd_receive(args: argparse.Namespace) -> int:
-    from semq.cli import UsageError, _client
-
     if args.parked:
         return _parked(args)
     if args.retry:
@@ -292,7 +294,7 @@ def cmd_receive(args: argparse.Namespace) -> int:
         raise KeyboardInterrupt
 
     signal.signal(signal.SIGTERM, stop)
-    with _client(args) as node:
+    with client_of(args) as node:
         receiver = Receiver(node, args)
         try:
             return receiver.run()
@@ -303,10 +305,9 @@ def cmd_receive(args: argparse.Namespace) -> int:
 
 
 def _parked(args: argparse.Namespace) -> int:
-    from semq.cli import _app_key_shown, _client, format_time, shown
-    from semq.node.receiving import parked
+    from semq.node.features.receiving import parked
 
-    with _client(args) as node:
+    with client_of(args) as node:
         rows = parked(node)
     if args.json:
         print(json.dumps([{"id": t.inbox_id, "lk0": str(i.lk0), "from": i.lk0.endpoint.node_id,
@@ -317,21 +318,20 @@ def _parked(args: argparse.Namespace) -> int:
     print(f"{'ID':>6}  {'LK0':<28} {'APPKEY':<32} {'TRIES':>5} {'LAST':<12} {'PARKED':<19}  STDERR")
     for t, i in rows:
         tail = shown(" ".join(t.stderr_tail.split())[-60:])
-        print(f"{t.inbox_id:>6}  {i.lk0!s:<28} {_app_key_shown(i.app_key):<32} {t.tries:>5}"
+        print(f"{t.inbox_id:>6}  {i.lk0!s:<28} {app_key_shown(i.app_key):<32} {t.tries:>5}"
               f" {_describe(t.last_code, False):<12} {format_time(t.parked_ms):<19}  {tail}")
     print(f"{len(rows)} parked document(s); 'semq receive --retry ID' gives one back", file=sys.stderr)
     return 0
 
 
 def _retry(args: argparse.Namespace) -> int:
-    from semq.cli import _client, _doc_id
-    from semq.node.receiving import retry
+    from semq.node.features.receiving import retry
 
     rc = 0
-    with _client(args) as node:
+    with client_of(args) as node:
         for text in args.retry:
             try:
-                retry(node, _doc_id(text))
+                retry(node, doc_id(text))
             except KeyError as e:
                 print(f"error: {e.args[0]}", file=sys.stderr)
                 rc = 1

@@ -1,5 +1,5 @@
 """``semq watch``: an outbox folder whose complete files are sent, and an
-inbox folder each arriving document is written to (semq.node.folders
+inbox folder each arriving document is written to (semq.node.features.folders
 holds the rules; this is the command around them).
 
 One synchronous loop: scan the outbox, drain the inbox, sleep until the
@@ -23,7 +23,8 @@ import time
 from pathlib import Path
 from typing import Any, Final
 
-from semq._db import StoreError
+from semq.cli._common import UsageError, check_address, check_colleague, config_of
+from semq.store.db import StoreError
 
 __all__ = ["LOCK_NAME", "register"]
 
@@ -57,8 +58,6 @@ class _Stop:
 def _lock(folder: Path) -> int:
     """An exclusive lock on ``folder`` (held until the process ends): two
     watchers on one folder would send its files twice."""
-    from semq.cli import UsageError
-
     fd = os.open(folder / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o644)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -69,8 +68,6 @@ def _lock(folder: Path) -> int:
 
 
 def _folder(path: str, flag: str) -> Path:
-    from semq.cli import UsageError
-
     p = Path(path)
     if not p.is_dir():
         raise UsageError(f"{flag} {path}: no such directory")
@@ -78,9 +75,8 @@ def _folder(path: str, flag: str) -> Path:
 
 
 def cmd_watch(args: argparse.Namespace) -> int:
-    from semq.cli import UsageError, _cfg, _check_address, _check_colleague
     from semq.node.api import NodeClient
-    from semq.node.folders import FolderOptions, InboxFolder, OutboxFolder
+    from semq.node.features.folders import FolderOptions, InboxFolder, OutboxFolder
 
     if not args.outbox and not args.inbox:
         raise UsageError("nothing to watch: give --outbox DIR (with --to) and/or --inbox DIR")
@@ -92,14 +88,14 @@ def cmd_watch(args: argparse.Namespace) -> int:
         raise UsageError(f"--interval {args.interval:g} is not a positive number of seconds")
     if args.batch < 1:
         raise UsageError(f"--batch {args.batch} is not a positive number of files")
-    cfg = _cfg(args, "node")
+    cfg = config_of(args, "node")
     outbox = _folder(args.outbox, "--outbox") if args.outbox else None
     inbox = _folder(args.inbox, "--inbox") if args.inbox else None
     if outbox is not None and outbox == inbox:
         raise UsageError(f"--outbox and --inbox are the same directory {outbox}: received files would be sent")
     options = None
     if outbox is not None:
-        _check_address(args.to, cfg.org)
+        check_address(args.to, cfg.org)
         options = FolderOptions(to=args.to, data_type=args.type, domain=args.domain, subtype=args.subtype,
                                 key=args.key, key_from_name=args.key_from_name, save_fwd=args.save_fwd,
                                 ack2=args.ack2, priority=args.priority, expires_in=args.expires_in,
@@ -113,7 +109,7 @@ def cmd_watch(args: argparse.Namespace) -> int:
     try:
         with NodeClient(cfg.directory, config=cfg) as node:
             if options is not None:
-                _check_colleague(node, args.to)
+                check_colleague(node, args.to)
             out = OutboxFolder(node, outbox, options, batch=args.batch) if outbox is not None and options else None
             into = InboxFolder(node, inbox, ext=args.inbox_ext) if inbox is not None else None
             what = [f"outbox {outbox} -> {args.to}"] if out else []
@@ -150,7 +146,7 @@ def _loop(out: Any, into: Any, interval: float, stop: _Stop) -> None:
 
 def register(sub: Any) -> None:
     """Add ``semq watch`` to semq's subparsers (``build_parser`` calls this)."""
-    from semq.node.folders import WATCH_BATCH
+    from semq.node.features.folders import WATCH_BATCH
 
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--dir", help="data directory (default $SEMQ_DIR or ./semq-data)", default=argparse.SUPPRESS)

@@ -1,8 +1,8 @@
 """What the node core's roles share: the store and identity (``NodeContext``),
 one batch's working state (``Batch``) and what a batch produced (``Output``).
 
-The roles (semq.node.origin, receiver, receipts, inquiries, housekeeping)
-hold no per-batch state of their own: a batch's dedup look-ups, rows to
+The roles (semq.node.origin, semq.node.receiver, inquiries, housekeeping)
+and the owners of the tables hold no per-batch state of their own: a batch's dedup look-ups, rows to
 insert, acks to send and confirmations found travel in its ``Batch``, made
 by the facade (semq.node.core) for one transaction and dropped after it.
 """
@@ -13,14 +13,16 @@ import sqlite3
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 from peewee import SqliteDatabase
 
-from semq.events import EventLog, now_ms
-from semq.security import NodeSecurity
+from semq.identity.crypto import make_batch_receipt
+from semq.identity.security import NodeSecurity
+from semq.tracking.events import EventLog, now_ms
 from semq.umxt_protocol import (
     LK0,
+    AckBatch,
     AckEntry,
     Endpoint,
     Frame,
@@ -30,11 +32,30 @@ from semq.umxt_protocol import (
     encode_frame,
 )
 
-from .writebehind import WriteBehind
-
-__all__ = ["Batch", "Events", "NodeContext", "Output"]
+__all__ = ["RECEIPT_BATCH", "Batch", "Events", "NodeContext", "Output"]
 
 Events = list[dict[str, Any]]
+RECEIPT_BATCH: Final = 10_000  # documents one batch receipt signs (entries of one ACK_BATCH)
+
+
+def _by_unit(entries: list[AckEntry], digests: list[Any]) -> list[tuple[list[AckEntry], list[Any]]]:
+    """Acks for one peer, one list per unit of the peer whose record they
+    name (``dest_semq_id``, semq.umxt_protocol.units): the relay gives each unit its own,
+    and a batch receipt signs one list whole. ``digests`` (aligned with
+    ``entries``, or not given) go with their entries."""
+    if not entries:
+        return []
+    first = entries[0].dest_semq_id
+    if all(e.dest_semq_id == first for e in entries):  # one unit: the common case, nothing copied
+        return [(entries, digests)]
+    aligned = len(digests) == len(entries)
+    groups: dict[int, tuple[list[AckEntry], list[Any]]] = {}
+    for i, e in enumerate(entries):
+        g = groups.setdefault(e.dest_semq_id, ([], []))
+        g[0].append(e)
+        if aligned:
+            g[1].append(digests[i])
+    return list(groups.values())
 
 
 @dataclass
@@ -62,7 +83,7 @@ class Output:
     # there is used up (QUOTA_EXCEEDED); the rows went back to SS_INIT.
     over_quota: set[str] = field(default_factory=set)
     errors: list[tuple[ResultCode, str]] = field(default_factory=list)
-    # CHUNK_ACKs for our large documents: (semq.node.large_out.Outgoing,
+    # CHUNK_ACKs for our large documents: (semq.node.large.outgoing.Outgoing,
     # through, resume, stored at the platform), for the daemon's LargeSender.
     chunk_acks: list[tuple[Any, int, bool, bool]] = field(default_factory=list)
 
@@ -74,7 +95,7 @@ class Output:
 class NodeContext:
     """The store and identity every role of the node core works with.
     ``inquiry_ms``, ``skew_ms``, ``platform`` and ``log`` change at run
-    time (a reload, the platform's WELCOME, the API's held log)."""
+    time (a reload, the platform's WELCOME, a transaction's log kept until its commit)."""
 
     path: Path
     db: SqliteDatabase
@@ -83,14 +104,13 @@ class NodeContext:
     platform: Endpoint
     sec: NodeSecurity | None
     log: EventLog | None
-    held: WriteBehind
     inquiry_ms: int
     skew_ms: int
-    unit: int = 1  # this process's unit of the node (semq_id of its LK0s; semq.units)
-    units: int = 1  # the node's units (semq.units)
+    unit: int = 1  # this process's unit of the node (semq_id of its LK0s; semq.umxt_protocol.units)
+    units: int = 1  # the node's units (semq.umxt_protocol.units)
     # Unit 1's store, for a unit K > 1 of the node: unit 1 keeps the ordered
     # channels, so it may hold a document whose LK0 picks this unit
-    # (Receiver.received_digest looks there too). None: this is unit 1.
+    # (semq.node.receiver.inbox looks there too). None: this is unit 1.
     first_unit_store: Path | None = None
 
     def lk0(self, record_id: int) -> LK0:
@@ -143,3 +163,18 @@ class Batch:
     # the platform): the receiver answers every reliable document with ACK2,
     # keeps no pending-ack row for it, and our ACK2s from it get no REACK2.
     direct: Endpoint | None = None
+
+    def ack_frames(self, me: Endpoint, sec: NodeSecurity | None) -> None:
+        """The batch's acks into ``out``, one ACK_BATCH per (kind, peer, unit
+        of the peer) and up to RECEIPT_BATCH entries; ACK2s with one receipt
+        over their documents' digests (docs/security.md)."""
+        for (kind, target), all_entries in self.acks.items():
+            all_digests = self.digests.get(target, []) if kind is Kind.ACK2 else []
+            for entries, digests in _by_unit(all_entries, all_digests):
+                for i in range(0, len(entries), RECEIPT_BATCH):
+                    receipt = b""
+                    if sec is not None and len(digests) == len(entries):
+                        receipt = make_batch_receipt(digests[i:i + RECEIPT_BATCH], sec.identity.keys.signing_key)
+                    self.out.add(Frame(kind=Kind.ACK_BATCH, source=me, target=target,
+                                       body=AckBatch(ack_kind=kind, entries=tuple(entries[i:i + RECEIPT_BATCH]),
+                                                     receipt=receipt)))

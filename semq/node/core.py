@@ -1,35 +1,37 @@
 """The node's synchronous core: store + engine, one transaction per batch.
 
-A small facade over the node's roles — ``Origin`` (pending-send table),
-``Receiver`` (inbox, dedup, pending-ack table), ``Receipts`` (proofs),
-``Inquiries``, ``Housekeeping`` and the ``Operator``'s actions — that share one store (``NodeContext``)
-and one write-behind (semq.node.writebehind). The facade owns the
-transaction and dispatches each frame through a table by kind.
+``NodeCore`` is the facade over the node's roles — ``Origin``
+(semq.node.origin), ``Receiver`` (semq.node.receiver), ``Inquiries``,
+``Housekeeping`` and the ``Operator``'s actions — and over the owners of
+its tables (docs/architecture.md, "The node: who owns which table"), which
+share one store (``NodeContext``). The facade owns the transaction, writes
+the owners' deferred writes together, and dispatches each frame through a
+table by kind.
 
 Every public method runs in one SQLite transaction and returns the frames
 (encoded bytes) that may leave only after it returned, i.e. after COMMIT —
 SPEC: "every state change is committed before the acknowledgement that
 depends on it leaves the process". The trio daemon calls these on one
-worker thread per store (semq.node.daemon).
+worker thread per store (semq.node.daemon). A store error is translated at
+one point for every caller outside the daemon (``transaction``).
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Collection, Iterable, Sequence
-from contextlib import nullcontext
+from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
+from contextlib import contextmanager, nullcontext
 from dataclasses import fields
 from functools import partial
 from pathlib import Path
-from typing import Any, Final
+from typing import Any, Final, TypeVar
 
 from peewee import SqliteDatabase
 
-from semq._db import HOLD_MS, STORE_ERRORS, HeldWrites, rows_by_id, split_held
-from semq.crypto import make_batch_receipt
-from semq.events import EventLog
-from semq.ports import FramePort
-from semq.security import NodeSecurity
+from semq.identity.security import NodeSecurity
+from semq.session.ports import FramePort
+from semq.store.db import STORE_ERRORS, translate
+from semq.tracking.events import EventLog
 from semq.umxt_protocol import (
     LK0,
     Ack,
@@ -38,7 +40,6 @@ from semq.umxt_protocol import (
     Chunk,
     Data,
     Endpoint,
-    Frame,
     Kind,
     NodeType,
     RawFrame,
@@ -47,22 +48,28 @@ from semq.umxt_protocol import (
 )
 
 from .batch import Batch, NodeContext, Output
-from .engine import OriginEvent, SendState
+from .engine import OPERATOR, OperatorAction, OriginEvent, SendState, TransitionRefused
 from .housekeeping import FAILED_RETENTION_MS, Housekeeping
-from .inquiries import RECEIPT_BATCH, Inquiries
-from .large_out import chunk_ack, confirmed, stored_manifests
-from .operator import Operator
-from .origin import NewDocument, Origin, document_flags
-from .receipts import RECEIPT_RETENTION_MS, Receipts
-from .receiver import DEDUP_RETENTION_MS, Receiver
+from .inquiries import Inquiries
+from .large.outgoing import LargeOut
+from .origin.channels import ChannelsOut
+from .origin.documents import NewDocument, document_flags
+from .origin.operator import Operator
+from .origin.outbox import Outbox, OutboxFilter
+from .origin.receipts import RECEIPT_RETENTION_MS, Receipts, write_digests
+from .origin.role import Origin
+from .receiver.inbox import Inbox
+from .receiver.pending_ack import PendingAcks
+from .receiver.role import DEDUP_RETENTION_MS, Receiver
+from .rows import DEFER_MS, MAX_INQUIRY_BACKOFF_MS, Deferred
 from .store import open_node_store
-from .writebehind import MAX_INQUIRY_BACKOFF_MS, WriteBehind
+from .users import Users
 
 __all__ = [
     "DEDUP_RETENTION_MS",
     "DEFAULT_CLOCK_SKEW_MS",
+    "DEFER_MS",
     "FAILED_RETENTION_MS",
-    "HOLD_MS",
     "MAX_INQUIRY_BACKOFF_MS",
     "RECEIPT_RETENTION_MS",
     "NewDocument",
@@ -72,6 +79,7 @@ __all__ = [
 ]
 
 log = logging.getLogger("semq.node")
+R = TypeVar("R", bound=tuple[Any, ...])
 
 # How far a sender's clock may be off ours. A document is refused (STALE)
 # when its signed creation time lies more than this in the future, or
@@ -81,26 +89,6 @@ log = logging.getLogger("semq.node")
 DEFAULT_CLOCK_SKEW_MS: Final = 10 * 60 * 1000
 _ACK_EVENTS: Final = {Kind.ACK_FWD: OriginEvent.ACK_FWD, Kind.ACK_SAVE: OriginEvent.ACK_SAVE,
                       Kind.ACK2: OriginEvent.ACK2}
-
-
-def _by_unit(entries: list[AckEntry], digests: list[Any]) -> list[tuple[list[AckEntry], list[Any]]]:
-    """Acks for one peer, one list per unit of the peer whose record they
-    name (``dest_semq_id``, semq.units): the relay gives each unit its own,
-    and a batch receipt signs one list whole. ``digests`` (aligned with
-    ``entries``, or not given) go with their entries."""
-    if not entries:
-        return []
-    first = entries[0].dest_semq_id
-    if all(e.dest_semq_id == first for e in entries):  # one unit: the common case, nothing copied
-        return [(entries, digests)]
-    aligned = len(digests) == len(entries)
-    groups: dict[int, tuple[list[AckEntry], list[Any]]] = {}
-    for i, e in enumerate(entries):
-        g = groups.setdefault(e.dest_semq_id, ([], []))
-        g[0].append(e)
-        if aligned:
-            g[1].append(digests[i])
-    return list(groups.values())
 
 
 def _merged(a: Output, b: Output) -> Output:
@@ -116,7 +104,23 @@ def _merged(a: Output, b: Output) -> Output:
     return a
 
 
-class NodeCore(HeldWrites):
+class _LogAfterCommit(EventLog):
+    """The records logged inside a ``transaction`` not committed yet: they
+    reach the real log after the COMMIT (docs/events.md: the log never
+    claims more than the store holds)."""
+
+    def __init__(self) -> None:
+        super().__init__(Path("."), "", "")
+        self.records: list[dict[str, Any]] = []
+
+    def write(self, records: list[dict[str, Any]]) -> None:
+        self.records.extend(records)
+
+    def close(self) -> None:
+        pass
+
+
+class NodeCore:
     """One organization's store and SEMQ rules. Not thread-safe: one caller
     at a time (the daemon's store gate)."""
 
@@ -144,17 +148,28 @@ class NodeCore(HeldWrites):
         self.ctx = ctx = NodeContext(
             path=path, db=db, conn=conn, me=Endpoint.org(org), platform=platform or Endpoint.platform(),
             sec=security, log=EventLog(events_dir, f"org:{org}", "origin", unit=unit) if events_dir else None,
-            held=WriteBehind(conn, inquiry_ms), inquiry_ms=inquiry_ms, skew_ms=int(clock_skew * 1000), unit=unit)
-        self.unit = unit  # which of the node's units this store is (semq.units)
+            inquiry_ms=inquiry_ms, skew_ms=int(clock_skew * 1000), unit=unit)
+        self.unit = unit  # which of the node's units this store is (semq.umxt_protocol.units)
         self.path, self.db, self.conn, self.me, self.sec = path, db, conn, ctx.me, security
-        self.receipts = Receipts(ctx)
-        self.origin = Origin(ctx, self.receipts)
-        self.receiver = Receiver(ctx)
+        # The owners of the node's tables (docs/architecture.md).
+        self.outbox = Outbox(ctx, partial(write_digests, conn))
+        self.receipts = Receipts(ctx, self.outbox)
+        self.large_out = LargeOut(ctx, self.outbox)
+        self.inbox = Inbox(ctx)
+        self.pending_acks = PendingAcks(ctx)
+        self.users = Users(ctx)
+        # The roles.
+        self.origin = Origin(ctx, self.outbox, self.receipts, ChannelsOut(ctx), self.large_out)
+        self.receiver = Receiver(ctx, self.inbox, self.pending_acks, self.users)
+        self.large_in = self.receiver.large
         self.inquiry = Inquiries(ctx, self.origin, self.receiver)
-        self.house = Housekeeping(ctx)
-        # The operator's and the features' transitions (semq.node.dead, semq.ops);
+        self.house = Housekeeping(ctx, self.outbox, self.receipts, self.large_out, self.inbox, self.pending_acks,
+                                  self.receiver)
+        # The operator's and the features' transitions (semq.node.features.dead, semq.ops);
         # an ordered document deleted by them is announced to its receiver first.
-        self.operator = Operator(ctx, lambda ids: self.origin.announce_gaps(nullcontext, ids))
+        self.operator = Operator(self.outbox, lambda ids: self.origin.announce_gaps(nullcontext, ids))
+        # The owners that defer writes, in the order they are written.
+        self._deferred: tuple[Deferred, ...] = (self.outbox, self.pending_acks)
         # How each frame kind is handled within a batch (frames for another
         # endpoint are refused before this; kinds not here are ignored).
         self._dispatch: dict[Kind, Callable[[Batch, RawFrame], None]] = {
@@ -166,7 +181,7 @@ class NodeCore(HeldWrites):
             Kind.INQUIRY: self._inquiry,
             Kind.INQUIRY_RESP: self._inquiry_resp,
             Kind.CHUNK: self.receiver.large.chunk,
-            Kind.CHUNK_ACK: partial(chunk_ack, ctx),
+            Kind.CHUNK_ACK: self.large_out.chunk_ack,
         }
 
     # What changes at run time (a reload, the platform's WELCOME, the API).
@@ -177,7 +192,7 @@ class NodeCore(HeldWrites):
 
     @inquiry_ms.setter
     def inquiry_ms(self, value: int) -> None:
-        self.ctx.inquiry_ms = self.ctx.held.inquiry_ms = value
+        self.ctx.inquiry_ms = value
 
     @property
     def skew_ms(self) -> int:
@@ -203,36 +218,77 @@ class NodeCore(HeldWrites):
     def log(self, value: EventLog | None) -> None:
         self.ctx.log = value
 
-    @property
-    def held_rows(self) -> WriteBehind:
-        """The writes held in memory (semq.node.writebehind)."""
-        return self.ctx.held
+    # ------------------------------------------------------------ transactions and deferred writes
 
-    # ------------------------------------------------------------ the write-behind
+    @contextmanager
+    def _tx(self) -> Iterator[None]:
+        """One IMMEDIATE transaction (the write lock taken at BEGIN, so the
+        busy timeout applies: a deferred read-then-write transaction fails at
+        once with "database is locked" when another process wrote in
+        between). If it does not commit, the deferred writes are dropped, as
+        a crash would drop them: they may have changed in the transaction,
+        the store is the truth, and what it lacks the inquiries recover
+        (docs/design.md). Store errors raise as they are (the daemon keeps
+        everything and tries again)."""
+        try:
+            with self.db.atomic("IMMEDIATE"):
+                yield
+        except BaseException:
+            for d in self._deferred:
+                d.drop_deferred()
+            raise
 
-    def held(self) -> bool:
-        """Whether anything is held in memory (write_held would write)."""
-        return bool(self.ctx.held)
+    @contextmanager
+    def transaction(self) -> Iterator[None]:
+        """One write transaction for callers outside the daemon's batches
+        (``accept``, an application's ``NodeClient``, the node's features).
+        Methods called inside it join it (a savepoint): their rows commit or
+        vanish together. Records logged inside it (``log``) reach the
+        delivery log only after the commit. The one point where the store's
+        errors are translated: raises StoreError (disk full, read-only,
+        locked) with nothing written. (What the owners defer stays: a
+        feature's refusal, raised inside, is no reason to drop it.)"""
+        real = self.ctx.log
+        pending = _LogAfterCommit()
+        self.ctx.log = pending if real is not None else None
+        try:
+            with self.db.atomic("IMMEDIATE"):
+                yield
+        except STORE_ERRORS as e:
+            raise translate(e, self.path, "node store") from e
+        finally:
+            self.ctx.log = real
+        if real is not None and pending.records:
+            real.write(pending.records)
 
-    def write_held(self, before_ms: int | None = None) -> None:
-        """Write what is held in memory (all of it, or what was held at or
-        before ``before_ms``), inside the caller's transaction."""
-        self.ctx.held.write(before_ms)
+    def deferred(self) -> bool:
+        """Whether any owner defers a write (write_deferred would write)."""
+        return any(self._deferred)
 
-    def _drop_held(self) -> None:
-        self.ctx.held.drop()
+    def write_deferred(self, before_ms: int | None = None) -> None:
+        """Write what the owners defer (all of it, or what was deferred at
+        or before ``before_ms``), inside the caller's transaction: the
+        outbox's states (SS_SENT, then SS_ACK_FWD), then new pending-ack rows."""
+        for d in self._deferred:
+            d.write_deferred(before_ms)
+
+    def write_deferred_now(self) -> None:
+        """Everything deferred, written in a transaction of its own (a clean stop)."""
+        if self.deferred():
+            with self._tx():
+                self.write_deferred()
 
     def reread_send_order(self) -> None:
-        """Rows may have become SS_INIT other than by being accepted (a
-        resend, a requeued dead letter): the next claim reads the whole
-        send order again, not only after the held rows."""
-        self.ctx.held.order.forget()
+        """Rows may have become SS_INIT in another process (a requeued dead
+        letter): the next claim reads the whole send order again, not only
+        after the rows in flight."""
+        self.outbox.order.forget()
 
     def close(self) -> None:
         try:
-            self.write_held_now()
+            self.write_deferred_now()
         except STORE_ERRORS:
-            # Lost as in a crash (semq.node.writebehind says what that costs).
+            # Lost as in a crash (docs/design.md says what that costs).
             pass
         if self.ctx.log:
             self.ctx.log.close()
@@ -247,13 +303,13 @@ class NodeCore(HeldWrites):
         accepted, or LocalProtocolError for an invalid document (its
         subclass DocumentTooLarge for one no frame can carry: it could never
         be sent; semq.node.limits)."""
-        return self.origin.accept(docs, self._tx)
+        return self.origin.accept(docs, self.transaction)
 
     def claim(self, limit: int, skip_targets: frozenset[str] = frozenset(), port: FramePort | None = None, *,
-              only: str | None = None, write_held: bool = True) -> Output:
+              only: str | None = None, write_deferred: bool = True, write_held: bool | None = None) -> Output:
         """SPEC A.2: take up to ``limit`` SS_INIT rows (priority first, then
-        acceptance order), mark them SS_SENT (held in memory first:
-        semq.node.writebehind), commit, and return their DATA frames. Expired
+        acceptance order), mark them SS_SENT (deferred in memory first:
+        semq.node.origin.outbox), commit, and return their DATA frames. Expired
         rows fail with EXPIRED instead; best-effort rows are deleted as they
         go (never retried). With security, the batch is signed under one
         signature (each document still verifies alone) and sealed to the
@@ -271,61 +327,51 @@ class NodeCore(HeldWrites):
         again: ORIGIN_TABLE).
 
         ``only``: the documents to that one organization, for a direct link
-        to it (their events say ``path: direct``). ``write_held=False``:
-        leave the states held in memory unwritten (a claim of the documents
-        for this node's own users while the platform is away)."""
+        to it (their events say ``path: direct``). ``write_deferred=False``:
+        leave the deferred states unwritten (a claim of the documents for
+        this node's own users while the platform is away); ``write_held`` is
+        its old name, until semq/node/daemon.py says ``write_deferred``."""
+        if write_held is not None:
+            write_deferred = write_held
         out = Output()
         ts = self.ctx.now()
         events: list[dict[str, Any]] = []
         if self.sec is not None:
             self.receipts.salt_key()
         with self._tx():
-            if self.ctx.held.sent and write_held:
-                self.write_held(ts - HOLD_MS)  # (may empty it)
+            if self.outbox.sent and write_deferred:
+                self.write_deferred(ts - DEFER_MS)  # (may empty it)
             self.origin.claim(limit, skip_targets, port, out, events, ts, only=only,
                               path="relay" if only is None else "direct")
         self.ctx.emit(events)
         return out
 
     def announce_gaps(self, ids: Collection[int] | None = None) -> int:
-        """Queue gap notices for failed ordered documents (semq.node.channels)."""
+        """Queue gap notices for failed ordered documents (semq.node.receiver.channels)."""
         return self.origin.announce_gaps(self._tx, ids)
 
     def waiting_channels(self) -> list[Any]:
         """The ordered channels that hold documents back (ChannelWait)."""
-        from .channels import waiting_channels
-
-        return waiting_channels(self.conn, self.ctx.unit)
+        return self.receiver.channels.waiting()
 
     def pending_targets(self, limit: int = 1000) -> set[str]:
         """Organizations with documents waiting to be sent (SS_INIT)."""
-        return {r[0] for r in self.conn.execute(
-            f"SELECT DISTINCT target_id FROM outbox WHERE state={int(SendState.SS_INIT)} LIMIT ?", (limit,))}
+        return self.outbox.pending_targets(limit)
 
     def send_again(self, ids: Collection[int]) -> int:
         """Documents sent on a direct link that broke before their answer
-        came: those still SS_SENT go back to SS_INIT and are sent again, on
-        whichever path is up (the receiver suppresses a copy it already
-        has) — except SaveFwd 1, which goes to SS_ACK_FWD, as a forwarded
-        one: the target may hold it already (its ACK2 lost with the link),
-        and a copy sent again through the platform while the target is
-        offline would be dropped there and reported dropped (301) though
-        delivered (scripts/chaos --seed 5 --docs 1000 --minutes 1 --orgs 4
-        --direct some). Its inquiry to the target settles it: delivered, or
-        reported dropped. Rows answered meanwhile are left as they are.
-        Returns how many were taken off the link."""
+        came (``LINK_LOST``): those still SS_SENT go back to SS_INIT and are
+        sent again, on whichever path is up — except SaveFwd 1, taken as
+        forwarded and asked about (ORIGIN_TABLE says why). Rows answered
+        meanwhile are left as they are. Returns how many were taken off the
+        link."""
         if not ids:
             return 0
         ts = self.ctx.now()
         out = Output()
         events: list[dict[str, Any]] = []
         with self._tx():
-            hits, rest = split_held(list(ids), self.ctx.held.sent)
-            sf1 = {rid for rid, h in hits if h.save_fwd < 2}
-            sf1.update(rid for rid, save_fwd in rows_by_id(self.conn, "SELECT id, save_fwd FROM outbox", rest)
-                       if save_fwd < 2)
-            self.origin.apply([(rid, OriginEvent.PLATFORM_HAS if rid in sf1 else OriginEvent.PLATFORM_LACKS)
-                               for rid in ids], ts, out, events, None)
+            self.origin.apply([(rid, OriginEvent.LINK_LOST) for rid in ids], ts, out, events, None)
         self.ctx.emit(events)
         return out.settled
 
@@ -335,7 +381,6 @@ class NodeCore(HeldWrites):
         SS_FAILED with ``code``: CANNOT_SEND), or only those with
         ``save_fwd``. Returns how many."""
         with self._tx():
-            self.write_held()  # rows in flight are not "not yet sent"
             events = self.origin.fail_target(target, code, detail, save_fwd)
         self.ctx.emit(events)
         return len(events)
@@ -344,18 +389,19 @@ class NodeCore(HeldWrites):
         """The not-yet-sent documents to ``target`` wait for a certificate:
         they stay SS_INIT and carry ``code`` (one of ``waiting``), why they
         wait, for ``semq messages`` and ``semq admin stuck``; ``code`` 0 (a
-        certificate came) clears it. Rows held in flight are SS_INIT on disk
+        certificate came) clears it. Rows in flight are SS_INIT on disk
         too: the code goes with them and their next state replaces it.
         Returns how many rows changed."""
         with self._tx():
             return self.origin.wait_target(target, code, waiting)
 
     def pending_count(self) -> int:
-        return self.origin.pending_count()
+        """Documents not sent yet."""
+        return self.outbox.pending_count()
 
     def receipt_proof(self, record_id: int) -> tuple[str, bytes, bytes, int] | None:
         """(receiver, digest, self-standing receipt, received_ms) of one of our
-        documents, or None when no receipt is held."""
+        documents, or None when no receipt is kept."""
         return self.receipts.proof(record_id)
 
     # ------------------------------------------------------------ a batch of frames
@@ -401,12 +447,12 @@ class NodeCore(HeldWrites):
                     frame = raw.frame()
                     d = frame.body
                     assert isinstance(d, Data)
-                    self.receiver._refuse(b, frame, d, ResultCode.INTERNAL_ERROR, detail)
+                    self.receiver.refuse(b, frame, d, ResultCode.INTERNAL_ERROR, detail)
                 elif raw.kind is Kind.CHUNK and raw.target == self.me:
                     c = raw.frame().body
                     assert isinstance(c, Chunk)
                     self.receiver.large.refuse_transfer(b, c.lk0, ResultCode.INTERNAL_ERROR, detail)
-                self._send_acks(b)
+                b.ack_frames(self.me, self.sec)
         except STORE_ERRORS:
             raise
         except Exception:
@@ -423,7 +469,7 @@ class NodeCore(HeldWrites):
         receiver, dispatch, me = self.receiver, self._dispatch, self.me
         receiver.open_batch(b, frames)
         with self._tx(), receiver.large.batch():
-            self.write_held(ts - HOLD_MS)
+            self.write_deferred(ts - DEFER_MS)
             receiver.begin(b, frames)
             for raw in frames:
                 kind = raw.kind
@@ -445,25 +491,9 @@ class NodeCore(HeldWrites):
             receiver.flush(b)
             receiver.flush_confirmations(b)
             receiver.reserve_ids(b)
-            self._send_acks(b)
+            b.ack_frames(self.me, self.sec)
         self.ctx.emit(b.events)
         return b.out
-
-    def _send_acks(self, b: Batch) -> None:
-        """The batch's acks, one ACK_BATCH per (kind, peer) and up to
-        RECEIPT_BATCH entries; ACK2s with one receipt over their documents'
-        digests (docs/security.md)."""
-        sec = self.sec
-        for (kind, target), all_entries in b.acks.items():
-            all_digests = b.digests.get(target, []) if kind is Kind.ACK2 else []
-            for entries, digests in _by_unit(all_entries, all_digests):
-                for i in range(0, len(entries), RECEIPT_BATCH):
-                    receipt = b""
-                    if sec is not None and len(digests) == len(entries):
-                        receipt = make_batch_receipt(digests[i:i + RECEIPT_BATCH], sec.identity.keys.signing_key)
-                    b.out.add(Frame(kind=Kind.ACK_BATCH, source=self.me, target=target,
-                                    body=AckBatch(ack_kind=kind, entries=tuple(entries[i:i + RECEIPT_BATCH]),
-                                                  receipt=receipt)))
 
     def _ack_batch(self, b: Batch, raw: RawFrame) -> None:
         frame = raw.frame()
@@ -486,32 +516,18 @@ class NodeCore(HeldWrites):
         to the receiver role. ACK from a node is for the platform only."""
         if kind is Kind.ACK2 and self.sec is not None:
             # With security a delivery is confirmed only by the receiver's
-            # signed receipt for exactly these documents and digests
-            # (SPEC "What a receipt proves"): entries it does not cover
-            # change nothing; their rows ask the target again.
-            proven = self.receipts.keep(entries, peer, receipt, b.ts, b.out) if receipt else set()
-            if len(proven) < len(entries):
-                bad = [e for e in entries if e.dest_ref_id not in proven]
-                b.out.bad_receipts += len(bad)
-                me = self.me.node_id
-                b.events.extend({"ts": b.ts, "role": "origin", "event": "bad_receipt",
-                                 "lk0": f"{me}/{e.dest_semq_id}/{e.dest_semq_db_id}/{e.dest_ref_id}",
-                                 "source": me, "target": peer.node_id,
-                                 "code": int(ResultCode.BAD_RECEIPT)} for e in bad[:100])
-                b.out.errors.append((ResultCode.BAD_RECEIPT,
-                                     f"ACK2 from {peer} for {len(bad)} document(s) without a receipt that"
-                                     " verifies: left open"))
-                entries = [e for e in entries if e.dest_ref_id in proven]
-                if not entries:
-                    return
+            # signed receipt (SPEC "What a receipt proves").
+            entries = self.receipts.proven(b, entries, peer, receipt)
+            if not entries:
+                return
         ev = _ACK_EVENTS.get(kind)
         if ev is not None:
             self.origin.apply([(e.dest_ref_id, ev, e) for e in entries], b.ts, b.out, b.events,
                               b.acks if reack2 else None, peer=peer)
             if kind is Kind.ACK_SAVE:  # (a large document's chunks go to the platform too)
-                stored_manifests(self.ctx, b, [e.dest_ref_id for e in entries])
+                self.large_out.stored_manifests(b, [e.dest_ref_id for e in entries])
             elif kind is Kind.ACK2:  # (a large document's copy is no longer needed)
-                confirmed(self.ctx, [e.dest_ref_id for e in entries])
+                self.large_out.confirmed([e.dest_ref_id for e in entries])
         elif kind in (Kind.REACK, Kind.REACK2):
             self.receiver.queue_confirmations(b, kind, entries, peer, peer.node_type is NodeType.PLATFORM)
 
@@ -537,9 +553,9 @@ class NodeCore(HeldWrites):
         ts = self.ctx.now()
         events: list[dict[str, Any]] = []
         with self._tx():
-            # A held row must not look SS_SENT to an inquiry due now, nor a
-            # held pending-ack row be missed by one.
-            self.write_held(ts - min(HOLD_MS, self.ctx.inquiry_ms // 2))
+            # A deferred row must not look SS_SENT to an inquiry due now, nor a
+            # deferred pending-ack row be missed by one.
+            self.write_deferred(ts - min(DEFER_MS, self.ctx.inquiry_ms // 2))
             self.reread_send_order()  # rows another process put back to SS_INIT
             self.inquiry.due(ts, out, events)
         self.ctx.emit(events)
@@ -549,7 +565,7 @@ class NodeCore(HeldWrites):
         """After a new session: SS_SENT rows ask the platform at once rather
         than after the interval (their answers may have been lost)."""
         with self._tx():
-            self.write_held()
+            self.write_deferred()
             self.origin.ask_at_once()
 
     # ------------------------------------------------------------ housekeeping and status
@@ -560,10 +576,44 @@ class NodeCore(HeldWrites):
             return self.house.clean()
 
     def state_counts(self) -> dict[str, int]:
+        """Pending-send rows per state name, the deferred states counted where they are."""
         return self.house.state_counts()
 
     def pending_ack_count(self) -> int:
-        return self.house.pending_ack_count()
+        """Pending-ack rows, the deferred ones included."""
+        return self.pending_acks.count()
 
     def counts(self) -> dict[str, Any]:
+        """What ``semq status`` shows of the store."""
         return self.house.counts()
+
+    # ------------------------------------------------------------ the operator, the applications
+
+    def operate(self, action: OperatorAction, where: OutboxFilter, row: type[R], *, limit: int,
+                dry_run: bool = False) -> tuple[list[R], bool, list[int]]:
+        """The admin console's requeue / resend / purge: in one transaction,
+        the rows ``where`` selects as ``row`` (a named row with ``id`` and
+        ``state``; at most ``limit``, and whether there were more), and the
+        ids of those whose state ``action`` applies to (OPERATOR_TABLE),
+        applied unless ``dry_run``. The states are the ones read there."""
+        ts = self.ctx.now()
+        with self._tx():
+            rows = self.outbox.rows(row, where, limit=limit + 1)
+            more, rows = len(rows) > limit, rows[:limit]
+            ok: list[tuple[int, int]] = []
+            for r in rows:
+                rid, state = r.id, r.state  # type: ignore[attr-defined]
+                try:
+                    OPERATOR.step(SendState(state), action, rid)
+                except (ValueError, TransitionRefused):
+                    continue  # (a state this version does not know: left alone)
+                ok.append((rid, state))
+            if not dry_run:
+                self.operator.apply(action, ok, ts)
+        return rows, more, [rid for rid, _ in ok]
+
+    def acknowledge(self, rows: Sequence[int], ts: int, user: str | None = None) -> int:
+        """An application processed these inbox documents (``user``: only
+        that user's): acknowledged at ``ts`` in one transaction. Returns how many."""
+        with self.transaction():
+            return self.inbox.acknowledge(rows, ts, user)

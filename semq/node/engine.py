@@ -15,15 +15,14 @@ from enum import Enum, IntEnum
 from functools import lru_cache
 from typing import Final, Generic, TypeVar
 
-from semq.platform.engine import StoredState  # the same layer: the engines
+from semq.umxt_protocol import SaveFwd
 
 __all__ = [
+    "BY_SAVE_FWD",
     "OPERATOR",
     "OPERATOR_TABLE",
     "ORIGIN_TABLE",
     "PENDING_ACK_TABLE",
-    "STORED_OPERATOR",
-    "STORED_OPERATOR_TABLE",
     "TX",
     "TX_TABLE",
     "AckEvent",
@@ -46,8 +45,6 @@ __all__ = [
     "receive_decision",
     "receiver_may_clean",
     "sql_in",
-    "stored_operator_states",
-    "stored_operator_step",
     "tx_result",
     "tx_states",
     "tx_step",
@@ -78,9 +75,17 @@ class AckStatus(IntEnum):
 
 
 class OriginEvent(Enum):
+    """What happens to one of our documents. Some outcomes depend on the
+    document's guarantee (its SaveFwd): those events come in one variant
+    per guarantee, and ``BY_SAVE_FWD`` names the variant a row's SaveFwd
+    makes of the event its caller saw, so that every transition is a row
+    of ``ORIGIN_TABLE``."""
+
     __hash__ = object.__hash__  # a hot dict key: identity hash in C (Enum's is hash(name), in Python)
 
-    SENT = "sent"  # DATA written to the platform
+    SENT = "sent"  # DATA written towards the platform
+    SENT_DIRECT = "sent_direct"  # DATA handed to the target's own direct link (SaveFwd 2, 3: it may go again through the platform)
+    SENT_DIRECT_ONCE = "sent_direct_once"  # ... a SaveFwd 1 document: the hand-over is what the relay's forward is, never sent through the platform after it
     ACK_FWD = "ack_fwd"  # platform forwarded it
     ACK_SAVE = "ack_save"  # platform stored it
     NACK = "nack"  # platform dropped / refused it
@@ -88,8 +93,12 @@ class OriginEvent(Enum):
     PLATFORM_HAS = "platform_has"  # inquiry to P: RECEIVED (its ack was lost)
     PLATFORM_LACKS = "platform_lacks"  # inquiry to P: NOT_RECEIVED
     TARGET_HAS = "target_has"  # inquiry to B: RECEIVED
-    TARGET_LACKS = "target_lacks"  # inquiry to B: NOT_RECEIVED
+    TARGET_LACKS = "target_lacks"  # inquiry to B: NOT_RECEIVED, of a SaveFwd 3 document (must be delivered: sent again)
+    TARGET_LACKS_STORED = "target_lacks_stored"  # ... of a SaveFwd 2 document (a stored copy is the platform's to deliver; a forwarded one nobody else holds)
+    TARGET_LACKS_ONCE = "target_lacks_once"  # ... of a SaveFwd 1 document (at most once: not sent again, reported dropped, 301)
     TARGET_ASKS = "target_asks"  # B asks about our record: it has the message
+    LINK_LOST = "link_lost"  # the direct link it was handed to broke before its answer came (SaveFwd 2, 3: sent again)
+    LINK_LOST_ONCE = "link_lost_once"  # ... a SaveFwd 1 document (the target may hold it, its ACK2 lost with the link: asked, not sent again)
     EXPIRED = "expired"  # its expiry passed before it could be sent (SPEC A.2)
     CANNOT_SEND = "cannot_send"  # no way to the target (unknown to the platform, no certificate): given up
 
@@ -100,6 +109,13 @@ E = OriginEvent
 #: (state, event) -> (next state, send REACK2). Anything else: unchanged.
 ORIGIN_TABLE: Final[dict[tuple[SendState, OriginEvent], tuple[SendState, bool]]] = {
     (S.SS_INIT, E.SENT): (S.SS_SENT, False),
+    (S.SS_INIT, E.SENT_DIRECT): (S.SS_SENT, False),
+    # SaveFwd 1 on a direct link: handed to the target's link is what the
+    # relay's forward is, and written so at once (never held): after a
+    # crash the row must not be sent again through a platform that never
+    # saw it and would drop it for a target offline there (reported
+    # dropped, though delivered). Its inquiry asks the target.
+    (S.SS_INIT, E.SENT_DIRECT_ONCE): (S.SS_ACK_FWD, False),
     # A resent row may still collect the answers to its earlier attempt.
     (S.SS_INIT, E.ACK2): (S.SS_ACK2, True),
     (S.SS_INIT, E.TARGET_HAS): (S.SS_ACK2, True),
@@ -117,9 +133,25 @@ ORIGIN_TABLE: Final[dict[tuple[SendState, OriginEvent], tuple[SendState, bool]]]
     (S.SS_SENT, E.PLATFORM_LACKS): (S.SS_INIT, False),
     (S.SS_SENT, E.TARGET_HAS): (S.SS_ACK2, True),
     (S.SS_SENT, E.TARGET_ASKS): (S.SS_ACK2, False),
+    # A direct link broke before the answer came: sent again, on whichever
+    # path is up (the receiver suppresses a copy it already has) — except
+    # SaveFwd 1, which is as if forwarded: the target may hold it already,
+    # and a copy sent again through the platform while the target is
+    # offline would be dropped there and reported dropped (301) though
+    # delivered (scripts/chaos --seed 5 --docs 1000 --minutes 1 --orgs 4
+    # --direct some). Its inquiry to the target settles it. A row answered
+    # meanwhile (any other state) is left as it is.
+    (S.SS_SENT, E.LINK_LOST): (S.SS_INIT, False),
+    (S.SS_SENT, E.LINK_LOST_ONCE): (S.SS_ACK_FWD, False),
     (S.SS_ACK_FWD, E.ACK2): (S.SS_ACK2, True),
     (S.SS_ACK_FWD, E.TARGET_HAS): (S.SS_ACK2, True),
+    # A forwarded row the target says it lacks: the platform kept no copy,
+    # so SaveFwd 3 and 2 are sent again; SaveFwd 1 (at most once) ends
+    # failed, reported dropped (code 301: docs/reliability.md, "when not
+    # delivered, reported dropped").
     (S.SS_ACK_FWD, E.TARGET_LACKS): (S.SS_INIT, False),
+    (S.SS_ACK_FWD, E.TARGET_LACKS_STORED): (S.SS_INIT, False),
+    (S.SS_ACK_FWD, E.TARGET_LACKS_ONCE): (S.SS_FAILED, False),
     (S.SS_ACK_FWD, E.TARGET_ASKS): (S.SS_ACK2, False),
     (S.SS_ACK, E.ACK2): (S.SS_ACK2, True),
     # Stored rows ask the platform, which owns delivery (not the target,
@@ -131,6 +163,9 @@ ORIGIN_TABLE: Final[dict[tuple[SendState, OriginEvent], tuple[SendState, bool]]]
     (S.SS_ACK, E.ACK_FWD): (S.SS_ACK_FWD, False),
     (S.SS_ACK, E.PLATFORM_LACKS): (S.SS_INIT, False),
     (S.SS_ACK, E.TARGET_HAS): (S.SS_ACK2, True),
+    # A stored row the target lacks: only a SaveFwd 3 one is sent again (the
+    # origin keeps it until confirmed); a stored SaveFwd 2 copy is the
+    # platform's to deliver (no row for TARGET_LACKS_STORED: unchanged).
     (S.SS_ACK, E.TARGET_LACKS): (S.SS_INIT, False),
     (S.SS_ACK, E.TARGET_ASKS): (S.SS_ACK2, False),
     # The target refused the document (bad signature, cannot decrypt): NACK
@@ -143,12 +178,26 @@ ORIGIN_TABLE: Final[dict[tuple[SendState, OriginEvent], tuple[SendState, bool]]]
 }
 
 
+_ONCE: Final = int(SaveFwd.DISCARD)
+_STORED: Final = int(SaveFwd.STORE)
+
+#: (event, a row's SaveFwd) -> the event it is for that row, where the
+#: guarantee decides the outcome (absent: the event itself).
+BY_SAVE_FWD: Final[dict[tuple[OriginEvent, int], OriginEvent]] = {
+    (E.SENT_DIRECT, _ONCE): E.SENT_DIRECT_ONCE,
+    (E.TARGET_LACKS, _ONCE): E.TARGET_LACKS_ONCE,
+    (E.TARGET_LACKS, _STORED): E.TARGET_LACKS_STORED,
+    (E.LINK_LOST, _ONCE): E.LINK_LOST_ONCE,
+}
+
+
 @dataclass(frozen=True, slots=True)
 class OriginOutcome:
     state: SendState  # the row's new state
     changed: bool  # state differs from before
     reack2: bool  # send REACK2 to the receiver (after the commit)
     clean: bool  # the row may be deleted now (SPEC "Cleanup")
+    event: OriginEvent  # the event as the row's guarantee made it (BY_SAVE_FWD)
 
 
 def origin_may_clean(state: SendState, save_fwd: int, ack2: bool) -> bool:
@@ -166,22 +215,17 @@ def origin_may_clean(state: SendState, save_fwd: int, ack2: bool) -> bool:
 
 @lru_cache(maxsize=1024)  # pure and small-domain: the hot path pays a dict look-up
 def origin_step(state: SendState, event: OriginEvent, *, save_fwd: int, ack2: bool) -> OriginOutcome:
-    """Apply one event to a pending-send row. A target's "not received"
-    resends SaveFwd 3 rows (SPEC: must be delivered) and forwarded SaveFwd 2
-    rows (nobody else holds a copy); a stored SaveFwd 2 row (SS_ACK) is the
-    platform's to deliver; a forwarded SaveFwd 1 row is at most once: it is
-    not resent but ends SS_FAILED, reported dropped (code 301)."""
+    """Apply one event to a pending-send row: the event as the row's
+    SaveFwd makes it (``BY_SAVE_FWD``), then its row of ``ORIGIN_TABLE``;
+    a pair not in the table leaves the row unchanged."""
+    event = BY_SAVE_FWD.get((event, save_fwd), event)
     nxt, reack2 = ORIGIN_TABLE.get((state, event), (state, False))
-    if event is E.TARGET_LACKS:
-        if state is S.SS_ACK_FWD and save_fwd < 2:
-            nxt = S.SS_FAILED
-        elif save_fwd < (2 if state is S.SS_ACK_FWD else 3):
-            nxt = state
     return OriginOutcome(
         state=nxt,
         changed=nxt is not state,
         reack2=reack2,
         clean=origin_may_clean(nxt, save_fwd, ack2),
+        event=event,
     )
 
 
@@ -286,24 +330,10 @@ OPERATOR_TABLE: Final[dict[tuple[SendState, OperatorAction], SendState | None]] 
     (S.SS_ACK2, _A.PURGE): None,
     (S.SS_FAILED, _A.PURGE): None,
     # Only rows waiting to be sent: a row in flight keeps its window credit
-    # and its answer (semq.node.dead.sweep, fail_target).
+    # and its answer (semq.node.features.dead.sweep, fail_target).
     (S.SS_INIT, _A.DEAD_LETTER): S.SS_FAILED,
     (S.SS_FAILED, _A.PURGE_DEAD): None,
 }
-
-#: The platform's stored copies (SPEC P.2, P.3): requeue and resend are one
-#: (it has no failed state): a copy delivered and not acked goes again; purge
-#: deletes any copy (the origin of a SaveFwd 3 document still asks for it).
-STORED_OPERATOR_TABLE: Final[dict[tuple[StoredState, OperatorAction], StoredState | None]] = {
-    (StoredState.SS_SENT, _A.REQUEUE): StoredState.SS_INIT,
-    (StoredState.SS_ACK, _A.REQUEUE): StoredState.SS_INIT,
-    (StoredState.SS_SENT, _A.RESEND): StoredState.SS_INIT,
-    (StoredState.SS_ACK, _A.RESEND): StoredState.SS_INIT,
-    (StoredState.SS_INIT, _A.PURGE): None,
-    (StoredState.SS_SENT, _A.PURGE): None,
-    (StoredState.SS_ACK, _A.PURGE): None,
-}
-
 
 _St = TypeVar("_St", bound=IntEnum)
 _Act = TypeVar("_Act", bound=Enum)
@@ -348,7 +378,6 @@ class ActionTable(Generic[_St, _Act]):
 
 
 OPERATOR: Final = ActionTable(OPERATOR_TABLE, "record")
-STORED_OPERATOR: Final = ActionTable(STORED_OPERATOR_TABLE, "stored copy")
 
 
 def operator_step(state: SendState, action: OperatorAction, *, record: int | None = None) -> SendState | None:
@@ -356,20 +385,9 @@ def operator_step(state: SendState, action: OperatorAction, *, record: int | Non
     return OPERATOR.step(state, action, record)
 
 
-def stored_operator_step(state: StoredState, action: OperatorAction, *,
-                         record: int | None = None) -> StoredState | None:
-    """operator_step for the platform's stored copies (STORED_OPERATOR_TABLE)."""
-    return STORED_OPERATOR.step(state, action, record)
-
-
 def operator_states(action: OperatorAction) -> tuple[SendState, ...]:
     """The pending-send states ``action`` applies to, in state order."""
     return OPERATOR.states(action)
-
-
-def stored_operator_states(action: OperatorAction) -> tuple[StoredState, ...]:
-    """The stored-copy states ``action`` applies to, in state order."""
-    return STORED_OPERATOR.states(action)
 
 
 def operator_result(action: OperatorAction) -> SendState | None:
@@ -381,11 +399,11 @@ def _name(state: int) -> str:
     return state.name if isinstance(state, Enum) else str(state)
 
 
-# -- transactional half messages (seed 002; semq.node.txn)
+# -- transactional half messages (seed 002; semq.node.features.txn)
 
 
 class TxState(IntEnum):
-    """States of a half message (docs/seed-capabilities.md); semq.node.txn
+    """States of a half message (docs/seed-capabilities.md); semq.node.features.txn
     re-exports it."""
 
     HALF = 0  # stored, not sent; waiting for commit / rollback / check-back
@@ -409,7 +427,7 @@ _T = TxState
 _TA = TxAction
 
 #: (state, action) -> next state, None: deleted. COMMITTED and ROLLED_BACK
-#: are final and exclude each other; anything else is refused (semq.node.txn
+#: are final and exclude each other; anything else is refused (semq.node.features.txn
 #: answers a repeated commit / rollback with the earlier result: idempotent).
 TX_TABLE: Final[dict[tuple[TxState, TxAction], TxState | None]] = {
     (_T.HALF, _TA.COMMIT): _T.COMMITTED,

@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Final
 
-from semq.crypto import make_batch_receipt
+from semq.identity.crypto import make_batch_receipt
 from semq.umxt_protocol import (
     LK0,
     AckBatch,
@@ -32,12 +32,12 @@ from semq.umxt_protocol import (
     NodeType,
 )
 
-from .batch import Batch, Events, NodeContext, Output
+from .batch import RECEIPT_BATCH, Batch, Events, NodeContext, Output
 from .engine import OriginEvent
-from .origin import Origin
-from .receiver import Receiver
+from .origin.role import Origin
+from .receiver.role import Receiver
 
-__all__ = ["INBOUND_SWEEP", "INQUIRY_BATCH", "Inquiries"]
+__all__ = ["INBOUND_SWEEP", "INQUIRY_BATCH", "RECEIPT_BATCH", "Inquiries"]
 
 INQUIRY_BATCH: Final = 1000
 # Pending-ack rows one inquiry round looks at (by id, resuming where the last
@@ -46,7 +46,6 @@ INQUIRY_BATCH: Final = 1000
 # offline for long while its stored documents drained). An index on the due
 # time would cost every received document an index entry and its removal.
 INBOUND_SWEEP: Final = 20_000
-RECEIPT_BATCH: Final = 10_000  # documents one batch receipt signs
 _DELIVERY: Final = int(AckFlag.DELIVERY)
 # The platform's answer about one of our documents stands for the ack that was lost.
 _PLATFORM_SAYS: Final = {InquiryResult.FORWARDED: OriginEvent.ACK_FWD, InquiryResult.STORED: OriginEvent.ACK_SAVE,
@@ -58,7 +57,7 @@ def receipt_frames(me: Endpoint, peer: Endpoint, proven: Sequence[tuple[LK0, byt
                    out: Output, unit: int = 1) -> None:
     """ACK2 batches for documents of ``peer`` we (``unit``) received, each
     with one receipt over their (LK0, digest)s, one batch per unit of the
-    origin that holds them (semq.units: the relay never splits a receipt)."""
+    origin that holds them (semq.umxt_protocol.units: the relay never splits a receipt)."""
     by_unit: dict[int, list[tuple[LK0, bytes]]] = {}
     for p in proven:
         by_unit.setdefault(p[0].semq_id, []).append(p)
@@ -147,12 +146,12 @@ class Inquiries:
             # TARGET_HAS means B has it; SPEC A.5: answer REACK2 so B may clean up.
             self.origin.apply(items, b.ts, b.out, b.events, b.acks, peer=frame.origin)
         else:
-            self.ctx.held.write()  # the look-ups below read the pending-ack table
-            ids = self.receiver.rows_answered([lk for lk, _ in r.answers], frame.origin, from_platform)
+            pending = self.receiver.pending
+            ids = pending.answered([lk for lk, _ in r.answers], frame.origin, from_platform)
             if from_platform:
-                self.receiver.confirm(ids, (), b.ts, b.events)
+                pending.confirm(ids, (), b.ts, b.events)
             else:
-                self.receiver.confirm((), [(i, frame.origin.node_id) for i in ids], b.ts, b.events)
+                pending.confirm((), [(i, frame.origin.node_id) for i in ids], b.ts, b.events)
 
     def due(self, ts: int, out: Output, events: Events) -> None:
         """One round of our own inquiries, inside the caller's transaction."""

@@ -33,8 +33,14 @@ from __future__ import annotations
 import json
 from typing import Final
 
-from semq.config import ORG_ID_ALLOWED, org_id_problem
-from semq.crypto import BLOB_HEADER_SIZE, KEY_ID_SIZE, MAX_RECIPIENT_KEYS, MAX_SIGN_BATCH, WRAP_SIZE
+from semq.identity.crypto import (
+    BLOB_HEADER_SIZE,
+    KEY_ID_SIZE,
+    MAX_RECIPIENT_KEYS,
+    MAX_SIGN_BATCH,
+    WRAP_SIZE,
+)
+from semq.settings.config import ORG_ID_ALLOWED, org_id_problem
 from semq.umxt_protocol import (
     DEFAULT_MAX_FRAME,
     HEADER_SIZE,

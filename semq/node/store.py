@@ -22,7 +22,7 @@ from peewee import (
 )
 from playhouse.sqlite_ext import AutoIncrementField
 
-from semq._db import StoreError, create_tables, next_row_id, open_store
+from semq.store.db import STORE_ERRORS, create_tables, next_row_id, open_store, translate
 
 from .engine import SendState
 
@@ -190,13 +190,13 @@ def _v2(db: SqliteDatabase) -> None:
 
 
 class TxHalf(Model):
-    """Transactional "half" messages (seed 002): held here and never sent
+    """Transactional "half" messages (seed 002): kept here and never sent
     until the producer commits — then copied into the outbox in the same
     SQLite transaction that marks them COMMITTED — or rolls back
-    (semq.node.txn, docs/seed-capabilities.md)."""
+    (semq.node.features.txn, docs/seed-capabilities.md)."""
 
     id = AutoIncrementField()
-    state = IntegerField(default=0)  # semq.node.txn.TxState
+    state = IntegerField(default=0)  # semq.node.features.txn.TxState
     target_id = TextField()
     save_fwd = IntegerField(default=3)
     ack2 = BooleanField(default=True)
@@ -263,7 +263,7 @@ class QueueName(Model):
 
 class QueueItem(Model):
     """An item of a local queue; in flight while ``lease_until_ms`` is set
-    and in the future (semq.node.queues)."""
+    and in the future (semq.node.features.queues)."""
 
     id = AutoIncrementField()
     queue = TextField()
@@ -376,7 +376,7 @@ def _v9(db: SqliteDatabase) -> None:
 
 
 def _v10(db: SqliteDatabase) -> None:
-    """Users and ordered channels (semq.node.envelope, semq.node.channels).
+    """Users and ordered channels (semq.node.envelope, semq.node.receiver.channels).
     ``outbox.envelope``: the bytes that start the document's AppData on the
     wire (NULL: none), with the users, channel and place it names kept in
     columns for reading; ``outbox.gap``: 1 once a failed ordered document's
@@ -423,7 +423,7 @@ def _v10(db: SqliteDatabase) -> None:
 
 
 def _v11_receive(db: SqliteDatabase) -> None:
-    """``semq receive`` (semq.node.receiving): per inbox document its
+    """``semq receive`` (semq.node.features.receiving): per inbox document its
     command failed for, the tries so far, the last exit status and the end
     of its stderr, when the next try is due, and once it has failed too
     often, when it was parked (a dead letter of the receiving side). The
@@ -435,7 +435,7 @@ def _v11_receive(db: SqliteDatabase) -> None:
 
 
 def _v12_watch(db: SqliteDatabase) -> None:
-    """Folders (``semq watch``, semq.node.folders). ``watch_files``: each
+    """Folders (``semq watch``, semq.node.features.folders). ``watch_files``: each
     file taken from an outbox folder, written in the transaction that
     accepts its document — the folder and the file's name (bytes, as the file
     system gives it), its SHA-256, size and the document's LK0 — and
@@ -546,7 +546,7 @@ def open_node_store(path: Path, *, create: bool = False, synchronous: str = "FUL
     if incarnation is not None:
         try:
             begin_incarnation(db.connection(), incarnation)
-        except sqlite3.Error as e:
+        except STORE_ERRORS as e:
             db.close()
-            raise StoreError(f"node store {path} cannot be initialised: {e}") from e
+            raise translate(e, path, "node store") from e
     return db

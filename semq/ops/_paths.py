@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 # Shared with the applications' side (NodeClient waits on the admin socket).
-from semq.inbox_wait import ADMIN_SOCKET_NAME, MAX_UNIX_PATH, unix_address
+from semq.session.inbox_wait import ADMIN_SOCKET_NAME, MAX_UNIX_PATH, unix_address
 
 __all__ = ["ADMIN_SOCKET_NAME", "MAX_UNIX_PATH", "admin_socket_path", "unix_address"]
 

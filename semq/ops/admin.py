@@ -12,7 +12,7 @@ The socket is a Unix domain socket, mode 0600, in the data directory (itself
 authentication. It is bound under a temporary name, chmod-ed, then renamed
 into place, so it is never reachable with looser permissions.
 
-Limits (semq.bounds): a request line is at most ``ADMIN_MAX_REQUEST``
+Limits (semq.settings.bounds): a request line is at most ``ADMIN_MAX_REQUEST``
 bytes (a longer one gets an error and the connection is closed; no more
 than that is ever buffered, semq.ops.lines); at most ``ADMIN_MAX_CLIENTS``
 connections are served at once (one more gets an error line naming the
@@ -43,7 +43,7 @@ from typing import Any, Final, Protocol
 
 import trio
 
-from semq.bounds import ADMIN_IDLE_S, ADMIN_MAX_CLIENTS, ADMIN_MAX_REQUEST
+from semq.settings.bounds import ADMIN_IDLE_S, ADMIN_MAX_CLIENTS, ADMIN_MAX_REQUEST
 
 from ._paths import admin_socket_path, unix_address
 from .lines import LineBuffer, LineTooLong
@@ -323,7 +323,7 @@ def _peer_uid(stream: trio.SocketStream) -> int | None:
 
 @dataclass(frozen=True, kw_only=True)
 class Limits:
-    """What a socket's server allows (semq.bounds): ``max_request`` bytes
+    """What a socket's server allows (semq.settings.bounds): ``max_request`` bytes
     per request line, ``max_clients`` connections at once, ``idle_s``
     seconds for a whole request to come after the previous answer, and for
     an answer to be taken."""

@@ -9,7 +9,7 @@ What a backup holds (a tar archive, gzip-compressed when the name ends in
   taken with SQLite's online backup API over a separate connection, in one
   step, so it is exactly the store as of one committed transaction while the
   daemon goes on writing (WAL: readers never block the writer); a node of
-  several units (semq.units) has one store per unit (``unit-K/node.sqlite``)
+  several units (semq.umxt_protocol.units) has one store per unit (``unit-K/node.sqlite``)
   and the backup holds every one, each snapshot so taken (the units share
   no state: each answers for its own records), and the manifest lists them
   all with their checksums — restore puts back all of them or none;
@@ -40,35 +40,44 @@ on the WAL index, which the kernel drops when a process dies, so a killed
 daemon never blocks a restore and a hung one is still seen). It refuses to
 replace an existing store without ``force``; with it, the replaced files are
 kept next to the new ones as ``<name>.before-restore-<time>``.
+
+The archive's format, the store snapshots and the checked reading of an
+archive are semq.ops._archive's.
 """
 
 from __future__ import annotations
 
 import contextlib
-import fcntl
-import hashlib
-import io
-import json
 import os
-import re
 import shutil
 import sqlite3
-import tarfile
 import tempfile
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager, suppress
+from contextlib import suppress
 from dataclasses import dataclass, field
-from pathlib import Path, PurePosixPath
-from typing import Any, Final
+from pathlib import Path
+from typing import Any
 
 from semq import __version__
-from semq._db import SQLITE_MAGIC
-from semq.bounds import BACKUP_MAX_MEMBER_RATIO, BACKUP_MAX_META
-from semq.crypto import ensure_private_directory
+from semq.identity.crypto import ensure_private_directory
+from semq.store.inuse import store_in_use as store_open
+from semq.store.inuse import wal_index_lock
 
+from ._archive import (
+    BACKUP_FORMAT,
+    KEY_DIRS,
+    MANIFEST_NAME,
+    PUBLIC_DIRS,
+    STORE_NAMES,
+    UNIT_STORE,
+    BackupError,
+    file_sha256,
+    read_archive,
+    snapshot_store,
+    table_counts,
+    write_archive,
+)
 from ._paths import admin_socket_path
-from ._tarscan import ArchiveError, ArchiveTooLarge, bounded_stream, scan
 
 __all__ = [
     "BACKUP_FORMAT",
@@ -85,21 +94,6 @@ __all__ = [
     "store_in_use",
 ]
 
-BACKUP_FORMAT: Final = 1
-MANIFEST_NAME: Final = "semq-backup.json"
-STORE_NAMES: Final = {"node": "node.sqlite", "platform": "platform.sqlite"}
-_WAL_INDEX_DMS: Final = 128  # SQLite unix VFS: the "dead man switch" lock byte of the -shm file
-_PUBLIC_DIRS: Final = ("", "certs", "ca", "ca/issued", "tls")
-_KEY_DIRS: Final = ("keys", "ca", "tls")
-_STATUS_FRESH_MS: Final = 5000
-_UNIT_STORE: Final = re.compile(r"unit-([2-9]|[1-9][0-9])/node\.sqlite")  # the store of a node's unit K > 1
-# Large documents' contents (semq.node.large) and the chunks a platform keeps (semq.platform.chunks).
-_LARGE_FILE: Final = re.compile(r"(unit-([2-9]|[1-9][0-9])/)?large/(in|out)/[A-Za-z0-9._:@-]+\.doc"
-                                r"|chunks/[A-Za-z0-9._-]+\.chunks")
-
-
-class BackupError(Exception):
-    """A backup or restore that cannot be done, as one line for the user."""
 
 
 class RestoreRefused(BackupError):
@@ -140,87 +134,12 @@ class CompactInfo:
 # ---------------------------------------------------------------- helpers
 
 
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
-def _is_sqlite(path: Path) -> bool:
-    try:
-        with path.open("rb") as f:
-            return f.read(16) == SQLITE_MAGIC
-    except OSError:
-        return False
-
-
-def _tables(conn: sqlite3.Connection) -> dict[str, int]:
-    names = [r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='table'"
-                                        " AND name NOT LIKE 'sqlite_%' ORDER BY name")]
-    return {n: int(conn.execute(f'SELECT count(*) FROM "{n}"').fetchone()[0]) for n in names}
-
-
-def _schema_version(conn: sqlite3.Connection) -> int:
-    try:
-        row = conn.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()
-    except sqlite3.Error:
-        return 0
-    return int(row[0]) if row else 0
-
-
-def _role_of_store(conn: sqlite3.Connection) -> str:
-    names = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
-    if "outbox" in names:
-        return "node"
-    if "stored" in names:
-        return "platform"
-    raise BackupError("the database is not a SEMQ node or platform store")
-
-
-def snapshot_store(src: Path, dest: Path) -> dict[str, Any]:
-    """Copy the live store ``src`` to ``dest`` (a new file) as of one
-    committed transaction: SQLite online backup in a single step over a new
-    connection (the daemon's writes go on meanwhile), then checked with
-    ``PRAGMA quick_check``. Returns {tables, schema_version, sha256, role}.
-    Raises BackupError."""
-    src, dest = Path(src), Path(dest)
-    if not src.is_file():
-        raise BackupError(f"no store at {src}")
-    if not _is_sqlite(src):
-        raise BackupError(f"{src} is not an SQLite database (corrupt?); not backed up")
-    try:
-        s = sqlite3.connect(f"file:{src}?mode=ro", uri=True, timeout=30)
-    except sqlite3.Error as e:
-        raise BackupError(f"cannot open {src}: {e}") from e
-    try:
-        fd = os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        os.close(fd)
-        d = sqlite3.connect(str(dest))
-        try:
-            s.backup(d)  # pages=-1: every page in one step, under one read transaction
-            d.execute("PRAGMA journal_mode=DELETE")  # a self-contained file (no -wal beside it)
-            check = d.execute("PRAGMA quick_check").fetchone()[0]
-            if check != "ok":
-                raise BackupError(f"the snapshot of {src} fails its check: {check}")
-            info = {"tables": _tables(d), "schema_version": _schema_version(d), "role": _role_of_store(d)}
-        finally:
-            d.close()
-    except sqlite3.Error as e:
-        raise BackupError(f"backup of {src} failed: {e}") from e
-    finally:
-        s.close()
-    info["sha256"] = _sha256(dest)
-    return info
-
-
 def _wanted_files(directory: Path, include_keys: bool) -> list[str]:
     """Config and certificates (and keys) of a data directory, relative."""
     out = []
     if (directory / "semq.toml").is_file():
         out.append("semq.toml")
-    for sub in sorted({*_PUBLIC_DIRS, *(_KEY_DIRS if include_keys else ())}):
+    for sub in sorted({*PUBLIC_DIRS, *(KEY_DIRS if include_keys else ())}):
         d = directory / sub if sub else directory
         if not d.is_dir():
             continue
@@ -247,18 +166,13 @@ def _large_files(directory: Path, units: int, role: str = "node") -> list[str]:
     return out
 
 
-def _private_file(path: Path) -> io.BufferedWriter:
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    return os.fdopen(fd, "wb")
-
-
 # ---------------------------------------------------------------- backup
 
 
 def _refuse_pg(cfg: Any, what: str) -> None:
     """These commands work on SQLite stores; PostgreSQL has its own tools."""
     if getattr(cfg, "store", ""):
-        from semq._pg import redact
+        from semq.store.pg import redact
 
         raise BackupError(f"the platform's store is the PostgreSQL database {redact(cfg.store)}: {what} it with"
                           " PostgreSQL's own tools (pg_dump, pg_basebackup, VACUUM FULL); the CA and"
@@ -269,7 +183,7 @@ def backup(directory: Path, out: Path, *, include_keys: bool = False) -> BackupI
     """Back up the data directory ``directory`` (node or platform, running
     or not) to ``out``. Written to a temporary file and renamed, mode 0600.
     Raises BackupError (nothing written) or ConfigError."""
-    from semq.config import load_config
+    from semq.settings.config import load_config
 
     directory, out = Path(directory).resolve(), Path(out)
     cfg = load_config(directory)
@@ -284,7 +198,7 @@ def backup(directory: Path, out: Path, *, include_keys: bool = False) -> BackupI
         info = snapshot_store(cfg.store_path, snap)
         if info["role"] != cfg.role:
             raise BackupError(f"{cfg.store_path} holds a {info['role']} store but the config says {cfg.role}")
-        # The other units' stores (semq.units), each a snapshot of its own.
+        # The other units' stores (semq.umxt_protocol.units), each a snapshot of its own.
         unit_snaps: list[tuple[str, Path, dict[str, Any]]] = []
         for k in range(2, units + 1):
             rel = f"unit-{k}/{store_name}"
@@ -305,27 +219,10 @@ def backup(directory: Path, out: Path, *, include_keys: bool = False) -> BackupI
                 "stores": {rel: {"sha256": i["sha256"], "schema_version": i["schema_version"], "tables": i["tables"]}
                            for rel, i in [(store_name, info), *[(rel, i) for rel, _, i in unit_snaps]]},
             }
-            mode = "w:gz" if out.name.endswith((".gz", ".tgz")) else "w"
-            with _private_file(tmp_out) as f, tarfile.open(fileobj=f, mode=mode) as tar:  # type: ignore[call-overload]
-                data = json.dumps(manifest, indent=2).encode()
-                ti = tarfile.TarInfo(MANIFEST_NAME)
-                ti.size, ti.mode, ti.mtime = len(data), 0o600, int(time.time())
-                tar.addfile(ti, io.BytesIO(data))
-                gone: list[str] = []
-                for rel, src in [(store_name, snap), *[(rel, u) for rel, u, _ in unit_snaps],
-                                 *[(r, directory / r) for r in files]]:
-                    try:
-                        fh = src.open("rb")
-                    except FileNotFoundError:
-                        if _LARGE_FILE.fullmatch(rel):
-                            gone.append(rel)  # its document was confirmed meanwhile
-                            continue
-                        raise
-                    with fh:
-                        ti = tar.gettarinfo(arcname=rel, fileobj=fh)
-                        ti.mode, ti.uid, ti.gid, ti.uname, ti.gname = 0o600, 0, 0, "", ""
-                        tar.addfile(ti, fh)
-                files = [f for f in files if f not in gone]
+            gone = write_archive(tmp_out, out.name.endswith((".gz", ".tgz")), manifest,
+                                 [(store_name, snap), *[(rel, u) for rel, u, _ in unit_snaps],
+                                  *[(r, directory / r) for r in files]])
+            files = [f for f in files if f not in gone]
             files = [store_name, *[rel for rel, _, _ in unit_snaps], *files]
         os.chmod(tmp_out, 0o600)
         os.replace(tmp_out, out)
@@ -337,49 +234,11 @@ def backup(directory: Path, out: Path, *, include_keys: bool = False) -> BackupI
 # ---------------------------------------------------------------- in use?
 
 
-@contextmanager
-def _wal_index_lock(store: Path) -> Iterator[bool]:
-    """Try SQLite's own WAL-index lock: every connection to a WAL store
-    holds a shared lock on the -shm file's DMS byte while it is open, and a
-    connection cannot open while someone holds it exclusively. Yields False
-    if another process has the store open; while it yields True, no process
-    can open the store. (POSIX locks are per process: do not call this in
-    a process that has the store open itself.)"""
-    shm = Path(f"{store}-shm")
-    try:
-        fd = os.open(shm, os.O_RDWR)
-    except FileNotFoundError:
-        yield True  # nobody has it open in WAL mode
-        return
-    try:
-        try:
-            fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB, 1, _WAL_INDEX_DMS, os.SEEK_SET)
-        except OSError:
-            yield False
-            return
-        try:
-            yield True
-        finally:
-            with suppress(OSError):
-                fcntl.lockf(fd, fcntl.LOCK_UN, 1, _WAL_INDEX_DMS, os.SEEK_SET)
-    finally:
-        os.close(fd)
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def store_in_use(directory: Path) -> str | None:
     """Why the store in ``directory`` must not be replaced now, or None: a
-    daemon answering on the admin socket; a process holding the store open
-    (SQLite's WAL-index lock); a fresh status.json of a live process."""
+    daemon answering on the admin socket; then what the store tells
+    (semq.store.inuse: a process holding it open, a fresh status.json of a
+    live process)."""
     from .admin import AdminError, AdminUnavailable, admin_request
 
     directory = Path(directory)
@@ -393,20 +252,7 @@ def store_in_use(directory: Path) -> str | None:
             pass  # a stale socket file
         except AdminError as e:
             return f"something listens on {sock} ({e})"
-    for name in STORE_NAMES.values():
-        store = directory / name
-        if store.exists():
-            with _wal_index_lock(store) as free:
-                if not free:
-                    return f"{store} is open in another process (a running daemon or application)"
-    try:
-        st = json.loads((directory / "status.json").read_text("utf-8"))
-        pid, t = int(st.get("pid", 0)), int(st.get("time_ms", 0))
-    except (OSError, ValueError, TypeError, AttributeError):
-        return None
-    if pid and pid != os.getpid() and time.time() * 1000 - t < _STATUS_FRESH_MS and _pid_alive(pid):
-        return f"a daemon (pid {pid}) reported its status {(time.time() * 1000 - t) / 1000:.1f} s ago"
-    return None
+    return store_open(directory)
 
 
 # ---------------------------------------------------------------- restore
@@ -440,15 +286,15 @@ def _store_bytes(store: Path) -> int:
 def compact(directory: Path) -> CompactInfo:
     """Rewrite the store of ``directory`` (its daemon stopped): a copy taken
     with the online backup API, rewritten by VACUUM with this software's page
-    size (semq._db.PAGE_SIZE: a store made before 2026-11-26 has 4 KiB pages,
+    size (semq.store.db.PAGE_SIZE: a store made before 2026-11-26 has 4 KiB pages,
     and WAL mode cannot change them in place) and its free pages dropped,
     checked, then put in the store's place. The store as it was is kept
     beside it as ``<name>.before-compact-<time>`` (with its -wal/-shm, so it
     still opens). Refuses (RestoreRefused, nothing changed) while the store
     is in use; raises BackupError for a store that cannot be read or
     rewritten (nothing changed either)."""
-    from semq._db import PAGE_SIZE
-    from semq.config import load_config
+    from semq.settings.config import load_config
+    from semq.store.db import PAGE_SIZE
 
     directory = Path(directory).resolve()
     cfg = load_config(directory)
@@ -463,7 +309,7 @@ def compact(directory: Path) -> CompactInfo:
     before = _store_bytes(store)
     with tempfile.TemporaryDirectory(prefix=".compact-", dir=directory) as tmpd:
         tmp = Path(tmpd) / store.name
-        with _wal_index_lock(store) as free:
+        with wal_index_lock(store) as free:
             if not free:
                 raise RestoreRefused(f"refusing to compact {store}: another process just opened it")
             snap = snapshot_store(store, tmp)
@@ -476,7 +322,7 @@ def compact(directory: Path) -> CompactInfo:
                     conn.execute(q).fetchall()
                 new_page = int(conn.execute("PRAGMA page_size").fetchone()[0])
                 check = conn.execute("PRAGMA quick_check").fetchone()[0]
-                tables = _tables(conn)
+                tables = table_counts(conn)
             except sqlite3.Error as e:
                 raise BackupError(f"rewriting a copy of {store} failed: {e} (the store is unchanged)") from e
             finally:
@@ -494,127 +340,9 @@ def compact(directory: Path) -> CompactInfo:
                        bytes=(before, store.stat().st_size), kept=kept)
 
 
-def _member_ok(name: str) -> str:
-    p = PurePosixPath(name)
-    if p.is_absolute() or ".." in p.parts or not p.parts or "\\" in name:
-        raise BackupError(f"archive member {name!r} has an unsafe path; not a semq backup")
-    rel = p.as_posix()
-    parent = p.parent.as_posix() if str(p.parent) != "." else ""
-    if rel in (MANIFEST_NAME, "semq.toml", *STORE_NAMES.values()) or _UNIT_STORE.fullmatch(rel):
-        return rel
-    if p.suffix == ".pem" and parent in {*_PUBLIC_DIRS, *_KEY_DIRS}:
-        return rel
-    if _LARGE_FILE.fullmatch(rel):
-        return rel
-    raise BackupError(f"unexpected archive member {name!r}; not a semq backup")
-
-
 def _free_bytes(directory: Path) -> int:
     st = os.statvfs(directory)
     return st.f_bavail * st.f_frsize
-
-
-def _read_archive(archive: Path, stage: Path) -> tuple[dict[str, Any], list[str]]:
-    """Extract a backup into ``stage`` (regular files only, known names
-    only). Returns (manifest, files).
-
-    Nothing is written before the whole archive has been walked (semq.ops.
-    _tarscan): the bytes its members declare must stay within
-    ``BACKUP_MAX_MEMBER_RATIO`` times the archive's size and within the
-    space free where it is extracted, and its inflated stream within the
-    same ratio; otherwise BackupError, one line naming the value and the
-    limit, and nothing is written."""
-    size = archive.stat().st_size
-    free = _free_bytes(stage)
-    if _is_sqlite(archive):
-        if size > free:
-            raise BackupError(f"{archive}: its {size} bytes exceed the {free} bytes free in {stage.parent};"
-                              " not restored")
-        conn = sqlite3.connect(f"file:{archive}?mode=ro", uri=True)
-        try:
-            role = _role_of_store(conn)
-        except sqlite3.Error as e:
-            raise BackupError(f"{archive}: {e}") from e
-        finally:
-            conn.close()
-        name = STORE_NAMES[role]
-        shutil.copyfile(archive, stage / name)
-        return {"format": BACKUP_FORMAT, "role": role, "store": name, "sha256": _sha256(stage / name)}, [name]
-    cap = BACKUP_MAX_MEMBER_RATIO * max(size, 1)
-
-    def inflated(n: int) -> str:
-        return (f"{archive} inflates to more than {n - 1} bytes, over {BACKUP_MAX_MEMBER_RATIO} times its"
-                f" {size} bytes ({cap}); not restored")
-
-    def check(total: int) -> None:  # at each member's header, before its data is read past
-        if total > cap:
-            raise BackupError(f"{archive}: its members would write {total} bytes or more, over"
-                              f" {BACKUP_MAX_MEMBER_RATIO} times its {size} bytes ({cap}); not restored")
-        if total > free:
-            raise BackupError(f"{archive}: its members would write {total} bytes or more, over the {free} bytes"
-                              f" free in {stage.parent}; not restored")
-
-    try:
-        with bounded_stream(archive, cap, inflated) as stream:
-            walked = scan(stream, max_meta=BACKUP_MAX_META, check=check)
-    except ArchiveTooLarge as e:
-        raise BackupError(str(e)) from e
-    except ArchiveError as e:
-        raise BackupError(f"{archive} is not a semq backup (tar or .sqlite): {e}") from e
-    except OSError as e:
-        raise BackupError(f"{archive} cannot be read: {e}") from e
-    # Extracted from a stream bounded by what the walk saw (plus tarfile's
-    # read-ahead of one record): an archive changed since cannot write more
-    # than was checked.
-    seen = min(cap, walked.stream_bytes + tarfile.RECORDSIZE)
-
-    def changed(n: int) -> str:
-        return (f"{archive} changed while it was restored (it inflates past the {walked.stream_bytes} bytes it"
-                " had when it was checked); not restored")
-
-    files: list[str] = []
-    manifest: dict[str, Any] | None = None
-    written = 0
-    try:
-        with bounded_stream(archive, seen, changed) as stream, \
-                tarfile.open(fileobj=stream, mode="r|") as tar:
-            for m in tar:
-                rel = _member_ok(m.name)
-                if m.isdir():
-                    continue
-                if not m.isfile():
-                    raise BackupError(f"archive member {m.name!r} is not a regular file; not a semq backup")
-                written += m.size
-                if written > walked.file_bytes:
-                    raise BackupError(f"{archive} changed while it was restored ({written} bytes of members,"
-                                      f" {walked.file_bytes} when it was checked); not restored")
-                src = tar.extractfile(m)
-                assert src is not None
-                if rel == MANIFEST_NAME:
-                    try:
-                        manifest = json.loads(src.read(1 << 20))
-                    except ValueError as e:
-                        raise BackupError(f"{archive}: the manifest is not JSON: {e}") from e
-                    continue
-                dest = stage / rel
-                ensure_private_directory(dest.parent)
-                with _private_file(dest) as f:
-                    shutil.copyfileobj(src, f)
-                files.append(rel)
-    except ArchiveTooLarge as e:
-        raise BackupError(str(e)) from e
-    except ArchiveError as e:
-        raise BackupError(f"{archive} is not a semq backup (tar or .sqlite): {e}") from e
-    except tarfile.TarError as e:
-        raise BackupError(f"{archive} is not a semq backup (tar or .sqlite): {e}") from e
-    if not isinstance(manifest, dict):
-        raise BackupError(f"{archive} has no {MANIFEST_NAME}; not a semq backup")
-    if manifest.get("format") != BACKUP_FORMAT:
-        raise BackupError(f"{archive} is backup format {manifest.get('format')!r}; this software reads"
-                          f" {BACKUP_FORMAT}")
-    if manifest.get("role") not in STORE_NAMES or manifest.get("store") not in files:
-        raise BackupError(f"{archive}: the manifest names no store it contains")
-    return manifest, files
 
 
 def _new_incarnation(store: Path, archive: Path) -> int:
@@ -661,31 +389,9 @@ def restore(archive: Path, directory: Path, *, force: bool = False) -> RestoreIn
     directory.mkdir(parents=True, exist_ok=True, mode=0o700)
     with tempfile.TemporaryDirectory(prefix=".restore-", dir=directory) as tmpd:
         stage = Path(tmpd)
-        manifest, files = _read_archive(archive, stage)
-        role, store_name = manifest["role"], manifest["store"]
-        # Every store of the set (a node of several units has one per unit).
-        stores: dict[str, str] = {store_name: manifest.get("sha256") or ""}
-        listed = manifest.get("stores")
-        if isinstance(listed, dict):
-            for rel, meta in listed.items():
-                if rel not in files:
-                    raise BackupError(f"{archive}: the manifest lists the store {rel}, which it does not contain")
-                stores[rel] = str((meta or {}).get("sha256") or "")
-        for rel in files:
-            if _UNIT_STORE.fullmatch(rel) and rel not in stores:
-                raise BackupError(f"{archive}: it contains the store {rel}, which the manifest does not list")
-        for rel, digest in stores.items():
-            if digest and _sha256(stage / rel) != digest:
-                raise BackupError(f"{archive}: the store {rel} does not match the manifest's checksum (damaged)")
-            conn = sqlite3.connect(f"file:{stage / rel}?mode=ro", uri=True)
-            try:
-                check = conn.execute("PRAGMA quick_check").fetchone()[0]
-            except sqlite3.Error as e:
-                raise BackupError(f"{archive}: the store {rel} cannot be read: {e}") from e
-            finally:
-                conn.close()
-            if check != "ok":
-                raise BackupError(f"{archive}: the store {rel} fails its check: {check}")
+        manifest, files = read_archive(archive, stage, _free_bytes(stage))
+        role = manifest["role"]
+        stores = _staged_stores(archive, stage, manifest, files)
         info = RestoreInfo(directory=directory, role=role, files=sorted(files))
         if "semq.toml" not in files and not (directory / "semq.toml").exists():
             raise BackupError(f"{archive} holds only a store and {directory} has no configuration;"
@@ -700,43 +406,92 @@ def restore(archive: Path, directory: Path, *, force: bool = False) -> RestoreIn
                               " (the replaced files are kept as *.before-restore-<time>)")
         if role == "node":
             info.id_floor = max(_new_incarnation(stage / rel, archive) for rel in stores)
-        stamp = time.strftime("%Y%m%dT%H%M%S")
-        with contextlib.ExitStack() as locks:
-            for rel in stores:
-                target_store = directory / rel
-                if not locks.enter_context(_wal_index_lock(target_store)):  # opened since the check above
-                    raise RestoreRefused(f"refusing to restore: {target_store} was just opened by another process")
-            for rel in existing:
-                dst = directory / rel
-                aside = _aside(dst, "before-restore", stamp)
-                if rel in stores:
-                    _move_store(dst, aside)  # its WAL belongs to it, never to the restored file
-                else:
-                    os.replace(dst, aside)
-                info.replaced.append(aside.relative_to(directory).as_posix())
-            for rel in stores:  # a stale WAL would be replayed onto the restored store
-                for sfx in ("-wal", "-shm"):
-                    Path(f"{directory / rel}{sfx}").unlink(missing_ok=True)
-            for rel in sorted(files):
-                dst = directory / rel
-                if dst.parent != directory:  # (every level 0700: large/, large/in/, chunks/...)
-                    ensure_private_directory(dst.parent)
-                    os.chmod(dst.parent, 0o700)
-                os.chmod(stage / rel, 0o600)
-                os.replace(stage / rel, dst)
+        info.replaced = _put_in_place(stage, directory, files, stores, existing)
     os.chmod(directory, 0o700)
+    info.warnings = _key_warnings(role, directory, files)
+    return info
+
+
+def _staged_stores(archive: Path, stage: Path, manifest: dict[str, Any], files: list[str]) -> dict[str, str]:
+    """Every store of the staged set (a node of several units has one per
+    unit) -> its checksum in the manifest ("" when it gives none): each one
+    the manifest lists is there, each one there is listed, and each matches
+    its checksum and passes SQLite's check. Raises BackupError."""
+    stores: dict[str, str] = {manifest["store"]: manifest.get("sha256") or ""}
+    listed = manifest.get("stores")
+    if isinstance(listed, dict):
+        for rel, meta in listed.items():
+            if rel not in files:
+                raise BackupError(f"{archive}: the manifest lists the store {rel}, which it does not contain")
+            stores[rel] = str((meta or {}).get("sha256") or "")
+    for rel in files:
+        if UNIT_STORE.fullmatch(rel) and rel not in stores:
+            raise BackupError(f"{archive}: it contains the store {rel}, which the manifest does not list")
+    for rel, digest in stores.items():
+        if digest and file_sha256(stage / rel) != digest:
+            raise BackupError(f"{archive}: the store {rel} does not match the manifest's checksum (damaged)")
+        conn = sqlite3.connect(f"file:{stage / rel}?mode=ro", uri=True)
+        try:
+            check = conn.execute("PRAGMA quick_check").fetchone()[0]
+        except sqlite3.Error as e:
+            raise BackupError(f"{archive}: the store {rel} cannot be read: {e}") from e
+        finally:
+            conn.close()
+        if check != "ok":
+            raise BackupError(f"{archive}: the store {rel} fails its check: {check}")
+    return stores
+
+
+def _put_in_place(stage: Path, directory: Path, files: list[str], stores: dict[str, str],
+                  existing: list[str]) -> list[str]:
+    """Move the staged ``files`` into ``directory``, each one there before
+    kept aside as ``<name>.before-restore-<time>``, while holding every
+    store's WAL-index lock (RestoreRefused when a process opened one since
+    it was checked). Returns what was kept aside, relative."""
+    replaced = []
+    stamp = time.strftime("%Y%m%dT%H%M%S")
+    with contextlib.ExitStack() as locks:
+        for rel in stores:
+            target_store = directory / rel
+            if not locks.enter_context(wal_index_lock(target_store)):  # opened since the check above
+                raise RestoreRefused(f"refusing to restore: {target_store} was just opened by another process")
+        for rel in existing:
+            dst = directory / rel
+            aside = _aside(dst, "before-restore", stamp)
+            if rel in stores:
+                _move_store(dst, aside)  # its WAL belongs to it, never to the restored file
+            else:
+                os.replace(dst, aside)
+            replaced.append(aside.relative_to(directory).as_posix())
+        for rel in stores:  # a stale WAL would be replayed onto the restored store
+            for sfx in ("-wal", "-shm"):
+                Path(f"{directory / rel}{sfx}").unlink(missing_ok=True)
+        for rel in sorted(files):
+            dst = directory / rel
+            if dst.parent != directory:  # (every level 0700: large/, large/in/, chunks/...)
+                ensure_private_directory(dst.parent)
+                os.chmod(dst.parent, 0o700)
+            os.chmod(stage / rel, 0o600)
+            os.replace(stage / rel, dst)
+    return replaced
+
+
+def _key_warnings(role: str, directory: Path, files: list[str]) -> list[str]:
+    """What the restored directory lacks or holds of private keys, said to
+    the user."""
+    warnings = []
     keys_in = any(f.endswith(".key.pem") for f in files)
     if role == "node" and not keys_in and not (directory / "keys" / "sign.key.pem").exists():
         with suppress(Exception):
-            from semq.config import load_config
+            from semq.settings.config import load_config
 
             if load_config(directory).security:
-                info.warnings.append("the backup holds no private keys and there are none here: create new"
-                                     " ones and re-enroll ('semq node init' in a new directory, 'semq platform"
-                                     " enroll', 'semq node import'), or copy keys/ from your key backup")
+                warnings.append("the backup holds no private keys and there are none here: create new"
+                                " ones and re-enroll ('semq node init' in a new directory, 'semq platform"
+                                " enroll', 'semq node import'), or copy keys/ from your key backup")
     if role == "platform" and not keys_in and not (directory / "ca" / "ca.key.pem").exists():
-        info.warnings.append("the backup holds no CA key and there is none here: restore ca/ca.key.pem from"
-                             " your offline key backup before 'semq platform run'")
+        warnings.append("the backup holds no CA key and there is none here: restore ca/ca.key.pem from"
+                        " your offline key backup before 'semq platform run'")
     if keys_in:
-        info.warnings.append("private keys were restored (owner-only, 0600)")
-    return info
+        warnings.append("private keys were restored (owner-only, 0600)")
+    return warnings

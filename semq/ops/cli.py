@@ -66,7 +66,7 @@ def _cli_errors(func: Callable[[argparse.Namespace], int]) -> Callable[[argparse
 
 
 def _dir(args: argparse.Namespace) -> Path:
-    from semq.config import data_dir
+    from semq.settings.config import data_dir
 
     return data_dir(getattr(args, "dir", None))
 
@@ -108,10 +108,10 @@ def _size(n: int) -> str:
 
 
 def _call(args: argparse.Namespace, cmd: str, payload: dict[str, Any] | None = None) -> Any:
-    """The daemon's answer to ``cmd``. A node of several units (semq.units)
+    """The daemon's answer to ``cmd``. A node of several units (semq.umxt_protocol.units)
     answers as one: each unit is asked (``--unit K``: that one only) and
     the answers are merged (``_merge``)."""
-    from semq.config import load_config
+    from semq.settings.config import load_config
 
     from .admin import AdminError, admin_call, admin_socket_path
 
@@ -304,7 +304,7 @@ def _record_id(text: str) -> int:
 
 def _wait_gone(args: argparse.Namespace) -> None:
     """Until the daemon's admin socket stops answering (bounded by --timeout)."""
-    from semq.config import load_config
+    from semq.settings.config import load_config
 
     from .admin import AdminError, admin_request, admin_socket_path
 
@@ -427,7 +427,7 @@ def cmd_grafana_dashboard(args: argparse.Namespace) -> int:
 def cmd_service_install(args: argparse.Namespace) -> int:
     """Write the unit; never over a different one without --force, never
     for a data directory the unit could not use (semq.ops.service)."""
-    from semq.config import Config, ConfigError, load_config
+    from semq.settings.config import Config, ConfigError, load_config
 
     from .service import DEFAULT_UNIT_DIR, UnitRefused, UnitSpec, check_data_dir, install_unit
 
@@ -487,7 +487,7 @@ def cmd_restore(args: argparse.Namespace) -> int:
 
 @_cli_errors
 def cmd_compact(args: argparse.Namespace) -> int:
-    from semq.config import load_config
+    from semq.settings.config import load_config
 
     from .backup import compact
 
@@ -604,7 +604,7 @@ def register(sub: Any) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     """Run the operational subcommands alone (``python -m semq.ops``)."""
-    from semq.config import ConfigError
+    from semq.settings.config import ConfigError
 
     p = argparse.ArgumentParser(prog="semq", parents=[_common()])
     p.add_argument("-v", "--verbose", action="store_true", help="tracebacks on errors")

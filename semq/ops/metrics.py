@@ -346,53 +346,46 @@ def instrument_core(core: Any, metrics: Metrics) -> None:
 
 def node_snapshot(core: Any, stuck_after: float) -> dict[str, Any]:
     """On the store thread: gauges of a node's store."""
-    from semq.node.engine import SendState, sql_in
+    from semq.node.engine import SendState
+    from semq.node.origin.outbox import OutboxFilter
 
     # Not yet confirmed end to end (SPEC A.5), as the admin console's ``stuck``.
-    open_ = sql_in((SendState.SS_INIT, SendState.SS_SENT, SendState.SS_ACK_FWD, SendState.SS_ACK))
-    c = core.conn
+    open_ = OutboxFilter(reliable=True, states=(SendState.SS_INIT, SendState.SS_SENT, SendState.SS_ACK_FWD,
+                                                SendState.SS_ACK))
     cutoff = int(time.time() * 1000 - stuck_after * 1000)
     msgs: dict[tuple[str, str], int] = {("outbox", s.name): 0 for s in SendState}
-    # Both count what the node holds in memory for up to 1 s (docs/design.md).
+    # The owners count what the node defers in memory for up to 1 s where it
+    # is (docs/design.md), without writing it.
     for name, n in core.state_counts().items():
         msgs[("outbox", name)] = n
     msgs[("inbound", "pending_ack")] = core.pending_ack_count()
-    msgs[("inbox", "unread")] = c.execute("SELECT count(*) FROM inbox WHERE consumed_ms IS NULL").fetchone()[0]
-    oldest = c.execute(f"SELECT min(created_ms) FROM outbox WHERE reliable=1 AND state IN ({open_})").fetchone()[0]
-    stuck = c.execute(f"SELECT count(*) FROM outbox WHERE reliable=1 AND state IN ({open_}) AND created_ms < ?",
-                      (cutoff,)).fetchone()[0]
-    stuck += c.execute("SELECT count(*) FROM inbound WHERE received_ms < ?", (cutoff,)).fetchone()[0]
+    msgs[("inbox", "unread")] = core.inbox.count(unread=True)
+    oldest = core.outbox.oldest(open_)
+    stuck = core.outbox.count(OutboxFilter(reliable=True, states=open_.states, created_before=cutoff))
+    stuck += core.pending_acks.count(received_before=cutoff)
     return {"messages": msgs, "oldest_ms": oldest, "stuck": stuck}
 
 
 def platform_snapshot(core: Any, stuck_after: float) -> dict[str, Any]:
-    """On the store thread: gauges of the platform's store and its nodes."""
+    """On the store thread: gauges of the platform's store and its nodes,
+    as their owners count them (semq.platform.copies, nodes): delivered
+    copies whose SS_SENT is held in memory counted where they are, without
+    writing them (docs/design.md)."""
     from semq.platform.engine import StoredState
-    from semq.umxt_protocol import Kind
 
-    c = core.conn
     cutoff = int(time.time() * 1000 - stuck_after * 1000)
     msgs: dict[tuple[str, str], int] = {("stored", s.name): 0 for s in StoredState if s is not StoredState.SS_ACK}
-    msgs[("relayed", "waiting")] = 0
-    msgs[("chunks", "kept")] = 0  # a large document's chunks kept for an absent receiver
-    for kind, s, n in c.execute("SELECT kind, state, count(*) FROM stored GROUP BY kind, state"):
-        if kind == Kind.DATA:
-            try:
-                msgs[("stored", StoredState(s).name)] = n
-            except ValueError:
-                msgs[("stored", str(s))] = n
-        elif kind == Kind.CHUNK:
-            msgs[("chunks", "kept")] += n
-        else:
-            msgs[("relayed", "waiting")] += n
-    # Delivered copies whose SS_SENT is held in memory (docs/design.md).
-    moved = min(core.held_count(), msgs[("stored", "SS_INIT")])
-    msgs[("stored", "SS_INIT")] -= moved
-    msgs[("stored", "SS_SENT")] += moved
-    oldest = c.execute("SELECT min(stored_ms) FROM stored WHERE kind=1").fetchone()[0]
-    stuck = c.execute("SELECT count(*) FROM stored WHERE stored_ms < ?", (cutoff,)).fetchone()[0]
-    nodes = {i: ls for i, ls, rv in c.execute("SELECT node_id, last_seen_ms, revoked FROM nodes") if not rv}
-    return {"messages": msgs, "oldest_ms": oldest, "stuck": stuck, "nodes": nodes}
+    copies, relayed, chunks = core.copies.state_counts()
+    msgs[("relayed", "waiting")] = relayed
+    msgs[("chunks", "kept")] = chunks  # a large document's chunks kept for an absent receiver
+    for s, n in copies.items():
+        try:
+            msgs[("stored", StoredState(s).name)] = n
+        except ValueError:
+            msgs[("stored", str(s))] = n
+    stuck = sum(core.copies.older(cutoff))
+    nodes = {n.node_id: n.last_seen_ms for n in core.nodes.rows() if not n.revoked}
+    return {"messages": msgs, "oldest_ms": core.copies.oldest_ms(), "stuck": stuck, "nodes": nodes}
 
 
 async def poll_store(metrics: Metrics, daemon: Any, core: Any, *, interval: float = 15.0,
@@ -437,7 +430,7 @@ async def probe_loop_lag(metrics: Metrics, *, interval: float = 0.5) -> None:
 def parse_metrics_address(text: str) -> tuple[str, int]:
     """``HOST:PORT`` / ``[::1]:PORT`` / ``HOST`` (port 9410); raises
     ValueError naming the text."""
-    from semq.transport import parse_hostport
+    from semq.session.transport import parse_hostport
 
     return parse_hostport(text, default_port=DEFAULT_METRICS_PORT)
 

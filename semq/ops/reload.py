@@ -7,7 +7,7 @@ platform's auto-registration. From the next connection: a node's platform
 address and its TLS certificate (renewed ``node.pem``/keys; sessions in
 progress keep theirs); the platform's CA state, CRL and TLS certificate
 (the daemon's own CRL watcher applies them and closes revoked sessions).
-Which keys, and when, is declared on each key's Rule in semq.config
+Which keys, and when, is declared on each key's Rule in semq.settings.config
 (``semq config reference``). Only settings that changed in the file since
 the last (re)load are applied, so command-line overrides (``--platform``,
 ``--inquiry-interval``) stay until the file itself changes them; any other
@@ -23,7 +23,7 @@ from typing import Any, Final
 
 import trio
 
-from semq.config import SETTINGS, Config, load_config, parse_platform_addresses
+from semq.settings.config import SETTINGS, Config, load_config, parse_platform_addresses
 
 __all__ = ["APPLIERS", "node_reloader", "platform_reloader"]
 
@@ -164,7 +164,7 @@ def node_reloader(daemon: Any, core: Any, directory: Path) -> Callable[[], Await
         cfg, changed, needs = await _apply("node", daemon, core, directory, state)
         certs = _mtimes(directory, _NODE_CERT_FILES)
         if cfg.security and certs != state["certs"]:
-            from semq.security import NodeSecurity
+            from semq.identity.security import NodeSecurity
 
             sec = await trio.to_thread.run_sync(NodeSecurity, directory)  # refuses unusable keys
             ctx = sec.ssl_context()

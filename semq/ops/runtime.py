@@ -4,7 +4,8 @@ endpoint, the store poller and the event-loop lag probe.
 
 ``semq ... run`` uses it like this (see docs/operations.md, "Wiring")::
 
-    ops = OpsRuntime("node", cfg.directory, core, ops_options(args))  # before the daemon runs
+    ops = OpsRuntime("node", cfg.directory, core, ops_options(args),  # before the daemon runs
+                     console=serve_daemon_console)  # semq.web.server's, served with --web
     ...
     await nursery.start(daemon.run)
     await ops.start(nursery, daemon)        # admin socket, metrics, SIGHUP, drain supervisor
@@ -15,6 +16,7 @@ endpoint, the store poller and the event-loop lag probe.
 from __future__ import annotations
 
 import argparse
+import functools
 import logging
 import os
 import subprocess
@@ -22,12 +24,12 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import trio
 
 from ._paths import admin_socket_path
-from .admin import AdminError, DrainControl, admin_request, serve_admin
+from .admin import AdminError, DrainControl, Handler, admin_request, serve_admin
 from .handlers import (
     DEFAULT_STUCK_AFTER,
     node_busy,
@@ -36,8 +38,8 @@ from .handlers import (
     platform_handlers,
 )
 
-__all__ = ["OpsOptions", "OpsRuntime", "add_run_options", "live_status", "ops_options", "start_history_indexer",
-           "stop_history_indexer"]
+__all__ = ["ConsoleFactory", "OpsOptions", "OpsRuntime", "add_run_options", "live_status", "ops_options",
+           "parse_web_address", "start_history_indexer", "stop_history_indexer"]
 
 log = logging.getLogger("semq.ops")
 
@@ -52,6 +54,29 @@ class OpsOptions:
     sighup: bool = True  # SIGHUP reloads (main thread only)
     lag_interval: float = 0.5  # s between event-loop lag probes
     web: str | None = None  # HOST:PORT of the web console (HTTPS; semq.web); None = off (the default)
+
+
+class ConsoleFactory(Protocol):
+    """Serves the web console of a running daemon beside its admin socket,
+    calling the same ``handlers`` in-process: started with ``nursery.start``,
+    it reports the bound port and serves until cancelled (trio's
+    ``serve_*``). The console (semq.web) sits above ops, whose handlers it
+    calls, so ops never imports it: the command that starts the daemon hands
+    OpsRuntime this factory (semq.web.server.serve_daemon_console)."""
+
+    async def __call__(self, role: str, directory: Path, handlers: dict[str, Handler], host: str, port: int, *,
+                       ident: str, config: Any = None,
+                       task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED) -> None: ...
+
+
+def parse_web_address(text: str) -> tuple[str, int]:
+    """``--web HOST:PORT`` (``[::1]:PORT`` for IPv6; port 0 = any free port).
+    Raises ValueError naming the text."""
+    host, sep, port = text.rpartition(":")
+    host = host.strip("[]")
+    if not sep or not host or not port.isdigit() or int(port) > 65535:
+        raise ValueError(f"--web {text!r} is not HOST:PORT (e.g. 127.0.0.1:8443)")
+    return host, int(port)
 
 
 def add_run_options(parser: argparse.ArgumentParser) -> None:
@@ -89,8 +114,6 @@ def ops_options(args: argparse.Namespace) -> OpsOptions:
         parse_metrics_address(metrics)  # a typo is the user's mistake, before anything starts
     web = getattr(args, "web", None)
     if web:
-        from semq.web import parse_web_address
-
         parse_web_address(web)  # a typo is the user's mistake, before anything starts
     return OpsOptions(admin=not getattr(args, "no_admin", False), metrics=metrics, web=web,
                       drain_timeout=getattr(args, "drain_timeout", 60.0) or 60.0,
@@ -99,19 +122,21 @@ def ops_options(args: argparse.Namespace) -> OpsOptions:
 
 class OpsRuntime:
     """Create before the daemon starts (it instruments the core's event log
-    when metrics are on), ``start`` once the daemon runs."""
+    when metrics are on), ``start`` once the daemon runs. ``console`` serves
+    the web console when the options ask for one (``--web``)."""
 
     def __init__(self, role: str, directory: Path, core: Any, options: OpsOptions | None = None, *,
                  admin_dir: Path | None = None, user_socket: Path | None = None, config: Any = None,
-                 history_days: int = 0) -> None:
+                 history_days: int = 0, console: ConsoleFactory | None = None) -> None:
         if role not in ("node", "platform"):
             raise ValueError(f"role {role!r} is not node or platform")
         self.role = role
         self.directory = Path(directory)
-        # Where the admin socket is: the data directory, or a unit's (semq.units).
+        # Where the admin socket is: the data directory, or a unit's (semq.umxt_protocol.units).
         self.admin_dir = Path(admin_dir) if admin_dir is not None else self.directory
         self.core = core
         self.options = options or OpsOptions()
+        self.console = console
         self.drain = DrainControl(timeout=self.options.drain_timeout)
         self.metrics: Any = None
         self.waiters: Any = None  # a node's semq.ops.waiters.InboxWaiters, once started
@@ -122,7 +147,7 @@ class OpsRuntime:
         self.user_path: Path | None = None
         self.metrics_port: int | None = None
         self.web_port: int | None = None
-        # The delivery history (semq.history), beside the store: indexed
+        # The delivery history (semq.tracking.history), beside the store: indexed
         # from the event log files (every unit's and the applications') by
         # a process of its own at idle priority, started by unit 1 alone.
         self.history: Any = None  # the indexer's Popen, once started
@@ -156,7 +181,7 @@ class OpsRuntime:
         busy = node_busy if self.role == "node" else platform_busy
         if self.role == "node":
             # Clients waiting for documents (wait_inbox), woken by the daemon's commits.
-            from semq.bounds import USER_MAX_CONNECTIONS
+            from semq.settings.bounds import USER_MAX_CONNECTIONS
 
             from .waiters import ADMIN_WAITS, InboxWaiters
 
@@ -185,15 +210,14 @@ class OpsRuntime:
             nursery.start_soon(lambda: poll_store(self.metrics, daemon, core, interval=self.options.metrics_interval,
                                                   stuck_after=self.options.stuck_after))
         if self.options.web and (self.config is None or getattr(self.config, "unit", 1) == 1):
-            # The web console (semq.web): in this nursery, on this trio thread,
-            # calling the same handlers in-process. Unit 1 serves it for every unit.
-            from semq.web import parse_web_address
-            from semq.web.server import console_for, serve_console
-
+            # The web console: in this nursery, on this trio thread, calling
+            # the same handlers in-process. Unit 1 serves it for every unit.
+            if self.console is None:
+                raise ValueError(f"--web {self.options.web}: no web console was handed to OpsRuntime")
             host, port = parse_web_address(self.options.web)
-            console, tls = console_for(self.role, self.directory, handlers, ident=core.me.node_id,
-                                       config=self.config if self.role == "node" else None, host=host)
-            self.web_port = await nursery.start(serve_console, console, tls, host, port)
+            self.web_port = await nursery.start(functools.partial(
+                self.console, self.role, self.directory, handlers, host, port, ident=core.me.node_id,
+                config=self.config if self.role == "node" else None))
         if self.options.sighup:
             from .service import reload_on_sighup
 
@@ -219,13 +243,13 @@ class OpsRuntime:
 
 
 def start_history_indexer(events_dir: Path, directory: Path, days: int) -> subprocess.Popen[bytes] | None:
-    """``python -m semq.history`` for a daemon's data directory: it indexes
+    """``python -m semq.tracking.history`` for a daemon's data directory: it indexes
     the event logs into ``history.sqlite`` at idle priority and stops when
     the daemon is gone (also after a SIGKILL). None when it cannot start
     (said once; the daemon runs without a history)."""
-    from semq.history import HISTORY_FILE
+    from semq.tracking.history import HISTORY_FILE
 
-    cmd = [sys.executable, "-m", "semq.history", "--events", str(events_dir), "--db",
+    cmd = [sys.executable, "-m", "semq.tracking.history", "--events", str(events_dir), "--db",
            str(directory / HISTORY_FILE), "--days", str(days), "--parent", str(os.getpid())]
     try:
         return subprocess.Popen(cmd, stdin=subprocess.DEVNULL, start_new_session=False)

@@ -235,7 +235,7 @@ def check_data_dir(spec: UnitSpec) -> None:
     import grp
     import pwd
 
-    from semq.config import CONFIG_NAME, load_config
+    from semq.settings.config import CONFIG_NAME, load_config
 
     d = Path(spec.directory).absolute()
     init = f"semq {spec.role} init --dir {d}"

@@ -1,5 +1,5 @@
 """``semq track``: where a document is, and when it got there, from the
-delivery history (semq.history) — long after the store cleaned its rows,
+delivery history (semq.tracking.history) — long after the store cleaned its rows,
 with or without the daemon running."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from semq.history import HistoryReader, history_paths
+from semq.tracking.history import HistoryReader, history_paths
 
 from .display import MAX_LIMIT, shown, when
 
@@ -123,8 +123,8 @@ def receipt_check(directory: Path, row: dict[str, Any]) -> dict[str, Any] | None
     not a node, or kept longer than receipts are)."""
     if row["role"] != "origin" or row["state"] != "ack2":
         return None
-    from semq.config import ConfigError, load_config
     from semq.node.api import NodeClient
+    from semq.settings.config import ConfigError, load_config
     from semq.umxt_protocol import LK0
 
     try:
@@ -141,7 +141,7 @@ def receipt_check(directory: Path, row: dict[str, Any]) -> dict[str, Any] | None
 
 
 def _days(directory: Path) -> int:
-    from semq.config import ConfigError, load_config
+    from semq.settings.config import ConfigError, load_config
 
     try:
         return int(load_config(directory).history_days)
@@ -150,7 +150,7 @@ def _days(directory: Path) -> int:
 
 
 def cmd_track(args: argparse.Namespace) -> int:
-    from semq.config import data_dir
+    from semq.settings.config import data_dir
 
     directory: Path = data_dir(getattr(args, "dir", None))
     paths = history_paths(directory)

@@ -1,4 +1,4 @@
-"""A node of several units (semq.units): ``semq node run`` on such a node
+"""A node of several units (semq.umxt_protocol.units): ``semq node run`` on such a node
 starts one process per unit (``semq node run --unit K``), restarts a unit
 that dies, and stops them all on SIGTERM or SIGINT (each drains as a node
 does alone). SIGHUP is passed on (each unit reloads its configuration).

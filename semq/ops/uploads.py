@@ -17,7 +17,7 @@ copied). What this module guarantees:
   add up to it, naming the offset of the next block, and one whose SHA-256
   is not the one the client computed (that one is removed: the bytes are
   wrong).
-- **Bounded** (semq.bounds): ``USER_UPLOADS_PER_USER`` uploads of one user
+- **Bounded** (semq.settings.bounds): ``USER_UPLOADS_PER_USER`` uploads of one user
   at once; each at most the node's ``max_document_mib``; begun only when
   the file system keeps ``USER_UPLOAD_KEEP_FREE`` bytes free after every
   open upload is complete; an upload that gets no block for
@@ -43,7 +43,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
 
-from semq.bounds import USER_UPLOAD_IDLE_S, USER_UPLOAD_KEEP_FREE, USER_UPLOADS_PER_USER
+from semq.settings.bounds import USER_UPLOAD_IDLE_S, USER_UPLOAD_KEEP_FREE, USER_UPLOADS_PER_USER
 
 __all__ = ["UPLOADS_DIR", "Staged", "UploadRefused", "Uploads"]
 

@@ -31,9 +31,9 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, BinaryIO, Final
 
-from semq.bounds import USER_BLOCK_BYTES
-from semq.inbox_wait import MAX_WAIT, DaemonAway, WaitRefused, unix_address, wait_any
 from semq.node.api import UNIT_IDS
+from semq.session.inbox_wait import MAX_WAIT, DaemonAway, WaitRefused, unix_address, wait_any
+from semq.settings.bounds import USER_BLOCK_BYTES
 
 from .admin import MAX_RESPONSE
 

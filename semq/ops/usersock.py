@@ -16,7 +16,7 @@ The connection is then that user's: it sends as that user, lists, reads (a
 document over one block in blocks: ``read``) and acknowledges the documents
 for that user, and a document of another user is "not in the inbox", like
 one that does not exist. It may also wait for its next document
-(``wait_inbox``, semq.inbox_wait). Later requests need not repeat the
+(``wait_inbox``, semq.session.inbox_wait). Later requests need not repeat the
 token. One that names a ``user`` names the connection's (another is
 refused: a connection never changes hands), and one that carries a
 ``token`` carries a good one for that user (checked again); every request
@@ -45,7 +45,7 @@ staged privately in the data directory and handed to the large-document
 path (semq.ops.uploads), and read in blocks (``read``); an answer carries a
 document's ``data`` only when it is at most one block.
 
-Bounds (semq.bounds, "user socket"): nothing is read before the first
+Bounds (semq.settings.bounds, "user socket"): nothing is read before the first
 line but that line, at most ``USER_AUTH_BYTES`` (4 KiB), whole within
 ``USER_AUTH_S`` (5 s), and an account holds at most
 ``USER_AUTH_PER_ACCOUNT`` connections that have not authenticated; after
@@ -83,7 +83,11 @@ from typing import Any, Final
 
 import trio
 
-from semq.bounds import (
+from semq.node.api import InboxItem, NodeClient
+from semq.node.limits import DocumentRefused
+from semq.node.users import UserError
+from semq.session.inbox_wait import ADMIN_SOCKET_NAME, DaemonAway, WaitRefused, await_any
+from semq.settings.bounds import (
     USER_AUTH_BYTES,
     USER_AUTH_PER_ACCOUNT,
     USER_AUTH_S,
@@ -93,11 +97,7 @@ from semq.bounds import (
     USER_MAX_CONNECTIONS_PER_USER,
     USER_MAX_REQUEST,
 )
-from semq.config import Config
-from semq.inbox_wait import ADMIN_SOCKET_NAME, DaemonAway, WaitRefused, await_any
-from semq.node.api import InboxItem, NodeClient, inbox_top
-from semq.node.limits import DocumentRefused
-from semq.node.users import UserError, authenticate, user_for_os_account
+from semq.settings.config import Config
 
 from .admin import AdminCommandError, Handler, Limits, serve_admin, until_hangup
 from .uploads import UPLOADS_DIR, UploadRefused, Uploads
@@ -184,19 +184,18 @@ class UserSession:
         if user and user != self.user:
             raise AdminCommandError(f"this connection is {self.user}'s (its first line); a request as {user}"
                                     " needs a connection of its own")
-        conn = client.core.conn
         if token:
             try:
-                authenticate(conn, self.user, token)
+                client.authenticate(self.user, token)
             except UserError as e:
                 raise AdminCommandError(str(e)) from None
         if self.account:
-            if user_for_os_account(conn, self.account) != self.user:
+            if client.user_for_os_account(self.account) != self.user:
                 raise AdminCommandError(f"the account {self.account} is no longer tied to user {self.user}:"
                                         " connect again")
         else:
             try:
-                authenticate(conn, self.user, self._token)
+                client.authenticate(self.user, self._token)
             except UserError:
                 raise AdminCommandError(f"user {self.user} was removed or given a new token since this connection"
                                         " authenticated: connect again") from None
@@ -213,16 +212,15 @@ def _prove(client: NodeClient, args: dict[str, Any], peer_uid: int | None) -> Us
     the account the kernel named. Raises AdminCommandError (a wrong token
     and an unknown user get the same words)."""
     user, token = _strings(args)
-    conn = client.core.conn
     if token:
         if not user:
             raise AdminCommandError("a token needs its user name (user)")
         try:
-            return UserSession(authenticate(conn, user, token), _token=token)
+            return UserSession(client.authenticate(user, token), _token=token)
         except UserError as e:
             raise AdminCommandError(str(e)) from None
     account = _account(peer_uid)
-    name = user_for_os_account(conn, account)
+    name = client.user_for_os_account(account)
     if name is None or (user and user != name):
         raise AdminCommandError(f"no token, and the account {account or peer_uid!r} is not tied to"
                                 f" {'user ' + user if user else 'a user'} of this node")
@@ -491,7 +489,7 @@ def user_handlers(cfg: Config, waiters: Any = None, *, store: _Store | None = No
         timeout = wait_timeout(args.get("timeout"))
 
         async def check() -> tuple[bool, list[int]]:
-            tops = await run(lambda: [inbox_top(core.conn, user) for core in client().cores])
+            tops = await run(lambda: client().inbox_tops(user))
             return any(t > a for t, a in zip(tops, cursor, strict=True)), tops
 
         if cfg.units == 1:

@@ -1,8 +1,8 @@
 """Clients waiting for documents: the daemon's side of ``wait_inbox``
-(the client's side, and the request, are in semq.inbox_wait).
+(the client's side, and the request, are in semq.session.inbox_wait).
 
 A node daemon tells ``InboxWaiters.arrived()`` (through the port
-semq.ports.InboxSignal) each time a commit put documents into its inbox —
+semq.session.ports.InboxSignal) each time a commit put documents into its inbox —
 after the commit, so a client woken then finds them in the store. A wait
 checks the store once when it starts and once after each arrival (one
 indexed look-up: the highest unacknowledged row), never on a timer; it is
@@ -25,8 +25,12 @@ from typing import Any, Final
 
 import trio
 
-from semq.bounds import ADMIN_MAX_CLIENTS, USER_MAX_CONNECTIONS, USER_MAX_CONNECTIONS_PER_USER
-from semq.inbox_wait import MAX_WAIT
+from semq.session.inbox_wait import MAX_WAIT
+from semq.settings.bounds import (
+    ADMIN_MAX_CLIENTS,
+    USER_MAX_CONNECTIONS,
+    USER_MAX_CONNECTIONS_PER_USER,
+)
 
 from .admin import AdminCommandError
 
@@ -70,7 +74,7 @@ def wait_timeout(value: Any) -> float:
 
 
 class InboxWaiters:
-    """The waits of one daemon, woken by ``arrived()`` (semq.ports.InboxSignal)."""
+    """The waits of one daemon, woken by ``arrived()`` (semq.session.ports.InboxSignal)."""
 
     def __init__(self, limits: dict[str, int] | None = None, *, each: int = USER_WAITS_EACH) -> None:
         self.limits = dict(limits or {"admin": ADMIN_WAITS, "user": USER_WAITS})

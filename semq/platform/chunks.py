@@ -26,7 +26,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Final
 
-from semq.crypto import ensure_private_directory
+from semq.identity.crypto import ensure_private_directory
 from semq.umxt_protocol import LK0, Endpoint, FrameDecoder, Kind, RawFrame
 
 __all__ = ["CHUNK_DIR", "MAX_KEPT_FILES", "ChunkFiles", "chunk_file_name"]

@@ -34,21 +34,21 @@ to it nor make it look offline."""
 from __future__ import annotations
 
 import base64
-import hashlib
 import logging
 import os
 import socket
 import time
 import uuid
-from pathlib import Path
 from typing import Any, Final
 
-from semq.events import now_ms
+from semq.store.db import StoreError
+from semq.store.pg import PgListener
+from semq.tracking.events import now_ms
 from semq.umxt_protocol import Endpoint, NodeType
 
-from .engine import StoredState
+from .views import InstanceRow
 
-__all__ = ["HOP_MAX_FRAME", "LIVE_MS", "SWEEP_S", "Presence", "WakeListener", "new_instance_id", "share_ca"]
+__all__ = ["HOP_MAX_FRAME", "LIVE_MS", "SWEEP_S", "Presence", "WakeListener", "new_instance_id"]
 
 log = logging.getLogger("semq.platform")
 
@@ -76,8 +76,11 @@ def channel(instance: str) -> str:
 
 
 class Presence:
-    """One instance's view of the presence table, on the core's connection
-    and inside the core's transactions (the store thread)."""
+    """The owner of the ``presence`` and ``instances`` tables: one
+    instance's view of them, on the core's connection and inside the core's
+    transactions (the store thread). In memory: the epochs of the
+    organizations this instance holds (the fence its claims check), and for
+    ``_CACHE_S`` where others are held."""
 
     def __init__(self, conn: Any, instance: str) -> None:
         self.conn = conn
@@ -210,14 +213,19 @@ class Presence:
             self.conn.execute("SELECT " + ", ".join(["pg_notify(?, ?)"] * len(some)),
                               [v for pair in some for v in pair])
 
-    def waiting(self) -> list[Endpoint]:
-        """The sweep: organizations held here with stored copies or relayed
-        frames waiting."""
-        return [Endpoint(node_type=NodeType(t), node_id=i) for t, i in self.conn.execute(
-            "SELECT p.node_type, p.node_id FROM presence p WHERE p.instance=? AND EXISTS"
-            " (SELECT 1 FROM stored s WHERE s.target_type=p.node_type AND s.target_id=p.node_id"
-            f" AND s.state={int(StoredState.SS_INIT)})",
-            (self.instance,)).fetchall()]
+    def held_here(self) -> tuple[str, tuple[Any, ...]]:
+        """A subquery of the organizations whose presence row names this
+        instance, ``(node_type, node_id)`` each, and its parameters: for
+        another owner's query about them (semq.platform.copies)."""
+        return "SELECT node_type, node_id FROM presence WHERE instance=?", (self.instance,)
+
+    def instances(self) -> list[InstanceRow]:
+        """The instances on the store, by address, with how many
+        organizations each holds."""
+        return [InstanceRow(i, addr, int(pid), int(hb), int(n)) for i, addr, pid, hb, n in self.conn.execute(
+            "SELECT i.id, i.address, i.pid, i.heartbeat_ms, count(p.node_id) FROM instances i"
+            " LEFT JOIN presence p ON p.instance = i.id GROUP BY i.id, i.address, i.pid, i.heartbeat_ms"
+            " ORDER BY i.address").fetchall()]
 
 
 def _parse(line: str) -> tuple[Endpoint, bytes | None] | None:
@@ -236,129 +244,35 @@ def _parse(line: str) -> tuple[Endpoint, bytes | None] | None:
 
 
 class WakeListener:
-    """The instance's own connection that LISTENs on its channel; ``wait``
-    blocks (on a worker thread) until notifications arrive or ``timeout``
-    passes, and returns the organizations to wake. A lost connection is
-    opened again on the next call (the sweep covers the gap)."""
+    """The instance's own connection that LISTENs on its channel
+    (semq.store.pg.PgListener); ``wait`` blocks (on a worker thread) until
+    notifications arrive or ``timeout`` passes, and returns the
+    organizations to wake. A lost connection is opened again on the next
+    call (the sweep covers the gap)."""
 
     def __init__(self, url: str, instance: str) -> None:
         self.url = url
         self.instance = instance
-        self._conn: Any = None
-
-    def _connect(self) -> Any:
-        import psycopg
-
-        conn = psycopg.connect(self.url, autocommit=True, connect_timeout=5)
-        conn.execute(f"LISTEN {channel(self.instance)}")
-        return conn
+        self._listener = PgListener(url, channel(instance))
 
     def wait(self, timeout: float) -> list[tuple[Endpoint, bytes | None]]:
-        import psycopg
-
         try:
-            if self._conn is None or self._conn.closed:
-                self._conn = self._connect()
-            out: list[tuple[Endpoint, bytes | None]] = []
-            # Back with the first notification (the generator would otherwise
-            # wait out the whole timeout), and whatever else has arrived by then.
-            for timeout_s in (timeout, 0.0):
-                for n in self._conn.notifies(timeout=timeout_s, stop_after=1 if timeout_s else 1000):
-                    for line in n.payload.splitlines():
-                        got = _parse(line)
-                        if got is None:
-                            # Anything else on the channel (whoever may NOTIFY
-                            # in the database) is skipped, never fatal.
-                            log.warning("cluster wake-ups: a malformed notification skipped: %.80r", line)
-                        else:
-                            out.append(got)
-                if not out:
-                    break
-            return out
-        except psycopg.Error as e:
+            payloads = self._listener.wait(timeout)
+        except StoreError as e:
             log.warning("cluster wake-ups: %s; the sweep covers the gap", " ".join(str(e).split()))
-            self.close()
             time.sleep(min(timeout, 1.0))
             return []
+        out: list[tuple[Endpoint, bytes | None]] = []
+        for payload in payloads:
+            for line in payload.splitlines():
+                got = _parse(line)
+                if got is None:
+                    # Anything else on the channel (whoever may NOTIFY
+                    # in the database) is skipped, never fatal.
+                    log.warning("cluster wake-ups: a malformed notification skipped: %.80r", line)
+                else:
+                    out.append(got)
+        return out
 
     def close(self) -> None:
-        if self._conn is not None:
-            try:
-                self._conn.close()
-            except Exception:
-                pass
-            self._conn = None
-
-
-def _crl_number(data: bytes) -> int:
-    from cryptography import x509
-
-    try:
-        crl = x509.load_pem_x509_crl(data)
-        return int(crl.extensions.get_extension_for_class(x509.CRLNumber).value.crl_number)
-    except (ValueError, x509.ExtensionNotFound):
-        return -1
-
-
-def write_public_file(path: Path, data: bytes) -> None:
-    """Atomically (a temporary file renamed over it), mode 0644: public."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-    with os.fdopen(fd, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-
-
-def _same_ca(conn: Any, ca_dir: Path) -> None:
-    """The first instance to share records its CA certificate's digest; one
-    whose directory holds another CA (a directory made by a second ``semq
-    platform init`` instead of copied) is refused: it would mix certificates
-    of two authorities into every instance's directory."""
-    from semq._db import StoreError
-
-    mine = hashlib.sha256((ca_dir / "ca.pem").read_bytes()).hexdigest()
-    conn.execute("INSERT INTO ca_files (name, data) VALUES ('ca.sha256', ?) ON CONFLICT (name) DO NOTHING",
-                 (mine.encode(),))
-    (theirs,) = conn.execute("SELECT data FROM ca_files WHERE name='ca.sha256'").fetchone()
-    if bytes(theirs).decode() != mine:
-        raise StoreError(f"the certificate authority in {ca_dir} (sha256 {mine[:16]}...) is not this"
-                         f" platform's ({bytes(theirs).decode()[:16]}...): run every instance on a copy of the"
-                         " same platform directory")
-
-
-def share_ca(conn: Any, ca_dir: Path) -> list[str]:
-    """The CA's public state, the same in every instance's directory: the
-    certificates it issued (``issued/*.pem``: the union of what each
-    instance's directory and the store hold) and its revocation list
-    (``crl.pem``: the one with the highest CRL number). Runs inside a
-    transaction of the caller's; pushes what the store lacks, writes what
-    the directory lacks (atomically; the daemon's CA watch then reloads
-    it). The CA's private key is never in the store: each instance's
-    directory holds its copy. Returns the names written here."""
-    ca_dir = Path(ca_dir)
-    _same_ca(conn, ca_dir)
-    local = {f"issued/{p.name}": p for p in sorted((ca_dir / "issued").glob("*.pem"))}
-    stored = {name: bytes(data) for name, data in conn.execute(
-        "SELECT name, data FROM ca_files WHERE name LIKE 'issued/%'").fetchall()}
-    for name in local.keys() - stored.keys():
-        conn.execute("INSERT INTO ca_files (name, data) VALUES (?, ?) ON CONFLICT (name) DO NOTHING",
-                     (name, local[name].read_bytes()))
-    wrote = []
-    for name in sorted(stored.keys() - local.keys()):
-        write_public_file(ca_dir / name, stored[name])
-        wrote.append(name)
-    crl_file = ca_dir / "crl.pem"
-    mine = crl_file.read_bytes() if crl_file.exists() else b""
-    n_mine = _crl_number(mine) if mine else -1
-    row = conn.execute("SELECT data, crl_number FROM ca_files WHERE name='crl.pem'").fetchone()
-    if row is not None and int(row[1]) > n_mine:
-        write_public_file(crl_file, bytes(row[0]))
-        wrote.append("crl.pem")
-    elif mine and (row is None or int(row[1]) < n_mine):
-        conn.execute("INSERT INTO ca_files (name, data, crl_number) VALUES ('crl.pem', ?, ?)"
-                     " ON CONFLICT (name) DO UPDATE SET data=EXCLUDED.data, crl_number=EXCLUDED.crl_number"
-                     " WHERE ca_files.crl_number < EXCLUDED.crl_number", (mine, n_mine))
-    return wrote
+        self._listener.close()

@@ -1,4 +1,8 @@
-"""The platform's SEMQ rules, sans-IO (SPEC "The flow", P.1-P.4)."""
+"""The platform's SEMQ rules, sans-IO (SPEC "The flow", P.1-P.4): where a
+DATA goes (``route``), how a stored copy moves (``STORED_TABLE``), and what
+the operator's actions do to one (``STORED_OPERATOR_TABLE``, over the
+actions the node's engine defines: this module imports it, never the other
+way)."""
 
 from __future__ import annotations
 
@@ -6,15 +10,20 @@ from enum import Enum, IntEnum
 from functools import lru_cache
 from typing import Final
 
+from semq.node.engine import ActionTable, OperatorAction  # the same layer: the engines, one way
 from semq.umxt_protocol import InquiryResult, ResultCode
 
 __all__ = [
+    "STORED_OPERATOR",
+    "STORED_OPERATOR_TABLE",
     "STORED_TABLE",
     "Route",
     "StoredEvent",
     "StoredState",
     "route",
     "state_answer",
+    "stored_operator_states",
+    "stored_operator_step",
     "stored_step",
 ]
 
@@ -93,3 +102,35 @@ def state_answer(state: StoredState | None) -> InquiryResult:
     if state is P.SS_ACK:
         return InquiryResult.ALREADY_ACKED
     return InquiryResult.MARKED_ACKED
+
+
+# ---------------------------------------------------------------- the operator's actions
+
+_A = OperatorAction
+
+#: The platform's stored copies (SPEC P.2, P.3): requeue and resend are one
+#: (it has no failed state): a copy delivered and not acked goes again; purge
+#: deletes any copy (the origin of a SaveFwd 3 document still asks for it).
+STORED_OPERATOR_TABLE: Final[dict[tuple[StoredState, OperatorAction], StoredState | None]] = {
+    (P.SS_SENT, _A.REQUEUE): P.SS_INIT,
+    (P.SS_ACK, _A.REQUEUE): P.SS_INIT,
+    (P.SS_SENT, _A.RESEND): P.SS_INIT,
+    (P.SS_ACK, _A.RESEND): P.SS_INIT,
+    (P.SS_INIT, _A.PURGE): None,
+    (P.SS_SENT, _A.PURGE): None,
+    (P.SS_ACK, _A.PURGE): None,
+}
+STORED_OPERATOR: Final = ActionTable(STORED_OPERATOR_TABLE, "stored copy")
+
+
+def stored_operator_step(state: StoredState, action: OperatorAction, *,
+                         record: int | None = None) -> StoredState | None:
+    """The next state of a stored copy after ``action`` (None: delete it).
+    Raises TransitionRefused (semq.node.engine) for a state the action does
+    not apply to."""
+    return STORED_OPERATOR.step(state, action, record)
+
+
+def stored_operator_states(action: OperatorAction) -> tuple[StoredState, ...]:
+    """The stored-copy states ``action`` applies to, in state order."""
+    return STORED_OPERATOR.states(action)

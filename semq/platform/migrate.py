@@ -22,9 +22,10 @@ Chunks of large documents that the SQLite platform keeps in files
 which every instance can read; a file that is missing or does not hold its
 chunk stops the migration with its name, nothing written.
 
-This module runs operations over a stopped platform and reuses what
-``semq backup``/``restore`` know about a store in use (semq.ops.backup), so
-it sits in the ops layer (tests/test_layering.py)."""
+Whether the platform still runs is what the store tells (semq.store.inuse:
+a process holding it open, a fresh status.json), the check ``semq
+backup``/``restore`` make after asking the admin socket; ``in_use`` may
+ask more (the command asks the admin socket too)."""
 
 from __future__ import annotations
 
@@ -35,26 +36,27 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Final
 
-from semq._db import StoreError, _drop_new_journals, next_row_id
-from semq._pg import PgConn, is_pg_url, redact
-from semq.config import Config, write_config
-from semq.ops.backup import _wal_index_lock, store_in_use
+from semq.settings.config import Config, write_config
+from semq.store.db import StoreError, _drop_new_journals, open_read_only
+from semq.store.inuse import store_in_use, wal_index_lock
+from semq.store.pg import PgConn, is_pg_url, redact
 
+from .cafiles import count_ca_files, share_ca
 from .chunks import CHUNK_DIR, ChunkFiles
-from .cluster import share_ca
-from .store import MIGRATIONS, MODELS, open_pg_store
+from .store import (
+    COPIED_TABLES,
+    MIGRATIONS,
+    carry_stored_ids,
+    copy_table,
+    has_refs,
+    lock_pg_tables,
+    open_pg_store,
+    store_checks,
+)
 
 __all__ = ["COPIED_TABLES", "PROGRESS_ROWS", "MigrateError", "MigrateInfo", "MigrateRefused", "migrate_to_pg"]
 
-# The tables that hold the platform's state, in the order they are copied.
-# (``meta`` is the schema version, which each store has its own of; the
-# PostgreSQL-only tables start empty.)
-COPIED_TABLES: Final = ("nodes", "seen", "stored")
-# Every table of a platform store on PostgreSQL: a target with a row in any
-# of them is in use by (or was used by) some platform.
-_PG_TABLES: Final = ("stored", "seen", "nodes", "instances", "presence", "ca_files")
 PROGRESS_ROWS: Final = 50_000  # a progress report every this many rows of a table
-_COLUMNS: Final = {m._meta.table_name: tuple(f.column_name for f in m._meta.sorted_fields) for m in MODELS}
 
 Progress = Callable[[str, int, int], None]  # (table, rows copied, rows in the table)
 
@@ -85,40 +87,19 @@ class MigrateInfo:
     config: Path = field(default_factory=Path)
 
 
-# (count, and for ``stored`` sum(id), sum(length(frame))), the same SQL for
-# both (a kept chunk's length is its file's part, ``ref_length``, in SQLite,
-# and its frame's in PostgreSQL).
-_CHECKS: Final = {
-    "stored": "SELECT count(*), coalesce(sum(id), 0), coalesce(sum(coalesce(ref_length, length(frame))), 0)"
-              " FROM stored",
-    "seen": "SELECT count(*) FROM seen",
-    "nodes": "SELECT count(*) FROM nodes",
-}
-
-
-def _checks(execute: Callable[[str], Any], refs: bool = True) -> dict[str, tuple[int, ...]]:
-    """The checks' values (``refs``: the store has the kept chunks' columns,
-    schema 6 and later; before, every frame is in its row)."""
-    return {t: tuple(int(v) for v in execute(sql if refs else sql.replace("coalesce(ref_length, length(frame))",
-                                                                          "length(frame)")).fetchone())
-            for t, sql in _CHECKS.items()}
-
-
-def _has_refs(src: sqlite3.Connection) -> bool:
-    return any(col[1] == "ref" for col in src.execute("PRAGMA table_info(stored)"))
-
-
 def _describe(check: tuple[int, ...]) -> str:
     return ", ".join(f"{k} {v}" for k, v in zip(("rows", "sum of ids", "frame bytes"), check, strict=False))
 
 
 def migrate_to_pg(cfg: Config, url: str, *, progress: Progress | None = None,
-                  progress_rows: int = PROGRESS_ROWS) -> MigrateInfo:
+                  progress_rows: int = PROGRESS_ROWS,
+                  in_use: Callable[[Path], str | None] = store_in_use) -> MigrateInfo:
     """Copy the stopped platform of ``cfg`` from its SQLite store into the
     PostgreSQL database ``url`` (its schema made there if absent), check
     it, commit, then write ``store = url`` into the directory's semq.toml.
     ``progress`` is called every ``progress_rows`` rows of a table and at
-    its end.
+    its end; ``in_use`` says why the platform's directory is in use, or
+    None (by default what its store tells: semq.store.inuse).
 
     Raises MigrateRefused (nothing written anywhere) for a directory whose
     configuration names a PostgreSQL store already, a platform that runs,
@@ -137,7 +118,7 @@ def migrate_to_pg(cfg: Config, url: str, *, progress: Progress | None = None,
     sqlite_path = cfg.store_path
     if not sqlite_path.is_file():
         raise MigrateRefused(f"no platform store at {sqlite_path}")
-    why = store_in_use(cfg.directory)
+    why = in_use(cfg.directory)
     if why:
         raise MigrateRefused(f"refusing to migrate {sqlite_path}: {why}; stop the platform first"
                              " ('semq admin drain --wait' or 'systemctl stop ...')")
@@ -152,35 +133,28 @@ def migrate_to_pg(cfg: Config, url: str, *, progress: Progress | None = None,
         src = _open_read_only(sqlite_path)
         # One read transaction: the counts and the rows are the store as of one commit.
         src.execute("BEGIN")
-        expect = _checks(src.execute, _has_refs(src))
-        # Two migrations into one database wait for each other here; a
-        # platform instance already on it cannot write meanwhile.
-        pg.execute("LOCK TABLE " + ", ".join(_PG_TABLES) + " IN SHARE ROW EXCLUSIVE MODE")
-        held = {t: int(pg.execute(f"SELECT count(*) FROM {t}").fetchone()[0]) for t in _PG_TABLES}
+        refs = has_refs(src)
+        expect = store_checks(src.execute, refs)
+        held = lock_pg_tables(pg)
         if any(held.values()):
             raise MigrateRefused(
                 f"{where} already holds a platform store with rows ("
                 + ", ".join(f"{t} {n}" for t, n in held.items() if n)
                 + "); migrate into an empty database (or one made by 'semq platform init --store' and never run)")
 
-        chunks = ChunkFiles(sqlite_path.parent / CHUNK_DIR) if _has_refs(src) else None
-        rows = {t: _copy(src, pg, t, expect[t][0], progress, progress_rows, chunks) for t in COPIED_TABLES}
-        # The next stored copy's id: above every id the SQLite store ever
-        # gave (AUTOINCREMENT: also those of copies deleted since; an id is
-        # an LK1 a node may still hold), and never below the sequence's own.
-        next_id = next_row_id(src, "stored")
-        last, called = pg.execute("SELECT last_value, is_called FROM stored_id_seq").fetchone()
-        next_id = max(next_id, int(last) + 1 if called else int(last))
-        pg.execute("SELECT setval('stored_id_seq', %s, false)", (next_id,))
+        read_ref = _kept_chunks(ChunkFiles(sqlite_path.parent / CHUNK_DIR)) if refs else None
+        rows = {t: copy_table(src, pg, t, read_ref, _reporter(progress, t, expect[t][0]), progress_rows)
+                for t in COPIED_TABLES}
+        next_id = carry_stored_ids(src, pg)
 
         ca_files = 0
         ca_dir = cfg.directory / "ca"
         if cfg.security and ca_dir.is_dir():
             share_ca(PgConn(db), ca_dir)
-            ca_files = int(pg.execute("SELECT count(*) FROM ca_files WHERE name <> 'ca.sha256'").fetchone()[0])
+            ca_files = count_ca_files(PgConn(db))
 
-        got = _checks(lambda sql: pg.execute(sql))
-        for t in _CHECKS:
+        got = store_checks(lambda sql: pg.execute(sql))
+        for t in expect:  # (stored, seen, nodes: the first that differs is named)
             if got[t] != expect[t]:
                 raise MigrateError(f"table {t} differs after the copy (SQLite: {_describe(expect[t])};"
                                    f" PostgreSQL: {_describe(got[t])}); rolled back, nothing changed")
@@ -191,7 +165,7 @@ def migrate_to_pg(cfg: Config, url: str, *, progress: Progress | None = None,
         # can open the SQLite store: a platform started since the check above
         # is refused here, and none can start on the old store until the
         # configuration names the new one.
-        with _wal_index_lock(sqlite_path) as free:
+        with wal_index_lock(sqlite_path) as free:
             if not free:
                 raise MigrateRefused(f"refusing to migrate {sqlite_path}: it was opened by another process"
                                      " meanwhile; stop the platform first")
@@ -206,7 +180,7 @@ def migrate_to_pg(cfg: Config, url: str, *, progress: Progress | None = None,
         _rollback(pg)
         if src is not None:
             src.close()
-            with _wal_index_lock(sqlite_path) as free:
+            with wal_index_lock(sqlite_path) as free:
                 if free:  # (not under a process that opened the store meanwhile)
                     _drop_new_journals(journals, had)
         raise
@@ -227,13 +201,7 @@ def _open_read_only(path: Path) -> sqlite3.Connection:
     """The SQLite store, read-only (never checkpointed or migrated by us),
     with its schema version checked (the columns copied are those of every
     version up to this software's)."""
-    conn = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True, isolation_level=None)
-    try:
-        row = conn.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()
-    except sqlite3.DatabaseError as e:
-        conn.close()
-        raise StoreError(f"{path} is not a platform store ({e})") from e
-    version = int(row[0]) if row else 0
+    conn, version = open_read_only(path, "platform store")
     if not 0 < version <= len(MIGRATIONS):
         conn.close()
         raise StoreError(f"platform store {path} has schema version {version}; this software reads"
@@ -241,28 +209,21 @@ def _open_read_only(path: Path) -> sqlite3.Connection:
     return conn
 
 
-def _copy(src: sqlite3.Connection, pg: Any, table: str, total: int, progress: Progress | None,
-          every: int, chunks: ChunkFiles | None = None) -> int:
-    cols = ", ".join(_COLUMNS[table])
-    n = 0
-    refs = chunks is not None and table == "stored"
-    frame_at = _COLUMNS[table].index("frame") if refs else -1
-    with pg.cursor() as cur, cur.copy(f"COPY {table} ({cols}) FROM STDIN") as copy:
-        for row in src.execute(f"SELECT {cols}{', ref, ref_offset, ref_length' if refs else ''} FROM {table}"):
-            if refs:
-                *row, ref, offset, length = row
-                if ref is not None:
-                    assert chunks is not None
-                    kept = chunks.read(ref, offset, length)
-                    if kept is None:
-                        raise MigrateError(f"the kept chunk in {chunks.dir / ref} at offset {offset} is missing or"
-                                           " damaged; rolled back, nothing changed (purge its row with"
-                                           " 'semq admin purge', or put the file back)")
-                    row[frame_at] = kept.raw
-            copy.write_row(row)
-            n += 1
-            if progress is not None and n % every == 0:
-                progress(table, n, total)
-    if progress is not None and n % every:
-        progress(table, n, total)
-    return n
+def _reporter(progress: Progress | None, table: str, total: int) -> Callable[[int], None] | None:
+    """``progress`` for one table."""
+    if progress is None:
+        return None
+    return lambda n: progress(table, n, total)
+
+
+def _kept_chunks(chunks: ChunkFiles) -> Callable[[str, int, int], bytes]:
+    """A kept chunk's frame from its file (semq.platform.chunks); MigrateError
+    naming the file when it is missing or does not hold the chunk."""
+    def read(ref: str, offset: int, length: int) -> bytes:
+        kept = chunks.read(ref, offset, length)
+        if kept is None:
+            raise MigrateError(f"the kept chunk in {chunks.dir / ref} at offset {offset} is missing or"
+                               " damaged; rolled back, nothing changed (purge its row with"
+                               " 'semq admin purge', or put the file back)")
+        return kept.raw
+    return read

@@ -1,11 +1,17 @@
-"""The platform's SQLite schema: stored copies (their ids form LK1), the
-record of every message it accepted (to answer inquiries), and the known
-organizations."""
+"""The platform's schema, the owner of its tables as a whole: stored copies
+(their ids form LK1), the record of every message it accepted (to answer
+inquiries), the known organizations, and on PostgreSQL what several
+instances share; the migrations of both stores; and the store copied whole
+from SQLite into PostgreSQL (``copy_table`` and its checks, for
+semq.platform.migrate). Rows by meaning are each table's owner's
+(docs/architecture.md, "The platform's tables and their owners")."""
 
 from __future__ import annotations
 
+import sqlite3
+from collections.abc import Callable
 from pathlib import Path
-from typing import Final
+from typing import Any, Final
 
 from peewee import (
     BigIntegerField,
@@ -18,13 +24,28 @@ from peewee import (
 )
 from playhouse.sqlite_ext import AutoIncrementField
 
-from semq._db import StoreError, create_tables, open_store
-from semq._pg import CONNECT_TIMEOUT_S, PgDatabase, is_pg_url, redact
+from semq.store.db import StoreError, create_tables, next_row_id, open_store
+from semq.store.pg import CONNECT_TIMEOUT_S, PgDatabase, is_pg_url, redact
 from semq.umxt_protocol import Kind
 
 from .engine import StoredEvent, StoredState, stored_step
 
-__all__ = ["MODELS", "PG_MIGRATIONS", "SENT_COPIES", "Node", "Seen", "Stored", "open_platform_store"]
+__all__ = [
+    "COPIED_TABLES",
+    "MODELS",
+    "PG_MIGRATIONS",
+    "PG_TABLES",
+    "SENT_COPIES",
+    "Node",
+    "Seen",
+    "Stored",
+    "carry_stored_ids",
+    "copy_table",
+    "has_refs",
+    "lock_pg_tables",
+    "open_platform_store",
+    "store_checks",
+]
 
 # Stored copies delivered whose ACK is outstanding: the state a delivery
 # leaves a waiting copy in (STORED_TABLE). The partial index ``stored_sent``
@@ -138,7 +159,7 @@ _UNITS: Final = "ALTER TABLE nodes ADD COLUMN units INTEGER NOT NULL DEFAULT 1"
 
 
 def _v5(db: SqliteDatabase) -> None:
-    """How many units each organization runs (semq.units): the platform
+    """How many units each organization runs (semq.umxt_protocol.units): the platform
     spreads its deliveries over them by LK0, also while they are offline."""
     db.execute_sql(_UNITS)
 
@@ -277,3 +298,88 @@ def open_pg_store(url: str, *, create: bool = False) -> PgDatabase:
         db.close()
         raise StoreError(f"platform store {where} cannot be opened: {' '.join(str(e).split())}") from e
     return db
+
+
+# ---------------------------------------------------------------- the store copied whole
+
+# The tables that hold the platform's state, in the order they are copied.
+# (``meta`` is the schema version, which each store has its own of; the
+# PostgreSQL-only tables start empty.)
+COPIED_TABLES: Final = ("nodes", "seen", "stored")
+# Every table of a platform store on PostgreSQL: a target with a row in any
+# of them is in use by (or was used by) some platform.
+PG_TABLES: Final = ("stored", "seen", "nodes", "instances", "presence", "ca_files")
+_COLUMNS: Final = {m._meta.table_name: tuple(f.column_name for f in m._meta.sorted_fields) for m in MODELS}
+# (count, and for ``stored`` sum(id), sum(length(frame))), the same SQL for
+# both (a kept chunk's length is its file's part, ``ref_length``, in SQLite,
+# and its frame's in PostgreSQL).
+_CHECKS: Final = {
+    "stored": "SELECT count(*), coalesce(sum(id), 0), coalesce(sum(coalesce(ref_length, length(frame))), 0)"
+              " FROM stored",
+    "seen": "SELECT count(*) FROM seen",
+    "nodes": "SELECT count(*) FROM nodes",
+}
+
+
+def store_checks(execute: Callable[[str], Any], refs: bool = True) -> dict[str, tuple[int, ...]]:
+    """Per copied table, what a copy must keep: its rows (and for
+    ``stored`` the sum of the ids and of the frames' lengths). ``refs``:
+    the store has the kept chunks' columns (schema 6 and later; before,
+    every frame is in its row)."""
+    return {t: tuple(int(v) for v in execute(sql if refs else sql.replace("coalesce(ref_length, length(frame))",
+                                                                          "length(frame)")).fetchone())
+            for t, sql in _CHECKS.items()}
+
+
+def has_refs(src: sqlite3.Connection) -> bool:
+    """Whether an SQLite store's stored rows may keep their frames in files (schema 6 and later)."""
+    return any(col[1] == "ref" for col in src.execute("PRAGMA table_info(stored)"))
+
+
+def lock_pg_tables(pg: Any) -> dict[str, int]:
+    """Inside ``pg``'s transaction: every table of the PostgreSQL store
+    locked against writers (two copies into one database wait for each
+    other here; a platform instance already on it cannot write meanwhile),
+    and the rows each holds."""
+    pg.execute("LOCK TABLE " + ", ".join(PG_TABLES) + " IN SHARE ROW EXCLUSIVE MODE")
+    return {t: int(pg.execute(f"SELECT count(*) FROM {t}").fetchone()[0]) for t in PG_TABLES}
+
+
+def copy_table(src: sqlite3.Connection, pg: Any, table: str, read_ref: Callable[[str, int, int], bytes] | None,
+               progress: Callable[[int], None] | None, every: int) -> int:
+    """The rows of ``table`` from the SQLite store into PostgreSQL with
+    COPY (one statement, streamed: memory stays flat whatever the frames'
+    sizes). ``read_ref``: a kept chunk's frame from its file (name,
+    offset, length; it raises when it cannot), None when the SQLite store
+    has no such rows. ``progress`` gets the rows copied every ``every``
+    rows and at the end. Returns the rows copied."""
+    cols = ", ".join(_COLUMNS[table])
+    n = 0
+    refs = read_ref is not None and table == "stored"
+    frame_at = _COLUMNS[table].index("frame") if refs else -1
+    with pg.cursor() as cur, cur.copy(f"COPY {table} ({cols}) FROM STDIN") as copy:
+        for row in src.execute(f"SELECT {cols}{', ref, ref_offset, ref_length' if refs else ''} FROM {table}"):
+            if refs:
+                assert read_ref is not None
+                *row, ref, offset, length = row
+                if ref is not None:
+                    row[frame_at] = read_ref(ref, offset, length)
+            copy.write_row(row)
+            n += 1
+            if progress is not None and n % every == 0:
+                progress(n)
+    if progress is not None and n % every:
+        progress(n)
+    return n
+
+
+def carry_stored_ids(src: sqlite3.Connection, pg: Any) -> int:
+    """The id (LK1) the next stored copy gets on PostgreSQL, set there:
+    above every id the SQLite store ever gave (AUTOINCREMENT: also those of
+    copies deleted since; an id is an LK1 a node may still hold), and never
+    below the sequence's own."""
+    next_id = next_row_id(src, "stored")
+    last, called = pg.execute("SELECT last_value, is_called FROM stored_id_seq").fetchone()
+    next_id = max(next_id, int(last) + 1 if called else int(last))
+    pg.execute("SELECT setval('stored_id_seq', %s, false)", (next_id,))
+    return next_id

@@ -1,6 +1,6 @@
 """``semq watch`` that dies right after its Nth commit of outbox files,
 before it moves them to ``sent/``: the one window a SIGKILL hits only by
-chance (semq.node.folders says what a restart then does). For the
+chance (semq.node.features.folders says what a restart then does). For the
 end-to-end test of folders:
 
     python -m semq.testing.crashing_watch N watch --dir ... --outbox ...
@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from typing import Any, Final
 
 from semq.cli import main as semq_main
-from semq.node import folders
+from semq.node.features import folders
 
 __all__ = ["CRASH_EXIT", "crash_after", "main"]
 

@@ -1,4 +1,4 @@
-"""Hostile peers, for the tests and the flood benchmark of semq.bounds.
+"""Hostile peers, for the tests and the flood benchmark of semq.settings.bounds.
 
 What an enrolled organization with bad intent, or a stranger, can do at a
 listener (the platform's, a node's direct-link listener): connect and say
@@ -26,9 +26,9 @@ from typing import NamedTuple
 
 import trio
 
-from semq.node.large import ChunkSealer, Manifest
-from semq.security import NodeSecurity
-from semq.transport import FrameStream
+from semq.identity.security import NodeSecurity
+from semq.node.large.manifest import ChunkSealer, Manifest
+from semq.session.transport import FrameStream
 from semq.umxt_protocol import (
     CHUNK_COMPRESSED,
     LK0,
@@ -317,7 +317,12 @@ async def big_frames_in_sessions(host: str, port: int, who: Identity, platform_i
             await stream.send_all(_header(Kind.DATA, who.org, target, size))
             sent = await _stream_body(stream, size, seconds)
             out.bytes_read += sent
-            out.held += sent < size or not await _closed_by_peer(stream, 0.5)
+            # Still open at the end: the relay neither closed it (a newer
+            # session of the same unit replaces an older one) nor refused it.
+            if await _closed_by_peer(stream, 0.5):
+                out.closed += 1
+            else:
+                out.held += 1
         except Exception as e:  # (as above)
             out.closed += 1
             if len(out.errors) < 5:
@@ -366,10 +371,9 @@ def forge_large(directory: Path, target: str, size: int = 6 << 20) -> LargeForge
     the (stopped) node at ``directory`` and claim its manifest, as the node
     would before sending it. The node must hold ``target``'s certificate
     (it sent ``target`` a document before)."""
-    from semq.config import load_config
     from semq.node.api import NodeClient
     from semq.node.core import NodeCore
-    from semq.node.large_out import pending
+    from semq.settings.config import load_config
 
     directory = Path(directory)
     src = directory / "forged.bin"
@@ -382,7 +386,7 @@ def forge_large(directory: Path, target: str, size: int = 6 << 20) -> LargeForge
         out = core.claim(10)
         if out.missing or not out.data:
             raise RuntimeError(f"the node at {directory} cannot seal for {target} (no certificate held)")
-        doc = pending(core.ctx)[0]
+        doc = core.large_out.pending()[0]
         return LargeForgery(out.data, doc.lk0, doc.manifest, core.me, Endpoint.org(target))
     finally:
         core.close()

@@ -52,7 +52,7 @@ from typing import IO, Any, Final
 
 import trio
 
-from semq.transport import ConnectionClosed, FrameStream, parse_hostport
+from semq.session.transport import ConnectionClosed, FrameStream, parse_hostport
 from semq.umxt_protocol import (
     Ack,
     AckBatch,
@@ -141,15 +141,15 @@ def issue_identities(platform_dir: Path, count: int, out: Path, *, first: int = 
     by the platform CA in ``platform_dir`` (the CA's record written once);
     all registered in the platform store. Writes ``out/index.json`` (see
     load_identities)."""
-    from semq.config import load_config
     from semq.platform.core import PlatformCore
+    from semq.settings.config import load_config
 
     out.mkdir(parents=True, exist_ok=True)
     os.chmod(out, 0o700)
     orgs = [str(first + i) for i in range(count)]
     ids: list[SimIdentity] = []
     if security:
-        from semq.crypto import (
+        from semq.identity.crypto import (
             CertificateAuthority,
             NodeKeys,
             make_csr,
@@ -220,7 +220,7 @@ class SimNode:
 
 class LoadGenerator:
     def __init__(self, cfg: LoadConfig, identities: Sequence[SimIdentity], ca_file: str | None) -> None:
-        from semq.crypto import client_ssl_context
+        from semq.identity.crypto import client_ssl_context
 
         self.cfg = cfg
         self.nodes = []

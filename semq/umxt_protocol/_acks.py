@@ -18,7 +18,8 @@ from functools import partial
 from itertools import starmap
 from typing import Final, NamedTuple
 
-from . import _codec
+import semq.umxt_protocol._codec as _codec  # the module: its layouts are bound by assignment below
+
 from ._codec import (
     _ACK_ENTRY_SIZE,
     _NO_APP_KEY,

@@ -20,7 +20,7 @@ from __future__ import annotations
 import struct
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Final, NamedTuple
+from typing import Any, Final, NamedTuple
 
 from ._codec import _lk0_wire, _new, _slot_setters
 from ._errors import LocalProtocolError, RemoteProtocolError, ResultCode
@@ -51,9 +51,6 @@ from ._types import (
     Kind,
     _invalid,
 )
-
-if TYPE_CHECKING:
-    from ._frames import Body
 
 __all__ = [
     "CHUNK_COMPRESSED",
@@ -126,7 +123,7 @@ class InquiryResp:
 class Nack:
     """The message ``lk0`` was not taken: the platform neither forwarded nor
     stored it, or its target refused it. ``proof``: a target's signed refusal
-    (semq.crypto, docs/security.md "Refusals"); empty from the platform."""
+    (semq.identity.crypto, docs/security.md "Refusals"); empty from the platform."""
 
     lk0: LK0
     code: ResultCode
@@ -205,7 +202,7 @@ class Hello:
     window: int = 1024
     software: str = "semq"
     token: bytes = b""
-    units: int = 1  # the node's units (semq.units): this one is ``semq_id`` of them
+    units: int = 1  # the node's units (semq.umxt_protocol.units): this one is ``semq_id`` of them
 
     def __post_init__(self) -> None:
         _check_int("semq_id", self.semq_id, 1, 0xFFFF)
@@ -408,7 +405,16 @@ def _lk(lk: LK0) -> dict[str, Any]:
     }
 
 
-def _body_container(body: Body) -> dict[str, Any]:
+# The kinds encoded and decoded by their construct schema (the others have
+# hand-written codecs: _data, _acks, the CHUNK below). _frames' ``Body`` is
+# this and those; named here so that this module needs nothing of _frames.
+SchemaBody = (
+    Inquiry | InquiryResp | Nack | ChunkAck | Hello | Welcome | Ping | Pong | Error | WindowUpdate
+    | CertRequest | CertResponse | Bye | Crl | PeerAnnounce | PeerLookup | PeerInfo
+)
+
+
+def _body_container(body: SchemaBody) -> dict[str, Any]:
     """The construct container for the kinds encoded by schema (not hot)."""
     if isinstance(body, Inquiry):
         return {"flag": body.flag, "topic": body.topic, "count": len(body.items),
@@ -459,7 +465,7 @@ def _loc(c: Any) -> LK0:
     )
 
 
-def _decode_by_schema(kind: Kind, buf: bytes) -> Body:
+def _decode_by_schema(kind: Kind, buf: bytes) -> SchemaBody:
     c = _COMPILED[kind].parse(buf)
     if kind is Kind.INQUIRY:
         return Inquiry(flag=c.flag, topic=c.topic, items=tuple(_loc(i) for i in c["items"]))

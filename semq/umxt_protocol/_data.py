@@ -14,7 +14,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Final
 
-from . import _codec
+import semq.umxt_protocol._codec as _codec  # the module: its layouts are bound by assignment below
+
 from ._codec import (
     _DATA_PREFIX_SIZE,
     _NO_APP_KEY,

@@ -235,7 +235,7 @@ class RawFrame:
 
     def aad_parts(self) -> tuple[bytes, bytes, bytes]:
         """The bytes of a checked DATA frame that its associated data takes
-        as they are (semq.crypto.raw_frame_aad): LK0's three ids (12 bytes),
+        as they are (semq.identity.crypto.raw_frame_aad): LK0's three ids (12 bytes),
         the AppKey as the header encodes it (four u8-prefixed parts), and the
         creation time and expiry (16 bytes). The frame must have been
         checked (``frame()`` did not raise)."""
@@ -340,7 +340,7 @@ class FrameDecoder:
         plus the rest of the frame at its head when that frame's header has
         come (its declared total, already checked against the limit). A
         reader that must bound what a peer costs reserves this much before
-        it reads on (semq.transport.ByteBudget): the frame it started is
+        it reads on (semq.session.transport.ByteBudget): the frame it started is
         then covered whole."""
         pos, buf = self._pos, self._buf
         have = len(buf) - pos

@@ -28,7 +28,8 @@ from typing import Final
 
 from construct import ConstructError
 
-from . import _codec
+import semq.umxt_protocol._codec as _codec  # the module: its layouts are bound by assignment below
+
 from ._acks import (
     _ACK_RULES,
     Ack,

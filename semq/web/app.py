@@ -32,7 +32,7 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from semq.bounds import CONSOLE_FORM_S, CONSOLE_MAX_FORM
+from semq.settings.bounds import CONSOLE_FORM_S, CONSOLE_MAX_FORM
 
 from .audit import AuditLog
 from .backend import ACTIONS, ActionError, ConsoleBackend, Selection, parse_lk0, parse_selection
@@ -123,29 +123,39 @@ class Console:
     tls_note: str = ""
 
 
-def make_app(console: Console) -> ASGIApp:
-    env = jinja2.Environment(loader=jinja2.FileSystemLoader(HERE / "templates"), autoescape=True)
-    env.filters["ts"] = _ms_text
-    env.filters["tojson_attr"] = lambda v: json.dumps(v)
-    env.filters["done"] = lambda a: {"resend": "resent", "requeue": "requeued", "purge": "purged",
-                                     "drain": "drained"}.get(a, a)
-    backend = console.backend
+Page = Callable[[Request, Session], Awaitable[Response]]  # a page's handler, given the request's session
 
-    def render(request: Request, name: str, status: int = 200, session: Session | None = None,
+
+class _Handlers:
+    """The console's request handlers, over one Console: rendering, the
+    session and form of a request, login and logout, the pages and the
+    actions (``routes``)."""
+
+    def __init__(self, console: Console) -> None:
+        self.console = console
+        self.backend = console.backend
+        env = jinja2.Environment(loader=jinja2.FileSystemLoader(HERE / "templates"), autoescape=True)
+        env.filters["ts"] = _ms_text
+        env.filters["tojson_attr"] = lambda v: json.dumps(v)
+        env.filters["done"] = lambda a: {"resend": "resent", "requeue": "requeued", "purge": "purged",
+                                         "drain": "drained"}.get(a, a)
+        self.env = env
+
+    def render(self, request: Request, name: str, status: int = 200, session: Session | None = None,
                **ctx: Any) -> HTMLResponse:
-        html = env.get_template(name).render(
-            session=session, role=backend.role, ident=backend.ident, units=backend.units,
+        html = self.env.get_template(name).render(
+            session=session, role=self.backend.role, ident=self.backend.ident, units=self.backend.units,
             operator=bool(session and session.role == Role.OPERATOR.value), path=request.url.path, **ctx)
         return HTMLResponse(html, status_code=status)
 
-    def session_of(request: Request) -> Session | None:
-        s = console.sessions.get(request.cookies.get(COOKIE))
-        if s is not None and console.users.get(s.user) is None:  # the account was removed
-            console.sessions.end_user(s.user)
+    def session_of(self, request: Request) -> Session | None:
+        s = self.console.sessions.get(request.cookies.get(COOKIE))
+        if s is not None and self.console.users.get(s.user) is None:  # the account was removed
+            self.console.sessions.end_user(s.user)
             return None
         return s
 
-    async def form_of(request: Request) -> dict[str, str]:
+    async def form_of(self, request: Request) -> dict[str, str]:
         """The POSTed form; ActionError when it is larger than
         CONSOLE_MAX_FORM or its body takes longer than CONSOLE_FORM_S."""
         body = bytearray()
@@ -162,23 +172,21 @@ def make_app(console: Console) -> ASGIApp:
             raise ActionError(f"unreadable form: {e}") from None
         return {k: v[-1] if k != "lk0" else " ".join(v) for k, v in parsed.items()}
 
-    Page = Callable[[Request, Session], Awaitable[Response]]
-
-    def page(fn: Page) -> Callable[[Request], Awaitable[Response]]:
+    def page(self, fn: Page) -> Callable[[Request], Awaitable[Response]]:
         async def run(request: Request) -> Response:
-            s = session_of(request)
+            s = self.session_of(request)
             if s is None:
                 return RedirectResponse(f"/login?next={quote(str(request.url.path))}", status_code=303)
             try:
                 return await fn(request, s)
             except ActionError as e:
-                return render(request, "error.html", 400, s, message=str(e))
+                return self.render(request, "error.html", 400, s, message=str(e))
 
         return run
 
-    def api(fn: Page) -> Callable[[Request], Awaitable[Response]]:
+    def api(self, fn: Page) -> Callable[[Request], Awaitable[Response]]:
         async def run(request: Request) -> Response:
-            s = session_of(request)
+            s = self.session_of(request)
             if s is None:
                 return JSONResponse({"error": "not logged in"}, status_code=401)
             return await fn(request, s)
@@ -187,15 +195,15 @@ def make_app(console: Console) -> ASGIApp:
 
     # ------------------------------------------------------------ login
 
-    async def login_get(request: Request) -> Response:
+    async def login_get(self, request: Request) -> Response:
         token = secrets.token_urlsafe(32)
-        resp = render(request, "login.html", csrf=token, next=request.query_params.get("next", "/"), error="")
+        resp = self.render(request, "login.html", csrf=token, next=request.query_params.get("next", "/"), error="")
         resp.set_cookie(LOGIN_COOKIE, token, httponly=True, secure=True, samesite="strict", max_age=3600)
         return resp
 
-    async def login_post(request: Request) -> Response:
+    async def login_post(self, request: Request) -> Response:
         try:
-            form = await form_of(request)
+            form = await self.form_of(request)
         except ActionError as e:
             return plain_error(400, str(e))
         cookie = request.cookies.get(LOGIN_COOKIE, "")
@@ -205,7 +213,7 @@ def make_app(console: Console) -> ASGIApp:
 
         def again(msg: str, status: int) -> Response:
             token = secrets.token_urlsafe(32)
-            resp = render(request, "login.html", status, csrf=token, next=nxt, error=msg)
+            resp = self.render(request, "login.html", status, csrf=token, next=nxt, error=msg)
             resp.set_cookie(LOGIN_COOKIE, token, httponly=True, secure=True, samesite="strict", max_age=3600)
             return resp
 
@@ -220,145 +228,150 @@ def make_app(console: Console) -> ASGIApp:
             log.warning("web console: login of %r from %s refused: locked for %.0f s more", name, ip, wait)
             return again(f"Too many failed logins: try again in {int(wait) + 1} s.", 429)
 
-        if wait := console.throttle.locked(*keys):  # (answered at once, without waiting for a slot)
+        if wait := self.console.throttle.locked(*keys):  # (answered at once, without waiting for a slot)
             return refused(wait)
         try:
-            async with console.logins.hold(*keys):
+            async with self.console.logins.hold(*keys):
                 # Asked again: the logins this one waited for may have locked it.
-                if wait := console.throttle.locked(*keys):
+                if wait := self.console.throttle.locked(*keys):
                     return refused(wait)
-                attempt = console.throttle.begin(*keys)  # counted before the check, forgiven on success
-                account = await backend.thread(lambda: console.users.verify(name, password))
+                attempt = self.console.throttle.begin(*keys)  # counted before the check, forgiven on success
+                account = await self.backend.thread(lambda: self.console.users.verify(name, password))
                 if account is None:
-                    console.throttle.failed(attempt)
+                    self.console.throttle.failed(attempt)
                     log.warning("web console: failed login of %r from %s", name, ip)
-                    await trio.sleep(console.fail_delay)  # (in the slot: one guess per second and key)
+                    await trio.sleep(self.console.fail_delay)  # (in the slot: one guess per second and key)
                     return again("Wrong user name or password.", 401)
-                console.throttle.succeeded(attempt)
+                self.console.throttle.succeeded(attempt)
         except LoginBusy as e:
             log.warning("web console: login of %r from %s refused: %s", name, ip, e)
             return again("Another login of this name or from this address is being checked: try again.", 429)
-        s = console.sessions.create(account.name, account.role.value)
+        s = self.console.sessions.create(account.name, account.role.value)
         log.info("web console: %s (%s) logged in from %s", account.name, account.role.value, ip)
         resp = RedirectResponse(nxt, status_code=303)
         resp.set_cookie(COOKIE, s.token, httponly=True, secure=True, samesite="strict",
-                        max_age=int(console.sessions.max_age))
+                        max_age=int(self.console.sessions.max_age))
         resp.delete_cookie(LOGIN_COOKIE)
         return resp
 
-    async def logout(request: Request) -> Response:
-        s = session_of(request)
+    async def logout(self, request: Request) -> Response:
+        s = self.session_of(request)
         try:
-            form = await form_of(request)
+            form = await self.form_of(request)
         except ActionError:
             form = {}
         if s is not None and same(form.get("csrf", ""), s.csrf):
-            console.sessions.end(s.token)
+            self.console.sessions.end(s.token)
         resp = RedirectResponse("/login", status_code=303)
         resp.delete_cookie(COOKIE)
         return resp
 
     # ------------------------------------------------------------ pages
 
-    async def dashboard(request: Request, s: Session) -> Response:
-        return render(request, "dashboard.html", session=s)
+    async def dashboard(self, request: Request, s: Session) -> Response:
+        return self.render(request, "dashboard.html", session=s)
 
-    async def dashboard_json(request: Request, s: Session) -> Response:
-        return JSONResponse(await backend.dashboard())
+    async def dashboard_json(self, request: Request, s: Session) -> Response:
+        return JSONResponse(await self.backend.dashboard())
 
-    async def search(request: Request, s: Session) -> Response:
+    async def search(self, request: Request, s: Session) -> Response:
         q = request.query_params
         form = {k: q.get(k, "") for k in ("text", "counterpart", "role", "state", "since", "until")}
         rows: list[dict[str, Any]] = []
         searched = any(form.values()) or "go" in q
         if searched:
             role = form["role"] if form["role"] in ROLES else None
-            rows = await backend.search(
+            rows = await self.backend.search(
                 text=form["text"].strip() or None, counterpart=form["counterpart"].strip() or None, role=role,
                 state=form["state"].strip() or None, since_ms=_parse_time(form["since"]),
                 until_ms=_parse_time(form["until"]), limit=SEARCH_LIMIT)
-        return render(request, "search.html", session=s, form=form, rows=rows, searched=searched,
-                      roles=ROLES, limit=SEARCH_LIMIT, history=bool(backend.history_paths()))
+        return self.render(request, "search.html", session=s, form=form, rows=rows, searched=searched,
+                      roles=ROLES, limit=SEARCH_LIMIT, history=bool(self.backend.history_paths()))
 
-    async def document(request: Request, s: Session) -> Response:
+    async def document(self, request: Request, s: Session) -> Response:
         lk0 = request.query_params.get("lk0", "").strip()
         parse_lk0(lk0)
-        rows = await backend.document(lk0)
+        rows = await self.backend.document(lk0)
         receipt = None
         if any(r.get("role") == "origin" for r in rows) or not rows:
-            receipt = await backend.receipt(lk0)
-        return render(request, "document.html", session=s, lk0=lk0, rows=rows, receipt=receipt,
+            receipt = await self.backend.receipt(lk0)
+        return self.render(request, "document.html", session=s, lk0=lk0, rows=rows, receipt=receipt,
                       actions=[a for a in ACTIONS if a != "drain"])
 
-    async def audit_page(request: Request, s: Session) -> Response:
-        entries = await backend.thread(lambda: console.audit.tail(500))
-        return render(request, "audit.html", session=s, entries=entries)
+    async def audit_page(self, request: Request, s: Session) -> Response:
+        entries = await self.backend.thread(lambda: self.console.audit.tail(500))
+        return self.render(request, "audit.html", session=s, entries=entries)
 
-    async def actions_page(request: Request, s: Session) -> Response:
+    async def actions_page(self, request: Request, s: Session) -> Response:
         if s.role != Role.OPERATOR.value:
-            return render(request, "error.html", 403, s, message=f"Your role ({s.role}) may look, not act.")
-        return render(request, "actions.html", session=s, actions=ACTIONS)
+            return self.render(request, "error.html", 403, s, message=f"Your role ({s.role}) may look, not act.")
+        return self.render(request, "actions.html", session=s, actions=ACTIONS)
 
     # ------------------------------------------------------------ actions
 
-    async def audit(s: Session, action: str, args: dict[str, Any], refused: str | None, result: Any) -> None:
+    async def audit(self, s: Session, action: str, args: dict[str, Any], refused: str | None, result: Any) -> None:
         entry = {"user": s.user, "role": s.role, "action": action, "args": args, "refused": refused,
                  "result": result}
-        await backend.thread(lambda: console.audit.append(**entry))
+        await self.backend.thread(lambda: self.console.audit.append(**entry))
 
-    async def action(request: Request) -> Response:
+    async def action(self, request: Request) -> Response:
         """POST /action/{name}: without ``confirm`` a dry run shown on a
         confirmation page; with it, the action. Both are audited."""
         name = request.path_params["name"]
-        s = session_of(request)
+        s = self.session_of(request)
         if s is None:
             return RedirectResponse("/login", status_code=303)
         try:
-            form = await form_of(request)
+            form = await self.form_of(request)
         except ActionError as e:
-            await audit(s, name, {}, f"bad form: {e}", None)
-            return render(request, "error.html", 400, s, message=str(e))
+            await self.audit(s, name, {}, f"bad form: {e}", None)
+            return self.render(request, "error.html", 400, s, message=str(e))
         confirm = form.get("confirm") == "1"
         args: dict[str, Any] = {k: v for k, v in form.items() if k not in ("csrf",)}
         if s.role != Role.OPERATOR.value:
-            await audit(s, name, args, f"role {s.role} may not act", None)
-            return render(request, "error.html", 403, s, message=f"Your role ({s.role}) may look, not act.")
+            await self.audit(s, name, args, f"role {s.role} may not act", None)
+            return self.render(request, "error.html", 403, s, message=f"Your role ({s.role}) may look, not act.")
         if not same(form.get("csrf", ""), s.csrf):
-            await audit(s, name, args, "missing or wrong CSRF token", None)
-            return render(request, "error.html", 403, s, message="The form expired (CSRF token): reload the page.")
+            await self.audit(s, name, args, "missing or wrong CSRF token", None)
+            return self.render(request, "error.html", 403, s, message="The form expired (CSRF token): reload the page.")
         if name not in ACTIONS:
-            await audit(s, name, args, "unknown action", None)
-            return render(request, "error.html", 404, s, message=f"No action {name!r}.")
+            await self.audit(s, name, args, "unknown action", None)
+            return self.render(request, "error.html", 404, s, message=f"No action {name!r}.")
         try:
             sel = Selection() if name == "drain" else parse_selection(form)
             args = {**sel.as_args(), "confirm": confirm}
-            result = await backend.act(name, sel, dry_run=not confirm, user=s.user)
+            result = await self.backend.act(name, sel, dry_run=not confirm, user=s.user)
         except (ActionError, ValueError) as e:
-            await audit(s, name, args, None, {"error": str(e)})
-            return render(request, "error.html", 400, s, message=str(e))
+            await self.audit(s, name, args, None, {"error": str(e)})
+            return self.render(request, "error.html", 400, s, message=str(e))
         later = result.pop("later", None)
-        await audit(s, name, args, None, result)
+        await self.audit(s, name, args, None, result)
         if not confirm:
-            return render(request, "confirm.html", session=s, action=name, sel=sel, result=result)
-        resp = render(request, "done.html", session=s, action=name, sel=sel, result=result)
+            return self.render(request, "confirm.html", session=s, action=name, sel=sel, result=result)
+        resp = self.render(request, "done.html", session=s, action=name, sel=sel, result=result)
         if later is not None:  # (drain: this daemon may stop at once; answer first)
             resp.background = BackgroundTask(later)
         return resp
 
-    routes = [
-        Route("/login", login_get, methods=["GET"]),
-        Route("/login", login_post, methods=["POST"]),
-        Route("/logout", logout, methods=["POST"]),
-        Route("/", page(dashboard)),
-        Route("/api/dashboard", api(dashboard_json)),
-        Route("/search", page(search)),
-        Route("/doc", page(document)),
-        Route("/actions", page(actions_page)),
-        Route("/action/{name}", action, methods=["POST"]),
-        Route("/audit", page(audit_page)),
-        Mount("/static", StaticFiles(directory=HERE / "static"), name="static"),
-    ]
-    return SecurityHeaders(Starlette(routes=routes))
+    def routes(self) -> list[Route | Mount]:
+        return [
+            Route("/login", self.login_get, methods=["GET"]),
+            Route("/login", self.login_post, methods=["POST"]),
+            Route("/logout", self.logout, methods=["POST"]),
+            Route("/", self.page(self.dashboard)),
+            Route("/api/dashboard", self.api(self.dashboard_json)),
+            Route("/search", self.page(self.search)),
+            Route("/doc", self.page(self.document)),
+            Route("/actions", self.page(self.actions_page)),
+            Route("/action/{name}", self.action, methods=["POST"]),
+            Route("/audit", self.page(self.audit_page)),
+            Mount("/static", StaticFiles(directory=HERE / "static"), name="static"),
+        ]
+
+
+def make_app(console: Console) -> ASGIApp:
+    """The console's ASGI application: its routes behind the security headers."""
+    return SecurityHeaders(Starlette(routes=_Handlers(console).routes()))
 
 
 def plain_error(status: int, text: str) -> Response:

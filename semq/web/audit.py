@@ -16,7 +16,7 @@ from collections import deque
 from pathlib import Path
 from typing import Any, Final
 
-from semq.crypto import ensure_private_directory
+from semq.identity.crypto import ensure_private_directory
 
 from .users import console_dir
 

@@ -1,7 +1,7 @@
 """What the web console reads and does, without HTTP: the daemon's admin
 handlers (semq.ops.handlers, called in-process for its own unit, over the
 admin socket of unit K for the others, as ``semq admin`` addresses them),
-the delivery history (semq.history, every unit's), receipts (as
+the delivery history (semq.tracking.history, every unit's), receipts (as
 ``semq messages --receipt``) and certificates.
 
 Everything blocking (SQLite reads, scrypt, the admin sockets of other units)
@@ -144,7 +144,7 @@ class ConsoleBackend:
     handlers: dict[str, Handler]
     unit_dirs: list[Path]
     unit: int = 1
-    config: Any = None  # a node's semq.config.Config (receipts)
+    config: Any = None  # a node's semq.settings.config.Config (receipts)
     extra_certs: list[tuple[str, Path]] = field(default_factory=list)
     limiter: trio.CapacityLimiter = field(default_factory=lambda: trio.CapacityLimiter(2))
 
@@ -186,7 +186,7 @@ class ConsoleBackend:
 
     def history_paths(self) -> list[Path]:
         try:
-            from semq.history import history_paths
+            from semq.tracking.history import history_paths
         except ImportError:  # (a build without the delivery history)
             return []
         return list(history_paths(self.directory))
@@ -197,7 +197,7 @@ class ConsoleBackend:
 
         def run() -> T:
             try:
-                from semq.history import HistoryReader
+                from semq.tracking.history import HistoryReader
             except ImportError:
                 return empty
             paths = self.history_paths()

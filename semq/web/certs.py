@@ -23,7 +23,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from cryptography.x509.oid import NameOID
 
-from semq.crypto import ensure_private_directory, write_private_file
+from semq.identity.crypto import ensure_private_directory, write_private_file
 
 from .users import console_dir
 

@@ -15,7 +15,7 @@ __all__ = ["register"]
 
 
 def _store(args: argparse.Namespace) -> Any:
-    from semq.config import data_dir, load_config
+    from semq.settings.config import data_dir, load_config
 
     from .users import UserStore
 

@@ -16,17 +16,17 @@ from typing import Any
 
 import trio
 
-from semq.bounds import CONSOLE_HANDSHAKE_S, CONSOLE_IDLE_S, CONSOLE_MAX_HEADER
 from semq.ops.admin import Handler
+from semq.ops.runtime import parse_web_address
+from semq.settings.bounds import CONSOLE_HANDSHAKE_S, CONSOLE_IDLE_S, CONSOLE_MAX_HEADER
 
-from . import parse_web_address
 from .app import Console, make_app
 from .audit import AuditLog
 from .backend import ConsoleBackend
 from .certs import ConsoleTLS, console_tls
 from .users import UserStore
 
-__all__ = ["console_for", "parse_web_address", "serve_console"]
+__all__ = ["console_for", "parse_web_address", "serve_console", "serve_daemon_console"]
 
 log = logging.getLogger("semq.web")
 
@@ -70,7 +70,7 @@ async def serve_console(console: Console, tls: ConsoleTLS, host: str, port: int,
     cfg.errorlog = logging.getLogger("semq.web.http")
     cfg.include_server_header = False
     cfg.graceful_timeout = 1.0
-    # Bounds on a hostile client (semq.bounds, "web console"). HTTP/1.1 only:
+    # Bounds on a hostile client (semq.settings.bounds, "web console"). HTTP/1.1 only:
     # the pages are few and small, and HTTP/2 would bring a second parser
     # with its own limits (100 streams per connection, 64 KiB of headers).
     cfg.alpn_protocols = ["http/1.1"]
@@ -97,3 +97,15 @@ async def serve_console(console: Console, tls: ConsoleTLS, host: str, port: int,
         bound = int(binds[0].rpartition(":")[2])
         log.info("web console on https://%s:%d/ (%s)", host, bound, console.tls_note)
         task_status.started(bound)
+
+
+async def serve_daemon_console(role: str, directory: Path, handlers: dict[str, Handler], host: str, port: int, *,
+                               ident: str, config: Any = None,
+                               task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED) -> None:
+    """The console of a running daemon (``console_for``), served on
+    ``host:port`` until cancelled; reports the bound port. What the command
+    hands semq.ops.runtime.OpsRuntime as its ``console``
+    (semq.ops.runtime.ConsoleFactory). Raises what ``console_for`` and
+    ``serve_console`` raise, before reporting."""
+    console, tls = console_for(role, directory, handlers, ident=ident, config=config, host=host)
+    await serve_console(console, tls, host, port, task_status=task_status)

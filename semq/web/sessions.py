@@ -41,7 +41,7 @@ from typing import Final
 
 import trio
 
-from semq.bounds import (
+from semq.settings.bounds import (
     CONSOLE_LOGIN_WAIT_S,
     CONSOLE_LOGINS_IN_FLIGHT,
     CONSOLE_MAX_FAILURES,
@@ -67,8 +67,8 @@ SESSION_IDLE: Final = 30 * 60.0  # s without a request before a session ends
 SESSION_MAX: Final = 12 * 3600.0  # s after the login a session ends whatever happens
 MAX_SESSIONS: Final = 1000  # at once; the oldest goes first
 FAIL_DELAY: Final = 1.0  # s a failed login waits before its answer
-FAIL_WINDOW: Final = 300.0  # s in which CONSOLE_MAX_FAILURES(_ADDRESS) attempts lock (semq.bounds says 5 minutes)
-LOCKOUT: Final = 300.0  # s a locked name or address gets no login (semq.bounds says 5 minutes)
+FAIL_WINDOW: Final = 300.0  # s in which CONSOLE_MAX_FAILURES(_ADDRESS) attempts lock (semq.settings.bounds says 5 minutes)
+LOCKOUT: Final = 300.0  # s a locked name or address gets no login (semq.settings.bounds says 5 minutes)
 
 
 def same(a: str, b: str) -> bool:

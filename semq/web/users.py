@@ -22,7 +22,7 @@ from typing import Any, Final
 from cryptography.exceptions import InvalidKey
 from cryptography.hazmat.primitives.kdf.scrypt import Scrypt
 
-from semq.crypto import ensure_private_directory, write_private_file
+from semq.identity.crypto import ensure_private_directory, write_private_file
 
 __all__ = [
     "CONSOLE_DIR",

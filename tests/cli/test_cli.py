@@ -565,7 +565,7 @@ def test_node_init_writes_the_direct_link_settings(tmp_path: Path, capsys: pytes
     rc, out, _ = run(capsys, "node", "init", "--dir", "N", "--org", A, "--enroll-from", "P", "--listen",
                      "127.0.0.1:0", "--announce", "192.0.2.1:7500", "--direct", "only", "--direct-from", f"{B},56002")
     assert rc == 0 and "direct links on 127.0.0.1:0" in out
-    from semq.config import load_config
+    from semq.settings.config import load_config
 
     cfg = load_config(tmp_path / "N")
     assert (cfg.direct_listen, cfg.direct_announce, cfg.direct, cfg.direct_from) == (

@@ -45,12 +45,11 @@ def one_error(err: str, *fragments: str) -> str:
 def dirs(tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     """A platform P and a node A without security, nothing running; a daemon
     that gets as far as starting fails the test."""
-    import semq.cli
-
     def started(*_a: object, **_k: object) -> int:
         raise AssertionError("the daemon started")
 
-    monkeypatch.setattr(semq.cli, "_run_daemon", started)
+    monkeypatch.setattr("semq.cli.platform.run_daemon", started)
+    monkeypatch.setattr("semq.cli.node.run_daemon", started)
     monkeypatch.delenv("SEMQ_DIR", raising=False)
     monkeypatch.chdir(tmp_path)
     assert run(capsys, "platform", "init", "--dir", "P", "--no-security", "--listen", f"127.0.0.1:{free_port()}")[0] == 0
@@ -125,14 +124,14 @@ def test_a_failed_enrolling_init_leaves_nothing_behind(dirs: Path, platform: str
 
 def test_an_enrolment_refused_after_the_keys_were_written_leaves_nothing_behind(
         tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
-    import semq.security
+    import semq.identity.security
 
     assert run(capsys, "platform", "init", "--dir", str(tmp_path / "P"))[0] == 0
 
     def refused(*_a: object, **_k: object) -> None:
-        raise semq.security.SecurityError("the CA refused the request")
+        raise semq.identity.security.SecurityError("the CA refused the request")
 
-    monkeypatch.setattr(semq.security, "enroll", refused)
+    monkeypatch.setattr(semq.identity.security, "enroll", refused)
     target = tmp_path / "B"
     rc, _, err = run(capsys, "node", "init", "--dir", str(target), "--org", "56001", "--enroll-from",
                      str(tmp_path / "P"))
@@ -175,7 +174,7 @@ def test_sigterm_stops_the_daemons_with_nothing_alarming_in_their_logs(tmp_path:
 
 
 def test_control_characters_are_escaped_and_times_shown(dirs: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from semq.node.txn import Transactions
+    from semq.node.features.txn import Transactions
 
     with NodeClient(dirs / A) as node:
         node.send("56001", b"x", data_type="INVOICE", key=NASTY)

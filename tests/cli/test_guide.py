@@ -17,10 +17,10 @@ import pytest
 from semq.cli import build_parser, main
 from semq.cli.examples import is_leaf, walk
 from semq.cli.topics import TOPICS, member_meanings, topic_text
-from semq.config import SETTINGS, settings_reference
 from semq.node.engine import AckStatus, SendState, TxState
 from semq.ops.reload import APPLIERS
 from semq.platform.engine import StoredState
+from semq.settings.config import SETTINGS, settings_reference
 from semq.umxt_protocol import ResultCode, SaveFwd
 
 

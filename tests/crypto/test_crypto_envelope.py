@@ -8,7 +8,7 @@ from cryptography.hazmat.primitives.asymmetric import x25519
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from semq.crypto import (
+from semq.identity.crypto import (
     BLOB_HEADER_SIZE,
     MAX_RECIPIENT_KEYS,
     WRAP_SIZE,

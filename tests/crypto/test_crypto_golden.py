@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 from cryptography.hazmat.primitives.asymmetric import ed25519, x25519
 
-from semq.crypto import (
+from semq.identity.crypto import (
     NodeCertificate,
     Opener,
     Sealer,
@@ -41,7 +41,7 @@ from semq.crypto import (
     verify_document,
     verify_receipt,
 )
-from semq.crypto._wire import encode_app_key, encode_endpoint, encode_lk0
+from semq.identity.crypto._wire import encode_app_key, encode_endpoint, encode_lk0
 from semq.umxt_protocol import LK0, AppKey, Endpoint, NodeType, SaveFwd
 
 A, B = Endpoint.org("ORG-A"), Endpoint.org("ORG-B")

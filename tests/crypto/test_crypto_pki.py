@@ -13,7 +13,7 @@ from cryptography.hazmat.primitives.asymmetric import ed25519, x25519
 from cryptography.hazmat.primitives.serialization import Encoding
 from cryptography.x509.oid import NameOID
 
-from semq.crypto import (
+from semq.identity.crypto import (
     CertificateAuthority,
     CertificateDirectory,
     CertificateError,
@@ -39,7 +39,7 @@ from semq.crypto import (
     verify_crl,
     verify_node_certificate,
 )
-from semq.crypto._pki import SEMQ_ROLLOVER_OID, SEMQ_X25519_OID
+from semq.identity.crypto._pki import SEMQ_ROLLOVER_OID, SEMQ_X25519_OID
 from semq.umxt_protocol import CertResponse, Endpoint, NodeType, ResultCode
 
 NOW = dt.datetime.now(dt.UTC)

@@ -12,7 +12,7 @@ from cryptography import x509
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from semq.crypto import (
+from semq.identity.crypto import (
     MAX_RECEIPT,
     BadSignature,
     CertificateAuthority,
@@ -45,7 +45,7 @@ from semq.crypto import (
     verify_node_certificate,
     verify_receipt,
 )
-from semq.crypto._merkle import MerkleTree, leaf_hash, root_from_path
+from semq.identity.crypto._merkle import MerkleTree, leaf_hash, root_from_path
 from semq.umxt_protocol import (
     LK0,
     MAX_ACK_BATCH,
@@ -264,7 +264,7 @@ def test_proven_nodes_make_later_documents_cheap(w: World) -> None:
     items = [(w.aad(record=i + 1), b"doc %d" % i) for i in range(512)]
     signed = sign_documents(items, signing_key=w.a.keys.signing_key)
     cache = SignatureCache()
-    from semq.crypto import _signing
+    from semq.identity.crypto import _signing
     calls = 0
     real = _signing._sha256
 
@@ -318,7 +318,7 @@ def test_receiver_cannot_forward_as_if_sent_to_third_party(w: World) -> None:
     # naming C as target: C's check of A's signature fails (it names B).
     doc = protect_document(b"pay 100", aad=w.aad(), signing_key=w.a.keys.signing_key,
                            recipients=certs(w.b))
-    from semq.crypto import open_
+    from semq.identity.crypto import open_
 
     container = open_(doc.session_key, doc.app_data,
                       recipient_enc_private_keys=[w.b.keys.encryption_key], aad=w.aad())
@@ -413,7 +413,7 @@ def test_open_documents_checks_a_batch_with_one_tree(w: World) -> None:
     prot = protect_documents(items, signing_key=w.a.keys.signing_key)
     batch = [(p.app_data, p.session_key, aad, certs(w.a)) for p, (aad, _, _) in zip(prot, items, strict=True)]
     keys, cache = Opener([w.b.keys.encryption_key]), SignatureCache()
-    from semq.crypto import _document, _signing
+    from semq.identity.crypto import _document, _signing
     hashes, alone = 0, 0
     real_hash, real_verify = _signing._sha256, _document._verify
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import trio
 
-from semq.crypto import (
+from semq.identity.crypto import (
     CertificateAuthority,
     CertificateError,
     CertificateRevoked,

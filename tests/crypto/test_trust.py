@@ -27,7 +27,7 @@ from cryptography import x509
 from cryptography.hazmat.primitives.serialization import Encoding
 
 from semq.cli import main as semq_main
-from semq.crypto import (
+from semq.identity.crypto import (
     CertificateAuthority,
     CertificateError,
     NodeCertificate,
@@ -42,9 +42,8 @@ from semq.crypto import (
     save_csr,
     verify_node_certificate,
 )
-from semq.crypto._pki import _parse_node_certificate
-from semq.node.api import NodeClient
-from semq.security import (
+from semq.identity.crypto._pki import _parse_node_certificate
+from semq.identity.security import (
     NodeSecurity,
     PlatformSecurity,
     enroll,
@@ -53,7 +52,8 @@ from semq.security import (
     init_platform_pki,
     revoke,
 )
-from semq.trust import PinStore, TrustError
+from semq.identity.trust import PinStore, TrustError
+from semq.node.api import NodeClient
 from semq.umxt_protocol import Data, Endpoint, FrameDecoder, ResultCode
 from tests._procs import Cluster, wait_until
 
@@ -482,7 +482,7 @@ def test_a_restarted_node_uses_the_pinned_certificates_it_kept(tmp_path: Path) -
     unit started again) verifies the first receipts it gets without asking
     the platform first. A kept certificate that is not pinned, or not the
     CA's, is not used."""
-    from semq.crypto import save_certificates
+    from semq.identity.crypto import save_certificates
 
     init_platform_pki(tmp_path / "P", "platform", [])
     csr = init_node_keys(tmp_path / A, A)

@@ -13,7 +13,7 @@ import trio
 import trio.testing
 
 from semq.platform.core import PlatformCore, PlatformOutput
-from semq.transport import FramePump, FrameStream
+from semq.session.transport import FramePump, FrameStream
 from semq.umxt_protocol import (
     LK0,
     Data,

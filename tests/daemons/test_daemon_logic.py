@@ -64,11 +64,11 @@ def clock(autojump_clock: trio.testing.MockClock, monkeypatch: pytest.MonkeyPatc
     loop (InlineGate), so it may jump the moment every task waits; the
     cores' clocks follow it (couple_clocks); the reconnect jitter is seeded.
     A run is then the same every time, however loaded the machine."""
-    import semq.node.daemon
+    import semq.node.daemon.node
 
     autojump_clock.autojump_threshold = 0
     couple_clocks(monkeypatch, autojump_clock)
-    monkeypatch.setattr(semq.node.daemon, "random", random.Random(0))
+    monkeypatch.setattr(semq.node.daemon.node, "random", random.Random(0))
     return autojump_clock
 
 
@@ -598,7 +598,7 @@ async def test_a_document_waits_for_its_targets_certificate_and_goes_once_it_is_
     within its CA check (2 s) and pushes C's certificate to A, which seals
     the document to it at once, without waiting for its own next ask; C,
     once connected, opens it."""
-    from semq.security import (
+    from semq.identity.security import (
         NodeSecurity,
         PlatformSecurity,
         enroll,
@@ -627,8 +627,8 @@ async def test_a_document_waits_for_its_targets_certificate_and_goes_once_it_is_
                        == [(0, int(ResultCode.UNKNOWN_CERTIFICATE))], "C's waiting", 10)
         await trio.sleep(30)
         assert rows(a, "SELECT state FROM outbox WHERE id=?", to_c) == [(0,)]  # still waiting, not failed
-        assert da.waiting == {Endpoint.org(C): ResultCode.UNKNOWN_CERTIFICATE}
-        assert 20 <= da.retry[Endpoint.org(C)] <= 40  # asked after 5, 10, 20 s ...
+        assert da.certs.waiting == {Endpoint.org(C): ResultCode.UNKNOWN_CERTIFICATE}
+        assert 20 <= da.certs.retry[Endpoint.org(C)] <= 40  # asked after 5, 10, 20 s ...
         _, cert = enroll(pdir, csr[C], C, tmp_path / C / "issued.pem")
         t0 = trio.current_time()
         await wait_for(lambda: rows(a, "SELECT state, code FROM outbox WHERE id=?", to_c) == [(3, 0)],
@@ -690,7 +690,7 @@ async def test_a_node_of_several_units_has_a_session_per_unit_within_the_limit(
     organization saying it runs more units than the platform allows is
     refused with the limit, and one saying a unit above its count cannot
     even encode it."""
-    from semq.units import route_of
+    from semq.umxt_protocol.units import route_of
 
     pcore = platform_core(tmp_path)
     pcore.register([A])

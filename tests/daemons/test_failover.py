@@ -20,11 +20,11 @@ import pytest
 import trio
 import trio.testing
 
-from semq.config import Address
 from semq.node.core import NewDocument, NodeCore
 from semq.node.daemon import INITIAL_DELAY, NodeDaemon, NodeSettings
 from semq.platform.core import PlatformCore
 from semq.platform.daemon import PlatformDaemon, PlatformSettings
+from semq.settings.config import Address
 from tests._memwire import (
     A,
     B,
@@ -47,11 +47,11 @@ X, Y, Z = Address("10.0.0.1", 7410), Address("10.0.0.2", 7410), Address("::1", 7
 def clock(autojump_clock: trio.testing.MockClock, monkeypatch: pytest.MonkeyPatch) -> trio.testing.MockClock:
     """The fake clock, the only clock (see tests/daemons/test_daemon_logic.py);
     the reconnect jitter seeded."""
-    import semq.node.daemon
+    import semq.node.daemon.node
 
     autojump_clock.autojump_threshold = 0
     couple_clocks(monkeypatch, autojump_clock)
-    monkeypatch.setattr(semq.node.daemon, "random", random.Random(0))
+    monkeypatch.setattr(semq.node.daemon.node, "random", random.Random(0))
     return autojump_clock
 
 

@@ -1,4 +1,4 @@
-"""Direct links between nodes (semq.node.direct), as real processes on
+"""Direct links between nodes (semq.node.daemon.direct), as real processes on
 127.0.0.1: documents go straight from origin to target over mutual TLS
 when the target listens, through the platform otherwise, and exactly once
 either way. Faults on a link come from semq.testing.faultproxy, put
@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 from semq.cli import main as semq_main
-from semq.security import NodeSecurity
+from semq.identity.security import NodeSecurity
 from semq.testing.faultproxy import Direction, FaultPlan, RefuseMode
 from semq.umxt_protocol import (
     LK0,

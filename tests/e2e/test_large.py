@@ -17,8 +17,8 @@ from typing import Any
 
 import pytest
 
-from semq.node.large_in import ACK_EVERY_BYTES
-from semq.node.large_out import WINDOW_BYTES
+from semq.node.large.incoming import ACK_EVERY_BYTES
+from semq.node.large.outgoing import WINDOW_BYTES
 from semq.testing.faultproxy import FaultPlan
 from tests._procs import Cluster, ThreadedFaultProxy, read_status, set_config, wait_until
 
@@ -272,8 +272,8 @@ def test_a_user_of_the_receiver_reads_a_large_document_by_blocks_and_no_one_else
     """A large document for alice at B: her application reads it over the
     user socket by blocks (``semq inbox save`` with her token); bob's token
     cannot, and a block over the limit is refused with one line."""
-    from semq.bounds import USER_BLOCK_BYTES
     from semq.ops.usersock import UserClient, UserSocketError
+    from semq.settings.bounds import USER_BLOCK_BYTES
 
     cluster.add_org(A)
     cluster.add_org(B)

@@ -202,8 +202,8 @@ async def test_platform_tls_caches_no_session_per_connection(tmp_path: Path) -> 
     import trio
 
     from semq.cli import main as semq_main
-    from semq.crypto import client_ssl_context
-    from semq.security import PlatformSecurity
+    from semq.identity.crypto import client_ssl_context
+    from semq.identity.security import PlatformSecurity
     from semq.testing.loadgen import load_identities
 
     assert semq_main(["platform", "init", "--dir", str(tmp_path / "P")]) == 0

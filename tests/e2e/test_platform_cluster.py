@@ -169,7 +169,7 @@ def test_units_of_a_node_across_two_instances(tmp_path: Path, pg_url: str) -> No
     every document arrives once."""
     from semq.node.api import NodeClient
     from semq.umxt_protocol import LK0, Endpoint
-    from semq.units import holder
+    from semq.umxt_protocol.units import holder
 
     c = _pg_cluster(tmp_path, pg_url)
     try:

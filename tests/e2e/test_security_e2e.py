@@ -17,15 +17,15 @@ from pathlib import Path
 import pytest
 
 from semq.cli import main as semq_main
-from semq.node.api import NodeClient
-from semq.node.core import NewDocument, NodeCore
-from semq.security import (
+from semq.identity.security import (
     NodeSecurity,
     enroll,
     import_certificate,
     init_node_keys,
     init_platform_pki,
 )
+from semq.node.api import NodeClient
+from semq.node.core import NewDocument, NodeCore
 from semq.umxt_protocol import (
     LK0,
     Data,
@@ -300,14 +300,14 @@ def test_replayed_moved_and_redirected_documents_never_reach_an_inbox(tmp_path: 
 
 
 def test_forged_receipt_is_kept_unverified(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from semq.crypto import NodeKeys, make_batch_receipt
+    from semq.identity.crypto import NodeKeys, make_batch_receipt
     from semq.umxt_protocol import AckBatch, AckEntry, AckFlag
 
     sa, sb = _pki(tmp_path)
     a = NodeCore(tmp_path / "a.sqlite", A, create=True, synchronous="OFF", security=sa)
     [lk0] = a.accept([NewDocument(target=B, app_data=b"order", encrypt=True)])
     [data] = _frames(b"".join(a.claim(10).data))
-    a.write_held_now()  # (the digest is held with the claimed row until then)
+    a.write_deferred_now()  # (the digest is held with the claimed row until then)
     digest = a.conn.execute("SELECT digest FROM receipts WHERE record_id=?", (lk0.record_id,)).fetchone()[0]
     forger = NodeKeys.generate()  # not B's key
     entry = AckEntry(1, 1, 1, 1, 1, lk0.record_id, int(AckFlag.DELIVERY), 0)
@@ -325,7 +325,7 @@ def test_batch_receipt_kept_once_and_each_document_proves_alone(tmp_path: Path) 
     proof per document) and derives each document's own receipt on request;
     each verifies alone against B's certificate, and a proof written by an
     older version (form 3 in the row) is still served as it is."""
-    from semq.crypto import verify_receipt
+    from semq.identity.crypto import verify_receipt
 
     sa, sb = _pki(tmp_path)
     a = NodeCore(tmp_path / "a.sqlite", A, create=True, synchronous="OFF", security=sa)
@@ -370,7 +370,7 @@ def test_a_resent_document_keeps_its_digest_and_its_receipt_verifies(tmp_path: P
     try:
         lk0s = a.accept([NewDocument(target=B, app_data=f"order {i}".encode(), encrypt=True) for i in range(3)])
         first = a.claim(10).data
-        a.write_held_now()  # (the digests are held with the claimed rows until then)
+        a.write_deferred_now()  # (the digests are held with the claimed rows until then)
         digests = a.conn.execute("SELECT digest FROM receipts ORDER BY record_id").fetchall()
         out_first = b.handle(_relayed(first))  # its ACK2 is held up (lost, or late)
         assert out_first.delivered == 3
@@ -473,7 +473,7 @@ def test_certificate_rollover_overlap(tmp_path: Path) -> None:
     """B rolls over. A document sealed to B's old certificate (A's directory
     was not refreshed yet) and one sealed to the new one are both readable;
     after a refresh A seals to both (newest first)."""
-    from semq.security import rollover_keys
+    from semq.identity.security import rollover_keys
 
     sa, sb_old = _pki(tmp_path)
     a = NodeCore(tmp_path / "a.sqlite", A, create=True, synchronous="OFF", security=sa)

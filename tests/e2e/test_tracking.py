@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 
 from semq.cli import main as semq_main
-from semq.history import HistoryReader, history_paths
 from semq.node.api import NodeClient
+from semq.tracking.history import HistoryReader, history_paths
 from tests._procs import Cluster, wait_until
 
 pytestmark = pytest.mark.e2e
@@ -104,7 +104,7 @@ def _indexers(parent: int) -> list[int]:
             ppid = int((d / "stat").read_text().rsplit(")", 1)[1].split()[1])
         except (OSError, ValueError, IndexError):
             continue
-        if b"semq.history" in cmd and (ppid == parent or parent == 0):
+        if b"semq.tracking.history" in cmd and (ppid == parent or parent == 0):
             out.append(int(d.name))
     return out
 
@@ -120,11 +120,11 @@ def test_the_history_is_indexed_at_idle_priority_and_its_indexer_ends_with_its_d
     [ppid] = wait_until(lambda: _indexers(c.procs["P"].p.pid), 10, "the platform's history indexer")
     # A daemon killed outright leaves no indexer behind.
     c.kill(A)
-    wait_until(lambda: not Path(f"/proc/{pid}").exists() or b"semq.history" not in
+    wait_until(lambda: not Path(f"/proc/{pid}").exists() or b"semq.tracking.history" not in
                Path(f"/proc/{pid}/cmdline").read_bytes(), 10, "the indexer to end with its daemon")
     # ... and one stopped cleanly stops its own.
     c.kill("P", signal.SIGTERM)
-    wait_until(lambda: not Path(f"/proc/{ppid}").exists() or b"semq.history" not in
+    wait_until(lambda: not Path(f"/proc/{ppid}").exists() or b"semq.tracking.history" not in
                Path(f"/proc/{ppid}/cmdline").read_bytes(), 10, "the platform's indexer to stop")
 
 

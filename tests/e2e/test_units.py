@@ -1,4 +1,4 @@
-"""A node of several units (semq.units), as real processes on 127.0.0.1:
+"""A node of several units (semq.umxt_protocol.units), as real processes on 127.0.0.1:
 the platform spreads an organization's documents over its units by LK0,
 each unit answers for its own records, and every document arrives exactly
 once, also when a unit is SIGKILLed mid-stream and its supervisor starts it
@@ -220,8 +220,8 @@ def test_admin_backup_and_restore_take_every_unit(cluster: Cluster, tmp_path: Pa
 def test_requests_replies_and_dead_letters_across_units(cluster: Cluster) -> None:
     """Requests and replies find each other whichever unit holds them; the
     dead letters of every unit are one list."""
-    from semq.node import rpc
-    from semq.node.dead import DeadLetters
+    from semq.node.features import rpc
+    from semq.node.features.dead import DeadLetters
 
     _start(cluster, 2)
     with NodeClient(cluster.root / A) as a, NodeClient(cluster.root / B) as b:
@@ -287,7 +287,7 @@ def test_documents_stored_before_a_node_of_units_first_connects_arrive_once(clus
     """The platform learns that B runs units from B's first connection; what
     was stored for B before it goes to the unit each document's LK0 picks."""
     from semq.umxt_protocol import LK0, Endpoint
-    from semq.units import holder
+    from semq.umxt_protocol.units import holder
 
     cluster.add_org(A)
     cluster.add_org(B, units=2)

@@ -1,7 +1,7 @@
 """Hostile peers at the listeners, against real processes on 127.0.0.1: an
 enrolled organization with bad intent and a stranger try to take a node's
 direct-link listener or the platform's away from everyone else, and each
-is held to the bounds declared in semq.bounds while the other
+is held to the bounds declared in semq.settings.bounds while the other
 organizations' documents keep flowing. Every wait is bounded."""
 
 from __future__ import annotations
@@ -224,7 +224,10 @@ def test_one_organizations_sessions_share_one_byte_budget_at_the_platform(cluste
     greedy, many = trio.run(attack)
     after = process_usage(pid)
     assert greedy.welcomed == 0, greedy.line()
-    assert many.welcomed <= 4, many.line()
+    # (Sessions of one unit replace each other, so more than 4 may be
+    # welcomed one after the other; at most 4 connections are held at once:
+    # tests/daemons/test_daemon_logic.py::test_a_hello_cannot_raise_its_organizations_allowance.)
+    assert many.held <= 4, many.line()
     grew = (after.peak - before.peak) / MIB
     assert grew < 200, f"the platform's peak memory grew by {grew:.0f} MiB ({many.line()})"
     _still_delivers(cluster, 5)

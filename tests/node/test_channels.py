@@ -1,5 +1,5 @@
 """Users and ordered channels in the node core (semq.node.envelope,
-semq.node.channels): two cores wired by hand, frames delivered in any order."""
+semq.node.receiver.channels): two cores wired by hand, frames delivered in any order."""
 
 from __future__ import annotations
 
@@ -12,7 +12,6 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from semq.node.channels import waiting_channels
 from semq.node.core import NewDocument, NodeCore
 from semq.node.envelope import (
     MAX_ENVELOPE,
@@ -22,6 +21,7 @@ from semq.node.envelope import (
     parse_address,
     split_envelope,
 )
+from semq.node.receiver.channels import waiting_channels
 from semq.node.users import UserError, add_user, authenticate, user_for_os_account
 from semq.umxt_protocol import AppKey, Kind, ResultCode
 from tests._frames import decoded, raws
@@ -96,24 +96,24 @@ def test_bad_user_names_are_refused_with_the_rule(bad: str) -> None:
 
 def test_a_token_proves_its_user_and_no_other(pair: tuple[NodeCore, NodeCore]) -> None:
     _, b = pair
-    alice = add_user([b.conn], "alice")
-    bob = add_user([b.conn], "bob", os_user="bob")
-    assert authenticate(b.conn, "alice", alice) == "alice"
+    alice = add_user([b.users], "alice")
+    bob = add_user([b.users], "bob", os_user="bob")
+    assert authenticate(b.users, "alice", alice) == "alice"
     for name, token in (("alice", bob), ("bob", alice), ("mallory", alice), ("alice", "")):
         with pytest.raises(UserError, match="do not match"):
-            authenticate(b.conn, name, token)
-    assert user_for_os_account(b.conn, "bob") == "bob"
-    assert user_for_os_account(b.conn, "root") is None
+            authenticate(b.users, name, token)
+    assert user_for_os_account(b.users, "bob") == "bob"
+    assert user_for_os_account(b.users, "root") is None
     assert b.conn.execute("SELECT count(*) FROM users WHERE token_sha256 IN (?, ?)", (alice, bob)).fetchone() == (0,)
     with pytest.raises(UserError, match="exists already"):
-        add_user([b.conn], "alice")
+        add_user([b.users], "alice")
 
 
 def test_a_document_for_a_user_reaches_that_user_and_one_for_an_unknown_user_is_refused(
         pair: tuple[NodeCore, NodeCore]) -> None:
     a, b = pair
-    add_user([b.conn], "alice")
-    add_user([a.conn], "carol")
+    add_user([b.users], "alice")
+    add_user([a.users], "carol")
     a.accept([NewDocument(target=B, app_data=b"x", app_key=AppKey(key="K1"), from_user="carol", to_user="alice"),
               NewDocument(target=B, app_data=b"y", app_key=AppKey(key="K2"), to_user="zed")])
     out = b.handle(decoded(_data_frames(a)))
@@ -229,7 +229,7 @@ def test_a_purged_ordered_document_is_announced_and_an_announced_one_is_not_requ
     ids = [lk.record_id for lk in a.accept([_doc("S1"), _doc("S2"), _doc("S3")])]
     frames = decoded(_data_frames(a))
     b.handle([frames[0], frames[2]])
-    a.write_held()  # (S2 is SS_SENT, held in memory until written)
+    a.write_deferred()  # (S2 is SS_SENT, held in memory until written)
     with a.db.atomic():  # the operator purges S2, unconfirmed (admin purge: any state)
         (state,) = a.conn.execute("SELECT state FROM outbox WHERE id=?", (ids[1],)).fetchone()
         assert a.operator.apply(OperatorAction.PURGE, [(ids[1], state)], 1) == [ids[1]]
@@ -247,7 +247,7 @@ def test_a_purged_ordered_document_is_announced_and_an_announced_one_is_not_requ
 def test_the_envelope_flag_is_bound_by_the_documents_signature() -> None:
     """A relay that clears or sets FLAG_ENVELOPE changes the AAD the
     document was signed over: the receiver refuses it (BAD_SIGNATURE)."""
-    from semq.crypto import BOUND_FLAGS, raw_frame_aad
+    from semq.identity.crypto import BOUND_FLAGS, raw_frame_aad
     from semq.umxt_protocol import FLAG_ENVELOPE, Endpoint, encode_data, rewrite_header
 
     assert BOUND_FLAGS & FLAG_ENVELOPE
@@ -285,7 +285,7 @@ def test_a_document_refused_for_an_unknown_user_does_not_hold_its_channel_foreve
     the same user: it must not be refused for it too, or the channel waits
     for S1 for ever (S2 acknowledged, never handed over)."""
     a, b = pair
-    add_user([b.conn], "alice")
+    add_user([b.users], "alice")
     a.accept([_doc("S1", to_user="zed"), _doc("S2", to_user="alice")])
     out = b.handle(decoded(_data_frames(a)))
     assert [code for code, _ in out.errors] == [300]  # UNKNOWN_TARGET: zed
@@ -343,7 +343,7 @@ def test_an_origin_cannot_fill_the_receivers_store_with_held_documents(
     held is refused OVER_WINDOW (not stored, no receipt; its origin sends it
     again later); one that follows in order still goes in, and so does the
     refused one once the gap closed."""
-    from semq.node import channels
+    from semq.node.receiver import channels
 
     monkeypatch.setattr(channels, "MAX_HELD_PER_ORIGIN", 3)
     a, b = pair

@@ -14,7 +14,7 @@ import pytest
 from semq.cli import main as semq_main
 from semq.cli.features import main as seed
 from semq.node.api import NodeClient
-from semq.node.dead import DeadLetterError, DeadLetters, reason, sweep
+from semq.node.features.dead import DeadLetterError, DeadLetters, reason, sweep
 from tests._procs import Cluster, wait_until
 
 A, B = "10008", "56001"
@@ -132,7 +132,7 @@ def test_cli_dead_list_requeue_purge_sweep_and_errors(node: Path, capsys: pytest
 
 
 def test_maintenance_runs_the_configured_sweep(node: Path) -> None:
-    from semq.node.background import maintain
+    from semq.node.daemon.background import maintain
 
     assert seed(["dead", "config", "--dir", str(node), "--max-attempts", "2"]) == 0
     with NodeClient(node) as n:
@@ -188,8 +188,8 @@ def test_dead_letter_actions_follow_the_operator_table_in_every_state(node: Path
     states OPERATOR_TABLE gives them (the others: "is not a dead letter"),
     ``refs=None`` takes all of those; sweep and fail_target make dead
     letters only of the states DEAD_LETTER applies to."""
-    from semq.node.dead import fail_target
     from semq.node.engine import OPERATOR_TABLE, OperatorAction, SendState
+    from semq.node.features.dead import fail_target
 
     states = list(SendState)
 

@@ -86,7 +86,7 @@ def test_the_security_overheads_are_those_of_real_sealed_and_signed_documents() 
     container of a document in the largest batch the path length allows."""
     from cryptography.hazmat.primitives.asymmetric import ed25519, x25519
 
-    from semq.crypto import MAX_RECIPIENT_KEYS, seal, sign_documents
+    from semq.identity.crypto import MAX_RECIPIENT_KEYS, seal, sign_documents
     from semq.node import limits as m
 
     keys = [x25519.X25519PrivateKey.generate().public_key() for _ in range(MAX_RECIPIENT_KEYS)]

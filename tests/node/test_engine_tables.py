@@ -7,6 +7,7 @@ import itertools
 import pytest
 
 from semq.node.engine import (
+    BY_SAVE_FWD,
     ORIGIN_TABLE,
     AckStatus,
     OriginEvent,
@@ -23,25 +24,43 @@ S = SendState
 ORDER = {S.SS_INIT: 0, S.SS_SENT: 1, S.SS_ACK_FWD: 2, S.SS_ACK: 2, S.SS_ACK2: 4, S.SS_FAILED: 4}
 
 
+# The SaveFwd an event variant is for (BY_SAVE_FWD): a refined event given
+# with another SaveFwd is taken as its own row, for that guarantee.
+_IMPLIED = {refined: save_fwd for (_base, save_fwd), refined in BY_SAVE_FWD.items()}
+_LACKS = (OriginEvent.PLATFORM_LACKS, OriginEvent.TARGET_LACKS, OriginEvent.TARGET_LACKS_STORED,
+          OriginEvent.LINK_LOST)
+
+
 @pytest.mark.parametrize(
     ("state", "event", "save_fwd", "ack2"),
     list(itertools.product(SendState, OriginEvent, (1, 2, 3), (False, True))),
 )
 def test_origin_every_pair(state: SendState, event: OriginEvent, save_fwd: int, ack2: bool) -> None:
     o = origin_step(state, event, save_fwd=save_fwd, ack2=ack2)
+    guarantee = _IMPLIED.get(o.event, save_fwd)
+    # The step is its row of the table, for the event as the row's SaveFwd makes it.
+    assert o.event is BY_SAVE_FWD.get((event, save_fwd), event)
+    assert o.state is ORIGIN_TABLE.get((state, o.event), (state, False))[0]
     # SaveFwd 1 forwarded and not received: reported dropped, never resent.
-    if state is S.SS_ACK_FWD and event is OriginEvent.TARGET_LACKS and save_fwd == 1:
+    if state is S.SS_ACK_FWD and o.event is OriginEvent.TARGET_LACKS_ONCE:
         assert o.state is S.SS_FAILED
     # Terminal states never move; SS_ACK2 only ever re-answers REACK2.
     if state in (S.SS_ACK2, S.SS_FAILED):
         assert o.state is state
-    # Only "not received" answers move a row back, and only to SS_INIT (resend).
+    # Only "not received" answers and a lost link move a row back, and only
+    # to SS_INIT (resend).
     if ORDER[o.state] < ORDER[state]:
         assert o.state is S.SS_INIT
-        assert event in (OriginEvent.PLATFORM_LACKS, OriginEvent.TARGET_LACKS)
-        if event is OriginEvent.TARGET_LACKS:
+        assert o.event in _LACKS
+        if o.event in (OriginEvent.TARGET_LACKS, OriginEvent.TARGET_LACKS_STORED):
             # "must be delivered" resends; so does a forwarded SaveFwd 2 (no copy at P)
-            assert save_fwd == 3 or (state is S.SS_ACK_FWD and save_fwd == 2)
+            assert guarantee == 3 or (state is S.SS_ACK_FWD and guarantee == 2)
+        if o.event is OriginEvent.LINK_LOST:
+            assert state is S.SS_SENT and guarantee >= 2
+    # A SaveFwd 1 document handed to its target's link (claimed, or its link
+    # lost) counts as forwarded: never sent through the platform again.
+    if o.event in (OriginEvent.SENT_DIRECT_ONCE, OriginEvent.LINK_LOST_ONCE) and o.changed:
+        assert o.state is S.SS_ACK_FWD
     # REACK2 answers the ACK2s (every one: the earlier REACK2 may be lost) and
     # a target's "received" answer that confirms the row.
     if o.reack2:
@@ -50,6 +69,17 @@ def test_origin_every_pair(state: SendState, event: OriginEvent, save_fwd: int, 
         assert o.reack2 and o.state is S.SS_ACK2
     assert o.clean == origin_may_clean(o.state, save_fwd, ack2)
     assert o.changed == (o.state is not state)
+
+
+def test_every_event_variant_is_reached_from_its_event() -> None:
+    """Each SaveFwd variant of an event is what a row of that SaveFwd makes
+    of it, and every row of the table is reached by an event some caller
+    sends (the variants only through BY_SAVE_FWD)."""
+    for (base, save_fwd), refined in BY_SAVE_FWD.items():
+        assert base not in _IMPLIED and origin_step(S.SS_INIT, base, save_fwd=save_fwd, ack2=True).event is refined
+    for state, event in ORIGIN_TABLE:
+        bases = [(b, sf) for (b, sf), r in BY_SAVE_FWD.items() if r is event] or [(event, 3)]
+        assert any(origin_step(state, b, save_fwd=sf, ack2=True).event is event for b, sf in bases)
 
 
 def test_origin_spec_flow() -> None:

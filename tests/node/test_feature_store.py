@@ -11,16 +11,16 @@ from pathlib import Path
 import pytest
 import trio
 
-from semq._db import open_store
-from semq._gate import StoreGate
 from semq.cli import main as semq_main
-from semq.node._access import write_tx
 from semq.node.api import NodeClient
-from semq.node.background import run_background_tasks
-from semq.node.capabilities import TxSettings
 from semq.node.core import NewDocument, NodeCore
+from semq.node.daemon.background import run_background_tasks
+from semq.node.features._access import write_tx
+from semq.node.features.capabilities import TxSettings
+from semq.node.features.txn import Transactions, TxState
 from semq.node.store import MIGRATIONS, SEED_MODELS
-from semq.node.txn import Transactions, TxState
+from semq.store.db import open_store
+from semq.store.gate import StoreGate
 
 A, B = "10008", "56001"
 

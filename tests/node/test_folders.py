@@ -1,4 +1,4 @@
-"""Folders (semq.node.folders), in process: an outbox folder's scans, the
+"""Folders (semq.node.features.folders), in process: an outbox folder's scans, the
 (name, digest) record that survives a crash between the commit and the
 move, failed files with their reasons, and the inbox folder's sanitized
 names and atomic writes. No daemon: documents reach B's inbox through the
@@ -15,10 +15,10 @@ from pathlib import Path
 import pytest
 
 from semq.cli import main
-from semq.node import folders
 from semq.node.api import InboxItem, NodeClient
 from semq.node.core import NodeCore
-from semq.node.folders import (
+from semq.node.features import folders
+from semq.node.features.folders import (
     INBOX_KEY_MAX,
     FolderOptions,
     InboxFolder,
@@ -391,8 +391,8 @@ def test_the_inbox_folder_leaves_the_documents_of_users_to_their_applications(ro
 
 
 def test_a_store_from_before_folders_gets_the_watch_table_at_open(tmp_path: Path) -> None:
-    from semq._db import open_store
     from semq.node.store import MIGRATIONS, _v12_watch
+    from semq.store.db import open_store
 
     path = tmp_path / "node.sqlite"
     before = MIGRATIONS[:MIGRATIONS.index(_v12_watch)]

@@ -115,7 +115,7 @@ def test_pending_ack_rows_back_off_to_15_minutes(tmp_path: Path, node_clock: Nod
         assert out.delivered == 1
 
         def due() -> int:
-            if b.held():  # (held in memory until an inquiry round writes it)
+            if b.deferred():  # (held in memory until an inquiry round writes it)
                 return t0 + SCHEDULE[0]
             last, n = b.conn.execute("SELECT last_inquiry_ms, inquiries FROM inbound").fetchone()
             return int(last + min(900 * S, 15 * S * (1 << min(n, 6))))

@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from semq.node.large import (
+from semq.node.large.manifest import (
     CHUNK_SIZE,
     COMPRESS_NONE,
     ChunkError,
@@ -153,7 +153,7 @@ def test_the_large_flag_is_bound_by_the_documents_signature() -> None:
     """A relay that clears FLAG_LARGE (to have the manifest delivered as a
     document of its own) or sets it changes the AAD the manifest was signed
     and sealed over: the receiver refuses it."""
-    from semq.crypto import BOUND_FLAGS, raw_frame_aad
+    from semq.identity.crypto import BOUND_FLAGS, raw_frame_aad
     from semq.umxt_protocol import FLAG_LARGE, FrameDecoder, encode_data, rewrite_header
 
     def decoded(b: bytes) -> list[object]:

@@ -15,11 +15,12 @@ from typing import Any
 
 import pytest
 
-from semq.events import now_ms
 from semq.node.core import NewDocument, NodeCore
-from semq.node.large import CHUNK_SIZE, Manifest, copy_in
-from semq.node.large_in import ALL_CHUNKS, RESUME
-from semq.node.large_out import Outgoing, _Transfer, pending
+from semq.node.daemon.large_sender import _Transfer
+from semq.node.large.incoming import ALL_CHUNKS, RESUME
+from semq.node.large.manifest import CHUNK_SIZE, Manifest, copy_in
+from semq.node.large.outgoing import Outgoing
+from semq.tracking.events import now_ms
 from semq.umxt_protocol import (
     AckBatch,
     AckEntry,
@@ -76,7 +77,7 @@ def _send(a: NodeCore, tmp_path: Path, content: bytes) -> tuple[Outgoing, list[b
     a.accept([NewDocument(target=B, app_data=m.encode(), large_path=str(copy.relative_to(base)))])
     out = a.claim(10)
     assert len(out.data) == 1
-    docs = pending(a.ctx)
+    docs = a.large_out.pending()
     assert len(docs) == 1 and docs[0].manifest == m
     return docs[0], out.data
 
@@ -149,7 +150,7 @@ def test_a_large_document_is_delivered_once_whole_with_one_ack2(cores: Any, tmp_
 
 def test_chunks_out_of_order_are_not_written_and_the_origin_is_told_where_to_go_on(
         cores: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import semq.node.large_in as large_in
+    import semq.node.large.incoming as large_in
 
     a, b = cores
     content = os.urandom(24 * CHUNK_SIZE + 5)
@@ -183,7 +184,7 @@ def test_a_gap_near_the_end_is_asked_again_once_what_is_left_came_past_it(
     have had more than those in flight, so once more than those came past
     it, the rewound copy was lost too, and the receiver asks again (it does
     not wait for the origin's stall probe)."""
-    import semq.node.large_in as large_in
+    import semq.node.large.incoming as large_in
 
     a, b = cores
     content = os.urandom(4 * CHUNK_SIZE + 5)  # chunks 0..4
@@ -227,7 +228,7 @@ def test_a_manifest_crossing_the_refusal_is_refused_again_not_started_again(
     """The origin's manifest sent again (an inquiry) that crosses the NACK
     on the way gets the same refusal: no transfer its origin will never
     feed is left behind. Later (an operator requeues it), it starts again."""
-    import semq.node.large_in as large_in
+    import semq.node.large.incoming as large_in
 
     a, b = cores
     doc, manifest = _send(a, tmp_path, os.urandom(CHUNK_SIZE + 10))
@@ -309,8 +310,8 @@ def test_a_full_disk_at_the_receiver_is_the_stores_error_and_loses_nothing(
     acknowledged, and the transfer goes on once there is room."""
     import errno
 
-    import semq.node.large_in as large_in
-    from semq._db import STORE_ERRORS
+    import semq.node.large.incoming as large_in
+    from semq.store.db import STORE_ERRORS
 
     a, b = cores
     content = os.urandom(2 * CHUNK_SIZE + 3)
@@ -427,7 +428,7 @@ def test_a_frame_that_cannot_be_handled_is_refused_alone_and_the_rest_of_its_bat
     refused with a NACK (INTERNAL_ERROR) and its stored copy settled at the
     platform, while the documents before and after it in the same batch are
     delivered."""
-    from semq.node.receiver import Receiver
+    from semq.node.receiver.role import Receiver
 
     a, b = cores
     a.accept([NewDocument(target=B, app_data=f"doc {i}".encode()) for i in range(5)])

@@ -1,4 +1,4 @@
-"""The origin's chunk sender (semq.node.large_out.LargeSender) over a trio
+"""The origin's chunk sender (semq.node.daemon.large_sender.LargeSender) over a trio
 memory stream: a probe per document at the start of a session, then at most
 a window of each in flight, documents in turn (priority first), a RESUME
 rewinds, the platform's "kept" acknowledgements give credit, and silence
@@ -15,11 +15,12 @@ import pytest
 import trio
 import trio.testing
 
-from semq._gate import StoreGate
 from semq.node.core import NewDocument, NodeCore
-from semq.node.large import Manifest
-from semq.node.large_out import STALL_S, LargeSender, Outgoing, pending
-from semq.transport import FrameStream
+from semq.node.daemon.large_sender import STALL_S, LargeSender
+from semq.node.large.manifest import Manifest
+from semq.node.large.outgoing import Outgoing
+from semq.session.transport import FrameStream
+from semq.store.gate import StoreGate
 from semq.umxt_protocol import Chunk, Kind
 
 CHUNK = 4096
@@ -47,7 +48,7 @@ def _doc(core: NodeCore, tmp_path: Path, name: str, chunks: int, priority: int =
 
 def _docs(core: NodeCore) -> list[Outgoing]:
     core.claim(10)  # the manifests sent: their transfers are under way
-    return sorted(pending(core.ctx), key=lambda d: d.record_id)
+    return sorted(core.large_out.pending(), key=lambda d: d.record_id)
 
 
 def _session(core: NodeCore) -> tuple[LargeSender, FrameStream, FrameStream]:

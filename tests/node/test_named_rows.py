@@ -3,10 +3,11 @@
 A row of a wide SELECT read as ``r[12]`` silently reads the wrong column
 when a column is added, moved or renamed; a named row (a ``NamedTuple``
 whose fields name the columns, its SELECT list made from them by
-``semq.node.writebehind.columns``) fails loudly instead ("no such column").
-The named rows of the node store live in semq/node/writebehind.py; a
-feature's or a query's own (an aggregate, another store's table) next to
-its SQL.
+``semq.node.rows.columns``) fails loudly instead ("no such column").
+A table's owner keeps the named rows its state machine reads, next to its
+SQL; a reader of an owner's query API brings its own (the owner builds the
+SELECT list from it); a feature's or a query's own (an aggregate, another
+store's table) next to its SQL.
 
 The scan below finds positional reads of row variables in the package's
 source. What it flags: ``NAME[k]`` for a row-like name with an index other
@@ -16,8 +17,8 @@ cursor (``fetchone()[2]``). What it lets through: index 0, the one column of
 a one-column SELECT (``row[0]``, ``fetchone()[0]``; a one-to-three-column
 SELECT may as well be unpacked, ``(n,) = ...``, ``for rid, state in ...``),
 and every non-row subscript (``argv[1]``, ``parts[0]``, ``data[:4]``).
-Modules with rows of their own rule are not scanned here: the named rows'
-module itself, the platform, the protocol, analytics and crypto.
+Modules with rows of their own rule are not scanned here: the platform,
+the protocol, analytics and crypto.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "semq"
-EXCLUDED = ("semq/node/writebehind.py", "semq/platform/", "semq/umxt_protocol/", "semq/analytics/", "semq/crypto/")
+EXCLUDED = ("semq/platform/", "semq/umxt_protocol/", "semq/analytics/", "semq/identity/crypto/")
 
 # The names rows are bound to in this code base (a row, a held row, a hit,
 # a candidate...).
@@ -90,7 +91,7 @@ def test_no_store_row_is_read_by_position() -> None:
             if m and not _allowed(rel, line):
                 found.append(f"{rel}:{n}: {m.group(0)}  ({line.strip()})")
     assert not found, ("rows read by position (read them by name: a NamedTuple whose fields name the columns,"
-                       " SELECT list from semq.node.writebehind.columns):\n" + "\n".join(found))
+                       " SELECT list from semq.node.rows.columns):\n" + "\n".join(found))
 
 
 def test_every_allowance_is_still_needed() -> None:
@@ -106,29 +107,28 @@ def test_every_allowance_is_still_needed() -> None:
 def test_the_named_rows_select_lists_match_the_node_store(tmp_path: Path) -> None:
     """Each named row's SELECT list compiles against a fresh node store:
     a renamed or dropped column is an error here, not a shifted value."""
-    from semq.node import api, queues
+    from semq.node.api.items import InboxRow, MessageRow
     from semq.node.core import NodeCore
-    from semq.node.writebehind import (
-        DeadLetterRow,
-        HalfMessageRow,
-        InboundAdminRow,
-        InboxRow,
-        OutboxAdminRow,
-        QueueItemRow,
-        RpcRequestRow,
-        columns,
-    )
+    from semq.node.features import queues
+    from semq.node.features.dead import DeadLetterRow
+    from semq.node.features.receiving import TryRow
+    from semq.node.features.rpc import RpcRequestRow
+    from semq.node.features.txn import HalfMessageRow
+    from semq.node.origin.outbox import ClaimRow, PendingSendRow
+    from semq.node.receiver.pending_ack import PendingAckRow
+    from semq.node.rows import columns
+    from semq.ops.handlers.node import InboundAdminRow, OutboxAdminRow
 
     core = NodeCore(tmp_path / "node.sqlite", "50001", create=True)
     try:
         c = core.conn
         for row, table in ((InboxRow, "inbox"), (DeadLetterRow, "outbox"), (OutboxAdminRow, "outbox"),
-                           (InboundAdminRow, "inbound"), (HalfMessageRow, "tx_half"),
-                           (RpcRequestRow, "rpc_requests"), (QueueItemRow, "queue_items")):
+                           (MessageRow, "outbox"), (ClaimRow, "outbox"), (PendingSendRow, "outbox"),
+                           (InboundAdminRow, "inbound"), (PendingAckRow, "inbound"), (TryRow, "receive_tries"),
+                           (HalfMessageRow, "tx_half"), (RpcRequestRow, "rpc_requests"),
+                           (queues.QueueItemRow, "queue_items")):
             cur = c.execute(f"SELECT {columns(row)} FROM {table} LIMIT 0")
             assert len(cur.description) == len(row._fields), row.__name__
-        cur = c.execute(api._MESSAGES, (0,))
-        assert [d[0] for d in cur.description][:3] == ["id", "target_id", "state"]
         cur = c.execute(f"SELECT {queues._STATS_COLS} FROM queues q LEFT JOIN queue_items i ON i.queue = q.name"
                         " GROUP BY q.name", (0, 0))
         assert tuple(d[0] for d in cur.description) == queues._QueueCounts._fields

@@ -36,7 +36,7 @@ def test_a_direct_copy_is_answered_with_ack2_and_no_confirmations_are_kept(tmp_p
         assert answer.delivered == 3
         acks = _frames(answer.data)
         assert [f.kind for f in acks] == [Kind.ACK_BATCH]  # ACK2 even when none was asked
-        assert not b.held_rows.inbound and b.conn.execute("SELECT count(*) FROM inbound").fetchone()[0] == 0
+        assert not b.pending_acks.deferred and b.conn.execute("SELECT count(*) FROM inbound").fetchone()[0] == 0
         back = a.handle(acks, direct=b_ep)
         assert back.data == []  # no REACK2 on a direct link
         assert back.settled == 3 and len(set(back.settled_ids)) == 3
@@ -63,7 +63,7 @@ def test_through_the_platform_the_confirmations_stay(tmp_path: Path) -> None:
         data = a.claim(10).data
         # (as relayed: the platform is the hop; the test hands the frame over)
         answer = b.handle(_frames(data))
-        assert b.held_rows.inbound  # waits for the origin's REACK2
+        assert b.pending_acks.deferred  # waits for the origin's REACK2
         back = a.handle(_frames(answer.data))
         assert [f.kind for f in _frames(back.data)] == [Kind.ACK_BATCH]  # REACK2
     finally:

@@ -41,7 +41,7 @@ def _acks(kind: Kind, source: Endpoint, ids: list[int]) -> RawFrame:
 def _write(a: NodeCore) -> None:
     """What is held in memory, written now (as HOLD_MS later would)."""
     with a._tx():
-        a.write_held()
+        a.write_deferred()
 
 
 def _states(path: Path) -> list[tuple[int, int, int]]:
@@ -53,7 +53,7 @@ def _states(path: Path) -> list[tuple[int, int, int]]:
 
 
 class _Port:
-    """A FramePort (semq.ports) that hands the claim's frames to a test function."""
+    """A FramePort (semq.session.ports) that hands the claim's frames to a test function."""
 
     def __init__(self, put: Callable[[list[bytes]], None]) -> None:
         self.put = put
@@ -105,7 +105,7 @@ def test_a_commit_that_fails_after_the_frames_left_loses_nothing(tmp_path: Path)
         a.handle([_acks(Kind.ACK_FWD, P, [1, 2])])
         assert _states(store) == [(1, 0, 0), (2, 0, 0)]
         again = a.claim(10)
-        assert len(again.data) == 2 and set(a.held_rows.sent) == {1, 2}
+        assert len(again.data) == 2 and set(a.outbox.sent) == {1, 2}
         _write(a)
         assert _states(store) == [(1, 1, 1), (2, 1, 1)]
         # ... the receiver's ACK2 (of either copy, same LK0) confirms them.
@@ -174,7 +174,7 @@ def test_an_ack2_soon_after_the_ack_fwd_deletes_a_row_never_written_forwarded(
         from semq.ops.metrics import node_snapshot
 
         assert a.counts()["outbox"] == {"SS_INIT": 0, "SS_SENT": 0, "SS_ACK_FWD": 3}
-        assert a.held() and len(a.held_rows.fwd) == 3 and len(a.held_rows.sent) == 3 and not a.held_rows.inbound
+        assert a.deferred() and len(a.outbox.fwd) == 3 and len(a.outbox.sent) == 3 and not a.pending_acks.deferred
         msgs = node_snapshot(a, 3600)["messages"]
         assert (msgs[("outbox", "SS_INIT")], msgs[("outbox", "SS_SENT")], msgs[("outbox", "SS_ACK_FWD")]) == (0, 0, 3)
         node_clock.t += 200
@@ -182,7 +182,7 @@ def test_an_ack2_soon_after_the_ack_fwd_deletes_a_row_never_written_forwarded(
         assert out.settled == 0  # no second credit: the held state counts
         assert len(out.data) == 1  # REACK2 for both
         assert [r[:2] for r in _full(store)] == [(3, 0)]
-        assert a.held_rows.fwd == {3: (1_000_000, 0)} and a.held_rows.sent == {3: (1_000_000, 1, B, 3, 1, None)}
+        assert a.outbox.fwd == {3: (1_000_000, 0)} and a.outbox.sent == {3: (1_000_000, 1, B, 3, 1, None)}
         # Past HOLD_MS the next batch writes the held states, SS_SENT first,
         # with the time of the ACK_FWD and the inquiry schedule it would have had.
         node_clock.t += 1000
@@ -190,7 +190,7 @@ def test_an_ack2_soon_after_the_ack_fwd_deletes_a_row_never_written_forwarded(
         (rid, state, state_ms, due_ms), = _full(store)
         assert (rid, state, state_ms) == (3, 2, 1_000_000) and due_ms == 1_000_000 + a.inquiry_ms
         assert _states(store) == [(3, 2, 1)]
-        assert a.held_rows.fwd == {} and a.held_rows.sent == {}
+        assert a.outbox.fwd == {} and a.outbox.sent == {}
         out = a.handle([_acks(Kind.ACK2, Endpoint.org(B), [3])])
         assert _full(store) == [] and out.settled == 0
     finally:
@@ -208,19 +208,19 @@ def test_every_step_sees_the_held_state(tmp_path: Path, node_clock: NodeClock) -
     try:
         a.handle([_acks(Kind.ACK_FWD, P, [1, 2, 3])])
         a.handle([_acks(Kind.ACK_FWD, P, [1])])  # duplicate: unchanged, still held
-        assert set(a.held_rows.fwd) == {1, 2, 3}
+        assert set(a.outbox.fwd) == {1, 2, 3}
         with a._tx():
             a.origin.apply([(2, OriginEvent.TARGET_LACKS)], 1_000_000, Output(), [], {})
             a.origin.apply([(3, OriginEvent.NACK)], 1_000_000, Output(), [], {}, code=7, detail="refused")
-        assert set(a.held_rows.fwd) == {1} and set(a.held_rows.sent) == {1, 4}
+        assert set(a.outbox.fwd) == {1} and set(a.outbox.sent) == {1, 4}
         # Rows 2 and 3 got their new state written with the held send (attempt 1).
         assert _states(store) == [(1, 0, 0), (2, int(SendState.SS_INIT), 1), (3, int(SendState.SS_FAILED), 1),
                                   (4, 0, 0)]
         a.handle([_acks(Kind.ACK_FWD, P, [4]), _acks(Kind.ACK2, Endpoint.org(B), [4])])
-        assert 4 not in a.held_rows.fwd and 4 not in a.held_rows.sent and [r[0] for r in _full(store)] == [1, 2, 3]
+        assert 4 not in a.outbox.fwd and 4 not in a.outbox.sent and [r[0] for r in _full(store)] == [1, 2, 3]
         # Row 2, SS_INIT again and not held, is claimed again; row 1 (held) is not.
         out = a.claim(10)
-        assert len(out.data) == 1 and a.held_rows.sent[2][1] == 2
+        assert len(out.data) == 1 and a.outbox.sent[2][1] == 2
     finally:
         a.close()
 
@@ -235,9 +235,9 @@ def test_held_states_are_written_by_inquiries_reconnect_and_close(
         # An inquiry round writes what is older than half the interval (here
         # 100 ms), so a row it finds due is asked about as forwarded (to B).
         a.inquiries()
-        assert [r[1] for r in _full(store)] == [2, 1, 1] and set(a.held_rows.fwd) == {2}
+        assert [r[1] for r in _full(store)] == [2, 1, 1] and set(a.outbox.fwd) == {2}
         a.reconnected()  # a new session: everything held is written
-        assert [r[1] for r in _full(store)] == [2, 2, 1] and a.held_rows.fwd == {}
+        assert [r[1] for r in _full(store)] == [2, 2, 1] and a.outbox.fwd == {}
         a.handle([_acks(Kind.ACK_FWD, P, [3])])
     finally:
         a.close()  # writes the last one
@@ -258,7 +258,7 @@ def test_a_held_state_lost_in_a_crash_is_asked_for_again(tmp_path: Path, node_cl
 
     a, store = _claimed(tmp_path, 1)
     a.handle([_acks(Kind.ACK_FWD, P, [1])])
-    a.held_rows.fwd.clear()  # as a kill -9 would
+    a.outbox.fwd.clear()  # as a kill -9 would
     a.close()
     a = NodeCore(store, A, platform=P)
     try:
@@ -302,7 +302,7 @@ def test_a_claimed_row_is_written_sent_as_the_claim_wrote_it(tmp_path: Path, nod
         node_clock.t += 500
         a.handle([])
         assert _sent_cols(store) == [(i, 1, 1, t0, t0, t0, t0 + a.inquiry_ms) for i in (1, 2)]
-        assert a.held_rows.sent == {}
+        assert a.outbox.sent == {}
         # The platform lacks row 1: SS_INIT, sent again (attempt 2, held),
         # and written with the doubled first inquiry.
         from semq.node.core import Output
@@ -310,7 +310,7 @@ def test_a_claimed_row_is_written_sent_as_the_claim_wrote_it(tmp_path: Path, nod
         with a._tx():
             a.origin.apply([(1, OriginEvent.PLATFORM_LACKS)], node_clock.t, Output(), [], {})
         t1 = node_clock.t
-        assert len(a.claim(10).data) == 1 and {k: v[:2] for k, v in a.held_rows.sent.items()} == {1: (t1, 2)}
+        assert len(a.claim(10).data) == 1 and {k: v[:2] for k, v in a.outbox.sent.items()} == {1: (t1, 2)}
         node_clock.t += 1000
         a.handle([])
         assert _sent_cols(store)[0] == (1, 1, 2, t1, t1, t1, t1 + 2 * a.inquiry_ms)
@@ -326,11 +326,11 @@ def test_claims_keep_the_send_order_around_held_rows(tmp_path: Path, node_clock:
     a = NodeCore(store, A, create=True, platform=P)
     try:
         a.accept([NewDocument(target=B, app_data=b"doc %d" % i) for i in range(5)])  # ids 1-5
-        assert len(a.claim(2).data) == 2 and set(a.held_rows.sent) == {1, 2}
+        assert len(a.claim(2).data) == 2 and set(a.outbox.sent) == {1, 2}
         a.accept([NewDocument(target=B, app_data=b"urgent", priority=5)])  # id 6
         a.accept([NewDocument(target=B, app_data=b"doc 6")])  # id 7
-        assert len(a.claim(2).data) == 2 and list(a.held_rows.sent) == [1, 2, 6, 3]
-        assert len(a.claim(10).data) == 3 and list(a.held_rows.sent) == [1, 2, 6, 3, 4, 5, 7]
+        assert len(a.claim(2).data) == 2 and list(a.outbox.sent) == [1, 2, 6, 3]
+        assert len(a.claim(10).data) == 3 and list(a.outbox.sent) == [1, 2, 6, 3, 4, 5, 7]
         assert a.claim(10).data == [] and a.pending_count() == 0
     finally:
         a.close()
@@ -344,7 +344,7 @@ def test_an_ack_save_writes_the_held_send_with_the_new_state(tmp_path: Path, nod
         t0 = node_clock.t
         node_clock.t += 100
         a.handle([_acks(Kind.ACK_SAVE, P, [1, 2])])
-        assert a.held_rows.sent == {}
+        assert a.outbox.sent == {}
         assert [r[:5] for r in _sent_cols(store)] == [(i, 3, 1, t0, t0 + 100) for i in (1, 2)]
     finally:
         a.close()
@@ -355,8 +355,8 @@ def test_fail_target_and_the_attempt_limit_leave_rows_in_flight_alone(
     """Rows whose SS_SENT is held are SS_INIT on disk, yet in flight: making
     the unsent documents of a target dead letters, or applying the attempt
     limit, writes the held states first and so leaves them alone."""
-    from semq.node import dead
     from semq.node.engine import SendState
+    from semq.node.features import dead
     from semq.umxt_protocol import ResultCode
 
     a, store = _claimed(tmp_path, 2)
@@ -371,7 +371,7 @@ def test_fail_target_and_the_attempt_limit_leave_rows_in_flight_alone(
 
         with a._tx():
             a.origin.apply([(1, OriginEvent.PLATFORM_LACKS)], node_clock.t, Output(), [], {})
-        assert len(a.claim(10).data) == 1 and a.held_rows.sent[1][1] == 2
+        assert len(a.claim(10).data) == 1 and a.outbox.sent[1][1] == 2
         assert _sent_cols(store)[0][1:3] == (0, 1)
         assert dead.sweep(a, max_attempts=1) == 0
         assert [r[1:3] for r in _sent_cols(store)] == [(1, 2), (1, 1), (int(SendState.SS_FAILED), 0)]
@@ -384,7 +384,7 @@ def test_a_held_send_lost_in_a_crash_sends_the_row_again(tmp_path: Path, node_cl
     claimed again after the restart, and the ACK2 of either copy confirms it
     (the receiver's duplicate suppression keeps the delivery single)."""
     a, store = _claimed(tmp_path, 1)
-    a.held_rows.sent.clear()  # as a kill -9 would
+    a.outbox.sent.clear()  # as a kill -9 would
     a.close()
     a = NodeCore(store, A, platform=P)
     try:
@@ -406,9 +406,9 @@ def test_claims_read_past_held_rows_and_miss_no_row_put_back(tmp_path: Path, nod
 
     a, store = _claimed(tmp_path, 4)
     try:
-        assert a.held_rows.order.after == {(None, 0): 4}
+        assert a.outbox.order.after == {(None, 0): 4}
         a.accept([NewDocument(target=B, app_data=b"doc 4")])  # id 5
-        assert len(a.claim(10).data) == 1 and a.held_rows.order.after == {(None, 0): 5}
+        assert len(a.claim(10).data) == 1 and a.outbox.order.after == {(None, 0): 5}
         # Another process puts row 2 back (held here: SS_INIT on disk already,
         # so take one written and failed instead).
         _write(a)
@@ -416,18 +416,18 @@ def test_claims_read_past_held_rows_and_miss_no_row_put_back(tmp_path: Path, nod
         c.execute("UPDATE outbox SET state=5 WHERE id=2")
         c.commit()
         a.accept([NewDocument(target=B, app_data=b"doc 5")])  # id 6
-        assert len(a.claim(10).data) == 1 and a.held_rows.order.after == {(None, 0): 6}
+        assert len(a.claim(10).data) == 1 and a.outbox.order.after == {(None, 0): 6}
         c.execute("UPDATE outbox SET state=0 WHERE id=2")  # requeued by another process
         c.commit()
         c.close()
         a.accept([NewDocument(target=B, app_data=b"doc 6")])  # id 7
-        assert len(a.claim(10).data) == 1 and 2 not in a.held_rows.sent  # not seen yet ...
+        assert len(a.claim(10).data) == 1 and 2 not in a.outbox.sent  # not seen yet ...
         a.inquiries()
-        assert len(a.claim(10).data) == 1 and 2 in a.held_rows.sent  # ... after the next round
+        assert len(a.claim(10).data) == 1 and 2 in a.outbox.sent  # ... after the next round
         # A resend puts a held row back: the next claim takes it at once.
         with a._tx():
             a.origin.apply([(7, OriginEvent.PLATFORM_LACKS)], node_clock.t, Output(), [], {})
-        assert a.held_rows.order.after == {} and len(a.claim(10).data) == 1 and a.held_rows.sent[7][1] == 2
+        assert a.outbox.order.after == {} and len(a.claim(10).data) == 1 and a.outbox.sent[7][1] == 2
     finally:
         a.close()
 
@@ -441,16 +441,16 @@ def test_a_row_left_out_of_a_claim_is_claimed_later(tmp_path: Path, node_clock: 
     a = NodeCore(store, A, create=True, platform=P)
     try:
         a.accept([NewDocument(target=B, app_data=b"doc %d" % i) for i in range(4)])
-        from semq.node.origin import Origin
+        from semq.node.origin.role import Origin
 
         real = Origin._protect
         monkeypatch.setattr(Origin, "_protect", lambda self, rows, out: ([r for r in rows if r.id != 2], {}))
-        assert len(a.claim(10).data) == 3 and set(a.held_rows.sent) == {1, 3, 4}
-        assert a.held_rows.order.after == {(None, 0): 1}
+        assert len(a.claim(10).data) == 3 and set(a.outbox.sent) == {1, 3, 4}
+        assert a.outbox.order.after == {(None, 0): 1}
         a.accept([NewDocument(target=B, app_data=b"doc 4")])  # id 5
-        assert len(a.claim(10).data) == 1 and a.held_rows.order.after == {(None, 0): 1}
+        assert len(a.claim(10).data) == 1 and a.outbox.order.after == {(None, 0): 1}
         monkeypatch.setattr(Origin, "_protect", real)
-        assert len(a.claim(10).data) == 1 and 2 in a.held_rows.sent and a.held_rows.order.after == {(None, 0): 5}
+        assert len(a.claim(10).data) == 1 and 2 in a.outbox.sent and a.outbox.order.after == {(None, 0): 5}
     finally:
         a.close()
 
@@ -485,7 +485,7 @@ def test_acks_of_claimed_rows_are_applied_from_memory_as_from_the_rows(
             assert len(a.claim(10).data) == 6
             if way == "disk":
                 _write(a)
-            assert len(a.held_rows.sent) == (6 if way == "memory" else 0)
+            assert len(a.outbox.sent) == (6 if way == "memory" else 0)
             statements: list[str] = []
             a.conn.set_trace_callback(statements.append)
             results = []

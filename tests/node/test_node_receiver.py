@@ -19,16 +19,16 @@ def test_reack_then_reack2_logs_both_and_cleans_once(tmp_path: Path) -> None:
             # 1: a stored copy awaiting REACK and REACK2; 2: forwarded, awaiting REACK2 only.
             b.conn.execute(f"INSERT INTO inbound ({cols}) VALUES (1, 1, '10008', 1, 1, 7, 1, 1, 70, 0, '', 0, 0, 1, 1)")
             b.conn.execute(f"INSERT INTO inbound ({cols}) VALUES (2, 1, '10008', 1, 1, 8, 0, 0, 0, 0, '', 1, 0, 1, 1)")
-            b.receiver.confirm([1], (), 5, events := list[dict[str, Any]]())  # REACK for the stored copy
+            b.pending_acks.confirm([1], (), 5, events := list[dict[str, Any]]())  # REACK for the stored copy
         assert [e["event"] for e in events] == ["reack"]
         assert b.conn.execute("SELECT id, p_ack, s_ack FROM inbound ORDER BY id").fetchall() == [(1, 1, 0), (2, 1, 0)]
         with b.db.atomic():
-            b.receiver.confirm((), [(1, "10008"), (2, "10008")], 6, events := list[dict[str, Any]]())  # REACK2 for both
+            b.pending_acks.confirm((), [(1, "10008"), (2, "10008")], 6, events := list[dict[str, Any]]())  # REACK2 for both
         assert [(e["event"], e["lk0"]) for e in events] == [
             ("reack2", "10008/1/1/7"), ("cleaned", "10008/1/1/7"), ("reack2", "10008/1/1/8"), ("cleaned", "10008/1/1/8")]
         assert b.conn.execute("SELECT count(*) FROM inbound").fetchone() == (0,)
         with b.db.atomic():
-            b.receiver.confirm((), [(1, "10008")], 7, events := list[dict[str, Any]]())  # a repeated REACK2: nothing left to confirm
+            b.pending_acks.confirm((), [(1, "10008")], 7, events := list[dict[str, Any]]())  # a repeated REACK2: nothing left to confirm
         assert events == []
     finally:
         b.close()
@@ -214,10 +214,10 @@ def test_confirmations_soon_after_end_a_pending_ack_row_never_written(tmp_path: 
         from semq.ops.metrics import node_snapshot
 
         assert node_snapshot(b, 3600)["messages"][("inbound", "pending_ack")] == 2
-        ids = sorted(b.held_rows.inbound)
+        ids = sorted(b.pending_acks.deferred)
         node_clock.t += 100
         b.handle(_frames(_confirm(Kind.REACK, ids[:1]), _confirm(Kind.REACK2, ids)))
-        assert b.held_rows.inbound == {} and b.held_rows.inbound_keys == {} and _rows(b) == []
+        assert b.pending_acks.deferred == {} and b.pending_acks.deferred_keys == {} and _rows(b) == []
         assert not [s for s in statements if s.startswith(("INSERT OR IGNORE INTO inbound", "UPDATE inbound",
                                                             "DELETE FROM inbound"))]
         assert any(s.startswith("DELETE FROM outbox") or "INTO inbox" in s for s in statements)  # the trace works
@@ -226,28 +226,28 @@ def test_confirmations_soon_after_end_a_pending_ack_row_never_written(tmp_path: 
         assert events.count("reack") == 1 and events.count("reack2") == 2 and events.count("cleaned") == 2
         # The ids stay reserved: the next row gets a new one.
         b.handle(_frames(_doc(9)))
-        assert min(b.held_rows.inbound) > max(ids)
+        assert min(b.pending_acks.deferred) > max(ids)
         assert b.conn.execute("SELECT seq FROM sqlite_sequence WHERE name='inbound'").fetchone()[0] >= max(ids)
     finally:
         b.close()
 
 
 def test_a_held_row_is_written_after_the_hold_with_what_it_got(tmp_path: Path, node_clock: NodeClock) -> None:
-    from semq.node.core import HOLD_MS
+    from semq.node.core import DEFER_MS as HOLD_MS
     from semq.umxt_protocol import Kind
 
     b = NodeCore(tmp_path / "node.sqlite", B_ORG, create=True, synchronous="OFF")
     try:
         b.handle(_frames(_doc(7, lk1=70)))
-        (rid,) = b.held_rows.inbound
+        (rid,) = b.pending_acks.deferred
         b.handle(_frames(_confirm(Kind.REACK, [rid])))  # the platform's confirmation only
         # A repeated copy (its ack was lost) is acked again naming the same row.
         out = b.handle(_frames(_doc(7, lk1=70)))
-        assert out.delivered == 0 and set(b.held_rows.inbound) == {rid}
+        assert out.delivered == 0 and set(b.pending_acks.deferred) == {rid}
         assert _sent_ids(out) == {"ACK2": [rid], "ACK": [rid]}
         node_clock.t += HOLD_MS
         b.handle([])
-        assert _rows(b) == [(rid, 1, 0)] and b.held_rows.inbound == {}
+        assert _rows(b) == [(rid, 1, 0)] and b.pending_acks.deferred == {}
         b.handle(_frames(_confirm(Kind.REACK2, [rid])))
         assert _rows(b) == []
     finally:
@@ -263,7 +263,7 @@ def test_held_rows_are_written_for_inquiries_answers_and_close(tmp_path: Path, n
         # An inquiry round writes what is older than half the interval, so
         # its sweep of the pending-ack table can ask about it.
         b.inquiries()
-        assert [r[0] for r in _rows(b)] == [1] and set(b.held_rows.inbound) == {2}
+        assert [r[0] for r in _rows(b)] == [1] and set(b.pending_acks.deferred) == {2}
         node_clock.t += 300
         out = b.inquiries()
         assert [r[0] for r in _rows(b)] == [1, 2]
@@ -288,17 +288,17 @@ def test_held_rows_lost_in_a_crash_leave_the_documents_and_their_ids_reserved(
 
     b = NodeCore(tmp_path / "node.sqlite", B_ORG, create=True, synchronous="OFF")
     b.handle(_frames(_doc(1), _doc(2)))
-    lost = sorted(b.held_rows.inbound)
-    b.held_rows.inbound.clear()  # as a kill -9 would
-    b.held_rows.inbound_keys.clear()
+    lost = sorted(b.pending_acks.deferred)
+    b.pending_acks.deferred.clear()  # as a kill -9 would
+    b.pending_acks.deferred_keys.clear()
     b.close()
     b = NodeCore(tmp_path / "node.sqlite", B_ORG, synchronous="OFF")
     try:
         assert b.conn.execute("SELECT count(*) FROM inbox").fetchone() == (2,)
         b.handle(_frames(_doc(3)))
-        assert min(b.held_rows.inbound) > max(lost)
+        assert min(b.pending_acks.deferred) > max(lost)
         b.handle(_frames(_confirm(Kind.REACK2, lost)))  # late: confirms nothing else
-        assert len(b.held_rows.inbound) == 1
+        assert len(b.pending_acks.deferred) == 1
         a = Endpoint.org("10008")
         q = Frame(kind=Kind.INQUIRY, source=Endpoint.platform(), origin=a, target=Endpoint.org(B_ORG),
                   body=Inquiry(topic=InquiryTopic.RECEIVED, items=tuple(LK0(endpoint=a, record_id=i) for i in (1, 2))))
@@ -321,7 +321,7 @@ def test_a_transaction_that_does_not_commit_drops_the_held_writes(tmp_path: Path
     b = NodeCore(tmp_path / "node.sqlite", B_ORG, create=True, synchronous="OFF")
     try:
         b.handle(_frames(_doc(1)))
-        assert len(b.held_rows.inbound) == 1
+        assert len(b.pending_acks.deferred) == 1
 
         def fail(*_a: Any) -> None:
             raise sqlite3.OperationalError("disk I/O error")
@@ -330,9 +330,9 @@ def test_a_transaction_that_does_not_commit_drops_the_held_writes(tmp_path: Path
         with pytest.raises(sqlite3.OperationalError):
             b.handle(_frames(_doc(2)))
         del b.receiver.flush_confirmations
-        assert b.held_rows.inbound == {} and b.held_rows.inbound_keys == {}
+        assert b.pending_acks.deferred == {} and b.pending_acks.deferred_keys == {}
         assert b.conn.execute("SELECT count(*) FROM inbox").fetchone() == (1,)  # document 2 rolled back
         out = b.handle(_frames(_doc(2)))
-        assert out.delivered == 1 and len(b.held_rows.inbound) == 1
+        assert out.delivered == 1 and len(b.pending_acks.deferred) == 1
     finally:
         b.close()

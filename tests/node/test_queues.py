@@ -14,7 +14,7 @@ import pytest
 
 from semq.cli import main as semq_main
 from semq.cli.features import main as seed
-from semq.node.queues import LocalQueues, QueueError
+from semq.node.features.queues import LocalQueues, QueueError
 
 A = "10008"
 
@@ -92,7 +92,7 @@ def test_names_limits_destroy_and_isolation(node: Path) -> None:
 
 CONSUMER = textwrap.dedent("""
     import sys, time
-    from semq.node.queues import LocalQueues
+    from semq.node.features.queues import LocalQueues
     q = LocalQueues(sys.argv[1])
     item = q.dequeue("jobs", lease=3600)
     print(item.id, flush=True)
@@ -125,7 +125,7 @@ def test_killed_consumer_item_stays_invisible_until_recover(node: Path) -> None:
 
 
 def test_enqueued_items_survive_a_killed_producer(node: Path) -> None:
-    script = ("import sys, os, signal\nfrom semq.node.queues import LocalQueues\nq = LocalQueues(sys.argv[1])\n"
+    script = ("import sys, os, signal\nfrom semq.node.features.queues import LocalQueues\nq = LocalQueues(sys.argv[1])\n"
               "q.create('jobs')\nprint(q.enqueue('jobs', b'durable'), flush=True)\n"
               "os.kill(os.getpid(), signal.SIGKILL)\n")
     p = subprocess.run([sys.executable, "-c", script, str(node)], capture_output=True, timeout=60)

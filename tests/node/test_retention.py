@@ -67,7 +67,7 @@ def test_node_housekeeping_keeps_each_row_for_its_retention(tmp_path: Path, node
                             body=Nack(lk0=lk0, code=ResultCode.UNKNOWN_TARGET, message="unknown target"))))
         b.conn.execute("INSERT INTO receipts (record_id, target_id, digest, receipt, verified, received_ms)"
                        " VALUES (99, ?, x'00', x'00', 1, ?)", (A, t0))
-        b.write_held_now()
+        b.write_deferred_now()
         with NodeClient(d) as app:  # the application has processed document 7
             [seven] = [i.id for i in app.inbox() if i.lk0.record_id == 7]
             assert app.acknowledge([seven]) == 1

@@ -13,8 +13,9 @@ import pytest
 import trio
 
 from semq.cli.features import main as seed
-from semq.node import rpc
 from semq.node.api import NodeClient
+from semq.node.features import rpc
+from semq.node.features.tasks import request_async
 from tests._procs import Cluster, wait_until
 
 pytestmark = pytest.mark.e2e
@@ -87,7 +88,7 @@ async def test_request_async_in_trio(cluster: Cluster) -> None:
                 results: list[bytes] = []
 
                 async def one(i: int) -> None:
-                    got = await rpc.request_async(node, B, f"ping {i}".encode(), data_type="PING", timeout=20)
+                    got = await request_async(node, B, f"ping {i}".encode(), data_type="PING", timeout=20)
                     results.append(got.data)
 
                 for i in range(3):
@@ -96,7 +97,7 @@ async def test_request_async_in_trio(cluster: Cluster) -> None:
             with pytest.raises(rpc.ReplyTimeout):
                 stop.set()
                 t.join(10)
-                await rpc.request_async(node, B, b"nobody answers", data_type="PING", timeout=0.5)
+                await request_async(node, B, b"nobody answers", data_type="PING", timeout=0.5)
     finally:
         stop.set()
 

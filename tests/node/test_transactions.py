@@ -19,15 +19,15 @@ import trio
 from semq.cli import main as semq_main
 from semq.cli.features import main as seed
 from semq.node.api import NodeClient
-from semq.node.capabilities import TxSettings
-from semq.node.txn import (
+from semq.node.features.capabilities import TxSettings
+from semq.node.features.tasks import run_checkbacks
+from semq.node.features.txn import (
     Decision,
     HalfMessage,
     Transactions,
     TxChecker,
     TxError,
     TxState,
-    run_checkbacks,
 )
 from semq.umxt_protocol import LocalProtocolError
 from tests._procs import Cluster, wait_until
@@ -113,7 +113,7 @@ def test_run_commits_on_success_and_rolls_back_on_error(node: Path) -> None:
 
 
 def test_failure_inside_commit_leaves_neither_outbox_row_nor_commit(node: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from semq.node import txn
+    from semq.node.features import txn
 
     def boom() -> None:
         raise RuntimeError("power cut")
@@ -132,7 +132,7 @@ def test_failure_inside_commit_leaves_neither_outbox_row_nor_commit(node: Path, 
 
 CRASH = textwrap.dedent("""
     import os, signal, sys
-    from semq.node import txn
+    from semq.node.features import txn
     from semq.node.api import NodeClient
     txn._crash_hooks["after-accept"] = lambda: os.kill(os.getpid(), signal.SIGKILL)
     with NodeClient(sys.argv[1]) as n:
@@ -373,14 +373,7 @@ def test_e2e_commit_delivers_rollback_never_and_checkback_decides(cluster: Clust
     assert sorted(cluster.inbox(B).values()) == [b"C7", b"keep"]
 
 
-def _daemon_runs_seed_tasks() -> bool:
-    import semq.node
-
-    return "run_background_tasks" in (Path(semq.node.__file__).parent / "daemon.py").read_text()
-
-
 @pytest.mark.e2e
-@pytest.mark.skipif(not _daemon_runs_seed_tasks(), reason="the node daemon does not start run_background_tasks yet")
 def test_e2e_node_daemon_runs_the_checkbacks(cluster: Cluster, tmp_path: Path) -> None:
     for o in (A, B):
         cluster.add_org(o)

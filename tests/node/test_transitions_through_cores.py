@@ -7,7 +7,7 @@ the frame (or call) that carries the event goes through ``NodeCore``, and
 the row ends where ``origin_step`` says: the core decides nothing itself.
 The same for the receiver's pending-ack confirmations (PENDING_ACK_TABLE)
 and the platform's stored copies (STORED_TABLE, through ``PlatformCore``).
-And no module outside the cores and the write-behind writes a state
+And no module outside the owners of the state tables writes a state
 column in SQL.
 """
 
@@ -23,6 +23,7 @@ import pytest
 
 from semq.node.core import NewDocument, NodeCore
 from semq.node.engine import (
+    BY_SAVE_FWD,
     ORIGIN_TABLE,
     PENDING_ACK_TABLE,
     AckEvent,
@@ -96,13 +97,21 @@ FRAMES: dict[OriginEvent, Callable[[], RawFrame]] = {
 }
 CALLS: dict[OriginEvent, Callable[[NodeCore], object]] = {
     OriginEvent.SENT: lambda core: core.claim(10),
+    OriginEvent.SENT_DIRECT: lambda core: core.claim(10, only=B),
     OriginEvent.EXPIRED: lambda core: core.claim(10),
     OriginEvent.CANNOT_SEND: lambda core: core.fail_target(TARGET, ResultCode.UNKNOWN_TARGET, "unknown"),
 }
+#: Calls that may find the row in any state: a direct link that broke.
+ANY_STATE: dict[OriginEvent, Callable[[NodeCore], object]] = {
+    OriginEvent.LINK_LOST: lambda core: core.send_again([1]),
+}
+#: The SaveFwd variants of an event (BY_SAVE_FWD): reached through the
+#: event, on a row of that SaveFwd.
+VARIANTS: dict[OriginEvent, tuple[OriginEvent, int]] = {r: (b, sf) for (b, sf), r in BY_SAVE_FWD.items()}
 
 
 def test_every_origin_event_has_a_way_into_the_core() -> None:
-    assert set(FRAMES) | set(CALLS) == set(OriginEvent)
+    assert set(FRAMES) | set(CALLS) | set(ANY_STATE) | set(VARIANTS) == set(OriginEvent)
     assert set(ORIGIN_TABLE) <= set(itertools.product(SendState, OriginEvent))
 
 
@@ -116,9 +125,10 @@ def _row_state(store: Path) -> int | None:
 
 
 @pytest.mark.parametrize(("state", "event", "save_fwd", "ack2"), [
-    (s, e, sf, ack2) for s, e in itertools.product(SendState, OriginEvent) for sf in (1, 3) for ack2 in (False, True)
-    # A claim and a failure only ever see SS_INIT rows (they select them).
-    if e not in CALLS or s is SendState.SS_INIT
+    (s, e, sf, ack2) for s, e in itertools.product(SendState, OriginEvent) for sf in (1, 2, 3) for ack2 in (False, True)
+    # A claim and a failure only ever see SS_INIT rows (they select them);
+    # an event's SaveFwd variant is reached on a row of that SaveFwd.
+    if (e not in CALLS or s is SendState.SS_INIT) and (e not in VARIANTS or VARIANTS[e][1] == sf)
 ])
 def test_each_origin_pair_goes_where_the_table_says(tmp_path: Path, state: SendState, event: OriginEvent,
                                                     save_fwd: int, ack2: bool) -> None:
@@ -130,11 +140,14 @@ def test_each_origin_pair_goes_where_the_table_says(tmp_path: Path, state: SendS
                                  expires_ms=1 if expired else None, created_ms=1 if expired else None)])
         with core._tx():
             core.conn.execute("UPDATE outbox SET state=?, attempts=1 WHERE id=1", (int(state),))
-        if event in FRAMES:
-            core.handle([FRAMES[event]()])
+        way = VARIANTS[event][0] if event in VARIANTS else event
+        if way in FRAMES:
+            core.handle([FRAMES[way]()])
+        elif way in ANY_STATE:
+            ANY_STATE[way](core)
         else:
-            CALLS[event](core)
-        core.write_held_now()
+            CALLS[way](core)
+        core.write_deferred_now()
         want = origin_step(state, event, save_fwd=save_fwd, ack2=ack2)
         # A pair the table leaves unchanged leaves the row alone (a late or
         # duplicate frame never moves it); a change cleans it when it may go.
@@ -176,12 +189,12 @@ def test_each_confirmation_goes_where_the_pending_ack_table_says(
 # A state column written in SQL: ``UPDATE <table> SET ... state=`` (or
 # p_ack / s_ack), or an INSERT that names a state column.
 _WRITES = re.compile(r"UPDATE\s+(outbox|stored|inbound)\s+SET[^\"']*\b(state|p_ack|s_ack)\s*=", re.I)
-#: The modules where a store's state is written: the cores' roles, the
-#: write-behind, and the stores' migrations.
+#: The modules where a store's state is written: the owners of the node's
+#: state tables (semq.node.origin.outbox, semq.node.receiver.pending_ack),
+#: the platform's core, and the stores' migrations.
 ALLOWED = {
-    "semq/node/origin.py", "semq/node/receiver.py", "semq/node/writebehind.py", "semq/node/store.py",
-    "semq/node/operator.py",
-    "semq/platform/core.py", "semq/platform/store.py",
+    "semq/node/origin/outbox.py", "semq/node/receiver/pending_ack.py", "semq/node/store.py",
+    "semq/platform/copies.py", "semq/platform/store.py",
 }
 
 

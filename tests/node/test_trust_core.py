@@ -1,5 +1,5 @@
 """The trust rules on the sans-IO cores (semq.node.core) and the library
-(semq.crypto): receipts prove the inbox, refusals are signed, the relay and
+(semq.identity.crypto): receipts prove the inbox, refusals are signed, the relay and
 third organizations settle nothing, the AppKey travels sealed, documents
 outside the dedup window are refused. The same rules with real processes
 and a dishonest relay: tests/e2e/test_trust_e2e.py."""
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from semq.crypto import (
+from semq.identity.crypto import (
     BadSignature,
     UnknownCertificate,
     enclose_app_key,
@@ -60,7 +60,7 @@ def _frames(out: Output) -> list[Frame]:
 
 
 def _outbox(core: NodeCore) -> list[tuple[int, int]]:
-    core.write_held_now()
+    core.write_deferred_now()
     return core.conn.execute("SELECT state, code FROM outbox ORDER BY id").fetchall()
 
 
@@ -182,7 +182,7 @@ def test_only_the_origin_confirms_a_pending_ack_and_only_the_platform_its_hop(
     a, b = cores
     a.accept([NewDocument(target=B, app_data=b"x", encrypt=True)])
     b.handle(_relayed(a.claim(10).data))
-    b.write_held_now()
+    b.write_deferred_now()
     [(rid, p_ack, s_ack)] = b.conn.execute("SELECT id, p_ack, s_ack FROM inbound").fetchall()
     assert (p_ack, s_ack) == (1, 0)
 
@@ -194,7 +194,7 @@ def test_only_the_origin_confirms_a_pending_ack_and_only_the_platform_its_hop(
 
     b.handle(reack2(C))  # a third organization
     b.handle(reack2(A, Kind.REACK))  # the origin speaking for the platform
-    b.write_held_now()
+    b.write_deferred_now()
     assert b.conn.execute("SELECT p_ack, s_ack FROM inbound").fetchall() == [(1, 0)]
     b.handle(reack2(A))  # the origin
     assert b.pending_ack_count() == 0
@@ -265,7 +265,7 @@ def test_a_document_signed_by_a_key_not_held_yet_waits_for_its_certificate(tmp_p
     """B rolled over and signs with its new key; A holds only B's first
     certificate. A asks for B's certificates instead of refusing, delivers
     once it has them; a key still unknown when it comes again is refused."""
-    from semq.security import NodeSecurity, enroll, import_certificate, rollover_keys
+    from semq.identity.security import NodeSecurity, enroll, import_certificate, rollover_keys
 
     sa, _ = _pki(tmp_path)
     csr = rollover_keys(tmp_path / B, B)
@@ -296,7 +296,7 @@ def test_a_document_signed_by_a_key_not_held_yet_waits_for_its_certificate(tmp_p
 def _pki_first_cert(tmp: Path) -> bytes:
     from cryptography.hazmat.primitives.serialization import Encoding
 
-    from semq.crypto import load_certificate
+    from semq.identity.crypto import load_certificate
 
     old = next((tmp / B / "old").glob("*/node.pem"))
     return load_certificate(old).public_bytes(Encoding.DER)

@@ -15,7 +15,6 @@ from typing import Any
 import pytest
 import trio
 
-from semq.bounds import ADMIN_IDLE_S, ADMIN_MAX_CLIENTS, ADMIN_MAX_REQUEST
 from semq.ops.admin import (
     AdminCommandError,
     AdminCommandFailed,
@@ -26,6 +25,7 @@ from semq.ops.admin import (
     admin_request,
     serve_admin,
 )
+from semq.settings.bounds import ADMIN_IDLE_S, ADMIN_MAX_CLIENTS, ADMIN_MAX_REQUEST
 
 
 def make_handlers(log: list[str]) -> dict[str, Any]:

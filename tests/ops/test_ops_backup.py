@@ -269,7 +269,7 @@ def test_compact_gives_an_old_store_this_versions_pages_and_refuses_a_running_on
 
     src = tmp_path / "A"
     with monkeypatch.context() as m:
-        m.setattr("semq._db.PAGE_SIZE", 4096)  # as the store was made
+        m.setattr("semq.store.db.PAGE_SIZE", 4096)  # as the store was made
         init_node(src)
         core = NodeCore(src / "node.sqlite", "10008")
         core.accept([NewDocument(target="56001", app_data=b"doc %d " % i + b"x" * 1000) for i in range(300)])
@@ -317,7 +317,6 @@ def test_a_backup_holds_large_documents_contents(tmp_path: Path) -> None:
     import os
 
     from semq.node.api import NodeClient
-    from semq.node.large_out import pending
 
     src_dir, dst_dir = tmp_path / "a", tmp_path / "restored"
     init_node(src_dir)
@@ -334,7 +333,7 @@ def test_a_backup_holds_large_documents_contents(tmp_path: Path) -> None:
     try:
         with core.db.atomic():
             core.conn.execute("UPDATE outbox SET state=1")  # as if sent: a transfer to take up
-        (doc,) = pending(core.ctx)
+        (doc,) = core.large_out.pending()
         assert doc.record_id == lk0.record_id and doc.path.read_bytes() == content
         assert doc.path.is_relative_to(dst_dir)
     finally:
@@ -373,7 +372,7 @@ def test_restore_refuses_a_bomb_before_writing_anything(tmp_path: Path) -> None:
     archive's), before a byte is written or the member is inflated."""
     import bz2
 
-    from semq.bounds import BACKUP_MAX_MEMBER_RATIO
+    from semq.settings.bounds import BACKUP_MAX_MEMBER_RATIO
 
     raw = tmp_path / "bomb.tar"
     with tarfile.open(raw, "w") as t:

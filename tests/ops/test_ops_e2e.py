@@ -18,28 +18,12 @@ from typing import Any
 
 import pytest
 
-from semq.cli import build_parser
 from semq.cli import main as semq_main
 from semq.ops.admin import admin_call
 from tests._procs import Cluster, Proc, free_port, wait_until
 from tests.ops.test_ops_metrics import value
 
-
-def _wired() -> bool:
-    p = build_parser()
-    sub = next(a for a in p._actions if a.dest == "command")
-    choices: dict[str, Any] = sub.choices  # type: ignore[assignment]
-    if "admin" not in choices:
-        return False
-    node = next(a for a in choices["node"]._actions if a.dest == "sub")
-    run = node.choices["run"]  # type: ignore[index]
-    return any("--metrics" in a.option_strings for a in run._actions)
-
-
-pytestmark = [
-    pytest.mark.e2e,
-    pytest.mark.skipif(not _wired(), reason="semq.cli does not wire semq.ops yet (docs/operations.md, Wiring)"),
-]
+pytestmark = pytest.mark.e2e
 
 
 def scrape(port: int) -> str:

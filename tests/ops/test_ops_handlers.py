@@ -14,20 +14,20 @@ from typing import Any
 import pytest
 import trio
 
-from semq._gate import StoreGate
-from semq.config import Address
 from semq.node.core import NewDocument, NodeCore
 from semq.node.daemon import NodeSettings
 from semq.ops.admin import AdminCommandError, DrainControl
 from semq.ops.handlers import node_busy, node_handlers, platform_busy, platform_handlers
 from semq.platform.core import PlatformCore
+from semq.settings.config import Address
+from semq.store.gate import StoreGate
 from semq.umxt_protocol import AppKey, Endpoint, FrameDecoder, SaveFwd
 
 A, B = "10008", "56001"
 
 
 class LinksStandIn:
-    """What node_handlers uses of semq.node.direct.DirectLinks."""
+    """What node_handlers uses of semq.node.daemon.DirectLinks."""
 
     def snapshot(self) -> dict[str, Any]:
         return {"policy": "prefer", "listening": "127.0.0.1:7443",
@@ -318,13 +318,13 @@ async def test_node_commands_see_the_states_held_in_memory(tmp_path: Path) -> No
         body=AckBatch(ack_kind=Kind.ACK_FWD, entries=tuple(
             AckEntry(1, 1, 0, 1, 1, i, int(AckFlag.PLATFORM), int(ForwardFlag.FORWARDED)) for i in (1, 2))))))
     core.handle(list(dec))
-    assert core.held() and len(core.held_rows.fwd) == 2 and len(core.held_rows.sent) == 3 and not core.held_rows.inbound
+    assert core.deferred() and len(core.outbox.fwd) == 2 and len(core.outbox.sent) == 3 and not core.pending_acks.deferred
     assert sql(core.path, "SELECT state FROM outbox ORDER BY id") == [(0,), (0,), (0,)]  # SS_INIT on disk
     h = node_handlers(d, core, reload=lambda: {}, drain=DrainControl())
     try:
         rows = (await h["list"]({}))["rows"]
         assert [r["state"] for r in rows] == ["SS_ACK_FWD", "SS_ACK_FWD", "SS_SENT"]
-        assert not core.held() and not core.held_rows.sent and not core.held_rows.fwd and not core.held_rows.inbound
+        assert not core.deferred() and not core.outbox.sent and not core.outbox.fwd and not core.pending_acks.deferred
         st = await h["status"]({})
         assert st["outbox"] == {"SS_SENT": 1, "SS_ACK_FWD": 2}
         assert {(q["state"], q["count"]) for q in st["queues"]} == {("SS_SENT", 1), ("SS_ACK_FWD", 2)}
@@ -370,8 +370,8 @@ async def test_node_commands_follow_the_operator_table_in_every_state(tmp_path: 
 @pytest.mark.parametrize("verb", ["requeue", "resend", "purge"])
 async def test_platform_commands_follow_the_stored_operator_table_in_every_state(tmp_path: Path,
                                                                                  verb: str) -> None:
-    from semq.node.engine import STORED_OPERATOR_TABLE, OperatorAction
-    from semq.platform.engine import StoredState
+    from semq.node.engine import OperatorAction
+    from semq.platform.engine import STORED_OPERATOR_TABLE, StoredState
 
     action = OperatorAction(verb)
     states = list(StoredState)

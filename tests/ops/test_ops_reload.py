@@ -14,12 +14,12 @@ from pathlib import Path
 import pytest
 
 from semq.cli import main as semq_main
-from semq.config import ConfigError
 from semq.node.core import NodeCore
 from semq.node.daemon import NodeDaemon, NodeSettings
 from semq.ops.reload import node_reloader, platform_reloader
 from semq.platform.core import PlatformCore
 from semq.platform.daemon import PlatformDaemon, PlatformSettings
+from semq.settings.config import ConfigError
 
 A = "10008"
 

@@ -26,17 +26,9 @@ from typing import Any
 import pytest
 import trio
 
-from semq.bounds import (
-    USER_AUTH_BYTES,
-    USER_AUTH_S,
-    USER_BLOCK_BYTES,
-    USER_MAX_CONNECTIONS_PER_USER,
-    USER_MAX_REQUEST,
-)
 from semq.cli import main as semq_main
-from semq.config import Config, load_config
 from semq.node.api import NodeClient
-from semq.node.large import Manifest
+from semq.node.large.manifest import Manifest
 from semq.ops.admin import Limits, serve_admin
 from semq.ops.uploads import UPLOADS_DIR, Uploads
 from semq.ops.usersock import (
@@ -47,6 +39,14 @@ from semq.ops.usersock import (
     serve_user_socket,
     user_handlers,
 )
+from semq.settings.bounds import (
+    USER_AUTH_BYTES,
+    USER_AUTH_S,
+    USER_BLOCK_BYTES,
+    USER_MAX_CONNECTIONS_PER_USER,
+    USER_MAX_REQUEST,
+)
+from semq.settings.config import Config, load_config
 
 MIB = 1 << 20
 

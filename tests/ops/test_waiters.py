@@ -1,6 +1,6 @@
 """Waiting for documents: semq.ops.waiters (the daemon's side, over a fake
 clock) and the ``wait_inbox`` request over a real admin socket against a
-real node store (semq.inbox_wait is the client)."""
+real node store (semq.session.inbox_wait is the client)."""
 
 from __future__ import annotations
 
@@ -12,12 +12,12 @@ import pytest
 import trio
 import trio.testing
 
-from semq.inbox_wait import MAX_WAIT, WaitRefused, await_any, wait_any
-from semq.node.api import _TOP, _TOP_OF_USER, inbox_top
 from semq.node.core import NodeCore
+from semq.node.receiver.inbox import _TOP, _TOP_OF_USER
 from semq.ops.admin import DrainControl, admin_request, serve_admin
 from semq.ops.handlers import node_handlers
 from semq.ops.waiters import ADMIN_WAITS, InboxWaiters, WaitLimitReached
+from semq.session.inbox_wait import MAX_WAIT, WaitRefused, await_any, wait_any
 from tests.ops.test_ops_handlers import NodeStandIn
 
 A, B = "10008", "56001"
@@ -144,7 +144,7 @@ async def test_wait_inbox_over_the_admin_socket(tmp_path: Path) -> None:
             assert (await await_any([(sock, {"after_id": 1})], 0.2))[0]["ready"] is False
             # Acknowledged: no longer waited for.
             core.conn.execute("UPDATE inbox SET consumed_ms=1")
-            assert inbox_top(core.conn) == 0
+            assert core.inbox.top() == 0
             assert (await await_any([(sock, {"after_id": 0})], 0.2))[0]["ready"] is False
             with pytest.raises(WaitRefused, match="timeout 'x' is not a number"):
                 await await_any([(sock, {"after_id": 0, "timeout": "x"})], 1)
@@ -199,10 +199,10 @@ async def test_wait_inbox_on_the_user_socket_is_for_that_user_only(tmp_path: Pat
     import json
 
     from semq.cli import main as semq_main
-    from semq.config import load_config
     from semq.node.api import NodeClient
     from semq.ops.admin import AdminCommandError, _dispatch
     from semq.ops.usersock import UserGate, _Store, user_handlers
+    from semq.settings.config import load_config
 
     d = tmp_path / "B"
     assert semq_main(["node", "init", "--dir", str(d), "--org", B, "--no-security"]) == 0

@@ -202,9 +202,9 @@ def test_an_organization_cannot_spend_the_platforms_files_on_tiny_documents(
     """One file per kept document: past MAX_KEPT_FILES documents of one
     organization, the chunks of a new one are not kept (those of documents
     already kept still are), and another organization is not affected."""
-    import semq.platform.core as platform_core
+    import semq.platform.routing as routing
 
-    monkeypatch.setattr(platform_core, "MAX_KEPT_FILES", 3)
+    monkeypatch.setattr(routing, "MAX_KEPT_FILES", 3)
     c2 = Endpoint.org("56002")
     core.register(["56002"])
 

@@ -17,10 +17,10 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from semq.config import load_config
 from semq.platform.core import PlatformCore
 from semq.platform.engine import StoredState
 from semq.platform.store import open_pg_store
+from semq.settings.config import load_config
 from semq.umxt_protocol import Endpoint
 from tests._frames import decoded, raws
 from tests.cli.test_cli import one_error, run

@@ -12,11 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from semq._db import StoreError
-from semq._pg import translate_sql
 from semq.platform.cluster import HOP_MAX_FRAME, WakeListener
 from semq.platform.core import PlatformCore
 from semq.platform.engine import StoredState
+from semq.store.db import StoreError
+from semq.store.pg import translate_sql
 from semq.umxt_protocol import LK0, Ack, AckFlag, Data, Endpoint, Frame, Kind, SaveFwd
 from tests._frames import decoded, raws
 from tests.platform.test_platform_store import _acks, _data, _saved
@@ -261,7 +261,7 @@ def test_frames_an_instance_cannot_deliver_are_stored_and_the_origin_learns_it(
 def test_array_literals_round_trip_through_postgresql(pg_url: str) -> None:
     import psycopg
 
-    from semq._pg import pg_array
+    from semq.store.pg import pg_array
 
     odd = ["56001", 'a"b', "c\\d", "e,f", "{g}", ""]
     with psycopg.connect(pg_url) as c:

@@ -152,9 +152,9 @@ def test_delivered_and_reconnected_move_copies_as_the_table_says(core: PlatformC
 
 
 def test_every_state_change_the_sql_writes_is_in_the_table() -> None:
-    """The moves the core's SQL makes (DELIVERED, RECONNECTED) are pairs
-    STORED_TABLE has, and change the state."""
-    from semq.platform import core as core_mod
+    """The moves the stored copies' SQL makes (DELIVERED, RECONNECTED) are
+    pairs STORED_TABLE has, and change the state."""
+    from semq.platform import copies as core_mod
 
     assert (core_mod._UNDELIVERED, StoredEvent.DELIVERED) in STORED_TABLE
     assert core_mod._DELIVERED is STORED_TABLE[(core_mod._UNDELIVERED, StoredEvent.DELIVERED)]

@@ -89,7 +89,7 @@ def test_a_batch_of_stored_documents_gets_one_lk1_each_in_two_statements(tmp_pat
         assert out.stored_for == {b, c}
         # Per batch: one look-up of earlier copies, one insert of the new ones.
         per_doc = [s for s in sql if " stored" in s]
-        assert sum("k(t, o, s, d, r)" in s for s in per_doc) == 1, per_doc
+        assert sum(s.startswith("WITH k(") for s in per_doc) == 1, per_doc
         assert sum(s.startswith("INSERT INTO stored (id,") for s in per_doc) == 50  # one executemany
         assert len(per_doc) <= 50 + 3, per_doc
 
@@ -182,15 +182,15 @@ def test_held_copies_go_again_after_a_reconnect_or_a_failed_commit(
         assert core.connected(b)  # B's copies go again; C's stays delivered (written)
         assert [r[:3] for r in _stored(core)] == [(1, 0, 1), (2, 0, 1), (3, 1, 1)] and not core.held()
         assert core.claim_stored(b, 10)[1] == 2 and core.claim_stored(c, 10)[1] == 0
-        assert core._held_sent[1][1] == 2  # the second attempt
+        assert core.copies._held[1].attempts == 2  # the second attempt
 
         def fail(*_a: object) -> None:
             raise sqlite3.OperationalError("disk I/O error")
 
-        monkeypatch.setattr(core, "_flush_seen", fail)
+        monkeypatch.setattr(core.seen, "flush", fail)  # (the batch's last write: semq.platform.seen)
         with pytest.raises(sqlite3.OperationalError):
             core.handle(a, _raw(_data(a, b, 9)), OFFLINE)
-        monkeypatch.delattr(core, "_flush_seen")
+        monkeypatch.delattr(core.seen, "flush")
         assert not core.held()
         assert core.claim_stored(b, 10)[1] == 2 and core.claim_stored(c, 10)[1] == 0
     finally:
@@ -216,12 +216,13 @@ def test_a_copy_the_target_lacks_is_delivered_again_past_the_held_ones(
         core.register([A, B, C])
         a, b, c = Endpoint.org(A), Endpoint.org(B), Endpoint.org(C)
         core.handle(a, _raw(*(_data(a, b, i) for i in range(1, 4)), _data(a, c, 4)), OFFLINE)
-        assert core.claim_stored(b, 10)[1] == 3 and core._order.after == {(b, 0): 3}
-        assert core.claim_stored(c, 10)[1] == 1 and core._order.after == {(b, 0): 3, (c, 0): 4}
+        copies = core.copies
+        assert core.claim_stored(b, 10)[1] == 3 and copies._order.after == {(b, 0): 3}
+        assert core.claim_stored(c, 10)[1] == 1 and copies._order.after == {(b, 0): 3, (c, 0): 4}
         with core._tx():
-            assert core._settle([2], StoredEvent.TARGET_LACKS, b, t[0], []) == 1
-        assert core._order.after == {} and 2 not in core._held_sent
-        assert core.claim_stored(b, 10)[1] == 1 and core._held_sent[2][1] == 2
+            assert copies.settle([2], StoredEvent.TARGET_LACKS, b, t[0], []) == 1
+        assert copies._order.after == {} and 2 not in copies._held
+        assert core.claim_stored(b, 10)[1] == 1 and copies._held[2].attempts == 2
     finally:
         core.close()
 
@@ -310,15 +311,15 @@ def test_the_received_events_app_key_is_read_from_the_bytes_as_the_frame_has_it(
     short.raw, short._body_start = raw.raw[:raw._body_start + 40 + min(cut, parts - 1)], raw._body_start
     assert short.app_key_parts() is None
     # The `received` event carries the four parts, and none for the cut frame.
-    from semq.platform.core import PlatformCore
+    from semq.platform.batch import received
 
-    ev = PlatformCore._received(raw, "x", "a", "b", 1, 2)
+    ev = received(raw, "x", "a", "b", 1, 2)
     if frame.body.key_sealed:  # the AppKey is inside the sealed document: the relay logs none
         assert not {"domain", "data_type", "subtype", "key"} & ev.keys()
         return
     assert [ev[k] for k in ("domain", "data_type", "subtype", "key")] == [ak.domain, ak.data_type, ak.subtype, ak.key]
     short.save_fwd, short.priority, short.flags = raw.save_fwd, raw.priority, raw.flags
-    cut_ev = PlatformCore._received(short, "x", "a", "b", 1, 2)
+    cut_ev = received(short, "x", "a", "b", 1, 2)
     assert not {"domain", "data_type", "subtype", "key"} & cut_ev.keys()
     assert {k: v for k, v in ev.items() if k not in ("domain", "data_type", "subtype", "key", "size")} == \
         {k: v for k, v in cut_ev.items() if k != "size"}

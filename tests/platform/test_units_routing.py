@@ -1,4 +1,4 @@
-"""Several units of one organization at the platform (semq.units), driven
+"""Several units of one organization at the platform (semq.umxt_protocol.units), driven
 as the daemon drives PlatformCore: each unit's connection is its route; a
 document goes to the unit its LK0 picks, online or stored for it; acks go
 to the unit whose record they name; inquiries about documents of several
@@ -25,7 +25,7 @@ from semq.umxt_protocol import (
     InquiryTopic,
     Kind,
 )
-from semq.units import holder, route_of, route_org, route_unit, unit_for
+from semq.umxt_protocol.units import holder, route_of, route_org, route_unit, unit_for
 from tests.platform.test_platform_store import _data, _raw
 
 A, B = "10008", "56001"
@@ -171,7 +171,7 @@ def _ordered(src: Endpoint, dst: Endpoint, record_id: int) -> Frame:
 def test_documents_of_ordered_channels_go_to_unit_1_online_stored_and_rerouted(core: PlatformCore) -> None:
     """A document with flag Ordered goes to the first unit whatever its LK0
     picks — forwarded, stored for it, and kept there when the node's unit
-    count changes — so one store keeps each channel (semq.node.channels)."""
+    count changes — so one store keeps each channel (semq.node.origin.channels)."""
     assert core.connected(EA)
     # Stored before B's first HELLO as a node of 3 units: they stay with unit 1.
     out = core.handle(EA, [_raw(_ordered(EA, EB, r))[0] for r in range(1, 61)], {EA: ROOM})

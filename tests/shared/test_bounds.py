@@ -1,4 +1,4 @@
-"""The declared bounds (semq.bounds) are the ones in force: docs/security.md
+"""The declared bounds (semq.settings.bounds) are the ones in force: docs/security.md
 holds the table as the code prints it, a bound with a semq.toml key is that
 key's default, and every named bound is used by the code it describes."""
 
@@ -7,8 +7,8 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-import semq.bounds as bounds
-from semq.config import SETTINGS, Config
+import semq.settings.bounds as bounds
+from semq.settings.config import SETTINGS, Config
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -18,7 +18,7 @@ def test_docs_hold_the_table_the_code_declares() -> None:
     m = re.search(r"<!-- bounds -->\n(.*?)<!-- /bounds -->", doc, re.S)
     assert m, "docs/security.md has no <!-- bounds --> table"
     assert m.group(1).strip() == bounds.bounds_table().strip(), (
-        "docs/security.md's bounds table differs from semq.bounds.bounds_table(); paste its output")
+        "docs/security.md's bounds table differs from semq.settings.bounds.bounds_table(); paste its output")
 
 
 def test_a_bound_with_a_setting_is_that_settings_default() -> None:

@@ -1,5 +1,5 @@
 """The bytes one organization's connections may buffer together
-(semq.transport.ByteBudget): a frame's bytes are reserved when its header
+(semq.session.transport.ByteBudget): a frame's bytes are reserved when its header
 arrives, a connection that would pass the budget waits before reading on,
 and what a consumer took is free again."""
 
@@ -8,7 +8,7 @@ from __future__ import annotations
 import trio
 import trio.testing
 
-from semq.transport import ByteBudget, FramePump, FrameStream
+from semq.session.transport import ByteBudget, FramePump, FrameStream
 from semq.umxt_protocol import LK0, Chunk, Endpoint, Frame, Kind, encode_frame
 
 ME = Endpoint.org("10008")

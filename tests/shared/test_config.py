@@ -1,5 +1,5 @@
 """``semq.toml`` is checked: every key has a type and the values allowed in
-one place (``semq.config.SETTINGS``, the rules on ``Config``'s fields), and a
+one place (``semq.settings.config.SETTINGS``, the rules on ``Config``'s fields), and a
 wrong value stops the daemons and every command that loads the configuration
 at start, with one line naming the key, the value and what is allowed, exit
 2. Command-line overrides go through the same rules. The data directory and
@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from semq.cli import main
-from semq.config import Address, Config, ConfigError, load_config, parse_platform_addresses
+from semq.settings.config import Address, Config, ConfigError, load_config, parse_platform_addresses
 from tests._procs import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -55,12 +55,11 @@ def dirs(tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest
     """A platform P and a node A (security off: quick), nothing running. A
     run command that gets as far as starting its daemon fails the test at
     once instead of running (these tests are about what stops it before)."""
-    import semq.cli
-
     def started(*_a: object, **_k: object) -> int:
         raise AssertionError("the daemon started")
 
-    monkeypatch.setattr(semq.cli, "_run_daemon", started)
+    monkeypatch.setattr("semq.cli.platform.run_daemon", started)
+    monkeypatch.setattr("semq.cli.node.run_daemon", started)
     monkeypatch.delenv("SEMQ_DIR", raising=False)
     monkeypatch.chdir(tmp_path)
     port = free_port()
@@ -147,7 +146,7 @@ def test_a_configuration_over_the_limit_is_refused_unread(dirs: Path, capsys: py
     """A semq.toml over CONFIG_MAX_BYTES (1 MiB) is refused with one line
     naming its size and the limit, before a byte of it is read; so is one
     that is not a regular file (a FIFO would block the reader)."""
-    from semq.bounds import CONFIG_MAX_BYTES
+    from semq.settings.bounds import CONFIG_MAX_BYTES
 
     p = dirs / A / "semq.toml"
     with open(p, "a") as f:  # a valid TOML comment, one byte over the limit
@@ -353,12 +352,12 @@ def test_one_line_names_every_fix(dirs: Path, capsys: pytest.CaptureFixture[str]
 
 
 def test_docs_list_every_key_from_the_one_definition() -> None:
-    from semq.config import SETTINGS, settings_table
+    from semq.settings.config import SETTINGS, settings_table
 
     doc = (ROOT / "docs" / "operations.md").read_text()
     m = re.search(r"<!-- settings -->\n(.*?)<!-- /settings -->", doc, re.S)
     assert m, "docs/operations.md has no <!-- settings --> table"
     assert m.group(1).strip() == settings_table().strip(), (
-        "docs/operations.md's settings table differs from semq.config.settings_table(); paste its output")
+        "docs/operations.md's settings table differs from semq.settings.config.settings_table(); paste its output")
     for key in SETTINGS:
         assert f"| `{key}` |" in m.group(1)

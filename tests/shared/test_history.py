@@ -1,4 +1,4 @@
-"""The delivery history (semq.history): folded from event records into one
+"""The delivery history (semq.tracking.history): folded from event records into one
 row per document and role, searchable by key, LK0, counterpart, state and
 time, across a node's units, with its retention and its bounds."""
 
@@ -13,8 +13,14 @@ from typing import Any
 import pytest
 
 from semq.cli import main as semq_main
-from semq.events import EventLog
-from semq.history import HISTORY_FILE, MAX_STEPS, HistoryIndexer, HistoryReader, history_paths
+from semq.tracking.events import EventLog
+from semq.tracking.history import (
+    HISTORY_FILE,
+    MAX_STEPS,
+    HistoryIndexer,
+    HistoryReader,
+    history_paths,
+)
 
 A, B = "10008", "56001"
 T0 = (int(time.time()) // 60 * 60 - 3600) * 1000  # recent: older rows than the retention are removed

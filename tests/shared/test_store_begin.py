@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from semq._db import StoreError, translate
 from semq.node.store import open_node_store
+from semq.store.db import StoreError, translate
 
 
 def _hold_write_lock(path: Path, seconds: float, locked: threading.Event) -> None:
@@ -51,7 +51,7 @@ def test_begin_immediate_gets_the_lock_soon_after_it_is_freed(tmp_path: Path) ->
 
 
 def test_begin_immediate_still_gives_up_after_the_timeout(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import semq._db as _db
+    import semq.store.db as _db
 
     monkeypatch.setattr(_db, "BUSY_TIMEOUT_S", 0.2)
     path = tmp_path / "node.sqlite"

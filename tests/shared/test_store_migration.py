@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from semq._db import PAGE_SIZE, StoreError, open_store
 from semq.node.core import NewDocument, NodeCore
 from semq.node.store import MIGRATIONS, open_node_store
+from semq.store.db import PAGE_SIZE, StoreError, open_store
 
 
 def test_v1_node_store_upgrades_and_keeps_its_messages(tmp_path: Path) -> None:
@@ -88,7 +88,7 @@ def test_new_stores_take_the_page_size_and_old_ones_keep_theirs(tmp_path: Path,
     # opens, keeps them, and works: WAL mode cannot change the size.
     old = tmp_path / "old.sqlite"
     with monkeypatch.context() as m:
-        m.setattr("semq._db.PAGE_SIZE", 4096)
+        m.setattr("semq.store.db.PAGE_SIZE", 4096)
         open_node_store(old, create=True).close()
     core = NodeCore(old, "10008")
     try:

@@ -10,7 +10,7 @@ import sqlite3
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from semq._db import SendOrder, delete_by_id, rows_by_id
+from semq.store.db import SendOrder, delete_by_id, rows_by_id
 
 
 def _table() -> sqlite3.Connection:

@@ -13,8 +13,8 @@ from pathlib import Path
 import httpx
 
 from semq.cli import main as semq_main
-from semq.history import HistoryReader, history_paths
 from semq.node.api import NodeClient
+from semq.tracking.history import HistoryReader, history_paths
 from tests._procs import Cluster, Proc, read_status, wait_until
 
 __all__ = ["HOSTILE_KEY", "PASSWORDS", "ConsoleCluster", "client", "csrf_of", "login"]

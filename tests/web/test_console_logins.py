@@ -18,7 +18,7 @@ import pytest
 import trio
 
 import semq.web.app as app_mod
-from semq.bounds import CONSOLE_MAX_FAILURES, CONSOLE_MAX_HEADER
+from semq.settings.bounds import CONSOLE_MAX_FAILURES, CONSOLE_MAX_HEADER
 from semq.web.app import COOKIE, Console
 from semq.web.audit import AuditLog
 from semq.web.backend import ConsoleBackend
