@@ -99,6 +99,12 @@ class Flood:
     bytes_read: int = 0
     errors: list[str] = field(default_factory=list)
 
+    def refused(self, e: BaseException) -> None:
+        """A connection the listener closed with ``e`` (the first few kept)."""
+        self.closed += 1
+        if len(self.errors) < 5:
+            self.errors.append(f"{type(e).__name__}: {e}")
+
     def line(self) -> str:
         return (f"{self.attempted} tried, {self.held} held at the end, {self.welcomed} welcomed,"
                 f" {self.closed} closed by the listener, {self.bytes_read / 2**20:.1f} MiB read before closing")
@@ -179,9 +185,7 @@ async def silent_connections(host: str, port: int, n: int, hold: float, tls: ssl
         try:
             stream = await _connect(host, port, tls)
         except (OSError, trio.BrokenResourceError, ssl.SSLError) as e:
-            out.closed += 1
-            if len(out.errors) < 5:
-                out.errors.append(str(e))
+            out.refused(e)
             return
         try:
             if await _closed_by_peer(stream, hold):
@@ -209,9 +213,7 @@ async def idle_links(host: str, port: int, who: Identity, target: str, n: int, h
         try:
             stream = await _connect(host, port, tls)
         except (OSError, trio.BrokenResourceError, ssl.SSLError) as e:
-            out.closed += 1
-            if len(out.errors) < 5:
-                out.errors.append(str(e))
+            out.refused(e)
             return
         fs = FrameStream(stream)
         try:
@@ -226,9 +228,7 @@ async def idle_links(host: str, port: int, who: Identity, target: str, n: int, h
             else:
                 out.held += 1
         except Exception as e:  # (closed under us, in any of the ways a stream says so)
-            out.closed += 1
-            if len(out.errors) < 5:
-                out.errors.append(f"{type(e).__name__}: {e}")
+            out.refused(e)
         finally:
             await fs.aclose()
 
@@ -262,9 +262,7 @@ async def big_first_frames(host: str, port: int, who: Identity, target: str, n: 
         try:
             stream = await _connect(host, port, tls)
         except (OSError, trio.BrokenResourceError, ssl.SSLError) as e:
-            out.closed += 1
-            if len(out.errors) < 5:
-                out.errors.append(str(e))
+            out.refused(e)
             return
         try:
             head = _header(Kind.DATA, who.org or "66666", target, size)
@@ -276,9 +274,7 @@ async def big_first_frames(host: str, port: int, who: Identity, target: str, n: 
             else:
                 out.held += 1
         except (OSError, trio.BrokenResourceError, ssl.SSLError) as e:
-            out.closed += 1
-            if len(out.errors) < 5:
-                out.errors.append(str(e))
+            out.refused(e)
         finally:
             await _aclose(stream)
 
@@ -299,9 +295,7 @@ async def big_frames_in_sessions(host: str, port: int, who: Identity, platform_i
         try:
             stream = await _connect(host, port, who.platform_tls)
         except (OSError, trio.BrokenResourceError, ssl.SSLError) as e:
-            out.closed += 1
-            if len(out.errors) < 5:
-                out.errors.append(str(e))
+            out.refused(e)
             return
         fs = FrameStream(stream)
         try:
@@ -324,9 +318,7 @@ async def big_frames_in_sessions(host: str, port: int, who: Identity, platform_i
             else:
                 out.held += 1
         except Exception as e:  # (as above)
-            out.closed += 1
-            if len(out.errors) < 5:
-                out.errors.append(f"{type(e).__name__}: {e}")
+            out.refused(e)
         finally:
             await fs.aclose()
 
