@@ -219,6 +219,13 @@ class Presence:
         another owner's query about them (semq.platform.copies)."""
         return "SELECT node_type, node_id FROM presence WHERE instance=?", (self.instance,)
 
+    def online(self) -> dict[str, str]:
+        """The organizations connected to a live instance (each route: an
+        organization's unit too), and the instance holding each."""
+        return {str(nid): str(inst) for nid, inst in self.conn.execute(
+            "SELECT p.node_id, p.instance FROM presence p JOIN instances i ON i.id = p.instance"
+            " WHERE i.heartbeat_ms>=?", (now_ms() - LIVE_MS,)).fetchall()}
+
     def instances(self) -> list[InstanceRow]:
         """The instances on the store, by address, with how many
         organizations each holds."""

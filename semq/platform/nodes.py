@@ -23,7 +23,7 @@ from semq.store.pg import declare_key
 from semq.umxt_protocol import Endpoint, RemoteProtocolError, ResultCode
 from semq.umxt_protocol.units import MAX_UNITS
 
-from .views import NodeRow
+from .views import NodeRow, OrgRow, select_list
 
 __all__ = ["Nodes"]
 
@@ -161,3 +161,9 @@ class Nodes:
         """Every organization, revoked ones too, by id."""
         return [NodeRow(i, ls, int(rv)) for i, ls, rv in self.conn.execute(
             "SELECT node_id, last_seen_ms, revoked FROM nodes ORDER BY node_id")]
+
+    def listing(self, limit: int) -> list[OrgRow]:
+        """The organizations (revoked ones too) by id, at most ``limit``,
+        with what they were granted and what they run."""
+        return [OrgRow(*r) for r in self.conn.execute(
+            f"SELECT {select_list(OrgRow, {})} FROM nodes ORDER BY node_id LIMIT ?", (limit,))]

@@ -16,12 +16,13 @@ from contextlib import AbstractContextManager
 from typing import Final
 
 from semq.node.engine import OperatorAction
+from semq.umxt_protocol import NodeType
 
 from .copies import StoredCopies
 from .engine import STORED_OPERATOR_TABLE, StoredState
 from .nodes import Nodes
 from .seen import SeenDocuments
-from .views import SeenRow, StoredAdminRow, StoredSelection, StoredStatus
+from .views import OrgRow, SeenRow, StoredAdminRow, StoredSelection, StoredStatus
 
 __all__ = ["Operator"]
 
@@ -29,6 +30,7 @@ __all__ = ["Operator"]
 # The copies of one document shown at most: one per route it was stored
 # for, and one more per resend while a copy was delivered.
 _COPIES_MAX: Final = 10_000
+_ORG: Final = int(NodeType.ORGANIZATION)
 
 
 def _applies(state: int, action: OperatorAction) -> bool:
@@ -55,6 +57,15 @@ class Operator:
         """Rows per target, kind and state; the organizations; the oldest document."""
         self._write_held_now()
         return StoredStatus(self.copies.depths(), self.nodes.rows(), self.copies.oldest_ms())
+
+    def organizations(self, limit: int) -> tuple[list[OrgRow], dict[str, tuple[int, int]], dict[str, int]]:
+        """The organizations (at most ``limit``, by id), the DATA copies
+        stored per target route (how many, the oldest), and the bytes each
+        organization's documents take here (what its quota counts)."""
+        self._write_held_now()
+        orgs = self.nodes.listing(limit)
+        used = {o.node_id: self.copies.bytes_of(_ORG, o.node_id) for o in orgs}
+        return orgs, self.copies.totals().per_target, used
 
     def rows(self, sel: StoredSelection, limit: int, *, oldest_first: bool = False) -> list[StoredAdminRow]:
         """The rows ``sel`` selects (semq.platform.copies.StoredCopies.select)."""

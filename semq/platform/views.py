@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
-__all__ = ["InstanceRow", "NodeRow", "SeenRow", "StoredAdminRow", "StoredDepth", "StoredSelection",
+__all__ = ["InstanceRow", "NodeRow", "OrgRow", "SeenRow", "StoredAdminRow", "StoredDepth", "StoredSelection",
            "StoredStatus", "StoredTotals", "select_list"]
 
 
@@ -88,6 +88,17 @@ class NodeRow(NamedTuple):
     node_id: str
     last_seen_ms: int | None
     revoked: int  # 1: revoked (``semq platform revoke``)
+
+
+class OrgRow(NamedTuple):
+    """An organization as the console's Organizations page lists it."""
+
+    node_id: str
+    registered_ms: int
+    last_seen_ms: int | None
+    revoked: int  # 1: revoked (``semq platform revoke``)
+    units: int  # the units its HELLO said it runs
+    units_granted: int  # the units the operator granted it
 
 
 class SeenRow(NamedTuple):

@@ -36,6 +36,8 @@ from semq.settings.bounds import CONSOLE_FORM_S, CONSOLE_MAX_FORM
 
 from .audit import AuditLog
 from .backend import ACTIONS, ActionError, ConsoleBackend, Selection, parse_lk0, parse_selection
+from .pages_outbox import outbox_routes
+from .pages_platform import platform_routes
 from .sessions import FAIL_DELAY, LoginBusy, LoginSlots, LoginThrottle, Session, Sessions, same
 from .users import MAX_PASSWORD, Role, UserStore
 
@@ -365,6 +367,7 @@ class _Handlers:
             Route("/actions", self.page(self.actions_page)),
             Route("/action/{name}", self.action, methods=["POST"]),
             Route("/audit", self.page(self.audit_page)),
+            *outbox_routes(self), *platform_routes(self),
             Mount("/static", StaticFiles(directory=HERE / "static"), name="static"),
         ]
 

@@ -401,4 +401,20 @@ class ConsoleBackend:
             out["more"] = out["more"] or bool(a.get("more"))
             out["units"].append({"unit": k, "matched": a.get("matched"), "would": a.get("would"),
                                  "changed": a.get("changed"), "ids": (a.get("ids") or [])[:100]})
+        if sel.lk0s and not out["would"]:
+            notes = [n for n in [await self._done_note(t) for t in sel.lk0s[:20]] if n]
+            if notes:
+                out["note"] = " ".join(notes)
         return out
+
+    async def _done_note(self, lk0: str) -> str:
+        """Why an action finds nothing of ``lk0``: confirmed already (the
+        delivery history says by whom and when), with how to send a new copy."""
+        for r in await self.document(lk0):
+            if r.get("role") == "origin" and r.get("state") == "ack2":
+                return (f"{lk0} is already confirmed by {r.get('target')}: it has arrived, so nothing is resent"
+                        f" or purged; to send a new copy, send the file again (semq send --to {r.get('target')}"
+                        " ... FILE).")
+            if r.get("role") == "platform" and r.get("state") == "acked":
+                return f"{lk0} was taken and acknowledged by {r.get('target')}: nothing is stored for it here."
+        return ""

@@ -120,11 +120,11 @@ def _inbound_row(r: InboundAdminRow) -> dict[str, Any]:
 
 
 def _filter(args: dict[str, Any], *, after: int = 0, selecting: bool = False) -> OutboxFilter:
-    """The pending-send rows a command names: its ``state``, ``target`` and
-    ``older_than`` filters (and with ``selecting``, its ``ids``: requeue,
+    """The pending-send rows a command names: its ``ids``, ``state``,
+    ``target`` and ``older_than`` filters (with ``selecting``: requeue,
     resend and purge, which name ids or filters, or ``all: true`` — an
     operator's typo must not purge a store)."""
-    ids = _ids(args) if selecting else []
+    ids = _ids(args)  # (list: those rows only)
     states = _states(args, SendState)
     target = args.get("target") or None
     older = _seconds(args, "older_than")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import socket
 from dataclasses import replace
 from typing import Any, Final
 
@@ -12,6 +13,7 @@ from semq.platform.seen import SeenAction
 from semq.platform.views import SeenRow, StoredAdminRow, StoredSelection
 from semq.tracking.events import now_ms
 from semq.umxt_protocol import Kind
+from semq.umxt_protocol.units import UNIT_SEP
 
 from ..admin import AdminCommandError, DrainControl, Handler
 from ._common import (
@@ -270,7 +272,54 @@ def platform_handlers(
         at the origin too to drop it for good."""
         return await run_apply(args, OperatorAction.PURGE)
 
+    async def organizations(args: dict[str, Any]) -> dict[str, Any]:
+        """The organizations registered here (revoked ones too), each with
+        the units granted and run, whether it is online (at this instance,
+        or at another live one of a cluster), when it was last seen, the
+        documents stored for it and the bytes its own documents take here
+        against the quota (``quota_bytes``, 0: none)."""
+        limit = _int(args, "limit", 1000, lo=1, hi=10_000)
+        assert limit is not None
+
+        def q() -> tuple[Any, dict[str, str]]:
+            got = core.operator.organizations(limit)
+            return got, (core.presence.online() if core.presence is not None else {})
+
+        (orgs, waiting, used), elsewhere = await daemon.gate.run(q)
+        here = online_ids()
+        by_org: dict[str, list[str]] = {}  # an organization's routes (its units') with something to say
+        for r in set(waiting) | here | set(elsewhere):
+            by_org.setdefault(r.partition(UNIT_SEP)[0], []).append(r)
+        rows = []
+        for o in orgs:
+            routes = by_org.get(o.node_id, [])
+            stored = [waiting[r] for r in routes if r in waiting]
+            rows.append({
+                "org": o.node_id, "registered_ms": o.registered_ms, "last_seen_ms": o.last_seen_ms,
+                "revoked": bool(o.revoked), "units": o.units, "units_granted": o.units_granted,
+                "online": any(r in here or r in elsewhere for r in routes),
+                "instances": sorted({"this" if r in here else elsewhere[r] for r in routes
+                                     if r in here or r in elsewhere}),
+                "stored": sum(n for n, _ in stored), "oldest_stored_ms": min((t for _, t in stored), default=None),
+                "stored_bytes": used.get(o.node_id, 0),
+            })
+        return {"count": len(rows), "more": len(rows) >= limit, "quota_bytes": int(core.quota_bytes),
+                "rows": rows}
+
+    async def instances(args: dict[str, Any]) -> dict[str, Any]:
+        """The platform's instances: on a PostgreSQL store every instance
+        registered on it (alive while its heartbeat is recent), else this
+        process alone."""
+        if core.pg:
+            rows = await daemon.gate.run(core.instances)
+            return {"store": "postgresql", "rows": rows}
+        port = getattr(daemon, "port", None)
+        host = getattr(getattr(daemon, "s", None), "host", None)
+        return {"store": "sqlite", "rows": [{
+            "id": socket.gethostname(), "address": f"{host}:{port}" if host and port else "", "pid": os.getpid(),
+            "heartbeat_ms": None, "alive": True, "holds": len(online_ids()), "this": True}]}
+
     handlers.update({"status": status, "list": list_, "show": show, "stuck": stuck, "requeue": requeue,
-                     "resend": resend, "purge": purge})
+                     "resend": resend, "purge": purge, "organizations": organizations, "instances": instances})
     return handlers
 

@@ -53,6 +53,20 @@
     return td;
   }
   function width(div) { return Math.max(300, div.clientWidth - 10); }
+  // A y axis as wide as its widest tick label: uPlot's fixed 50 px would let
+  // a label such as "300,000" run into the axis title beside it.
+  function axisSize(u, values, axisIdx, cycleNum) {
+    const axis = u.axes[axisIdx];
+    if (cycleNum > 1) return axis._size;
+    let size = axis.ticks.size + axis.gap;
+    const longest = (values || []).reduce((a, v) => (String(v).length > a.length ? String(v) : a), "");
+    if (longest) {
+      u.ctx.font = axis.font[0];
+      size += u.ctx.measureText(longest).width / devicePixelRatio;
+    }
+    return Math.ceil(size) + 6;
+  }
+  function msText(v) { return v >= 1000 ? (v / 1000).toLocaleString("en") + " s" : v.toLocaleString("en") + " ms"; }
 
   function drawRates(d) {
     const div = document.getElementById("chart-rates");
@@ -63,8 +77,9 @@
       rates = new uPlot({
         width: width(div), height: 240,
         series: [{}].concat(SERIES.map(([k, c]) => ({ label: k, stroke: c, width: 2 }))),
-        scales: hour, axes: [{}, { label: "per minute" }],
+        scales: hour, axes: [{}, { label: "documents per minute", size: axisSize }],
       }, data, div);
+      div.semqChart = rates;
     } else rates.setData(data);
   }
   function drawLatency(d) {
@@ -76,8 +91,10 @@
         width: width(div), height: 240,
         series: [{}, { label: "p50 (ms)", stroke: "#1f5fbf", width: 2, points: { show: true, size: 5 } },
                  { label: "p99 (ms)", stroke: "#b3261e", width: 2, points: { show: true, size: 5 } }],
-        scales: hour, axes: [{}, { label: "ms (at most)" }],
+        scales: hour,
+        axes: [{}, { label: "latency (at most)", size: axisSize, values: (u, vals) => vals.map(msText) }],
       }, data, div);
+      div.semqChart = latency;
     } else latency.setData(data);
   }
 
