@@ -103,6 +103,20 @@ def reason(state: str, target: str, code: int) -> str:
     return ""
 
 
+def _state(text: str) -> str:
+    """A state as typed: ``SS_SENT``, ``sent``, ``ack2`` or ``confirmed``."""
+    t = text.strip()
+    if t.lower() in (CONFIRMED, "ack2", "ss_ack2"):
+        return CONFIRMED
+    if not t:
+        return ""
+    up = t.upper()
+    for name in (up, f"SS_{up}"):
+        if name in STATE_WORDS:
+            return name
+    return t  # (refused by check, as typed)
+
+
 @dataclass(frozen=True)
 class OutboxQuery:
     """The page's filters, as the form sent them."""
@@ -115,13 +129,14 @@ class OutboxQuery:
     @classmethod
     def of(cls, request: Request) -> OutboxQuery:
         q = request.query_params
-        return cls(state=q.get("state", "").strip(), target=q.get("target", "").strip()[:64],
+        return cls(state=_state(q.get("state", "")), target=q.get("target", "").strip()[:64],
                    age=q.get("age", "").strip()[:16], text=q.get("text", "").strip()[:200])
 
     def check(self) -> float | None:
         """The age in seconds; ActionError on a state or target that cannot be."""
         if self.state and self.state != CONFIRMED and self.state not in STATE_WORDS:
-            raise ActionError(f"state {self.state!r} is not one of {', '.join([*STATE_WORDS, CONFIRMED])}")
+            words = [s for s in STATE_WORDS if s != "SS_ACK2"]
+            raise ActionError(f"state {self.state!r} is not one of {', '.join([*words, CONFIRMED])}")
         if self.target and not self.target.isdigit():
             raise ActionError(f"target {self.target!r} is not an organization's number")
         return parse_age(self.age)
@@ -208,7 +223,7 @@ class OutboxPages:
         more, errors = False, list[str]()
         if q.state != CONFIRMED:
             rows, more, errors = await self.pending(q, older)
-        confirmed = await self.confirmed(q, older) if q.state in ("", CONFIRMED, "SS_ACK2") else []
+        confirmed = await self.confirmed(q, older) if q.state in ("", CONFIRMED) else []
         return self.h.render(request, "outbox.html", session=s, q=q, rows=rows, more=more, errors=errors,
                              confirmed=confirmed, states=STATE_WORDS, limit=LIMIT, now=now_ms(),
                              confirmed_limit=CONFIRMED_LIMIT, older=older)

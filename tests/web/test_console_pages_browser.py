@@ -96,6 +96,8 @@ def test_outbox_filters_requeue_and_confirmed_documents(web: ConsoleCluster, bro
         assert _rows(page, "outbox") == [s["failed"]]
         assert page.locator("#confirmed").count() == 0
         _shot(page, "02-outbox-failed")
+        page.goto(f"{url}/outbox?state=failed")  # (as typed: the code without SS_, any case)
+        assert _rows(page, "outbox") == [s["failed"]]
         page.goto(f"{url}/outbox?target=30003")
         assert _rows(page, "outbox") == [s["waiting"]] and _rows(page, "confirmed") == []
         assert "No confirmed document with these filters" in page.locator("#confirmed-none").text_content()

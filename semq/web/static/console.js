@@ -84,7 +84,9 @@
   }
   function drawLatency(d) {
     const div = document.getElementById("chart-latency");
+    if (!div) return;  // (the platform's dashboard has none)
     const l = d.latency || { ts: [], p50: [], p99: [] };
+    document.getElementById("latency-none").classList.toggle("hidden", l.p99.some((v) => v !== null));
     const data = [l.ts.map((v) => v / 1000), l.p50, l.p99];
     if (!latency) {
       latency = new uPlot({
@@ -106,7 +108,8 @@
     if (window.uPlot) { drawRates(d); drawLatency(d); }
     fill("backlog", (d.backlog || []).map((b) => [b.target, b.open,
       d.role === "platform" ? (b.online ? "yes" : "no") : b.failed, age(b.oldest_ms, now)]));
-    fill("nodes", (d.nodes || []).map((n) => [n.node, n.online ? "yes" : "no", ts(n.last_seen_ms), n.revoked ? "yes" : ""]));
+    fill("nodes", (d.nodes || []).map((n) => [n.node, n.online ? "yes" : "no", ts(n.last_seen_ms) || "never",
+      n.revoked ? "yes" : ""]));
     const stuck = d.stuck || { count: 0, rows: [] };
     document.getElementById("stuck-count").textContent = "(" + stuck.count + ")";
     fill("stuck", stuck.rows.map((r) => {
