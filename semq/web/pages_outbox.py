@@ -58,6 +58,7 @@ STATE_WORDS: Final = {
     "SS_ACK2": "confirmed",
     "SS_FAILED": "failed",
 }
+_MAX_ID: Final = 2**63 - 1  # a record id (SQLite's INTEGER): a larger one names no row
 _AGE: Final = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(s|m|min|h|d)?\s*$")
 _UNIT_S: Final = {"s": 1, "m": 60, "min": 60, "h": 3600, "d": 86400}
 _ACTIONS: Final = {"resend": OperatorAction.RESEND, "requeue": OperatorAction.REQUEUE,
@@ -82,10 +83,14 @@ def parse_age(text: str) -> float | None:
 
 
 def allowed(state: str) -> list[str]:
-    """The actions a pending-send row in ``state`` takes (OPERATOR_TABLE)."""
+    """The actions a pending-send row in ``state`` takes (OPERATOR_TABLE).
+    None for a confirmed one (SS_ACK2): it has arrived, and the console
+    offers no action on it (the table lets the store's cleanup purge it)."""
     try:
         s = SendState[state]
     except KeyError:
+        return []
+    if s is SendState.SS_ACK2:
         return []
     return [name for name, a in _ACTIONS.items() if (s, a) in OPERATOR_TABLE]
 
@@ -161,9 +166,9 @@ class OutboxPages:
             org, unit, _db, rid = parse_lk0(text)
             if org != b.ident:
                 raise ActionError(f"LK0 {text} is a document of {org}: this node's outbox holds {b.ident}'s")
-            return {unit: [rid]} if 1 <= unit <= b.units else {}
+            return {unit: [rid]} if 1 <= unit <= b.units and 0 < rid <= _MAX_ID else {}
         if text.isdigit():
-            return {k: [int(text)] for k in range(1, b.units + 1)} if int(text) > 0 else {}
+            return {k: [int(text)] for k in range(1, b.units + 1)} if 0 < int(text) <= _MAX_ID else {}
         found = await b.search(text=text, role="origin", limit=LIMIT)
         out: dict[int, list[int]] = {}
         for r in found:
@@ -196,6 +201,8 @@ class OutboxPages:
                 continue
             more = more or len(got.get("rows") or []) >= LIMIT
             for r in got.get("rows") or []:
+                if r["state"] == "SS_ACK2":
+                    continue  # (confirmed, its row not yet cleaned up: listed with the confirmed ones)
                 r["unit"] = k
                 r["words"] = state_words(r["state"])
                 r["reason"] = reason(r["state"], r["target"], r["code"])

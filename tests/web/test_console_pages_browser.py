@@ -152,6 +152,10 @@ def test_outbox_filters_requeue_and_confirmed_documents(web: ConsoleCluster, bro
             r = ctx.request.get(f"{url}/outbox?{query}")
             assert r.status == 400 and says in html.unescape(r.text()), (query, r.status)
             assert "<script>" not in r.text()
+        for query in ("text=" + "9" * 40, f"text=10001/1/1/{'9' * 40}", f"text=10001/{'9' * 30}/1/5",
+                      "text=" + "x" * 5000, "target=" + "1" * 5000):
+            r = ctx.request.get(f"{url}/outbox?{query}")
+            assert r.status == 200 and "No document waits to be sent with these filters." in r.text(), query[:40]
         page.goto(f"{url}/outbox?state=SENT%3Cscript%3E")
         assert page.locator("#error").text_content().startswith("state 'SENT<script>'")
         _shot(page, "12-outbox-bad-filter")
