@@ -122,6 +122,24 @@ def _state(text: str) -> str:
     return t  # (refused by check, as typed)
 
 
+#: The actions offered on a document's page, by the origin's state in the
+#: delivery history (its events, docs/events.md): what the pending-send
+#: state it stands for takes. The dry run still decides from the row itself.
+_BY_HISTORY: Final = {
+    "queued": ["purge"], "resend": ["purge"],
+    "sent": ["resend", "purge"], "ack_fwd": ["resend", "purge"], "ack_save": ["resend", "purge"],
+    "bad_receipt": ["resend", "purge"],
+    "nack": ["requeue", "purge"], "expired": ["requeue", "purge"], "dead": ["requeue", "purge"],
+    "ack2": [],
+}
+
+
+def origin_actions(history_state: str) -> list[str]:
+    """What a document of this node in ``history_state`` is offered (every
+    action for a state this version does not know: the dry run says)."""
+    return list(_BY_HISTORY.get(history_state, ["resend", "requeue", "purge"]))
+
+
 @dataclass(frozen=True)
 class OutboxQuery:
     """The page's filters, as the form sent them."""
@@ -250,5 +268,6 @@ def age_text(ms: Any, now: int) -> str:
 
 def outbox_routes(h: ConsoleHost) -> list[Route]:
     h.env.filters["age"] = age_text
+    h.env.globals["origin_actions"] = origin_actions
     pages = OutboxPages(h)
     return [Route("/outbox", h.page(pages.page))]

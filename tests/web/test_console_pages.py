@@ -11,6 +11,7 @@ from semq.web.pages_outbox import (
     _state,
     age_text,
     allowed,
+    origin_actions,
     parse_age,
     reason,
     state_words,
@@ -57,3 +58,9 @@ def test_words() -> None:
     assert [age_text(now - s * 1000, now) for s in (5, 600, 3 * 3600, 3 * 86400)] == ["5 s", "10 min", "3.0 h",
                                                                                      "3.0 d"]
     assert age_text(None, now) == ""
+
+
+def test_a_documents_page_offers_what_its_state_takes() -> None:
+    assert origin_actions("ack_save") == ["resend", "purge"] and origin_actions("nack") == ["requeue", "purge"]
+    assert origin_actions("queued") == ["purge"] and origin_actions("ack2") == []
+    assert origin_actions("something_new") == ["resend", "requeue", "purge"]

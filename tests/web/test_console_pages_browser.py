@@ -113,6 +113,13 @@ def test_outbox_filters_requeue_and_confirmed_documents(web: ConsoleCluster, bro
         assert page.locator("#outbox").count() == 0 and s["inv2"] in _rows(page, "confirmed")
         _shot(page, "04-outbox-confirmed")
 
+        # A document's page offers what its state takes, as its outbox row does.
+        page.goto(f"{url}/doc?lk0={s['waiting']}")
+        assert page.locator("#role-origin .actions button").all_text_contents() == ["Resend…", "Purge…"]
+        page.goto(f"{url}/doc?lk0={s['failed']}")
+        assert page.locator("#role-origin .actions button").all_text_contents() == ["Requeue…", "Purge…"]
+        _shot(page, "04b-document-failed")
+
         # Requeue the failed document from its row: the dry run, then done, and audited.
         page.goto(f"{url}/outbox")
         page.locator(f"#outbox tr[data-lk0='{s['failed']}'] button.act-requeue").click()
