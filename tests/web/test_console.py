@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import ssl
 from collections.abc import Iterator
 from pathlib import Path
@@ -399,6 +400,10 @@ def test_node_of_two_units_console_on_unit_1_acts_on_each_unit(tmp_path: Path) -
             assert f"{len(lk0s)} of {len(lk0s)} selected document(s) would be resent" in dry.text
             last = json.loads((tmp_path / "10001" / "console" / "audit.jsonl").read_text().splitlines()[-1])
             assert sorted(u["unit"] for u in last["result"]["units"]) == [1, 2]
+            # The Outbox lists both units' rows, and finds one by its LK0 on its unit.
+            listed = re.findall(r'<tr data-lk0="([^"]+)"', w.get("/outbox", params={"target": "30003"}).text)
+            assert sorted(listed) == sorted(lk0s)
+            assert re.findall(r'<tr data-lk0="([^"]+)"', w.get("/outbox", params={"text": unit2}).text) == [unit2]
             assert w.post("/action/drain", data={"csrf": token}).status_code == 200  # the dry run
             assert w.post("/action/drain", data={"csrf": token, "confirm": "1"}).status_code == 200
         assert node.p.wait(timeout=90) == 0  # every unit drained and stopped, then the supervisor
