@@ -133,6 +133,20 @@ def test_outbox_filters_requeue_and_confirmed_documents(web: ConsoleCluster, bro
         assert top.locator("td.action").text_content() == "requeue" and "changed 1" in top.text_content()
         _shot(page, "07-audit")
 
+        # Rows ticked, then one action for them: its dry run names both (and nothing changes unconfirmed).
+        page.goto(f"{url}/outbox")
+        for what in ("waiting", "failed"):
+            page.check(f"#outbox tr[data-lk0='{s[what]}'] input[type=checkbox]")
+        page.click("#bulk-purge")
+        assert "2 of 2 selected document(s) would be purged" in page.locator("#would").text_content()
+        _shot(page, "06b-outbox-ticked-purge-confirm")
+        # Every document a filter selects: the filter goes along, not the page's rows.
+        page.goto(f"{url}/outbox?target=30003")
+        page.click("#filter-actions button:text('Resend…')")
+        assert "1 of 1 selected document(s) would be resent" in page.locator("#would").text_content()
+        assert page.locator("dl.facts dd").all_text_contents() == ["30003"]
+        assert _outbox_state(web, s["waiting"]) == "SS_ACK"  # (dry runs only)
+
         # A confirmed document's page: no Resend, no Purge; who confirmed it and how to send a new copy.
         page.goto(f"{url}/doc?lk0={s['inv1']}")
         assert page.locator("#act-resend-origin").count() == 0 and page.locator("#act-purge-origin").count() == 0
