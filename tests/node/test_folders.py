@@ -9,6 +9,8 @@ from __future__ import annotations
 import os
 import re
 import sqlite3
+import subprocess
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -51,8 +53,11 @@ def root(tmp_path: Path) -> Iterator[Path]:
     yield tmp_path
 
 
-def _outbox(root: Path, node: NodeClient, **kw: object) -> OutboxFolder:
-    return OutboxFolder(node, root / "out", FolderOptions(to=B, data_type="INVOICE", **kw))  # type: ignore[arg-type]
+def _outbox(root: Path, node: NodeClient, *, settle: float = 0.0, **kw: object) -> OutboxFolder:
+    """The folder ``out`` with inotify; ``settle`` 0: a file no event spoke
+    of (dropped before the folder was watched) is ready at the first scan."""
+    return OutboxFolder(node, root / "out", FolderOptions(to=B, data_type="INVOICE", **kw),  # type: ignore[arg-type]
+                        settle=settle)
 
 
 def _drop(folder: Path, name: str, data: bytes) -> None:
@@ -81,9 +86,8 @@ def test_a_scan_sends_complete_files_once_unchanged_and_moves_them_to_sent(root:
     (out / "sub").mkdir()
     with NodeClient(root / A) as node:
         folder = _outbox(root, node, key_from_name=True)
-        assert folder.scan() == []  # seen once: not known to be complete yet
-        assert _outbox_rows(root) == []
         done = folder.scan()
+        assert folder.scan() == []
     assert [(o.kind, o.name) for o in done] == [("sent", "INV-1.xml"), ("sent", "INV-2.xml")]
     rows = _outbox_rows(root)
     assert [(key, data) for _, key, data in rows] == [("INV-1", b"<invoice n='1'/>"), ("INV-2", b"<invoice n='2'/>")]
@@ -96,18 +100,35 @@ def test_a_scan_sends_complete_files_once_unchanged_and_moves_them_to_sent(root:
     assert all(moved is not None for *_, moved in watch)
 
 
-def test_a_file_still_being_written_waits_until_it_stops_changing(root: Path) -> None:
+def test_a_file_still_being_written_waits_for_its_writer_to_close_it(root: Path) -> None:
+    """However long the writer pauses (here with no settle time at all),
+    the file is not taken before its writer closes it."""
     out = root / "out"
     with NodeClient(root / A) as node:
         folder = _outbox(root, node)
-        (out / "big.csv").write_bytes(b"a,b\n")
-        assert folder.scan() == []
-        with (out / "big.csv").open("ab") as f:
+        assert folder.events is not None, folder.events_off
+        with (out / "big.csv").open("wb") as f:
+            f.write(b"a,b\n")
+            f.flush()
+            assert folder.scan() == []  # written, not closed
+            time.sleep(0.05)
+            assert folder.scan() == []
             f.write(b"1,2\n")
-        assert folder.scan() == []  # changed since the last scan
-        [o] = folder.scan()
-    assert o.kind == "sent"
-    assert [data for *_, data in _outbox_rows(root)] == [b"a,b\n1,2\n"]
+        [o] = folder.scan()  # closed: taken whole
+        # Closed by one writer while another process still holds it open for
+        # writing (seen in /proc): it waits for that one's close too.
+        with (out / "more.csv").open("ab") as f:
+            f.write(b"x\ny\n")
+            f.flush()
+            holder = subprocess.Popen(["sleep", "30"], stdout=f)
+        try:
+            assert folder.scan() == []
+        finally:
+            holder.kill()
+            holder.wait(timeout=10)
+        [o2] = folder.scan()
+    assert (o.kind, o2.kind) == ("sent", "sent")
+    assert [data for *_, data in _outbox_rows(root)] == [b"a,b\n1,2\n", b"x\ny\n"]
 
 
 def test_a_crash_between_the_commit_and_the_move_sends_nothing_twice(root: Path,
@@ -121,7 +142,6 @@ def test_a_crash_between_the_commit_and_the_move_sends_nothing_twice(root: Path,
 
     with NodeClient(root / A) as node:
         folder = _outbox(root, node)
-        folder.scan()
         with monkeypatch.context() as m:
             m.setattr(OutboxFolder, "_move_sent", crash)
             with pytest.raises(Crash):
@@ -161,7 +181,6 @@ def test_a_crash_between_the_move_and_its_record_leaves_no_stale_claim(root: Pat
     real = OutboxFolder._mark_moved
     with NodeClient(root / A) as node:
         folder = _outbox(root, node)
-        folder.scan()
         with monkeypatch.context() as m:
             m.setattr(OutboxFolder, "_mark_moved", crash_on_second)
             with pytest.raises(Crash):
@@ -172,7 +191,6 @@ def test_a_crash_between_the_move_and_its_record_leaves_no_stale_claim(root: Pat
         assert folder.scan() == []
         assert _watch_rows(root)[0][3] is not None  # its file left the folder: marked moved
         _drop(out, "R.xml", b"<r/>")
-        folder.scan()
         [o] = folder.scan()
     assert o.kind == "sent" and len(_outbox_rows(root)) == 2
     assert sorted(p.name for p in (out / "sent").iterdir()) == ["R.1.xml", "R.xml"]  # a name clash: a suffix
@@ -187,7 +205,6 @@ def test_files_that_cannot_be_sent_go_to_failed_with_one_line_naming_the_value_a
     _drop(out, "ok.xml", b"<ok/>")
     with NodeClient(root / A) as node:
         folder = _outbox(root, node, key_from_name=True)
-        folder.scan()
         done = {o.name: o for o in folder.scan()}
     assert done["ok.xml"].kind == "sent"
     assert done["huge.bin"].kind == "failed"
@@ -217,7 +234,6 @@ def test_a_refused_document_fails_alone_and_the_rest_of_its_batch_goes(root: Pat
     monkeypatch.setattr(FolderOptions, "document", refuse_b)
     with NodeClient(root / A) as node:
         folder = _outbox(root, node)
-        folder.scan()
         done = {o.name: o for o in folder.scan()}
     assert (done["a.xml"].kind, done["b.xml"].kind, done["c.xml"].kind) == ("sent", "failed", "sent")
     assert "priority 42 is outside 0..9" in done["b.xml"].detail
@@ -368,7 +384,6 @@ def test_an_unreadable_file_goes_to_failed_with_the_reason(root: Path, monkeypat
     monkeypatch.setattr(Path, "read_bytes", read_bytes)
     with NodeClient(root / A) as node:
         folder = _outbox(root, node)
-        folder.scan()
         done = {o.name: o for o in folder.scan()}
     assert done["locked.xml"].line() == "failed: locked.xml: cannot read it: Permission denied"
     assert (out / "failed" / "locked.xml.reason.txt").read_text() == "cannot read it: Permission denied\n"

@@ -2,15 +2,17 @@
 files, for systems that exchange business documents through directories
 (an ERP next to a B2B gateway).
 
-**Outbox folder.** A file is *complete* when it is a regular file, its
-name does not start with a dot nor end in ``.tmp`` / ``.part``, and its
-size and modification time are the same at two scans in a row (a scan
-every second by default). Writers follow the usual convention: write the
-file elsewhere on the same file system, or under a ``.tmp`` name, then
-rename it into the folder. Each complete file becomes one document; the
-file then moves to ``sent/`` (its name kept, ``NAME.1.EXT`` ... on a clash).
-A file that cannot be sent moves to ``failed/`` beside ``NAME.reason.txt``,
-one line naming the value and the limit.
+**Outbox folder.** A file is taken when its writer is done with it
+(semq.node.features.folder_watch says how that is told): on Linux, when
+its writer closed it after writing or it was renamed in (inotify), and no
+process the watcher can see still holds it open for writing; a file no
+event spoke of (there at start, written over a network file system, or
+everywhere without inotify) once unchanged for the settle time. Dotfiles
+and names ending in ``.tmp`` / ``.part`` are never taken. Each file
+becomes one document, whole; the file then moves to ``sent/`` (its name
+kept, ``NAME.1.EXT`` ... on a clash). A file that cannot be sent moves to
+``failed/`` beside ``NAME.reason.txt``, one line naming the value and the
+limit.
 
 Exactly once across crashes: the file's name and SHA-256 are written to
 the node store (``watch_files``, schema ``_v12_watch``) *in the transaction
@@ -32,7 +34,10 @@ so a crash between the rename and the acknowledgement writes the same file
 again under the same name: never two files for one document. The key comes
 from another organization and is sanitized (``safe_name_part``): a name
 never starts with ``.`` or ``-``, so no program it is given to takes it for
-an option; ``semq watch`` prints each file's absolute path.
+an option; ``semq watch`` prints each file's absolute path. It follows the
+inbox with the node's cursor (``NodeClient.cursor`` / ``inbox_after``) and
+waits for the running daemon's wake (``InboxFolder.wait``), never on a
+timer.
 
 Synchronous, like ``semq send``: the watcher is one more client of the
 node's store (the daemon runs beside it and sends what it accepts).
@@ -44,7 +49,7 @@ import hashlib
 import os
 import re
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final, NamedTuple
@@ -55,6 +60,15 @@ from ..api import InboxItem, NodeClient
 from ..core import NodeCore
 from ..limits import MAX_DOCUMENT_SIZE, DocumentTooLarge
 from ._access import write_tx
+from .folder_watch import (
+    DEFAULT_SETTLE,
+    SKIPPED_SUFFIXES,
+    FolderEvents,
+    Readiness,
+    ignored_name,
+    open_events,
+    open_for_writing,
+)
 
 __all__ = [
     "FAILED_DIR",
@@ -75,8 +89,6 @@ __all__ = [
 
 SENT_DIR: Final = "sent"
 FAILED_DIR: Final = "failed"
-# Names a writer uses while it writes: never taken (nor are dotfiles).
-SKIPPED_SUFFIXES: Final = (".tmp", ".part")
 WATCH_BATCH: Final = 100  # files accepted per transaction
 WATCH_BATCH_BYTES: Final = 64 << 20  # ... and at most this many bytes of them
 # Rows of files moved to sent/ are kept this long (what was sent when, as
@@ -215,25 +227,43 @@ def write_durably(directory: Path, name: str, data: bytes | Path, *, sync_dir: b
 
 
 class OutboxFolder:
-    """An outbox folder of one node. ``scan()`` once per interval: files
-    complete since the last scan are sent (``batch`` per transaction) and
-    moved. Not thread-safe; one watcher per folder (``semq watch`` locks it)."""
+    """An outbox folder of one node. ``scan()`` when ``fileno()`` is
+    readable (its events) and once per interval: files ready since the last
+    scan are sent (``batch`` per transaction) and moved. ``events``: watch
+    the folder with inotify where it can be had (``events_off`` then says
+    why not, else ""); ``settle``: seconds a file no event spoke of stays
+    unchanged before it is taken. Not thread-safe; one watcher per folder
+    (``semq watch`` locks it). ``close()`` ends the events."""
 
     def __init__(self, node: NodeClient, path: Path, options: FolderOptions, *, batch: int = WATCH_BATCH,
-                 clock: Callable[[], float] = time.time) -> None:
+                 settle: float = DEFAULT_SETTLE, events: bool = True, clock: Callable[[], float] = time.time,
+                 monotonic: Callable[[], float] = time.monotonic) -> None:
         self.node = node
         self.path = Path(path).resolve()
         self.options = options
         self.batch = max(1, batch)
         self.clock = clock
+        self.monotonic = monotonic
         self.sent_dir = self.path / SENT_DIR
         self.failed_dir = self.path / FAILED_DIR
         self._folder = os.fsencode(str(self.path))
-        # name -> (size, mtime_ns) at the last scan: unchanged at the next one = complete
-        self._seen: dict[str, tuple[int, int]] = {}
+        self.readiness = Readiness(settle)
         for d in (self.sent_dir, self.failed_dir):
             d.mkdir(exist_ok=True)
+        self.events: FolderEvents | None = None
+        self.events_off = "not asked for"
+        if events:  # before the first scan: no write between the two is missed
+            self.events, self.events_off = open_events(self.path)
         self._forget_old()
+
+    def fileno(self) -> int | None:
+        """The descriptor readable when the folder's events wait (None without)."""
+        return None if self.events is None else self.events.fileno()
+
+    def close(self) -> None:
+        if self.events is not None:
+            self.events.close()
+            self.events = None
 
     def _now_ms(self) -> int:
         return int(self.clock() * 1000)
@@ -273,7 +303,7 @@ class OutboxFolder:
         with os.scandir(self.path) as it:
             for entry in it:
                 name = entry.name
-                if name.startswith(".") or name.lower().endswith(SKIPPED_SUFFIXES):
+                if ignored_name(name):
                     continue
                 try:
                     if not entry.is_file(follow_symlinks=False):
@@ -286,20 +316,22 @@ class OutboxFolder:
 
     def scan(self, stop: Callable[[], bool] = lambda: False,
              report: Callable[[Outcome], None] | None = None) -> list[Outcome]:
-        """One look at the folder: files complete since the last look are
+        """One look at the folder: files ready since the last look are
         sent and moved, in order of modification time then name; returns
         what happened to each (and hands each to ``report`` as its batch is
         done). ``stop`` is asked between batches. Raises StoreError (store
         locked, disk full) with the batch in progress not accepted and its
-        files left where they are."""
+        files left where they are; OSError when the folder went away."""
         found = self._candidates()
+        if self.events is not None:  # after the listing: every write it saw has its event queued
+            self.events.read(self.readiness)
+        ready = set(self.readiness.look(found, wall=self.clock(), mono=self.monotonic()))
+        ready -= open_for_writing(self.path, ready)  # a writer still holds it: its close decides
         pending = self.pending()
-        # A file accepted before a restart was complete then: it is taken at
-        # the first scan (its digest decides), without waiting for a second.
-        complete = sorted((n for n, sig in found.items()
-                           if self._seen.get(n) == sig or self._accepted_before(n, pending)),
+        # A file accepted before a restart was whole then: it is taken at
+        # once (its digest decides).
+        complete = sorted((n for n in found if n in ready or self._accepted_before(n, pending)),
                           key=lambda n: (found[n][1], n))
-        self._seen = {n: sig for n, sig in found.items() if n not in complete}
         present = {os.fsencode(n) for n in found}
         # Rows whose file left the folder: it was moved before its row said so.
         self._mark_moved((core, p.id) for name, (core, p) in pending.items() if name not in present)
@@ -351,8 +383,7 @@ class OutboxFolder:
                 out.append(self._fail(name, f"cannot read it: {e.strerror or e}"))
                 continue
             if (st.st_size, st.st_mtime_ns) != found[name]:
-                self._seen[name] = (st.st_size, st.st_mtime_ns)  # written to again: wait for it
-                continue
+                continue  # written to since it was found ready: it waits again
             digest = hashlib.sha256(data).digest()
             taken = pending.get(os.fsencode(name))
             if taken is not None:
@@ -414,6 +445,7 @@ class OutboxFolder:
         (core, row id) moved."""
         for name, _, _ in files:
             os.rename(self.path / name, self.sent_dir / _free_name(self.sent_dir, name))
+            self.readiness.taken(name)
         if files:
             # Durable before the rows say so: a move lost in a power cut would
             # otherwise leave a file in the folder whose row says "moved".
@@ -430,7 +462,7 @@ class OutboxFolder:
         write_durably(self.failed_dir, f"{dest}.reason.txt", line.encode("utf-8", "backslashreplace"), sync_dir=False)
         os.rename(self.path / name, self.failed_dir / dest)
         _fsync_dir(self.failed_dir)
-        self._seen.pop(name, None)
+        self.readiness.taken(name)
         return Outcome("failed", name, reason)
 
 
@@ -465,7 +497,8 @@ def inbox_file_name(item: InboxItem, ext: str = "bin") -> str:
 
 class InboxFolder:
     """Writes the organization's arriving documents to a folder, then
-    acknowledges them (``drain()`` once per interval)."""
+    acknowledges them: ``drain()``, then ``wait()`` for the daemon's wake,
+    then ``drain()`` again."""
 
     def __init__(self, node: NodeClient, path: Path, *, ext: str = "bin") -> None:
         if not _EXT.fullmatch(ext):
@@ -473,7 +506,18 @@ class InboxFolder:
         self.node = node
         self.path = Path(path).resolve()
         self.ext = ext
-        self._after = 0  # the last inbox id looked at (documents for users are skipped, not acknowledged)
+        # Per unit, the last inbox row looked at (documents for users are
+        # skipped, not acknowledged): semq.node.api.following's cursor.
+        self._cursor = node.cursor(0)
+
+    def wait(self, timeout: float, also: Sequence[int] = ()) -> bool:
+        """Block until the running daemon says a document arrived above
+        what ``drain`` looked at (True), ``timeout`` passed (False), or one
+        of the descriptors ``also`` is readable (False): woken by the
+        daemon's commit, no polling (NodeClient.wait). Raises
+        semq.session.inbox_wait.DaemonAway when no daemon answers,
+        WaitRefused with its error line."""
+        return self.node.wait(self._cursor, timeout=timeout, also=also)
 
     def drain(self, limit: int = 1000, stop: Callable[[], bool] = lambda: False,
               report: Callable[[Outcome], None] | None = None) -> list[Outcome]:
@@ -483,10 +527,11 @@ class InboxFolder:
         acknowledgement rewrites the same files under the same names."""
         out: list[Outcome] = []
         while not stop():
-            items = self.node.inbox(unread=True, after_id=self._after, limit=limit)
+            items = self.node.inbox_after(self._cursor, limit=limit)
             if not items:
                 break
-            self._after = items[-1].id
+            for item in items:
+                self._cursor = self.node.advance(self._cursor, item)
             written: list[InboxItem] = []
             done: list[Outcome] = []
             for item in items:
