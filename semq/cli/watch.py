@@ -37,6 +37,10 @@ __all__ = ["LOCK_NAME", "register"]
 
 LOCK_NAME: Final = ".semq-watch.lock"  # in each watched folder: one watcher per folder
 MAX_SETTLE: Final = 24 * 3600.0  # s: --settle at most a day
+# s between two looks at the outbox folder at most: a writer of thousands
+# of files wakes the loop at each close; looks spaced so let each take a
+# larger batch (one commit, one fsync) and leave the writer its CPU.
+SCAN_GAP: Final = 0.1
 
 EPILOG: Final = """\
 examples:
@@ -177,8 +181,13 @@ def _loop(out: Any, into: Any, interval: float, stop: _Stop, wake: int) -> None:
     inbox_due = into is not None  # read it once at start, then when the daemon says
     later = False  # the inbox's wait failed (no daemon): asked again after an interval
     said = False  # ... and said so, once
+    last = -SCAN_GAP
     while not stop():
-        start = time.monotonic()
+        if (gap := last + SCAN_GAP - time.monotonic()) > 0:
+            select.select([wake], [], [], gap)
+            if stop():
+                break
+        start = last = time.monotonic()
         failed = False
         try:
             if out is not None:
@@ -192,6 +201,12 @@ def _loop(out: Any, into: Any, interval: float, stop: _Stop, wake: int) -> None:
             inbox_due = into is not None
         if stop():
             break
+        try:
+            if out is not None and out.absorb():  # news came during the scan: look again
+                continue
+        except OSError as e:
+            print(f"error: {e} (trying again in {interval:g} s)", file=sys.stderr, flush=True)
+            failed = True
         fds = [wake] + ([out.fileno()] if out is not None and out.fileno() is not None else [])
         # The outbox is looked at every interval; the inbox only waits for its wake.
         timed = out is not None or failed or later

@@ -161,13 +161,16 @@ class FolderEvents:
         return int(self._inotify.fileno())
 
     def read(self, into: Readiness) -> int:
-        """Hand the waiting events to ``into``; returns how many. Raises
+        """Hand the waiting events to ``into``; returns how many say more
+        than a file gone (a scan's own moves to sent/ say only that). Raises
         FolderGone when the folder itself went away."""
         events = self._inotify.read(timeout=0)
+        news = 0
         for ev in events:
             mask = ev.mask
             if mask & _IN_Q_OVERFLOW:
                 into.lost_events()
+                news += 1
                 continue
             if mask & (_IN_DELETE_SELF | _IN_MOVE_SELF | _IN_IGNORED):
                 raise FolderGone(f"the folder {self.path} was deleted or moved away")
@@ -177,13 +180,15 @@ class FolderEvents:
             # file "being written" again; a close after a write makes it ready.
             if mask & (_IN_DELETE | _IN_MOVED_FROM):
                 into.change(ev.name, "gone")
-            elif mask & (_IN_CLOSE_WRITE | _IN_MOVED_TO):
+                continue
+            news += 1
+            if mask & (_IN_CLOSE_WRITE | _IN_MOVED_TO):
                 into.change(ev.name, "closed")
             elif mask & _IN_MODIFY:
                 into.change(ev.name, "writing")
             elif mask & _IN_CREATE:
                 into.change(ev.name, "created")
-        return len(events)
+        return news
 
     def close(self) -> None:
         self._inotify.close()

@@ -260,6 +260,12 @@ class OutboxFolder:
         """The descriptor readable when the folder's events wait (None without)."""
         return None if self.events is None else self.events.fileno()
 
+    def absorb(self) -> bool:
+        """Take in the events waiting (without a look at the folder):
+        whether any says more than a file gone — the scan's own moves to
+        sent/ and failed/ say only that, and need no look."""
+        return self.events is not None and self.events.read(self.readiness) > 0
+
     def close(self) -> None:
         if self.events is not None:
             self.events.close()
