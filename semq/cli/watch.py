@@ -46,7 +46,7 @@ EPILOG: Final = """\
 examples:
   semq watch --dir A --outbox /srv/erp/out --to 56001 --type INVOICE --key-from-name
   semq watch --dir B --inbox /srv/erp/in
-  semq watch --dir A --outbox out --to 56001 --type ORDER --inbox in --interval 2
+  semq watch --dir A --outbox out --to 56001 --type ORDER --inbox in --settle 30
 
 A file is taken when its writer closed it after writing, or when it is
 renamed into the outbox (on Linux, told by inotify), however long the writer
