@@ -126,7 +126,10 @@ def cmd_watch(args: argparse.Namespace) -> int:
     before = {s: signal.signal(s, stop.handle) for s in (signal.SIGTERM, signal.SIGINT)}
     # A signal also writes a byte here: the loop's select wakes at once.
     wake_r, wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
-    wakeup_before = signal.set_wakeup_fd(wake_w, warn_on_full_buffer=False)
+    try:
+        wakeup_before: int | None = signal.set_wakeup_fd(wake_w, warn_on_full_buffer=False)
+    except ValueError:  # (not the main thread: the flag is read at each wake instead)
+        wakeup_before = None
     out = None
     try:
         with NodeClient(cfg.directory, config=cfg) as node:
@@ -142,7 +145,8 @@ def cmd_watch(args: argparse.Namespace) -> int:
     finally:
         if out is not None:
             out.close()
-        signal.set_wakeup_fd(wakeup_before)
+        if wakeup_before is not None:
+            signal.set_wakeup_fd(wakeup_before)
         os.close(wake_r)
         os.close(wake_w)
         for s, handler in before.items():

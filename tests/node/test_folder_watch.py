@@ -210,3 +210,23 @@ def test_an_inbox_wait_ends_when_one_of_the_callers_descriptors_is_readable(tmp_
         for c in held:
             c.close()
         server.close()
+
+
+def test_a_folder_deleted_and_made_again_is_watched_again(root: Path) -> None:
+    out = root / "out"
+    with NodeClient(root / A) as node:
+        folder = OutboxFolder(node, out, FolderOptions(to=B, data_type="INVOICE"), settle=3600)
+        assert folder.events is not None
+        os.rename(out, root / "away")
+        with pytest.raises(OSError):
+            folder.scan()
+        assert folder.events is None
+        with pytest.raises(OSError):  # still gone: said at each look
+            folder.scan()
+        out.mkdir()
+        assert folder.scan() == []
+        assert folder.events is not None  # watched again: a closed file is taken at once
+        with (out / "back.xml").open("wb") as f:
+            f.write(b"<back/>")
+        [o] = folder.scan()
+    assert o.kind == "sent" and (out / "sent" / "back.xml").read_bytes() == b"<back/>"

@@ -374,14 +374,14 @@ def test_an_unreadable_file_goes_to_failed_with_the_reason(root: Path, monkeypat
     out = root / "out"
     _drop(out, "locked.xml", b"<x/>")
     _drop(out, "fine.xml", b"<y/>")
-    real = Path.read_bytes
+    real = folders._read_regular
 
-    def read_bytes(self: Path) -> bytes:
-        if self.name == "locked.xml":  # (the tests run as root: a mode would not stop the read)
+    def read_regular(path: Path) -> tuple[bytes, tuple[int, int]] | None:
+        if path.name == "locked.xml":  # (the tests run as root: a mode would not stop the read)
             raise PermissionError(13, "Permission denied")
-        return real(self)
+        return real(path)
 
-    monkeypatch.setattr(Path, "read_bytes", read_bytes)
+    monkeypatch.setattr(folders, "_read_regular", read_regular)
     with NodeClient(root / A) as node:
         folder = _outbox(root, node)
         done = {o.name: o for o in folder.scan()}
@@ -423,3 +423,19 @@ def test_a_store_from_before_folders_gets_the_watch_table_at_open(tmp_path: Path
     finally:
         core.close()
     assert (tmp_path / f"node.sqlite.bak-v{len(before)}").exists()
+
+
+def test_a_fifo_or_a_link_in_the_outbox_is_never_read(root: Path) -> None:
+    """A name swapped for a FIFO would block a reader for ever; a link
+    would send what it points to. Neither is taken, nor read."""
+    out = root / "out"
+    os.mkfifo(out / "pipe.xml")
+    (root / "secret").write_bytes(b"not for the partner")
+    os.symlink(root / "secret", out / "link.xml")
+    _drop(out, "real.xml", b"<real/>")
+    assert folders._read_regular(out / "pipe.xml") is None  # (as if swapped in after the look)
+    assert folders._read_regular(out / "link.xml") is None
+    with NodeClient(root / A) as node:
+        done = _outbox(root, node).scan()
+    assert [(o.kind, o.name) for o in done] == [("sent", "real.xml")]
+    assert [data for *_, data in _outbox_rows(root)] == [b"<real/>"]

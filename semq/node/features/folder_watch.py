@@ -43,6 +43,7 @@ __all__ = [
     "DEFAULT_SETTLE",
     "Change",
     "FolderEvents",
+    "FolderGone",
     "Readiness",
     "Signature",
     "ignored_name",

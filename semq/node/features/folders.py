@@ -45,9 +45,11 @@ node's store (the daemon runs beside it and sends what it accepts).
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import os
 import re
+import stat
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -64,6 +66,7 @@ from .folder_watch import (
     DEFAULT_SETTLE,
     SKIPPED_SUFFIXES,
     FolderEvents,
+    FolderGone,
     Readiness,
     ignored_name,
     open_events,
@@ -177,6 +180,31 @@ class _Ready(NamedTuple):
     doc: dict[str, Any]
 
 
+def _read_regular(path: Path) -> tuple[bytes, tuple[int, int]] | None:
+    """The whole content of ``path`` and its (size, mtime_ns) once read;
+    None when it is not a regular file. Opened without following a link and
+    without blocking: a name swapped for a FIFO or a link meanwhile is not
+    read (a FIFO would block the watcher for ever)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError as e:
+        if e.errno == errno.ELOOP:  # a symbolic link now
+            return None
+        raise
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        chunks = []
+        while block := os.read(fd, 1 << 20):
+            chunks.append(block)
+        st = os.fstat(fd)
+    finally:
+        os.close(fd)
+    data = b"".join(chunks)
+    # Written to while it was read: a signature no look found (it waits again).
+    return data, (st.st_size if len(data) == st.st_size else -1, st.st_mtime_ns)
+
+
 def _fsync_dir(path: Path) -> None:
     fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
     try:
@@ -252,6 +280,7 @@ class OutboxFolder:
             d.mkdir(exist_ok=True)
         self.events: FolderEvents | None = None
         self.events_off = "not asked for"
+        self._gone = False  # the folder went away while watched: watched again once back
         if events:  # before the first scan: no write between the two is missed
             self.events, self.events_off = open_events(self.path)
         self._forget_old()
@@ -264,7 +293,17 @@ class OutboxFolder:
         """Take in the events waiting (without a look at the folder):
         whether any says more than a file gone — the scan's own moves to
         sent/ and failed/ say only that, and need no look."""
-        return self.events is not None and self.events.read(self.readiness) > 0
+        return self.events is not None and self._read_events() > 0
+
+    def _read_events(self) -> int:
+        assert self.events is not None
+        try:
+            return self.events.read(self.readiness)
+        except FolderGone as e:
+            self.events.close()
+            self.events, self.events_off, self._gone = None, str(e), True
+            self.readiness.lost_events()
+            raise
 
     def close(self) -> None:
         if self.events is not None:
@@ -328,9 +367,21 @@ class OutboxFolder:
         done). ``stop`` is asked between batches. Raises StoreError (store
         locked, disk full) with the batch in progress not accepted and its
         files left where they are; OSError when the folder went away."""
-        found = self._candidates()
+        if self.events is None and self._gone and self.path.is_dir():
+            # The folder is back after it was deleted or moved away: watched
+            # again (what was written meanwhile goes by the settle time).
+            for d in (self.sent_dir, self.failed_dir):
+                d.mkdir(exist_ok=True)
+            self.events, self.events_off = open_events(self.path)
+            self._gone = self.events is None
+        try:
+            found = self._candidates()
+        except OSError:
+            if self.events is not None:
+                self._read_events()  # (the folder gone: said by its events too, the watch ended)
+            raise
         if self.events is not None:  # after the listing: every write it saw has its event queued
-            self.events.read(self.readiness)
+            self._read_events()
         ready = set(self.readiness.look(found, wall=self.clock(), mono=self.monotonic()))
         ready -= open_for_writing(self.path, ready)  # a writer still holds it: its close decides
         pending = self.pending()
@@ -364,9 +415,10 @@ class OutboxFolder:
             return False
         _, row = found
         try:
-            return hashlib.sha256((self.path / name).read_bytes()).digest() == bytes(row.sha256)
+            got = _read_regular(self.path / name)
         except OSError:
             return False
+        return got is not None and hashlib.sha256(got[0]).digest() == bytes(row.sha256)
 
     def _take(self, names: list[str], found: dict[str, tuple[int, int]],
               pending: dict[bytes, tuple[NodeCore, _Pending]]) -> list[Outcome]:
@@ -381,14 +433,16 @@ class OutboxFolder:
                 continue
             path = self.path / name
             try:
-                data = path.read_bytes()
-                st = path.stat()
+                got = _read_regular(path)
             except FileNotFoundError:
                 continue  # taken away meanwhile
             except OSError as e:
                 out.append(self._fail(name, f"cannot read it: {e.strerror or e}"))
                 continue
-            if (st.st_size, st.st_mtime_ns) != found[name]:
+            if got is None:
+                continue  # no longer a regular file (replaced meanwhile): the next look decides
+            data, sig = got
+            if sig != found[name]:
                 continue  # written to since it was found ready: it waits again
             digest = hashlib.sha256(data).digest()
             taken = pending.get(os.fsencode(name))
