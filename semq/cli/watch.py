@@ -216,6 +216,8 @@ def _loop(out: Any, into: Any, interval: float, stop: _Stop, wake: int) -> None:
         timed = out is not None or failed or later
         span = max(0.0, interval - (time.monotonic() - start)) if timed else MAX_WAIT
         if into is not None and not failed and not later:
+            if said:
+                span = 0.0  # the node's first answer since it was away: at once, to say so
             try:
                 inbox_due = into.wait(span, also=fds)
             except (DaemonAway, WaitRefused) as e:

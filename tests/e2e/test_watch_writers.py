@@ -193,3 +193,29 @@ def test_the_inbox_folder_is_written_when_the_node_says_a_document_arrived_not_o
     text = (cluster.root / "watchB.log").read_text()
     assert "Traceback" not in text and text.rstrip().endswith("stopped (SIGTERM)"), text[-500:]
     assert os.listdir(inbox) and all(not n.startswith(".") or n == ".semq-watch.lock" for n in os.listdir(inbox))
+
+
+def test_the_inbox_folder_without_a_running_node_says_so_once_then_follows_it_when_it_runs(
+        cluster: Cluster) -> None:
+    for org in (A, B):
+        cluster.add_org(org)
+    cluster.start_platform()
+    cluster.start_node(A)
+    inbox = cluster.root / "erp-in"
+    inbox.mkdir()
+    _watch(cluster, "watchB", "--dir", str(cluster.root / B), "--inbox", str(inbox), "--interval", "0.3")
+    log = cluster.root / "watchB.log"
+    wait_until(lambda: "reading the inbox every 0.3 s until the node answers" in log.read_text(), 10,
+               "the watcher saying no node answers")
+    time.sleep(1)  # several intervals: said once
+    assert log.read_text().count("until the node answers") == 1
+    with NodeClient(cluster.root / A) as node:
+        node.send(B, b"<while-away/>", data_type="ORDER", key="AWAY")
+    cluster.start_node(B)
+    wait_until(lambda: "the node answers again" in log.read_text(), 20, "the watcher finding the node")
+    wait_until(lambda: _written(inbox).get("AWAY") == b"<while-away/>", 30, "the document in the inbox folder")
+    with NodeClient(cluster.root / A) as node:
+        node.send(B, b"<after/>", data_type="ORDER", key="AFTER")
+    wait_until(lambda: _written(inbox).get("AFTER") == b"<after/>", 30, "the next document in the inbox folder")
+    assert cluster.kill("watchB", signal.SIGTERM) == 0
+    assert "Traceback" not in log.read_text()
