@@ -205,9 +205,9 @@ def _loop(out: Any, into: Any, interval: float, stop: _Stop, wake: int) -> None:
             inbox_due = into is not None
         if stop():
             break
+        news = False
         try:
-            if out is not None and out.absorb():  # news came during the scan: look again
-                continue
+            news = out is not None and out.absorb()  # events came during the scan: look again at once
         except OSError as e:
             print(f"error: {e} (trying again in {interval:g} s)", file=sys.stderr, flush=True)
             failed = True
@@ -215,6 +215,8 @@ def _loop(out: Any, into: Any, interval: float, stop: _Stop, wake: int) -> None:
         # The outbox is looked at every interval; the inbox only waits for its wake.
         timed = out is not None or failed or later
         span = max(0.0, interval - (time.monotonic() - start)) if timed else MAX_WAIT
+        if news:
+            span = 0.0
         if into is not None and not failed and not later:
             if said:
                 span = 0.0  # the node's first answer since it was away: at once, to say so

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import re
+import socket
 import sqlite3
 import subprocess
 import time
@@ -439,3 +440,33 @@ def test_a_fifo_or_a_link_in_the_outbox_is_never_read(root: Path) -> None:
         done = _outbox(root, node).scan()
     assert [(o.kind, o.name) for o in done] == [("sent", "real.xml")]
     assert [data for *_, data in _outbox_rows(root)] == [b"<real/>"]
+
+
+def test_an_inbox_wait_woken_by_the_outbox_still_sees_a_document_that_arrived(root: Path) -> None:
+    """``semq watch`` waits for the daemon's word and the outbox's events
+    together. Woken by the outbox before the daemon's answer was read (a
+    writer of many files wakes it all the time), the inbox folder asks the
+    store: a document that arrived is not left waiting behind the outbox."""
+    inbox = root / "in"
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    server.bind(str(root / B / "admin.sock"))  # a daemon that takes waits and never answers
+    server.listen(4)
+    r, w = os.pipe()
+    try:
+        with NodeClient(root / B) as node:
+            folder = InboxFolder(node, inbox)
+            assert folder.drain() == []
+            os.write(w, b"x")  # the outbox's events, readable before any answer
+            assert folder.wait(20, also=[r]) is False  # nothing arrived
+            with NodeClient(root / A) as a:
+                a.send(B, b"<arrived/>", key="ARR")
+            _deliver(root)
+            start = time.monotonic()
+            assert folder.wait(20, also=[r]) is True
+            assert time.monotonic() - start < 5
+            [o] = folder.drain()
+            assert o.name.startswith("ARR__") and folder.waiting() is False
+    finally:
+        os.close(r)
+        os.close(w)
+        server.close()

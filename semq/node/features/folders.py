@@ -577,7 +577,20 @@ class InboxFolder:
         daemon's commit, no polling (NodeClient.wait). Raises
         semq.session.inbox_wait.DaemonAway when no daemon answers,
         WaitRefused with its error line."""
-        return self.node.wait(self._cursor, timeout=timeout, also=also)
+        start = time.monotonic()
+        if self.node.wait(self._cursor, timeout=timeout, also=also):
+            return True
+        if also and time.monotonic() - start < timeout:
+            # Woken by the caller's own events, maybe before the daemon's
+            # answer was read: the store says (a writer of many files must
+            # not keep the inbox from being read).
+            return self.waiting()
+        return False
+
+    def waiting(self) -> bool:
+        """Whether the inbox holds a document above what ``drain`` looked
+        at (one indexed look-up per unit)."""
+        return any(top > at for top, at in zip(self.node.inbox_tops(), self._cursor, strict=True))
 
     def drain(self, limit: int = 1000, stop: Callable[[], bool] = lambda: False,
               report: Callable[[Outcome], None] | None = None) -> list[Outcome]:
