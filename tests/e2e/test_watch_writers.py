@@ -168,8 +168,10 @@ def test_the_watcher_killed_and_started_again_while_writers_write_loses_and_repe
 
 def test_the_inbox_folder_is_written_when_the_node_says_a_document_arrived_not_on_a_timer(
         cluster: Cluster) -> None:
-    """With --interval 10, a document is in the inbox folder well within a
-    second of its commit in B's inbox: the daemon wakes the watcher."""
+    """With --interval 10, each of five documents is in the inbox folder
+    within 2 s of its commit in B's inbox (typically a few ms): the daemon
+    wakes the watcher. Read on a 10 s timer, each would wait a uniform 0-10 s
+    (all five under 2 s: 1 chance in 3,000)."""
     _, inbox = _start(cluster)
     interval = 10.0
     watcher = _watch(cluster, "watchB", "--dir", str(cluster.root / B), "--inbox", str(inbox),
@@ -185,7 +187,7 @@ def test_the_inbox_folder_is_written_when_the_node_says_a_document_arrived_not_o
             [(received_ms,)] = cluster.q(B, "SELECT received_ms FROM inbox WHERE key=?", f"D-{i}")
             lags.append((written_ms - received_ms) / 1000)
             time.sleep(0.3)
-    assert max(lags) < 1.0, lags  # the old loop: up to one interval (10 s) after the commit
+    assert max(lags) < 2.0, lags  # read on a timer, one of these would wait up to 10 s
     wait_until(lambda: cluster.count(B, "SELECT count(*) FROM inbox WHERE consumed_ms IS NULL") == 0, 10,
                "every document acknowledged")
     assert watcher.kill(signal.SIGTERM) == 0
