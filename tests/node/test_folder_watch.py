@@ -230,3 +230,26 @@ def test_a_folder_deleted_and_made_again_is_watched_again(root: Path) -> None:
             f.write(b"<back/>")
         [o] = folder.scan()
     assert o.kind == "sent" and (out / "sent" / "back.xml").read_bytes() == b"<back/>"
+
+
+def test_an_overflowed_event_queue_puts_every_file_under_the_settle_rule(tmp_path: Path) -> None:
+    """More events than the kernel queues (fs.inotify.max_queued_events):
+    the closes it dropped are unknown, so no file is taken as closed; each
+    waits for the settle time (or its next close)."""
+    limit = int(Path("/proc/sys/fs/inotify/max_queued_events").read_text())
+    events, why = open_events(tmp_path)
+    assert events is not None, why
+    r = Readiness(settle=3600)
+    try:
+        for i in range(limit // 2 + 10):  # a create and a close each
+            (tmp_path / f"f{i:05d}.xml").write_bytes(b"")
+        events.read(r)
+        found = {p.name: _sig(0, T0) for p in tmp_path.iterdir()}
+        assert r.look(found, wall=T0, mono=0) == []
+        with (tmp_path / "f00000.xml").open("wb") as f:  # its next close: taken at once again
+            f.write(b"x")
+        events.read(r)
+        assert r.look(found, wall=T0 + 1, mono=1) == ["f00000.xml"]
+        assert len(r.look(found, wall=T0 + 3600, mono=3600)) == len(found)
+    finally:
+        events.close()
