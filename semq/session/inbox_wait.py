@@ -96,10 +96,12 @@ def _answer(path: Path, line: bytes) -> dict[str, Any]:
     return result
 
 
-def wait_any(requests: Sequence[tuple[Path, Mapping[str, Any]]], timeout: float) -> dict[int, dict[str, Any]]:
+def wait_any(requests: Sequence[tuple[Path, Mapping[str, Any]]], timeout: float, *,
+             also: Sequence[int] = ()) -> dict[int, dict[str, Any]]:
     """Send ``wait_inbox`` with each ``(socket path, args)`` at once and
     return as soon as one answers ``ready`` (or all answered, or ``timeout``
-    passed): ``{index: result}`` of those that answered. Synchronous; the
+    passed, or one of the descriptors ``also`` is readable — a caller's
+    other events): ``{index: result}`` of those that answered. Synchronous; the
     other connections are closed, which ends their waits at the daemons.
 
     Raises DaemonAway naming the first socket nothing listens on (no wait
@@ -122,6 +124,8 @@ def wait_any(requests: Sequence[tuple[Path, Mapping[str, Any]]], timeout: float)
                 raise DaemonAway(f"cannot reach the daemon on {path}: {e}") from e
             s.setblocking(False)
             sel.register(s, selectors.EVENT_READ, (i, path, bytearray()))
+        for fd in also:
+            sel.register(fd, selectors.EVENT_READ, None)
         out: dict[int, dict[str, Any]] = {}
         while len(out) < len(requests):
             left = deadline - time.monotonic()
@@ -129,7 +133,11 @@ def wait_any(requests: Sequence[tuple[Path, Mapping[str, Any]]], timeout: float)
             events = sel.select(max(0.0, left + 1.0))
             if not events:
                 break
+            theirs = False
             for key, _ in events:
+                if key.data is None:  # one of the caller's own descriptors
+                    theirs = True
+                    continue
                 i, path, buf = key.data
                 try:
                     chunk = key.fileobj.recv(65536)  # type: ignore[union-attr]
@@ -148,6 +156,8 @@ def wait_any(requests: Sequence[tuple[Path, Mapping[str, Any]]], timeout: float)
                     sel.unregister(key.fileobj)
                     if out[i].get("ready"):
                         return out
+            if theirs:
+                return out  # the caller's own event: its turn
         return out
     finally:
         sel.close()

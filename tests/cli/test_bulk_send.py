@@ -237,6 +237,8 @@ def test_send_help_documents_every_option_and_gives_examples(capsys: pytest.Capt
     (["watch", "--outbox", "out", "--to", B, "--key", "k", "--key-from-name"], "give one"),
     (["watch", "--outbox", "out", "--to", B, "--priority", "11"], "--priority 11 is outside 0..9"),
     (["watch", "--inbox", "out", "--inbox-ext", "a/b"], "extension 'a/b'"),
+    (["watch", "--outbox", "out", "--to", B, "--settle", "-1"], "--settle -1 is outside 0..86400 seconds"),
+    (["watch", "--outbox", "out", "--to", B, "--settle", "nan"], "--settle nan is outside 0..86400 seconds"),
 ])
 def test_watch_refuses_mistakes_with_one_line(root: Path, capsys: pytest.CaptureFixture[str], argv: list[str],
                                               fragment: str) -> None:

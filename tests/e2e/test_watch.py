@@ -24,8 +24,8 @@ def _watch(c: Cluster, name: str, *args: str, crash_after: int = 0) -> Proc:
     """``semq watch`` as a process; ``crash_after``: one that dies right
     after that many commits, before it moves their files (semq.testing.crashing_watch)."""
     module = ["semq.testing.crashing_watch", str(crash_after)] if crash_after else None
-    p = Proc(name, ["watch", *args, "--interval", "0.2"], c.root / f"{name}.log", "watching", timeout=30,
-             module=module)
+    p = Proc(name, ["watch", *args, "--interval", "0.2", "--settle", "1"], c.root / f"{name}.log", "watching", timeout=30,
+             module=module, may_exit=bool(crash_after))
     c.procs[name] = p
     return p
 

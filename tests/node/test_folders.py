@@ -8,7 +8,10 @@ from __future__ import annotations
 
 import os
 import re
+import socket
 import sqlite3
+import subprocess
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -51,8 +54,11 @@ def root(tmp_path: Path) -> Iterator[Path]:
     yield tmp_path
 
 
-def _outbox(root: Path, node: NodeClient, **kw: object) -> OutboxFolder:
-    return OutboxFolder(node, root / "out", FolderOptions(to=B, data_type="INVOICE", **kw))  # type: ignore[arg-type]
+def _outbox(root: Path, node: NodeClient, *, settle: float = 0.0, **kw: object) -> OutboxFolder:
+    """The folder ``out`` with inotify; ``settle`` 0: a file no event spoke
+    of (dropped before the folder was watched) is ready at the first scan."""
+    return OutboxFolder(node, root / "out", FolderOptions(to=B, data_type="INVOICE", **kw),  # type: ignore[arg-type]
+                        settle=settle)
 
 
 def _drop(folder: Path, name: str, data: bytes) -> None:
@@ -81,9 +87,8 @@ def test_a_scan_sends_complete_files_once_unchanged_and_moves_them_to_sent(root:
     (out / "sub").mkdir()
     with NodeClient(root / A) as node:
         folder = _outbox(root, node, key_from_name=True)
-        assert folder.scan() == []  # seen once: not known to be complete yet
-        assert _outbox_rows(root) == []
         done = folder.scan()
+        assert folder.scan() == []
     assert [(o.kind, o.name) for o in done] == [("sent", "INV-1.xml"), ("sent", "INV-2.xml")]
     rows = _outbox_rows(root)
     assert [(key, data) for _, key, data in rows] == [("INV-1", b"<invoice n='1'/>"), ("INV-2", b"<invoice n='2'/>")]
@@ -96,18 +101,35 @@ def test_a_scan_sends_complete_files_once_unchanged_and_moves_them_to_sent(root:
     assert all(moved is not None for *_, moved in watch)
 
 
-def test_a_file_still_being_written_waits_until_it_stops_changing(root: Path) -> None:
+def test_a_file_still_being_written_waits_for_its_writer_to_close_it(root: Path) -> None:
+    """However long the writer pauses (here with no settle time at all),
+    the file is not taken before its writer closes it."""
     out = root / "out"
     with NodeClient(root / A) as node:
         folder = _outbox(root, node)
-        (out / "big.csv").write_bytes(b"a,b\n")
-        assert folder.scan() == []
-        with (out / "big.csv").open("ab") as f:
+        assert folder.events is not None, folder.events_off
+        with (out / "big.csv").open("wb") as f:
+            f.write(b"a,b\n")
+            f.flush()
+            assert folder.scan() == []  # written, not closed
+            time.sleep(0.05)
+            assert folder.scan() == []
             f.write(b"1,2\n")
-        assert folder.scan() == []  # changed since the last scan
-        [o] = folder.scan()
-    assert o.kind == "sent"
-    assert [data for *_, data in _outbox_rows(root)] == [b"a,b\n1,2\n"]
+        [o] = folder.scan()  # closed: taken whole
+        # Closed by one writer while another process still holds it open for
+        # writing (seen in /proc): it waits for that one's close too.
+        with (out / "more.csv").open("ab") as f:
+            f.write(b"x\ny\n")
+            f.flush()
+            holder = subprocess.Popen(["sleep", "30"], stdout=f)
+        try:
+            assert folder.scan() == []
+        finally:
+            holder.kill()
+            holder.wait(timeout=10)
+        [o2] = folder.scan()
+    assert (o.kind, o2.kind) == ("sent", "sent")
+    assert [data for *_, data in _outbox_rows(root)] == [b"a,b\n1,2\n", b"x\ny\n"]
 
 
 def test_a_crash_between_the_commit_and_the_move_sends_nothing_twice(root: Path,
@@ -121,7 +143,6 @@ def test_a_crash_between_the_commit_and_the_move_sends_nothing_twice(root: Path,
 
     with NodeClient(root / A) as node:
         folder = _outbox(root, node)
-        folder.scan()
         with monkeypatch.context() as m:
             m.setattr(OutboxFolder, "_move_sent", crash)
             with pytest.raises(Crash):
@@ -161,7 +182,6 @@ def test_a_crash_between_the_move_and_its_record_leaves_no_stale_claim(root: Pat
     real = OutboxFolder._mark_moved
     with NodeClient(root / A) as node:
         folder = _outbox(root, node)
-        folder.scan()
         with monkeypatch.context() as m:
             m.setattr(OutboxFolder, "_mark_moved", crash_on_second)
             with pytest.raises(Crash):
@@ -172,7 +192,6 @@ def test_a_crash_between_the_move_and_its_record_leaves_no_stale_claim(root: Pat
         assert folder.scan() == []
         assert _watch_rows(root)[0][3] is not None  # its file left the folder: marked moved
         _drop(out, "R.xml", b"<r/>")
-        folder.scan()
         [o] = folder.scan()
     assert o.kind == "sent" and len(_outbox_rows(root)) == 2
     assert sorted(p.name for p in (out / "sent").iterdir()) == ["R.1.xml", "R.xml"]  # a name clash: a suffix
@@ -187,7 +206,6 @@ def test_files_that_cannot_be_sent_go_to_failed_with_one_line_naming_the_value_a
     _drop(out, "ok.xml", b"<ok/>")
     with NodeClient(root / A) as node:
         folder = _outbox(root, node, key_from_name=True)
-        folder.scan()
         done = {o.name: o for o in folder.scan()}
     assert done["ok.xml"].kind == "sent"
     assert done["huge.bin"].kind == "failed"
@@ -217,7 +235,6 @@ def test_a_refused_document_fails_alone_and_the_rest_of_its_batch_goes(root: Pat
     monkeypatch.setattr(FolderOptions, "document", refuse_b)
     with NodeClient(root / A) as node:
         folder = _outbox(root, node)
-        folder.scan()
         done = {o.name: o for o in folder.scan()}
     assert (done["a.xml"].kind, done["b.xml"].kind, done["c.xml"].kind) == ("sent", "failed", "sent")
     assert "priority 42 is outside 0..9" in done["b.xml"].detail
@@ -358,17 +375,16 @@ def test_an_unreadable_file_goes_to_failed_with_the_reason(root: Path, monkeypat
     out = root / "out"
     _drop(out, "locked.xml", b"<x/>")
     _drop(out, "fine.xml", b"<y/>")
-    real = Path.read_bytes
+    real = folders._read_regular
 
-    def read_bytes(self: Path) -> bytes:
-        if self.name == "locked.xml":  # (the tests run as root: a mode would not stop the read)
+    def read_regular(path: Path) -> tuple[bytes, tuple[int, int]] | None:
+        if path.name == "locked.xml":  # (the tests run as root: a mode would not stop the read)
             raise PermissionError(13, "Permission denied")
-        return real(self)
+        return real(path)
 
-    monkeypatch.setattr(Path, "read_bytes", read_bytes)
+    monkeypatch.setattr(folders, "_read_regular", read_regular)
     with NodeClient(root / A) as node:
         folder = _outbox(root, node)
-        folder.scan()
         done = {o.name: o for o in folder.scan()}
     assert done["locked.xml"].line() == "failed: locked.xml: cannot read it: Permission denied"
     assert (out / "failed" / "locked.xml.reason.txt").read_text() == "cannot read it: Permission denied\n"
@@ -408,3 +424,49 @@ def test_a_store_from_before_folders_gets_the_watch_table_at_open(tmp_path: Path
     finally:
         core.close()
     assert (tmp_path / f"node.sqlite.bak-v{len(before)}").exists()
+
+
+def test_a_fifo_or_a_link_in_the_outbox_is_never_read(root: Path) -> None:
+    """A name swapped for a FIFO would block a reader for ever; a link
+    would send what it points to. Neither is taken, nor read."""
+    out = root / "out"
+    os.mkfifo(out / "pipe.xml")
+    (root / "secret").write_bytes(b"not for the partner")
+    os.symlink(root / "secret", out / "link.xml")
+    _drop(out, "real.xml", b"<real/>")
+    assert folders._read_regular(out / "pipe.xml") is None  # (as if swapped in after the look)
+    assert folders._read_regular(out / "link.xml") is None
+    with NodeClient(root / A) as node:
+        done = _outbox(root, node).scan()
+    assert [(o.kind, o.name) for o in done] == [("sent", "real.xml")]
+    assert [data for *_, data in _outbox_rows(root)] == [b"<real/>"]
+
+
+def test_an_inbox_wait_woken_by_the_outbox_still_sees_a_document_that_arrived(root: Path) -> None:
+    """``semq watch`` waits for the daemon's word and the outbox's events
+    together. Woken by the outbox before the daemon's answer was read (a
+    writer of many files wakes it all the time), the inbox folder asks the
+    store: a document that arrived is not left waiting behind the outbox."""
+    inbox = root / "in"
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    server.bind(str(root / B / "admin.sock"))  # a daemon that takes waits and never answers
+    server.listen(4)
+    r, w = os.pipe()
+    try:
+        with NodeClient(root / B) as node:
+            folder = InboxFolder(node, inbox)
+            assert folder.drain() == []
+            os.write(w, b"x")  # the outbox's events, readable before any answer
+            assert folder.wait(20, also=[r]) is False  # nothing arrived
+            with NodeClient(root / A) as a:
+                a.send(B, b"<arrived/>", key="ARR")
+            _deliver(root)
+            start = time.monotonic()
+            assert folder.wait(20, also=[r]) is True
+            assert time.monotonic() - start < 5
+            [o] = folder.drain()
+            assert o.name.startswith("ARR__") and folder.waiting() is False
+    finally:
+        os.close(r)
+        os.close(w)
+        server.close()

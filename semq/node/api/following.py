@@ -8,7 +8,7 @@ from __future__ import annotations
 import heapq
 import logging
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Iterator, Sequence
 from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -74,13 +74,15 @@ class Following:
                  {"after_id": cursor[k - 1], **({"user": user} if user else {})})
                 for k in range(1, len(self.cores) + 1)]
 
-    def wait(self, cursor: Cursor, *, user: str | None = None, timeout: float = MAX_WAIT) -> bool:
+    def wait(self, cursor: Cursor, *, user: str | None = None, timeout: float = MAX_WAIT,
+             also: Sequence[int] = ()) -> bool:
         """Block until the inbox holds an unacknowledged document above
         ``cursor`` (True) or ``timeout`` passes (False, at most MAX_WAIT s),
         woken by the running daemon (every unit's: its admin socket) when
-        it commits one: no polling. Raises semq.session.inbox_wait.DaemonAway when
+        it commits one: no polling. ``also``: descriptors that end the wait
+        too (False) when one is readable. Raises semq.session.inbox_wait.DaemonAway when
         a unit's daemon does not answer, WaitRefused with its error line."""
-        got = wait_any(self._wait_requests(cursor, user), timeout)
+        got = wait_any(self._wait_requests(cursor, user), timeout, also=also)
         return any(r.get("ready") for r in got.values())
 
     async def await_(self, cursor: Cursor, *, user: str | None = None, timeout: float = MAX_WAIT) -> bool:

@@ -2,15 +2,17 @@
 files, for systems that exchange business documents through directories
 (an ERP next to a B2B gateway).
 
-**Outbox folder.** A file is *complete* when it is a regular file, its
-name does not start with a dot nor end in ``.tmp`` / ``.part``, and its
-size and modification time are the same at two scans in a row (a scan
-every second by default). Writers follow the usual convention: write the
-file elsewhere on the same file system, or under a ``.tmp`` name, then
-rename it into the folder. Each complete file becomes one document; the
-file then moves to ``sent/`` (its name kept, ``NAME.1.EXT`` ... on a clash).
-A file that cannot be sent moves to ``failed/`` beside ``NAME.reason.txt``,
-one line naming the value and the limit.
+**Outbox folder.** A file is taken when its writer is done with it
+(semq.node.features.folder_watch says how that is told): on Linux, when
+its writer closed it after writing or it was renamed in (inotify), and no
+process the watcher can see still holds it open for writing; a file no
+event spoke of (there at start, written over a network file system, or
+everywhere without inotify) once unchanged for the settle time. Dotfiles
+and names ending in ``.tmp`` / ``.part`` are never taken. Each file
+becomes one document, whole; the file then moves to ``sent/`` (its name
+kept, ``NAME.1.EXT`` ... on a clash). A file that cannot be sent moves to
+``failed/`` beside ``NAME.reason.txt``, one line naming the value and the
+limit.
 
 Exactly once across crashes: the file's name and SHA-256 are written to
 the node store (``watch_files``, schema ``_v12_watch``) *in the transaction
@@ -32,7 +34,10 @@ so a crash between the rename and the acknowledgement writes the same file
 again under the same name: never two files for one document. The key comes
 from another organization and is sanitized (``safe_name_part``): a name
 never starts with ``.`` or ``-``, so no program it is given to takes it for
-an option; ``semq watch`` prints each file's absolute path.
+an option; ``semq watch`` prints each file's absolute path. It follows the
+inbox with the node's cursor (``NodeClient.cursor`` / ``inbox_after``) and
+waits for the running daemon's wake (``InboxFolder.wait``), never on a
+timer.
 
 Synchronous, like ``semq send``: the watcher is one more client of the
 node's store (the daemon runs beside it and sends what it accepts).
@@ -40,11 +45,13 @@ node's store (the daemon runs beside it and sends what it accepts).
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import os
 import re
+import stat
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final, NamedTuple
@@ -55,6 +62,16 @@ from ..api import InboxItem, NodeClient
 from ..core import NodeCore
 from ..limits import MAX_DOCUMENT_SIZE, DocumentTooLarge
 from ._access import write_tx
+from .folder_watch import (
+    DEFAULT_SETTLE,
+    SKIPPED_SUFFIXES,
+    FolderEvents,
+    FolderGone,
+    Readiness,
+    ignored_name,
+    open_events,
+    open_for_writing,
+)
 
 __all__ = [
     "FAILED_DIR",
@@ -75,8 +92,6 @@ __all__ = [
 
 SENT_DIR: Final = "sent"
 FAILED_DIR: Final = "failed"
-# Names a writer uses while it writes: never taken (nor are dotfiles).
-SKIPPED_SUFFIXES: Final = (".tmp", ".part")
 WATCH_BATCH: Final = 100  # files accepted per transaction
 WATCH_BATCH_BYTES: Final = 64 << 20  # ... and at most this many bytes of them
 # Rows of files moved to sent/ are kept this long (what was sent when, as
@@ -165,6 +180,31 @@ class _Ready(NamedTuple):
     doc: dict[str, Any]
 
 
+def _read_regular(path: Path) -> tuple[bytes, tuple[int, int]] | None:
+    """The whole content of ``path`` and its (size, mtime_ns) once read;
+    None when it is not a regular file. Opened without following a link and
+    without blocking: a name swapped for a FIFO or a link meanwhile is not
+    read (a FIFO would block the watcher for ever)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError as e:
+        if e.errno == errno.ELOOP:  # a symbolic link now
+            return None
+        raise
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        chunks = []
+        while block := os.read(fd, 1 << 20):
+            chunks.append(block)
+        st = os.fstat(fd)
+    finally:
+        os.close(fd)
+    data = b"".join(chunks)
+    # Written to while it was read: a signature no look found (it waits again).
+    return data, (st.st_size if len(data) == st.st_size else -1, st.st_mtime_ns)
+
+
 def _fsync_dir(path: Path) -> None:
     fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
     try:
@@ -215,25 +255,60 @@ def write_durably(directory: Path, name: str, data: bytes | Path, *, sync_dir: b
 
 
 class OutboxFolder:
-    """An outbox folder of one node. ``scan()`` once per interval: files
-    complete since the last scan are sent (``batch`` per transaction) and
-    moved. Not thread-safe; one watcher per folder (``semq watch`` locks it)."""
+    """An outbox folder of one node. ``scan()`` when ``fileno()`` is
+    readable (its events) and once per interval: files ready since the last
+    scan are sent (``batch`` per transaction) and moved. ``events``: watch
+    the folder with inotify where it can be had (``events_off`` then says
+    why not, else ""); ``settle``: seconds a file no event spoke of stays
+    unchanged before it is taken. Not thread-safe; one watcher per folder
+    (``semq watch`` locks it). ``close()`` ends the events."""
 
     def __init__(self, node: NodeClient, path: Path, options: FolderOptions, *, batch: int = WATCH_BATCH,
-                 clock: Callable[[], float] = time.time) -> None:
+                 settle: float = DEFAULT_SETTLE, events: bool = True, clock: Callable[[], float] = time.time,
+                 monotonic: Callable[[], float] = time.monotonic) -> None:
         self.node = node
         self.path = Path(path).resolve()
         self.options = options
         self.batch = max(1, batch)
         self.clock = clock
+        self.monotonic = monotonic
         self.sent_dir = self.path / SENT_DIR
         self.failed_dir = self.path / FAILED_DIR
         self._folder = os.fsencode(str(self.path))
-        # name -> (size, mtime_ns) at the last scan: unchanged at the next one = complete
-        self._seen: dict[str, tuple[int, int]] = {}
+        self.readiness = Readiness(settle)
         for d in (self.sent_dir, self.failed_dir):
             d.mkdir(exist_ok=True)
+        self.events: FolderEvents | None = None
+        self.events_off = "not asked for"
+        self._gone = False  # the folder went away while watched: watched again once back
+        if events:  # before the first scan: no write between the two is missed
+            self.events, self.events_off = open_events(self.path)
         self._forget_old()
+
+    def fileno(self) -> int | None:
+        """The descriptor readable when the folder's events wait (None without)."""
+        return None if self.events is None else self.events.fileno()
+
+    def absorb(self) -> bool:
+        """Take in the events waiting (without a look at the folder):
+        whether any says more than a file gone — the scan's own moves to
+        sent/ and failed/ say only that, and need no look."""
+        return self.events is not None and self._read_events() > 0
+
+    def _read_events(self) -> int:
+        assert self.events is not None
+        try:
+            return self.events.read(self.readiness)
+        except FolderGone as e:
+            self.events.close()
+            self.events, self.events_off, self._gone = None, str(e), True
+            self.readiness.lost_events()
+            raise
+
+    def close(self) -> None:
+        if self.events is not None:
+            self.events.close()
+            self.events = None
 
     def _now_ms(self) -> int:
         return int(self.clock() * 1000)
@@ -273,7 +348,7 @@ class OutboxFolder:
         with os.scandir(self.path) as it:
             for entry in it:
                 name = entry.name
-                if name.startswith(".") or name.lower().endswith(SKIPPED_SUFFIXES):
+                if ignored_name(name):
                     continue
                 try:
                     if not entry.is_file(follow_symlinks=False):
@@ -286,20 +361,34 @@ class OutboxFolder:
 
     def scan(self, stop: Callable[[], bool] = lambda: False,
              report: Callable[[Outcome], None] | None = None) -> list[Outcome]:
-        """One look at the folder: files complete since the last look are
+        """One look at the folder: files ready since the last look are
         sent and moved, in order of modification time then name; returns
         what happened to each (and hands each to ``report`` as its batch is
         done). ``stop`` is asked between batches. Raises StoreError (store
         locked, disk full) with the batch in progress not accepted and its
-        files left where they are."""
-        found = self._candidates()
+        files left where they are; OSError when the folder went away."""
+        if self.events is None and self._gone and self.path.is_dir():
+            # The folder is back after it was deleted or moved away: watched
+            # again (what was written meanwhile goes by the settle time).
+            for d in (self.sent_dir, self.failed_dir):
+                d.mkdir(exist_ok=True)
+            self.events, self.events_off = open_events(self.path)
+            self._gone = self.events is None
+        try:
+            found = self._candidates()
+        except OSError:
+            if self.events is not None:
+                self._read_events()  # (the folder gone: said by its events too, the watch ended)
+            raise
+        if self.events is not None:  # after the listing: every write it saw has its event queued
+            self._read_events()
+        ready = set(self.readiness.look(found, wall=self.clock(), mono=self.monotonic()))
+        ready -= open_for_writing(self.path, ready)  # a writer still holds it: its close decides
         pending = self.pending()
-        # A file accepted before a restart was complete then: it is taken at
-        # the first scan (its digest decides), without waiting for a second.
-        complete = sorted((n for n, sig in found.items()
-                           if self._seen.get(n) == sig or self._accepted_before(n, pending)),
+        # A file accepted before a restart was whole then: it is taken at
+        # once (its digest decides).
+        complete = sorted((n for n in found if n in ready or self._accepted_before(n, pending)),
                           key=lambda n: (found[n][1], n))
-        self._seen = {n: sig for n, sig in found.items() if n not in complete}
         present = {os.fsencode(n) for n in found}
         # Rows whose file left the folder: it was moved before its row said so.
         self._mark_moved((core, p.id) for name, (core, p) in pending.items() if name not in present)
@@ -326,9 +415,10 @@ class OutboxFolder:
             return False
         _, row = found
         try:
-            return hashlib.sha256((self.path / name).read_bytes()).digest() == bytes(row.sha256)
+            got = _read_regular(self.path / name)
         except OSError:
             return False
+        return got is not None and hashlib.sha256(got[0]).digest() == bytes(row.sha256)
 
     def _take(self, names: list[str], found: dict[str, tuple[int, int]],
               pending: dict[bytes, tuple[NodeCore, _Pending]]) -> list[Outcome]:
@@ -343,16 +433,17 @@ class OutboxFolder:
                 continue
             path = self.path / name
             try:
-                data = path.read_bytes()
-                st = path.stat()
+                got = _read_regular(path)
             except FileNotFoundError:
                 continue  # taken away meanwhile
             except OSError as e:
                 out.append(self._fail(name, f"cannot read it: {e.strerror or e}"))
                 continue
-            if (st.st_size, st.st_mtime_ns) != found[name]:
-                self._seen[name] = (st.st_size, st.st_mtime_ns)  # written to again: wait for it
-                continue
+            if got is None:
+                continue  # no longer a regular file (replaced meanwhile): the next look decides
+            data, sig = got
+            if sig != found[name]:
+                continue  # written to since it was found ready: it waits again
             digest = hashlib.sha256(data).digest()
             taken = pending.get(os.fsencode(name))
             if taken is not None:
@@ -414,6 +505,7 @@ class OutboxFolder:
         (core, row id) moved."""
         for name, _, _ in files:
             os.rename(self.path / name, self.sent_dir / _free_name(self.sent_dir, name))
+            self.readiness.taken(name)
         if files:
             # Durable before the rows say so: a move lost in a power cut would
             # otherwise leave a file in the folder whose row says "moved".
@@ -430,7 +522,7 @@ class OutboxFolder:
         write_durably(self.failed_dir, f"{dest}.reason.txt", line.encode("utf-8", "backslashreplace"), sync_dir=False)
         os.rename(self.path / name, self.failed_dir / dest)
         _fsync_dir(self.failed_dir)
-        self._seen.pop(name, None)
+        self.readiness.taken(name)
         return Outcome("failed", name, reason)
 
 
@@ -465,7 +557,8 @@ def inbox_file_name(item: InboxItem, ext: str = "bin") -> str:
 
 class InboxFolder:
     """Writes the organization's arriving documents to a folder, then
-    acknowledges them (``drain()`` once per interval)."""
+    acknowledges them: ``drain()``, then ``wait()`` for the daemon's wake,
+    then ``drain()`` again."""
 
     def __init__(self, node: NodeClient, path: Path, *, ext: str = "bin") -> None:
         if not _EXT.fullmatch(ext):
@@ -473,7 +566,31 @@ class InboxFolder:
         self.node = node
         self.path = Path(path).resolve()
         self.ext = ext
-        self._after = 0  # the last inbox id looked at (documents for users are skipped, not acknowledged)
+        # Per unit, the last inbox row looked at (documents for users are
+        # skipped, not acknowledged): semq.node.api.following's cursor.
+        self._cursor = node.cursor(0)
+
+    def wait(self, timeout: float, also: Sequence[int] = ()) -> bool:
+        """Block until the running daemon says a document arrived above
+        what ``drain`` looked at (True), ``timeout`` passed (False), or one
+        of the descriptors ``also`` is readable (False): woken by the
+        daemon's commit, no polling (NodeClient.wait). Raises
+        semq.session.inbox_wait.DaemonAway when no daemon answers,
+        WaitRefused with its error line."""
+        start = time.monotonic()
+        if self.node.wait(self._cursor, timeout=timeout, also=also):
+            return True
+        if also and time.monotonic() - start < timeout:
+            # Woken by the caller's own events, maybe before the daemon's
+            # answer was read: the store says (a writer of many files must
+            # not keep the inbox from being read).
+            return self.waiting()
+        return False
+
+    def waiting(self) -> bool:
+        """Whether the inbox holds a document above what ``drain`` looked
+        at (one indexed look-up per unit)."""
+        return any(top > at for top, at in zip(self.node.inbox_tops(), self._cursor, strict=True))
 
     def drain(self, limit: int = 1000, stop: Callable[[], bool] = lambda: False,
               report: Callable[[Outcome], None] | None = None) -> list[Outcome]:
@@ -483,10 +600,11 @@ class InboxFolder:
         acknowledgement rewrites the same files under the same names."""
         out: list[Outcome] = []
         while not stop():
-            items = self.node.inbox(unread=True, after_id=self._after, limit=limit)
+            items = self.node.inbox_after(self._cursor, limit=limit)
             if not items:
                 break
-            self._after = items[-1].id
+            for item in items:
+                self._cursor = self.node.advance(self._cursor, item)
             written: list[InboxItem] = []
             done: list[Outcome] = []
             for item in items:
