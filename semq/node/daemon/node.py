@@ -32,6 +32,7 @@ from semq.session.transport import ConnectionClosed, FrameStream
 from semq.settings.config import Address
 from semq.store.db import STORE_ERRORS
 from semq.store.gate import StoreGate
+from semq.tracking.events import now_ms
 from semq.umxt_protocol import (
     LK0,
     Endpoint,
@@ -114,6 +115,7 @@ class NodeDaemon:
         self.s = settings
         self.gate = StoreGate()
         self.connected = False
+        self.disconnected_ms: int | None = None  # when the platform session ended (None: never had one)
         self.address: Address | None = None  # the platform address connected now
         self._welcomed_at: float | None = None  # when the current session got WELCOME
         self.in_flight = 0
@@ -220,6 +222,8 @@ class NodeDaemon:
                 assert isinstance(e, RemoteProtocolError)
                 log.warning("protocol error from platform %s (code %d): %s", here, e.code, e)
                 why = e
+            if self.connected or self.disconnected_ms is None:
+                self.disconnected_ms = now_ms()  # the platform is away since (semq.ops.why)
             self.connected = False
             self.address = None
             welcomed = self._welcomed_at

@@ -134,6 +134,19 @@ class Inbox:
         q = "SELECT count(*) FROM inbox" + (" WHERE consumed_ms IS NULL" if unread else "")
         return int(self.ctx.conn.execute(q).fetchone()[0])
 
+    def by_origin(self) -> dict[str, tuple[int, int | None]]:
+        """Every organization that sent us documents still remembered (the
+        inbox's rows and the dedup table's, 30 days): how many of its
+        documents no application acknowledged yet, and the earliest arrival
+        of those (None: none waits)."""
+        out: dict[str, tuple[int, int | None]] = {str(o): (0, None) for (o,) in self.ctx.conn.execute(
+            "SELECT DISTINCT origin_id FROM dedup")}
+        for o, n, first in self.ctx.conn.execute(
+                "SELECT origin_id, count(consumed_ms IS NULL OR NULL), min(CASE WHEN consumed_ms IS NULL"
+                " THEN received_ms END) FROM inbox GROUP BY origin_id"):
+            out[str(o)] = (int(n), None if first is None else int(first))
+        return out
+
     def dedup_count(self) -> int:
         return int(self.ctx.conn.execute("SELECT count(*) FROM dedup").fetchone()[0])
 
