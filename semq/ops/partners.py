@@ -49,7 +49,8 @@ from semq.umxt_protocol import LK0, LocalProtocolError, PresenceState
 from .admin import AdminCommandError, Handler
 from .why import DaemonView, Doc, Presence, why
 
-__all__ = ["LINK_STATES", "MAX_PARTNERS", "daemon_view", "link_state", "partner_handlers", "presence_of"]
+__all__ = ["LINK_STATES", "MAX_PARTNERS", "ask_partners", "ask_why", "daemon_view", "link_state", "merge_partners",
+           "partner_handlers", "presence_of"]
 
 MAX_PARTNERS: Final = 1000  # partners one answer lists (those with documents waiting first)
 LINK_STATES: Final = ("none", "off", "up", "connecting", "down", "refused", "not offered")
@@ -247,3 +248,69 @@ class _WhyRow(NamedTuple):
     sent_ms: int | None
     created_ms: int
     attempts: int
+
+
+# ---------------------------------------------------------------- clients (the command, the console, the API)
+
+
+def merge_partners(answers: list[dict[str, Any]]) -> dict[str, Any]:
+    """Several units' ``partners`` answers as one node's: backlogs added
+    up, the oldest document the earliest, what the platform said the
+    newest told, a link up if any unit's is."""
+    if len(answers) == 1:
+        return answers[0]
+    rank = {s: i for i, s in enumerate(("up", "connecting", "down", "refused", "not offered", "none", "off"))}
+    by_org: dict[str, dict[str, Any]] = {}
+    for a in answers:
+        for p in a.get("partners") or []:
+            m = by_org.get(p["org"])
+            if m is None:
+                by_org[p["org"]] = dict(p, known_from=list(p.get("known_from") or []))
+                continue
+            m["backlog_out"] += p["backlog_out"]
+            m["backlog_in"] += p["backlog_in"]
+            olds = [x for x in (m["oldest_waiting_ms"], p["oldest_waiting_ms"]) if x is not None]
+            m["oldest_waiting_ms"] = min(olds) if olds else None
+            if (p.get("told_ms") or 0) > (m.get("told_ms") or 0):
+                for k in ("online", "since_ms", "last_seen_ms", "told_ms"):
+                    m[k] = p.get(k)
+            if rank.get(p["link"], 99) < rank.get(m["link"], 99):
+                m["link"], m["link_detail"] = p["link"], p.get("link_detail")
+            exp = [x for x in (m["cert_expires_ms"], p["cert_expires_ms"]) if x is not None]
+            m["cert_expires_ms"] = max(exp) if exp else None
+            m["known_from"] = sorted(set(m["known_from"]) | set(p.get("known_from") or []))
+    rows = sorted(by_org.values(), key=lambda e: (-(e["backlog_out"] + e["backlog_in"]), e["org"]))
+    return {"partners": rows, "asked_ms": max(a["asked_ms"] for a in answers),
+            "connected": any(a.get("connected") for a in answers), "more": sum(a.get("more", 0) for a in answers)}
+
+
+def ask_partners(cfg: Any, timeout: float = 10.0) -> dict[str, Any]:
+    """The running node's ``partners`` (every unit's, merged). Raises
+    semq.ops.admin.AdminError when a daemon does not answer."""
+    from .admin import admin_call, admin_socket_path
+
+    dirs = cfg.unit_dirs
+    return merge_partners([admin_call(admin_socket_path(d), "partners", {}, timeout=timeout) for d in dirs])
+
+
+def ask_why(cfg: Any, lk0: str, timeout: float = 5.0, *, ours: bool = True) -> dict[str, Any]:
+    """Where the document ``lk0`` is and why it waits, from the running
+    node (``{"found": bool, "why": ...}``: its unit's answer, or the first
+    that has it). Without a running daemon, one of ``ours`` is found and
+    waits for the stopped daemon (``daemon_stopped``); one received here is
+    not found."""
+    from .admin import AdminError, admin_call, admin_socket_path
+
+    dirs = cfg.unit_dirs
+    answered = False
+    for d in dirs:
+        try:
+            got: dict[str, Any] = admin_call(admin_socket_path(d), "why", {"lk0": lk0}, timeout=timeout)
+        except AdminError:
+            continue
+        answered = True
+        if got.get("found"):
+            return got
+    if answered or not ours:
+        return {"lk0": lk0, "found": False, "why": None}
+    return {"lk0": lk0, "found": True, "why": why(Doc(state="open"), None, DaemonView(running=False))}
