@@ -141,7 +141,7 @@ def receipt_check(directory: Path, row: dict[str, Any]) -> dict[str, Any] | None
     return info
 
 
-def why_now(directory: Path, row: dict[str, Any]) -> dict[str, Any] | None | bool:
+def why_now(directory: Path, row: dict[str, Any]) -> dict[str, Any] | bool | None:
     """Where one of a node's documents is now and why it waits (semq.ops.why),
     asked of the running daemon; None when nothing waits (confirmed, or
     delivered to an application here); False at the platform, or for a

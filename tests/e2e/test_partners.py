@@ -130,7 +130,7 @@ def test_track_of_a_document_held_behind_its_ordered_predecessor_says_so(tmp_pat
         wait_until(lambda: _run(capsys, "track", "--dir", str(c.root / B), lk0s[2])[0] == 0, 15, "B's history")
         rc, out, _ = _run(capsys, "track", "--dir", str(c.root / B), lk0s[2])
         last = out.rstrip().splitlines()[-1]
-        assert last.startswith("why: received here, held back (ordered channel ORDERS): held behind its ordered"
+        assert rc == 0 and last.startswith("why: received here, held back (ordered channel ORDERS): held behind its ordered"
                                f" predecessor {lk0s[0]} of {A}, which has not arrived"), last
         # B's partner A: the two documents no application has yet.
         assert _partners(capsys, c.root / B)[A]["backlog_in"] == 2
