@@ -60,7 +60,7 @@ REASONS: Final[dict[str, Reason]] = {
         "sent to the platform (SS_SENT)", "the platform's acknowledgement has not come{lost}",
         "nothing to do: the platform is asked at the next inquiry and it is sent again if it has not got it"),
     "partner_offline": Reason(
-        "stored at the platform (SS_ACK)", "{target} is offline since {offline_since}",
+        "stored at the platform (SS_ACK)", "{target} is offline {offline_since}",
         "nothing to do here: the platform delivers it when {target} connects; {target}'s operator can start"
         " its node"),
     "partner_online_unconfirmed": Reason(
@@ -196,8 +196,9 @@ def why(doc: Doc, partner: Presence | None = None, daemon: DaemonView | None = N
         "id": doc.id, "target": doc.target or "the target",
         "since": f" since {_at(since)}" if since else "",
         "lost": f" (sent {_at(doc.sent_ms)})" if doc.sent_ms else "",
-        "offline_since": _at(partner.since_ms) + (f", as the platform said {age(partner.told_ms)} ago"
-                                                   if partner.told_ms else ""),
+        "offline_since": (f"since {_at(partner.since_ms)}" if partner.since_ms
+                          else "(the platform has never seen it connected)")
+        + (f", as the platform said {age(partner.told_ms)} ago" if partner.told_ms else ""),
         "online_since": _at(partner.since_ms),
         "asked": "" if partner.told_ms else ": the platform was not asked yet",
         "partner": (f"; {doc.target} is offline since {_at(partner.since_ms)}" if partner.online is False
