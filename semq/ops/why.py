@@ -37,7 +37,7 @@ class Reason(NamedTuple):
 REASONS: Final[dict[str, Reason]] = {
     "daemon_stopped": Reason(
         "in this node's outbox", "the node's daemon is not running, so nothing is sent or asked",
-        "start it: semq node run (or systemctl start semq-node)"),
+        "start it: semq node run (or systemctl start semq-node-ORG)"),
     "platform_unreachable": Reason(
         "in this node's outbox, not sent (SS_INIT)", "the platform is unreachable{since}",
         "check the network and the platform's address (semq status); it goes by itself once the node reconnects"),
