@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from tests.web._console import B, C, PASSWORDS, ConsoleCluster
+from tests.web._console import PASSWORDS, B, C, ConsoleCluster
 
 pytestmark = pytest.mark.e2e
 

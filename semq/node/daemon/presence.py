@@ -20,7 +20,7 @@ from semq.umxt_protocol import MAX_PRESENCE_ITEMS, Presence, PresenceState, RawF
 
 __all__ = ["ASK_EVERY", "PartnerPresence", "Seen"]
 
-ASK_EVERY: Final = 2.0  # s between two queries (the platform ignores more: semq.platform.daemon.relay)
+ASK_EVERY: Final = 2.5  # s between two queries (the platform ignores more than one every 2 s: semq.platform.daemon.relay)
 _KEEP: Final = 10_000  # organizations remembered (an answer names only what we asked)
 
 
