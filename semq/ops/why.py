@@ -47,21 +47,21 @@ REASONS: Final[dict[str, Reason]] = {
     "over_quota": Reason(
         "in this node's outbox, not sent (SS_INIT)",
         "the platform's storage quota for our documents is used up (QUOTA_EXCEEDED)",
-        "nothing to do here: it goes again by itself; the platform's operator can raise the quota, or {target}"
+        "none here: it goes again by itself; the platform's operator can raise the quota, or {target}"
         " can come online and take what waits for it"),
     "window_full": Reason(
         "in this node's outbox, not sent (SS_INIT)", "the send window is full ({in_flight} in flight of {window})",
-        "nothing to do: it leaves as the platform acknowledges the ones before it; if it stays, see semq admin"
+        "none: it leaves as the platform acknowledges the ones before it; if it stays, see semq admin"
         " status"),
     "queued": Reason(
         "in this node's outbox, not sent (SS_INIT)", "queued behind other documents",
-        "nothing to do: it leaves within seconds; if not, see semq admin status"),
+        "none: it leaves within seconds; if not, see semq admin status"),
     "platform_ack_missing": Reason(
         "sent to the platform (SS_SENT)", "the platform's acknowledgement has not come{lost}",
-        "nothing to do: the platform is asked at the next inquiry and it is sent again if it has not got it"),
+        "none: the platform is asked at the next inquiry and it is sent again if it has not got it"),
     "partner_offline": Reason(
         "stored at the platform (SS_ACK)", "{target} is offline {offline_since}",
-        "nothing to do here: the platform delivers it when {target} connects; {target}'s operator can start"
+        "none here: the platform delivers it when {target} connects; {target}'s operator can start"
         " its node"),
     "partner_online_unconfirmed": Reason(
         "stored at the platform (SS_ACK)",
@@ -72,14 +72,14 @@ REASONS: Final[dict[str, Reason]] = {
         "semq partners asks the platform; the platform delivers it when {target} connects"),
     "forwarded_unconfirmed": Reason(
         "forwarded to {target} (SS_ACK_FWD)", "{target}'s delivery confirmation (ACK2) has not come{partner}",
-        "nothing to do: {target} is asked at the next inquiry; semq admin resend {id} sends it again"),
+        "none: {target} is asked at the next inquiry; semq admin resend {id} sends it again"),
     "failed": Reason(
         "failed here (SS_FAILED)", "{detail}",
         "semq admin requeue {id} sends it again once the cause is gone; semq dead lists the dead letters"),
     "held_ordered": Reason(
         "received here, held back (ordered channel {channel})",
         "held behind its ordered predecessor {waits_for} of {origin}, which has not arrived",
-        "nothing to do here: it is handed over when {waits_for} arrives; if that document failed at"
+        "none here: it is handed over when {waits_for} arrives; if that document failed at"
         " {origin}, {origin}'s operator sends it again or gives it up (its gap notice releases this one)"),
 }
 
