@@ -136,3 +136,45 @@ def test_track_of_a_document_held_behind_its_ordered_predecessor_says_so(tmp_pat
         assert _partners(capsys, c.root / B)[A]["backlog_in"] == 2
     finally:
         c.stop_all()
+
+
+def test_a_document_says_when_the_platform_is_unreachable_and_when_the_daemon_is_stopped(
+        cluster: Cluster, capsys: Any) -> None:
+    """The platform stops: a new document waits at its origin, its why line
+    names the platform unreachable (since about then), and ``semq partners``
+    says its answer is what the platform said last. The node's daemon stops
+    too: the why line says so and how to start it."""
+    c = cluster
+    c.add_org(A)
+    c.add_org(B)
+    c.start_platform()
+    c.start_node(A)
+    c.start_node(B)
+    wait_until(lambda: json.loads(_run(capsys, "partners", "--dir", str(c.root / A), "--json")[1])["connected"],
+               15, "A connected to the platform")
+    went = int(time.time() * 1000)
+    c.kill("P")
+    with NodeClient(c.root / A) as node:
+        lk0 = str(node.send(B, b"<order n='3'/>", data_type="ORDER", key="PO-3"))
+    wait_until(lambda: _run(capsys, "track", "--dir", str(c.root / A), lk0)[0] == 0, 15, "the history")
+
+    def why() -> dict[str, Any]:
+        rc, out, _ = _run(capsys, "track", "--dir", str(c.root / A), lk0, "--json")
+        assert rc == 0, out
+        w: dict[str, Any] = json.loads(out)[0]["why"]
+        return w
+
+    w = wait_until(lambda: (x := why()) and x["code"] == "platform_unreachable" and x, 15, "unreachable")
+    assert w["where"] == "in this node's outbox, not sent (SS_INIT)"
+    assert went - 2000 <= w["since_ms"] <= int(time.time() * 1000)
+    rc, out, err = _run(capsys, "partners", "--dir", str(c.root / A))
+    assert rc == 0 and "note: the platform is unreachable now" in err, err
+    assert json.loads(_run(capsys, "partners", "--dir", str(c.root / A), "--json")[1])["connected"] is False
+
+    c.kill(A)
+    rc, out, _ = _run(capsys, "track", "--dir", str(c.root / A), lk0)
+    assert out.rstrip().splitlines()[-1] == (
+        "why: in this node's outbox: the node's daemon is not running, so nothing is sent or asked."
+        " What to do: start it: semq node run (or systemctl start semq-node-ORG)")
+    rc, _, err = _run(capsys, "partners", "--dir", str(c.root / A))
+    assert rc == 1 and err.startswith("error: the node's daemon does not answer") and "semq node run" in err
