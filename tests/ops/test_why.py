@@ -69,3 +69,26 @@ def test_what_each_line_names() -> None:
 def test_nothing_waits_once_confirmed() -> None:
     assert why(Doc(state="SS_ACK2", target=TARGET)) is None
     assert why_line(None).startswith("why: nothing waits")
+
+
+def test_a_node_of_several_units_answers_its_partners_as_one() -> None:
+    from semq.ops.partners import merge_partners
+
+    def row(**kw: Any) -> dict[str, Any]:
+        base = {"org": TARGET, "online": None, "since_ms": None, "last_seen_ms": None, "told_ms": None,
+                "backlog_out": 0, "backlog_in": 0, "oldest_waiting_ms": None, "cert_expires_ms": None,
+                "link": "none", "link_detail": None, "known_from": []}
+        return base | kw
+
+    one = {"partners": [row(backlog_out=2, oldest_waiting_ms=T + 50, told_ms=T, online=False, since_ms=T - 9,
+                            known_from=["outbox"])], "asked_ms": T, "connected": True}
+    two = {"partners": [row(backlog_out=1, backlog_in=4, oldest_waiting_ms=T, told_ms=T + 7, online=True,
+                            since_ms=T + 5, link="up", known_from=["inbox"]),
+                        row(org="77000", known_from=["pins"])], "asked_ms": T + 9, "connected": False}
+    got = merge_partners([one, two])
+    first, second = got["partners"]
+    assert (first["org"], first["backlog_out"], first["backlog_in"], first["oldest_waiting_ms"]) == (TARGET, 3, 4, T)
+    # What the platform said last wins; a link up on any unit is up.
+    assert (first["online"], first["since_ms"], first["told_ms"], first["link"]) == (True, T + 5, T + 7, "up")
+    assert first["known_from"] == ["inbox", "outbox"] and second["org"] == "77000"
+    assert got["asked_ms"] == T + 9 and got["connected"] is True
