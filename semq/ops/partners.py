@@ -39,10 +39,15 @@ from __future__ import annotations
 
 import datetime as dt
 from collections.abc import Iterable
+from pathlib import Path
 from typing import Any, Final, NamedTuple
+
+import trio
 
 from semq.node.engine import SendState
 from semq.node.origin.outbox import OutboxFilter
+from semq.node.receiver.inbox import received_by_origin
+from semq.store.db import open_read_only
 from semq.tracking.events import now_ms
 from semq.umxt_protocol import LK0, LocalProtocolError, PresenceState
 
@@ -102,8 +107,6 @@ def daemon_view(daemon: Any) -> DaemonView:
 
 
 def daemon_now() -> float:
-    import trio
-
     try:
         return trio.current_time()
     except RuntimeError:  # (outside trio)
@@ -121,7 +124,18 @@ def _expiry(sec: Any, org: str) -> int | None:
     return int(latest.timestamp() * 1000)
 
 
-def _gather(core: Any, extra: Iterable[str]) -> dict[str, dict[str, Any]]:
+def _received(path: Path) -> dict[str, tuple[int, int | None]]:
+    """In a worker thread, on a read-only connection of its own: who sent us
+    documents, and how many of each no application has read (a scan of the
+    unread ones: kept off the store thread, which the documents need)."""
+    conn, _version = open_read_only(path, "node store")
+    try:
+        return received_by_origin(conn)
+    finally:
+        conn.close()
+
+
+def _gather(core: Any, extra: Iterable[str], received: dict[str, tuple[int, int | None]]) -> dict[str, dict[str, Any]]:
     """On the store thread: every partner with its backlogs and certificate."""
     me = core.me.node_id
     out: dict[str, dict[str, Any]] = {}
@@ -141,7 +155,7 @@ def _gather(core: Any, extra: Iterable[str]) -> dict[str, dict[str, Any]]:
             e["backlog_out"] += n
             if e["oldest_waiting_ms"] is None or oldest < e["oldest_waiting_ms"]:
                 e["oldest_waiting_ms"] = oldest
-    for origin, (unread, _first) in core.inbox.by_origin().items():
+    for origin, (unread, _first) in received.items():
         entry(origin, "inbox")["backlog_in"] += unread
     for origin, held in core.receiver.channels.held_by_origin().items():
         entry(origin, "inbox")["backlog_in"] += held
@@ -164,7 +178,8 @@ def partner_handlers(daemon: Any, core: Any) -> dict[str, Handler]:
     async def partners(args: dict[str, Any]) -> dict[str, Any]:
         direct = daemon.links.snapshot()
         linked = {str(link.get("peer")) for link in direct.get("links") or []} | set(direct.get("waiting") or {})
-        found = await daemon.gate.run(_gather, core, linked)
+        received = await trio.to_thread.run_sync(_received, Path(core.path))
+        found = await daemon.gate.run(_gather, core, linked, received)
         # Ask the platform about the ones with documents waiting first.
         order = sorted(found.values(), key=lambda e: (-(e["backlog_out"] + e["backlog_in"]), e["org"]))
         await daemon.presence.ask([e["org"] for e in order], daemon.ask_presence)
