@@ -92,3 +92,14 @@ def test_a_node_of_several_units_answers_its_partners_as_one() -> None:
     assert (first["online"], first["since_ms"], first["told_ms"], first["link"]) == (True, T + 5, T + 7, "up")
     assert first["known_from"] == ["inbox", "outbox"] and second["org"] == "77000"
     assert got["asked_ms"] == T + 9 and got["connected"] is True
+
+
+async def test_the_why_request_refuses_what_is_not_an_lk0_in_one_line() -> None:
+    from semq.ops.admin import AdminCommandError
+    from semq.ops.partners import partner_handlers
+
+    handlers = partner_handlers(object(), object())  # (refused before either is asked anything)
+    for bad in ("", "10008/1/1", "10008/x/1/2", "a b/1/1/2", "10008/1/1/2\n"):
+        with pytest.raises(AdminCommandError, match="is not NODE/SEMQ_ID/DB_ID/RECORD_ID") as e:
+            await handlers["why"]({"lk0": bad})
+        assert "\n" not in str(e.value).replace("\\n", "")
