@@ -27,9 +27,11 @@ node never guesses it from its own documents.
                    "backlog_out": int, "backlog_in": int,
                    "oldest_waiting_ms": int | None, "cert_expires_ms": int | None,
                    "link": str, "link_detail": str | None, "known_from": [str]}],
-     "asked_ms": int, "connected": bool}
+     "asked_ms": int, "connected": bool, "more": int}
 
 ``org`` is the organization id as text (ids may be more than digits);
+``connected`` whether the node has a platform session now; ``more`` the
+partners beyond MAX_PARTNERS not listed;
 ``oldest_waiting_ms`` the acceptance time (epoch ms) of its oldest
 document not yet confirmed; ``told_ms`` when the platform said what
 ``online`` says; ``link`` one of none, off, up, connecting, down,
@@ -98,7 +100,7 @@ def presence_of(daemon: Any, org: str) -> Presence:
 
 def daemon_view(daemon: Any) -> DaemonView:
     """What the daemon knows that bears on a document (semq.ops.why)."""
-    now = daemon_now()
+    now = _now()
     quota = getattr(daemon, "over_quota", None) or {}
     return DaemonView(running=True, connected=bool(daemon.connected),
                       disconnected_ms=getattr(daemon, "disconnected_ms", None), in_flight=int(daemon.in_flight),
@@ -106,7 +108,7 @@ def daemon_view(daemon: Any) -> DaemonView:
                       over_quota=frozenset(t for t, (until, _) in quota.items() if until > now))
 
 
-def daemon_now() -> float:
+def _now() -> float:
     try:
         return trio.current_time()
     except RuntimeError:  # (outside trio)
@@ -114,14 +116,22 @@ def daemon_now() -> float:
 
 
 def _expiry(sec: Any, org: str) -> int | None:
-    """When the newest usable certificate held for ``org`` expires (epoch ms)."""
+    """When the newest certificate held for ``org`` expires (epoch ms): a
+    usable one's, else the one kept on disk (certs/ORG.pem: it may have
+    expired, which is worth seeing); None when none is held."""
     if sec is None:
         return None
     certs = sec.certs(org)
-    if not certs:
+    if certs:
+        latest: dt.datetime = max(c.not_after for c in certs)
+        return int(latest.timestamp() * 1000)
+    from cryptography import x509
+
+    try:
+        kept = x509.load_pem_x509_certificates((Path(sec.ndir) / "certs" / f"{org}.pem").read_bytes())
+    except (OSError, ValueError):
         return None
-    latest: dt.datetime = max(c.not_after for c in certs)
-    return int(latest.timestamp() * 1000)
+    return int(max(c.not_valid_after_utc for c in kept).timestamp() * 1000) if kept else None
 
 
 def _received(path: Path) -> dict[str, tuple[int, int | None]]:

@@ -21,7 +21,7 @@ from typing import Any, Final, NamedTuple
 from semq.identity.security import WAITING_CODES
 from semq.umxt_protocol import ResultCode
 
-from .display import age, when
+from .display import age, shown, when
 
 __all__ = ["REASONS", "DaemonView", "Doc", "Presence", "Reason", "why", "why_line"]
 
@@ -208,13 +208,15 @@ def why(doc: Doc, partner: Presence | None = None, daemon: DaemonView | None = N
                    f" ({WAITING_CODES[cert_code]})" if code == "certificate_unknown"
                    else f"gave up: {code_name or 'no code'}" + (f" after {doc.attempts} attempts"
                                                                   if doc.attempts > 1 else "")),
-        "cert_action": _CERT_ACTION.get(cert_code, _CERT_DEFAULT),
+        "cert_action": _CERT_ACTION.get(cert_code, _CERT_DEFAULT).format(target=doc.target or "the target"),
         "channel": held.get("channel", ""), "waits_for": held.get("waits_for", ""),
         "origin": held.get("origin", ""),
     }
 
     def fill(text: str) -> str:
-        return text.format(**facts).format(**facts)  # (cert_action holds {target} itself)
+        # One pass: a value (a channel's name comes from another
+        # organization) is inserted as text, never read as a template.
+        return text.format(**facts)
 
     return {"where": fill(r.where), "reason": fill(r.reason), "since_ms": since, "action": fill(r.action),
             "code": code}
@@ -224,4 +226,4 @@ def why_line(w: dict[str, Any] | None) -> str:
     """The one line a person reads: ``where: reason — action``."""
     if w is None:
         return "why: nothing waits (confirmed, or delivered to the application)"
-    return f"why: {w['where']}: {w['reason']}. What to do: {w['action']}"
+    return shown(f"why: {w['where']}: {w['reason']}. What to do: {w['action']}")

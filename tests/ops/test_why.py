@@ -103,3 +103,10 @@ async def test_the_why_request_refuses_what_is_not_an_lk0_in_one_line() -> None:
         with pytest.raises(AdminCommandError, match="is not NODE/SEMQ_ID/DB_ID/RECORD_ID") as e:
             await handlers["why"]({"lk0": bad})
         assert "\n" not in str(e.value).replace("\\n", "")
+
+
+def test_a_channel_name_from_another_organization_is_text_not_a_template() -> None:
+    w: Any = why(Doc(held={"origin": "10008", "channel": "{target.__class__}\x1b[2J", "waits_for": "10008/1/1/5",
+                           "since_ms": T}))
+    assert "{target.__class__}" in w["where"]
+    assert "\x1b" not in why_line(w) and "\\x1b[2J" in why_line(w)
