@@ -63,3 +63,29 @@ def test_a_query_names_one_to_max_organizations_no_more() -> None:
         PresenceQuery(orgs=())
     with pytest.raises(LocalProtocolError, match="organization 'a b'"):
         PresenceQuery(orgs=("a b",))
+
+
+def test_a_clustered_platform_tells_who_is_online_at_another_instance(pg_url: str) -> None:
+    """Two instances on one PostgreSQL store: B connected to instance one
+    (one of its units, B:2, too) is online at instance two's answer, since
+    its earliest connection; gone from one, it is offline since then."""
+    from semq.umxt_protocol.units import route_of
+
+    one = PlatformCore(pg_url, create=True, instance="one")
+    two = PlatformCore(pg_url, instance="two")
+    try:
+        one.register([A, B])
+        one.join_cluster("127.0.0.1:1")
+        two.join_cluster("127.0.0.1:2")
+        t0 = now_ms()
+        assert one.connected(route_of(Endpoint.org(B), 2), 2)
+        assert one.connected(Endpoint.org(B), 2)
+        (e,) = two.presence_of([B], {}).entries
+        assert e.state is PresenceState.ONLINE and t0 <= e.since_ms <= now_ms()
+        one.disconnected(route_of(Endpoint.org(B), 2))
+        one.disconnected(Endpoint.org(B))
+        (e,) = two.presence_of([B], {}).entries
+        assert e.state is PresenceState.OFFLINE and t0 <= e.since_ms <= now_ms()
+    finally:
+        one.close()
+        two.close()
