@@ -51,6 +51,7 @@ EXAMPLES: dict[str, str] = {
                 "semq messages --dir A --limit 20 --json\n"
                 "semq messages --dir A --receipt 10008/1/1/1795329835412001",
     "status": "semq status --dir A\nsemq status --dir P --json",
+    "partners": "semq partners --dir A\nsemq partners --dir A --json",
     # -- operations
     "admin status": "semq admin status --dir A\nsemq admin status --dir A --unit 2 --json",
     "admin ping": "semq admin ping --dir A",

@@ -10,6 +10,7 @@ from typing import NoReturn
 from semq import __version__
 from semq.cli.inbox import register as register_inbox
 from semq.cli.node import register as register_node
+from semq.cli.partners import register as register_partners
 from semq.cli.platform import register as register_platform
 from semq.cli.receive import register as register_receive
 from semq.cli.send import register as register_send
@@ -47,6 +48,7 @@ def build_parser() -> argparse.ArgumentParser:
     register_receive(sub, common)
     register_user(sub, common)
     register_status(sub, common)  # messages, status
+    register_partners(sub, common)  # semq partners (semq.ops.partners)
     register_ops(sub)
     register_watch(sub)  # semq watch: outbox and inbox folders (semq.node.features.folders)
     from semq.cli.capabilities import register as register_features

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from .display import MAX_LIMIT, age, check_count, is_time_key, shown, when
+from .why import why_line
 
 __all__ = ["OpsUsageError", "main", "parse_duration", "register"]
 
@@ -327,6 +328,20 @@ def _wait_gone(args: argparse.Namespace) -> None:
     raise AdminError(f"the daemon still answers after {args.wait:g} s")
 
 
+def _print_hidden(result: dict[str, Any], limit: int) -> None:
+    """What ``admin stuck`` does not show, and how to see it."""
+    younger = int(result.get("younger") or 0)
+    if younger:
+        print(f"{younger} not confirmed yet but younger than {_duration(result['older_than_s'])} not shown"
+              " (--older-than 0 shows them all, e.g. --older-than 5m those older than 5 minutes)")
+    if len(result.get("rows") or []) >= limit and result.get("count", 0) > limit:
+        print(f"only the oldest {limit} of {result['count']} listed (--limit N lists more)")
+
+
+def _duration(s: float) -> str:
+    return f"{s / 3600:g} h" if s >= 3600 else f"{s / 60:g} min" if s >= 60 else f"{s:g} s"
+
+
 @_cli_errors
 def cmd_admin(args: argparse.Namespace) -> int:
     cmd = args.admin_cmd
@@ -378,10 +393,15 @@ def cmd_admin(args: argparse.Namespace) -> int:
             for c in result.get("channels") or []:
                 print(f"ordered {shown(c['text'])}")
         _print_rows(result["rows"])
+        if cmd == "stuck":
+            _print_hidden(result, args.limit)
         if cmd == "list":
             print(f"{result['count']} row(s)", file=sys.stderr)
     elif cmd == "show":
+        w = result.pop("why", False)
         _print_fields(result)
+        if w is not False:
+            print(why_line(w))
     elif cmd in ("requeue", "resend", "purge"):
         verb = {"requeue": "requeued", "resend": "resent", "purge": "purged"}[cmd]
         if result.get("dry_run"):
@@ -551,7 +571,8 @@ def register(sub: Any) -> None:
     x.add_argument("record", help="record id, or an LK0 (NODE/1/1/ID)")
     x.add_argument("--table", choices=["outbox", "inbound"],
                    help="node: look in pending-send (default) or pending-ack")
-    x = adm.add_parser("stuck", parents=[common, out], help="no end-to-end confirmation for too long, and where")
+    x = adm.add_parser("stuck", parents=[common, out], help="no end-to-end confirmation for too long, and where"
+                       " (says how many younger ones it does not show)")
     x.add_argument("--older-than", type=parse_duration, metavar="DURATION",
                    help="unconfirmed for longer than this counts as stuck (default 1h)")
     x.add_argument("--limit", type=int, default=100, metavar="N", help=f"at most N rows (1..{MAX_LIMIT}, default 100)")

@@ -16,6 +16,7 @@ from typing import Any
 from semq.tracking.history import HistoryReader, history_paths
 
 from .display import MAX_LIMIT, shown, when
+from .why import why_line
 
 __all__ = ["add_track_parser", "cmd_track", "parse_when"]
 
@@ -140,6 +141,29 @@ def receipt_check(directory: Path, row: dict[str, Any]) -> dict[str, Any] | None
     return info
 
 
+def why_now(directory: Path, row: dict[str, Any]) -> dict[str, Any] | bool | None:
+    """Where one of a node's documents is now and why it waits (semq.ops.why),
+    asked of the running daemon; None when nothing waits (confirmed, or
+    delivered to an application here); False at the platform, or for a
+    data directory that is not a node's."""
+    from semq.settings.config import ConfigError, load_config
+
+    from .partners import ask_why
+
+    if row["role"] not in ("origin", "receiver"):
+        return False
+    if row["state"] in ("ack2", "inbox"):
+        return None
+    try:
+        cfg = load_config(directory)
+    except (ConfigError, OSError):
+        return False
+    if cfg.role != "node":
+        return False
+    got = ask_why(cfg, row["lk0"], ours=row["role"] == "origin")
+    return got["why"] if got.get("found") else None
+
+
 def _days(directory: Path) -> int:
     from semq.settings.config import ConfigError, load_config
 
@@ -179,6 +203,9 @@ def cmd_track(args: argparse.Namespace) -> int:
         check = receipt_check(directory, d)
         if check is not None:
             d["receipt_check"] = check
+        w = why_now(directory, d)
+        if w is not False:
+            d["why"] = w
     if args.json:
         print(json.dumps(detail or rows, default=str))
         return 0 if rows else 1
@@ -190,6 +217,8 @@ def cmd_track(args: argparse.Namespace) -> int:
             if i:
                 print()
             print("\n".join(_timeline(d)))
+            if "why" in d:
+                print(why_line(d["why"]))
         return 0
     print("\n".join(_table(rows)))
     if len(rows) == args.limit:
@@ -202,7 +231,8 @@ def add_track_parser(sub: Any, common: argparse.ArgumentParser) -> None:
         "track", parents=[common], help="where a document is and when it got there (the delivery history)",
         description="Answers from the delivery history the daemon keeps (history_days, default 90), also"
                     " after the store has cleaned a confirmed document. One document: its timeline, every"
-                    " step with its time; several: a table, newest first.",
+                    " step with its time, and one last line: where it is now, why it waits and what to do"
+                    " (asked of the running daemon); several: a table, newest first.",
         epilog="examples:\n  semq track INV-0042\n  semq track 10008/1/1/42\n"
                "  semq track --to 56001 --since 2h\n  semq track --state nack --since 1d --json",
         formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -216,5 +246,5 @@ def add_track_parser(sub: Any, common: argparse.ArgumentParser) -> None:
     x.add_argument("--since", type=parse_when, metavar="WHEN", help="first seen after: 30m, 2h, 7d ago or a date/time")
     x.add_argument("--until", type=parse_when, metavar="WHEN", help="first seen before: as --since")
     x.add_argument("--limit", type=int, default=50, metavar="N", help="at most N documents, newest first (default 50)")
-    x.add_argument("--json", action="store_true", help="JSON: the rows with their steps")
+    x.add_argument("--json", action="store_true", help="JSON: the rows with their steps (one document: and its why)")
     x.set_defaults(func=cmd_track)

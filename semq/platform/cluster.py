@@ -39,12 +39,14 @@ import os
 import socket
 import time
 import uuid
+from collections.abc import Sequence
 from typing import Any, Final
 
 from semq.store.db import StoreError
 from semq.store.pg import PgListener
 from semq.tracking.events import now_ms
 from semq.umxt_protocol import Endpoint, NodeType
+from semq.umxt_protocol.units import UNIT_SEP
 
 from .views import InstanceRow
 
@@ -153,6 +155,19 @@ class Presence:
             self._where.pop(ep, None)  # held elsewhere now: the router must look again
             return False
         return True
+
+    def online_since(self, node_ids: Sequence[str]) -> dict[str, int]:
+        """Of the organizations ``node_ids``, those connected to a live
+        instance (any of their units), and since when (the earliest)."""
+        out: dict[str, int] = {}
+        for nid in node_ids:
+            row = self.conn.execute(
+                "SELECT min(p.since_ms) FROM presence p JOIN instances i ON i.id = p.instance"
+                " WHERE p.node_type=? AND (p.node_id=? OR p.node_id LIKE ?) AND i.heartbeat_ms>=?",
+                (int(NodeType.ORGANIZATION), nid, f"{nid}{UNIT_SEP}%", now_ms() - LIVE_MS)).fetchone()
+            if row and row[0] is not None:
+                out[nid] = int(row[0])
+        return out
 
     def elsewhere(self, ep: Endpoint) -> str | None:
         """The live instance (other than this one) holding ``ep``'s

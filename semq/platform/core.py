@@ -23,7 +23,7 @@ that may leave before the commit go out through a ``RelayPort`` (STYLE,
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Final
 
@@ -42,10 +42,13 @@ from semq.umxt_protocol import (
     Kind,
     PeerAnnounce,
     PeerInfo,
+    PresenceEntry,
+    PresenceState,
     RawFrame,
     RemoteProtocolError,
     ResultCode,
 )
+from semq.umxt_protocol import Presence as PresenceAnswer
 from semq.umxt_protocol.units import route_org
 
 from .batch import Events, PlatformBatch, PlatformOutput, Room, reach
@@ -406,6 +409,12 @@ class PlatformCore(HeldWrites):
         return True
 
     def disconnected(self, ep: Endpoint) -> None:
+        try:
+            with self._tx():
+                # The last time it was seen: what a PRESENCE answer says of it.
+                self.nodes.connected(route_org(ep), now_ms())
+        except STORE_ERRORS:
+            pass  # its connection time stays the last seen
         if self.presence is not None:
             self.copies.forget_target(ep)
             try:
@@ -438,6 +447,29 @@ class PlatformCore(HeldWrites):
     def lookup_peer(self, asker: Endpoint, about: Endpoint) -> PeerInfo:
         """The answer to ``asker``'s PEER_LOOKUP about ``about``."""
         return self.peers.lookup(asker, about, now_ms(), self.nodes.is_known(about))
+
+    def presence_of(self, orgs: Sequence[str], here: Mapping[str, int]) -> PresenceAnswer:
+        """The answer to a PRESENCE_QUERY naming ``orgs``; ``here``: the
+        organizations connected to this instance, and since when (the
+        relay's sessions). An organization not known here (or revoked) is
+        UNKNOWN and nothing more; the others ONLINE since their connection
+        began (here, or at another live instance of a clustered platform)
+        or OFFLINE since they were last seen (docs/security.md "What
+        presence tells")."""
+        seen = self.nodes.last_seen(orgs)
+        away = [o for o in orgs if o in seen and o not in here]
+        elsewhere = self.presence.online_since(away) if self.presence is not None and away else {}
+        ts = now_ms()
+        entries = []
+        for org in orgs:
+            since = here.get(org) or elsewhere.get(org)
+            if org not in seen:
+                entries.append(PresenceEntry(org, PresenceState.UNKNOWN, 0, 0))
+            elif since:
+                entries.append(PresenceEntry(org, PresenceState.ONLINE, since, ts))
+            else:
+                entries.append(PresenceEntry(org, PresenceState.OFFLINE, seen[org], seen[org]))
+        return PresenceAnswer(entries=tuple(entries))
 
     # ------------------------------------------------------------ instances
 

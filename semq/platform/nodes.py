@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from typing import Any, Final
 
 from semq.store.pg import declare_key
-from semq.umxt_protocol import Endpoint, RemoteProtocolError, ResultCode
+from semq.umxt_protocol import Endpoint, NodeType, RemoteProtocolError, ResultCode
 from semq.umxt_protocol.units import MAX_UNITS
 
 from .views import NodeRow, OrgRow, select_list
@@ -79,9 +79,20 @@ class Nodes:
         self.known.add(org)
 
     def connected(self, org: Endpoint, ts: int) -> None:
-        """``org`` completed a HELLO at ``ts``."""
+        """``org`` completed a HELLO at ``ts``, or its connection ended then
+        (the last time it was seen: what a PRESENCE answer says)."""
         self.conn.execute("UPDATE nodes SET last_seen_ms=? WHERE node_type=? AND node_id=?",
                           (ts, int(org.node_type), org.node_id))
+
+    def last_seen(self, node_ids: Sequence[str]) -> dict[str, int]:
+        """The organizations of ``node_ids`` registered and not revoked, and
+        when each was last seen connected (0: never)."""
+        if not node_ids:
+            return {}
+        marks = ",".join("?" * len(node_ids))
+        return {str(i): int(ls or 0) for i, ls in self.conn.execute(
+            f"SELECT node_id, last_seen_ms FROM nodes WHERE node_type=? AND revoked=0 AND node_id IN ({marks})",
+            (int(NodeType.ORGANIZATION), *node_ids))}
 
     def set_units(self, org: Endpoint, units: int) -> bool:
         """``org`` runs ``units`` units (its HELLO says so). Returns whether

@@ -20,6 +20,7 @@ from __future__ import annotations
 import struct
 from collections.abc import Iterable
 from dataclasses import dataclass
+from enum import IntEnum
 from typing import Any, Final, NamedTuple
 
 from ._codec import _lk0_wire, _new, _slot_setters
@@ -34,6 +35,7 @@ from ._limits import (
     MAX_PEER_ADDRESSES,
     MAX_PEER_ALLOWED,
     MAX_PEER_TTL,
+    MAX_PRESENCE_ITEMS,
     MAX_PROOF,
     MAX_TOKEN,
     _check_bytes,
@@ -71,6 +73,10 @@ __all__ = [
     "PeerLookup",
     "Ping",
     "Pong",
+    "Presence",
+    "PresenceEntry",
+    "PresenceQuery",
+    "PresenceState",
     "Welcome",
     "WindowUpdate",
 ]
@@ -385,6 +391,66 @@ class PeerInfo:
         object.__setattr__(self, "addresses", _check_addresses(self.addresses))
 
 
+class PresenceState(IntEnum):
+    """What the platform says of an organization named in a PRESENCE_QUERY."""
+
+    __hash__ = int.__hash__
+
+    UNKNOWN = 0  # not an organization the platform knows (or revoked): nothing else is told
+    ONLINE = 1  # connected to the platform now (any of its units), since ``since_ms``
+    OFFLINE = 2  # not connected; ``since_ms``: when it was last seen (0: never)
+
+
+def _check_orgs(orgs: Iterable[str], what: str) -> tuple[str, ...]:
+    if isinstance(orgs, str | bytes):
+        raise _invalid(f"{what} must be a sequence of organization ids, not one text")
+    out = tuple(orgs)
+    if not 1 <= len(out) <= MAX_PRESENCE_ITEMS:
+        raise _invalid(f"{what} of {len(out)} organizations is outside 1..{MAX_PRESENCE_ITEMS}")
+    for org in out:
+        try:
+            Endpoint.org(org)  # validates the id
+        except LocalProtocolError as e:
+            raise _invalid(f"{what}: organization {org!r}: {e}") from None
+    return out
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class PresenceQuery:
+    """A node asks whether the organizations it names are online (its
+    partners: 1..MAX_PRESENCE_ITEMS ids). There is no "everyone": the
+    platform answers only for the names asked (docs/security.md, "What
+    presence tells")."""
+
+    orgs: tuple[str, ...]
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "orgs", _check_orgs(self.orgs, "PRESENCE_QUERY"))
+
+
+class PresenceEntry(NamedTuple):
+    org: str
+    state: PresenceState
+    since_ms: int  # ONLINE: when its session began; OFFLINE: when it was last seen (0: never)
+    last_seen_ms: int  # the last time the platform saw it connected (0: never)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Presence:
+    """The platform's answer to a PRESENCE_QUERY: one entry per name asked."""
+
+    entries: tuple[PresenceEntry, ...]
+
+    def __post_init__(self) -> None:
+        entries = tuple(PresenceEntry(e[0], _enum(PresenceState, "presence state", e[1]), e[2], e[3])
+                        for e in self.entries)
+        _check_orgs([e.org for e in entries], "PRESENCE")
+        for e in entries:
+            _check_int("since_ms", e.since_ms, 0, _MAX_MS)
+            _check_int("last_seen_ms", e.last_seen_ms, 0, _MAX_MS)
+        object.__setattr__(self, "entries", entries)
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Bye:
     code: ResultCode = ResultCode.OK
@@ -410,7 +476,7 @@ def _lk(lk: LK0) -> dict[str, Any]:
 # this and those; named here so that this module needs nothing of _frames.
 SchemaBody = (
     Inquiry | InquiryResp | Nack | ChunkAck | Hello | Welcome | Ping | Pong | Error | WindowUpdate
-    | CertRequest | CertResponse | Bye | Crl | PeerAnnounce | PeerLookup | PeerInfo
+    | CertRequest | CertResponse | Bye | Crl | PeerAnnounce | PeerLookup | PeerInfo | PresenceQuery | Presence
 )
 
 
@@ -444,6 +510,12 @@ def _body_container(body: SchemaBody) -> dict[str, Any]:
         return {"node_type": int(body.endpoint.node_type), "node_id": body.endpoint.node_id,
                 "code": int(body.code), "expires_ms": body.expires_ms, "fingerprint": body.fingerprint,
                 "count": len(body.addresses), "addresses": list(body.addresses)}
+    if isinstance(body, PresenceQuery):
+        return {"count": len(body.orgs), "orgs": list(body.orgs)}
+    if isinstance(body, Presence):
+        return {"count": len(body.entries),
+                "items": [{"node_id": e.org, "state": int(e.state), "since_ms": e.since_ms,
+                           "last_seen_ms": e.last_seen_ms} for e in body.entries]}
     if isinstance(body, CertRequest):
         return {"node_type": int(body.endpoint.node_type), "node_id": body.endpoint.node_id}
     if isinstance(body, CertResponse):
@@ -508,6 +580,11 @@ def _decode_by_schema(kind: Kind, buf: bytes) -> SchemaBody:
     if kind is Kind.PEER_INFO:
         return PeerInfo(endpoint=Endpoint(node_type=c.node_type, node_id=c.node_id), code=c.code,
                         expires_ms=c.expires_ms, fingerprint=c.fingerprint, addresses=tuple(c.addresses))
+    if kind is Kind.PRESENCE_QUERY:
+        return PresenceQuery(orgs=tuple(c.orgs))
+    if kind is Kind.PRESENCE:
+        return Presence(entries=tuple(PresenceEntry(i.node_id, i.state, i.since_ms, i.last_seen_ms)
+                                      for i in c["items"]))
     if kind is Kind.BYE:
         return Bye(code=c.code, reason=c.reason)
     if kind is Kind.CRL:

@@ -69,6 +69,10 @@ from ._control import (
     PeerLookup,
     Ping,
     Pong,
+    Presence,
+    PresenceEntry,
+    PresenceQuery,
+    PresenceState,
     Welcome,
     WindowUpdate,
     _body_container,
@@ -93,6 +97,7 @@ from ._limits import (
     MAX_ACK_BATCH,
     MAX_CERTIFICATES,
     MAX_CRL,
+    MAX_PRESENCE_ITEMS,
     MAX_SESSION_KEY,
     MAX_TEXT,
     _check_int,
@@ -116,6 +121,7 @@ __all__ = [
     "MAX_ACK_BATCH",
     "MAX_CERTIFICATES",
     "MAX_CRL",
+    "MAX_PRESENCE_ITEMS",
     "MAX_SESSION_KEY",
     "MAX_TEXT",
     "Ack",
@@ -141,6 +147,10 @@ __all__ = [
     "PeerLookup",
     "Ping",
     "Pong",
+    "Presence",
+    "PresenceEntry",
+    "PresenceQuery",
+    "PresenceState",
     "Welcome",
     "WindowUpdate",
     "crc32",
@@ -163,6 +173,7 @@ _HEADER: Final = _codec._HEADER
 Body = (
     Data | Ack | AckBatch | Inquiry | InquiryResp | Nack | Chunk | ChunkAck | Hello | Welcome | Ping | Pong
     | Error | WindowUpdate | CertRequest | CertResponse | Bye | Crl | PeerAnnounce | PeerLookup | PeerInfo
+    | PresenceQuery | Presence
 )
 
 _MESSAGE_KINDS: Final = frozenset(k for k in Kind if k.is_message)
@@ -192,6 +203,8 @@ _BODY_TYPE: Final[dict[Kind, type]] = {
     Kind.PEER_ANNOUNCE: PeerAnnounce,
     Kind.PEER_LOOKUP: PeerLookup,
     Kind.PEER_INFO: PeerInfo,
+    Kind.PRESENCE_QUERY: PresenceQuery,
+    Kind.PRESENCE: Presence,
 }
 
 

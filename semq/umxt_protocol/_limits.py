@@ -32,6 +32,7 @@ __all__ = [
     "MAX_PEER_ADDRESSES",
     "MAX_PEER_ALLOWED",
     "MAX_PEER_TTL",
+    "MAX_PRESENCE_ITEMS",
     "MAX_PROOF",
     "MAX_RECEIPT",
     "MAX_SESSION_KEY",
@@ -73,6 +74,7 @@ MAX_TOKEN: Final = 4096  # bytes of a HELLO token
 MAX_PEER_ADDRESSES: Final = 8  # addresses in one PEER_ANNOUNCE / PEER_INFO
 MAX_PEER_ALLOWED: Final = 1000  # organizations named in one PEER_ANNOUNCE's allow-list
 MAX_PEER_TTL: Final = 7 * 86400  # s an announcement may live
+MAX_PRESENCE_ITEMS: Final = 64  # organizations named in one PRESENCE_QUERY (and answered in one PRESENCE)
 MAX_CRL: Final = 4 << 20  # bytes of a CRL frame's revocation list (~100,000 revoked certificates)
 _MAX_U32: Final = 0xFFFF_FFFF
 _MAX_U64: Final = 0xFFFF_FFFF_FFFF_FFFF

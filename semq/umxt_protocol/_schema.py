@@ -63,6 +63,8 @@ __all__ = [
     "PEER_INFO_BODY",
     "PEER_LOOKUP_BODY",
     "PING_BODY",
+    "PRESENCE_BODY",
+    "PRESENCE_QUERY_BODY",
     "VERSION",
     "WELCOME_BODY",
     "WINDOW_BODY",
@@ -273,6 +275,23 @@ PEER_INFO_BODY = Struct(
     Terminated,
 )
 
+PRESENCE_QUERY_BODY = Struct(
+    "count" / Int8ub,
+    "orgs" / Array(this.count, PascalString(Int8ub, "ascii")),
+    Terminated,
+)
+
+PRESENCE_BODY = Struct(
+    "count" / Int8ub,
+    "items" / Array(this.count, Struct(
+        "node_id" / PascalString(Int8ub, "ascii"),
+        "state" / Int8ub,
+        "since_ms" / Int64ub,
+        "last_seen_ms" / Int64ub,
+    )),
+    Terminated,
+)
+
 BYE_BODY = Struct(
     "code" / Int16ub,
     "reason" / PascalString(Int16ub, "utf8"),
@@ -308,6 +327,8 @@ BODY_SCHEMAS: Final[dict[int, Construct]] = {
     42: PEER_ANNOUNCE_BODY,
     43: PEER_LOOKUP_BODY,
     44: PEER_INFO_BODY,
+    45: PRESENCE_QUERY_BODY,
+    46: PRESENCE_BODY,
 }
 
 

@@ -81,6 +81,8 @@ class Kind(IntEnum):
     PEER_ANNOUNCE = 42  # session: node -> platform, "I listen for direct links here, for this long"
     PEER_LOOKUP = 43  # session: node -> platform, "where does this organization listen?"
     PEER_INFO = 44  # session: platform -> node, the answer: addresses and certificate fingerprint, or a code
+    PRESENCE_QUERY = 45  # session: node -> platform, "are these organizations online?" (the ones it names)
+    PRESENCE = 46  # session: platform -> node, the answer: online/offline, since when, last seen
 
     @property
     def is_message(self) -> bool:

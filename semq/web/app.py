@@ -38,6 +38,7 @@ from .audit import AuditLog
 from .backend import ACTIONS, ActionError, ConsoleBackend, Selection, parse_lk0, parse_selection
 from .pages_outbox import outbox_routes
 from .pages_platform import platform_routes
+from .partners import partners_of, why_of
 from .sessions import FAIL_DELAY, LoginBusy, LoginSlots, LoginThrottle, Session, Sessions, same
 from .users import MAX_PASSWORD, Role, UserStore
 
@@ -297,8 +298,12 @@ class _Handlers:
         receipt = None
         if any(r.get("role") == "origin" for r in rows) or not rows:
             receipt = await self.backend.receipt(lk0)
+        why = await why_of(self.backend, lk0)  # where it is and why it waits (semq.ops.why)
         return self.render(request, "document.html", session=s, lk0=lk0, rows=rows, receipt=receipt,
-                      actions=[a for a in ACTIONS if a != "drain"])
+                      actions=[a for a in ACTIONS if a != "drain"], why=why)
+
+    async def partners(self, request: Request, s: Session) -> Response:
+        return self.render(request, "partners.html", session=s, **await partners_of(self.backend))
 
     async def audit_page(self, request: Request, s: Session) -> Response:
         entries = await self.backend.thread(lambda: self.console.audit.tail(500))
@@ -364,6 +369,7 @@ class _Handlers:
             Route("/api/dashboard", self.api(self.dashboard_json)),
             Route("/search", self.page(self.search)),
             Route("/doc", self.page(self.document)),
+            Route("/partners", self.page(self.partners)),
             Route("/actions", self.page(self.actions_page)),
             Route("/action/{name}", self.action, methods=["POST"]),
             Route("/audit", self.page(self.audit_page)),

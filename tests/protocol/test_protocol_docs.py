@@ -46,6 +46,10 @@ from semq.umxt_protocol import (
     PeerLookup,
     Ping,
     Pong,
+    Presence,
+    PresenceEntry,
+    PresenceQuery,
+    PresenceState,
     ResultCode,
     SaveFwd,
     Welcome,
@@ -170,6 +174,11 @@ GOLDEN: Final[dict[str, Frame]] = {
     "peer_info": Frame(kind=Kind.PEER_INFO, source=P, target=B,
                        body=PeerInfo(endpoint=A, expires_ms=CREATED_MS + A_TTL_S * 1000,
                                      fingerprint=A_FINGERPRINT, addresses=(A_DIRECT, A_OBSERVED))),
+    "presence_query": Frame(kind=Kind.PRESENCE_QUERY, source=A, target=P,
+                            body=PresenceQuery(orgs=(B.node_id,))),
+    "presence": Frame(kind=Kind.PRESENCE, source=P, target=A,
+                      body=Presence(entries=(PresenceEntry(B.node_id, PresenceState.OFFLINE, CREATED_MS,
+                                                           CREATED_MS),))),
 }
 
 
@@ -309,6 +318,7 @@ _LAYOUTS: Final = [
     "HELLO_BODY", "WELCOME_BODY", "PING_BODY", "ERROR_BODY", "WINDOW_BODY",
     "CERT_REQUEST_BODY", "CERT_RESPONSE_BODY", "BYE_BODY", "CRL_BODY",
     "PEER_ANNOUNCE_BODY", "PEER_LOOKUP_BODY", "PEER_INFO_BODY",
+    "PRESENCE_QUERY_BODY", "PRESENCE_BODY", "PRESENCE_BODY.items",
 ]
 
 

@@ -66,12 +66,16 @@ from semq.umxt_protocol import (
     PeerLookup,
     Ping,
     Pong,
+    Presence,
+    PresenceEntry,
+    PresenceQuery,
+    PresenceState,
     ResultCode,
     SaveFwd,
     Welcome,
     WindowUpdate,
 )
-from semq.umxt_protocol._limits import MAX_PEER_ADDRESSES, MAX_PEER_TTL
+from semq.umxt_protocol._limits import MAX_PEER_ADDRESSES, MAX_PEER_TTL, MAX_PRESENCE_ITEMS
 
 # Deterministic and bounded (STYLE: "Tests MUST pass deterministically"): a
 # fixed derandomized search, no example database, no per-example deadline
@@ -324,6 +328,17 @@ peer_info_bodies = st.builds(
     fingerprint=fingerprints,
     addresses=peer_address_lists,
 )
+presence_query_bodies = st.builds(
+    PresenceQuery,
+    orgs=st.one_of(st.lists(node_ids, min_size=1, max_size=4),
+                   st.lists(node_ids, min_size=MAX_PRESENCE_ITEMS, max_size=MAX_PRESENCE_ITEMS)).map(tuple),
+)
+presence_entries = st.builds(PresenceEntry, node_ids, st.sampled_from(list(PresenceState)), times_ms, times_ms)
+presence_bodies = st.builds(
+    Presence,
+    entries=st.one_of(st.lists(presence_entries, min_size=1, max_size=4),
+                      st.lists(presence_entries, min_size=MAX_PRESENCE_ITEMS, max_size=MAX_PRESENCE_ITEMS)).map(tuple),
+)
 
 SESSION_BODIES: Final[dict[Kind, st.SearchStrategy[Any]]] = {
     Kind.HELLO: hello_bodies,
@@ -339,6 +354,8 @@ SESSION_BODIES: Final[dict[Kind, st.SearchStrategy[Any]]] = {
     Kind.PEER_ANNOUNCE: peer_announce_bodies,
     Kind.PEER_LOOKUP: peer_lookup_bodies,
     Kind.PEER_INFO: peer_info_bodies,
+    Kind.PRESENCE_QUERY: presence_query_bodies,
+    Kind.PRESENCE: presence_bodies,
 }
 
 
@@ -485,3 +502,5 @@ def test_strategies_reach_the_edges() -> None:
     _reaches(peer_announce_bodies, lambda b: not b.addresses and not b.allowed)
     _reaches(peer_announce_bodies, lambda b: b.ttl_s == MAX_PEER_TTL and b.observe)
     _reaches(peer_info_bodies, lambda b: len(b.fingerprint) == 64 and b.addresses)
+    _reaches(presence_query_bodies, lambda b: len(b.orgs) == MAX_PRESENCE_ITEMS)
+    _reaches(presence_bodies, lambda b: any(e.state is PresenceState.ONLINE for e in b.entries))

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from tests.web._console import PASSWORDS, ConsoleCluster
+from tests.web._console import PASSWORDS, B, C, ConsoleCluster
 
 pytestmark = pytest.mark.e2e
 
@@ -108,6 +108,20 @@ def test_console_in_a_browser(web: ConsoleCluster, browser: Any) -> None:
         assert events.index("queued") < events.index("sent") < events.index("ack_fwd") < events.index("ack2")
         assert page.locator("#receipt-verdict").text_content().startswith("Verified: signed by 20002")
         page.screenshot(path=str(shots / "04-timeline.png"), full_page=True)
+
+        # Partners: B online, C (enrolled, never connected) offline as the platform says, with the
+        # document waiting for it; that document's page says where it is and why it waits.
+        page.click("nav a:text('Partners')")
+        page.wait_for_selector(f"#partner-{C}")
+        assert page.locator(f"#partner-{C} td.presence").text_content() == "offline"
+        assert page.locator(f"#partner-{B} td.presence").text_content() == "online"
+        assert page.locator(f"#partner-{C} td").nth(4).text_content() == "1"  # waiting to reach it
+        page.screenshot(path=str(shots / "12-partners.png"), full_page=True)
+        page.goto(f"{url}/doc?lk0={web.sent['waiting']}")
+        why = page.locator("#why").text_content()
+        assert why.startswith("stored at the platform (SS_ACK):") and f"{C} is offline" in why, why
+        assert f"the platform delivers it when {C} connects" in why
+        page.screenshot(path=str(shots / "13-document-why.png"), full_page=True)
 
         # Resend (operator): the dry run's confirmation page, then done; the audit page shows both.
         page.goto(f"{url}/doc?lk0={web.sent['waiting']}")

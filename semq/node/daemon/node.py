@@ -19,7 +19,7 @@ from __future__ import annotations
 import logging
 import random
 import time
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Sequence
 from functools import partial
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -32,6 +32,7 @@ from semq.session.transport import ConnectionClosed, FrameStream
 from semq.settings.config import Address
 from semq.store.db import STORE_ERRORS
 from semq.store.gate import StoreGate
+from semq.tracking.events import now_ms
 from semq.umxt_protocol import (
     LK0,
     Endpoint,
@@ -43,6 +44,7 @@ from semq.umxt_protocol import (
     Nack,
     PeerInfo,
     PeerLookup,
+    PresenceQuery,
     RawFrame,
     RemoteProtocolError,
     ResultCode,
@@ -55,6 +57,7 @@ from ..core import NodeCore
 from .certificates import Certificates
 from .direct import DirectLinks
 from .large_sender import LargeSender
+from .presence import PartnerPresence
 from .settings import INITIAL_DELAY, NodeSettings
 from .watch import StoreWatch
 
@@ -112,6 +115,7 @@ class NodeDaemon:
         self.s = settings
         self.gate = StoreGate()
         self.connected = False
+        self.disconnected_ms: int | None = None  # when the platform session ended (None: never had one)
         self.address: Address | None = None  # the platform address connected now
         self._welcomed_at: float | None = None  # when the current session got WELCOME
         self.in_flight = 0
@@ -134,6 +138,7 @@ class NodeDaemon:
         self.inbox_signal: InboxSignal | None = None  # told after a commit put documents into the inbox
         self.platform_fs: FrameStream | None = None  # the platform session's stream, while there is one
         self.links = DirectLinks(self, settings.direct)
+        self.presence = PartnerPresence()  # what the platform said of our partners (semq partners)
         self.large = LargeSender(core, self.gate)  # chunks of our large documents (semq.node.daemon.large_sender)
 
     async def _store(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
@@ -217,6 +222,8 @@ class NodeDaemon:
                 assert isinstance(e, RemoteProtocolError)
                 log.warning("protocol error from platform %s (code %d): %s", here, e.code, e)
                 why = e
+            if self.connected or self.disconnected_ms is None:
+                self.disconnected_ms = now_ms()  # the platform is away since (semq.ops.why)
             self.connected = False
             self.address = None
             welcomed = self._welcomed_at
@@ -361,7 +368,7 @@ class NodeDaemon:
         """The platform session's reader (semq.session.reader): what a node
         registers for its platform session."""
         handlers: dict[Kind, Handler] = {Kind.CERT_RESPONSE: self.certs.response, Kind.CRL: self.certs.crl,
-                                         Kind.PEER_INFO: self._peer_info}
+                                         Kind.PEER_INFO: self._peer_info, Kind.PRESENCE: self.presence.answer}
         return SessionReader(fs, me=self.core.me, peer=self.core.platform, name="platform",
                              messages=partial(self._messages, fs), handlers=handlers,
                              screen=partial(self._screen, fs), idle=self.s.idle_timeout, log=log)
@@ -559,6 +566,19 @@ class NodeDaemon:
         try:
             await fs.send(encode_frame(Frame(kind=Kind.PEER_LOOKUP, source=self.core.me, target=self.core.platform,
                                              body=PeerLookup(endpoint=Endpoint.org(org)))))
+        except ConnectionClosed:
+            return False
+        return True
+
+    async def ask_presence(self, orgs: Sequence[str]) -> bool:
+        """Send a PRESENCE_QUERY naming ``orgs`` (semq.node.daemon.presence);
+        False without a platform session."""
+        fs = self.platform_fs
+        if fs is None or not self.connected:
+            return False
+        try:
+            await fs.send(encode_frame(Frame(kind=Kind.PRESENCE_QUERY, source=self.core.me,
+                                             target=self.core.platform, body=PresenceQuery(orgs=tuple(orgs)))))
         except ConnectionClosed:
             return False
         return True

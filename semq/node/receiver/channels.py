@@ -107,6 +107,19 @@ class ChannelsIn:
         """The channels of this store that hold documents back."""
         return waiting_channels(self.ctx.conn, self.ctx.unit)
 
+    def held_channel(self, origin_id: str, semq_id: int, semq_db_id: int, record_id: int) -> str | None:
+        """The ordered channel that holds the document with this LK0 back,
+        or None: it is not held here."""
+        row = self.ctx.conn.execute(
+            "SELECT channel FROM channel_held WHERE origin_id=? AND semq_id=? AND semq_db_id=? AND record_id=?",
+            (origin_id, semq_id, semq_db_id, record_id)).fetchone()
+        return None if row is None else str(row[0])
+
+    def held_by_origin(self) -> dict[str, int]:
+        """How many documents each organization's ordered channels hold back."""
+        return {str(o): int(n) for o, n in self.ctx.conn.execute(
+            "SELECT origin_id, sum(held) FROM channel_in WHERE held > 0 GROUP BY origin_id")}
+
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class ChannelWait:

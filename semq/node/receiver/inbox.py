@@ -20,11 +20,12 @@ from collections.abc import Sequence
 from typing import Any, Final, TypeVar
 
 from semq.store.db import ReadOnlyStore, rows_by_id
+from semq.umxt_protocol import NodeType
 
 from ..batch import NodeContext
 from ..rows import columns
 
-__all__ = ["GAP_MARK", "INBOX_COLUMNS", "Inbox", "InboxValues", "LK0Key"]
+__all__ = ["GAP_MARK", "INBOX_COLUMNS", "Inbox", "InboxValues", "LK0Key", "received_by_origin"]
 
 R = TypeVar("R", bound=tuple[Any, ...])
 #: (origin_type, origin_id, semq_id, semq_db_id, record_id): a document's LK0 as the tables key it.
@@ -239,3 +240,24 @@ class Inbox:
         self.ctx.conn.execute("UPDATE receive_tries SET tries=0, parked_ms=NULL, next_ms=? WHERE inbox_id=?",
                               (ts, row_id))
 
+
+def received_by_origin(conn: Any) -> dict[str, tuple[int, int | None]]:
+    """Every organization that sent us documents still remembered (the
+    dedup table's rows, 30 days; the inbox's): how many of its documents
+    no application acknowledged yet, and the earliest arrival of those
+    (None: none waits). Read-only: ``conn`` may be a read-only connection
+    of its own (``semq partners`` reads it off the store thread)."""
+    out: dict[str, tuple[int, int | None]] = {}
+    # The distinct origins by seeks along the dedup table's key, one per
+    # origin, not a scan of 30 days of rows.
+    for otype in (int(NodeType.ORGANIZATION), int(NodeType.USER)):
+        last = ""
+        while (row := conn.execute("SELECT min(origin_id) FROM dedup WHERE origin_type=? AND origin_id > ?",
+                                   (otype, last)).fetchone()) and row[0] is not None:
+            last = str(row[0])
+            out[last] = (0, None)
+    # The unread ones, through the (consumed_ms, id) index.
+    for o, n, first in conn.execute(
+            "SELECT origin_id, count(*), min(received_ms) FROM inbox WHERE consumed_ms IS NULL GROUP BY origin_id"):
+        out[str(o)] = (int(n), None if first is None else int(first))
+    return out

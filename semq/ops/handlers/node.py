@@ -13,6 +13,8 @@ from semq.node.origin.outbox import OutboxFilter
 from semq.tracking.events import now_ms
 
 from ..admin import AdminCommandError, DrainControl, Handler, until_hangup
+from ..partners import daemon_view, partner_handlers, presence_of
+from ..why import Doc, why
 from ._common import (
     _NODE_PLACE,
     _OPEN,
@@ -250,6 +252,12 @@ def node_handlers(
         row = await daemon.gate.run(q)
         if row is None:
             raise AdminCommandError(f"no {table} record {rid} (confirmed records are cleaned up)")
+        if table != "inbound":
+            # Where it is and why it waits (semq.ops.why), with what the
+            # platform says of its target now when that is what it waits for.
+            if row["state"] in ("SS_ACK", "SS_ACK_FWD") and hasattr(daemon, "presence"):
+                await daemon.presence.ask([row["target"]], daemon.ask_presence, timeout=1.0)
+            row["why"] = why(Doc.of_row(row), presence_of(daemon, row["target"]), daemon_view(daemon))
         return row
 
     async def stuck(args: dict[str, Any]) -> dict[str, Any]:
@@ -277,6 +285,7 @@ def node_handlers(
                 rows.append(row)
             # Received here, but a confirmation of our ACK/ACK2 is missing.
             n_in = core.pending_acks.count(received_before=cutoff)
+            n_in_all = core.pending_acks.count()
             if n_in:
                 by_place["received_confirmation_missing"] = n_in
             for a in core.pending_acks.rows(InboundAdminRow, received_before=cutoff, limit=max(0, limit - len(rows)),
@@ -289,8 +298,12 @@ def node_handlers(
             # not yet handed over), whatever their age: each waits for the
             # document its earliest held one follows.
             channels = [_channel_wait(w) for w in core.waiting_channels()]
+            # What the age filter hides: documents not confirmed yet, younger
+            # than older_than (``semq admin stuck`` says so, and how to see them).
+            younger = (core.outbox.count(OutboxFilter(reliable=True, states=_OPEN))
+                       - core.outbox.count(stuck) + n_in_all - n_in)
             return {"older_than_s": older, "count": sum(by_place.values()), "by_place": by_place,
-                    "rows": rows, "channels": channels}
+                    "rows": rows, "channels": channels, "younger": max(0, younger)}
 
         res: dict[str, Any] = await daemon.gate.run(q)
         res["connected"] = bool(daemon.connected)
@@ -353,7 +366,7 @@ def node_handlers(
         return await run_apply(args, OperatorAction.PURGE)
 
     handlers.update({"status": status, "list": list_, "show": show, "stuck": stuck, "requeue": requeue,
-                     "resend": resend, "purge": purge})
+                     "resend": resend, "purge": purge, **partner_handlers(daemon, core)})
     if waiters is not None:
         handlers["wait_inbox"] = _wait_inbox(daemon, core, waiters)
     return handlers

@@ -44,6 +44,7 @@ from semq.umxt_protocol import (
     PeerAnnounce,
     PeerInfo,
     PeerLookup,
+    PresenceQuery,
     RawFrame,
     RemoteProtocolError,
     ResultCode,
@@ -68,6 +69,7 @@ T = TypeVar("T")
 
 
 _ANNOUNCE_EVERY: Final = 1.0  # s: at most one direct-link announcement recorded per session per second
+_PRESENCE_EVERY: Final = 2.0  # s: at most one PRESENCE_QUERY answered per session (docs/security.md)
 _HEADER_MIN: Final = 6  # bytes frame_save_fwd reads at least (a shorter string is no frame: stored, refused there)
 _DISCARD: Final = int(SaveFwd.DISCARD)
 _IDLE_LOOK = 30.0  # s: an idle session's safety look at the store
@@ -279,6 +281,7 @@ class PlatformDaemon:
             Kind.CERT_REQUEST: partial(self._cert_request, session),
             Kind.PEER_ANNOUNCE: partial(self._peer_announce, session),
             Kind.PEER_LOOKUP: partial(self._peer_lookup, session),
+            Kind.PRESENCE_QUERY: partial(self._presence_query, session),
         }
         return SessionReader(session.fs, me=self.core.me, peer=org, name=str(session.endpoint),
                              messages=partial(self._messages, session), handlers=handlers, send=send,
@@ -319,6 +322,32 @@ class PlatformDaemon:
             log.error("direct-link look-up of %s for %s failed: store error: %s", look.endpoint, session.endpoint, e)
             info = PeerInfo(endpoint=look.endpoint, code=ResultCode.STORE_ERROR)
         session.enqueue([encode_frame(Frame(kind=Kind.PEER_INFO, source=self.core.me, target=org, body=info))])
+
+    async def _presence_query(self, session: Session, raw: RawFrame) -> None:
+        """Whether the organizations a node names are online (PRESENCE).
+        One query per session every _PRESENCE_EVERY s: more are ignored
+        (the node answers its operator from what it was told last)."""
+        query = raw.frame().body
+        assert isinstance(query, PresenceQuery)
+        now = trio.current_time()
+        if now - session.asked_at < _PRESENCE_EVERY:
+            self.stats["presence_ignored"] = self.stats.get("presence_ignored", 0) + 1
+            return
+        session.asked_at = now
+        asked = set(query.orgs)
+        here: dict[str, int] = {}
+        for ep, s in self.sessions.items():  # (bounded: one query per session every _PRESENCE_EVERY s)
+            org = route_org(ep).node_id
+            if org in asked:
+                here[org] = min(here.get(org, s.since_ms), s.since_ms)
+        try:
+            answer = await self.gate.run(self.core.presence_of, query.orgs, here)
+        except STORE_ERRORS as e:
+            log.error("presence of %d organizations for %s not answered: store error: %s", len(asked),
+                      session.endpoint, e)
+            return
+        session.enqueue([encode_frame(Frame(kind=Kind.PRESENCE, source=self.core.me,
+                                            target=route_org(session.endpoint), body=answer))])
 
     async def _messages(self, session: Session, msgs: list[RawFrame]) -> None:
         """One batch of a node's message frames: one store transaction."""

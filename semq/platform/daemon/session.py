@@ -13,6 +13,7 @@ from typing import Final
 import trio
 
 from semq.session.transport import FrameStream
+from semq.tracking.events import now_ms
 from semq.umxt_protocol import Endpoint
 
 __all__ = ["Admitted", "ForwardPort", "Forwards", "Seen", "Session", "peer_host"]
@@ -64,6 +65,8 @@ class Session:
         self.cancel_scope = trio.CancelScope()
         self.seen = Seen(None)
         self.announced_at = -1e9  # when its last direct-link announcement was recorded (trio time)
+        self.asked_at = -1e9  # when its last PRESENCE_QUERY was answered (trio time)
+        self.since_ms = now_ms()  # when it connected (what PRESENCE tells its partners)
 
     def enqueue(self, data: Sequence[bytes]) -> None:
         if data:
