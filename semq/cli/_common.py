@@ -16,11 +16,24 @@ from semq.ops.display import age, shown
 from semq.settings.config import Config, data_dir, load_config
 
 __all__ = ["UsageError", "app_key_shown", "check_address", "check_colleague", "client_of", "config_of", "dir_of",
-           "format_age", "format_time", "require_port", "warn_unknown_target"]
+           "format_age", "format_time", "positive_seconds", "require_port", "warn_unknown_target"]
 
 
 class UsageError(Exception):
     """A user's mistake: one ``error:`` line, exit 2 (semq.cli.app.run_command)."""
+
+
+def positive_seconds(text: str) -> float:
+    """An option's seconds (``type=``): a finite number over 0; else the
+    parser's one-line refusal naming the value (``--expires-in -5``: the
+    document could only expire)."""
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not 0 < v < float("inf"):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive number of seconds")
+    return v
 
 
 def dir_of(args: argparse.Namespace) -> Path:

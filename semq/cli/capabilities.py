@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from semq.cli._common import format_age
+from semq.cli._common import positive_seconds as _positive
 from semq.ops.display import MAX_LIMIT, check_count, is_time_key, shown, when
 from semq.settings.config import ConfigError, data_dir, load_config
 
@@ -85,16 +86,6 @@ def _daemon_running(directory: Path) -> bool:
     except (OSError, ValueError):
         return False
     return bool(time.time() * 1000 - st.get("time_ms", 0) <= 5000)
-
-
-def _positive(text: str) -> float:
-    try:
-        v = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if not v > 0 or v == float("inf"):
-        raise argparse.ArgumentTypeError(f"{text!r} is not a positive number of seconds")
-    return v
 
 
 def _doc_options(x: argparse.ArgumentParser, *, save_fwd: bool = True) -> None:

@@ -47,11 +47,11 @@ def _cli_errors(func: Callable[[argparse.Namespace], int]) -> Callable[[argparse
     @functools.wraps(func)
     def run(args: argparse.Namespace) -> int:
         from .admin import AdminCommandFailed, AdminError
-        from .backup import BackupError, RestoreRefused
+        from .backup import BackupError, BackupRefused, RestoreRefused
 
         try:
             return func(args)
-        except (AdminCommandFailed, RestoreRefused, OpsUsageError) as e:
+        except (AdminCommandFailed, BackupRefused, RestoreRefused, OpsUsageError) as e:
             if getattr(args, "verbose", False):
                 raise
             print(f"error: {e}", file=sys.stderr)
@@ -588,7 +588,7 @@ def register(sub: Any) -> None:
     x.set_defaults(func=cmd_service_install)
 
     x = sub.add_parser("backup", parents=[common], help="consistent copy of the store (works while running)")
-    x.add_argument("--out", required=True, metavar="FILE", help="FILE.tar, FILE.tar.gz, or FILE.sqlite (store only)")
+    x.add_argument("--out", required=True, metavar="FILE", help="FILE.tar, FILE.tar.gz or FILE.tgz, or FILE.sqlite (the store only), in a directory that exists")
     x.add_argument("--include-keys", action="store_true", help="also the private keys (keep the file safe!)")
     x.set_defaults(func=cmd_backup)
 

@@ -324,7 +324,8 @@ def test_missing_file(root: Path, capsys: pytest.CaptureFixture[str]) -> None:
     (["node", "init", "--dir", "X", "--org", "ACME"], '--org "ACME" is not an organization id'),
     (["send", "--dir", A, "--to", "bad id!", "--type", "ORDER", "semq.toml"],
      '--to "bad id!" is not an organization id; allowed: an organization id'),
-    (["platform", "register", "--dir", "P", "ok1", "no way"], "node id 'no way'"),
+    (["platform", "register", "--dir", "P", "77000", "no way"], 'organization "no way" is not an organization id'),
+    (["platform", "register", "--dir", "P", "ok1"], 'organization "ok1" is not an organization id'),
 ])
 def test_invalid_org_id(root: Path, capsys: pytest.CaptureFixture[str], argv: list[str], fragment: str) -> None:
     if argv[0] == "send":
