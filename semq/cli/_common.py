@@ -15,8 +15,9 @@ from typing import Any
 from semq.ops.display import age, shown
 from semq.settings.config import Config, data_dir, load_config
 
-__all__ = ["UsageError", "app_key_shown", "check_address", "check_colleague", "client_of", "config_of", "dir_of",
-           "format_age", "format_time", "positive_seconds", "require_port", "warn_unknown_target"]
+__all__ = ["UsageError", "app_key_shown", "check_address", "check_colleague", "client_of", "config_of",
+           "daemon_status", "dir_of", "format_age", "format_time", "positive_seconds", "require_port",
+           "warn_unknown_target"]
 
 
 class UsageError(Exception):
@@ -48,6 +49,19 @@ def config_of(args: argparse.Namespace, role: str | None = None) -> Config:
     if role and cfg.role != role:
         raise UsageError(f"{cfg.directory} holds a {cfg.role}, not a {role}")
     return cfg
+
+
+def daemon_status(cfg: Config) -> dict[str, Any] | None:
+    """What the daemon of ``cfg``'s directory last wrote to its status.json
+    (every second while it runs); None when it does not run (nothing
+    written in the last 5 s)."""
+    try:
+        st: dict[str, Any] = json.loads(cfg.status_path.read_text("utf-8"))
+    except (OSError, ValueError):
+        return None
+    if time.time() * 1000 - st.get("time_ms", 0) > 5000:
+        return None
+    return st
 
 
 def format_age(ms: int | None) -> str:

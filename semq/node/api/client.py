@@ -371,6 +371,10 @@ class NodeClient(Following):
         items.sort(key=lambda it: it.id)
         return items[:limit]
 
+    def inbox_count(self, *, unread: bool = True, user: str | None = None) -> int:
+        """How many documents ``inbox`` would list without a limit (every unit's)."""
+        return sum(core.inbox.count(unread=unread, user=user) for core in self.cores)
+
     def get(self, item_id: int, *, user: str | None = None) -> InboxItem:
         """One inbox document; ``user``: only if it is that user's (KeyError
         with the same words as for a missing one otherwise)."""
