@@ -187,7 +187,7 @@ def test_semq_help_states_shows_every_move_of_the_engine_tables() -> None:
 # -- options anywhere: before, between or after the positionals, and before
 # the command's name, for every command of the tree
 
-_VALUES = ("7", "x", "1h", "127.0.0.1:7411", "2026-12-01")
+_VALUES = ("7", "x", "2026-12-01", "1h", "127.0.0.1:7411")  # a date before "1h": "1h ago" moves between parses
 
 
 def _parses(parser: argparse.ArgumentParser, argv: list[str]) -> dict[str, object] | None:
