@@ -134,3 +134,19 @@ def test_an_empty_file_is_sent_with_a_warning(root: Path) -> None:
     rc, out, err = semq(root, *send, "--each-file", "out")
     assert rc == 0 and out.count(f"{A}/1/1/") == 3 and outbox(root) == 5
     assert "warning: 2 files are empty (0 bytes) and are sent as empty documents: out/e1, out/e2\n" in err
+
+
+def test_the_api_refuses_an_expiry_that_has_passed(root: Path) -> None:
+    """The same refusal for an application (``NodeClient.send``, and so the
+    user socket): nothing stored. 0 (and None) mean no expiry there."""
+    from semq.node.api import NodeClient
+    from semq.node.limits import DocumentRefused
+
+    with NodeClient(root / A) as node:
+        for seconds in (-5, -0.001, float("nan"), float("inf")):
+            with pytest.raises(DocumentRefused, match="is not a positive number of seconds"):
+                node.send(B, b"x", data_type="ORDER", expires_in=seconds)
+        assert outbox(root) == 0
+        node.send(B, b"x", data_type="ORDER", expires_in=0)
+        node.send(B, b"x", data_type="ORDER", expires_in=60)
+    assert outbox(root) == 2
