@@ -29,3 +29,17 @@ def test_every_named_test_exists() -> None:
         if not path.exists() or not re.search(rf"^(async )?def {name}\(", path.read_text("utf-8"), re.M):
             missing.append(f"{doc}: tests/{file}::{name}")
     assert not missing, "the docs name tests that do not exist:\n" + "\n".join(missing)
+
+
+def test_the_readme_speaks_to_people_and_its_proofs_are_in_docs_claims() -> None:
+    """The README names no test: each of its claims and the test that shows
+    it are in docs/claims.md (checked above like every other doc); the
+    README's links into docs/ lead somewhere, and it stays short."""
+    readme = (ROOT / "README.md").read_text("utf-8")
+    cited = _REF.findall(readme)
+    assert not cited, f"the README names tests (they belong in docs/claims.md): {cited[:3]}"
+    assert "(docs/claims.md)" in readme
+    assert len([r for r in _references() if r[0] == "claims.md"]) >= 60
+    broken = [link for link in re.findall(r"\]\(((?:docs/)?[\w./-]+\.md)\)", readme) if not (ROOT / link).exists()]
+    assert not broken, f"the README links to missing files: {broken}"
+    assert len(readme.splitlines()) < 250

@@ -15,12 +15,26 @@ from typing import Any
 from semq.ops.display import age, shown
 from semq.settings.config import Config, data_dir, load_config
 
-__all__ = ["UsageError", "app_key_shown", "check_address", "check_colleague", "client_of", "config_of", "dir_of",
-           "format_age", "format_time", "require_port", "warn_unknown_target"]
+__all__ = ["UsageError", "app_key_shown", "check_address", "check_colleague", "client_of", "config_of",
+           "daemon_status", "dir_of", "format_age", "format_time", "positive_seconds", "require_port",
+           "warn_unknown_target"]
 
 
 class UsageError(Exception):
     """A user's mistake: one ``error:`` line, exit 2 (semq.cli.app.run_command)."""
+
+
+def positive_seconds(text: str) -> float:
+    """An option's seconds (``type=``): a finite number over 0; else the
+    parser's one-line refusal naming the value (``--expires-in -5``: the
+    document could only expire)."""
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not 0 < v < float("inf"):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive number of seconds")
+    return v
 
 
 def dir_of(args: argparse.Namespace) -> Path:
@@ -35,6 +49,19 @@ def config_of(args: argparse.Namespace, role: str | None = None) -> Config:
     if role and cfg.role != role:
         raise UsageError(f"{cfg.directory} holds a {cfg.role}, not a {role}")
     return cfg
+
+
+def daemon_status(cfg: Config) -> dict[str, Any] | None:
+    """What the daemon of ``cfg``'s directory last wrote to its status.json
+    (every second while it runs); None when it does not run (nothing
+    written in the last 5 s)."""
+    try:
+        st: dict[str, Any] = json.loads(cfg.status_path.read_text("utf-8"))
+    except (OSError, ValueError):
+        return None
+    if time.time() * 1000 - st.get("time_ms", 0) > 5000:
+        return None
+    return st
 
 
 def format_age(ms: int | None) -> str:

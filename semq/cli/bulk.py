@@ -18,6 +18,7 @@ import argparse
 import base64
 import binascii
 import json
+import stat
 import sys
 import time
 from collections.abc import Iterable, Iterator
@@ -38,7 +39,8 @@ from semq.node.limits import check_document_size
 from semq.settings.config import Config
 from semq.umxt_protocol import AppKey, LocalProtocolError
 
-__all__ = ["BULK_BATCH", "BULK_BATCH_BYTES", "NDJSON_FIELDS", "cmd_send_bulk", "format_size", "progress_bar"]
+__all__ = ["BULK_BATCH", "BULK_BATCH_BYTES", "NDJSON_FIELDS", "cmd_send_bulk", "directory_refused", "file_problem",
+           "format_size", "progress_bar", "warn_empty"]
 
 BULK_BATCH: Final = 1000  # documents per transaction (send_many)
 BULK_BATCH_BYTES: Final = 64 << 20  # ... and at most this many bytes of them, so memory stays bounded
@@ -104,9 +106,41 @@ def _base(args: argparse.Namespace) -> dict[str, Any]:
                 ordered=args.ordered, user=args.user)
 
 
-def _files(names: list[str]) -> list[Path]:
+_KINDS: Final = ((stat.S_ISDIR, "a directory"), (stat.S_ISCHR, "a character device"),
+                  (stat.S_ISBLK, "a block device"), (stat.S_ISFIFO, "a named pipe"), (stat.S_ISSOCK, "a socket"))
+
+
+def file_problem(name: str) -> str | None:
+    """Why ``name`` cannot be sent as a document's file (missing, or not a
+    regular file: ``/dev/null`` is a character device, whose content
+    would be nothing or never end), in one line; None for a regular file."""
+    try:
+        mode = Path(name).stat().st_mode
+    except FileNotFoundError:
+        return f"no such file: {name}"
+    except OSError as e:
+        return f"cannot read {name}: {e.strerror or e}"
+    if stat.S_ISREG(mode):
+        return None
+    kind = next((what for test, what in _KINDS if test(mode)), "not a regular file")
+    return f"{name} is {kind}, not a regular file; send a regular file, or - to read standard input"
+
+
+def warn_empty(names: list[str]) -> None:
+    """One warning line for files of 0 bytes: sent as empty documents,
+    seldom what was meant, but not refused."""
+    if len(names) == 1:
+        print(f"warning: {names[0]} is empty (0 bytes); it is sent as an empty document", file=sys.stderr)
+    elif names:
+        shown = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+        print(f"warning: {len(names)} files are empty (0 bytes) and are sent as empty documents: {shown}",
+              file=sys.stderr)
+
+
+def _files(names: list[str], each_file: bool) -> list[Path]:
     """The files named, a directory's regular files (directly in it, in name
-    order) in its place; UsageError for a name that is neither."""
+    order) in its place when ``each_file``; UsageError for a name that is
+    neither, or a directory without it."""
     out: list[Path] = []
     for name in names:
         if name == "-":
@@ -114,12 +148,19 @@ def _files(names: list[str]) -> list[Path]:
                              " other files")
         p = Path(name)
         if p.is_dir():
+            if not each_file:
+                raise UsageError(directory_refused(name))
             out += sorted((c for c in p.iterdir() if c.is_file()), key=lambda c: c.name)
-        elif p.is_file():
-            out.append(p)
-        else:
-            raise UsageError(f"no such file: {name}")
+            continue
+        why = file_problem(name)
+        if why is not None:
+            raise UsageError(why)
+        out.append(p)
     return out
+
+
+def directory_refused(name: str) -> str:
+    return f"{name} is a directory; to send each regular file in it as one document, add --each-file"
 
 
 def _file_items(paths: list[Path], args: argparse.Namespace, checks: _Checks) -> tuple[list[_Item], int]:
@@ -138,6 +179,7 @@ def _file_items(paths: list[Path], args: argparse.Namespace, checks: _Checks) ->
         checks.item(str(p), doc)
         items.append(_Item(str(p), doc))
         total += size
+    warn_empty([str(p) for p in paths if p.stat().st_size == 0])
     return items, total
 
 
@@ -192,8 +234,9 @@ def _ndjson_items(stream: IO[bytes], args: argparse.Namespace) -> Iterator[_Item
                 raise UsageError(f"{where}: data_b64 is not base64: {e}") from None
         else:
             p = Path(obj["file"])
-            if not p.is_file():
-                raise UsageError(f"{where}: no such file: {obj['file']}")
+            why = file_problem(obj["file"])
+            if why is not None:
+                raise UsageError(f"{where}: {why}")
             doc["data"] = b""
             doc["path"] = p
             if args.key_from_name and "key" not in obj:
@@ -220,6 +263,12 @@ def _batches(items: Iterable[_Item], size: int) -> Iterator[list[_Item]]:
             batch, nbytes = [], 0
     if batch:
         yield batch
+
+
+def _documents_in(path: Path) -> int:
+    """The documents of an NDJSON file: its lines that are not blank."""
+    with path.open("rb") as f:
+        return sum(1 for line in f if line.strip())
 
 
 def progress_bar(total: int | None, unit: str) -> Any:
@@ -251,22 +300,26 @@ def cmd_send_bulk(args: argparse.Namespace) -> int:
         raise UsageError(f"--ndjson reads one input (a file, or - for standard input), not {len(args.files)}")
     cfg = config_of(args, "node")
     total: int | None = None
+    count = 0  # files: how many (their bar counts bytes)
     with client_of(args) as node, ExitStack() as closing:
         checks = _Checks(cfg, node)
         items: Iterable[_Item]
         if args.ndjson:
             name = args.files[0]
+            why = None if name == "-" else file_problem(name)
+            if why is not None:
+                raise UsageError(why)
             if name == "-":
                 stream: IO[bytes] = sys.stdin.buffer
-            elif Path(name).is_file():
-                stream = closing.enter_context(Path(name).open("rb"))
             else:
-                raise UsageError(f"no such file: {name}")
+                stream = closing.enter_context(Path(name).open("rb"))
+                if sys.stderr.isatty():  # the bar's total and time left: the file's documents
+                    total = _documents_in(Path(name))
             items = _ndjson_items(stream, args)
             unit = "doc"
         else:
-            items, total = _file_items(_files(args.files), args, checks)
-            unit = "B"
+            listed, total = _file_items(_files(args.files, args.each_file), args, checks)
+            items, count, unit = listed, len(listed), "B"
         sent = size = 0
         start = time.monotonic()
         bar = progress_bar(total, unit)
@@ -291,6 +344,8 @@ def cmd_send_bulk(args: argparse.Namespace) -> int:
                 sent += len(batch)
                 size += n
                 if bar is not None:
+                    if unit == "B":  # bytes, and the documents beside them
+                        bar.set_postfix_str(f"{sent:,} of {count:,} documents", refresh=False)
                     bar.update(n if unit == "B" else len(batch))
         finally:
             if bar is not None:
@@ -302,6 +357,7 @@ def cmd_send_bulk(args: argparse.Namespace) -> int:
         targets = list(dict.fromkeys(checks.targets))
         to = ", ".join(targets[:3]) + (f" and {len(targets) - 3} more" if len(targets) > 3 else "")
         took = f"{seconds:.2f}" if seconds < 10 else f"{seconds:.0f}"
-        print(f"sent {sent} document{'s' if sent != 1 else ''} ({format_size(size)})"
-              f"{f' to {to}' if to else ''} in {took} s", file=sys.stderr)
+        print(f"accepted {sent} document{'s' if sent != 1 else ''} ({format_size(size)})"
+              f"{f' for {to}' if to else ''} in {took} s: stored in this node, which sends them"
+              " ('semq messages' shows how far each got)", file=sys.stderr)
     return 0

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from semq.cli._common import format_age
+from semq.cli._common import positive_seconds as _positive
 from semq.ops.display import MAX_LIMIT, check_count, is_time_key, shown, when
 from semq.settings.config import ConfigError, data_dir, load_config
 
@@ -85,16 +86,6 @@ def _daemon_running(directory: Path) -> bool:
     except (OSError, ValueError):
         return False
     return bool(time.time() * 1000 - st.get("time_ms", 0) <= 5000)
-
-
-def _positive(text: str) -> float:
-    try:
-        v = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if not v > 0 or v == float("inf"):
-        raise argparse.ArgumentTypeError(f"{text!r} is not a positive number of seconds")
-    return v
 
 
 def _doc_options(x: argparse.ArgumentParser, *, save_fwd: bool = True) -> None:
@@ -364,20 +355,51 @@ def _ids(args: argparse.Namespace, what: str) -> list[str] | None:
     return None if args.all else list(args.ids)
 
 
+def _why_failed(directory: Path, lk0s: list[str]) -> dict[str, str]:
+    """What the refusing side said of each dead letter (``bob is not a user
+    of organization 56001``), from the delivery history: the detail of its
+    last failing step. Missing for a document the history does not hold
+    (history_days = 0, not indexed yet)."""
+    from semq.tracking.history import HistoryReader, history_paths
+
+    paths = history_paths(directory)
+    if not paths or not lk0s:
+        return {}
+    reader = HistoryReader(paths)
+    out: dict[str, str] = {}
+    try:
+        for lk0 in lk0s:
+            for row in reader.document(lk0):
+                said = [s["detail"] for s in row["steps"] if row["role"] == "origin" and s.get("detail")
+                        and s["event"] in ("nack", "expired", "dead")]
+                if said:
+                    out[lk0] = said[-1]
+    finally:
+        reader.close()
+    return out
+
+
 def cmd_dead_list(args: argparse.Namespace) -> int:
     from semq.node.features.dead import DeadLetters
 
     with _client(args) as node:
         rows = DeadLetters(node).list(limit=check_count(args.limit, "--limit", 1, MAX_LIMIT))
+        said = _why_failed(node.config.directory, [str(d.lk0) for d in rows])
+
+    def why(d: Any) -> str:
+        detail = said.get(str(d.lk0), "")
+        return f"{d.reason}: {detail}" if detail and detail != d.reason else d.reason
+
     if args.json:
         print(json.dumps([{"lk0": str(d.lk0), "to": d.target, "code": d.code, "reason": d.reason,
+                           "detail": said.get(str(d.lk0), ""),
                            "app_key": str(d.app_key), "attempts": d.attempts, "created_ms": d.created_ms,
                            "failed_ms": d.failed_ms, "expires_ms": d.expires_ms, "size": d.size} for d in rows]))
         return 0
-    print(f"{'LK0':<28} {'TO':<10} {'CODE':>4}  {'REASON':<36} {'TRIES':>5} {'AGE':>5}  APPKEY")
+    print(f"{'LK0':<28} {'TO':<10} {'CODE':>4} {'TRIES':>5} {'AGE':>5}  {'APPKEY':<24}  REASON")
     for d in rows:
-        print(f"{d.lk0!s:<28} {d.target:<10} {d.code:>4}  {shown(d.reason):<36} {d.attempts:>5}"
-              f" {format_age(d.created_ms):>5}  {shown(d.app_key)}")
+        print(f"{d.lk0!s:<28} {d.target:<10} {d.code:>4} {d.attempts:>5} {format_age(d.created_ms):>5}"
+              f"  {shown(d.app_key):<24}  {shown(why(d))}")
     print(f"{len(rows)} dead letter(s); semq dead requeue|purge ID...|--all", file=sys.stderr)
     return 0
 

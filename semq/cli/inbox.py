@@ -13,7 +13,14 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from semq.cli._common import UsageError, app_key_shown, client_of, format_age, format_time
+from semq.cli._common import (
+    UsageError,
+    app_key_shown,
+    client_of,
+    daemon_status,
+    format_age,
+    format_time,
+)
 from semq.cli.content import write_content
 from semq.cli.users import token_of, user_client, user_options
 from semq.ops.display import MAX_LIMIT, shown
@@ -58,6 +65,20 @@ def _inbox_line(d: dict[str, Any]) -> str:
         f"  [{shown(d['channel'])}]" if d.get("channel") else "")
     return (f"{d['id']:>6}  {sender:<20} {d['lk0']:<28} {key:<32} {d['size']:>7}  {format_time(d['received_ms'])}"
             f" ({format_age(d['received_ms'])} ago){users}")
+
+
+def _connecting(cfg: Any) -> str | None:
+    """A note when the node's daemon runs but is not connected to the
+    platform (what waits there has not arrived yet), from its status.json;
+    None when it is connected or does not run."""
+    st = daemon_status(cfg)
+    if st is None or st.get("connected"):
+        return None
+    if not st.get("sessions"):
+        return ("note: the node is still connecting to the platform (not connected since it started): documents"
+                " waiting there arrive once it is; 'semq status' shows the connection")
+    return ("note: the node is not connected to the platform now (it reconnects by itself): documents waiting"
+            " there arrive once it is; 'semq status' shows the connection")
 
 
 def _inbox_as_user(args: argparse.Namespace, token: str) -> int:
@@ -219,7 +240,15 @@ def cmd_inbox(args: argparse.Namespace) -> int:
             print(INBOX_HEADER)
             for i in items:
                 print(_inbox_line(_item_json(i)))
-            print(f"{len(items)} document(s)", file=sys.stderr)
+            total = node.inbox_count(unread=not args.all, user=args.user) if len(items) == args.limit else len(items)
+            if total > len(items):
+                print(f"{len(items):,} of {total:,} document(s), the oldest first (--limit N lists up to"
+                      f" {INBOX_LIMIT:,}; acknowledged ones leave the list)", file=sys.stderr)
+            else:
+                print(f"{len(items)} document(s)", file=sys.stderr)
+            note = _connecting(node.config)
+            if note:
+                print(note, file=sys.stderr)
             return 0
         if not args.ids:
             raise UsageError(f"inbox {args.action} needs a document id or LK0")

@@ -25,6 +25,7 @@ from semq.session.transport import parse_hostport
 from semq.settings.config import (
     Config,
     check_option,
+    check_org,
     check_private_paths,
     load_config,
     write_config,
@@ -120,6 +121,8 @@ def cmd_platform_register(args: argparse.Namespace) -> int:
 
     cfg = config_of(args, "platform")
     units = units_option(args.units)
+    for org in args.orgs:  # all checked before any is registered
+        check_org(org, "organization")
     core = PlatformCore(cfg.platform_store, cfg.platform_id)
     try:
         core.register(args.orgs, units)
@@ -149,6 +152,8 @@ def cmd_platform_revoke(args: argparse.Namespace) -> int:
     cfg = config_of(args, "platform")
     if not args.serial and not args.org:
         raise UsageError("name the organization to revoke (or --serial HEX)")
+    if args.org and not args.serial:
+        check_org(args.org, "organization")
     try:
         target: str | int = int(args.serial, 16) if args.serial else args.org
     except ValueError:

@@ -16,9 +16,10 @@ from semq.cli._common import (
     check_colleague,
     client_of,
     config_of,
+    positive_seconds,
     warn_unknown_target,
 )
-from semq.cli.bulk import BULK_BATCH, cmd_send_bulk, progress_bar
+from semq.cli.bulk import BULK_BATCH, cmd_send_bulk, file_problem, progress_bar, warn_empty
 from semq.cli.users import token_of, user_client, user_options
 from semq.settings.config import Config
 
@@ -30,7 +31,7 @@ examples:
   semq send --to 56001 --type ORDER --domain trade --subtype PO --key S0001 order.xml
   echo 'INV-0042 310.00 EUR' | semq send --to 56001 --type INVOICE --key INV-0042 -
   semq send --to 56001 --type INVOICE --key-from-name out/*.xml > lk0s.txt
-  semq send --to 56001 --type INVOICE --key-from-name out/
+  semq send --to 56001 --type INVOICE --key-from-name --each-file out/
   printf '%s\\n' '{"data": "<order/>", "key": "S1"}' '{"file": "scan.pdf", "type": "SCAN"}' \\
     | semq send --to 56001 --type ORDER --ndjson -
   semq send --to 56001 --type CAD --key DWG-7 drawing.step     # 1.2 GB: a large document, in chunks
@@ -44,7 +45,8 @@ def cmd_send(args: argparse.Namespace) -> int:
     from semq.node.limits import check_document_size
 
     files = args.files
-    if args.ndjson or len(files) > 1 or (files[0] != "-" and Path(files[0]).is_dir()):
+    directory = any(f != "-" and Path(f).is_dir() for f in files)
+    if args.ndjson or len(files) > 1 or directory:
         return cmd_send_bulk(args)
     args.file = files[0]
     if args.type is None:
@@ -62,11 +64,16 @@ def cmd_send(args: argparse.Namespace) -> int:
     org = check_address(args.to, cfg.org) if cfg is not None else ""
     if args.file == "-":
         data = sys.stdin.buffer.read()
+        if not data:
+            warn_empty(["standard input"])
     else:
         p = Path(args.file)
-        if not p.is_file():
-            raise UsageError(f"no such file: {args.file}")
+        why = file_problem(args.file)
+        if why is not None:
+            raise UsageError(why)
         size = p.stat().st_size
+        if size == 0:
+            warn_empty([args.file])
         if token is not None:  # by blocks through the user socket: the node says what it refuses
             return _send_as_user(args, cfg, p, token)
         if cfg is not None and token is None:
@@ -203,8 +210,9 @@ def register(sub: Any, common: argparse.ArgumentParser) -> None:
         "send", parents=[common], help="hand documents to the node",
         description=textwrap.fill(
             "Hand documents to the node: durable in its store when the command returns, whether or not its daemon"
-            " runs. One FILE (or - for standard input) is one document; several FILEs, a DIRECTORY (its regular"
-            " files, in name order) or --ndjson lines are accepted in transactions of --batch documents. Prints"
+            " runs. One FILE (or - for standard input) is one document; several FILEs, a DIRECTORY with"
+            " --each-file (its regular files, in name order) or --ndjson lines are accepted in transactions of"
+            " --batch documents. Prints"
             " one LK0 per document on stdout, in input order. One FILE over large_from_mib (4 MiB) is sent as"
             " a large document: copied into the data directory, then streamed in sealed chunks and resumed"
             " after a cut or a restart (up to max_document_mib, 4096).", 79),
@@ -229,7 +237,8 @@ def register(sub: Any, common: argparse.ArgumentParser) -> None:
     x.add_argument("--ack2", action=argparse.BooleanOptionalAction, default=True,
                    help="ask the receiver for an end-to-end confirmation (default on)")
     x.add_argument("--priority", type=int, default=0, help="0..9, higher goes first (default 0)")
-    x.add_argument("--expires-in", type=float, metavar="SECONDS", help="seconds until the document expires")
+    x.add_argument("--expires-in", type=positive_seconds, metavar="SECONDS",
+                   help="seconds until the document expires (over 0)")
     x.add_argument("--best-effort", action="store_true", help="Reliable=0: never stored, acked or retried")
     x.add_argument("--clear-app-key", action="store_true",
                    help="send the AppKey readable in the header (by default it travels sealed inside the"
@@ -244,7 +253,10 @@ def register(sub: Any, common: argparse.ArgumentParser) -> None:
                         " subtype, priority, to (over the options')")
     x.add_argument("--batch", type=int, default=BULK_BATCH, metavar="N",
                    help=f"documents per transaction when sending several (default {BULK_BATCH})")
+    x.add_argument("--each-file", action="store_true",
+                   help="a directory given as FILE sends each regular file directly in it (in name order) as"
+                        " one document; without this option a directory is refused")
     x.add_argument("-q", "--quiet", action="store_true", help="no note on stderr (warnings still show)")
     x.add_argument("files", nargs="+", metavar="FILE",
-                   help="file to send, - for standard input, several files, or a directory")
+                   help="file to send, - for standard input, several files, or a directory with --each-file")
     x.set_defaults(func=cmd_send)

@@ -7,12 +7,11 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import time
 from typing import Any
 
-from semq.cli._common import UsageError, client_of, config_of, format_age
+from semq.cli._common import UsageError, client_of, config_of, daemon_status, format_age
 from semq.cli.bulk import format_size
-from semq.ops.display import MAX_LIMIT, check_count, is_time_key, shown, when
+from semq.ops.display import MAX_LIMIT, check_count, counts_shown, is_time_key, plain, shown, when
 from semq.ops.runtime import live_status
 from semq.settings.config import Config
 
@@ -54,23 +53,14 @@ def cmd_messages(args: argparse.Namespace) -> int:
                            "reason": reason(r), "note": r.note, "from_user": r.from_user, "to_user": r.to_user,
                            "channel": r.channel} for r in rows]))
         return 0
-    print(f"{'LK0':<28} {'TO':<10} {'STATE':<10} {'SF':>2} {'ACK2':>4} {'TRIES':>5} {'CODE':>4}  {'AGE':>5}  APPKEY")
+    w = max([len(plain(r.state.name)) for r in rows] + [5])
+    print(f"{'LK0':<28} {'TO':<10} {'STATE':<{w}} {'SF':>2} {'ACK2':>4} {'TRIES':>5} {'CODE':>4}  {'AGE':>5}  APPKEY")
     for r in rows:
         why = shown(reason(r) or (f"({r.note})" if r.note else ""))
-        print(f"{r.lk0!s:<28} {r.target:<10} {r.state.name:<10} {r.save_fwd:>2} {int(r.ack2):>4} {r.attempts:>5}"
+        print(f"{r.lk0!s:<28} {r.target:<10} {plain(r.state.name):<{w}} {r.save_fwd:>2} {int(r.ack2):>4} {r.attempts:>5}"
               f" {r.code:>4}  {format_age(r.created_ms):>5}  {shown(r.app_key)}" + (f"  {why}" if why else ""))
     print(f"{len(rows)} message(s) pending or failed (confirmed ones are cleaned up)", file=sys.stderr)
     return 0
-
-
-def _daemon_status(cfg: Config) -> dict[str, Any] | None:
-    try:
-        st: dict[str, Any] = json.loads(cfg.status_path.read_text("utf-8"))
-    except (OSError, ValueError):
-        return None
-    if time.time() * 1000 - st.get("time_ms", 0) > 5000:
-        return None
-    return st
 
 
 def _cert_status(cfg: Config) -> None:
@@ -92,7 +82,7 @@ def _cert_status(cfg: Config) -> None:
 
 def cmd_status(args: argparse.Namespace) -> int:
     cfg = config_of(args)
-    live = live_status(cfg.unit_dir, timeout=2.0) or _daemon_status(cfg)
+    live = live_status(cfg.unit_dir, timeout=2.0) or daemon_status(cfg)
     if cfg.role == "node":
         return _node_status(args, cfg, live)
     return _platform_status(args, cfg, live)
@@ -109,7 +99,7 @@ def _node_status(args: argparse.Namespace, cfg: Config, live: dict[str, Any] | N
     data = {"role": "node", "org": cfg.org, "platform": cfg.platform, "daemon": live, **counts}
     if per_unit is not None:
         # A node of several units: each one's daemon and counts.
-        data["units"] = [{"unit": k, "daemon": live_status(u.unit_dir, timeout=2.0) or _daemon_status(u), **c}
+        data["units"] = [{"unit": k, "daemon": live_status(u.unit_dir, timeout=2.0) or daemon_status(u), **c}
                          for k, c in enumerate(per_unit, 1) for u in [cfg.for_unit(k)]]
     if args.json:
         print(json.dumps(data))
@@ -136,7 +126,7 @@ def _node_status(args: argparse.Namespace, cfg: Config, live: dict[str, Any] | N
         for line in direct_lines(live.get("direct")):
             print(line)
     states = counts["outbox"]
-    print("  pending-send: " + (", ".join(f"{k}={v}" for k, v in states.items()) or "empty"))
+    print("  pending-send: " + counts_shown(states))
     print(f"  pending-ack: {counts['pending_ack']}   inbox: {counts['inbox_unread']} unread"
           f" / {counts['inbox_total']}   dedup: {counts['dedup']}")
     print(f"  oldest unconfirmed: {format_age(counts['oldest_unconfirmed_ms'])}")

@@ -56,7 +56,7 @@ import time
 from contextlib import suppress
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 from semq import __version__
 from semq.identity.crypto import ensure_private_directory
@@ -81,19 +81,43 @@ from ._paths import admin_socket_path
 
 __all__ = [
     "BACKUP_FORMAT",
+    "BACKUP_SUFFIXES",
     "MANIFEST_NAME",
     "BackupError",
     "BackupInfo",
+    "BackupRefused",
     "CompactInfo",
     "RestoreInfo",
     "RestoreRefused",
     "backup",
+    "check_backup_out",
     "compact",
     "restore",
     "snapshot_store",
     "store_in_use",
 ]
 
+
+
+BACKUP_SUFFIXES: Final = (".tar", ".tar.gz", ".tgz", ".sqlite")
+
+
+class BackupRefused(BackupError):
+    """backup will not write where asked (a name that is not a backup's,
+    a directory that does not exist): the user's call (exit status 2)."""
+
+
+def check_backup_out(out: Path) -> None:
+    """``--out``: a name of BACKUP_SUFFIXES in a directory that exists (a
+    backup never creates directories: a mistyped path is refused, not
+    made); BackupRefused naming the value, else nothing."""
+    if not out.name.endswith(BACKUP_SUFFIXES) or out.name in BACKUP_SUFFIXES:
+        raise BackupRefused(f"--out {out}: a backup is written as FILE.tar, FILE.tar.gz or FILE.tgz (a tar"
+                            " archive) or FILE.sqlite (the store alone), not as another kind of file")
+    if out.is_dir():
+        raise BackupRefused(f"--out {out} is a directory; name the file, e.g. {out / 'backup.tar.gz'}")
+    if not out.parent.is_dir():
+        raise BackupRefused(f"--out {out}: the directory {out.parent} does not exist; create it first")
 
 
 class RestoreRefused(BackupError):
@@ -182,17 +206,19 @@ def _refuse_pg(cfg: Any, what: str) -> None:
 def backup(directory: Path, out: Path, *, include_keys: bool = False) -> BackupInfo:
     """Back up the data directory ``directory`` (node or platform, running
     or not) to ``out``. Written to a temporary file and renamed, mode 0600.
-    Raises BackupError (nothing written) or ConfigError."""
+    Raises BackupRefused for an ``out`` that is not a backup's name in a
+    directory that exists (check_backup_out), BackupError (nothing
+    written) or ConfigError."""
     from semq.settings.config import load_config
 
     directory, out = Path(directory).resolve(), Path(out)
+    check_backup_out(out)
     cfg = load_config(directory)
     _refuse_pg(cfg, "back up")
     store_name = STORE_NAMES[cfg.role]
     units = cfg.units if cfg.role == "node" else 1
     if units > 1 and out.name.endswith(".sqlite"):
         raise BackupError(f"a node of {units} units has {units} stores: back up to a .tar or .tar.gz, not {out.name}")
-    out.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix=".semq-backup-", dir=out.parent) as tmpd:
         snap = Path(tmpd) / store_name
         info = snapshot_store(cfg.store_path, snap)

@@ -19,7 +19,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from .display import MAX_LIMIT, age, check_count, is_time_key, shown, when
+from .display import MAX_LIMIT, age, check_count, counts_shown, is_time_key, plain, shown, when
 from .why import why_line
 
 __all__ = ["OpsUsageError", "main", "parse_duration", "register"]
@@ -48,11 +48,11 @@ def _cli_errors(func: Callable[[argparse.Namespace], int]) -> Callable[[argparse
     @functools.wraps(func)
     def run(args: argparse.Namespace) -> int:
         from .admin import AdminCommandFailed, AdminError
-        from .backup import BackupError, RestoreRefused
+        from .backup import BackupError, BackupRefused, RestoreRefused
 
         try:
             return func(args)
-        except (AdminCommandFailed, RestoreRefused, OpsUsageError) as e:
+        except (AdminCommandFailed, BackupRefused, RestoreRefused, OpsUsageError) as e:
             if getattr(args, "verbose", False):
                 raise
             print(f"error: {e}", file=sys.stderr)
@@ -207,14 +207,14 @@ def _print_status(r: dict[str, Any]) -> None:
             print(line)
         st = r.get("stats", {})
         print("  counters: " + (" ".join(f"{k}={v}" for k, v in st.items()) or "-"))
-        print("  pending-send: " + (", ".join(f"{k}={v}" for k, v in r.get("outbox", {}).items()) or "empty"))
+        print("  pending-send: " + counts_shown(r.get("outbox", {})))
         print(f"  pending-ack: {r.get('pending_ack', 0)}   inbox: {r.get('inbox_unread', 0)} unread"
               f" / {r.get('inbox_total', 0)}")
         print(f"  oldest unconfirmed: {_age(r.get('oldest_unconfirmed_ms'))}")
         if r.get("queues"):
-            print(f"  {'TARGET':<12} {'STATE':<11} {'COUNT':>8}  OLDEST")
+            print(f"  {'TARGET':<12} {'COUNT':>8}  {'OLDEST':<6}  STATE")
             for q in r["queues"]:
-                print(f"  {q['target']:<12} {q['state']:<11} {q['count']:>8}  {_age(q['oldest_ms'])}")
+                print(f"  {q['target']:<12} {q['count']:>8}  {_age(q['oldest_ms']):<6}  {plain(q['state'])}")
     else:
         print(f"platform {r['id']} (pid {r['pid']}, port {r.get('port')}): {r['connections']} connected{draining}")
         for o in r.get("sessions", []):
@@ -236,9 +236,10 @@ def _print_status(r: dict[str, Any]) -> None:
         print(f"  relayed acks/inquiries waiting: {r.get('relayed_waiting', 0)};"
               f" oldest stored: {_age(r.get('oldest_unconfirmed_ms'))}")
         if r.get("queues"):
-            print(f"  {'TARGET':<12} {'KIND':<8} {'STATE':<9} {'COUNT':>8}  OLDEST")
+            print(f"  {'TARGET':<12} {'KIND':<8} {'COUNT':>8}  {'OLDEST':<6}  STATE")
             for q in r["queues"]:
-                print(f"  {q['target']:<12} {q['kind']:<8} {q['state']:<9} {q['count']:>8}  {_age(q['oldest_ms'])}")
+                print(f"  {q['target']:<12} {q['kind']:<8} {q['count']:>8}  {_age(q['oldest_ms']):<6}"
+                      f"  {plain(q['state'], 'platform')}")
     b = r.get("commit_batches")
     extra = (f"; commit batches: {b['transactions']} (mean {b['mean_size']}, max {b['max_size']},"
              f" {b['mean_ms']} ms)") if b else ""
@@ -253,25 +254,29 @@ def _print_rows(rows: list[dict[str, Any]]) -> None:
     if "save_fwd" in rows[0]:  # node outbox
         # Record ids start at the store's creation time in microseconds:
         # 16 digits (docs/exactly-once.md).
-        print(f"{'ID':>16}  {'TO':<10} {'STATE':<11} {'SF':>2} {'TRIES':>5} {'CODE':>4} {'SIZE':>8} {'AGE':>6}"
+        w = max(len(plain(r["state"])) for r in rows)
+        print(f"{'ID':>16}  {'TO':<10} {'STATE':<{w}} {'SF':>2} {'TRIES':>5} {'CODE':>4} {'SIZE':>8} {'AGE':>6}"
               "  PLACE/APPKEY")
         for r in rows:
             k = r.get("app_key", {})
             extra = shown(r.get("reason") or r.get("place") or "/".join(
                 x for x in (k.get("domain"), k.get("data_type"), k.get("subtype"), k.get("key")) if x))
-            print(f"{r['id']:>16}  {r['target']:<10} {r['state']:<11} {r['save_fwd']:>2} {r['attempts']:>5}"
+            print(f"{r['id']:>16}  {r['target']:<10} {plain(r['state']):<{w}} {r['save_fwd']:>2} {r['attempts']:>5}"
                   f" {r['code']:>4} {r['size']:>8} {_age(r['created_ms']):>6}  {extra}")
     elif "p_ack" in rows[0] or "s_ack" in rows[0]:  # node inbound
-        print(f"{'ID':>16}  {'LK0':<28} {'P_ACK':<7} {'S_ACK':<7} {'ASKED':>5} {'AGE':>6}  PLACE")
+        w = max(len(plain(r[k], "ack")) for r in rows for k in ("p_ack", "s_ack"))
+        print(f"{'ID':>16}  {'LK0':<28} {'PLATFORM ACK':<{w}} {'SENDER ACK':<{w}} {'ASKED':>5} {'AGE':>6}  PLACE")
         for r in rows:
-            print(f"{r['id']:>16}  {r['lk0']:<28} {r['p_ack']:<7} {r['s_ack']:<7} {r['inquiries']:>5}"
-                  f" {_age(r['received_ms']):>6}  {shown(r.get('place', ''))}")
+            print(f"{r['id']:>16}  {r['lk0']:<28} {plain(r['p_ack'], 'ack'):<{w}} {plain(r['s_ack'], 'ack'):<{w}}"
+                  f" {r['inquiries']:>5} {_age(r['received_ms']):>6}  {shown(r.get('place', ''))}")
     else:  # platform stored
-        print(f"{'ID':>8}  {'TO':<10} {'KIND':<12} {'LK0':<28} {'STATE':<8} {'TRIES':>5} {'SIZE':>8} {'AGE':>6}"
+        w = max(len(plain(r["state"], "platform")) for r in rows)
+        print(f"{'ID':>8}  {'TO':<10} {'KIND':<12} {'LK0':<28} {'STATE':<{w}} {'TRIES':>5} {'SIZE':>8} {'AGE':>6}"
               "  PLACE")
         for r in rows:
             place = shown(r.get("place") or ("online" if r.get("target_online") else "offline"))
-            print(f"{r['id']:>8}  {r['target']:<10} {r['kind']:<12} {r['lk0'] or '-':<28} {r['state']:<8}"
+            print(f"{r['id']:>8}  {r['target']:<10} {r['kind']:<12} {r['lk0'] or '-':<28}"
+                  f" {plain(r['state'], 'platform'):<{w}}"
                   f" {r['attempts']:>5} {r['size']:>8} {_age(r['stored_ms']):>6}  {place}")
 
 
@@ -301,6 +306,29 @@ def _record_id(text: str) -> int:
     if not t.isdigit() or int(t) <= 0:
         raise OpsUsageError(f"{text!r} is not a record id or an LK0")
     return int(t)
+
+
+def _none_found(args: argparse.Namespace, cmd: str) -> int:
+    """``admin requeue|resend|purge ID...`` that found none of them: one
+    line each, saying what became of it (confirmed end to end, by whom and
+    when, and how to send a new copy), exit 2."""
+    from semq.settings.config import load_config
+
+    from .confirmed import confirmations
+
+    cfg = load_config(_dir(args))
+    done = confirmations(cfg.directory, cfg, list(args.ids)) if cfg.role == "node" else {}
+    for ref in args.ids:
+        if ref in done:
+            lk0, by, at = done[ref]
+            again = (f"; to send a new copy, send its content again as a new document (semq send --to {by} ...)"
+                     if cmd != "purge" else "")
+            print(f"error: {lk0} is already confirmed by {by} (at {when(at)[:19]}); nothing to {cmd}{again}",
+                  file=sys.stderr)
+        else:
+            print(f"error: {ref}: no such document here to {cmd} (not sent from here, or confirmed and cleaned"
+                  " up longer ago than the delivery history keeps)", file=sys.stderr)
+    return 2
 
 
 def _wait_gone(args: argparse.Namespace) -> None:
@@ -404,6 +432,8 @@ def cmd_admin(args: argparse.Namespace) -> int:
             print(why_line(w))
     elif cmd in ("requeue", "resend", "purge"):
         verb = {"requeue": "requeued", "resend": "resent", "purge": "purged"}[cmd]
+        if args.ids and not result.get("matched"):
+            return _none_found(args, cmd)
         if result.get("dry_run"):
             print(f"dry run: would have {verb} {result['would']} of {result['matched']} matched")
         else:
@@ -609,7 +639,7 @@ def register(sub: Any) -> None:
     x.set_defaults(func=cmd_service_install)
 
     x = sub.add_parser("backup", parents=[common], help="consistent copy of the store (works while running)")
-    x.add_argument("--out", required=True, metavar="FILE", help="FILE.tar, FILE.tar.gz, or FILE.sqlite (store only)")
+    x.add_argument("--out", required=True, metavar="FILE", help="FILE.tar, FILE.tar.gz or FILE.tgz, or FILE.sqlite (the store only), in a directory that exists")
     x.add_argument("--include-keys", action="store_true", help="also the private keys (keep the file safe!)")
     x.set_defaults(func=cmd_backup)
 

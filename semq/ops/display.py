@@ -3,7 +3,9 @@ organization (an AppKey, a user name, a reason) with its control
 characters escaped, so it cannot move the cursor or rewrite a terminal
 line; epoch milliseconds as local date and time; counts checked against
 their range with one line naming the value and the range. ``--json``
-output keeps the raw values."""
+output keeps the raw values; states and steps are shown in plain words
+with their code in parentheses (``PLAIN``: ``stored at the platform
+(SS_ACK)``), where ``--json`` keeps the code alone."""
 
 from __future__ import annotations
 
@@ -11,9 +13,66 @@ import datetime as dt
 import time
 from typing import Any, Final
 
-__all__ = ["MAX_LIMIT", "CountError", "age", "check_count", "is_time_key", "shown", "when"]
+__all__ = ["MAX_LIMIT", "PLAIN", "CountError", "age", "check_count", "counts_shown", "is_time_key", "plain", "shown", "when"]
 
 MAX_LIMIT: Final = 10_000  # rows one list command shows (and one admin list/stuck answer holds)
+
+
+#: What the codes of states and steps mean, in the words a person reads
+#: (``plain``). One table for every command that shows them: ``node``, a
+#: node's documents on their way out (semq.node.engine.SendState); ``ack``,
+#: its received ones' acknowledgements (AckStatus); ``platform``, the
+#: platform's stored copies (semq.platform.engine.StoredState); ``step``,
+#: the steps of the delivery history (semq.analytics.events.EVENTS_BY_ROLE).
+PLAIN: Final[dict[str, dict[str, str]]] = {
+    "node": {
+        "SS_INIT": "waiting to be sent",
+        "SS_SENT": "sent, not acknowledged yet",
+        "SS_ACK_FWD": "forwarded to the target by the platform",
+        "SS_ACK": "stored at the platform",
+        "SS_ACK2": "confirmed by the receiver",
+        "SS_FAILED": "failed",
+    },
+    "ack": {"AS_INIT": "not acknowledged yet", "AS_ACK": "acknowledged"},
+    "platform": {
+        "SS_INIT": "stored, not delivered yet",
+        "SS_SENT": "delivered, its acknowledgement outstanding",
+        "SS_ACK": "acknowledged by the target",
+    },
+    "step": {
+        # the origin's
+        "queued": "accepted", "sent": "sent", "ack_fwd": "forwarded by the platform",
+        "ack_save": "stored at the platform", "nack": "refused", "inquiry": "asked about",
+        "resend": "to be sent again", "ack2": "confirmed by the receiver", "cleaned": "cleaned up",
+        "expired": "expired", "dead": "given up (a dead letter)", "bad_receipt": "receipt did not verify",
+        "bad_refusal": "refusal did not verify", "large_sent": "large document sent",
+        # the platform's
+        "received": "received", "forwarded": "forwarded", "stored": "stored", "dropped": "dropped",
+        "refused": "refused", "delivered": "delivered", "acked": "acknowledged by the target",
+        "node_online": "came online", "node_offline": "went offline",
+        # the receiver's
+        "duplicate": "a duplicate, dropped", "inbox": "in the inbox", "ack2_sent": "confirmation sent",
+        "reack": "acknowledged again", "reack2": "confirmation sent again",
+        "held": "held for an earlier one (ordered channel)", "gap_dropped": "announced as a gap (ordered channel)",
+        "large_started": "large document begun", "bad_chunk": "a bad chunk", "large_complete": "large document whole",
+    },
+}
+
+
+def counts_shown(counts: dict[str, int], kind: str = "node") -> str:
+    """``{"SS_INIT": 3}`` as ``3 waiting to be sent (SS_INIT)``, comma-separated;
+    ``empty`` for none."""
+    return ", ".join(f"{n} {plain(code, kind)}" for code, n in counts.items()) or "empty"
+
+
+def plain(code: str | None, kind: str = "node") -> str:
+    """``code`` (a state or a step of ``kind``: PLAIN) for a person:
+    ``stored at the platform (SS_ACK)``; a code the table does not know,
+    as it is."""
+    if not code:
+        return "-"
+    words = PLAIN[kind].get(code)
+    return f"{words} ({code})" if words else shown(code)
 
 
 class CountError(ValueError):

@@ -15,7 +15,7 @@ from typing import Any
 
 from semq.tracking.history import HistoryReader, history_paths
 
-from .display import MAX_LIMIT, shown, when
+from .display import MAX_LIMIT, plain, shown, when
 from .why import why_line
 
 __all__ = ["add_track_parser", "cmd_track", "parse_when"]
@@ -83,7 +83,7 @@ def _key(row: dict[str, Any]) -> str:
 def _table(rows: list[dict[str, Any]]) -> list[str]:
     head = ("FIRST SEEN", "DIR", "LK0", "WITH", "KEY", "SIZE", "PATH", "STATE", "TOOK", "RESENDS", "CODE")
     body = [(_time(r["first_ms"]), _DIRECTION.get(r["role"], r["role"]), r["lk0"], _shown(r["counterpart"]),
-             _key(r), _size(r["size"]), r["path"] or "-", r["state"] or "-",
+             _key(r), _size(r["size"]), r["path"] or "-", plain(r["state"], "step"),
              _took(r["last_ms"] - r["first_ms"]) if r["state"] in _FINAL else "-",
              str(r["resends"]), str(r["code"]) if r["code"] is not None else "-") for r in rows]
     widths = [max(len(h), *(len(b[i]) for b in body)) for i, h in enumerate(head)]
@@ -104,7 +104,8 @@ def _timeline(row: dict[str, Any]) -> list[str]:
         extra = [f"path {s['path']}" if s.get("path") else "", f"attempt {s['attempt']}" if (s.get("attempt") or 1) > 1
                  else "", f"code {s['code']}" if s.get("code") is not None else "",
                  f"copy {s['lk1']}" if s.get("lk1") else "", _shown(s["detail"]) if s.get("detail") else ""]
-        lines.append(f"  {_time(s['ts'], millis=True)}  {s['event']:<11} {'  '.join(e for e in extra if e)}".rstrip())
+        lines.append(f"  {_time(s['ts'], millis=True)}  {plain(s['event'], 'step'):<36} {'  '.join(e for e in extra if e)}"
+                     .rstrip())
     check = row.get("receipt_check")
     if check is not None:
         if check.get("verified"):

@@ -23,7 +23,8 @@ from semq.cli.bulk import format_size
 from semq.node.limits import MAX_DOCUMENT_SIZE
 
 A, B, C = "10008", "56001", "77000"
-SUMMARY = re.compile(r"sent (\d+) documents? \(([0-9.]+ (?:bytes|KiB|MiB|GiB))\) to (.+) in (\d+(?:\.\d\d)?) s")
+SUMMARY = re.compile(r"accepted (\d+) documents? \(([0-9.]+ (?:bytes|KiB|MiB|GiB))\) for (.+) in (\d+(?:\.\d\d)?) s:"
+                     r" stored in this node, which sends them \('semq messages' shows how far each got\)")
 
 
 def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
@@ -93,9 +94,12 @@ def test_a_directory_sends_its_regular_files_in_name_order(root: Path, capsys: p
     (d / "sub").mkdir()
     (d / "sub" / "deeper.csv").write_bytes(b"not taken")
     rc, out, err = run(capsys, "send", "--dir", A, "--to", B, "--type", "CSV", "-q", "out")
+    assert (rc, out) == (2, "") and rows(root) == []  # a directory only with --each-file
+    one_error(err, "out is a directory; to send each regular file in it as one document, add --each-file")
+    rc, out, err = run(capsys, "send", "--dir", A, "--to", B, "--type", "CSV", "-q", "out", "--each-file")
     assert rc == 0 and len(lk0s(out)) == 3
     assert [r[5] for r in rows(root)] == [b"a.csv", b"b.csv", b"c.csv"]
-    assert "sent" not in err  # -q: no summary
+    assert "accepted" not in err  # -q: no summary
 
 
 def test_one_file_too_large_refuses_them_all_before_anything_is_sent(root: Path,
@@ -302,14 +306,22 @@ def test_a_progress_bar_on_a_terminal_only(root: Path, capsys: pytest.CaptureFix
     d.mkdir()
     for i in range(6):
         (d / f"{i}.txt").write_bytes(b"x" * 1000)
-    rc, out, err = run(capsys, "send", "--dir", A, "--to", B, "--type", "T", "--batch", "2", "out")
+    rc, out, err = run(capsys, "send", "--dir", A, "--to", B, "--type", "T", "--batch", "2", "--each-file", "out")
     assert rc == 0 and "%|" not in err and len(lk0s(out)) == 6  # not a terminal: no bar
     term = _Terminal()
     monkeypatch.setattr(sys, "stderr", term)
-    rc, out, _ = run(capsys, "send", "--dir", A, "--to", B, "--type", "T", "--batch", "2", "out")
+    rc, out, _ = run(capsys, "send", "--dir", A, "--to", B, "--type", "T", "--batch", "2", "--each-file", "out")
     assert rc == 0 and len(lk0s(out)) == 6  # stdout: only the LK0s
     shown = term.getvalue()
     assert "%|" in shown and "/5.86k [" in shown and SUMMARY.search(shown), shown
+    # the total and the time left ([elapsed<left]), and the documents beside the bytes
+    assert re.search(r"/5\.86k \[\d\d:\d\d<\d\d:\d\d", shown) and "4 of 6 documents" in shown, shown
+    (root / "docs.ndjson").write_bytes(b"".join(json.dumps({"data": str(i)}).encode() + b"\n\n" for i in range(7)))
+    term.seek(0)
+    term.truncate()
+    rc, out, _ = run(capsys, "send", "--dir", A, "--to", B, "--type", "T", "--batch", "2", "--ndjson", "docs.ndjson")
+    assert rc == 0 and len(lk0s(out)) == 7  # an NDJSON file: its documents counted first (blank lines not)
+    assert re.search(r"\b4/7 \[\d\d:\d\d<\d\d:\d\d", term.getvalue()), term.getvalue()
     stdin(monkeypatch, b"".join(json.dumps({"data": str(i)}).encode() + b"\n" for i in range(5)))
     term.seek(0)
     term.truncate()

@@ -144,7 +144,8 @@ def test_send_without_a_daemon_is_accepted_and_waits_in_ss_init(root: Path, caps
     assert rc == 0
     header, row = out.splitlines()
     assert header.split()[:3] == ["LK0", "TO", "STATE"]
-    assert row.split()[:6] == [lk0, B, "SS_INIT", "3", "1", "0"]
+    assert row.split()[:2] == [lk0, B]  # the state in words, its code in parentheses
+    assert row.split(maxsplit=2)[2].startswith("waiting to be sent (SS_INIT)  3    1     0")
     assert header.index("TO") == row.index(B)  # the columns line up with a full-size LK0
     assert row.endswith("trade/ORDER/PO/S0001")
 
@@ -178,14 +179,14 @@ def test_status_follows_a_document_through_the_stores(root: Path, capsys: pytest
     run(capsys, "send", "--dir", A, "--to", B, "--type", "ORDER", "--key", "S0001", "order.xml")
     rc, out, _ = run(capsys, "status", "--dir", A)
     assert rc == 0
-    assert "daemon: not running" in out and "pending-send: SS_INIT=1" in out
+    assert "daemon: not running" in out and "pending-send: 1 waiting to be sent (SS_INIT)" in out
     rc, out, _ = run(capsys, "status", "--dir", "P")
     assert rc == 0 and "daemon: not running" in out and "stored for: nothing" in out
     assert "known nodes: 10008, 56001" in out
 
     assert relay_to_offline_target(root) == 1
     rc, out, _ = run(capsys, "status", "--dir", A)
-    assert "pending-send: SS_ACK=1" in out  # ACK_SAVE: the platform owns delivery, A awaits ACK2
+    assert "pending-send: 1 stored at the platform (SS_ACK)" in out  # ACK_SAVE: the platform owns delivery, A awaits ACK2
     rc, out, _ = run(capsys, "status", "--dir", "P")
     assert "stored for: 56001=1 (oldest " in out
     rc, out, _ = run(capsys, "platform", "status", "--dir", "P", "--json")
@@ -324,7 +325,8 @@ def test_missing_file(root: Path, capsys: pytest.CaptureFixture[str]) -> None:
     (["node", "init", "--dir", "X", "--org", "ACME"], '--org "ACME" is not an organization id'),
     (["send", "--dir", A, "--to", "bad id!", "--type", "ORDER", "semq.toml"],
      '--to "bad id!" is not an organization id; allowed: an organization id'),
-    (["platform", "register", "--dir", "P", "ok1", "no way"], "node id 'no way'"),
+    (["platform", "register", "--dir", "P", "77000", "no way"], 'organization "no way" is not an organization id'),
+    (["platform", "register", "--dir", "P", "ok1"], 'organization "ok1" is not an organization id'),
 ])
 def test_invalid_org_id(root: Path, capsys: pytest.CaptureFixture[str], argv: list[str], fragment: str) -> None:
     if argv[0] == "send":

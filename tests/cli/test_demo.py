@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -25,16 +26,17 @@ def test_demo_runs_to_the_end(tmp_path: Path) -> None:
         "$ semq send --dir A --to 56001 --type ORDER --domain trade --subtype PO --key S0001",
         "10008/1/1/",  # the order's LK0: its record id starts at the store's creation time
         "stored for: 56001=3",
-        "SS_FAILED   1    0     1  301",  # the SaveFwd=1 document: dropped, and A was told
         "trade/ORDER/PO/S0001",
         '<order id="S0001" buyer="10008" seller="56001">',
         "trade/ORDRSP/PO/S0001",  # B's answer, online path
-        "pending-send: SS_FAILED=1",
+        "pending-send: 1 failed (SS_FAILED)",
         "stored for: nothing",
         "$ semq report latency --logs ",
         "demo OK: 4 documents delivered exactly once",
     ):
         assert line in out, f"{line!r} missing from the demo's output:\n{out}"
+    # the SaveFwd=1 document: dropped, and A was told (its state in words, the code beside)
+    assert re.search(r"failed \(SS_FAILED\) +1 +0 +1 +301", out), out
     for who in ("B", "A", "platform"):
         assert f"{who}: exit 0" in out
     # The summary: every document has its row, with the path it took.

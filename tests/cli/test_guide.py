@@ -8,6 +8,9 @@ reference`` prints every semq.toml key with its reload behaviour."""
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
+import itertools
 import re
 import subprocess
 from pathlib import Path
@@ -179,3 +182,110 @@ def test_semq_help_states_shows_every_move_of_the_engine_tables() -> None:
             if to is not state:
                 assert re.search(rf"^\s+{state.name}\s+-> {to.name}\s+on .*\b{event.value}\b", text, re.M), \
                     f"{state.name} --{event.value}--> {to.name}"
+
+
+# -- options anywhere: before, between or after the positionals, and before
+# the command's name, for every command of the tree
+
+_VALUES = ("7", "x", "2026-12-01", "1h", "127.0.0.1:7411")  # a date before "1h": "1h ago" moves between parses
+
+
+def _parses(parser: argparse.ArgumentParser, argv: list[str]) -> dict[str, object] | None:
+    try:
+        with contextlib.redirect_stderr(io.StringIO()), contextlib.redirect_stdout(io.StringIO()):
+            return vars(parser.parse_args(argv))
+    except SystemExit:
+        return None
+
+
+def _words(action: argparse.Action, value: str) -> list[str]:
+    """``action`` with ``value`` as a command line writes it; a list-taking
+    option as ``--opt=value`` (else it would take the positionals too)."""
+    name = action.option_strings[-1]
+    if action.nargs == 0:
+        return [name]
+    if action.nargs in ("*", "+", "?"):
+        return [f"{name}={value}"]
+    return [name] + [value] * (action.nargs if isinstance(action.nargs, int) else 1)
+
+
+def _positionals(parser: argparse.ArgumentParser) -> list[str]:
+    """A value for each positional, two for one that takes a list."""
+    words: list[str] = []
+    for a in parser._get_positional_actions():
+        value = str(next(iter(a.choices))) if a.choices else "7"
+        words += [value, value] if a.nargs in ("*", "+") else [value]
+    return words
+
+
+def _candidates(action: argparse.Action) -> list[str]:
+    return [str(c) for c in action.choices][:3] if action.choices else list(_VALUES)
+
+
+def _options(root: argparse.ArgumentParser, path: tuple[str, ...], leaf: argparse.ArgumentParser,
+             pos: list[str]) -> tuple[list[str], list[tuple[str, list[str]]], list[str]]:
+    """The required options' words, each other option's words (with a value
+    the command takes), and the options no value fitted."""
+    actions = [a for a in leaf._get_optional_actions()
+               if not isinstance(a, argparse._HelpAction | argparse._VersionAction)]
+    needed = [a for a in actions if a.required]
+    tries = (
+        [w for a, v in zip(needed, values, strict=True) for w in _words(a, v)]
+        for values in itertools.product(*(_candidates(a) for a in needed))
+    )
+    required = next((words for words in tries if _parses(root, [*path, *pos, *words]) is not None), None)
+    if required is None:
+        return [], [], [a.option_strings[-1] for a in needed]
+    each, unfit = [], []
+    for a in actions:
+        if a.required:
+            continue
+        words = next((w for v in _candidates(a)
+                      if _parses(root, [*path, *pos, *required, *(w := _words(a, v))]) is not None), None)
+        if words is None:
+            unfit.append(a.option_strings[-1])
+        else:
+            each.append((a.option_strings[-1], words))
+    return required, each, unfit
+
+
+def test_every_command_takes_its_options_before_between_or_after_its_positionals() -> None:
+    root = build_parser()
+    checked, wrong, unfit = 0, [], []
+    for path, leaf in _commands():
+        if not path or not is_leaf(leaf):
+            continue
+        pos = _positionals(leaf)
+        required, each, missing = _options(root, path, leaf, pos)
+        unfit += [f"semq {' '.join(path)} {name}" for name in missing]
+        expected = _parses(root, [*path, *pos, *required])
+        if expected is None:
+            wrong.append(f"semq {' '.join([*path, *pos, *required])} does not parse")
+            continue
+        for _name, words in [("", required), *each]:
+            base = required if words is not required else []
+            after = [*path, *pos, *base, *words]
+            want = _parses(root, after)
+            lines = [[*path, *words, *pos, *base],                         # before the positionals
+                     [*path[:-1], *words, path[-1], *pos, *base]]          # before the command's name
+            lines += [[*path, *pos[:k], *words, *pos[k:], *base] for k in range(1, len(pos))]  # between
+            for line in lines:
+                got = _parses(root, line)
+                checked += 1
+                if got != want:
+                    wrong.append(f"semq {' '.join(line)} parses as {got}, not as semq {' '.join(after)}: {want}")
+    assert not unfit, "options no test value fits (add one to _VALUES):\n" + "\n".join(unfit)
+    assert not wrong, "\n".join(wrong)
+    assert checked > 500  # every option of every command, in every place
+
+
+def test_user_add_with_the_directory_first_and_a_dash_dash_keep_their_meaning() -> None:
+    p = build_parser()
+    ns = p.parse_args(["user", "add", "--dir", "B", "alice"])
+    assert (ns.action, ns.name, ns.dir) == ("add", "alice", "B")
+    ns = p.parse_args(["admin", "--dir", "A", "list", "--limit", "3"])
+    assert (ns.admin_cmd, ns.dir, ns.limit) == ("list", "A", 3)
+    ns = p.parse_args(["send", "a.xml", "--to", "56001", "--", "-b.xml", "--to"])
+    assert ns.files == ["a.xml", "-b.xml", "--to"] and ns.to == "56001"
+    ns = p.parse_args(["--dir", "status", "status"])  # a directory named like a command
+    assert ns.command == "status" and ns.dir == "status"

@@ -180,7 +180,35 @@ def test_e2e_unknown_target_is_a_dead_letter_with_its_reason(cluster: Cluster,
     capsys.readouterr()
     assert seed(["dead", "--dir", str(cluster.root / A)]) == 0
     line = capsys.readouterr().out.splitlines()[1]
-    assert line.split()[:4] == [str(lk), "99999", "300", "unknown"]
+    assert line.split()[:3] == [str(lk), "99999", "300"] and "  unknown target" in line, line
+
+
+@pytest.mark.e2e
+def test_e2e_dead_keeps_what_the_receiver_said(cluster: Cluster, capsys: pytest.CaptureFixture[str]) -> None:
+    """A document for a user the receiver does not have is refused by the
+    receiver with its words; ``semq dead`` shows them beside the code's."""
+    for org in (A, B):
+        cluster.add_org(org)
+    cluster.start_platform()
+    cluster.start_node(A)
+    cluster.start_node(B)
+    with NodeClient(cluster.root / A) as n:
+        lk = n.send(f"{B}/bob", b"x", data_type="ORDER")
+    wait_until(lambda: cluster.q(A, "SELECT state, code FROM outbox") == [(9, 300)], 30, "the receiver's refusal")
+    said = f"unknown target: bob is not a user of organization {B}"
+
+    def listed() -> str:
+        capsys.readouterr()
+        assert seed(["dead", "--dir", str(cluster.root / A)]) == 0
+        return capsys.readouterr().out
+
+    out = wait_until(lambda: next((o for o in [listed()] if said in o), None), 20, "the reason in the history",
+                     interval=0.3)
+    line = out.splitlines()[1]
+    assert line.startswith(str(lk)) and line.endswith(said), line
+    assert seed(["dead", "--dir", str(cluster.root / A), "--json"]) == 0
+    row = json.loads(capsys.readouterr().out)[0]
+    assert (row["reason"], row["detail"]) == ("unknown target", f"bob is not a user of organization {B}")
 
 
 def test_dead_letter_actions_follow_the_operator_table_in_every_state(node: Path) -> None:

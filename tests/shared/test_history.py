@@ -250,8 +250,9 @@ def test_semq_track_shows_a_timeline_a_table_json_and_clear_errors(writer: Any, 
     rc, out, _ = _track(tmp_path, capsys, f"{A}/1/1/42")
     assert rc == 0
     assert f"{A}/1/1/42  out to {B}  key INVOICE / INV-0042  1.0 KiB" in out
-    for step in ("queued", "sent", "ack_fwd", "ack2", "cleaned"):
-        assert f"  {step}" in out
+    for words in ("accepted (queued)", "sent (sent)", "forwarded by the platform (ack_fwd)",
+                  "confirmed by the receiver (ack2)", "cleaned up (cleaned)"):  # plain words, the code beside
+        assert f"  {words}" in out
     assert "path relay" in out
     rc, out, _ = _track(tmp_path, capsys, "--to", B)
     assert rc == 0 and out.splitlines()[0].split() == ["FIRST", "SEEN", "DIR", "LK0", "WITH", "KEY", "SIZE", "PATH",

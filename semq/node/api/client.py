@@ -33,6 +33,7 @@ from ..large.manifest import Manifest, copy_in, move_in
 from ..limits import (
     MAX_DOCUMENT_SIZE,
     BadTarget,
+    DocumentRefused,
     DocumentTooLarge,
     LargeDocumentTooLarge,
     check_target,
@@ -41,6 +42,8 @@ from ..origin.outbox import OutboxFilter
 from ..users import User, add_user, authenticate, list_users, remove_user, user_for_os_account
 from .following import Following
 from .items import UNIT_IDS, Cursor, InboxItem, InboxRow, MessageRow, OutboxRow
+
+_NEVER: Final = float("inf")
 
 __all__ = ["KNOWS_ROWS", "MAX_DOCUMENT_SIZE", "UNIT_IDS", "BadTarget", "Cursor", "DocumentTooLarge", "InboxItem",
            "NodeClient", "OutboxRow"]
@@ -255,6 +258,9 @@ class NodeClient(Following):
             org, to_user = addresses[d["to"]]
             channel = d.get("ordered") or ""
             from_user = d.get("user") or ""
+            if exp is not None and not 0 <= exp < _NEVER:  # (0: no expiry, as None)
+                raise DocumentRefused(f"expires_in {exp!r} is not a positive number of seconds: the document"
+                                      " could only expire", ResultCode.INVALID_FIELD)
             try:
                 if channel:
                     check_channel(channel)
@@ -370,6 +376,10 @@ class NodeClient(Following):
                                           limit=limit)]
         items.sort(key=lambda it: it.id)
         return items[:limit]
+
+    def inbox_count(self, *, unread: bool = True, user: str | None = None) -> int:
+        """How many documents ``inbox`` would list without a limit (every unit's)."""
+        return sum(core.inbox.count(unread=unread, user=user) for core in self.cores)
 
     def get(self, item_id: int, *, user: str | None = None) -> InboxItem:
         """One inbox document; ``user``: only if it is that user's (KeyError

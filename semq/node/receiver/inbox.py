@@ -131,9 +131,12 @@ class Inbox:
 
     # ------------------------------------------------------------ applications (read-only unless said)
 
-    def count(self, *, unread: bool = False) -> int:
-        q = "SELECT count(*) FROM inbox" + (" WHERE consumed_ms IS NULL" if unread else "")
-        return int(self.ctx.conn.execute(q).fetchone()[0])
+    def count(self, *, unread: bool = False, user: str | None = None) -> int:
+        """Documents in the inbox (``unread``: not acknowledged; ``user``:
+        that user's), as ``rows`` selects them."""
+        q = ("SELECT count(*) FROM inbox WHERE 1=1" + (" AND consumed_ms IS NULL" if unread else "")
+             + (" AND to_user = ? AND to_user != ''" if user else ""))
+        return int(self.ctx.conn.execute(q, (user,) if user else ()).fetchone()[0])
 
     def dedup_count(self) -> int:
         return int(self.ctx.conn.execute("SELECT count(*) FROM dedup").fetchone()[0])
