@@ -19,13 +19,14 @@ from typing import Any
 import httpx
 import pytest
 
+from semq.cli import main as semq_main
 from semq.node.api import NodeClient
 from semq.ops.admin import admin_request
 from semq.settings.bounds import API_AUTH_FAILURES, API_IN_FLIGHT_PER_CALLER, API_MAX_JSON
 from semq.web.api import ENDPOINTS, PREFIX, ApiError, Slots, openapi
 from semq.web.api.service import API_UPLOADS_DIR, parse_options
 from tests._procs import wait_until
-from tests.web._api import PASSWORD, A, ApiCluster, B
+from tests.web._api import PASSWORD, A, ApiCluster, B, _token
 from tests.web._console import csrf_of
 
 pytestmark = pytest.mark.e2e
@@ -234,6 +235,14 @@ def test_hostile_tokens_get_a_json_error_and_nothing_is_stored(api: ApiCluster) 
         _error(alice.post(url, params={"to": B}, content=iter([b"abc"])), 411, "Content-Length")
     assert _outbox(api, A) == before
     assert os.listdir(api.dir(A) / API_UPLOADS_DIR) == []
+
+
+def test_a_user_added_while_the_node_runs_is_let_in_and_refused_once_removed(api: ApiCluster) -> None:
+    token = _token(api.dir(A), "temp")
+    with api.client(A, token=token) as temp:
+        assert temp.get(f"{PREFIX}/whoami").json()["user"] == "temp"
+        assert semq_main(["user", "remove", "temp", "--dir", str(api.dir(A))]) == 0
+        _error(temp.get(f"{PREFIX}/inbox"), 401, "not the token")
 
 
 def test_too_many_requests_in_flight_of_one_user_get_429(api: ApiCluster) -> None:

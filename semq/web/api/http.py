@@ -324,13 +324,13 @@ class ApiApp:
         to, options = parse_options(request.query_params)
         sha = request.query_params.get("sha256") or None
         length = self._length(request, self.service.max_document)
-        await self.service.check_send(caller, to, options, length)
-        if length <= USER_BLOCK_BYTES:
+        if length <= USER_BLOCK_BYTES:  # (send checks it all, in the same call)
             data = b"".join([b async for b in self._body_blocks(request, length)])
             if sha is not None and sha.lower() != hashlib.sha256(data).hexdigest():
                 raise ApiError(400, f"the body's SHA-256 is {hashlib.sha256(data).hexdigest()}, not {sha}: not sent",
                                value=sha)
             return JSONResponse(await self.service.send_bytes(caller, to, options, data), status_code=201)
+        await self.service.check_send(caller, to, options, length)  # before a byte is staged
         upload = await self.service.stage_begin(caller, to, options, length)
         try:
             offset = 0

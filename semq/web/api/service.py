@@ -80,7 +80,6 @@ class Caller:
     user: str | None
     name: str
     operator: bool = True
-    token: str = ""  # a user's token, checked again before each store call
 
     @property
     def key(self) -> str:
@@ -181,13 +180,13 @@ class ApiService:
         """The user of a bearer token (``name`` given: that user's token,
         as HTTP Basic sends it). ApiError 401 otherwise."""
         user = await self.store(lambda: self._user_of(token, name))
-        return Caller(user=user, name=user, token=token)
+        return Caller(user=user, name=user)
 
     def _check(self, caller: Caller) -> str | None:
-        """In the store's thread, before a caller's store work: a user's
-        token still holds (removed, or given a new one: 401)."""
-        if caller.user is not None:
-            self._user_of(caller.token, caller.user)
+        """Whose documents a caller's store work is about (None: every
+        document, the operator's). The token was proved at the request's
+        start (``authenticate``, once per request): a user removed, or given
+        a new token, is refused from the next request on."""
         return caller.user
 
     # ------------------------------------------------------------ send
@@ -364,7 +363,6 @@ class ApiService:
     async def track(self, caller: Caller, lk0: str, history: Callable[[str], Any]) -> list[dict[str, Any]]:
         """The delivery history's rows of ``lk0`` the caller may see: a
         user's own documents (sent by or to that user); the operator's, all."""
-        await self.store(lambda: self._check(caller))
         rows: list[dict[str, Any]] = await history(lk0)
         if caller.user is None:
             return rows
@@ -375,7 +373,6 @@ class ApiService:
         """The admin-level ``partners`` answer (each counterpart: online,
         backlogs, certificate, link). ApiError 501 when this node's build
         has no such handler."""
-        await self.store(lambda: self._check(caller))
         handler = self.handlers.get("partners")
         if handler is None:
             raise ApiError(501, "this node does not serve partners (its admin console has no 'partners' command)")
