@@ -14,11 +14,14 @@ certificate):
            over the user socket, then as many over the API (``POST
            /api/v1/documents``, the body raw). B is not running yet, so
            nothing but A's acceptance is measured; each answer means durable.
-``read``   B starts and receives all of them; bob reads ``--count`` over the
-           user socket (pages of 100 with their contents inline, each page
-           acknowledged), then as many over the API (``GET /api/v1/inbox``
-           pages of 100, one ``GET .../content`` per document, ``POST
-           /api/v1/inbox/ack`` per page).
+``read``   B starts and receives all of them (and ``--count`` more alice sent
+           over the socket, untimed); bob reads ``--count`` over the user
+           socket (pages of 100 with their contents inline, each page
+           acknowledged), as many over the API the same way (``GET
+           /api/v1/inbox?content=1`` pages of 100, ``POST /api/v1/inbox/ack``
+           per page), and as many over the API one request per content
+           (``GET /api/v1/inbox`` pages of 100, ``GET .../content`` per
+           document, an acknowledgement per page).
 
 Per phase and way: documents/s (documents / the phase's wall time), the
 node's CPU per document (user + system of the node process, /proc) and
@@ -173,19 +176,21 @@ def run(a: argparse.Namespace, tmp: Path) -> list[list[str]]:
         s_sock = _measure(c, "A", a.count, a.clients, sock_send)
         _log(f"send: {a.count} documents over the HTTP API")
         s_api = _measure(c, "A", a.count, a.clients, api_send)
+        _log(f"send: {a.count} more over the user socket (not timed: for the third way of reading)")
+        _parallel(a.clients, a.count, sock_send)
         c.start("B")
         b_ctx = ssl.create_default_context(cafile=str(tmp / "B" / "console" / "console.pem"))
         with httpx.Client(base_url=c.url("B"), verify=b_ctx, headers={"authorization": f"Bearer {bob}"}) as h:
-            wait_for(lambda: h.get("/api/v1/inbox", params={"limit": 1}).json()["total"] >= 2 * a.count, 600,
-                     f"B to receive {2 * a.count} documents")
+            wait_for(lambda: h.get("/api/v1/inbox", params={"limit": 1}).json()["total"] >= 3 * a.count, 600,
+                     f"B to receive {3 * a.count} documents")
             # Bob's documents in id order (not timed): the user socket's
             # phase reads the first half, the API's the second; each client
             # a contiguous range of its phase's half.
             ids: list[int] = []
-            while len(ids) < 2 * a.count:
+            while len(ids) < 3 * a.count:
                 ids += [d["id"] for d in h.get("/api/v1/inbox", params={"after": ids[-1] if ids else 0,
                                                                          "limit": 1000}).json()["documents"]]
-        ranges = {way: _split(ids[k * a.count:(k + 1) * a.count], a.clients) for k, way in enumerate(("sock", "api"))}
+        ranges = {way: _split(ids[k * a.count:(k + 1) * a.count], a.clients) for k, way in enumerate(("sock", "api", "pages"))}
 
         def sock_read(i: int, n: int) -> None:
             mine = ranges["sock"][i]
@@ -197,6 +202,19 @@ def run(a: argparse.Namespace, tmp: Path) -> list[list[str]]:
                         raise BenchError("the user socket's inbox ran dry or gave a short content")
                     u.acknowledge([d["id"] for d in items])
                     after, left = items[-1]["id"], left - len(items)
+
+        def api_pages(i: int, n: int) -> None:
+            mine = ranges["pages"][i]
+            with httpx.Client(base_url=c.url("B"), verify=b_ctx, headers={"authorization": f"Bearer {bob}"},
+                              timeout=60) as h:
+                after, left = mine[0] - 1, len(mine)
+                while left > 0:
+                    docs = h.get("/api/v1/inbox", params={"after": after, "limit": min(PAGE, left),
+                                                          "content": 1}).json()["documents"]
+                    if not docs or any(len(d.get("content_base64", "")) != (a.size + 2) // 3 * 4 for d in docs):
+                        raise BenchError("the API's inbox ran dry or a page came without a content")
+                    h.post("/api/v1/inbox/ack", json={"ids": [d["id"] for d in docs]})
+                    after, left = docs[-1]["id"], left - len(docs)
 
         def api_read(i: int, n: int) -> None:
             mine = ranges["api"][i]
@@ -218,8 +236,12 @@ def run(a: argparse.Namespace, tmp: Path) -> list[list[str]]:
         r_sock = _measure(c, "B", a.count, a.clients, sock_read)
         _log(f"read: {a.count} documents over the HTTP API")
         r_api = _measure(c, "B", a.count, a.clients, api_read)
+        _log(f"read: {a.count} documents over the HTTP API, pages with their contents")
+        r_pages = _measure(c, "B", a.count, a.clients, api_pages)
         for phase, way, m in (("send", "user socket", s_sock), ("send", "HTTP API", s_api),
-                              ("read + ack", "user socket", r_sock), ("read + ack", "HTTP API", r_api)):
+                              ("read + ack", "user socket", r_sock),
+                              ("read + ack", "HTTP API, pages with contents", r_pages),
+                              ("read + ack", "HTTP API, a request per content", r_api)):
             rows.append([phase, way, f"{m['rate']:,.0f}", f"{m['node_ms']:.2f}", f"{m['client_ms']:.2f}",
                          f"{m['wall']:.1f}"])
     finally:
@@ -251,7 +273,7 @@ def main(argv: list[str] | None = None) -> int:
                 f" {a.clients} clients", ["phase", "way", "docs/s", "node CPU ms/doc", "client CPU ms/doc", "wall s"],
                 rows, notes=["node CPU: the node process's user + system time (/proc); client CPU: this process's"
                              " (the client threads), both per document.",
-                             "send: A alone (B not yet running): durable acceptance only. read: bob's pages, each"
-                             " acknowledged; the API reads each content with its own request.",
+                             "send: A alone (B not yet running): durable acceptance only, one document per request."
+                             " read: bob's pages of 100, each acknowledged.",
                              "2 vCPUs shared with other work: figures move by +-20-30 %."])
     return 0

@@ -130,6 +130,11 @@ def test_paging_counts_the_total_and_walks_every_document(api: ApiCluster) -> No
                 break
             after = page["next"]
         assert lk0s <= set(seen) and len(seen) == before + 5
+        # With content=1 a page carries the contents (base64), as the user socket's inbox does.
+        page = bea.get(f"{PREFIX}/inbox", params={"content": 1, "limit": 1000}).json()["documents"]
+        got = {d["app_key"]["key"]: base64.b64decode(d["content_base64"]) for d in page if d["lk0"] in lk0s}
+        assert got == {f"P-{i}": f"doc {i}".encode() for i in range(5)}
+        assert "content_base64" not in bea.get(f"{PREFIX}/inbox").json()["documents"][0]
 
 
 def test_a_large_document_is_streamed_both_ways(api: ApiCluster) -> None:

@@ -346,7 +346,8 @@ class ApiApp:
     async def inbox(self, request: Request, caller: Caller) -> Response:
         q = request.query_params
         page = await self.service.inbox(caller, after=_int(q, "after", 0, 0, 2**62),
-                                        limit=_int(q, "limit", 100, 1, PAGE_LIMIT), everything=_flag(q, "all"))
+                                        limit=_int(q, "limit", 100, 1, PAGE_LIMIT), everything=_flag(q, "all"),
+                                        contents=_flag(q, "content"))
         return JSONResponse(page)
 
     async def follow(self, request: Request, caller: Caller) -> Response:
@@ -378,6 +379,9 @@ class ApiApp:
         never read whole."""
         item, read = await self.service.content(caller, self._id(request))
         service = self.service
+        headers = {"content-disposition": f'attachment; filename="semq-{item.id}.bin"', "x-semq-lk0": str(item.lk0)}
+        if item.path is None:  # (in memory already: one answer)
+            return Response(item.app_data, media_type="application/octet-stream", headers=headers)
 
         async def blocks() -> AsyncIterator[bytes]:
             offset = 0
@@ -388,10 +392,8 @@ class ApiApp:
                 offset += len(block)
                 yield block
 
-        name = f"semq-{item.id}.bin"
-        return StreamingResponse(blocks(), media_type="application/octet-stream", headers={
-            "content-length": str(item.size), "content-disposition": f'attachment; filename="{name}"',
-            "x-semq-lk0": str(item.lk0)})
+        return StreamingResponse(blocks(), media_type="application/octet-stream",
+                                 headers={**headers, "content-length": str(item.size)})
 
     async def ack(self, request: Request, caller: Caller) -> Response:
         length = self._length(request, API_MAX_JSON)

@@ -17,6 +17,7 @@ blocks from its file.
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import logging
 import os
@@ -254,16 +255,26 @@ class ApiService:
 
     # ------------------------------------------------------------ the inbox
 
-    async def inbox(self, caller: Caller, *, after: int, limit: int, everything: bool) -> dict[str, Any]:
+    async def inbox(self, caller: Caller, *, after: int, limit: int, everything: bool,
+                    contents: bool = False) -> dict[str, Any]:
         """A page of the caller's inbox above ``after`` (id order), with the
-        total of documents it is a page of and the ``next`` page's ``after``."""
+        total of documents it is a page of and the ``next`` page's ``after``.
+        ``contents``: each document's content too (``content_base64``) while
+        they fit in one block together, as the user socket's inbox gives
+        them; the others (and every large one) are read with ``content``."""
         def go() -> dict[str, Any]:
             user = self._check(caller)
             node = self.client()
             items = node.inbox(unread=not everything, limit=limit, after_id=after, user=user)
             total = node.inbox_count(unread=not everything, user=user)
-            return {"documents": [item_json(i) for i in items], "total": total,
-                    "next": items[-1].id if len(items) == limit else None}
+            docs, room = [], USER_BLOCK_BYTES if contents else 0
+            for i in items:
+                d = item_json(i)
+                if i.path is None and len(i.app_data) <= room:
+                    room -= len(i.app_data)
+                    d["content_base64"] = base64.b64encode(i.app_data).decode()
+                docs.append(d)
+            return {"documents": docs, "total": total, "next": items[-1].id if len(items) == limit else None}
         return await self.store(go)
 
     def _item(self, caller: Caller, item_id: int) -> InboxItem:

@@ -65,7 +65,8 @@ _DOC: Final[dict[str, Any]] = {"type": "object", "properties": {
     "app_key": {"type": "object", "properties": {k: {"type": "string"} for k in
                                                  ("domain", "data_type", "subtype", "key")}},
     "size": {"type": "integer"}, "large": {"type": "boolean"}, "created_ms": {"type": "integer"},
-    "received_ms": {"type": "integer"}, "acknowledged": {"type": "boolean"}, "unit": {"type": "integer"}}}
+    "received_ms": {"type": "integer"}, "acknowledged": {"type": "boolean"}, "unit": {"type": "integer"},
+    "content_base64": {"type": "string", "description": "only with content=1, and while the page's fit in 1 MiB"}}}
 _DOCS: Final[dict[str, Any]] = {"type": "array", "items": {"$ref": "#/components/schemas/Document"}}
 _SEND_PARAMS: Final = (
     Param("to", "query", "string", "the target: ORG, ORG/USER, or a colleague's name on this node", True),
@@ -93,6 +94,8 @@ ENDPOINTS: Final[tuple[Endpoint, ...]] = (
         Param("after", "query", "integer", "list documents with an id above this (the last page's ``next``)"),
         Param("limit", "query", "integer", "documents on the page, 1..1000 (default 100)"),
         Param("all", "query", "boolean", "acknowledged documents too (kept a day)"),
+        Param("content", "query", "boolean", "each document's content too (content_base64), while they fit in"
+              " 1 MiB together; the others are read with /inbox/{id}/content"),
     ), answer_schema={"type": "object", "properties": {
         "documents": _DOCS, "total": {"type": "integer"}, "next": {"type": ["integer", "null"]}}}),
     Endpoint("GET", "/inbox/follow", "follow",
