@@ -154,6 +154,7 @@ class ApiApp:
         self.history = history
         self.version = version
         self.slots = slots or Slots()
+        self._openapi = json.dumps(openapi(version)).encode()  # (made once: the table does not change)
         self.open = {e.path for e in ENDPOINTS if not e.auth}
         handlers: dict[str, Callable[[Request, Caller], Awaitable[Response]]] = {
             "whoami": self.whoami, "send": self.send, "inbox": self.inbox, "follow": self.follow,
@@ -252,7 +253,7 @@ class ApiApp:
     # ------------------------------------------------------------ open
 
     async def openapi_json(self, request: Request) -> Response:
-        return JSONResponse(openapi(self.version))
+        return Response(self._openapi, media_type="application/json")
 
     async def docs(self, request: Request) -> Response:
         rows = []
