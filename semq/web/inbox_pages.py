@@ -47,7 +47,10 @@ def inbox_routes(h: Any) -> list[Route]:
 
     async def document(request: Request, s: Session) -> Response:
         try:
-            doc = await api.document(caller(s), int(request.path_params["id"]))
+            n = int(request.path_params["id"])
+            if not 1 <= n <= 2**62:
+                raise ApiError(404, f"document {n} is not in the inbox")
+            doc = await api.document(caller(s), n)
         except ApiError as e:
             return h.render(request, "error.html", e.status, s, message=str(e))
         return h.render(request, "inbox_doc.html", session=s, doc=doc)

@@ -18,12 +18,19 @@ from typing import Any
 
 import httpx
 import pytest
+import trio
+import trio.testing
 
 from semq.cli import main as semq_main
 from semq.node.api import NodeClient
 from semq.ops.admin import admin_request
-from semq.settings.bounds import API_AUTH_FAILURES, API_IN_FLIGHT_PER_CALLER, API_MAX_JSON
-from semq.web.api import ENDPOINTS, PREFIX, ApiError, Slots, openapi
+from semq.settings.bounds import (
+    API_AUTH_FAILURES,
+    API_BLOCK_S,
+    API_IN_FLIGHT_PER_CALLER,
+    API_MAX_JSON,
+)
+from semq.web.api import ENDPOINTS, PREFIX, ApiApp, ApiError, Slots, openapi
 from semq.web.api.service import API_UPLOADS_DIR, parse_options
 from tests._procs import wait_until
 from tests.web._api import PASSWORD, A, ApiCluster, B, _token
@@ -218,6 +225,9 @@ def test_hostile_tokens_get_a_json_error_and_nothing_is_stored(api: ApiCluster) 
         _error(alice.get(f"{PREFIX}/inbox", params={"limit": 0}), 400, "limit 0", "1..1000")
         _error(alice.get(f"{PREFIX}/inbox/follow", params={"timeout": 99}), 400, "timeout 99", "0..30")
         _error(alice.get(f"{PREFIX}/inbox/abc"), 400, "abc")
+        _error(alice.get(f"{PREFIX}/inbox/{2**70}"), 404, str(2**70))
+        _error(alice.get(f"{PREFIX}/inbox/{2**70}/content"), 404)
+        _error(alice.post(f"{PREFIX}/inbox/ack", json={"ids": [2**70, -1]}), 400, "1..")
         _error(alice.get(f"{PREFIX}/track", params={"lk0": "nope"}), 400, "ORG/UNIT/DB/RECORD")
     # A body declared over the node's limit is refused on its head: not a byte of it is read.
     ctx = api.ssl(A)
@@ -358,6 +368,31 @@ def test_slots_bound_each_caller_and_wrong_tokens_per_address() -> None:
     s.refused("10.0.0.2")  # another address is not held
     now[0] += 61
     s.refused("10.0.0.1")  # a minute later it is let in again
+
+
+def test_a_body_that_stalls_is_refused_408_after_its_block_time() -> None:
+    from starlette.requests import Request
+
+    app = ApiApp.__new__(ApiApp)  # (only its body reader: no service needed)
+
+    async def main() -> None:
+        first = [True]
+
+        async def receive() -> dict[str, Any]:
+            if first[0]:
+                first[0] = False
+                return {"type": "http.request", "body": b"x" * 1000, "more_body": True}
+            await trio.sleep_forever()
+            raise AssertionError
+
+        req = Request({"type": "http", "method": "POST", "path": "/", "headers": []}, receive)
+        with pytest.raises(ApiError) as e:
+            async for _ in app._body_blocks(req, 5000):
+                pass
+        assert e.value.status == 408 and "1000 of 5000" in str(e.value)
+        assert trio.current_time() >= API_BLOCK_S
+
+    trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
 
 
 def test_send_options_are_parsed_and_named_when_wrong() -> None:

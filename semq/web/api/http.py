@@ -60,6 +60,7 @@ log = logging.getLogger("semq.web.api")
 CSRF_HEADER: Final = "x-csrf-token"
 _FAIL_WINDOW: Final = 60.0  # s: API_AUTH_FAILURES counts in it, and an address stays refused for it
 _MAX_ACK: Final = 1000  # ids in one acknowledgement
+_MAX_ID: Final = 2**62  # an inbox id is at most this (SQLite's integers are 64-bit)
 
 #: A console session for a request: (account, role, CSRF token), or None.
 SessionOf = Callable[[Request], tuple[str, str, str] | None]
@@ -346,7 +347,7 @@ class ApiApp:
 
     async def inbox(self, request: Request, caller: Caller) -> Response:
         q = request.query_params
-        page = await self.service.inbox(caller, after=_int(q, "after", 0, 0, 2**62),
+        page = await self.service.inbox(caller, after=_int(q, "after", 0, 0, _MAX_ID),
                                         limit=_int(q, "limit", 100, 1, PAGE_LIMIT), everything=_flag(q, "all"),
                                         contents=_flag(q, "content"))
         return JSONResponse(page)
@@ -361,16 +362,19 @@ class ApiApp:
         if not 0 <= timeout <= API_FOLLOW_S:
             raise ApiError(400, f"timeout {timeout:g} s is outside 0..{API_FOLLOW_S:g}", value=timeout,
                            limit=API_FOLLOW_S)
-        got = await self.service.follow(caller, after=_int(q, "after", 0, 0, 2**62), timeout=timeout,
+        got = await self.service.follow(caller, after=_int(q, "after", 0, 0, _MAX_ID), timeout=timeout,
                                         limit=_int(q, "limit", 100, 1, PAGE_LIMIT))
         return JSONResponse(got)
 
     def _id(self, request: Request) -> int:
         text = request.path_params["id"]
         try:
-            return int(text)
+            n = int(text)
         except ValueError:
             raise ApiError(400, f"document id {text[:40]!r} is not an integer", value=text[:40]) from None
+        if not 1 <= n <= _MAX_ID:
+            raise ApiError(404, f"document {n} is not in the inbox: ids are 1..{_MAX_ID}", value=n, limit=_MAX_ID)
+        return n
 
     async def document(self, request: Request, caller: Caller) -> Response:
         return JSONResponse(await self.service.document(caller, self._id(request)))
@@ -403,8 +407,9 @@ class ApiApp:
             ids = json.loads(body or b"null").get("ids")
         except (ValueError, AttributeError):
             raise ApiError(400, 'the body is not JSON like {"ids": [1, 2]}') from None
-        if (not isinstance(ids, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in ids)):
-            raise ApiError(400, "ids is a list of inbox document ids (integers)")
+        if (not isinstance(ids, list)
+                or not all(isinstance(i, int) and not isinstance(i, bool) and 1 <= i <= _MAX_ID for i in ids)):
+            raise ApiError(400, f"ids is a list of inbox document ids (integers 1..{_MAX_ID})")
         if len(ids) > _MAX_ACK:
             raise ApiError(413, f"{len(ids)} ids exceed the {_MAX_ACK} of one acknowledgement", value=len(ids),
                            limit=_MAX_ACK)
