@@ -93,7 +93,7 @@ def test_follow_receives_what_a_partner_sends_then_list_read_and_acknowledge(api
         r = answer["r"]
         assert r.status_code == 200, r.text
         docs = r.json()["documents"]
-        assert [d["lk0"] for d in docs] == [sent["lk0"]] and r.json()["next"] == docs[0]["id"]
+        assert [d["lk0"] for d in docs] == [sent["lk0"]] and r.json()["next"] == str(docs[0]["id"])
         doc = docs[0]
         assert doc["from"] == A and doc["from_user"] == "alice" and doc["app_key"]["key"] == "INV-901"
         page = bob.get(f"{PREFIX}/inbox", params={"limit": 1}).json()
@@ -104,8 +104,8 @@ def test_follow_receives_what_a_partner_sends_then_list_read_and_acknowledge(api
         assert content.headers["x-semq-lk0"] == sent["lk0"]
         # Nothing new: a follow past it answers empty at its timeout.
         t0 = time.monotonic()
-        empty = bob.get(f"{PREFIX}/inbox/follow", params={"after": doc["id"], "timeout": 1}).json()
-        assert empty == {"documents": [], "next": doc["id"]} and time.monotonic() - t0 >= 0.9
+        empty = bob.get(f"{PREFIX}/inbox/follow", params={"after": r.json()["next"], "timeout": 1}).json()
+        assert empty == {"documents": [], "next": str(doc["id"])} and time.monotonic() - t0 >= 0.9
         r = bob.post(f"{PREFIX}/inbox/ack", json={"ids": [doc["id"]]})
         assert r.json() == {"acknowledged": 1, "asked": 1}
         assert bob.get(f"{PREFIX}/inbox").json()["total"] == start["total"]
@@ -224,6 +224,8 @@ def test_hostile_tokens_get_a_json_error_and_nothing_is_stored(api: ApiCluster) 
         _error(alice.post(f"{PREFIX}/inbox/ack", json={"ids": "all"}), 400, "ids")
         _error(alice.get(f"{PREFIX}/inbox", params={"limit": 0}), 400, "limit 0", "1..1000")
         _error(alice.get(f"{PREFIX}/inbox/follow", params={"timeout": 99}), 400, "timeout 99", "0..30")
+        _error(alice.get(f"{PREFIX}/inbox/follow", params={"after": "1,2"}), 400, "1 units")
+        _error(alice.get(f"{PREFIX}/inbox/follow", params={"after": "-3"}), 400, "-3")
         _error(alice.get(f"{PREFIX}/inbox/abc"), 400, "abc")
         _error(alice.get(f"{PREFIX}/inbox/{2**70}"), 404, str(2**70))
         _error(alice.get(f"{PREFIX}/inbox/{2**70}/content"), 404)

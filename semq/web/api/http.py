@@ -362,7 +362,7 @@ class ApiApp:
         if not 0 <= timeout <= API_FOLLOW_S:
             raise ApiError(400, f"timeout {timeout:g} s is outside 0..{API_FOLLOW_S:g}", value=timeout,
                            limit=API_FOLLOW_S)
-        got = await self.service.follow(caller, after=_int(q, "after", 0, 0, _MAX_ID), timeout=timeout,
+        got = await self.service.follow(caller, after=q.get("after", "0").strip(), timeout=timeout,
                                         limit=_int(q, "limit", 100, 1, PAGE_LIMIT))
         return JSONResponse(got)
 

@@ -36,7 +36,8 @@ from semq.session.inbox_wait import ADMIN_SOCKET_NAME, MAX_WAIT, DaemonAway, Wai
 from semq.settings.bounds import USER_BLOCK_BYTES
 from semq.umxt_protocol import LocalProtocolError
 
-__all__ = ["API_UPLOADS_DIR", "PAGE_LIMIT", "SEND_OPTIONS", "ApiError", "ApiService", "Caller", "item_json"]
+__all__ = ["API_UPLOADS_DIR", "PAGE_LIMIT", "SEND_OPTIONS", "ApiError", "ApiService", "Caller", "item_json",
+           "parse_cursor"]
 
 log = logging.getLogger("semq.web.api")
 
@@ -127,6 +128,20 @@ def parse_options(query: Mapping[str, str]) -> tuple[str, dict[str, Any]]:
         raise ApiError(400, f"expires_in {exp:g} s is outside (0, 10 years]: a document that expires at once"
                        " could only fail", value=exp)
     return to, kw
+
+
+def parse_cursor(text: str, units: int, from_id: Callable[[int], tuple[int, ...]]) -> tuple[int, ...]:
+    """A follow's ``after``: an inbox id (``from_id`` makes it a cursor) or
+    a cursor, one row id per unit. Raises ApiError 400 naming it."""
+    parts = text.split(",") if text else ["0"]
+    if not all(p.isdigit() and len(p) <= 19 for p in parts):
+        raise ApiError(400, f"after {text[:60]!r} is not an inbox id or a cursor of {units} row ids", value=text[:60])
+    if len(parts) == 1 and (units == 1 or "," not in text):
+        return tuple(from_id(int(parts[0])))
+    if len(parts) != units:
+        raise ApiError(400, f"after {text[:60]!r} has {len(parts)} row ids; this node has {units} units",
+                       value=text[:60], limit=units)
+    return tuple(int(p) for p in parts)
 
 
 class ApiService:
@@ -317,25 +332,29 @@ class ApiService:
             return {"acknowledged": self.client().acknowledge(ids, user=user), "asked": len(ids)}
         return await self.store(go)
 
-    async def follow(self, caller: Caller, *, after: int, timeout: float, limit: int) -> dict[str, Any]:
-        """The caller's unacknowledged documents above ``after``, waiting
-        at most ``timeout`` s for one (woken by the daemon's commits, never
-        on a timer): ``{"documents": [...], "next": after of the next follow}``."""
-        def cursor() -> tuple[int, ...]:
-            self._check(caller)
-            return tuple(self.client().cursor(after))
-
-        def fetch(cur: tuple[int, ...]) -> list[InboxItem]:
+    async def follow(self, caller: Caller, *, after: str, timeout: float, limit: int) -> dict[str, Any]:
+        """The caller's unacknowledged documents past ``after``, waiting at
+        most ``timeout`` s for one (woken by the daemon's commits, never on
+        a timer): ``{"documents": [...], "next": the cursor of the next
+        follow}``. ``after``: an inbox id (from there on), or a cursor a
+        follow answered — per unit of the node, the last row it gave
+        (``"57"``; ``"57,12"`` on a node of two units): units fill at their
+        own pace, so one id could not say where each one is."""
+        def fetch() -> tuple[tuple[int, ...], list[InboxItem], tuple[int, ...]]:
             user = self._check(caller)
-            return self.client().inbox_after(cur, user=user, limit=limit)[:limit]
+            node = self.client()
+            cur = parse_cursor(after, len(node.cores), node.cursor)
+            items = node.inbox_after(cur, user=user, limit=limit)[:limit]
+            end = cur
+            for i in items:
+                end = node.advance(end, i)
+            return cur, items, end
 
-        cur = await self.store(cursor)
-        items = await self.store(lambda: fetch(cur))
+        cur, items, end = await self.store(fetch)
         if not items and timeout > 0 and self.waiters is not None:
             await self._wait(caller, cur, min(timeout, MAX_WAIT))
-            items = await self.store(lambda: fetch(cur))
-        nxt = max([after, *(i.id for i in items)])
-        return {"documents": [item_json(i) for i in items], "next": nxt}
+            cur, items, end = await self.store(fetch)
+        return {"documents": [item_json(i) for i in items], "next": ",".join(map(str, end))}
 
     async def _wait(self, caller: Caller, cursor: tuple[int, ...], timeout: float) -> None:
         async def check() -> tuple[bool, list[int]]:

@@ -100,10 +100,11 @@ ENDPOINTS: Final[tuple[Endpoint, ...]] = (
         "documents": _DOCS, "total": {"type": "integer"}, "next": {"type": ["integer", "null"]}}}),
     Endpoint("GET", "/inbox/follow", "follow",
              f"Long poll: the unacknowledged documents above ``after``, waiting at most {API_FOLLOW_S:g} s for one", (
-                 Param("after", "query", "integer", "the last ``next`` (0: from the start)"),
+                 Param("after", "query", "string", "the last answer's ``next`` (a cursor: one row id per unit of"
+                       " the node, e.g. 57 or 57,12), or an inbox id to start after (0: from the start)"),
                  Param("timeout", "query", "number", f"seconds to wait, 0..{API_FOLLOW_S:g}"),
                  Param("limit", "query", "integer", "documents at most, 1..1000 (default 100)"),
-             ), answer_schema={"type": "object", "properties": {"documents": _DOCS, "next": {"type": "integer"}}}),
+             ), answer_schema={"type": "object", "properties": {"documents": _DOCS, "next": {"type": "string"}}}),
     Endpoint("GET", "/inbox/{id}", "document", "One document's metadata", (_ID,),
              answer_schema={"$ref": "#/components/schemas/Document"}),
     Endpoint("GET", "/inbox/{id}/content", "content", "One document's content, streamed (large ones too)",
