@@ -27,7 +27,15 @@ Per phase and way: documents/s (documents / the phase's wall time), the
 node's CPU per document (user + system of the node process, /proc) and
 the clients' (this process's, ``os.times``), in ms.
 
-Run: ``scripts/bench api [--count N] [--size BYTES] [--clients C] [--keep]``.
+``hostile`` (after the sends; ``--hostile N``, default 200, 0: none): N
+           connections at once at A's API, each a POST streaming junk for
+           10 s, half from 127.0.0.2 with wrong tokens declaring 1 GiB, half
+           with mallory's (a user of A with bad intent) declaring 5 TiB,
+           while alice sends 200
+           documents over the API: A's RSS and descriptors before and at
+           their peak, the answers the attackers got, alice's time.
+
+Run: ``scripts/bench api [--count N] [--size BYTES] [--clients C] [--hostile N] [--keep]``.
 """
 
 from __future__ import annotations
@@ -143,7 +151,94 @@ def _measure(c: WebCluster, node: str, count: int, clients: int, work: Callable[
             "wall": wall}
 
 
-def run(a: argparse.Namespace, tmp: Path) -> list[list[str]]:
+def _hostile(c: WebCluster, a: argparse.Namespace, ctx: Any, token: str, mallory: str, body: bytes) -> list[str]:
+    """``--hostile N`` connections to A's API at once, each a POST that
+    streams junk for 10 s: half from 127.0.0.2 with wrong tokens declaring
+    1 GiB, half with the token of mallory (a user of A with bad intent)
+    declaring 5 TiB (over ``max_document_mib``). Meanwhile alice, from 127.0.0.1, sends 200
+    documents over the API. Returns the lines to print: A's RSS and
+    descriptors before and at their peak, what the attackers pushed, how
+    long alice's documents took."""
+    import socket
+
+    import httpx
+
+    from semq.testing.hostile import process_usage
+
+    pid = c.pid("A")
+    assert pid is not None
+    host, port = c.url("A").removeprefix("https://").rsplit(":", 1)
+    before = process_usage(pid)
+    peak = [before.rss, before.fds]
+    stop = threading.Event()
+    pushed, cut, answers = [0], [0], {}
+    lock = threading.Lock()
+
+    def sample() -> None:
+        while not stop.wait(0.2):
+            try:
+                u = process_usage(pid)
+            except OSError:
+                return
+            peak[0], peak[1] = max(peak[0], u.rss), max(peak[1], u.fds)
+
+    def one(i: int) -> None:
+        good = i % 2 == 1
+        head = (f"POST /api/v1/documents?to={B} HTTP/1.1\r\nhost: {host}\r\n"
+                f"authorization: Bearer {mallory if good else f'semq_wrong{i}'}\r\n"
+                f"content-length: {(5 << 40) if good else (1 << 30)}\r\n\r\n").encode()
+        n, status = 0, "?"
+        try:
+            with socket.create_connection((host, int(port)), timeout=15,
+                                          source_address=("127.0.0.1" if good else "127.0.0.2", 0)) as raw, \
+                    ctx.wrap_socket(raw, server_hostname=host) as s:
+                s.sendall(head)
+                junk = b"x" * 65536
+                end = time.monotonic() + 10
+                s.settimeout(0.5)
+                while time.monotonic() < end:
+                    try:
+                        n += s.send(junk)
+                    except TimeoutError:
+                        continue
+                s.settimeout(2)
+                status = s.recv(64).decode("latin-1").split(" ")[1] if n >= 0 else "?"
+        except (OSError, IndexError):
+            with lock:
+                cut[0] += 1
+        with lock:
+            pushed[0] += n
+            answers[status] = answers.get(status, 0) + 1
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    attackers = [threading.Thread(target=one, args=(i,)) for i in range(a.hostile)]
+    t0 = time.monotonic()
+    for t in attackers:
+        t.start()
+    with httpx.Client(base_url=c.url("A"), verify=ctx, headers={"authorization": f"Bearer {token}"},
+                      timeout=60) as h:
+        for _ in range(200):
+            r = h.post("/api/v1/documents", params={"to": f"{B}/bob"}, content=body)
+            if r.status_code != 201:
+                raise BenchError(f"API send during the flood: {r.status_code} {r.text}")
+    docs_s = time.monotonic() - t0
+    for t in attackers:
+        t.join(30)
+    stop.set()
+    sampler.join(5)
+    mib = 1 << 20
+    shown = ", ".join(f"{k}: {v}" for k, v in sorted(answers.items()))
+    return [f"hostile: {a.hostile} connections at once, each streaming junk for 10 s ({a.hostile // 2} from"
+            f" 127.0.0.2 with wrong tokens declaring 1 GiB, {a.hostile - a.hostile // 2} with mallory's token"
+            " declaring 5 TiB)",
+            f"  A: RSS {before.rss / mib:,.0f} -> peak {peak[0] / mib:,.0f} MiB, descriptors {before.fds} -> {peak[1]};"
+            f" the attackers pushed {pushed[0] / mib:,.1f} MiB into their sockets; answers {shown}"
+            f" ({cut[0]} cut without one)",
+            f"  alice's 200 documents over the API meanwhile, from 127.0.0.1: all 201 in {docs_s:.1f} s"]
+
+
+def run(a: argparse.Namespace, tmp: Path) -> tuple[list[list[str]], list[str]]:
     import ssl
 
     import httpx
@@ -153,7 +248,7 @@ def run(a: argparse.Namespace, tmp: Path) -> list[list[str]]:
     c = WebCluster(tmp, secure=True)
     rows: list[list[str]] = []
     try:
-        alice, bob = c.token("A", "alice"), c.token("B", "bob")
+        alice, bob, mallory = c.token("A", "alice"), c.token("B", "bob"), c.token("A", "mallory")
         c.start("P")
         c.start("A")
         body = os.urandom(a.size)
@@ -172,10 +267,14 @@ def run(a: argparse.Namespace, tmp: Path) -> list[list[str]]:
                     if r.status_code != 201:
                         raise BenchError(f"API send: {r.status_code} {r.text}")
 
+        hostile_lines: list[str] = []
         _log(f"send: {a.count} documents of {a.size} bytes over the user socket ({a.clients} clients)")
         s_sock = _measure(c, "A", a.count, a.clients, sock_send)
         _log(f"send: {a.count} documents over the HTTP API")
         s_api = _measure(c, "A", a.count, a.clients, api_send)
+        if a.hostile:
+            _log(f"hostile: {a.hostile} connections at A's API")
+            hostile_lines = _hostile(c, a, a_ctx, alice, mallory, body)
         _log(f"send: {a.count} more over the user socket (not timed: for the third way of reading)")
         _parallel(a.clients, a.count, sock_send)
         c.start("B")
@@ -246,7 +345,7 @@ def run(a: argparse.Namespace, tmp: Path) -> list[list[str]]:
                          f"{m['wall']:.1f}"])
     finally:
         c.stop_all()
-    return rows
+    return rows, hostile_lines
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -254,13 +353,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--count", type=int, default=2000, help="documents per phase and way (default 2000)")
     p.add_argument("--size", type=int, default=1024, help="bytes per document (default 1024)")
     p.add_argument("--clients", type=int, default=4, help="client threads, each one connection (default 4)")
+    p.add_argument("--hostile", type=int, default=200,
+                   help="hostile connections in the flood phase after the sends (0: none; default 200)")
     p.add_argument("--keep", action="store_true", help="keep the temporary directory (logs, stores)")
     a = p.parse_args(argv)
     if a.count < a.clients or a.clients < 1 or not 1 <= a.size <= 1 << 20:
         p.error(f"--count {a.count} must be >= --clients {a.clients} >= 1, --size 1..1048576")
     tmp = Path(tempfile.mkdtemp(prefix="semq-bench-api-"))
     try:
-        rows = run(a, tmp)
+        rows, hostile_lines = run(a, tmp)
     except BenchError as e:
         print(f"error: {e}")
         return 1
@@ -275,5 +376,5 @@ def main(argv: list[str] | None = None) -> int:
                              " (the client threads), both per document.",
                              "send: A alone (B not yet running): durable acceptance only, one document per request."
                              " read: bob's pages of 100, each acknowledged.",
-                             "2 vCPUs shared with other work: figures move by +-20-30 %."])
+                             "2 vCPUs shared with other work: figures move by +-20-30 %.", *hostile_lines])
     return 0

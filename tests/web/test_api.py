@@ -370,6 +370,15 @@ def test_slots_bound_each_caller_and_wrong_tokens_per_address() -> None:
     s.refused("10.0.0.2")  # another address is not held
     now[0] += 61
     s.refused("10.0.0.1")  # a minute later it is let in again
+    # Tokens being checked count: parallel guesses cannot all pass the look before one fails.
+    for _ in range(API_AUTH_FAILURES):
+        s.refused("10.0.0.3")
+        s.checking("10.0.0.3", +1)
+    with pytest.raises(ApiError):
+        s.refused("10.0.0.3")
+    for _ in range(API_AUTH_FAILURES):
+        s.checking("10.0.0.3", -1)  # (all were right)
+    s.refused("10.0.0.3")
 
 
 def test_a_body_that_stalls_is_refused_408_after_its_block_time() -> None:

@@ -77,6 +77,8 @@ class Slots:
         self.busy = 0
         self.by: dict[str, int] = {}
         self._failed: dict[str, deque[float]] = {}
+        self._checking: dict[str, int] = {}  # tokens of an address being checked now
+        self._right: dict[bytes, float] = {}  # digests of tokens that were right, and when
 
     def take(self, key: str) -> None:
         if self.busy >= self.total:
@@ -109,10 +111,33 @@ class Slots:
         return q
 
     def refused(self, address: str) -> None:
-        n = len(self._recent(address))
+        """429 when ``address`` has ``failures`` wrong tokens in the last
+        minute, counting the tokens of its being checked now: counted
+        before the check (as the console's logins are), parallel guesses
+        cannot all pass this look before the first one has failed."""
+        n = len(self._recent(address)) + self._checking.get(address, 0)
         if n >= self.failures:
-            raise ApiError(429, f"{n} requests with a wrong token came from {address} in the last minute, the"
-                           f" limit of {self.failures}: wait a minute", value=n, limit=self.failures)
+            raise ApiError(429, f"{n} requests with a wrong token (or still being checked) came from {address} in"
+                           f" the last minute, the limit of {self.failures}: wait a minute", value=n,
+                           limit=self.failures)
+
+    def known(self, digest: bytes) -> bool:
+        """Whether this token (its digest) was right within the last minute."""
+        t = self._right.get(digest)
+        return t is not None and self.clock() - t <= _FAIL_WINDOW
+
+    def right(self, digest: bytes) -> None:
+        if len(self._right) > 10_000:
+            self._right.pop(next(iter(self._right)))
+        self._right.pop(digest, None)
+        self._right[digest] = self.clock()
+
+    def checking(self, address: str, delta: int) -> None:
+        n = self._checking.get(address, 0) + delta
+        if n:
+            self._checking[address] = n
+        else:
+            self._checking.pop(address, None)
 
     def failed(self, address: str) -> None:
         if len(self._failed) > 10_000:  # (many addresses: forget the oldest entries rather than grow)
@@ -138,7 +163,11 @@ def _flag(q: Any, name: str) -> bool:
 
 
 def error_response(e: ApiError) -> JSONResponse:
-    headers = {"www-authenticate": 'Bearer realm="semq"'} if e.status == 401 else None
+    """A refusal as JSON. It closes the connection: a body the request
+    still has on its way is then not read (and decrypted) to be thrown away."""
+    headers = {"connection": "close"}
+    if e.status == 401:
+        headers["www-authenticate"] = 'Bearer realm="semq"'
     return JSONResponse(e.as_json(), status_code=e.status, headers=headers)
 
 
@@ -211,12 +240,25 @@ class ApiApp:
                     raise ApiError(401, "the Basic credentials are not base64 of USER:TOKEN") from None
             else:
                 raise ApiError(401, f"Authorization scheme {scheme[:20]!r} is not Bearer or Basic")
+            # A token not seen right lately counts as a guess while it is
+            # checked (Slots.refused); one that was right within the minute
+            # does not, so an application's parallel requests never lock
+            # its own address. Either way the store says yes or no.
+            digest = hashlib.sha256(f"{name}:{token}".encode()).digest()
+            unsure = not self.slots.known(digest)
+            if unsure:
+                self.slots.checking(address, +1)
             try:
-                return await self.service.authenticate(token, name or None)
+                caller = await self.service.authenticate(token, name or None)
             except ApiError:
                 self.slots.failed(address)
                 log.warning("API: a wrong token from %s", address)
                 raise
+            finally:
+                if unsure:
+                    self.slots.checking(address, -1)
+            self.slots.right(digest)
+            return caller
         s = self.session_of(request)
         if s is None:
             raise ApiError(401, "no token: send Authorization: Bearer <the user's token> (semq user add NAME"
