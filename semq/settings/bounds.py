@@ -32,6 +32,7 @@ __all__ = [
     "ADMIN_MAX_REQUEST",
     "API_AUTH_FAILURES",
     "API_BLOCK_S",
+    "API_DRAIN_BYTES",
     "API_FOLLOWS",
     "API_FOLLOW_S",
     "API_IN_FLIGHT_PER_CALLER",
@@ -281,6 +282,10 @@ API_BLOCK_S: Final = _float(
     _H, "time for each MiB of a document's body", 30.0, "s",
     "a client that trickles a body is answered 408 and its staged part removed")
 API_MAX_JSON: Final = _int(_H, "bytes of a JSON request body", 64 * 1024, "bytes", "larger ones get 413")
+API_DRAIN_BYTES: Final = _int(
+    _H, "bytes of a user's refused body read and dropped before the answer", 16 << 20, "bytes",
+    "so its client reads the refusal instead of a reset connection; a larger or a stranger's body is not read:"
+    " the connection is closed")
 API_FOLLOWS: Final = _int(
     _H, "follows (long polls) waiting at once", 16, "requests",
     "a follow holds a request in flight; at most four of one user's (their in-flight share); more get 429")

@@ -35,7 +35,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, Final
 
 import trio
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
 from starlette.routing import Route, Router
 from starlette.types import Receive, Scope, Send
@@ -43,6 +43,7 @@ from starlette.types import Receive, Scope, Send
 from semq.settings.bounds import (
     API_AUTH_FAILURES,
     API_BLOCK_S,
+    API_DRAIN_BYTES,
     API_FOLLOW_S,
     API_IN_FLIGHT_PER_CALLER,
     API_MAX_IN_FLIGHT,
@@ -162,10 +163,10 @@ def _flag(q: Any, name: str) -> bool:
     return str(q.get(name, "")).lower() in ("1", "true", "yes")
 
 
-def error_response(e: ApiError) -> JSONResponse:
-    """A refusal as JSON. It closes the connection: a body the request
-    still has on its way is then not read (and decrypted) to be thrown away."""
-    headers = {"connection": "close"}
+def error_response(e: ApiError, *, close: bool = True) -> JSONResponse:
+    """A refusal as JSON. ``close``: it closes the connection (a body the
+    request still has on its way is then not read to be thrown away)."""
+    headers = {"connection": "close"} if close else {}
     if e.status == 401:
         headers["www-authenticate"] = 'Bearer realm="semq"'
     return JSONResponse(e.as_json(), status_code=e.status, headers=headers)
@@ -289,7 +290,7 @@ class ApiApp:
             except ApiError as err:
                 if err.status >= 500 or err.status == 408:
                     log.warning("API %s %s (%s): %s", e.method, e.path, caller.key, err)
-                return error_response(err)
+                return error_response(err, close=not await _drained(request))
 
         return run
 
@@ -470,6 +471,26 @@ class ApiApp:
 
     async def partners(self, request: Request, caller: Caller) -> Response:
         return _json(await self.service.partners(caller))
+
+
+async def _drained(request: Request) -> bool:
+    """Read and drop what is left of a user's refused body, when it is at
+    most API_DRAIN_BYTES and comes in time, so its client reads the answer
+    (a browser still sending a file it was refused for sees a reset
+    connection otherwise); False: the connection is to be closed."""
+    if getattr(request, "_stream_consumed", True) or request.method in ("GET", "HEAD"):
+        return True
+    text = request.headers.get("content-length", "")
+    if not text.isdigit() or int(text) > API_DRAIN_BYTES:
+        return False
+    with trio.move_on_after(API_BLOCK_S * max(1, int(text) / USER_BLOCK_BYTES)):
+        try:
+            async for _ in request.stream():
+                pass
+            return True
+        except (ClientDisconnect, RuntimeError):
+            return False
+    return False
 
 
 def _json(value: Any) -> Response:

@@ -64,7 +64,9 @@
         p.appendChild(a);
         p.appendChild(document.createTextNode(", " + got.size.toLocaleString("en") + " bytes, SHA-256 " + got.sha256 + "."));
       } catch (e) {
-        say("send-result", "Not sent: " + e.message, true);
+        // (a refused body over 16 MiB is not read: the node closes the connection before the file is sent)
+        say("send-result", "Not sent: " + (e instanceof TypeError ? "the node closed the connection before the"
+            + " file was sent (check the target and options, or see the node's log)" : e.message), true);
       } finally {
         button.disabled = false;
       }
