@@ -98,7 +98,7 @@ def run_daemon(cfg: Config, make: Callable[[], Any], status: Callable[[Any], dic
 
 
 async def serve_web_console(role: str, directory: Path, handlers: dict[str, Any], host: str, port: int, *,
-                            ident: str, config: Any = None,
+                            ident: str, config: Any = None, waiters: Any = None,
                             task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED) -> None:
     """The web console OpsRuntime serves with ``--web`` (its ConsoleFactory:
     semq.web.server.serve_daemon_console), imported only when a daemon
@@ -106,7 +106,7 @@ async def serve_web_console(role: str, directory: Path, handlers: dict[str, Any]
     from semq.web.server import serve_daemon_console
 
     await serve_daemon_console(role, directory, handlers, host, port, ident=ident, config=config,
-                               task_status=task_status)
+                               waiters=waiters, task_status=task_status)
 
 
 def _first_leaf(eg: BaseExceptionGroup[OSError]) -> OSError:

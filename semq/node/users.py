@@ -32,7 +32,7 @@ from .batch import NodeContext
 from .envelope import EnvelopeError, check_user
 
 __all__ = ["TOKEN_BYTES", "User", "UserError", "Users", "add_user", "authenticate", "list_users", "remove_user",
-           "user_for_os_account"]
+           "user_for_os_account", "user_for_token"]
 
 TOKEN_BYTES: Final = 32  # random bytes of a token (printed as 43 URL-safe characters)
 _PREFIX: Final = "semq_"  # tokens start with it: easy to find in a leaked file
@@ -75,6 +75,12 @@ class Users:
     def token_sha256(self, name: str) -> str | None:
         row = self.ctx.conn.execute("SELECT token_sha256 FROM users WHERE name=?", (name,)).fetchone()
         return None if row is None else str(row[0])
+
+    def of_token_sha256(self, digest: str) -> list[str]:
+        """The users whose token has this digest (one, or none; two only if
+        an operator gave two users the same token)."""
+        return [str(r[0]) for r in self.ctx.conn.execute("SELECT name FROM users WHERE token_sha256=? LIMIT 2",
+                                                         (digest,))]
 
     def of_os_account(self, account: str) -> str | None:
         row = self.ctx.conn.execute("SELECT name FROM users WHERE os_user=? ORDER BY name LIMIT 1",
@@ -125,6 +131,17 @@ def authenticate(store: Users, name: str, token: str) -> str:
     if not hmac.compare_digest(expected, _digest(token)) or known is None:
         raise UserError(f"user {name} and this token do not match")
     return name
+
+
+def user_for_token(store: Users, token: str) -> str:
+    """The user whose token ``token`` is (a bearer token names no user: the
+    token alone says who). Raises UserError, the same words whatever is
+    wrong (nothing to learn by trying); a token two users share names
+    neither."""
+    found = store.of_token_sha256(_digest(token)) if token else []
+    if len(found) != 1:
+        raise UserError("this token is not the token of a user of this node")
+    return found[0]
 
 
 def user_for_os_account(store: Users, account: str) -> str | None:

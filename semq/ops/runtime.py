@@ -65,7 +65,7 @@ class ConsoleFactory(Protocol):
     OpsRuntime this factory (semq.web.server.serve_daemon_console)."""
 
     async def __call__(self, role: str, directory: Path, handlers: dict[str, Handler], host: str, port: int, *,
-                       ident: str, config: Any = None,
+                       ident: str, config: Any = None, waiters: Any = None,
                        task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED) -> None: ...
 
 
@@ -181,13 +181,14 @@ class OpsRuntime:
         busy = node_busy if self.role == "node" else platform_busy
         if self.role == "node":
             # Clients waiting for documents (wait_inbox), woken by the daemon's commits.
-            from semq.settings.bounds import USER_MAX_CONNECTIONS
+            from semq.settings.bounds import API_FOLLOWS, USER_MAX_CONNECTIONS
 
             from .waiters import ADMIN_WAITS, InboxWaiters
 
             # Waits hold connections: at most half of each socket's (commands still get in).
             user_max = getattr(self.config, "user_socket_max_connections", None) or USER_MAX_CONNECTIONS
-            self.waiters = InboxWaiters({"admin": ADMIN_WAITS, "user": max(1, user_max // 2)})
+            self.waiters = InboxWaiters({"admin": ADMIN_WAITS, "user": max(1, user_max // 2),
+                                         "api": API_FOLLOWS})  # (the HTTP API's follows, semq.web.api)
             daemon.inbox_signal = self.waiters
             handlers = node_handlers(daemon, core, reload=reload, drain=self.drain, metrics=self.metrics,
                                      stuck_after=self.options.stuck_after, waiters=self.waiters)
@@ -217,7 +218,7 @@ class OpsRuntime:
             host, port = parse_web_address(self.options.web)
             self.web_port = await nursery.start(functools.partial(
                 self.console, self.role, self.directory, handlers, host, port, ident=core.me.node_id,
-                config=self.config if self.role == "node" else None))
+                config=self.config if self.role == "node" else None, waiters=self.waiters))
         if self.options.sighup:
             from .service import reload_on_sighup
 

@@ -30,6 +30,14 @@ __all__ = [
     "ADMIN_IDLE_S",
     "ADMIN_MAX_CLIENTS",
     "ADMIN_MAX_REQUEST",
+    "API_AUTH_FAILURES",
+    "API_BLOCK_S",
+    "API_DRAIN_BYTES",
+    "API_FOLLOWS",
+    "API_FOLLOW_S",
+    "API_IN_FLIGHT_PER_CALLER",
+    "API_MAX_IN_FLIGHT",
+    "API_MAX_JSON",
     "BACKUP_MAX_MEMBER_RATIO",
     "BACKUP_MAX_META",
     "BOUNDS",
@@ -119,6 +127,7 @@ _D = "direct-link listener"
 _U = "user socket"
 _A = "admin socket"
 _W = "web console"
+_H = "HTTP API"
 _N = "node process"
 _F = "decoders"
 
@@ -256,6 +265,32 @@ CONSOLE_LOGIN_WAIT_S: Final = _float(
     _W, "time a login waits for another of the same name or address to be checked", 5.0, "s",
     "then it is answered 429 unchecked: a queue of guesses cannot hold requests open")
 
+# ---------------------------------------------------------------- the HTTP API (on the web console's listener)
+API_AUTH_FAILURES: Final = _int(
+    _H, "requests with a wrong token from one address in a minute", 20, "requests",
+    "then that address is answered 429 unchecked for a minute: a token guesser cannot keep the store busy")
+API_MAX_IN_FLIGHT: Final = _int(
+    _H, "requests in flight in total", 64, "requests",
+    "counted from the token's check to the answer's last byte; more are answered 429")
+API_IN_FLIGHT_PER_CALLER: Final = _int(
+    _H, "requests in flight of one user (or console account)", 4, "requests",
+    "one user's application cannot take the API from the others; more are answered 429")
+_int(_H, "bytes of a document's body", 4096 << 20, "bytes",
+     "its Content-Length is checked against it before a byte is read (413); a body over one block is staged"
+     " on disk block by block, never held whole", setting="max_document_mib")
+API_BLOCK_S: Final = _float(
+    _H, "time for each MiB of a document's body", 30.0, "s",
+    "a client that trickles a body is answered 408 and its staged part removed")
+API_MAX_JSON: Final = _int(_H, "bytes of a JSON request body", 64 * 1024, "bytes", "larger ones get 413")
+API_DRAIN_BYTES: Final = _int(
+    _H, "bytes of a user's refused body read and dropped before the answer", 16 << 20, "bytes",
+    "so its client reads the refusal instead of a reset connection; a larger or a stranger's body is not read:"
+    " the connection is closed")
+API_FOLLOWS: Final = _int(
+    _H, "follows (long polls) waiting at once", 16, "requests",
+    "a follow holds a request in flight; at most four of one user's (their in-flight share); more get 429")
+API_FOLLOW_S: Final = _float(
+    _H, "time a follow waits for a document", 30.0, "s", "then it answers what there is (maybe nothing)")
 # ---------------------------------------------------------------- decoders of outside data
 
 _int(_F, "frame: bytes declared in its header", DEFAULT_MAX_FRAME, "bytes",

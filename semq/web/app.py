@@ -124,6 +124,7 @@ class Console:
     logins: LoginSlots = field(default_factory=LoginSlots)
     fail_delay: float = FAIL_DELAY
     tls_note: str = ""
+    api: Any = None  # a node's semq.web.api.ApiService: the HTTP API at /api/v1 (and the inbox and send pages)
 
 
 Page = Callable[[Request, Session], Awaitable[Response]]  # a page's handler, given the request's session
@@ -375,7 +376,25 @@ class _Handlers:
             Route("/audit", self.page(self.audit_page)),
             *outbox_routes(self), *platform_routes(self),
             Mount("/static", StaticFiles(directory=HERE / "static"), name="static"),
+            *self.api_routes(),
         ]
+
+    def api_routes(self) -> list[Route | Mount]:
+        """The HTTP API (semq.web.api) and the console's pages over it
+        (semq.web.inbox_pages), on a node that serves it."""
+        if self.console.api is None:
+            return []
+        from semq import __version__
+
+        from .api import PREFIX, ApiApp
+        from .inbox_pages import inbox_routes
+
+        def session_of(request: Request) -> tuple[str, str, str] | None:
+            s = self.session_of(request)
+            return None if s is None else (s.user, s.role, s.csrf)
+
+        app = ApiApp(self.console.api, session_of=session_of, history=self.backend.document, version=__version__)
+        return [Mount(PREFIX, app=app), *inbox_routes(self)]
 
 
 def make_app(console: Console) -> ASGIApp:

@@ -32,7 +32,7 @@ log = logging.getLogger("semq.web")
 
 
 def console_for(role: str, directory: Path, handlers: dict[str, Handler], *, ident: str, config: Any = None,
-                host: str = "127.0.0.1") -> tuple[Console, ConsoleTLS]:
+                host: str = "127.0.0.1", waiters: Any = None) -> tuple[Console, ConsoleTLS]:
     """The console of a running daemon (its handlers called in-process) and
     the certificate it serves HTTPS with. A node of several units: this is
     unit 1's, whose search covers every unit's history and whose actions go
@@ -47,8 +47,13 @@ def console_for(role: str, directory: Path, handlers: dict[str, Handler], *, ide
     extra = [("web console", tls.certfile)] if tls.source == "console" else []
     backend = ConsoleBackend(role=role, ident=ident, directory=directory, handlers=handlers, unit_dirs=unit_dirs,
                              unit=unit, config=config, extra_certs=extra)
+    api = None
+    if role == "node" and config is not None:  # the HTTP API for applications (semq.web.api)
+        from .api import ApiService
+
+        api = ApiService(config, handlers=handlers, waiters=waiters)
     console = Console(backend=backend, users=UserStore(directory), audit=AuditLog(directory),
-                      tls_note=f"{tls.source} certificate, SHA-256 {tls.fingerprint}")
+                      tls_note=f"{tls.source} certificate, SHA-256 {tls.fingerprint}", api=api)
     if not console.users.list():
         log.warning("web console: no accounts yet; add one with 'semq console user add NAME --role operator"
                     " --dir %s'", directory)
@@ -93,6 +98,9 @@ async def serve_console(console: Console, tls: ConsoleTLS, host: str, port: int,
         await serve(app, cfg, task_status=task_status)  # type: ignore[arg-type]
 
     async with trio.open_nursery() as nursery:
+        if console.api is not None:
+            await console.api.start()
+            nursery.start_soon(console.api.sweep_forever)
         binds: list[str] = await nursery.start(run)
         bound = int(binds[0].rpartition(":")[2])
         log.info("web console on https://%s:%d/ (%s)", host, bound, console.tls_note)
@@ -100,12 +108,12 @@ async def serve_console(console: Console, tls: ConsoleTLS, host: str, port: int,
 
 
 async def serve_daemon_console(role: str, directory: Path, handlers: dict[str, Handler], host: str, port: int, *,
-                               ident: str, config: Any = None,
+                               ident: str, config: Any = None, waiters: Any = None,
                                task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED) -> None:
     """The console of a running daemon (``console_for``), served on
     ``host:port`` until cancelled; reports the bound port. What the command
     hands semq.ops.runtime.OpsRuntime as its ``console``
     (semq.ops.runtime.ConsoleFactory). Raises what ``console_for`` and
     ``serve_console`` raise, before reporting."""
-    console, tls = console_for(role, directory, handlers, ident=ident, config=config, host=host)
+    console, tls = console_for(role, directory, handlers, ident=ident, config=config, host=host, waiters=waiters)
     await serve_console(console, tls, host, port, task_status=task_status)

@@ -22,7 +22,7 @@ from semq.node.envelope import (
     split_envelope,
 )
 from semq.node.receiver.channels import waiting_channels
-from semq.node.users import UserError, add_user, authenticate, user_for_os_account
+from semq.node.users import UserError, add_user, authenticate, user_for_os_account, user_for_token
 from semq.umxt_protocol import AppKey, Kind, ResultCode
 from tests._frames import decoded, raws
 
@@ -107,6 +107,20 @@ def test_a_token_proves_its_user_and_no_other(pair: tuple[NodeCore, NodeCore]) -
     assert b.conn.execute("SELECT count(*) FROM users WHERE token_sha256 IN (?, ?)", (alice, bob)).fetchone() == (0,)
     with pytest.raises(UserError, match="exists already"):
         add_user([b.users], "alice")
+
+
+def test_a_bearer_token_names_its_user_and_a_shared_or_wrong_one_none(pair: tuple[NodeCore, NodeCore]) -> None:
+    _, b = pair
+    alice = add_user([b.users], "alice")
+    assert user_for_token(b.users, alice) == "alice"
+    for bad in ("", "semq_wrong", alice + "x"):
+        with pytest.raises(UserError, match="not the token of a user"):
+            user_for_token(b.users, bad)
+    # Two users given one token (by an operator's mistake): it names neither.
+    add_user([b.users], "bob", token="semq_shared")
+    add_user([b.users], "carol", token="semq_shared")
+    with pytest.raises(UserError):
+        user_for_token(b.users, "semq_shared")
 
 
 def test_a_document_for_a_user_reaches_that_user_and_one_for_an_unknown_user_is_refused(

@@ -39,7 +39,15 @@ from ..limits import (
     check_target,
 )
 from ..origin.outbox import OutboxFilter
-from ..users import User, add_user, authenticate, list_users, remove_user, user_for_os_account
+from ..users import (
+    User,
+    add_user,
+    authenticate,
+    list_users,
+    remove_user,
+    user_for_os_account,
+    user_for_token,
+)
 from .following import Following
 from .items import UNIT_IDS, Cursor, InboxItem, InboxRow, MessageRow, OutboxRow
 
@@ -340,6 +348,14 @@ class NodeClient(Following):
     def authenticate(self, name: str, token: str) -> str:
         """``name`` if ``token`` is its token; UserError otherwise (semq.node.users)."""
         return authenticate(self.core.users, name, token)
+
+    def user_for_token(self, token: str) -> str:
+        """The user whose token ``token`` is; UserError otherwise (semq.node.users)."""
+        return user_for_token(self.core.users, token)
+
+    def inbox_count(self, *, unread: bool = True, user: str | None = None) -> int:
+        """How many documents ``inbox`` would list without a limit (every unit's)."""
+        return sum(core.inbox.count_of(user, unread=unread) for core in self.cores)
 
     def user_for_os_account(self, account: str) -> str | None:
         """The user tied to that operating-system account, if any (semq.node.users)."""
