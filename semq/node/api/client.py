@@ -353,10 +353,6 @@ class NodeClient(Following):
         """The user whose token ``token`` is; UserError otherwise (semq.node.users)."""
         return user_for_token(self.core.users, token)
 
-    def inbox_count(self, *, unread: bool = True, user: str | None = None) -> int:
-        """How many documents ``inbox`` would list without a limit (every unit's)."""
-        return sum(core.inbox.count_of(user, unread=unread) for core in self.cores)
-
     def user_for_os_account(self, account: str) -> str | None:
         """The user tied to that operating-system account, if any (semq.node.users)."""
         return user_for_os_account(self.core.users, account)

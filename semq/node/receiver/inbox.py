@@ -138,13 +138,6 @@ class Inbox:
              + (" AND to_user = ? AND to_user != ''" if user else ""))
         return int(self.ctx.conn.execute(q, (user,) if user else ()).fetchone()[0])
 
-    def count_of(self, user: str | None, *, unread: bool = True) -> int:
-        """Documents of ``user`` (None: every document), only the
-        unacknowledged ones when ``unread``: the total a page of ``rows`` is of."""
-        q = ("SELECT count(*) FROM inbox WHERE 1" + (" AND consumed_ms IS NULL" if unread else "")
-             + (" AND to_user = ? AND to_user != ''" if user else ""))
-        return int(self.ctx.conn.execute(q, (user,) if user else ()).fetchone()[0])
-
     def dedup_count(self) -> int:
         return int(self.ctx.conn.execute("SELECT count(*) FROM dedup").fetchone()[0])
 
