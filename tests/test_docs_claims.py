@@ -42,4 +42,4 @@ def test_the_readme_speaks_to_people_and_its_proofs_are_in_docs_claims() -> None
     assert len([r for r in _references() if r[0] == "claims.md"]) >= 60
     broken = [link for link in re.findall(r"\]\(((?:docs/)?[\w./-]+\.md)\)", readme) if not (ROOT / link).exists()]
     assert not broken, f"the README links to missing files: {broken}"
-    assert len(readme.splitlines()) < 250
+    assert len(readme.splitlines()) < 300  # a page a newcomer reads at a sitting; the rest lives in docs/
