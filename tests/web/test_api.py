@@ -324,14 +324,17 @@ def test_the_openapi_document_is_served_and_names_every_route(api: ApiCluster) -
         assert "/api/v1/documents" in anon.get(f"{PREFIX}/docs").text
 
 
-def test_partners_answers_the_admin_partners_command_or_501(api: ApiCluster) -> None:
-    admin = admin_request(api.dir(A) / "admin.sock", "partners")
+def test_partners_answers_as_the_admin_partners_command(api: ApiCluster) -> None:
     with api.client(A, "alice") as alice:
+        _send(alice, f"{B}/bob", b"<order id='P-1'/>", key="P-1")
+        admin = admin_request(api.dir(A) / "admin.sock", "partners")
+        assert admin.get("ok"), admin
         r = alice.get(f"{PREFIX}/partners")
-    if admin.get("ok"):
-        assert r.status_code == 200 and "partners" in r.json()
-    else:
-        _error(r, 501, "partners")
+    assert r.status_code == 200, r.text
+    got = r.json()
+    assert got["partners"], got  # the fixture's documents made A partners
+    assert {p["org"] for p in got["partners"]} == {p["org"] for p in admin["result"]["partners"]}
+    assert all({"online", "backlog_out", "backlog_in", "cert_expires_ms", "link"} <= set(p) for p in got["partners"])
 
 
 # ---------------------------------------------------------------- pure parts
