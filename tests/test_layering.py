@@ -29,6 +29,7 @@ ROOT = Path(__file__).resolve().parent.parent / "semq"
 LAYERS: dict[str, int] = {
     "semq.umxt_protocol": 0,
     "semq.settings": 1, "semq.identity": 1,
+    "semq.edge": 1,  # the edge's protocol adapters (AS2, AS4): sans-IO, over settings' bounds
     "semq.store": 2, "semq.session": 2, "semq.tracking": 2,
     "semq.node.engine": 3, "semq.platform.engine": 3,
     "semq.node": 4, "semq.platform": 4,
