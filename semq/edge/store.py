@@ -226,7 +226,8 @@ class EdgeStore:
             self._conn.execute("UPDATE edge_out SET doc_key=? WHERE id=?", (key, row_id))
             doc = self.get(row_id)
             assert doc is not None
-            self._event(doc, "queued", now_ms, size=len(content), data_type=content_type)
+            # (its key is the AppKey key the history indexes: semq track KEY finds it)
+            self._event(doc, "queued", now_ms, size=len(content), data_type=content_type, key=doc.doc_key)
         return doc
 
     def get(self, row_id: int) -> EdgeDoc | None:
@@ -361,7 +362,8 @@ class EdgeStore:
             if log is not None:
                 log.write([{"ts": now_ms, "role": "receiver", "event": "delivered", "lk0": got.message_id,
                             "source": origin, "target": self.core.ctx.me.node_id, "path": protocol,
-                            "size": len(got.content)}])
+                            "size": len(got.content), "data_type": got.content_type[:64],
+                            "key": got.message_id}])
         return True, (status, dict(headers), body)
 
     def received(self, limit: int = 100) -> Iterator[tuple[str, str, str, int]]:

@@ -20,6 +20,7 @@ from semq.edge.as2 import AS2
 from semq.edge.protocol import EdgePartner, OurKeys
 from semq.edge.smime import compress
 from semq.settings.bounds import EDGE_MAX_BODY
+from semq.tracking.history import HISTORY_FILE, HistoryIndexer
 from tests._procs import Cluster, free_port, set_config, wait_until
 from tests.edge.certs import make_keys
 
@@ -74,6 +75,16 @@ def test_a_document_goes_out_over_as2_and_is_confirmed_by_the_signed_mdn(pair: t
     assert rows == [("as2:SEMQ-A", "application/edifact", DOC)]
     r = semq("partner", "list", "--dir", str(c.root / "56001"), "--json")
     assert '"confirmed": 1' in r.stdout and '"backlog": 0' in r.stdout
+    r = semq("partners", "--dir", str(c.root / "56001"))
+    assert r.returncode == 0 and "as2:SEMQ-B" in r.stdout and "AS2 partner" in r.stdout, r.stdout + r.stderr
+    # semq track: the hops from the delivery log, and the MDN kept as the proof
+    # (the daemon's indexer runs at idle priority, which a loaded machine starves: one pass here)
+    for org in ("56001", "56002"):
+        HistoryIndexer(c.root / org / "events", c.root / org / HISTORY_FILE, 90).index_once()
+    assert "receipt kept as proof" in semq("track", "--dir", str(c.root / "56001"), key).stdout
+    out = semq("track", "--dir", str(c.root / "56001"), key).stdout
+    assert "to as2:SEMQ-B" in out and msg_id in out
+    assert "as2:SEMQ-A" in semq("track", "--dir", str(c.root / "56002"), "--from", "as2:SEMQ-A").stdout
 
 
 def test_a_message_posted_twice_is_delivered_once_with_the_same_mdn(pair: tuple[Cluster, dict[str, int]]) -> None:
