@@ -354,7 +354,8 @@ class EdgeStore:
                 (protocol, got.partner_id, got.message_id, now_ms, got.digest, status,
                  json.dumps(dict(headers), sort_keys=True), body))
             origin = f"{protocol}:{got.partner_id}"
-            key = (NodeType.ORGANIZATION, origin, 0, 0, cur.lastrowid)
+            # (as an LK0: the partner's address as the origin, unit 1 and store 1, the edge_in row's id)
+            key = (NodeType.ORGANIZATION, origin, 1, 1, cur.lastrowid)
             inbox_row = (*key, f"edge.{protocol}", got.content_type[:64], "", (got.filename or "")[:255], 3, 0, now_ms,
                          now_ms, 0, got.content, origin, "", "", "")
             self.core.inbox.write([(*key, now_ms, None)], [inbox_row])

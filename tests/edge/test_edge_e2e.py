@@ -73,6 +73,8 @@ def test_a_document_goes_out_over_as2_and_is_confirmed_by_the_signed_mdn(pair: t
     assert tries == 1 and b"disposition-notification" in proof and key in msg_id
     rows = c.q("56002", "SELECT origin_id, data_type, app_data FROM inbox")
     assert rows == [("as2:SEMQ-A", "application/edifact", DOC)]
+    r = semq("inbox", "--dir", str(c.root / "56002"))
+    assert r.returncode == 0 and "as2:SEMQ-A" in r.stdout, r.stdout + r.stderr
     r = semq("partner", "list", "--dir", str(c.root / "56001"), "--json")
     assert '"confirmed": 1' in r.stdout and '"backlog": 0' in r.stdout
     r = semq("partners", "--dir", str(c.root / "56001"))

@@ -142,6 +142,7 @@ def test_libas2_sends_to_semq_and_checks_its_signed_mdn(world: dict[str, object]
     assert r.returncode == 0, r.stderr
     res = json.loads(r.stdout.strip().splitlines()[-1])
     assert res["status"] == 200, res
+    assert res["verifiedByLibas2"] is True  # libas2 verifies SEMQ's signed MDN with our certificate
     rows = c.q("56001", "SELECT origin_id, app_data FROM inbox")
     assert rows == [("as2:LIBAS2", DOC)]
     # SEMQ's MDN, verified by OpenSSL against SEMQ's edge certificate
