@@ -73,7 +73,17 @@ class ReceiptResult:
     """The partner's answer, judged: ``ok`` only for a verified positive
     receipt whose digest matches what was sent; ``reason`` otherwise (the
     partner's words for a negative one); ``proof`` is the whole receipt as
-    received, kept."""
+    received, kept.
+
+    What the node does with it (semq.edge.daemon.sender):
+
+    - ``ok``: confirmed, ``proof`` kept;
+    - not ``ok`` with a ``proof``: a **verified** refusal (a negative MDN,
+      an ebMS error signed by the partner): the document fails, ``reason``
+      shown;
+    - not ``ok`` and ``proof == b""``: no receipt at all (an HTTP error, an
+      answer that does not verify or parse): sent again later with the same
+      message id, ``reason`` kept."""
 
     ok: bool
     reason: str | None
@@ -94,7 +104,9 @@ class Inbound:
 
 class EdgeRefusal(Exception):
     """A message refused, with the protocol's own error answer (an HTTP
-    status, its headers, its body: an AS2 error MDN, an ebMS error)."""
+    status, its headers, its body: an AS2 error MDN, an ebMS error), which
+    the listener sends as is; nothing is stored. ``reason``: one line for
+    the log."""
 
     def __init__(self, reason: str, status: int, headers: Mapping[str, str] | None = None, body: bytes = b"") -> None:
         super().__init__(reason)
