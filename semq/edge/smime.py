@@ -12,6 +12,7 @@ Every failure is one ``SmimeError`` with a short reason."""
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import hmac
 import os
@@ -57,6 +58,7 @@ _ENCRYPTIONS: Final[dict[str, type[algorithms.AES128] | type[algorithms.AES256]]
     "aes128-cbc": algorithms.AES128, "aes256-cbc": algorithms.AES256}
 
 
+@functools.lru_cache(maxsize=64)
 def load_cert(pem: bytes) -> x509.Certificate:
     try:
         return x509.load_pem_x509_certificate(pem)
@@ -64,7 +66,9 @@ def load_cert(pem: bytes) -> x509.Certificate:
         raise SmimeError(f"not a PEM certificate ({e})") from None
 
 
+@functools.lru_cache(maxsize=8)
 def load_key(pem: bytes) -> rsa.RSAPrivateKey | ec.EllipticCurvePrivateKey:
+    """(Cached: loading checks an RSA key, milliseconds a message; our keys are few.)"""
     try:
         key = serialization.load_pem_private_key(pem, None)
     except (ValueError, TypeError) as e:

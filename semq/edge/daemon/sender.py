@@ -35,11 +35,22 @@ IN_FLIGHT: Final = 4  # messages posted at once
 POLL_S: Final = 0.5  # between looks at the due documents when idle
 
 
-def post(url: str, out: Outgoing, timeout: float = SEND_TIMEOUT_S) -> tuple[int, dict[str, str], bytes]:
+_CLIENT: httpx.Client | None = None
+
+
+def _client() -> httpx.Client:
+    """One client for the process (its TLS context and connections reused;
+    making one costs tens of milliseconds)."""
+    global _CLIENT
+    if _CLIENT is None:
+        _CLIENT = httpx.Client(timeout=SEND_TIMEOUT_S, follow_redirects=False, trust_env=False)
+    return _CLIENT
+
+
+def post(url: str, out: Outgoing) -> tuple[int, dict[str, str], bytes]:
     """POST one message; the answer (status, headers, body: at most
     EDGE_MAX_BODY bytes read). Raises httpx.HTTPError / ValueError."""
-    with httpx.Client(timeout=timeout, follow_redirects=False, trust_env=False) as client, \
-            client.stream("POST", url, headers=dict(out.headers), content=out.body) as r:
+    with _client().stream("POST", url, headers=dict(out.headers), content=out.body) as r:
         body = bytearray()
         for chunk in r.iter_bytes():
             body += chunk
