@@ -35,11 +35,11 @@ _TEXT: Final = [(b"content-type", b"text/plain; charset=utf-8")]
 class EdgeApp:
     """The ASGI application."""
 
-    def __init__(self, store: EdgeStore, gate: Gate, keys: OurKeys,
+    def __init__(self, store: EdgeStore, gate: Gate, keys: Callable[[], OurKeys],
                  arrived: Callable[[], None] | None = None) -> None:
         self.store = store
         self.gate = gate
-        self.keys = keys
+        self._keys = keys  # read when first needed (semq.edge.daemon.service)
         self.arrived = arrived
         self.limiter = trio.CapacityLimiter(EDGE_MAX_CONNECTIONS)
         self.stats = {"edge_received": 0, "edge_replayed": 0, "edge_refused": 0}
@@ -95,7 +95,7 @@ class EdgeApp:
         known: dict[str, EdgePartner] = {p.id: p for p in await self.gate(self.store.partners)
                                          if p.protocol == proto.name}
         try:
-            got = await trio.to_thread.run_sync(proto.read_inbound, headers, body, known.get, self.keys)
+            got = await trio.to_thread.run_sync(proto.read_inbound, headers, body, known.get, self._keys())
         except EdgeRefusal as e:
             self.stats["edge_refused"] += 1
             log.info("edge: %s message refused: %s", proto.name, e.reason)
@@ -105,7 +105,7 @@ class EdgeApp:
         if before is not None:
             self.stats["edge_replayed"] += 1
             return before
-        answer = await trio.to_thread.run_sync(proto.receipt_for, got, headers, partner, self.keys)
+        answer = await trio.to_thread.run_sync(proto.receipt_for, got, headers, partner, self._keys())
         delivered, stored = await self.gate(self.store.deliver, proto.name, got, answer, int(time.time() * 1000))
         if delivered:
             self.stats["edge_received"] += 1

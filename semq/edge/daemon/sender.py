@@ -60,11 +60,11 @@ def post(url: str, out: Outgoing) -> tuple[int, dict[str, str], bytes]:
 
 
 class EdgeSender:
-    def __init__(self, store: EdgeStore, gate: Gate, keys: OurKeys, *,
+    def __init__(self, store: EdgeStore, gate: Gate, keys: Callable[[], OurKeys], *,
                  poster: Callable[[str, Outgoing], tuple[int, dict[str, str], bytes]] = post) -> None:
         self.store = store
         self.gate = gate
-        self.keys = keys
+        self._keys = keys  # read when first needed (semq.edge.daemon.service)
         self.poster = poster
         self.stats = {"edge_sent": 0, "edge_confirmed": 0, "edge_failed": 0, "edge_retried": 0}
         self._limit = trio.CapacityLimiter(IN_FLIGHT)
@@ -107,7 +107,7 @@ class EdgeSender:
             await self.gate(self.store.no_receipt, doc.id, why, int(time.time() * 1000))
             return
         content = await self.gate(self.store.content, doc.id)
-        out = await trio.to_thread.run_sync(proto.build, doc.doc_key, content, doc.content_type, partner, self.keys)
+        out = await trio.to_thread.run_sync(proto.build, doc.doc_key, content, doc.content_type, partner, self._keys())
         await self.gate(self.store.built, doc.id, out.message_id, out.digest)
         self.stats["edge_sent"] += 1
         try:
@@ -116,7 +116,7 @@ class EdgeSender:
             self.stats["edge_retried"] += 1
             await self.gate(self.store.no_receipt, doc.id, f"{type(e).__name__}: {e}"[:300], int(time.time() * 1000))
             return
-        result = await trio.to_thread.run_sync(proto.read_receipt, status, headers, body, out, partner, self.keys)
+        result = await trio.to_thread.run_sync(proto.read_receipt, status, headers, body, out, partner, self._keys())
         now = int(time.time() * 1000)
         if result.ok:
             self.stats["edge_confirmed"] += 1

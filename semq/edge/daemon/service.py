@@ -14,6 +14,7 @@ import trio
 from semq.edge.daemon.listener import EdgeApp, serve_edge
 from semq.edge.daemon.sender import EdgeSender
 from semq.edge.keys import edge_dir, load_or_make_keys
+from semq.edge.protocol import OurKeys
 from semq.edge.store import EdgeStore
 from semq.node.core import NodeCore
 
@@ -32,11 +33,18 @@ class EdgeService:
     def __init__(self, core: NodeCore, gate: Callable[..., Awaitable[Any]], settings: EdgeSettings,
                  arrived: Callable[[], None] | None = None) -> None:
         self.s = settings
-        keys = load_or_make_keys(settings.directory, settings.our_name)
         store = EdgeStore(core)
-        self.sender = EdgeSender(store, gate, keys)
-        self.app = EdgeApp(store, gate, keys, arrived)
+        # Our edge certificate and key: read (or made) when first needed, so
+        # a node with no AS2 / AS4 partner never makes one.
+        self._keys: OurKeys | None = None
+        self.sender = EdgeSender(store, gate, self.keys)
+        self.app = EdgeApp(store, gate, self.keys, arrived)
         self.bound: int | None = None
+
+    def keys(self) -> OurKeys:
+        if self._keys is None:
+            self._keys = load_or_make_keys(self.s.directory, self.s.our_name)
+        return self._keys
 
     @property
     def stats(self) -> dict[str, int]:
@@ -46,6 +54,8 @@ class EdgeService:
         async with trio.open_nursery() as nursery:
             if self.s.listen is not None:
                 d = edge_dir(self.s.directory)
+                if self.s.tls:
+                    self.keys()  # (made now if need be: the listener serves HTTPS with them)
                 tls = (d / "cert.pem", d / "key.pem") if self.s.tls else None
                 self.bound = await nursery.start(partial(serve_edge, self.app, self.s.listen[0], self.s.listen[1],
                                                          tls=tls))
