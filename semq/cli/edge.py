@@ -60,6 +60,8 @@ def _options(args: argparse.Namespace, protocol: str) -> dict[str, str]:
         if v not in OPTIONS[name]:
             raise UsageError(f"--{name} {v!r}: allowed: {', '.join(OPTIONS[name])}")
         opts[name] = v
+    if args.tls_ca is not None:
+        opts["tls_ca"] = _cert(args.tls_ca).decode("ascii", "replace")
     if args.require is not None:
         words = {w.strip() for w in args.require.split(",")}
         if not words <= {"signed", "encrypted", "none"}:
@@ -185,6 +187,9 @@ def register(sub: Any, common: argparse.ArgumentParser) -> None:
     add.add_argument("--mdn", help="AS2: the receipt we ask for and accept: signed (default) or unsigned")
     add.add_argument("--require", help="what its messages must be: signed, encrypted (comma-separated) or none;"
                                        " default: what we send it")
+    add.add_argument("--tls-ca", metavar="FILE",
+                     help="an https URL: the certificate (PEM) its server must present, pinned; default: the"
+                          " system's CAs and the host name")
     add.add_argument("--option", action="append", metavar="KEY=VALUE",
                      help="a protocol option as is (AS4: the Peppol identifiers, ...); repeatable")
     add.add_argument("-q", "--quiet", action="store_true", help="no note on stderr")

@@ -192,3 +192,42 @@ def test_bad_partner_commands_say_one_line_and_store_nothing(tmp_path: Path) -> 
     assert r.returncode == 2 and "no partner of this node" in r.stderr and "Traceback" not in r.stderr, r.stderr
     assert c.count("56001", "SELECT count(*) FROM edge_partners") == 0
     assert c.count("56001", "SELECT count(*) FROM edge_out") == 0
+
+
+def test_over_https_the_partners_pinned_certificate_is_required(tmp_path: Path) -> None:
+    """B's edge listener speaks HTTPS (edge_tls) with its edge certificate:
+    A reaches it when that certificate is pinned (--tls-ca); without it the
+    system's CAs do not know it, and the document waits with the reason."""
+    c = Cluster(tmp_path, security=False)
+    ports = {"A": free_port(), "B": free_port()}
+    for org, edge in (("56001", "A"), ("56002", "B")):
+        d = c.add_org(org)
+        set_config(d, edge_listen=f"127.0.0.1:{ports[edge]}", edge_tls=edge == "B")
+        (tmp_path / f"{edge}.pem").write_text(semq("partner", "cert", "--dir", str(d), "-q").stdout)
+    a, b = str(tmp_path / "56001"), str(tmp_path / "56002")
+    for args in (
+        [a, "--as2", "SEMQ-B", "--url", f"https://127.0.0.1:{ports['B']}/", "--tls-ca", str(tmp_path / "B.pem")],
+        [a, "--as2", "SEMQ-B2", "--url", f"https://127.0.0.1:{ports['B']}/"],
+    ):
+        r = semq("partner", "add", "--dir", *args, "--cert", str(tmp_path / "B.pem"), "--our-id", "SEMQ-A", "-q")
+        assert r.returncode == 0, r.stderr
+    r = semq("partner", "add", "--dir", b, "--as2", "SEMQ-A", "--url", f"http://127.0.0.1:{ports['A']}/", "--cert",
+             str(tmp_path / "A.pem"), "--our-id", "SEMQ-B", "-q")
+    assert r.returncode == 0, r.stderr
+    c.start_platform()
+    c.start_node("56001")
+    c.start_node("56002")
+    try:
+        f = tmp_path / "doc"
+        f.write_bytes(DOC)
+        pinned = semq("send", "--dir", a, "--to", "as2:SEMQ-B", str(f)).stdout.strip()
+        unpinned = semq("send", "--dir", a, "--to", "as2:SEMQ-B2", str(f)).stdout.strip()
+        wait_until(lambda: c.q("56001", "SELECT state FROM edge_out WHERE doc_key=?", pinned) == [(4,)], 30,
+                   "the MDN over HTTPS")
+        wait_until(lambda: c.q("56001", "SELECT tries, state FROM edge_out WHERE doc_key=?", unpinned)[0][0] >= 1
+                   and c.q("56001", "SELECT state FROM edge_out WHERE doc_key=?", unpinned)[0][0] == 0, 30,
+                   "the unpinned try to fail")
+        (reason,), = c.q("56001", "SELECT reason FROM edge_out WHERE doc_key=?", unpinned)
+        assert "CERTIFICATE_VERIFY_FAILED" in reason or "certificate verify failed" in reason, reason
+    finally:
+        c.stop_all()

@@ -13,6 +13,7 @@ in worker threads."""
 from __future__ import annotations
 
 import logging
+import ssl
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any, Final, TypeVar
@@ -35,22 +36,33 @@ IN_FLIGHT: Final = 4  # messages posted at once
 POLL_S: Final = 0.5  # between looks at the due documents when idle
 
 
-_CLIENT: httpx.Client | None = None
+_CLIENTS: dict[str, httpx.Client] = {}
 
 
-def _client() -> httpx.Client:
-    """One client for the process (its TLS context and connections reused;
-    making one costs tens of milliseconds)."""
-    global _CLIENT
-    if _CLIENT is None:
-        _CLIENT = httpx.Client(timeout=SEND_TIMEOUT_S, follow_redirects=False, trust_env=False)
-    return _CLIENT
+def _client(tls_ca: str) -> httpx.Client:
+    """One client per trust (its TLS context and connections reused; making
+    one costs tens of milliseconds). ``tls_ca``: the PEM certificate(s) a
+    partner's HTTPS server must present (its own self-signed one, or its
+    CA), checked without its host name (the certificate is pinned); empty:
+    the system's CAs and the host name, as a browser does."""
+    client = _CLIENTS.get(tls_ca)
+    if client is None:
+        verify: ssl.SSLContext | bool = True
+        if tls_ca:
+            ctx = ssl.create_default_context(cadata=tls_ca)
+            ctx.check_hostname = False
+            verify = ctx
+        client = _CLIENTS[tls_ca] = httpx.Client(timeout=SEND_TIMEOUT_S, follow_redirects=False, trust_env=False,
+                                                 verify=verify)
+    return client
 
 
-def post(url: str, out: Outgoing) -> tuple[int, dict[str, str], bytes]:
-    """POST one message; the answer (status, headers, body: at most
-    EDGE_MAX_BODY bytes read). Raises httpx.HTTPError / ValueError."""
-    with _client().stream("POST", url, headers=dict(out.headers), content=out.body) as r:
+def post(partner: EdgePartner, out: Outgoing) -> tuple[int, dict[str, str], bytes]:
+    """POST one message to the partner; the answer (status, headers, body: at
+    most EDGE_MAX_BODY bytes read). Raises httpx.HTTPError / ValueError /
+    ssl.SSLError."""
+    client = _client(partner.options.get("tls_ca", ""))
+    with client.stream("POST", partner.url, headers=dict(out.headers), content=out.body) as r:
         body = bytearray()
         for chunk in r.iter_bytes():
             body += chunk
@@ -61,7 +73,7 @@ def post(url: str, out: Outgoing) -> tuple[int, dict[str, str], bytes]:
 
 class EdgeSender:
     def __init__(self, store: EdgeStore, gate: Gate, keys: Callable[[], OurKeys], *,
-                 poster: Callable[[str, Outgoing], tuple[int, dict[str, str], bytes]] = post) -> None:
+                 poster: Callable[[EdgePartner, Outgoing], tuple[int, dict[str, str], bytes]] = post) -> None:
         self.store = store
         self.gate = gate
         self._keys = keys  # read when first needed (semq.edge.daemon.service)
@@ -111,7 +123,7 @@ class EdgeSender:
         await self.gate(self.store.built, doc.id, out.message_id, out.digest)
         self.stats["edge_sent"] += 1
         try:
-            status, headers, body = await trio.to_thread.run_sync(self.poster, partner.url, out)
+            status, headers, body = await trio.to_thread.run_sync(self.poster, partner, out)
         except (httpx.HTTPError, ValueError, OSError) as e:
             self.stats["edge_retried"] += 1
             await self.gate(self.store.no_receipt, doc.id, f"{type(e).__name__}: {e}"[:300], int(time.time() * 1000))
