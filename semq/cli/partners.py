@@ -19,6 +19,8 @@ __all__ = ["cmd_partners", "partner_lines", "register"]
 
 
 def _presence(p: dict[str, Any]) -> str:
+    if p.get("protocol"):
+        return f"{p['protocol'].upper()} partner (no platform)"
     if p["online"] is None:
         return "not known" if p.get("told_ms") is None else "unknown to the platform"
     word = "online" if p["online"] else "offline"

@@ -181,6 +181,29 @@ def _gather(core: Any, extra: Iterable[str], received: dict[str, tuple[int, int 
     return out
 
 
+def _edge_partners(core: Any) -> list[dict[str, Any]]:
+    """The AS2 / AS4 partners (semq.edge.store), as rows of the same table:
+    their protocol and URL where the platform's presence and the link go, the
+    last exchange as "last seen"."""
+    from semq.edge.store import EdgeStore
+
+    return [{"org": f"{f.partner.protocol}:{f.partner.id}", "online": None, "since_ms": None,
+             "last_seen_ms": f.last_ms, "told_ms": None, "backlog_out": f.backlog, "backlog_in": 0,
+             "oldest_waiting_ms": None, "cert_expires_ms": _pem_expiry(f.partner.their_cert_pem),
+             "link": f.partner.protocol, "link_detail": f.partner.url, "known_from": ["edge"],
+             "protocol": f.partner.protocol, "url": f.partner.url, "confirmed": f.confirmed, "failed": f.failed,
+             "received": f.received} for f in EdgeStore(core).facts()]
+
+
+def _pem_expiry(pem: bytes) -> int | None:
+    from cryptography import x509
+
+    try:
+        return int(x509.load_pem_x509_certificate(pem).not_valid_after_utc.timestamp() * 1000)
+    except ValueError:
+        return None
+
+
 def partner_handlers(daemon: Any, core: Any) -> dict[str, Handler]:
     """The admin requests ``partners`` and ``why`` of a running node
     (module docstring; ``daemon`` a semq.node.daemon.NodeDaemon)."""
@@ -208,6 +231,7 @@ def partner_handlers(daemon: Any, core: Any) -> dict[str, Handler]:
                 "oldest_waiting_ms": e["oldest_waiting_ms"], "cert_expires_ms": e["cert_expires_ms"],
                 "link": link, "link_detail": detail, "known_from": e["known_from"],
             })
+        rows += await daemon.gate.run(_edge_partners, core)
         return {"partners": rows, "asked_ms": now_ms(), "connected": bool(daemon.connected),
                 "more": max(0, len(order) - MAX_PARTNERS)}
 

@@ -108,7 +108,11 @@ def _timeline(row: dict[str, Any]) -> list[str]:
                      .rstrip())
     check = row.get("receipt_check")
     if check is not None:
-        if check.get("verified"):
+        if check.get("edge"):
+            lines.append(f"  {check['protocol'].upper()} receipt kept as proof ({check['size']} bytes): verified with"
+                         f" {check['signer']}'s certificate, names message {check['message_id']} and digest"
+                         f" {check['digest']}")
+        elif check.get("verified"):
             lines.append(f"  receipt verified: signed by {check['signer']} at {_time(check['signed_ms'], millis=True)}"
                          f" over the document digest {check['digest'][:16]}…")
         else:
@@ -125,6 +129,8 @@ def receipt_check(directory: Path, row: dict[str, Any]) -> dict[str, Any] | None
     not a node, or kept longer than receipts are)."""
     if row["role"] != "origin" or row["state"] != "ack2":
         return None
+    if _edge_row(row):
+        return edge_receipt(directory, row)
     from semq.node.api import NodeClient
     from semq.settings.config import ConfigError, load_config
     from semq.umxt_protocol import LK0
@@ -142,6 +148,35 @@ def receipt_check(directory: Path, row: dict[str, Any]) -> dict[str, Any] | None
     return info
 
 
+def _edge_row(row: dict[str, Any]) -> bool:
+    """A document to or from an AS2 / AS4 partner (semq.edge): its key is no LK0."""
+    return any(str(row.get(k) or "").startswith(("as2:", "as4:")) for k in ("target", "source"))
+
+
+def edge_receipt(directory: Path, row: dict[str, Any]) -> dict[str, Any] | None:
+    """The partner's receipt (AS2 MDN, AS4 receipt) kept as the proof of one
+    of our edge documents: it verified, and named our digest, when it came
+    (semq.edge.daemon.sender)."""
+    from semq.edge.store import EdgeStore
+    from semq.node.api import NodeClient
+    from semq.settings.config import ConfigError, load_config
+
+    try:
+        cfg = load_config(directory)
+        if cfg.role != "node":
+            return None
+        with NodeClient(directory, config=cfg) as node:
+            store = EdgeStore(node.core)
+            doc = store.find(row["lk0"])
+            proof = store.proof(doc.id) if doc is not None else None
+    except (KeyError, ValueError, ConfigError, OSError):
+        return None
+    if doc is None or proof is None:
+        return None
+    return {"edge": True, "verified": True, "protocol": doc.protocol, "message_id": doc.message_id,
+            "digest": doc.digest, "size": len(proof), "signer": doc.address, "signed_ms": doc.updated_ms}
+
+
 def why_now(directory: Path, row: dict[str, Any]) -> dict[str, Any] | bool | None:
     """Where one of a node's documents is now and why it waits (semq.ops.why),
     asked of the running daemon; None when nothing waits (confirmed, or
@@ -151,7 +186,7 @@ def why_now(directory: Path, row: dict[str, Any]) -> dict[str, Any] | bool | Non
 
     from .partners import ask_why
 
-    if row["role"] not in ("origin", "receiver"):
+    if row["role"] not in ("origin", "receiver") or _edge_row(row):
         return False
     if row["state"] in ("ack2", "inbox"):
         return None
