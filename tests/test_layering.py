@@ -29,6 +29,8 @@ ROOT = Path(__file__).resolve().parent.parent / "semq"
 LAYERS: dict[str, int] = {
     "semq.umxt_protocol": 0,
     "semq.settings": 1, "semq.identity": 1,
+    # the edge's protocol adapters (AS2, AS4): sans-IO, like identity's crypto
+    "semq.edge": 1,
     "semq.store": 2, "semq.session": 2, "semq.tracking": 2,
     "semq.node.engine": 3, "semq.platform.engine": 3,
     "semq.node": 4, "semq.platform": 4,
