@@ -213,6 +213,25 @@ def test_xml_bombs_refused_in_bounded_memory(aps, bomb: bytes) -> None:
     assert time.monotonic() - started < 5
 
 
+def test_a_signed_payload_with_a_dtd_is_refused(aps, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A partner signs and encrypts an SBD carrying a billion-laughs DTD (the
+    as4 package's builder drops DTDs, so the test slips one in where it
+    compresses): everything verifies, and the document is still refused,
+    as the inbox would hand the entities to the next parser."""
+    import types
+
+    import as4.profiles.peppol.message as as4_message
+    a, b, _ = aps
+    dtd = b'<!DOCTYPE x [<!ENTITY a "lol"><!ENTITY b "&a;&a;&a;&a;&a;&a;&a;&a;">]>'
+    monkeypatch.setattr(as4_message, "gzip", types.SimpleNamespace(compress=lambda p: gzip.compress(dtd + p)))
+    out = AS4.build("d/10", INVOICE, "application/xml", partner_of(a, b), a.keys)
+    monkeypatch.undo()
+    with pytest.raises(EdgeRefusal) as info:
+        AS4.read_inbound(out.headers, out.body, _lookup(partner_of(b, a)), b.keys)
+    _refused(info, "EBMS:0004")
+    assert "must not contain a DTD" in info.value.reason
+
+
 def test_compression_bomb_stops_at_the_partners_limit(aps) -> None:
     """A signed, encrypted message whose attachment inflates to 50 MB, to a
     partner allowed 1 MB: refused with EBMS:0303, memory near the limit."""

@@ -21,7 +21,8 @@ The order of the checks, each refusal with its ebMS3 error (core spec
 7. decryption (EBMS:0102 FailedDecryption), decompression bounded by the
    partner's ``max_bytes`` (EBMS:0303 DecompressionFailure);
 8. the SBDH: schema-valid, agreeing with originalSender / finalRecipient,
-   the final recipient one we accept (EBMS:0004, ``PEPPOL:NOT_SERVICED``).
+   the final recipient one we accept (EBMS:0004, ``PEPPOL:NOT_SERVICED``);
+9. the business document: no DTD (EBMS:0004), as it reaches the inbox as is.
 
 Every refusal is signed with our key, as the partner verifies our signals."""
 
@@ -73,6 +74,10 @@ class _NotAddressedToUs(BaseValueInconsistentException):
 
 class _Oversize(BaseProfileLevelException):
     description = "The message exceeds the size this access point accepts"
+
+
+class _PayloadDtd(BaseProfileLevelException):
+    description = "The business document carries a document type declaration"
 
 
 class _WrappedSignature(BaseFailedAuthenticationException):
@@ -127,6 +132,20 @@ def _check_signed_ids(root: etree._Element, messaging_id: str) -> None:
         return  # no signature: the as4 package refuses it (EBMS:0103)
     if f"#{messaging_id}" not in signed or not body_id or f"#{body_id}" not in signed:
         raise _WrappedSignature()
+
+
+def _check_no_dtd(content: bytes, us: AS4InternalParty, message_id: str, messaging_id: str) -> None:
+    """The document goes to the inbox as signed; one with a DTD would have
+    its entities expanded by whichever application parses it next (the
+    as4 package parsed it without expanding them). Peppol's SBD has none."""
+    try:
+        info = etree.fromstring(content, parser=_parser()).getroottree().docinfo
+    except etree.XMLSyntaxError as e:
+        raise _refusal(_PayloadDtd(detail=f"the business document is not XML: {e}"), 500, us,
+                       message_id, messaging_id) from e
+    if info.doctype or info.internalDTD is not None:
+        raise _refusal(_PayloadDtd(detail="the business document must not contain a DTD"), 500, us,
+                       message_id, messaging_id)
 
 
 def read_inbound(headers: Mapping[str, str], body: bytes, partners: Callable[[str], EdgePartner | None],
@@ -187,6 +206,7 @@ def read_inbound(headers: Mapping[str, str], body: bytes, partners: Callable[[st
     if content is None:  # pragma: no cover - the as4 package refuses a message without it
         raise _refusal(MalformedSoapEnvelopeException(detail="no decrypted payload"), 500, us,
                        message_id, messaging_id)
+    _check_no_dtd(bytes(content), us, message_id, messaging_id)
     return Inbound(partner_id=partner.id, message_id=message_id, content=bytes(content),
                    content_type="application/xml", filename=None,
                    digest=references.encode(message.signed_references))
