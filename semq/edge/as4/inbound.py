@@ -36,6 +36,7 @@ from as4.core.message import AS4Message
 from as4.errors import (
     BaseAS4ReceiptableError,
     BaseFailedAuthenticationException,
+    BaseInvalidHeaderException,
     BaseProfileLevelException,
     BaseValueInconsistentException,
     MalformedSoapEnvelopeException,
@@ -74,6 +75,10 @@ class _NotAddressedToUs(BaseValueInconsistentException):
 
 class _Oversize(BaseProfileLevelException):
     description = "The message exceeds the size this access point accepts"
+
+
+class _Unreadable(BaseInvalidHeaderException):
+    description = "The message could not be read"
 
 
 class _PayloadDtd(BaseProfileLevelException):
@@ -198,7 +203,14 @@ def read_inbound(headers: Mapping[str, str], body: bytes, partners: Callable[[st
     policy = SecurityPolicy(signer_resolver=_signer_for(partner, their_certificate(partner)),
                             maximum_decompressed_size=document_limit(partner))
     context = AS4ParseContext(local_party=us, accept_participant=accept, security_policy=policy)
-    message = PeppolAS4Profile.message_class().parse(context, soap, attachments)
+    try:
+        message = PeppolAS4Profile.message_class().parse(context, soap, attachments)
+    except (ValueError, TypeError, LookupError, AttributeError) as e:
+        # The as4 package answers most bad input with its own ebMS errors; some
+        # escape it (a BinarySecurityToken that is not base64 or not DER raises
+        # binascii.Error / ValueError): translated here, at the one boundary.
+        raise _refusal(_Unreadable(detail=f"{type(e).__name__}: {str(e)[:200]}"), 500, us,
+                       message_id, messaging_id) from e
     if message.parse_error is not None:
         raise _refusal(message.parse_error, 500, us, message_id, messaging_id)
     attachment_id = next(iter(attachments))
