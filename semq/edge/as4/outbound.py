@@ -109,6 +109,10 @@ def read_receipt(status: int, headers: Mapping[str, str], body: bytes, sent: Out
         receipt = PeppolAS4Receipt.parse(_soap_part(headers, body), their_certificate(partner))
     except ReceiptVerificationError as e:
         return ReceiptResult(False, f"HTTP {status}: the answer is not a verified ebMS signal ({e})", body)
+    except (ValueError, TypeError, LookupError, AttributeError) as e:
+        # What escapes the as4 package (a BinarySecurityToken that is not base64 or DER).
+        return ReceiptResult(False, f"HTTP {status}: the answer is not a readable ebMS signal "
+                                    f"({type(e).__name__}: {str(e)[:200]})", body)
     if receipt.error is not None:
         ref = receipt.original_message_id
         where = "" if ref in (None, sent.message_id) else f" (about message {ref})"
