@@ -28,6 +28,7 @@ Sending needs ``sender``, ``recipient``, ``document_type``, ``process`` and
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Mapping
 from typing import Final
@@ -121,8 +122,20 @@ def their_party_id(partner: EdgePartner) -> str:
     return partner.options.get("party_id") or partner.id
 
 
+@functools.lru_cache(maxsize=64)
+def _certificate(pem: bytes) -> x509.Certificate:
+    return x509.load_pem_x509_certificate(pem)
+
+
+@functools.lru_cache(maxsize=4)
+def _private_key(pem: bytes) -> object:
+    # Loading checks the RSA key's consistency (tens of milliseconds for
+    # 2048 bits): once per key, not once per message.
+    return serialization.load_pem_private_key(pem, password=None)
+
+
 def their_certificate(partner: EdgePartner) -> x509.Certificate:
-    cert = x509.load_pem_x509_certificate(partner.their_cert_pem)
+    cert = _certificate(partner.their_cert_pem)
     if not isinstance(cert.public_key(), RSAPublicKey):
         raise ValueError(f"partner {partner.id}'s certificate has no RSA key (the Peppol AS4 profile signs and "
                          "encrypts with RSA)")
@@ -134,8 +147,8 @@ def their_party(partner: EdgePartner) -> AS4ExternalParty:
 
 
 def our_party(our_id: str, ours: OurKeys) -> AS4InternalParty:
-    cert = x509.load_pem_x509_certificate(ours.cert_pem)
-    key = serialization.load_pem_private_key(ours.key_pem, password=None)
+    cert = _certificate(ours.cert_pem)
+    key = _private_key(ours.key_pem)
     if not isinstance(key, RSAPrivateKey):
         raise ValueError("the node's edge key is not an RSA key (the Peppol AS4 profile signs and decrypts with RSA)")
     return create_peppol_internal_party(our_id, cert, AS4LocalPrivateKey(key))
