@@ -29,8 +29,9 @@ ROOT = Path(__file__).resolve().parent.parent / "semq"
 LAYERS: dict[str, int] = {
     "semq.umxt_protocol": 0,
     "semq.settings": 1, "semq.identity": 1,
-    # the edge's protocol adapters (AS2, AS4): sans-IO, like identity's crypto
-    "semq.edge": 1,
+    "semq.edge": 1,  # the edge's protocol adapters (AS2, AS4): sans-IO, over settings' bounds
+    "semq.edge.store": 4, "semq.edge.keys": 4,  # the edge's tables' owner, beside the node's; its key files
+    "semq.edge.daemon": 5,  # the edge's trio halves (sender, listener), beside the node's daemon
     "semq.store": 2, "semq.session": 2, "semq.tracking": 2,
     "semq.node.engine": 3, "semq.platform.engine": 3,
     "semq.node": 4, "semq.platform": 4,

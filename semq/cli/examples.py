@@ -52,6 +52,12 @@ EXAMPLES: dict[str, str] = {
                 "semq messages --dir A --receipt 10008/1/1/1795329835412001",
     "status": "semq status --dir A\nsemq status --dir P --json",
     "partners": "semq partners --dir A\nsemq partners --dir A --json",
+    "partner add": "semq partner add --dir A --as2 ACME --url https://as2.acme.example/as2 --cert acme.pem\n"
+                   "semq partner add --dir A --as2 ACME --url http://127.0.0.1:4080/ --cert acme.pem"
+                   " --our-id SEMQ-A --sign sha256 --encrypt aes256-cbc --mdn signed",
+    "partner list": "semq partner list --dir A\nsemq partner list --dir A --json",
+    "partner remove": "semq partner remove --dir A as2:ACME",
+    "partner cert": "semq partner cert --dir A > our-edge-cert.pem",
     # -- operations
     "admin status": "semq admin status --dir A\nsemq admin status --dir A --unit 2 --json",
     "admin ping": "semq admin ping --dir A",

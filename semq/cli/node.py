@@ -277,6 +277,19 @@ def _direct_settings(args: argparse.Namespace, cfg: Config) -> Any:
         max_buffer_per_org=cfg.max_buffer_mib_per_org << 20)
 
 
+def _edge_settings(cfg: Config) -> Any:
+    """The edge's settings (semq.edge.daemon.service): unit 1 only."""
+    if cfg.unit != 1:
+        return None
+    from semq.edge.daemon.service import EdgeSettings
+
+    listen = None
+    if cfg.edge_listen:
+        check_free(parse_hostport(cfg.edge_listen), "edge_listen", cfg.directory)
+        listen = parse_hostport(cfg.edge_listen)
+    return EdgeSettings(directory=cfg.directory, our_name=cfg.org, listen=listen, tls=cfg.edge_tls)
+
+
 def cmd_node_run(args: argparse.Namespace) -> int:
     from semq.node.core import NodeCore
     from semq.node.daemon import NodeDaemon, NodeSettings
@@ -318,7 +331,7 @@ def cmd_node_run(args: argparse.Namespace) -> int:
         core.ctx.first_unit_store = cfg.for_unit(1).store_path
     settings = NodeSettings(addresses=addresses, window=cfg.window, units=cfg.units,
                             ssl_context=security.ssl_context() if security else None,
-                            direct=direct)
+                            direct=direct, edge=_edge_settings(cfg))
     from semq.ops.runtime import OpsRuntime, ops_options
     from semq.ops.usersock import user_socket_path
 

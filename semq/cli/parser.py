@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from typing import Any, NoReturn
 
 from semq import __version__
+from semq.cli.edge import register as register_edge
 from semq.cli.inbox import register as register_inbox
 from semq.cli.node import register as register_node
 from semq.cli.partners import register as register_partners
@@ -146,6 +147,7 @@ def build_parser() -> argparse.ArgumentParser:
     register_user(sub, common)
     register_status(sub, common)  # messages, status
     register_partners(sub, common)  # semq partners (semq.ops.partners)
+    register_edge(sub, common)  # semq partner add|list|remove|cert: AS2 / AS4 partners (semq.edge)
     register_ops(sub)
     register_watch(sub)  # semq watch: outbox and inbox folders (semq.node.features.folders)
     from semq.cli.capabilities import register as register_features

@@ -49,6 +49,8 @@ def cmd_send(args: argparse.Namespace) -> int:
     if args.ndjson or len(files) > 1 or directory:
         return cmd_send_bulk(args)
     args.file = files[0]
+    if _edge_address(args.to):
+        return _send_edge(args)
     if args.type is None:
         raise UsageError("--type is required: the AppKey data type, e.g. ORDER")
     if args.key_from_name:
@@ -114,6 +116,42 @@ def _send_half(args: argparse.Namespace, cfg: Config, org: str, data: bytes) -> 
     if not args.quiet:
         print(f"half message {half.id} stored, NOT sent: 'semq tx commit {half.id}' sends it,"
               f" 'semq tx rollback {half.id}' discards it", file=sys.stderr)
+    return 0
+
+
+def _edge_address(to: str) -> bool:
+    from semq.edge.store import EdgeError, parse_edge_address
+
+    try:
+        return parse_edge_address(to) is not None
+    except EdgeError as e:
+        raise UsageError(f"--to {to!r}: {e}") from None
+
+
+def _send_edge(args: argparse.Namespace) -> int:
+    """One document for an AS2 / AS4 partner (docs/interop.md): its key on stdout."""
+    from semq.edge.store import EDGE_MAX_DOCUMENT
+
+    if args.ndjson or len(args.files) > 1:
+        raise UsageError(f"--to {args.to}: one document at a time for an AS2 or AS4 partner")
+    ctype = args.type if args.type and "/" in args.type else "application/octet-stream"
+    if args.file == "-":
+        data = sys.stdin.buffer.read(EDGE_MAX_DOCUMENT + 1)
+    else:
+        why = file_problem(args.file)
+        if why is not None:
+            raise UsageError(why)
+        if Path(args.file).stat().st_size > EDGE_MAX_DOCUMENT:
+            raise UsageError(f"{args.file}: over the edge's {EDGE_MAX_DOCUMENT >> 20} MiB per document")
+        data = Path(args.file).read_bytes()
+    if len(data) > EDGE_MAX_DOCUMENT:
+        raise UsageError(f"standard input: over the edge's {EDGE_MAX_DOCUMENT >> 20} MiB per document")
+    with client_of(args) as node:
+        key = node.send_edge(args.to, data, content_type=ctype)
+    print(key)
+    if not args.quiet:
+        print(f"accepted {len(data)} bytes ({ctype}) for {args.to}: sent by the node's edge sender, confirmed by"
+              " the partner's signed receipt ('semq track " + key + "')", file=sys.stderr)
     return 0
 
 

@@ -19,6 +19,7 @@ from semq.umxt_protocol import SaveFwd
 
 __all__ = [
     "BY_SAVE_FWD",
+    "EDGE_TABLE",
     "OPERATOR",
     "OPERATOR_TABLE",
     "ORIGIN_TABLE",
@@ -28,6 +29,8 @@ __all__ = [
     "AckEvent",
     "AckStatus",
     "ActionTable",
+    "EdgeEvent",
+    "EdgeState",
     "OperatorAction",
     "OriginEvent",
     "OriginOutcome",
@@ -36,6 +39,7 @@ __all__ = [
     "TransitionRefused",
     "TxAction",
     "TxState",
+    "edge_step",
     "operator_result",
     "operator_states",
     "operator_step",
@@ -465,3 +469,49 @@ def sql_in(states: Iterable[int]) -> str:
     SQL text (what a partial index's condition is matched against), never
     typed by hand."""
     return ",".join(str(int(s)) for s in states)
+
+
+# ---------------------------------------------------------------- the edge (AS2, AS4)
+
+
+class EdgeState(IntEnum):
+    """A document to an AS2 / AS4 partner (semq.edge.store)."""
+
+    __hash__ = int.__hash__
+
+    QUEUED = 0  # to send (again: with the same message id), at its next_ms
+    SENDING = 1  # claimed by the edge sender: POSTed, its receipt awaited
+    CONFIRMED = 4  # a receipt that verifies and names our digest: kept as the proof
+    FAILED = 9  # the partner refused it (a negative MDN, an ebMS error), or the tries ran out: a dead letter
+
+
+class EdgeEvent(Enum):
+    __hash__ = object.__hash__
+
+    CLAIMED = "claimed"  # the sender took it
+    RECEIPT = "receipt"  # a verified positive receipt with our digest
+    REFUSED = "refused"  # a verified negative receipt
+    NO_RECEIPT = "no_receipt"  # no answer, an HTTP error, a receipt that does not verify: sent again later
+    GAVE_UP = "gave_up"  # no receipt and no tries left
+    RESTARTED = "restarted"  # the daemon started: what a stopped one left SENDING is sent again
+    RESEND = "resend"  # the operator sends a failed one again (semq resend)
+
+
+_ES = EdgeState
+_EE = EdgeEvent
+
+#: (state, event) -> next state. Anything else: unchanged.
+EDGE_TABLE: Final[dict[tuple[EdgeState, EdgeEvent], EdgeState]] = {
+    (_ES.QUEUED, _EE.CLAIMED): _ES.SENDING,
+    (_ES.SENDING, _EE.RECEIPT): _ES.CONFIRMED,
+    (_ES.SENDING, _EE.REFUSED): _ES.FAILED,
+    (_ES.SENDING, _EE.NO_RECEIPT): _ES.QUEUED,
+    (_ES.SENDING, _EE.GAVE_UP): _ES.FAILED,
+    (_ES.SENDING, _EE.RESTARTED): _ES.QUEUED,
+    (_ES.FAILED, _EE.RESEND): _ES.QUEUED,
+}
+
+
+def edge_step(state: EdgeState, event: EdgeEvent) -> EdgeState | None:
+    """The next state of an edge document, None when the pair is not in the table."""
+    return EDGE_TABLE.get((state, event))

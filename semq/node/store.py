@@ -474,7 +474,31 @@ def _v13_large(db: SqliteDatabase) -> None:
     db.execute_sql("ALTER TABLE inbox ADD COLUMN size INTEGER")
 
 
-MIGRATIONS = [_v1, _v2, _v3, _v4, _v5, _v6, _v7, _v8, _v9, _v10, _v11_receive, _v12_watch, _v13_large]
+def _v14_edge(db: SqliteDatabase) -> None:
+    """The edge (semq.edge.store): partners that speak AS2 or AS4
+    (``edge_partners``, keyed by protocol and their id), our documents to
+    them (``edge_out``: the state through ``EDGE_TABLE``, the message id
+    every resend reuses, the receipt kept as proof), and their messages to
+    us (``edge_in``: once per (partner, message id), with the receipt
+    answered, answered again to a resend)."""
+    db.execute_sql(
+        "CREATE TABLE IF NOT EXISTS edge_partners (protocol TEXT NOT NULL, id TEXT NOT NULL, url TEXT NOT NULL,"
+        " cert BLOB NOT NULL, our_id TEXT NOT NULL, options TEXT NOT NULL, added_ms INTEGER NOT NULL,"
+        " PRIMARY KEY (protocol, id))")
+    db.execute_sql(
+        "CREATE TABLE IF NOT EXISTS edge_out (id INTEGER PRIMARY KEY AUTOINCREMENT, protocol TEXT NOT NULL,"
+        " partner TEXT NOT NULL, state INTEGER NOT NULL, doc_key TEXT NOT NULL, content BLOB NOT NULL, content_type TEXT NOT NULL,"
+        " message_id TEXT, digest TEXT, tries INTEGER NOT NULL DEFAULT 0, next_ms INTEGER NOT NULL,"
+        " created_ms INTEGER NOT NULL, updated_ms INTEGER NOT NULL, reason TEXT, proof BLOB)")
+    db.execute_sql("CREATE INDEX IF NOT EXISTS edge_out_due ON edge_out (state, next_ms)")
+    db.execute_sql(
+        "CREATE TABLE IF NOT EXISTS edge_in (id INTEGER PRIMARY KEY AUTOINCREMENT, protocol TEXT NOT NULL,"
+        " partner TEXT NOT NULL, message_id TEXT NOT NULL, received_ms INTEGER NOT NULL, digest TEXT NOT NULL,"
+        " status INTEGER NOT NULL, headers TEXT NOT NULL, receipt BLOB NOT NULL,"
+        " UNIQUE (protocol, partner, message_id))")
+
+
+MIGRATIONS = [_v1, _v2, _v3, _v4, _v5, _v6, _v7, _v8, _v9, _v10, _v11_receive, _v12_watch, _v13_large, _v14_edge]
 
 
 # A store incarnation's record ids start at its creation time in microsecond

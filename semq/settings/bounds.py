@@ -50,6 +50,10 @@ __all__ = [
     "DIRECT_MAX_LINKS",
     "DIRECT_MAX_LINKS_PER_ORG",
     "DIRECT_PRE_AUTH_BYTES",
+    "EDGE_MAX_BODY",
+    "EDGE_MAX_CONNECTIONS",
+    "EDGE_MAX_INFLATED",
+    "EDGE_REQUEST_S",
     "FD_RESERVE",
     "LINK_BUFFER_BYTES",
     "PLATFORM_BUFFER_MIB_PER_ORG",
@@ -121,6 +125,22 @@ _A = "admin socket"
 _W = "web console"
 _N = "node process"
 _F = "decoders"
+_E = "edge listener (AS2, AS4)"
+
+# ---------------------------------------------------------------- the edge's listener (AS2, AS4)
+
+EDGE_MAX_BODY: Final = _int(
+    _E, "bytes of a request's body", 32 << 20, "bytes",
+    "read up to it and no further: a larger body is refused (413) before anything parses it")
+EDGE_MAX_INFLATED: Final = _int(
+    _E, "bytes a compressed message may inflate to", 64 << 20, "bytes",
+    "a compression bomb is refused after inflating at most this much, never inflated whole")
+EDGE_MAX_CONNECTIONS: Final = _int(
+    _E, "connections in total", 64, "connections",
+    "a partner's gateway sends a few at a time; beyond it new connections wait in the backlog")
+EDGE_REQUEST_S: Final = _float(
+    _E, "time to send a request's headers and body", 60.0, "s",
+    "a connection that trickles its request is closed")
 
 # ---------------------------------------------------------------- the platform's listener
 

@@ -409,6 +409,15 @@ class Config:
     direct_handshakes: int = _setting(DIRECT_HANDSHAKES, Rule(
         "integer", "an integer 1..10000", _between(1, 10_000),
         "node: direct links at once still in their TLS handshake or before their HELLO"))
+    edge_listen: str = _setting("", Rule(
+        "string", "empty (no listening) or " + _ADDRESS_WORDS.format(lo=0, zero=" (0: any free port)"),
+        lambda v: None if v == "" else _address_problem(v, 0),
+        "node: where AS2 / AS4 partners POST their messages (docs/interop.md); empty: it does not listen;"
+        " read at start"))
+    edge_tls: bool = _setting(False, Rule(
+        "boolean", "true or false",
+        doc="node: the edge listener speaks HTTPS with the edge certificate (semq partner cert); false: plain"
+            " HTTP, as AS2 commonly runs behind a TLS proxy; read at start"))
     security: bool = _setting(True, Rule(
         "boolean", "true or false",
         doc="mutual TLS, end-to-end encryption and signatures (docs/security.md); set by init"))

@@ -46,6 +46,10 @@ OWNERS: dict[str, str] = {
     "rpc_answers": "semq/node/features/rpc.py",
     "queues": "semq/node/features/queues.py",
     "queue_items": "semq/node/features/queues.py",
+    # the edge (AS2, AS4): partners, our documents to them, theirs to us
+    "edge_partners": "semq/edge/store.py",
+    "edge_out": "semq/edge/store.py",
+    "edge_in": "semq/edge/store.py",
 }
 SCHEMA = "semq/node/store.py"
 SQL_NAMING = re.compile(r"\b(?:FROM|INTO|UPDATE|JOIN|TABLE)\s+(" + "|".join(OWNERS) + r")\b")

@@ -305,6 +305,25 @@ class NodeClient(Following):
             also(core, lk0s)
         return lk0s
 
+    def send_edge(self, to: str, data: bytes, *, content_type: str = "application/octet-stream") -> str:
+        """Accept a document for an AS2 or AS4 partner (``to``: ``as2:ID``,
+        ``as4:ID``, added with ``semq partner add``); durable when this
+        returns. The node's edge sender sends it and resends it with the
+        same message id until the partner's signed receipt verifies and
+        names its digest (docs/interop.md). Returns the document's key
+        (``semq track KEY``). BadTarget for an address that is no partner
+        of this node, a content type that is not TYPE/SUBTYPE or a document
+        over ``EDGE_MAX_DOCUMENT``."""
+        from semq.edge.store import EDGE_MAX_DOCUMENT, EdgeError, EdgeStore
+
+        if len(data) > EDGE_MAX_DOCUMENT:
+            raise BadTarget(f"{len(data)} bytes for {to}: over the edge's {EDGE_MAX_DOCUMENT >> 20} MiB per document",
+                            ResultCode.INVALID_FIELD)
+        try:
+            return EdgeStore(self.core).accept(to, bytes(data), content_type, int(time.time() * 1000)).doc_key
+        except EdgeError as e:
+            raise BadTarget(str(e), ResultCode.INVALID_FIELD) from None
+
     def _user_names(self) -> set[str]:
         return set(self.core.users.names())
 

@@ -140,6 +140,7 @@ class NodeDaemon:
         self.links = DirectLinks(self, settings.direct)
         self.presence = PartnerPresence()  # what the platform said of our partners (semq partners)
         self.large = LargeSender(core, self.gate)  # chunks of our large documents (semq.node.daemon.large_sender)
+        self.edge: Any = None  # the edge's sender and listener (semq.edge.daemon.service), when set
 
     async def _store(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         """A store call through the daemon's gate (the one the daemon holds
@@ -184,7 +185,16 @@ class NodeDaemon:
             nursery.start_soon(partial(run_background_tasks, self.core, gate=self.gate))
             nursery.start_soon(self._local_offline)
             nursery.start_soon(self._gaps)
+            if self.s.edge is not None:  # AS2 / AS4 partners (semq.edge.daemon)
+                from semq.edge.daemon.service import EdgeService
+
+                self.edge = EdgeService(self.core, self._store, self.s.edge, arrived=self._edge_arrived)
+                await nursery.start(self.edge.run)
             await self._connect_forever()
+
+    def _edge_arrived(self) -> None:
+        if self.inbox_signal is not None:
+            self.inbox_signal.arrived()
 
     async def _connect_forever(self) -> None:
         """Dial the platform's addresses in turn, for ever. A failed attempt

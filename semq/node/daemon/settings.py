@@ -8,6 +8,7 @@ from __future__ import annotations
 import ssl
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import trio
 
@@ -53,6 +54,8 @@ class DirectSettings:
 
 @dataclass
 class NodeSettings:
+    # The edge (semq.edge.daemon.service.EdgeSettings): AS2 / AS4 partners; None: no edge tasks.
+    edge: Any = None
     # The platform's addresses (semq.settings.config.parse_platform_addresses), tried
     # in turn: the next one when connecting fails or a session ends early.
     addresses: list[Address] = field(default_factory=lambda: [Address("127.0.0.1", 7410)])
