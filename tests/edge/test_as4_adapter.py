@@ -78,16 +78,29 @@ def test_round_trip_invoice_and_receipt(aps) -> None:
     assert (result.ok, result.reason, result.proof) == (True, None, receipt)
 
 
-def test_message_id_is_stable_per_document(aps) -> None:
+def test_a_resend_is_the_same_message_until_answered(aps) -> None:
+    """Sending a document again posts the same bytes (its receipt lost, the
+    partner answers the duplicate with the receipt of the first, which must
+    still match); once a receipt is judged, a new build is a new message
+    with the same MessageId."""
     a, b, _ = aps
-    one = AS4.build("10008/1/1/7", INVOICE, "application/xml", partner_of(a, b), a.keys)
-    two = AS4.build("10008/1/1/7", INVOICE, "application/xml", partner_of(a, b), a.keys)
-    assert one.message_id == two.message_id == message_id_for("10008/1/1/7")
-    assert one.body != two.body  # a fresh key and timestamp, the same identity
+    to_b, to_a = partner_of(a, b), partner_of(b, a)
+    one = AS4.build("10008/1/1/7", INVOICE, "application/xml", to_b, a.keys)
+    two = AS4.build("10008/1/1/7", INVOICE, "application/xml", to_b, a.keys)
+    assert two is one and one.message_id == message_id_for("10008/1/1/7")
+    got = AS4.read_inbound(one.headers, one.body, _lookup(to_a), b.keys)
+    first_receipt = AS4.receipt_for(got, {}, to_a, b.keys)
+    # the receipt of the first post answers the resend too
+    assert AS4.read_receipt(*first_receipt, two, to_b, a.keys).ok
+    three = AS4.build("10008/1/1/7", INVOICE, "application/xml", to_b, a.keys)
+    assert three.message_id == one.message_id and three.body != one.body and three.digest != one.digest
+    # another content, partner option or document is another message
+    assert AS4.build("10008/1/1/7", INVOICE + b" ", "application/xml", to_b, a.keys).body != three.body
+    assert AS4.build("10008/1/1/8", INVOICE, "application/xml", to_b, a.keys).message_id != three.message_id
     assert message_id_for("a b<c>@d") == "a.b.c..d@semq"
-    # A resent message opens again (duplicates are the node's business, not the adapter's).
-    for out in (one, one):
-        assert AS4.read_inbound(out.headers, out.body, _lookup(partner_of(b, a)), b.keys).message_id == one.message_id
+    # A duplicate opens again (answering it once is the node's business, not the adapter's).
+    for _ in range(2):
+        assert AS4.read_inbound(three.headers, three.body, _lookup(to_a), b.keys).message_id == one.message_id
 
 
 def test_receipt_judged(aps) -> None:
@@ -113,6 +126,7 @@ def test_receipt_judged(aps) -> None:
     for junk in (b"", b"<html>502 Bad Gateway</html>", b"\x00" * 10):
         result = AS4.read_receipt(502, {"Content-Type": "text/html"}, junk, out, to_b, a.keys)
         assert not result.ok and "HTTP 502" in (result.reason or "")
+        assert result.proof == b""  # nothing proven: the node sends the message again
 
 
 def test_error_signal_gives_the_partners_code_and_words(aps) -> None:
@@ -126,6 +140,11 @@ def test_error_signal_gives_the_partners_code_and_words(aps) -> None:
     result = AS4.read_receipt(refused.value.status, refused.value.headers, refused.value.body, out, to_b, a.keys)
     assert not result.ok and result.reason == ("the partner refused the message: EBMS:0004 Other: "
                                                "PEPPOL:NOT_SERVICED")
+    assert result.proof == refused.value.body  # a verified refusal: kept, the document fails
+    # the same error, not signed by the partner: proves nothing, the message is sent again
+    forged = AS4.read_receipt(500, refused.value.headers, refused.value.body, out,
+                              with_cert(to_b, a.cert_pem), a.keys)
+    assert not forged.ok and forged.proof == b""
 
 
 def test_refusals(aps) -> None:
@@ -272,5 +291,16 @@ def test_check_options() -> None:
     assert check_options(partner_of(access_point("X", 1024), access_point("Y", 1024)).options) == []
 
 
-def test_outgoing_type() -> None:
-    assert Outgoing.__dataclass_params__.frozen  # type: ignore[attr-defined]
+
+
+def test_resends_kept_within_their_bytes() -> None:
+    from semq.edge.as4.resend import Resends
+    kept = Resends(max_bytes=250)
+    outs = [Outgoing(message_id=f"m{i}", headers={}, body=b"x" * 100, digest="") for i in range(3)]
+    for i, out in enumerate(outs):
+        kept.put(bytes([i]), out)
+    assert kept.get(b"\x00") is None and kept.get(b"\x01") is outs[1] and kept.get(b"\x02") is outs[2]
+    kept.forget("m1")
+    assert kept.get(b"\x01") is None
+    kept.put(b"big", Outgoing(message_id="big", headers={}, body=b"x" * 251, digest=""))
+    assert kept.get(b"big") is None and kept.get(b"\x02") is outs[2]

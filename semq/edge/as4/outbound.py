@@ -33,6 +33,7 @@ from semq.edge.as4.options import (
     their_certificate,
     their_party,
 )
+from semq.edge.as4.resend import Resends
 from semq.edge.protocol import EdgePartner, OurKeys, Outgoing, ReceiptResult
 
 __all__ = ["build", "read_receipt"]
@@ -41,10 +42,24 @@ __all__ = ["build", "read_receipt"]
 MAX_ANSWER = 1024 * 1024
 
 
+_RESENDS = Resends()
+
+
 def build(doc_id: str, content: bytes, content_type: str, partner: EdgePartner, ours: OurKeys) -> Outgoing:
     """The signed and encrypted message carrying ``content`` (an XML business
-    document) to ``partner``. Raises ValueError when the document is not XML
-    or the partner's options or certificates cannot serve (naming which)."""
+    document) to ``partner``; the same one again while it is kept (a resend,
+    ``resend.py``). Raises ValueError when the document is not XML or the
+    partner's options or certificates cannot serve (naming which)."""
+    key = Resends.key(doc_id, content, partner, ours)
+    kept = _RESENDS.get(key)
+    if kept is not None:
+        return kept
+    out = _build(doc_id, content, partner, ours)
+    _RESENDS.put(key, out)
+    return out
+
+
+def _build(doc_id: str, content: bytes, partner: EdgePartner, ours: OurKeys) -> Outgoing:
     message_id = message_id_for(doc_id)
     exchange = PeppolSendingExchange(
         profile=PeppolAS4Profile,
@@ -98,44 +113,52 @@ def read_receipt(status: int, headers: Mapping[str, str], body: bytes, sent: Out
                  partner: EdgePartner, ours: OurKeys) -> ReceiptResult:
     """ok only for an ebMS3 Receipt signed with the partner's certificate
     (over its eb:Messaging), naming ``sent``'s MessageId, whose
-    NonRepudiationInformation repeats exactly the references we signed. An
-    ebMS3 Error signal gives the partner's error code and words."""
+    NonRepudiationInformation repeats exactly the references we signed. A
+    verified ebMS3 Error signal about it gives the partner's error code and
+    words, with the signal as ``proof`` (the node fails the document); any
+    other answer has an empty ``proof`` (the node sends the same message
+    again later)."""
     if len(body) > MAX_ANSWER:
         return ReceiptResult(False, f"HTTP {status}: an answer of {len(body)} bytes exceeds the "
-                                    f"{MAX_ANSWER}-byte limit for an AS4 signal", body[:MAX_ANSWER])
+                                    f"{MAX_ANSWER}-byte limit for an AS4 signal", b"")
     if not body.strip():
-        return ReceiptResult(False, f"HTTP {status} with no ebMS signal", body)
+        return ReceiptResult(False, f"HTTP {status} with no ebMS signal", b"")
     try:
         receipt = PeppolAS4Receipt.parse(_soap_part(headers, body), their_certificate(partner))
     except ReceiptVerificationError as e:
-        return ReceiptResult(False, f"HTTP {status}: the answer is not a verified ebMS signal ({e})", body)
+        return ReceiptResult(False, f"HTTP {status}: the answer is not a verified ebMS signal ({e})", b"")
     except Exception as e:  # the library boundary: an answer we cannot judge confirms nothing
         # What escapes the as4 package: a BinarySecurityToken that is not base64
         # or DER (binascii.Error, ValueError), or of another type (its own
         # UnsupportedSecurityTokenType), found by tests/edge/test_as4_fuzz.py.
         return ReceiptResult(False, f"HTTP {status}: the answer is not a readable ebMS signal "
-                                    f"({type(e).__name__}: {str(e)[:200]})", body)
+                                    f"({type(e).__name__}: {str(e)[:200]})", b"")
     if receipt.error is not None:
         ref = receipt.original_message_id
-        where = "" if ref in (None, sent.message_id) else f" (about message {ref})"
-        return ReceiptResult(False, f"the partner refused the message: {_error_text(receipt)}{where}", body)
+        if ref not in (None, "", sent.message_id):  # about another message: not an answer to this one
+            return ReceiptResult(False, f"an ebMS error about message {ref}, not {sent.message_id}: "
+                                        f"{_error_text(receipt)}", b"")
+        # A verified error signal: the partner's refusal, kept as the proof (the document fails).
+        _RESENDS.forget(sent.message_id)
+        return ReceiptResult(False, f"the partner refused the message: {_error_text(receipt)}", body)
     if receipt.original_message_id != sent.message_id:
         return ReceiptResult(False, f"the receipt names message {receipt.original_message_id}, "
-                                    f"not {sent.message_id}", body)
+                                    f"not {sent.message_id}", b"")
     if receipt.receipt is None:
-        return ReceiptResult(False, "the signal is neither an ebMS Receipt nor an Error", body)
+        return ReceiptResult(False, "the signal is neither an ebMS Receipt nor an Error", b"")
     try:
         wanted = references.decode(sent.digest)
     except ValueError as e:
-        return ReceiptResult(False, f"the message's digest is unreadable: {e}", body)
+        return ReceiptResult(False, f"the message's digest is unreadable: {e}", b"")
     got = receipt.non_repudiated_references
     if not got:
         return ReceiptResult(False, "the receipt has no NonRepudiationInformation: it proves nothing "
-                                    "about what was received", body)
+                                    "about what was received", b"")
     if references.keys(got) != references.keys(wanted):
         missing = sorted(k[0] for k in references.keys(wanted) - references.keys(got))
         other = sorted(k[0] for k in references.keys(got) - references.keys(wanted))
         return ReceiptResult(False, "the receipt's references do not match the message sent "
                                     f"(not acknowledged: {missing or 'none'}; not sent: {other or 'none'})",
-                             body)
+                             b"")
+    _RESENDS.forget(sent.message_id)
     return ReceiptResult(True, None, body)
