@@ -56,6 +56,11 @@ def _options(args: argparse.Namespace, protocol: str) -> dict[str, str]:
         if v not in OPTIONS[name]:
             raise UsageError(f"--{name} {v!r}: allowed: {', '.join(OPTIONS[name])}")
         opts[name] = v
+    if protocol == "as4":
+        from semq.edge.as4 import check_options
+
+        if problems := check_options(opts):
+            raise UsageError(problems[0])
     if args.require is not None:
         words = {w.strip() for w in args.require.split(",")}
         if not words <= {"signed", "encrypted", "none"}:
@@ -182,7 +187,9 @@ def register(sub: Any, common: argparse.ArgumentParser) -> None:
     add.add_argument("--require", help="what its messages must be: signed, encrypted (comma-separated) or none;"
                                        " default: what we send it")
     add.add_argument("--option", action="append", metavar="KEY=VALUE",
-                     help="a protocol option as is (AS4: the Peppol identifiers, ...); repeatable")
+                     help="a protocol option as is; repeatable. AS4 (Peppol): sender, recipient, document_type,"
+                          " process, country (needed to send); party_id, participants, max_bytes"
+                          " (docs/interop-as4.md)")
     add.add_argument("-q", "--quiet", action="store_true", help="no note on stderr")
     add.set_defaults(func=cmd_partner_add)
     ls = ps.add_parser("list", parents=[common], help="the AS2 and AS4 partners, their last exchange and backlog")
