@@ -3,7 +3,9 @@
 library). It answers 200 with what it read (JSON) or 400 with why not.
 Prints ``ready PORT``.
 
-    python -m tests.edge._xmlsec_receiver SENDER_CERT RECEIVER_KEY
+    python -m tests.edge._xmlsec_receiver SENDER_CERT RECEIVER_KEY [VERDICTS]
+
+VERDICTS, if given, gets one JSON line per POST (what it read, or why not).
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from pathlib import Path
 from tests.edge._xmlsec_verify import Rejected, verify
 
 
-def main(sender_cert: str, receiver_key: str) -> int:
+def main(sender_cert: str, receiver_key: str, verdicts: str = "") -> int:
     cert, key = Path(sender_cert).read_bytes(), Path(receiver_key).read_bytes()
 
     class Handler(BaseHTTPRequestHandler):
@@ -31,6 +33,9 @@ def main(sender_cert: str, receiver_key: str) -> int:
                 status, answer = 200, json.dumps(seen).encode()
             except (Rejected, KeyError, AttributeError, ValueError) as e:
                 status, answer = 400, f"{type(e).__name__}: {e}".encode()
+            if verdicts:
+                with open(verdicts, "a") as f:
+                    f.write(json.dumps({"status": status, "answer": answer.decode()}) + "\n")
             self.send_response(status)
             self.send_header("Content-Length", str(len(answer)))
             self.end_headers()

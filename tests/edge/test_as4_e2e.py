@@ -8,6 +8,7 @@ sends an invoice to a node and accepts its receipt."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -163,6 +164,46 @@ def test_peppol_py_sends_an_invoice_to_a_node(pair: tuple[Cluster, dict[str, int
     assert (sent.returncode, sent.stdout.strip()) == (0, "accepted"), sent.stdout + sent.stderr
     [(origin, content)] = c.q("56002", "SELECT origin_id, app_data FROM inbox")
     assert origin == "as4:POP000123" and b"<cbc:ID>INV-0042</cbc:ID>" in content
+
+
+def test_a_nodes_outbound_as4_is_verified_by_an_independent_receiver(
+        pair: tuple[Cluster, dict[str, int]], tmp_path: Path) -> None:
+    """``semq send`` from a real node, its edge sender's POST, received by
+    a process on libxmlsec1 / libxml2 / the standard library only
+    (tests/edge/_xmlsec_receiver.py), which verifies and opens it. It sends
+    no AS4 receipt, so the node keeps the document queued, same message id."""
+    c, _ = pair
+    them = access_point("POP000321")
+    (tmp_path / "them-cert.pem").write_bytes(them.cert_pem)
+    (tmp_path / "them-key.pem").write_bytes(them.key_pem)
+    verdicts = tmp_path / "verdicts.jsonl"
+    log = tmp_path / "receiver.log"
+    proc = subprocess.Popen([sys.executable, "-m", "tests.edge._xmlsec_receiver", str(tmp_path / "A.pem"),
+                             str(tmp_path / "them-key.pem"), str(verdicts)], stdout=log.open("wb"),
+                            stderr=subprocess.STDOUT, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    try:
+        line = wait_until(lambda: next((ln for ln in log.read_text().splitlines() if ln.startswith("ready ")), None),
+                          30, "the receiver to listen")
+        d = str(c.root / "56001")
+        assert semq("partner", "add", "--dir", d, "--as4", "POP000321", "--url",
+                    f"http://127.0.0.1:{line.split()[1]}/", "--cert", str(tmp_path / "them-cert.pem"), "-q",
+                    *PEPPOL_IDS).returncode == 0
+        f = tmp_path / "invoice.xml"
+        f.write_bytes(INVOICE)
+        key = semq("send", "--dir", d, "--to", "as4:POP000321", "--type", "application/xml", str(f)).stdout.strip()
+        wait_until(lambda: verdicts.exists() and verdicts.read_text(), 30, "the receiver's verdict")
+        verdict = json.loads(verdicts.read_text().splitlines()[0])
+        assert verdict["status"] == 200, verdict
+        seen = json.loads(verdict["answer"])
+        assert (seen["message_id"], seen["from"], seen["to"]) == (f"{key}@semq", "56001", "POP000321")
+        assert seen["sbd_has_invoice"] is True
+        wait_until(lambda: c.q("56001", "SELECT tries, state, message_id FROM edge_out WHERE doc_key=?", key)
+                   == [(1, 0, f"{key}@semq")], 30, "the try without a receipt to be counted")
+        (reason,), = c.q("56001", "SELECT reason FROM edge_out WHERE doc_key=?", key)
+        assert "not a verified ebMS signal" in reason
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
 
 
 def test_bad_as4_options_say_one_line_and_store_nothing(tmp_path: Path) -> None:
