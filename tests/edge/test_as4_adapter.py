@@ -304,3 +304,22 @@ def test_resends_kept_within_their_bytes() -> None:
     assert kept.get(b"\x01") is None
     kept.put(b"big", Outgoing(message_id="big", headers={}, body=b"x" * 251, digest=""))
     assert kept.get(b"big") is None and kept.get(b"\x02") is outs[2]
+
+
+def test_a_receipt_with_an_xml_bomb_confirms_nothing_in_bounded_memory(aps) -> None:
+    a, b, _ = aps
+    to_b, to_a = partner_of(a, b), partner_of(b, a)
+    out = AS4.build("d/11", INVOICE, "application/xml", to_b, a.keys)
+    got = AS4.read_inbound(out.headers, out.body, _lookup(to_a), b.keys)
+    status, headers, receipt = AS4.receipt_for(got, {}, to_a, b.keys)
+    laughs = (b'<?xml version="1.0"?><!DOCTYPE S12:Envelope [<!ENTITY l0 "lol">'
+              + b"".join(b'<!ENTITY l%d "%s">' % (i, b"&l%d;" % (i - 1) * 10) for i in range(1, 10)) + b"]>")
+    bombed = laughs + receipt.replace(b"d/11@semq</eb3:RefToMessageId>", b"d/11@semq&l9;</eb3:RefToMessageId>")
+    assert bombed != laughs + receipt
+    tracemalloc.start()
+    try:
+        result = AS4.read_receipt(status, headers, bombed, out, to_b, a.keys)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert not result.ok and result.proof == b"" and peak < 8 * 1024 * 1024, (result, peak)
