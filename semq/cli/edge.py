@@ -47,6 +47,10 @@ def _options(args: argparse.Namespace, protocol: str) -> dict[str, str]:
         if not eq or not k.strip() or len(item) > 1024:
             raise UsageError(f"--option {item!r} is not KEY=VALUE")
         opts[k.strip()] = v.strip()
+    if protocol == "as2":
+        for k, v in opts.items():
+            if k in OPTIONS and v not in OPTIONS[k]:
+                raise UsageError(f"--option {k}={v}: allowed: {', '.join(OPTIONS[k])}")
     for name in _AS2_FLAGS:
         v = getattr(args, name)
         if v is None:

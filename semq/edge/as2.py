@@ -18,6 +18,11 @@ Partner options (``EdgePartner.options``), all text:
 - ``compress``: ``zlib`` or ``none`` (default);
 - ``mdn``: ``signed`` (default) or ``unsigned``: what we ask for, and
   accept; an unsigned MDN is no proof and is accepted only when asked;
+- ``key_transport``: how the content key is wrapped for the partner: ``rsa``
+  (PKCS#1 v1.5, default), ``rsa-oaep`` (RSAES-OAEP SHA-256) or
+  ``rsa-oaep-sha512``;
+- ``encoding``: the encrypted body's transfer encoding, ``binary``
+  (default, RFC 4130) or ``base64`` (for receivers that need it);
 - ``require``: what a message from the partner must be, ``signed`` and/or
   ``encrypted`` (comma-separated; default: what we send it).
 """
@@ -50,11 +55,13 @@ from semq.edge.protocol import (
     ReceiptResult,
 )
 from semq.edge.smime import (
+    KEY_TRANSPORTS,
     SmimeError,
     compress,
     decompress,
     decrypt,
     encrypt,
+    encrypt_oaep,
     load_cert,
     sign_detached,
     verify_detached,
@@ -69,6 +76,8 @@ OPTIONS: Final[dict[str, tuple[str, ...]]] = {
     "encrypt": ("aes256-cbc", "aes128-cbc", "none"),
     "compress": ("none", "zlib"),
     "mdn": ("signed", "unsigned"),
+    "key_transport": ("rsa", "rsa-oaep", "rsa-oaep-sha512"),
+    "encoding": ("binary", "base64"),
 }
 _MICALG: Final = {"sha256": "sha-256", "sha384": "sha-384", "sha512": "sha-512"}
 _PKCS7_MIME: Final = ("application/pkcs7-mime", "application/x-pkcs7-mime")
@@ -181,7 +190,9 @@ class As2:
             ctype, inner = h["content-type"], part
             mic = _mic(part if enc != "none" else body, micalg)
         if enc != "none":
-            body = encrypt(inner, partner.their_cert_pem, enc)
+            oaep = KEY_TRANSPORTS.get(_opt(partner, "key_transport"))
+            body = (encrypt_oaep(inner, partner.their_cert_pem, enc, oaep) if oaep
+                    else encrypt(inner, partner.their_cert_pem, enc))
             ctype = "application/pkcs7-mime; smime-type=enveloped-data; name=smime.p7m"
         mdn_opts = ("signed-receipt-protocol=required, pkcs7-signature; signed-receipt-micalg=required, "
                     + micalg) if _opt(partner, "mdn") == "signed" else ""
@@ -193,6 +204,9 @@ class As2:
         }
         if enc != "none":
             headers["Content-Transfer-Encoding"] = "binary"
+            if _opt(partner, "encoding") == "base64":
+                headers["Content-Transfer-Encoding"] = "base64"
+                body = base64.encodebytes(body).replace(b"\n", b"\r\n")
             headers["Content-Disposition"] = "attachment; filename=smime.p7m"
         elif sign == "none":
             headers["Content-Disposition"] = f'attachment; filename="{filename}"'

@@ -30,11 +30,13 @@ from cryptography.hazmat.primitives.serialization import pkcs7
 
 __all__ = [
     "HASHES",
+    "KEY_TRANSPORTS",
     "SmimeError",
     "compress",
     "decompress",
     "decrypt",
     "encrypt",
+    "encrypt_oaep",
     "load_cert",
     "load_key",
     "sign_detached",
@@ -152,6 +154,54 @@ def encrypt(data: bytes, recipient_pem: bytes, algorithm: str = "aes256-cbc") ->
     builder = (pkcs7.PKCS7EnvelopeBuilder().set_data(data).add_recipient(load_cert(recipient_pem))
                .set_content_encryption_algorithm(cipher))
     return builder.encrypt(serialization.Encoding.DER, [pkcs7.PKCS7Options.Binary])
+
+
+#: key transports we encrypt with (the option's value -> the OAEP hash; None: PKCS#1 v1.5)
+KEY_TRANSPORTS: Final = {"rsa": None, "rsa-oaep": "sha256", "rsa-oaep-sha512": "sha512"}
+
+
+def encrypt_oaep(data: bytes, recipient_pem: bytes, algorithm: str = "aes256-cbc", oaep_hash: str = "sha256") -> bytes:
+    """CMS enveloped-data (DER) with RSAES-OAEP key transport (RFC 3560),
+    built here: ``cryptography``'s builder only wraps with PKCS#1 v1.5,
+    which some receivers no longer open (Node.js 20 refuses PKCS#1 v1.5
+    private decryption: CVE-2023-46809)."""
+    cipher = _ENCRYPTIONS.get(algorithm)
+    if cipher is None:
+        raise SmimeError(f"cannot encrypt with {algorithm!r} ({', '.join(_ENCRYPTIONS)})")
+    cert = load_cert(recipient_pem)
+    pub = cert.public_key()
+    if not isinstance(pub, rsa.RSAPublicKey):
+        raise SmimeError("the partner's certificate has no RSA key")
+    h = HASHES[_ASN1_HASH[oaep_hash]]()
+    cek, iv = os.urandom(cipher.key_size // 8), os.urandom(16)
+    padder = padding.PKCS7(128).padder()
+    enc = Cipher(algorithms.AES(cek), modes.CBC(iv)).encryptor()
+    encrypted = enc.update(padder.update(data) + padder.finalize()) + enc.finalize()
+    wrapped = pub.encrypt(cek, apad.OAEP(apad.MGF1(h), h, None))
+    from asn1crypto import algos
+    from asn1crypto import x509 as ax509
+
+    issuer = ax509.Name.load(cert.issuer.public_bytes())
+    hash_alg = {"algorithm": oaep_hash}
+    return cms.ContentInfo({
+        "content_type": "enveloped_data",
+        "content": cms.EnvelopedData({
+            "version": "v0",
+            "recipient_infos": [cms.RecipientInfo(name="ktri", value=cms.KeyTransRecipientInfo({
+                "version": "v0",
+                "rid": cms.RecipientIdentifier(name="issuer_and_serial_number", value=cms.IssuerAndSerialNumber(
+                    {"issuer": issuer, "serial_number": cert.serial_number})),
+                "key_encryption_algorithm": {"algorithm": "rsaes_oaep", "parameters": algos.RSAESOAEPParams({
+                    "hash_algorithm": hash_alg,
+                    "mask_gen_algorithm": {"algorithm": "mgf1", "parameters": hash_alg}})},
+                "encrypted_key": wrapped}))],
+            "encrypted_content_info": {
+                "content_type": "data",
+                "content_encryption_algorithm": {"algorithm": "aes256_cbc" if cipher is algorithms.AES256
+                                                 else "aes128_cbc", "parameters": iv},
+                "encrypted_content": encrypted},
+        }),
+    }).dump()
 
 
 def decrypt(der: bytes, cert_pem: bytes, key_pem: bytes) -> bytes:

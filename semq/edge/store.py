@@ -21,7 +21,7 @@ import re
 import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Any, Final, NamedTuple
 
 from semq.edge.protocol import EdgePartner, Inbound
 from semq.node.core import NodeCore
@@ -88,8 +88,41 @@ class PartnerFacts:
     received: int
 
 
-_DOC_COLS: Final = ("id, protocol, partner, state, doc_key, content_type, message_id, digest, tries, next_ms,"
-                    " created_ms, updated_ms, reason, length(content)")
+class _DocRow(NamedTuple):
+    id: int
+    protocol: str
+    partner: str
+    state: int
+    doc_key: str
+    content_type: str
+    message_id: str | None
+    digest: str | None
+    tries: int
+    next_ms: int
+    created_ms: int
+    updated_ms: int
+    reason: str | None
+    size: int
+
+
+class _PartnerRow(NamedTuple):
+    protocol: str
+    id: str
+    url: str
+    cert: bytes
+    our_id: str
+    options: str
+    added_ms: int
+
+
+class _AnswerRow(NamedTuple):
+    status: int
+    headers: str
+    receipt: bytes
+
+
+_DOC_COLS: Final = ", ".join("length(content) AS size" if f == "size" else f for f in _DocRow._fields)
+_PARTNER_COLS: Final = ", ".join(_PartnerRow._fields)
 
 
 #: the delivery-log event of each transition (the names SEMQ's own hops use)
@@ -98,8 +131,9 @@ _EVENTS: Final = {EdgeEvent.CLAIMED: "sent", EdgeEvent.RECEIPT: "ack2", EdgeEven
                   EdgeEvent.RESTARTED: "resend", EdgeEvent.RESEND: "resend"}
 
 
-def _doc(row: tuple[Any, ...]) -> EdgeDoc:
-    return EdgeDoc(row[0], row[1], row[2], EdgeState(row[3]), *row[4:])
+def _doc(raw: tuple[Any, ...]) -> EdgeDoc:
+    r = _DocRow(*raw)
+    return EdgeDoc(**{**r._asdict(), "state": EdgeState(r.state)})
 
 
 class EdgeStore:
@@ -141,21 +175,19 @@ class EdgeStore:
                                            (protocol, ident)).rowcount)
 
     def partner(self, protocol: str, ident: str) -> EdgePartner | None:
-        row = self._conn.execute("SELECT protocol, id, url, cert, our_id, options FROM edge_partners"
-                                 " WHERE protocol=? AND id=?", (protocol, ident)).fetchone()
+        row = self._conn.execute(f"SELECT {_PARTNER_COLS} FROM edge_partners WHERE protocol=? AND id=?",
+                                 (protocol, ident)).fetchone()
         return None if row is None else _partner(row)
 
     def partners(self) -> list[EdgePartner]:
         return [_partner(r) for r in self._conn.execute(
-            "SELECT protocol, id, url, cert, our_id, options FROM edge_partners ORDER BY protocol, id")]
+            f"SELECT {_PARTNER_COLS} FROM edge_partners ORDER BY protocol, id")]
 
     def facts(self) -> list[PartnerFacts]:
         """Each partner with its last exchange and its documents' counts (semq partners)."""
         out = []
-        for row in self._conn.execute(
-                "SELECT protocol, id, url, cert, our_id, options, added_ms FROM edge_partners ORDER BY protocol, id"
-        ).fetchall():
-            p = _partner(row[:6])
+        for raw in self._conn.execute(f"SELECT {_PARTNER_COLS} FROM edge_partners ORDER BY protocol, id").fetchall():
+            p, added_ms = _partner(raw), _PartnerRow(*raw).added_ms
             counts = dict(self._conn.execute(
                 "SELECT state, count(*) FROM edge_out WHERE protocol=? AND partner=? GROUP BY state",
                 (p.protocol, p.id)).fetchall())
@@ -166,7 +198,7 @@ class EdgeStore:
                 (p.protocol, p.id)).fetchone()
             lasts = [x for x in (last_out, last_in) if x is not None]
             out.append(PartnerFacts(
-                p, row[6], max(lasts) if lasts else None,
+                p, added_ms, max(lasts) if lasts else None,
                 counts.get(EdgeState.QUEUED, 0) + counts.get(EdgeState.SENDING, 0),
                 counts.get(EdgeState.CONFIRMED, 0), counts.get(EdgeState.FAILED, 0), received))
         return out
@@ -297,9 +329,12 @@ class EdgeStore:
 
     def answered(self, protocol: str, partner: str, message_id: str) -> tuple[int, dict[str, str], bytes] | None:
         """The receipt answered to this message when it first came, if it came."""
-        row = self._conn.execute("SELECT status, headers, receipt FROM edge_in WHERE protocol=? AND partner=?"
-                                 " AND message_id=?", (protocol, partner, message_id)).fetchone()
-        return None if row is None else (row[0], json.loads(row[1]), bytes(row[2]))
+        raw = self._conn.execute(f"SELECT {', '.join(_AnswerRow._fields)} FROM edge_in WHERE protocol=?"
+                                 " AND partner=? AND message_id=?", (protocol, partner, message_id)).fetchone()
+        if raw is None:
+            return None
+        a = _AnswerRow(*raw)
+        return a.status, json.loads(a.headers), bytes(a.receipt)
 
     def deliver(self, protocol: str, got: Inbound, answer: tuple[int, Mapping[str, str], bytes],
                 now_ms: int) -> tuple[bool, tuple[int, dict[str, str], bytes]]:
@@ -334,9 +369,10 @@ class EdgeStore:
                                       " ORDER BY id DESC LIMIT ?", (limit,))
 
 
-def _partner(row: tuple[Any, ...]) -> EdgePartner:
-    return EdgePartner(id=row[1], protocol=row[0], url=row[2], their_cert_pem=bytes(row[3]), our_id=row[4],
-                       options=json.loads(row[5]))
+def _partner(raw: tuple[Any, ...]) -> EdgePartner:
+    p = _PartnerRow(*raw)
+    return EdgePartner(id=p.id, protocol=p.protocol, url=p.url, their_cert_pem=bytes(p.cert), our_id=p.our_id,
+                       options=json.loads(p.options))
 
 
 def now_ms() -> int:

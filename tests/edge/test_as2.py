@@ -49,6 +49,7 @@ def test_registry_holds_as2() -> None:
 @pytest.mark.parametrize("opts", [
     {}, {"sign": "sha512"}, {"encrypt": "aes128-cbc"}, {"compress": "zlib"}, {"encrypt": "none"},
     {"sign": "none", "mdn": "unsigned"}, {"sign": "none", "encrypt": "none", "mdn": "unsigned"},
+    {"key_transport": "rsa-oaep"}, {"key_transport": "rsa-oaep-sha512", "encoding": "base64"},
 ])
 def test_two_edges_exchange_a_document_and_a_signed_mdn(opts: dict[str, str]) -> None:
     out, got = roundtrip(**opts)
