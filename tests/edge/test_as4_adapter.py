@@ -15,6 +15,7 @@ import pytest
 
 from semq.edge.as4 import AS4, check_options, message_id_for
 from semq.edge.protocol import PROTOCOLS, EdgePartner, EdgeRefusal, Outgoing
+from semq.settings.bounds import EDGE_MAX_BODY
 from tests.edge._as4kit import (
     INVOICE,
     AccessPoint,
@@ -180,7 +181,7 @@ def test_refusals(aps) -> None:
     refused({"Content-Type": "application/soap+xml"}, soap, code="EBMS:0009")
     refused(*join(b"<not xml", cid, att), code="EBMS:0009")
     # over the size limit (checked before anything is parsed)
-    big = refused(out.headers, out.body + b" " * (64 * 1024 * 1024), code="EBMS:0004")
+    big = refused(out.headers, out.body + b" " * EDGE_MAX_BODY, code="EBMS:0004")
     assert big.status == 413
 
 

@@ -46,6 +46,7 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.rsa import RSAPrivateKey, RSAPublicKey
 
 from semq.edge.protocol import EdgePartner, OurKeys
+from semq.settings.bounds import EDGE_MAX_BODY, EDGE_MAX_INFLATED
 
 __all__ = [
     "MAX_DOCUMENT",
@@ -64,10 +65,11 @@ __all__ = [
     "their_party_id",
 ]
 
-#: The largest POST body read_inbound opens (the whole MIME message, encrypted).
-MAX_MESSAGE: Final = 64 * 1024 * 1024
+#: The largest POST body read_inbound opens (the whole MIME message, encrypted):
+#: the edge listener's bound, checked again here for any other caller.
+MAX_MESSAGE: Final = EDGE_MAX_BODY
 #: The largest document after decompression (a gzip bomb stops here).
-MAX_DOCUMENT: Final = 64 * 1024 * 1024
+MAX_DOCUMENT: Final = EDGE_MAX_INFLATED
 
 OPTIONS: Final = ("party_id", "sender", "recipient", "document_type", "process", "country",
                   "participants", "max_bytes")
