@@ -86,6 +86,11 @@ def cmd_partner_add(args: argparse.Namespace) -> int:
         raise UsageError(f"--url {args.url!r} is not an http:// or https:// URL")
     cert = _cert(args.cert)
     opts = _options(args, protocol)
+    if protocol == "as4":
+        from semq.edge.as4 import check_certificate
+
+        if (why := check_certificate(cert)) is not None:
+            raise UsageError(f"--cert {args.cert}: {why}")
     cfg = config_of(args, "node")
     our_id = args.our_id or cfg.org
     with client_of(args) as node:

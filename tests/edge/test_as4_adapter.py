@@ -165,6 +165,20 @@ def test_refusals(aps) -> None:
     refused(out.headers, out.body, replace(to_a, protocol="as2"), code="EBMS:0101")
     # the partner's certificate as we hold it is another one: the embedded one is not trusted
     refused(out.headers, out.body, with_cert(to_a, mallory.cert_pem), code="EBMS:0101")
+    # the certificate held for it has no RSA key (an EC one): refused, not a crash
+    import datetime as dt
+
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509 import CertificateBuilder, Name, NameAttribute, random_serial_number
+    from cryptography.x509.oid import NameOID
+    eck = ec.generate_private_key(ec.SECP256R1())
+    name = Name([NameAttribute(NameOID.COMMON_NAME, A_ID)])
+    now = dt.datetime.now(dt.UTC)
+    ec_pem = (CertificateBuilder().subject_name(name).issuer_name(name).public_key(eck.public_key())
+              .serial_number(random_serial_number()).not_valid_before(now).not_valid_after(now + dt.timedelta(days=1))
+              .sign(eck, hashes.SHA256()).public_bytes(serialization.Encoding.PEM))
+    assert "not RSA" in refused(out.headers, out.body, with_cert(to_a, ec_pem), code="EBMS:0101").reason
     # addressed to another access point
     refused(out.headers, out.body, replace(to_a, our_id="POP000999"), code="EBMS:0003")
     # encrypted for someone else: B cannot open it

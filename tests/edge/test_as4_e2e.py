@@ -216,4 +216,10 @@ def test_bad_as4_options_say_one_line_and_store_nothing(tmp_path: Path) -> None:
         r = semq("partner", "add", "--dir", d, "--as4", "P", "--url", "http://x/", "--cert", str(cert),
                  "--option", option)
         assert r.returncode == 2 and words in r.stderr and r.stderr.count("\n") == 1, r.stderr
+    ec_cert = tmp_path / "ec.pem"
+    ec_cert.write_bytes(subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes", "-keyout",
+         str(tmp_path / "ec.key"), "-subj", "/CN=P", "-days", "1"], capture_output=True, timeout=60).stdout)
+    r = semq("partner", "add", "--dir", d, "--as4", "P", "--url", "http://x/", "--cert", str(ec_cert))
+    assert r.returncode == 2 and "its key is not RSA" in r.stderr and r.stderr.count("\n") == 1, r.stderr
     assert c.count("56001", "SELECT count(*) FROM edge_partners") == 0

@@ -9,10 +9,17 @@ Importing it registers the adapter in ``semq.edge.protocol.PROTOCOLS``."""
 from __future__ import annotations
 
 from semq.edge.as4.adapter import As4Protocol
-from semq.edge.as4.options import OPTIONS, SENDING_OPTIONS, check_options, message_id_for
+from semq.edge.as4.options import (
+           OPTIONS,
+           SENDING_OPTIONS,
+           check_certificate,
+           check_options,
+           message_id_for,
+)
 from semq.edge.protocol import PROTOCOLS
 
-__all__ = ["AS4", "OPTIONS", "SENDING_OPTIONS", "As4Protocol", "check_options", "message_id_for"]
+__all__ = ["AS4", "OPTIONS", "SENDING_OPTIONS", "As4Protocol", "check_certificate", "check_options",
+           "message_id_for"]
 
 AS4 = As4Protocol()
 PROTOCOLS[AS4.name] = AS4

@@ -53,6 +53,7 @@ from semq.edge.as4 import references
 from semq.edge.as4.options import (
     MAX_MESSAGE,
     accepted_participants,
+    check_certificate,
     document_limit,
     our_party,
     their_certificate,
@@ -187,6 +188,9 @@ def read_inbound(headers: Mapping[str, str], body: bytes, partners: Callable[[st
         raise _refusal(_UnknownSender(detail=f"PartyInfo/From {from_id!r} is not a partner"), 500, anyone,
                        message_id, messaging_id)
     us = our_party(partner.our_id, ours)
+    if (why := check_certificate(partner.their_cert_pem)) is not None:
+        raise _refusal(_UnknownSender(detail=f"the certificate held for {from_id!r} cannot verify it: {why}"),
+                       500, us, message_id, messaging_id)
     if (to_id or "").strip() != partner.our_id:
         raise _refusal(_NotAddressedToUs(detail=f"PartyInfo/To {to_id!r} is not {partner.our_id!r}"), 500, us,
                        message_id, messaging_id)

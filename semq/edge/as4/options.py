@@ -55,6 +55,7 @@ __all__ = [
     "SENDING_OPTIONS",
     "accepted_participants",
     "builder_args",
+    "check_certificate",
     "check_options",
     "document_limit",
     "message_id_for",
@@ -97,6 +98,17 @@ def check_options(options: Mapping[str, str]) -> list[str]:
     if "country" in options and not re.fullmatch(r"[A-Z]{2}", options["country"]):
         problems.append(f"AS4 option country {options['country']!r} is not a two-letter country code (ISO 3166-1)")
     return problems
+
+
+def check_certificate(pem: bytes) -> str | None:
+    """Why a partner's certificate cannot serve AS4, or None."""
+    try:
+        key = _certificate(pem).public_key()
+    except ValueError:
+        return "not a PEM certificate"
+    if not isinstance(key, RSAPublicKey):
+        return "its key is not RSA (the Peppol AS4 profile signs and encrypts with RSA)"
+    return None
 
 
 def missing_for_sending(options: Mapping[str, str]) -> list[str]:
