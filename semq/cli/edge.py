@@ -62,6 +62,11 @@ def _options(args: argparse.Namespace, protocol: str) -> dict[str, str]:
         opts[name] = v
     if args.tls_ca is not None:
         opts["tls_ca"] = _cert(args.tls_ca).decode("ascii", "replace")
+    if protocol == "as4":
+        from semq.edge.as4 import check_options
+
+        if problems := check_options(opts):
+            raise UsageError(problems[0])
     if args.require is not None:
         words = {w.strip() for w in args.require.split(",")}
         if not words <= {"signed", "encrypted", "none"}:
@@ -83,6 +88,11 @@ def cmd_partner_add(args: argparse.Namespace) -> int:
         raise UsageError(f"--url {args.url!r} is not an http:// or https:// URL")
     cert = _cert(args.cert)
     opts = _options(args, protocol)
+    if protocol == "as4":
+        from semq.edge.as4 import check_certificate
+
+        if (why := check_certificate(cert)) is not None:
+            raise UsageError(f"--cert {args.cert}: {why}")
     cfg = config_of(args, "node")
     our_id = args.our_id or cfg.org
     with client_of(args) as node:
@@ -191,7 +201,9 @@ def register(sub: Any, common: argparse.ArgumentParser) -> None:
                      help="an https URL: the certificate (PEM) its server must present, pinned; default: the"
                           " system's CAs and the host name")
     add.add_argument("--option", action="append", metavar="KEY=VALUE",
-                     help="a protocol option as is (AS4: the Peppol identifiers, ...); repeatable")
+                     help="a protocol option as is; repeatable. AS4 (Peppol): sender, recipient, document_type,"
+                          " process, country (needed to send); party_id, participants, max_bytes"
+                          " (docs/interop-as4.md)")
     add.add_argument("-q", "--quiet", action="store_true", help="no note on stderr")
     add.set_defaults(func=cmd_partner_add)
     ls = ps.add_parser("list", parents=[common], help="the AS2 and AS4 partners, their last exchange and backlog")
