@@ -318,10 +318,9 @@ class NodeClient(Following):
         ``as4:ID``, added with ``semq partner add``); durable when this
         returns. The node's edge sender sends it and resends it with the
         same message id until the partner's signed receipt verifies and
-        names its digest (docs/interop.md). Returns the document's key
-        (``semq track KEY``). BadTarget for an address that is no partner
-        of this node, a content type that is not TYPE/SUBTYPE or a document
-        over ``EDGE_MAX_DOCUMENT``."""
+        names its digest (docs/interop.md). Returns its key (``semq track
+        KEY``). BadTarget: not a partner here, a content type not
+        TYPE/SUBTYPE, or over ``EDGE_MAX_DOCUMENT``."""
         from semq.edge.store import EDGE_MAX_DOCUMENT, EdgeError, EdgeStore
 
         if len(data) > EDGE_MAX_DOCUMENT:
