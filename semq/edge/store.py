@@ -23,7 +23,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Final, NamedTuple
 
-from semq.edge.protocol import EdgePartner, Inbound
+from semq.edge.protocol import EdgePartner, Inbound, Outgoing
 from semq.node.core import NodeCore
 from semq.node.engine import EdgeEvent, EdgeState, edge_step
 from semq.umxt_protocol import NodeType
@@ -297,17 +297,28 @@ class EdgeStore:
         row = self._conn.execute("SELECT min(next_ms) FROM edge_out WHERE state=?", (EdgeState.QUEUED,)).fetchone()
         return row[0]
 
-    def built(self, row_id: int, message_id: str, digest: str) -> None:
+    def built(self, row_id: int, out: Outgoing) -> None:
+        """The message the document is sent as, committed before it is
+        posted: every resend posts these bytes again (``sent``)."""
         with self._tx():
-            self._conn.execute("UPDATE edge_out SET message_id=?, digest=? WHERE id=?", (message_id, digest, row_id))
+            self._conn.execute("UPDATE edge_out SET message_id=?, digest=?, sent_headers=?, sent_body=? WHERE id=?",
+                               (out.message_id, out.digest, json.dumps(dict(out.headers)), out.body, row_id))
+
+    def sent(self, row_id: int) -> Outgoing | None:
+        """The message this document was sent as before (None: not built yet)."""
+        row = self._conn.execute("SELECT message_id, digest, sent_headers, sent_body FROM edge_out WHERE id=?",
+                                 (row_id,)).fetchone()
+        if row is None or row[0] is None or row[3] is None:
+            return None
+        return Outgoing(row[0], json.loads(row[2]), bytes(row[3]), row[1] or "")
 
     def confirmed(self, row_id: int, proof: bytes, now_ms: int) -> EdgeDoc | None:
         with self._tx():
-            return self._move(row_id, EdgeEvent.RECEIPT, now_ms, proof=proof, reason=None)
+            return self._move(row_id, EdgeEvent.RECEIPT, now_ms, proof=proof, reason=None, sent_body=None)
 
     def refused(self, row_id: int, reason: str, proof: bytes, now_ms: int) -> EdgeDoc | None:
         with self._tx():
-            return self._move(row_id, EdgeEvent.REFUSED, now_ms, proof=proof, reason=reason)
+            return self._move(row_id, EdgeEvent.REFUSED, now_ms, proof=proof, reason=reason, sent_body=None)
 
     def no_receipt(self, row_id: int, reason: str, now_ms: int, max_tries: int = MAX_TRIES) -> EdgeDoc | None:
         """Sent again later (backoff), or failed when its tries ran out."""

@@ -498,7 +498,18 @@ def _v14_edge(db: SqliteDatabase) -> None:
         " UNIQUE (protocol, partner, message_id))")
 
 
-MIGRATIONS = [_v1, _v2, _v3, _v4, _v5, _v6, _v7, _v8, _v9, _v10, _v11_receive, _v12_watch, _v13_large, _v14_edge]
+def _v15_edge_sent(db: SqliteDatabase) -> None:
+    """The message an edge document was first sent as (``sent_headers`` as
+    JSON, ``sent_body``), kept until it is confirmed or refused: every resend,
+    also after a restart, posts those very bytes, so a partner that answers a
+    duplicate with its first receipt confirms it (an AS4 receipt names the
+    digests of the first message's signature)."""
+    db.execute_sql("ALTER TABLE edge_out ADD COLUMN sent_headers TEXT")
+    db.execute_sql("ALTER TABLE edge_out ADD COLUMN sent_body BLOB")
+
+
+MIGRATIONS = [_v1, _v2, _v3, _v4, _v5, _v6, _v7, _v8, _v9, _v10, _v11_receive, _v12_watch, _v13_large, _v14_edge,
+              _v15_edge_sent]
 
 
 # A store incarnation's record ids start at its creation time in microsecond

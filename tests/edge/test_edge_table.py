@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import itertools
 from pathlib import Path
+from typing import Any
 
 from semq.edge.protocol import EdgePartner, Inbound
 from semq.edge.store import EdgeStore
@@ -75,5 +76,69 @@ def test_a_message_is_delivered_once_and_its_receipt_kept(tmp_path: Path) -> Non
         assert first == (True, (200, {"A": "1"}, b"mdn-1"))
         assert second == (False, (200, {"A": "1"}, b"mdn-1"))
         assert core.inbox.count() == 1
+    finally:
+        core.close()
+
+
+async def test_a_resend_after_a_restart_posts_the_very_same_message(tmp_path: Path, monkeypatch: Any) -> None:
+    """The first try's message is committed before it is posted; after a
+    restart (a new sender, the adapter's memory gone) the document is posted
+    as those very bytes, not built again: a partner that answers the
+    duplicate with its first receipt (whose references are the first
+    signature's) confirms it."""
+    import secrets
+
+    import httpx
+
+    from semq.edge import protocol as edge_protocol
+    from semq.edge.daemon.sender import EdgeSender
+    from semq.edge.protocol import Outgoing, ReceiptResult
+
+    class Fresh:  # an adapter that signs anew on each build, as AS4's does
+        name = "as2"
+        builds = 0
+
+        def build(self, doc_id: str, content: bytes, content_type: str, partner: Any, ours: Any) -> Outgoing:
+            Fresh.builds += 1
+            return Outgoing(f"<{doc_id}@me>", {"X-Try": str(Fresh.builds)}, content + secrets.token_bytes(16), "d")
+
+        def read_receipt(self, status: int, headers: Any, body: bytes, sent: Outgoing, partner: Any,
+                         ours: Any) -> ReceiptResult:
+            return ReceiptResult(body == sent.body, None if body == sent.body else "other message", b"")
+
+    monkeypatch.setitem(edge_protocol.PROTOCOLS, "as2", Fresh())
+    monkeypatch.setattr(edge_protocol, "load_protocols", lambda: edge_protocol.PROTOCOLS)
+    import semq.edge.daemon.sender as sender_module
+    monkeypatch.setattr(sender_module, "load_protocols", lambda: edge_protocol.PROTOCOLS)
+    posted: list[Outgoing] = []
+
+    def cut(partner: Any, out: Outgoing) -> tuple[int, dict[str, str], bytes]:
+        posted.append(out)
+        raise httpx.ReadTimeout("the receipt was lost")
+
+    def first_receipt(partner: Any, out: Outgoing) -> tuple[int, dict[str, str], bytes]:
+        posted.append(out)
+        return 200, {}, posted[0].body  # the partner answers its duplicate as the first
+
+    async def gate(f: Any, *args: Any) -> Any:
+        return f(*args)
+
+    core = _core(tmp_path)
+    try:
+        store = EdgeStore(core)
+        store.add_partner(EdgePartner("ACME", "as2", "http://x/", make_keys("acme").cert_pem, "ME", {}), 1)
+        doc = store.accept("as2:ACME", b"<invoice/>", "application/xml", 1000)
+        (claimed,) = store.claim(10**12)
+        await EdgeSender(store, gate, lambda: make_keys("me"), poster=cut)._send(claimed)
+        assert store.get(doc.id).state is S.QUEUED  # type: ignore[union-attr]
+        assert store.restart(10**12) == 0  # (it waits its backoff, not in flight)
+        (again,) = store.claim(10**13)
+        await EdgeSender(store, gate, lambda: make_keys("me"), poster=first_receipt)._send(again)
+        assert Fresh.builds == 1 and len(posted) == 2
+        assert posted[1].body == posted[0].body and posted[1].message_id == posted[0].message_id
+        assert dict(posted[1].headers) == dict(posted[0].headers)
+        done = store.get(doc.id)
+        assert done is not None and done.state is S.CONFIRMED
+        assert store.sent(doc.id) is None  # the kept bytes go once it is confirmed
     finally:
         core.close()

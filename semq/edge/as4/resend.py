@@ -8,7 +8,7 @@ its duplicate with the receipt it gave the first time, whose references
 are those of the first message's signature. A message built afresh carries
 a new timestamp, new ids and a new signature, and that receipt would not
 match it. Kept in memory, bounded by bytes (the oldest go first); a
-daemon that restarts builds afresh (docs/interop-as4.md, "Known limits")."""
+daemon that restarts finds the message in the edge's store (semq.edge.store, ``sent``)."""
 
 from __future__ import annotations
 

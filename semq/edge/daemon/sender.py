@@ -6,7 +6,9 @@ Only a receipt that verifies and names our digest confirms a document (the
 proof is kept); a verified negative receipt fails it with the partner's
 reason; anything else (no connection, a timeout, an HTTP error, a receipt
 that does not verify) sends it again later with the same message id, with
-backoff, until its tries run out (then failed, a dead letter). The store is
+backoff, until its tries run out (then failed, a dead letter): the message
+built for the first try is committed before it is posted and every resend,
+also after a restart, posts the very same bytes. The store is
 reached only through the daemon's gate; building, posting and verifying run
 in worker threads."""
 
@@ -118,9 +120,12 @@ class EdgeSender:
             why = "the partner was removed" if partner is None else f"no {doc.protocol.upper()} adapter in this node"
             await self.gate(self.store.no_receipt, doc.id, why, int(time.time() * 1000))
             return
-        content = await self.gate(self.store.content, doc.id)
-        out = await trio.to_thread.run_sync(proto.build, doc.doc_key, content, doc.content_type, partner, self._keys())
-        await self.gate(self.store.built, doc.id, out.message_id, out.digest)
+        out = await self.gate(self.store.sent, doc.id)
+        if out is None:  # its first try: built, and committed before it is posted
+            content = await self.gate(self.store.content, doc.id)
+            out = await trio.to_thread.run_sync(proto.build, doc.doc_key, content, doc.content_type, partner,
+                                                self._keys())
+            await self.gate(self.store.built, doc.id, out)
         self.stats["edge_sent"] += 1
         try:
             status, headers, body = await trio.to_thread.run_sync(self.poster, partner, out)
