@@ -105,6 +105,13 @@ class _DocRow(NamedTuple):
     size: int
 
 
+class _SentRow(NamedTuple):
+    message_id: str | None
+    digest: str | None
+    sent_headers: str | None
+    sent_body: bytes | None
+
+
 class _PartnerRow(NamedTuple):
     protocol: str
     id: str
@@ -123,6 +130,7 @@ class _AnswerRow(NamedTuple):
 
 _DOC_COLS: Final = ", ".join("length(content) AS size" if f == "size" else f for f in _DocRow._fields)
 _PARTNER_COLS: Final = ", ".join(_PartnerRow._fields)
+_SENT_COLS: Final = ", ".join(_SentRow._fields)
 
 
 #: the delivery-log event of each transition (the names SEMQ's own hops use)
@@ -306,11 +314,11 @@ class EdgeStore:
 
     def sent(self, row_id: int) -> Outgoing | None:
         """The message this document was sent as before (None: not built yet)."""
-        row = self._conn.execute("SELECT message_id, digest, sent_headers, sent_body FROM edge_out WHERE id=?",
-                                 (row_id,)).fetchone()
-        if row is None or row[0] is None or row[3] is None:
+        got = self._conn.execute(f"SELECT {_SENT_COLS} FROM edge_out WHERE id=?", (row_id,)).fetchone()
+        row = None if got is None else _SentRow(*got)
+        if row is None or row.message_id is None or row.sent_body is None:
             return None
-        return Outgoing(row[0], json.loads(row[2]), bytes(row[3]), row[1] or "")
+        return Outgoing(row.message_id, json.loads(row.sent_headers or "{}"), bytes(row.sent_body), row.digest or "")
 
     def confirmed(self, row_id: int, proof: bytes, now_ms: int) -> EdgeDoc | None:
         with self._tx():

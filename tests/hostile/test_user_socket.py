@@ -125,6 +125,10 @@ def _stream_without_newline(path: str, until: list[float]) -> dict[str, Any]:
     with contextlib.suppress(OSError, EOFError, ValueError):
         c.s.settimeout(2.0)
         said = c.answer()
+        # Answered just as the attack ended (a loaded machine): closed if the
+        # node closes it right after its answer; a node that answered and
+        # kept reading would leave it open (a timeout here).
+        closed = closed or c.closed()
     c.close()
     return {"closed": closed, "said": said}
 
